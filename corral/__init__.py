@@ -1,0 +1,56 @@
+"""corral: serve thousands of ONNX models from one Python process, safely and fast.
+
+The public API, re-exported from one-concept private modules. Importing corral starts
+nothing: no threads, no logging setup, no onnxruntime environment until a Runtime starts.
+
+- :class:`Runtime`, :func:`runtime`: the process-wide onnxruntime environment and pools.
+- :class:`Session`, :class:`Lease`: one model, safe to create, run and close from any thread.
+- :class:`ConcurrencyPolicy`, :data:`PROVIDER_TABLE`: how sessions let threads run.
+- :class:`TensorSpec`: a model input or output.
+- The exceptions, rooted at :class:`CorralError`.
+"""
+
+from corral._errors import (
+    CorralError,
+    DrainTimeout,
+    InferenceError,
+    InvalidInput,
+    ModelLoadError,
+    ProviderUnavailable,
+    RunCancelled,
+    RuntimeClosed,
+    RuntimeConfigError,
+    SessionClosed,
+)
+from corral._providers import PROVIDER_TABLE, ConcurrencyPolicy, ProviderTraits
+from corral._runtime import Runtime, RuntimeOptions, RuntimeState, RuntimeStats, runtime
+from corral._session import Lease, Session, SessionState
+from corral._signature import TensorSpec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PROVIDER_TABLE",
+    "ConcurrencyPolicy",
+    "CorralError",
+    "DrainTimeout",
+    "InferenceError",
+    "InvalidInput",
+    "Lease",
+    "ModelLoadError",
+    "ProviderTraits",
+    "ProviderUnavailable",
+    "RunCancelled",
+    "Runtime",
+    "RuntimeClosed",
+    "RuntimeConfigError",
+    "RuntimeOptions",
+    "RuntimeState",
+    "RuntimeStats",
+    "Session",
+    "SessionClosed",
+    "SessionState",
+    "TensorSpec",
+    "__version__",
+    "runtime",
+]

@@ -1,0 +1,180 @@
+"""The one boundary with onnxruntime.
+
+Every call into onnxruntime that touches process-wide state goes through this module, and
+every onnxruntime exception becomes one of corral's here (:func:`load_error`,
+:func:`run_error`), chained with ``from``. onnxruntime is imported on first use, not when
+corral is imported, so ``import corral`` starts nothing.
+
+Facts this module is built on (checked on onnxruntime 1.31 and 1.32):
+
+- ``set_global_thread_pool_sizes`` may be called once per process. A second call fails even
+  with the same sizes, and two concurrent calls race; hence :data:`_PROCESS_SETTINGS_LOCK`
+  and the record of what was set.
+- After it, a session with per-session threads fails; ``use_per_session_threads = False``
+  without it fails too. So every corral session uses the global pools, and the pools are
+  set before the first corral session.
+- onnxruntime's Python ``InferenceSession`` silently retries on the CPU provider when
+  creation fails, printing to stdout; corral turns that off (``enable_fallback=0``).
+- Custom-op domain registration is not safe under concurrent construction (onnxruntime
+  issues #22663, #26366, #20089), nor is first-time setup of some providers (#32461);
+  :data:`CONSTRUCTION_LOCK` serializes construction for the providers the table marks.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from corral._errors import (
+    InferenceError,
+    InvalidInput,
+    ModelLoadError,
+    RunCancelled,
+    RuntimeConfigError,
+)
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+__all__ = [
+    "CONSTRUCTION_LOCK",
+    "ProviderArg",
+    "available_providers",
+    "configure_process",
+    "create_session",
+    "load_error",
+    "new_run_options",
+    "onnxruntime",
+    "process_pools",
+    "run_error",
+    "session_options",
+]
+
+#: A provider as onnxruntime takes it: a name, or a name and its options.
+ProviderArg = str | tuple[str, dict[str, Any]]
+
+# Guards _pools and _env_allocator: onnxruntime's process-wide settings, which can be made
+# once per process and never changed.
+_PROCESS_SETTINGS_LOCK = threading.Lock()
+_pools: tuple[int, int] | None = None
+_env_allocator = False
+
+#: Serializes session construction for providers known to race while constructing (custom-op
+#: domain registration, first-time provider setup). Never held across a run.
+CONSTRUCTION_LOCK = threading.Lock()
+
+_TERMINATED_MARK = "terminate flag"
+
+
+def onnxruntime() -> ModuleType:
+    """Return the onnxruntime module, importing it on first use."""
+    import onnxruntime as ort
+
+    module: ModuleType = ort
+    return module
+
+
+def available_providers() -> list[str]:
+    """The execution providers this onnxruntime build has."""
+    providers: list[str] = onnxruntime().get_available_providers()
+    return providers
+
+
+def process_pools() -> tuple[int, int] | None:
+    """The (intra, inter) global pool sizes set in this process, or None if not yet set."""
+    with _PROCESS_SETTINGS_LOCK:
+        return _pools
+
+
+def configure_process(intra_op_threads: int, inter_op_threads: int, *, env_allocator: bool) -> None:
+    """Set onnxruntime's global thread pools (once per process) and, if asked, its env allocator.
+
+    Setting the same pool sizes again is a no-op; other sizes raise :class:`RuntimeConfigError`,
+    because onnxruntime cannot replace its global pools.
+    """
+    global _pools, _env_allocator
+    ort = onnxruntime()
+    wanted = (intra_op_threads, inter_op_threads)
+    with _PROCESS_SETTINGS_LOCK:
+        if _pools is None:
+            try:
+                ort.set_global_thread_pool_sizes(intra_op_threads, inter_op_threads)
+            except Exception as exc:
+                raise RuntimeConfigError(
+                    "onnxruntime refused to set its global thread pools "
+                    f"(intra_op_threads={intra_op_threads}, inter_op_threads={inter_op_threads}): "
+                    f"{exc}. If code outside corral already called "
+                    "onnxruntime.set_global_thread_pool_sizes in this process, corral cannot "
+                    "know or change those pools: let corral set them instead."
+                ) from exc
+            _pools = wanted
+        elif _pools != wanted:
+            raise RuntimeConfigError(
+                "onnxruntime's global thread pools were already set in this process to "
+                f"intra_op_threads={_pools[0]}, inter_op_threads={_pools[1]} and cannot be "
+                f"changed; asked for intra_op_threads={wanted[0]}, inter_op_threads={wanted[1]}"
+            )
+        if env_allocator and not _env_allocator:
+            memory_info = ort.OrtMemoryInfo(
+                "Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT
+            )
+            try:
+                ort.create_and_register_allocator(memory_info, None)
+            except Exception as exc:
+                raise RuntimeConfigError(
+                    f"onnxruntime refused to register a shared CPU allocator: {exc}"
+                ) from exc
+            _env_allocator = True
+
+
+def session_options(*, arena: str) -> Any:
+    """Options for one corral session: global pools, and the arena the Runtime chose."""
+    options = onnxruntime().SessionOptions()
+    options.use_per_session_threads = False
+    if arena == "shared":
+        options.add_session_config_entry("session.use_env_allocators", "1")
+    elif arena == "off":
+        options.enable_cpu_mem_arena = False
+    return options
+
+
+def create_session(model: str | bytes, options: Any, providers: Sequence[ProviderArg]) -> Any:
+    """Create one ``onnxruntime.InferenceSession``; failures raise :class:`ModelLoadError`."""
+    ort = onnxruntime()
+    try:
+        return ort.InferenceSession(model, options, providers=list(providers), enable_fallback=0)
+    except Exception as exc:
+        raise load_error(exc, model) from exc
+
+
+def new_run_options() -> Any:
+    """A fresh ``RunOptions``: ``terminate`` stays set once set, so each run gets its own."""
+    return onnxruntime().RunOptions()
+
+
+def load_error(exc: Exception, model: str | bytes) -> ModelLoadError:
+    """Translate an exception raised while creating a session."""
+    source = f"{len(model)}-byte model" if isinstance(model, bytes) else f"model {model!r}"
+    return ModelLoadError(f"onnxruntime could not load {source}: {_message(exc)}")
+
+
+def run_error(exc: Exception, model_name: str, run_options: Any) -> InferenceError | InvalidInput:
+    """Translate an exception raised by ``InferenceSession.run``."""
+    message = _message(exc)
+    if run_options.terminate or _TERMINATED_MARK in message:
+        return RunCancelled(f"run of {model_name!r} was cancelled before it finished")
+    if type(exc).__name__ == "InvalidArgument":
+        return InvalidInput(f"model {model_name!r} rejected its inputs: {message}")
+    return InferenceError(f"model {model_name!r} failed while running: {message}")
+
+
+def _message(exc: Exception) -> str:
+    # onnxruntime prefixes messages with "[ONNXRuntimeError] : N : CODE :"; keep the reason.
+    text = str(exc).strip()
+    marker = "[ONNXRuntimeError] :"
+    if text.startswith(marker):
+        parts = text.split(" : ", 2)
+        if len(parts) == 3:
+            text = parts[2]
+    return " ".join(text.split())

@@ -1,0 +1,352 @@
+"""Runtime: the process-wide onnxruntime environment, its global pools and their lifecycle.
+
+onnxruntime's global thread pools are a module-level switch: set once, never changed, and
+every session in the process must then use them. The Runtime is that switch as an object:
+its options are fixed when it starts (at the first session), a second Runtime with other
+options is refused with a message that says what is set, and ``shutdown`` drains and
+releases every session, also at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import enum
+import logging
+import os
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from corral import _ort
+from corral._errors import DrainTimeout, RuntimeClosed, RuntimeConfigError
+
+if TYPE_CHECKING:
+    from corral._session import Session
+
+__all__ = ["ArenaMode", "Runtime", "RuntimeOptions", "RuntimeState", "RuntimeStats", "runtime"]
+
+logger = logging.getLogger(__name__)
+
+#: How CPU memory is pooled: one arena shared by every session (``shared``), onnxruntime's
+#: arena per session (``per_session``), or no arena (``off``).
+ArenaMode = Literal["shared", "per_session", "off"]
+_ARENA_MODES: tuple[ArenaMode, ...] = ("shared", "per_session", "off")
+
+#: How long interpreter exit waits for runs still in flight (after cancelling them).
+EXIT_TIMEOUT_S = 10.0
+
+
+class RuntimeState(enum.Enum):
+    """Where a Runtime is in its life."""
+
+    #: Options are set; onnxruntime is untouched. The first session starts it.
+    CREATED = "created"
+    #: onnxruntime's global pools are set; sessions may be created and run.
+    RUNNING = "running"
+    #: shutdown() began: no new sessions; live ones are closing.
+    SHUTTING_DOWN = "shutting_down"
+    #: Every session is closed (or the Runtime was superseded before it started).
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """A Runtime's options, with defaults filled in. Equal options mean the same Runtime."""
+
+    #: Threads in onnxruntime's global intra-op pool. Above 1, its workers spin between
+    #: runs and Python cannot turn that off; for small models 1 is also the fastest.
+    intra_op_threads: int = 1
+    #: Threads in onnxruntime's global inter-op pool (used only by parallel execution mode).
+    inter_op_threads: int = 1
+    #: Threads that run models for the scheduler; also the size ``auto`` gives a pool.
+    compute_workers: int = 1
+    #: CPU memory pooling; see :data:`ArenaMode`.
+    arena: ArenaMode = "shared"
+
+    @classmethod
+    def resolve(
+        cls,
+        intra_op_threads: int | None,
+        inter_op_threads: int | None,
+        compute_workers: int | None,
+        arena: str,
+    ) -> RuntimeOptions:
+        """Fill in defaults and check ranges; bad values raise :class:`RuntimeConfigError`."""
+        values = {
+            "intra_op_threads": 1 if intra_op_threads is None else intra_op_threads,
+            "inter_op_threads": 1 if inter_op_threads is None else inter_op_threads,
+            "compute_workers": (os.cpu_count() or 1)
+            if compute_workers is None
+            else compute_workers,
+        }
+        for name, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise RuntimeConfigError(f"{name} must be a positive integer, got {value!r}")
+        if arena not in _ARENA_MODES:
+            raise RuntimeConfigError(
+                f"arena must be one of {', '.join(map(repr, _ARENA_MODES))}, got {arena!r}"
+            )
+        return cls(arena=arena, **values)
+
+    def describe(self) -> str:
+        """The options as keyword arguments, for messages."""
+        return (
+            f"intra_op_threads={self.intra_op_threads}, inter_op_threads={self.inter_op_threads}, "
+            f"compute_workers={self.compute_workers}, arena={self.arena!r}"
+        )
+
+
+@dataclass(frozen=True)
+class RuntimeStats:
+    """A snapshot of a Runtime, from :meth:`Runtime.stats`."""
+
+    state: RuntimeState
+    options: RuntimeOptions
+    #: Threads the Runtime owns: onnxruntime's global pool workers (the calling thread is
+    #: the first thread of each pool, so a pool of N adds N - 1), plus compute workers started.
+    threads: int
+    #: Sessions created through this Runtime and not yet closed or collected.
+    sessions_alive: int
+    #: Runs (and leases) in flight across those sessions.
+    runs_in_flight: int
+
+
+# Guards _process_runtime: which Runtime is this process's. Taken before a Runtime's own
+# _state_lock, never after it.
+_PROCESS_LOCK = threading.Lock()
+_process_runtime: Runtime | None = None
+
+
+class Runtime:
+    """The process-wide onnxruntime environment: global pools, sessions, lifecycle.
+
+    One per process. Constructing a Runtime with the options of the current one returns that
+    same object; other options raise :class:`RuntimeConfigError` once it has started (until
+    then, the new one replaces it). Every corral Session uses onnxruntime's global pools, so
+    the number of threads does not grow with the number of sessions.
+
+    Example::
+
+        rt = corral.Runtime(intra_op_threads=1)
+        sess = corral.Session("model.onnx", runtime=rt)
+        rt.shutdown(timeout=5)
+    """
+
+    _options: RuntimeOptions
+    _state: RuntimeState
+    _state_lock: threading.Lock
+    _sessions: weakref.WeakSet[Session]
+    _drained: threading.Event
+
+    def __new__(
+        cls,
+        intra_op_threads: int | None = None,
+        inter_op_threads: int | None = None,
+        compute_workers: int | None = None,
+        *,
+        arena: ArenaMode = "shared",
+    ) -> Runtime:
+        global _process_runtime
+        options = RuntimeOptions.resolve(intra_op_threads, inter_op_threads, compute_workers, arena)
+        with _PROCESS_LOCK:
+            current = _process_runtime
+            if current is not None and current._options == options and current._usable():
+                return current
+            if current is not None and not current._supersede():
+                raise RuntimeConfigError(
+                    f"this process's Runtime already started with {current._options.describe()}; "
+                    f"cannot start another with {options.describe()}"
+                )
+            pools = _ort.process_pools()
+            if pools is not None and pools != (options.intra_op_threads, options.inter_op_threads):
+                raise RuntimeConfigError(
+                    "onnxruntime's global pools were set in this process to "
+                    f"intra_op_threads={pools[0]}, inter_op_threads={pools[1]} by an earlier "
+                    f"Runtime and cannot change; asked for {options.describe()}"
+                )
+            runtime = super().__new__(cls)
+            runtime._options = options
+            runtime._state = RuntimeState.CREATED
+            # Guards _state and _sessions; admission (new sessions) and shutdown both take it.
+            runtime._state_lock = threading.Lock()
+            runtime._sessions = weakref.WeakSet()
+            runtime._drained = threading.Event()
+            _process_runtime = runtime
+            return runtime
+
+    def __init__(
+        self,
+        intra_op_threads: int | None = None,
+        inter_op_threads: int | None = None,
+        compute_workers: int | None = None,
+        *,
+        arena: ArenaMode = "shared",
+    ) -> None:
+        # Everything happens in __new__, which may return the existing process Runtime.
+        pass
+
+    # -- public ------------------------------------------------------------------------------
+
+    @property
+    def options(self) -> RuntimeOptions:
+        """The options, fixed for the Runtime's life."""
+        return self._options
+
+    @property
+    def state(self) -> RuntimeState:
+        """The current :class:`RuntimeState`."""
+        with self._state_lock:
+            return self._state
+
+    def start(self) -> Runtime:
+        """Set onnxruntime's global pools now rather than at the first session.
+
+        Idempotent while running; raises :class:`RuntimeClosed` once shut down.
+        """
+        with self._state_lock:
+            self._start_locked()
+        return self
+
+    def shutdown(self, timeout: float | None = 30.0, *, cancel: bool = False) -> None:
+        """Refuse new sessions and runs, wait for runs in flight, release every session.
+
+        With ``cancel=True`` runs in flight are stopped at their next graph node
+        (``RunOptions.terminate``) and raise :class:`RunCancelled`. Idempotent: a second call
+        waits for the first to finish. Raises :class:`DrainTimeout` if runs are still in
+        flight after ``timeout`` seconds; their sessions are released when those runs end.
+        """
+        with self._state_lock:
+            if self._state is RuntimeState.CLOSED:
+                return
+            if self._state is RuntimeState.SHUTTING_DOWN:
+                first = False
+            else:
+                first = True
+                self._state = RuntimeState.SHUTTING_DOWN
+                sessions = list(self._sessions)
+        if not first:
+            if not self._drained.wait(timeout):
+                raise DrainTimeout(f"another thread's shutdown is still draining after {timeout}s")
+            return
+        atexit.unregister(self._shutdown_at_exit)
+        deadline = _Deadline(timeout)
+        unfinished = 0
+        for session in sessions:
+            try:
+                session._close_for_runtime(deadline.remaining(), cancel=cancel)
+            except DrainTimeout:
+                unfinished += 1
+        with self._state_lock:
+            self._state = RuntimeState.CLOSED
+        self._drained.set()
+        if unfinished:
+            raise DrainTimeout(
+                f"{unfinished} session(s) still had runs in flight after {timeout}s; "
+                "each is released when its last run ends"
+            )
+
+    def stats(self) -> RuntimeStats:
+        """Threads owned, sessions alive, runs in flight."""
+        with self._state_lock:
+            state = self._state
+            sessions = list(self._sessions)
+        started = state in (RuntimeState.RUNNING, RuntimeState.SHUTTING_DOWN)
+        pool_threads = self._options.intra_op_threads - 1 + self._options.inter_op_threads - 1
+        return RuntimeStats(
+            state=state,
+            options=self._options,
+            threads=pool_threads if started else 0,
+            sessions_alive=sum(1 for s in sessions if s._alive()),
+            runs_in_flight=sum(s.in_flight for s in sessions),
+        )
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return f"<corral.Runtime {self._state.value} {self._options.describe()}>"
+
+    # -- for Session -------------------------------------------------------------------------
+
+    def _register(self, session: Session) -> None:
+        """Admit a new session, starting the Runtime if needed."""
+        with self._state_lock:
+            self._start_locked()
+            self._sessions.add(session)
+
+    def _unregister(self, session: Session) -> None:
+        with self._state_lock:
+            self._sessions.discard(session)
+
+    def _session_options(self) -> object:
+        return _ort.session_options(arena=self._options.arena)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _start_locked(self) -> None:
+        if self._state is RuntimeState.RUNNING:
+            return
+        if self._state is not RuntimeState.CREATED:
+            raise RuntimeClosed(f"the Runtime is {self._state.value} and takes no new sessions")
+        _ort.configure_process(
+            self._options.intra_op_threads,
+            self._options.inter_op_threads,
+            env_allocator=self._options.arena == "shared",
+        )
+        self._state = RuntimeState.RUNNING
+        atexit.register(self._shutdown_at_exit)
+
+    def _usable(self) -> bool:
+        with self._state_lock:
+            return self._state in (RuntimeState.CREATED, RuntimeState.RUNNING)
+
+    def _supersede(self) -> bool:
+        """Step aside for a Runtime with other options: possible only before starting."""
+        with self._state_lock:
+            if self._state is RuntimeState.CREATED:
+                self._state = RuntimeState.CLOSED
+                self._drained.set()
+                return True
+            return self._state is RuntimeState.CLOSED
+
+    def _shutdown_at_exit(self) -> None:
+        # At exit nobody is left to receive results: cancel runs rather than wait them out.
+        try:
+            self.shutdown(timeout=EXIT_TIMEOUT_S, cancel=True)
+        except DrainTimeout as exc:
+            logger.warning("corral: interpreter exit with runs still in flight: %s", exc)
+
+
+class _Deadline:
+    """Seconds left until a point in time, shared by several waits."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self._end = None if timeout is None else time.monotonic() + timeout
+
+    def remaining(self) -> float | None:
+        if self._end is None:
+            return None
+        return max(0.0, self._end - time.monotonic())
+
+
+def runtime() -> Runtime:
+    """The process Runtime, created with default options on first use.
+
+    Example::
+
+        corral.runtime().stats().threads
+    """
+    with _PROCESS_LOCK:
+        current = _process_runtime
+        if current is not None and current._usable():
+            return current
+        pools = _ort.process_pools()
+    if pools is not None:
+        # A Runtime was shut down; its successor must keep onnxruntime's pools as they are.
+        return Runtime(intra_op_threads=pools[0], inter_op_threads=pools[1])
+    return Runtime()

@@ -1,0 +1,352 @@
+"""Session: one model, safe to create, run and close from any thread.
+
+A Session wraps one or more onnxruntime sessions under a :class:`ConcurrencyPolicy`
+(``shared``, ``exclusive`` or ``pool:N``), checks inputs before onnxruntime sees them, and
+counts what is in flight (runs and leases) so that ``close`` never releases an onnxruntime
+session under a run.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import queue
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy.typing as npt
+
+from corral import _ort
+from corral._errors import DrainTimeout, SessionClosed
+from corral._providers import (
+    ConcurrencyPolicy,
+    ResolvedProviders,
+    resolve_policy,
+    resolve_providers,
+)
+from corral._runtime import Runtime, runtime
+from corral._signature import Signature, TensorSpec
+
+__all__ = ["Lease", "ModelSource", "Session", "SessionState"]
+
+#: A model: a path to an ``.onnx`` file, or the serialized model itself.
+ModelSource = str | os.PathLike[str] | bytes
+
+
+class SessionState(enum.Enum):
+    """Where a Session is in its life."""
+
+    #: onnxruntime is building the session(s); close() waits for the build to end.
+    LOADING = "loading"
+    #: Accepting runs.
+    READY = "ready"
+    #: close() began: new runs raise SessionClosed; runs in flight finish.
+    CLOSING = "closing"
+    #: The onnxruntime sessions are released.
+    CLOSED = "closed"
+
+
+class Session:
+    """One model, safe to create and run from any number of threads.
+
+    ``concurrency`` is ``"auto"`` (chosen from the provider table, see
+    :data:`corral.PROVIDER_TABLE`), ``"shared"`` (one onnxruntime session, concurrent runs),
+    ``"exclusive"`` (one session, one run at a time) or ``"pool:N"`` (N sessions; a run
+    borrows an idle one). Every session uses the Runtime's global thread pools.
+
+    Example::
+
+        with corral.Session("model.onnx") as sess:
+            outputs = sess.run({"X": np.ones((1, 4), np.float32)})
+    """
+
+    def __init__(
+        self,
+        model: ModelSource,
+        *,
+        runtime: Runtime | None = None,
+        providers: Sequence[_ort.ProviderArg] | None = None,
+        concurrency: str | ConcurrencyPolicy = "auto",
+        name: str | None = None,
+    ) -> None:
+        source = _read_source(model)
+        self._runtime = runtime if runtime is not None else _default_runtime()
+        self._name = name if name is not None else _default_name(source)
+        resolved = resolve_providers(providers)
+        self._policy = resolve_policy(
+            concurrency, resolved, pool_size=self._runtime.options.compute_workers
+        )
+        # Guards _state, _in_flight, _active_runs, _replicas, _idle and _closed_reason.
+        # Held for bookkeeping only, never across a run or a model load.
+        self._state_lock = threading.Lock()
+        # Signalled when the session reaches CLOSED.
+        self._closed = threading.Condition(self._state_lock)
+        self._state = SessionState.LOADING
+        self._in_flight = 1  # the load itself keeps the session open until it ends
+        self._active_runs: set[Any] = set()
+        self._replicas: tuple[Any, ...] = ()
+        self._idle: queue.SimpleQueue[Any] | None = None
+        self._closed_reason = "closed by close()"
+        self._runtime._register(self)
+        try:
+            replicas = self._load(source, resolved)
+        except BaseException:
+            with self._state_lock:
+                self._in_flight = 0
+                self._state = SessionState.CLOSED
+                self._closed.notify_all()
+            self._runtime._unregister(self)
+            raise
+        self._signature = Signature.from_session(replicas[0])
+        self._providers = tuple(replicas[0].get_providers())
+        with self._state_lock:
+            if self._state is SessionState.LOADING:
+                self._state = SessionState.READY
+                self._replicas = replicas
+                if self._policy.kind != "shared":
+                    self._idle = queue.SimpleQueue()
+                    for replica in replicas:
+                        self._idle.put(replica)
+            released = self._end_use_locked()
+            error = self._closed_error() if released else None
+        if error is not None:
+            self._runtime._unregister(self)
+            raise error
+
+    # -- public ------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The name used in messages: the one given, else the model's path."""
+        return self._name
+
+    @property
+    def runtime(self) -> Runtime:
+        """The Runtime this session belongs to (and keeps alive)."""
+        return self._runtime
+
+    @property
+    def policy(self) -> ConcurrencyPolicy:
+        """The concurrency policy in force (``auto`` resolved)."""
+        return self._policy
+
+    @property
+    def providers(self) -> tuple[str, ...]:
+        """The execution providers onnxruntime assigned, in order of precedence."""
+        return self._providers
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        """The model's inputs: name, dtype and shape (dynamic dims by name or None)."""
+        return self._signature.inputs
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        """The model's outputs."""
+        return self._signature.outputs
+
+    @property
+    def state(self) -> SessionState:
+        """The current :class:`SessionState`."""
+        with self._state_lock:
+            return self._state
+
+    @property
+    def in_flight(self) -> int:
+        """Runs and leases in flight right now."""
+        with self._state_lock:
+            return self._in_flight
+
+    def run(
+        self, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None
+    ) -> dict[str, npt.NDArray[Any]]:
+        """Run the model; safe from any number of threads.
+
+        ``inputs`` maps input names to arrays (lists and non-contiguous arrays are accepted);
+        ``outputs`` picks which outputs to compute (all by default). Returns a dict from
+        output name to array. Non-tensor outputs (a ZipMap's list of dicts) are returned as
+        onnxruntime produces them.
+
+        Raises :class:`InvalidInput` before anything runs if an input is wrong,
+        :class:`SessionClosed` after close() began, :class:`RunCancelled` if a cancelling
+        close stopped it, and :class:`InferenceError` if onnxruntime failed.
+        """
+        feed = self._signature.prepare_inputs(inputs)
+        names = self._signature.output_names(outputs)
+        run_options = _ort.new_run_options()
+        with self._state_lock:
+            if self._state is not SessionState.READY:
+                raise self._closed_error()
+            self._in_flight += 1
+            self._active_runs.add(run_options)
+            replicas, idle = self._replicas, self._idle
+        try:
+            if idle is None:
+                results = replicas[0].run(names, feed, run_options)
+            else:
+                replica = idle.get()
+                try:
+                    results = replica.run(names, feed, run_options)
+                finally:
+                    idle.put(replica)
+        except Exception as exc:
+            raise _ort.run_error(exc, self._name, run_options) from exc
+        finally:
+            with self._state_lock:
+                self._active_runs.discard(run_options)
+                released = self._end_use_locked()
+            if released:
+                self._runtime._unregister(self)
+        return dict(zip(names, results, strict=True))
+
+    def acquire(self) -> Lease:
+        """Hold the session open: close() waits until the lease is released.
+
+        Raises :class:`SessionClosed` if close() already began.
+
+        Example::
+
+            with sess.acquire():
+                sess.run(feed)
+        """
+        with self._state_lock:
+            if self._state is not SessionState.READY:
+                raise self._closed_error()
+            self._in_flight += 1
+        return Lease(self)
+
+    def close(self, timeout: float | None = None, *, cancel: bool = False) -> None:
+        """Stop taking runs, wait for runs and leases in flight, release onnxruntime's sessions.
+
+        Idempotent and safe from any thread (but not from inside a lease of this session,
+        which would wait for itself). ``cancel=True`` stops runs in flight at their next
+        graph node; they raise :class:`RunCancelled`. Raises :class:`DrainTimeout` if work
+        is still in flight after ``timeout`` seconds: the session then stays CLOSING and is
+        released when the last run or lease ends.
+        """
+        self._close(timeout, cancel=cancel, reason="closed by close()")
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<corral.Session {self._name!r} {self._state.value} {self._policy}>"
+
+    # -- for Runtime and Lease ---------------------------------------------------------------
+
+    def _close_for_runtime(self, timeout: float | None, *, cancel: bool) -> None:
+        self._close(timeout, cancel=cancel, reason="the runtime shut down")
+
+    def _alive(self) -> bool:
+        with self._state_lock:
+            return self._state is not SessionState.CLOSED
+
+    def _release_lease(self, lease: Lease) -> None:
+        with self._state_lock:
+            if lease._released:
+                return
+            lease._released = True
+            released = self._end_use_locked()
+        if released:
+            self._runtime._unregister(self)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _load(self, source: str | bytes, providers: ResolvedProviders) -> tuple[Any, ...]:
+        options = self._runtime._session_options()
+        replicas = []
+        for _ in range(self._policy.replicas):
+            if providers.parallel_construction:
+                replicas.append(_ort.create_session(source, options, providers.ort_providers))
+            else:
+                with _ort.CONSTRUCTION_LOCK:
+                    replicas.append(_ort.create_session(source, options, providers.ort_providers))
+        return tuple(replicas)
+
+    def _close(self, timeout: float | None, *, cancel: bool, reason: str) -> None:
+        with self._state_lock:
+            if self._state is SessionState.CLOSED:
+                return
+            if self._state in (SessionState.LOADING, SessionState.READY):
+                self._state = SessionState.CLOSING
+                self._closed_reason = reason
+            if cancel:
+                for run_options in self._active_runs:
+                    run_options.terminate = True
+            released = self._in_flight == 0 and self._release_locked()
+            closed = released or self._closed.wait_for(
+                lambda: self._state is SessionState.CLOSED, timeout
+            )
+            in_flight = self._in_flight
+        if released:
+            self._runtime._unregister(self)
+        if not closed:
+            raise DrainTimeout(
+                f"session {self._name!r} still has {in_flight} run(s) or lease(s) in flight "
+                f"after {timeout}s; it is released when the last one ends"
+            )
+
+    def _end_use_locked(self) -> bool:
+        """One run, lease or load ended. Returns True if that released the session."""
+        self._in_flight -= 1
+        if self._in_flight == 0 and self._state is SessionState.CLOSING:
+            return self._release_locked()
+        return False
+
+    def _release_locked(self) -> bool:
+        # Dropping the last references frees onnxruntime's sessions; in_flight is 0, so no
+        # run can be using them.
+        self._replicas = ()
+        self._idle = None
+        self._state = SessionState.CLOSED
+        self._closed.notify_all()
+        return True
+
+    def _closed_error(self) -> SessionClosed:
+        return SessionClosed(
+            f"session {self._name!r} is {self._state.value}: {self._closed_reason}"
+        )
+
+
+class Lease:
+    """Keeps a Session open until released; from :meth:`Session.acquire`.
+
+    ``release()`` is idempotent and safe from any thread.
+    """
+
+    __slots__ = ("_released", "session")
+
+    def __init__(self, session: Session) -> None:
+        #: The session this lease holds open.
+        self.session = session
+        self._released = False  # guarded by session._state_lock
+
+    def release(self) -> None:
+        """Let the session close; idempotent."""
+        self.session._release_lease(self)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+def _read_source(model: object) -> str | bytes:
+    if isinstance(model, str | os.PathLike):
+        return os.fsdecode(model)
+    if isinstance(model, bytes | bytearray | memoryview):
+        return bytes(model)
+    raise TypeError(f"model must be a path or the model's bytes, got {type(model).__name__}")
+
+
+def _default_name(source: str | bytes) -> str:
+    return f"<{len(source)}-byte model>" if isinstance(source, bytes) else source
+
+
+def _default_runtime() -> Runtime:
+    return runtime()

@@ -1,0 +1,205 @@
+"""Tensor specs, and checking a request's inputs against them before onnxruntime sees them.
+
+onnxruntime reports a wrong input late, with a message about indices; corral checks each
+input first and says which tensor is wrong, what the model expects and what it was given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from corral._errors import InvalidInput
+
+__all__ = ["Dim", "Signature", "TensorSpec"]
+
+#: One dimension: a fixed size, or a name / None for a dynamic one.
+Dim = int | str | None
+
+# onnxruntime's element type names -> numpy dtypes. Types numpy has no dtype for
+# (bfloat16, float8) map to None: corral passes those through unchecked.
+_ONNX_TO_NUMPY: dict[str, np.dtype[Any]] = {
+    "tensor(float)": np.dtype(np.float32),
+    "tensor(double)": np.dtype(np.float64),
+    "tensor(float16)": np.dtype(np.float16),
+    "tensor(int8)": np.dtype(np.int8),
+    "tensor(int16)": np.dtype(np.int16),
+    "tensor(int32)": np.dtype(np.int32),
+    "tensor(int64)": np.dtype(np.int64),
+    "tensor(uint8)": np.dtype(np.uint8),
+    "tensor(uint16)": np.dtype(np.uint16),
+    "tensor(uint32)": np.dtype(np.uint32),
+    "tensor(uint64)": np.dtype(np.uint64),
+    "tensor(bool)": np.dtype(np.bool_),
+    "tensor(string)": np.dtype(object),
+}
+
+_STRING_KINDS = frozenset("USO")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output of a model.
+
+    ``dtype`` is the numpy dtype (``object`` for strings), or None when the tensor is not a
+    plain tensor (a sequence or map, as scikit-learn classifiers' ZipMap emits) or its element
+    type has no numpy equivalent. ``shape`` holds an int per fixed dimension and a name or
+    None per dynamic one.
+    """
+
+    name: str
+    dtype: np.dtype[Any] | None
+    shape: tuple[Dim, ...]
+    onnx_type: str
+
+    @property
+    def is_tensor(self) -> bool:
+        """True if corral can check values of this spec (a tensor with a numpy dtype)."""
+        return self.dtype is not None
+
+    def describe(self) -> str:
+        """Like ``float32[N, 4]``: the dtype and the shape, dynamic dims by name or ``?``."""
+        dtype = "string" if self.dtype == np.dtype(object) else str(self.dtype or self.onnx_type)
+        dims = ", ".join("?" if d is None else str(d) for d in self.shape)
+        return f"{dtype}[{dims}]"
+
+    @classmethod
+    def from_node_arg(cls, node_arg: Any) -> TensorSpec:
+        """Build a spec from an onnxruntime ``NodeArg`` (``session.get_inputs()[i]``)."""
+        shape = tuple(_dim(d) for d in (node_arg.shape or ()))
+        return cls(node_arg.name, _ONNX_TO_NUMPY.get(node_arg.type), shape, node_arg.type)
+
+    def coerce(self, value: Any) -> npt.NDArray[Any]:
+        """Check one input value against this spec and return it as onnxruntime takes it.
+
+        Lists are read as arrays; an array's dtype must cast safely to the model's (a list,
+        which has no dtype of its own, may take any cast within its kind: ``[0.5]`` becomes
+        float32). Non-contiguous arrays are copied to contiguous ones.
+        """
+        given_list = not isinstance(value, np.ndarray)
+        if given_list:
+            try:
+                array = np.asarray(value)
+            except (ValueError, TypeError) as exc:
+                raise InvalidInput(
+                    f"input {self.name!r} could not be read as an array: {exc}", tensor=self.name
+                ) from exc
+        else:
+            array = value
+        expected = self.dtype
+        if expected is not None and array.dtype != expected:
+            array = self._cast(array, expected, given_list=given_list)
+        if array.ndim != len(self.shape):
+            raise InvalidInput(
+                f"input {self.name!r} must have rank {len(self.shape)} ({self.describe()}), "
+                f"got shape {list(array.shape)}",
+                tensor=self.name,
+            )
+        for axis, (want, got) in enumerate(zip(self.shape, array.shape, strict=True)):
+            if isinstance(want, int) and want != got:
+                raise InvalidInput(
+                    f"input {self.name!r} must have size {want} in dimension {axis} "
+                    f"({self.describe()}), got shape {list(array.shape)}",
+                    tensor=self.name,
+                )
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
+        return array
+
+    def _cast(
+        self, array: npt.NDArray[Any], expected: np.dtype[Any], *, given_list: bool
+    ) -> npt.NDArray[Any]:
+        if expected == np.dtype(object):
+            if array.dtype.kind in _STRING_KINDS:
+                return array
+        elif array.dtype.kind not in _STRING_KINDS and (
+            np.can_cast(array.dtype, expected, "safe")
+            or (given_list and np.can_cast(array.dtype, expected, "same_kind"))
+        ):
+            return array.astype(expected)
+        wanted = "string" if expected == np.dtype(object) else str(expected)
+        raise InvalidInput(
+            f"input {self.name!r} must be {wanted} ({self.describe()}); "
+            f"{array.dtype} cannot be cast to it safely",
+            tensor=self.name,
+        )
+
+
+def _dim(dim: Any) -> Dim:
+    if isinstance(dim, int) and dim >= 0:
+        return dim
+    if isinstance(dim, str) and dim:
+        return dim
+    return None
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A model's inputs and outputs, and the checks that go with them."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @classmethod
+    def from_session(cls, session: Any) -> Signature:
+        """Read the signature of an ``onnxruntime.InferenceSession``."""
+        return cls(
+            tuple(TensorSpec.from_node_arg(a) for a in session.get_inputs()),
+            tuple(TensorSpec.from_node_arg(a) for a in session.get_outputs()),
+        )
+
+    def prepare_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """Check every input and return the feed for onnxruntime.
+
+        Raises :class:`InvalidInput` for a missing or unknown name, a wrong rank, a fixed
+        dimension that does not match, or a dtype that cannot be cast safely.
+        """
+        if not isinstance(inputs, Mapping):
+            raise InvalidInput(
+                f"inputs must be a mapping from input name to array, got {type(inputs).__name__}"
+            )
+        feed: dict[str, Any] = {}
+        for spec in self.inputs:
+            if spec.name in inputs:
+                value = inputs[spec.name]
+                feed[spec.name] = spec.coerce(value) if spec.is_tensor else value
+            elif not spec.onnx_type.startswith("optional"):
+                raise InvalidInput(
+                    f"missing input {spec.name!r} ({spec.describe()}); "
+                    f"the model's inputs are {self._names(self.inputs)}",
+                    tensor=spec.name,
+                )
+        if len(feed) != len(inputs):
+            unknown = sorted(str(name) for name in inputs if name not in feed)
+            raise InvalidInput(
+                f"unknown input {', '.join(map(repr, unknown))}; "
+                f"the model's inputs are {self._names(self.inputs)}",
+                tensor=unknown[0],
+            )
+        return feed
+
+    def output_names(self, outputs: Sequence[str] | None) -> list[str]:
+        """The outputs to compute: all when None, else the names asked for (checked)."""
+        known = [spec.name for spec in self.outputs]
+        if outputs is None:
+            return known
+        if isinstance(outputs, str):
+            raise InvalidInput(
+                f"outputs must be a sequence of names, got the string {outputs!r}", tensor=outputs
+            )
+        names = list(outputs)
+        for name in names:
+            if name not in known:
+                raise InvalidInput(
+                    f"unknown output {name!r}; the model's outputs are {self._names(self.outputs)}",
+                    tensor=str(name),
+                )
+        return names
+
+    @staticmethod
+    def _names(specs: Sequence[TensorSpec]) -> str:
+        return ", ".join(f"{s.name!r} {s.describe()}" for s in specs) or "(none)"
