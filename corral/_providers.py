@@ -169,15 +169,15 @@ def resolve_providers(providers: Sequence[_ort.ProviderArg] | None) -> ResolvedP
         names.append(name)
         traits.append(PROVIDER_TABLE.get(name, UNKNOWN_PROVIDER))
         if name in emulated:
-            if "CPUExecutionProvider" not in ort_providers:
-                ort_providers.append("CPUExecutionProvider")
-        elif name in available:
-            ort_providers.append(provider)
-        else:
+            provider = name = "CPUExecutionProvider"
+        elif name not in available:
             raise ProviderUnavailable(
                 f"execution provider {name!r} is not in this onnxruntime build; "
                 f"available: {', '.join(sorted(available))}"
             )
+        # onnxruntime warns about a repeated provider and drops it; do that quietly here.
+        if all((p[0] if isinstance(p, tuple) else p) != name for p in ort_providers):
+            ort_providers.append(provider)
     strictest = max((t.run_policy for t in traits), key=_STRICTNESS.__getitem__)
     return ResolvedProviders(
         ort_providers=tuple(ort_providers),

@@ -1,0 +1,196 @@
+"""Runtime: one per process, options fixed at start, shutdown drains, stats tell the truth."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import corral
+from corral import RuntimeState
+from tests.conftest import process_threads
+
+
+def test_identical_options_return_the_same_runtime():
+    first = corral.Runtime()
+    assert corral.Runtime() is first
+    assert corral.Runtime(intra_op_threads=1, inter_op_threads=1) is first
+    assert corral.runtime() is first
+
+
+def test_other_options_before_start_supersede_the_unstarted_runtime():
+    first = corral.runtime()
+    assert first.state is RuntimeState.CREATED
+    second = corral.Runtime(compute_workers=first.options.compute_workers + 1)
+    assert second is not first
+    assert first.state is RuntimeState.CLOSED
+    assert corral.runtime() is second
+    with pytest.raises(corral.RuntimeClosed, match="closed"):
+        first.start()
+
+
+def test_other_options_after_start_raise_naming_what_is_set(mlp_model):
+    rt = corral.runtime()
+    corral.Session(mlp_model, runtime=rt)
+    assert rt.state is RuntimeState.RUNNING
+    with pytest.raises(corral.RuntimeConfigError) as info:
+        corral.Runtime(compute_workers=rt.options.compute_workers + 3)
+    message = str(info.value)
+    assert "already started" in message
+    assert f"compute_workers={rt.options.compute_workers}" in message
+    assert corral.runtime() is rt
+
+
+def test_pool_sizes_cannot_change_after_an_earlier_runtime_set_them(mlp_model):
+    rt = corral.runtime()
+    corral.Session(mlp_model, runtime=rt)
+    rt.shutdown()
+    with pytest.raises(corral.RuntimeConfigError, match="intra_op_threads=1"):
+        corral.Runtime(intra_op_threads=2)
+    # The same pools again are fine: a new Runtime after shutdown reuses them.
+    again = corral.Runtime()
+    assert again is not rt
+    assert corral.Session(mlp_model, runtime=again).run({"X": np.ones((1, 4), np.float32)})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"intra_op_threads": 0}, "intra_op_threads must be a positive integer, got 0"),
+        ({"inter_op_threads": -1}, "inter_op_threads must be a positive integer"),
+        ({"compute_workers": 1.5}, "compute_workers must be a positive integer"),
+        ({"compute_workers": True}, "compute_workers must be a positive integer"),
+        ({"arena": "big"}, "arena must be one of"),
+    ],
+)
+def test_bad_options_are_refused_by_name(kwargs, fragment):
+    with pytest.raises(corral.RuntimeConfigError, match=fragment):
+        corral.Runtime(**kwargs)
+
+
+def test_shutdown_is_idempotent_and_closes_sessions(mlp_model):
+    rt = corral.runtime()
+    sessions = [corral.Session(mlp_model, runtime=rt) for _ in range(3)]
+    assert rt.stats().sessions_alive == 3
+    rt.shutdown()
+    rt.shutdown()
+    assert rt.state is RuntimeState.CLOSED
+    assert all(s.state is corral.SessionState.CLOSED for s in sessions)
+    with pytest.raises(corral.SessionClosed, match="runtime shut down"):
+        sessions[0].run({"X": np.ones((1, 4), np.float32)})
+    with pytest.raises(corral.RuntimeClosed):
+        corral.Session(mlp_model, runtime=rt)
+
+
+def test_shutdown_waits_for_leases_and_times_out_with_drain_timeout(mlp_model):
+    rt = corral.runtime()
+    session = corral.Session(mlp_model, runtime=rt)
+    lease = session.acquire()
+    with pytest.raises(corral.DrainTimeout, match="still had runs in flight"):
+        rt.shutdown(timeout=0.05)
+    assert rt.state is RuntimeState.CLOSED
+    assert session.state is corral.SessionState.CLOSING
+    with pytest.raises(corral.SessionClosed):
+        session.run({"X": np.ones((1, 4), np.float32)})
+    lease.release()
+    assert session.state is corral.SessionState.CLOSED
+
+
+def test_concurrent_shutdowns_all_return_once_drained(mlp_model):
+    rt = corral.runtime()
+    session = corral.Session(mlp_model, runtime=rt)
+    lease = session.acquire()
+    callers = 4
+    barrier = threading.Barrier(callers + 1)
+    errors: list[BaseException] = []
+
+    def shut() -> None:
+        barrier.wait(timeout=10)
+        try:
+            rt.shutdown(timeout=10)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=shut) for _ in range(callers)]
+    for thread in threads:
+        thread.start()
+    barrier.wait(timeout=10)
+    # Every caller is past the barrier: shutdown is underway and waits on the lease.
+    lease.release()
+    for thread in threads:
+        thread.join(timeout=20)
+    assert not errors
+    assert rt.state is RuntimeState.CLOSED
+
+
+def test_stats_count_sessions_and_runs_in_flight(mlp_model):
+    rt = corral.runtime()
+    assert rt.stats().threads == 0  # not started: onnxruntime untouched
+    first = corral.Session(mlp_model, runtime=rt)
+    second = corral.Session(mlp_model, runtime=rt, concurrency="pool:2")
+    lease = first.acquire()
+    stats = rt.stats()
+    assert stats.state is RuntimeState.RUNNING
+    assert stats.sessions_alive == 2
+    assert stats.runs_in_flight == 1
+    assert stats.threads == 0  # pools of 1 add no thread: the caller runs the model
+    lease.release()
+    second.close()
+    stats = rt.stats()
+    assert stats.sessions_alive == 1
+    assert stats.runs_in_flight == 0
+
+
+def test_threads_do_not_grow_with_sessions(tree_model):
+    rt = corral.runtime()
+    few = [corral.Session(tree_model, runtime=rt) for _ in range(2)]
+    x = np.zeros((1, 4), np.float32)
+    for session in few:
+        session.run({"X": x})
+    with_two = process_threads()
+    many = [corral.Session(tree_model, runtime=rt) for _ in range(2000)]
+    for session in many:
+        session.run({"X": x})
+    assert process_threads() <= with_two + 2
+    assert rt.stats().sessions_alive == 2002
+
+
+def test_larger_pools_are_threads_the_runtime_reports():
+    # Pool sizes are fixed per process, so this runs in a fresh interpreter.
+    script = """
+import os, numpy as np, onnxruntime, corral  # onnxruntime starts a thread of its own at import
+from corral.bench.models import build_mlp
+before = len(os.listdir("/proc/self/task"))
+rt = corral.Runtime(intra_op_threads=3, inter_op_threads=2)
+s = corral.Session(build_mlp(), runtime=rt)
+s.run({"X": np.ones((8, 4), np.float32)})
+grew = len(os.listdir("/proc/self/task")) - before
+print(rt.stats().threads, grew)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    reported, grew = map(int, result.stdout.split())
+    assert reported == 3  # (3 - 1) intra + (2 - 1) inter
+    assert grew == reported
+
+
+def test_a_pool_set_outside_corral_is_reported_not_overridden():
+    script = """
+import onnxruntime, corral
+onnxruntime.set_global_thread_pool_sizes(1, 1)
+try:
+    corral.runtime().start()
+except corral.RuntimeConfigError as exc:
+    print("refused:", exc)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "refused:" in result.stdout
+    assert "outside corral" in result.stdout
