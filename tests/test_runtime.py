@@ -194,3 +194,47 @@ except corral.RuntimeConfigError as exc:
     assert result.returncode == 0, result.stderr
     assert "refused:" in result.stdout
     assert "outside corral" in result.stdout
+
+
+def test_concurrent_construction_yields_one_runtime(mlp_model):
+    start = threading.Barrier(16)
+    seen: list[corral.Runtime] = []
+    sessions: list[corral.Session] = []
+    lock = threading.Lock()  # guards seen and sessions
+
+    def construct() -> None:
+        start.wait(timeout=10)
+        rt = corral.Runtime()
+        session = corral.Session(mlp_model, runtime=rt)  # starts it, from 16 threads at once
+        with lock:
+            seen.append(rt)
+            sessions.append(session)
+
+    threads = [threading.Thread(target=construct) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(seen) == 16
+    assert all(rt is seen[0] for rt in seen)
+    assert seen[0].stats().sessions_alive == 16
+
+
+def test_stats_from_other_threads_while_sessions_run(mlp_model):
+    rt = corral.runtime()
+    session = corral.Session(mlp_model, runtime=rt)
+    stop = threading.Event()
+    readings: list[corral.RuntimeStats] = []
+
+    def watch() -> None:
+        while not stop.is_set():
+            readings.append(rt.stats())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    for _ in range(500):
+        session.run({"X": np.ones((1, 4), np.float32)})
+    stop.set()
+    watcher.join(timeout=10)
+    assert readings
+    assert all(0 <= r.runs_in_flight <= 1 and r.sessions_alive == 1 for r in readings)

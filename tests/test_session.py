@@ -339,3 +339,40 @@ def test_close_without_cancel_lets_the_run_finish(slow_model):
     assert session.state is SessionState.CLOSED
     if results:
         np.testing.assert_array_equal(results[0]["Y"], [20_000.0])  # type: ignore[index]
+
+
+def test_close_from_many_threads_at_once(mlp_model):
+    session = corral.Session(mlp_model, concurrency="pool:2")
+    lease = session.acquire()
+    start = threading.Barrier(9)
+    errors: list[BaseException] = []
+
+    def close() -> None:
+        start.wait(timeout=10)
+        try:
+            session.close(timeout=30)
+        except BaseException as exc:
+            errors.append(exc)
+
+    closers = [threading.Thread(target=close) for _ in range(8)]
+    for thread in closers:
+        thread.start()
+    start.wait(timeout=10)
+    wait_until(lambda: session.state is SessionState.CLOSING)
+    lease.release()
+    for thread in closers:
+        thread.join(timeout=30)
+    assert not errors
+    assert session.state is SessionState.CLOSED
+
+
+def test_a_lease_may_be_released_from_another_thread(mlp_model):
+    session = corral.Session(mlp_model)
+    lease = session.acquire()
+    assert lease.session is session
+    releaser = threading.Thread(target=lease.release)
+    releaser.start()
+    releaser.join(timeout=10)
+    assert session.in_flight == 0
+    session.close(timeout=1)
+    assert session.state is SessionState.CLOSED
