@@ -7,7 +7,7 @@ input first and says which tensor is wrong, what the model expects and what it w
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -55,6 +55,12 @@ class TensorSpec:
     dtype: np.dtype[Any] | None
     shape: tuple[Dim, ...]
     onnx_type: str
+    # (axis, size) of each fixed dimension, precomputed for the per-request check.
+    _fixed: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        fixed = tuple((axis, d) for axis, d in enumerate(self.shape) if isinstance(d, int))
+        object.__setattr__(self, "_fixed", fixed)
 
     @property
     def is_tensor(self) -> bool:
@@ -80,7 +86,7 @@ class TensorSpec:
         which has no dtype of its own, may take any cast within its kind: ``[0.5]`` becomes
         float32). Non-contiguous arrays are copied to contiguous ones.
         """
-        given_list = not isinstance(value, np.ndarray)
+        given_list = type(value) is not np.ndarray and not isinstance(value, np.ndarray)
         if given_list:
             try:
                 array = np.asarray(value)
@@ -91,19 +97,20 @@ class TensorSpec:
         else:
             array = value
         expected = self.dtype
-        if expected is not None and array.dtype != expected:
+        if expected is not None and array.dtype is not expected and array.dtype != expected:
             array = self._cast(array, expected, given_list=given_list)
-        if array.ndim != len(self.shape):
+        shape = array.shape
+        if len(shape) != len(self.shape):
             raise InvalidInput(
                 f"input {self.name!r} must have rank {len(self.shape)} ({self.describe()}), "
-                f"got shape {list(array.shape)}",
+                f"got shape {list(shape)}",
                 tensor=self.name,
             )
-        for axis, (want, got) in enumerate(zip(self.shape, array.shape, strict=True)):
-            if isinstance(want, int) and want != got:
+        for axis, want in self._fixed:
+            if shape[axis] != want:
                 raise InvalidInput(
                     f"input {self.name!r} must have size {want} in dimension {axis} "
-                    f"({self.describe()}), got shape {list(array.shape)}",
+                    f"({self.describe()}), got shape {list(shape)}",
                     tensor=self.name,
                 )
         if not array.flags.c_contiguous:
@@ -158,7 +165,7 @@ class Signature:
         Raises :class:`InvalidInput` for a missing or unknown name, a wrong rank, a fixed
         dimension that does not match, or a dtype that cannot be cast safely.
         """
-        if not isinstance(inputs, Mapping):
+        if type(inputs) is not dict and not isinstance(inputs, Mapping):
             raise InvalidInput(
                 f"inputs must be a mapping from input name to array, got {type(inputs).__name__}"
             )
