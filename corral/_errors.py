@@ -11,7 +11,8 @@
     ├── InvalidInput           an input tensor is missing, unknown, or of the wrong dtype or shape
     ├── InferenceError         onnxruntime failed while running the model
     │   └── RunCancelled       the run was stopped between nodes (RunOptions.terminate)
-    └── DrainTimeout           close or shutdown gave up waiting for runs still in flight
+    ├── DrainTimeout           close or shutdown gave up waiting for runs still in flight
+    └── WorkerFailed           (corral.bench.demo) a demo worker process failed
 
 The classes carry no HTTP or gRPC status: each transport owns its own ``{class: status}``
 table. onnxruntime's own exceptions are turned into these in one place, ``corral._ort``,

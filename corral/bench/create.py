@@ -1,0 +1,147 @@
+"""The scenario behind ``corral bench create``: building sessions from one thread or many.
+
+Builds ``n_models`` tiny models in memory, then in each round creates one
+:class:`corral.Session` per model twice, from one thread and from a pool of threads, in
+alternating order so neither side always runs on a warmer process. Reports the median of
+each side and the ratio parallel / serial (below 1: parallel construction is faster).
+
+Example::
+
+    from corral.bench.create import measure_construction
+    result = measure_construction(n_models=200, threads=4, rounds=3)
+    print(result["ratio"])
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal, TypedDict
+
+import corral
+from corral.bench.models import ModelKind, build_model
+
+__all__ = ["ConstructionResult", "CreateProgress", "CreateStep", "measure_construction"]
+
+#: What :func:`measure_construction` reports progress on: models built, then timed phases.
+CreateStep = Literal["build", "measure"]
+#: ``progress(step, done, total)``. ``build`` counts models built; ``measure`` counts timed
+#: phases (two per round: serial and parallel).
+CreateProgress = Callable[[CreateStep, int, int], None]
+
+_MODEL_KINDS: tuple[ModelKind, ...] = ("tree", "linear", "mlp")
+
+
+class ConstructionResult(TypedDict):
+    """What :func:`measure_construction` measured."""
+
+    #: Sessions created per phase.
+    models: int
+    #: Threads in the parallel phase's pool.
+    threads: int
+    rounds: int
+    #: Seconds to create every session from one thread, one entry per round.
+    serial_seconds: list[float]
+    #: Seconds to create every session from the pool, one entry per round.
+    parallel_seconds: list[float]
+    serial_median: float
+    parallel_median: float
+    #: ``parallel_median / serial_median``: below 1, the pool was faster.
+    ratio: float
+    #: The concurrency policy the sessions got (``auto`` resolved).
+    policy: str
+    python: str
+    #: False on a free-threaded interpreter running without the GIL.
+    gil_enabled: bool
+
+
+def measure_construction(
+    n_models: int = 500,
+    threads: int = 4,
+    rounds: int = 3,
+    progress: CreateProgress | None = None,
+) -> ConstructionResult:
+    """Time creating ``n_models`` Sessions serially and from ``threads`` threads.
+
+    Uses the process Runtime (:func:`corral.runtime`), starting it if needed and leaving it
+    running; every session made here is closed before returning.
+    """
+    for name, value in (("n_models", n_models), ("threads", threads), ("rounds", rounds)):
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+    models = []
+    for index in range(n_models):
+        models.append(build_model(_MODEL_KINDS[index % len(_MODEL_KINDS)], seed=index))
+        if progress is not None:
+            progress("build", index + 1, n_models)
+
+    # The first session sets onnxruntime's global pools; that one-off cost belongs to
+    # neither side.
+    with corral.Session(models[0]) as first:
+        policy = str(first.policy)
+
+    serial: list[float] = []
+    parallel: list[float] = []
+    phases = 0
+    for round_index in range(rounds):
+        order = ("serial", "parallel") if round_index % 2 == 0 else ("parallel", "serial")
+        for side in order:
+            if side == "serial":
+                serial.append(_create_serially(models))
+            else:
+                parallel.append(_create_in_parallel(models, threads))
+            phases += 1
+            if progress is not None:
+                progress("measure", phases, 2 * rounds)
+
+    serial_median = statistics.median(serial)
+    parallel_median = statistics.median(parallel)
+    is_gil_enabled = getattr(sys, "_is_gil_enabled", None)
+    return ConstructionResult(
+        models=n_models,
+        threads=threads,
+        rounds=rounds,
+        serial_seconds=serial,
+        parallel_seconds=parallel,
+        serial_median=serial_median,
+        parallel_median=parallel_median,
+        ratio=parallel_median / serial_median,
+        policy=policy,
+        python=sys.version.split()[0],
+        gil_enabled=True if is_gil_enabled is None else bool(is_gil_enabled()),
+    )
+
+
+def _create_serially(models: Sequence[bytes]) -> float:
+    sessions: list[corral.Session] = []
+    try:
+        started = time.perf_counter()
+        for model in models:
+            sessions.append(corral.Session(model))
+        return time.perf_counter() - started
+    finally:
+        _close_all(sessions)
+
+
+def _create_in_parallel(models: Sequence[bytes], threads: int) -> float:
+    # Starting the pool's threads is part of what parallel construction costs.
+    started = time.perf_counter()
+    with ThreadPoolExecutor(threads, thread_name_prefix="bench-create") as pool:
+        futures = [pool.submit(corral.Session, model) for model in models]
+    elapsed = time.perf_counter() - started
+    # Every future is done once the pool has shut down; close what was built even if some
+    # construction failed, then report the first failure.
+    _close_all([future.result() for future in futures if future.exception() is None])
+    for future in futures:
+        error = future.exception()
+        if error is not None:
+            raise error
+    return elapsed
+
+
+def _close_all(sessions: Sequence[corral.Session]) -> None:
+    for session in sessions:
+        session.close()

@@ -1,0 +1,315 @@
+"""The ``corral`` command line.
+
+::
+
+    corral demo [--models N] [--threads T] [--requests R] [--keep DIR] [--json]
+    corral bench create [--models N] [--threads K] [--rounds R] [--json]
+
+The command line is an edge: it alone draws progress bars (with rich, from the ``cli``
+extra) and prints; the scenarios it runs live in :mod:`corral.bench` and report progress
+through plain callbacks. Progress goes to stderr, results to stdout, so ``--json`` output
+can be piped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from corral._errors import CorralError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+    from rich.table import Table
+
+    from corral.bench.create import ConstructionResult
+    from corral.bench.demo import DemoResult, DemoStep
+
+__all__ = ["main"]
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``corral`` command with ``argv`` (default: ``sys.argv[1:]``); returns the exit code.
+
+    Bad arguments exit through argparse (status 2) with a message naming the argument.
+
+    Example::
+
+        corral.cli.main(["demo", "--models", "100", "--json"])
+    """
+    args = _parser().parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except (CorralError, ValueError, OSError) as exc:
+        print(f"corral {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"corral {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+# -- arguments ------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="corral", description="Serve thousands of ONNX models from one Python process."
+    )
+    # `serve` and `models` join here as their own subcommands.
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = commands.add_parser(
+        "demo",
+        help="corral against onnxruntime's defaults on many small models",
+        description=(
+            "Build many tiny models, then load and serve them with corral and with "
+            "onnxruntime's default sessions, each in its own process, and compare threads, "
+            "memory, load time, throughput and idle CPU."
+        ),
+    )
+    demo.add_argument("--models", type=_positive_int, default=1000, help="models (default 1000)")
+    demo.add_argument(
+        "--threads", type=_positive_int, default=8, help="loading and serving threads (default 8)"
+    )
+    demo.add_argument(
+        "--requests", type=_positive_int, default=20000, help="runs in all (default 20000)"
+    )
+    demo.add_argument(
+        "--keep", type=Path, metavar="DIR", help="build the models into DIR and keep them"
+    )
+    demo.add_argument("--json", action="store_true", help="print the raw results as JSON")
+    demo.set_defaults(handler=_demo)
+
+    bench = commands.add_parser("bench", help="benchmark scenarios")
+    scenarios = bench.add_subparsers(dest="scenario", required=True, metavar="SCENARIO")
+    create = scenarios.add_parser(
+        "create",
+        help="session construction, one thread against a pool",
+        description=(
+            "Create one corral Session per model from one thread and from a pool of threads, "
+            "in alternating order for several rounds, and compare the medians."
+        ),
+    )
+    create.add_argument("--models", type=_positive_int, default=500, help="models (default 500)")
+    create.add_argument(
+        "--threads", type=_positive_int, default=4, help="threads of the pool (default 4)"
+    )
+    create.add_argument("--rounds", type=_positive_int, default=3, help="rounds (default 3)")
+    create.add_argument("--json", action="store_true", help="print the raw results as JSON")
+    create.set_defaults(handler=_bench_create)
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+# -- corral demo ----------------------------------------------------------------------------
+
+
+def _demo(args: argparse.Namespace) -> int:
+    _require_rich()
+    from rich.console import Console
+
+    # corral.bench's ImportErrors (a missing extra) already say what to install.
+    try:
+        from corral.bench.demo import run_demo
+
+        with _progress_bar() as progress:
+            display = _DemoDisplay(progress, args.models)
+            result = run_demo(
+                args.models, args.threads, args.requests, folder=args.keep, progress=display
+            )
+    except ImportError as exc:
+        raise SystemExit(str(exc)) from exc
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        Console().print(_demo_table(result))
+    if args.keep is not None:
+        print(f"models kept in {args.keep}", file=sys.stderr)
+    return 0
+
+
+class _DemoDisplay:
+    """Draws run_demo's progress: a bar while building, then a line per worker."""
+
+    def __init__(self, progress: Progress, count: int) -> None:
+        self._progress = progress
+        self._build = progress.add_task(f"building {count} models", total=count)
+        self._workers: dict[str, TaskID] = {}
+
+    def __call__(self, step: DemoStep, done: int, total: int) -> None:
+        if step == "build":
+            self._progress.update(self._build, completed=done)
+        elif step not in self._workers:
+            # No total: the bar pulses, as the worker reports nothing until it ends.
+            self._workers[step] = self._progress.add_task(
+                f"{step}: loading and serving in a worker process", total=None
+            )
+        else:
+            self._progress.update(self._workers[step], total=total, completed=done)
+
+
+def _demo_table(result: DemoResult) -> Table:
+    from rich.table import Table
+
+    ours, theirs = result.corral, result.onnxruntime
+    table = Table(
+        title=(
+            f"{result.models:,} models, {result.threads} threads, "
+            f"{result.requests:,} batch-1 requests"
+        ),
+        caption=(
+            "corral: every session on onnxruntime's global pools; onnxruntime defaults: "
+            f"a thread pool per session. Threads before loading: {ours.threads_before} "
+            f"and {theirs.threads_before}.\nonnxruntime's per-session pools spin, which keeps "
+            "the cores awake for the Python threads' hand-offs: that buys throughput with many "
+            "caller threads, and costs the idle CPU below."
+        ),
+    )
+    table.add_column("")
+    table.add_column("corral", justify="right")
+    table.add_column("onnxruntime defaults", justify="right")
+    table.add_column("corral / onnxruntime", justify="right")
+    rows: list[tuple[str, float, float, str]] = [
+        ("threads (after load)", ours.threads_after_load, theirs.threads_after_load, "{:,.0f}"),
+        (
+            "RSS per session (KiB)",
+            ours.rss_per_session / 1024,
+            theirs.rss_per_session / 1024,
+            "{:,.1f}",
+        ),
+        ("load time (s)", ours.load_seconds, theirs.load_seconds, "{:,.2f}"),
+        ("throughput (runs/s)", ours.throughput, theirs.throughput, "{:,.0f}"),
+        ("idle CPU (%)", ours.idle_cpu_percent, theirs.idle_cpu_percent, "{:,.1f}"),
+    ]
+    for label, corral_value, onnxruntime_value, number in rows:
+        table.add_row(
+            label,
+            number.format(corral_value),
+            number.format(onnxruntime_value),
+            _ratio(corral_value, onnxruntime_value),
+        )
+    return table
+
+
+def _ratio(numerator: float, denominator: float) -> str:
+    if denominator == 0:
+        return "-"
+    ratio = numerator / denominator
+    if ratio >= 10:
+        return f"{ratio:,.0f}x"
+    if ratio == 0 or ratio >= 0.1:
+        return f"{ratio:.2f}x"
+    # Two significant digits, so that 3 threads against 1,003 does not read as 0.00x.
+    return f"{ratio:.2g}x"
+
+
+# -- corral bench create --------------------------------------------------------------------
+
+
+def _bench_create(args: argparse.Namespace) -> int:
+    _require_rich()
+    from rich.console import Console
+
+    try:
+        from corral.bench.create import measure_construction
+    except ImportError as exc:
+        raise SystemExit(str(exc)) from exc
+    with _progress_bar() as progress:
+        build = progress.add_task(f"building {args.models} models", total=args.models)
+        measure = progress.add_task(
+            f"creating sessions: {args.rounds} round(s) of serial and parallel",
+            total=2 * args.rounds,
+        )
+
+        def on_progress(step: str, done: int, total: int) -> None:
+            progress.update(build if step == "build" else measure, completed=done, total=total)
+
+        result = measure_construction(args.models, args.threads, args.rounds, on_progress)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        Console().print(_create_table(result))
+    return 0
+
+
+def _create_table(result: ConstructionResult) -> Table:
+    from rich.table import Table
+
+    table = Table(
+        title=f"Creating {result['models']:,} sessions, {result['rounds']} round(s)",
+        caption=(
+            f"parallel / serial: {result['ratio']:.2f}x (below 1: the pool is faster). "
+            f"Policy {result['policy']}, Python {result['python']}, "
+            f"GIL {'on' if result['gil_enabled'] else 'off'}."
+        ),
+    )
+    table.add_column("")
+    table.add_column("median (s)", justify="right")
+    table.add_column("sessions/s", justify="right")
+    table.add_column("each round (s)", justify="right")
+    sides: Sequence[tuple[str, float, list[float]]] = (
+        ("serial (1 thread)", result["serial_median"], result["serial_seconds"]),
+        (
+            f"parallel ({result['threads']} threads)",
+            result["parallel_median"],
+            result["parallel_seconds"],
+        ),
+    )
+    for label, median, rounds in sides:
+        table.add_row(
+            label,
+            f"{median:.3f}",
+            f"{result['models'] / median:,.0f}",
+            "  ".join(f"{seconds:.3f}" for seconds in rounds),
+        )
+    return table
+
+
+# -- shared ---------------------------------------------------------------------------------
+
+
+def _require_rich() -> None:
+    if importlib.util.find_spec("rich") is None:
+        raise SystemExit("corral's command line needs rich: pip install 'corral[cli]'")
+
+
+def _progress_bar() -> Progress:
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        SpinnerColumn,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    return Progress(
+        SpinnerColumn(finished_text="[green]done"),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""The ``corral`` command line, ``corral demo`` and ``corral bench create``.
+
+Whatever runs onnxruntime's default sessions, or the command line as a whole, runs in a
+subprocess: onnxruntime's global pools, once corral sets them in this process, make default
+sessions fail. Sessions made in this process use the default Runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import psutil
+import pytest
+
+import corral
+from corral.bench.create import measure_construction
+from corral.bench.demo import WorkerFailed, build_models, run_worker
+from corral.cli import main
+
+N_MODELS = 30
+# Leaves the subprocess's own hard timeout room to report before pytest-timeout fires.
+WORKER_TIMEOUT_S = 100.0
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("models")
+    build_models(folder, N_MODELS)
+    return folder
+
+
+# -- build_models ---------------------------------------------------------------------------
+
+
+def test_build_models_writes_count_loadable_models_in_turn(tmp_path: Path) -> None:
+    reported: list[int] = []
+
+    paths = build_models(tmp_path / "new", 7, progress=reported.append)
+
+    assert [path.name for path in paths] == [f"model-{n:05d}.onnx" for n in range(1, 8)]
+    assert sorted((tmp_path / "new").iterdir()) == paths
+    assert reported == list(range(1, 8))
+    kinds = [onnx.load(path).graph.name for path in paths]
+    assert kinds == ["tree", "linear", "mlp", "tree", "linear", "mlp", "tree"]
+    x = np.ones((1, 4), np.float32)
+    for path in paths:
+        with corral.Session(path) as session:
+            assert session.run({"X": x})["Y"].shape == (1, 1)
+
+
+def test_build_models_is_deterministic(tmp_path: Path) -> None:
+    first = build_models(tmp_path / "a", 3)
+    second = build_models(tmp_path / "b", 3)
+
+    assert [p.read_bytes() for p in first] == [p.read_bytes() for p in second]
+
+
+def test_build_models_refuses_no_models(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        build_models(tmp_path, 0)
+
+
+# -- the demo worker ------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("engine", ["corral", "onnxruntime"])
+def test_worker_prints_one_line_of_sane_figures(models_dir: Path, engine: str) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "corral.bench.demo",
+        "worker",
+        "--engine",
+        engine,
+        "--models",
+        str(models_dir),
+        "--threads",
+        "2",
+        "--requests",
+        "300",
+        "--seed",
+        "3",
+    ]
+
+    completed = subprocess.run(
+        command, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S, check=False
+    )
+
+    assert completed.returncode == 0, completed.stderr
+    lines = completed.stdout.splitlines()
+    assert len(lines) == 1, completed.stdout
+    result = json.loads(lines[0])
+    assert result["engine"] == engine
+    assert result["sessions"] == N_MODELS
+    assert result["requests"] == 300
+    assert result["throughput"] > 0
+    assert result["run_seconds"] > 0
+    assert result["throughput"] == pytest.approx(300 / result["run_seconds"])
+    assert result["load_seconds"] > 0
+    assert result["threads_before"] >= 1
+    assert result["rss_before"] > 0
+    assert result["rss_after_load"] > result["rss_before"]
+    assert result["rss_per_session"] == pytest.approx(
+        (result["rss_after_load"] - result["rss_before"]) / N_MODELS
+    )
+    assert result["idle_cpu_percent"] >= 0
+    assert result["close_seconds"] >= 0
+    if engine == "corral":
+        # The point of corral: loading models does not add threads.
+        assert result["threads_after_load"] - result["threads_before"] <= 2
+        assert result["threads_after_run"] - result["threads_before"] <= 2
+    elif psutil.cpu_count(logical=False) and psutil.cpu_count(logical=False) >= 2:
+        # onnxruntime's default gives each session its own intra-op pool.
+        assert result["threads_after_load"] - result["threads_before"] >= N_MODELS
+
+
+@pytest.mark.timeout(150)
+def test_run_worker_shares_an_uneven_workload_exactly(models_dir: Path) -> None:
+    result = run_worker("corral", models_dir, 3, 100, timeout=WORKER_TIMEOUT_S)
+
+    assert result.requests == 100
+    assert result.threads == 3
+    assert result.sessions == N_MODELS
+
+
+def test_run_worker_failure_carries_the_workers_stderr(tmp_path: Path) -> None:
+    with pytest.raises(WorkerFailed, match=r"exited with status 1(.|\n)*no \.onnx files"):
+        run_worker("corral", tmp_path, 2, 10, timeout=WORKER_TIMEOUT_S)
+
+
+def test_run_worker_kills_a_worker_past_its_timeout(models_dir: Path) -> None:
+    # Far shorter than starting an interpreter and importing numpy takes.
+    with pytest.raises(WorkerFailed, match=r"did not finish within 0\.001s"):
+        run_worker("corral", models_dir, 2, 10, timeout=0.001)
+
+
+# -- corral demo ----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_demo_json_reports_both_engines_and_keeps_models(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kept = tmp_path / "kept"
+    argv = ["demo", "--models", "30", "--threads", "2", "--requests", "300", "--json"]
+
+    code = main([*argv, "--keep", str(kept)])
+
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    result = json.loads(captured.out)
+    assert (result["models"], result["threads"], result["requests"]) == (30, 2, 300)
+    for engine in ("corral", "onnxruntime"):
+        assert result[engine]["engine"] == engine
+        assert result[engine]["sessions"] == 30
+        assert result[engine]["requests"] == 300
+        assert result[engine]["throughput"] > 0
+    assert len(list(kept.glob("model-*.onnx"))) == 30
+    assert "building 30 models" in captured.err
+
+
+def test_demo_refuses_a_keep_folder_that_already_holds_models(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "other.onnx").write_bytes(b"")
+
+    code = main(["demo", "--models", "1", "--keep", str(tmp_path)])
+
+    assert code == 1
+    assert "already holds .onnx files" in capsys.readouterr().err
+    assert [path.name for path in tmp_path.iterdir()] == ["other.onnx"]
+
+
+@pytest.mark.timeout(300)
+def test_demo_prints_the_table(tmp_path: Path) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "corral.cli", "demo", "--models", "6", "--requests", "60"],
+        capture_output=True,
+        text=True,
+        timeout=250,
+        check=False,
+        env={**os.environ, "COLUMNS": "120"},
+    )
+
+    assert completed.returncode == 0, completed.stderr
+    for row in (
+        "threads (after load)",
+        "RSS per session (KiB)",
+        "load time (s)",
+        "throughput (runs/s)",
+        "idle CPU (%)",
+    ):
+        assert row in completed.stdout
+    assert "onnxruntime defaults" in completed.stdout
+
+
+# -- corral bench create --------------------------------------------------------------------
+
+
+@pytest.mark.timeout(150)
+def test_bench_create_json_in_a_subprocess() -> None:
+    argv = ["bench", "create", "--models", "20", "--rounds", "1", "--json"]
+
+    completed = subprocess.run(
+        [sys.executable, "-m", "corral.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+
+    assert completed.returncode == 0, completed.stderr
+    result = json.loads(completed.stdout)
+    assert (result["models"], result["threads"], result["rounds"]) == (20, 4, 1)
+    assert len(result["serial_seconds"]) == len(result["parallel_seconds"]) == 1
+    assert result["serial_median"] > 0
+    assert result["parallel_median"] > 0
+    assert result["ratio"] == pytest.approx(result["parallel_median"] / result["serial_median"])
+    assert result["policy"] == "shared"
+
+
+def test_measure_construction_closes_what_it_creates() -> None:
+    alive_before = corral.runtime().stats().sessions_alive
+    reported: list[tuple[str, int, int]] = []
+
+    result = measure_construction(6, threads=2, rounds=2, progress=lambda *a: reported.append(a))
+
+    assert len(result["serial_seconds"]) == len(result["parallel_seconds"]) == 2
+    assert reported[:6] == [("build", n, 6) for n in range(1, 7)]
+    assert reported[6:] == [("measure", n, 4) for n in range(1, 5)]
+    assert corral.runtime().stats().sessions_alive == alive_before
+
+
+# -- arguments ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["demo", "--models", "0"], "argument --models: must be a positive integer, got 0"),
+        (["demo", "--threads", "-2"], "argument --threads: must be a positive integer, got -2"),
+        (["demo", "--requests", "many"], "argument --requests: must be a positive integer"),
+        (["bench", "create", "--rounds", "0"], "argument --rounds: must be a positive integer"),
+        (["bench"], "required: SCENARIO"),
+        ([], "required: COMMAND"),
+    ],
+)
+def test_bad_arguments_exit_non_zero_with_a_message(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_rich_says_which_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A None entry in sys.modules makes the import machinery treat rich as absent.
+    monkeypatch.setitem(sys.modules, "rich", None)
+
+    with pytest.raises(SystemExit, match=r"pip install 'corral\[cli\]'"):
+        main(["demo", "--models", "1"])
