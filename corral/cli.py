@@ -179,7 +179,7 @@ def _demo_table(result: DemoResult) -> Table:
             f"a thread pool per session. Threads before loading: {ours.threads_before} "
             f"and {theirs.threads_before}.\nonnxruntime's per-session pools spin, which keeps "
             "the cores awake for the Python threads' hand-offs: that buys throughput with many "
-            "caller threads, and costs the idle CPU below."
+            "caller threads, and burns the idle CPU shown in the table."
         ),
     )
     table.add_column("")
