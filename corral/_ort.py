@@ -9,7 +9,11 @@ Facts this module is built on (checked on onnxruntime 1.31 and 1.32):
 
 - ``set_global_thread_pool_sizes`` may be called once per process. A second call fails even
   with the same sizes, and two concurrent calls race; hence :data:`_PROCESS_SETTINGS_LOCK`
-  and the record of what was set.
+  and the record of what was set. It writes process globals (the pool options and a
+  "use global pools" flag) that every session construction reads, without a lock, so it
+  must finish before the first session is built: the Runtime calls it under its own lock
+  before it admits any session. onnxruntime's environment itself is created when the
+  module is imported, under Python's import lock.
 - After it, a session with per-session threads fails; ``use_per_session_threads = False``
   without it fails too. So every corral session uses the global pools, and the pools are
   set before the first corral session.
