@@ -109,7 +109,7 @@ class RuntimeStats:
     threads: int
     #: Sessions created through this Runtime and not yet closed or collected.
     sessions_alive: int
-    #: Runs (and leases) in flight across those sessions.
+    #: Runs, leases and loads in flight across those sessions.
     runs_in_flight: int
 
 
@@ -154,6 +154,11 @@ class Runtime:
             current = _process_runtime
             if current is not None and current._options == options and current._usable():
                 return current
+            if current is not None and current.state is RuntimeState.SHUTTING_DOWN:
+                raise RuntimeClosed(
+                    "this process's Runtime is shutting down; "
+                    "create the next one once shutdown() has returned"
+                )
             if current is not None and not current._supersede():
                 raise RuntimeConfigError(
                     f"this process's Runtime already started with {current._options.describe()}; "

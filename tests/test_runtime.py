@@ -11,7 +11,7 @@ import pytest
 
 import corral
 from corral import RuntimeState
-from tests.conftest import process_threads
+from tests.conftest import process_threads, wait_until
 
 
 def test_identical_options_return_the_same_runtime():
@@ -238,3 +238,17 @@ def test_stats_from_other_threads_while_sessions_run(mlp_model):
     watcher.join(timeout=10)
     assert readings
     assert all(0 <= r.runs_in_flight <= 1 and r.sessions_alive == 1 for r in readings)
+
+
+def test_a_new_runtime_while_the_old_one_drains_is_refused(mlp_model):
+    rt = corral.runtime()
+    session = corral.Session(mlp_model, runtime=rt)
+    lease = session.acquire()
+    shutter = threading.Thread(target=rt.shutdown, kwargs={"timeout": 30})
+    shutter.start()
+    wait_until(lambda: rt.state is RuntimeState.SHUTTING_DOWN)
+    with pytest.raises(corral.RuntimeClosed, match="shutting down"):
+        corral.Runtime()
+    lease.release()
+    shutter.join(timeout=30)
+    assert corral.Runtime() is not rt
