@@ -6,11 +6,18 @@
     ├── RuntimeConfigError     the process Runtime is already set up otherwise, or an option is bad
     ├── RuntimeClosed          the Runtime has shut down (or was superseded before it started)
     ├── ProviderUnavailable    an execution provider asked for is not in this onnxruntime build
-    ├── ModelLoadError         onnxruntime could not load the model (file, graph, operator)
+    ├── RepositoryError        the model repository itself is unusable (missing root, not a folder)
+    ├── InvalidModelName       a model name that cannot name a model (empty, "..", "/", too long)
+    ├── ModelNotFound          no such model, or no such version of it, in the repository
+    ├── ModelLoadError         the model could not be loaded (file, graph, operator, layout)
+    │   ├── ModelConfigError   its model.toml is malformed; the message says where and why
+    │   └── ModelTooLarge      it alone is larger than the Host's whole memory budget
     ├── SessionClosed          a run was asked of a Session after close() began
+    ├── HostClosed             a request was made of a Host after close() began
     ├── InvalidInput           an input tensor is missing, unknown, or of the wrong dtype or shape
     ├── InferenceError         onnxruntime failed while running the model
     │   └── RunCancelled       the run was stopped between nodes (RunOptions.terminate)
+    ├── DeadlineExceeded       the request's timeout passed before it was answered
     ├── DrainTimeout           close or shutdown gave up waiting for runs still in flight
     └── WorkerFailed           (corral.bench.demo) a demo worker process failed
 
@@ -23,11 +30,18 @@ from __future__ import annotations
 
 __all__ = [
     "CorralError",
+    "DeadlineExceeded",
     "DrainTimeout",
+    "HostClosed",
     "InferenceError",
     "InvalidInput",
+    "InvalidModelName",
+    "ModelConfigError",
     "ModelLoadError",
+    "ModelNotFound",
+    "ModelTooLarge",
     "ProviderUnavailable",
+    "RepositoryError",
     "RunCancelled",
     "RuntimeClosed",
     "RuntimeConfigError",
@@ -59,12 +73,40 @@ class ProviderUnavailable(CorralError):
     """
 
 
+class RepositoryError(CorralError):
+    """The model repository cannot be used at all: its root is missing or not a folder."""
+
+
+class InvalidModelName(CorralError):
+    """A name that cannot name a model; the message says which rule it breaks."""
+
+
+class ModelNotFound(CorralError):
+    """No model of that name, or no such version of it, is in the repository (or served)."""
+
+
 class ModelLoadError(CorralError):
-    """onnxruntime could not create a session for the model; the message says why."""
+    """The model could not be loaded; the message says why.
+
+    onnxruntime refused it, its files are laid out wrongly or lead outside the repository,
+    or (subclasses) its configuration is malformed or it does not fit the memory budget.
+    """
+
+
+class ModelConfigError(ModelLoadError):
+    """A model's ``model.toml`` is malformed; the message names the file, the field and why."""
+
+
+class ModelTooLarge(ModelLoadError):
+    """The model alone is larger than the whole memory budget, so no eviction can fit it."""
 
 
 class SessionClosed(CorralError):
     """The Session is closing or closed; no new run is accepted."""
+
+
+class HostClosed(CorralError):
+    """The Host is closing or closed and takes no new requests."""
 
 
 class InvalidInput(CorralError):
@@ -85,6 +127,10 @@ class InferenceError(CorralError):
 
 class RunCancelled(InferenceError):
     """The run was stopped between graph nodes before it finished (shutdown or cancel)."""
+
+
+class DeadlineExceeded(CorralError, TimeoutError):
+    """The request's timeout passed before it could be answered."""
 
 
 class DrainTimeout(CorralError, TimeoutError):
