@@ -172,11 +172,19 @@ class Session:
         :class:`SessionClosed` after close() began, :class:`RunCancelled` if a cancelling
         close stopped it, and :class:`InferenceError` if onnxruntime failed.
         """
+        return self._run(inputs, outputs, leased=False)
+
+    def _run(
+        self, inputs: Mapping[str, Any], outputs: Sequence[str] | None, *, leased: bool
+    ) -> dict[str, npt.NDArray[Any]]:
         feed = self._signature.prepare_inputs(inputs)
         names = self._signature.output_names(outputs)
         run_options = _ort.new_run_options()
         with self._state_lock:
-            if self._state is not SessionState.READY:
+            # A lease holds the session open through CLOSING: its run may still start.
+            if self._state is not SessionState.READY and not (
+                leased and self._state is SessionState.CLOSING
+            ):
                 raise self._closed_error()
             self._in_flight += 1
             self._active_runs.add(run_options)
@@ -226,6 +234,22 @@ class Session:
         released when the last run or lease ends.
         """
         self._close(timeout, cancel=cancel, reason="closed by close()")
+
+    def close_when_idle(self) -> None:
+        """Refuse new runs now, and release as soon as the last run or lease ends.
+
+        Returns at once: for retiring a session that other threads may still be using (a
+        model swapped for a newer version). Idempotent.
+        """
+        with self._state_lock:
+            if self._state is SessionState.CLOSED:
+                return
+            if self._state in (SessionState.LOADING, SessionState.READY):
+                self._state = SessionState.CLOSING
+                self._closed_reason = "retired: a newer copy of the model took its place"
+            released = self._in_flight == 0 and self._release_locked()
+        if released:
+            self._runtime._unregister(self)
 
     def __enter__(self) -> Session:
         return self
@@ -324,6 +348,19 @@ class Lease:
         #: The session this lease holds open.
         self.session = session
         self._released = False  # guarded by session._state_lock
+
+    def run(
+        self, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None
+    ) -> dict[str, npt.NDArray[Any]]:
+        """Run the session this lease holds, even if close() has begun meanwhile.
+
+        Raises :class:`SessionClosed` if the lease was already released.
+        """
+        with self.session._state_lock:
+            released = self._released
+        if released:
+            raise SessionClosed(f"the lease on session {self.session.name!r} was released")
+        return self.session._run(inputs, outputs, leased=True)
 
     def release(self) -> None:
         """Let the session close; idempotent."""

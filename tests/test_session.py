@@ -376,3 +376,32 @@ def test_a_lease_may_be_released_from_another_thread(mlp_model):
     assert session.in_flight == 0
     session.close(timeout=1)
     assert session.state is SessionState.CLOSED
+
+
+def test_close_when_idle_returns_at_once_and_releases_with_the_last_lease(mlp_model):
+    session = corral.Session(mlp_model)
+    lease = session.acquire()
+    session.close_when_idle()
+    assert session.state is SessionState.CLOSING
+    with pytest.raises(corral.SessionClosed, match="retired"):
+        session.run({"X": X})
+    lease.release()
+    assert session.state is SessionState.CLOSED
+    session.close_when_idle()  # idempotent
+    idle = corral.Session(mlp_model)
+    idle.close_when_idle()
+    assert idle.state is SessionState.CLOSED
+
+
+def test_a_lease_still_runs_after_close_began(mlp_model):
+    session = corral.Session(mlp_model)
+    lease = session.acquire()
+    session.close_when_idle()
+    with pytest.raises(corral.SessionClosed):
+        session.run({"X": X})  # new work is refused...
+    outputs = lease.run({"X": X})  # ...but the holder of a lease finishes its request
+    np.testing.assert_array_equal(outputs["Y"], reference_run(mlp_model, {"X": X})[0])
+    lease.release()
+    assert session.state is SessionState.CLOSED
+    with pytest.raises(corral.SessionClosed, match="released"):
+        lease.run({"X": X})
