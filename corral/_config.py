@@ -1,0 +1,281 @@
+"""model.toml: the per-model configuration, as frozen dataclasses.
+
+A model folder may hold a ``model.toml`` next to its version folders::
+
+    max_batch_size = 32          # 0: never batch; absent: decided from the model
+    batch_window_us = 500        # absent: the scheduler's default
+    concurrency = "pool:2"       # "auto", "shared", "exclusive" or "pool:N"
+    providers = ["CPUExecutionProvider"]
+    pinned = true                # never evicted
+    warmup = true                # run once on zeros after loading
+    version_policy = { latest = 2 }
+
+``version_policy`` is ``"latest"``, ``"all"``, ``{ latest = N }`` or ``{ specific = [1, 3] }``;
+Triton's spellings (``{ latest = { num_versions = N } }``, ``{ specific = { versions = [...] } }``,
+``{ all = {} }``) are accepted too, so an existing repository's policy carries over.
+
+Every mistake is an error, never a silent default: an unknown key (a typo), a wrong type
+(``true`` is not a number), a negative number. :meth:`ModelConfig.from_toml` raises
+:class:`ModelConfigError` naming the file, the field and what is wrong.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import Literal
+
+from corral._errors import ModelConfigError
+from corral._providers import ConcurrencyPolicy
+
+__all__ = ["ModelConfig", "VersionPolicy", "VersionPolicyKind"]
+
+VersionPolicyKind = Literal["latest", "all", "specific"]
+
+
+class _FieldError(ValueError):
+    """One field's value is wrong; ``str()`` is ``"<field> <problem>"``."""
+
+    def __init__(self, name: str, problem: str) -> None:
+        super().__init__(f"{name} {problem}")
+
+
+def _check_positive_int(name: str, value: object) -> int:
+    # bool is a subclass of int: `true` must not pass for 1.
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _FieldError(name, f"must be an integer >= 1, got {_describe(value)}")
+    return value
+
+
+def _describe(value: object) -> str:
+    """A value as a model.toml author would recognise it, with its TOML type."""
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, int):
+        return f"the integer {value}"
+    if isinstance(value, float):
+        return f"the float {value}"
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    if isinstance(value, list | tuple):
+        return f"the array {_shorten(repr(list(value)))}"
+    if isinstance(value, dict):
+        return f"the table {_shorten(repr(value))}"
+    return f"a {type(value).__name__} ({_shorten(repr(value))})"
+
+
+def _shorten(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(frozen=True)
+class VersionPolicy:
+    """Which of a model's versions are served.
+
+    - ``latest`` with ``count`` N: the N newest versions (the default serves the newest one).
+    - ``all``: every version on disk.
+    - ``specific`` with ``versions``: those listed, when they exist.
+
+    ``str()`` gives ``"latest:1"``, ``"all"`` or ``"specific:1,3"``.
+    """
+
+    kind: VersionPolicyKind
+    #: For ``latest``: how many of the newest versions are served.
+    count: int = 1
+    #: For ``specific``: the versions served (kept sorted, without duplicates).
+    versions: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("latest", "all", "specific"):
+            raise ValueError(
+                f"version policy kind must be 'latest', 'all' or 'specific', got {self.kind!r}"
+            )
+        _check_positive_int("count", self.count)
+        if self.kind != "latest" and self.count != 1:
+            raise ValueError(f"count applies only to the 'latest' policy, not {self.kind!r}")
+        if self.kind == "specific":
+            if not self.versions:
+                raise ValueError("the 'specific' policy needs at least one version")
+            for version in self.versions:
+                _check_positive_int("each version", version)
+            # A set of versions: order and repeats carry no meaning, so equal policies compare
+            # equal and print the same.
+            object.__setattr__(self, "versions", tuple(sorted(set(self.versions))))
+        elif self.versions:
+            raise ValueError(f"versions apply only to the 'specific' policy, not {self.kind!r}")
+
+    def select(self, available: Iterable[int]) -> tuple[int, ...]:
+        """The versions served out of ``available``, ascending.
+
+        >>> VersionPolicy("latest", 2).select([1, 5, 3])
+        (3, 5)
+        """
+        ordered = sorted(set(available))
+        if self.kind == "latest":
+            return tuple(ordered[-self.count :])
+        if self.kind == "all":
+            return tuple(ordered)
+        wanted = set(self.versions)
+        return tuple(version for version in ordered if version in wanted)
+
+    def __str__(self) -> str:
+        if self.kind == "latest":
+            return f"latest:{self.count}"
+        if self.kind == "all":
+            return "all"
+        return "specific:" + ",".join(str(version) for version in self.versions)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One model's settings, from its ``model.toml`` (all optional)."""
+
+    #: None: decided from the model; 0: never batch; > 0: the largest batch formed.
+    max_batch_size: int | None = None
+    #: How long a batch waits for more requests, in microseconds; None: the scheduler's default.
+    batch_window_us: int | None = None
+    #: ``"auto"``, ``"shared"``, ``"exclusive"`` or ``"pool:N"`` (see ConcurrencyPolicy).
+    concurrency: str = "auto"
+    #: Execution providers in order of precedence; None: the CPU provider.
+    providers: tuple[str, ...] | None = None
+    #: Never evicted to make room for other models.
+    pinned: bool = False
+    #: Run once on zeros after loading, so the first request does not pay for first-run setup.
+    warmup: bool = False
+    #: Which versions on disk are served.
+    version_policy: VersionPolicy = VersionPolicy("latest", 1)
+
+    def __post_init__(self) -> None:
+        _check_optional_count("max_batch_size", self.max_batch_size)
+        _check_optional_count("batch_window_us", self.batch_window_us)
+        object.__setattr__(self, "concurrency", _check_concurrency(self.concurrency))
+        if self.providers is not None:
+            object.__setattr__(self, "providers", _check_providers(self.providers))
+        _check_bool("pinned", self.pinned)
+        _check_bool("warmup", self.warmup)
+        if not isinstance(self.version_policy, VersionPolicy):
+            raise _FieldError(
+                "version_policy", f"must be a VersionPolicy, got {_describe(self.version_policy)}"
+            )
+
+    @classmethod
+    def from_toml(cls, text: str, *, source: str) -> ModelConfig:
+        """Parse model.toml text; ``source`` (the file path) is named in every error.
+
+        >>> ModelConfig.from_toml("pinned = true", source="fraud/model.toml").pinned
+        True
+
+        Raises :class:`ModelConfigError` for invalid TOML, an unknown key, or a value of the
+        wrong type or range; the message names ``source`` and the field.
+        """
+        try:
+            table = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ModelConfigError(f"{source}: invalid TOML: {exc}") from exc
+        try:
+            _check_known_keys(table)
+            values = dict(table)
+            if "version_policy" in values:
+                values["version_policy"] = _parse_version_policy(values["version_policy"])
+            return cls(**values)
+        except _FieldError as exc:
+            raise ModelConfigError(f"{source}: {exc}") from None
+
+
+_KNOWN_KEYS = tuple(sorted(f.name for f in fields(ModelConfig)))
+
+
+def _check_known_keys(table: Mapping[str, object]) -> None:
+    unknown = sorted(set(table) - set(_KNOWN_KEYS))
+    if not unknown:
+        return
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, _KNOWN_KEYS, n=1)
+        hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    noun = "key" if len(unknown) == 1 else "keys"
+    raise _FieldError(
+        f"unknown {noun}", f"{', '.join(hints)}; the known keys are {', '.join(_KNOWN_KEYS)}"
+    )
+
+
+def _parse_version_policy(value: object) -> VersionPolicy:
+    forms = (
+        'must be "latest", "all", { latest = N }, { specific = [1, 3] } or Triton\'s '
+        "{ latest = { num_versions = N } }, { specific = { versions = [...] } }, { all = {} }"
+    )
+    if value == "latest":
+        return VersionPolicy("latest", 1)
+    if value == "all":
+        return VersionPolicy("all")
+    if not isinstance(value, dict) or len(value) != 1:
+        raise _FieldError("version_policy", f"{forms}; got {_describe(value)}")
+    ((kind, body),) = value.items()
+    name = f"version_policy.{kind}"
+    if kind == "latest":
+        if isinstance(body, dict):
+            count = _only_key(body, "num_versions", name)
+            return VersionPolicy("latest", _check_positive_int(f"{name}.num_versions", count))
+        return VersionPolicy("latest", _check_positive_int(name, body))
+    if kind == "specific":
+        if isinstance(body, dict):
+            listed = _only_key(body, "versions", name)
+            return VersionPolicy("specific", versions=_version_list(f"{name}.versions", listed))
+        return VersionPolicy("specific", versions=_version_list(name, body))
+    if kind == "all":
+        if body != {}:
+            raise _FieldError(name, f"must be an empty table {{}}, got {_describe(body)}")
+        return VersionPolicy("all")
+    raise _FieldError("version_policy", f"{forms}; got the key {kind!r}")
+
+
+def _only_key(table: dict[str, object], key: str, name: str) -> object:
+    if set(table) != {key}:
+        raise _FieldError(name, f"must be a table with the one key {key!r}, got {_describe(table)}")
+    return table[key]
+
+
+def _version_list(name: str, value: object) -> tuple[int, ...]:
+    if not isinstance(value, list) or not value:
+        raise _FieldError(name, f"must be a non-empty array of versions, got {_describe(value)}")
+    return tuple(_check_positive_int(f"{name}[{i}]", item) for i, item in enumerate(value))
+
+
+def _check_optional_count(name: str, value: object) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _FieldError(name, f"must be an integer >= 0, got {_describe(value)}")
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise _FieldError(name, f"must be true or false, got {_describe(value)}")
+
+
+def _check_concurrency(value: object) -> str:
+    if not isinstance(value, str):
+        raise _FieldError("concurrency", f"must be a string, got {_describe(value)}")
+    try:
+        policy = ConcurrencyPolicy.parse(value)
+    except ValueError as exc:
+        # parse() already names the field; keep its wording without saying it twice.
+        raise _FieldError("concurrency", str(exc).removeprefix("concurrency ")) from None
+    return "auto" if policy is None else str(policy)
+
+
+def _check_providers(value: object) -> tuple[str, ...]:
+    if not isinstance(value, tuple | list) or not value:
+        raise _FieldError(
+            "providers",
+            f"must be a non-empty array of provider names (leave it out for the CPU), "
+            f"got {_describe(value)}",
+        )
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item.strip():
+            raise _FieldError(f"providers[{i}]", f"must be a provider name, got {_describe(item)}")
+    if len(set(value)) != len(value):
+        raise _FieldError("providers", f"lists a provider twice: {list(value)!r}")
+    return tuple(value)

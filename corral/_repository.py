@@ -1,0 +1,453 @@
+"""Repository: where model files live, how they are laid out, and when they change.
+
+The layout is Triton's, so an existing model repository needs no change::
+
+    <root>/
+      fraud/
+        model.toml          optional: see corral._config
+        1/model.onnx
+        2/model.onnx        a version is a folder named by a positive integer
+      churn.onnx            a bare file is version 1 of the model "churn"
+
+Nothing outside the root is ever read. Every path the repository reads (a model folder, a
+model.toml, a model.onnx) has its symlinks resolved and must stay inside the resolved root;
+symlinks that stay inside are fine. An escaping path makes the model unloadable
+(:attr:`ModelEntry.error`) without touching the rest of the repository. Model files are only
+stat'ed here; the only file read is model.toml, and only up to :data:`MAX_CONFIG_BYTES`.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import stat
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from corral._config import ModelConfig
+from corral._errors import (
+    InvalidModelName,
+    ModelConfigError,
+    ModelLoadError,
+    ModelNotFound,
+    RepositoryError,
+)
+
+__all__ = [
+    "MAX_CONFIG_BYTES",
+    "MODEL_NAME_PATTERN",
+    "ModelEntry",
+    "ModelVersion",
+    "Repository",
+    "validate_model_name",
+]
+
+logger = logging.getLogger(__name__)
+
+#: What a model name may be; use it with ``re.fullmatch``. A leading letter or digit already
+#: rules out ".", ".." and hidden files; the character set rules out "/" and "\\".
+MODEL_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}"
+
+#: The largest model.toml read; a bigger one is a ModelConfigError, not a memory hazard.
+MAX_CONFIG_BYTES = 64 * 1024
+
+_MAX_NAME_LENGTH = 128
+_NAME_RE = re.compile(MODEL_NAME_PATTERN)
+_NAME_CHAR_RE = re.compile(r"[A-Za-z0-9_.\-]")
+_VERSION_RE = re.compile(r"[1-9][0-9]*")
+_BARE_SUFFIX = ".onnx"
+_MODEL_FILE = "model.onnx"
+_CONFIG_FILE = "model.toml"
+
+
+def validate_model_name(name: object) -> str:
+    """Return ``name`` if it can name a model; else raise InvalidModelName naming the rule broken.
+
+    A name is 1 to 128 characters of ASCII letters, digits, ``_``, ``.`` and ``-``, starting
+    with a letter or digit: it is always one path component inside the repository.
+
+    >>> validate_model_name("fraud-v2")
+    'fraud-v2'
+    """
+    if not isinstance(name, str):
+        raise InvalidModelName(f"a model name must be a string, got {type(name).__name__}")
+    if _NAME_RE.fullmatch(name):
+        return name
+    shown = _shorten(repr(name))
+    if not name:
+        raise InvalidModelName("a model name must not be empty")
+    if len(name) > _MAX_NAME_LENGTH:
+        raise InvalidModelName(
+            f"a model name must be at most {_MAX_NAME_LENGTH} characters, got {len(name)}: {shown}"
+        )
+    bad = sorted({char for char in name if not _NAME_CHAR_RE.fullmatch(char)})
+    if bad:
+        raise InvalidModelName(
+            f"a model name may contain only ASCII letters, digits, '_', '.' and '-'; "
+            f"{shown} contains {', '.join(repr(char) for char in bad)}"
+        )
+    raise InvalidModelName(f"a model name must start with a letter or digit, got {shown}")
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    """One version of a model on disk."""
+
+    #: The version number (the folder's name; 1 for a bare file).
+    version: int
+    #: The model file, symlinks resolved; always inside the repository root.
+    path: Path
+    #: Its size in bytes.
+    size: int
+    #: Its modification time, in nanoseconds.
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """What the repository holds for one model name, as of one look at the disk.
+
+    An entry is never partly valid: when :attr:`error` is set, the model must not be loaded,
+    whatever :attr:`versions` lists.
+    """
+
+    #: The model's name.
+    name: str
+    #: Every version found on disk, ascending (read-only).
+    versions: Mapping[int, ModelVersion] = field(hash=False)
+    #: The model's configuration; the default when there is no model.toml or it is malformed.
+    config: ModelConfig
+    #: Why the model cannot be loaded, or None. Compared through :attr:`fingerprint`, which
+    #: holds its message (exceptions themselves compare by identity).
+    error: ModelLoadError | None = field(compare=False)
+    #: Changes when a served file, model.toml, the set of versions or the error changes.
+    fingerprint: tuple[object, ...]
+
+    @property
+    def served_versions(self) -> tuple[int, ...]:
+        """The versions the version policy serves, ascending."""
+        return self.config.version_policy.select(self.versions)
+
+    @property
+    def latest(self) -> int | None:
+        """The newest served version, or None when none is served."""
+        served = self.served_versions
+        return served[-1] if served else None
+
+
+class _Found(NamedTuple):
+    """A path that exists: where it really is, and what it is (None when outside the root)."""
+
+    real: str
+    stat: os.stat_result | None
+
+
+class Repository:
+    """A folder of models laid out as Triton lays them out (see the module docstring).
+
+    Nothing is cached: every call looks at the disk, and :attr:`ModelEntry.fingerprint` tells
+    a caller whether a model changed since it last looked. A Repository holds no mutable
+    state after ``__init__``, so any number of threads may call :meth:`names`,
+    :meth:`entry` and :meth:`scan` at once.
+
+    Example::
+
+        repo = Repository("models/")
+        entry = repo.entry("fraud")
+        if entry.error is None and entry.latest is not None:
+            path = entry.versions[entry.latest].path
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        given = os.fspath(root)
+        real = os.path.realpath(given)
+        if not os.path.exists(real):
+            raise RepositoryError(f"model repository {given!r} does not exist")
+        if not os.path.isdir(real):
+            raise RepositoryError(f"model repository {given!r} is not a folder")
+        self._root = Path(real)
+        self._root_str = real
+        # Every resolved path must start with this to be inside the root.
+        self._prefix = real if real.endswith(os.sep) else real + os.sep
+
+    @property
+    def root(self) -> Path:
+        """The repository's folder, symlinks resolved."""
+        return self._root
+
+    def __repr__(self) -> str:
+        return f"Repository({self._root_str!r})"
+
+    def names(self) -> list[str]:
+        """The names of all models, sorted: sub-folders and bare ``<name>.onnx`` files.
+
+        Entries whose names cannot name a model (hidden files, spaces ...) are skipped. This
+        reads the root folder only, so it stays fast for tens of thousands of models.
+        """
+        found: set[str] = set()
+        try:
+            with os.scandir(self._root_str) as listing:
+                for item in listing:
+                    name = self._model_name(item)
+                    if name is None:
+                        continue
+                    if _NAME_RE.fullmatch(name):
+                        found.add(name)
+                    else:
+                        logger.debug("skipping %r in %s: not a valid model name", name, self)
+        except OSError as exc:
+            raise RepositoryError(
+                f"cannot list model repository {self._root_str!r}: {exc}"
+            ) from exc
+        return sorted(found)
+
+    def entry(self, name: str) -> ModelEntry:
+        """The model ``name`` as it is on disk now.
+
+        Raises :class:`InvalidModelName` for a name that cannot name a model, and
+        :class:`ModelNotFound` when neither ``<root>/<name>/`` nor ``<root>/<name>.onnx``
+        exists. Every other problem (a malformed model.toml, a path leading outside the root,
+        no version at all) is reported in :attr:`ModelEntry.error`, never raised.
+        """
+        validate_model_name(name)
+        folder_path = os.path.join(self._root_str, name)
+        bare_path = folder_path + _BARE_SUFFIX
+        try:
+            folder = _only_if(self._locate(folder_path), stat.S_ISDIR)
+            bare = _only_if(self._locate(bare_path), stat.S_ISREG)
+        except OSError as exc:
+            error = ModelLoadError(f"model {name!r}: cannot stat it: {exc}")
+            return _make_entry(name, {}, ModelConfig(), None, [error], layout="unreadable")
+        if folder is not None and bare is not None:
+            error = ModelLoadError(
+                f"model {name!r}: both {folder_path}{os.sep} and {bare_path} exist; "
+                f"keep the folder or the file, not both"
+            )
+            return _make_entry(name, {}, ModelConfig(), None, [error], layout="both")
+        if folder is not None:
+            return self._folder_entry(name, folder_path, folder)
+        if bare is not None:
+            return self._bare_entry(name, bare_path, bare)
+        raise ModelNotFound(
+            f"no model {name!r} in {self._root_str}: expected a folder {name}{os.sep} "
+            f"or a file {name}{_BARE_SUFFIX}"
+        )
+
+    def scan(self) -> dict[str, ModelEntry]:
+        """Every model, ``{name: entry}`` in name order: for change detection and the index."""
+        entries: dict[str, ModelEntry] = {}
+        for name in self.names():
+            try:
+                entries[name] = self.entry(name)
+            except ModelNotFound:
+                continue  # removed between listing and looking: it is simply gone
+        return entries
+
+    # -- private -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _model_name(item: os.DirEntry[str]) -> str | None:
+        try:
+            # Follows a symlink: a link to a folder is a model (whether it escapes the root is
+            # entry()'s business, which reports it instead of hiding the model).
+            if item.is_dir():
+                return item.name
+            if item.name.endswith(_BARE_SUFFIX) and item.is_file():
+                return item.name[: -len(_BARE_SUFFIX)]
+        except OSError:
+            logger.debug("skipping %r in the model repository: cannot stat it", item.name)
+        return None
+
+    def _inside(self, real: str) -> bool:
+        return real == self._root_str or real.startswith(self._prefix)
+
+    def _locate(self, path: str, *, dangling_ok: bool = True) -> _Found | None:
+        """Where ``path`` really is; None if it does not exist (or dangles inside the root).
+
+        The target of a path that resolves outside the root is never stat'ed. Raises OSError
+        when it cannot be stat'ed for another reason (permissions, a symlink loop), or when
+        it is a dangling symlink and ``dangling_ok`` is false.
+        """
+        try:
+            own = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISLNK(own.st_mode):
+            # Its parent is already resolved, so a non-link is its own real path.
+            return _Found(path, own)
+        real = os.path.realpath(path)
+        if not self._inside(real):
+            return _Found(real, None)
+        try:
+            return _Found(real, os.stat(real))
+        except FileNotFoundError:
+            if dangling_ok:
+                return None
+            raise FileNotFoundError(
+                errno.ENOENT, "it is a symlink to a path that does not exist", real
+            ) from None
+
+    def _outside(self, name: str, path: str, real: str) -> ModelLoadError:
+        return ModelLoadError(
+            f"model {name!r}: {path} resolves outside the repository root "
+            f"{self._root_str} (to {real}); it is not read"
+        )
+
+    def _bare_entry(self, name: str, path: str, found: _Found) -> ModelEntry:
+        if found.stat is None:
+            error = self._outside(name, path, found.real)
+            return _make_entry(name, {}, ModelConfig(), None, [error], layout="file")
+        version = ModelVersion(1, Path(found.real), found.stat.st_size, found.stat.st_mtime_ns)
+        return _make_entry(name, {1: version}, ModelConfig(), None, [], layout="file")
+
+    def _folder_entry(self, name: str, path: str, found: _Found) -> ModelEntry:
+        if found.stat is None:
+            error = self._outside(name, path, found.real)
+            return _make_entry(name, {}, ModelConfig(), None, [error], layout="folder")
+        problems: list[ModelLoadError] = []
+        config, config_stamp = self._read_config(name, path, found.real, problems)
+        versions: dict[int, ModelVersion] = {}
+        try:
+            with os.scandir(found.real) as listing:
+                children = [item.name for item in listing if _VERSION_RE.fullmatch(item.name)]
+        except OSError as exc:
+            problems.append(ModelLoadError(f"model {name!r}: cannot list {path}: {exc}"))
+            children = []
+        for child in children:
+            version = self._read_version(name, path, found.real, child, problems)
+            if version is not None:
+                versions[version.version] = version
+        if not versions and not problems:
+            problems.append(
+                ModelLoadError(
+                    f"model {name!r}: no version in {path}: expected "
+                    f"{os.path.join(path, '<N>', _MODEL_FILE)} with N a positive integer"
+                )
+            )
+        return _make_entry(name, versions, config, config_stamp, problems, layout="folder")
+
+    def _read_config(
+        self, name: str, folder: str, real_folder: str, problems: list[ModelLoadError]
+    ) -> tuple[ModelConfig, tuple[object, ...] | None]:
+        source = os.path.join(folder, _CONFIG_FILE)
+        path = os.path.join(real_folder, _CONFIG_FILE)
+        try:
+            # A dangling link means a config was meant: serving with defaults instead would
+            # drop its settings (pinning, providers) without a word.
+            found = self._locate(path, dangling_ok=False)
+        except OSError as exc:
+            problems.append(ModelConfigError(f"{source}: cannot read it: {exc}"))
+            return ModelConfig(), ("unreadable", str(exc))
+        if found is None:
+            return ModelConfig(), None
+        if found.stat is None:
+            problems.append(self._outside(name, source, found.real))
+            return ModelConfig(), ("outside", found.real)
+        stamp: tuple[object, ...] = (found.real, found.stat.st_size, found.stat.st_mtime_ns)
+        try:
+            text = _read_text(found.real, found.stat, source)
+            config = ModelConfig.from_toml(text, source=source)
+        except ModelConfigError as exc:
+            problems.append(exc)
+            return ModelConfig(), stamp
+        return config, stamp
+
+    def _read_version(
+        self, name: str, folder: str, real_folder: str, child: str, problems: list[ModelLoadError]
+    ) -> ModelVersion | None:
+        shown = os.path.join(folder, child)
+        try:
+            version_dir = self._locate(os.path.join(real_folder, child))
+            if version_dir is None:
+                return None
+            if version_dir.stat is None:
+                problems.append(self._outside(name, shown, version_dir.real))
+                return None
+            if not stat.S_ISDIR(version_dir.stat.st_mode):
+                return None  # a file that happens to have a number for a name
+            shown = os.path.join(shown, _MODEL_FILE)
+            model = self._locate(os.path.join(version_dir.real, _MODEL_FILE))
+        except OSError as exc:
+            problems.append(ModelLoadError(f"model {name!r}: cannot stat {shown}: {exc}"))
+            return None
+        if model is None:
+            logger.debug("ignoring %s: no %s in it", os.path.dirname(shown), _MODEL_FILE)
+            return None
+        if model.stat is None:
+            problems.append(self._outside(name, shown, model.real))
+            return None
+        if not stat.S_ISREG(model.stat.st_mode):
+            problems.append(ModelLoadError(f"model {name!r}: {shown} is not a regular file"))
+            return None
+        return ModelVersion(
+            int(child), Path(model.real), model.stat.st_size, model.stat.st_mtime_ns
+        )
+
+
+def _only_if(found: _Found | None, is_kind: Callable[[int], bool]) -> _Found | None:
+    """``found`` if it is of the kind wanted, or resolves outside the root (kind unknown)."""
+    if found is None or found.stat is None or is_kind(found.stat.st_mode):
+        return found
+    return None
+
+
+def _read_text(real: str, info: os.stat_result, source: str) -> str:
+    if not stat.S_ISREG(info.st_mode):
+        raise ModelConfigError(f"{source}: not a regular file")
+    if info.st_size > MAX_CONFIG_BYTES:
+        raise ModelConfigError(
+            f"{source}: {info.st_size} bytes is larger than the {MAX_CONFIG_BYTES}-byte limit"
+        )
+    try:
+        with open(real, "rb") as file:
+            # Read one byte past the limit: the file may have grown since it was stat'ed.
+            data = file.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ModelConfigError(f"{source}: cannot read it: {exc}") from exc
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ModelConfigError(f"{source}: larger than the {MAX_CONFIG_BYTES}-byte limit")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ModelConfigError(f"{source}: not UTF-8 text: {exc}") from exc
+
+
+def _make_entry(
+    name: str,
+    versions: dict[int, ModelVersion],
+    config: ModelConfig,
+    config_stamp: tuple[object, ...] | None,
+    problems: list[ModelLoadError],
+    *,
+    layout: str,
+) -> ModelEntry:
+    ordered = {number: versions[number] for number in sorted(versions)}
+    error = _combine(name, problems)
+    served = config.version_policy.select(ordered)
+    fingerprint = (
+        layout,
+        config_stamp,
+        tuple(ordered),
+        tuple((v, str(ordered[v].path), ordered[v].size, ordered[v].mtime_ns) for v in served),
+        None if error is None else f"{type(error).__name__}: {error}",
+    )
+    return ModelEntry(name, types.MappingProxyType(ordered), config, error, fingerprint)
+
+
+def _combine(name: str, problems: list[ModelLoadError]) -> ModelLoadError | None:
+    if not problems:
+        return None
+    if len(problems) == 1:
+        return problems[0]
+    return ModelLoadError(
+        f"model {name!r} has {len(problems)} problems: " + "; ".join(str(p) for p in problems)
+    )
+
+
+def _shorten(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,700 @@
+"""Repository: layout, versions, model.toml, names, path escapes and change detection."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import corral
+from corral._config import ModelConfig
+from corral._errors import (
+    InvalidModelName,
+    ModelConfigError,
+    ModelLoadError,
+    ModelNotFound,
+    RepositoryError,
+)
+from corral._repository import (
+    MAX_CONFIG_BYTES,
+    MODEL_NAME_PATTERN,
+    Repository,
+    validate_model_name,
+)
+
+X = np.ones((2, 4), np.float32)
+OUTSIDE = "resolves outside the repository root"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    path = tmp_path / "repo"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def outside(tmp_path: Path, linear_model: bytes) -> Path:
+    """A folder next to the root holding a model and a model.toml: bait for escapes."""
+    path = tmp_path / "outside"
+    (path / "1").mkdir(parents=True)
+    (path / "1" / "model.onnx").write_bytes(linear_model)
+    (path / "model.toml").write_text("pinned = true\n")
+    (path / "model.onnx").write_bytes(linear_model)
+    return path
+
+
+def add_version(root: Path, name: str, version: int | str, model: bytes) -> Path:
+    folder = root / name / str(version)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "model.onnx"
+    path.write_bytes(model)
+    return path
+
+
+def write_config(root: Path, name: str, text: str) -> Path:
+    path = root / name / "model.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+# -- the root ----------------------------------------------------------------------------------
+
+
+def test_a_missing_root_is_a_repository_error(tmp_path: Path):
+    with pytest.raises(RepositoryError, match="does not exist"):
+        Repository(tmp_path / "nowhere")
+
+
+def test_a_file_as_root_is_a_repository_error(tmp_path: Path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RepositoryError, match="not a folder"):
+        Repository(tmp_path / "file")
+
+
+def test_the_root_is_stored_resolved(tmp_path: Path, root: Path):
+    (tmp_path / "link").symlink_to(root)
+    repo = Repository(str(tmp_path / "link"))
+    assert repo.root == Path(os.path.realpath(root))
+    assert repr(repo) == f"Repository({str(repo.root)!r})"
+
+
+def test_an_empty_repository(root: Path):
+    repo = Repository(root)
+    assert repo.names() == []
+    assert repo.scan() == {}
+
+
+# -- layout ------------------------------------------------------------------------------------
+
+
+def test_folder_with_versions(root: Path, linear_model: bytes, mlp_model: bytes):
+    one = add_version(root, "fraud", 1, linear_model)
+    two = add_version(root, "fraud", 2, mlp_model)
+    entry = Repository(root).entry("fraud")
+    assert entry.error is None
+    assert entry.name == "fraud"
+    assert list(entry.versions) == [1, 2]
+    assert entry.versions[1].path == one.resolve()
+    assert entry.versions[2].path == two.resolve()
+    assert entry.versions[2].size == len(mlp_model)
+    assert entry.versions[2].mtime_ns == two.stat().st_mtime_ns
+    assert entry.config == ModelConfig()
+    assert entry.served_versions == (2,)
+    assert entry.latest == 2
+
+
+def test_versions_are_ordered_numerically(root: Path, linear_model: bytes):
+    for version in (10, 2, 1, 33):
+        add_version(root, "m", version, linear_model)
+    entry = Repository(root).entry("m")
+    assert list(entry.versions) == [1, 2, 10, 33]
+    assert entry.latest == 33
+
+
+def test_bare_file_is_version_one_with_the_default_config(root: Path, linear_model: bytes):
+    (root / "churn.onnx").write_bytes(linear_model)
+    repo = Repository(root)
+    assert repo.names() == ["churn"]
+    entry = repo.entry("churn")
+    assert entry.error is None
+    assert list(entry.versions) == [1]
+    assert entry.versions[1].path == (root / "churn.onnx").resolve()
+    assert entry.config == ModelConfig()
+    assert entry.latest == 1
+
+
+@pytest.mark.parametrize("ignored", ["latest", "v2", "01", "0", "-1", "1.0", " 3", ".2"])
+def test_non_version_folders_are_ignored(root: Path, linear_model: bytes, ignored: str):
+    add_version(root, "m", 1, linear_model)
+    add_version(root, "m", ignored, linear_model)
+    entry = Repository(root).entry("m")
+    assert entry.error is None
+    assert list(entry.versions) == [1]
+
+
+def test_a_version_folder_without_model_onnx_is_ignored(root: Path, linear_model: bytes):
+    add_version(root, "m", 1, linear_model)
+    (root / "m" / "2").mkdir()
+    (root / "m" / "3").mkdir()
+    (root / "m" / "3" / "other.onnx").write_bytes(linear_model)
+    entry = Repository(root).entry("m")
+    assert entry.error is None
+    assert list(entry.versions) == [1]
+    assert entry.latest == 1
+
+
+def test_a_file_named_like_a_version_is_ignored(root: Path, linear_model: bytes):
+    add_version(root, "m", 1, linear_model)
+    (root / "m" / "2").write_bytes(linear_model)
+    assert list(Repository(root).entry("m").versions) == [1]
+
+
+def test_a_model_onnx_that_is_a_folder_is_an_error(root: Path, linear_model: bytes):
+    add_version(root, "m", 1, linear_model)
+    (root / "m" / "2" / "model.onnx").mkdir(parents=True)
+    entry = Repository(root).entry("m")
+    assert isinstance(entry.error, ModelLoadError)
+    assert "2/model.onnx is not a regular file" in str(entry.error)
+
+
+def test_a_folder_with_no_version_is_an_error(root: Path):
+    (root / "empty" / "latest").mkdir(parents=True)
+    entry = Repository(root).entry("empty")
+    assert type(entry.error) is ModelLoadError
+    assert "no version" in str(entry.error)
+    assert entry.versions == {}
+    assert entry.served_versions == ()
+    assert entry.latest is None
+
+
+def test_both_folder_and_bare_file_is_an_error(root: Path, linear_model: bytes):
+    add_version(root, "m", 1, linear_model)
+    (root / "m.onnx").write_bytes(linear_model)
+    repo = Repository(root)
+    assert repo.names() == ["m"]
+    entry = repo.entry("m")
+    assert isinstance(entry.error, ModelLoadError)
+    assert "both" in str(entry.error)
+    assert "m.onnx" in str(entry.error)
+
+
+def test_a_missing_model_is_not_found(root: Path, linear_model: bytes):
+    add_version(root, "m", 1, linear_model)
+    (root / "notes").write_text("not a model")
+    repo = Repository(root)
+    with pytest.raises(ModelNotFound, match="'nope'"):
+        repo.entry("nope")
+    with pytest.raises(ModelNotFound):
+        repo.entry("notes")  # a top-level file without .onnx is not a model
+
+
+def test_a_folder_named_like_a_bare_file_is_a_model_of_that_name(root: Path, linear_model: bytes):
+    add_version(root, "a.onnx", 1, linear_model)
+    repo = Repository(root)
+    assert repo.names() == ["a.onnx"]
+    assert repo.entry("a.onnx").error is None
+    with pytest.raises(ModelNotFound):
+        repo.entry("a")
+
+
+def test_names_lists_folders_and_bare_files_sorted(root: Path, linear_model: bytes):
+    add_version(root, "zeta", 1, linear_model)
+    add_version(root, "Alpha", 1, linear_model)
+    (root / "beta.onnx").write_bytes(linear_model)
+    (root / "no-versions-yet").mkdir()
+    (root / "README.md").write_text("docs")
+    (root / "weights.bin").write_bytes(b"\0")
+    assert Repository(root).names() == ["Alpha", "beta", "no-versions-yet", "zeta"]
+
+
+def test_names_skips_invalid_names_and_logs_them(
+    root: Path, linear_model: bytes, caplog: pytest.LogCaptureFixture
+):
+    add_version(root, "good", 1, linear_model)
+    (root / ".git").mkdir()
+    (root / "has space").mkdir()
+    (root / ".hidden.onnx").write_bytes(linear_model)
+    (root / "_private").mkdir()
+    (root / ("x" * 129)).mkdir()
+    with caplog.at_level(logging.DEBUG, logger="corral._repository"):
+        assert Repository(root).names() == ["good"]
+    skipped = caplog.text
+    for name in (".git", "has space", ".hidden", "_private"):
+        assert repr(name) in skipped
+
+
+def test_scan_holds_every_model(root: Path, linear_model: bytes):
+    add_version(root, "a", 1, linear_model)
+    add_version(root, "a", 2, linear_model)
+    (root / "b.onnx").write_bytes(linear_model)
+    (root / "c").mkdir()
+    scanned = Repository(root).scan()
+    assert list(scanned) == ["a", "b", "c"]
+    assert scanned["a"].latest == 2
+    assert scanned["b"].latest == 1
+    assert scanned["c"].error is not None
+
+
+def test_entry_is_immutable_and_hashable(root: Path, linear_model: bytes):
+    add_version(root, "m", 1, linear_model)
+    entry = Repository(root).entry("m")
+    with pytest.raises(TypeError):
+        entry.versions[2] = entry.versions[1]  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        entry.name = "other"  # type: ignore[misc]
+    hash(entry)
+    hash(entry.fingerprint)
+    assert entry == Repository(root).entry("m")
+
+
+# -- model.toml --------------------------------------------------------------------------------
+
+
+def test_model_toml_is_read(root: Path, linear_model: bytes):
+    for version in (1, 2, 3):
+        add_version(root, "m", version, linear_model)
+    write_config(
+        root,
+        "m",
+        'pinned = true\nconcurrency = "exclusive"\nversion_policy = { specific = [1, 3] }\n',
+    )
+    entry = Repository(root).entry("m")
+    assert entry.error is None
+    assert entry.config.pinned is True
+    assert entry.config.concurrency == "exclusive"
+    assert entry.served_versions == (1, 3)
+    assert entry.latest == 3
+
+
+@pytest.mark.parametrize(
+    ("policy", "served"),
+    [
+        ('"latest"', (3,)),
+        ('"all"', (1, 2, 3)),
+        ("{ latest = 2 }", (2, 3)),
+        ("{ specific = [2, 9] }", (2,)),
+        ("{ specific = [9] }", ()),
+    ],
+)
+def test_served_versions_follow_the_policy(root: Path, linear_model: bytes, policy, served):
+    for version in (1, 2, 3):
+        add_version(root, "m", version, linear_model)
+    write_config(root, "m", f"version_policy = {policy}\n")
+    entry = Repository(root).entry("m")
+    assert entry.served_versions == served
+    assert entry.latest == (served[-1] if served else None)
+    assert list(entry.versions) == [1, 2, 3]  # on disk, whatever is served
+
+
+def test_a_malformed_model_toml_affects_only_that_model(root: Path, linear_model: bytes):
+    add_version(root, "bad", 1, linear_model)
+    add_version(root, "good", 1, linear_model)
+    config = write_config(root, "bad", "max_batch_size = true\n")
+    repo = Repository(root)
+    scanned = repo.scan()
+    assert list(scanned) == ["bad", "good"]
+    error = scanned["bad"].error
+    assert isinstance(error, ModelConfigError)
+    assert str(config) in str(error)
+    assert "max_batch_size" in str(error)
+    assert scanned["bad"].config == ModelConfig()
+    assert scanned["good"].error is None
+    with corral.Session(scanned["good"].versions[1].path) as session:
+        assert session.run({"X": X})["Y"].shape == (2, 1)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("max_batch_size = [", "invalid TOML"),
+        ("max_batch_sise = 3", "unknown key 'max_batch_sise'"),
+        ("version_policy = { latest = 0 }", "version_policy.latest"),
+    ],
+)
+def test_model_toml_errors_name_the_file(root: Path, linear_model: bytes, text, expected):
+    add_version(root, "m", 1, linear_model)
+    config = write_config(root, "m", text)
+    error = Repository(root).entry("m").error
+    assert isinstance(error, ModelConfigError)
+    assert str(error).startswith(f"{config}: ")
+    assert expected in str(error)
+
+
+def test_an_oversized_model_toml_is_not_read(root: Path, linear_model: bytes):
+    add_version(root, "m", 1, linear_model)
+    write_config(root, "m", "# padding\n" * (MAX_CONFIG_BYTES // 10 + 1))
+    error = Repository(root).entry("m").error
+    assert isinstance(error, ModelConfigError)
+    assert "limit" in str(error)
+
+
+def test_a_model_toml_that_is_not_utf8_is_an_error(root: Path, linear_model: bytes):
+    add_version(root, "m", 1, linear_model)
+    (root / "m" / "model.toml").write_bytes(b"pinned = true # \xff\n")
+    error = Repository(root).entry("m").error
+    assert isinstance(error, ModelConfigError)
+    assert "UTF-8" in str(error)
+
+
+def test_a_dangling_model_toml_symlink_is_an_error(root: Path, linear_model: bytes):
+    add_version(root, "m", 1, linear_model)
+    (root / "m" / "model.toml").symlink_to(root / "m" / "gone.toml")
+    error = Repository(root).entry("m").error
+    assert isinstance(error, ModelConfigError)
+    assert "does not exist" in str(error)
+
+
+# -- names -------------------------------------------------------------------------------------
+
+
+GOOD_NAMES = [
+    "a",
+    "A",
+    "0",
+    "fraud",
+    "fraud-v2",
+    "fraud_v2",
+    "fraud.v2",
+    "9lives",
+    "a..b",
+    "x" * 128,
+]
+BAD_NAMES = [
+    ("", "empty"),
+    (".", "start with a letter or digit"),
+    ("..", "start with a letter or digit"),
+    ("a/b", "'/'"),
+    ("../x", "'/'"),
+    ("/abs", "'/'"),
+    ("a\\b", "'\\\\'"),
+    (".hidden", "start with a letter or digit"),
+    ("-flag", "start with a letter or digit"),
+    ("_private", "start with a letter or digit"),
+    ("x" * 129, "at most 128"),
+    ("has space", "' '"),
+    ("tab\t", "'\\t'"),
+    ("line\n", "'\\n'"),
+    ("nul\0", "'\\x00'"),
+    ("café", "'é'"),
+    ("٣", "'٣'"),  # a non-ASCII digit
+]
+
+
+@pytest.mark.parametrize("name", GOOD_NAMES)
+def test_good_names(name):
+    assert validate_model_name(name) == name
+    assert re.fullmatch(MODEL_NAME_PATTERN, name)
+
+
+@pytest.mark.parametrize(("name", "rule"), BAD_NAMES)
+def test_bad_names_say_which_rule(name, rule):
+    with pytest.raises(InvalidModelName) as info:
+        validate_model_name(name)
+    assert rule in str(info.value)
+    assert not re.fullmatch(MODEL_NAME_PATTERN, name)
+
+
+@pytest.mark.parametrize("name", [None, 3, b"fraud", Path("fraud"), ["fraud"]])
+def test_non_string_names_are_invalid(name):
+    with pytest.raises(InvalidModelName, match="must be a string"):
+        validate_model_name(name)
+
+
+@pytest.mark.parametrize(("name", "rule"), BAD_NAMES)
+def test_entry_rejects_bad_names_before_touching_the_disk(root: Path, name, rule):
+    (root / "x").mkdir()
+    with pytest.raises(InvalidModelName):
+        Repository(root).entry(name)
+
+
+# -- path escapes ------------------------------------------------------------------------------
+
+
+def assert_outside(entry_error: ModelLoadError | None) -> None:
+    assert isinstance(entry_error, ModelLoadError)
+    assert OUTSIDE in str(entry_error)
+
+
+def assert_rest_still_works(repo: Repository, escaped: str) -> None:
+    scanned = repo.scan()
+    assert "good" in scanned
+    assert escaped in scanned  # listed, with its error, not hidden
+    good = scanned["good"]
+    assert good.error is None
+    with corral.Session(good.versions[1].path) as session:
+        assert session.run({"X": X})["Y"].shape == (2, 1)
+
+
+@pytest.fixture
+def repo_with_good(root: Path, linear_model: bytes) -> Repository:
+    add_version(root, "good", 1, linear_model)
+    return Repository(root)
+
+
+def test_a_model_folder_symlink_outside(root: Path, outside: Path, repo_with_good: Repository):
+    (root / "evil").symlink_to(outside, target_is_directory=True)
+    entry = repo_with_good.entry("evil")
+    assert_outside(entry.error)
+    assert entry.versions == {}
+    assert entry.config == ModelConfig()  # its model.toml (pinned = true) was not read
+    assert_rest_still_works(repo_with_good, "evil")
+
+
+def test_a_version_folder_symlink_outside(
+    root: Path, outside: Path, linear_model: bytes, repo_with_good: Repository
+):
+    add_version(root, "evil", 1, linear_model)
+    (root / "evil" / "2").symlink_to(outside / "1", target_is_directory=True)
+    entry = repo_with_good.entry("evil")
+    assert_outside(entry.error)
+    assert "evil/2" in str(entry.error)
+    assert 2 not in entry.versions
+    assert_rest_still_works(repo_with_good, "evil")
+
+
+def test_a_model_onnx_symlink_outside(root: Path, outside: Path, repo_with_good: Repository):
+    (root / "evil" / "1").mkdir(parents=True)
+    (root / "evil" / "1" / "model.onnx").symlink_to(outside / "model.onnx")
+    entry = repo_with_good.entry("evil")
+    assert_outside(entry.error)
+    assert entry.versions == {}
+    assert_rest_still_works(repo_with_good, "evil")
+
+
+def test_a_model_toml_symlink_outside_is_not_read(
+    root: Path, outside: Path, linear_model: bytes, repo_with_good: Repository
+):
+    add_version(root, "evil", 1, linear_model)
+    (root / "evil" / "model.toml").symlink_to(outside / "model.toml")
+    entry = repo_with_good.entry("evil")
+    assert_outside(entry.error)
+    assert "model.toml" in str(entry.error)
+    assert entry.config.pinned is False
+    assert_rest_still_works(repo_with_good, "evil")
+
+
+def test_a_bare_file_symlink_outside(root: Path, outside: Path, repo_with_good: Repository):
+    (root / "evil.onnx").symlink_to(outside / "model.onnx")
+    entry = repo_with_good.entry("evil")
+    assert_outside(entry.error)
+    assert entry.versions == {}
+    assert_rest_still_works(repo_with_good, "evil")
+
+
+def test_a_relative_symlink_climbing_out(
+    root: Path, outside: Path, linear_model: bytes, repo_with_good: Repository
+):
+    add_version(root, "evil", 1, linear_model)
+    (root / "evil" / "2").mkdir()
+    (root / "evil" / "2" / "model.onnx").symlink_to("../../../outside/model.onnx")
+    assert_outside(repo_with_good.entry("evil").error)
+
+
+def test_a_sibling_folder_sharing_the_root_prefix_is_outside(
+    tmp_path: Path, root: Path, linear_model: bytes, repo_with_good: Repository
+):
+    # "/tmp/x/repo-other" starts with "/tmp/x/repo": a plain prefix test would let it in.
+    sibling = tmp_path / (root.name + "-other")
+    add_version(sibling, "m", 1, linear_model)
+    (root / "evil").symlink_to(sibling / "m", target_is_directory=True)
+    assert_outside(repo_with_good.entry("evil").error)
+
+
+def test_symlinks_inside_the_root_are_fine(root: Path, linear_model: bytes, mlp_model: bytes):
+    store = root / "_store"  # an invalid model name: not listed itself
+    store.mkdir()
+    (store / "v1.onnx").write_bytes(linear_model)
+    (store / "v2").mkdir()
+    (store / "v2" / "model.onnx").write_bytes(mlp_model)
+    (store / "config.toml").write_text("warmup = true\n")
+    add_version(root, "real", 1, linear_model)
+
+    (root / "m" / "1").mkdir(parents=True)
+    (root / "m" / "1" / "model.onnx").symlink_to(store / "v1.onnx")
+    (root / "m" / "2").symlink_to(store / "v2", target_is_directory=True)
+    (root / "m" / "model.toml").symlink_to("../_store/config.toml")
+    (root / "alias").symlink_to("real", target_is_directory=True)
+    (root / "bare.onnx").symlink_to(store / "v1.onnx")
+
+    repo = Repository(root)
+    assert repo.names() == ["alias", "bare", "m", "real"]
+    entry = repo.entry("m")
+    assert entry.error is None
+    assert entry.config.warmup is True
+    assert entry.versions[1].path == (store / "v1.onnx").resolve()
+    assert entry.versions[2].path == (store / "v2" / "model.onnx").resolve()
+    alias = repo.entry("alias")
+    assert alias.error is None
+    assert alias.versions[1].path == (root / "real" / "1" / "model.onnx").resolve()
+    assert repo.entry("bare").versions[1].path == (store / "v1.onnx").resolve()
+    for version in entry.versions.values():
+        assert version.path.is_relative_to(repo.root)
+    with corral.Session(entry.versions[2].path) as session:
+        assert session.run({"X": X})["Y"].shape == (2, 1)
+
+
+def test_a_symlink_loop_is_an_error_not_an_exception(root: Path, linear_model: bytes):
+    add_version(root, "m", 1, linear_model)
+    (root / "m" / "2").mkdir()
+    (root / "m" / "2" / "model.onnx").symlink_to("model.onnx")
+    entry = Repository(root).entry("m")
+    assert isinstance(entry.error, ModelLoadError)
+    assert 1 in entry.versions
+
+
+def test_a_root_reached_through_a_symlink_still_confines(
+    tmp_path: Path, root: Path, outside: Path, linear_model: bytes
+):
+    add_version(root, "good", 1, linear_model)
+    (root / "evil").symlink_to(outside, target_is_directory=True)
+    (tmp_path / "via").symlink_to(root, target_is_directory=True)
+    repo = Repository(tmp_path / "via")
+    assert repo.entry("good").error is None
+    assert_outside(repo.entry("evil").error)
+
+
+# -- change detection --------------------------------------------------------------------------
+
+
+def set_mtime(path: Path, delta_ns: int = 5_000_000_000) -> None:
+    info = path.stat()
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns + delta_ns))
+
+
+def test_fingerprint_is_stable_when_nothing_changed(root: Path, linear_model: bytes):
+    add_version(root, "m", 1, linear_model)
+    write_config(root, "m", "pinned = true\n")
+    (root / "b.onnx").write_bytes(linear_model)
+    repo = Repository(root)
+    assert repo.entry("m").fingerprint == repo.entry("m").fingerprint
+    assert repo.entry("b").fingerprint == Repository(root).entry("b").fingerprint
+    assert repo.scan() == repo.scan()
+
+
+def test_fingerprint_changes_when_the_served_file_is_rewritten(root: Path, linear_model: bytes):
+    path = add_version(root, "m", 1, linear_model)
+    repo = Repository(root)
+    before = repo.entry("m").fingerprint
+    set_mtime(path)
+    after_touch = repo.entry("m").fingerprint
+    assert after_touch != before
+    info = path.stat()
+    path.write_bytes(linear_model + b"\0")  # same mtime, another size
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+    assert repo.entry("m").fingerprint != after_touch
+
+
+def test_fingerprint_changes_when_a_bare_file_is_rewritten(root: Path, linear_model: bytes):
+    path = root / "b.onnx"
+    path.write_bytes(linear_model)
+    repo = Repository(root)
+    before = repo.entry("b").fingerprint
+    set_mtime(path)
+    assert repo.entry("b").fingerprint != before
+
+
+def test_fingerprint_changes_when_model_toml_changes(root: Path, linear_model: bytes):
+    add_version(root, "m", 1, linear_model)
+    repo = Repository(root)
+    without = repo.entry("m").fingerprint
+    config = write_config(root, "m", "pinned = true\n")
+    with_config = repo.entry("m").fingerprint
+    assert with_config != without
+    set_mtime(config)
+    assert repo.entry("m").fingerprint != with_config
+
+
+def test_fingerprint_changes_when_a_version_is_added_or_removed(root: Path, linear_model: bytes):
+    add_version(root, "m", 1, linear_model)
+    write_config(root, "m", "version_policy = { specific = [1] }\n")
+    repo = Repository(root)
+    one = repo.entry("m").fingerprint
+    two_path = add_version(root, "m", 2, linear_model)
+    two = repo.entry("m").fingerprint
+    assert two != one  # version 2 is not served, but the set of versions changed
+    two_path.unlink()
+    assert repo.entry("m").fingerprint == one
+
+
+def test_fingerprint_ignores_versions_that_are_not_served(root: Path, linear_model: bytes):
+    old = add_version(root, "m", 1, linear_model)
+    new = add_version(root, "m", 2, linear_model)
+    repo = Repository(root)
+    before = repo.entry("m").fingerprint
+    set_mtime(old)
+    assert repo.entry("m").fingerprint == before  # only version 2 is served
+    set_mtime(new)
+    assert repo.entry("m").fingerprint != before
+
+
+def test_fingerprint_changes_when_an_error_is_fixed(root: Path, linear_model: bytes):
+    add_version(root, "m", 1, linear_model)
+    config = write_config(root, "m", "pinned = yes\n")
+    repo = Repository(root)
+    broken = repo.entry("m")
+    assert broken.error is not None
+    config.write_text("pinned = true\n")
+    set_mtime(config)
+    fixed = repo.entry("m")
+    assert fixed.error is None
+    assert fixed.fingerprint != broken.fingerprint
+
+
+# -- concurrency and scale ---------------------------------------------------------------------
+
+
+def test_many_threads_may_scan_at_once(root: Path, linear_model: bytes):
+    for i in range(50):
+        add_version(root, f"m{i}", 1, linear_model)
+    repo = Repository(root)
+    expected = repo.scan()
+    start = threading.Barrier(8)
+    results: list[dict[str, object]] = []
+    failures: list[BaseException] = []
+
+    def work() -> None:
+        start.wait()
+        try:
+            results.append(dict(repo.scan()))
+        except BaseException as exc:  # reported below, in the test thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not failures
+    assert results == [expected] * 8
+
+
+@pytest.mark.timeout(300)
+def test_ten_thousand_models(root: Path, linear_model: bytes):
+    count = 10_000
+    for i in range(count):
+        folder = root / f"model-{i:05d}" / "1"
+        folder.mkdir(parents=True)
+        (folder / "model.onnx").write_bytes(linear_model)
+    repo = Repository(root)
+
+    started = time.perf_counter()
+    names = repo.names()
+    listed = time.perf_counter() - started
+    started = time.perf_counter()
+    scanned = repo.scan()
+    scanned_in = time.perf_counter() - started
+    print(f"\n10,000 models: names() {listed * 1000:.1f} ms, scan() {scanned_in * 1000:.1f} ms")
+
+    assert len(names) == count
+    assert names[0] == "model-00000"
+    assert names[-1] == "model-09999"
+    assert len(scanned) == count
+    assert all(entry.error is None and entry.latest == 1 for entry in scanned.values())
