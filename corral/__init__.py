@@ -7,22 +7,42 @@ nothing: no threads, no logging setup, no onnxruntime environment until a Runtim
 - :class:`Session`, :class:`Lease`: one model, safe to create, run and close from any thread.
 - :class:`ConcurrencyPolicy`, :data:`PROVIDER_TABLE`: how sessions let threads run.
 - :class:`TensorSpec`: a model input or output.
+- :class:`Repository`, :class:`ModelConfig`: where models live and how each is configured.
+- :class:`Host`, :class:`HostLease`: thousands of models by name, lazily loaded under a budget.
 - The exceptions, rooted at :class:`CorralError`.
 """
 
+from corral._config import ModelConfig, VersionPolicy
 from corral._errors import (
     CorralError,
+    DeadlineExceeded,
     DrainTimeout,
+    HostClosed,
     InferenceError,
     InvalidInput,
+    InvalidModelName,
+    ModelConfigError,
     ModelLoadError,
+    ModelNotFound,
+    ModelTooLarge,
     ProviderUnavailable,
+    RepositoryError,
     RunCancelled,
     RuntimeClosed,
     RuntimeConfigError,
     SessionClosed,
 )
+from corral._host import (
+    Host,
+    HostLease,
+    HostState,
+    HostStats,
+    ModelState,
+    ModelStatus,
+    VersionStatus,
+)
 from corral._providers import PROVIDER_TABLE, ConcurrencyPolicy, ProviderTraits
+from corral._repository import ModelEntry, ModelVersion, Repository
 from corral._runtime import Runtime, RuntimeOptions, RuntimeState, RuntimeStats, runtime
 from corral._session import Lease, Session, SessionState
 from corral._signature import TensorSpec
@@ -33,13 +53,30 @@ __all__ = [
     "PROVIDER_TABLE",
     "ConcurrencyPolicy",
     "CorralError",
+    "DeadlineExceeded",
     "DrainTimeout",
+    "Host",
+    "HostClosed",
+    "HostLease",
+    "HostState",
+    "HostStats",
     "InferenceError",
     "InvalidInput",
+    "InvalidModelName",
     "Lease",
+    "ModelConfig",
+    "ModelConfigError",
+    "ModelEntry",
     "ModelLoadError",
+    "ModelNotFound",
+    "ModelState",
+    "ModelStatus",
+    "ModelTooLarge",
+    "ModelVersion",
     "ProviderTraits",
     "ProviderUnavailable",
+    "Repository",
+    "RepositoryError",
     "RunCancelled",
     "Runtime",
     "RuntimeClosed",
@@ -51,6 +88,8 @@ __all__ = [
     "SessionClosed",
     "SessionState",
     "TensorSpec",
+    "VersionPolicy",
+    "VersionStatus",
     "__version__",
     "runtime",
 ]

@@ -14,13 +14,30 @@ def test_public_names_are_pinned():
             "PROVIDER_TABLE",
             "ConcurrencyPolicy",
             "CorralError",
+            "DeadlineExceeded",
             "DrainTimeout",
+            "Host",
+            "HostClosed",
+            "HostLease",
+            "HostState",
+            "HostStats",
             "InferenceError",
             "InvalidInput",
+            "InvalidModelName",
             "Lease",
+            "ModelConfig",
+            "ModelConfigError",
+            "ModelEntry",
             "ModelLoadError",
+            "ModelNotFound",
+            "ModelState",
+            "ModelStatus",
+            "ModelTooLarge",
+            "ModelVersion",
             "ProviderTraits",
             "ProviderUnavailable",
+            "Repository",
+            "RepositoryError",
             "RunCancelled",
             "Runtime",
             "RuntimeClosed",
@@ -32,6 +49,8 @@ def test_public_names_are_pinned():
             "SessionClosed",
             "SessionState",
             "TensorSpec",
+            "VersionPolicy",
+            "VersionStatus",
             "__version__",
             "runtime",
         ]
@@ -42,6 +61,13 @@ def test_public_names_are_pinned():
 
 def test_every_error_is_a_corral_error():
     errors = [
+        corral.DeadlineExceeded,
+        corral.HostClosed,
+        corral.InvalidModelName,
+        corral.ModelConfigError,
+        corral.ModelNotFound,
+        corral.ModelTooLarge,
+        corral.RepositoryError,
         corral.DrainTimeout,
         corral.InferenceError,
         corral.InvalidInput,
@@ -56,6 +82,9 @@ def test_every_error_is_a_corral_error():
         assert issubclass(error, corral.CorralError)
     assert issubclass(corral.RunCancelled, corral.InferenceError)
     assert issubclass(corral.DrainTimeout, TimeoutError)
+    assert issubclass(corral.DeadlineExceeded, TimeoutError)
+    assert issubclass(corral.ModelConfigError, corral.ModelLoadError)
+    assert issubclass(corral.ModelTooLarge, corral.ModelLoadError)
 
 
 def test_import_starts_nothing():

@@ -1,0 +1,479 @@
+"""Host: lazy single-flight loading, the memory budget, versions, reload, leases, close."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import corral
+from corral import Host, ModelState
+from corral._host import estimate_model_bytes
+from corral.bench.models import build_linear, build_mlp, build_tree
+from tests.conftest import reference_run, wait_until
+
+X = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
+
+
+def add_model(root: Path, name: str, model: bytes, version: int = 1, toml: str | None = None):
+    folder = root / name / str(version)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.onnx").write_bytes(model)
+    if toml is not None:
+        (root / name / "model.toml").write_text(toml)
+    return folder / "model.onnx"
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    add_model(tmp_path, "mlp", build_mlp(seed=1))
+    add_model(tmp_path, "tree", build_tree(seed=2))
+    (tmp_path / "bare.onnx").write_bytes(build_linear(seed=3))
+    return tmp_path
+
+
+def test_infer_loads_lazily_and_answers(repo: Path):
+    with Host(repo) as host:
+        assert host.stats().loaded_versions == 0
+        out = host.infer("mlp", {"X": X})
+        np.testing.assert_array_equal(out["Y"], reference_run(build_mlp(seed=1), {"X": X})[0])
+        host.infer("bare", {"X": X})
+        stats = host.stats()
+        assert (stats.loads, stats.loaded_models) == (2, 2)
+        states = {m.name: m.state for m in host.models()}
+        assert states == {
+            "mlp": ModelState.READY,
+            "bare": ModelState.READY,
+            "tree": ModelState.UNLOADED,
+        }
+
+
+def test_unknown_model_and_bad_names(repo: Path):
+    with Host(repo) as host:
+        with pytest.raises(corral.ModelNotFound, match="nope"):
+            host.infer("nope", {"X": X})
+        for bad in ["../mlp", "/etc/passwd", "..", "a/b", ""]:
+            with pytest.raises(corral.InvalidModelName):
+                host.infer(bad, {"X": X})
+
+
+@pytest.mark.timeout(60)
+def test_64_threads_on_one_cold_model_cause_one_load(repo: Path):
+    with Host(repo) as host:
+        start = threading.Barrier(64)
+        results: list[object] = []
+        lock = threading.Lock()  # guards results
+
+        def ask() -> None:
+            start.wait(timeout=30)
+            out = host.infer("tree", {"X": X})
+            with lock:
+                results.append(out["Y"])
+
+        threads = [threading.Thread(target=ask) for _ in range(64)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert len(results) == 64
+        assert host.stats().loads == 1
+
+
+@pytest.mark.timeout(60)
+def test_100_threads_on_a_broken_model_share_one_failure(tmp_path: Path):
+    add_model(tmp_path, "broken", b"not an onnx model at all")
+    add_model(tmp_path, "fine", build_mlp())
+    with Host(tmp_path) as host:
+        start = threading.Barrier(100)
+        errors: list[BaseException] = []
+        lock = threading.Lock()  # guards errors
+
+        def ask() -> None:
+            start.wait(timeout=30)
+            try:
+                host.infer("broken", {"X": X})
+            except corral.ModelLoadError as exc:
+                with lock:
+                    errors.append(exc)
+
+        threads = [threading.Thread(target=ask) for _ in range(100)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert len(errors) == 100
+        assert len({id(e) for e in errors}) == 1  # one load, one error, shared
+        assert "could not load" in str(errors[0])
+        assert host.stats().load_failures == 1
+        # The rest of the repository is unaffected.
+        assert host.infer("fine", {"X": X})["Y"].shape == (2, 1)
+        (status,) = [m for m in host.models() if m.name == "broken"]
+        assert status.state is ModelState.FAILED
+
+
+def test_a_failed_model_backs_off_then_retries_at_once_when_its_file_changes(tmp_path: Path):
+    path = add_model(tmp_path, "m", b"garbage")
+    with Host(tmp_path, failure_backoff_s=(3600.0, 3600.0)) as host:
+        with pytest.raises(corral.ModelLoadError) as first:
+            host.infer("m", {"X": X})
+        with pytest.raises(corral.ModelLoadError) as second:
+            host.infer("m", {"X": X})
+        assert second.value is first.value  # not retried: the same failure, at once
+        assert host.stats().load_failures == 1
+        path.write_bytes(build_mlp())
+        stat = path.stat()
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+        assert host.infer("m", {"X": X})["Y"].shape == (2, 1)
+        assert host.stats().loads == 1
+
+
+def test_malformed_model_toml_fails_that_model_only(repo: Path):
+    add_model(repo, "badcfg", build_mlp(), toml="max_batch_size = 'lots'\n")
+    with Host(repo) as host:
+        with pytest.raises(corral.ModelConfigError, match="max_batch_size"):
+            host.infer("badcfg", {"X": X})
+        assert host.infer("mlp", {"X": X})["Y"].shape == (2, 1)
+
+
+def test_a_model_larger_than_the_budget_is_too_large(repo: Path):
+    big = build_mlp(n_features=256, hidden=512, seed=1)
+    add_model(repo, "big", big)
+    with Host(repo, memory_budget=estimate_model_bytes(len(big)) - 1) as host:
+        with pytest.raises(corral.ModelTooLarge, match="whole memory budget"):
+            host.infer("big", {"X": np.zeros((1, 256), np.float32)})
+        assert host.stats().evictions == 0
+        host.infer("mlp", {"X": X})
+
+
+def test_lru_eviction_keeps_bytes_under_budget_and_spares_leases_and_pins(tmp_path: Path):
+    model = build_mlp()
+    for i in range(6):
+        add_model(tmp_path, f"m{i}", model, toml="pinned = true\n" if i == 0 else None)
+    size = estimate_model_bytes(len(model))
+    with Host(tmp_path, memory_budget=3 * size) as host:
+        host.infer("m0", {"X": X})  # pinned by model.toml
+        lease = host.acquire("m1")  # held
+        host.infer("m2", {"X": X})
+        host.infer("m3", {"X": X})  # evicts m2: m0 is pinned, m1 is leased
+        loaded = {m.name for m in host.models() if m.state is ModelState.READY}
+        assert loaded == {"m0", "m1", "m3"}
+        assert host.stats().bytes_used <= 3 * size
+        with lease:
+            np.testing.assert_array_equal(
+                lease.run({"X": X})["Y"], reference_run(model, {"X": X})[0]
+            )
+        host.infer("m4", {"X": X})  # now m1 is idle and least recently used
+        loaded = {m.name for m in host.models() if m.state is ModelState.READY}
+        assert loaded == {"m0", "m3", "m4"}
+        assert host.stats().evictions == 2
+
+
+def test_a_load_waits_for_leases_to_make_room(tmp_path: Path):
+    model = build_mlp()
+    for i in range(3):
+        add_model(tmp_path, f"m{i}", model)
+    with Host(tmp_path, max_loaded_models=2) as host:
+        first, second = host.acquire("m0"), host.acquire("m1")
+        # Both loaded versions are in use: a third waits for room, up to its timeout.
+        with pytest.raises(corral.ModelLoadError, match="no room"):
+            host.infer("m2", {"X": X}, timeout=0.05)
+        results: list[np.ndarray] = []
+        waiter = threading.Thread(target=lambda: results.append(host.infer("m2", {"X": X})["Y"]))
+        waiter.start()
+        wait_until(lambda: host._room_waiters == 1)
+        first.release()  # room: the waiting load evicts m0 and goes ahead
+        waiter.join(timeout=30)
+        assert len(results) == 1
+        second.release()
+        assert {m.name for m in host.models() if m.state is ModelState.READY} == {"m1", "m2"}
+
+
+def test_pinned_models_are_not_waited_for(tmp_path: Path):
+    model = build_mlp()
+    for i in range(2):
+        add_model(tmp_path, f"m{i}", model)
+    with Host(tmp_path, max_loaded_models=1) as host:
+        host.load("m0", pin=True)
+        with pytest.raises(corral.ModelLoadError, match="no room"):
+            host.infer("m1", {"X": X})  # at once: no lease would ever make room
+
+
+def test_versions_newest_by_default_policy_and_explicit(tmp_path: Path):
+    for version in (1, 2, 3):
+        add_model(tmp_path, "v", build_linear(seed=version), version=version)
+    add_model(
+        tmp_path, "two", build_linear(seed=1), version=1, toml="version_policy = { latest = 2 }\n"
+    )
+    add_model(tmp_path, "two", build_linear(seed=2), version=2)
+    add_model(tmp_path, "two", build_linear(seed=3), version=3)
+    with Host(tmp_path) as host:
+        expect = {v: reference_run(build_linear(seed=v), {"X": X})[0] for v in (1, 2, 3)}
+        np.testing.assert_array_equal(host.infer("v", {"X": X})["Y"], expect[3])
+        with pytest.raises(corral.ModelNotFound, match="not served"):
+            host.infer("v", {"X": X}, version=1)
+        with pytest.raises(corral.ModelNotFound, match="no version 9"):
+            host.infer("v", {"X": X}, version=9)
+        np.testing.assert_array_equal(host.infer("two", {"X": X}, version="2")["Y"], expect[2])
+        np.testing.assert_array_equal(host.infer("two", {"X": X})["Y"], expect[3])
+        with pytest.raises(corral.ModelNotFound, match="versions are positive integers"):
+            host.infer("two", {"X": X}, version="latest")
+
+
+def test_unload_drains_leases_and_the_next_request_loads_again(repo: Path):
+    with Host(repo) as host:
+        lease = host.acquire("mlp")
+        unloader = threading.Thread(target=host.unload, args=("mlp",), kwargs={"timeout": 30})
+        unloader.start()
+        wait_until(lambda: host.stats().unloads == 1)
+        # The lease still runs on the unloaded copy.
+        assert lease.run({"X": X})["Y"].shape == (2, 1)
+        assert unloader.is_alive()
+        lease.release()
+        unloader.join(timeout=30)
+        assert not unloader.is_alive()
+        assert host.infer("mlp", {"X": X})["Y"].shape == (2, 1)
+        assert host.stats().loads == 2
+
+
+def test_load_and_pin_then_unpin(tmp_path: Path):
+    model = build_mlp()
+    for i in range(3):
+        add_model(tmp_path, f"m{i}", model)
+    with Host(tmp_path, max_loaded_models=1) as host:
+        host.load("m0", pin=True)
+        with pytest.raises(corral.ModelLoadError, match="no room"):
+            host.infer("m1", {"X": X}, timeout=1)
+        host.unpin("m0")
+        host.infer("m1", {"X": X})
+        assert [m.name for m in host.models() if m.state is ModelState.READY] == ["m1"]
+
+
+def test_refresh_swaps_a_changed_version_while_a_lease_finishes_on_the_old(tmp_path: Path):
+    path = add_model(tmp_path, "m", build_linear(seed=1))
+    old, new = (reference_run(build_linear(seed=s), {"X": X})[0] for s in (1, 2))
+    with Host(tmp_path) as host:
+        lease = host.acquire("m")
+        path.write_bytes(build_linear(seed=2))
+        stat = path.stat()
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+        host.refresh()
+        np.testing.assert_array_equal(host.infer("m", {"X": X})["Y"], new)
+        np.testing.assert_array_equal(lease.run({"X": X})["Y"], old)  # in flight: old copy
+        lease.release()
+        assert host.stats().reloads == 1
+        assert host.stats().loaded_versions == 1
+
+
+def test_polling_serves_a_new_version_without_errors(tmp_path: Path):
+    add_model(tmp_path, "m", build_linear(seed=1))
+    new = reference_run(build_linear(seed=2), {"X": X})[0]
+    with Host(tmp_path, poll_interval_s=0.01) as host:
+        host.infer("m", {"X": X})
+        add_model(tmp_path, "m", build_linear(seed=2), version=2)
+        seen: list[np.ndarray] = []
+        # Requests keep flowing through the swap; none may fail.
+        wait_until(
+            lambda: seen.append(host.infer("m", {"X": X})["Y"]) or np.array_equal(seen[-1], new)
+        )
+        assert host.stats().reloads >= 1
+        (status,) = host.models()
+        assert [v.version for v in status.versions if v.state is ModelState.READY] == [2]
+
+
+def test_submit_and_infer_async(repo: Path):
+    expected = reference_run(build_mlp(seed=1), {"X": X})[0]
+    with Host(repo) as host:
+        futures = [host.submit("mlp", {"X": X}) for _ in range(20)]
+        for future in futures:
+            np.testing.assert_array_equal(future.result(timeout=30)["Y"], expected)
+
+        async def many() -> list[dict[str, np.ndarray]]:
+            return await asyncio.gather(*(host.infer_async("mlp", {"X": X}) for _ in range(20)))
+
+        for out in asyncio.run(many()):
+            np.testing.assert_array_equal(out["Y"], expected)
+
+
+def test_close_refuses_new_requests_and_closes_sessions(repo: Path):
+    host = Host(repo)
+    lease = host.acquire("mlp")
+    session = lease.session
+    closer = threading.Thread(target=host.close, kwargs={"timeout": 30})
+    closer.start()
+    wait_until(lambda: host.state is not corral.HostState.RUNNING)
+    with pytest.raises(corral.HostClosed):
+        host.infer("mlp", {"X": X})
+    assert lease.run({"X": X})["Y"].shape == (2, 1)
+    lease.release()
+    closer.join(timeout=30)
+    assert host.state is corral.HostState.CLOSED
+    assert session.state is corral.SessionState.CLOSED
+    host.close()  # idempotent
+
+
+def test_preload_reports_progress_and_failures(repo: Path):
+    add_model(repo, "broken", b"junk")
+    calls: list[tuple[int, int, str]] = []
+    with Host(repo) as host:
+        failures = host.preload(
+            progress=lambda done, total, name: calls.append((done, total, name))
+        )
+        assert set(failures) == {"broken"}
+        assert isinstance(failures["broken"], corral.ModelLoadError)
+        assert sorted(c[2] for c in calls) == ["bare", "broken", "mlp", "tree"]
+        assert [c[0] for c in calls] == [1, 2, 3, 4]
+        assert host.stats().loaded_models == 3
+
+
+def test_bad_host_options(repo: Path):
+    for kwargs, fragment in [
+        ({"memory_budget": "lots"}, "not a size"),
+        ({"memory_budget": 0}, "positive"),
+        ({"max_loaded_models": 0}, "positive integer"),
+        ({"load_concurrency": 0}, "positive integer"),
+        ({"poll_interval_s": 0}, "positive"),
+    ]:
+        with pytest.raises(ValueError, match=fragment):
+            Host(repo, **kwargs)
+    with Host(repo, memory_budget="1.5MiB") as host:
+        assert host.stats().memory_budget == int(1.5 * 2**20)
+
+
+@pytest.mark.timeout(120)
+def test_storms_of_load_unload_reload_while_16_threads_infer(tmp_path: Path):
+    names = [f"m{i}" for i in range(8)]
+    models = {name: build_mlp(seed=i) for i, name in enumerate(names)}
+    paths = {name: add_model(tmp_path, name, model) for name, model in models.items()}
+    expected = {name: reference_run(m, {"X": X})[0] for name, m in models.items()}
+    outcomes: Counter[str] = Counter()
+    lock = threading.Lock()  # guards outcomes
+    stop = threading.Event()
+    with Host(tmp_path, max_loaded_models=5) as host:
+
+        def request(k: int) -> None:
+            rng = np.random.default_rng(k)
+            while not stop.is_set():
+                name = names[int(rng.integers(len(names)))]
+                try:
+                    out = host.infer(name, {"X": X})
+                    ok = np.array_equal(out["Y"], expected[name])
+                    outcome = "ok" if ok else "wrong"
+                except corral.ModelLoadError as exc:
+                    outcome = "no room" if "no room" in str(exc) else f"error {exc!r}"
+                except BaseException as exc:
+                    outcome = f"error {exc!r}"
+                with lock:
+                    outcomes[outcome] += 1
+
+        def storm(k: int) -> None:
+            rng = np.random.default_rng(100 + k)
+            for i in range(60):
+                name = names[int(rng.integers(len(names)))]
+                action = i % 3
+                if action == 0:
+                    host.unload(name, timeout=30)
+                elif action == 1:
+                    try:
+                        host.load(name)
+                    except corral.ModelLoadError as exc:
+                        with lock:
+                            outcomes["no room" if "no room" in str(exc) else f"load {exc!r}"] += 1
+                else:
+                    stat = paths[name].stat()  # same bytes, new mtime: a reload
+                    os.utime(paths[name], ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**6))
+                    host.refresh()
+
+        requesters = [threading.Thread(target=request, args=(k,)) for k in range(16)]
+        storms = [threading.Thread(target=storm, args=(k,)) for k in range(3)]
+        for thread in requesters + storms:
+            thread.start()
+        for thread in storms:
+            thread.join(timeout=90)
+        stop.set()
+        for thread in requesters:
+            thread.join(timeout=30)
+        assert not any(t.is_alive() for t in requesters + storms)
+        stats = host.stats()
+        assert stats.reloads > 0
+        assert stats.unloads > 0
+        print(dict(outcomes), stats)
+    # Loads wait for leases to make room, and swaps hand over: every request succeeds.
+    assert set(outcomes) == {"ok"}, outcomes
+    assert outcomes["ok"] > 0
+
+
+_SIZE_CASES = {
+    "tree": ("build_tree()", 300),
+    "linear": ("build_linear()", 300),
+    "mlp": ("build_mlp()", 300),
+    "mlp-wide": ("build_mlp(64, 256)", 100),
+    "mlp-big": ("build_mlp(512, 1024)", 20),
+    "forest": ("build_tree(8, 6, 100)", 40),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_SIZE_CASES))
+def test_estimate_tracks_rss_within_a_factor_of_2_5(case: str):
+    # RSS is a whole-process figure, and freed memory is reused: one fresh interpreter each.
+    build, count = _SIZE_CASES[case]
+    script = f"""
+import gc, psutil, corral
+from corral._host import estimate_model_bytes
+from corral.bench.models import build_mlp, build_tree, build_linear
+model = {build}
+proc = psutil.Process()
+warm = corral.Session(model)
+gc.collect()
+before = proc.memory_info().rss
+sessions = [corral.Session(model) for _ in range({count})]
+gc.collect()
+print((proc.memory_info().rss - before) / {count}, estimate_model_bytes(len(model)))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    measured, estimate = map(float, result.stdout.split())
+    assert 1 / 2.5 <= estimate / measured <= 2.5, (case, measured, estimate)
+
+
+@pytest.mark.timeout(300)
+def test_10000_models_cycled_under_a_budget_of_5_percent(tmp_path: Path):
+    import psutil
+
+    model = build_tree(seed=5)
+    count = 10_000
+    for i in range(count):
+        add_model(tmp_path, f"m{i:05d}", model)
+    budget = count // 20 * estimate_model_bytes(len(model))  # room for 5% of them
+    process = psutil.Process()
+    expected = reference_run(model, {"X": X})[0]
+    with Host(tmp_path, memory_budget=budget) as host:
+        rss_start = process.memory_info().rss
+        rss_after_pass: list[int] = []
+        peak_bytes = 0
+        for _ in range(2):
+            for i in range(count):
+                out = host.infer(f"m{i:05d}", {"X": X})
+                if i % 500 == 0:
+                    np.testing.assert_array_equal(out["Y"], expected)
+                    peak_bytes = max(peak_bytes, host.stats().bytes_used)
+            rss_after_pass.append(process.memory_info().rss)
+        stats = host.stats()
+        assert stats.bytes_used <= budget
+        assert peak_bytes <= budget
+        assert stats.loaded_versions == count // 20
+        assert stats.loads == 2 * count
+        assert stats.evictions == 2 * count - count // 20
+    # RSS stays within the budget plus 64 MiB of slack (allocator arenas, caches), and the
+    # second pass over all 10,000 models adds no more than 16 MiB: nothing accumulates.
+    slack = 64 * 2**20
+    assert rss_after_pass[0] - rss_start <= budget + slack
+    assert rss_after_pass[1] - rss_after_pass[0] <= 16 * 2**20
