@@ -302,6 +302,8 @@ class Host:
         self._retiring: dict[int, _Loaded] = {}
         self._failures: dict[_Key, _Failure] = {}
         self._entries: dict[str, ModelEntry] = {}
+        # The last failed reload of a model still served from its previous copy.
+        self._reload_failures: dict[str, CorralError] = {}
         self._pinned: set[str] = set()
         self._bytes_used = 0
         self._bytes_reserved = 0
@@ -490,6 +492,8 @@ class Host:
                 self._retiring[id(loaded)] = loaded
             self._counters.unloads += len(retired)
             self._pinned.discard(name)
+            if not any(key[0] == name for key in self._loaded):
+                self._reload_failures.pop(name, None)
             self._room_may_have_grown_locked()
         self._drain(retired, timeout)
 
@@ -553,6 +557,8 @@ class Host:
                 parts.setdefault(name, _Parts()).loading.append(number)
             for (name, number), failure in self._failures.items():
                 parts.setdefault(name, _Parts()).failures[number] = failure
+            for name, error in self._reload_failures.items():
+                parts.setdefault(name, _Parts()).reload_failure = error
             entries = dict(self._entries)
         names |= set(parts) | set(entries)
         return [_status(name, entries.get(name), parts.get(name)) for name in sorted(names)]
@@ -929,10 +935,14 @@ class Host:
         if old is not None and old.fingerprint == entry.fingerprint:
             return
         if entry.error is not None:
-            # Keep serving what is loaded; the failure shows in models() and in new requests.
             with self._lock:
-                self._entries[name] = entry
-                self._record_failure((name, 0), entry.error)
+                if in_use:
+                    # A bad edit must not take a serving model down: keep the copy in use
+                    # (and the entry it came from), and report the failure.
+                    self._note_reload_failure_locked(name, entry.error)
+                else:
+                    self._entries[name] = entry
+                    self._record_failure((name, 0), entry.error)
             return
         fresh: dict[int, Session] = {}
         for version in entry.served_versions:
@@ -946,14 +956,21 @@ class Host:
             try:
                 fresh[version] = self._build(name, version, entry)
             except CorralError as exc:
-                logger.warning(
-                    "corral: reloading %s version %s failed, still serving the old one: %s",
-                    name,
-                    version,
-                    exc,
-                )
+                for session in fresh.values():
+                    session.close()
+                with self._lock:
+                    self._note_reload_failure_locked(name, exc)
                 return
         self._swap(name, entry, fresh)
+
+    def _note_reload_failure_locked(self, name: str, error: CorralError) -> None:
+        previous = self._reload_failures.get(name)
+        self._reload_failures[name] = error
+        if previous is None or str(previous) != str(error):
+            self._counters.load_failures += 1
+            logger.warning(
+                "corral: reloading %s failed, still serving the old copy: %s", name, error
+            )
 
     def _build(self, name: str, version: int, entry: ModelEntry) -> Session:
         session = Session(
@@ -999,6 +1016,7 @@ class Host:
                 self._retiring[id(old)] = old
             self._entries[name] = entry
             self._failures.pop((name, 0), None)
+            self._reload_failures.pop(name, None)
         self._drain(retired, timeout=0)
 
 
@@ -1013,6 +1031,7 @@ class _Parts:
     retiring: list[_Loaded] = field(default_factory=list)
     loading: list[int] = field(default_factory=list)
     failures: dict[int, _Failure] = field(default_factory=dict)
+    reload_failure: CorralError | None = None
 
 
 def _status(name: str, entry: ModelEntry | None, parts: _Parts | None) -> ModelStatus:
@@ -1021,10 +1040,10 @@ def _status(name: str, entry: ModelEntry | None, parts: _Parts | None) -> ModelS
     if entry is not None:
         for number in entry.served_versions:
             versions[number] = VersionStatus(number, ModelState.UNLOADED, 0, None, 0, None)
-    for number, failure in parts.failures.items():
+    for number, version_failure in parts.failures.items():
         if number:
             versions[number] = VersionStatus(
-                number, ModelState.FAILED, 0, None, 0, str(failure.error)
+                number, ModelState.FAILED, 0, None, 0, str(version_failure.error)
             )
     for number in parts.loading:
         versions[number] = VersionStatus(number, ModelState.LOADING, 0, None, 0, None)
@@ -1033,6 +1052,12 @@ def _status(name: str, entry: ModelEntry | None, parts: _Parts | None) -> ModelS
     for loaded in parts.loaded:
         versions[loaded.version] = _version_status(loaded, ModelState.READY)
     model_failure = parts.failures.get(0)
+    if model_failure is not None:
+        failure: str | None = str(model_failure.error)
+    elif parts.reload_failure is not None:
+        failure = f"reload failed, still serving the previous copy: {parts.reload_failure}"
+    else:
+        failure = None
     states = {status.state for status in versions.values()}
     if ModelState.READY in states:
         state = ModelState.READY
@@ -1046,7 +1071,7 @@ def _status(name: str, entry: ModelEntry | None, parts: _Parts | None) -> ModelS
         name,
         state,
         tuple(versions[number] for number in sorted(versions)),
-        None if model_failure is None else str(model_failure.error),
+        failure,
     )
 
 

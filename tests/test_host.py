@@ -477,3 +477,145 @@ def test_10000_models_cycled_under_a_budget_of_5_percent(tmp_path: Path):
     slack = 64 * 2**20
     assert rss_after_pass[0] - rss_start <= budget + slack
     assert rss_after_pass[1] - rss_after_pass[0] <= 16 * 2**20
+
+
+class _HeldSession(corral.Session):
+    """A Session whose construction waits for the test to let it go."""
+
+    release = threading.Event()
+    started = threading.Event()
+
+    def __init__(self, *args, **kwargs) -> None:
+        type(self).started.set()
+        assert type(self).release.wait(timeout=30)
+        super().__init__(*args, **kwargs)
+
+
+@pytest.fixture
+def held_loads(monkeypatch: pytest.MonkeyPatch) -> type[_HeldSession]:
+    import corral._host
+
+    class Held(_HeldSession):
+        release = threading.Event()
+        started = threading.Event()
+
+    monkeypatch.setattr(corral._host, "Session", Held)
+    yield Held
+    Held.release.set()
+
+
+def test_a_slow_load_shows_as_loading_and_times_out_waiters(repo: Path, held_loads):
+    with Host(repo) as host:
+        leader = threading.Thread(target=host.infer, args=("mlp", {"X": X}))
+        leader.start()
+        assert held_loads.started.wait(timeout=10)
+        (status,) = [m for m in host.models() if m.name == "mlp"]
+        assert status.state is ModelState.LOADING
+        with pytest.raises(corral.DeadlineExceeded, match="still loading"):
+            host.infer("mlp", {"X": X}, timeout=0.01)
+        held_loads.release.set()
+        leader.join(timeout=30)
+        assert host.stats().loads == 1
+
+
+def test_close_while_a_model_loads_closes_what_it_built(repo: Path, held_loads):
+    host = Host(repo)
+    errors: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            host.infer("mlp", {"X": X})
+        except BaseException as exc:
+            errors.append(exc)
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    assert held_loads.started.wait(timeout=10)
+    closer = threading.Thread(target=host.close, kwargs={"timeout": 30})
+    closer.start()
+    wait_until(lambda: host.state is not corral.HostState.RUNNING)
+    held_loads.release.set()
+    asker.join(timeout=30)
+    closer.join(timeout=30)
+    assert len(errors) == 1
+    assert isinstance(errors[0], corral.HostClosed)
+    assert host.state is corral.HostState.CLOSED
+    assert corral.runtime().stats().sessions_alive == 0
+
+
+def test_close_with_a_lease_held_past_its_timeout(repo: Path):
+    host = Host(repo)
+    lease = host.acquire("mlp")
+    with pytest.raises(corral.DrainTimeout, match="still had leases"):
+        host.close(timeout=0.01)
+    assert host.state is corral.HostState.CLOSED
+    assert lease.run({"X": X})["Y"].shape == (2, 1)
+    lease.release()
+    assert lease.session.state is corral.SessionState.CLOSED
+    assert "closed" in repr(host)
+
+
+def _reshape_model() -> bytes:
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        # allowzero: a 0 in the shape means size 0, not "copy the input's dimension".
+        [helper.make_node("Reshape", ["X", "S"], ["Y"], allowzero=1)],
+        "reshape",
+        [
+            helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N"]),
+            helper.make_tensor_value_info("S", TensorProto.INT64, [1]),
+        ],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def test_warmup_runs_once_and_a_failing_warmup_fails_the_load(tmp_path: Path):
+    add_model(tmp_path, "warm", build_mlp(), toml="warmup = true\n")
+    # Zeros for S ask Reshape for shape [0] from one element: the warm-up run fails.
+    add_model(tmp_path, "cold", _reshape_model(), toml="warmup = true\n")
+    with Host(tmp_path) as host:
+        assert host.infer("warm", {"X": X})["Y"].shape == (2, 1)
+        with pytest.raises(corral.ModelLoadError, match="warming up 'cold:1' failed"):
+            host.infer("cold", {"X": np.ones(2, np.float32), "S": np.array([2], np.int64)})
+
+
+def test_polling_unloads_a_deleted_model_and_keeps_serving_through_bad_changes(tmp_path: Path):
+    import shutil
+
+    add_model(tmp_path, "gone", build_mlp())
+    path = add_model(tmp_path, "kept", build_linear(seed=1))
+    expected = reference_run(build_linear(seed=1), {"X": X})[0]
+    with Host(tmp_path) as host:
+        host.infer("gone", {"X": X})
+        host.infer("kept", {"X": X})
+        shutil.rmtree(tmp_path / "gone")
+        # A broken new file for the served version: the old copy keeps serving.
+        path.write_bytes(b"broken")
+        host.refresh()
+        np.testing.assert_array_equal(host.infer("kept", {"X": X})["Y"], expected)
+        assert {m.name for m in host.models() if m.state is ModelState.READY} == {"kept"}
+        with pytest.raises(corral.ModelNotFound):
+            host.infer("gone", {"X": X})
+        # A malformed model.toml: still served as it was, and reported.
+        (tmp_path / "kept" / "model.toml").write_text("pinned = 3\n")
+        host.refresh()
+        np.testing.assert_array_equal(host.infer("kept", {"X": X})["Y"], expected)
+        (status,) = [m for m in host.models() if m.name == "kept"]
+        assert status.failure is not None
+        assert "pinned" in status.failure
+
+
+def test_an_explicit_repository_and_runtime_are_used(repo: Path):
+    repository = corral.Repository(repo)
+    with Host(repository, runtime=corral.runtime()) as host:
+        assert host.repository is repository
+        assert host.runtime is corral.runtime()
+        assert host.infer("tree", {"X": X})["Y"].shape == (2, 1)
+    with pytest.raises(ValueError, match="memory_budget must be bytes"):
+        Host(repo, memory_budget=[1])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="failure_backoff_s"):
+        Host(repo, failure_backoff_s=(5.0, 1.0))
