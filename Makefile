@@ -9,13 +9,14 @@ STAMP  := $(VENV)/.installed-dev
 # The coverage floor only rises: raise it when coverage rises.
 COVERAGE_FLOOR := 92
 
-.PHONY: help venv lint typecheck test soak demo bench-create clean
+.PHONY: help venv lint typecheck test soak demo bench-create bench-footprint clean
 
 help:
-	@echo "make demo          build 1,000 tiny models and compare corral with onnxruntime's defaults"
-	@echo "make test          lint, type-check and run the test suite with coverage"
-	@echo "make soak          the long stress variants (not part of make test)"
-	@echo "make bench-create  serialized vs parallel session construction, side by side"
+	@echo "make demo             build 1,000 tiny models and compare corral with onnxruntime's defaults"
+	@echo "make test             lint, type-check and run the test suite with coverage"
+	@echo "make soak             the long stress variants (not part of make test)"
+	@echo "make bench-create     serialized vs parallel session construction, side by side"
+	@echo "make bench-footprint  threads, RSS and load time for 100 / 1,000 / 10,000 models"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +29,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 venv: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check corral tests
-	$(BIN)/ruff format --check corral tests
+	$(BIN)/ruff check corral tests benchmarks
+	$(BIN)/ruff format --check corral tests benchmarks
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict corral
@@ -46,6 +47,9 @@ demo: $(STAMP)
 
 bench-create: $(STAMP)
 	$(BIN)/corral bench create
+
+bench-footprint: $(STAMP)
+	$(BIN)/corral bench footprint
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage htmlcov

@@ -4,6 +4,7 @@
 
     corral demo [--models N] [--threads T] [--requests R] [--keep DIR] [--json]
     corral bench create [--models N] [--threads K] [--rounds R] [--json]
+    corral bench footprint [--counts 100,1000,10000] [--json]
 
 The command line is an edge: it alone draws progress bars (with rich, from the ``cli``
 extra) and prints; the scenarios it runs live in :mod:`corral.bench` and report progress
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
     from corral.bench.create import ConstructionResult
     from corral.bench.demo import DemoResult, DemoStep
+    from corral.bench.footprint import FootprintResult, FootprintStep
 
 __all__ = ["main"]
 
@@ -105,6 +107,24 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("--rounds", type=_positive_int, default=3, help="rounds (default 3)")
     create.add_argument("--json", action="store_true", help="print the raw results as JSON")
     create.set_defaults(handler=_bench_create)
+    footprint = scenarios.add_parser(
+        "footprint",
+        help="threads, memory and load time of many models, corral against onnxruntime",
+        description=(
+            "Build one repository of tiny models, then for each count load that many with a "
+            "corral Host, with onnxruntime's default sessions and with onnxruntime's global "
+            "pools, each in its own process, and compare threads, RSS per model and load time."
+        ),
+    )
+    footprint.add_argument(
+        "--counts",
+        type=_counts,
+        default=(100, 1000, 10000),
+        metavar="N,N,...",
+        help="model counts, comma-separated (default 100,1000,10000)",
+    )
+    footprint.add_argument("--json", action="store_true", help="print the raw results as JSON")
+    footprint.set_defaults(handler=_bench_footprint)
     return parser
 
 
@@ -279,6 +299,81 @@ def _create_table(result: ConstructionResult) -> Table:
             f"{result['models'] / median:,.0f}",
             "  ".join(f"{seconds:.3f}" for seconds in rounds),
         )
+    return table
+
+
+# -- corral bench footprint -----------------------------------------------------------------
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    # Ascending and each once: a worker's progress line is keyed by engine and count.
+    return tuple(sorted({_positive_int(piece) for piece in text.split(",")}))
+
+
+def _bench_footprint(args: argparse.Namespace) -> int:
+    _require_rich()
+    from rich.console import Console
+
+    try:
+        from corral.bench.footprint import measure_footprint
+    except ImportError as exc:
+        raise SystemExit(str(exc)) from exc
+    largest = max(args.counts)
+    with _progress_bar() as progress:
+        build = progress.add_task(f"building {largest:,} models", total=largest)
+        workers: dict[tuple[str, int], TaskID] = {}
+
+        def on_progress(step: FootprintStep, done: int, total: int) -> None:
+            if step == "build":
+                progress.update(build, completed=done, total=total)
+            elif (step, total) not in workers:
+                # No total: the bar pulses, as the worker reports nothing until it ends.
+                workers[step, total] = progress.add_task(
+                    f"{step}: loading {total:,} models in a worker process", total=None
+                )
+            else:
+                progress.update(workers[step, total], completed=done, total=total)
+
+        results = measure_footprint(args.counts, on_progress)
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        Console().print(_footprint_table(results))
+    return 0
+
+
+def _footprint_table(results: list[FootprintResult]) -> Table:
+    from rich.table import Table
+
+    from corral.bench.footprint import TABLE_HEADERS, summary_rows
+
+    fewest = min(result["threads_before"] for result in results)
+    most = max(result["threads_before"] for result in results)
+    started_with = str(fewest) if fewest == most else f"{fewest} to {most}"
+    # A worker fails outright if a run raises; a wrong output only shows here.
+    wrong_outputs = "".join(
+        f"\n{result['engine']}, {result['count']:,} models: only {result['ok_runs']:,} runs "
+        "gave an output of the expected shape."
+        for result in results
+        if result["ok_runs"] < result["count"]
+    )
+    table = Table(
+        title="Many models in one process: corral's Host against onnxruntime",
+        caption=(
+            "Threads once every model is loaded and has run once (each worker started with "
+            f"{started_with}); RSS added per model; wall time to load them all.\n"
+            "onnxruntime-default: a thread pool per session; onnxruntime-global: every "
+            f"session on onnxruntime's global pools.{wrong_outputs}"
+        ),
+    )
+    for index, header in enumerate(TABLE_HEADERS):
+        # An engine's name on two lines keeps the table within 80 columns, rich's width
+        # when stdout is not a terminal.
+        table.add_column(header.replace("-", "\n", 1), justify="left" if index < 2 else "right")
+    for row in summary_rows(results):
+        if row[0] and table.row_count:
+            table.add_section()
+        table.add_row(*row)
     return table
 
 

@@ -1,0 +1,470 @@
+"""The scenario behind ``corral bench footprint``: what many loaded models cost a process.
+
+For each model count (100, 1,000 and 10,000 by default), three engines load the first
+``count`` models of one Triton-layout repository, each in a fresh interpreter, and report
+the process's OS threads, its resident memory (RSS) and the wall time to load them all:
+
+- ``corral-host``: a :class:`corral.Host` preloading the models (every session on
+  onnxruntime's global pools, each model warmed up by one run as it loads);
+- ``onnxruntime-default``: one ``onnxruntime.InferenceSession`` per model with default
+  options, so each session owns its own thread pools;
+- ``onnxruntime-global``: the same sessions on onnxruntime's global pools (one thread each),
+  which is the setting corral builds on, without corral.
+
+Every engine gets its own process because threads and RSS are process-wide, and because
+once the global pools are set, sessions with default options fail in that process.
+
+Example::
+
+    from corral.bench.footprint import measure_footprint
+    for row in measure_footprint(counts=(100, 1000)):
+        print(row["count"], row["engine"], row["threads_after"], row["rss_per_model"])
+
+The worker is also a command (it prints one JSON line)::
+
+    python -m corral.bench.footprint worker --engine corral-host --repo DIR --count 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal, TypedDict, get_args
+
+import numpy as np
+
+import corral
+from corral.bench.demo import (
+    _MODEL_KINDS,
+    _N_FEATURES,
+    WorkerFailed,
+    _load_onnxruntime,
+    _positive_int,
+    _text,
+    _threads_besides,
+)
+from corral.bench.models import build_model
+
+__all__ = [
+    "DEFAULT_COUNTS",
+    "ENGINES",
+    "TABLE_HEADERS",
+    "FootprintEngine",
+    "FootprintProgress",
+    "FootprintResult",
+    "FootprintStep",
+    "WorkerFailed",
+    "build_repository",
+    "format_table",
+    "measure_footprint",
+    "parse_counts",
+    "run_footprint_worker",
+    "summary_rows",
+]
+
+#: ``corral-host``: a corral Host; ``onnxruntime-default``: InferenceSessions with default
+#: options; ``onnxruntime-global``: InferenceSessions on onnxruntime's global pools.
+FootprintEngine = Literal["corral-host", "onnxruntime-default", "onnxruntime-global"]
+ENGINES: tuple[FootprintEngine, ...] = get_args(FootprintEngine)
+
+#: The model counts the issue asks for.
+DEFAULT_COUNTS: tuple[int, ...] = (100, 1000, 10000)
+
+#: What :func:`measure_footprint` reports progress on: the models it writes, then each worker.
+FootprintStep = Literal["build", FootprintEngine]
+#: ``progress(step, done, total)``. ``build`` counts models written out of the largest count;
+#: an engine's step reports ``0`` of ``count`` when its worker starts loading ``count``
+#: models and ``count`` of ``count`` when the worker has finished.
+FootprintProgress = Callable[[FootprintStep, int, int], None]
+
+#: Seconds one worker may take before it is killed. Loading 10,000 sessions with default
+#: options takes minutes on a small machine: each one starts a thread pool.
+WORKER_TIMEOUT_S = 1800.0
+
+_VERSION = "1"
+_MODEL_FILE = "model.onnx"
+_OUTPUT = "Y"
+
+
+class FootprintResult(TypedDict):
+    """What one worker measured, in its own process: one engine holding ``count`` models."""
+
+    engine: str
+    #: Models loaded.
+    count: int
+    #: OS threads of the process before loading (after importing onnxruntime and corral).
+    threads_before: int
+    #: OS threads once every model is loaded and has run once, the loading threads left out.
+    threads_after: int
+    #: Resident memory before loading, in bytes.
+    rss_before: int
+    #: Resident memory once every model is loaded and has run once, in bytes.
+    rss_after: int
+    #: ``(rss_after - rss_before) / count``, in bytes.
+    rss_per_model: float
+    #: Wall time to load every model.
+    load_seconds: float
+    #: Models whose one run after loading returned an output of the expected shape.
+    ok_runs: int
+
+
+def build_repository(
+    root: str | Path, count: int, progress: Callable[[int], None] | None = None
+) -> list[Path]:
+    """Write ``count`` tiny models (tree, linear, MLP in turn) as ``root/m00001/1/model.onnx`` ...
+
+    The same models as :func:`corral.bench.demo.build_models`, laid out as Triton lays out a
+    model repository, so that :class:`corral.Host` serves them as ``m00001`` ... Every model
+    takes ``X`` float32 ``[N, 4]``. ``progress(n)`` is called after each model with the
+    number written so far. Returns the model files in name order.
+
+    Example::
+
+        build_repository("models/", 1000)
+    """
+    if count < 1:
+        raise ValueError(f"count must be at least 1, got {count}")
+    root = Path(root)
+    # Wide enough that the names sort in the order they were built.
+    width = max(5, len(str(count)))
+    paths = []
+    for index in range(count):
+        kind = _MODEL_KINDS[index % len(_MODEL_KINDS)]
+        folder = root / f"m{index + 1:0{width}d}" / _VERSION
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / _MODEL_FILE
+        path.write_bytes(build_model(kind, n_features=_N_FEATURES, seed=index))
+        paths.append(path)
+        if progress is not None:
+            progress(index + 1)
+    return paths
+
+
+def parse_counts(text: str) -> tuple[int, ...]:
+    """Model counts from ``"100,1000,10000"``: positive, ascending, each once.
+
+    Raises ValueError naming the piece that is not a positive integer.
+
+    >>> parse_counts("1000, 100,1000")
+    (100, 1000)
+    """
+    counts = set()
+    for piece in text.split(","):
+        try:
+            value = int(piece)
+        except ValueError:
+            raise ValueError(f"model counts must be positive integers, got {piece!r}") from None
+        if value < 1:
+            raise ValueError(f"model counts must be positive integers, got {value}")
+        counts.add(value)
+    return tuple(sorted(counts))
+
+
+def measure_footprint(
+    counts: Iterable[int] = DEFAULT_COUNTS,
+    progress: FootprintProgress | None = None,
+    *,
+    timeout: float = WORKER_TIMEOUT_S,
+) -> list[FootprintResult]:
+    """Measure every engine holding each count of models, one worker process each.
+
+    Builds one repository of ``max(counts)`` models in a temporary folder (removed
+    afterwards) and has every worker load the first ``count`` of them. Counts are measured
+    in ascending order, the three engines side by side for each: the results come in that
+    order, ``ENGINES`` within each count. Each worker is killed after ``timeout`` seconds.
+    Raises :class:`WorkerFailed`, with the worker's stderr, if one fails.
+    """
+    given = list(counts)
+    ordered = sorted(set(given))
+    if not ordered or ordered[0] < 1:
+        raise ValueError(f"counts must be positive integers, got {given!r}")
+    # Fail before building thousands of models rather than in the first worker.
+    if importlib.util.find_spec("psutil") is None:
+        raise ImportError("the footprint benchmark needs psutil: pip install 'corral[bench]'")
+    largest = ordered[-1]
+
+    def on_built(done: int) -> None:
+        if progress is not None:
+            progress("build", done, largest)
+
+    results: list[FootprintResult] = []
+    with tempfile.TemporaryDirectory(prefix="corral-footprint-") as scratch:
+        build_repository(scratch, largest, on_built)
+        for count in ordered:
+            for engine in ENGINES:
+                if progress is not None:
+                    progress(engine, 0, count)
+                results.append(run_footprint_worker(engine, scratch, count, timeout=timeout))
+                if progress is not None:
+                    progress(engine, count, count)
+    return results
+
+
+def run_footprint_worker(
+    engine: FootprintEngine, repo: str | Path, count: int, *, timeout: float = WORKER_TIMEOUT_S
+) -> FootprintResult:
+    """Have a fresh interpreter load the first ``count`` models of ``repo`` with ``engine``.
+
+    Raises :class:`WorkerFailed`, with the worker's stderr, if it exits with an error, prints
+    no result, or runs longer than ``timeout`` seconds (it is then killed).
+    """
+    command = [
+        sys.executable,
+        "-m",
+        "corral.bench.footprint",
+        "worker",
+        f"--engine={engine}",
+        f"--repo={repo}",
+        f"--count={count}",
+    ]
+    label = f"the {engine} worker ({count} models)"
+    try:
+        completed = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise WorkerFailed(
+            f"{label} did not finish within {timeout:g}s and was killed; "
+            f"stderr:\n{_text(exc.stderr)}"
+        ) from exc
+    if completed.returncode != 0:
+        raise WorkerFailed(
+            f"{label} exited with status {completed.returncode}; stderr:\n{completed.stderr}"
+        )
+    lines = completed.stdout.strip().splitlines()
+    try:
+        # onnxruntime may print to stdout itself; the result is always the last line.
+        return _parse_result(lines[-1])
+    except (IndexError, ValueError, TypeError) as exc:
+        raise WorkerFailed(
+            f"{label} printed no result (stdout: {completed.stdout!r}); stderr:\n{completed.stderr}"
+        ) from exc
+
+
+# -- tables ---------------------------------------------------------------------------------
+
+#: Column headings of :func:`summary_rows`: models, what is measured, then one per engine.
+TABLE_HEADERS: tuple[str, ...] = ("models", "", *ENGINES)
+
+_METRICS: tuple[tuple[str, Callable[[FootprintResult], float], str], ...] = (
+    ("threads", lambda result: result["threads_after"], "{:,.0f}"),
+    ("RSS per model (KiB)", lambda result: result["rss_per_model"] / 1024, "{:,.1f}"),
+    ("load time (s)", lambda result: result["load_seconds"], "{:,.2f}"),
+)
+
+
+def summary_rows(results: Iterable[FootprintResult]) -> list[list[str]]:
+    """The results as table rows under :data:`TABLE_HEADERS`, formatted.
+
+    Three rows per count (threads, RSS per model in KiB, load time in seconds), the count
+    shown on the first; one column per engine, ``-`` where an engine was not measured.
+    """
+    by_count: dict[int, dict[str, FootprintResult]] = {}
+    for result in results:
+        by_count.setdefault(result["count"], {})[result["engine"]] = result
+    rows = []
+    for count in sorted(by_count):
+        measured = by_count[count]
+        for index, (label, value, number) in enumerate(_METRICS):
+            cells = [
+                number.format(value(measured[engine])) if engine in measured else "-"
+                for engine in ENGINES
+            ]
+            rows.append([f"{count:,}" if index == 0 else "", label, *cells])
+    return rows
+
+
+def format_table(results: Iterable[FootprintResult]) -> str:
+    """The results as a plain-text table, for when rich is not installed."""
+    rows = [list(TABLE_HEADERS), *summary_rows(results)]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(TABLE_HEADERS))]
+    lines = []
+    for row in rows:
+        # The labels read left to right; the figures line up on their last digit.
+        cells = [
+            cell.ljust(width) if column < 2 else cell.rjust(width)
+            for column, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+# -- the worker -----------------------------------------------------------------------------
+
+
+def _parse_result(line: str) -> FootprintResult:
+    data = json.loads(line)
+    missing = [name for name in FootprintResult.__annotations__ if name not in data]
+    if missing:
+        raise ValueError(f"worker result lacks {', '.join(missing)}: {line!r}")
+    return FootprintResult(
+        engine=str(data["engine"]),
+        count=int(data["count"]),
+        threads_before=int(data["threads_before"]),
+        threads_after=int(data["threads_after"]),
+        rss_before=int(data["rss_before"]),
+        rss_after=int(data["rss_after"]),
+        rss_per_model=float(data["rss_per_model"]),
+        load_seconds=float(data["load_seconds"]),
+        ok_runs=int(data["ok_runs"]),
+    )
+
+
+def _measure(engine: str, repo: Path, count: int) -> tuple[FootprintResult, object]:
+    """Load and run ``count`` models in this process; meant for a fresh one.
+
+    Returns the result and the loaded models, which the caller keeps alive until it exits:
+    letting them go here would tear them down before the result is even printed.
+    """
+    try:
+        import psutil
+    except ImportError as exc:
+        raise ImportError(
+            "the footprint benchmark needs psutil: pip install 'corral[bench]'"
+        ) from exc
+    # Imported before the first measurement so that every engine starts from the same point.
+    importlib.import_module("onnxruntime")
+
+    names = corral.Repository(repo).names()[:count]
+    if len(names) < count:
+        raise ValueError(f"{repo} holds {len(names)} models, fewer than {count}")
+    feed = {"X": np.random.default_rng(0).standard_normal((1, _N_FEATURES), dtype=np.float32)}
+    process = psutil.Process()
+    threads_before = process.num_threads()
+    rss_before = process.memory_info().rss
+    # Guards loader_ids: the OS ids of the threads that loaded models, which have ended by
+    # the time threads are counted again but may still be listed by the OS for a moment.
+    loader_ids_lock = threading.Lock()
+    loader_ids: set[int] = set()
+
+    def note_loader_thread() -> None:
+        with loader_ids_lock:
+            loader_ids.add(threading.get_native_id())
+
+    started = time.perf_counter()
+    loaded: object
+    if engine == "corral-host":
+        host, load_seconds = _load_host(repo, names, note_loader_thread, started)
+        outputs = [host.infer(name, feed)[_OUTPUT] for name in names]
+        loaded = host
+    elif engine in ("onnxruntime-default", "onnxruntime-global"):
+        sessions, load_seconds = _load_sessions(engine, repo, names, note_loader_thread, started)
+        outputs = [session.run(None, feed)[0] for session in sessions]
+        loaded = sessions
+    else:
+        raise ValueError(f"unknown engine {engine!r}: expected one of {', '.join(ENGINES)}")
+
+    # Measured after the runs: the Host warms every model up as it loads it, so counting the
+    # sessions before their first run would leave out what that run allocates for them.
+    threads_after = _threads_besides(process, loader_ids)
+    rss_after = process.memory_info().rss
+    result = FootprintResult(
+        engine=engine,
+        count=count,
+        threads_before=threads_before,
+        threads_after=threads_after,
+        rss_before=rss_before,
+        rss_after=rss_after,
+        rss_per_model=(rss_after - rss_before) / count,
+        load_seconds=load_seconds,
+        ok_runs=sum(1 for output in outputs if output.shape == (1, 1)),
+    )
+    return result, loaded
+
+
+def _load_host(
+    repo: Path, names: Sequence[str], note_loader_thread: Callable[[], None], started: float
+) -> tuple[corral.Host, float]:
+    host = corral.Host(repo, load_concurrency=_cpu_count())
+
+    def on_loaded(done: int, total: int, name: str) -> None:
+        # Called from the loading thread that loaded ``name``.
+        note_loader_thread()
+
+    failures = host.preload(names, progress=on_loaded)
+    load_seconds = time.perf_counter() - started
+    if failures:
+        name, error = next(iter(failures.items()))
+        error.add_note(f"{len(failures)} of {len(names)} models failed to load, {name} first")
+        raise error
+    return host, load_seconds
+
+
+def _load_sessions(
+    engine: str,
+    repo: Path,
+    names: Sequence[str],
+    note_loader_thread: Callable[[], None],
+    started: float,
+) -> tuple[list[Any], float]:
+    load = _load_onnxruntime
+    if engine == "onnxruntime-global":
+        ort = importlib.import_module("onnxruntime")
+        # corral's default sizes; once per process, before the first session.
+        ort.set_global_thread_pool_sizes(1, 1)
+
+        def load_on_global_pools(path: Path) -> Any:
+            options = ort.SessionOptions()
+            options.use_per_session_threads = False
+            return ort.InferenceSession(
+                str(path), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+
+        load = load_on_global_pools
+
+    def load_noting_thread(name: str) -> Any:
+        note_loader_thread()
+        return load(repo / name / _VERSION / _MODEL_FILE)
+
+    with ThreadPoolExecutor(_cpu_count(), thread_name_prefix="footprint-load") as pool:
+        sessions = list(pool.map(load_noting_thread, names))
+    return sessions, time.perf_counter() - started
+
+
+def _cpu_count() -> int:
+    return os.cpu_count() or 1
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m corral.bench.footprint",
+        description="A footprint worker: load models with one engine and print one JSON line.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    worker = commands.add_parser("worker", help="load the first COUNT models of a repository")
+    worker.add_argument("--engine", choices=ENGINES, required=True)
+    worker.add_argument("--repo", type=Path, required=True, help="a Triton-layout repository")
+    worker.add_argument("--count", type=_positive_int, required=True)
+    args = parser.parse_args(argv)
+    try:
+        # The loaded models stay referenced until the process ends: see below.
+        result, _kept_alive = _measure(args.engine, args.repo, args.count)
+        print(json.dumps(result), flush=True)
+    except BaseException:
+        traceback.print_exc()
+        status = 1
+    else:
+        status = 0
+    sys.stderr.flush()
+    # Leave without tearing anything down: closing 10,000 onnxruntime sessions with default
+    # options takes minutes (each owns a thread pool whose threads spin and must be joined),
+    # and the teardown is not what is measured. Nothing here needs cleaning: the results are
+    # printed and flushed, and the OS reclaims the rest.
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -1,0 +1,265 @@
+"""``corral bench footprint``: the repository it builds, its workers, its table, its command.
+
+Every worker loads models in its own process, so nothing here starts onnxruntime's global
+pools in the test process; the command line runs in a subprocess too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import psutil
+import pytest
+
+import corral
+from corral.bench.footprint import (
+    ENGINES,
+    FootprintResult,
+    WorkerFailed,
+    build_repository,
+    format_table,
+    measure_footprint,
+    parse_counts,
+    run_footprint_worker,
+    summary_rows,
+)
+
+COUNT = 20
+# Leaves a worker's own hard timeout room to report before pytest-timeout fires.
+WORKER_TIMEOUT_S = 100.0
+# onnxruntime sizes a default session's intra-op pool to the physical cores, the caller's
+# thread being one of them: with one core a default session starts no thread at all.
+MULTICORE = (psutil.cpu_count(logical=False) or 1) >= 2 and (os.cpu_count() or 1) >= 2
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("repo")
+    build_repository(root, COUNT)
+    return root
+
+
+# -- the repository -------------------------------------------------------------------------
+
+
+def test_build_repository_lays_models_out_as_triton_does(tmp_path: Path) -> None:
+    reported: list[int] = []
+
+    paths = build_repository(tmp_path, 7, progress=reported.append)
+
+    names = [f"m{n:05d}" for n in range(1, 8)]
+    assert paths == [tmp_path / name / "1" / "model.onnx" for name in names]
+    assert reported == list(range(1, 8))
+    entries = corral.Repository(tmp_path).scan()
+    assert list(entries) == names
+    assert all(entry.error is None and list(entry.versions) == [1] for entry in entries.values())
+    kinds = [onnx.load(path).graph.name for path in paths]
+    assert kinds == ["tree", "linear", "mlp", "tree", "linear", "mlp", "tree"]
+    with corral.Session(paths[2]) as session:
+        assert session.run({"X": np.ones((1, 4), np.float32)})["Y"].shape == (1, 1)
+
+
+def test_build_repository_is_deterministic_and_refuses_no_models(tmp_path: Path) -> None:
+    first = build_repository(tmp_path / "a", 3)
+    second = build_repository(tmp_path / "b", 3)
+
+    assert [p.read_bytes() for p in first] == [p.read_bytes() for p in second]
+    with pytest.raises(ValueError, match="at least 1"):
+        build_repository(tmp_path / "c", 0)
+
+
+# -- the workers ----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_worker_prints_one_json_line_of_sane_figures(repo: Path, engine: str) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "corral.bench.footprint",
+        "worker",
+        f"--engine={engine}",
+        f"--repo={repo}",
+        f"--count={COUNT}",
+    ]
+
+    completed = subprocess.run(
+        command, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S, check=False
+    )
+
+    # Exits at once through os._exit, yet the line is flushed first.
+    assert completed.returncode == 0, completed.stderr
+    lines = completed.stdout.splitlines()
+    assert len(lines) == 1, completed.stdout
+    result = json.loads(lines[0])
+    assert set(result) == set(FootprintResult.__annotations__)
+    assert (result["engine"], result["count"], result["ok_runs"]) == (engine, COUNT, COUNT)
+    assert result["threads_before"] >= 1
+    assert result["rss_after"] > result["rss_before"] > 0
+    assert result["rss_per_model"] == pytest.approx(
+        (result["rss_after"] - result["rss_before"]) / COUNT
+    )
+    assert result["load_seconds"] > 0
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("engine", ["corral-host", "onnxruntime-global"])
+def test_global_pools_add_no_thread_per_model(repo: Path, engine: str) -> None:
+    result = run_footprint_worker(engine, repo, COUNT, timeout=WORKER_TIMEOUT_S)
+
+    assert result["ok_runs"] == COUNT
+    assert result["threads_after"] - result["threads_before"] <= 3, result
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not MULTICORE, reason="a default session has no pool thread on one core")
+def test_default_sessions_add_a_thread_per_model(repo: Path) -> None:
+    result = run_footprint_worker("onnxruntime-default", repo, COUNT, timeout=WORKER_TIMEOUT_S)
+
+    assert result["ok_runs"] == COUNT
+    assert result["threads_after"] - result["threads_before"] >= COUNT, result
+
+
+@pytest.mark.timeout(300)
+def test_worker_asked_for_more_models_than_the_repository_holds_fails(repo: Path) -> None:
+    with pytest.raises(WorkerFailed, match=rf"holds {COUNT} models, fewer than {COUNT + 1}"):
+        run_footprint_worker("corral-host", repo, COUNT + 1, timeout=WORKER_TIMEOUT_S)
+
+
+@pytest.mark.timeout(60)
+def test_worker_over_its_timeout_is_killed(repo: Path) -> None:
+    # No interpreter starts, let alone loads 20 models, within a millisecond.
+    with pytest.raises(WorkerFailed, match=r"did not finish within 0\.001s"):
+        run_footprint_worker("onnxruntime-global", repo, COUNT, timeout=0.001)
+
+
+# -- the whole measurement ------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_measure_footprint_runs_every_engine_per_count_in_order() -> None:
+    events: list[tuple[str, int, int]] = []
+
+    def on_progress(step: str, done: int, total: int) -> None:
+        events.append((step, done, total))
+
+    results = measure_footprint((6, 3, 6), on_progress, timeout=WORKER_TIMEOUT_S)
+
+    assert [(r["count"], r["engine"]) for r in results] == [
+        (count, engine) for count in (3, 6) for engine in ENGINES
+    ]
+    assert all(r["ok_runs"] == r["count"] for r in results)
+    assert [event for event in events if event[0] == "build"] == [
+        ("build", done, 6) for done in range(1, 7)
+    ]
+    assert [event for event in events if event[0] != "build"] == [
+        (engine, done, count) for count in (3, 6) for engine in ENGINES for done in (0, count)
+    ]
+
+
+def test_measure_footprint_refuses_no_counts() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        measure_footprint(())
+    with pytest.raises(ValueError, match="positive"):
+        measure_footprint((0, 5))
+
+
+def test_parse_counts() -> None:
+    assert parse_counts("10000,100, 1000,100") == (100, 1000, 10000)
+    for bad in ("", "10,x", "10,-1", "0"):
+        with pytest.raises(ValueError, match="positive integers"):
+            parse_counts(bad)
+
+
+# -- the table ------------------------------------------------------------------------------
+
+
+def fake_result(engine: str, count: int, threads: int, kib: float) -> FootprintResult:
+    return FootprintResult(
+        engine=engine,
+        count=count,
+        threads_before=3,
+        threads_after=threads,
+        rss_before=1 << 20,
+        rss_after=(1 << 20) + int(kib * 1024 * count),
+        rss_per_model=kib * 1024,
+        load_seconds=count / 1000,
+        ok_runs=count,
+    )
+
+
+def test_summary_rows_put_engines_side_by_side_per_count() -> None:
+    results = [
+        fake_result("onnxruntime-default", 1000, 1003, 200.0),
+        fake_result("corral-host", 1000, 3, 80.0),
+        fake_result("corral-host", 100, 3, 90.5),
+    ]
+
+    rows = summary_rows(results)
+
+    assert rows == [
+        ["100", "threads", "3", "-", "-"],
+        ["", "RSS per model (KiB)", "90.5", "-", "-"],
+        ["", "load time (s)", "0.10", "-", "-"],
+        ["1,000", "threads", "3", "1,003", "-"],
+        ["", "RSS per model (KiB)", "80.0", "200.0", "-"],
+        ["", "load time (s)", "1.00", "1.00", "-"],
+    ]
+    text = format_table(results)
+    assert text.splitlines()[0].split() == ["models", *ENGINES]
+    assert "1,003" in text
+
+
+# -- the command line -----------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_command_line_prints_json_for_every_engine() -> None:
+    script = (
+        "import sys; from corral.cli import main; "
+        "sys.exit(main(['bench', 'footprint', '--counts', '20', '--json']))"
+    )
+
+    completed = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=250, check=False
+    )
+
+    assert completed.returncode == 0, completed.stderr
+    results = json.loads(completed.stdout)
+    assert [(r["engine"], r["count"], r["ok_runs"]) for r in results] == [
+        (engine, 20, 20) for engine in ENGINES
+    ]
+
+
+@pytest.mark.timeout(300)
+def test_command_line_draws_the_table() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "corral.cli", "bench", "footprint", "--counts", "4,2"],
+        capture_output=True,
+        text=True,
+        timeout=250,
+        check=False,
+        env={**os.environ, "COLUMNS": "120"},
+    )
+
+    assert completed.returncode == 0, completed.stderr
+    for expected in ("threads", "RSS per model (KiB)", "load time (s)", "onnxruntime"):
+        assert expected in completed.stdout
+    assert "building 4 models" in completed.stderr
+
+
+def test_command_line_refuses_bad_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    from corral.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "footprint", "--counts", "10,zero"])
+
+    assert exit_info.value.code == 2
+    assert "--counts" in capsys.readouterr().err
