@@ -5,6 +5,7 @@
     corral demo [--models N] [--threads T] [--requests R] [--keep DIR] [--json]
     corral bench create [--models N] [--threads K] [--rounds R] [--json]
     corral bench footprint [--counts 100,1000,10000] [--json]
+    corral models REPOSITORY [--preload] [--memory-budget SIZE] [--json]
 
 The command line is an edge: it alone draws progress bars (with rich, from the ``cli``
 extra) and prints; the scenarios it runs live in :mod:`corral.bench` and report progress
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
     from rich.table import Table
 
+    from corral._host import HostStats, ModelStatus
     from corral.bench.create import ConstructionResult
     from corral.bench.demo import DemoResult, DemoStep
     from corral.bench.footprint import FootprintResult, FootprintStep
@@ -89,6 +91,23 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--json", action="store_true", help="print the raw results as JSON")
     demo.set_defaults(handler=_demo)
+
+    models = commands.add_parser(
+        "models",
+        help="list a model repository's models; --preload loads them first",
+        description=(
+            "List the models of a Triton-layout repository with their state, versions and "
+            "estimated size. With --preload, load them all first (a progress bar shows it) and "
+            "report the ones that fail."
+        ),
+    )
+    models.add_argument("repository", type=Path, help="the repository's root folder")
+    models.add_argument("--preload", action="store_true", help="load every model first")
+    models.add_argument(
+        "--memory-budget", metavar="SIZE", help="bytes or a size like 512MiB (default: none)"
+    )
+    models.add_argument("--json", action="store_true", help="print the statuses as JSON")
+    models.set_defaults(handler=_models)
 
     bench = commands.add_parser("bench", help="benchmark scenarios")
     scenarios = bench.add_subparsers(dest="scenario", required=True, metavar="SCENARIO")
@@ -374,6 +393,85 @@ def _footprint_table(results: list[FootprintResult]) -> Table:
         if row[0] and table.row_count:
             table.add_section()
         table.add_row(*row)
+    return table
+
+
+# -- corral models -------------------------------------------------------------------------
+
+
+def _models(args: argparse.Namespace) -> int:
+    _require_rich()
+    from rich.console import Console
+
+    import corral
+
+    budget = args.memory_budget
+    with corral.Host(args.repository, memory_budget=budget) as host:
+        failures: dict[str, corral.CorralError] = {}
+        if args.preload:
+            names = host.repository.names()
+            with _progress_bar() as progress:
+                task = progress.add_task(f"loading {len(names)} models", total=len(names))
+
+                def on_loaded(done: int, total: int, name: str) -> None:
+                    progress.update(task, completed=done, description=f"loaded {name}")
+
+                failures = host.preload(names, progress=on_loaded)
+        statuses = host.models()
+        stats = host.stats()
+    if args.json:
+        print(json.dumps([_status_dict(status) for status in statuses], indent=2))
+    else:
+        Console().print(_models_table(statuses, stats))
+    for name, error in sorted(failures.items()):
+        print(f"corral models: {name}: {error}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def _status_dict(status: ModelStatus) -> dict[str, object]:
+    return {
+        "name": status.name,
+        "state": status.state.value,
+        "failure": status.failure,
+        "versions": [
+            {
+                "version": v.version,
+                "state": v.state.value,
+                "size_bytes": v.size_bytes,
+                "runs": v.runs,
+                "failure": v.failure,
+            }
+            for v in status.versions
+        ],
+    }
+
+
+def _models_table(statuses: list[ModelStatus], stats: HostStats) -> Table:
+    from rich.table import Table
+
+    budget = "no budget" if stats.memory_budget is None else f"{stats.memory_budget:,} bytes"
+    table = Table(
+        title=f"{len(statuses):,} models",
+        caption=(
+            f"{stats.loaded_versions:,} versions loaded, {stats.bytes_used:,} bytes of {budget}"
+        ),
+    )
+    table.add_column("model")
+    table.add_column("state")
+    table.add_column("versions", justify="right")
+    table.add_column("size (KiB)", justify="right")
+    table.add_column("why it failed")
+    for status in statuses:
+        size = sum(v.size_bytes for v in status.versions)
+        versions = ", ".join(f"{v.version} {v.state.value}" for v in status.versions) or "-"
+        failure = status.failure or next((v.failure for v in status.versions if v.failure), "")
+        table.add_row(
+            status.name,
+            status.state.value,
+            versions,
+            f"{size / 1024:,.0f}" if size else "-",
+            failure or "",
+        )
     return table
 
 

@@ -21,6 +21,7 @@ import pytest
 import corral
 from corral.bench.create import measure_construction
 from corral.bench.demo import WorkerFailed, build_models, run_worker
+from corral.bench.models import build_model
 from corral.cli import main
 
 N_MODELS = 30
@@ -268,3 +269,36 @@ def test_missing_rich_says_which_extra_to_install(monkeypatch: pytest.MonkeyPatc
 
     with pytest.raises(SystemExit, match=r"pip install 'corral\[cli\]'"):
         main(["demo", "--models", "1"])
+
+
+def test_models_preloads_and_lists_a_repository(tmp_path: Path) -> None:
+    for name, seed in (("a", 1), ("b", 2)):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "1" / "model.onnx").write_bytes(build_model("mlp", seed=seed))
+    (tmp_path / "broken" / "1").mkdir(parents=True)
+    (tmp_path / "broken" / "1" / "model.onnx").write_bytes(b"junk")
+    completed = subprocess.run(
+        [sys.executable, "-m", "corral.cli", "models", str(tmp_path), "--preload", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    # One model failed to load: the command says so and exits 1, the others are listed.
+    assert completed.returncode == 1, completed.stderr
+    statuses = {s["name"]: s for s in json.loads(completed.stdout)}
+    assert statuses["a"]["state"] == statuses["b"]["state"] == "ready"
+    assert statuses["broken"]["state"] == "failed"
+    assert "corral models: broken:" in completed.stderr
+
+
+def test_models_without_preload_loads_nothing(tmp_path: Path) -> None:
+    (tmp_path / "a.onnx").write_bytes(build_model("tree", seed=1))
+    completed = subprocess.run(
+        [sys.executable, "-m", "corral.cli", "models", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "unloaded" in completed.stdout
+    assert "0 versions loaded" in completed.stdout
