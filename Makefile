@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 
 # The coverage floor only rises: raise it when coverage rises.
-COVERAGE_FLOOR := 92
+COVERAGE_FLOOR := 93
 
 .PHONY: help venv lint typecheck test soak demo bench-create bench-footprint clean
 

@@ -463,7 +463,20 @@ def _main(argv: Sequence[str] | None = None) -> int:
     # options takes minutes (each owns a thread pool whose threads spin and must be joined),
     # and the teardown is not what is measured. Nothing here needs cleaning: the results are
     # printed and flushed, and the OS reclaims the rest.
+    _save_coverage()
     os._exit(status)
+
+
+def _save_coverage() -> None:
+    """Write coverage data if a test suite measures this worker: os._exit skips atexit."""
+    try:
+        import coverage
+    except ImportError:
+        return  # not measured: coverage is only installed with the dev extra
+    current = coverage.Coverage.current()
+    if current is not None:
+        current.stop()
+        current.save()
 
 
 if __name__ == "__main__":
