@@ -75,6 +75,8 @@ _DEFAULT_BACKOFF = (1.0, 60.0)
 
 #: The longest a load waits for models in use to make room before it fails (no room).
 ROOM_WAIT_S = 30.0
+#: How often a load waiting for room looks again.
+ROOM_POLL_S = 0.02
 
 
 def estimate_model_bytes(file_bytes: int, replicas: int = 1) -> int:
@@ -238,7 +240,6 @@ class HostLease:
     def release(self) -> None:
         """Let the version be evicted or closed again; idempotent."""
         self._lease.release()
-        self._host._lease_released()
 
     def __enter__(self) -> HostLease:
         return self
@@ -302,6 +303,9 @@ class Host:
         self._retiring: dict[int, _Loaded] = {}
         self._failures: dict[_Key, _Failure] = {}
         self._entries: dict[str, ModelEntry] = {}
+        # name -> its newest served version, when loaded: the hot path's one lookup. Every
+        # change to _loaded or _entries for a name drops that name from it.
+        self._ready: dict[str, _Loaded] = {}
         # The last failed reload of a model still served from its previous copy.
         self._reload_failures: dict[str, CorralError] = {}
         self._pinned: set[str] = set()
@@ -357,19 +361,24 @@ class Host:
             with host.acquire("fraud") as lease:
                 lease.run({"X": x})
         """
+        if version is None and type(name) is str:
+            # The hot path: the newest version of a model already loaded. `name` is only used
+            # as a key here; an invalid one simply misses and is checked below.
+            with self._lock:
+                loaded = self._ready.get(name)
+                if loaded is not None and self._state is HostState.RUNNING:
+                    return self._lease_locked(loaded)
         deadline = None if timeout is None else time.monotonic() + timeout
         name = validate_model_name(name)
         while True:
-            key = self._resolve(name, version)
+            entry, key = self._resolve(name, version)
             with self._lock:
                 self._check_running()
                 loaded = self._loaded.get(key)
                 if loaded is not None:
-                    lease = loaded.session.acquire()
-                    self._loaded.move_to_end(key)
-                    loaded.last_used = time.time()
-                    loaded.runs += 1
-                    return HostLease(self, name, key[1], loaded.session, lease)
+                    if version is None and self._entries.get(name) is entry:
+                        self._ready[name] = loaded
+                    return self._lease_locked(loaded)
                 failure = self._failures.get(key)
                 if failure is not None and time.monotonic() < failure.retry_at:
                     raise failure.error
@@ -387,6 +396,13 @@ class Host:
                     f"model {name!r} version {key[1]} was still loading after {timeout}s"
                 ) from None
 
+    def _lease_locked(self, loaded: _Loaded) -> HostLease:
+        lease = loaded.session.acquire()
+        self._loaded.move_to_end((loaded.name, loaded.version))
+        loaded.last_used = time.time()
+        loaded.runs += 1
+        return HostLease(self, loaded.name, loaded.version, loaded.session, lease)
+
     def infer(
         self,
         name: str,
@@ -401,8 +417,11 @@ class Host:
         ``timeout`` bounds the wait for a load. Raises what :meth:`acquire` and
         :meth:`Session.run` raise.
         """
-        with self.acquire(name, version, timeout=timeout) as lease:
+        lease = self.acquire(name, version, timeout=timeout)
+        try:
             return lease.run(inputs, outputs)
+        finally:
+            lease.release()
 
     def submit(
         self,
@@ -487,6 +506,7 @@ class Host:
         with self._lock:
             keys = [k for k in self._loaded if k[0] == name and wanted in (None, k[1])]
             retired = [self._loaded.pop(k) for k in keys]
+            self._ready.pop(name, None)
             for loaded in retired:
                 self._bytes_used -= loaded.size_bytes
                 self._retiring[id(loaded)] = loaded
@@ -619,6 +639,7 @@ class Host:
         with self._lock:
             retired = list(self._loaded.values())
             self._loaded.clear()
+            self._ready.clear()
             self._bytes_used = 0
             for loaded in retired:
                 self._retiring[id(loaded)] = loaded
@@ -639,8 +660,8 @@ class Host:
 
     # -- loading -----------------------------------------------------------------------------
 
-    def _resolve(self, name: str, version: int | str | None) -> _Key:
-        """The (name, version) a request means; raises if the model cannot be served."""
+    def _resolve(self, name: str, version: int | str | None) -> tuple[ModelEntry, _Key]:
+        """The entry and (name, version) a request means; raises if it cannot be served."""
         with self._lock:
             entry = self._entries.get(name)
             model_failed = (name, 0) in self._failures
@@ -655,7 +676,7 @@ class Host:
                     f"{_listing(entry.versions)} under version policy "
                     f"{entry.config.version_policy}"
                 )
-            return self._unless_changed(name, entry.latest)
+            return entry, self._unless_changed(name, entry.latest)
         number = _version_number(name, version)
         if number not in entry.versions:
             raise ModelNotFound(
@@ -666,7 +687,7 @@ class Host:
                 f"version {number} of model {name!r} is not served under version policy "
                 f"{entry.config.version_policy}; served: {_listing(entry.served_versions)}"
             )
-        return self._unless_changed(name, number)
+        return entry, self._unless_changed(name, number)
 
     def _unless_changed(self, name: str, version: int) -> _Key:
         """The key; and if its last load failed, forget that failure when its files changed."""
@@ -687,6 +708,7 @@ class Host:
         entry = self._repository.entry(name)  # file reads: outside the lock
         with self._lock:
             self._entries[name] = entry
+            self._ready.pop(name, None)
             failure = self._failures.get((name, 0))
             if entry.error is None:
                 self._failures.pop((name, 0), None)
@@ -797,11 +819,15 @@ class Host:
                     )
                 self._room_waiters += 1
                 try:
-                    self._room.wait(left)
+                    # Lease releases do not signal (they stay off the Host's lock, on every
+                    # request's path): look again every ROOM_POLL_S.
+                    self._room.wait(min(left, ROOM_POLL_S))
                 finally:
                     self._room_waiters -= 1
             evicted = [self._loaded.pop(k) for k in chosen]
             for loaded in evicted:
+                if self._ready.get(loaded.name) is loaded:
+                    del self._ready[loaded.name]
                 self._bytes_used -= loaded.size_bytes
                 self._retiring[id(loaded)] = loaded
             self._counters.evictions += len(evicted)
@@ -834,10 +860,6 @@ class Host:
             self._max_loaded is None or pinned_count + 1 <= self._max_loaded
         )
         return None, worth_waiting
-
-    def _lease_released(self) -> None:
-        with self._lock:
-            self._room_may_have_grown_locked()
 
     def _room_may_have_grown_locked(self) -> None:
         if self._room_waiters:
@@ -928,6 +950,7 @@ class Host:
             self.unload(name, timeout=0)
             with self._lock:
                 self._entries.pop(name, None)
+                self._ready.pop(name, None)
             return
         with self._lock:
             old = self._entries.get(name)
@@ -942,6 +965,7 @@ class Host:
                     self._note_reload_failure_locked(name, entry.error)
                 else:
                     self._entries[name] = entry
+                    self._ready.pop(name, None)
                     self._record_failure((name, 0), entry.error)
             return
         fresh: dict[int, Session] = {}
@@ -1015,6 +1039,7 @@ class Host:
                 self._bytes_used -= old.size_bytes
                 self._retiring[id(old)] = old
             self._entries[name] = entry
+            self._ready.pop(name, None)
             self._failures.pop((name, 0), None)
             self._reload_failures.pop(name, None)
         self._drain(retired, timeout=0)

@@ -52,6 +52,7 @@ __all__ = [
     "onnxruntime",
     "process_pools",
     "run_error",
+    "runner",
     "session_options",
 ]
 
@@ -150,6 +151,17 @@ def create_session(model: str | bytes, options: Any, providers: Sequence[Provide
         return ort.InferenceSession(model, options, providers=list(providers), enable_fallback=0)
     except Exception as exc:
         raise load_error(exc, model) from exc
+
+
+def runner(session: Any) -> Any:
+    """What to call ``run(output_names, feed, run_options)`` on for one InferenceSession.
+
+    The binding's own session object when there is one: the Python wrapper around it checks
+    input names again and retries failed runs on another provider, and corral has already
+    checked the inputs and wants no retry. That skips about 3 µs of a 10 µs run on a tiny
+    model. Without the attribute (another onnxruntime layout), the wrapper itself.
+    """
+    return getattr(session, "_sess", session)
 
 
 def new_run_options() -> Any:

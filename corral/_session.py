@@ -100,6 +100,7 @@ class Session:
             raise
         self._signature = Signature.from_session(replicas[0])
         self._providers = tuple(replicas[0].get_providers())
+        replicas = tuple(_ort.runner(replica) for replica in replicas)
         with self._state_lock:
             if self._state is SessionState.LOADING:
                 self._state = SessionState.READY
@@ -172,19 +173,20 @@ class Session:
         :class:`SessionClosed` after close() began, :class:`RunCancelled` if a cancelling
         close stopped it, and :class:`InferenceError` if onnxruntime failed.
         """
-        return self._run(inputs, outputs, leased=False)
+        return self._run(inputs, outputs, None)
 
     def _run(
-        self, inputs: Mapping[str, Any], outputs: Sequence[str] | None, *, leased: bool
+        self, inputs: Mapping[str, Any], outputs: Sequence[str] | None, lease: Lease | None
     ) -> dict[str, npt.NDArray[Any]]:
         feed = self._signature.prepare_inputs(inputs)
         names = self._signature.output_names(outputs)
         run_options = _ort.new_run_options()
         with self._state_lock:
-            # A lease holds the session open through CLOSING: its run may still start.
-            if self._state is not SessionState.READY and not (
-                leased and self._state is SessionState.CLOSING
-            ):
+            if lease is not None:
+                # A lease holds the session open through CLOSING: its run may still start.
+                if lease._released:
+                    raise SessionClosed(f"the lease on session {self._name!r} was released")
+            elif self._state is not SessionState.READY:
                 raise self._closed_error()
             self._in_flight += 1
             self._active_runs.add(run_options)
@@ -356,11 +358,7 @@ class Lease:
 
         Raises :class:`SessionClosed` if the lease was already released.
         """
-        with self.session._state_lock:
-            released = self._released
-        if released:
-            raise SessionClosed(f"the lease on session {self.session.name!r} was released")
-        return self.session._run(inputs, outputs, leased=True)
+        return self.session._run(inputs, outputs, self)
 
     def release(self) -> None:
         """Let the session close; idempotent."""

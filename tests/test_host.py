@@ -59,9 +59,10 @@ def test_unknown_model_and_bad_names(repo: Path):
     with Host(repo) as host:
         with pytest.raises(corral.ModelNotFound, match="nope"):
             host.infer("nope", {"X": X})
-        for bad in ["../mlp", "/etc/passwd", "..", "a/b", ""]:
+        host.infer("mlp", {"X": X})  # something loaded: bad names must still be refused
+        for bad in ["../mlp", "/etc/passwd", "..", "a/b", "", ["mlp"], None]:
             with pytest.raises(corral.InvalidModelName):
-                host.infer(bad, {"X": X})
+                host.infer(bad, {"X": X})  # type: ignore[arg-type]
 
 
 @pytest.mark.timeout(60)
