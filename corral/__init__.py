@@ -9,6 +9,7 @@ nothing: no threads, no logging setup, no onnxruntime environment until a Runtim
 - :class:`TensorSpec`: a model input or output.
 - :class:`Repository`, :class:`ModelConfig`: where models live and how each is configured.
 - :class:`Host`, :class:`HostLease`: thousands of models by name, lazily loaded under a budget.
+- :class:`QueueStats`: what the scheduler's per-model queues have seen.
 - The exceptions, rooted at :class:`CorralError`.
 """
 
@@ -25,6 +26,7 @@ from corral._errors import (
     ModelLoadError,
     ModelNotFound,
     ModelTooLarge,
+    Overloaded,
     ProviderUnavailable,
     RepositoryError,
     RunCancelled,
@@ -44,6 +46,7 @@ from corral._host import (
 from corral._providers import PROVIDER_TABLE, ConcurrencyPolicy, ProviderTraits
 from corral._repository import ModelEntry, ModelVersion, Repository
 from corral._runtime import Runtime, RuntimeOptions, RuntimeState, RuntimeStats, runtime
+from corral._scheduler import QueueStats
 from corral._session import Lease, Session, SessionState
 from corral._signature import TensorSpec
 
@@ -73,8 +76,10 @@ __all__ = [
     "ModelStatus",
     "ModelTooLarge",
     "ModelVersion",
+    "Overloaded",
     "ProviderTraits",
     "ProviderUnavailable",
+    "QueueStats",
     "Repository",
     "RepositoryError",
     "RunCancelled",

@@ -18,6 +18,7 @@
     ├── InferenceError         onnxruntime failed while running the model
     │   └── RunCancelled       the run was stopped between nodes (RunOptions.terminate)
     ├── DeadlineExceeded       the request's timeout passed before it was answered
+    ├── Overloaded             a queue is full: the request is refused at once, not queued
     ├── DrainTimeout           close or shutdown gave up waiting for runs still in flight
     └── WorkerFailed           (corral.bench.demo) a demo worker process failed
 
@@ -40,6 +41,7 @@ __all__ = [
     "ModelLoadError",
     "ModelNotFound",
     "ModelTooLarge",
+    "Overloaded",
     "ProviderUnavailable",
     "RepositoryError",
     "RunCancelled",
@@ -131,6 +133,10 @@ class RunCancelled(InferenceError):
 
 class DeadlineExceeded(CorralError, TimeoutError):
     """The request's timeout passed before it could be answered."""
+
+
+class Overloaded(CorralError):
+    """A queue is full; the request was refused at once rather than left to wait unbounded."""
 
 
 class DrainTimeout(CorralError, TimeoutError):

@@ -44,6 +44,7 @@ from corral._errors import (
 from corral._providers import resolve_policy, resolve_providers
 from corral._repository import ModelEntry, Repository, validate_model_name
 from corral._runtime import Runtime, runtime
+from corral._scheduler import DEFAULT_MAX_BATCH_SIZE, DEFAULT_QUEUE_LIMIT, QueueStats
 from corral._session import Lease, Session
 
 __all__ = [
@@ -178,6 +179,9 @@ class _Loaded:
     size_bytes: int
     fingerprint: tuple[object, ...]
     pinned: bool
+    #: The scheduler's settings for it: rows per batch (0: never batch) and batch window.
+    max_batch_size: int = 0
+    batch_window_us: int = 0
     last_used: float | None = None
     runs: int = 0
 
@@ -217,9 +221,11 @@ class HostLease:
     (or leave its ``with`` block) promptly: it is the unit of "in use".
     """
 
-    __slots__ = ("_host", "_lease", "name", "session", "version")
+    __slots__ = ("_host", "_lease", "_loaded", "name", "session", "version")
 
-    def __init__(self, host: Host, name: str, version: int, session: Session, lease: Lease) -> None:
+    def __init__(self, host: Host, loaded: _Loaded, lease: Lease) -> None:
+        name, version, session = loaded.name, loaded.version, loaded.session
+        self._loaded = loaded
         #: The model's name and the version this lease holds.
         self.name = name
         self.version = version
@@ -271,6 +277,8 @@ class Host:
         load_concurrency: int | None = None,
         poll_interval_s: float | None = None,
         failure_backoff_s: tuple[float, float] = _DEFAULT_BACKOFF,
+        batching: bool = True,
+        max_queue_per_model: int = DEFAULT_QUEUE_LIMIT,
     ) -> None:
         self._repository = (
             repository if isinstance(repository, Repository) else Repository(repository)
@@ -291,6 +299,10 @@ class Host:
                 f"got {failure_backoff_s!r}"
             )
         self._backoff = (first, cap)
+        self._batching = batching
+        if _positive_or_none("max_queue_per_model", max_queue_per_model) is None:
+            raise ValueError("max_queue_per_model must be a positive integer")
+        self._queue_limit = max_queue_per_model
 
         # Guards everything below it: state, the loaded / loading / failed maps, the entry
         # cache, byte accounting, counters and the executor. Admission and close take it.
@@ -361,13 +373,9 @@ class Host:
             with host.acquire("fraud") as lease:
                 lease.run({"X": x})
         """
-        if version is None and type(name) is str:
-            # The hot path: the newest version of a model already loaded. `name` is only used
-            # as a key here; an invalid one simply misses and is checked below.
-            with self._lock:
-                loaded = self._ready.get(name)
-                if loaded is not None and self._state is HostState.RUNNING:
-                    return self._lease_locked(loaded)
+        lease = self._ready_lease(name, version)
+        if lease is not None:
+            return lease
         deadline = None if timeout is None else time.monotonic() + timeout
         name = validate_model_name(name)
         while True:
@@ -396,12 +404,24 @@ class Host:
                     f"model {name!r} version {key[1]} was still loading after {timeout}s"
                 ) from None
 
+    def _ready_lease(self, name: str, version: int | str | None) -> HostLease | None:
+        """A lease on the newest version if it is loaded, without blocking; else None."""
+        if version is not None or type(name) is not str:
+            return None
+        # `name` is only used as a key here; an invalid one simply misses and is checked on
+        # the slow path.
+        with self._lock:
+            loaded = self._ready.get(name)
+            if loaded is not None and self._state is HostState.RUNNING:
+                return self._lease_locked(loaded)
+        return None
+
     def _lease_locked(self, loaded: _Loaded) -> HostLease:
         lease = loaded.session.acquire()
         self._loaded.move_to_end((loaded.name, loaded.version))
         loaded.last_used = time.time()
         loaded.runs += 1
-        return HostLease(self, loaded.name, loaded.version, loaded.session, lease)
+        return HostLease(self, loaded, lease)
 
     def infer(
         self,
@@ -432,10 +452,19 @@ class Host:
         outputs: Sequence[str] | None = None,
         timeout: float | None = None,
     ) -> Future[dict[str, npt.NDArray[Any]]]:
-        """Like :meth:`infer`, run by the Host's workers; returns a ``Future``.
+        """Like :meth:`infer`, answered on another thread; returns a ``Future``.
 
-        The Host starts ``runtime.options.compute_workers`` worker threads on first use.
+        A loaded model's request goes to the Runtime's compute workers, batched with other
+        requests for it; a cold model is loaded and run on the Host's own workers. Raises
+        :class:`Overloaded` at once if the model's queue is full. ``Future.cancel()`` before
+        the request runs means it never runs.
         """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        lease = self._ready_lease(name, version)
+        if lease is not None:
+            future: Future[dict[str, npt.NDArray[Any]]] = Future()
+            self._enqueue(lease, inputs, outputs, future, None, deadline)
+            return future
         with self._lock:
             self._check_running()
             if self._executor is None:
@@ -455,9 +484,63 @@ class Host:
         outputs: Sequence[str] | None = None,
         timeout: float | None = None,
     ) -> dict[str, npt.NDArray[Any]]:
-        """Like :meth:`infer`, for asyncio: the work runs on the Host's workers, not the loop."""
-        future = self.submit(name, inputs, version=version, outputs=outputs, timeout=timeout)
-        return await asyncio.wrap_future(future)
+        """Like :meth:`infer`, for asyncio; the event loop never runs a model or waits on one.
+
+        Requests go to the Runtime's compute workers, which batch concurrent requests for a
+        model into one run; a cold model is loaded on a worker thread first. Cancelling the
+        awaiting task before the request runs means it never runs.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        lease = self._ready_lease(name, version)
+        if lease is None:
+            # A cold model loads on a worker thread. If this task is cancelled meanwhile, the
+            # load still finishes there: release the lease it brings back.
+            acquiring = asyncio.ensure_future(
+                asyncio.to_thread(self.acquire, name, version, timeout=timeout)
+            )
+            try:
+                lease = await asyncio.shield(acquiring)
+            except asyncio.CancelledError:
+                acquiring.add_done_callback(_release_acquired)
+                raise
+        future: asyncio.Future[dict[str, npt.NDArray[Any]]] = loop.create_future()
+        self._enqueue(lease, inputs, outputs, future, loop, deadline)
+        return await future
+
+    def queue_stats(self) -> dict[str, QueueStats]:
+        """Per model version (``name:version``): queued, refused, expired, runs, batch sizes."""
+        return self._runtime.scheduler().stats()
+
+    def _enqueue(
+        self,
+        lease: HostLease,
+        inputs: Mapping[str, Any],
+        outputs: Sequence[str] | None,
+        future: Future[dict[str, npt.NDArray[Any]]] | asyncio.Future[dict[str, npt.NDArray[Any]]],
+        loop: asyncio.AbstractEventLoop | None,
+        deadline: float | None,
+    ) -> None:
+        """Check a request and queue it; the lease passes to the scheduler, which releases it."""
+        try:
+            signature = lease.session.signature
+            feed = signature.prepare_inputs(inputs)
+            names = signature.output_names(outputs)
+            loaded = lease._loaded
+            self._runtime.scheduler().submit(
+                lease._lease,
+                feed,
+                names,
+                future,
+                deadline=deadline,
+                loop=loop,
+                max_batch_size=loaded.max_batch_size,
+                batch_window_us=loaded.batch_window_us,
+                queue_limit=self._queue_limit,
+            )
+        except BaseException:
+            lease.release()
+            raise
 
     # -- explicit control --------------------------------------------------------------------
 
@@ -749,6 +832,7 @@ class Host:
                 size,
                 _version_fingerprint(entry, version),
                 self._pinned_by_config(name) or name in self._pinned,
+                *self._batch_plan(config),
             )
             with self._lock:
                 self._bytes_reserved -= reserved
@@ -921,6 +1005,13 @@ class Host:
         )
         return policy.replicas
 
+    def _batch_plan(self, config: ModelConfig) -> tuple[int, int]:
+        """(max rows per batch, batch window in µs) for the scheduler; 0 rows: no batching."""
+        if not self._batching or config.max_batch_size == 0:
+            return 0, 0
+        rows = config.max_batch_size or DEFAULT_MAX_BATCH_SIZE
+        return rows, config.batch_window_us or 0
+
     def _pinned_by_config(self, name: str) -> bool:
         entry = self._entries.get(name)
         return entry is not None and entry.config.pinned
@@ -1026,6 +1117,7 @@ class Host:
                     estimate_model_bytes(file.size, replicas),
                     _version_fingerprint(entry, version),
                     entry.config.pinned or name in self._pinned,
+                    *self._batch_plan(entry.config),
                 )
                 old = self._loaded.pop((name, version), None)
                 if old is not None:
@@ -1202,6 +1294,11 @@ def _warm_up(session: Session) -> None:
         session.run(feed)
     except CorralError as exc:
         raise ModelLoadError(f"warming up {session.name!r} failed: {exc}") from exc
+
+
+def _release_acquired(acquiring: asyncio.Future[HostLease]) -> None:
+    if not acquiring.cancelled() and acquiring.exception() is None:
+        acquiring.result().release()
 
 
 def _default_runtime() -> Runtime:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Literal
 
 from corral import _ort
 from corral._errors import DrainTimeout, RuntimeClosed, RuntimeConfigError
+from corral._scheduler import Scheduler
 
 if TYPE_CHECKING:
     from corral._session import Session
@@ -105,7 +106,8 @@ class RuntimeStats:
     state: RuntimeState
     options: RuntimeOptions
     #: Threads the Runtime owns: onnxruntime's global pool workers (the calling thread is
-    #: the first thread of each pool, so a pool of N adds N - 1), plus compute workers started.
+    #: the first thread of each pool, so a pool of N adds N - 1), plus compute workers started
+    #: (they start with the scheduler's first request).
     threads: int
     #: Sessions created through this Runtime and not yet closed or collected.
     sessions_alive: int
@@ -139,6 +141,7 @@ class Runtime:
     _state_lock: threading.Lock
     _sessions: weakref.WeakSet[Session]
     _drained: threading.Event
+    _compute: Scheduler | None
 
     def __new__(
         cls,
@@ -178,6 +181,7 @@ class Runtime:
             runtime._state_lock = threading.Lock()
             runtime._sessions = weakref.WeakSet()
             runtime._drained = threading.Event()
+            runtime._compute = None
             _process_runtime = runtime
             return runtime
 
@@ -238,6 +242,11 @@ class Runtime:
         atexit.unregister(self._shutdown_at_exit)
         deadline = _Deadline(timeout)
         unfinished = 0
+        with self._state_lock:
+            compute = self._compute
+        # Requests already queued were accepted: run them before closing their sessions.
+        if compute is not None and not compute.shutdown(deadline.remaining()):
+            unfinished += 1
         for session in sessions:
             try:
                 session._close_for_runtime(deadline.remaining(), cancel=cancel)
@@ -259,10 +268,13 @@ class Runtime:
             sessions = list(self._sessions)
         started = state in (RuntimeState.RUNNING, RuntimeState.SHUTTING_DOWN)
         pool_threads = self._options.intra_op_threads - 1 + self._options.inter_op_threads - 1
+        with self._state_lock:
+            compute = self._compute
+        compute_threads = 0 if compute is None else compute.threads
         return RuntimeStats(
             state=state,
             options=self._options,
-            threads=pool_threads if started else 0,
+            threads=(pool_threads if started else 0) + compute_threads,
             sessions_alive=sum(1 for s in sessions if s._alive()),
             runs_in_flight=sum(s.in_flight for s in sessions),
         )
@@ -287,6 +299,19 @@ class Runtime:
     def _unregister(self, session: Session) -> None:
         with self._state_lock:
             self._sessions.discard(session)
+
+    def scheduler(self) -> Scheduler:
+        """The compute workers' scheduler, created on first use.
+
+        Its threads start with its first request. Raises :class:`RuntimeClosed` once
+        shutdown began.
+        """
+        with self._state_lock:
+            if self._state not in (RuntimeState.CREATED, RuntimeState.RUNNING):
+                raise RuntimeClosed(f"the Runtime is {self._state.value} and takes no new work")
+            if self._compute is None:
+                self._compute = Scheduler(self._options.compute_workers)
+            return self._compute
 
     def _session_options(self) -> object:
         return _ort.session_options(arena=self._options.arena)

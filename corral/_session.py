@@ -148,6 +148,11 @@ class Session:
         return self._signature.outputs
 
     @property
+    def signature(self) -> Signature:
+        """The model's inputs and outputs, with the checks that go with them."""
+        return self._signature
+
+    @property
     def state(self) -> SessionState:
         """The current :class:`SessionState`."""
         with self._state_lock:
@@ -180,6 +185,12 @@ class Session:
     ) -> dict[str, npt.NDArray[Any]]:
         feed = self._signature.prepare_inputs(inputs)
         names = self._signature.output_names(outputs)
+        return self._run_prepared(feed, names, lease)
+
+    def _run_prepared(
+        self, feed: dict[str, Any], names: list[str], lease: Lease | None
+    ) -> dict[str, npt.NDArray[Any]]:
+        """Run a feed already checked by ``prepare_inputs`` (the scheduler's batches)."""
         run_options = _ort.new_run_options()
         with self._state_lock:
             if lease is not None:

@@ -207,6 +207,22 @@ class Signature:
                 )
         return names
 
+    @property
+    def batchable(self) -> bool:
+        """True if every input and output is a tensor whose first dimension is dynamic.
+
+        Such a model treats rows independently as far as its shapes tell: requests can be
+        stacked along the first dimension and the outputs split back.
+        """
+        specs = self.inputs + self.outputs
+        return bool(specs) and all(
+            spec.is_tensor
+            and spec.dtype != np.dtype(object)
+            and len(spec.shape) >= 1
+            and not isinstance(spec.shape[0], int)
+            for spec in specs
+        )
+
     @staticmethod
     def _names(specs: Sequence[TensorSpec]) -> str:
         return ", ".join(f"{s.name!r} {s.describe()}" for s in specs) or "(none)"

@@ -23,6 +23,18 @@ from corral.bench.models import build_linear, build_mlp, build_tree
 
 
 @pytest.fixture(autouse=True)
+def fresh_runtime(no_leaked_threads: None) -> Iterator[None]:
+    """Each test starts with a usable process Runtime and leaves no session behind.
+
+    Depends on ``no_leaked_threads`` so that it is torn down first: shutting the Runtime
+    down stops its compute workers, which belong to the process, not to any one test.
+    """
+    yield
+    rt = corral.runtime()
+    rt.shutdown(timeout=10, cancel=True)
+
+
+@pytest.fixture(autouse=True)
 def no_leaked_threads() -> Iterator[None]:
     """Fail any test that leaves a Python thread running."""
     before = set(threading.enumerate())
@@ -33,14 +45,6 @@ def no_leaked_threads() -> Iterator[None]:
         thread.join(max(0.0, deadline - time.monotonic()))
     still = [t.name for t in leaked if t.is_alive()]
     assert not still, f"test leaked threads: {still}"
-
-
-@pytest.fixture(autouse=True)
-def fresh_runtime() -> Iterator[None]:
-    """Each test starts with a usable process Runtime and leaves no session behind."""
-    yield
-    rt = corral.runtime()
-    rt.shutdown(timeout=10, cancel=True)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,468 @@
+"""Scheduler: per-model queues, micro-batching, deadlines and admission control.
+
+Request handlers (an event loop, ``Host.submit``) hand checked requests to the scheduler;
+the Runtime's compute workers take them, one model at a time in round-robin order, stack
+compatible requests of that model into one batch, run it once, and split the outputs back.
+For small models one run costs about the same at batch 1 as at batch 64, so a batch of 32
+requests is nearly 32 times the throughput; the handoff costs a thread switch, which is why
+blocking callers on plain threads run inline instead (see ``docs/scheduler.md``).
+
+Queues are bounded: a full model queue, or a full scheduler, refuses a request at once with
+:class:`Overloaded`. A request whose deadline passes while queued is answered
+:class:`DeadlineExceeded` without running; one whose caller cancelled it never runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import threading
+import time
+import weakref
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from corral._errors import (
+    CorralError,
+    DeadlineExceeded,
+    InferenceError,
+    Overloaded,
+    RuntimeClosed,
+)
+
+if TYPE_CHECKING:
+    from corral._session import Lease, Session
+
+__all__ = [
+    "BATCH_ROWS_BUCKETS",
+    "DEFAULT_MAX_BATCH_SIZE",
+    "DEFAULT_QUEUE_LIMIT",
+    "DEFAULT_TOTAL_LIMIT",
+    "QueueStats",
+    "Scheduler",
+]
+
+Outputs = dict[str, npt.NDArray[Any]]
+
+#: Rows per batch when a batchable model's model.toml does not say.
+DEFAULT_MAX_BATCH_SIZE = 64
+#: Requests one model may have queued before new ones are refused.
+DEFAULT_QUEUE_LIMIT = 1024
+#: Requests all models together may have queued.
+DEFAULT_TOTAL_LIMIT = 65536
+#: Upper bounds of the batch-size histogram buckets (rows per run).
+BATCH_ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
+# How far down a queue the batch former looks for requests of the same shape.
+_SCAN_LIMIT = 256
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """What one model's queue has seen, for the metrics to read."""
+
+    #: Requests accepted, refused (queue full), expired while queued, cancelled unrun.
+    accepted: int
+    rejected: int
+    expired: int
+    cancelled: int
+    #: Requests waiting now.
+    pending: int
+    #: Runs, and rows run (a batch of 8 batch-1 requests is 1 run, 8 rows).
+    runs: int
+    rows: int
+    #: Time requests spent queued, and time spent in runs, summed.
+    queue_seconds_sum: float
+    compute_seconds_sum: float
+    #: Cumulative counts of runs per batch size ``(rows <= bound, runs)``.
+    batch_rows_buckets: tuple[tuple[int, int], ...]
+
+
+class _State(enum.Enum):
+    #: Taking requests (workers start with the first one).
+    RUNNING = "running"
+    #: shutdown() began: no new requests; workers finish what is queued.
+    DRAINING = "draining"
+    #: Workers have stopped.
+    STOPPED = "stopped"
+
+
+@dataclass(eq=False, slots=True)
+class _Request:
+    feed: dict[str, npt.NDArray[Any]]
+    names: list[str]
+    rows: int
+    key: tuple[object, ...]
+    deadline: float | None
+    enqueued: float
+    lease: Lease
+    future: Future[Outputs] | asyncio.Future[Outputs]
+    loop: asyncio.AbstractEventLoop | None
+
+
+@dataclass(eq=False)
+class _Queue:
+    """One model's queue; every field guarded by the Scheduler's lock."""
+
+    session: Session
+    max_rows: int  # 0: never batch
+    window_s: float
+    limit: int
+    pending: deque[_Request] = field(default_factory=deque)
+    in_ready: bool = False
+    accepted: int = 0
+    rejected: int = 0
+    expired: int = 0
+    cancelled: int = 0
+    runs: int = 0
+    rows: int = 0
+    queue_seconds: float = 0.0
+    compute_seconds: float = 0.0
+    batch_buckets: list[int] = field(default_factory=lambda: [0] * len(BATCH_ROWS_BUCKETS))
+
+
+class Scheduler:
+    """Per-model queues served by ``workers`` compute threads, round robin across models.
+
+    Owned by the Runtime; its threads start with the first request and stop at the
+    Runtime's shutdown, after running everything already accepted.
+    """
+
+    def __init__(self, workers: int, *, total_limit: int = DEFAULT_TOTAL_LIMIT) -> None:
+        self._workers = workers
+        self._total_limit = total_limit
+        # Guards every queue, _ready, _total, _state and _threads; workers wait on it.
+        # Held for bookkeeping only: never across a run or a delivery.
+        self._cond = threading.Condition()
+        self._queues: weakref.WeakKeyDictionary[Session, _Queue] = weakref.WeakKeyDictionary()
+        self._ready: deque[_Queue] = deque()  # queues with requests, each at most once
+        self._total = 0
+        self._state = _State.RUNNING
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def threads(self) -> int:
+        """Compute threads started."""
+        with self._cond:
+            return len(self._threads)
+
+    def submit(
+        self,
+        lease: Lease,
+        feed: dict[str, npt.NDArray[Any]],
+        names: list[str],
+        future: Future[Outputs] | asyncio.Future[Outputs],
+        *,
+        deadline: float | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        batch_window_us: int = 0,
+        queue_limit: int = DEFAULT_QUEUE_LIMIT,
+    ) -> None:
+        """Queue a checked request; its ``future`` is resolved by a compute worker.
+
+        The lease is released once the request is answered. An asyncio future is resolved
+        on ``loop``. Raises :class:`Overloaded` at once if the model's queue or the whole
+        scheduler is full, :class:`RuntimeClosed` after shutdown began.
+        """
+        session = lease.session
+        rows, key = _shape_key(feed, names) if max_batch_size else (0, ())
+        request = _Request(feed, names, rows, key, deadline, time.monotonic(), lease, future, loop)
+        with self._cond:
+            if self._state is not _State.RUNNING:
+                raise RuntimeClosed("the runtime is shutting down and takes no new requests")
+            queue = self._queues.get(session)
+            if queue is None:
+                rows_cap = max_batch_size if session.signature.batchable else 0
+                queue = _Queue(session, rows_cap, batch_window_us / 1e6, queue_limit)
+                self._queues[session] = queue
+            if len(queue.pending) >= queue.limit:
+                queue.rejected += 1
+                raise Overloaded(
+                    f"model {session.name!r} has {len(queue.pending)} requests queued, its "
+                    f"limit; try again later"
+                )
+            if self._total >= self._total_limit:
+                queue.rejected += 1
+                raise Overloaded(
+                    f"{self._total} requests are queued across all models, the limit; "
+                    "try again later"
+                )
+            queue.pending.append(request)
+            queue.accepted += 1
+            self._total += 1
+            if not queue.in_ready:
+                queue.in_ready = True
+                self._ready.append(queue)
+            if len(self._threads) < self._workers:
+                self._start_worker_locked()
+            self._cond.notify()
+
+    def stats(self) -> dict[str, QueueStats]:
+        """Each model's queue figures, by session name (``model:version`` under a Host)."""
+        with self._cond:
+            return {queue.session.name: _stats(queue) for queue in self._queues.values()}
+
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Refuse new requests, run what is queued, stop the workers.
+
+        Returns False if workers were still busy after ``timeout`` seconds.
+        """
+        with self._cond:
+            if self._state is _State.RUNNING:
+                self._state = _State.DRAINING
+            self._cond.notify_all()
+            threads = list(self._threads)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        stopped = not any(thread.is_alive() for thread in threads)
+        if stopped:
+            with self._cond:
+                self._state = _State.STOPPED
+        return stopped
+
+    # -- workers -----------------------------------------------------------------------------
+
+    def _start_worker_locked(self) -> None:
+        index = len(self._threads)
+        # Daemon: at interpreter exit the Runtime's atexit hook drains and joins them; a
+        # non-daemon worker would make Python wait for it before that hook could run.
+        thread = threading.Thread(target=self._work, name=f"corral-compute-{index}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    queue, wait = self._next_due_locked()
+                    if queue is not None:
+                        break
+                    if self._state is not _State.RUNNING and not self._ready:
+                        return
+                    self._cond.wait(wait)
+                batch = _take_batch(queue)
+                if queue.pending:
+                    self._ready.append(queue)  # to the back: round robin across models
+                else:
+                    queue.in_ready = False
+                self._total -= len(batch)
+            self._execute(queue, batch)
+
+    def _next_due_locked(self) -> tuple[_Queue | None, float | None]:
+        """The first ready queue whose batch window has closed, and else how long to wait."""
+        now = time.monotonic()
+        wait: float | None = None
+        for _ in range(len(self._ready)):
+            queue = self._ready.popleft()
+            due = (
+                queue.window_s == 0
+                or queue.max_rows == 0
+                or len(queue.pending) >= queue.max_rows
+                or self._state is not _State.RUNNING
+                or now >= queue.pending[0].enqueued + queue.window_s
+            )
+            if due:
+                return queue, None
+            remaining = queue.pending[0].enqueued + queue.window_s - now
+            wait = remaining if wait is None else min(wait, remaining)
+            self._ready.append(queue)
+        return None, wait
+
+    def _execute(self, queue: _Queue, batch: list[_Request]) -> None:
+        now = time.monotonic()
+        live: list[_Request] = []
+        expired = cancelled = 0
+        for request in batch:
+            if not _start(request):
+                cancelled += 1
+                request.lease.release()
+            elif request.deadline is not None and now > request.deadline:
+                expired += 1
+                _settle(request, None, _expired(request, queued=True))
+            else:
+                live.append(request)
+        results: list[Outputs] | None = None
+        error: BaseException | None = None
+        started = time.perf_counter()
+        if live:
+            try:
+                results = _run_batch(queue.session, live)
+            except CorralError as exc:
+                error = exc
+            except Exception as exc:
+                error = InferenceError(f"model {queue.session.name!r} failed: {exc!r}")
+                error.__cause__ = exc
+        elapsed = time.perf_counter() - started
+        finished = time.monotonic()
+        answers: list[tuple[_Request, Outputs | None, BaseException | None]] = []
+        for index, request in enumerate(live):
+            if error is not None:
+                answers.append((request, None, error))
+            elif request.deadline is not None and finished > request.deadline:
+                answers.append((request, None, _expired(request, queued=False)))
+            else:
+                assert results is not None
+                answers.append((request, results[index], None))
+        _answer(answers)
+        rows = sum(max(r.rows, 1) for r in live)
+        with self._cond:
+            queue.expired += expired
+            queue.cancelled += cancelled
+            if live:
+                queue.runs += 1
+                queue.rows += rows
+                queue.queue_seconds += sum(now - r.enqueued for r in live)
+                queue.compute_seconds += elapsed
+                for bucket, bound in enumerate(BATCH_ROWS_BUCKETS):
+                    if rows <= bound:
+                        queue.batch_buckets[bucket] += 1
+                        break
+
+
+def _shape_key(
+    feed: dict[str, npt.NDArray[Any]], names: list[str]
+) -> tuple[int, tuple[object, ...]]:
+    """Rows of a request, and what another request must share to join its batch."""
+    rows = -1
+    parts: list[object] = []
+    for name, array in feed.items():
+        if array.ndim == 0:
+            return 0, ()
+        if rows == -1:
+            rows = array.shape[0]
+        elif array.shape[0] != rows:
+            return 0, ()  # inputs disagree on rows: run it alone
+        parts.append((name, array.dtype.str, array.shape[1:]))
+    parts.append(tuple(names))
+    return max(rows, 0), tuple(parts)
+
+
+def _take_batch(queue: _Queue) -> list[_Request]:
+    """Pop the oldest request and the queued ones that can share its run."""
+    first = queue.pending.popleft()
+    batch = [first]
+    if queue.max_rows == 0 or first.rows == 0 or first.rows >= queue.max_rows:
+        return batch  # not batchable, or as large as a batch on its own
+    rows = first.rows
+    skipped: list[_Request] = []
+    scanned = 0
+    while queue.pending and rows < queue.max_rows and scanned < _SCAN_LIMIT:
+        request = queue.pending.popleft()
+        scanned += 1
+        if request.key == first.key and rows + request.rows <= queue.max_rows:
+            batch.append(request)
+            rows += request.rows
+        else:
+            skipped.append(request)  # another shape, or too big to fit: a later batch
+    queue.pending.extendleft(reversed(skipped))
+    return batch
+
+
+def _run_batch(session: Session, batch: list[_Request]) -> list[Outputs]:
+    first = batch[0]
+    if len(batch) == 1:
+        return [session._run_prepared(first.feed, first.names, first.lease)]
+    feed = {name: np.concatenate([r.feed[name] for r in batch]) for name in first.feed}
+    outputs = session._run_prepared(feed, first.names, first.lease)
+    total = sum(r.rows for r in batch)
+    for name, array in outputs.items():
+        if getattr(array, "shape", (None,))[:1] != (total,):
+            raise InferenceError(
+                f"model {session.name!r} returned output {name!r} with shape "
+                f"{getattr(array, 'shape', None)} for a batch of {total} rows: it does not "
+                "keep rows apart; set max_batch_size = 0 in its model.toml"
+            )
+    results: list[Outputs] = []
+    start = 0
+    for request in batch:
+        end = start + request.rows
+        results.append({name: array[start:end] for name, array in outputs.items()})
+        start = end
+    return results
+
+
+def _start(request: _Request) -> bool:
+    """False if the caller cancelled: then the request must not run."""
+    future = request.future
+    if isinstance(future, Future):
+        return future.set_running_or_notify_cancel()
+    # An asyncio future is cancelled on its loop's thread; a cancel that lands after this
+    # check still wins there: the result is dropped by _deliver.
+    return not future.cancelled()
+
+
+def _expired(request: _Request, *, queued: bool) -> DeadlineExceeded:
+    where = "while queued" if queued else "while running; its result was discarded"
+    return DeadlineExceeded(
+        f"the deadline of a request to {request.lease.session.name!r} passed {where}"
+    )
+
+
+def _answer(answers: list[tuple[_Request, Outputs | None, BaseException | None]]) -> None:
+    """Answer a run's requests: asyncio ones with one wake-up per event loop, not per request."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Any, Any, Any]]] = {}
+    for request, result, error in answers:
+        if request.loop is None:
+            _settle(request, result, error)
+        else:
+            by_loop.setdefault(request.loop, []).append((request.future, result, error))
+            request.lease.release()
+    for loop, batch in by_loop.items():
+        loop.call_soon_threadsafe(_deliver_all, batch)
+
+
+def _deliver_all(batch: list[tuple[Any, Any, Any]]) -> None:
+    for future, result, error in batch:
+        _deliver(future, result, error)
+
+
+def _settle(request: _Request, result: Outputs | None, error: BaseException | None) -> None:
+    """Answer one request and release its lease."""
+    try:
+        future = request.future
+        if isinstance(future, Future):
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)  # type: ignore[arg-type]  # set when no error
+        else:
+            assert request.loop is not None
+            request.loop.call_soon_threadsafe(_deliver, future, result, error)
+    finally:
+        request.lease.release()
+
+
+def _deliver(
+    future: asyncio.Future[Outputs], result: Outputs | None, error: BaseException | None
+) -> None:
+    if future.done():
+        return  # cancelled by its caller meanwhile
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)  # type: ignore[arg-type]  # set when no error
+
+
+def _stats(queue: _Queue) -> QueueStats:
+    cumulative, running = [], 0
+    for bound, count in zip(BATCH_ROWS_BUCKETS, queue.batch_buckets, strict=True):
+        running += count
+        cumulative.append((bound, running))
+    return QueueStats(
+        accepted=queue.accepted,
+        rejected=queue.rejected,
+        expired=queue.expired,
+        cancelled=queue.cancelled,
+        pending=len(queue.pending),
+        runs=queue.runs,
+        rows=queue.rows,
+        queue_seconds_sum=queue.queue_seconds,
+        compute_seconds_sum=queue.compute_seconds,
+        batch_rows_buckets=tuple(cumulative),
+    )

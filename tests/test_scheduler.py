@@ -1,0 +1,290 @@
+"""Scheduler: batching that changes no result, deadlines, cancel, overload, fairness."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import corral
+from corral import Host
+from corral.bench.models import build_linear, build_mlp, build_tree
+from tests.conftest import reference_run
+
+
+def add_model(root: Path, name: str, model: bytes, toml: str | None = None) -> None:
+    folder = root / name / "1"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.onnx").write_bytes(model)
+    if toml is not None:
+        (root / name / "model.toml").write_text(toml)
+
+
+def _row_sum_model() -> bytes:
+    """Y[N, 1] = sum of X[N, M] over M: both dims dynamic, so shapes can differ by M."""
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["X", "axes"], ["Y"], keepdims=1)],
+        "row_sum",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", "M"])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 1])],
+        [helper.make_tensor("axes", TensorProto.INT64, [1], [1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+class _Gate:
+    """Holds every run of one session until opened; counts runs as they start."""
+
+    def __init__(self, session: corral.Session) -> None:
+        self.open = threading.Event()
+        self.started = threading.Semaphore(0)
+        self.rows: list[int] = []
+        inner = session._run_prepared
+
+        def held(feed: dict[str, Any], names: list[str], lease: Any) -> Any:
+            self.rows.append(next(iter(feed.values())).shape[0])
+            self.started.release()
+            assert self.open.wait(timeout=30)
+            return inner(feed, names, lease)
+
+        session._run_prepared = held  # type: ignore[method-assign]
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    add_model(tmp_path, "tree", build_tree(seed=1))
+    add_model(tmp_path, "linear", build_linear(seed=2))
+    add_model(tmp_path, "mlp", build_mlp(seed=3))
+    # One run per request, so that each blocker holds one worker.
+    add_model(tmp_path, "slow", build_mlp(seed=4), toml="max_batch_size = 0\n")
+    add_model(tmp_path, "rows", _row_sum_model())
+    add_model(tmp_path, "capped", build_mlp(seed=5), toml="max_batch_size = 4\n")
+    return tmp_path
+
+
+@pytest.fixture
+def gated(repo: Path) -> Iterator[tuple[Host, list[_Gate]]]:
+    """A Host whose 'slow' model holds the compute workers until the test opens the gate."""
+    with Host(repo) as host:
+        # Loaded first: requests for a loaded model go to the compute workers' queues.
+        assert host.preload() == {}
+        lease = host.acquire("slow")
+        gate = _Gate(lease.session)
+        lease.release()
+        workers = corral.runtime().options.compute_workers
+        blockers = [
+            host.submit("slow", {"X": np.full((1, 4), i, np.float32)}) for i in range(workers)
+        ]
+        for _ in range(workers):
+            assert gate.started.acquire(timeout=10)  # every worker is now held
+        try:
+            yield host, [gate]
+        finally:
+            gate.open.set()
+            for blocker in blockers:
+                blocker.result(timeout=30)
+
+
+@pytest.mark.parametrize("model", ["tree", "linear", "mlp"])
+def test_batched_outputs_are_bit_identical_to_single_runs(repo: Path, model: str):
+    rng = np.random.default_rng(11)
+    inputs = [
+        rng.standard_normal((int(rng.integers(1, 4)), 4)).astype(np.float32) for _ in range(200)
+    ]
+    model_bytes = {
+        "tree": build_tree(seed=1),
+        "linear": build_linear(seed=2),
+        "mlp": build_mlp(seed=3),
+    }[model]
+    expected = [reference_run(model_bytes, {"X": x})[0] for x in inputs]
+    with Host(repo) as host:
+        host.infer(model, {"X": inputs[0]})
+
+        async def all_at_once() -> list[dict[str, np.ndarray]]:
+            return await asyncio.gather(*(host.infer_async(model, {"X": x}) for x in inputs))
+
+        results = asyncio.run(all_at_once())
+        stats = host.queue_stats()[f"{model}:1"]
+    for got, want in zip(results, expected, strict=True):
+        assert got["Y"].shape == want.shape
+        assert np.array_equal(got["Y"], want)  # bit for bit
+    assert stats.runs < len(inputs)  # they really were batched
+    assert stats.rows == sum(x.shape[0] for x in inputs)
+
+
+def test_mixed_shapes_run_in_their_own_batches_and_bad_ones_fail_alone(gated):
+    host, _ = gated
+    narrow = [np.full((1, 3), i, np.float32) for i in range(5)]
+    wide = [np.full((2, 5), i, np.float32) for i in range(5)]
+    mixed = [x for pair in zip(narrow, wide, strict=True) for x in pair]
+    futures = [host.submit("rows", {"X": x}) for x in mixed]
+    with pytest.raises(corral.InvalidInput, match="'X'"):
+        host.submit("rows", {"X": np.ones((1, 3), np.float64)})  # refused at once, alone
+    gated[1][0].open.set()
+    for future, x in zip(futures, mixed, strict=True):
+        np.testing.assert_array_equal(future.result(timeout=30)["Y"], x.sum(axis=1, keepdims=True))
+    stats = host.queue_stats()["rows:1"]
+    assert stats.runs == 2  # one batch per shape
+    assert stats.rows == 5 * 1 + 5 * 2
+
+
+def test_a_request_larger_than_max_batch_size_runs_alone(gated):
+    host, _ = gated
+    small = [host.submit("capped", {"X": np.ones((1, 4), np.float32)}) for _ in range(6)]
+    big = host.submit("capped", {"X": np.ones((10, 4), np.float32)})
+    gated[1][0].open.set()
+    assert big.result(timeout=30)["Y"].shape == (10, 1)
+    for future in small:
+        assert future.result(timeout=30)["Y"].shape == (1, 1)
+    stats = host.queue_stats()["capped:1"]
+    buckets = dict(stats.batch_rows_buckets)
+    assert stats.runs == 3  # 4 + 2 small rows, and the big one alone
+    assert buckets[4] == 2
+    assert buckets[16] - buckets[8] == 1
+
+
+def test_a_request_whose_deadline_passes_in_the_queue_never_runs(gated):
+    host, _ = gated
+    doomed = host.submit("tree", {"X": np.ones((1, 4), np.float32)}, timeout=1e-9)
+    fine = host.submit("tree", {"X": np.ones((1, 4), np.float32)}, timeout=60)
+    gated[1][0].open.set()
+    with pytest.raises(corral.DeadlineExceeded, match="while queued"):
+        doomed.result(timeout=30)
+    assert fine.result(timeout=30)["Y"].shape == (1, 1)
+    stats = host.queue_stats()["tree:1"]
+    assert (stats.expired, stats.runs, stats.rows) == (1, 1, 1)
+
+
+def test_cancel_before_it_runs_means_it_never_runs(gated):
+    host, _ = gated
+    cancelled = host.submit("tree", {"X": np.ones((1, 4), np.float32)})
+    kept = host.submit("tree", {"X": np.ones((1, 4), np.float32)})
+    assert cancelled.cancel()
+    gated[1][0].open.set()
+    assert kept.result(timeout=30)["Y"].shape == (1, 1)
+    stats = host.queue_stats()["tree:1"]
+    assert (stats.cancelled, stats.rows) == (1, 1)
+
+
+def test_a_cancelled_async_request_never_runs(gated):
+    host, _ = gated
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(host.infer_async("tree", {"X": np.ones((1, 4), np.float32)}))
+        await asyncio.sleep(0)  # let it queue: an event-loop turn, not a wait for a thread
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        gated[1][0].open.set()
+        await host.infer_async("tree", {"X": np.ones((1, 4), np.float32)})
+
+    asyncio.run(scenario())
+    stats = host.queue_stats()["tree:1"]
+    assert (stats.cancelled, stats.rows) == (1, 1)
+
+
+def test_overload_is_refused_at_once_and_nothing_accepted_is_lost(repo: Path):
+    with Host(repo, max_queue_per_model=5) as host:
+        host.infer("slow", {"X": np.zeros((1, 4), np.float32)})
+        host.infer("tree", {"X": np.zeros((1, 4), np.float32)})
+        lease = host.acquire("slow")
+        gate = _Gate(lease.session)
+        lease.release()
+        workers = corral.runtime().options.compute_workers
+        blockers = [
+            host.submit("slow", {"X": np.zeros((1, 4), np.float32)}) for _ in range(workers)
+        ]
+        for _ in range(workers):
+            assert gate.started.acquire(timeout=10)
+        accepted: list[Future[Any]] = []
+        refusals: list[corral.Overloaded] = []
+        for _ in range(8):
+            try:
+                accepted.append(host.submit("tree", {"X": np.ones((1, 4), np.float32)}))
+            except corral.Overloaded as exc:
+                refusals.append(exc)
+        refused = len(refusals)
+        assert all("limit" in str(exc) for exc in refusals)
+        gate.open.set()
+        answers = [f.result(timeout=30) for f in accepted + blockers]
+        stats = host.queue_stats()["tree:1"]
+    assert (len(accepted), refused) == (5, 3)
+    assert len(answers) == 5 + workers
+    assert (stats.accepted, stats.rejected, stats.rows) == (5, 3, 5)
+
+
+def test_a_hot_model_does_not_starve_the_others(tmp_path: Path):
+    add_model(tmp_path, "hot", build_tree(seed=1), toml="max_batch_size = 0\n")
+    add_model(tmp_path, "slow", build_mlp(seed=4), toml="max_batch_size = 0\n")
+    for i in range(100):
+        add_model(tmp_path, f"cold{i:03d}", build_linear(seed=i))
+    with Host(tmp_path, max_queue_per_model=10_000) as host:
+        for name in ["hot", "slow"] + [f"cold{i:03d}" for i in range(100)]:
+            host.infer(name, {"X": np.zeros((1, 4), np.float32)})
+        lease = host.acquire("slow")
+        gate = _Gate(lease.session)
+        lease.release()
+        workers = corral.runtime().options.compute_workers
+        blockers = [
+            host.submit("slow", {"X": np.zeros((1, 4), np.float32)}) for _ in range(workers)
+        ]
+        for _ in range(workers):
+            assert gate.started.acquire(timeout=10)
+        order: list[str] = []
+        lock = threading.Lock()  # guards order
+
+        def note(name: str) -> Any:
+            def done(_: Future[Any]) -> None:
+                with lock:
+                    order.append(name)
+
+            return done
+
+        x = np.ones((1, 4), np.float32)
+        futures = []
+        for i in range(100):  # 50 hot requests for every cold one, interleaved
+            for _ in range(50):
+                futures.append(host.submit("hot", {"X": x}))
+                futures[-1].add_done_callback(note("hot"))
+            futures.append(host.submit(f"cold{i:03d}", {"X": x}))
+            futures[-1].add_done_callback(note("cold"))
+        gate.open.set()
+        for future in futures + blockers:
+            future.result(timeout=60)
+    last_cold = max(i for i, name in enumerate(order) if name == "cold")
+    hot_before = order[:last_cold].count("hot")
+    # Round robin across models: every cold model was served within its first turns, long
+    # before the 5,000 hot requests (run one by one) were through.
+    assert hot_before <= 2 * 101, hot_before
+    assert order.count("hot") == 5000
+
+
+def test_runtime_stats_count_compute_workers(repo: Path):
+    with Host(repo) as host:
+        host.submit("tree", {"X": np.ones((1, 4), np.float32)}).result(timeout=30)
+        host.infer("tree", {"X": np.ones((1, 4), np.float32)})
+        future = host.submit("tree", {"X": np.ones((1, 4), np.float32)})
+        future.result(timeout=30)
+    stats = corral.runtime().stats()
+    assert stats.threads >= 1
+    assert stats.threads <= corral.runtime().options.compute_workers
+
+
+def test_runtime_shutdown_answers_what_was_queued(gated):
+    host, gates = gated
+    queued = [host.submit("tree", {"X": np.ones((1, 4), np.float32)}) for _ in range(10)]
+    shutter = threading.Thread(target=corral.runtime().shutdown, kwargs={"timeout": 30})
+    shutter.start()
+    gates[0].open.set()
+    shutter.join(timeout=30)
+    for future in queued:
+        assert future.result(timeout=30)["Y"].shape == (1, 1)
