@@ -44,7 +44,12 @@ from corral._errors import (
 from corral._providers import resolve_policy, resolve_providers
 from corral._repository import ModelEntry, Repository, validate_model_name
 from corral._runtime import Runtime, runtime
-from corral._scheduler import DEFAULT_MAX_BATCH_SIZE, DEFAULT_QUEUE_LIMIT, QueueStats
+from corral._scheduler import (
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_QUEUE_LIMIT,
+    QueueStats,
+    Scheduler,
+)
 from corral._session import Lease, Session
 
 __all__ = [
@@ -303,6 +308,7 @@ class Host:
         if _positive_or_none("max_queue_per_model", max_queue_per_model) is None:
             raise ValueError("max_queue_per_model must be a positive integer")
         self._queue_limit = max_queue_per_model
+        self._compute: Scheduler | None = None
 
         # Guards everything below it: state, the loaded / loading / failed maps, the entry
         # cache, byte accounting, counters and the executor. Admission and close take it.
@@ -510,7 +516,14 @@ class Host:
 
     def queue_stats(self) -> dict[str, QueueStats]:
         """Per model version (``name:version``): queued, refused, expired, runs, batch sizes."""
-        return self._runtime.scheduler().stats()
+        return self._scheduler().stats()
+
+    def _scheduler(self) -> Scheduler:
+        scheduler = self._compute
+        if scheduler is None:
+            # The Runtime makes one Scheduler for its life; racing first calls get the same.
+            scheduler = self._compute = self._runtime.scheduler()
+        return scheduler
 
     def _enqueue(
         self,
@@ -527,7 +540,7 @@ class Host:
             feed = signature.prepare_inputs(inputs)
             names = signature.output_names(outputs)
             loaded = lease._loaded
-            self._runtime.scheduler().submit(
+            self._scheduler().submit(
                 lease._lease,
                 feed,
                 names,

@@ -105,7 +105,7 @@ class _Request:
 
 
 @dataclass(eq=False)
-class _Queue:
+class _Queue:  # weak-referenceable: the Scheduler lists queues without keeping them alive
     """One model's queue; every field guarded by the Scheduler's lock."""
 
     session: Session
@@ -137,12 +137,15 @@ class Scheduler:
         self._total_limit = total_limit
         # Guards every queue, _ready, _total, _state and _threads; workers wait on it.
         # Held for bookkeeping only: never across a run or a delivery.
-        self._cond = threading.Condition()
-        self._queues: weakref.WeakKeyDictionary[Session, _Queue] = weakref.WeakKeyDictionary()
+        self._cond = threading.Condition(threading.Lock())
+        # The queues, to report on; each Session also carries its own (session._queue) so that
+        # submit finds it without a weak-reference lookup.
+        self._queues: weakref.WeakSet[_Queue] = weakref.WeakSet()
         self._ready: deque[_Queue] = deque()  # queues with requests, each at most once
         self._total = 0
         self._state = _State.RUNNING
         self._threads: list[threading.Thread] = []
+        self._idle = 0  # workers waiting for work
 
     @property
     def threads(self) -> int:
@@ -175,11 +178,12 @@ class Scheduler:
         with self._cond:
             if self._state is not _State.RUNNING:
                 raise RuntimeClosed("the runtime is shutting down and takes no new requests")
-            queue = self._queues.get(session)
+            queue = session._queue
             if queue is None:
                 rows_cap = max_batch_size if session.signature.batchable else 0
                 queue = _Queue(session, rows_cap, batch_window_us / 1e6, queue_limit)
-                self._queues[session] = queue
+                session._queue = queue
+                self._queues.add(queue)
             if len(queue.pending) >= queue.limit:
                 queue.rejected += 1
                 raise Overloaded(
@@ -198,14 +202,15 @@ class Scheduler:
             if not queue.in_ready:
                 queue.in_ready = True
                 self._ready.append(queue)
-            if len(self._threads) < self._workers:
+            if self._idle:
+                self._cond.notify()
+            elif len(self._threads) < self._workers:
                 self._start_worker_locked()
-            self._cond.notify()
 
     def stats(self) -> dict[str, QueueStats]:
         """Each model's queue figures, by session name (``model:version`` under a Host)."""
         with self._cond:
-            return {queue.session.name: _stats(queue) for queue in self._queues.values()}
+            return {queue.session.name: _stats(queue) for queue in self._queues}
 
     def shutdown(self, timeout: float | None = None) -> bool:
         """Refuse new requests, run what is queued, stop the workers.
@@ -245,7 +250,11 @@ class Scheduler:
                         break
                     if self._state is not _State.RUNNING and not self._ready:
                         return
-                    self._cond.wait(wait)
+                    self._idle += 1
+                    try:
+                        self._cond.wait(wait)
+                    finally:
+                        self._idle -= 1
                 batch = _take_batch(queue)
                 if queue.pending:
                     self._ready.append(queue)  # to the back: round robin across models
@@ -277,14 +286,14 @@ class Scheduler:
     def _execute(self, queue: _Queue, batch: list[_Request]) -> None:
         now = time.monotonic()
         live: list[_Request] = []
-        expired = cancelled = 0
+        late: list[_Request] = []
+        cancelled = 0
         for request in batch:
             if not _start(request):
                 cancelled += 1
                 request.lease.release()
             elif request.deadline is not None and now > request.deadline:
-                expired += 1
-                _settle(request, None, _expired(request, queued=True))
+                late.append(request)
             else:
                 live.append(request)
         results: list[Outputs] | None = None
@@ -309,10 +318,10 @@ class Scheduler:
             else:
                 assert results is not None
                 answers.append((request, results[index], None))
-        _answer(answers)
         rows = sum(max(r.rows, 1) for r in live)
+        # Counted before answering, so that a caller who has its answer sees it counted.
         with self._cond:
-            queue.expired += expired
+            queue.expired += len(late)
             queue.cancelled += cancelled
             if live:
                 queue.runs += 1
@@ -323,12 +332,20 @@ class Scheduler:
                     if rows <= bound:
                         queue.batch_buckets[bucket] += 1
                         break
+        for request in late:
+            _settle(request, None, _expired(request, queued=True))
+        _answer(answers)
 
 
 def _shape_key(
     feed: dict[str, npt.NDArray[Any]], names: list[str]
 ) -> tuple[int, tuple[object, ...]]:
     """Rows of a request, and what another request must share to join its batch."""
+    if len(feed) == 1:
+        ((name, array),) = feed.items()
+        if array.ndim == 0:
+            return 0, ()
+        return array.shape[0], (name, array.dtype.str, array.shape[1:], tuple(names))
     rows = -1
     parts: list[object] = []
     for name, array in feed.items():
@@ -405,14 +422,19 @@ def _expired(request: _Request, *, queued: bool) -> DeadlineExceeded:
 
 
 def _answer(answers: list[tuple[_Request, Outputs | None, BaseException | None]]) -> None:
-    """Answer a run's requests: asyncio ones with one wake-up per event loop, not per request."""
+    """Answer a run's requests: asyncio ones with one wake-up per event loop, not per request.
+
+    The leases go back first, all at once: the answers need the session no more.
+    """
+    if answers:
+        session = answers[0][0].lease.session
+        session._release_leases([request.lease for request, _, _ in answers])
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Any, Any, Any]]] = {}
     for request, result, error in answers:
         if request.loop is None:
-            _settle(request, result, error)
+            _resolve(request.future, result, error)  # type: ignore[arg-type]  # not asyncio
         else:
             by_loop.setdefault(request.loop, []).append((request.future, result, error))
-            request.lease.release()
     for loop, batch in by_loop.items():
         loop.call_soon_threadsafe(_deliver_all, batch)
 
@@ -427,15 +449,19 @@ def _settle(request: _Request, result: Outputs | None, error: BaseException | No
     try:
         future = request.future
         if isinstance(future, Future):
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(result)  # type: ignore[arg-type]  # set when no error
+            _resolve(future, result, error)
         else:
             assert request.loop is not None
             request.loop.call_soon_threadsafe(_deliver, future, result, error)
     finally:
         request.lease.release()
+
+
+def _resolve(future: Future[Outputs], result: Outputs | None, error: BaseException | None) -> None:
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)  # type: ignore[arg-type]  # set when no error
 
 
 def _deliver(

@@ -88,6 +88,8 @@ class Session:
         self._replicas: tuple[Any, ...] = ()
         self._idle: queue.SimpleQueue[Any] | None = None
         self._closed_reason = "closed by close()"
+        #: This session's queue in the Runtime's scheduler; guarded by the scheduler's lock.
+        self._queue: Any = None
         self._runtime._register(self)
         try:
             replicas = self._load(source, resolved)
@@ -281,6 +283,17 @@ class Session:
     def _alive(self) -> bool:
         with self._state_lock:
             return self._state is not SessionState.CLOSED
+
+    def _release_leases(self, leases: list[Lease]) -> None:
+        """Release many leases of this session at once: one pass through the lock."""
+        released = False
+        with self._state_lock:
+            for lease in leases:
+                if not lease._released:
+                    lease._released = True
+                    released = self._end_use_locked() or released
+        if released:
+            self._runtime._unregister(self)
 
     def _release_lease(self, lease: Lease) -> None:
         with self._state_lock:
