@@ -193,7 +193,7 @@ class Session:
         self, feed: dict[str, Any], names: list[str], lease: Lease | None
     ) -> dict[str, npt.NDArray[Any]]:
         """Run a feed already checked by ``prepare_inputs`` (the scheduler's batches)."""
-        run_options = _ort.new_run_options()
+        run_options = _thread_run_options()
         with self._state_lock:
             if lease is not None:
                 # A lease holds the session open through CLOSING: its run may still start.
@@ -219,6 +219,10 @@ class Session:
             with self._state_lock:
                 self._active_runs.discard(run_options)
                 released = self._end_use_locked()
+            # Out of _active_runs, nobody can set terminate on it any more: reusable unless
+            # a cancel already did.
+            if not run_options.terminate:
+                _RUN_OPTIONS.cached = run_options
             if released:
                 self._runtime._unregister(self)
         return dict(zip(names, results, strict=True))
@@ -393,6 +397,23 @@ class Lease:
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
+
+
+class _RunOptionsCache(threading.local):
+    cached: Any = None
+
+
+# One RunOptions per thread, taken for a run and put back after it unless it was used to
+# cancel (terminate stays set). Saves building one per run (~0.8 µs of a ~10 µs run).
+_RUN_OPTIONS = _RunOptionsCache()
+
+
+def _thread_run_options() -> Any:
+    run_options = _RUN_OPTIONS.cached
+    if run_options is None:
+        return _ort.new_run_options()
+    _RUN_OPTIONS.cached = None
+    return run_options
 
 
 def _read_source(model: object) -> str | bytes:
