@@ -5,6 +5,8 @@
     corral demo [--models N] [--threads T] [--requests R] [--keep DIR] [--json]
     corral bench create [--models N] [--threads K] [--rounds R] [--json]
     corral bench footprint [--counts 100,1000,10000] [--json]
+    corral bench scenarios [--models tree,forest,mlp] [--concurrency 1,2,...] [--json FILE]
+                           [--plot FILE]
     corral models REPOSITORY [--preload] [--memory-budget SIZE] [--json]
 
 The command line is an edge: it alone draws progress bars (with rich, from the ``cli``
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from corral.bench.create import ConstructionResult
     from corral.bench.demo import DemoResult, DemoStep
     from corral.bench.footprint import FootprintResult, FootprintStep
+    from corral.bench.scenarios import ScenarioRow
 
 __all__ = ["main"]
 
@@ -144,6 +147,47 @@ def _parser() -> argparse.ArgumentParser:
     )
     footprint.add_argument("--json", action="store_true", help="print the raw results as JSON")
     footprint.set_defaults(handler=_bench_footprint)
+    scenario_bench = scenarios.add_parser(
+        "scenarios",
+        help="requests/s of corral's request paths against plain onnxruntime sessions",
+        description=(
+            "For each model and number of concurrent callers, send batch-1 requests through "
+            "one shared onnxruntime session (A), a session per thread (B), and corral's "
+            "blocking and asyncio paths without and with batching; every variant once per "
+            "round, in rotating order, in this process on the same inputs. Prints the median "
+            "requests/s and each corral variant's ratio to the better of A and B."
+        ),
+    )
+    scenario_bench.add_argument(
+        "--models",
+        type=_names,
+        default=("tree", "forest", "mlp"),
+        metavar="NAME,...",
+        help="models among tree, forest, mlp, comma-separated (default all three)",
+    )
+    scenario_bench.add_argument(
+        "--concurrency",
+        type=_counts,
+        default=(1, 2, 4, 8, 16, 32),
+        metavar="N,N,...",
+        help="concurrent callers, comma-separated (default 1,2,4,8,16,32)",
+    )
+    scenario_bench.add_argument(
+        "--requests",
+        type=_positive_int,
+        default=4000,
+        help="requests per variant and round, split over the callers (default 4000)",
+    )
+    scenario_bench.add_argument(
+        "--rounds", type=_positive_int, default=3, help="rounds (default 3)"
+    )
+    scenario_bench.add_argument(
+        "--json", type=Path, metavar="FILE", help="also write the rows as JSON to FILE"
+    )
+    scenario_bench.add_argument(
+        "--plot", type=Path, metavar="FILE", help="also draw requests/s into a PNG at FILE"
+    )
+    scenario_bench.set_defaults(handler=_bench_scenarios)
     return parser
 
 
@@ -394,6 +438,158 @@ def _footprint_table(results: list[FootprintResult]) -> Table:
             table.add_section()
         table.add_row(*row)
     return table
+
+
+# -- corral bench scenarios -----------------------------------------------------------------
+
+# Short column headers keep a model's table within 120 columns; the caption spells them out.
+_SCENARIO_HEADERS = {
+    "A-shared": "A",
+    "B-per-thread": "B",
+    "corral-blocking": "blk",
+    "corral-blocking-batched": "blk+b",
+    "corral-async": "async",
+    "corral-async-batched": "async+b",
+}
+# issue 4's targets, as ratios to the better of A and B.
+_ASYNC_BATCHED_TARGET = 1.5
+_BLOCKING_TARGET = 0.8
+
+
+def _names(text: str) -> tuple[str, ...]:
+    # Each once, in the order given; run_scenarios says which names it does not know.
+    names = tuple(dict.fromkeys(piece.strip() for piece in text.split(",") if piece.strip()))
+    if not names:
+        raise argparse.ArgumentTypeError(f"must name at least one model, got {text!r}")
+    return names
+
+
+def _bench_scenarios(args: argparse.Namespace) -> int:
+    _require_rich()
+    from rich.console import Console
+
+    try:
+        from corral.bench.scenarios import describe_environment, plot_scenarios, run_scenarios
+    except ImportError as exc:
+        raise SystemExit(str(exc)) from exc
+    # Refuse before measuring for minutes, not after.
+    if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
+        raise SystemExit("--plot needs matplotlib: pip install 'corral[bench]'")
+    with _progress_bar() as progress:
+        task = progress.add_task("measuring", total=None)
+
+        def on_progress(label: str, done: int, total: int) -> None:
+            progress.update(task, description=label, completed=done, total=total)
+
+        rows = run_scenarios(args.models, args.concurrency, args.requests, args.rounds, on_progress)
+    environment = describe_environment()
+    console = Console()
+    if not console.is_terminal:
+        # rich assumes 80 columns when piped, which would fold the numbers.
+        console = Console(width=120)
+    for table in _scenario_tables(rows, environment):
+        console.print(table)
+    if args.json is not None:
+        document = {"environment": environment, "rows": rows}
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        print(f"rows written to {args.json}", file=sys.stderr)
+    if args.plot is not None:
+        try:
+            plot_scenarios(rows, args.plot)
+        except ImportError as exc:
+            raise SystemExit(str(exc)) from exc
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _scenario_tables(rows: list[ScenarioRow], environment: dict[str, object]) -> list[Table]:
+    from rich.table import Table
+
+    from corral.bench.scenarios import BASELINES, VARIANTS
+
+    corral_variants = [variant for variant in VARIANTS if variant not in BASELINES]
+    unavailable = {row["variant"]: row["unavailable"] for row in rows if row["unavailable"]}
+    tables = []
+    for model in dict.fromkeys(row["model"] for row in rows):
+        model_rows = [row for row in rows if row["model"] == model]
+        by_key = {(row["concurrency"], row["variant"]): row for row in model_rows}
+        concurrencies = sorted({row["concurrency"] for row in model_rows})
+        first = model_rows[0]
+        rounds = len(next((row["rounds"] for row in model_rows if row["rounds"]), []))
+        table = Table(
+            title=(
+                f"{model}: requests/s, median of {rounds} round(s) of "
+                f"{first['requests']:,} batch-1 requests"
+            ),
+            caption=_scenario_caption(model, model_rows, unavailable, environment),
+            caption_justify="left",
+        )
+        table.add_column("callers", justify="right")
+        for variant in VARIANTS:
+            table.add_column(_SCENARIO_HEADERS[variant], justify="right")
+        for variant in corral_variants:
+            table.add_column(f"{_SCENARIO_HEADERS[variant]}\nvs best", justify="right")
+        for concurrency in concurrencies:
+            cells = [str(concurrency)]
+            for variant in VARIANTS:
+                rate = by_key[concurrency, variant]["requests_per_s"]
+                cells.append("-" if rate is None else f"{rate:,.0f}")
+            for variant in corral_variants:
+                row = by_key[concurrency, variant]
+                rate = row["requests_per_s"]
+                cells.append("-" if rate is None else _ratio(rate, row["baseline"]))
+            table.add_row(*cells)
+        tables.append(table)
+    return tables
+
+
+def _scenario_caption(
+    model: str,
+    rows: list[ScenarioRow],
+    unavailable: dict[str, str],
+    environment: dict[str, object],
+) -> str:
+    # One short line each: rich wraps a caption to the table's width.
+    lines = [
+        "A: one onnxruntime session shared by the callers; B: one session per caller.",
+        "blk: Host.infer from threads; async: Host.infer_async from asyncio tasks; +b: batching.",
+        "vs best: requests/s over the better of A and B.",
+        "A and B run on onnxruntime's global pools (use_per_session_threads = False), which",
+        "corral's Runtime sets: the same kernels and threads as corral's variants.",
+        f"Python {environment['python']}, onnxruntime {environment['onnxruntime']}, "
+        f"{environment['cpu_count']} CPUs.",
+        f"corral's Runtime: {environment['runtime_options']}.",
+    ]
+    blocking = [
+        (row["ratio"], row["variant"], row["concurrency"])
+        for row in rows
+        if row["variant"].startswith("corral-blocking") and row["ratio"] is not None
+    ]
+    if blocking:
+        ratio, variant, concurrency = min(blocking)
+        lines.append(
+            f"Target: blk and blk+b >= {_BLOCKING_TARGET}x at every concurrency; lowest here "
+            f"{_ratio(ratio, 1.0)} ({_SCENARIO_HEADERS[variant]} at concurrency {concurrency})."
+        )
+    most = max(row["concurrency"] for row in rows)
+    async_batched = [
+        row["ratio"]
+        for row in rows
+        if row["variant"] == "corral-async-batched"
+        and row["concurrency"] == most
+        and row["ratio"] is not None
+    ]
+    # issue 4 sets the asyncio target on the tiny tree only.
+    if model == "tree" and async_batched:
+        lines.append(
+            f"Target: async+b >= {_ASYNC_BATCHED_TARGET}x at 32 callers; at concurrency {most} "
+            f"here {_ratio(async_batched[0], 1.0)}."
+        )
+    lines.extend(
+        f"{_SCENARIO_HEADERS.get(variant, variant)} not measured: {reason}."
+        for variant, reason in unavailable.items()
+    )
+    return "\n".join(lines)
 
 
 # -- corral models -------------------------------------------------------------------------
