@@ -422,6 +422,20 @@ class Host:
                 return self._lease_locked(loaded)
         return None
 
+    def _ready_admit(self, name: str, version: int | str | None) -> _Loaded | None:
+        """Admit one queued request on the newest version if loaded, without blocking."""
+        if version is not None or type(name) is not str:
+            return None
+        with self._lock:
+            loaded = self._ready.get(name)
+            if loaded is None or self._state is not HostState.RUNNING:
+                return None
+            loaded.session._admit()
+            self._loaded.move_to_end((name, loaded.version))
+            loaded.last_used = time.time()
+            loaded.runs += 1
+            return loaded
+
     def _lease_locked(self, loaded: _Loaded) -> HostLease:
         lease = loaded.session.acquire()
         self._loaded.move_to_end((loaded.name, loaded.version))
@@ -466,10 +480,10 @@ class Host:
         the request runs means it never runs.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        lease = self._ready_lease(name, version)
-        if lease is not None:
+        loaded = self._ready_admit(name, version)
+        if loaded is not None:
             future: Future[dict[str, npt.NDArray[Any]]] = Future()
-            self._enqueue(lease, inputs, outputs, future, None, deadline)
+            self._enqueue(loaded, inputs, outputs, future, None, deadline)
             return future
         with self._lock:
             self._check_running()
@@ -498,8 +512,8 @@ class Host:
         """
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else time.monotonic() + timeout
-        lease = self._ready_lease(name, version)
-        if lease is None:
+        loaded = self._ready_admit(name, version)
+        if loaded is None:
             # A cold model loads on a worker thread. If this task is cancelled meanwhile, the
             # load still finishes there: release the lease it brings back.
             acquiring = asyncio.ensure_future(
@@ -510,8 +524,13 @@ class Host:
             except asyncio.CancelledError:
                 acquiring.add_done_callback(_release_acquired)
                 raise
+            try:
+                lease.session._admit()  # still open: the lease holds it
+            finally:
+                lease.release()
+            loaded = lease._loaded
         future: asyncio.Future[dict[str, npt.NDArray[Any]]] = loop.create_future()
-        self._enqueue(lease, inputs, outputs, future, loop, deadline)
+        self._enqueue(loaded, inputs, outputs, future, loop, deadline)
         return await future
 
     def queue_stats(self) -> dict[str, QueueStats]:
@@ -527,21 +546,21 @@ class Host:
 
     def _enqueue(
         self,
-        lease: HostLease,
+        loaded: _Loaded,
         inputs: Mapping[str, Any],
         outputs: Sequence[str] | None,
         future: Future[dict[str, npt.NDArray[Any]]] | asyncio.Future[dict[str, npt.NDArray[Any]]],
         loop: asyncio.AbstractEventLoop | None,
         deadline: float | None,
     ) -> None:
-        """Check a request and queue it; the lease passes to the scheduler, which releases it."""
+        """Check a request and queue it; its admission passes to the scheduler, which ends it."""
+        session = loaded.session
         try:
-            signature = lease.session.signature
+            signature = session.signature
             feed = signature.prepare_inputs(inputs)
             names = signature.output_names(outputs)
-            loaded = lease._loaded
             self._scheduler().submit(
-                lease._lease,
+                session,
                 feed,
                 names,
                 future,
@@ -552,7 +571,7 @@ class Host:
                 queue_limit=self._queue_limit,
             )
         except BaseException:
-            lease.release()
+            session._dismiss(1)
             raise
 
     # -- explicit control --------------------------------------------------------------------

@@ -36,7 +36,7 @@ from corral._errors import (
 )
 
 if TYPE_CHECKING:
-    from corral._session import Lease, Session
+    from corral._session import Session
 
 __all__ = [
     "BATCH_ROWS_BUCKETS",
@@ -99,7 +99,7 @@ class _Request:
     key: tuple[object, ...]
     deadline: float | None
     enqueued: float
-    lease: Lease
+    session: Session  # admitted (Session._admit) until answered
     future: Future[Outputs] | asyncio.Future[Outputs]
     loop: asyncio.AbstractEventLoop | None
 
@@ -155,7 +155,7 @@ class Scheduler:
 
     def submit(
         self,
-        lease: Lease,
+        session: Session,
         feed: dict[str, npt.NDArray[Any]],
         names: list[str],
         future: Future[Outputs] | asyncio.Future[Outputs],
@@ -168,13 +168,16 @@ class Scheduler:
     ) -> None:
         """Queue a checked request; its ``future`` is resolved by a compute worker.
 
-        The lease is released once the request is answered. An asyncio future is resolved
+        ``session`` must hold an admission for this request (``Session._admit``); it is
+        ended once the request is answered, or at once if it is refused. An asyncio future
+        is resolved
         on ``loop``. Raises :class:`Overloaded` at once if the model's queue or the whole
         scheduler is full, :class:`RuntimeClosed` after shutdown began.
         """
-        session = lease.session
         rows, key = _shape_key(feed, names) if max_batch_size else (0, ())
-        request = _Request(feed, names, rows, key, deadline, time.monotonic(), lease, future, loop)
+        request = _Request(
+            feed, names, rows, key, deadline, time.monotonic(), session, future, loop
+        )
         with self._cond:
             if self._state is not _State.RUNNING:
                 raise RuntimeClosed("the runtime is shutting down and takes no new requests")
@@ -291,7 +294,7 @@ class Scheduler:
         for request in batch:
             if not _start(request):
                 cancelled += 1
-                request.lease.release()
+                request.session._dismiss(1)
             elif request.deadline is not None and now > request.deadline:
                 late.append(request)
             else:
@@ -384,9 +387,9 @@ def _take_batch(queue: _Queue) -> list[_Request]:
 def _run_batch(session: Session, batch: list[_Request]) -> list[Outputs]:
     first = batch[0]
     if len(batch) == 1:
-        return [session._run_prepared(first.feed, first.names, first.lease)]
+        return [session._run_prepared(first.feed, first.names, None, admitted=True)]
     feed = {name: np.concatenate([r.feed[name] for r in batch]) for name in first.feed}
-    outputs = session._run_prepared(feed, first.names, first.lease)
+    outputs = session._run_prepared(feed, first.names, None, admitted=True)
     total = sum(r.rows for r in batch)
     for name, array in outputs.items():
         if getattr(array, "shape", (None,))[:1] != (total,):
@@ -416,19 +419,16 @@ def _start(request: _Request) -> bool:
 
 def _expired(request: _Request, *, queued: bool) -> DeadlineExceeded:
     where = "while queued" if queued else "while running; its result was discarded"
-    return DeadlineExceeded(
-        f"the deadline of a request to {request.lease.session.name!r} passed {where}"
-    )
+    return DeadlineExceeded(f"the deadline of a request to {request.session.name!r} passed {where}")
 
 
 def _answer(answers: list[tuple[_Request, Outputs | None, BaseException | None]]) -> None:
     """Answer a run's requests: asyncio ones with one wake-up per event loop, not per request.
 
-    The leases go back first, all at once: the answers need the session no more.
+    The admissions end first, all at once: the answers need the session no more.
     """
     if answers:
-        session = answers[0][0].lease.session
-        session._release_leases([request.lease for request, _, _ in answers])
+        answers[0][0].session._dismiss(len(answers))
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Any, Any, Any]]] = {}
     for request, result, error in answers:
         if request.loop is None:
@@ -445,7 +445,7 @@ def _deliver_all(batch: list[tuple[Any, Any, Any]]) -> None:
 
 
 def _settle(request: _Request, result: Outputs | None, error: BaseException | None) -> None:
-    """Answer one request and release its lease."""
+    """Answer one request and end its admission."""
     try:
         future = request.future
         if isinstance(future, Future):
@@ -454,7 +454,7 @@ def _settle(request: _Request, result: Outputs | None, error: BaseException | No
             assert request.loop is not None
             request.loop.call_soon_threadsafe(_deliver, future, result, error)
     finally:
-        request.lease.release()
+        request.session._dismiss(1)
 
 
 def _resolve(future: Future[Outputs], result: Outputs | None, error: BaseException | None) -> None:

@@ -190,12 +190,23 @@ class Session:
         return self._run_prepared(feed, names, lease)
 
     def _run_prepared(
-        self, feed: dict[str, Any], names: list[str], lease: Lease | None
+        self,
+        feed: dict[str, Any],
+        names: list[str],
+        lease: Lease | None,
+        *,
+        admitted: bool = False,
     ) -> dict[str, npt.NDArray[Any]]:
-        """Run a feed already checked by ``prepare_inputs`` (the scheduler's batches)."""
+        """Run a feed already checked by ``prepare_inputs`` (the scheduler's batches).
+
+        ``admitted``: the caller holds an admission (:meth:`_admit`), which, like a lease,
+        keeps the session open through CLOSING.
+        """
         run_options = _thread_run_options()
         with self._state_lock:
-            if lease is not None:
+            if admitted:
+                pass
+            elif lease is not None:
                 # A lease holds the session open through CLOSING: its run may still start.
                 if lease._released:
                     raise SessionClosed(f"the lease on session {self._name!r} was released")
@@ -287,6 +298,26 @@ class Session:
     def _alive(self) -> bool:
         with self._state_lock:
             return self._state is not SessionState.CLOSED
+
+    def _admit(self) -> None:
+        """Count one queued request as in flight: a lease without the object.
+
+        The scheduler's requests hold one each while queued; :meth:`_dismiss` ends them.
+        Raises :class:`SessionClosed` unless READY.
+        """
+        with self._state_lock:
+            if self._state is not SessionState.READY:
+                raise self._closed_error()
+            self._in_flight += 1
+
+    def _dismiss(self, count: int) -> None:
+        """End ``count`` admissions at once."""
+        released = False
+        with self._state_lock:
+            for _ in range(count):
+                released = self._end_use_locked() or released
+        if released:
+            self._runtime._unregister(self)
 
     def _release_leases(self, leases: list[Lease]) -> None:
         """Release many leases of this session at once: one pass through the lock."""

@@ -50,11 +50,11 @@ class _Gate:
         self.rows: list[int] = []
         inner = session._run_prepared
 
-        def held(feed: dict[str, Any], names: list[str], lease: Any) -> Any:
+        def held(feed: dict[str, Any], names: list[str], lease: Any, **options: Any) -> Any:
             self.rows.append(next(iter(feed.values())).shape[0])
             self.started.release()
             assert self.open.wait(timeout=30)
-            return inner(feed, names, lease)
+            return inner(feed, names, lease, **options)
 
         session._run_prepared = held  # type: ignore[method-assign]
 
