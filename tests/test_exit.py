@@ -66,6 +66,30 @@ for e in events:
 for e in events:
     e.wait(30)
 """,
+    # A Host whose requests are queued for, and running on, the compute workers at exit.
+    "host-queued": """
+import tempfile, pathlib
+root = pathlib.Path(tempfile.mkdtemp())
+(root / "m" / "1").mkdir(parents=True)
+(root / "m" / "1" / "model.onnx").write_bytes(build_mlp())
+(root / "m" / "model.toml").write_text('concurrency = "{policy}"\\n')
+host = corral.Host(root)
+host.infer("m", {{"X": np.ones((1, 4), np.float32)}})
+
+def submitter(started):
+    started.set()
+    try:
+        while True:
+            host.submit("m", {{"X": np.ones((1, 4), np.float32)}}).result()
+    except (corral.CorralError, RuntimeError):
+        pass  # the runtime shut down under us: the expected way out
+
+events = [threading.Event() for _ in range(3)]
+for e in events:
+    threading.Thread(target=submitter, args=(e,), daemon=True).start()
+for e in events:
+    e.wait(30)
+""",
     # sys.exit from main with many sessions alive and runs in flight.
     "sys-exit": """
 sessions = [corral.Session(build_mlp(seed=i), concurrency="{policy}") for i in range(50)]
@@ -95,9 +119,9 @@ def _exit_once(case: str, policy: str) -> tuple[str, int | None, str]:
 
 
 @pytest.mark.timeout(600)
-def test_twenty_exits_with_runs_in_flight_neither_hang_nor_crash():
+def test_twenty_five_exits_with_runs_in_flight_neither_hang_nor_crash():
     runs = [(case, policy) for case in _CASES for policy in _POLICIES]
-    assert len(runs) == 20
+    assert len(runs) == 25
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda r: _exit_once(*r), runs))
     bad = [
