@@ -319,17 +319,6 @@ class Session:
         if released:
             self._runtime._unregister(self)
 
-    def _release_leases(self, leases: list[Lease]) -> None:
-        """Release many leases of this session at once: one pass through the lock."""
-        released = False
-        with self._state_lock:
-            for lease in leases:
-                if not lease._released:
-                    lease._released = True
-                    released = self._end_use_locked() or released
-        if released:
-            self._runtime._unregister(self)
-
     def _release_lease(self, lease: Lease) -> None:
         with self._state_lock:
             if lease._released:

@@ -288,3 +288,89 @@ def test_runtime_shutdown_answers_what_was_queued(gated):
     shutter.join(timeout=30)
     for future in queued:
         assert future.result(timeout=30)["Y"].shape == (1, 1)
+
+
+def test_a_batch_window_gathers_requests_into_one_run(tmp_path: Path):
+    add_model(tmp_path, "windowed", build_tree(seed=1), toml="batch_window_us = 200000\n")
+    with Host(tmp_path) as host:
+        host.infer("windowed", {"X": np.zeros((1, 4), np.float32)})
+        futures = [host.submit("windowed", {"X": np.ones((1, 4), np.float32)}) for _ in range(5)]
+        for future in futures:
+            assert future.result(timeout=30)["Y"].shape == (1, 1)
+        stats = host.queue_stats()["windowed:1"]
+    # Five submissions take microseconds; the 200 ms window holds the run until all are in.
+    assert (stats.runs, stats.rows) == (1, 5)
+
+
+def _first_row_sum_model() -> bytes:
+    """Claims a dynamic first dimension but keeps only the first row: rows are not apart."""
+    graph = helper.make_graph(
+        [helper.make_node("Slice", ["X", "starts", "ends", "axes"], ["Y"])],
+        "first_row",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["K", 4])],
+        [
+            helper.make_tensor("starts", TensorProto.INT64, [1], [0]),
+            helper.make_tensor("ends", TensorProto.INT64, [1], [1]),
+            helper.make_tensor("axes", TensorProto.INT64, [1], [0]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def test_a_model_that_mixes_rows_fails_its_batch_with_advice(gated):
+    host, gates = gated
+    (host.repository.root / "mixer" / "1").mkdir(parents=True)
+    (host.repository.root / "mixer" / "1" / "model.onnx").write_bytes(_first_row_sum_model())
+    host.load("mixer")
+    futures = [host.submit("mixer", {"X": np.ones((1, 4), np.float32)}) for _ in range(3)]
+    gates[0].open.set()
+    for future in futures:
+        with pytest.raises(corral.InferenceError, match="max_batch_size = 0"):
+            future.result(timeout=30)
+
+
+def test_a_deadline_passing_during_the_run_discards_the_result(gated):
+    host, gates = gated
+    workers = corral.runtime().options.compute_workers
+    # Queued behind the held runs; picked up once the gate opens, after its deadline.
+    late = host.submit("slow", {"X": np.ones((1, 4), np.float32)}, timeout=0.05)
+    threading.Event().wait(0.1)  # let the deadline pass: the point of the test, not ordering
+    gates[0].open.set()
+    with pytest.raises(corral.DeadlineExceeded):
+        late.result(timeout=30)
+    assert workers >= 1
+
+
+def test_multi_input_requests_and_cold_async_requests(tmp_path: Path):
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["A", "B"], ["Y"])],
+        "add",
+        [
+            helper.make_tensor_value_info("A", TensorProto.FLOAT, ["N", 2]),
+            helper.make_tensor_value_info("B", TensorProto.FLOAT, ["N", 2]),
+        ],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    add_model(tmp_path, "add", model.SerializeToString())
+    with Host(tmp_path) as host:
+
+        async def go() -> list[dict[str, np.ndarray]]:
+            # The first call finds the model cold and loads it off the event loop.
+            return await asyncio.gather(
+                *(
+                    host.infer_async(
+                        "add",
+                        {"A": np.full((1, 2), i, np.float32), "B": np.ones((1, 2), np.float32)},
+                    )
+                    for i in range(20)
+                )
+            )
+
+        results = asyncio.run(go())
+    for i, out in enumerate(results):
+        np.testing.assert_array_equal(out["Y"], np.full((1, 2), i + 1, np.float32))
