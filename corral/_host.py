@@ -457,6 +457,17 @@ class Host:
         ``timeout`` bounds the wait for a load. Raises what :meth:`acquire` and
         :meth:`Session.run` raise.
         """
+        loaded = self._ready_admit(name, version)
+        if loaded is not None:
+            # The hot path: admitted under the Host's lock, checked, run, dismissed by the run.
+            session = loaded.session
+            try:
+                feed = session.signature.prepare_inputs(inputs)
+                names = session.signature.output_names(outputs)
+            except BaseException:
+                session._dismiss(1)
+                raise
+            return session._run_prepared(feed, names, None, admitted=True, dismiss=True)
         lease = self.acquire(name, version, timeout=timeout)
         try:
             return lease.run(inputs, outputs)

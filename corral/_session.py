@@ -196,25 +196,29 @@ class Session:
         lease: Lease | None,
         *,
         admitted: bool = False,
+        dismiss: bool = False,
     ) -> dict[str, npt.NDArray[Any]]:
         """Run a feed already checked by ``prepare_inputs`` (the scheduler's batches).
 
         ``admitted``: the caller holds an admission (:meth:`_admit`), which, like a lease,
-        keeps the session open through CLOSING.
+        keeps the session open through CLOSING and already counts as in flight; with
+        ``dismiss`` the run ends that admission when it finishes.
         """
         run_options = _thread_run_options()
         with self._state_lock:
             if admitted:
-                pass
+                self._active_runs.add(run_options)
+                replicas, idle = self._replicas, self._idle
             elif lease is not None:
                 # A lease holds the session open through CLOSING: its run may still start.
                 if lease._released:
                     raise SessionClosed(f"the lease on session {self._name!r} was released")
             elif self._state is not SessionState.READY:
                 raise self._closed_error()
-            self._in_flight += 1
-            self._active_runs.add(run_options)
-            replicas, idle = self._replicas, self._idle
+            if not admitted:
+                self._in_flight += 1
+                self._active_runs.add(run_options)
+                replicas, idle = self._replicas, self._idle
         try:
             if idle is None:
                 results = replicas[0].run(names, feed, run_options)
@@ -229,7 +233,7 @@ class Session:
         finally:
             with self._state_lock:
                 self._active_runs.discard(run_options)
-                released = self._end_use_locked()
+                released = (not admitted or dismiss) and self._end_use_locked()
             # Out of _active_runs, nobody can set terminate on it any more: reusable unless
             # a cancel already did.
             if not run_options.terminate:
