@@ -118,6 +118,25 @@ def build_slow_loop() -> bytes:
     return model.SerializeToString()
 
 
+def build_reshape(*, allowzero: bool = False) -> bytes:
+    """Y = Reshape(X[N], S[1]): valid for corral's checks, impossible for some S at run time.
+
+    With ``allowzero`` a 0 in S means size 0, not "copy the input's dimension".
+    """
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["X", "S"], ["Y"], allowzero=int(allowzero))],
+        "reshape",
+        [
+            helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N"]),
+            helper.make_tensor_value_info("S", TensorProto.INT64, [1]),
+        ],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
 @pytest.fixture(scope="session")
 def slow_model() -> bytes:
     return build_slow_loop()

@@ -17,7 +17,7 @@ import corral
 from corral import Host, ModelState
 from corral._host import estimate_model_bytes
 from corral.bench.models import build_linear, build_mlp, build_tree
-from tests.conftest import reference_run, wait_until
+from tests.conftest import build_reshape, reference_run, wait_until
 
 X = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
 
@@ -556,28 +556,10 @@ def test_close_with_a_lease_held_past_its_timeout(repo: Path):
     assert "closed" in repr(host)
 
 
-def _reshape_model() -> bytes:
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph(
-        # allowzero: a 0 in the shape means size 0, not "copy the input's dimension".
-        [helper.make_node("Reshape", ["X", "S"], ["Y"], allowzero=1)],
-        "reshape",
-        [
-            helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N"]),
-            helper.make_tensor_value_info("S", TensorProto.INT64, [1]),
-        ],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model.SerializeToString()
-
-
 def test_warmup_runs_once_and_a_failing_warmup_fails_the_load(tmp_path: Path):
     add_model(tmp_path, "warm", build_mlp(), toml="warmup = true\n")
     # Zeros for S ask Reshape for shape [0] from one element: the warm-up run fails.
-    add_model(tmp_path, "cold", _reshape_model(), toml="warmup = true\n")
+    add_model(tmp_path, "cold", build_reshape(allowzero=True), toml="warmup = true\n")
     with Host(tmp_path) as host:
         assert host.infer("warm", {"X": X})["Y"].shape == (2, 1)
         with pytest.raises(corral.ModelLoadError, match="warming up 'cold:1' failed"):

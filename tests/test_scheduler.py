@@ -59,6 +59,18 @@ class _Gate:
         session._run_prepared = held  # type: ignore[method-assign]
 
 
+def _hold_workers(host: Host) -> tuple[_Gate, list[Future[Any]]]:
+    """Occupy every compute worker with a held run of the loaded 'slow' model."""
+    lease = host.acquire("slow")
+    gate = _Gate(lease.session)
+    lease.release()
+    workers = corral.runtime().options.compute_workers
+    blockers = [host.submit("slow", {"X": np.full((1, 4), i, np.float32)}) for i in range(workers)]
+    for _ in range(workers):
+        assert gate.started.acquire(timeout=10)  # every worker is now held
+    return gate, blockers
+
+
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     add_model(tmp_path, "tree", build_tree(seed=1))
@@ -77,15 +89,7 @@ def gated(repo: Path) -> Iterator[tuple[Host, list[_Gate]]]:
     with Host(repo) as host:
         # Loaded first: requests for a loaded model go to the compute workers' queues.
         assert host.preload() == {}
-        lease = host.acquire("slow")
-        gate = _Gate(lease.session)
-        lease.release()
-        workers = corral.runtime().options.compute_workers
-        blockers = [
-            host.submit("slow", {"X": np.full((1, 4), i, np.float32)}) for i in range(workers)
-        ]
-        for _ in range(workers):
-            assert gate.started.acquire(timeout=10)  # every worker is now held
+        gate, blockers = _hold_workers(host)
         try:
             yield host, [gate]
         finally:
@@ -196,15 +200,8 @@ def test_overload_is_refused_at_once_and_nothing_accepted_is_lost(repo: Path):
     with Host(repo, max_queue_per_model=5) as host:
         host.infer("slow", {"X": np.zeros((1, 4), np.float32)})
         host.infer("tree", {"X": np.zeros((1, 4), np.float32)})
-        lease = host.acquire("slow")
-        gate = _Gate(lease.session)
-        lease.release()
-        workers = corral.runtime().options.compute_workers
-        blockers = [
-            host.submit("slow", {"X": np.zeros((1, 4), np.float32)}) for _ in range(workers)
-        ]
-        for _ in range(workers):
-            assert gate.started.acquire(timeout=10)
+        gate, blockers = _hold_workers(host)
+        workers = len(blockers)
         accepted: list[Future[Any]] = []
         refusals: list[corral.Overloaded] = []
         for _ in range(8):
@@ -230,15 +227,7 @@ def test_a_hot_model_does_not_starve_the_others(tmp_path: Path):
     with Host(tmp_path, max_queue_per_model=10_000) as host:
         for name in ["hot", "slow"] + [f"cold{i:03d}" for i in range(100)]:
             host.infer(name, {"X": np.zeros((1, 4), np.float32)})
-        lease = host.acquire("slow")
-        gate = _Gate(lease.session)
-        lease.release()
-        workers = corral.runtime().options.compute_workers
-        blockers = [
-            host.submit("slow", {"X": np.zeros((1, 4), np.float32)}) for _ in range(workers)
-        ]
-        for _ in range(workers):
-            assert gate.started.acquire(timeout=10)
+        gate, blockers = _hold_workers(host)
         order: list[str] = []
         lock = threading.Lock()  # guards order
 

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
 
 import corral
 from corral import ConcurrencyPolicy, SessionState, _ort
 from corral.testing import emulate_provider
-from tests.conftest import reference_run, wait_until
+from tests.conftest import build_reshape, reference_run, wait_until
 
 X = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
 
@@ -126,23 +125,8 @@ def test_outputs_selects_and_checks_names(mlp_model):
         session.run({"X": X}, outputs="Y")
 
 
-def _reshape_model() -> bytes:
-    graph = helper.make_graph(
-        [helper.make_node("Reshape", ["X", "S"], ["Y"])],
-        "reshape",
-        [
-            helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N"]),
-            helper.make_tensor_value_info("S", TensorProto.INT64, [1]),
-        ],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model.SerializeToString()
-
-
 def test_errors_onnxruntime_finds_at_run_time_are_translated():
-    session = corral.Session(_reshape_model(), name="reshaper")
+    session = corral.Session(build_reshape(), name="reshaper")
     # Valid for corral's checks (dtypes and ranks match), impossible for Reshape.
     feed = {"X": np.ones(5, np.float32), "S": np.array([7], np.int64)}
     with pytest.raises(
