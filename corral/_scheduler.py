@@ -205,10 +205,13 @@ class Scheduler:
             if not queue.in_ready:
                 queue.in_ready = True
                 self._ready.append(queue)
-            if self._idle:
-                self._cond.notify()
-            elif len(self._threads) < self._workers:
-                self._start_worker_locked()
+            self._wake_locked()
+
+    def _wake_locked(self) -> None:
+        if self._idle:
+            self._cond.notify()
+        elif len(self._threads) < self._workers:
+            self._start_worker_locked()
 
     def stats(self) -> dict[str, QueueStats]:
         """Each model's queue figures, by session name (``model:version`` under a Host)."""
@@ -258,13 +261,28 @@ class Scheduler:
                         self._cond.wait(wait)
                     finally:
                         self._idle -= 1
-                batch = _take_batch(queue)
+                taken = _take(queue)
                 if queue.pending:
                     self._ready.append(queue)  # to the back: round robin across models
                 else:
                     queue.in_ready = False
-                self._total -= len(batch)
+                self._total -= len(taken)
+            # Sorting out who shares the run happens outside the lock, which the event loops
+            # need for every request they submit.
+            batch, leftovers = _partition(taken, queue.max_rows)
+            if leftovers:
+                self._put_back(queue, leftovers)
             self._execute(queue, batch)
+
+    def _put_back(self, queue: _Queue, leftovers: list[_Request]) -> None:
+        """Return requests that could not join a batch to the front of their queue."""
+        with self._cond:
+            queue.pending.extendleft(reversed(leftovers))
+            self._total += len(leftovers)
+            if not queue.in_ready:
+                queue.in_ready = True
+                self._ready.appendleft(queue)  # still its turn
+            self._wake_locked()
 
     def _next_due_locked(self) -> tuple[_Queue | None, float | None]:
         """The first ready queue whose batch window has closed, and else how long to wait."""
@@ -363,25 +381,30 @@ def _shape_key(
     return max(rows, 0), tuple(parts)
 
 
-def _take_batch(queue: _Queue) -> list[_Request]:
-    """Pop the oldest request and the queued ones that can share its run."""
-    first = queue.pending.popleft()
+def _take(queue: _Queue) -> list[_Request]:
+    """Pop the requests the next run may use: one if the model does not batch."""
+    pending = queue.pending
+    if queue.max_rows == 0:
+        return [pending.popleft()]
+    count = min(len(pending), queue.max_rows, _SCAN_LIMIT)
+    return [pending.popleft() for _ in range(count)]
+
+
+def _partition(taken: list[_Request], max_rows: int) -> tuple[list[_Request], list[_Request]]:
+    """The oldest request and those that can share its run; and the rest, in order."""
+    first = taken[0]
+    if max_rows == 0 or first.rows == 0 or first.rows >= max_rows:
+        return [first], taken[1:]  # not batchable, or as large as a batch on its own
     batch = [first]
-    if queue.max_rows == 0 or first.rows == 0 or first.rows >= queue.max_rows:
-        return batch  # not batchable, or as large as a batch on its own
+    leftovers: list[_Request] = []
     rows = first.rows
-    skipped: list[_Request] = []
-    scanned = 0
-    while queue.pending and rows < queue.max_rows and scanned < _SCAN_LIMIT:
-        request = queue.pending.popleft()
-        scanned += 1
-        if request.key == first.key and rows + request.rows <= queue.max_rows:
+    for request in taken[1:]:
+        if request.key == first.key and rows + request.rows <= max_rows:
             batch.append(request)
             rows += request.rows
         else:
-            skipped.append(request)  # another shape, or too big to fit: a later batch
-    queue.pending.extendleft(reversed(skipped))
-    return batch
+            leftovers.append(request)  # another shape, or too big to fit: a later batch
+    return batch, leftovers
 
 
 def _run_batch(session: Session, batch: list[_Request]) -> list[Outputs]:
