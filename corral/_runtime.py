@@ -235,6 +235,7 @@ class Runtime:
                 first = True
                 self._state = RuntimeState.SHUTTING_DOWN
                 sessions = list(self._sessions)
+                compute = self._compute
         if not first:
             if not self._drained.wait(timeout):
                 raise DrainTimeout(f"another thread's shutdown is still draining after {timeout}s")
@@ -242,8 +243,6 @@ class Runtime:
         atexit.unregister(self._shutdown_at_exit)
         deadline = _Deadline(timeout)
         unfinished = 0
-        with self._state_lock:
-            compute = self._compute
         # Requests already queued were accepted: run them before closing their sessions.
         if compute is not None and not compute.shutdown(deadline.remaining()):
             unfinished += 1
@@ -266,10 +265,9 @@ class Runtime:
         with self._state_lock:
             state = self._state
             sessions = list(self._sessions)
+            compute = self._compute
         started = state in (RuntimeState.RUNNING, RuntimeState.SHUTTING_DOWN)
         pool_threads = self._options.intra_op_threads - 1 + self._options.inter_op_threads - 1
-        with self._state_lock:
-            compute = self._compute
         compute_threads = 0 if compute is None else compute.threads
         return RuntimeStats(
             state=state,

@@ -206,19 +206,16 @@ class Session:
         """
         run_options = _thread_run_options()
         with self._state_lock:
-            if admitted:
-                self._active_runs.add(run_options)
-                replicas, idle = self._replicas, self._idle
-            elif lease is not None:
-                # A lease holds the session open through CLOSING: its run may still start.
-                if lease._released:
-                    raise SessionClosed(f"the lease on session {self._name!r} was released")
-            elif self._state is not SessionState.READY:
-                raise self._closed_error()
             if not admitted:
+                if lease is not None:
+                    # A lease holds the session open through CLOSING: its run may still start.
+                    if lease._released:
+                        raise SessionClosed(f"the lease on session {self._name!r} was released")
+                elif self._state is not SessionState.READY:
+                    raise self._closed_error()
                 self._in_flight += 1
-                self._active_runs.add(run_options)
-                replicas, idle = self._replicas, self._idle
+            self._active_runs.add(run_options)
+            replicas, idle = self._replicas, self._idle
         try:
             if idle is None:
                 results = replicas[0].run(names, feed, run_options)
@@ -275,15 +272,12 @@ class Session:
         Returns at once: for retiring a session that other threads may still be using (a
         model swapped for a newer version). Idempotent.
         """
-        with self._state_lock:
-            if self._state is SessionState.CLOSED:
-                return
-            if self._state in (SessionState.LOADING, SessionState.READY):
-                self._state = SessionState.CLOSING
-                self._closed_reason = "retired: a newer copy of the model took its place"
-            released = self._in_flight == 0 and self._release_locked()
-        if released:
-            self._runtime._unregister(self)
+        self._close(
+            None,
+            cancel=False,
+            reason="retired: a newer copy of the model took its place",
+            wait=False,
+        )
 
     def __enter__(self) -> Session:
         return self
@@ -316,10 +310,8 @@ class Session:
 
     def _dismiss(self, count: int) -> None:
         """End ``count`` admissions at once."""
-        released = False
         with self._state_lock:
-            for _ in range(count):
-                released = self._end_use_locked() or released
+            released = self._end_use_locked(count)
         if released:
             self._runtime._unregister(self)
 
@@ -345,7 +337,9 @@ class Session:
                     replicas.append(_ort.create_session(source, options, providers.ort_providers))
         return tuple(replicas)
 
-    def _close(self, timeout: float | None, *, cancel: bool, reason: str) -> None:
+    def _close(
+        self, timeout: float | None, *, cancel: bool, reason: str, wait: bool = True
+    ) -> None:
         with self._state_lock:
             if self._state is SessionState.CLOSED:
                 return
@@ -356,21 +350,23 @@ class Session:
                 for run_options in self._active_runs:
                     run_options.terminate = True
             released = self._in_flight == 0 and self._release_locked()
-            closed = released or self._closed.wait_for(
-                lambda: self._state is SessionState.CLOSED, timeout
+            done = (
+                released
+                or not wait
+                or self._closed.wait_for(lambda: self._state is SessionState.CLOSED, timeout)
             )
             in_flight = self._in_flight
         if released:
             self._runtime._unregister(self)
-        if not closed:
+        if not done:
             raise DrainTimeout(
                 f"session {self._name!r} still has {in_flight} run(s) or lease(s) in flight "
                 f"after {timeout}s; it is released when the last one ends"
             )
 
-    def _end_use_locked(self) -> bool:
-        """One run, lease or load ended. Returns True if that released the session."""
-        self._in_flight -= 1
+    def _end_use_locked(self, count: int = 1) -> bool:
+        """Runs, leases or loads ended. Returns True if that released the session."""
+        self._in_flight -= count
         if self._in_flight == 0 and self._state is SessionState.CLOSING:
             return self._release_locked()
         return False
