@@ -412,36 +412,35 @@ class Host:
 
     def _ready_lease(self, name: str, version: int | str | None) -> HostLease | None:
         """A lease on the newest version if it is loaded, without blocking; else None."""
-        if version is not None or type(name) is not str:
-            return None
-        # `name` is only used as a key here; an invalid one simply misses and is checked on
-        # the slow path.
         with self._lock:
-            loaded = self._ready.get(name)
-            if loaded is not None and self._state is HostState.RUNNING:
-                return self._lease_locked(loaded)
-        return None
+            loaded = self._ready_locked(name, version)
+            return None if loaded is None else self._lease_locked(loaded)
 
     def _ready_admit(self, name: str, version: int | str | None) -> _Loaded | None:
         """Admit one queued request on the newest version if loaded, without blocking."""
-        if version is not None or type(name) is not str:
-            return None
         with self._lock:
-            loaded = self._ready.get(name)
-            if loaded is None or self._state is not HostState.RUNNING:
-                return None
-            loaded.session._admit()
-            self._loaded.move_to_end((name, loaded.version))
-            loaded.last_used = time.time()
-            loaded.runs += 1
+            loaded = self._ready_locked(name, version)
+            if loaded is not None:
+                loaded.session._admit()
+                self._note_use_locked(loaded)
             return loaded
+
+    def _ready_locked(self, name: str, version: int | str | None) -> _Loaded | None:
+        # `name` is only used as a key here; an invalid one simply misses and is checked on
+        # the slow path.
+        if version is not None or type(name) is not str or self._state is not HostState.RUNNING:
+            return None
+        return self._ready.get(name)
 
     def _lease_locked(self, loaded: _Loaded) -> HostLease:
         lease = loaded.session.acquire()
+        self._note_use_locked(loaded)
+        return HostLease(self, loaded, lease)
+
+    def _note_use_locked(self, loaded: _Loaded) -> None:
         self._loaded.move_to_end((loaded.name, loaded.version))
         loaded.last_used = time.time()
         loaded.runs += 1
-        return HostLease(self, loaded, lease)
 
     def infer(
         self,
@@ -852,31 +851,12 @@ class Host:
         try:
             with self._lock:
                 entry = self._entries[name]
-            file = entry.versions[version]
-            config = entry.config
-            size = estimate_model_bytes(file.size, self._replicas(config))
+            size = estimate_model_bytes(entry.versions[version].size, self._replicas(entry.config))
             evicted = self._reserve(key, size, deadline)
             reserved = size
             self._drain(evicted, timeout=0)
             with self._load_slots:
-                session = Session(
-                    file.path,
-                    runtime=self._runtime,
-                    providers=config.providers,
-                    concurrency=config.concurrency,
-                    name=f"{name}:{version}",
-                )
-                if config.warmup:
-                    _warm_up(session)
-            loaded = _Loaded(
-                name,
-                version,
-                session,
-                size,
-                _version_fingerprint(entry, version),
-                self._pinned_by_config(name) or name in self._pinned,
-                *self._batch_plan(config),
-            )
+                session = self._build(name, version, entry)
             with self._lock:
                 self._bytes_reserved -= reserved
                 self._loads_reserved -= 1
@@ -884,6 +864,7 @@ class Host:
                 self._room_may_have_grown_locked()
                 if self._state is not HostState.RUNNING:
                     raise HostClosed("the Host closed while the model was loading")
+                loaded = self._new_loaded_locked(entry, version, session, size)
                 self._loaded[key] = loaded
                 self._bytes_used += size
                 self._failures.pop(key, None)
@@ -1130,6 +1111,20 @@ class Host:
                 "corral: reloading %s failed, still serving the old copy: %s", name, error
             )
 
+    def _new_loaded_locked(
+        self, entry: ModelEntry, version: int, session: Session, size: int
+    ) -> _Loaded:
+        """The record of a version just built: what loads and swaps both publish."""
+        return _Loaded(
+            entry.name,
+            version,
+            session,
+            size,
+            _version_fingerprint(entry, version),
+            entry.config.pinned or entry.name in self._pinned,
+            *self._batch_plan(entry.config),
+        )
+
     def _build(self, name: str, version: int, entry: ModelEntry) -> Session:
         session = Session(
             entry.versions[version].path,
@@ -1152,16 +1147,8 @@ class Host:
                     session.close_when_idle()
                 return
             for version, session in fresh.items():
-                file = entry.versions[version]
-                loaded = _Loaded(
-                    name,
-                    version,
-                    session,
-                    estimate_model_bytes(file.size, replicas),
-                    _version_fingerprint(entry, version),
-                    entry.config.pinned or name in self._pinned,
-                    *self._batch_plan(entry.config),
-                )
+                size = estimate_model_bytes(entry.versions[version].size, replicas)
+                loaded = self._new_loaded_locked(entry, version, session, size)
                 old = self._loaded.pop((name, version), None)
                 if old is not None:
                     retired.append(old)
