@@ -41,6 +41,7 @@ from corral._errors import (
     ModelNotFound,
     ModelTooLarge,
 )
+from corral._histogram import Histogram
 from corral._providers import resolve_policy, resolve_providers
 from corral._repository import ModelEntry, Repository, validate_model_name
 from corral._runtime import Runtime, runtime
@@ -208,8 +209,7 @@ class _Counters:
     evictions: int = 0
     unloads: int = 0
     reloads: int = 0
-    load_seconds_sum: float = 0.0
-    load_seconds_buckets: list[int] = field(default_factory=lambda: [0] * len(LOAD_SECONDS_BUCKETS))
+    load_seconds: Histogram[float] = field(default_factory=lambda: Histogram(LOAD_SECONDS_BUCKETS))
 
 
 _Key = tuple[str, int]
@@ -712,12 +712,6 @@ class Host:
         """Counters and gauges, for the server and its metrics."""
         with self._lock:
             counters = self._counters
-            cumulative, running = [], 0
-            for bound, count in zip(
-                LOAD_SECONDS_BUCKETS, counters.load_seconds_buckets, strict=True
-            ):
-                running += count
-                cumulative.append((bound, running))
             return HostStats(
                 state=self._state,
                 loaded_models=len({key[0] for key in self._loaded}),
@@ -730,8 +724,8 @@ class Host:
                 evictions=counters.evictions,
                 unloads=counters.unloads,
                 reloads=counters.reloads,
-                load_seconds_sum=counters.load_seconds_sum,
-                load_seconds_buckets=tuple(cumulative),
+                load_seconds_sum=counters.load_seconds.total,
+                load_seconds_buckets=counters.load_seconds.cumulative(),
             )
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -869,7 +863,8 @@ class Host:
                 self._bytes_used += size
                 self._failures.pop(key, None)
                 self._loading.pop(key, None)
-                self._count_load(time.monotonic() - started)
+                self._counters.loads += 1
+                self._counters.load_seconds.observe(time.monotonic() - started)
             session = None
             done.set_result(None)
         except BaseException as exc:
@@ -1012,15 +1007,6 @@ class Host:
         self._failures[key] = _Failure(error, fingerprint, attempts, time.monotonic() + wait)
         self._counters.load_failures += 1
         logger.warning("corral: loading %s version %s failed: %s", key[0], key[1], error)
-
-    def _count_load(self, seconds: float) -> None:
-        counters = self._counters
-        counters.loads += 1
-        counters.load_seconds_sum += seconds
-        for index, bound in enumerate(LOAD_SECONDS_BUCKETS):
-            if seconds <= bound:
-                counters.load_seconds_buckets[index] += 1
-                break
 
     def _replicas(self, config: ModelConfig) -> int:
         providers = resolve_providers(config.providers)

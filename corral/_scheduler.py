@@ -34,6 +34,7 @@ from corral._errors import (
     Overloaded,
     RuntimeClosed,
 )
+from corral._histogram import Histogram
 
 if TYPE_CHECKING:
     from corral._session import Session
@@ -122,7 +123,7 @@ class _Queue:  # weak-referenceable: the Scheduler lists queues without keeping 
     rows: int = 0
     queue_seconds: float = 0.0
     compute_seconds: float = 0.0
-    batch_buckets: list[int] = field(default_factory=lambda: [0] * len(BATCH_ROWS_BUCKETS))
+    batch_rows: Histogram[int] = field(default_factory=lambda: Histogram(BATCH_ROWS_BUCKETS))
 
 
 class Scheduler:
@@ -170,9 +171,8 @@ class Scheduler:
 
         ``session`` must hold an admission for this request (``Session._admit``); it is
         ended once the request is answered, or at once if it is refused. An asyncio future
-        is resolved
-        on ``loop``. Raises :class:`Overloaded` at once if the model's queue or the whole
-        scheduler is full, :class:`RuntimeClosed` after shutdown began.
+        is resolved on ``loop``. Raises :class:`Overloaded` at once if the model's queue or
+        the whole scheduler is full, :class:`RuntimeClosed` after shutdown began.
         """
         rows, key = _shape_key(feed, names) if max_batch_size else (0, ())
         request = _Request(
@@ -349,10 +349,7 @@ class Scheduler:
                 queue.rows += rows
                 queue.queue_seconds += sum(now - r.enqueued for r in live)
                 queue.compute_seconds += elapsed
-                for bucket, bound in enumerate(BATCH_ROWS_BUCKETS):
-                    if rows <= bound:
-                        queue.batch_buckets[bucket] += 1
-                        break
+                queue.batch_rows.observe(rows)
         for request in late:
             _settle(request, None, _expired(request, queued=True))
         _answer(answers)
@@ -499,10 +496,6 @@ def _deliver(
 
 
 def _stats(queue: _Queue) -> QueueStats:
-    cumulative, running = [], 0
-    for bound, count in zip(BATCH_ROWS_BUCKETS, queue.batch_buckets, strict=True):
-        running += count
-        cumulative.append((bound, running))
     return QueueStats(
         accepted=queue.accepted,
         rejected=queue.rejected,
@@ -513,5 +506,5 @@ def _stats(queue: _Queue) -> QueueStats:
         rows=queue.rows,
         queue_seconds_sum=queue.queue_seconds,
         compute_seconds_sum=queue.compute_seconds,
-        batch_rows_buckets=tuple(cumulative),
+        batch_rows_buckets=queue.batch_rows.cumulative(),
     )
