@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 import numpy as np
 
@@ -51,6 +51,7 @@ __all__ = [
     "measure_engine",
     "run_demo",
     "run_worker",
+    "run_worker_module",
 ]
 
 #: ``corral``: corral Sessions on one Runtime; ``onnxruntime``: InferenceSessions with defaults.
@@ -62,6 +63,8 @@ DemoStep = Literal["build", "corral", "onnxruntime"]
 #: ``progress(step, done, total)``. ``build`` counts models written; an engine's step reports
 #: ``0`` of ``1`` when its worker starts and ``1`` of ``1`` when it has finished.
 DemoProgress = Callable[[DemoStep, int, int], None]
+
+Parsed = TypeVar("Parsed")
 
 _MODEL_KINDS: tuple[ModelKind, ...] = ("tree", "linear", "mlp")
 _N_FEATURES = 4
@@ -223,39 +226,51 @@ def run_worker(
     Raises :class:`WorkerFailed`, with the worker's stderr, if it exits with an error, prints
     no result, or runs longer than ``timeout`` seconds (it is then killed).
     """
-    command = [
-        sys.executable,
-        "-m",
-        "corral.bench.demo",
-        "worker",
+    arguments = [
         f"--engine={engine}",
         f"--models={models_dir}",
         f"--threads={threads}",
         f"--requests={requests}",
         f"--seed={seed}",
     ]
+    return run_worker_module(
+        "corral.bench.demo", arguments, f"the {engine} worker", WorkerResult.from_json, timeout
+    )
+
+
+def run_worker_module(
+    module: str,
+    arguments: Sequence[str],
+    label: str,
+    parse: Callable[[str], Parsed],
+    timeout: float,
+) -> Parsed:
+    """Run ``python -m module worker *arguments`` in a fresh interpreter; parse its result.
+
+    The result is the last line the worker prints (onnxruntime may print to stdout itself).
+    Raises :class:`WorkerFailed`, with the worker's stderr, if it exits with an error, prints
+    no result ``parse`` accepts, or runs longer than ``timeout`` seconds (it is then killed).
+    """
+    command = [sys.executable, "-m", module, "worker", *arguments]
     try:
         completed = subprocess.run(
             command, capture_output=True, text=True, timeout=timeout, check=False
         )
     except subprocess.TimeoutExpired as exc:
         raise WorkerFailed(
-            f"the {engine} worker did not finish within {timeout:g}s and was killed; "
+            f"{label} did not finish within {timeout:g}s and was killed; "
             f"stderr:\n{_text(exc.stderr)}"
         ) from exc
     if completed.returncode != 0:
         raise WorkerFailed(
-            f"the {engine} worker exited with status {completed.returncode}; "
-            f"stderr:\n{completed.stderr}"
+            f"{label} exited with status {completed.returncode}; stderr:\n{completed.stderr}"
         )
     lines = completed.stdout.strip().splitlines()
     try:
-        # onnxruntime may print to stdout itself; the result is always the last line.
-        return WorkerResult.from_json(lines[-1])
+        return parse(lines[-1])
     except (IndexError, ValueError, TypeError) as exc:
         raise WorkerFailed(
-            f"the {engine} worker printed no result (stdout: {completed.stdout!r}); "
-            f"stderr:\n{completed.stderr}"
+            f"{label} printed no result (stdout: {completed.stdout!r}); stderr:\n{completed.stderr}"
         ) from exc
 
 

@@ -32,7 +32,6 @@ import importlib
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -52,8 +51,8 @@ from corral.bench.demo import (
     WorkerFailed,
     _load_onnxruntime,
     _positive_int,
-    _text,
     _threads_besides,
+    run_worker_module,
 )
 from corral.bench.models import build_model
 
@@ -220,37 +219,9 @@ def run_footprint_worker(
     Raises :class:`WorkerFailed`, with the worker's stderr, if it exits with an error, prints
     no result, or runs longer than ``timeout`` seconds (it is then killed).
     """
-    command = [
-        sys.executable,
-        "-m",
-        "corral.bench.footprint",
-        "worker",
-        f"--engine={engine}",
-        f"--repo={repo}",
-        f"--count={count}",
-    ]
+    arguments = [f"--engine={engine}", f"--repo={repo}", f"--count={count}"]
     label = f"the {engine} worker ({count} models)"
-    try:
-        completed = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise WorkerFailed(
-            f"{label} did not finish within {timeout:g}s and was killed; "
-            f"stderr:\n{_text(exc.stderr)}"
-        ) from exc
-    if completed.returncode != 0:
-        raise WorkerFailed(
-            f"{label} exited with status {completed.returncode}; stderr:\n{completed.stderr}"
-        )
-    lines = completed.stdout.strip().splitlines()
-    try:
-        # onnxruntime may print to stdout itself; the result is always the last line.
-        return _parse_result(lines[-1])
-    except (IndexError, ValueError, TypeError) as exc:
-        raise WorkerFailed(
-            f"{label} printed no result (stdout: {completed.stdout!r}); stderr:\n{completed.stderr}"
-        ) from exc
+    return run_worker_module("corral.bench.footprint", arguments, label, _parse_result, timeout)
 
 
 # -- tables ---------------------------------------------------------------------------------
