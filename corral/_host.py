@@ -333,7 +333,9 @@ class Host:
         self._counters = _Counters()
         self._executor: ThreadPoolExecutor | None = None
         self._load_slots = threading.BoundedSemaphore(concurrency)
-        # Signalled when a lease ends while a load waits for room; shares _lock.
+        # Signalled when room may have grown (a load ends, an unload, an unpin) while a load
+        # waits for room; shares _lock. Lease releases do not signal: waiters look again
+        # every ROOM_POLL_S.
         self._room = threading.Condition(self._lock)
         self._room_waiters = 0
 
