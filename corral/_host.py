@@ -20,7 +20,6 @@ import os
 import re
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -40,6 +39,7 @@ from corral._errors import (
     ModelLoadError,
     ModelNotFound,
     ModelTooLarge,
+    SessionClosed,
 )
 from corral._histogram import Histogram
 from corral._providers import resolve_policy, resolve_providers
@@ -48,6 +48,7 @@ from corral._runtime import Runtime, runtime
 from corral._scheduler import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_QUEUE_LIMIT,
+    ModelQueue,
     QueueStats,
     Scheduler,
 )
@@ -188,8 +189,17 @@ class _Loaded:
     #: The scheduler's settings for it: rows per batch (0: never batch) and batch window.
     max_batch_size: int = 0
     batch_window_us: int = 0
+    #: Its queue in the Runtime's scheduler, made with the first queued request.
+    queue: ModelQueue | None = None
+    #: Wall-clock time of the last request; stamped without the lock (a single store).
     last_used: float | None = None
-    runs: int = 0
+    #: Wall-clock time it was published: its age for eviction until its first request.
+    loaded_at: float = field(default_factory=time.time)
+
+
+def _least_recent(item: tuple[_Key, _Loaded]) -> float:
+    loaded = item[1]
+    return loaded.loaded_at if loaded.last_used is None else loaded.last_used
 
 
 @dataclass(eq=False)
@@ -316,7 +326,7 @@ class Host:
         # own lock may be taken while holding it, never the other way round.
         self._lock = threading.Lock()
         self._state = HostState.RUNNING
-        self._loaded: OrderedDict[_Key, _Loaded] = OrderedDict()  # least recently used first
+        self._loaded: dict[_Key, _Loaded] = {}  # in load order
         self._loading: dict[_Key, Future[None]] = {}
         self._retiring: dict[int, _Loaded] = {}
         self._failures: dict[_Key, _Failure] = {}
@@ -414,35 +424,42 @@ class Host:
 
     def _ready_lease(self, name: str, version: int | str | None) -> HostLease | None:
         """A lease on the newest version if it is loaded, without blocking; else None."""
-        with self._lock:
-            loaded = self._ready_locked(name, version)
-            return None if loaded is None else self._lease_locked(loaded)
+        loaded = self._ready_lookup(name, version)
+        if loaded is None:
+            return None
+        try:
+            lease = loaded.session.acquire()
+        except SessionClosed:
+            return None  # evicted or swapped since the lookup: the slow path finds it again
+        loaded.last_used = time.time()
+        return HostLease(self, loaded, lease)
 
     def _ready_admit(self, name: str, version: int | str | None) -> _Loaded | None:
         """Admit one queued request on the newest version if loaded, without blocking."""
-        with self._lock:
-            loaded = self._ready_locked(name, version)
-            if loaded is not None:
-                loaded.session._admit()
-                self._note_use_locked(loaded)
-            return loaded
+        loaded = self._ready_lookup(name, version)
+        if loaded is None:
+            return None
+        try:
+            loaded.session._admit()
+        except SessionClosed:
+            return None
+        loaded.last_used = time.time()
+        return loaded
 
-    def _ready_locked(self, name: str, version: int | str | None) -> _Loaded | None:
-        # `name` is only used as a key here; an invalid one simply misses and is checked on
-        # the slow path.
+    def _ready_lookup(self, name: str, version: int | str | None) -> _Loaded | None:
+        # The hot path takes no Host lock: _ready is only changed under it, one dict operation
+        # at a time, and a version found here is admitted by its session's own lock, which
+        # refuses it if eviction, a swap or close took it out of service meanwhile (the caller
+        # then takes the slow path). `name` is only a key here; an invalid one simply misses
+        # and is checked on the slow path.
         if version is not None or type(name) is not str or self._state is not HostState.RUNNING:
             return None
         return self._ready.get(name)
 
     def _lease_locked(self, loaded: _Loaded) -> HostLease:
         lease = loaded.session.acquire()
-        self._note_use_locked(loaded)
-        return HostLease(self, loaded, lease)
-
-    def _note_use_locked(self, loaded: _Loaded) -> None:
-        self._loaded.move_to_end((loaded.name, loaded.version))
         loaded.last_used = time.time()
-        loaded.runs += 1
+        return HostLease(self, loaded, lease)
 
     def infer(
         self,
@@ -458,17 +475,18 @@ class Host:
         ``timeout`` bounds the wait for a load. Raises what :meth:`acquire` and
         :meth:`Session.run` raise.
         """
-        loaded = self._ready_admit(name, version)
+        loaded = self._ready_lookup(name, version)
         if loaded is not None:
-            # The hot path: admitted under the Host's lock, checked, run, dismissed by the run.
+            # The hot path: no Host lock; the session admits the run under its own.
+            loaded.last_used = time.time()
             session = loaded.session
+            signature = session._signature
+            feed = signature.prepare_inputs(inputs)
+            names = signature.output_names(outputs)
             try:
-                feed = session.signature.prepare_inputs(inputs)
-                names = session.signature.output_names(outputs)
-            except BaseException:
-                session._dismiss(1)
-                raise
-            return session._run_prepared(feed, names, None, admitted=True, dismiss=True)
+                return session._run_prepared(feed, names, None)
+            except SessionClosed:
+                pass  # taken out of service since the lookup: load it again below
         lease = self.acquire(name, version, timeout=timeout)
         try:
             return lease.run(inputs, outputs)
@@ -568,20 +586,18 @@ class Host:
         """Check a request and queue it; its admission passes to the scheduler, which ends it."""
         session = loaded.session
         try:
-            signature = session.signature
+            signature = session._signature
             feed = signature.prepare_inputs(inputs)
             names = signature.output_names(outputs)
-            self._scheduler().submit(
-                session,
-                feed,
-                names,
-                future,
-                deadline=deadline,
-                loop=loop,
-                max_batch_size=loaded.max_batch_size,
-                batch_window_us=loaded.batch_window_us,
-                queue_limit=self._queue_limit,
-            )
+            queue = loaded.queue
+            if queue is None:
+                queue = loaded.queue = self._scheduler().queue(
+                    session,
+                    max_batch_size=loaded.max_batch_size,
+                    batch_window_us=loaded.batch_window_us,
+                    queue_limit=self._queue_limit,
+                )
+            (self._compute or self._scheduler()).submit(queue, feed, names, future, deadline, loop)
         except BaseException:
             session._dismiss(1)
             raise
@@ -949,7 +965,9 @@ class Host:
         chosen: list[_Key] = []
         freed_bytes = freed_count = 0
         pinned_bytes = pinned_count = 0
-        for candidate_key, candidate in self._loaded.items():
+        # Least recently used first. Requests stamp last_used without the Host's lock, so the
+        # order is taken here, where it is needed, rather than kept on every request.
+        for candidate_key, candidate in sorted(self._loaded.items(), key=_least_recent):
             if self._fits_locked(size, freed_bytes, freed_count):
                 return chosen, False
             if candidate.pinned:
@@ -1212,7 +1230,7 @@ def _status(name: str, entry: ModelEntry | None, parts: _Parts | None) -> ModelS
 
 def _version_status(loaded: _Loaded, state: ModelState) -> VersionStatus:
     return VersionStatus(
-        loaded.version, state, loaded.size_bytes, loaded.last_used, loaded.runs, None
+        loaded.version, state, loaded.size_bytes, loaded.last_used, loaded.session._uses, None
     )
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "DEFAULT_MAX_BATCH_SIZE",
     "DEFAULT_QUEUE_LIMIT",
     "DEFAULT_TOTAL_LIMIT",
+    "ModelQueue",
     "QueueStats",
     "Scheduler",
 ]
@@ -106,7 +107,7 @@ class _Request:
 
 
 @dataclass(eq=False)
-class _Queue:  # weak-referenceable: the Scheduler lists queues without keeping them alive
+class ModelQueue:  # weak-referenceable: the Scheduler lists queues without keeping them alive
     """One model's queue; every field guarded by the Scheduler's lock."""
 
     session: Session
@@ -136,61 +137,78 @@ class Scheduler:
     def __init__(self, workers: int, *, total_limit: int = DEFAULT_TOTAL_LIMIT) -> None:
         self._workers = workers
         self._total_limit = total_limit
-        # Guards every queue, _ready, _total, _state and _threads; workers wait on it.
-        # Held for bookkeeping only: never across a run or a delivery.
-        self._cond = threading.Condition(threading.Lock())
+        # Guards every queue, _ready, _total, _state, _threads and _sleepers. Held for
+        # bookkeeping only: never across a run, a delivery or a worker's sleep.
+        self._lock = threading.Lock()
         # The queues, to report on; each Session also carries its own (session._queue) so that
         # submit finds it without a weak-reference lookup.
-        self._queues: weakref.WeakSet[_Queue] = weakref.WeakSet()
-        self._ready: deque[_Queue] = deque()  # queues with requests, each at most once
+        self._queues: weakref.WeakSet[ModelQueue] = weakref.WeakSet()
+        self._ready: deque[ModelQueue] = deque()  # queues with requests, each at most once
         self._total = 0
         self._state = _State.RUNNING
         self._threads: list[threading.Thread] = []
-        self._idle = 0  # workers waiting for work
+        # Workers asleep, each on its own held lock, which a submit releases to wake it: a
+        # wake-up costs one C call, where Condition.notify costs a microsecond of Python on
+        # every request's path.
+        self._sleepers: list[threading.Lock] = []
 
     @property
     def threads(self) -> int:
         """Compute threads started."""
-        with self._cond:
+        with self._lock:
             return len(self._threads)
 
-    def submit(
+    def queue(
         self,
         session: Session,
-        feed: dict[str, npt.NDArray[Any]],
-        names: list[str],
-        future: Future[Outputs] | asyncio.Future[Outputs],
         *,
-        deadline: float | None = None,
-        loop: asyncio.AbstractEventLoop | None = None,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         batch_window_us: int = 0,
         queue_limit: int = DEFAULT_QUEUE_LIMIT,
-    ) -> None:
-        """Queue a checked request; its ``future`` is resolved by a compute worker.
+    ) -> ModelQueue:
+        """The queue of ``session``'s requests, made on first use with these settings.
 
-        ``session`` must hold an admission for this request (``Session._admit``); it is
-        ended once the request is answered, or at once if it is refused. An asyncio future
-        is resolved on ``loop``. Raises :class:`Overloaded` at once if the model's queue or
-        the whole scheduler is full, :class:`RuntimeClosed` after shutdown began.
+        ``max_batch_size`` rows per run (0: never batch; a model whose signature is not
+        batchable never is), ``batch_window_us`` how long a batch may wait to fill, and
+        ``queue_limit`` how many requests may wait before new ones are refused.
         """
-        rows, key = _shape_key(feed, names) if max_batch_size else (0, ())
-        request = _Request(
-            feed, names, rows, key, deadline, time.monotonic(), session, future, loop
-        )
-        with self._cond:
-            if self._state is not _State.RUNNING:
-                raise RuntimeClosed("the runtime is shutting down and takes no new requests")
+        with self._lock:
             queue = session._queue
             if queue is None:
                 rows_cap = max_batch_size if session.signature.batchable else 0
-                queue = _Queue(session, rows_cap, batch_window_us / 1e6, queue_limit)
+                queue = ModelQueue(session, rows_cap, batch_window_us / 1e6, queue_limit)
                 session._queue = queue
                 self._queues.add(queue)
-            if len(queue.pending) >= queue.limit:
+            return queue  # type: ignore[no-any-return]  # Session._queue is untyped
+
+    def submit(
+        self,
+        queue: ModelQueue,
+        feed: dict[str, npt.NDArray[Any]],
+        names: list[str],
+        future: Future[Outputs] | asyncio.Future[Outputs],
+        deadline: float | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        """Queue a checked request; its ``future`` is resolved by a compute worker.
+
+        The queue's session must hold an admission for this request (``Session._admit``);
+        it is ended once the request is answered, or at once if it is refused. An asyncio
+        future is resolved on ``loop``. Raises :class:`Overloaded` at once if the model's
+        queue or the whole scheduler is full, :class:`RuntimeClosed` after shutdown began.
+        """
+        rows, key = _shape_key(feed) if queue.max_rows else (0, ())
+        request = _Request(
+            feed, names, rows, key, deadline, time.monotonic(), queue.session, future, loop
+        )
+        with self._lock:
+            if self._state is not _State.RUNNING:
+                raise RuntimeClosed("the runtime is shutting down and takes no new requests")
+            pending = queue.pending
+            if len(pending) >= queue.limit:
                 queue.rejected += 1
                 raise Overloaded(
-                    f"model {session.name!r} has {len(queue.pending)} requests queued, its "
+                    f"model {queue.session.name!r} has {len(pending)} requests queued, its "
                     f"limit; try again later"
                 )
             if self._total >= self._total_limit:
@@ -199,23 +217,26 @@ class Scheduler:
                     f"{self._total} requests are queued across all models, the limit; "
                     "try again later"
                 )
-            queue.pending.append(request)
+            pending.append(request)
             queue.accepted += 1
             self._total += 1
             if not queue.in_ready:
                 queue.in_ready = True
                 self._ready.append(queue)
-            self._wake_locked()
+            if self._sleepers:
+                self._sleepers.pop().release()
+            elif len(self._threads) < self._workers:
+                self._start_worker_locked()
 
     def _wake_locked(self) -> None:
-        if self._idle:
-            self._cond.notify()
+        if self._sleepers:
+            self._sleepers.pop().release()
         elif len(self._threads) < self._workers:
             self._start_worker_locked()
 
     def stats(self) -> dict[str, QueueStats]:
         """Each model's queue figures, by session name (``model:version`` under a Host)."""
-        with self._cond:
+        with self._lock:
             return {queue.session.name: _stats(queue) for queue in self._queues}
 
     def shutdown(self, timeout: float | None = None) -> bool:
@@ -223,17 +244,18 @@ class Scheduler:
 
         Returns False if workers were still busy after ``timeout`` seconds.
         """
-        with self._cond:
+        with self._lock:
             if self._state is _State.RUNNING:
                 self._state = _State.DRAINING
-            self._cond.notify_all()
+            while self._sleepers:
+                self._sleepers.pop().release()
             threads = list(self._threads)
         deadline = None if timeout is None else time.monotonic() + timeout
         for thread in threads:
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         stopped = not any(thread.is_alive() for thread in threads)
         if stopped:
-            with self._cond:
+            with self._lock:
                 self._state = _State.STOPPED
         return stopped
 
@@ -248,19 +270,17 @@ class Scheduler:
         thread.start()
 
     def _work(self) -> None:
+        wake = threading.Lock()  # held while awake; released by whoever wakes this worker
+        wake.acquire()
         while True:
-            with self._cond:
+            with self._lock:
                 while True:
                     queue, wait = self._next_due_locked()
                     if queue is not None:
                         break
                     if self._state is not _State.RUNNING and not self._ready:
                         return
-                    self._idle += 1
-                    try:
-                        self._cond.wait(wait)
-                    finally:
-                        self._idle -= 1
+                    self._sleep_locked(wake, wait)
                 taken = _take(queue)
                 if queue.pending:
                     self._ready.append(queue)  # to the back: round robin across models
@@ -274,9 +294,25 @@ class Scheduler:
                 self._put_back(queue, leftovers)
             self._execute(queue, batch)
 
-    def _put_back(self, queue: _Queue, leftovers: list[_Request]) -> None:
+    def _sleep_locked(self, wake: threading.Lock, timeout: float | None) -> None:
+        """Release the lock until woken or ``timeout`` seconds pass; then hold it again."""
+        self._sleepers.append(wake)
+        self._lock.release()
+        try:
+            woken = wake.acquire(timeout=-1 if timeout is None else timeout)
+        finally:
+            self._lock.acquire()
+        if not woken:
+            try:
+                self._sleepers.remove(wake)
+            except ValueError:
+                # A waker took it off the list after the timeout and released it: take the
+                # release back, so that the lock is held while awake again.
+                wake.acquire()
+
+    def _put_back(self, queue: ModelQueue, leftovers: list[_Request]) -> None:
         """Return requests that could not join a batch to the front of their queue."""
-        with self._cond:
+        with self._lock:
             queue.pending.extendleft(reversed(leftovers))
             self._total += len(leftovers)
             if not queue.in_ready:
@@ -284,7 +320,7 @@ class Scheduler:
                 self._ready.appendleft(queue)  # still its turn
             self._wake_locked()
 
-    def _next_due_locked(self) -> tuple[_Queue | None, float | None]:
+    def _next_due_locked(self) -> tuple[ModelQueue | None, float | None]:
         """The first ready queue whose batch window has closed, and else how long to wait."""
         now = time.monotonic()
         wait: float | None = None
@@ -304,81 +340,107 @@ class Scheduler:
             self._ready.append(queue)
         return None, wait
 
-    def _execute(self, queue: _Queue, batch: list[_Request]) -> None:
+    def _execute(self, queue: ModelQueue, batch: list[_Request]) -> None:
+        """Run one batch and answer every request in it exactly once.
+
+        Everything here is per request on the busiest path there is (32 callers of a tiny
+        model spend more time here than in onnxruntime), so it is one pass per stage.
+        """
         now = time.monotonic()
         live: list[_Request] = []
         late: list[_Request] = []
         cancelled = 0
+        enqueued_sum = 0.0
+        rows = 0
         for request in batch:
-            if not _start(request):
+            future = request.future
+            if request.loop is None:
+                started = future.set_running_or_notify_cancel()  # type: ignore[union-attr]
+            else:
+                # An asyncio future is cancelled on its loop's thread; a cancel that lands
+                # after this check still wins there: _deliver_all drops the result.
+                started = not future.cancelled()
+            if not started:
                 cancelled += 1
-                request.session._dismiss(1)
             elif request.deadline is not None and now > request.deadline:
                 late.append(request)
             else:
                 live.append(request)
+                enqueued_sum += request.enqueued
+                rows += request.rows or 1
+        if cancelled:
+            queue.session._dismiss(cancelled)
         results: list[Outputs] | None = None
         error: BaseException | None = None
-        started = time.perf_counter()
+        started_at = time.perf_counter()
         if live:
             try:
-                results = _run_batch(queue.session, live)
+                results = _run_batch(queue.session, live, rows)
             except CorralError as exc:
                 error = exc
             except Exception as exc:
                 error = InferenceError(f"model {queue.session.name!r} failed: {exc!r}")
                 error.__cause__ = exc
-        elapsed = time.perf_counter() - started
-        finished = time.monotonic()
-        answers: list[tuple[_Request, Outputs | None, BaseException | None]] = []
-        for index, request in enumerate(live):
-            if error is not None:
-                answers.append((request, None, error))
-            elif request.deadline is not None and finished > request.deadline:
-                answers.append((request, None, _expired(request, queued=False)))
-            else:
-                assert results is not None
-                answers.append((request, results[index], None))
-        rows = sum(max(r.rows, 1) for r in live)
+        elapsed = time.perf_counter() - started_at
         # Counted before answering, so that a caller who has its answer sees it counted.
-        with self._cond:
+        with self._lock:
             queue.expired += len(late)
             queue.cancelled += cancelled
             if live:
                 queue.runs += 1
                 queue.rows += rows
-                queue.queue_seconds += sum(now - r.enqueued for r in live)
+                queue.queue_seconds += now * len(live) - enqueued_sum
                 queue.compute_seconds += elapsed
                 queue.batch_rows.observe(rows)
-        for request in late:
-            _settle(request, None, _expired(request, queued=True))
-        _answer(answers)
+        if late:
+            _answer(late, None, [_expired(request, queued=True) for request in late])
+        if live:
+            if error is not None:
+                _answer(live, None, [error] * len(live))
+            else:
+                assert results is not None
+                _answer(live, results, _late_after_run(live))
 
 
-def _shape_key(
-    feed: dict[str, npt.NDArray[Any]], names: list[str]
-) -> tuple[int, tuple[object, ...]]:
-    """Rows of a request, and what another request must share to join its batch."""
+def _late_after_run(live: list[_Request]) -> list[BaseException | None] | None:
+    """The requests whose deadline passed while their batch ran: their results are dropped."""
+    finished = time.monotonic()
+    errors: list[BaseException | None] | None = None
+    for index, request in enumerate(live):
+        if request.deadline is not None and finished > request.deadline:
+            if errors is None:
+                errors = [None] * len(live)
+            errors[index] = _expired(request, queued=False)
+    return errors
+
+
+def _shape_key(feed: dict[str, npt.NDArray[Any]]) -> tuple[int, tuple[object, ...]]:
+    """Rows of a request, and what another request must share to join its batch.
+
+    Rows 0 means the request cannot be batched (a scalar, or inputs that disagree on rows).
+    The requested outputs are compared separately.
+    """
     if len(feed) == 1:
-        ((name, array),) = feed.items()
-        if array.ndim == 0:
-            return 0, ()
-        return array.shape[0], (name, array.dtype.str, array.shape[1:], tuple(names))
+        for name, array in feed.items():
+            shape = array.shape
+            if not shape:
+                return 0, ()
+            return shape[0], (name, array.dtype, shape[1:])
     rows = -1
     parts: list[object] = []
     for name, array in feed.items():
-        if array.ndim == 0:
+        shape = array.shape
+        if not shape:
             return 0, ()
         if rows == -1:
-            rows = array.shape[0]
-        elif array.shape[0] != rows:
+            rows = shape[0]
+        elif shape[0] != rows:
             return 0, ()  # inputs disagree on rows: run it alone
-        parts.append((name, array.dtype.str, array.shape[1:]))
-    parts.append(tuple(names))
+        parts += (name, array.dtype, shape[1:])
     return max(rows, 0), tuple(parts)
 
 
-def _take(queue: _Queue) -> list[_Request]:
+def _take(queue: ModelQueue) -> list[_Request]:
     """Pop the requests the next run may use: one if the model does not batch."""
     pending = queue.pending
     if queue.max_rows == 0:
@@ -395,8 +457,13 @@ def _partition(taken: list[_Request], max_rows: int) -> tuple[list[_Request], li
     batch = [first]
     leftovers: list[_Request] = []
     rows = first.rows
+    key, names = first.key, first.names
     for request in taken[1:]:
-        if request.key == first.key and rows + request.rows <= max_rows:
+        if (
+            request.key == key
+            and (request.names is names or request.names == names)
+            and rows + request.rows <= max_rows
+        ):
             batch.append(request)
             rows += request.rows
         else:
@@ -404,22 +471,28 @@ def _partition(taken: list[_Request], max_rows: int) -> tuple[list[_Request], li
     return batch, leftovers
 
 
-def _run_batch(session: Session, batch: list[_Request]) -> list[Outputs]:
+def _run_batch(session: Session, batch: list[_Request], rows: int) -> list[Outputs]:
     first = batch[0]
     if len(batch) == 1:
         return [session._run_prepared(first.feed, first.names, None, admitted=True)]
     feed = {name: np.concatenate([r.feed[name] for r in batch]) for name in first.feed}
     outputs = session._run_prepared(feed, first.names, None, admitted=True)
-    total = sum(r.rows for r in batch)
     for name, array in outputs.items():
-        if getattr(array, "shape", (None,))[:1] != (total,):
+        if getattr(array, "shape", (None,))[:1] != (rows,):
             raise InferenceError(
                 f"model {session.name!r} returned output {name!r} with shape "
-                f"{getattr(array, 'shape', None)} for a batch of {total} rows: it does not "
+                f"{getattr(array, 'shape', None)} for a batch of {rows} rows: it does not "
                 "keep rows apart; set max_batch_size = 0 in its model.toml"
             )
     results: list[Outputs] = []
     start = 0
+    if len(outputs) == 1:
+        ((name, array),) = outputs.items()
+        for request in batch:
+            end = start + request.rows
+            results.append({name: array[start:end]})
+            start = end
+        return results
     for request in batch:
         end = start + request.rows
         results.append({name: array[start:end] for name, array in outputs.items()})
@@ -427,54 +500,48 @@ def _run_batch(session: Session, batch: list[_Request]) -> list[Outputs]:
     return results
 
 
-def _start(request: _Request) -> bool:
-    """False if the caller cancelled: then the request must not run."""
-    future = request.future
-    if isinstance(future, Future):
-        return future.set_running_or_notify_cancel()
-    # An asyncio future is cancelled on its loop's thread; a cancel that lands after this
-    # check still wins there: the result is dropped by _deliver.
-    return not future.cancelled()
-
-
 def _expired(request: _Request, *, queued: bool) -> DeadlineExceeded:
     where = "while queued" if queued else "while running; its result was discarded"
     return DeadlineExceeded(f"the deadline of a request to {request.session.name!r} passed {where}")
 
 
-def _answer(answers: list[tuple[_Request, Outputs | None, BaseException | None]]) -> None:
-    """Answer a run's requests: asyncio ones with one wake-up per event loop, not per request.
+def _answer(
+    requests: list[_Request],
+    results: list[Outputs] | None,
+    errors: list[BaseException | None] | None,
+) -> None:
+    """Answer requests of one session, each with its result or else its error.
 
-    The admissions end first, all at once: the answers need the session no more.
+    Their admissions end first, all at once: the answers need the session no more. Requests
+    from asyncio are answered with one wake-up per event loop, not one per request.
     """
-    if answers:
-        answers[0][0].session._dismiss(len(answers))
+    requests[0].session._dismiss(len(requests))
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Any, Any, Any]]] = {}
-    for request, result, error in answers:
-        if request.loop is None:
+    last_loop: asyncio.AbstractEventLoop | None = None
+    last: list[tuple[Any, Any, Any]] = []
+    for index, request in enumerate(requests):
+        result = None if results is None else results[index]
+        error = None if errors is None else errors[index]
+        loop = request.loop
+        if loop is None:
             _resolve(request.future, result, error)  # type: ignore[arg-type]  # not asyncio
+        elif loop is last_loop:
+            last.append((request.future, result, error))
         else:
-            by_loop.setdefault(request.loop, []).append((request.future, result, error))
-    for loop, batch in by_loop.items():
-        loop.call_soon_threadsafe(_deliver_all, batch)
+            last_loop, last = loop, by_loop.setdefault(loop, [])
+            last.append((request.future, result, error))
+    for loop, answers in by_loop.items():
+        loop.call_soon_threadsafe(_deliver_all, answers)
 
 
-def _deliver_all(batch: list[tuple[Any, Any, Any]]) -> None:
-    for future, result, error in batch:
-        _deliver(future, result, error)
-
-
-def _settle(request: _Request, result: Outputs | None, error: BaseException | None) -> None:
-    """Answer one request and end its admission."""
-    try:
-        future = request.future
-        if isinstance(future, Future):
-            _resolve(future, result, error)
+def _deliver_all(answers: list[tuple[Any, Any, Any]]) -> None:
+    for future, result, error in answers:
+        if future.done():
+            continue  # cancelled by its caller meanwhile
+        if error is not None:
+            future.set_exception(error)
         else:
-            assert request.loop is not None
-            request.loop.call_soon_threadsafe(_deliver, future, result, error)
-    finally:
-        request.session._dismiss(1)
+            future.set_result(result)
 
 
 def _resolve(future: Future[Outputs], result: Outputs | None, error: BaseException | None) -> None:
@@ -484,18 +551,7 @@ def _resolve(future: Future[Outputs], result: Outputs | None, error: BaseExcepti
         future.set_result(result)  # type: ignore[arg-type]  # set when no error
 
 
-def _deliver(
-    future: asyncio.Future[Outputs], result: Outputs | None, error: BaseException | None
-) -> None:
-    if future.done():
-        return  # cancelled by its caller meanwhile
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)  # type: ignore[arg-type]  # set when no error
-
-
-def _stats(queue: _Queue) -> QueueStats:
+def _stats(queue: ModelQueue) -> QueueStats:
     return QueueStats(
         accepted=queue.accepted,
         rejected=queue.rejected,

@@ -150,6 +150,22 @@ class Signature:
 
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    # Precomputed for the per-request path: every output's name, and per input what an
+    # array that needs no conversion looks like (name, dtype, rank, fixed dims); None if an
+    # input is not a plain tensor, which always takes the full check.
+    _output_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    _exact: tuple[tuple[str, np.dtype[Any], int, tuple[tuple[int, int], ...]], ...] | None = field(
+        init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_output_names", tuple(spec.name for spec in self.outputs))
+        exact = tuple(
+            (spec.name, spec.dtype, len(spec.shape), spec._fixed)
+            for spec in self.inputs
+            if spec.dtype is not None and spec.dtype != np.dtype(object)
+        )
+        object.__setattr__(self, "_exact", exact if len(exact) == len(self.inputs) else None)
 
     @classmethod
     def from_session(cls, session: Any) -> Signature:
@@ -165,6 +181,32 @@ class Signature:
         Raises :class:`InvalidInput` for a missing or unknown name, a wrong rank, a fixed
         dimension that does not match, or a dtype that cannot be cast safely.
         """
+        exact = self._exact
+        if exact is not None and type(inputs) is dict and len(inputs) == len(exact):
+            # Numpy arrays of the model's dtypes and shapes, the usual request: taken as
+            # they are (onnxruntime copies a non-contiguous one itself).
+            feed = {}
+            for name, dtype, rank, fixed in exact:
+                value = inputs.get(name)
+                if type(value) is not np.ndarray or value.ndim != rank:
+                    break
+                if value.dtype is not dtype and value.dtype != dtype:
+                    break
+                if fixed:
+                    shape = value.shape
+                    for axis, want in fixed:
+                        if shape[axis] != want:
+                            break
+                    else:
+                        feed[name] = value
+                        continue
+                    break
+                feed[name] = value
+            else:
+                return feed
+        return self._prepare(inputs)
+
+    def _prepare(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         if type(inputs) is not dict and not isinstance(inputs, Mapping):
             raise InvalidInput(
                 f"inputs must be a mapping from input name to array, got {type(inputs).__name__}"
@@ -191,9 +233,9 @@ class Signature:
 
     def output_names(self, outputs: Sequence[str] | None) -> list[str]:
         """The outputs to compute: all when None, else the names asked for (checked)."""
-        known = [spec.name for spec in self.outputs]
         if outputs is None:
-            return known
+            return list(self._output_names)
+        known = self._output_names
         if isinstance(outputs, str):
             raise InvalidInput(
                 f"outputs must be a sequence of names, got the string {outputs!r}", tensor=outputs

@@ -243,6 +243,36 @@ def test_unload_drains_leases_and_the_next_request_loads_again(repo: Path):
         assert host.stats().loads == 2
 
 
+def run_leased(host: Host) -> dict[str, np.ndarray]:
+    with host.acquire("mlp") as lease:
+        return lease.run({"X": X})
+
+
+@pytest.mark.timeout(60)
+def test_a_request_that_finds_a_version_just_taken_out_of_service_loads_it_again(repo: Path):
+    # Requests look a ready version up without the Host's lock; the version's session then
+    # admits them under its own. Replay the race where eviction closes the version between
+    # the lookup and the admission: each request kind must take the slow path and load the
+    # model again, never fail with SessionClosed.
+    expected = reference_run(build_mlp(seed=1), {"X": X})[0]
+    with Host(repo) as host:
+        host.infer("mlp", {"X": X})
+        calls = {
+            "infer": lambda: host.infer("mlp", {"X": X}),
+            "submit": lambda: host.submit("mlp", {"X": X}).result(timeout=30),
+            "infer_async": lambda: asyncio.run(host.infer_async("mlp", {"X": X})),
+            "acquire": lambda: run_leased(host),
+        }
+        for loads, (kind, call) in enumerate(calls.items(), start=2):
+            stale = host._ready["mlp"]
+            host.unload("mlp", timeout=30)
+            assert stale.session.state is corral.SessionState.CLOSED
+            host._ready["mlp"] = stale  # what a lookup just before the unload saw
+            np.testing.assert_array_equal(call()["Y"], expected, err_msg=kind)
+            assert host.stats().loads == loads, kind
+            assert host._ready["mlp"] is not stale, kind
+
+
 def test_load_and_pin_then_unpin(tmp_path: Path):
     model = build_mlp()
     for i in range(3):
