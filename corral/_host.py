@@ -436,7 +436,10 @@ class Host:
 
     def _ready_admit(self, name: str, version: int | str | None) -> _Loaded | None:
         """Admit one queued request on the newest version if loaded, without blocking."""
-        loaded = self._ready_lookup(name, version)
+        # _ready_lookup, inline: this is every queued request's path.
+        if version is not None or type(name) is not str or self._state is not HostState.RUNNING:
+            return None
+        loaded = self._ready.get(name)
         if loaded is None:
             return None
         try:

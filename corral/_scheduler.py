@@ -96,7 +96,7 @@ class _State(enum.Enum):
 @dataclass(eq=False, slots=True)
 class _Request:
     feed: dict[str, npt.NDArray[Any]]
-    names: list[str]
+    names: tuple[str, ...]
     rows: int
     key: tuple[object, ...]
     deadline: float | None
@@ -185,7 +185,7 @@ class Scheduler:
         self,
         queue: ModelQueue,
         feed: dict[str, npt.NDArray[Any]],
-        names: list[str],
+        names: tuple[str, ...],
         future: Future[Outputs] | asyncio.Future[Outputs],
         deadline: float | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
@@ -197,7 +197,7 @@ class Scheduler:
         future is resolved on ``loop``. Raises :class:`Overloaded` at once if the model's
         queue or the whole scheduler is full, :class:`RuntimeClosed` after shutdown began.
         """
-        rows, key = _shape_key(feed) if queue.max_rows else (0, ())
+        rows, key = _shape_key(feed) if queue.max_rows else _UNBATCHED
         request = _Request(
             feed, names, rows, key, deadline, time.monotonic(), queue.session, future, loop
         )
@@ -220,13 +220,15 @@ class Scheduler:
             pending.append(request)
             queue.accepted += 1
             self._total += 1
+            # One worker is woken when a queue gets work; it wakes another if it leaves work
+            # behind (see _work). Waking one per request would wake workers that find the
+            # batch already taken, and pay for their wake-ups on every request.
             if not queue.in_ready:
                 queue.in_ready = True
                 self._ready.append(queue)
-            if self._sleepers:
-                self._sleepers.pop().release()
-            elif len(self._threads) < self._workers:
-                self._start_worker_locked()
+                self._wake_locked()
+            elif queue.window_s and len(pending) == queue.max_rows:
+                self._wake_locked()  # its window's batch just filled: it is due now
 
     def _wake_locked(self) -> None:
         if self._sleepers:
@@ -287,6 +289,8 @@ class Scheduler:
                 else:
                     queue.in_ready = False
                 self._total -= len(taken)
+                if self._ready:
+                    self._wake_locked()  # work is left: pass the wake-up on
             # Sorting out who shares the run happens outside the lock, which the event loops
             # need for every request they submit.
             batch, leftovers = _partition(taken, queue.max_rows)
@@ -352,6 +356,7 @@ class Scheduler:
         cancelled = 0
         enqueued_sum = 0.0
         rows = 0
+        deadlines = False
         for request in batch:
             future = request.future
             if request.loop is None:
@@ -362,12 +367,17 @@ class Scheduler:
                 started = not future.cancelled()
             if not started:
                 cancelled += 1
-            elif request.deadline is not None and now > request.deadline:
+            elif request.deadline is None:
+                live.append(request)
+                enqueued_sum += request.enqueued
+                rows += request.rows or 1
+            elif now > request.deadline:
                 late.append(request)
             else:
                 live.append(request)
                 enqueued_sum += request.enqueued
                 rows += request.rows or 1
+                deadlines = True
         if cancelled:
             queue.session._dismiss(cancelled)
         results: list[Outputs] | None = None
@@ -399,7 +409,7 @@ class Scheduler:
                 _answer(live, None, [error] * len(live))
             else:
                 assert results is not None
-                _answer(live, results, _late_after_run(live))
+                _answer(live, results, _late_after_run(live) if deadlines else None)
 
 
 def _late_after_run(live: list[_Request]) -> list[BaseException | None] | None:
@@ -412,6 +422,9 @@ def _late_after_run(live: list[_Request]) -> list[BaseException | None] | None:
                 errors = [None] * len(live)
             errors[index] = _expired(request, queued=False)
     return errors
+
+
+_UNBATCHED: tuple[int, tuple[object, ...]] = (0, ())
 
 
 def _shape_key(feed: dict[str, npt.NDArray[Any]]) -> tuple[int, tuple[object, ...]]:
@@ -484,15 +497,15 @@ def _run_batch(session: Session, batch: list[_Request], rows: int) -> list[Outpu
                 f"{getattr(array, 'shape', None)} for a batch of {rows} rows: it does not "
                 "keep rows apart; set max_batch_size = 0 in its model.toml"
             )
+    if rows == len(batch):
+        # One row each, the usual case: numpy makes the per-request views in one C loop.
+        views = [list(array[:, np.newaxis]) for array in outputs.values()]
+        if len(views) == 1:
+            (name,) = outputs
+            return [{name: view} for view in views[0]]
+        return [dict(zip(outputs, row, strict=True)) for row in zip(*views, strict=True)]
     results: list[Outputs] = []
     start = 0
-    if len(outputs) == 1:
-        ((name, array),) = outputs.items()
-        for request in batch:
-            end = start + request.rows
-            results.append({name: array[start:end]})
-            start = end
-        return results
     for request in batch:
         end = start + request.rows
         results.append({name: array[start:end] for name, array in outputs.items()})
@@ -516,28 +529,40 @@ def _answer(
     from asyncio are answered with one wake-up per event loop, not one per request.
     """
     requests[0].session._dismiss(len(requests))
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Any, Any, Any]]] = {}
-    last_loop: asyncio.AbstractEventLoop | None = None
-    last: list[tuple[Any, Any, Any]] = []
+    if results is None:
+        results = [None] * len(requests)  # type: ignore[list-item]  # errors has them all
+    loop = requests[0].loop
+    if loop is not None and all(request.loop is loop for request in requests):
+        # The usual case: every caller awaits on one event loop.
+        futures: list[Any] = [request.future for request in requests]
+        loop.call_soon_threadsafe(_deliver_all, futures, results, errors)
+        return
+    by_loop: dict[asyncio.AbstractEventLoop, tuple[list[Any], list[Any], list[Any]]] = {}
     for index, request in enumerate(requests):
-        result = None if results is None else results[index]
         error = None if errors is None else errors[index]
-        loop = request.loop
-        if loop is None:
-            _resolve(request.future, result, error)  # type: ignore[arg-type]  # not asyncio
-        elif loop is last_loop:
-            last.append((request.future, result, error))
+        if request.loop is None:
+            _resolve(request.future, results[index], error)  # type: ignore[arg-type]
         else:
-            last_loop, last = loop, by_loop.setdefault(loop, [])
-            last.append((request.future, result, error))
-    for loop, answers in by_loop.items():
-        loop.call_soon_threadsafe(_deliver_all, answers)
+            futures, loop_results, loop_errors = by_loop.setdefault(request.loop, ([], [], []))
+            futures.append(request.future)
+            loop_results.append(results[index])
+            loop_errors.append(error)
+    for loop, (futures, loop_results, loop_errors) in by_loop.items():
+        loop.call_soon_threadsafe(_deliver_all, futures, loop_results, loop_errors)
 
 
-def _deliver_all(answers: list[tuple[Any, Any, Any]]) -> None:
-    for future, result, error in answers:
+def _deliver_all(
+    futures: list[Any], results: list[Any], errors: list[BaseException | None] | None
+) -> None:
+    """On the event loop: settle each future that its caller has not cancelled meanwhile."""
+    if errors is None:
+        for future, result in zip(futures, results, strict=True):
+            if not future.done():
+                future.set_result(result)
+        return
+    for future, result, error in zip(futures, results, errors, strict=True):
         if future.done():
-            continue  # cancelled by its caller meanwhile
+            continue
         if error is not None:
             future.set_exception(error)
         else:

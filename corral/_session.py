@@ -194,7 +194,7 @@ class Session:
     def _run_prepared(
         self,
         feed: dict[str, Any],
-        names: list[str],
+        names: tuple[str, ...],
         lease: Lease | None,
         *,
         admitted: bool = False,

@@ -231,16 +231,16 @@ class Signature:
             )
         return feed
 
-    def output_names(self, outputs: Sequence[str] | None) -> list[str]:
+    def output_names(self, outputs: Sequence[str] | None) -> tuple[str, ...]:
         """The outputs to compute: all when None, else the names asked for (checked)."""
         if outputs is None:
-            return list(self._output_names)
+            return self._output_names
         known = self._output_names
         if isinstance(outputs, str):
             raise InvalidInput(
                 f"outputs must be a sequence of names, got the string {outputs!r}", tensor=outputs
             )
-        names = list(outputs)
+        names = tuple(outputs)
         for name in names:
             if name not in known:
                 raise InvalidInput(

@@ -291,6 +291,19 @@ def test_a_batch_window_gathers_requests_into_one_run(tmp_path: Path):
     assert (stats.runs, stats.rows) == (1, 5)
 
 
+@pytest.mark.timeout(60)
+def test_a_full_batch_runs_without_waiting_for_its_window(tmp_path: Path):
+    toml = "batch_window_us = 600000000\nmax_batch_size = 4\n"  # a ten-minute window
+    add_model(tmp_path, "windowed", build_tree(seed=1), toml=toml)
+    with Host(tmp_path) as host:
+        host.infer("windowed", {"X": np.zeros((1, 4), np.float32)})
+        futures = [host.submit("windowed", {"X": np.ones((1, 4), np.float32)}) for _ in range(4)]
+        for future in futures:
+            assert future.result(timeout=30)["Y"].shape == (1, 1)
+        stats = host.queue_stats()["windowed:1"]
+    assert (stats.runs, stats.rows) == (1, 4)
+
+
 def _first_row_sum_model() -> bytes:
     """Claims a dynamic first dimension but keeps only the first row: rows are not apart."""
     graph = helper.make_graph(
