@@ -239,9 +239,16 @@ class Session:
                 if self._cancelled:
                     # A cancel may have set terminate on it, which stays set: use a new one.
                     _RUN_OPTIONS.cached = None
-                released = (not admitted or dismiss) and self._end_use_locked()
+                released = False
+                if not admitted or dismiss:
+                    # _end_use_locked, inline: this is every run's path.
+                    self._in_flight -= 1
+                    if self._in_flight == 0 and self._state is SessionState.CLOSING:
+                        released = self._release_locked()
             if released:
                 self._runtime._unregister(self)
+        if len(names) == 1:
+            return {names[0]: results[0]}
         return dict(zip(names, results, strict=True))
 
     def acquire(self) -> Lease:
