@@ -9,9 +9,14 @@ STAMP  := $(VENV)/.installed-dev
 # The coverage floor only rises: raise it when coverage rises.
 COVERAGE_FLOOR := 93
 
-.PHONY: help venv lint typecheck test soak demo bench-create bench-footprint bench-scenarios clean
+# `make serve` builds this demo repository of 1,000 tiny models once, then serves it.
+DEMO_REPOSITORY := demo-models
+
+.PHONY: help venv lint typecheck test soak serve demo bench-create bench-footprint \
+	bench-scenarios proto clean
 
 help:
+	@echo "make serve            serve $(DEMO_REPOSITORY)/ (1,000 tiny models) on :8000 (HTTP) and :8001 (gRPC)"
 	@echo "make demo             build 1,000 tiny models and compare corral with onnxruntime's defaults"
 	@echo "make test             lint, type-check and run the test suite with coverage"
 	@echo "make soak             the long stress variants (not part of make test)"
@@ -46,6 +51,18 @@ soak: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/corral demo
 
+$(DEMO_REPOSITORY): | $(STAMP)
+	$(BIN)/python -c "from corral.bench.footprint import build_repository; \
+		build_repository('$(DEMO_REPOSITORY).partial', 1000)"
+	mv $(DEMO_REPOSITORY).partial $(DEMO_REPOSITORY)
+
+serve: $(STAMP) | $(DEMO_REPOSITORY)
+	$(BIN)/corral serve $(DEMO_REPOSITORY)
+
+# Regenerate corral/server/proto from grpc_service.proto (the generated files are committed).
+proto: $(STAMP)
+	$(BIN)/python scripts/gen_proto.py
+
 bench-create: $(STAMP)
 	$(BIN)/corral bench create
 
@@ -56,4 +73,5 @@ bench-scenarios: $(STAMP)
 	$(BIN)/corral bench scenarios
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage htmlcov
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage htmlcov \
+		$(DEMO_REPOSITORY) $(DEMO_REPOSITORY).partial

@@ -249,6 +249,11 @@ class HostLease:
         self._lease = lease
         self._host = host
 
+    @property
+    def max_batch_size(self) -> int:
+        """Rows per run when requests for this version are batched; 0 if they never are."""
+        return self._loaded.max_batch_size if self.session.signature.batchable else 0
+
     def run(
         self, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None
     ) -> dict[str, npt.NDArray[Any]]:
@@ -661,6 +666,8 @@ class Host:
             if not any(key[0] == name for key in self._loaded):
                 self._reload_failures.pop(name, None)
             self._room_may_have_grown_locked()
+        for loaded in retired:
+            logger.info("corral: unloading %s version %s", loaded.name, loaded.version)
         self._drain(retired, timeout)
 
     def preload(
@@ -714,20 +721,53 @@ class Host:
         """Every model in the repository or known to the Host, with each version's state."""
         names = set(self._repository.names())  # a directory listing: outside the lock
         with self._lock:
-            parts: dict[str, _Parts] = {}
-            for loaded in self._loaded.values():
-                parts.setdefault(loaded.name, _Parts()).loaded.append(loaded)
-            for loaded in self._retiring.values():
-                parts.setdefault(loaded.name, _Parts()).retiring.append(loaded)
-            for name, number in self._loading:
-                parts.setdefault(name, _Parts()).loading.append(number)
-            for (name, number), failure in self._failures.items():
-                parts.setdefault(name, _Parts()).failures[number] = failure
-            for name, error in self._reload_failures.items():
-                parts.setdefault(name, _Parts()).reload_failure = error
-            entries = dict(self._entries)
+            parts, entries = self._parts_locked(None)
         names |= set(parts) | set(entries)
         return [_status(name, entries.get(name), parts.get(name)) for name in sorted(names)]
+
+    def status(self, name: str) -> ModelStatus:
+        """One model's status, as :meth:`models` reports it, without listing the repository.
+
+        Raises :class:`ModelNotFound` if the repository has no such model and the Host
+        holds none, :class:`InvalidModelName` for a name that cannot name a model.
+        """
+        name = validate_model_name(name)
+        with self._lock:
+            parts, entries = self._parts_locked(name)
+        entry = entries.get(name)
+        if entry is None and name not in parts:
+            entry = self._repository.entry(name)  # raises ModelNotFound for an unknown model
+        return _status(name, entry, parts.get(name))
+
+    def serving_version(self, name: str, version: int | str | None = None) -> int:
+        """The version a request for ``name`` (and ``version``) runs on; loads nothing.
+
+        Raises what :meth:`acquire` raises for a model or version that cannot be served.
+        """
+        return self._resolve(validate_model_name(name), version)[1][1]
+
+    def _parts_locked(self, only: str | None) -> tuple[dict[str, _Parts], dict[str, ModelEntry]]:
+        """What the Host holds of every model (or of ``only``), and the cached entries."""
+        parts: dict[str, _Parts] = {}
+        for loaded in self._loaded.values():
+            if only in (None, loaded.name):
+                parts.setdefault(loaded.name, _Parts()).loaded.append(loaded)
+        for loaded in self._retiring.values():
+            if only in (None, loaded.name):
+                parts.setdefault(loaded.name, _Parts()).retiring.append(loaded)
+        for name, number in self._loading:
+            if only in (None, name):
+                parts.setdefault(name, _Parts()).loading.append(number)
+        for (name, number), failure in self._failures.items():
+            if only in (None, name):
+                parts.setdefault(name, _Parts()).failures[number] = failure
+        for name, error in self._reload_failures.items():
+            if only in (None, name):
+                parts.setdefault(name, _Parts()).reload_failure = error
+        if only is None:
+            return parts, dict(self._entries)
+        entry = self._entries.get(only)
+        return parts, {} if entry is None else {only: entry}
 
     def stats(self) -> HostStats:
         """Counters and gauges, for the server and its metrics."""
@@ -887,6 +927,13 @@ class Host:
                 self._counters.loads += 1
                 self._counters.load_seconds.observe(time.monotonic() - started)
             session = None
+            logger.info(
+                "corral: loaded %s version %s (about %s bytes) in %.3f s",
+                name,
+                version,
+                f"{size:,}",
+                time.monotonic() - started,
+            )
             done.set_result(None)
         except BaseException as exc:
             error = (
@@ -957,6 +1004,14 @@ class Host:
             self._counters.evictions += len(evicted)
             self._bytes_reserved += size
             self._loads_reserved += 1
+        for loaded in evicted:
+            logger.info(
+                "corral: evicting %s version %s to make room for %s version %s",
+                loaded.name,
+                loaded.version,
+                name,
+                version,
+            )
         return evicted
 
     def _choose_victims_locked(self, size: int) -> tuple[list[_Key] | None, bool]:

@@ -129,7 +129,7 @@ def build_tree(n_features: int = 4, depth: int = 3, n_trees: int = 1, *, seed: i
                 target_tree_ids.append(tree)
                 target_node_ids.append(node)
                 target_weights.append(float(rng.standard_normal()) / n_trees)
-    node = helper.make_node(
+    ensemble = helper.make_node(
         "TreeEnsembleRegressor",
         ["X"],
         ["Y"],
@@ -150,7 +150,7 @@ def build_tree(n_features: int = 4, depth: int = 3, n_trees: int = 1, *, seed: i
         target_weights=target_weights,
     )
     graph = helper.make_graph(
-        [node],
+        [ensemble],
         "tree",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", n_features])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 1])],

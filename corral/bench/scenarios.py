@@ -173,8 +173,8 @@ def describe_environment() -> dict[str, object]:
 def run_scenarios(
     models: Sequence[str] = SCENARIO_MODELS,
     concurrencies: Sequence[int] = (1, 2, 4, 8, 16, 32),
-    requests: int = 4000,
-    rounds: int = 3,
+    requests: int = 20000,
+    rounds: int = 5,
     progress: ScenarioProgress | None = None,
 ) -> list[ScenarioRow]:
     """Measure every variant at every model and concurrency; one row per triple.

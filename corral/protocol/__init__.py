@@ -1,0 +1,42 @@
+"""The Open Inference Protocol (KServe v2): its types, codecs and one transport-agnostic data plane.
+
+Imports only numpy and corral's core; the HTTP and gRPC servers in ``corral.server`` build on it.
+"""
+
+from corral.protocol.dataplane import EXTENSIONS, PLATFORM, DataPlane
+from corral.protocol.datatypes import DATATYPES, datatype_of, numpy_dtype
+from corral.protocol.types import (
+    BatchStatistics,
+    Duration,
+    InferInput,
+    InferOutput,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    ModelStatistics,
+    RepositoryModel,
+    RequestedOutput,
+    ServerMetadata,
+    TensorMetadata,
+)
+
+__all__ = [
+    "DATATYPES",
+    "EXTENSIONS",
+    "PLATFORM",
+    "BatchStatistics",
+    "DataPlane",
+    "Duration",
+    "InferInput",
+    "InferOutput",
+    "InferRequest",
+    "InferResponse",
+    "ModelMetadata",
+    "ModelStatistics",
+    "RepositoryModel",
+    "RequestedOutput",
+    "ServerMetadata",
+    "TensorMetadata",
+    "datatype_of",
+    "numpy_dtype",
+]

@@ -1,0 +1,318 @@
+"""One data plane for every transport: the Open Inference Protocol's operations on a Host.
+
+The HTTP and gRPC servers decode a request into :mod:`corral.protocol.types`, call one method
+here, and encode what it returns; errors are corral's own exceptions, which each transport
+maps to its status codes. Nothing here knows about HTTP or gRPC.
+
+Example::
+
+    plane = DataPlane(host)
+    response = await plane.infer("fraud", None, request)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from corral import __version__
+from corral._errors import CorralError, InferenceError, InvalidInput
+from corral._host import Host, HostState, ModelState, ModelStatus
+from corral._signature import TensorSpec
+from corral.protocol.datatypes import datatype_of
+from corral.protocol.types import (
+    Duration,
+    InferOutput,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    ModelStatistics,
+    RepositoryModel,
+    ServerMetadata,
+    TensorMetadata,
+)
+
+__all__ = ["EXTENSIONS", "PLATFORM", "DataPlane"]
+
+#: Triton's platform name for ONNX models run by onnxruntime: clients key on it.
+PLATFORM = "onnxruntime_onnx"
+#: The protocol extensions corral implements, as ``GET /v2`` lists them.
+EXTENSIONS = (
+    "binary_tensor_data",
+    "model_repository",
+    "statistics",
+    "model_configuration",
+)
+
+# Triton's state names for the repository index.
+_REPOSITORY_STATES = {
+    ModelState.READY: "READY",
+    ModelState.LOADING: "LOADING",
+    ModelState.UNLOADING: "UNLOADING",
+    ModelState.UNLOADED: "UNAVAILABLE",
+    ModelState.FAILED: "UNAVAILABLE",
+}
+
+# model_config's data_type names (Triton's TYPE_*), by protocol datatype.
+_CONFIG_TYPES = {
+    "BOOL": "TYPE_BOOL",
+    "UINT8": "TYPE_UINT8",
+    "UINT16": "TYPE_UINT16",
+    "UINT32": "TYPE_UINT32",
+    "UINT64": "TYPE_UINT64",
+    "INT8": "TYPE_INT8",
+    "INT16": "TYPE_INT16",
+    "INT32": "TYPE_INT32",
+    "INT64": "TYPE_INT64",
+    "FP16": "TYPE_FP16",
+    "FP32": "TYPE_FP32",
+    "FP64": "TYPE_FP64",
+    "BYTES": "TYPE_STRING",
+}
+
+
+@dataclass
+class _Counters:
+    """One model version's request counters; guarded by DataPlane._stats_lock."""
+
+    success_count: int = 0
+    success_ns: int = 0
+    fail_count: int = 0
+    fail_ns: int = 0
+    last_inference_ms: int = 0
+
+
+class DataPlane:
+    """The protocol's operations, on one Host; safe from any thread and any event loop."""
+
+    def __init__(self, host: Host, *, name: str = "corral", version: str = __version__) -> None:
+        self._host = host
+        self._metadata = ServerMetadata(name, version, EXTENSIONS)
+        # Guards _counters: every answered request writes it, statistics read it.
+        self._stats_lock = threading.Lock()
+        self._counters: dict[tuple[str, int], _Counters] = {}
+
+    @property
+    def host(self) -> Host:
+        """The Host this data plane serves."""
+        return self._host
+
+    # -- health and metadata ----------------------------------------------------------------
+
+    def live(self) -> bool:
+        """True while the server can answer at all (until its Host has closed)."""
+        return self._host.state is not HostState.CLOSED
+
+    def ready(self) -> bool:
+        """True while the server takes inference requests (not once shutdown began)."""
+        return self._host.state is HostState.RUNNING
+
+    def server_metadata(self) -> ServerMetadata:
+        """The server's name, version and protocol extensions."""
+        return self._metadata
+
+    def model_ready(self, name: str, version: str | None = None) -> bool:
+        """True if ``name`` (or that version of it) is loaded and serving.
+
+        corral loads models lazily: a model that is not ready is still served, loaded by the
+        first request. Raises :class:`ModelNotFound` for an unknown model or version.
+        """
+        status = self._host.status(name)
+        wanted = self._host.serving_version(name, version)
+        return any(v.version == wanted and v.state is ModelState.READY for v in status.versions)
+
+    async def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
+        """A model's versions, inputs and outputs; loads the model if it is not loaded."""
+        lease = await asyncio.to_thread(self._host.acquire, name, _version_arg(version))
+        try:
+            signature = lease.session.signature
+        finally:
+            lease.release()
+        status = self._host.status(name)
+        return ModelMetadata(
+            name=lease.name,
+            versions=tuple(str(v.version) for v in status.versions),
+            platform=PLATFORM,
+            inputs=tuple(_tensor_metadata(spec) for spec in signature.inputs),
+            outputs=tuple(_tensor_metadata(spec) for spec in signature.outputs),
+        )
+
+    async def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
+        """A model's configuration in Triton's ``model_config`` shape (JSON-ready)."""
+        lease = await asyncio.to_thread(self._host.acquire, name, _version_arg(version))
+        try:
+            signature = lease.session.signature
+            batched = lease.max_batch_size
+        finally:
+            lease.release()
+        # With max_batch_size > 0, Triton's dims leave out the batch dimension.
+        skip = 1 if batched else 0
+        return {
+            "name": lease.name,
+            "platform": PLATFORM,
+            "backend": "onnxruntime",
+            "max_batch_size": batched,
+            "input": [_config_tensor(spec, skip) for spec in signature.inputs],
+            "output": [_config_tensor(spec, skip) for spec in signature.outputs],
+        }
+
+    # -- inference --------------------------------------------------------------------------
+
+    async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
+        """Run ``request`` on the model and answer it; raises corral's errors."""
+        started = time.perf_counter_ns()
+        feed: dict[str, npt.NDArray[Any]] = {}
+        for tensor in request.inputs:
+            if tensor.name in feed:
+                raise InvalidInput(f"input {tensor.name!r} is given twice", tensor=tensor.name)
+            feed[tensor.name] = tensor.data
+        wanted = [output.name for output in request.outputs] or None
+        number = self._host.serving_version(name, version)
+        try:
+            results = await self._host.infer_async(
+                name, feed, version=number, outputs=wanted, timeout=request.timeout_s
+            )
+            outputs = tuple(_output(out_name, value) for out_name, value in results.items())
+        except CorralError:
+            self._count(name, number, started, ok=False)
+            raise
+        self._count(name, number, started, ok=True)
+        return InferResponse(
+            model_name=name, model_version=str(number), outputs=outputs, id=request.id
+        )
+
+    # -- statistics and the repository ------------------------------------------------------
+
+    def model_statistics(
+        self, name: str | None = None, version: str | None = None
+    ) -> list[ModelStatistics]:
+        """Counters per model version: every version that has answered, or those of ``name``."""
+        if name is not None:
+            self._host.status(name)  # ModelNotFound for an unknown model
+        queues = self._host.queue_stats()
+        with self._stats_lock:
+            counters = {key: _Counters(**vars(c)) for key, c in self._counters.items()}
+        keys = set(counters)
+        for label in queues:
+            model, _, number = label.rpartition(":")
+            if number.isdigit():
+                keys.add((model, int(number)))
+        wanted = None if version is None else self._host.serving_version(name or "", version)
+        rows = []
+        for key in sorted(keys):
+            if (name is not None and key[0] != name) or wanted not in (None, key[1]):
+                continue
+            c = counters.get(key, _Counters())
+            queue = queues.get(f"{key[0]}:{key[1]}")
+            runs = queue.runs if queue else 0
+            rows.append(
+                ModelStatistics(
+                    name=key[0],
+                    version=str(key[1]),
+                    last_inference=c.last_inference_ms,
+                    inference_count=c.success_count,
+                    execution_count=runs,
+                    success=Duration(c.success_count, c.success_ns),
+                    fail=Duration(c.fail_count, c.fail_ns),
+                    queue=Duration(
+                        queue.rows if queue else 0, _ns(queue.queue_seconds_sum) if queue else 0
+                    ),
+                    compute_input=Duration(),
+                    compute_infer=Duration(runs, _ns(queue.compute_seconds_sum) if queue else 0),
+                    compute_output=Duration(),
+                )
+            )
+        return rows
+
+    def repository_index(self, *, ready_only: bool = False) -> list[RepositoryModel]:
+        """Every model in the repository, one row per version the Host knows of."""
+        rows: list[RepositoryModel] = []
+        for model in self._host.models():
+            rows.extend(_index_rows(model, ready_only))
+        return rows
+
+    async def load(self, name: str) -> None:
+        """Load (or reload) a model now; its errors are raised."""
+        await asyncio.to_thread(self._host.load, name)
+
+    async def unload(self, name: str) -> None:
+        """Unload every version of a model; requests in flight finish first."""
+        await asyncio.to_thread(self._host.unload, name)
+
+    def _count(self, name: str, version: int, started_ns: int, *, ok: bool) -> None:
+        elapsed = time.perf_counter_ns() - started_ns
+        with self._stats_lock:
+            counters = self._counters.get((name, version))
+            if counters is None:
+                counters = self._counters[(name, version)] = _Counters()
+            if ok:
+                counters.success_count += 1
+                counters.success_ns += elapsed
+                counters.last_inference_ms = int(time.time() * 1000)
+            else:
+                counters.fail_count += 1
+                counters.fail_ns += elapsed
+
+
+def _version_arg(version: str | None) -> str | None:
+    # The protocol spells versions as strings; "" means "not given" in some clients.
+    return version or None
+
+
+def _ns(seconds: float) -> int:
+    return int(seconds * 1e9)
+
+
+def _tensor_metadata(spec: TensorSpec) -> TensorMetadata:
+    return TensorMetadata(
+        spec.name,
+        _spec_datatype(spec),
+        tuple(d if isinstance(d, int) else -1 for d in spec.shape),
+    )
+
+
+def _spec_datatype(spec: TensorSpec) -> str:
+    if spec.dtype is None:
+        return spec.onnx_type  # a sequence or map: no protocol datatype carries it
+    return datatype_of(spec.dtype)
+
+
+def _config_tensor(spec: TensorSpec, skip: int) -> dict[str, Any]:
+    datatype = _spec_datatype(spec)
+    dims = [d if isinstance(d, int) else -1 for d in spec.shape][skip:]
+    return {"name": spec.name, "data_type": _CONFIG_TYPES.get(datatype, datatype), "dims": dims}
+
+
+def _output(name: str, value: Any) -> InferOutput:
+    if not isinstance(value, np.ndarray):
+        raise InferenceError(
+            f"output {name!r} is a {type(value).__name__}, not a tensor: the protocol cannot "
+            "carry it; ask only for tensor outputs"
+        )
+    try:
+        datatype = datatype_of(value.dtype)
+    except ValueError as exc:
+        raise InferenceError(f"output {name!r}: {exc}") from exc
+    return InferOutput(name, datatype, tuple(value.shape), value)
+
+
+def _index_rows(model: ModelStatus, ready_only: bool) -> list[RepositoryModel]:
+    rows = [
+        RepositoryModel(
+            model.name,
+            str(version.version),
+            _REPOSITORY_STATES[version.state],
+            version.failure or "",
+        )
+        for version in model.versions
+        if not ready_only or version.state is ModelState.READY
+    ]
+    if not rows and not ready_only:
+        rows.append(RepositoryModel(model.name, "", "UNAVAILABLE", model.failure or ""))
+    return rows

@@ -1,0 +1,181 @@
+"""The Open Inference Protocol (KServe v2) in corral's own terms, independent of any transport.
+
+The HTTP/JSON codec, the binary-tensor extension and the gRPC messages all decode to and
+encode from these types; the data plane works on them alone. Tensors are numpy arrays from
+the moment they are decoded: BYTES tensors are ``object`` arrays of ``bytes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy.typing as npt
+
+__all__ = [
+    "BatchStatistics",
+    "Duration",
+    "InferInput",
+    "InferOutput",
+    "InferRequest",
+    "InferResponse",
+    "ModelMetadata",
+    "ModelStatistics",
+    "RepositoryModel",
+    "RequestedOutput",
+    "ServerMetadata",
+    "TensorMetadata",
+]
+
+#: Request and tensor parameters: the protocol allows bool, int and string values.
+Parameters = dict[str, bool | int | str]
+
+
+@dataclass(frozen=True, slots=True)
+class InferInput:
+    """One input tensor of a request, decoded and checked against its own shape."""
+
+    name: str
+    #: The protocol's datatype name: ``FP32``, ``INT64``, ``BYTES`` ...
+    datatype: str
+    shape: tuple[int, ...]
+    #: The values, shaped like ``shape``: numpy's dtype for the datatype (``object`` of
+    #: ``bytes`` for BYTES).
+    data: npt.NDArray[Any]
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestedOutput:
+    """An output a request asks for by name."""
+
+    name: str
+    #: The binary-tensor extension: True to get this output as raw bytes after the JSON
+    #: (HTTP only); None when the request does not say.
+    binary_data: bool | None = None
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class InferRequest:
+    """An inference request for one model."""
+
+    inputs: tuple[InferInput, ...]
+    #: The outputs asked for; empty means all of the model's outputs.
+    outputs: tuple[RequestedOutput, ...] = ()
+    id: str | None = None
+    #: Request parameters. corral reads ``timeout`` (microseconds, as Triton does) and
+    #: ``binary_data_output`` (HTTP: every output as raw bytes unless an output says).
+    parameters: Parameters = field(default_factory=dict)
+
+    @property
+    def timeout_s(self) -> float | None:
+        """The request's ``timeout`` parameter in seconds, or None if it has none."""
+        timeout = self.parameters.get("timeout")
+        if timeout is None or isinstance(timeout, bool) or not isinstance(timeout, int):
+            return None
+        return timeout / 1e6
+
+
+@dataclass(frozen=True, slots=True)
+class InferOutput:
+    """One output tensor of a response."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: npt.NDArray[Any]
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class InferResponse:
+    """The answer to an :class:`InferRequest`."""
+
+    model_name: str
+    model_version: str | None
+    outputs: tuple[InferOutput, ...]
+    id: str | None = None
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMetadata:
+    """A model input or output as the metadata endpoints describe it."""
+
+    name: str
+    datatype: str
+    #: -1 for each dynamic dimension.
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMetadata:
+    """``GET /v2/models/{name}[/versions/{v}]``: what a model takes and gives."""
+
+    name: str
+    #: Versions available to serve, as strings (the protocol's type).
+    versions: tuple[str, ...]
+    #: Triton's name for ONNX models served by onnxruntime.
+    platform: str
+    inputs: tuple[TensorMetadata, ...]
+    outputs: tuple[TensorMetadata, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerMetadata:
+    """``GET /v2``: the server's name, version and protocol extensions."""
+
+    name: str
+    version: str
+    extensions: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Duration:
+    """A count of events and the nanoseconds they took in all (Triton's ``StatisticDuration``)."""
+
+    count: int = 0
+    ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStatistics:
+    """Runs of one batch size (rows per run) and the time they took."""
+
+    batch_size: int
+    compute_infer: Duration
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStatistics:
+    """One model version's counters, shaped like Triton's statistics extension."""
+
+    name: str
+    version: str
+    #: Milliseconds since the epoch of the last request answered; 0 if none.
+    last_inference: int
+    #: Requests answered successfully (each a batch-1 or larger inference).
+    inference_count: int
+    #: Model runs: several requests batched together are one execution.
+    execution_count: int
+    success: Duration
+    fail: Duration
+    queue: Duration
+    compute_input: Duration
+    compute_infer: Duration
+    compute_output: Duration
+    batch_stats: tuple[BatchStatistics, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RepositoryModel:
+    """One row of ``POST /v2/repository/index``."""
+
+    name: str
+    #: The version the row is about; empty for a model none of whose versions is loaded.
+    version: str
+    #: Triton's state names: ``READY``, ``UNAVAILABLE``, ``LOADING``, ``UNLOADING``.
+    state: str
+    #: Why the model is unavailable, if it failed to load; else empty.
+    reason: str

@@ -1,0 +1,151 @@
+"""The protocol's data plane on a Host: metadata, readiness, inference, statistics, repository."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import corral
+from corral import Host
+from corral.bench.models import build_mlp, build_tree
+from corral.protocol import DataPlane, InferInput, InferRequest, RequestedOutput
+from tests.conftest import reference_run
+from tests.test_host import add_model
+
+X = np.random.default_rng(5).standard_normal((3, 4)).astype(np.float32)
+
+
+def request(x: np.ndarray = X, **options: object) -> InferRequest:
+    return InferRequest(
+        inputs=(InferInput("X", "FP32", x.shape, x),),
+        **options,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    add_model(tmp_path, "mlp", build_mlp(seed=1))
+    add_model(tmp_path, "tree", build_tree(seed=2))
+    add_model(tmp_path, "tree", build_tree(seed=3), version=2, toml='version_policy = "all"\n')
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "1").mkdir()
+    (tmp_path / "broken" / "1" / "model.onnx").write_bytes(b"not a model")
+    return tmp_path
+
+
+def test_health_and_server_metadata(repo: Path):
+    host = Host(repo)
+    plane = DataPlane(host)
+    assert (plane.live(), plane.ready()) == (True, True)
+    meta = plane.server_metadata()
+    assert (meta.name, meta.version) == ("corral", corral.__version__)
+    assert "binary_tensor_data" in meta.extensions
+    host.close()
+    assert (plane.live(), plane.ready()) == (False, False)
+
+
+def test_model_ready_follows_loading_and_unknown_models_are_not_found(repo: Path):
+    with Host(repo) as host:
+        plane = DataPlane(host)
+        assert not plane.model_ready("mlp")
+        host.infer("mlp", {"X": X})
+        assert plane.model_ready("mlp")
+        assert plane.model_ready("mlp", "1")
+        with pytest.raises(corral.ModelNotFound, match="nope"):
+            plane.model_ready("nope")
+        with pytest.raises(corral.ModelNotFound, match="no version 7"):
+            plane.model_ready("mlp", "7")
+
+
+def test_metadata_and_config_describe_the_signature(repo: Path):
+    with Host(repo) as host:
+        plane = DataPlane(host)
+        meta = asyncio.run(plane.model_metadata("tree"))
+        assert (meta.name, meta.versions, meta.platform) == ("tree", ("1", "2"), "onnxruntime_onnx")
+        assert [(t.name, t.datatype, t.shape) for t in meta.inputs] == [("X", "FP32", (-1, 4))]
+        config = asyncio.run(plane.model_config("mlp"))
+        assert config["max_batch_size"] == 64
+        assert config["input"] == [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}]
+        with pytest.raises(corral.ModelLoadError):
+            asyncio.run(plane.model_metadata("broken"))
+
+
+def test_infer_answers_with_the_version_that_ran(repo: Path):
+    with Host(repo) as host:
+        plane = DataPlane(host)
+        response = asyncio.run(plane.infer("tree", None, request(id="r1")))
+        assert (response.model_name, response.model_version, response.id) == ("tree", "2", "r1")
+        (output,) = response.outputs
+        assert (output.name, output.datatype, output.shape) == ("Y", "FP32", (3, 1))
+        np.testing.assert_array_equal(output.data, reference_run(build_tree(seed=3), {"X": X})[0])
+        older = asyncio.run(plane.infer("tree", "1", request()))
+        assert older.model_version == "1"
+        np.testing.assert_array_equal(
+            older.outputs[0].data, reference_run(build_tree(seed=2), {"X": X})[0]
+        )
+
+
+def test_infer_refuses_bad_requests_with_typed_errors(repo: Path):
+    with Host(repo) as host:
+        plane = DataPlane(host)
+        twice = InferRequest(inputs=(InferInput("X", "FP32", X.shape, X),) * 2)
+        with pytest.raises(corral.InvalidInput, match="'X' is given twice"):
+            asyncio.run(plane.infer("mlp", None, twice))
+        with pytest.raises(corral.InvalidInput, match="unknown output 'Z'"):
+            asyncio.run(plane.infer("mlp", None, request(outputs=(RequestedOutput("Z"),))))
+        with pytest.raises(corral.InvalidInput, match="size 4 in dimension 1"):
+            asyncio.run(plane.infer("mlp", None, request(np.ones((1, 3), np.float32))))
+        with pytest.raises(corral.ModelNotFound):
+            asyncio.run(plane.infer("nope", None, request()))
+
+
+def test_a_request_timeout_in_microseconds_is_honoured(repo: Path):
+    with Host(repo) as host:
+        plane = DataPlane(host)
+        asyncio.run(plane.infer("mlp", None, request()))  # loaded: only the queue is timed
+        with pytest.raises(corral.DeadlineExceeded):
+            asyncio.run(plane.infer("mlp", None, request(parameters={"timeout": 1})))
+        ok = asyncio.run(plane.infer("mlp", None, request(parameters={"timeout": 30_000_000})))
+        assert ok.outputs[0].shape == (3, 1)
+
+
+def test_statistics_count_successes_failures_and_runs(repo: Path):
+    with Host(repo) as host:
+        plane = DataPlane(host)
+        for _ in range(3):
+            asyncio.run(plane.infer("mlp", None, request()))
+        with pytest.raises(corral.InvalidInput):
+            asyncio.run(plane.infer("mlp", None, request(np.ones((1, 3), np.float32))))
+        (row,) = plane.model_statistics("mlp")
+        assert (row.name, row.version) == ("mlp", "1")
+        assert (row.success.count, row.fail.count, row.inference_count) == (3, 1, 3)
+        assert row.execution_count == 3  # one caller at a time: nothing to batch
+        assert row.success.ns > 0
+        assert row.compute_infer.ns > 0
+        assert row.last_inference > 0
+        assert [r.name for r in plane.model_statistics()] == ["mlp"]
+        assert plane.model_statistics("tree") == []
+        with pytest.raises(corral.ModelNotFound):
+            plane.model_statistics("nope")
+
+
+def test_repository_index_load_and_unload(repo: Path):
+    with Host(repo) as host:
+        plane = DataPlane(host)
+        asyncio.run(plane.load("mlp"))
+        with pytest.raises(corral.ModelLoadError):
+            asyncio.run(plane.load("broken"))
+        rows = {(r.name, r.version): r for r in plane.repository_index()}
+        assert rows[("mlp", "1")].state == "READY"
+        assert rows[("tree", "")].state == "UNAVAILABLE"  # never asked for: no versions read
+        assert rows[("broken", "1")].state == "UNAVAILABLE"
+        assert "could not load" in rows[("broken", "1")].reason
+        assert [(r.name, r.version) for r in plane.repository_index(ready_only=True)] == [
+            ("mlp", "1")
+        ]
+        asyncio.run(plane.unload("mlp"))
+        assert plane.repository_index(ready_only=True) == []
+        assert not plane.model_ready("mlp")
