@@ -1,0 +1,1 @@
+"""The servers: HTTP (ASGI), gRPC, metrics and the wiring that runs them."""

@@ -1,0 +1,214 @@
+"""The wiring behind ``corral serve``: one Host, the HTTP and gRPC servers, signals, drain.
+
+Both servers run on one event loop (uvloop when installed) in the main thread; models run on
+the Runtime's compute workers. SIGTERM or SIGINT stops both servers taking connections,
+answers every request already accepted (for up to ``drain_timeout_s``), closes the Host and
+returns, so that the process exits 0.
+
+Example::
+
+    settings = ServerSettings(repository="models/")
+    raise SystemExit(run(settings))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+
+from corral import __version__
+from corral._host import Host
+from corral._runtime import Runtime, runtime
+from corral.protocol.dataplane import DataPlane
+from corral.server.http import HttpApp
+from corral.server.metrics import Metrics
+from corral.server.settings import ServerSettings
+
+__all__ = ["Addresses", "run", "serve"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Addresses:
+    """Where a started server listens (ports as bound: 0 in the settings picks a free one)."""
+
+    host: str
+    http_port: int
+    #: None when the gRPC server is off.
+    grpc_port: int | None
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server without its signal handling: :func:`serve` owns the signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def run(settings: ServerSettings) -> int:
+    """Serve until SIGTERM or SIGINT; returns the process exit code (0 after a clean drain)."""
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+    try:
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvicorn[standard] brings uvloop on Linux
+        loop_factory = None
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        stop = asyncio.Event()
+
+        def on_signal(signum: int) -> None:
+            logger.info("corral: %s received, draining", signal.Signals(signum).name)
+            stop.set()
+
+        loop = runner.get_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, on_signal, signum)
+        runner.run(serve(settings, stop))
+    return 0
+
+
+async def serve(
+    settings: ServerSettings,
+    stop: asyncio.Event,
+    *,
+    started: Callable[[Addresses], None] | None = None,
+) -> None:
+    """Run both servers until ``stop`` is set, then drain and close everything.
+
+    ``started(addresses)`` is called once both servers listen.
+    """
+    rt = (
+        runtime()
+        if settings.compute_workers is None
+        else Runtime(compute_workers=settings.compute_workers)
+    )
+    host = Host(
+        settings.repository,
+        runtime=rt,
+        memory_budget=settings.memory_budget,
+        max_loaded_models=settings.max_loaded_models,
+        poll_interval_s=settings.poll_interval_s,
+    )
+    token = None if settings.auth_token is None else settings.auth_token.get_secret_value()
+    try:
+        plane = DataPlane(host)
+        metrics = Metrics(plane)
+        app = HttpApp(
+            plane,
+            metrics=metrics.render,
+            auth_token=token,
+            max_request_bytes=settings.max_request_bytes,
+        )
+        http = _Server(
+            uvicorn.Config(
+                app,
+                host=settings.host,
+                port=settings.http_port,
+                http="httptools",
+                lifespan="off",
+                access_log=False,
+                log_config=None,
+                timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),
+            )
+        )
+        await _serve_both(settings, plane, http, token, stop, started)
+    finally:
+        await asyncio.to_thread(_close_host, host, settings.drain_timeout_s)
+
+
+async def _serve_both(
+    settings: ServerSettings,
+    plane: DataPlane,
+    http: _Server,
+    token: str | None,
+    stop: asyncio.Event,
+    started: Callable[[Addresses], None] | None,
+) -> None:
+    grpc_server: Any = None
+    grpc_port: int | None = None
+    if settings.grpc_port >= 0:
+        from corral.server.grpc import start_grpc_server
+
+        grpc_server, grpc_port = await start_grpc_server(
+            plane,
+            settings.host,
+            settings.grpc_port,
+            auth_token=token,
+            max_message_bytes=settings.max_request_bytes,
+        )
+    http_task = asyncio.create_task(http.serve())
+    try:
+        await _until_started(http, http_task)
+        addresses = Addresses(settings.host, _bound_port(http), grpc_port)
+        _log_summary(settings, plane.host, addresses)
+        if started is not None:
+            started(addresses)
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait({http_task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+    finally:
+        # Both stop taking connections at once; each answers what it has accepted.
+        http.should_exit = True
+        drains: list[Any] = [http_task]
+        if grpc_server is not None:
+            drains.append(grpc_server.stop(grace=settings.drain_timeout_s))
+        await asyncio.gather(*drains, return_exceptions=True)
+    if http_task.done() and not http_task.cancelled() and http_task.exception() is not None:
+        raise http_task.exception()  # type: ignore[misc]  # checked just above
+
+
+async def _until_started(http: _Server, task: asyncio.Task[None]) -> None:
+    # uvicorn has no started event: look every 5 ms; startup itself takes milliseconds.
+    deadline = time.monotonic() + 30
+    while not http.started:
+        if task.done():
+            task.result()  # raises what made startup fail
+            raise RuntimeError("the HTTP server stopped during startup")
+        if time.monotonic() > deadline:
+            raise TimeoutError("the HTTP server did not start within 30 s")
+        await asyncio.sleep(0.005)
+
+
+def _bound_port(http: _Server) -> int:
+    for server in http.servers:
+        for sock in server.sockets:
+            return int(sock.getsockname()[1])
+    raise RuntimeError("the HTTP server has no listening socket")
+
+
+def _log_summary(settings: ServerSettings, host: Host, addresses: Addresses) -> None:
+    stats = host.stats()
+    budget = "none" if stats.memory_budget is None else f"{stats.memory_budget:,} bytes"
+    grpc = "off" if addresses.grpc_port is None else f"{addresses.host}:{addresses.grpc_port}"
+    logger.info(
+        "corral %s serving %s: %d models in the repository, HTTP on %s:%d, gRPC %s, "
+        "memory budget %s, %d compute workers%s",
+        __version__,
+        settings.repository,
+        len(host.repository.names()),
+        addresses.host,
+        addresses.http_port,
+        grpc,
+        budget,
+        host.runtime.options.compute_workers,
+        ", auth on" if settings.auth_token is not None else "",
+    )
+
+
+def _close_host(host: Host, timeout: float) -> None:
+    try:
+        host.close(timeout=timeout)
+    finally:
+        logger.info("corral: stopped")

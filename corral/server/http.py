@@ -1,0 +1,369 @@
+"""The Open Inference Protocol over HTTP: a plain ASGI application on the data plane.
+
+No web framework: the routes are few and fixed, and the infer path is the hot one (measured:
+a framework's request and response objects cost several times what corral's own work does on
+a tiny model). Bodies are read up to ``max_request_bytes``; JSON is orjson; every error is
+``{"error": "..."}`` with the status from :data:`STATUS`.
+
+Example::
+
+    app = HttpApp(DataPlane(host))
+    uvicorn.run(app, host="127.0.0.1", port=8000)
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import orjson
+
+from corral._errors import (
+    CorralError,
+    DeadlineExceeded,
+    HostClosed,
+    InferenceError,
+    InvalidInput,
+    InvalidModelName,
+    ModelLoadError,
+    ModelNotFound,
+    Overloaded,
+    RuntimeClosed,
+)
+from corral.protocol.dataplane import DataPlane
+from corral.protocol.http_codec import HEADER_LENGTH, decode_request, encode_error, encode_response
+from corral.protocol.types import ModelMetadata, ModelStatistics, RepositoryModel
+
+__all__ = ["STATUS", "HttpApp"]
+
+logger = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+#: HTTP status per corral error class; the most specific class listed wins.
+STATUS: dict[type[CorralError], int] = {
+    InvalidInput: 400,
+    InvalidModelName: 400,
+    ModelNotFound: 404,
+    Overloaded: 429,
+    InferenceError: 500,
+    ModelLoadError: 503,
+    HostClosed: 503,
+    RuntimeClosed: 503,
+    DeadlineExceeded: 504,
+}
+
+_JSON = (b"content-type", b"application/json")
+_BINARY = (b"content-type", b"application/octet-stream")
+
+
+class _HttpError(Exception):
+    """A request the app refuses before the data plane sees it (bad path, method, body)."""
+
+    def __init__(
+        self, status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers
+
+
+class HttpApp:
+    """The ASGI application: the protocol's endpoints, ``/metrics`` and optional auth.
+
+    ``metrics`` renders the Prometheus exposition (``corral.server.metrics.Metrics``), None to
+    answer ``/metrics`` with 404. ``auth_token``: every path but ``/v2/health/*`` then needs
+    ``Authorization: Bearer <token>``.
+    """
+
+    def __init__(
+        self,
+        plane: DataPlane,
+        *,
+        metrics: Callable[[], tuple[bytes, str]] | None = None,
+        auth_token: str | None = None,
+        max_request_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
+        self._plane = plane
+        self._metrics = metrics
+        self._auth = None if auth_token is None else f"Bearer {auth_token}".encode()
+        self._max_request_bytes = max_request_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve one ASGI connection scope."""
+        kind = scope["type"]
+        if kind == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if kind != "http":
+            return  # websockets are not part of the protocol
+        try:
+            await self._handle(scope, receive, send)
+        except _HttpError as exc:
+            await _respond(send, exc.status, encode_error(str(exc)), _JSON, exc.headers)
+        except CorralError as exc:
+            await _respond(send, _status(exc), encode_error(str(exc)), _JSON)
+        except Exception as exc:
+            logger.exception("corral: %s %s failed", scope.get("method"), scope.get("path"))
+            await _respond(send, 500, encode_error(f"internal error: {exc!r}"), _JSON)
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method: str = scope["method"]
+        parts = scope["path"].strip("/").split("/")
+        if parts[:2] == ["v2", "health"] and len(parts) == 3:
+            _expect(method, "GET")
+            await self._health(parts[2], send)
+            return
+        if self._auth is not None:
+            self._check_auth(scope)
+        if parts == ["metrics"]:
+            _expect(method, "GET")
+            if self._metrics is None:
+                raise _HttpError(404, "metrics are not enabled")
+            body, content_type = self._metrics()
+            await _respond(send, 200, body, (b"content-type", content_type.encode()))
+            return
+        if not parts or parts[0] != "v2":
+            raise _HttpError(404, f"no such endpoint: {scope['path']}")
+        rest = parts[1:]
+        if not rest:
+            _expect(method, "GET")
+            meta = self._plane.server_metadata()
+            doc = {"name": meta.name, "version": meta.version, "extensions": list(meta.extensions)}
+            await _json(send, 200, doc)
+        elif rest[0] == "models":
+            await self._models(method, rest[1:], scope, receive, send)
+        elif rest[0] == "repository":
+            await self._repository(method, rest[1:], receive, send)
+        else:
+            raise _HttpError(404, f"no such endpoint: {scope['path']}")
+
+    async def _health(self, which: str, send: Send) -> None:
+        if which == "live":
+            live = self._plane.live()
+            await _json(send, 200 if live else 503, {"live": live})
+        elif which == "ready":
+            ready = self._plane.ready()
+            await _json(send, 200 if ready else 503, {"ready": ready})
+        else:
+            raise _HttpError(404, f"no such health endpoint: {which!r}")
+
+    async def _models(
+        self, method: str, rest: list[str], scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        # /v2/models/stats, or /v2/models/{m}[/versions/{v}][/ready|/infer|/config|/stats]
+        if rest == ["stats"]:
+            _expect(method, "GET")
+            await _json(send, 200, _stats_doc(self._plane.model_statistics()))
+            return
+        if not rest or not rest[0]:
+            raise _HttpError(404, "no model named in the path")
+        name, tail = rest[0], rest[1:]
+        version: str | None = None
+        if tail[:1] == ["versions"]:
+            if len(tail) < 2 or not tail[1]:
+                raise _HttpError(404, "no version named in the path")
+            version, tail = tail[1], tail[2:]
+        action = tail[0] if len(tail) == 1 else None
+        if len(tail) > 1:
+            raise _HttpError(404, f"no such endpoint: {scope['path']}")
+        if action == "infer":
+            _expect(method, "POST")
+            await self._infer(name, version, scope, receive, send)
+        elif not tail:
+            _expect(method, "GET")
+            await _json(send, 200, _metadata_doc(await self._plane.model_metadata(name, version)))
+        elif action == "ready":
+            _expect(method, "GET")
+            ready = self._plane.model_ready(name, version)
+            await _json(send, 200 if ready else 503, {"name": name, "ready": ready})
+        elif action == "config":
+            _expect(method, "GET")
+            await _json(send, 200, await self._plane.model_config(name, version))
+        elif action == "stats":
+            _expect(method, "GET")
+            await _json(send, 200, _stats_doc(self._plane.model_statistics(name, version)))
+        else:
+            raise _HttpError(404, f"no such endpoint: {scope['path']}")
+
+    async def _infer(
+        self, name: str, version: str | None, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        header_length: int | None = None
+        for key, value in scope["headers"]:
+            if key == b"inference-header-content-length":
+                header_length = _int_header(HEADER_LENGTH, value)
+        body = await self._read_body(scope, receive)
+        request = decode_request(body, header_length)
+        response = await self._plane.infer(name, version, request)
+        payload, json_length = encode_response(response, request)
+        if json_length is None:
+            await _respond(send, 200, payload, _JSON)
+        else:
+            length = (HEADER_LENGTH.encode(), str(json_length).encode())
+            await _respond(send, 200, payload, _BINARY, (length,))
+
+    async def _repository(self, method: str, rest: list[str], receive: Receive, send: Send) -> None:
+        _expect(method, "POST")
+        if rest == ["index"]:
+            body = await self._read_body(None, receive)
+            ready_only = False
+            if body.strip():
+                try:
+                    options = orjson.loads(body)
+                except orjson.JSONDecodeError as exc:
+                    raise _HttpError(400, f"the index request is not JSON: {exc}") from None
+                if not isinstance(options, dict) or not isinstance(
+                    options.get("ready", False), bool
+                ):
+                    raise _HttpError(400, 'the index request must be {"ready": true|false}')
+                ready_only = options.get("ready", False)
+            rows = self._plane.repository_index(ready_only=ready_only)
+            await _json(send, 200, [_index_doc(row) for row in rows])
+        elif len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
+            await self._read_body(None, receive)  # parameters are accepted and not used
+            if rest[2] == "load":
+                await self._plane.load(rest[1])
+            else:
+                await self._plane.unload(rest[1])
+            await _respond(send, 200, b"", _JSON)
+        else:
+            raise _HttpError(404, "no such repository endpoint")
+
+    async def _read_body(self, scope: Scope | None, receive: Receive) -> bytes:
+        limit = self._max_request_bytes
+        if scope is not None:
+            for key, value in scope["headers"]:
+                if key == b"content-length" and _int_header("content-length", value) > limit:
+                    raise _HttpError(413, f"the request body is larger than {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _HttpError(400, "the client went away before sending the whole body")
+            chunk: bytes = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _HttpError(413, f"the request body is larger than {limit} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def _check_auth(self, scope: Scope) -> None:
+        assert self._auth is not None
+        for key, value in scope["headers"]:
+            if key == b"authorization" and hmac.compare_digest(value, self._auth):
+                return
+        raise _HttpError(
+            401,
+            "this server needs the header Authorization: Bearer <token>",
+            ((b"www-authenticate", b"Bearer"),),
+        )
+
+
+def _status(exc: CorralError) -> int:
+    for cls in type(exc).__mro__:
+        if issubclass(cls, CorralError) and cls in STATUS:
+            return STATUS[cls]
+    return 500
+
+
+def _expect(method: str, allowed: str) -> None:
+    if method != allowed:
+        raise _HttpError(405, f"method {method} not allowed here; use {allowed}")
+
+
+def _int_header(name: str, value: bytes) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise _HttpError(400, f"header {name} must be a non-negative integer, got {value!r}")
+    return number
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    # The Host is made and closed by whoever runs the app, not by the ASGI lifespan.
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def _json(send: Send, status: int, document: object) -> None:
+    await _respond(send, status, orjson.dumps(document), _JSON)
+
+
+async def _respond(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: tuple[bytes, bytes],
+    extra: tuple[tuple[bytes, bytes], ...] = (),
+) -> None:
+    headers = [content_type, (b"content-length", str(len(body)).encode()), *extra]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _metadata_doc(meta: ModelMetadata) -> dict[str, Any]:
+    return {
+        "name": meta.name,
+        "versions": list(meta.versions),
+        "platform": meta.platform,
+        "inputs": [
+            {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in meta.inputs
+        ],
+        "outputs": [
+            {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in meta.outputs
+        ],
+    }
+
+
+def _stats_doc(rows: list[ModelStatistics]) -> dict[str, Any]:
+    def duration(d: Any) -> dict[str, int]:
+        return {"count": d.count, "ns": d.ns}
+
+    return {
+        "model_stats": [
+            {
+                "name": row.name,
+                "version": row.version,
+                "last_inference": row.last_inference,
+                "inference_count": row.inference_count,
+                "execution_count": row.execution_count,
+                "inference_stats": {
+                    "success": duration(row.success),
+                    "fail": duration(row.fail),
+                    "queue": duration(row.queue),
+                    "compute_input": duration(row.compute_input),
+                    "compute_infer": duration(row.compute_infer),
+                    "compute_output": duration(row.compute_output),
+                },
+                "batch_stats": [
+                    {"batch_size": b.batch_size, "compute_infer": duration(b.compute_infer)}
+                    for b in row.batch_stats
+                ],
+            }
+            for row in rows
+        ]
+    }
+
+
+def _index_doc(row: RepositoryModel) -> dict[str, str]:
+    doc = {"name": row.name, "state": row.state}
+    if row.version:
+        doc["version"] = row.version
+    if row.reason:
+        doc["reason"] = row.reason
+    return doc

@@ -1,0 +1,220 @@
+"""The HTTP transport in-process: every endpoint through an ASGI transport, no sockets."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+import corral
+from corral import Host
+from corral.bench.models import build_mlp, build_tree
+from corral.protocol import DataPlane
+from corral.server.http import HttpApp
+from corral.server.metrics import Metrics
+from tests.conftest import reference_run
+from tests.test_host import add_model
+
+X = np.random.default_rng(7).standard_normal((2, 4)).astype(np.float32)
+
+
+def infer_body(x: np.ndarray = X, **extra: Any) -> dict[str, Any]:
+    tensor = {"name": "X", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}
+    return {"inputs": [tensor], **extra}
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    add_model(tmp_path, "mlp", build_mlp(seed=1))
+    add_model(tmp_path, "tree", build_tree(seed=2))
+    return tmp_path
+
+
+@pytest.fixture
+def host(repo: Path) -> Iterator[Host]:
+    with Host(repo) as h:
+        yield h
+
+
+def call(app: HttpApp, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://corral") as client:
+            return await client.request(method, path, **kwargs)
+
+    return asyncio.run(go())
+
+
+def make_app(host: Host, **options: Any) -> HttpApp:
+    plane = DataPlane(host)
+    return HttpApp(plane, metrics=Metrics(plane).render, **options)
+
+
+def test_health_and_server_metadata(host: Host):
+    app = make_app(host)
+    assert call(app, "GET", "/v2/health/live").json() == {"live": True}
+    assert call(app, "GET", "/v2/health/ready").json() == {"ready": True}
+    meta = call(app, "GET", "/v2").json()
+    assert (meta["name"], meta["version"]) == ("corral", corral.__version__)
+    assert "binary_tensor_data" in meta["extensions"]
+    host.close()
+    response = call(app, "GET", "/v2/health/ready")
+    assert (response.status_code, response.json()) == (503, {"ready": False})
+
+
+def test_model_metadata_ready_and_config(host: Host):
+    app = make_app(host)
+    ready = call(app, "GET", "/v2/models/mlp/ready")
+    assert (ready.status_code, ready.json()) == (503, {"name": "mlp", "ready": False})
+    meta = call(app, "GET", "/v2/models/mlp").json()
+    assert meta["inputs"] == [{"name": "X", "datatype": "FP32", "shape": [-1, 4]}]
+    assert meta["platform"] == "onnxruntime_onnx"
+    assert call(app, "GET", "/v2/models/mlp/versions/1").json() == meta
+    assert call(app, "GET", "/v2/models/mlp/ready").status_code == 200  # metadata loaded it
+    config = call(app, "GET", "/v2/models/mlp/config").json()
+    assert (config["name"], config["max_batch_size"]) == ("mlp", 64)
+
+
+def test_infer_with_json_tensors(host: Host):
+    app = make_app(host)
+    response = call(app, "POST", "/v2/models/mlp/infer", json=infer_body(id="req-7"))
+    assert response.status_code == 200, response.text
+    doc = response.json()
+    assert (doc["model_name"], doc["model_version"], doc["id"]) == ("mlp", "1", "req-7")
+    (output,) = doc["outputs"]
+    assert (output["name"], output["datatype"], output["shape"]) == ("Y", "FP32", [2, 1])
+    expected = reference_run(build_mlp(seed=1), {"X": X})[0]
+    np.testing.assert_array_equal(np.array(output["data"], np.float32).reshape(2, 1), expected)
+
+
+def test_infer_with_binary_tensors(host: Host):
+    app = make_app(host)
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "X",
+                    "datatype": "FP32",
+                    "shape": [2, 4],
+                    "parameters": {"binary_data_size": X.nbytes},
+                }
+            ],
+            "parameters": {"binary_data_output": True},
+        }
+    )
+    response = call(
+        app,
+        "POST",
+        "/v2/models/tree/infer",
+        content=header + X.tobytes(),
+        headers={"Inference-Header-Content-Length": str(len(header))},
+    )
+    assert response.status_code == 200, response.text
+    json_length = int(response.headers["inference-header-content-length"])
+    doc = orjson.loads(response.content[:json_length])
+    (output,) = doc["outputs"]
+    assert output["parameters"]["binary_data_size"] == 8
+    values = np.frombuffer(response.content[json_length:], np.float32).reshape(2, 1)
+    np.testing.assert_array_equal(values, reference_run(build_tree(seed=2), {"X": X})[0])
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "message"),
+    [
+        ("POST", "/v2/models/mlp/infer", b"{not json", 400, ""),
+        ("POST", "/v2/models/mlp/infer", orjson.dumps(infer_body(X[:, :3])), 400, "'X'"),
+        ("POST", "/v2/models/nope/infer", orjson.dumps(infer_body()), 404, "nope"),
+        ("POST", "/v2/models/mlp/versions/9/infer", orjson.dumps(infer_body()), 404, "9"),
+        ("POST", "/v2/models/..%2Fetc/infer", orjson.dumps(infer_body()), 404, "no such"),
+        ("POST", "/v2/models/%2E%2E/infer", orjson.dumps(infer_body()), 400, "'..'"),
+        ("GET", "/v2/models/mlp/infer", b"", 405, "POST"),
+        ("GET", "/v2/nothing", b"", 404, "no such endpoint"),
+        ("GET", "/elsewhere", b"", 404, "no such endpoint"),
+    ],
+)
+def test_errors_are_json_with_the_right_status(
+    host: Host, method: str, path: str, body: bytes, status: int, message: str
+):
+    response = call(make_app(host), method, path, content=body)
+    assert response.status_code == status, response.text
+    assert message in response.json()["error"]
+
+
+def test_bodies_over_the_limit_are_refused_with_413(host: Host):
+    app = make_app(host, max_request_bytes=100)
+    response = call(app, "POST", "/v2/models/mlp/infer", json=infer_body())
+    assert response.status_code == 413
+    assert "100 bytes" in response.json()["error"]
+
+
+def test_a_request_timeout_gives_504(host: Host):
+    app = make_app(host)
+    assert call(app, "POST", "/v2/models/mlp/infer", json=infer_body()).status_code == 200
+    late = infer_body(parameters={"timeout": 1})
+    response = call(app, "POST", "/v2/models/mlp/infer", json=late)
+    assert response.status_code == 504, response.text
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (corral.Overloaded("queue full"), 429),
+        (corral.InferenceError("model raised"), 500),
+        (corral.HostClosed("closing"), 503),
+        (corral.ModelLoadError("cannot load"), 503),
+    ],
+)
+def test_each_error_class_maps_to_its_status(
+    host: Host, monkeypatch: pytest.MonkeyPatch, error: Exception, status: int
+):
+    async def failing(*args: object) -> None:
+        raise error
+
+    app = make_app(host)
+    monkeypatch.setattr(app._plane, "infer", failing)
+    response = call(app, "POST", "/v2/models/mlp/infer", json=infer_body())
+    assert (response.status_code, response.json()) == (status, {"error": str(error)})
+
+
+def test_statistics_repository_and_metrics(host: Host):
+    app = make_app(host)
+    for _ in range(2):
+        assert call(app, "POST", "/v2/models/mlp/infer", json=infer_body()).status_code == 200
+    (stats,) = call(app, "GET", "/v2/models/mlp/stats").json()["model_stats"]
+    assert (stats["name"], stats["version"], stats["inference_count"]) == ("mlp", "1", 2)
+    assert stats["inference_stats"]["success"]["count"] == 2
+    assert len(call(app, "GET", "/v2/models/stats").json()["model_stats"]) == 1
+
+    index = call(app, "POST", "/v2/repository/index").json()
+    assert {"name": "mlp", "version": "1", "state": "READY"} in index
+    assert call(app, "POST", "/v2/repository/index", json={"ready": True}).json() == [
+        {"name": "mlp", "version": "1", "state": "READY"}
+    ]
+    assert call(app, "POST", "/v2/repository/models/tree/load").status_code == 200
+    assert call(app, "GET", "/v2/models/tree/ready").status_code == 200
+    assert call(app, "POST", "/v2/repository/models/tree/unload").status_code == 200
+    assert call(app, "GET", "/v2/models/tree/ready").status_code == 503
+    bad = call(app, "POST", "/v2/repository/index", content=b"[1]")
+    assert bad.status_code == 400
+
+    metrics = call(app, "GET", "/metrics")
+    assert metrics.status_code == 200
+    assert 'nv_inference_request_success{model="mlp",version="1"} 2' in metrics.text
+
+
+def test_auth_token_guards_everything_but_health(host: Host):
+    app = make_app(host, auth_token="s3cret")
+    assert call(app, "GET", "/v2/health/live").status_code == 200
+    for path in ["/v2", "/v2/models/mlp", "/metrics"]:
+        refused = call(app, "GET", path)
+        assert refused.status_code == 401, path
+        assert refused.headers["www-authenticate"] == "Bearer"
+        wrong = call(app, "GET", path, headers={"Authorization": "Bearer guess"})
+        assert wrong.status_code == 401, path
+        assert call(app, "GET", path, headers={"Authorization": "Bearer s3cret"}).is_success
