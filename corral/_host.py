@@ -14,6 +14,7 @@ before memory is spent: see :func:`estimate_model_bytes`.
 from __future__ import annotations
 
 import asyncio
+import copy
 import enum
 import logging
 import os
@@ -25,7 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -197,6 +198,20 @@ class _Loaded:
     loaded_at: float = field(default_factory=time.time)
 
 
+def _fresh(error: _E) -> _E:
+    """A copy of a kept error, to raise to one more caller.
+
+    Raising the kept object itself would append each caller's frames to its traceback, which
+    would then hold every caller's frames (and their request tensors) for as long as the
+    error is kept: one failed model answering requests through its back-off would grow
+    without bound.
+    """
+    clone = copy.copy(error)
+    clone.__cause__ = error.__cause__
+    clone.__traceback__ = None
+    return clone
+
+
 def _least_recent(item: tuple[_Key, _Loaded]) -> float:
     loaded = item[1]
     return loaded.loaded_at if loaded.last_used is None else loaded.last_used
@@ -223,6 +238,7 @@ class _Counters:
 
 
 _Key = tuple[str, int]
+_E = TypeVar("_E", bound=BaseException)
 
 
 class _NoRoom(ModelLoadError):
@@ -412,7 +428,7 @@ class Host:
                     return self._lease_locked(loaded)
                 failure = self._failures.get(key)
                 if failure is not None and time.monotonic() < failure.retry_at:
-                    raise failure.error
+                    raise _fresh(failure.error)
                 pending = self._loading.get(key)
                 leader = pending is None
                 if pending is None:
@@ -426,6 +442,8 @@ class Host:
                 raise DeadlineExceeded(
                     f"model {name!r} version {key[1]} was still loading after {timeout}s"
                 ) from None
+            except CorralError as exc:
+                raise _fresh(exc) from exc.__cause__
 
     def _ready_lease(self, name: str, version: int | str | None) -> HostLease | None:
         """A lease on the newest version if it is loaded, without blocking; else None."""
@@ -848,7 +866,7 @@ class Host:
         if entry is None or model_failed or (version is not None and not _has(entry, version)):
             entry = self._refresh_entry(name)
         if entry.error is not None:
-            raise entry.error
+            raise _fresh(entry.error)
         if version is None:
             if entry.latest is None:
                 raise ModelNotFound(

@@ -115,7 +115,36 @@ class TensorSpec:
                 )
         if not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)
+        if expected is not None and expected.kind == "O":
+            array = self._as_text(array)
         return array
+
+    def _as_text(self, array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        # onnxruntime reads each element of an object array with str(): bytes would arrive
+        # as "b'...'". Strings go in as str; bytes are decoded as UTF-8.
+        if array.dtype.kind == "U":
+            return array
+        text = np.empty(array.shape, dtype=object)
+        flat = text.reshape(-1)
+        for index, element in enumerate(array.reshape(-1)):
+            if isinstance(element, str):
+                flat[index] = element
+            elif isinstance(element, bytes | np.bytes_):
+                try:
+                    flat[index] = bytes(element).decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise InvalidInput(
+                        f"input {self.name!r} holds bytes that are not UTF-8 text at element "
+                        f"{index} ({exc.reason}); the model takes strings",
+                        tensor=self.name,
+                    ) from None
+            else:
+                raise InvalidInput(
+                    f"input {self.name!r} must hold strings; element {index} is a "
+                    f"{type(element).__name__}",
+                    tensor=self.name,
+                )
+        return text
 
     def _cast(
         self, array: npt.NDArray[Any], expected: np.dtype[Any], *, given_list: bool

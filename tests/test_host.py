@@ -110,7 +110,10 @@ def test_100_threads_on_a_broken_model_share_one_failure(tmp_path: Path):
         for thread in threads:
             thread.join(timeout=30)
         assert len(errors) == 100
-        assert len({id(e) for e in errors}) == 1  # one load, one error, shared
+        # One load, one failure: each caller gets its own copy of it, all with the same cause.
+        assert errors[0].__cause__ is not None
+        assert len({id(e.__cause__) for e in errors}) == 1
+        assert len({str(e) for e in errors}) == 1
         assert "could not load" in str(errors[0])
         assert host.stats().load_failures == 1
         # The rest of the repository is unaffected.
@@ -126,7 +129,10 @@ def test_a_failed_model_backs_off_then_retries_at_once_when_its_file_changes(tmp
             host.infer("m", {"X": X})
         with pytest.raises(corral.ModelLoadError) as second:
             host.infer("m", {"X": X})
-        assert second.value is first.value  # not retried: the same failure, at once
+        # Not retried: the same failure, at once (a copy of it, with the same cause).
+        assert first.value.__cause__ is not None
+        assert second.value.__cause__ is first.value.__cause__
+        assert str(second.value) == str(first.value)
         assert host.stats().load_failures == 1
         path.write_bytes(build_mlp())
         stat = path.stat()
@@ -632,3 +638,25 @@ def test_an_explicit_repository_and_runtime_are_used(repo: Path):
         Host(repo, memory_budget=[1])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="failure_backoff_s"):
         Host(repo, failure_backoff_s=(5.0, 1.0))
+
+
+def test_a_kept_load_failure_is_raised_as_a_fresh_copy_each_time(tmp_path: Path):
+    # Re-raising one kept exception object would chain every caller's frames onto it.
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "1").mkdir()
+    (tmp_path / "broken" / "1" / "model.onnx").write_bytes(b"not a model")
+    with Host(tmp_path) as host:
+        seen = []
+        for _ in range(3):
+            with pytest.raises(corral.ModelLoadError) as caught:
+                host.infer("broken", {"X": X})
+            seen.append(caught.value)
+        assert len({id(error) for error in seen}) == 3
+        assert len({str(error) for error in seen}) == 1
+        depths = []
+        for error in seen:
+            depth, tb = 0, error.__traceback__
+            while tb is not None:
+                depth, tb = depth + 1, tb.tb_next
+            depths.append(depth)
+        assert depths[0] == depths[2]  # the third raise carries no frames of the first two

@@ -218,3 +218,29 @@ def test_auth_token_guards_everything_but_health(host: Host):
         wrong = call(app, "GET", path, headers={"Authorization": "Bearer guess"})
         assert wrong.status_code == 401, path
         assert call(app, "GET", path, headers={"Authorization": "Bearer s3cret"}).is_success
+
+
+def test_concurrent_requests_each_get_their_own_outputs(host: Host):
+    # 200 requests in flight at once on one event loop, batched by the scheduler: each
+    # answer must be the one for its own input, and every one counted once.
+    app = make_app(host)
+    rng = np.random.default_rng(9)
+    inputs = [rng.standard_normal((1, 4)).astype(np.float32) for _ in range(200)]
+
+    async def go() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://corral") as client:
+            return await asyncio.gather(
+                *(client.post("/v2/models/mlp/infer", json=infer_body(x)) for x in inputs)
+            )
+
+    responses = asyncio.run(go())
+    batched = np.concatenate(inputs)
+    expected = reference_run(build_mlp(seed=1), {"X": batched})[0]
+    for index, response in enumerate(responses):
+        assert response.status_code == 200, response.text
+        data = response.json()["outputs"][0]["data"]
+        np.testing.assert_allclose(data, expected[index], rtol=1e-6)
+    (stats,) = DataPlane(host).model_statistics("mlp")
+    assert stats.queue.count == 200  # the queue saw each request once
+    assert stats.execution_count < 200  # and ran them in batches

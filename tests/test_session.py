@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper
 
 import corral
 from corral import ConcurrencyPolicy, SessionState, _ort
@@ -114,6 +115,32 @@ def test_safe_casts_lists_and_non_contiguous_arrays_are_accepted(mlp_model):
     np.testing.assert_array_equal(
         session.run({"X": ints})["Y"], session.run({"X": ints.astype(np.float32)})["Y"]
     )
+
+
+def _string_identity() -> bytes:
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["S"], ["T"])],
+        "strings",
+        [helper.make_tensor_value_info("S", TensorProto.STRING, ["N"])],
+        [helper.make_tensor_value_info("T", TensorProto.STRING, ["N"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def test_string_inputs_take_str_and_utf8_bytes_alike():
+    # onnxruntime reads object elements with str(): bytes would arrive as "b'...'".
+    session = corral.Session(_string_identity())
+    as_bytes = np.array([b"ab", "\u00e9".encode(), b""], dtype=object)
+    as_text = np.array(["ab", "\u00e9", ""], dtype=object)
+    for given in (as_bytes, as_text, np.array(["ab", "\u00e9", ""]), np.array([b"ab"], "S")):
+        out = session.run({"S": given})["T"]
+        assert out.tolist() == [v.decode() if isinstance(v, bytes) else v for v in given.tolist()]
+    with pytest.raises(corral.InvalidInput, match="'S' holds bytes that are not UTF-8"):
+        session.run({"S": np.array([b"\xff"], dtype=object)})
+    with pytest.raises(corral.InvalidInput, match="element 1 is a int"):
+        session.run({"S": np.array(["a", 3], dtype=object)})
 
 
 def test_outputs_selects_and_checks_names(mlp_model):

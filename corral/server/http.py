@@ -31,6 +31,7 @@ from corral._errors import (
     ModelNotFound,
     Overloaded,
     RuntimeClosed,
+    SessionClosed,
 )
 from corral.protocol.dataplane import DataPlane
 from corral.protocol.http_codec import HEADER_LENGTH, decode_request, encode_error, encode_response
@@ -55,6 +56,7 @@ STATUS: dict[type[CorralError], int] = {
     ModelLoadError: 503,
     HostClosed: 503,
     RuntimeClosed: 503,
+    SessionClosed: 503,
     DeadlineExceeded: 504,
 }
 

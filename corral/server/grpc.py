@@ -1,0 +1,551 @@
+"""The Open Inference Protocol over gRPC: a grpc.aio servicer on the data plane.
+
+Each RPC of ``inference.GRPCInferenceService`` decodes its message into
+:mod:`corral.protocol.types`, makes one :class:`~corral.protocol.dataplane.DataPlane` call and
+encodes the answer. Input tensors come as typed ``contents`` or as ``raw_input_contents``;
+outputs always go back as ``raw_output_contents``, which is what tritonclient reads by
+default. corral's errors become gRPC status codes through one table, :data:`STATUS`.
+
+Example::
+
+    server, port = await start_grpc_server(DataPlane(host), "127.0.0.1", 8001)
+    ...
+    await server.stop(grace=5)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hmac
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+try:
+    import grpc
+
+    from corral.server.proto import grpc_service_pb2 as pb
+    from corral.server.proto import grpc_service_pb2_grpc as pb_grpc
+except ImportError as exc:  # pragma: no cover - the extra is installed wherever tests run
+    raise ImportError(
+        f"corral's gRPC server needs grpcio and protobuf ({exc}); "
+        "install them with: pip install 'corral[grpc]'"
+    ) from exc
+
+from corral._errors import (
+    CorralError,
+    DeadlineExceeded,
+    HostClosed,
+    InferenceError,
+    InvalidInput,
+    InvalidModelName,
+    ModelLoadError,
+    ModelNotFound,
+    Overloaded,
+    RuntimeClosed,
+    SessionClosed,
+)
+from corral.protocol.binary import decode_tensor, element_count, encode_tensor
+from corral.protocol.dataplane import DataPlane
+from corral.protocol.datatypes import numpy_dtype
+from corral.protocol.types import (
+    Duration,
+    InferInput,
+    InferRequest,
+    InferResponse,
+    ModelStatistics,
+    Parameters,
+    RequestedOutput,
+)
+
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "STATUS", "InferenceServicer", "start_grpc_server"]
+
+logger = logging.getLogger(__name__)
+
+#: gRPC status per corral error class; the most specific class listed wins. Any other
+#: exception is INTERNAL, and logged.
+STATUS: dict[type[CorralError], grpc.StatusCode] = {
+    InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
+    InvalidModelName: grpc.StatusCode.INVALID_ARGUMENT,
+    ModelNotFound: grpc.StatusCode.NOT_FOUND,
+    Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+    HostClosed: grpc.StatusCode.UNAVAILABLE,
+    RuntimeClosed: grpc.StatusCode.UNAVAILABLE,
+    SessionClosed: grpc.StatusCode.UNAVAILABLE,
+    # Triton answers a failed load with INTERNAL; corral says UNAVAILABLE, as its HTTP 503
+    # does: the load is retried after a back-off, or at once when the model's files change.
+    ModelLoadError: grpc.StatusCode.UNAVAILABLE,
+    InferenceError: grpc.StatusCode.INTERNAL,
+}
+
+#: The largest request message :func:`start_grpc_server` accepts unless told otherwise, as
+#: ``ServerSettings.max_request_bytes``; larger ones get RESOURCE_EXHAUSTED from gRPC itself.
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+_SERVICE = "inference.GRPCInferenceService"
+# Health checks answer without a token, as HTTP's /v2/health/* do.
+_OPEN_METHODS = frozenset({f"/{_SERVICE}/ServerLive", f"/{_SERVICE}/ServerReady"})
+
+# The typed field of InferTensorContents that carries each datatype; FP16 has none.
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+# Triton's TYPE_* names, as model_config spells data types.
+_DATA_TYPES = frozenset(pb.DataType.keys())
+
+_Context = grpc.aio.ServicerContext[Any, Any]
+_Request = TypeVar("_Request")
+_Response = TypeVar("_Response")
+_Handler = Callable[[Any, _Request, _Context], Awaitable[_Response]]
+
+
+class _Refused(Exception):
+    """A request this transport refuses before the data plane sees it, with its status."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _answers(handler: _Handler[_Request, _Response]) -> _Handler[_Request, _Response]:
+    """Turn whatever ``handler`` raises into the gRPC status :data:`STATUS` gives it."""
+
+    @functools.wraps(handler)
+    async def answer(self: Any, request: _Request, context: _Context) -> _Response:
+        try:
+            return await handler(self, request, context)
+        except _Refused as exc:
+            await context.abort(exc.code, str(exc))
+        except CorralError as exc:
+            code = _status(exc)
+            if code is None:
+                logger.exception("corral: gRPC %s failed", handler.__name__)
+                code = grpc.StatusCode.INTERNAL
+            # The core may keep an error and raise it to every caller (a failed load does):
+            # drop the frames this call added to it, which hold the call's context and request.
+            exc.__traceback__ = None
+            await context.abort(code, str(exc))
+        except Exception as exc:
+            logger.exception("corral: gRPC %s failed", handler.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc!r}")
+
+    return answer
+
+
+def _status(exc: CorralError) -> grpc.StatusCode | None:
+    for cls in type(exc).__mro__:
+        if issubclass(cls, CorralError) and cls in STATUS:
+            return STATUS[cls]
+    return None
+
+
+class InferenceServicer:
+    """``inference.GRPCInferenceService`` on a :class:`DataPlane`: one data plane call per RPC.
+
+    :func:`start_grpc_server` runs it; to add it to a grpc.aio server of your own::
+
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), server)
+    """
+
+    def __init__(self, plane: DataPlane) -> None:
+        self._plane = plane
+
+    @_answers
+    async def ServerLive(
+        self, request: pb.ServerLiveRequest, context: _Context
+    ) -> pb.ServerLiveResponse:
+        """True while the server can answer at all."""
+        return pb.ServerLiveResponse(live=self._plane.live())
+
+    @_answers
+    async def ServerReady(
+        self, request: pb.ServerReadyRequest, context: _Context
+    ) -> pb.ServerReadyResponse:
+        """True while the server takes inference requests."""
+        return pb.ServerReadyResponse(ready=self._plane.ready())
+
+    @_answers
+    async def ModelReady(
+        self, request: pb.ModelReadyRequest, context: _Context
+    ) -> pb.ModelReadyResponse:
+        """True if the model (version) is loaded; NOT_FOUND for a model not in the repository."""
+        ready = await asyncio.to_thread(
+            self._plane.model_ready, request.name, request.version or None
+        )
+        return pb.ModelReadyResponse(ready=ready)
+
+    @_answers
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: _Context
+    ) -> pb.ServerMetadataResponse:
+        """The server's name, version and protocol extensions."""
+        meta = self._plane.server_metadata()
+        return pb.ServerMetadataResponse(
+            name=meta.name, version=meta.version, extensions=meta.extensions
+        )
+
+    @_answers
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, context: _Context
+    ) -> pb.ModelMetadataResponse:
+        """A model's versions, platform, inputs and outputs (loading it if need be)."""
+        meta = await self._plane.model_metadata(request.name, request.version or None)
+        tensor = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=meta.name,
+            versions=meta.versions,
+            platform=meta.platform,
+            inputs=[tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in meta.inputs],
+            outputs=[tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in meta.outputs],
+        )
+
+    @_answers
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: _Context
+    ) -> pb.ModelInferResponse:
+        """Run one inference request; outputs come back as ``raw_output_contents``."""
+        decoded = _decode_request(request)
+        response = await self._plane.infer(
+            request.model_name, request.model_version or None, decoded
+        )
+        return _encode_response(response)
+
+    @_answers
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: _Context
+    ) -> pb.ModelConfigResponse:
+        """A model's configuration in Triton's ``ModelConfig`` shape (the fields corral fills)."""
+        doc = await self._plane.model_config(request.name, request.version or None)
+        config = pb.ModelConfig(
+            name=doc["name"],
+            platform=doc["platform"],
+            backend=doc["backend"],
+            max_batch_size=doc["max_batch_size"],
+            input=[
+                pb.ModelInput(name=t["name"], data_type=_data_type(t["data_type"]), dims=t["dims"])
+                for t in doc["input"]
+            ],
+            output=[
+                pb.ModelOutput(name=t["name"], data_type=_data_type(t["data_type"]), dims=t["dims"])
+                for t in doc["output"]
+            ],
+        )
+        return pb.ModelConfigResponse(config=config)
+
+    @_answers
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: _Context
+    ) -> pb.ModelStatisticsResponse:
+        """Counters per model version: every version that has answered, or those of one model."""
+        rows = await asyncio.to_thread(
+            self._plane.model_statistics, request.name or None, request.version or None
+        )
+        return pb.ModelStatisticsResponse(model_stats=[_statistics(row) for row in rows])
+
+    @_answers
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: _Context
+    ) -> pb.RepositoryIndexResponse:
+        """Every model in the repository, one row per version the server knows of."""
+        _one_repository(request.repository_name)
+        rows = await asyncio.to_thread(self._plane.repository_index, ready_only=request.ready)
+        index = pb.RepositoryIndexResponse.ModelIndex
+        return pb.RepositoryIndexResponse(
+            models=[
+                index(name=row.name, version=row.version, state=row.state, reason=row.reason)
+                for row in rows
+            ]
+        )
+
+    @_answers
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: _Context
+    ) -> pb.RepositoryModelLoadResponse:
+        """Load (or reload) a model from its files now; its load errors are the answer."""
+        _one_repository(request.repository_name)
+        if request.parameters:
+            raise _Refused(
+                grpc.StatusCode.UNIMPLEMENTED,
+                f"load parameters {sorted(request.parameters)} are not supported: corral loads "
+                "a model from its files in the repository, without config or file overrides",
+            )
+        await self._plane.load(request.model_name)
+        return pb.RepositoryModelLoadResponse()
+
+    @_answers
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: _Context
+    ) -> pb.RepositoryModelUnloadResponse:
+        """Unload every version of a model once its requests in flight finish."""
+        _one_repository(request.repository_name)
+        # tritonclient always sends "unload_dependents"; corral's models have no dependents.
+        unknown = sorted(set(request.parameters) - {"unload_dependents"})
+        if unknown:
+            raise _Refused(
+                grpc.StatusCode.UNIMPLEMENTED, f"unload parameters {unknown} are not supported"
+            )
+        await self._plane.unload(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+
+class _BearerAuth(grpc.aio.ServerInterceptor):
+    """Refuses every RPC but the health checks unless it carries ``authorization: Bearer <t>``."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+        self._refuse: grpc.RpcMethodHandler[Any, Any] = grpc.unary_unary_rpc_method_handler(
+            _unauthenticated
+        )
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        """Hand the call on if it may be made, else answer it with UNAUTHENTICATED."""
+        if handler_call_details.method in _OPEN_METHODS or self._carries_token(
+            handler_call_details.invocation_metadata
+        ):
+            return await continuation(handler_call_details)
+        return self._refuse
+
+    def _carries_token(self, metadata: Any) -> bool:
+        for key, value in metadata or ():
+            if key == "authorization":
+                given = value if isinstance(value, bytes) else str(value).encode()
+                if hmac.compare_digest(given, self._expected):
+                    return True
+        return False
+
+
+async def _unauthenticated(request: object, context: _Context) -> None:
+    await context.abort(
+        grpc.StatusCode.UNAUTHENTICATED,
+        "this server needs the metadata authorization: Bearer <token>",
+    )
+
+
+async def start_grpc_server(
+    plane: DataPlane,
+    host: str,
+    port: int,
+    *,
+    auth_token: str | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> tuple[grpc.aio.Server, int]:
+    """Start a grpc.aio server for ``plane`` on ``host:port``; return it and the bound port.
+
+    Binds exactly the address given (port 0: a free port), without SO_REUSEPORT, so that a
+    port already taken is an error rather than a shared socket. With ``auth_token`` every RPC
+    but ServerLive and ServerReady needs the metadata ``authorization: Bearer <token>``.
+    Messages larger than ``max_message_bytes`` are refused with RESOURCE_EXHAUSTED. The
+    caller stops the server: ``await server.stop(grace)``.
+
+    Example::
+
+        server, port = await start_grpc_server(plane, "127.0.0.1", 0, auth_token="s3cret")
+    """
+    server = grpc.aio.server(
+        interceptors=[] if auth_token is None else [_BearerAuth(auth_token)],
+        options=[
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", max_message_bytes),
+        ],
+    )
+    servicer = InferenceServicer(plane)
+    # protoc writes no annotations, so the generated registration is an untyped call.
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise OSError(f"the gRPC server could not bind {address}: {exc}") from exc
+    await server.start()
+    return server, bound
+
+
+# -- messages <-> protocol types -------------------------------------------------------------
+
+
+def _decode_request(request: pb.ModelInferRequest) -> InferRequest:
+    """Decode a ``ModelInferRequest`` into corral's :class:`InferRequest`.
+
+    Tensors come either all as ``raw_input_contents`` (one entry per input, in order) or all
+    as typed ``contents``. Raises :class:`InvalidInput` naming the tensor that is malformed.
+    """
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInput(
+            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
+            "when raw contents are used, every input needs one, in the order of inputs"
+        )
+    inputs = []
+    for index, tensor in enumerate(request.inputs):
+        shape = tuple(tensor.shape)
+        if raw:
+            if tensor.HasField("contents"):
+                raise InvalidInput(
+                    f"input {tensor.name!r} has contents although the request uses "
+                    "raw_input_contents; use one or the other for all inputs",
+                    tensor=tensor.name,
+                )
+            data = decode_tensor(raw[index], tensor.datatype, shape, name=tensor.name)
+        else:
+            data = _from_contents(tensor, shape)
+        inputs.append(
+            InferInput(tensor.name, tensor.datatype, shape, data, _parameters(tensor.parameters))
+        )
+    return InferRequest(
+        inputs=tuple(inputs),
+        outputs=tuple(
+            RequestedOutput(output.name, parameters=_parameters(output.parameters))
+            for output in request.outputs
+        ),
+        id=request.id or None,
+        parameters=_parameters(request.parameters),
+    )
+
+
+def _encode_response(response: InferResponse) -> pb.ModelInferResponse:
+    """Encode corral's :class:`InferResponse` as a ``ModelInferResponse``, outputs raw."""
+    message = pb.ModelInferResponse(
+        model_name=response.model_name,
+        model_version=response.model_version or "",
+        id=response.id or "",
+    )
+    _set_parameters(message.parameters, response.parameters)
+    for output in response.outputs:
+        tensor = message.outputs.add(name=output.name, datatype=output.datatype, shape=output.shape)
+        _set_parameters(tensor.parameters, output.parameters)
+        message.raw_output_contents.append(encode_tensor(output.data, output.datatype))
+    return message
+
+
+def _from_contents(
+    tensor: pb.ModelInferRequest.InferInputTensor, shape: tuple[int, ...]
+) -> npt.NDArray[Any]:
+    name, datatype = tensor.name, tensor.datatype
+    count = element_count(shape, datatype, name=name)
+    dtype = numpy_dtype(datatype, tensor=name)
+    field = _CONTENTS_FIELD.get(datatype)
+    if field is None:
+        raise InvalidInput(
+            f"input {name!r}: {datatype} has no typed contents field; "
+            "send it in raw_input_contents",
+            tensor=name,
+        )
+    values = getattr(tensor.contents, field)
+    if len(values) != count:
+        raise InvalidInput(
+            f"input {name!r}: shape {list(shape)} needs {count} values, "
+            f"contents.{field} has {len(values)}",
+            tensor=name,
+        )
+    if dtype.kind == "O":
+        data = np.empty(count, dtype=object)
+        data[:] = list(values)
+    elif dtype.kind in "iu" and dtype.itemsize < 4:
+        # int_contents and uint_contents are 32-bit: narrower types must be range-checked.
+        wide = np.asarray(values, dtype=np.int64)
+        limits = np.iinfo(dtype)
+        if wide.size and (wide.min() < limits.min or wide.max() > limits.max):
+            raise InvalidInput(
+                f"input {name!r}: contents.{field} holds values outside {datatype}'s range "
+                f"[{limits.min}, {limits.max}]",
+                tensor=name,
+            )
+        data = wide.astype(dtype)
+    else:
+        data = np.asarray(values, dtype=dtype)
+    return data.reshape(shape)
+
+
+def _parameters(entries: Mapping[str, pb.InferParameter]) -> Parameters:
+    decoded: Parameters = {}
+    for key, parameter in entries.items():
+        kind = parameter.WhichOneof("parameter_choice")
+        if kind == "bool_param":
+            decoded[key] = parameter.bool_param
+        elif kind == "int64_param":
+            decoded[key] = parameter.int64_param
+        elif kind == "uint64_param":
+            decoded[key] = parameter.uint64_param
+        elif kind == "string_param":
+            decoded[key] = parameter.string_param
+        else:
+            what = "no value" if kind is None else "a double value"
+            raise InvalidInput(
+                f"parameter {key!r} has {what}; corral takes bool, integer and string parameters"
+            )
+    return decoded
+
+
+def _set_parameters(target: Any, parameters: Parameters) -> None:
+    for key, value in parameters.items():
+        if isinstance(value, bool):
+            target[key].bool_param = value
+        elif isinstance(value, int):
+            target[key].int64_param = value
+        else:
+            target[key].string_param = value
+
+
+def _data_type(name: str) -> str:
+    # A tensor no protocol datatype carries (a sequence, a map) is TYPE_INVALID, as in Triton.
+    return name if name in _DATA_TYPES else "TYPE_INVALID"
+
+
+def _duration(duration: Duration) -> pb.StatisticDuration:
+    return pb.StatisticDuration(count=duration.count, ns=duration.ns)
+
+
+def _statistics(row: ModelStatistics) -> pb.ModelStatistics:
+    return pb.ModelStatistics(
+        name=row.name,
+        version=row.version,
+        last_inference=row.last_inference,
+        inference_count=row.inference_count,
+        execution_count=row.execution_count,
+        inference_stats=pb.InferStatistics(
+            success=_duration(row.success),
+            fail=_duration(row.fail),
+            queue=_duration(row.queue),
+            compute_input=_duration(row.compute_input),
+            compute_infer=_duration(row.compute_infer),
+            compute_output=_duration(row.compute_output),
+        ),
+        batch_stats=[
+            pb.InferBatchStatistics(
+                batch_size=batch.batch_size, compute_infer=_duration(batch.compute_infer)
+            )
+            for batch in row.batch_stats
+        ],
+    )
+
+
+def _one_repository(name: str) -> None:
+    if name:
+        # What Triton answers too: a repository is not chosen by name.
+        raise _Refused(
+            grpc.StatusCode.UNIMPLEMENTED,
+            f"repository_name {name!r}: corral serves one repository; leave it empty",
+        )

@@ -1,0 +1,337 @@
+"""`corral serve` as a real process, driven by tritonclient's stock HTTP and gRPC clients.
+
+Each server binds 127.0.0.1 on ports the OS picks, reports them in its startup line, and is
+stopped by the test with SIGTERM to its own process id; it must then exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from corral.bench.models import build_mlp
+from tests.conftest import reference_run
+from tests.test_host import add_model
+
+pytestmark = pytest.mark.timeout(120)
+
+X = np.random.default_rng(11).standard_normal((3, 4)).astype(np.float32)
+
+# Every protocol datatype, the onnx element type that carries it, and numpy's dtype.
+DATATYPES = {
+    "BOOL": (TensorProto.BOOL, np.bool_),
+    "UINT8": (TensorProto.UINT8, np.uint8),
+    "UINT16": (TensorProto.UINT16, np.uint16),
+    "UINT32": (TensorProto.UINT32, np.uint32),
+    "UINT64": (TensorProto.UINT64, np.uint64),
+    "INT8": (TensorProto.INT8, np.int8),
+    "INT16": (TensorProto.INT16, np.int16),
+    "INT32": (TensorProto.INT32, np.int32),
+    "INT64": (TensorProto.INT64, np.int64),
+    "FP16": (TensorProto.FLOAT16, np.float16),
+    "FP32": (TensorProto.FLOAT, np.float32),
+    "FP64": (TensorProto.DOUBLE, np.float64),
+    "BYTES": (TensorProto.STRING, np.object_),
+}
+
+
+def build_identity(element_type: int) -> bytes:
+    """Y = X for an [N, 2] tensor of one element type."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["X"], ["Y"])],
+        "identity",
+        [helper.make_tensor_value_info("X", element_type, ["N", 2])],
+        [helper.make_tensor_value_info("Y", element_type, ["N", 2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def sample(datatype: str) -> np.ndarray:
+    rng = np.random.default_rng(len(datatype))
+    if datatype == "BYTES":
+        return np.array([[b"a", b"\x00z"], [b"", "\u00e9".encode()]], dtype=np.object_)
+    if datatype == "BOOL":
+        return rng.integers(0, 2, (2, 2)).astype(np.bool_)
+    dtype = np.dtype(DATATYPES[datatype][1])
+    if dtype.kind == "f":
+        return rng.standard_normal((2, 2)).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, (2, 2), dtype=dtype, endpoint=True)
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen[bytes]
+    http: str
+    grpc: str
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("repository")
+    add_model(root, "mlp", build_mlp(seed=1))
+    for datatype, (element_type, _) in DATATYPES.items():
+        add_model(root, f"identity_{datatype.lower()}", build_identity(element_type))
+    return root
+
+
+def start_server(
+    repo: Path, log: Path, *extra: str, environment: dict[str, str] | None = None
+) -> Served:
+    command = [
+        sys.executable,
+        "-c",
+        "import sys; from corral.cli import main; sys.exit(main())",
+        "serve",
+        str(repo),
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--drain-timeout",
+        "10",
+        *extra,
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env.update(environment or {})
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
+    # The startup line names the ports; poll the log file for it (bounded).
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = re.search(r"HTTP on ([\d.]+):(\d+), gRPC ([\d.]+):(\d+)", log.read_text())
+        if found:
+            return Served(
+                process,
+                f"{found[1]}:{found[2]}",
+                f"{found[3]}:{found[4]}",
+                log,
+            )
+        if process.poll() is not None:
+            break
+        time.sleep(0.05)
+    process.kill()
+    process.wait(timeout=10)
+    raise AssertionError(f"corral serve did not start:\n{log.read_text()}")
+
+
+def stop_server(served: Served) -> None:
+    served.process.send_signal(signal.SIGTERM)
+    try:
+        code = served.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        served.process.kill()
+        served.process.wait(timeout=10)
+        raise
+    assert code == 0, served.log.read_text()
+
+
+@pytest.fixture(scope="module")
+def server(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    served = start_server(repo, tmp_path_factory.mktemp("log") / "serve.log")
+    yield served
+    stop_server(served)
+
+
+@pytest.fixture
+def http_client(server: Served) -> Iterator[Any]:
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(server.http)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def grpc_client(server: Served) -> Iterator[Any]:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(server.grpc)
+    yield client
+    client.close()
+
+
+def test_http_health_metadata_and_readiness(http_client: Any):
+    client = http_client
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    meta = client.get_server_metadata()
+    assert meta["name"] == "corral"
+    model = client.get_model_metadata("mlp")
+    assert model["inputs"] == [{"name": "X", "datatype": "FP32", "shape": [-1, 4]}]
+    assert client.is_model_ready("mlp")
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_http_infer_json_and_binary(http_client: Any, binary: bool):
+    import tritonclient.http as httpclient
+
+    tensor = httpclient.InferInput("X", [3, 4], "FP32")
+    tensor.set_data_from_numpy(X, binary_data=binary)
+    wanted = httpclient.InferRequestedOutput("Y", binary_data=binary)
+    result = http_client.infer("mlp", [tensor], outputs=[wanted])
+    expected = reference_run(build_mlp(seed=1), {"X": X})[0]
+    np.testing.assert_allclose(result.as_numpy("Y"), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("datatype", list(DATATYPES))
+def test_every_datatype_over_http_and_grpc(http_client: Any, grpc_client: Any, datatype):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    values = sample(datatype)
+    model = f"identity_{datatype.lower()}"
+    for binary in (True, False):
+        tensor = httpclient.InferInput("X", list(values.shape), datatype)
+        tensor.set_data_from_numpy(values, binary_data=binary)
+        out = httpclient.InferRequestedOutput("Y", binary_data=binary)
+        result = http_client.infer(model, [tensor], outputs=[out])
+        expected = values
+        if datatype == "BYTES" and not binary:  # JSON carries BYTES as strings
+            expected = np.vectorize(bytes.decode, otypes=[object])(values)
+        np.testing.assert_array_equal(result.as_numpy("Y"), expected, err_msg=f"http {binary}")
+    tensor = grpcclient.InferInput("X", list(values.shape), datatype)
+    tensor.set_data_from_numpy(values)
+    result = grpc_client.infer(model, [tensor])
+    np.testing.assert_array_equal(result.as_numpy("Y"), values, err_msg="grpc")
+
+
+def test_grpc_health_metadata_infer_and_statistics(grpc_client: Any):
+    import tritonclient.grpc as grpcclient
+
+    client = grpc_client
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    meta = client.get_model_metadata("mlp", as_json=True)
+    assert meta["inputs"][0]["datatype"] == "FP32"
+    tensor = grpcclient.InferInput("X", [3, 4], "FP32")
+    tensor.set_data_from_numpy(X)
+    result = client.infer("mlp", [tensor])
+    expected = reference_run(build_mlp(seed=1), {"X": X})[0]
+    np.testing.assert_allclose(result.as_numpy("Y"), expected, rtol=1e-6)
+    stats = client.get_inference_statistics("mlp", as_json=True)
+    assert int(stats["model_stats"][0]["inference_count"]) >= 1
+
+
+def test_repository_index_load_unload_and_errors(http_client: Any, grpc_client: Any):
+    from tritonclient.utils import InferenceServerException
+
+    client = http_client
+    client.load_model("identity_int8")
+    assert client.is_model_ready("identity_int8")
+    index = client.get_model_repository_index()
+    assert {"name": "identity_int8", "version": "1", "state": "READY"} in index
+    client.unload_model("identity_int8")
+    assert not client.is_model_ready("identity_int8")
+    grpc_index = grpc_client.get_model_repository_index(as_json=True)
+    assert any(m["name"] == "mlp" for m in grpc_index["models"])
+
+    with pytest.raises(InferenceServerException) as unknown:
+        client.get_model_metadata("nope")
+    assert unknown.value.status() == "404"
+    with pytest.raises(InferenceServerException) as grpc_unknown:
+        grpc_client.get_model_metadata("nope")
+    assert grpc_unknown.value.status() == "StatusCode.NOT_FOUND"
+
+
+def test_metrics_are_served_in_prometheus_text(server: Served, http_client: Any):
+    import tritonclient.http as httpclient
+
+    tensor = httpclient.InferInput("X", [3, 4], "FP32")
+    tensor.set_data_from_numpy(X)
+    http_client.infer("mlp", [tensor])
+    with urllib.request.urlopen(f"http://{server.http}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    assert re.search(r'nv_inference_request_success\{model="mlp",version="1"\} [1-9]', text)
+    assert "corral_models_loaded" in text
+
+
+def test_auth_token_from_the_environment(repo: Path, tmp_path: Path):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    served = start_server(repo, tmp_path / "auth.log", environment={"CORRAL_AUTH_TOKEN": "t0ken"})
+    try:
+        client = httpclient.InferenceServerClient(served.http)
+        try:
+            assert client.is_server_live()
+            with pytest.raises(InferenceServerException) as refused:
+                client.get_server_metadata()
+            assert refused.value.status() == "401"
+            meta = client.get_server_metadata(headers={"Authorization": "Bearer t0ken"})
+            assert meta["name"] == "corral"
+        finally:
+            client.close()
+        rpc = grpcclient.InferenceServerClient(served.grpc)
+        try:
+            with pytest.raises(InferenceServerException) as grpc_refused:
+                rpc.get_server_metadata()
+            assert grpc_refused.value.status() == "StatusCode.UNAUTHENTICATED"
+            assert rpc.get_server_metadata(headers={"authorization": "Bearer t0ken"}).name
+        finally:
+            rpc.close()
+    finally:
+        stop_server(served)
+
+
+def test_sigterm_answers_the_request_in_flight_then_exits_0(tmp_path: Path):
+    from tests.conftest import build_slow_loop
+
+    repo = tmp_path / "repository"
+    add_model(repo, "slow", build_slow_loop())
+    served = start_server(repo, tmp_path / "drain.log")
+    body = {
+        "inputs": [
+            {"name": "M", "datatype": "INT64", "shape": [], "data": [3_000_000]},
+            {"name": "start", "datatype": "FP32", "shape": [1], "data": [0.0]},
+        ]
+    }
+    answers: list[tuple[int, dict[str, Any]]] = []
+
+    def ask() -> None:
+        request = urllib.request.Request(
+            f"http://{served.http}/v2/models/slow/infer",
+            data=json.dumps(body).encode(),
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            answers.append((response.status, json.loads(response.read())))
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    try:
+        # The request is inside the server once its model has loaded for it.
+        deadline = time.monotonic() + 60
+        while "loaded slow version 1" not in served.log.read_text():
+            assert time.monotonic() < deadline, served.log.read_text()
+            time.sleep(0.02)
+        served.process.send_signal(signal.SIGTERM)
+    finally:
+        asker.join(timeout=90)
+    assert not asker.is_alive()
+    ((status, doc),) = answers
+    assert status == 200
+    assert doc["outputs"][0]["data"] == [3_000_000.0]
+    assert served.process.wait(timeout=30) == 0, served.log.read_text()
+    assert "SIGTERM received, draining" in served.log.read_text()

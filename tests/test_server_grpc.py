@@ -1,0 +1,743 @@
+"""The gRPC transport: a grpc.aio server on a loopback port, driven by stock tritonclient.
+
+Each test runs its scenario in one ``asyncio.run``: the server, the Host and every client are
+started and stopped inside it, so that grpc's poller thread and asyncio's helper threads end
+with the loop and the leaked-thread check stays meaningful. Typed ``contents`` (which
+tritonclient never sends) are driven through corral's own generated stub.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import subprocess
+import sys
+import traceback
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_sync
+import tritonclient.grpc.aio as triton
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from onnx import TensorProto, helper
+from tritonclient.grpc import InferInput, InferRequestedOutput
+from tritonclient.grpc import model_config_pb2 as triton_config_pb
+from tritonclient.grpc import service_pb2 as triton_pb
+from tritonclient.utils import InferenceServerException
+
+import corral
+from corral import Host
+from corral.bench.models import build_linear, build_mlp, build_tree
+from corral.protocol.dataplane import PLATFORM, DataPlane
+from corral.protocol.types import InferOutput, InferResponse
+from corral.server import grpc as corral_grpc
+from corral.server.grpc import start_grpc_server
+from corral.server.proto import grpc_service_pb2 as pb
+from corral.server.proto import grpc_service_pb2_grpc as pb_grpc
+from tests.conftest import reference_run
+from tests.test_host import add_model
+
+ROOT = Path(__file__).resolve().parent.parent
+X = np.random.default_rng(7).standard_normal((3, 4)).astype(np.float32)
+
+# Every datatype but BYTES, with its ONNX element type; BYTES has its own model below.
+NUMERIC = {
+    "BOOL": TensorProto.BOOL,
+    "UINT8": TensorProto.UINT8,
+    "UINT16": TensorProto.UINT16,
+    "UINT32": TensorProto.UINT32,
+    "UINT64": TensorProto.UINT64,
+    "INT8": TensorProto.INT8,
+    "INT16": TensorProto.INT16,
+    "INT32": TensorProto.INT32,
+    "INT64": TensorProto.INT64,
+    "FP16": TensorProto.FLOAT16,
+    "FP32": TensorProto.FLOAT,
+    "FP64": TensorProto.DOUBLE,
+}
+
+# The auth tests' token, sent as tritonclient sends headers: gRPC metadata, lowercase keys.
+TOKEN = "s3cret"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
+def build_identity(datatypes: dict[str, int]) -> bytes:
+    """OUT_<T> = Identity(IN_<T>) for each datatype T, every tensor of shape [N, 3]."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", [f"IN_{dt}"], [f"OUT_{dt}"]) for dt in datatypes],
+        "identity",
+        [helper.make_tensor_value_info(f"IN_{dt}", t, ["N", 3]) for dt, t in datatypes.items()],
+        [helper.make_tensor_value_info(f"OUT_{dt}", t, ["N", 3]) for dt, t in datatypes.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def build_cast_to_string() -> bytes:
+    """Y = Cast(X, STRING) for an INT64 X of shape [N, 2]: a model whose output is BYTES."""
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["X"], ["Y"], to=TensorProto.STRING)],
+        "to_text",
+        [helper.make_tensor_value_info("X", TensorProto.INT64, ["N", 2])],
+        [helper.make_tensor_value_info("Y", TensorProto.STRING, ["N", 2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def sample(datatype: str) -> np.ndarray:
+    """Two rows of three values of ``datatype``, reaching both ends of an integer range."""
+    if datatype == "BOOL":
+        return np.array([[True, False, True], [False, False, True]])
+    if datatype == "BYTES":
+        return np.array([[b"a", b"", b"longer text"], [b"x", b"yz", b"0"]], dtype=object)
+    dtype = triton_sync.triton_to_np_dtype(datatype)
+    if np.dtype(dtype).kind in "iu":
+        info = np.iinfo(dtype)
+        return np.array([[info.min, 0, info.max], [1, 2, 3]], dtype=dtype)
+    return np.array([[-1.5, 0.0, 3.25], [1e-3, 2.0, -7.0]], dtype=dtype)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    add_model(tmp_path, "mlp", build_mlp(seed=1))
+    add_model(tmp_path, "tree", build_tree(seed=2))
+    add_model(tmp_path, "linear", build_linear(seed=3))
+    add_model(tmp_path, "identity", build_identity(NUMERIC))
+    add_model(tmp_path, "typed", build_identity({k: v for k, v in NUMERIC.items() if k != "FP16"}))
+    add_model(tmp_path, "strings", build_identity({"BYTES": TensorProto.STRING}))
+    add_model(tmp_path, "to_text", build_cast_to_string())
+    add_model(tmp_path, "broken", b"not an onnx model")
+    return tmp_path
+
+
+@dataclass
+class Served:
+    """A running server on a Host over the test repository, and clients of it."""
+
+    host: Host
+    plane: DataPlane
+    port: int
+    client: triton.InferenceServerClient
+    stub: pb_grpc.GRPCInferenceServiceStub
+
+
+@contextlib.asynccontextmanager
+async def serving(root: Path, **options: Any) -> AsyncIterator[Served]:
+    async with contextlib.AsyncExitStack() as stack:
+        host = Host(root)
+        stack.push_async_callback(asyncio.to_thread, host.close)
+        plane = DataPlane(host)
+        server, port = await start_grpc_server(plane, "127.0.0.1", 0, **options)
+        stack.push_async_callback(server.stop, None)
+        client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+        stack.push_async_callback(client.close)
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        stack.push_async_callback(channel.close)
+        yield Served(host, plane, port, client, pb_grpc.GRPCInferenceServiceStub(channel))
+
+
+def run(root: Path, scenario: Callable[[Served], Awaitable[None]], **options: Any) -> None:
+    async def main() -> None:
+        async with serving(root, **options) as served:
+            await scenario(served)
+
+    # grpc.aio runs a poller thread while any server or channel object exists. Errors caught
+    # in a test (and a failing test's traceback) keep frames, and through them the clients,
+    # alive in reference cycles: free them now so that the thread ends with the test.
+    try:
+        asyncio.run(main())
+    except BaseException as exc:
+        traceback.clear_frames(exc.__traceback__)
+        raise
+    finally:
+        gc.collect()
+
+
+async def refused(call: Awaitable[Any]) -> InferenceServerException:
+    with pytest.raises(InferenceServerException) as info:
+        await call
+    return info.value
+
+
+async def refused_raw(call: Awaitable[Any]) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    return info.value
+
+
+def triton_input(name: str, array: np.ndarray, datatype: str) -> InferInput:
+    tensor = InferInput(name, list(array.shape), datatype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+# -- the generated code and the wire format --------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_committed_generated_code_is_what_the_script_writes(tmp_path: Path):
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_proto.py"), "--out", str(tmp_path)],
+        check=True,
+        capture_output=True,
+    )
+    committed = ROOT / "corral" / "server" / "proto"
+    names = ["grpc_service_pb2.py", "grpc_service_pb2.pyi", "grpc_service_pb2_grpc.py"]
+    for name in names:
+        assert (tmp_path / name).read_bytes() == (committed / name).read_bytes(), (
+            f"{name} differs from what scripts/gen_proto.py writes: regenerate, never edit it"
+        )
+
+
+def _fields(message: Descriptor) -> dict[str, tuple[int, int, bool, str | None]]:
+    def kind(field: FieldDescriptor) -> str | None:
+        named = field.message_type or field.enum_type
+        return None if named is None else named.full_name
+
+    return {f.name: (f.number, f.type, f.is_repeated, kind(f)) for f in message.fields}
+
+
+def _messages(message: Descriptor) -> list[Descriptor]:
+    # Nested types include map entries: a parameters map's value type is checked too.
+    return [message, *(inner for m in message.nested_types for inner in _messages(m))]
+
+
+def test_every_field_matches_tritonclient_on_the_wire():
+    ours = pb.DESCRIPTOR
+    theirs = {**triton_config_pb.DESCRIPTOR.message_types_by_name}
+    theirs.update(triton_pb.DESCRIPTOR.message_types_by_name)
+    for top in ours.message_types_by_name.values():
+        for message in _messages(top):
+            path = message.full_name.removeprefix("inference.").split(".")
+            reference = theirs[path[0]]
+            for part in path[1:]:
+                reference = reference.nested_types_by_name[part]
+            expected = _fields(reference)
+            for name, field in _fields(message).items():
+                assert field == expected[name], f"{message.full_name}.{name}"
+    triton_types = triton_config_pb.DESCRIPTOR.enum_types_by_name["DataType"]
+    for value in ours.enum_types_by_name["DataType"].values:
+        assert triton_types.values_by_name[value.name].number == value.number
+    service = ours.services_by_name["GRPCInferenceService"]
+    reference_service = triton_pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    for method in service.methods:
+        expected_method = reference_service.methods_by_name[method.name]
+        assert method.input_type.full_name == expected_method.input_type.full_name
+        assert method.output_type.full_name == expected_method.output_type.full_name
+    assert len(service.methods) == 11
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "imports",
+    [
+        "import corral.server.grpc; import tritonclient.grpc",
+        "import tritonclient.grpc; import corral.server.grpc",
+    ],
+)
+def test_corral_and_tritonclient_import_in_one_process(imports: str):
+    # Both define inference.* messages; corral's sit in a descriptor pool of their own.
+    subprocess.run([sys.executable, "-W", "error", "-c", imports], check=True, cwd=ROOT)
+
+
+# -- health, metadata, configuration ---------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_health_metadata_and_readiness(repo: Path):
+    async def scenario(s: Served) -> None:
+        assert await s.client.is_server_live()
+        assert await s.client.is_server_ready()
+        meta = await s.client.get_server_metadata()
+        assert meta.name == "corral"
+        assert meta.version == corral.__version__
+        assert "model_repository" in meta.extensions
+        assert not await s.client.is_model_ready("mlp")  # loaded lazily
+        model = await s.client.get_model_metadata("mlp")  # loads it
+        assert (model.name, model.platform, list(model.versions)) == ("mlp", PLATFORM, ["1"])
+        assert [(t.name, t.datatype, list(t.shape)) for t in model.inputs] == [
+            ("X", "FP32", [-1, 4])
+        ]
+        assert [(t.name, t.datatype) for t in model.outputs] == [("Y", "FP32")]
+        assert await s.client.is_model_ready("mlp")
+        assert await s.client.is_model_ready("mlp", "1")
+
+    run(repo, scenario)
+
+
+@pytest.mark.timeout(60)
+def test_model_config_decodes_as_tritons_model_config(repo: Path):
+    async def scenario(s: Served) -> None:
+        expected = await s.plane.model_config("identity")
+        response = await s.client.get_model_config("identity")
+        config = response.config  # tritonclient's own ModelConfig message
+        assert isinstance(config, triton_config_pb.ModelConfig)
+        assert (config.name, config.platform, config.backend) == (
+            "identity",
+            PLATFORM,
+            "onnxruntime",
+        )
+        assert config.max_batch_size == expected["max_batch_size"]
+        decoded = [
+            (t.name, triton_config_pb.DataType.Name(t.data_type), list(t.dims))
+            for t in config.input
+        ]
+        assert decoded == [(t["name"], t["data_type"], t["dims"]) for t in expected["input"]]
+        assert {t.name for t in config.output} == {f"OUT_{dt}" for dt in NUMERIC}
+        as_json = await s.client.get_model_config("identity", as_json=True)
+        assert as_json["config"]["input"][0]["data_type"] == "TYPE_BOOL"
+
+    run(repo, scenario)
+
+
+# -- inference -------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_infer_matches_onnxruntime_and_echoes_the_request(repo: Path):
+    async def scenario(s: Served) -> None:
+        result = await s.client.infer(
+            "mlp",
+            [triton_input("X", X, "FP32")],
+            outputs=[InferRequestedOutput("Y")],
+            request_id="req-1",
+            timeout=10_000_000,
+        )
+        expected = reference_run(build_mlp(seed=1), {"X": X})[0]
+        np.testing.assert_array_equal(result.as_numpy("Y"), expected)
+        response = result.get_response()
+        assert (response.model_name, response.model_version, response.id) == ("mlp", "1", "req-1")
+        assert [o.name for o in response.outputs] == ["Y"]
+        assert len(response.raw_output_contents) == 1
+        versioned = await s.client.infer("mlp", [triton_input("X", X, "FP32")], model_version="1")
+        np.testing.assert_array_equal(versioned.as_numpy("Y"), expected)
+
+    run(repo, scenario)
+
+
+@pytest.mark.timeout(60)
+def test_infer_every_numeric_datatype_as_raw_contents(repo: Path):
+    async def scenario(s: Served) -> None:
+        inputs = {dt: sample(dt) for dt in NUMERIC}
+        result = await s.client.infer(
+            "identity", [triton_input(f"IN_{dt}", array, dt) for dt, array in inputs.items()]
+        )
+        for datatype, array in inputs.items():
+            output = result.get_output(f"OUT_{datatype}")
+            assert output.datatype == datatype
+            assert list(output.shape) == [2, 3]
+            got = result.as_numpy(f"OUT_{datatype}")
+            assert got.dtype == array.dtype, datatype
+            np.testing.assert_array_equal(got, array, err_msg=datatype)
+
+    run(repo, scenario)
+
+
+@pytest.mark.timeout(60)
+def test_infer_bytes_round_trips(repo: Path):
+    async def scenario(s: Served) -> None:
+        array = sample("BYTES")
+        result = await s.client.infer("strings", [triton_input("IN_BYTES", array, "BYTES")])
+        assert result.get_output("OUT_BYTES").datatype == "BYTES"
+        np.testing.assert_array_equal(result.as_numpy("OUT_BYTES"), array)
+
+    run(repo, scenario)
+
+
+@pytest.mark.timeout(60)
+def test_bytes_outputs_travel_as_length_prefixed_raw_contents(repo: Path):
+    async def scenario(s: Served) -> None:
+        numbers = np.array([[42, -7], [0, 123456789]], dtype=np.int64)
+        result = await s.client.infer("to_text", [triton_input("X", numbers, "INT64")])
+        assert result.get_output("Y").datatype == "BYTES"
+        raw = result.get_response().raw_output_contents[0]
+        assert raw[:6] == b"\x02\x00\x00\x0042"  # 4-byte little-endian length, then UTF-8
+        expected = np.array([[b"42", b"-7"], [b"0", b"123456789"]], dtype=object)
+        np.testing.assert_array_equal(result.as_numpy("Y"), expected)
+
+    run(repo, scenario)
+
+
+def _typed_request(model: str, inputs: dict[str, np.ndarray]) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name=model)
+    for datatype, array in inputs.items():
+        tensor = request.inputs.add(name=f"IN_{datatype}", datatype=datatype, shape=array.shape)
+        field = corral_grpc._CONTENTS_FIELD.get(datatype, "fp32_contents")  # FP16 has none
+        getattr(tensor.contents, field).extend(array.ravel().tolist())
+    return request
+
+
+@pytest.mark.timeout(60)
+def test_infer_typed_contents_for_every_datatype_that_has_a_field(repo: Path):
+    async def scenario(s: Served) -> None:
+        inputs = {dt: sample(dt) for dt in NUMERIC if dt != "FP16"}
+        response = await s.stub.ModelInfer(_typed_request("typed", inputs))
+        names = [output.name for output in response.outputs]
+        raw = dict(zip(names, response.raw_output_contents, strict=True))
+        for datatype, array in inputs.items():
+            got = np.frombuffer(raw[f"OUT_{datatype}"], dtype=array.dtype).reshape(2, 3)
+            np.testing.assert_array_equal(got, array, err_msg=datatype)
+
+    run(repo, scenario)
+
+
+@pytest.mark.timeout(60)
+def test_typed_contents_that_cannot_be_read_are_invalid_argument(repo: Path):
+    async def scenario(s: Served) -> None:
+        fp16 = s.stub.ModelInfer(_typed_request("identity", {"FP16": sample("FP16")}))
+        error = await refused_raw(fp16)
+        assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "'IN_FP16'" in error.details()
+        assert "raw_input_contents" in error.details()
+
+        too_big = _typed_request("identity", {"INT8": sample("INT8")})
+        too_big.inputs[0].contents.int_contents[0] = 300
+        error = await refused_raw(s.stub.ModelInfer(too_big))
+        assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "'IN_INT8'" in error.details()
+        assert "range" in error.details()
+
+        short = _typed_request("identity", {"FP32": sample("FP32")})
+        del short.inputs[0].contents.fp32_contents[-1]
+        error = await refused_raw(s.stub.ModelInfer(short))
+        assert "'IN_FP32'" in error.details()
+        assert "needs 6 values" in error.details()
+
+    run(repo, scenario)
+
+
+@pytest.mark.timeout(60)
+def test_bad_inputs_are_invalid_argument_naming_the_tensor(repo: Path):
+    async def scenario(s: Served) -> None:
+        wrong_shape = X[:, :3].copy()
+        error = await refused(s.client.infer("mlp", [triton_input("X", wrong_shape, "FP32")]))
+        assert error.status() == "StatusCode.INVALID_ARGUMENT"
+        assert "'X'" in error.message()
+
+        both = [triton_input("X", X, "FP32"), triton_input("nope", X, "FP32")]
+        error = await refused(s.client.infer("mlp", both))
+        assert error.status() == "StatusCode.INVALID_ARGUMENT"
+        assert "'nope'" in error.message()
+
+        # Raw bytes that do not fill the shape, and raw for one input of two.
+        short = pb.ModelInferRequest(model_name="mlp", raw_input_contents=[b"\0" * 12])
+        short.inputs.add(name="X", datatype="FP32", shape=[3, 4])
+        error = await refused_raw(s.stub.ModelInfer(short))
+        assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "'X'" in error.details()
+        assert "48 bytes" in error.details()
+
+        uneven = pb.ModelInferRequest(model_name="mlp", raw_input_contents=[X.tobytes()])
+        uneven.inputs.add(name="X", datatype="FP32", shape=[3, 4])
+        uneven.inputs.add(name="Z", datatype="FP32", shape=[1])
+        error = await refused_raw(s.stub.ModelInfer(uneven))
+        assert "raw_input_contents has 1 entries for 2 inputs" in error.details()
+
+        mixed = pb.ModelInferRequest(model_name="mlp", raw_input_contents=[X.tobytes()])
+        tensor = mixed.inputs.add(name="X", datatype="FP32", shape=[3, 4])
+        tensor.contents.fp32_contents.extend(X.ravel().tolist())
+        error = await refused_raw(s.stub.ModelInfer(mixed))
+        assert "'X'" in error.details()
+        assert "one or the other" in error.details()
+
+        bf16 = pb.ModelInferRequest(model_name="mlp", raw_input_contents=[b"\0\0"])
+        bf16.inputs.add(name="X", datatype="BF16", shape=[1])
+        error = await refused_raw(s.stub.ModelInfer(bf16))
+        assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "'X'" in error.details()
+        assert "BF16" in error.details()
+
+        floaty = pb.ModelInferRequest(model_name="mlp", raw_input_contents=[X.tobytes()])
+        floaty.inputs.add(name="X", datatype="FP32", shape=[3, 4])
+        floaty.parameters["knob"].double_param = 0.5
+        error = await refused_raw(s.stub.ModelInfer(floaty))
+        assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "'knob'" in error.details()
+
+    run(repo, scenario)
+
+
+def test_request_parameters_reach_the_infer_request():
+    request = pb.ModelInferRequest(model_name="mlp", id="r", raw_input_contents=[X.tobytes()])
+    request.parameters["timeout"].int64_param = 2_000
+    request.parameters["priority"].uint64_param = 3
+    request.parameters["tag"].string_param = "t"
+    request.parameters["flag"].bool_param = True
+    tensor = request.inputs.add(name="X", datatype="FP32", shape=[3, 4])
+    tensor.parameters["note"].string_param = "n"
+    request.outputs.add(name="Y")
+    decoded = corral_grpc._decode_request(request)
+    assert decoded.parameters == {"timeout": 2_000, "priority": 3, "tag": "t", "flag": True}
+    assert decoded.timeout_s == pytest.approx(0.002)
+    assert decoded.id == "r"
+    assert decoded.inputs[0].parameters == {"note": "n"}
+    assert [o.name for o in decoded.outputs] == ["Y"]
+    np.testing.assert_array_equal(decoded.inputs[0].data, X)
+
+
+def test_typed_bytes_contents_decode_to_bytes():
+    request = pb.ModelInferRequest(model_name="strings")
+    tensor = request.inputs.add(name="IN_BYTES", datatype="BYTES", shape=[1, 2])
+    tensor.contents.bytes_contents.extend([b"\xff\x00", "é".encode()])
+    (decoded,) = corral_grpc._decode_request(request).inputs
+    assert decoded.data.dtype == object
+    assert decoded.data.tolist() == [[b"\xff\x00", "é".encode()]]
+
+
+def test_a_response_reads_back_in_tritonclient():
+    outputs = (
+        InferOutput("Y", "FP32", (2, 1), np.array([[1.5], [-2.0]], np.float32), {"note": "n"}),
+        InferOutput("S", "BYTES", (2,), np.array(["é", b"\x00"], dtype=object)),
+        InferOutput("B", "BOOL", (3,), np.array([True, False, True])),
+    )
+    parameters = {"flag": True, "count": 7, "tag": "t"}
+    response = InferResponse("m", "2", outputs, id="r", parameters=parameters)
+    wire = corral_grpc._encode_response(response).SerializeToString()
+    result = triton_sync.InferResult(triton_pb.ModelInferResponse.FromString(wire))
+    np.testing.assert_array_equal(result.as_numpy("Y"), outputs[0].data)
+    assert result.as_numpy("S").tolist() == ["é".encode(), b"\x00"]
+    assert result.as_numpy("B").tolist() == [True, False, True]
+    message = result.get_response()
+    assert (message.model_name, message.model_version, message.id) == ("m", "2", "r")
+    assert message.parameters["flag"].bool_param
+    assert message.parameters["count"].int64_param == 7
+    assert message.parameters["tag"].string_param == "t"
+    assert message.outputs[0].parameters["note"].string_param == "n"
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_unknown_models_are_not_found(repo: Path):
+    async def scenario(s: Served) -> None:
+        calls = [
+            s.client.infer("nope", [triton_input("X", X, "FP32")]),
+            s.client.get_model_metadata("nope"),
+            s.client.get_model_config("nope"),
+            s.client.is_model_ready("nope"),
+            s.client.get_inference_statistics("nope"),
+            s.client.infer("mlp", [triton_input("X", X, "FP32")], model_version="9"),
+        ]
+        for call in calls:
+            error = await refused(call)
+            assert error.status() == "StatusCode.NOT_FOUND", error.message()
+        error = await refused(s.client.get_model_metadata("../etc"))
+        assert error.status() == "StatusCode.INVALID_ARGUMENT"
+
+    run(repo, scenario)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (corral.Overloaded, "RESOURCE_EXHAUSTED"),
+        (corral.DeadlineExceeded, "DEADLINE_EXCEEDED"),
+        (corral.HostClosed, "UNAVAILABLE"),
+        (corral.RuntimeClosed, "UNAVAILABLE"),
+        (corral.SessionClosed, "UNAVAILABLE"),
+        (corral.InferenceError, "INTERNAL"),
+        (corral.RunCancelled, "INTERNAL"),
+        (corral.ModelLoadError, "UNAVAILABLE"),
+        (corral.ModelTooLarge, "UNAVAILABLE"),
+    ],
+)
+def test_each_corral_error_has_its_status(repo: Path, error: type[Exception], code: str):
+    async def scenario(s: Served) -> None:
+        async def fail(*args: object) -> None:
+            raise error(f"{error.__name__} happened")
+
+        s.plane.infer = fail  # type: ignore[method-assign]
+        refusal = await refused(s.client.infer("mlp", [triton_input("X", X, "FP32")]))
+        assert refusal.status() == f"StatusCode.{code}"
+        assert refusal.message() == f"{error.__name__} happened"
+
+    run(repo, scenario)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("error", [RuntimeError, corral.DrainTimeout])
+def test_an_unexpected_exception_is_internal_and_logged(
+    repo: Path, caplog: pytest.LogCaptureFixture, error: type[Exception]
+):
+    async def scenario(s: Served) -> None:
+        def broken() -> None:
+            raise error("wires crossed")
+
+        s.plane.server_metadata = broken  # type: ignore[assignment,method-assign]
+        with caplog.at_level(logging.ERROR, logger="corral.server.grpc"):
+            refusal = await refused(s.client.get_server_metadata())
+        assert refusal.status() == "StatusCode.INTERNAL"
+        assert "wires crossed" in refusal.message()
+        assert "gRPC ServerMetadata failed" in caplog.text
+        for record in caplog.records:
+            # The logged traceback holds the call's frames; pytest keeps the record past this
+            # test's teardown, and with it grpc's poller thread.
+            if record.exc_info and record.exc_info[2] is not None:
+                traceback.clear_frames(record.exc_info[2])
+
+    run(repo, scenario)
+
+
+@pytest.mark.timeout(60)
+def test_a_closed_host_is_unavailable(repo: Path):
+    async def scenario(s: Served) -> None:
+        await asyncio.to_thread(s.host.close)
+        assert not await s.client.is_server_ready()
+        assert not await s.client.is_server_live()
+        error = await refused(s.client.infer("mlp", [triton_input("X", X, "FP32")]))
+        assert error.status() == "StatusCode.UNAVAILABLE"
+
+    run(repo, scenario)
+
+
+@pytest.mark.timeout(60)
+def test_messages_over_the_limit_are_resource_exhausted(repo: Path):
+    async def scenario(s: Served) -> None:
+        big = np.zeros((1024, 4), np.float32)  # 16 KiB of tensor
+        error = await refused(s.client.infer("mlp", [triton_input("X", big, "FP32")]))
+        assert error.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        result = await s.client.infer("mlp", [triton_input("X", X, "FP32")])
+        assert result.as_numpy("Y").shape == (3, 1)
+
+    run(repo, scenario, max_message_bytes=4096)
+
+
+# -- statistics and the repository -----------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_statistics_count_requests(repo: Path):
+    async def scenario(s: Served) -> None:
+        for _ in range(3):
+            await s.client.infer("mlp", [triton_input("X", X, "FP32")])
+        await refused(s.client.infer("mlp", [triton_input("X", X[:, :2].copy(), "FP32")]))
+        stats = await s.client.get_inference_statistics("mlp")
+        (row,) = stats.model_stats
+        assert (row.name, row.version) == ("mlp", "1")
+        assert row.inference_count == 3
+        assert row.execution_count >= 1
+        assert row.last_inference > 0
+        assert row.inference_stats.success.count == 3
+        assert row.inference_stats.success.ns > 0
+        assert row.inference_stats.fail.count == 1
+        everything = await s.client.get_inference_statistics()
+        assert [r.name for r in everything.model_stats] == ["mlp"]
+        as_json = await s.client.get_inference_statistics("mlp", "1", as_json=True)
+        assert as_json["model_stats"][0]["inference_count"] == "3"  # uint64 in JSON: a string
+
+    run(repo, scenario)
+
+
+@pytest.mark.timeout(60)
+def test_repository_index_load_and_unload(repo: Path):
+    async def scenario(s: Served) -> None:
+        index = await s.client.get_model_repository_index()
+        rows = {m.name: m for m in index.models}
+        assert set(rows) == {
+            *("mlp", "tree", "linear", "identity", "typed", "strings", "to_text", "broken")
+        }
+        assert rows["tree"].state == "UNAVAILABLE"
+
+        await s.client.load_model("tree")
+        assert await s.client.is_model_ready("tree")
+        index = await s.client.get_model_repository_index()
+        assert [(m.name, m.version, m.state) for m in index.models if m.name == "tree"] == [
+            ("tree", "1", "READY")
+        ]
+
+        await s.client.unload_model("tree")
+        assert not await s.client.is_model_ready("tree")
+
+        error = await refused(s.client.load_model("broken"))
+        assert error.status() == "StatusCode.UNAVAILABLE"
+        assert "broken" in error.message()
+        index = await s.client.get_model_repository_index()
+        (broken,) = [m for m in index.models if m.name == "broken"]
+        assert broken.state == "UNAVAILABLE"
+        assert broken.reason
+
+        error = await refused(s.client.load_model("nope"))
+        assert error.status() == "StatusCode.NOT_FOUND"
+        error = await refused(s.client.load_model("tree", config='{"max_batch_size": 8}'))
+        assert error.status() == "StatusCode.UNIMPLEMENTED"
+        assert "config" in error.message()
+
+    run(repo, scenario)
+
+
+@pytest.mark.timeout(60)
+def test_ready_only_index_and_repository_names(repo: Path):
+    async def scenario(s: Served) -> None:
+        await s.client.load_model("linear")
+        only_ready = await s.stub.RepositoryIndex(pb.RepositoryIndexRequest(ready=True))
+        assert [(m.name, m.state) for m in only_ready.models] == [("linear", "READY")]
+        named = s.stub.RepositoryIndex(pb.RepositoryIndexRequest(repository_name="other"))
+        error = await refused_raw(named)
+        assert error.code() is grpc.StatusCode.UNIMPLEMENTED
+        unload = pb.RepositoryModelUnloadRequest(model_name="linear")
+        unload.parameters["unload_dependents"].bool_param = True
+        await s.stub.RepositoryModelUnload(unload)
+        unload.parameters["cascade"].bool_param = True
+        error = await refused_raw(s.stub.RepositoryModelUnload(unload))
+        assert error.code() is grpc.StatusCode.UNIMPLEMENTED
+        assert "cascade" in error.details()
+
+    run(repo, scenario)
+
+
+# -- the server itself -----------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_auth_token_guards_everything_but_health(repo: Path):
+    async def scenario(s: Served) -> None:
+        assert await s.client.is_server_live()
+        assert await s.client.is_server_ready()
+        for headers in (None, {"authorization": "Bearer wrong"}, {"authorization": TOKEN}):
+            error = await refused(s.client.get_server_metadata(headers=headers))
+            assert error.status() == "StatusCode.UNAUTHENTICATED"
+            assert "authorization: Bearer" in error.message()
+            error = await refused(s.client.infer("mlp", [triton_input("X", X, "FP32")]))
+            assert error.status() == "StatusCode.UNAUTHENTICATED"
+        assert (await s.client.get_server_metadata(headers=AUTH)).name == "corral"
+        result = await s.client.infer("mlp", [triton_input("X", X, "FP32")], headers=AUTH)
+        assert result.as_numpy("Y").shape == (3, 1)
+
+    run(repo, scenario, auth_token=TOKEN)
+
+
+@pytest.mark.timeout(60)
+def test_the_synchronous_tritonclient_works_too(repo: Path):
+    async def scenario(s: Served) -> None:
+        def use_sync_client() -> np.ndarray:
+            with triton_sync.InferenceServerClient(f"127.0.0.1:{s.port}") as client:
+                assert client.is_server_live(headers=AUTH)
+                assert client.get_model_metadata("mlp", headers=AUTH).name == "mlp"
+                result = client.infer("mlp", [triton_input("X", X, "FP32")], headers=AUTH)
+                return result.as_numpy("Y")
+
+        got = await asyncio.to_thread(use_sync_client)
+        np.testing.assert_array_equal(got, reference_run(build_mlp(seed=1), {"X": X})[0])
+
+    run(repo, scenario, auth_token=TOKEN)
+
+
+@pytest.mark.timeout(60)
+def test_a_port_in_use_is_an_error(repo: Path):
+    async def scenario(s: Served) -> None:
+        with pytest.raises(OSError, match=f"127.0.0.1:{s.port}"):
+            await start_grpc_server(s.plane, "127.0.0.1", s.port)
+
+    run(repo, scenario)
