@@ -279,29 +279,27 @@ def test_runtime_shutdown_answers_what_was_queued(gated):
         assert future.result(timeout=30)["Y"].shape == (1, 1)
 
 
-def test_a_batch_window_gathers_requests_into_one_run(tmp_path: Path):
-    add_model(tmp_path, "windowed", build_tree(seed=1), toml="batch_window_us = 200000\n")
-    with Host(tmp_path) as host:
-        host.infer("windowed", {"X": np.zeros((1, 4), np.float32)})
-        futures = [host.submit("windowed", {"X": np.ones((1, 4), np.float32)}) for _ in range(5)]
-        for future in futures:
-            assert future.result(timeout=30)["Y"].shape == (1, 1)
-        stats = host.queue_stats()["windowed:1"]
-    # Five submissions take microseconds; the 200 ms window holds the run until all are in.
-    assert (stats.runs, stats.rows) == (1, 5)
-
-
 @pytest.mark.timeout(60)
-def test_a_full_batch_runs_without_waiting_for_its_window(tmp_path: Path):
-    toml = "batch_window_us = 600000000\nmax_batch_size = 4\n"  # a ten-minute window
+@pytest.mark.parametrize(
+    ("toml", "requests"),
+    [
+        # Five submissions take microseconds; the 200 ms window holds the run until all are in.
+        ("batch_window_us = 200000\n", 5),
+        # A full batch does not wait out its (ten-minute) window.
+        ("batch_window_us = 600000000\nmax_batch_size = 4\n", 4),
+    ],
+    ids=["gathers", "full-batch-runs-at-once"],
+)
+def test_a_batch_window_gathers_requests_into_one_run(tmp_path: Path, toml: str, requests: int):
     add_model(tmp_path, "windowed", build_tree(seed=1), toml=toml)
     with Host(tmp_path) as host:
         host.infer("windowed", {"X": np.zeros((1, 4), np.float32)})
-        futures = [host.submit("windowed", {"X": np.ones((1, 4), np.float32)}) for _ in range(4)]
+        x = np.ones((1, 4), np.float32)
+        futures = [host.submit("windowed", {"X": x}) for _ in range(requests)]
         for future in futures:
             assert future.result(timeout=30)["Y"].shape == (1, 1)
         stats = host.queue_stats()["windowed:1"]
-    assert (stats.runs, stats.rows) == (1, 4)
+    assert (stats.runs, stats.rows) == (1, requests)
 
 
 def _first_row_sum_model() -> bytes:
