@@ -13,7 +13,7 @@ COVERAGE_FLOOR := 94
 DEMO_REPOSITORY := demo-models
 
 .PHONY: help venv lint typecheck test soak serve demo bench-create bench-footprint \
-	bench-scenarios proto clean
+	bench-scenarios bench-http proto clean
 
 help:
 	@echo "make serve            serve $(DEMO_REPOSITORY)/ (1,000 tiny models) on :8000 (HTTP) and :8001 (gRPC)"
@@ -23,6 +23,7 @@ help:
 	@echo "make bench-create     serialized vs parallel session construction, side by side"
 	@echo "make bench-footprint  threads, RSS and load time for 100 / 1,000 / 10,000 models"
 	@echo "make bench-scenarios  requests/s: shared and per-thread sessions vs corral, 1 to 32 callers"
+	@echo "make bench-http       requests/s, p50/p99: corral serve vs a raw ASGI and a FastAPI handler (needs wrk)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +72,9 @@ bench-footprint: $(STAMP)
 
 bench-scenarios: $(STAMP)
 	$(BIN)/corral bench scenarios
+
+bench-http: $(STAMP)
+	$(BIN)/python benchmarks/http_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage htmlcov \

@@ -762,6 +762,9 @@ class Host:
 
         Raises what :meth:`acquire` raises for a model or version that cannot be served.
         """
+        loaded = self._ready_lookup(name, version)
+        if loaded is not None:
+            return loaded.version  # the ready map holds the newest served version
         return self._resolve(validate_model_name(name), version)[1][1]
 
     def _parts_locked(self, only: str | None) -> tuple[dict[str, _Parts], dict[str, ModelEntry]]:

@@ -175,8 +175,9 @@ class DataPlane:
         wanted = [output.name for output in request.outputs] or None
         number = self._host.serving_version(name, version)
         try:
+            # The version as the request gave it: None keeps the Host's lock-free ready path.
             results = await self._host.infer_async(
-                name, feed, version=number, outputs=wanted, timeout=request.timeout_s
+                name, feed, version=version or None, outputs=wanted, timeout=request.timeout_s
             )
             outputs = tuple(_output(out_name, value) for out_name, value in results.items())
         except CorralError:

@@ -1,0 +1,330 @@
+"""benchmarks/http_bench.py and its two reference apps, without wrk and without servers.
+
+The reference apps answer in-process through httpx's ASGI transport, next to corral's own
+HttpApp, on one tiny model: all three must give onnxruntime's outputs for the payload the
+benchmark sends. The benchmark's payload builders and result parsing are checked on canned
+wrk output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+import corral
+from corral import _ort
+from corral.protocol.dataplane import DataPlane
+from corral.server.http import HttpApp
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+MODEL = "tree"
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    # benchmarks/ is not a package: load its scripts by path, once per test session.
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+http_bench = _load("http_bench", BENCHMARKS / "http_bench.py")
+raw_asgi = _load("raw_asgi", BENCHMARKS / "reference" / "raw_asgi.py")
+fastapi_app = _load("fastapi_app", BENCHMARKS / "reference" / "fastapi_app.py")
+
+
+@pytest.fixture
+def session(tree_model: bytes) -> Any:
+    # Sessions in this process must use corral's global pools (see conftest.py): the
+    # reference apps take the session they serve, so they get one made that way.
+    corral.runtime().start()
+    return _ort.create_session(
+        tree_model, _ort.session_options(arena="off"), ["CPUExecutionProvider"]
+    )
+
+
+@pytest.fixture
+def features() -> np.ndarray:
+    return http_bench.make_features(3, 4, seed=5)
+
+
+@pytest.fixture
+def expected(session: Any, features: np.ndarray) -> np.ndarray:
+    return session.run(None, {"X": features})[0]
+
+
+def _post(app: Any, path: str, content: bytes, headers: dict[str, str]) -> httpx.Response:
+    async def post() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
+            return await client.post(path, content=content, headers=headers)
+
+    return asyncio.run(post())
+
+
+def _infer(app: Any, payload: Any, model: str = MODEL) -> httpx.Response:
+    return _post(app, f"/v2/models/{model}/infer", payload.body, payload.headers())
+
+
+@pytest.fixture(params=["raw-asgi", "fastapi-sync", "fastapi-async"])
+def reference_app(request: pytest.FixtureRequest, session: Any) -> Any:
+    if request.param == "raw-asgi":
+        return raw_asgi.RawInferApp(session, MODEL)
+    return fastapi_app.build_app(session, MODEL, request.param.removeprefix("fastapi-"))
+
+
+def test_reference_apps_answer_like_onnxruntime(
+    reference_app: Any, features: np.ndarray, expected: np.ndarray
+) -> None:
+    response = _infer(reference_app, http_bench.json_payload(features))
+    assert response.status_code == 200, response.text
+    document = response.json()
+    assert document["model_name"] == MODEL
+    (output,) = document["outputs"]
+    assert output["name"] == "Y"
+    assert output["datatype"] == "FP32"
+    assert output["shape"] == list(expected.shape)
+    np.testing.assert_allclose(output["data"], expected.ravel(), rtol=1e-6)
+    decoded = http_bench.decode_outputs(response.content)
+    np.testing.assert_allclose(decoded["Y"], expected.ravel(), rtol=1e-6)
+
+
+def test_reference_apps_take_nested_data(
+    reference_app: Any, features: np.ndarray, expected: np.ndarray
+) -> None:
+    body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [3, 4]}]}
+    body["inputs"][0]["data"] = features.tolist()
+    response = _post(
+        reference_app,
+        f"/v2/models/{MODEL}/infer",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
+    assert response.status_code == 200, response.text
+    np.testing.assert_allclose(response.json()["outputs"][0]["data"], expected.ravel(), rtol=1e-6)
+
+
+def test_reference_apps_refuse_other_models_and_bad_bodies(
+    reference_app: Any, features: np.ndarray
+) -> None:
+    assert (
+        _infer(reference_app, http_bench.json_payload(features), model="other").status_code == 404
+    )
+    bad = _post(
+        reference_app,
+        f"/v2/models/{MODEL}/infer",
+        b'{"inputs": "nope"}',
+        {"Content-Type": "application/json"},
+    )
+    assert bad.status_code in (400, 422)  # FastAPI answers validation errors with 422
+
+
+def test_corral_answers_the_same_payloads(
+    tmp_path: Path, tree_model: bytes, features: np.ndarray, expected: np.ndarray
+) -> None:
+    (tmp_path / MODEL / "1").mkdir(parents=True)
+    (tmp_path / MODEL / "1" / "model.onnx").write_bytes(tree_model)
+    with corral.Host(tmp_path) as host:
+        app = HttpApp(DataPlane(host))
+        for payload in (http_bench.json_payload(features), http_bench.binary_payload(features)):
+            response = _infer(app, payload)
+            assert response.status_code == 200, response.text
+            length = response.headers.get("inference-header-content-length")
+            outputs = http_bench.decode_outputs(
+                response.content, None if length is None else int(length)
+            )
+            np.testing.assert_allclose(outputs["Y"], expected.ravel(), rtol=1e-6)
+
+
+def test_json_payload_is_the_v2_body(features: np.ndarray) -> None:
+    payload = http_bench.json_payload(features)
+    assert payload.header_length is None
+    assert payload.headers() == {"Content-Type": "application/json"}
+    (tensor,) = orjson.loads(payload.body)["inputs"]
+    assert tensor["name"] == "X"
+    assert tensor["datatype"] == "FP32"
+    assert tensor["shape"] == [3, 4]
+    # orjson writes float32 in its shortest form, which reads back to the same float32.
+    np.testing.assert_array_equal(np.asarray(tensor["data"], np.float32), features.ravel())
+
+
+def test_binary_payload_is_json_then_raw_bytes(features: np.ndarray) -> None:
+    payload = http_bench.binary_payload(features)
+    length = payload.header_length
+    assert length is not None
+    assert payload.headers()["Inference-Header-Content-Length"] == str(length)
+    header = orjson.loads(payload.body[:length])
+    (tensor,) = header["inputs"]
+    assert "data" not in tensor
+    assert tensor["parameters"] == {"binary_data_size": features.nbytes}
+    assert header["parameters"] == {"binary_data_output": True}
+    assert payload.body[length:] == features.astype("<f4").tobytes()
+
+
+def test_decode_outputs_reads_binary_outputs() -> None:
+    values = np.array([1.5, -2.0], np.float32)
+    header = orjson.dumps(
+        {
+            "model_name": "m",
+            "outputs": [
+                {"name": "A", "datatype": "FP32", "shape": [1], "data": [3.0]},
+                {
+                    "name": "B",
+                    "datatype": "FP32",
+                    "shape": [2],
+                    "parameters": {"binary_data_size": 8},
+                },
+            ],
+        }
+    )
+    outputs = http_bench.decode_outputs(header + values.tobytes(), len(header))
+    np.testing.assert_array_equal(outputs["A"], [3.0])
+    np.testing.assert_array_equal(outputs["B"], values)
+
+
+def test_grpc_request_and_response_round_trip(features: np.ndarray) -> None:
+    messages = http_bench._triton_messages()
+    request = messages.ModelInferRequest.FromString(http_bench.grpc_request(MODEL, features))
+    assert request.model_name == MODEL
+    assert [(t.name, t.datatype, list(t.shape)) for t in request.inputs] == [("X", "FP32", [3, 4])]
+    assert request.raw_input_contents[0] == features.astype("<f4").tobytes()
+    response = messages.ModelInferResponse(model_name=MODEL)
+    response.outputs.add(name="Y", datatype="FP32", shape=[3, 1])
+    response.raw_output_contents.append(np.arange(3, dtype="<f4").tobytes())
+    outputs = http_bench.grpc_outputs(response.SerializeToString())
+    np.testing.assert_array_equal(outputs["Y"], [0.0, 1.0, 2.0])
+
+
+WRK_OUTPUT = """\
+Running 5s test @ http://127.0.0.1:8000/v2/models/tree/infer
+  2 threads and 16 connections
+Requests/sec:  10000.00
+CORRAL_WRK_RESULT {"duration_us":5000000,"requests":50000,"bytes":1,"errors":{"connect":0,\
+"read":1,"write":0,"status":0,"timeout":2},"latency_us":{"mean":1500.5,"p50":1200,\
+"p90":2500,"p99":9000,"max":20000}}
+"""
+
+
+def test_parse_result_reads_the_lua_scripts_line() -> None:
+    result = http_bench.run_result("raw-asgi", 2, http_bench.parse_result(WRK_OUTPUT))
+    assert result["target"] == "raw-asgi"
+    assert result["round"] == 2
+    assert result["requests"] == 50000
+    assert result["requests_per_s"] == pytest.approx(10000.0)
+    assert result["latency_p50_ms"] == pytest.approx(1.2)
+    assert result["latency_p99_ms"] == pytest.approx(9.0)
+    assert result["socket_errors"] == 3
+    assert result["status_errors"] == 0
+    # The script prints the marker the parser looks for.
+    assert http_bench.RESULT_MARKER.strip() in http_bench.LUA_SCRIPT.read_text()
+
+
+def test_parse_result_without_the_line_says_so() -> None:
+    with pytest.raises(http_bench.BenchmarkError, match="CORRAL_WRK_RESULT"):
+        http_bench.parse_result("unable to connect to 127.0.0.1:1 Connection refused\n")
+
+
+def _run(target: str, round_index: int, rate: float, p50: float = 1.0) -> Any:
+    figures = {
+        "duration_us": 1_000_000,
+        "requests": int(rate),
+        "bytes": 0,
+        "errors": {"connect": 0, "read": 0, "write": 0, "status": 0, "timeout": 0},
+        "latency_us": {"mean": 1000 * p50, "p50": 1000 * p50, "p90": 0, "p99": 3000, "max": 0},
+    }
+    return http_bench.run_result(target, round_index, figures)
+
+
+def test_summarize_takes_medians_and_paired_ratios() -> None:
+    runs = [
+        _run("corral-json", 1, 800),
+        _run("raw-asgi", 1, 1000),
+        _run("fastapi-sync", 1, 200),
+        _run("fastapi-async", 1, 400),
+        _run("corral-json", 2, 400, p50=3.0),  # a noisy round hits every target alike
+        _run("raw-asgi", 2, 500),
+        _run("fastapi-sync", 2, 100),
+        _run("fastapi-async", 2, 200),
+        _run("corral-json", 3, 900, p50=2.0),
+        _run("raw-asgi", 3, 1000),
+        _run("fastapi-sync", 3, 300),
+        _run("fastapi-async", 3, 300),
+    ]
+    rows = {row["target"]: row for row in http_bench.summarize(runs)}
+    assert list(rows) == ["corral-json", "raw-asgi", "fastapi-sync", "fastapi-async"]
+    corral_row = rows["corral-json"]
+    assert corral_row["requests_per_s"] == 800
+    assert (corral_row["requests_per_s_min"], corral_row["requests_per_s_max"]) == (400, 900)
+    assert corral_row["latency_p50_ms"] == 2.0
+    assert corral_row["ratios"]["raw-asgi"] == pytest.approx(0.8)  # median of 0.8, 0.8, 0.9
+    assert corral_row["ratios"]["fastapi-sync"] == pytest.approx(4.0)  # median of 4, 4, 3
+    assert corral_row["ratios"]["fastapi-async"] == pytest.approx(2.0)  # median of 2, 2, 3
+    assert rows["raw-asgi"]["ratios"]["raw-asgi"] == pytest.approx(1.0)
+
+    checks = {c["baseline"]: c for c in http_bench.check_targets(list(rows.values()))}
+    assert checks["raw-asgi"]["met"]
+    assert checks["fastapi-sync"]["met"]
+    assert "fastapi-async" not in checks  # reported beside, without a goal
+    verdict = http_bench.format_verdict(list(checks.values())).splitlines()
+    assert verdict[0] == "corral-json / raw-asgi = 0.80x (goal >= 0.75x: met)"
+    assert verdict[1] == "corral-json / fastapi-sync = 4.00x (goal >= 4x: met)"
+    table = http_bench.format_table(list(rows.values()))
+    assert "| corral-json | 800 | 400 - 900 | 2.00 | 3.00 | 0.80x | 4.00x | 2.00x |" in table
+
+
+def test_check_targets_without_a_baseline_is_a_miss() -> None:
+    rows = http_bench.summarize([_run("corral-json", 1, 500), _run("raw-asgi", 1, 1000)])
+    checks = {c["baseline"]: c for c in http_bench.check_targets(rows)}
+    assert checks["raw-asgi"]["ratio"] == pytest.approx(0.5)
+    assert not checks["raw-asgi"]["met"]
+    assert checks["fastapi-sync"]["ratio"] is None
+    assert not checks["fastapi-sync"]["met"]
+    assert "= - (goal >= 4x: MISSED)" in http_bench.format_verdict(list(checks.values()))
+
+
+def test_wrk_command_posts_the_body_file(tmp_path: Path, features: np.ndarray) -> None:
+    payload = http_bench.binary_payload(features)
+    command = http_bench.wrk_command(
+        "wrk",
+        "http://127.0.0.1:1/v2/models/tree/infer",
+        tmp_path / "body",
+        payload,
+        connections=16,
+        threads=2,
+        duration_s=4.5,
+    )
+    assert command[:4] == ["wrk", "-t2", "-c16", "-d5s"]
+    script = command.index("-s") + 1
+    assert command[script] == str(http_bench.LUA_SCRIPT)
+    assert command[script + 1 :] == [
+        "http://127.0.0.1:1/v2/models/tree/infer",
+        "--",
+        str(tmp_path / "body"),
+        "application/octet-stream",
+        str(payload.header_length),
+    ]
+
+
+def test_missing_wrk_names_the_package(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(http_bench.shutil, "which", lambda name: None)
+    assert http_bench.main(["--rounds", "1"]) == 2
+    message = capsys.readouterr().err
+    assert "wrk" in message
+    assert "apt-get install -y wrk" in message
