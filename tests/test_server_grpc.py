@@ -741,3 +741,36 @@ def test_a_port_in_use_is_an_error(repo: Path):
             await start_grpc_server(s.plane, "127.0.0.1", s.port)
 
     run(repo, scenario)
+
+
+@pytest.mark.timeout(60)
+def test_a_request_whose_client_deadline_passes_in_the_queue_never_runs(repo: Path):
+    from tests.conftest import wait_until
+    from tests.test_scheduler import _hold_workers
+
+    # One run per request, so that each held request holds one compute worker.
+    add_model(repo, "slow", build_mlp(seed=4), toml="max_batch_size = 0\n")
+
+    async def scenario(s: Served) -> None:
+        gate, blockers = await asyncio.to_thread(_hold_workers, s.host)
+        try:
+            x = np.ones((1, 4), np.float32)
+            late = await refused(
+                s.client.infer("mlp", [triton_input("X", x, "FP32")], client_timeout=0.2)
+            )
+            assert late.status() == "StatusCode.DEADLINE_EXCEEDED"
+        finally:
+            gate.open.set()
+        for blocker in blockers:
+            await asyncio.to_thread(blocker.result, 30)
+
+        # The request waited in the queue past its deadline. Whichever reached it first, grpc
+        # cancelling the handler or its timeout, it was answered without running.
+        def settled() -> bool:
+            stats = s.host.queue_stats()["mlp:1"]
+            return stats.expired + stats.cancelled == 1
+
+        await asyncio.to_thread(wait_until, settled, 30)
+        assert s.host.queue_stats()["mlp:1"].runs == 0
+
+    run(repo, scenario)

@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import hmac
 import logging
@@ -222,6 +223,12 @@ class InferenceServicer:
     ) -> pb.ModelInferResponse:
         """Run one inference request; outputs come back as ``raw_output_contents``."""
         decoded = _decode_request(request)
+        remaining = context.time_remaining()
+        if remaining is not None and "timeout" not in decoded.parameters:
+            # The client's gRPC deadline becomes the request's timeout, so that a request
+            # whose caller has given up is answered DEADLINE_EXCEEDED without running.
+            parameters = {**decoded.parameters, "timeout": max(1, int(remaining * 1e6))}
+            decoded = dataclasses.replace(decoded, parameters=parameters)
         response = await self._plane.infer(
             request.model_name, request.model_version or None, decoded
         )
