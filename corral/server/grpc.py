@@ -139,8 +139,8 @@ def _answers(handler: _Handler[_Request, _Response]) -> _Handler[_Request, _Resp
             if code is None:
                 logger.exception("corral: gRPC %s failed", handler.__name__)
                 code = grpc.StatusCode.INTERNAL
-            # The core may keep an error and raise it to every caller (a failed load does):
-            # drop the frames this call added to it, which hold the call's context and request.
+            # The error travels on as the abort's __context__; its frames would keep this
+            # call's context and request alive, in a cycle, until a garbage collection.
             exc.__traceback__ = None
             await context.abort(code, str(exc))
         except Exception as exc:
