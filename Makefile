@@ -12,8 +12,8 @@ COVERAGE_FLOOR := 94
 # `make serve` builds this demo repository of 1,000 tiny models once, then serves it.
 DEMO_REPOSITORY := demo-models
 
-.PHONY: help venv lint typecheck test soak serve demo bench-create bench-footprint \
-	bench-scenarios bench-http proto clean
+.PHONY: help venv tools lint typecheck test soak serve demo bench bench-quick bench-create \
+	bench-footprint bench-scenarios bench-http proto clean
 
 help:
 	@echo "make serve            serve $(DEMO_REPOSITORY)/ (1,000 tiny models) on :8000 (HTTP) and :8001 (gRPC)"
@@ -24,6 +24,8 @@ help:
 	@echo "make bench-footprint  threads, RSS and load time for 100 / 1,000 / 10,000 models"
 	@echo "make bench-scenarios  requests/s: shared and per-thread sessions vs corral, 1 to 32 callers"
 	@echo "make bench-http       requests/s, p50/p99: corral serve vs a raw ASGI and a FastAPI handler (needs wrk)"
+	@echo "make bench            corral vs FastAPI, MLServer, Triton, Ray Serve on 1,000 models -> docs/benchmarks.md"
+	@echo "make bench-quick      the same on 50 models, corral and FastAPI only, in under a minute"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +37,15 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 venv: $(STAMP)
 
+# The load generator of the HTTP benchmarks and their smoke test: Debian's wrk, installed
+# when missing (CI runs as root on Debian).
+tools:
+	@command -v wrk >/dev/null 2>&1 || { \
+		echo "installing wrk (Debian package wrk)"; \
+		apt-get install -y -qq wrk >/dev/null 2>&1 || \
+		{ apt-get update -qq >/dev/null && apt-get install -y -qq wrk >/dev/null; } || \
+		echo "could not install wrk: the benchmark smoke test will be skipped"; }
+
 lint: $(STAMP)
 	$(BIN)/ruff check corral tests benchmarks
 	$(BIN)/ruff format --check corral tests benchmarks
@@ -42,7 +53,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict corral
 
-test: lint typecheck
+test: lint typecheck tools
 	$(BIN)/python -m pytest -m "not soak" --cov=corral --cov-report=term \
 		--cov-fail-under=$(COVERAGE_FLOOR)
 
@@ -73,8 +84,21 @@ bench-footprint: $(STAMP)
 bench-scenarios: $(STAMP)
 	$(BIN)/corral bench scenarios
 
-bench-http: $(STAMP)
+bench-http: $(STAMP) tools
 	$(BIN)/python benchmarks/http_bench.py
+
+# Each peer installs into its own venv under ~/.cache/corral-bench (CORRAL_BENCH_CACHE).
+bench: $(STAMP) tools
+	$(BIN)/python benchmarks/bench_peers.py --json benchmarks/results/peers-full.json
+	$(BIN)/corral bench footprint --counts 100,1000,10000 --json > benchmarks/results/density.json
+	$(BIN)/python benchmarks/render_peers.py benchmarks/results/peers-full.json \
+		--density benchmarks/results/density.json --out docs
+
+bench-quick: $(STAMP) tools
+	$(BIN)/python benchmarks/bench_peers.py --quick --peers corral,fastapi \
+		--json benchmarks/results/peers-quick.json
+	$(BIN)/python benchmarks/render_peers.py benchmarks/results/peers-quick.json \
+		--out benchmarks/results/quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage htmlcov \

@@ -1,0 +1,67 @@
+"""The model servers corral is compared with, each behind one small interface.
+
+Every peer is installed in its own virtual environment under a cache folder (never in the
+project's ``.venv``), serves a Triton-layout model repository of tiny ONNX models over the v2
+HTTP protocol on 127.0.0.1, and is stopped by its own process id. A peer that cannot be set up
+here raises :class:`PeerUnavailable` with the reason, which the report shows.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from subprocess import Popen
+
+__all__ = ["CACHE", "Peer", "PeerUnavailable", "Started"]
+
+#: Where peers' virtual environments live: ``$CORRAL_BENCH_CACHE`` or ~/.cache/corral-bench.
+CACHE = Path(os.environ.get("CORRAL_BENCH_CACHE", Path.home() / ".cache" / "corral-bench"))
+
+
+class PeerUnavailable(Exception):
+    """A peer cannot be installed or started on this machine; the message says why."""
+
+
+@dataclass
+class Started:
+    """A running peer: its process (stop it by this pid) and where it answers."""
+
+    process: Popen[bytes]
+    #: Base URL of its v2 HTTP endpoint, e.g. ``http://127.0.0.1:9000``.
+    url: str
+    #: Its log file (stdout and stderr).
+    log: Path
+
+
+class Peer(abc.ABC):
+    """One model server under comparison."""
+
+    #: Short name used in tables and plots, e.g. ``"mlserver"``.
+    name: str
+
+    @abc.abstractmethod
+    def setup(self, cache: Path = CACHE) -> None:
+        """Install what the peer needs under ``cache`` (idempotent: quick when already done).
+
+        Raises :class:`PeerUnavailable` with the reason if it cannot be installed here.
+        """
+
+    @abc.abstractmethod
+    def start(self, repository: Path, port: int, workdir: Path) -> Started:
+        """Start serving every model of ``repository`` on 127.0.0.1:``port``; return at once.
+
+        ``repository`` is Triton's layout (``<name>/1/model.onnx``, input ``X`` float32
+        ``[N, 4]``, output ``Y`` float32 ``[N, 1]``); ``workdir`` is a scratch folder for the
+        peer's own configuration and logs. The caller waits for readiness with
+        :meth:`ready_path` and stops the process by its pid.
+        """
+
+    def ready_path(self) -> str:
+        """The HTTP path that answers 200 once the peer serves (v2: ``/v2/health/ready``)."""
+        return "/v2/health/ready"
+
+    def infer_path(self, model: str) -> str:
+        """The v2 inference path for ``model``."""
+        return f"/v2/models/{model}/infer"

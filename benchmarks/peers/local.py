@@ -1,0 +1,93 @@
+"""The peers that run from the project's own environment: corral itself, and FastAPI by hand.
+
+Neither needs a virtual environment of its own: corral is the project, and FastAPI,
+onnxruntime and uvicorn are in its ``dev`` extra (the FastAPI service is
+``benchmarks/reference/fastapi_many.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from peers import CACHE, Peer, Started
+
+__all__ = ["CorralPeer", "FastAPIPeer"]
+
+_REFERENCE = Path(__file__).resolve().parent.parent / "reference"
+
+
+def _start(argv: list[str], workdir: Path, env: dict[str, str], url: str) -> Started:
+    log = workdir / "server.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    return Started(process, url, log)
+
+
+class CorralPeer(Peer):
+    """``corral serve`` on the repository, HTTP only, default settings."""
+
+    name = "corral"
+
+    def setup(self, cache: Path = CACHE) -> None:
+        """Nothing to install: corral runs from the project's environment."""
+
+    def start(self, repository: Path, port: int, workdir: Path) -> Started:
+        """``corral serve REPOSITORY --http-port PORT --grpc-port -1``."""
+        argv = [
+            sys.executable,
+            "-c",
+            "import sys; from corral.cli import main; sys.exit(main())",
+            "serve",
+            str(repository),
+            "--http-port",
+            str(port),
+            "--grpc-port",
+            "-1",
+            "--log-level",
+            "warning",
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+        return _start(argv, workdir, env, f"http://127.0.0.1:{port}")
+
+
+class FastAPIPeer(Peer):
+    """A FastAPI service written by hand: every model loaded at startup, default sessions."""
+
+    name = "fastapi"
+
+    def setup(self, cache: Path = CACHE) -> None:
+        """Nothing to install: FastAPI and uvicorn are in the project's ``dev`` extra."""
+
+    def start(self, repository: Path, port: int, workdir: Path) -> Started:
+        """Run uvicorn (uvloop, httptools) on ``fastapi_many:create_app``."""
+        argv = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "fastapi_many:create_app",
+            "--factory",
+            "--app-dir",
+            str(_REFERENCE),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--loop",
+            "uvloop",
+            "--http",
+            "httptools",
+            "--log-level",
+            "warning",
+        ]
+        env = dict(os.environ, REFERENCE_REPOSITORY=str(repository))
+        return _start(argv, workdir, env, f"http://127.0.0.1:{port}")
