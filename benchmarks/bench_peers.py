@@ -24,6 +24,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import tempfile
@@ -33,14 +34,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import http_bench
 import httpx
 import numpy as np
 import psutil
-from peers import CACHE, Peer, PeerUnavailable, Started
-from peers.local import CorralPeer, FastAPIPeer
 
 HERE = Path(__file__).resolve().parent
+# Run as a script (`python benchmarks/bench_peers.py`): the peers import as benchmarks.peers.
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))
+
+from benchmarks import http_bench  # noqa: E402  (after the path above)
+from benchmarks.peers import CACHE, Peer, PeerUnavailable, Started  # noqa: E402
+from benchmarks.peers.local import CorralPeer, FastAPIPeer  # noqa: E402
+
 LUA_SCRIPT = HERE / "peers.lua"
 RESULTS = HERE / "results"
 _READY_TIMEOUT_S = 900.0
@@ -50,9 +56,9 @@ def all_peers() -> dict[str, Peer]:
     """Every peer this benchmark knows, by name; the ones in their own venvs imported lazily."""
     peers: dict[str, Peer] = {"corral": CorralPeer(), "fastapi": FastAPIPeer()}
     for module, cls in (
-        ("peers.mlserver", "MLServerPeer"),
-        ("peers.triton", "TritonPeer"),
-        ("peers.ray_serve", "RayServePeer"),
+        ("benchmarks.peers.mlserver", "MLServerPeer"),
+        ("benchmarks.peers.triton", "TritonPeer"),
+        ("benchmarks.peers.ray_serve", "RayServePeer"),
     ):
         with contextlib.suppress(ImportError, AttributeError):
             peer = getattr(__import__(module, fromlist=[cls]), cls)()
@@ -140,6 +146,17 @@ def ask_every_model(peer: Peer, started: Started, names: Sequence[str], body: by
                 )
 
 
+def stop_peer(started: Started) -> None:
+    """SIGTERM by pid (SIGKILL after 40 s), then SIGKILL whatever is left of its group.
+
+    Every peer starts in a session of its own, so its process group id is its pid: helper
+    processes that outlive an unorderly stop (Ray's agents, Triton's backend stubs) go too.
+    """
+    http_bench.stop_process(started.process, timeout=40)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(started.process.pid, signal.SIGKILL)
+
+
 def start_peer(
     peer: Peer, repository: Path, names: Sequence[str], body: bytes, work: Path
 ) -> Running:
@@ -152,7 +169,7 @@ def start_peer(
         wait_ready(peer, started)
         ask_every_model(peer, started, names, body)
     except BaseException:
-        http_bench.stop_process(started.process)
+        stop_peer(started)
         raise
     seconds = time.monotonic() - began
     rss, threads = tree_usage(started.process.pid)
@@ -222,7 +239,7 @@ def running_peers(
         yield running, skipped
     finally:
         for item in running:
-            http_bench.stop_process(item.started.process)
+            stop_peer(item.started)
 
 
 def measure(settings: Settings) -> dict[str, Any]:

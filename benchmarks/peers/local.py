@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from peers import CACHE, Peer, Started
+from benchmarks.peers import CACHE, Peer, Started
 
 __all__ = ["CorralPeer", "FastAPIPeer"]
 
