@@ -1042,10 +1042,12 @@ class Host:
         would fit once models in use and loads in flight are done (only pinned ones stay).
         """
         chosen: list[_Key] = []
+        if self._fits_locked(size, 0, 0):
+            return chosen, False  # the usual case: no order needed, nothing to sort
         freed_bytes = freed_count = 0
         pinned_bytes = pinned_count = 0
         # Least recently used first. Requests stamp last_used without the Host's lock, so the
-        # order is taken here, where it is needed, rather than kept on every request.
+        # order is taken here, when room is needed, rather than kept on every request.
         for candidate_key, candidate in sorted(self._loaded.items(), key=_least_recent):
             if self._fits_locked(size, freed_bytes, freed_count):
                 return chosen, False
