@@ -139,6 +139,11 @@ def page(document: dict[str, Any], density: list[dict[str, Any]] | None) -> str:
         f"![p99 latency]({LATENCY_PNG})",
         "",
     ]
+    notes = Path(__file__).resolve().parent / "peers-notes.md"
+    if notes.exists():
+        # Written by hand, kept across regenerations: how each peer was set up, and why
+        # corral is or is not ahead of it.
+        lines += [notes.read_text().rstrip(), ""]
     if density:
         lines += [
             "## Density: many models in one process",
