@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import importlib.metadata
 import json
 import os
 import platform
@@ -300,8 +301,21 @@ def measure(settings: Settings) -> dict[str, Any]:
                 }
                 for item in running
             ]
+    known = all_peers()
+    versions = {
+        "corral": importlib.metadata.version("corral"),
+        "onnxruntime (corral)": importlib.metadata.version("onnxruntime"),
+        "wrk": http_bench.wrk_version(http_bench.wrk_path()),
+    }
+    for item in peers:
+        pins = getattr(known[item["peer"]], "pins", None) or getattr(
+            sys.modules.get(type(known[item["peer"]]).__module__), "PINS", None
+        )
+        if pins:
+            versions[item["peer"]] = ", ".join(pins)
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "versions": versions,
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),

@@ -77,6 +77,10 @@ def page(document: dict[str, Any], density: list[dict[str, Any]] | None) -> str:
         f"{settings['rounds']} round(s) of {settings['duration_s']:g} s per cell, peers in "
         "turn, medians shown.",
         "",
+        "Versions: "
+        + "; ".join(f"{name} {pins}" for name, pins in document.get("versions", {}).items())
+        + ".",
+        "",
         "**Read with care:** the client runs on the same machine as the servers and takes CPU "
         "they would use, and the peers idle side by side while one is measured; absolute "
         "figures do not carry to another machine or run. Only ratios within this run compare.",
@@ -93,7 +97,7 @@ def page(document: dict[str, Any], density: list[dict[str, Any]] | None) -> str:
         )
     for name, reason in document["skipped"].items():
         lines.append(f"| {name} | skipped: {reason.splitlines()[0][:160]} | | |")
-    lines += ["", "## Requests/s (p99 ms)", ""]
+    lines += ["", "## Requests/s (p50 / p99 latency, ms)", ""]
     corral = next((p for p in document["peers"] if p["peer"] == "corral"), None)
     cells = sorted(
         {(r["distribution"], r["connections"]) for p in document["peers"] for r in p["summary"]}
@@ -105,7 +109,11 @@ def page(document: dict[str, Any], density: list[dict[str, Any]] | None) -> str:
         row = []
         for cell in cells:
             r = by_cell.get(cell)
-            row.append("" if r is None else f"{r['requests_per_s']:,.0f} ({r['p99_ms']:.1f})")
+            row.append(
+                ""
+                if r is None
+                else f"{r['requests_per_s']:,.0f} ({r['p50_ms']:.1f} / {r['p99_ms']:.1f})"
+            )
         lines.append(f"| {peer['peer']} | " + " | ".join(row) + " |")
     if corral is not None:
         lines += ["", "corral's requests/s over each peer's, same cell:", ""]

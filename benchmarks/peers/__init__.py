@@ -9,12 +9,16 @@ here raises :class:`PeerUnavailable` with the reason, which the report shows.
 from __future__ import annotations
 
 import abc
+import json
 import os
+import subprocess
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from subprocess import Popen
 
-__all__ = ["CACHE", "Peer", "PeerUnavailable", "Started"]
+__all__ = ["CACHE", "Peer", "PeerUnavailable", "Started", "install_venv"]
 
 #: Where peers' virtual environments live: ``$CORRAL_BENCH_CACHE`` or ~/.cache/corral-bench.
 CACHE = Path(os.environ.get("CORRAL_BENCH_CACHE", Path.home() / ".cache" / "corral-bench"))
@@ -65,3 +69,26 @@ class Peer(abc.ABC):
     def infer_path(self, model: str) -> str:
         """The v2 inference path for ``model``."""
         return f"/v2/models/{model}/infer"
+
+
+def install_venv(venv: Path, pins: Sequence[str]) -> Path:
+    """A virtual environment at ``venv`` with ``pins`` installed; returns its python.
+
+    Quick when a stamp left by an earlier install records the same pins and Python.
+    Raises :class:`PeerUnavailable` with pip's last lines if the install fails.
+    """
+    python = venv / "bin" / "python"
+    stamp = venv / "corral-peer-stamp.json"
+    wanted = json.dumps({"pins": list(pins), "python": sys.version})
+    if python.is_file() and stamp.is_file() and stamp.read_text() == wanted:
+        return python
+    for argv in (
+        [sys.executable, "-m", "venv", "--clear", str(venv)],
+        [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *pins],
+    ):
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+            raise PeerUnavailable(f"{' '.join(argv[:4])} ... failed:\n{tail}")
+    stamp.write_text(wanted)
+    return python

@@ -1,8 +1,8 @@
-"""The peers that run from the project's own environment: corral itself, and FastAPI by hand.
+"""corral itself, and a FastAPI service written by hand.
 
-Neither needs a virtual environment of its own: corral is the project, and FastAPI,
-onnxruntime and uvicorn are in its ``dev`` extra (the FastAPI service is
-``benchmarks/reference/fastapi_many.py``).
+corral runs from the project's environment (it is the thing measured); the FastAPI service
+(``benchmarks/reference/fastapi_many.py``) runs from a virtual environment of its own under
+the bench cache, like every other peer.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.peers import CACHE, Peer, Started
+from benchmarks.peers import CACHE, Peer, PeerUnavailable, Started, install_venv
 
 __all__ = ["CorralPeer", "FastAPIPeer"]
 
@@ -60,18 +60,34 @@ class CorralPeer(Peer):
         return _start(argv, workdir, env, f"http://127.0.0.1:{port}")
 
 
+#: The FastAPI service's environment; onnxruntime and numpy as in the project's.
+FASTAPI_PINS = (
+    "fastapi==0.165.0",
+    "uvicorn[standard]==0.54.0",
+    "onnxruntime==1.32.0",
+    "numpy==2.4.6",
+)
+
+
 class FastAPIPeer(Peer):
     """A FastAPI service written by hand: every model loaded at startup, default sessions."""
 
     name = "fastapi"
+    pins = FASTAPI_PINS
+
+    def __init__(self) -> None:
+        self._python: Path | None = None
 
     def setup(self, cache: Path = CACHE) -> None:
-        """Nothing to install: FastAPI and uvicorn are in the project's ``dev`` extra."""
+        """Install FastAPI, uvicorn and onnxruntime into ``cache/fastapi``."""
+        self._python = install_venv(cache / self.name, FASTAPI_PINS)
 
     def start(self, repository: Path, port: int, workdir: Path) -> Started:
         """Run uvicorn (uvloop, httptools) on ``fastapi_many:create_app``."""
+        if self._python is None:
+            raise PeerUnavailable("the FastAPI peer is not set up: run setup() first")
         argv = [
-            sys.executable,
+            str(self._python),
             "-m",
             "uvicorn",
             "fastapi_many:create_app",
