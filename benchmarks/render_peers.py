@@ -78,7 +78,10 @@ def page(document: dict[str, Any], density: list[dict[str, Any]] | None) -> str:
         "turn, medians shown.",
         "",
         "Versions: "
-        + "; ".join(f"{name} {pins}" for name, pins in document.get("versions", {}).items())
+        + "; ".join(
+            f"{name} {pins.split(' Copyright')[0]}"
+            for name, pins in document.get("versions", {}).items()
+        )
         + ".",
         "",
         "**Read with care:** the client runs on the same machine as the servers and takes CPU "

@@ -35,6 +35,7 @@ __all__ = [
     "build_app",
     "create_app",
     "create_async_app",
+    "run_request",
 ]
 
 
@@ -74,6 +75,23 @@ class InferenceResponse(BaseModel):
 Endpoint = Literal["sync", "async"]
 
 
+def run_request(session: Any, name: str, request: InferenceRequest) -> InferenceResponse:
+    """Run ``request`` on ``session`` the tutorial way: numpy in, lists out, pydantic around."""
+    tensor = request.inputs[0]
+    features = np.array(tensor.data, dtype=np.float32).reshape(tensor.shape)
+    results = session.run(None, {tensor.name: features})
+    outputs = [
+        ResponseOutput(
+            name=meta.name,
+            datatype="FP32",
+            shape=list(result.shape),
+            data=result.flatten().tolist(),
+        )
+        for meta, result in zip(session.get_outputs(), results, strict=True)
+    ]
+    return InferenceResponse(model_name=name, outputs=outputs)
+
+
 def build_app(session: Any, model_name: str, endpoint: Endpoint = "sync") -> FastAPI:
     """A FastAPI app serving ``session`` as ``model_name`` from a ``def`` or ``async def``."""
     app = FastAPI(title="reference: FastAPI + onnxruntime")
@@ -81,19 +99,7 @@ def build_app(session: Any, model_name: str, endpoint: Endpoint = "sync") -> Fas
     def answer(name: str, request: InferenceRequest) -> InferenceResponse:
         if name != model_name:
             raise HTTPException(status_code=404, detail=f"model {name} not found")
-        tensor = request.inputs[0]
-        features = np.array(tensor.data, dtype=np.float32).reshape(tensor.shape)
-        results = session.run(None, {tensor.name: features})
-        outputs = [
-            ResponseOutput(
-                name=meta.name,
-                datatype="FP32",
-                shape=list(result.shape),
-                data=result.flatten().tolist(),
-            )
-            for meta, result in zip(session.get_outputs(), results, strict=True)
-        ]
-        return InferenceResponse(model_name=name, outputs=outputs)
+        return run_request(session, name, request)
 
     if endpoint == "sync":
 

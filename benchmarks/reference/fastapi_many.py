@@ -17,10 +17,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnxruntime as ort
 from fastapi import FastAPI, HTTPException
-from fastapi_app import InferenceRequest, InferenceResponse, ResponseOutput
+from fastapi_app import InferenceRequest, InferenceResponse, run_request
 
 __all__ = ["build_app", "create_app"]
 
@@ -38,19 +37,7 @@ def build_app(sessions: dict[str, Any]) -> FastAPI:
         session = sessions.get(name)
         if session is None:
             raise HTTPException(status_code=404, detail=f"model {name} not found")
-        tensor = request.inputs[0]
-        features = np.array(tensor.data, dtype=np.float32).reshape(tensor.shape)
-        results = session.run(None, {tensor.name: features})
-        outputs = [
-            ResponseOutput(
-                name=meta.name,
-                datatype="FP32",
-                shape=list(result.shape),
-                data=result.ravel().tolist(),
-            )
-            for meta, result in zip(session.get_outputs(), results, strict=True)
-        ]
-        return InferenceResponse(model_name=name, outputs=outputs)
+        return run_request(session, name, request)
 
     return app
 
