@@ -49,7 +49,6 @@ from corral._runtime import Runtime, runtime
 from corral._scheduler import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_QUEUE_LIMIT,
-    ModelQueue,
     QueueStats,
     Scheduler,
 )
@@ -190,8 +189,6 @@ class _Loaded:
     #: The scheduler's settings for it: rows per batch (0: never batch) and batch window.
     max_batch_size: int = 0
     batch_window_us: int = 0
-    #: Its queue in the Runtime's scheduler, made with the first queued request.
-    queue: ModelQueue | None = None
     #: Wall-clock time of the last request; stamped without the lock (a single store).
     last_used: float | None = None
     #: Wall-clock time it was published: its age for eviction until its first request.
@@ -425,7 +422,7 @@ class Host:
                 if loaded is not None:
                     if version is None and self._entries.get(name) is entry:
                         self._ready[name] = loaded
-                    return self._lease_locked(loaded)
+                    return self._lease(loaded)
                 failure = self._failures.get(key)
                 if failure is not None and time.monotonic() < failure.retry_at:
                     raise _fresh(failure.error)
@@ -451,18 +448,13 @@ class Host:
         if loaded is None:
             return None
         try:
-            lease = loaded.session.acquire()
+            return self._lease(loaded)
         except SessionClosed:
             return None  # evicted or swapped since the lookup: the slow path finds it again
-        loaded.last_used = time.time()
-        return HostLease(self, loaded, lease)
 
     def _ready_admit(self, name: str, version: int | str | None) -> _Loaded | None:
         """Admit one queued request on the newest version if loaded, without blocking."""
-        # _ready_lookup, inline: this is every queued request's path.
-        if version is not None or type(name) is not str or self._state is not HostState.RUNNING:
-            return None
-        loaded = self._ready.get(name)
+        loaded = self._ready_lookup(name, version)
         if loaded is None:
             return None
         try:
@@ -482,7 +474,7 @@ class Host:
             return None
         return self._ready.get(name)
 
-    def _lease_locked(self, loaded: _Loaded) -> HostLease:
+    def _lease(self, loaded: _Loaded) -> HostLease:
         lease = loaded.session.acquire()
         loaded.last_used = time.time()
         return HostLease(self, loaded, lease)
@@ -615,15 +607,14 @@ class Host:
             signature = session._signature
             feed = signature.prepare_inputs(inputs)
             names = signature.output_names(outputs)
-            queue = loaded.queue
-            if queue is None:
-                queue = loaded.queue = self._scheduler().queue(
-                    session,
-                    max_batch_size=loaded.max_batch_size,
-                    batch_window_us=loaded.batch_window_us,
-                    queue_limit=self._queue_limit,
-                )
-            (self._compute or self._scheduler()).submit(queue, feed, names, future, deadline, loop)
+            scheduler = self._compute or self._scheduler()
+            queue = session._queue or scheduler.queue(
+                session,
+                max_batch_size=loaded.max_batch_size,
+                batch_window_us=loaded.batch_window_us,
+                queue_limit=self._queue_limit,
+            )
+            scheduler.submit(queue, feed, names, future, deadline, loop)
         except BaseException:
             session._dismiss(1)
             raise

@@ -179,7 +179,7 @@ class Scheduler:
                 queue = ModelQueue(session, rows_cap, batch_window_us / 1e6, queue_limit)
                 session._queue = queue
                 self._queues.add(queue)
-            return queue  # type: ignore[no-any-return]  # Session._queue is untyped
+            return queue
 
     def submit(
         self,

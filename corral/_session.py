@@ -13,7 +13,7 @@ import os
 import queue
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy.typing as npt
 
@@ -27,6 +27,9 @@ from corral._providers import (
 )
 from corral._runtime import Runtime, runtime
 from corral._signature import Signature, TensorSpec
+
+if TYPE_CHECKING:
+    from corral._scheduler import ModelQueue
 
 __all__ = ["Lease", "ModelSource", "Session", "SessionState"]
 
@@ -90,8 +93,9 @@ class Session:
         self._replicas: tuple[Any, ...] = ()
         self._idle: queue.SimpleQueue[Any] | None = None
         self._closed_reason = "closed by close()"
-        #: This session's queue in the Runtime's scheduler; guarded by the scheduler's lock.
-        self._queue: Any = None
+        #: This session's queue in the Runtime's scheduler, made with its first queued request
+        #: (under the scheduler's lock) and never replaced: read without a lock once set.
+        self._queue: ModelQueue | None = None
         self._runtime._register(self)
         try:
             replicas = self._load(source, resolved)
@@ -239,12 +243,7 @@ class Session:
                 if self._cancelled:
                     # A cancel may have set terminate on it, which stays set: use a new one.
                     _RUN_OPTIONS.cached = None
-                released = False
-                if not admitted or dismiss:
-                    # _end_use_locked, inline: this is every run's path.
-                    self._in_flight -= 1
-                    if self._in_flight == 0 and self._state is SessionState.CLOSING:
-                        released = self._release_locked()
+                released = (not admitted or dismiss) and self._end_use_locked()
             if released:
                 self._runtime._unregister(self)
         if len(names) == 1:
