@@ -20,6 +20,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -367,17 +368,14 @@ class Scheduler:
                 started = not future.cancelled()
             if not started:
                 cancelled += 1
-            elif request.deadline is None:
-                live.append(request)
-                enqueued_sum += request.enqueued
-                rows += request.rows or 1
-            elif now > request.deadline:
+            elif request.deadline is not None and now > request.deadline:
                 late.append(request)
             else:
                 live.append(request)
                 enqueued_sum += request.enqueued
                 rows += request.rows or 1
-                deadlines = True
+                if request.deadline is not None:
+                    deadlines = True
         if cancelled:
             queue.session._dismiss(cancelled)
         results: list[Outputs] | None = None
@@ -520,7 +518,7 @@ def _expired(request: _Request, *, queued: bool) -> DeadlineExceeded:
 
 def _answer(
     requests: list[_Request],
-    results: list[Outputs] | None,
+    results: Sequence[Outputs | None] | None,
     errors: list[BaseException | None] | None,
 ) -> None:
     """Answer requests of one session, each with its result or else its error.
@@ -530,7 +528,7 @@ def _answer(
     """
     requests[0].session._dismiss(len(requests))
     if results is None:
-        results = [None] * len(requests)  # type: ignore[list-item]  # errors has them all
+        results = [None] * len(requests)  # errors has them all
     loop = requests[0].loop
     if loop is not None and all(request.loop is loop for request in requests):
         # The usual case: every caller awaits on one event loop.
@@ -552,7 +550,7 @@ def _answer(
 
 
 def _deliver_all(
-    futures: list[Any], results: list[Any], errors: list[BaseException | None] | None
+    futures: list[Any], results: Sequence[Any], errors: list[BaseException | None] | None
 ) -> None:
     """On the event loop: settle each future that its caller has not cancelled meanwhile."""
     if errors is None:

@@ -165,6 +165,14 @@ class TensorSpec:
         )
 
 
+def _fixed_dims_match(shape: tuple[int, ...], fixed: tuple[tuple[int, int], ...]) -> bool:
+    # A loop, not all(...): the generator would cost ~0.3 µs on every request's path.
+    for axis, want in fixed:  # noqa: SIM110
+        if shape[axis] != want:
+            return False
+    return True
+
+
 def _dim(dim: Any) -> Dim:
     if isinstance(dim, int) and dim >= 0:
         return dim
@@ -217,22 +225,15 @@ class Signature:
             feed = {}
             for name, dtype, rank, fixed in exact:
                 value = inputs.get(name)
-                if type(value) is not np.ndarray or value.ndim != rank:
-                    break
-                if value.dtype is not dtype and value.dtype != dtype:
-                    break
-                if fixed:
-                    shape = value.shape
-                    for axis, want in fixed:
-                        if shape[axis] != want:
-                            break
-                    else:
-                        feed[name] = value
-                        continue
-                    break
+                if (
+                    type(value) is not np.ndarray
+                    or value.ndim != rank
+                    or (value.dtype is not dtype and value.dtype != dtype)
+                    or not _fixed_dims_match(value.shape, fixed)
+                ):
+                    return self._prepare(inputs)
                 feed[name] = value
-            else:
-                return feed
+            return feed
         return self._prepare(inputs)
 
     def _prepare(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
