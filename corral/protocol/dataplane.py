@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -38,7 +39,7 @@ from corral.protocol.types import (
     TensorMetadata,
 )
 
-__all__ = ["EXTENSIONS", "PLATFORM", "DataPlane"]
+__all__ = ["EXTENSIONS", "PLATFORM", "DataPlane", "status_for"]
 
 #: Triton's platform name for ONNX models run by onnxruntime: clients key on it.
 PLATFORM = "onnxruntime_onnx"
@@ -75,6 +76,21 @@ _CONFIG_TYPES = {
     "FP64": "TYPE_FP64",
     "BYTES": "TYPE_STRING",
 }
+
+
+_Status = TypeVar("_Status")
+
+
+def status_for(table: Mapping[type[CorralError], _Status], error: CorralError) -> _Status | None:
+    """A transport's status for ``error``: the entry of its most specific class in ``table``.
+
+    Each transport keeps its own ``{error class: status}`` table (HTTP codes, gRPC codes);
+    this is the one lookup they share. None if no class of ``error`` is in the table.
+    """
+    for cls in type(error).__mro__:
+        if issubclass(cls, CorralError) and cls in table:
+            return table[cls]
+    return None
 
 
 @dataclass

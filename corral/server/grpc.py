@@ -51,7 +51,7 @@ from corral._errors import (
     SessionClosed,
 )
 from corral.protocol.binary import decode_tensor, element_count, encode_tensor
-from corral.protocol.dataplane import DataPlane
+from corral.protocol.dataplane import DataPlane, status_for
 from corral.protocol.datatypes import numpy_dtype
 from corral.protocol.types import (
     Duration,
@@ -135,7 +135,7 @@ def _answers(handler: _Handler[_Request, _Response]) -> _Handler[_Request, _Resp
         except _Refused as exc:
             await context.abort(exc.code, str(exc))
         except CorralError as exc:
-            code = _status(exc)
+            code = status_for(STATUS, exc)
             if code is None:
                 logger.exception("corral: gRPC %s failed", handler.__name__)
                 code = grpc.StatusCode.INTERNAL
@@ -148,13 +148,6 @@ def _answers(handler: _Handler[_Request, _Response]) -> _Handler[_Request, _Resp
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc!r}")
 
     return answer
-
-
-def _status(exc: CorralError) -> grpc.StatusCode | None:
-    for cls in type(exc).__mro__:
-        if issubclass(cls, CorralError) and cls in STATUS:
-            return STATUS[cls]
-    return None
 
 
 class InferenceServicer:

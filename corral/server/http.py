@@ -33,7 +33,7 @@ from corral._errors import (
     RuntimeClosed,
     SessionClosed,
 )
-from corral.protocol.dataplane import DataPlane
+from corral.protocol.dataplane import DataPlane, status_for
 from corral.protocol.http_codec import HEADER_LENGTH, decode_request, encode_error, encode_response
 from corral.protocol.types import ModelMetadata, ModelStatistics, RepositoryModel
 
@@ -109,7 +109,8 @@ class HttpApp:
         except _HttpError as exc:
             await _respond(send, exc.status, encode_error(str(exc)), _JSON, exc.headers)
         except CorralError as exc:
-            await _respond(send, _status(exc), encode_error(str(exc)), _JSON)
+            status = status_for(STATUS, exc) or 500
+            await _respond(send, status, encode_error(str(exc)), _JSON)
         except Exception as exc:
             logger.exception("corral: %s %s failed", scope.get("method"), scope.get("path"))
             await _respond(send, 500, encode_error(f"internal error: {exc!r}"), _JSON)
@@ -267,13 +268,6 @@ class HttpApp:
             "this server needs the header Authorization: Bearer <token>",
             ((b"www-authenticate", b"Bearer"),),
         )
-
-
-def _status(exc: CorralError) -> int:
-    for cls in type(exc).__mro__:
-        if issubclass(cls, CorralError) and cls in STATUS:
-            return STATUS[cls]
-    return 500
 
 
 def _expect(method: str, allowed: str) -> None:
