@@ -774,3 +774,23 @@ def test_a_request_whose_client_deadline_passes_in_the_queue_never_runs(repo: Pa
         assert s.host.queue_stats()["mlp:1"].runs == 0
 
     run(repo, scenario)
+
+
+@pytest.mark.timeout(60)
+def test_concurrent_requests_each_get_their_own_outputs(repo: Path):
+    # 100 ModelInfer calls in flight at once on one channel, batched by the scheduler: each
+    # answer must be its own request's.
+    inputs = [
+        np.random.default_rng(i).standard_normal((1, 4)).astype(np.float32) for i in range(100)
+    ]
+    expected = reference_run(build_mlp(seed=1), {"X": np.concatenate(inputs)})[0]
+
+    async def scenario(s: Served) -> None:
+        results = await asyncio.gather(
+            *(s.client.infer("mlp", [triton_input("X", x, "FP32")]) for x in inputs)
+        )
+        for index, result in enumerate(results):
+            np.testing.assert_allclose(result.as_numpy("Y"), expected[index : index + 1], rtol=1e-6)
+        assert s.host.queue_stats()["mlp:1"].rows == 100
+
+    run(repo, scenario)
