@@ -572,10 +572,9 @@ class Host:
             except asyncio.CancelledError:
                 acquiring.add_done_callback(_release_acquired)
                 raise
-            try:
-                lease.session._admit()  # still open: the lease holds it
-            finally:
-                lease.release()
+            # The lease becomes the request's admission: an unload since the load lets it
+            # run all the same, as it would have let the lease's own run.
+            lease.session._admit_leased(lease._lease)
             loaded = lease._loaded
         future: asyncio.Future[dict[str, npt.NDArray[Any]]] = loop.create_future()
         self._enqueue(loaded, inputs, outputs, future, loop, deadline)

@@ -321,6 +321,18 @@ class Session:
             self._in_flight += 1
             self._uses += 1
 
+    def _admit_leased(self, lease: Lease) -> None:
+        """Turn ``lease`` into one admission (:meth:`_admit`): it carries the lease's count.
+
+        Unlike :meth:`_admit`, succeeds while CLOSING, which the lease held the session
+        open through. The lease is released by this; raises :class:`SessionClosed` if it
+        already was.
+        """
+        with self._state_lock:
+            if lease._released:
+                raise self._closed_error()
+            lease._released = True
+
     def _dismiss(self, count: int) -> None:
         """End ``count`` admissions at once."""
         with self._state_lock:

@@ -9,12 +9,13 @@ import sys
 import threading
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import corral
-from corral import Host, ModelState
+from corral import Host, HostLease, ModelState
 from corral._host import estimate_model_bytes
 from corral.bench.models import build_linear, build_mlp, build_tree
 from tests.conftest import build_reshape, reference_run, wait_until
@@ -277,6 +278,28 @@ def test_a_request_that_finds_a_version_just_taken_out_of_service_loads_it_again
             np.testing.assert_array_equal(call()["Y"], expected, err_msg=kind)
             assert host.stats().loads == loads, kind
             assert host._ready["mlp"] is not stale, kind
+
+
+def test_an_async_request_whose_model_is_unloaded_after_its_load_still_runs(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # infer_async loads a cold model on a thread, holding a lease, then queues the request.
+    # Replay the race where an unload takes the version out of service in between: the
+    # lease holds the session open, so the request runs on it and is answered.
+    expected = reference_run(build_mlp(seed=1), {"X": X})[0]
+    with Host(repo) as host:
+        acquire = host.acquire
+
+        def acquire_then_unload(*args: Any, **kwargs: Any) -> HostLease:
+            lease = acquire(*args, **kwargs)
+            host.unload("mlp", timeout=0)
+            return lease
+
+        monkeypatch.setattr(host, "acquire", acquire_then_unload)
+        answer = asyncio.run(host.infer_async("mlp", {"X": X}))
+        np.testing.assert_array_equal(answer["Y"], expected)
+        assert host.stats().unloads == 1
+        assert corral.runtime().stats().sessions_alive == 0
 
 
 def test_load_and_pin_then_unpin(tmp_path: Path):
