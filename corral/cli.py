@@ -10,6 +10,8 @@
     corral models REPOSITORY [--preload] [--memory-budget SIZE] [--json]
     corral serve REPOSITORY [--host H] [--http-port P] [--grpc-port P] [--memory-budget SIZE]
                             [--compute-workers N] [--max-request-bytes N] [--auth-token T] ...
+    corral ray-serve REPOSITORY [--address A] [--replicas N] [--memory-budget SIZE]
+                                [--host H] [--port P] [--max-models-per-replica N] ...
 
 The command line is an edge: it alone draws progress bars (with rich, from the ``cli``
 extra) and prints; the scenarios it runs live in :mod:`corral.bench` and report progress
@@ -114,6 +116,51 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--log-level", help="critical, error, warning, info (default), debug")
     serve.set_defaults(handler=_serve)
+
+    ray_serve = commands.add_parser(
+        "ray-serve",
+        help="serve a model repository on Ray Serve: replicas routed to by model",
+        description=(
+            "Deploy corral on Ray Serve: a v2 HTTP ingress and REPLICAS model replicas, each "
+            "with its own Host and memory budget; Ray routes each model to a replica that has "
+            "it. Without --address, starts a local Ray node on 127.0.0.1 (no dashboard, no "
+            "usage report). SIGTERM or SIGINT removes the application (and the local node) "
+            "and exits 0. The repository must be readable at the same path on every node."
+        ),
+    )
+    ray_serve.add_argument("repository", type=Path, help="the repository's root folder")
+    ray_serve.add_argument(
+        "--address", help="Ray cluster to join: auto, HOST:PORT or ray://... (default: local)"
+    )
+    ray_serve.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
+    ray_serve.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    ray_serve.add_argument(
+        "--replicas", type=_positive_int, default=2, help="model replicas (default 2)"
+    )
+    ray_serve.add_argument(
+        "--replica-cpus", type=float, default=1.0, help="CPUs Ray reserves per replica (default 1)"
+    )
+    ray_serve.add_argument(
+        "--memory-budget", metavar="SIZE", help="per replica: bytes or a size like 2GiB"
+    )
+    ray_serve.add_argument(
+        "--max-models-per-replica",
+        type=int,
+        help="model ids Ray routes to one replica (default: from the budget; -1: no count)",
+    )
+    ray_serve.add_argument(
+        "--max-loaded-models", type=_positive_int, help="per replica: most versions loaded"
+    )
+    ray_serve.add_argument(
+        "--compute-workers",
+        type=_positive_int,
+        help="per replica: compute threads (default: --replica-cpus rounded up)",
+    )
+    ray_serve.add_argument(
+        "--auth-token", help="require Authorization: Bearer TOKEN on all but health endpoints"
+    )
+    ray_serve.add_argument("--log-level", default="info", help="error, warning, info, debug")
+    ray_serve.set_defaults(handler=_ray_serve)
 
     demo = commands.add_parser(
         "demo",
@@ -290,6 +337,47 @@ def _serve(args: argparse.Namespace) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     return run(settings)
+
+
+def _ray_serve(args: argparse.Namespace) -> int:
+    if not (_installed("ray") and _installed("uvicorn") and _installed("orjson")):
+        raise SystemExit("corral ray-serve needs: pip install 'corral[ray,server]'")
+    import logging
+    import os
+
+    if args.address is None:
+        # Read by Ray when first imported (corral.ray imports it): see LOCAL_ENVIRONMENT.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    from corral.ray import RayServeConfig, serve_on_ray
+
+    config = RayServeConfig(
+        replicas=args.replicas,
+        replica_cpus=args.replica_cpus,
+        memory_budget=args.memory_budget,
+        max_models_per_replica=args.max_models_per_replica,
+        max_loaded_models=args.max_loaded_models,
+        compute_workers=args.compute_workers,
+        auth_token=args.auth_token,
+    )
+    repository = args.repository.resolve()
+    if not repository.is_dir():
+        raise ValueError(f"{args.repository} is not a folder")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+    def started(url: str) -> None:
+        print(f"corral ray-serve: serving {repository} at {url}", flush=True)
+
+    return serve_on_ray(
+        str(repository),
+        config,
+        address=args.address,
+        host=args.host,
+        port=args.port,
+        started=started,
+    )
 
 
 def _installed(module: str) -> bool:

@@ -1,0 +1,46 @@
+"""corral on Ray Serve: replicas that each own a Host, routed to by model.
+
+Needs the ``ray`` extra (``pip install 'corral[ray]'``). Past one machine, corral runs as a
+Ray Serve application: a v2 HTTP ingress and a deployment of model replicas, each holding a
+:class:`corral.Host` under its own byte budget. Ray's model multiplexing sends each model's
+requests to a replica that already has it; corral's leases decide when a model closes.
+
+- :func:`build_app`, :func:`app`: the application, for ``serve.run`` or a Serve config file.
+- :class:`RayServeConfig`: replicas, budget, limits; :func:`models_per_replica`.
+- :class:`ModelReplica`, :class:`V2Ingress`: the two deployments' classes.
+- :func:`serve_on_ray`: what ``corral ray-serve`` runs.
+- :class:`HttpCall`, :class:`HttpAnswer`: what the ingress and a replica exchange.
+
+See ``docs/scale-out.md``.
+"""
+
+try:
+    import ray.serve  # noqa: F401
+except ImportError as exc:  # pragma: no cover - the dev extra installs ray
+    raise ImportError("corral.ray needs Ray Serve: pip install 'corral[ray]'") from exc
+
+from corral.ray._app import INGRESS_NAME, MODELS_NAME, app, build_app
+from corral.ray._config import UNLIMITED, RayServeConfig, models_per_replica
+from corral.ray._exchange import HttpAnswer, HttpCall, call_asgi, model_in_path
+from corral.ray._ingress import V2Ingress
+from corral.ray._launch import APP_NAME, serve_on_ray
+from corral.ray._replica import REPLICA_HEADER, ModelReplica
+
+__all__ = [
+    "APP_NAME",
+    "INGRESS_NAME",
+    "MODELS_NAME",
+    "REPLICA_HEADER",
+    "UNLIMITED",
+    "HttpAnswer",
+    "HttpCall",
+    "ModelReplica",
+    "RayServeConfig",
+    "V2Ingress",
+    "app",
+    "build_app",
+    "call_asgi",
+    "model_in_path",
+    "models_per_replica",
+    "serve_on_ray",
+]

@@ -1,0 +1,75 @@
+"""build_app: corral's Ray Serve application, an ingress and a deployment of model replicas."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ray import serve
+from ray.serve import Application
+from ray.serve.schema import LoggingConfig
+
+from corral.ray._config import RayServeConfig
+from corral.ray._ingress import V2Ingress
+from corral.ray._replica import ModelReplica
+
+__all__ = ["INGRESS_NAME", "MODELS_NAME", "app", "build_app"]
+
+#: The deployments' names, as Ray's dashboard and ``serve status`` show them.
+MODELS_NAME = "corral-models"
+INGRESS_NAME = "corral-ingress"
+
+# No line per request in Ray's logs: at thousands of requests a second they cost more than
+# the models. corral's own log lines (loads, unloads, evictions) stay.
+_QUIET = LoggingConfig(enable_access_log=False)
+
+
+def build_app(
+    repository: str | os.PathLike[str], config: RayServeConfig | None = None
+) -> Application:
+    """The application to hand ``serve.run``: the v2 ingress and ``config.replicas`` replicas.
+
+    ``repository`` must be readable at the same path on every node a replica may run on (a
+    shared volume). Example::
+
+        serve.run(build_app("/models", RayServeConfig(replicas=4, memory_budget="8GiB")),
+                  name="corral", route_prefix="/")
+    """
+    config = RayServeConfig() if config is None else config
+    path = os.fspath(repository)
+    models = serve.deployment(
+        name=MODELS_NAME,
+        num_replicas=config.replicas,
+        max_ongoing_requests=config.max_ongoing_requests,
+        max_queued_requests=config.max_queued_requests,
+        ray_actor_options={"num_cpus": config.replica_cpus},
+        # Longer than the Host's own drain, so that the Host closes before Ray gives up.
+        graceful_shutdown_timeout_s=config.drain_timeout_s + 5,
+        logging_config=_QUIET,
+    )(ModelReplica).bind(path, config)
+    ingress = serve.deployment(
+        name=INGRESS_NAME,
+        num_replicas=config.ingress_replicas,
+        max_ongoing_requests=config.max_ongoing_requests * config.replicas,
+        ray_actor_options={"num_cpus": 0},
+        logging_config=_QUIET,
+    )(V2Ingress)
+    return ingress.bind(models, config.auth_token, config.max_request_bytes)
+
+
+def app(args: dict[str, Any]) -> Application:
+    """Ray Serve's application builder: ``import_path: corral.ray:app`` in a config file.
+
+    ``args`` holds ``repository`` and any :class:`RayServeConfig` field by name::
+
+        applications:
+          - name: corral
+            route_prefix: /
+            import_path: corral.ray:app
+            args: {repository: /models, replicas: 4, memory_budget: 8GiB}
+    """
+    options = dict(args)
+    repository = options.pop("repository", None)
+    if not isinstance(repository, str) or not repository:
+        raise ValueError("corral.ray:app needs args.repository: the repository's path")
+    return build_app(repository, RayServeConfig.from_mapping(options))

@@ -1,0 +1,120 @@
+"""ModelReplica: one Ray Serve replica, a corral Host on the repository, routed to by model.
+
+Each replica answers what the ingress forwards (:class:`~corral.ray._exchange.HttpCall`) by
+running it through corral's own HTTP application on its own Host, so a request gets the
+same answer, error and status as from ``corral serve``.
+
+Routing. Ray's model multiplexing routes a model id to a replica that reported it, else to
+the replica reporting the fewest. A replica reports what its multiplexed cache holds, so the
+cache here holds a routing entry per model (:class:`_Routed`), not the model: the Host keeps
+the sessions, loads them lazily and in parallel, and keeps them under its byte budget. When
+Ray's count (:func:`~corral.ray._config.models_per_replica`) pushes an entry out, the replica
+unloads that model through :meth:`corral.Host.unload` with no wait: requests holding a lease
+finish on it, and it closes when the last lease ends. Ray never closes a model under a run.
+When the Host evicts a model for room, Ray keeps routing it here, and the next request loads
+it here again: a model stays on one replica either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+
+from ray import serve
+
+from corral._errors import InvalidModelName, ModelNotFound
+from corral._host import Host
+from corral._runtime import Runtime
+from corral.protocol.dataplane import DataPlane
+from corral.ray._config import RayServeConfig, models_per_replica
+from corral.ray._exchange import HttpAnswer, HttpCall, call_asgi
+from corral.server.http import HttpApp
+
+__all__ = ["REPLICA_HEADER", "ModelReplica"]
+
+logger = logging.getLogger(__name__)
+
+#: Response header naming the replica that answered (Ray's replica id).
+REPLICA_HEADER = b"corral-replica"
+
+
+class _Routed:
+    """What Ray's multiplexed cache holds for one model of this replica: a routing entry.
+
+    Ray calls a cached object's ``__del__`` when it evicts it. Here that is an instance
+    attribute, not a method, so that garbage collection never calls it a second time.
+    """
+
+    def __init__(self, on_evict: Callable[[], None]) -> None:
+        self.__del__ = on_evict
+
+
+class ModelReplica:
+    """A Ray Serve replica serving a share of the repository's models through one Host.
+
+    Deployed by :func:`corral.ray.build_app`; Ray constructs it in the replica's process.
+    """
+
+    def __init__(self, repository: str, config: RayServeConfig) -> None:
+        runtime = Runtime(compute_workers=config.replica_compute_workers)
+        self._host = Host(
+            repository,
+            runtime=runtime,
+            memory_budget=config.memory_budget,
+            max_loaded_models=config.max_loaded_models,
+            poll_interval_s=config.poll_interval_s,
+        )
+        self._drain_timeout_s = config.drain_timeout_s
+        self._app = HttpApp(DataPlane(self._host), max_request_bytes=config.max_request_bytes)
+        self._tag = serve.get_replica_context().replica_tag.encode()
+        # Names found in the repository. Only the replica's event loop touches it.
+        self._known: set[str] = set()
+        count = models_per_replica(self._host.repository, config)
+
+        async def route(name: str) -> _Routed:
+            return _Routed(functools.partial(self._evicted, name))
+
+        # Made here, not on the class, because the count depends on the repository. Ray
+        # looks for multiplexed functions on the instance too.
+        self._route: Callable[[str], Awaitable[_Routed]] = serve.multiplexed(
+            max_num_models_per_replica=count
+        )(route)
+        logger.info(
+            "corral: replica %s serving %s, %s model ids routed here at most",
+            self._tag.decode(),
+            repository,
+            "any number of" if count < 0 else count,
+        )
+
+    async def __call__(self, call: HttpCall) -> HttpAnswer:
+        """Answer one forwarded request; a model's request registers the model's route."""
+        name = serve.get_multiplexed_model_id()
+        if name and await self._exists(name):
+            await self._route(name)
+        answer = await call_asgi(self._app, call)
+        headers = (*answer.headers, (REPLICA_HEADER, self._tag))
+        return HttpAnswer(answer.status, headers, answer.body)
+
+    def __del__(self) -> None:
+        """Close the Host when Ray stops the replica (after its requests have drained)."""
+        host: Host | None = getattr(self, "_host", None)  # None when __init__ failed
+        if host is not None:
+            host.close(timeout=self._drain_timeout_s)
+
+    async def _exists(self, name: str) -> bool:
+        if name in self._known:
+            return True
+        # A name not in the repository gets no route: it would crowd Ray's count. The data
+        # plane answers it with 404 (or 400 for a name that cannot name a model).
+        try:
+            await asyncio.to_thread(self._host.status, name)
+        except (ModelNotFound, InvalidModelName):
+            return False
+        self._known.add(name)
+        return True
+
+    def _evicted(self, name: str) -> None:
+        logger.info("corral: Ray routes %s elsewhere now; unloading it when idle", name)
+        self._host.unload(name, timeout=0)

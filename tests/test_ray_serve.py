@@ -1,0 +1,174 @@
+"""corral on Ray Serve, end to end: `corral ray-serve` on a local Ray node, driven by tritonclient.
+
+One test, bounded to a few minutes: a local Ray head on 127.0.0.1 (no dashboard, usage stats
+off), two model replicas whose budgets each fit about half of 200 tiny models, every model
+asked for through the v2 ingress with tritonclient's stock HTTP client and every answer
+checked against onnxruntime run directly. Then SIGTERM to the launcher's own pid: it must
+take Serve and Ray down by itself and exit 0, leaving no process of its group behind.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+pytest.importorskip("ray.serve", reason="the ray extra is not installed")
+
+from corral._host import estimate_model_bytes
+from corral.bench.footprint import build_repository
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]
+
+MODELS = 200
+REPLICAS = 2
+ROUNDS = 2
+START_TIMEOUT_S = 240.0
+STOP_TIMEOUT_S = 90.0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def start(repo: Path, budget: int, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    command = [
+        sys.executable,
+        "-c",
+        "import sys; from corral.cli import main; sys.exit(main())",
+        "ray-serve",
+        str(repo),
+        "--port",
+        str(port),
+        "--replicas",
+        str(REPLICAS),
+        # Both replicas fit on one core, so the test needs no more than a small machine.
+        "--replica-cpus",
+        "0.5",
+        "--memory-budget",
+        str(budget),
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "RAY_"))}
+    with log.open("wb") as sink:
+        # Its own session: Ray's processes are its children, and the group is checked after.
+        process = subprocess.Popen(
+            command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        found = re.search(r"corral ray-serve: serving .* at http://([\d.]+:\d+)", log.read_text())
+        if found:
+            return process, found[1]
+        if process.poll() is not None:
+            break
+        time.sleep(0.2)
+    stop(process)
+    raise AssertionError(f"corral ray-serve did not start:\n{log.read_text()[-5000:]}")
+
+
+def stop(process: subprocess.Popen[bytes]) -> int:
+    """SIGTERM to the launcher's pid; its exit code. Kills the group if it hangs."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+        raise
+
+
+def test_two_replicas_serve_200_models_through_the_v2_ingress(tmp_path: Path):
+    import httpx
+    import tritonclient.http as httpclient
+
+    repo = tmp_path / "models"
+    files = build_repository(repo, MODELS)
+    names = [path.parent.parent.name for path in files]
+    # Each replica's budget fits about half the repository, by corral's own estimate.
+    budget = sum(estimate_model_bytes(path.stat().st_size) for path in files) // REPLICAS
+    rng = np.random.default_rng(7)
+    inputs = {name: rng.standard_normal((2, 4)).astype(np.float32) for name in names}
+    expected = {}
+    for name, path in zip(names, files, strict=True):
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        expected[name] = session.run(None, {"X": inputs[name]})[0]
+
+    log = tmp_path / "ray-serve.log"
+    process, url = start(repo, budget, log)
+    failures: list[str] = []
+    try:
+
+        def ask(name: str) -> None:
+            client = httpclient.InferenceServerClient(
+                url, connection_timeout=60, network_timeout=60
+            )
+            try:
+                tensor = httpclient.InferInput("X", [2, 4], "FP32")
+                tensor.set_data_from_numpy(inputs[name])
+                answer = client.infer(name, [tensor]).as_numpy("Y")
+                np.testing.assert_allclose(answer, expected[name], rtol=1e-5, atol=1e-6)
+            except Exception as exc:  # every failure is collected, named and reported below
+                failures.append(f"{name}: {exc!r}")
+            finally:
+                client.close()
+
+        started = time.perf_counter()
+        with ThreadPoolExecutor(4) as pool:
+            for _ in range(ROUNDS):
+                list(pool.map(ask, names))
+        elapsed = time.perf_counter() - started
+
+        # Which replica serves each model: its statistics, asked through the same ingress,
+        # come from the replica Ray routes the model to, named in a response header.
+        served_by: dict[str, str] = {}
+        with httpx.Client(base_url=f"http://{url}", timeout=60) as http:
+            for name in names:
+                response = http.get(f"/v2/models/{name}/stats")
+                assert response.status_code == 200, f"{name}: {response.text}"
+                count = response.json()["model_stats"][0]["inference_count"]
+                if count > 0:
+                    served_by[name] = response.headers["corral-replica"]
+    finally:
+        code = stop(process)
+        deadline = time.monotonic() + 30
+        while group_alive(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        survivors = group_alive(process.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+    requests = MODELS * ROUNDS
+    split = collections.Counter(served_by.values())
+    print(
+        f"ray: {requests} requests over {MODELS} models, {len(failures)} failed, "
+        f"{requests / elapsed:.0f} req/s with 4 callers; "
+        f"models per replica {sorted(split.values())}"
+    )
+    assert not failures, f"{len(failures)} of {requests} requests failed: {failures[:10]}"
+    assert len(split) == REPLICAS, f"not every replica served models: {dict(split)}"
+    assert code == 0, log.read_text()[-5000:]
+    assert not survivors, "processes of corral ray-serve's group outlived it"
