@@ -46,7 +46,7 @@ if str(HERE.parent) not in sys.path:
 
 from benchmarks import http_bench  # noqa: E402  (after the path above)
 from benchmarks.peers import CACHE, Peer, PeerUnavailable, Started  # noqa: E402
-from benchmarks.peers.local import CorralPeer, FastAPIPeer  # noqa: E402
+from benchmarks.peers.local import CorralPeer, CorralRayPeer, FastAPIPeer  # noqa: E402
 
 LUA_SCRIPT = HERE / "peers.lua"
 RESULTS = HERE / "results"
@@ -55,7 +55,11 @@ _READY_TIMEOUT_S = 900.0
 
 def all_peers() -> dict[str, Peer]:
     """Every peer this benchmark knows, by name; the ones in their own venvs imported lazily."""
-    peers: dict[str, Peer] = {"corral": CorralPeer(), "fastapi": FastAPIPeer()}
+    peers: dict[str, Peer] = {
+        "corral": CorralPeer(),
+        "corral-ray": CorralRayPeer(),
+        "fastapi": FastAPIPeer(),
+    }
     for module, cls in (
         ("benchmarks.peers.mlserver", "MLServerPeer"),
         ("benchmarks.peers.triton", "TritonPeer"),

@@ -1,4 +1,4 @@
-"""corral itself, and a FastAPI service written by hand.
+"""corral itself (one process, and on Ray Serve), and a FastAPI service written by hand.
 
 corral runs from the project's environment (it is the thing measured); the FastAPI service
 (``benchmarks/reference/fastapi_many.py``) runs from a virtual environment of its own under
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from benchmarks.peers import CACHE, Peer, PeerUnavailable, Started, install_venv
 
-__all__ = ["CorralPeer", "FastAPIPeer"]
+__all__ = ["CorralPeer", "CorralRayPeer", "FastAPIPeer"]
 
 _REFERENCE = Path(__file__).resolve().parent.parent / "reference"
 
@@ -57,6 +57,45 @@ class CorralPeer(Peer):
             "warning",
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+        return _start(argv, workdir, env, f"http://127.0.0.1:{port}")
+
+
+class CorralRayPeer(Peer):
+    """``corral ray-serve`` on a local Ray node: the v2 ingress and two model replicas.
+
+    Same repository, same port, same client as :class:`CorralPeer`: the difference measured
+    is Ray's (its HTTP proxy, the ingress actor, a second actor call to the model's
+    replica). Each replica takes half a CPU, so both fit a 2-core machine beside the client.
+    """
+
+    name = "corral-ray"
+    replicas = 2
+
+    def setup(self, cache: Path = CACHE) -> None:
+        """Nothing to install: Ray Serve is in the project's dev environment."""
+        try:
+            import ray.serve  # noqa: F401
+        except ImportError as exc:
+            raise PeerUnavailable(f"corral-ray: {exc}; pip install 'corral[ray]'") from exc
+
+    def start(self, repository: Path, port: int, workdir: Path) -> Started:
+        """``corral ray-serve REPOSITORY --port PORT --replicas 2``; stop it with SIGTERM."""
+        argv = [
+            sys.executable,
+            "-c",
+            "import sys; from corral.cli import main; sys.exit(main())",
+            "ray-serve",
+            str(repository),
+            "--port",
+            str(port),
+            "--replicas",
+            str(self.replicas),
+            "--replica-cpus",
+            "0.5",
+            "--log-level",
+            "warning",
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "RAY_"))}
         return _start(argv, workdir, env, f"http://127.0.0.1:{port}")
 
 
