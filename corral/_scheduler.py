@@ -32,7 +32,9 @@ from corral._errors import (
     CorralError,
     DeadlineExceeded,
     InferenceError,
+    InvalidInput,
     Overloaded,
+    RunCancelled,
     RuntimeClosed,
 )
 from corral._histogram import Histogram
@@ -378,12 +380,20 @@ class Scheduler:
                     deadlines = True
         if cancelled:
             queue.session._dismiss(cancelled)
-        results: list[Outputs] | None = None
+        results: Sequence[Outputs | None] | None = None
         error: BaseException | None = None
+        errors: list[BaseException | None] | None = None
+        runs = 1
         started_at = time.perf_counter()
         if live:
             try:
                 results = _run_batch(queue.session, live, rows)
+            except _BatchFailed:
+                # One request's values can fail a whole batch (an index out of range, a shape
+                # its rows cannot take): run each request alone, so that only the requests at
+                # fault get the error and the others their outputs.
+                results, errors = _run_each(queue.session, live)
+                runs += len(live)
             except CorralError as exc:
                 error = exc
             except Exception as exc:
@@ -395,7 +405,7 @@ class Scheduler:
             queue.expired += len(late)
             queue.cancelled += cancelled
             if live:
-                queue.runs += 1
+                queue.runs += runs
                 queue.rows += rows
                 queue.queue_seconds += now * len(live) - enqueued_sum
                 queue.compute_seconds += elapsed
@@ -407,7 +417,13 @@ class Scheduler:
                 _answer(live, None, [error] * len(live))
             else:
                 assert results is not None
-                _answer(live, results, _late_after_run(live) if deadlines else None)
+                late_errors = _late_after_run(live) if deadlines else None
+                if errors is None:
+                    errors = late_errors
+                elif late_errors is not None:
+                    pairs = zip(errors, late_errors, strict=True)
+                    errors = [own or lateness for own, lateness in pairs]
+                _answer(live, results, errors)
 
 
 def _late_after_run(live: list[_Request]) -> list[BaseException | None] | None:
@@ -482,12 +498,21 @@ def _partition(taken: list[_Request], max_rows: int) -> tuple[list[_Request], li
     return batch, leftovers
 
 
+class _BatchFailed(Exception):
+    """onnxruntime refused a batch of several requests: any one of them may be at fault."""
+
+
 def _run_batch(session: Session, batch: list[_Request], rows: int) -> list[Outputs]:
     first = batch[0]
     if len(batch) == 1:
         return [session._run_prepared(first.feed, first.names, None, admitted=True)]
     feed = {name: np.concatenate([r.feed[name] for r in batch]) for name in first.feed}
-    outputs = session._run_prepared(feed, first.names, None, admitted=True)
+    try:
+        outputs = session._run_prepared(feed, first.names, None, admitted=True)
+    except RunCancelled:
+        raise  # stopped by close or shutdown: no request's fault, and no time to run again
+    except (InferenceError, InvalidInput) as exc:
+        raise _BatchFailed from exc
     for name, array in outputs.items():
         if getattr(array, "shape", (None,))[:1] != (rows,):
             raise InferenceError(
@@ -509,6 +534,29 @@ def _run_batch(session: Session, batch: list[_Request], rows: int) -> list[Outpu
         results.append({name: array[start:end] for name, array in outputs.items()})
         start = end
     return results
+
+
+def _run_each(
+    session: Session, batch: list[_Request]
+) -> tuple[list[Outputs | None], list[BaseException | None]]:
+    """Run each request of a failed batch alone: its own outputs, or its own error."""
+    results: list[Outputs | None] = []
+    errors: list[BaseException | None] = []
+    for request in batch:
+        try:
+            outputs = session._run_prepared(request.feed, request.names, None, admitted=True)
+        except CorralError as exc:
+            results.append(None)
+            errors.append(exc)
+        except Exception as exc:
+            error = InferenceError(f"model {session.name!r} failed: {exc!r}")
+            error.__cause__ = exc
+            results.append(None)
+            errors.append(error)
+        else:
+            results.append(outputs)
+            errors.append(None)
+    return results, errors
 
 
 def _expired(request: _Request, *, queued: bool) -> DeadlineExceeded:
