@@ -630,10 +630,22 @@ class Host:
     ) -> None:
         """Load a model now (re-reading its files), and pin it if ``pin`` is true.
 
-        A pinned model is never evicted; model.toml's ``pinned = true`` does the same.
+        A pinned model is never evicted; model.toml's ``pinned = true`` does the same. For a
+        model in use, changed or new versions are swapped in and versions no longer served are
+        retired (drained, then closed), as :meth:`refresh` does; if that fails, the copy in use
+        keeps serving and the failure is raised.
         """
         name = validate_model_name(name)
-        self._refresh_entry(name)
+        with self._lock:
+            in_use = any(key[0] == name for key in self._loaded)
+        if in_use:
+            self._reload(name)
+            with self._lock:
+                failure = self._reload_failures.get(name)
+            if failure is not None:
+                raise _fresh(failure)
+        else:
+            self._refresh_entry(name)
         if pin:
             with self._lock:
                 self._pinned.add(name)
@@ -1318,6 +1330,9 @@ _UNITS = {
     "tib": 2**40,
 }
 _BYTES_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+# A version as a request spells it. Not str.isdigit(): that is also true of '²', which int()
+# refuses, and int() refuses more than 4,300 digits.
+_VERSION_TEXT = re.compile(r"[0-9]{1,18}")
 
 
 def _parse_bytes(value: int | str) -> int:
@@ -1351,7 +1366,7 @@ def _positive_or_none(name: str, value: int | None) -> int | None:
 def _version_number(name: str, version: int | str) -> int:
     if isinstance(version, int) and not isinstance(version, bool) and version > 0:
         return version
-    if isinstance(version, str) and version.isdigit() and int(version) > 0:
+    if isinstance(version, str) and _VERSION_TEXT.fullmatch(version) and int(version) > 0:
         return int(version)
     raise ModelNotFound(
         f"model {name!r} has no version {version!r}: versions are positive integers"

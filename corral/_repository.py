@@ -209,10 +209,11 @@ class Repository:
     def entry(self, name: str) -> ModelEntry:
         """The model ``name`` as it is on disk now.
 
-        Raises :class:`InvalidModelName` for a name that cannot name a model, and
+        Raises :class:`InvalidModelName` for a name that cannot name a model,
         :class:`ModelNotFound` when neither ``<root>/<name>/`` nor ``<root>/<name>.onnx``
-        exists. Every other problem (a malformed model.toml, a path leading outside the root,
-        no version at all) is reported in :attr:`ModelEntry.error`, never raised.
+        exists, and :class:`RepositoryError` when the root folder itself is gone. Every other
+        problem (a malformed model.toml, a path leading outside the root, no version at all) is
+        reported in :attr:`ModelEntry.error`, never raised.
         """
         validate_model_name(name)
         folder_path = os.path.join(self._root_str, name)
@@ -233,6 +234,10 @@ class Repository:
             return self._folder_entry(name, folder_path, folder)
         if bare is not None:
             return self._bare_entry(name, bare_path, bare)
+        if not os.path.isdir(self._root_str):
+            # Moved away or unmounted: that says nothing of whether the model exists, and a
+            # Host must not drop the models it serves for it.
+            raise RepositoryError(f"model repository {self._root_str!r} is gone")
         raise ModelNotFound(
             f"no model {name!r} in {self._root_str}: expected a folder {name}{os.sep} "
             f"or a file {name}{_BARE_SUFFIX}"

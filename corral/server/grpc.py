@@ -28,9 +28,9 @@ import numpy.typing as npt
 
 try:
     import grpc
+    from google.protobuf.message import DecodeError
 
     from corral.server.proto import grpc_service_pb2 as pb
-    from corral.server.proto import grpc_service_pb2_grpc as pb_grpc
 except ImportError as exc:  # pragma: no cover - the extra is installed wherever tests run
     raise ImportError(
         f"corral's gRPC server needs grpcio and protobuf ({exc}); "
@@ -47,6 +47,8 @@ from corral._errors import (
     ModelLoadError,
     ModelNotFound,
     Overloaded,
+    ProviderUnavailable,
+    RepositoryError,
     RuntimeClosed,
     SessionClosed,
 )
@@ -81,6 +83,9 @@ STATUS: dict[type[CorralError], grpc.StatusCode] = {
     # Triton answers a failed load with INTERNAL; corral says UNAVAILABLE, as its HTTP 503
     # does: the load is retried after a back-off, or at once when the model's files change.
     ModelLoadError: grpc.StatusCode.UNAVAILABLE,
+    # As HTTP's 503: a provider this build lacks, a repository folder gone.
+    ProviderUnavailable: grpc.StatusCode.UNAVAILABLE,
+    RepositoryError: grpc.StatusCode.UNAVAILABLE,
     InferenceError: grpc.StatusCode.INTERNAL,
 }
 
@@ -125,12 +130,27 @@ class _Refused(Exception):
         self.code = code
 
 
+class _Undecodable:
+    """A request message that does not parse: its handler answers INVALID_ARGUMENT.
+
+    grpc itself answers UNKNOWN (an unexpected server error) when a request's deserializer
+    raises, so :func:`_register` decodes leniently and hands the handler this instead.
+    """
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
 def _answers(handler: _Handler[_Request, _Response]) -> _Handler[_Request, _Response]:
     """Turn whatever ``handler`` raises into the gRPC status :data:`STATUS` gives it."""
 
     @functools.wraps(handler)
     async def answer(self: Any, request: _Request, context: _Context) -> _Response:
         try:
+            if isinstance(request, _Undecodable):
+                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, request.message)
             return await handler(self, request, context)
         except _Refused as exc:
             await context.abort(exc.code, str(exc))
@@ -156,6 +176,9 @@ class InferenceServicer:
     :func:`start_grpc_server` runs it; to add it to a grpc.aio server of your own::
 
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), server)
+
+    (grpc then answers a request message that does not parse with UNKNOWN, where
+    :func:`start_grpc_server` answers INVALID_ARGUMENT.)
     """
 
     def __init__(self, plane: DataPlane) -> None:
@@ -371,9 +394,7 @@ async def start_grpc_server(
             ("grpc.max_receive_message_length", max_message_bytes),
         ],
     )
-    servicer = InferenceServicer(plane)
-    # protoc writes no annotations, so the generated registration is an untyped call.
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    _register(InferenceServicer(plane), server)
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)
@@ -381,6 +402,34 @@ async def start_grpc_server(
         raise OSError(f"the gRPC server could not bind {address}: {exc}") from exc
     await server.start()
     return server, bound
+
+
+def _register(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
+    """Add ``servicer``'s methods to ``server`` as the generated code does, decoding leniently.
+
+    A request message that does not parse (corrupt bytes, a string field that is not UTF-8)
+    reaches its handler as :class:`_Undecodable` rather than as grpc's UNKNOWN.
+    """
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+    for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+        request_type = getattr(pb, method.input_type.name)
+        response_type = getattr(pb, method.output_type.name)
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, method.name),
+            request_deserializer=functools.partial(_decode_message, request_type),
+            response_serializer=response_type.SerializeToString,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, handlers),))
+    server.add_registered_method_handlers(_SERVICE, handlers)
+
+
+def _decode_message(message_type: Any, data: bytes) -> object:
+    try:
+        return message_type.FromString(data)
+    except DecodeError as exc:
+        return _Undecodable(
+            f"the request is not a valid {message_type.DESCRIPTOR.full_name} message: {exc}"
+        )
 
 
 # -- messages <-> protocol types -------------------------------------------------------------
@@ -421,8 +470,21 @@ def _decode_request(request: pb.ModelInferRequest) -> InferRequest:
             for output in request.outputs
         ),
         id=request.id or None,
-        parameters=_parameters(request.parameters),
+        parameters=_request_parameters(request.parameters),
     )
+
+
+def _request_parameters(entries: Mapping[str, pb.InferParameter]) -> Parameters:
+    parameters = _parameters(entries)
+    timeout = parameters.get("timeout")
+    # As over HTTP: a timeout that is not a count of microseconds is the client's mistake,
+    # not a deadline that has already passed.
+    if timeout is not None and (type(timeout) is not int or timeout < 0):
+        raise InvalidInput(
+            "the request parameter 'timeout' must be a non-negative integer (microseconds); "
+            f"got {timeout!r}"
+        )
+    return parameters
 
 
 def _encode_response(response: InferResponse) -> pb.ModelInferResponse:

@@ -30,6 +30,8 @@ from corral._errors import (
     ModelLoadError,
     ModelNotFound,
     Overloaded,
+    ProviderUnavailable,
+    RepositoryError,
     RuntimeClosed,
     SessionClosed,
 )
@@ -54,6 +56,10 @@ STATUS: dict[type[CorralError], int] = {
     Overloaded: 429,
     InferenceError: 500,
     ModelLoadError: 503,
+    # A model.toml naming a provider this build lacks, a repository folder gone: the server
+    # cannot serve it here and now, as with a failed load.
+    ProviderUnavailable: 503,
+    RepositoryError: 503,
     HostClosed: 503,
     RuntimeClosed: 503,
     SessionClosed: 503,
@@ -142,7 +148,7 @@ class HttpApp:
         elif rest[0] == "models":
             await self._models(method, rest[1:], scope, receive, send)
         elif rest[0] == "repository":
-            await self._repository(method, rest[1:], receive, send)
+            await self._repository(method, rest[1:], scope, receive, send)
         else:
             raise _HttpError(404, f"no such endpoint: {scope['path']}")
 
@@ -211,10 +217,12 @@ class HttpApp:
             length = (HEADER_LENGTH.encode(), str(json_length).encode())
             await _respond(send, 200, payload, _BINARY, (length,))
 
-    async def _repository(self, method: str, rest: list[str], receive: Receive, send: Send) -> None:
+    async def _repository(
+        self, method: str, rest: list[str], scope: Scope, receive: Receive, send: Send
+    ) -> None:
         _expect(method, "POST")
         if rest == ["index"]:
-            body = await self._read_body(None, receive)
+            body = await self._read_body(scope, receive)
             ready_only = False
             if body.strip():
                 try:
@@ -229,7 +237,7 @@ class HttpApp:
             rows = self._plane.repository_index(ready_only=ready_only)
             await _json(send, 200, [_index_doc(row) for row in rows])
         elif len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
-            await self._read_body(None, receive)  # parameters are accepted and not used
+            await self._read_body(scope, receive)  # parameters are accepted and not used
             if rest[2] == "load":
                 await self._plane.load(rest[1])
             else:
@@ -238,12 +246,12 @@ class HttpApp:
         else:
             raise _HttpError(404, "no such repository endpoint")
 
-    async def _read_body(self, scope: Scope | None, receive: Receive) -> bytes:
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         limit = self._max_request_bytes
-        if scope is not None:
-            for key, value in scope["headers"]:
-                if key == b"content-length" and _int_header("content-length", value) > limit:
-                    raise _HttpError(413, f"the request body is larger than {limit} bytes")
+        # A declared length over the limit is refused before a byte of the body is read.
+        for key, value in scope["headers"]:
+            if key == b"content-length" and _int_header("content-length", value) > limit:
+                raise _HttpError(413, f"the request body is larger than {limit} bytes")
         chunks: list[bytes] = []
         size = 0
         while True:
