@@ -3,7 +3,6 @@ round-trip exactly through JSON and through the binary extension."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -17,113 +16,10 @@ from corral.protocol import DATATYPES, InferOutput, InferRequest, InferResponse,
 from corral.protocol.binary import decode_tensor, encode_tensor
 from corral.protocol.datatypes import numpy_dtype
 from corral.protocol.http_codec import decode_request, encode_response
+from tests.strategies import json_values, plausible_requests, request_objects
 
 # Bounded so that the whole file runs in seconds; no example database is written to the tree.
 FUZZ = settings(max_examples=250, deadline=None, database=None)
-
-# Integers as orjson writes them (at most 64 bits) and floats JSON can carry.
-json_scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8)
-)
-json_values = st.recursive(
-    json_scalars,
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
-    ),
-    max_leaves=16,
-)
-
-# Values near every datatype's limits, so that range checks meet their edges.
-_EDGE_INTEGERS = [0, 1, -1, 127, 128, 255, 256, -129, 65535, 65536, 2**31, 2**32, -(2**63)]
-_EDGE_FLOATS = [0.5, -0.0, 1e-45, 65504.0, 65520.0, 3.4e38, 3.5e38, 1e308]
-edge_numbers = st.sampled_from([*_EDGE_INTEGERS, 2**63 - 1, 2**63, 2**64 - 1, *_EDGE_FLOATS])
-tensor_data = st.recursive(
-    edge_numbers | json_scalars,
-    lambda children: st.lists(children, max_size=4),
-    max_leaves=12,
-)
-input_objects = st.fixed_dictionaries(
-    {},
-    optional={
-        "name": st.sampled_from(["a", "b"]) | json_values,
-        "datatype": st.sampled_from([*sorted(DATATYPES), "BF16"]) | json_values,
-        "shape": st.lists(st.integers(-1, 4), max_size=3) | json_values,
-        "data": tensor_data | json_values,
-        "parameters": st.fixed_dictionaries(
-            {}, optional={"binary_data_size": st.integers(-1, 40) | json_values}
-        )
-        | json_values,
-    },
-)
-output_objects = st.fixed_dictionaries(
-    {},
-    optional={
-        "name": st.sampled_from(["y", "z"]) | json_values,
-        "parameters": st.dictionaries(st.sampled_from(["binary_data", "p"]), json_values)
-        | json_values,
-    },
-)
-request_objects = st.fixed_dictionaries(
-    {"inputs": st.lists(input_objects, max_size=3) | json_values},
-    optional={
-        "id": st.text(max_size=4) | json_values,
-        "parameters": st.dictionaries(
-            st.sampled_from(["binary_data_output", "timeout", "p"]), json_values
-        )
-        | json_values,
-        "outputs": st.lists(output_objects, max_size=3) | json_values,
-    },
-)
-
-
-@st.composite
-def plausible_requests(draw: st.DrawFn) -> tuple[bytes, int | None]:
-    """Requests that are nearly right: counts that fit the shape, sizes near the true ones.
-
-    Arbitrary JSON seldom gets past the first checks; these reach the value, range and
-    binary-size checks, and sometimes decode.
-    """
-    inputs: list[dict[str, Any]] = []
-    tail = b""
-    for _ in range(draw(st.integers(1, 3))):
-        datatype = draw(st.sampled_from(sorted(DATATYPES)))
-        shape = draw(st.lists(st.integers(0, 3), max_size=3))
-        count = math.prod(shape)
-        entry: dict[str, Any] = {
-            "name": draw(st.sampled_from(["a", "b", "c"])),
-            "datatype": datatype,
-            "shape": shape,
-        }
-        if draw(st.booleans()):
-            itemsize = numpy_dtype(datatype).itemsize if datatype != "BYTES" else 5
-            size = max(0, count * itemsize + draw(st.sampled_from([0, 0, 0, -1, 1])))
-            if datatype == "BYTES" and draw(st.booleans()):
-                chunk = b"".join(len(x).to_bytes(4, "little") + x for x in [b"x"] * count)
-            else:
-                chunk = draw(st.binary(min_size=size, max_size=size))
-            entry["parameters"] = {"binary_data_size": len(chunk)}
-            tail += chunk
-        else:
-            element = draw(
-                st.sampled_from([edge_numbers, st.booleans(), st.text(max_size=3), json_scalars])
-            )
-            data: list[Any] = draw(st.lists(element, min_size=count, max_size=count))
-            for dim in reversed(shape[1:] if draw(st.booleans()) else []):
-                if dim:
-                    data = [data[i : i + dim] for i in range(0, len(data), dim)]
-            entry["data"] = data
-        inputs.append(entry)
-    document: dict[str, Any] = {"inputs": inputs}
-    if draw(st.booleans()):
-        document["outputs"] = [{"name": name} for name in draw(st.lists(st.sampled_from("yz")))]
-    header = orjson.dumps(document)
-    if not tail and draw(st.booleans()):
-        return header, None
-    return header + tail, len(header) + draw(st.sampled_from([0, 0, 0, -1, 1]))
 
 
 def _decode_or_refuse(body: bytes, header_length: int | None) -> None:
