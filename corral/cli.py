@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from corral._errors import CorralError
+from corral._scheduler import DEFAULT_QUEUE_LIMIT
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -100,6 +101,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-loaded-models", type=int, help="most versions loaded at once")
     serve.add_argument("--compute-workers", type=int, help="compute threads (default: cores)")
     serve.add_argument(
+        "--max-queue-per-model",
+        type=int,
+        help="requests a model may have queued; more get 429 at once (default 1024)",
+    )
+    serve.add_argument(
         "--max-request-bytes", type=int, help="largest request body (default 64 MiB)"
     )
     serve.add_argument(
@@ -155,6 +161,13 @@ def _parser() -> argparse.ArgumentParser:
         "--compute-workers",
         type=_positive_int,
         help="per replica: compute threads (default: --replica-cpus rounded up)",
+    )
+    ray_serve.add_argument(
+        "--max-queue-per-model",
+        type=_positive_int,
+        default=DEFAULT_QUEUE_LIMIT,
+        help=f"per replica: requests a model may have queued; more get 429 "
+        f"(default {DEFAULT_QUEUE_LIMIT})",
     )
     ray_serve.add_argument(
         "--auth-token", help="require Authorization: Bearer TOKEN on all but health endpoints"
@@ -302,6 +315,7 @@ _SERVE_OPTIONS = (
     "memory_budget",
     "max_loaded_models",
     "compute_workers",
+    "max_queue_per_model",
     "max_request_bytes",
     "auth_token",
     "drain_timeout_s",
@@ -359,6 +373,7 @@ def _ray_serve(args: argparse.Namespace) -> int:
         max_loaded_models=args.max_loaded_models,
         compute_workers=args.compute_workers,
         auth_token=args.auth_token,
+        max_queue_per_model=args.max_queue_per_model,
     )
     repository = args.repository.resolve()
     if not repository.is_dir():

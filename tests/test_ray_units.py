@@ -143,6 +143,7 @@ def test_call_asgi_refuses_an_app_that_never_answers():
         ({"compute_workers": True}, "compute_workers must be a positive integer"),
         ({"memory_budget": "lots"}, "is not a size"),
         ({"max_request_bytes": 0}, "max_request_bytes must be a positive integer"),
+        ({"max_queue_per_model": 0}, "max_queue_per_model must be a positive integer"),
     ],
 )
 def test_config_refuses_bad_values_by_name(options: dict[str, Any], message: str):

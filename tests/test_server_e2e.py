@@ -335,3 +335,67 @@ def test_sigterm_answers_the_request_in_flight_then_exits_0(tmp_path: Path):
     assert doc["outputs"][0]["data"] == [3_000_000.0]
     assert served.process.wait(timeout=30) == 0, served.log.read_text()
     assert "SIGTERM received, draining" in served.log.read_text()
+
+
+def test_the_queue_limit_option_refuses_at_once_past_it(tmp_path: Path):
+    from tests.conftest import build_slow_loop
+
+    repo = tmp_path / "repository"
+    add_model(repo, "slow", build_slow_loop())
+    served = start_server(
+        repo, tmp_path / "queue.log", "--max-queue-per-model", "1", "--compute-workers", "1"
+    )
+
+    def body(iterations: int) -> bytes:
+        inputs = [
+            {"name": "M", "datatype": "INT64", "shape": [], "data": [iterations]},
+            {"name": "start", "datatype": "FP32", "shape": [1], "data": [0.0]},
+        ]
+        return json.dumps({"inputs": inputs}).encode()
+
+    def post(iterations: int) -> tuple[int, bytes]:
+        request = urllib.request.Request(
+            f"http://{served.http}/v2/models/slow/infer", data=body(iterations), method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def pending() -> float:
+        with urllib.request.urlopen(f"http://{served.http}/metrics", timeout=30) as response:
+            found = re.search(
+                r'^nv_inference_pending_request_count\{model="slow",version="1"\} (\S+)$',
+                response.read().decode(),
+                re.M,
+            )
+        return float(found[1]) if found else 0.0
+
+    answers: dict[str, tuple[int, bytes]] = {}
+
+    def ask(key: str, iterations: int) -> threading.Thread:
+        thread = threading.Thread(target=lambda: answers.__setitem__(key, post(iterations)))
+        thread.start()
+        return thread
+
+    try:
+        assert post(1)[0] == 200  # loaded, so the next requests queue on its one worker
+        running = ask("running", 5_000_000)
+        deadline = time.monotonic() + 60
+        queued: threading.Thread | None = None
+        while queued is None or pending() < 1:
+            assert time.monotonic() < deadline, served.log.read_text()
+            # Once the first has left the queue for the worker, the second takes its place.
+            if queued is None and pending() == 0 and running.is_alive():
+                queued = ask("queued", 1)
+            time.sleep(0.01)
+        status, refusal = post(1)  # the queue holds its one request: refused at once
+        for thread in (running, queued):
+            thread.join(timeout=90)
+    finally:
+        stop_server(served)
+    assert status == 429, refusal
+    assert b"queue" in refusal, refusal
+    assert answers["running"][0] == 200
+    assert answers["queued"][0] == 200

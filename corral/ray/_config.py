@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 
 from corral._host import _parse_bytes, estimate_model_bytes
 from corral._repository import Repository
+from corral._scheduler import DEFAULT_QUEUE_LIMIT
 
 __all__ = ["UNLIMITED", "RayServeConfig", "models_per_replica"]
 
@@ -48,6 +49,8 @@ class RayServeConfig:
     max_loaded_models: int | None = None
     #: Compute threads per replica; None: ``replica_cpus`` rounded up.
     compute_workers: int | None = None
+    #: Requests one model version may have queued in a replica; more get 429 at once.
+    max_queue_per_model: int = DEFAULT_QUEUE_LIMIT
     #: Seconds between checks of the repository for changed models; None: off.
     poll_interval_s: float | None = None
     #: Requests one replica (and the ingress) works on at once.
@@ -64,7 +67,12 @@ class RayServeConfig:
     drain_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("replicas", "max_ongoing_requests", "max_queued_requests"):
+        for name in (
+            "replicas",
+            "max_ongoing_requests",
+            "max_queued_requests",
+            "max_queue_per_model",
+        ):
             _require_positive(name, getattr(self, name))
         _require_positive("ingress_replicas", self.ingress_replicas)
         _require_positive("max_request_bytes", self.max_request_bytes)

@@ -65,6 +65,7 @@ class ModelReplica:
             memory_budget=config.memory_budget,
             max_loaded_models=config.max_loaded_models,
             poll_interval_s=config.poll_interval_s,
+            max_queue_per_model=config.max_queue_per_model,
         )
         self._drain_timeout_s = config.drain_timeout_s
         self._app = HttpApp(DataPlane(self._host), max_request_bytes=config.max_request_bytes)

@@ -100,6 +100,7 @@ async def serve(
         memory_budget=settings.memory_budget,
         max_loaded_models=settings.max_loaded_models,
         poll_interval_s=settings.poll_interval_s,
+        max_queue_per_model=settings.max_queue_per_model,
     )
     token = None if settings.auth_token is None else settings.auth_token.get_secret_value()
     try:

@@ -11,6 +11,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from corral._scheduler import DEFAULT_QUEUE_LIMIT
+
 __all__ = ["ServerSettings"]
 
 
@@ -38,6 +40,8 @@ class ServerSettings(BaseSettings):
     max_loaded_models: int | None = Field(default=None, gt=0)
     #: The Runtime's compute threads; None: the number of cores.
     compute_workers: int | None = Field(default=None, gt=0)
+    #: Requests one model version may have queued; more get 429 / RESOURCE_EXHAUSTED at once.
+    max_queue_per_model: int = Field(default=DEFAULT_QUEUE_LIMIT, gt=0)
     #: Largest request body accepted, in bytes; larger ones get 413 / RESOURCE_EXHAUSTED.
     max_request_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     #: When set, every endpoint but health needs ``Authorization: Bearer <token>``.
