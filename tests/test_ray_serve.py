@@ -37,6 +37,7 @@ REPLICAS = 2
 ROUNDS = 2
 START_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 90.0
+LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1"}
 
 
 def free_port() -> int:
@@ -52,6 +53,20 @@ def group_alive(pgid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def listening_addresses(pid: int) -> set[tuple[str, str]]:
+    """(process name, address) for every TCP socket ``pid`` and its descendants listen on."""
+    import psutil
+
+    root = psutil.Process(pid)
+    found = set()
+    for process in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            for connection in process.net_connections(kind="tcp"):
+                if connection.status == psutil.CONN_LISTEN:
+                    found.add((process.name(), connection.laddr.ip))
+    return found
 
 
 def start(repo: Path, budget: int, log: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -136,6 +151,8 @@ def test_two_replicas_serve_200_models_through_the_v2_ingress(tmp_path: Path):
             finally:
                 client.close()
 
+        # Ray's own processes (GCS, raylet, agents, workers) as well as Serve's proxy.
+        addresses = listening_addresses(process.pid)
         started = time.perf_counter()
         with ThreadPoolExecutor(4) as pool:
             for _ in range(ROUNDS):
@@ -166,9 +183,16 @@ def test_two_replicas_serve_200_models_through_the_v2_ingress(tmp_path: Path):
     print(
         f"ray: {requests} requests over {MODELS} models, {len(failures)} failed, "
         f"{requests / elapsed:.0f} req/s with 4 callers; "
-        f"models per replica {sorted(split.values())}"
+        f"models per replica {sorted(split.values())}; "
+        f"listening on {sorted({ip for _, ip in addresses})}"
     )
     assert not failures, f"{len(failures)} of {requests} requests failed: {failures[:10]}"
     assert len(split) == REPLICAS, f"not every replica served models: {dict(split)}"
+    # Ray's processes and Serve's proxy listen on loopback only. Ray Serve's replicas bind
+    # their server for calls between deployments to every interface ("[::]:0" in Ray, not
+    # configurable), behind Ray's token authentication: docs/scale-out.md says so.
+    beyond = {(name, ip) for name, ip in addresses if ip not in LOOPBACK}
+    assert beyond, "Ray's replicas now bind loopback only: update docs/scale-out.md"
+    assert all(name.startswith("ray::ServeRepli") and ip == "::" for name, ip in beyond), beyond
     assert code == 0, log.read_text()[-5000:]
     assert not survivors, "processes of corral ray-serve's group outlived it"

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 
 from ray import serve
 
-from corral._errors import InvalidModelName, ModelNotFound
+from corral._errors import CorralError
 from corral._host import Host
 from corral._runtime import Runtime
 from corral.protocol.dataplane import DataPlane
@@ -108,10 +108,11 @@ class ModelReplica:
         if name in self._known:
             return True
         # A name not in the repository gets no route: it would crowd Ray's count. The data
-        # plane answers it with 404 (or 400 for a name that cannot name a model).
+        # plane then answers the request with the same error: 404 for an unknown model, 400
+        # for a name that cannot name one, 503 while the repository folder is gone.
         try:
             await asyncio.to_thread(self._host.status, name)
-        except (ModelNotFound, InvalidModelName):
+        except CorralError:
             return False
         self._known.add(name)
         return True
