@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +34,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]
 MODELS = 200
 REPLICAS = 2
 ROUNDS = 2
+CALLERS = 4
 START_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 90.0
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1"}
@@ -136,27 +136,30 @@ def test_two_replicas_serve_200_models_through_the_v2_ingress(tmp_path: Path):
     process, url = start(repo, budget, log)
     failures: list[str] = []
     try:
-
-        def ask(name: str) -> None:
-            client = httpclient.InferenceServerClient(
-                url, connection_timeout=60, network_timeout=60
-            )
-            try:
-                tensor = httpclient.InferInput("X", [2, 4], "FP32")
-                tensor.set_data_from_numpy(inputs[name])
-                answer = client.infer(name, [tensor]).as_numpy("Y")
-                np.testing.assert_allclose(answer, expected[name], rtol=1e-5, atol=1e-6)
-            except Exception as exc:  # every failure is collected, named and reported below
-                failures.append(f"{name}: {exc!r}")
-            finally:
-                client.close()
-
         # Ray's own processes (GCS, raylet, agents, workers) as well as Serve's proxy.
         addresses = listening_addresses(process.pid)
+        # One client, CALLERS requests in flight through its own pool (tritonclient's HTTP
+        # client is gevent-based: it must stay on the thread that made it).
+        client = httpclient.InferenceServerClient(
+            url, concurrency=CALLERS, connection_timeout=60, network_timeout=60
+        )
         started = time.perf_counter()
-        with ThreadPoolExecutor(4) as pool:
+        try:
             for _ in range(ROUNDS):
-                list(pool.map(ask, names))
+                for first in range(0, MODELS, CALLERS):
+                    pending = []
+                    for name in names[first : first + CALLERS]:
+                        tensor = httpclient.InferInput("X", [2, 4], "FP32")
+                        tensor.set_data_from_numpy(inputs[name])
+                        pending.append((name, client.async_infer(name, [tensor])))
+                    for name, request in pending:
+                        try:
+                            answer = request.get_result(timeout=60).as_numpy("Y")
+                            np.testing.assert_allclose(answer, expected[name], rtol=1e-5, atol=1e-6)
+                        except Exception as exc:  # collected, named and reported below
+                            failures.append(f"{name}: {exc!r}")
+        finally:
+            client.close()
         elapsed = time.perf_counter() - started
 
         # Which replica serves each model: its statistics, asked through the same ingress,
@@ -182,7 +185,7 @@ def test_two_replicas_serve_200_models_through_the_v2_ingress(tmp_path: Path):
     split = collections.Counter(served_by.values())
     print(
         f"ray: {requests} requests over {MODELS} models, {len(failures)} failed, "
-        f"{requests / elapsed:.0f} req/s with 4 callers; "
+        f"{requests / elapsed:.0f} req/s with {CALLERS} in flight; "
         f"models per replica {sorted(split.values())}; "
         f"listening on {sorted({ip for _, ip in addresses})}"
     )
