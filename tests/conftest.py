@@ -6,10 +6,13 @@ default Runtime options; tests of other options run in subprocesses.
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+import traceback
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -148,6 +151,22 @@ def reference_run(model: bytes, feed: dict[str, np.ndarray]) -> list[np.ndarray]
     options = _ort.session_options(arena="off")
     session = _ort.create_session(model, options, ["CPUExecutionProvider"])
     return list(session.run(None, feed))
+
+
+def run_freeing_frames(main: Callable[[], Awaitable[None]]) -> None:
+    """``asyncio.run(main())``, then free what a caught error's frames keep alive.
+
+    grpc.aio runs a poller thread while any server or channel object exists. Errors caught in
+    a test (and a failing test's traceback) keep frames, and through them the clients, alive
+    in reference cycles: freeing them lets that thread end with the test.
+    """
+    try:
+        asyncio.run(main())
+    except BaseException as exc:
+        traceback.clear_frames(exc.__traceback__)
+        raise
+    finally:
+        gc.collect()
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:

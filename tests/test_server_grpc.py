@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import subprocess
 import sys
@@ -41,7 +40,7 @@ from corral.server import grpc as corral_grpc
 from corral.server.grpc import start_grpc_server
 from corral.server.proto import grpc_service_pb2 as pb
 from corral.server.proto import grpc_service_pb2_grpc as pb_grpc
-from tests.conftest import reference_run
+from tests.conftest import reference_run, run_freeing_frames
 from tests.test_host import add_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -151,16 +150,7 @@ def run(root: Path, scenario: Callable[[Served], Awaitable[None]], **options: An
         async with serving(root, **options) as served:
             await scenario(served)
 
-    # grpc.aio runs a poller thread while any server or channel object exists. Errors caught
-    # in a test (and a failing test's traceback) keep frames, and through them the clients,
-    # alive in reference cycles: free them now so that the thread ends with the test.
-    try:
-        asyncio.run(main())
-    except BaseException as exc:
-        traceback.clear_frames(exc.__traceback__)
-        raise
-    finally:
-        gc.collect()
+    run_freeing_frames(main)
 
 
 async def refused(call: Awaitable[Any]) -> InferenceServerException:

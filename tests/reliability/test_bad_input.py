@@ -56,6 +56,7 @@ from tests.strategies import (
     request_objects,
 )
 from tests.test_host import add_model
+from tests.test_server_e2e import build_identity
 
 if TYPE_CHECKING:
     from tests.reliability.conftest import Figure
@@ -124,18 +125,6 @@ def fuzz(examples: int) -> settings:
 
 
 # -- the models ------------------------------------------------------------------------------
-
-
-def build_identity(element_type: int) -> bytes:
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["X"], ["Y"])],
-        "identity",
-        [helper.make_tensor_value_info("X", element_type, ["N", 2])],
-        [helper.make_tensor_value_info("Y", element_type, ["N", 2])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model.SerializeToString()
 
 
 def build_text_equals() -> bytes:

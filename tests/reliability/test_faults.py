@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import shutil
-import traceback
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -39,7 +37,7 @@ from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
 from corral.server.proto import grpc_service_pb2 as pb
 from corral.server.proto import grpc_service_pb2_grpc as pb_grpc
-from tests.conftest import build_reshape, reference_run
+from tests.conftest import build_reshape, reference_run, run_freeing_frames
 from tests.reliability.conftest import Figure
 from tests.test_host import add_model
 
@@ -190,15 +188,7 @@ def run(root: Path, scenario: Callable[[Stack], Awaitable[None]], **host_options
         async with serving(root, **host_options) as stack:
             await scenario(stack)
 
-    # grpc.aio keeps a poller thread while a server or channel object lives; a caught error's
-    # frames can keep them alive in cycles: free them so that the thread ends with the test.
-    try:
-        asyncio.run(main())
-    except BaseException as exc:
-        traceback.clear_frames(exc.__traceback__)
-        raise
-    finally:
-        gc.collect()
+    run_freeing_frames(main)
 
 
 def good_repository(root: Path) -> Path:

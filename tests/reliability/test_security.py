@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import http.client
 import ipaddress
 import json
@@ -20,7 +19,6 @@ import os
 import pickle
 import socket
 import time
-import traceback
 import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -45,7 +43,7 @@ from corral.server.metrics import Metrics
 from corral.server.proto import grpc_service_pb2 as pb
 from corral.server.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.server.settings import ServerSettings
-from tests.conftest import reference_run
+from tests.conftest import reference_run, run_freeing_frames
 from tests.reliability.conftest import Figure
 from tests.test_host import add_model
 from tests.test_server_e2e import Served, start_server, stop_server
@@ -105,15 +103,7 @@ def run(root: Path, scenario: Callable[[Stack], Awaitable[None]], **app_options:
         async with serving(root, **app_options) as stack:
             await scenario(stack)
 
-    # grpc.aio keeps a poller thread while a server or channel object lives; a caught error's
-    # frames can keep them alive in cycles: free them so that the thread ends with the test.
-    try:
-        asyncio.run(main())
-    except BaseException as exc:
-        traceback.clear_frames(exc.__traceback__)
-        raise
-    finally:
-        gc.collect()
+    run_freeing_frames(main)
 
 
 async def grpc_code(call: Awaitable[Any]) -> str:
