@@ -52,7 +52,7 @@ from corral._scheduler import (
     QueueStats,
     Scheduler,
 )
-from corral._session import Lease, Session
+from corral._session import Lease, Session, SessionState
 
 __all__ = [
     "SESSION_OVERHEAD_BYTES",
@@ -83,6 +83,8 @@ _DEFAULT_BACKOFF = (1.0, 60.0)
 
 #: The longest a load waits for models in use to make room before it fails (no room).
 ROOM_WAIT_S = 30.0
+_CLOSED = SessionState.CLOSED
+
 #: How often a load waiting for room looks again.
 ROOM_POLL_S = 0.02
 
@@ -772,6 +774,7 @@ class Host:
     def _parts_locked(self, only: str | None) -> tuple[dict[str, _Parts], dict[str, ModelEntry]]:
         """What the Host holds of every model (or of ``only``), and the cached entries."""
         parts: dict[str, _Parts] = {}
+        self._prune_retiring_locked()
         for loaded in self._loaded.values():
             if only in (None, loaded.name):
                 parts.setdefault(loaded.name, _Parts()).loaded.append(loaded)
@@ -1092,13 +1095,19 @@ class Host:
                     loaded.session.close(timeout=_remaining(deadline))
                 except DrainTimeout:
                     still_busy += 1
-            with self._lock:
-                self._retiring.pop(id(loaded), None)
+        with self._lock:
+            self._prune_retiring_locked()
         if still_busy:
             raise DrainTimeout(
                 f"{still_busy} model version(s) still had leases after {timeout}s; "
                 "each closes when its last lease ends"
             )
+
+    def _prune_retiring_locked(self) -> None:
+        # A retired version stays listed (UNLOADING) until its session has closed: at once
+        # when idle, else when its last lease or run ends.
+        for key in [k for k, loaded in self._retiring.items() if loaded.session.state is _CLOSED]:
+            del self._retiring[key]
 
     def _record_failure(self, key: _Key, error: ModelLoadError) -> None:
         entry = self._entries.get(key[0])

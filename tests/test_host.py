@@ -302,6 +302,19 @@ def test_an_async_request_whose_model_is_unloaded_after_its_load_still_runs(
         assert corral.runtime().stats().sessions_alive == 0
 
 
+def test_a_version_unloaded_under_a_lease_reports_unloading_until_it_closes(repo: Path):
+    with Host(repo) as host:
+        host.infer("mlp", {"X": X})
+        with host.acquire("mlp") as lease:
+            host.unload("mlp", timeout=0)  # returns at once; the lease holds the session
+            (version,) = host.status("mlp").versions
+            assert version.state is ModelState.UNLOADING
+            assert lease.session.state is corral.SessionState.CLOSING
+        (version,) = host.status("mlp").versions
+        assert version.state is ModelState.UNLOADED
+        assert lease.session.state is corral.SessionState.CLOSED
+
+
 def test_load_and_pin_then_unpin(tmp_path: Path):
     model = build_mlp()
     for i in range(3):

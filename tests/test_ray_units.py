@@ -284,7 +284,7 @@ def test_ray_evicting_a_route_never_closes_a_model_under_a_run(
     with host.acquire("tree") as lease:  # a run in flight on the model
         fake_serve.evict("tree")
         # Out of service for new requests, yet the leased session still runs.
-        assert host.status("tree").versions[0].state is not ModelState.READY
+        assert host.status("tree").versions[0].state is ModelState.UNLOADING
         np.testing.assert_allclose(lease.run({"X": X})["Y"], expected, rtol=1e-6)
         assert corral.runtime().stats().sessions_alive == 1
     # Closed once the last lease ended.
