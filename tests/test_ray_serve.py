@@ -69,7 +69,7 @@ def listening_addresses(pid: int) -> set[tuple[str, str]]:
     return found
 
 
-def start(repo: Path, budget: int, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start(repo: Path, log: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     command = [
         sys.executable,
@@ -84,8 +84,7 @@ def start(repo: Path, budget: int, log: Path) -> tuple[subprocess.Popen[bytes], 
         # Both replicas fit on one core, so the test needs no more than a small machine.
         "--replica-cpus",
         "0.5",
-        "--memory-budget",
-        str(budget),
+        *extra,
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "RAY_"))}
     with log.open("wb") as sink:
@@ -116,6 +115,18 @@ def stop(process: subprocess.Popen[bytes]) -> int:
         raise
 
 
+def shut_down(process: subprocess.Popen[bytes]) -> tuple[int, bool]:
+    """Stop the launcher; its exit code, and whether any process of its group outlived it."""
+    code = stop(process)
+    deadline = time.monotonic() + 30
+    while group_alive(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    survivors = group_alive(process.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    return code, survivors
+
+
 def test_two_replicas_serve_200_models_through_the_v2_ingress(tmp_path: Path):
     import httpx
     import tritonclient.http as httpclient
@@ -133,7 +144,7 @@ def test_two_replicas_serve_200_models_through_the_v2_ingress(tmp_path: Path):
         expected[name] = reference_run(path.read_bytes(), {"X": inputs[name]})[0]
 
     log = tmp_path / "ray-serve.log"
-    process, url = start(repo, budget, log)
+    process, url = start(repo, log, "--memory-budget", str(budget))
     failures: list[str] = []
     try:
         # Ray's own processes (GCS, raylet, agents, workers) as well as Serve's proxy.
@@ -173,13 +184,7 @@ def test_two_replicas_serve_200_models_through_the_v2_ingress(tmp_path: Path):
                 if count > 0:
                     served_by[name] = response.headers["corral-replica"]
     finally:
-        code = stop(process)
-        deadline = time.monotonic() + 30
-        while group_alive(process.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        survivors = group_alive(process.pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
+        code, survivors = shut_down(process)
 
     requests = MODELS * ROUNDS
     split = collections.Counter(served_by.values())
@@ -197,5 +202,80 @@ def test_two_replicas_serve_200_models_through_the_v2_ingress(tmp_path: Path):
     beyond = {(name, ip) for name, ip in addresses if ip not in LOOPBACK}
     assert beyond, "Ray's replicas now bind loopback only: update docs/scale-out.md"
     assert all(name.startswith("ray::ServeRepli") and ip == "::" for name, ip in beyond), beyond
+    assert code == 0, log.read_text()[-5000:]
+    assert not survivors, "processes of corral ray-serve's group outlived it"
+
+
+def replica_pids(pid: int) -> list[int]:
+    """The model replicas' processes among the launcher's descendants."""
+    import psutil
+
+    found = []
+    for process in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            if "corral-models" in " ".join(process.cmdline()):
+                found.append(process.pid)
+    return found
+
+
+def test_a_killed_replica_is_replaced_and_the_other_keeps_serving(tmp_path: Path):
+    """SIGKILL one model replica mid-traffic: typed 503s at worst, then Ray's new replica."""
+    import httpx
+
+    repo = tmp_path / "models"
+    names = [path.parent.parent.name for path in build_repository(repo, 20)]
+    body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+    log = tmp_path / "ray-serve.log"
+    process, url = start(repo, log)
+    statuses: collections.Counter[str] = collections.Counter()
+    problems: list[str] = []
+    try:
+        with httpx.Client(base_url=f"http://{url}", timeout=30) as http:
+
+            def ask(name: str) -> httpx.Response:
+                return http.post(f"/v2/models/{name}/infer", json=body)
+
+            before = {name: ask(name).headers["corral-replica"] for name in names}
+            assert len(set(before.values())) == REPLICAS, before
+            pids = replica_pids(process.pid)
+            assert len(pids) == REPLICAS, pids
+            os.kill(pids[0], signal.SIGKILL)
+            killed_at = time.monotonic()
+            # Ask every model in turn until each has answered 200 since the kill from a replica
+            # that is not the one killed (bounded).
+            recovered: set[str] = set()
+            after: set[str] = set()
+            deadline = time.monotonic() + 120
+            while len(recovered) < len(names):
+                assert time.monotonic() < deadline, (sorted(set(names) - recovered), statuses)
+                for name in names:
+                    response = ask(name)
+                    statuses[str(response.status_code)] += 1
+                    if response.status_code == 200:
+                        tag = response.headers["corral-replica"]
+                        after.add(tag)
+                        recovered.add(name)
+                    elif response.status_code != 503 or "error" not in response.json():
+                        problems.append(f"{name}: {response.status_code} {response.text[:200]}")
+            # Ray's controller replaces the dead replica (bounded).
+            while not (
+                len(fresh := replica_pids(process.pid)) == REPLICAS and pids[0] not in fresh
+            ):
+                assert time.monotonic() < deadline, f"no replacement replica: {fresh}"
+                time.sleep(0.5)
+            replaced_after = time.monotonic() - killed_at
+            # And the application still answers with both replicas in place.
+            assert all(ask(name).status_code == 200 for name in names)
+    finally:
+        code, survivors = shut_down(process)
+
+    survivor_tags = set(before.values()) & after
+    print(
+        f"ray, a replica killed: answers {dict(statuses)}; "
+        f"a new replica running {replaced_after:.1f} s after the kill"
+    )
+    assert not problems, problems[:10]
+    # The replica that was not killed kept its tag and served throughout.
+    assert len(survivor_tags) == 1, (before, after)
     assert code == 0, log.read_text()[-5000:]
     assert not survivors, "processes of corral ray-serve's group outlived it"
