@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -490,3 +491,133 @@ def test_ray_serve_refuses_a_repository_that_is_not_a_folder(
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     assert main(["ray-serve", str(tmp_path / "missing")]) == 1
     assert "missing is not a folder" in capsys.readouterr().err
+
+
+# -- serve_on_ray, with Ray and Serve stood in for -----------------------------------------------
+
+
+class FakeCluster:
+    """Records what serve_on_ray asks of ``ray`` and ``ray.serve``, in order."""
+
+    def __init__(self, *, signal_during_init: bool = False, init_error: bool = False) -> None:
+        self.calls: list[str] = []
+        self._signal_during_init = signal_during_init
+        self._init_error = init_error
+
+    # ray
+    def init(self, *, address: str, logging_level: int, **options: Any) -> None:
+        self.calls.append(f"ray.init({address}, dashboard={options.get('include_dashboard')})")
+        if self._init_error:
+            raise ConnectionError(f"no Ray cluster at {address}")
+        if self._signal_during_init:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def shutdown(self) -> None:
+        self.calls.append("ray.shutdown")
+
+
+class FakeServeApi:
+    def __init__(self, cluster: FakeCluster) -> None:
+        self._calls = cluster.calls
+
+    def start(self, *, http_options: dict[str, Any]) -> None:
+        self._calls.append(f"serve.start({http_options['host']}:{http_options['port']})")
+
+    def run(self, application: Any, *, name: str, route_prefix: str) -> None:
+        self._calls.append(f"serve.run({name}, {route_prefix})")
+
+    def shutdown(self) -> None:
+        self._calls.append("serve.shutdown")
+
+    def delete(self, name: str) -> None:
+        self._calls.append(f"serve.delete({name})")
+
+
+@pytest.fixture
+def own_handlers() -> Iterator[Callable[..., None]]:
+    """A SIGTERM/SIGINT handler of the test's, to check serve_on_ray puts it back."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise AssertionError(f"signal {signum} reached the test's own handler")
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    for signum in saved:
+        signal.signal(signum, handler)
+    yield handler
+    for signum, previous in saved.items():
+        signal.signal(signum, previous)
+
+
+def launch(
+    monkeypatch: pytest.MonkeyPatch, repo: Path, cluster: FakeCluster, **options: Any
+) -> tuple[int, list[str]]:
+    import corral.ray._launch as launch_module
+
+    monkeypatch.setattr(launch_module, "ray", cluster)
+    monkeypatch.setattr(launch_module, "serve", FakeServeApi(cluster))
+    urls: list[str] = []
+
+    def started(url: str) -> None:
+        urls.append(url)
+        os.kill(os.getpid(), signal.SIGTERM)  # what a stop from outside does
+
+    code = launch_module.serve_on_ray(
+        str(repo), RayServeConfig(), port=8123, started=started, **options
+    )
+    return code, urls
+
+
+def test_serve_on_ray_starts_a_local_node_and_takes_it_down_on_sigterm(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, own_handlers: Callable[..., None]
+):
+    cluster = FakeCluster()
+    code, urls = launch(monkeypatch, repo, cluster)
+    assert code == 0
+    assert urls == ["http://127.0.0.1:8123"]
+    assert cluster.calls == [
+        "ray.init(local, dashboard=False)",
+        "serve.start(127.0.0.1:8123)",
+        "serve.run(corral, /)",
+        "serve.shutdown",
+        "ray.shutdown",
+    ]
+    assert signal.getsignal(signal.SIGTERM) is own_handlers
+    assert signal.getsignal(signal.SIGINT) is own_handlers
+
+
+def test_serve_on_ray_on_a_cluster_deletes_only_its_application(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, own_handlers: Callable[..., None]
+):
+    cluster = FakeCluster()
+    code, _ = launch(monkeypatch, repo, cluster, address="auto")
+    assert code == 0
+    assert cluster.calls == [
+        "ray.init(auto, dashboard=None)",
+        "serve.start(127.0.0.1:8123)",
+        "serve.run(corral, /)",
+        "serve.delete(corral)",
+        "ray.shutdown",
+    ]
+    assert signal.getsignal(signal.SIGTERM) is own_handlers
+
+
+def test_a_signal_while_ray_starts_deploys_nothing_and_stops_ray(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, own_handlers: Callable[..., None]
+):
+    cluster = FakeCluster(signal_during_init=True)
+    code, urls = launch(monkeypatch, repo, cluster)
+    assert code == 0
+    assert urls == []
+    assert cluster.calls == ["ray.init(local, dashboard=False)", "serve.shutdown", "ray.shutdown"]
+    assert signal.getsignal(signal.SIGTERM) is own_handlers
+
+
+def test_a_failed_ray_init_is_raised_and_the_handlers_are_put_back(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, own_handlers: Callable[..., None]
+):
+    cluster = FakeCluster(init_error=True)
+    with pytest.raises(ConnectionError, match="no Ray cluster at ray://nowhere:10001"):
+        launch(monkeypatch, repo, cluster, address="ray://nowhere:10001")
+    assert cluster.calls == ["ray.init(ray://nowhere:10001, dashboard=None)"]
+    assert signal.getsignal(signal.SIGTERM) is own_handlers
+    assert signal.getsignal(signal.SIGINT) is own_handlers

@@ -50,42 +50,49 @@ def serve_on_ray(
     ``address`` is a Ray cluster to join (``auto``, ``host:6379``, ``ray://...``); None
     starts a local one. ``host`` and ``port`` are where Serve's HTTP proxy listens when this
     call starts Serve (a running Serve keeps its own). ``started(url)`` is called once the
-    application answers.
+    application answers. Call it from the main thread: it handles SIGTERM and SIGINT while it
+    runs, and puts the handlers it found back when it returns.
     """
     stop = threading.Event()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    previous = {signum: signal.getsignal(signum) for signum in signals}
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
     def catch_signals() -> None:
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        for signum in signals:
+            signal.signal(signum, on_signal)
 
     # Before Ray starts, so that a signal during start-up still stops it in order.
     catch_signals()
-    local = address is None
-    if local:
-        ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
-    else:
-        ray.init(address=address, logging_level=logging.WARNING)
-    # ray.init put in handlers of its own; ours let the shutdown below run in order.
-    catch_signals()
     try:
-        if not stop.is_set():
-            serve.start(http_options={"host": host, "port": port})
-            serve.run(build_app(repository, config), name=APP_NAME, route_prefix="/")
-            url = f"http://{host}:{port}"
-            logger.info("corral: serving %s on Ray Serve at %s", repository, url)
-            if started is not None:
-                started(url)
-        stop.wait()
-        logger.info("corral: stopping")
-    finally:
+        local = address is None
+        if local:
+            ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
+        else:
+            ray.init(address=address, logging_level=logging.WARNING)
+        # ray.init put in handlers of its own; ours let the shutdown below run in order.
+        catch_signals()
         try:
-            if local:
-                serve.shutdown()  # type: ignore[no-untyped-call]  # unannotated in Ray
-            else:
-                serve.delete(APP_NAME)
+            if not stop.is_set():
+                serve.start(http_options={"host": host, "port": port})
+                serve.run(build_app(repository, config), name=APP_NAME, route_prefix="/")
+                url = f"http://{host}:{port}"
+                logger.info("corral: serving %s on Ray Serve at %s", repository, url)
+                if started is not None:
+                    started(url)
+            stop.wait()
+            logger.info("corral: stopping")
         finally:
-            ray.shutdown()
+            try:
+                if local:
+                    serve.shutdown()  # type: ignore[no-untyped-call]  # unannotated in Ray
+                else:
+                    serve.delete(APP_NAME)
+            finally:
+                ray.shutdown()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     return 0
