@@ -397,8 +397,7 @@ class Scheduler:
             except CorralError as exc:
                 error = exc
             except Exception as exc:
-                error = InferenceError(f"model {queue.session.name!r} failed: {exc!r}")
-                error.__cause__ = exc
+                error = _inference_error(queue.session, exc)
         elapsed = time.perf_counter() - started_at
         # Counted before answering, so that a caller who has its answer sees it counted.
         with self._lock:
@@ -549,14 +548,19 @@ def _run_each(
             results.append(None)
             errors.append(exc)
         except Exception as exc:
-            error = InferenceError(f"model {session.name!r} failed: {exc!r}")
-            error.__cause__ = exc
             results.append(None)
-            errors.append(error)
+            errors.append(_inference_error(session, exc))
         else:
             results.append(outputs)
             errors.append(None)
     return results, errors
+
+
+def _inference_error(session: Session, exc: Exception) -> InferenceError:
+    """What a run that raised something other than a corral error answers: caused by it."""
+    error = InferenceError(f"model {session.name!r} failed: {exc!r}")
+    error.__cause__ = exc
+    return error
 
 
 def _expired(request: _Request, *, queued: bool) -> DeadlineExceeded:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
-from corral._host import _parse_bytes, estimate_model_bytes
+from corral._host import _parse_bytes, _positive_or_none, estimate_model_bytes
 from corral._repository import Repository
 from corral._scheduler import DEFAULT_QUEUE_LIMIT
 
@@ -72,23 +72,25 @@ class RayServeConfig:
             "max_ongoing_requests",
             "max_queued_requests",
             "max_queue_per_model",
+            "ingress_replicas",
+            "max_request_bytes",
         ):
-            _require_positive(name, getattr(self, name))
-        _require_positive("ingress_replicas", self.ingress_replicas)
-        _require_positive("max_request_bytes", self.max_request_bytes)
+            if _positive_or_none(name, getattr(self, name)) is None:
+                raise ValueError(f"{name} must be a positive integer, got None")
+        _positive_or_none("max_loaded_models", self.max_loaded_models)
+        _positive_or_none("compute_workers", self.compute_workers)
         if not self.replica_cpus >= 0:
             raise ValueError(f"replica_cpus must be >= 0, got {self.replica_cpus!r}")
         if not self.drain_timeout_s >= 0:
             raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s!r}")
         count = self.max_models_per_replica
-        if count is not None and count != UNLIMITED and not _is_positive(count):
-            raise ValueError(
-                f"max_models_per_replica must be a positive integer or -1, got {count!r}"
-            )
-        for name in ("max_loaded_models", "compute_workers"):
-            value = getattr(self, name)
-            if value is not None:
-                _require_positive(name, value)
+        if count is not None and count != UNLIMITED:
+            try:
+                _positive_or_none("max_models_per_replica", count)
+            except ValueError:
+                raise ValueError(
+                    f"max_models_per_replica must be a positive integer or -1, got {count!r}"
+                ) from None
         if self.memory_budget is not None:
             _parse_bytes(self.memory_budget)  # raises ValueError naming a bad size
 
@@ -143,12 +145,3 @@ def _mean_model_bytes(repository: Repository | str | os.PathLike[str]) -> int:
             sizes.append(estimate_model_bytes(entry.versions[entry.latest].size))
     # An empty or unreadable repository: one tiny session's worth, so the count stays finite.
     return sum(sizes) // len(sizes) if sizes else estimate_model_bytes(0)
-
-
-def _is_positive(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def _require_positive(name: str, value: object) -> None:
-    if not _is_positive(value):
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
