@@ -14,7 +14,6 @@ Refused with 404 and a reason: what is one process's view and means nothing for 
 
 from __future__ import annotations
 
-import hmac
 import logging
 
 import orjson
@@ -26,6 +25,7 @@ from starlette.responses import Response
 
 from corral.ray._exchange import HttpAnswer, HttpCall, model_in_path
 from corral.ray._replica import ModelReplica
+from corral.server.http import HttpError, check_token, read_body
 
 __all__ = ["V2Ingress"]
 
@@ -49,27 +49,20 @@ class V2Ingress:
     async def __call__(self, request: Request) -> Response:
         """Answer one HTTP request, forwarding it to a model replica."""
         path: str = request.scope["path"]
-        if not path.startswith("/v2/health/"):
-            refused = self._refusal(request, path)
-            if refused is not None:
-                return refused
-        limit = self._max_request_bytes
-        declared = request.headers.get("content-length", "0")
-        if declared.isdigit() and int(declared) > limit:
-            return _error(413, f"the request body is larger than {limit} bytes")
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                return _error(413, f"the request body is larger than {limit} bytes")
-            chunks.append(chunk)
+        try:
+            if not path.startswith("/v2/health/"):
+                if self._auth is not None:
+                    check_token(request.scope, self._auth)
+                _refuse_per_process(path)
+            body = await read_body(request.scope, request.receive, self._max_request_bytes)
+        except HttpError as exc:
+            return _error(exc.status, str(exc), exc.headers)
         call = HttpCall(
             request.method,
             path,
             request.scope["query_string"],
             tuple(request.scope["headers"]),
-            b"".join(chunks),
+            body,
         )
         name = model_in_path(path)
         handle = self._models if name is None else self._models.options(multiplexed_model_id=name)
@@ -87,24 +80,22 @@ class V2Ingress:
         }
         return Response(answer.body, status_code=answer.status, headers=headers)
 
-    def _refusal(self, request: Request, path: str) -> Response | None:
-        if self._auth is not None:
-            given = request.headers.get("authorization", "").encode("latin-1")
-            if not hmac.compare_digest(given, self._auth):
-                response = _error(401, "this server needs the header Authorization: Bearer <token>")
-                response.headers["www-authenticate"] = "Bearer"
-                return response
-        parts = path.strip("/").split("/")
-        if parts[:2] == ["v2", "repository"] or parts == ["v2", "models", "stats"]:
-            return _error(
-                404,
-                f"{path} is one process's view and is not served through Ray Serve: "
-                "each replica loads the models routed to it",
-            )
-        if parts == ["metrics"]:
-            return _error(404, "on Ray Serve, metrics are Ray's: see its metrics export port")
-        return None
+
+def _refuse_per_process(path: str) -> None:
+    """Raise :class:`HttpError` 404 for what is one process's view, meaningless on Ray."""
+    parts = path.strip("/").split("/")
+    if parts[:2] == ["v2", "repository"] or parts == ["v2", "models", "stats"]:
+        raise HttpError(
+            404,
+            f"{path} is one process's view and is not served through Ray Serve: "
+            "each replica loads the models routed to it",
+        )
+    if parts == ["metrics"]:
+        raise HttpError(404, "on Ray Serve, metrics are Ray's: see its metrics export port")
 
 
-def _error(status: int, message: str) -> Response:
-    return Response(orjson.dumps({"error": message}), status_code=status, media_type=_JSON)
+def _error(status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> Response:
+    response = Response(orjson.dumps({"error": message}), status_code=status, media_type=_JSON)
+    for key, value in headers:
+        response.headers[key.decode("latin-1")] = value.decode("latin-1")
+    return response

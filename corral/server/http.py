@@ -39,7 +39,7 @@ from corral.protocol.dataplane import DataPlane, status_for
 from corral.protocol.http_codec import HEADER_LENGTH, decode_request, encode_error, encode_response
 from corral.protocol.types import ModelMetadata, ModelStatistics, RepositoryModel
 
-__all__ = ["STATUS", "HttpApp"]
+__all__ = ["STATUS", "HttpApp", "HttpError", "check_token", "read_body"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ _JSON = (b"content-type", b"application/json")
 _BINARY = (b"content-type", b"application/octet-stream")
 
 
-class _HttpError(Exception):
+class HttpError(Exception):
     """A request the app refuses before the data plane sees it (bad path, method, body)."""
 
     def __init__(
@@ -112,7 +112,7 @@ class HttpApp:
             return  # websockets are not part of the protocol
         try:
             await self._handle(scope, receive, send)
-        except _HttpError as exc:
+        except HttpError as exc:
             await _respond(send, exc.status, encode_error(str(exc)), _JSON, exc.headers)
         except CorralError as exc:
             status = status_for(STATUS, exc) or 500
@@ -129,16 +129,16 @@ class HttpApp:
             await self._health(parts[2], send)
             return
         if self._auth is not None:
-            self._check_auth(scope)
+            check_token(scope, self._auth)
         if parts == ["metrics"]:
             _expect(method, "GET")
             if self._metrics is None:
-                raise _HttpError(404, "metrics are not enabled")
+                raise HttpError(404, "metrics are not enabled")
             body, content_type = self._metrics()
             await _respond(send, 200, body, (b"content-type", content_type.encode()))
             return
         if not parts or parts[0] != "v2":
-            raise _HttpError(404, f"no such endpoint: {scope['path']}")
+            raise HttpError(404, f"no such endpoint: {scope['path']}")
         rest = parts[1:]
         if not rest:
             _expect(method, "GET")
@@ -150,7 +150,7 @@ class HttpApp:
         elif rest[0] == "repository":
             await self._repository(method, rest[1:], scope, receive, send)
         else:
-            raise _HttpError(404, f"no such endpoint: {scope['path']}")
+            raise HttpError(404, f"no such endpoint: {scope['path']}")
 
     async def _health(self, which: str, send: Send) -> None:
         if which == "live":
@@ -160,7 +160,7 @@ class HttpApp:
             ready = self._plane.ready()
             await _json(send, 200 if ready else 503, {"ready": ready})
         else:
-            raise _HttpError(404, f"no such health endpoint: {which!r}")
+            raise HttpError(404, f"no such health endpoint: {which!r}")
 
     async def _models(
         self, method: str, rest: list[str], scope: Scope, receive: Receive, send: Send
@@ -171,16 +171,16 @@ class HttpApp:
             await _json(send, 200, _stats_doc(self._plane.model_statistics()))
             return
         if not rest or not rest[0]:
-            raise _HttpError(404, "no model named in the path")
+            raise HttpError(404, "no model named in the path")
         name, tail = rest[0], rest[1:]
         version: str | None = None
         if tail[:1] == ["versions"]:
             if len(tail) < 2 or not tail[1]:
-                raise _HttpError(404, "no version named in the path")
+                raise HttpError(404, "no version named in the path")
             version, tail = tail[1], tail[2:]
         action = tail[0] if len(tail) == 1 else None
         if len(tail) > 1:
-            raise _HttpError(404, f"no such endpoint: {scope['path']}")
+            raise HttpError(404, f"no such endpoint: {scope['path']}")
         if action == "infer":
             _expect(method, "POST")
             await self._infer(name, version, scope, receive, send)
@@ -198,7 +198,7 @@ class HttpApp:
             _expect(method, "GET")
             await _json(send, 200, _stats_doc(self._plane.model_statistics(name, version)))
         else:
-            raise _HttpError(404, f"no such endpoint: {scope['path']}")
+            raise HttpError(404, f"no such endpoint: {scope['path']}")
 
     async def _infer(
         self, name: str, version: str | None, scope: Scope, receive: Receive, send: Send
@@ -207,7 +207,7 @@ class HttpApp:
         for key, value in scope["headers"]:
             if key == b"inference-header-content-length":
                 header_length = _int_header(HEADER_LENGTH, value)
-        body = await self._read_body(scope, receive)
+        body = await read_body(scope, receive, self._max_request_bytes)
         request = decode_request(body, header_length)
         response = await self._plane.infer(name, version, request)
         payload, json_length = encode_response(response, request)
@@ -222,65 +222,75 @@ class HttpApp:
     ) -> None:
         _expect(method, "POST")
         if rest == ["index"]:
-            body = await self._read_body(scope, receive)
+            body = await read_body(scope, receive, self._max_request_bytes)
             ready_only = False
             if body.strip():
                 try:
                     options = orjson.loads(body)
                 except orjson.JSONDecodeError as exc:
-                    raise _HttpError(400, f"the index request is not JSON: {exc}") from None
+                    raise HttpError(400, f"the index request is not JSON: {exc}") from None
                 if not isinstance(options, dict) or not isinstance(
                     options.get("ready", False), bool
                 ):
-                    raise _HttpError(400, 'the index request must be {"ready": true|false}')
+                    raise HttpError(400, 'the index request must be {"ready": true|false}')
                 ready_only = options.get("ready", False)
             rows = self._plane.repository_index(ready_only=ready_only)
             await _json(send, 200, [_index_doc(row) for row in rows])
         elif len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
-            await self._read_body(scope, receive)  # parameters are accepted and not used
+            # Parameters are accepted and not used.
+            await read_body(scope, receive, self._max_request_bytes)
             if rest[2] == "load":
                 await self._plane.load(rest[1])
             else:
                 await self._plane.unload(rest[1])
             await _respond(send, 200, b"", _JSON)
         else:
-            raise _HttpError(404, "no such repository endpoint")
+            raise HttpError(404, "no such repository endpoint")
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
-        limit = self._max_request_bytes
-        # A declared length over the limit is refused before a byte of the body is read.
-        for key, value in scope["headers"]:
-            if key == b"content-length" and _int_header("content-length", value) > limit:
-                raise _HttpError(413, f"the request body is larger than {limit} bytes")
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _HttpError(400, "the client went away before sending the whole body")
-            chunk: bytes = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise _HttpError(413, f"the request body is larger than {limit} bytes")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    def _check_auth(self, scope: Scope) -> None:
-        assert self._auth is not None
-        for key, value in scope["headers"]:
-            if key == b"authorization" and hmac.compare_digest(value, self._auth):
-                return
-        raise _HttpError(
-            401,
-            "this server needs the header Authorization: Bearer <token>",
-            ((b"www-authenticate", b"Bearer"),),
-        )
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """A request's whole body, refused with 413 past ``limit`` bytes.
+
+    A declared Content-Length over the limit is refused before a byte of the body is read.
+    Raises :class:`HttpError`: 413, or 400 for a malformed Content-Length or a client that
+    went away before sending the whole body.
+    """
+    for key, value in scope["headers"]:
+        if key == b"content-length" and _int_header("content-length", value) > limit:
+            raise HttpError(413, f"the request body is larger than {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise HttpError(400, "the client went away before sending the whole body")
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise HttpError(413, f"the request body is larger than {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def check_token(scope: Scope, expected: bytes) -> None:
+    """Raise :class:`HttpError` 401 unless the request's Authorization header is ``expected``.
+
+    ``expected`` is the whole header value, ``b"Bearer <token>"``; compared in constant time.
+    """
+    for key, value in scope["headers"]:
+        if key == b"authorization" and hmac.compare_digest(value, expected):
+            return
+    raise HttpError(
+        401,
+        "this server needs the header Authorization: Bearer <token>",
+        ((b"www-authenticate", b"Bearer"),),
+    )
 
 
 def _expect(method: str, allowed: str) -> None:
     if method != allowed:
-        raise _HttpError(405, f"method {method} not allowed here; use {allowed}")
+        raise HttpError(405, f"method {method} not allowed here; use {allowed}")
 
 
 def _int_header(name: str, value: bytes) -> int:
@@ -289,7 +299,7 @@ def _int_header(name: str, value: bytes) -> int:
     except ValueError:
         number = -1
     if number < 0:
-        raise _HttpError(400, f"header {name} must be a non-negative integer, got {value!r}")
+        raise HttpError(400, f"header {name} must be a non-negative integer, got {value!r}")
     return number
 
 
