@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import os
 import shutil
@@ -62,6 +61,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.http_bench import start_process
 from benchmarks.peers import CACHE, Peer, PeerUnavailable, Started
 
 __all__ = ["DEFAULT_MAX_MODELS", "PINS", "TritonPeer"]
@@ -238,16 +238,9 @@ class TritonPeer(Peer):
         if not self.auto_complete_config:
             argv.append("--disable-auto-complete-config")
         log = workdir / "triton.log"
-        with log.open("wb") as out:
-            process = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=_server_env(venv, info),
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
+        # Its own session, and SIGTERM from the kernel if the benchmark dies without stopping
+        # it (its backend stubs follow it).
+        process = start_process(argv, log, _server_env(venv, info))
         return Started(process, f"http://127.0.0.1:{port}", log)
 
 
@@ -327,13 +320,6 @@ def _write_model(folder: Path, source: Path) -> None:
     (folder / "config.pbtxt").write_text(_CONFIG_PBTXT.format(name=folder.name))
     (version / "model.py").write_text(_MODEL_PY)
     (version / "model.onnx").symlink_to(source / _VERSION / "model.onnx")
-
-
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: if the benchmark dies without stopping the
-    # server (SIGKILL), the kernel sends tritonserver SIGTERM, and its stubs follow it.
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _tail(text: str, lines: int = 15) -> str:
