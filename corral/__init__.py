@@ -8,7 +8,8 @@ nothing: no threads, no logging setup, no onnxruntime environment until a Runtim
 - :class:`ConcurrencyPolicy`, :data:`PROVIDER_TABLE`: how sessions let threads run.
 - :class:`TensorSpec`: a model input or output.
 - :class:`Repository`, :class:`ModelConfig`: where models live and how each is configured.
-- :class:`Host`, :class:`HostLease`: thousands of models by name, lazily loaded under a budget.
+- :class:`Host`, :class:`HostLease`, :class:`HostOptions`: thousands of models by name, lazily
+  loaded under a budget.
 - :class:`QueueStats`: what the scheduler's per-model queues have seen.
 - The exceptions, rooted at :class:`CorralError`.
 """
@@ -22,6 +23,7 @@ from corral._errors import (
     InferenceError,
     InvalidInput,
     InvalidModelName,
+    InvalidOption,
     ModelConfigError,
     ModelLoadError,
     ModelNotFound,
@@ -34,21 +36,16 @@ from corral._errors import (
     RuntimeConfigError,
     SessionClosed,
 )
-from corral._host import (
-    Host,
-    HostLease,
-    HostState,
-    HostStats,
-    ModelState,
-    ModelStatus,
-    VersionStatus,
-)
+from corral._host import Host
+from corral._options import HostOptions
 from corral._providers import PROVIDER_TABLE, ConcurrencyPolicy, ProviderTraits
 from corral._repository import ModelEntry, ModelVersion, Repository
 from corral._runtime import Runtime, RuntimeOptions, RuntimeState, RuntimeStats, runtime
 from corral._scheduler import QueueStats
+from corral._served import HostLease
 from corral._session import Lease, Session, SessionState
 from corral._signature import TensorSpec
+from corral._status import HostState, HostStats, ModelState, ModelStatus, VersionStatus
 
 __version__ = "0.1.0"
 
@@ -61,11 +58,13 @@ __all__ = [
     "Host",
     "HostClosed",
     "HostLease",
+    "HostOptions",
     "HostState",
     "HostStats",
     "InferenceError",
     "InvalidInput",
     "InvalidModelName",
+    "InvalidOption",
     "Lease",
     "ModelConfig",
     "ModelConfigError",

@@ -3,7 +3,8 @@
 ::
 
     CorralError
-    ├── RuntimeConfigError     the process Runtime is already set up otherwise, or an option is bad
+    ├── InvalidOption          an option of a Runtime, Host or server is malformed or out of range
+    │   └── RuntimeConfigError the process Runtime is already set up otherwise
     ├── RuntimeClosed          the Runtime has shut down (or was superseded before it started)
     ├── ProviderUnavailable    an execution provider asked for is not in this onnxruntime build
     ├── RepositoryError        the model repository itself is unusable (missing root, not a folder)
@@ -29,6 +30,9 @@ always chained (``raise ... from exc``) so the original message stays visible.
 
 from __future__ import annotations
 
+import copy
+from typing import TypeVar
+
 __all__ = [
     "CorralError",
     "DeadlineExceeded",
@@ -37,6 +41,7 @@ __all__ = [
     "InferenceError",
     "InvalidInput",
     "InvalidModelName",
+    "InvalidOption",
     "ModelConfigError",
     "ModelLoadError",
     "ModelNotFound",
@@ -55,7 +60,16 @@ class CorralError(Exception):
     """The root of every exception corral raises on purpose."""
 
 
-class RuntimeConfigError(CorralError):
+class InvalidOption(CorralError, ValueError):
+    """An option is malformed or out of range; the message names the option and the value.
+
+    One type for every options object (:class:`corral.RuntimeOptions`,
+    :class:`corral.HostOptions`, the server's settings, Ray's config), so that a caller
+    catches one thing. Also a ``ValueError``, as a bad argument is.
+    """
+
+
+class RuntimeConfigError(InvalidOption):
     """The process Runtime cannot take these options.
 
     Raised when options differ from those of the Runtime that already started (onnxruntime's
@@ -145,3 +159,20 @@ class DrainTimeout(CorralError, TimeoutError):
     Nothing is released under a run: whatever is still running is released when its last run
     ends.
     """
+
+
+_Error = TypeVar("_Error", bound=BaseException)
+
+
+def fresh(error: _Error) -> _Error:
+    """A copy of a kept error, to raise to one more caller.
+
+    Raising the kept object itself would append each caller's frames to its traceback, which
+    would then hold every caller's frames (and their request tensors) for as long as the
+    error is kept: one failed model answering requests through its back-off would grow
+    without bound.
+    """
+    clone = copy.copy(error)
+    clone.__cause__ = error.__cause__
+    clone.__traceback__ = None
+    return clone

@@ -139,6 +139,20 @@ class ModelEntry:
         served = self.served_versions
         return served[-1] if served else None
 
+    def version_fingerprint(self, version: int) -> tuple[object, ...]:
+        """What a loaded copy of ``version`` was built from: its file and the settings used.
+
+        Two copies with equal fingerprints are interchangeable; a reload swaps a copy in use
+        only when its fingerprint changed.
+        """
+        file = self.versions.get(version)
+        return (
+            None if file is None else (file.size, file.mtime_ns),
+            self.config.concurrency,
+            self.config.providers,
+            self.config.warmup,
+        )
+
 
 class _Found(NamedTuple):
     """A path that exists: where it really is, and what it is (None when outside the root)."""

@@ -17,14 +17,11 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from corral import _ort
 from corral._errors import DrainTimeout, RuntimeClosed, RuntimeConfigError
 from corral._scheduler import Scheduler
-
-if TYPE_CHECKING:
-    from corral._session import Session
 
 __all__ = ["ArenaMode", "Runtime", "RuntimeOptions", "RuntimeState", "RuntimeStats", "runtime"]
 
@@ -115,6 +112,18 @@ class RuntimeStats:
     runs_in_flight: int
 
 
+class _Member(Protocol):
+    """A session, as its Runtime sees it: counted, and closed at shutdown."""
+
+    @property
+    def in_flight(self) -> int:
+        """Runs, leases and admissions in flight."""
+
+    def _alive(self) -> bool: ...
+
+    def _close_for_runtime(self, timeout: float | None, *, cancel: bool) -> None: ...
+
+
 # Guards _process_runtime: which Runtime is this process's. Taken before a Runtime's own
 # _state_lock, never after it.
 _PROCESS_LOCK = threading.Lock()
@@ -139,7 +148,7 @@ class Runtime:
     _options: RuntimeOptions
     _state: RuntimeState
     _state_lock: threading.Lock
-    _sessions: weakref.WeakSet[Session]
+    _sessions: weakref.WeakSet[_Member]
     _drained: threading.Event
     _compute: Scheduler | None
 
@@ -288,13 +297,13 @@ class Runtime:
 
     # -- for Session -------------------------------------------------------------------------
 
-    def _register(self, session: Session) -> None:
+    def _register(self, session: _Member) -> None:
         """Admit a new session, starting the Runtime if needed."""
         with self._state_lock:
             self._start_locked()
             self._sessions.add(session)
 
-    def _unregister(self, session: Session) -> None:
+    def _unregister(self, session: _Member) -> None:
         with self._state_lock:
             self._sessions.discard(session)
 

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -39,20 +39,21 @@ from corral._errors import (
 )
 from corral._histogram import Histogram
 
-if TYPE_CHECKING:
-    from corral._session import Session
-
 __all__ = [
     "BATCH_ROWS_BUCKETS",
     "DEFAULT_MAX_BATCH_SIZE",
     "DEFAULT_QUEUE_LIMIT",
     "DEFAULT_TOTAL_LIMIT",
     "ModelQueue",
+    "QueueKey",
     "QueueStats",
+    "Runnable",
     "Scheduler",
 ]
 
 Outputs = dict[str, npt.NDArray[Any]]
+#: What names a queue in the statistics: the model's name and version.
+QueueKey = tuple[str, int]
 
 #: Rows per batch when a batchable model's model.toml does not say.
 DEFAULT_MAX_BATCH_SIZE = 64
@@ -87,6 +88,24 @@ class QueueStats:
     batch_rows_buckets: tuple[tuple[int, int], ...]
 
 
+class Runnable(Protocol):
+    """What a queue's requests run on: one served model version, which admits them.
+
+    Each queued request holds one admission, taken before it was submitted: the runnable
+    stays open (it is not closed under a queued request) until :meth:`dismiss` ends it.
+    """
+
+    @property
+    def label(self) -> str:
+        """The name used in messages (``model:version``)."""
+
+    def run_admitted(self, feed: dict[str, npt.NDArray[Any]], names: tuple[str, ...]) -> Outputs:
+        """Run a checked feed under an admission the caller holds (it is not ended)."""
+
+    def dismiss(self, count: int) -> None:
+        """End ``count`` admissions at once."""
+
+
 class _State(enum.Enum):
     #: Taking requests (workers start with the first one).
     RUNNING = "running"
@@ -104,16 +123,17 @@ class _Request:
     key: tuple[object, ...]
     deadline: float | None
     enqueued: float
-    session: Session  # admitted (Session._admit) until answered
+    owner: Runnable  # holds this request's admission until it is answered
     future: Future[Outputs] | asyncio.Future[Outputs]
     loop: asyncio.AbstractEventLoop | None
 
 
 @dataclass(eq=False)
 class ModelQueue:  # weak-referenceable: the Scheduler lists queues without keeping them alive
-    """One model's queue; every field guarded by the Scheduler's lock."""
+    """One model version's queue; every field but the first two guarded by the Scheduler's lock."""
 
-    session: Session
+    owner: Runnable
+    key: QueueKey
     max_rows: int  # 0: never batch
     window_s: float
     limit: int
@@ -143,8 +163,7 @@ class Scheduler:
         # Guards every queue, _ready, _total, _state, _threads and _sleepers. Held for
         # bookkeeping only: never across a run, a delivery or a worker's sleep.
         self._lock = threading.Lock()
-        # The queues, to report on; each Session also carries its own (session._queue) so that
-        # submit finds it without a weak-reference lookup.
+        # The queues, to report on, for as long as their owners keep them.
         self._queues: weakref.WeakSet[ModelQueue] = weakref.WeakSet()
         self._ready: deque[ModelQueue] = deque()  # queues with requests, each at most once
         self._total = 0
@@ -163,26 +182,23 @@ class Scheduler:
 
     def queue(
         self,
-        session: Session,
+        owner: Runnable,
+        key: QueueKey,
         *,
-        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        max_rows: int = DEFAULT_MAX_BATCH_SIZE,
         batch_window_us: int = 0,
         queue_limit: int = DEFAULT_QUEUE_LIMIT,
     ) -> ModelQueue:
-        """The queue of ``session``'s requests, made on first use with these settings.
+        """A new queue for ``owner``'s requests, reported under ``key``; its owner keeps it.
 
-        ``max_batch_size`` rows per run (0: never batch; a model whose signature is not
-        batchable never is), ``batch_window_us`` how long a batch may wait to fill, and
-        ``queue_limit`` how many requests may wait before new ones are refused.
+        ``max_rows`` rows per run (0: never batch), ``batch_window_us`` how long a batch may
+        wait to fill, and ``queue_limit`` how many requests may wait before new ones are
+        refused. The scheduler lists the queue for :meth:`stats` only while its owner keeps it.
         """
+        queue = ModelQueue(owner, key, max_rows, batch_window_us / 1e6, queue_limit)
         with self._lock:
-            queue = session._queue
-            if queue is None:
-                rows_cap = max_batch_size if session.signature.batchable else 0
-                queue = ModelQueue(session, rows_cap, batch_window_us / 1e6, queue_limit)
-                session._queue = queue
-                self._queues.add(queue)
-            return queue
+            self._queues.add(queue)
+        return queue
 
     def submit(
         self,
@@ -195,14 +211,15 @@ class Scheduler:
     ) -> None:
         """Queue a checked request; its ``future`` is resolved by a compute worker.
 
-        The queue's session must hold an admission for this request (``Session._admit``);
-        it is ended once the request is answered, or at once if it is refused. An asyncio
+        The queue's owner must hold an admission for this request (:class:`Runnable`); it is
+        ended once the request is answered. If the request is refused (an exception), the
+        admission stays with the caller. An asyncio
         future is resolved on ``loop``. Raises :class:`Overloaded` at once if the model's
         queue or the whole scheduler is full, :class:`RuntimeClosed` after shutdown began.
         """
         rows, key = _shape_key(feed) if queue.max_rows else _UNBATCHED
         request = _Request(
-            feed, names, rows, key, deadline, time.monotonic(), queue.session, future, loop
+            feed, names, rows, key, deadline, time.monotonic(), queue.owner, future, loop
         )
         with self._lock:
             if self._state is not _State.RUNNING:
@@ -211,7 +228,7 @@ class Scheduler:
             if len(pending) >= queue.limit:
                 queue.rejected += 1
                 raise Overloaded(
-                    f"model {queue.session.name!r} has {len(pending)} requests queued, its "
+                    f"model {queue.owner.label!r} has {len(pending)} requests queued, its "
                     f"limit; try again later"
                 )
             if self._total >= self._total_limit:
@@ -239,10 +256,10 @@ class Scheduler:
         elif len(self._threads) < self._workers:
             self._start_worker_locked()
 
-    def stats(self) -> dict[str, QueueStats]:
-        """Each model's queue figures, by session name (``model:version`` under a Host)."""
+    def stats(self) -> dict[QueueKey, QueueStats]:
+        """Each queue's figures, by the key it was made with: ``(model, version)``."""
         with self._lock:
-            return {queue.session.name: _stats(queue) for queue in self._queues}
+            return {queue.key: _stats(queue) for queue in self._queues}
 
     def shutdown(self, timeout: float | None = None) -> bool:
         """Refuse new requests, run what is queued, stop the workers.
@@ -379,7 +396,7 @@ class Scheduler:
                 if request.deadline is not None:
                     deadlines = True
         if cancelled:
-            queue.session._dismiss(cancelled)
+            queue.owner.dismiss(cancelled)
         results: Sequence[Outputs | None] | None = None
         error: BaseException | None = None
         errors: list[BaseException | None] | None = None
@@ -387,17 +404,17 @@ class Scheduler:
         started_at = time.perf_counter()
         if live:
             try:
-                results = _run_batch(queue.session, live, rows)
+                results = _run_batch(queue.owner, live, rows)
             except _BatchFailed:
                 # One request's values can fail a whole batch (an index out of range, a shape
                 # its rows cannot take): run each request alone, so that only the requests at
                 # fault get the error and the others their outputs.
-                results, errors = _run_each(queue.session, live)
+                results, errors = _run_each(queue.owner, live)
                 runs += len(live)
             except CorralError as exc:
                 error = exc
             except Exception as exc:
-                error = _inference_error(queue.session, exc)
+                error = _inference_error(queue.owner, exc)
         elapsed = time.perf_counter() - started_at
         # Counted before answering, so that a caller who has its answer sees it counted.
         with self._lock:
@@ -501,13 +518,13 @@ class _BatchFailed(Exception):
     """onnxruntime refused a batch of several requests: any one of them may be at fault."""
 
 
-def _run_batch(session: Session, batch: list[_Request], rows: int) -> list[Outputs]:
+def _run_batch(owner: Runnable, batch: list[_Request], rows: int) -> list[Outputs]:
     first = batch[0]
     if len(batch) == 1:
-        return [session._run_prepared(first.feed, first.names, None, admitted=True)]
+        return [owner.run_admitted(first.feed, first.names)]
     feed = {name: np.concatenate([r.feed[name] for r in batch]) for name in first.feed}
     try:
-        outputs = session._run_prepared(feed, first.names, None, admitted=True)
+        outputs = owner.run_admitted(feed, first.names)
     except RunCancelled:
         raise  # stopped by close or shutdown: no request's fault, and no time to run again
     except (InferenceError, InvalidInput) as exc:
@@ -515,7 +532,7 @@ def _run_batch(session: Session, batch: list[_Request], rows: int) -> list[Outpu
     for name, array in outputs.items():
         if getattr(array, "shape", (None,))[:1] != (rows,):
             raise InferenceError(
-                f"model {session.name!r} returned output {name!r} with shape "
+                f"model {owner.label!r} returned output {name!r} with shape "
                 f"{getattr(array, 'shape', None)} for a batch of {rows} rows: it does not "
                 "keep rows apart; set max_batch_size = 0 in its model.toml"
             )
@@ -536,36 +553,36 @@ def _run_batch(session: Session, batch: list[_Request], rows: int) -> list[Outpu
 
 
 def _run_each(
-    session: Session, batch: list[_Request]
+    owner: Runnable, batch: list[_Request]
 ) -> tuple[list[Outputs | None], list[BaseException | None]]:
     """Run each request of a failed batch alone: its own outputs, or its own error."""
     results: list[Outputs | None] = []
     errors: list[BaseException | None] = []
     for request in batch:
         try:
-            outputs = session._run_prepared(request.feed, request.names, None, admitted=True)
+            outputs = owner.run_admitted(request.feed, request.names)
         except CorralError as exc:
             results.append(None)
             errors.append(exc)
         except Exception as exc:
             results.append(None)
-            errors.append(_inference_error(session, exc))
+            errors.append(_inference_error(owner, exc))
         else:
             results.append(outputs)
             errors.append(None)
     return results, errors
 
 
-def _inference_error(session: Session, exc: Exception) -> InferenceError:
+def _inference_error(owner: Runnable, exc: Exception) -> InferenceError:
     """What a run that raised something other than a corral error answers: caused by it."""
-    error = InferenceError(f"model {session.name!r} failed: {exc!r}")
+    error = InferenceError(f"model {owner.label!r} failed: {exc!r}")
     error.__cause__ = exc
     return error
 
 
 def _expired(request: _Request, *, queued: bool) -> DeadlineExceeded:
     where = "while queued" if queued else "while running; its result was discarded"
-    return DeadlineExceeded(f"the deadline of a request to {request.session.name!r} passed {where}")
+    return DeadlineExceeded(f"the deadline of a request to {request.owner.label!r} passed {where}")
 
 
 def _answer(
@@ -573,12 +590,12 @@ def _answer(
     results: Sequence[Outputs | None] | None,
     errors: list[BaseException | None] | None,
 ) -> None:
-    """Answer requests of one session, each with its result or else its error.
+    """Answer requests of one queue, each with its result or else its error.
 
-    Their admissions end first, all at once: the answers need the session no more. Requests
+    Their admissions end first, all at once: the answers need the model no more. Requests
     from asyncio are answered with one wake-up per event loop, not one per request.
     """
-    requests[0].session._dismiss(len(requests))
+    requests[0].owner.dismiss(len(requests))
     if results is None:
         results = [None] * len(requests)  # errors has them all
     loop = requests[0].loop

@@ -13,7 +13,7 @@ import os
 import queue
 import threading
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy.typing as npt
 
@@ -27,9 +27,6 @@ from corral._providers import (
 )
 from corral._runtime import Runtime, runtime
 from corral._signature import Signature, TensorSpec
-
-if TYPE_CHECKING:
-    from corral._scheduler import ModelQueue
 
 __all__ = ["Lease", "ModelSource", "Session", "SessionState"]
 
@@ -93,9 +90,6 @@ class Session:
         self._replicas: tuple[Any, ...] = ()
         self._idle: queue.SimpleQueue[Any] | None = None
         self._closed_reason = "closed by close()"
-        #: This session's queue in the Runtime's scheduler, made with its first queued request
-        #: (under the scheduler's lock) and never replaced: read without a lock once set.
-        self._queue: ModelQueue | None = None
         self._runtime._register(self)
         try:
             replicas = self._load(source, resolved)
@@ -168,9 +162,15 @@ class Session:
 
     @property
     def in_flight(self) -> int:
-        """Runs and leases in flight right now."""
+        """Runs, leases and admissions in flight right now."""
         with self._state_lock:
             return self._in_flight
+
+    @property
+    def uses(self) -> int:
+        """Runs, leases and admissions taken since the session was loaded."""
+        with self._state_lock:
+            return self._uses
 
     def run(
         self, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None
@@ -195,6 +195,37 @@ class Session:
         names = self._signature.output_names(outputs)
         return self._run_prepared(feed, names, lease)
 
+    def run_admitted(
+        self, feed: dict[str, npt.NDArray[Any]], names: tuple[str, ...]
+    ) -> dict[str, npt.NDArray[Any]]:
+        """Run a feed already checked by ``signature.prepare_inputs`` under an admission.
+
+        For schedulers: the caller holds an admission (:meth:`admit`) for this run, which
+        keeps the session open, through CLOSING too; the run does not end it. ``names`` are
+        the outputs to compute, as ``signature.output_names`` gives them.
+        """
+        return self._run_prepared(feed, names, None, admitted=True)
+
+    def admit(self) -> None:
+        """Count one request as in flight, as a lease does, without a lease object.
+
+        For schedulers, which queue requests and end them in batches: the session is not
+        closed until :meth:`dismiss` ends every admission. Raises :class:`SessionClosed`
+        unless the session is READY.
+        """
+        with self._state_lock:
+            if self._state is not SessionState.READY:
+                raise self._closed_error()
+            self._in_flight += 1
+            self._uses += 1
+
+    def dismiss(self, count: int = 1) -> None:
+        """End ``count`` admissions (:meth:`admit`, :meth:`Lease.admit`) at once."""
+        with self._state_lock:
+            released = self._end_use_locked(count)
+        if released:
+            self._runtime._unregister(self)
+
     def _run_prepared(
         self,
         feed: dict[str, Any],
@@ -202,14 +233,7 @@ class Session:
         lease: Lease | None,
         *,
         admitted: bool = False,
-        dismiss: bool = False,
     ) -> dict[str, npt.NDArray[Any]]:
-        """Run a feed already checked by ``prepare_inputs`` (the scheduler's batches).
-
-        ``admitted``: the caller holds an admission (:meth:`_admit`), which, like a lease,
-        keeps the session open through CLOSING and already counts as in flight; with
-        ``dismiss`` the run ends that admission when it finishes.
-        """
         run_options = _RUN_OPTIONS.cached
         if run_options is None:
             run_options = _RUN_OPTIONS.cached = _ort.new_run_options()
@@ -243,7 +267,7 @@ class Session:
                 if self._cancelled:
                     # A cancel may have set terminate on it, which stays set: use a new one.
                     _RUN_OPTIONS.cached = None
-                released = (not admitted or dismiss) and self._end_use_locked()
+                released = not admitted and self._end_use_locked()
             if released:
                 self._runtime._unregister(self)
         if len(names) == 1:
@@ -309,36 +333,12 @@ class Session:
         with self._state_lock:
             return self._state is not SessionState.CLOSED
 
-    def _admit(self) -> None:
-        """Count one queued request as in flight: a lease without the object.
-
-        The scheduler's requests hold one each while queued; :meth:`_dismiss` ends them.
-        Raises :class:`SessionClosed` unless READY.
-        """
-        with self._state_lock:
-            if self._state is not SessionState.READY:
-                raise self._closed_error()
-            self._in_flight += 1
-            self._uses += 1
-
-    def _admit_leased(self, lease: Lease) -> None:
-        """Turn ``lease`` into one admission (:meth:`_admit`): it carries the lease's count.
-
-        Unlike :meth:`_admit`, succeeds while CLOSING, which the lease held the session
-        open through. The lease is released by this; raises :class:`SessionClosed` if it
-        already was.
-        """
+    def _admit_under(self, lease: Lease) -> None:
         with self._state_lock:
             if lease._released:
-                raise self._closed_error()
-            lease._released = True
-
-    def _dismiss(self, count: int) -> None:
-        """End ``count`` admissions at once."""
-        with self._state_lock:
-            released = self._end_use_locked(count)
-        if released:
-            self._runtime._unregister(self)
+                raise SessionClosed(f"the lease on session {self._name!r} was released")
+            self._in_flight += 1
+            self._uses += 1
 
     def _release_lease(self, lease: Lease) -> None:
         with self._state_lock:
@@ -433,6 +433,16 @@ class Lease:
         Raises :class:`SessionClosed` if the lease was already released.
         """
         return self.session._run(inputs, outputs, self)
+
+    def admit(self) -> None:
+        """Count one more request in flight on the session this lease holds open.
+
+        Like :meth:`Session.admit`, but succeeds through CLOSING, which the lease holds the
+        session open through: a request made under a lease runs even if the session was
+        retired since. End it with :meth:`Session.dismiss`. Raises :class:`SessionClosed`
+        if the lease was already released.
+        """
+        self.session._admit_under(self)
 
     def release(self) -> None:
         """Let the session close; idempotent."""

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
     from rich.table import Table
 
-    from corral._host import HostStats, ModelStatus
+    from corral._status import HostStats, ModelStatus
     from corral.bench.create import ConstructionResult
     from corral.bench.demo import DemoResult, DemoStep
     from corral.bench.footprint import FootprintResult, FootprintStep

@@ -16,7 +16,7 @@ import pytest
 
 import corral
 from corral import Host, HostLease, ModelState
-from corral._host import estimate_model_bytes
+from corral._budget import estimate_model_bytes
 from corral.bench.models import build_linear, build_mlp, build_tree
 from tests.conftest import build_reshape, reference_run, wait_until
 
@@ -189,13 +189,14 @@ def test_a_load_waits_for_leases_to_make_room(tmp_path: Path):
         add_model(tmp_path, f"m{i}", model)
     with Host(tmp_path, max_loaded_models=2) as host:
         first, second = host.acquire("m0"), host.acquire("m1")
-        # Both loaded versions are in use: a third waits for room, up to its timeout.
-        with pytest.raises(corral.ModelLoadError, match="no room"):
+        # Both loaded versions are in use: a third's load waits for room; the request waits
+        # for the load up to its timeout, and the load goes on waiting.
+        with pytest.raises(corral.DeadlineExceeded, match="still loading"):
             host.infer("m2", {"X": X}, timeout=0.05)
+        assert host._table.room_waiters == 1
         results: list[np.ndarray] = []
         waiter = threading.Thread(target=lambda: results.append(host.infer("m2", {"X": X})["Y"]))
-        waiter.start()
-        wait_until(lambda: host._room_waiters == 1)
+        waiter.start()  # joins the load that waits
         first.release()  # room: the waiting load evicts m0 and goes ahead
         waiter.join(timeout=30)
         assert len(results) == 1
@@ -271,13 +272,13 @@ def test_a_request_that_finds_a_version_just_taken_out_of_service_loads_it_again
             "acquire": lambda: run_leased(host),
         }
         for loads, (kind, call) in enumerate(calls.items(), start=2):
-            stale = host._ready["mlp"]
+            stale = host._table._ready["mlp"]
             host.unload("mlp", timeout=30)
             assert stale.session.state is corral.SessionState.CLOSED
-            host._ready["mlp"] = stale  # what a lookup just before the unload saw
+            host._table._ready["mlp"] = stale  # what a lookup just before the unload saw
             np.testing.assert_array_equal(call()["Y"], expected, err_msg=kind)
             assert host.stats().loads == loads, kind
-            assert host._ready["mlp"] is not stale, kind
+            assert host._table._ready["mlp"] is not stale, kind
 
 
 def test_an_async_request_whose_model_is_unloaded_after_its_load_still_runs(
@@ -288,14 +289,14 @@ def test_an_async_request_whose_model_is_unloaded_after_its_load_still_runs(
     # lease holds the session open, so the request runs on it and is answered.
     expected = reference_run(build_mlp(seed=1), {"X": X})[0]
     with Host(repo) as host:
-        acquire = host.acquire
+        acquire = host.acquire_async
 
-        def acquire_then_unload(*args: Any, **kwargs: Any) -> HostLease:
-            lease = acquire(*args, **kwargs)
+        async def acquire_then_unload(*args: Any, **kwargs: Any) -> HostLease:
+            lease = await acquire(*args, **kwargs)
             host.unload("mlp", timeout=0)
             return lease
 
-        monkeypatch.setattr(host, "acquire", acquire_then_unload)
+        monkeypatch.setattr(host, "acquire_async", acquire_then_unload)
         answer = asyncio.run(host.infer_async("mlp", {"X": X}))
         np.testing.assert_array_equal(answer["Y"], expected)
         assert host.stats().unloads == 1
@@ -498,7 +499,7 @@ def test_estimate_tracks_rss_within_a_factor_of_2_5(case: str):
     build, count = _SIZE_CASES[case]
     script = f"""
 import gc, psutil, corral
-from corral._host import estimate_model_bytes
+from corral._budget import estimate_model_bytes
 from corral.bench.models import build_mlp, build_tree, build_linear
 model = {build}
 proc = psutil.Process()
@@ -566,13 +567,13 @@ class _HeldSession(corral.Session):
 
 @pytest.fixture
 def held_loads(monkeypatch: pytest.MonkeyPatch) -> type[_HeldSession]:
-    import corral._host
+    import corral._loader
 
     class Held(_HeldSession):
         release = threading.Event()
         started = threading.Event()
 
-    monkeypatch.setattr(corral._host, "Session", Held)
+    monkeypatch.setattr(corral._loader, "Session", Held)
     yield Held
     Held.release.set()
 

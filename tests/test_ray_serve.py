@@ -25,7 +25,7 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="the ray extra is not installed")
 
-from corral._host import estimate_model_bytes
+from corral._budget import estimate_model_bytes
 from corral.bench.footprint import build_repository
 from tests.conftest import reference_run
 

@@ -29,7 +29,7 @@ from starlette.requests import Request
 import corral
 import corral.ray._replica as replica_module
 from corral import Host, ModelState
-from corral._host import estimate_model_bytes
+from corral._budget import estimate_model_bytes
 from corral.bench.models import build_mlp, build_tree
 from corral.protocol import DataPlane
 from corral.ray import (

@@ -42,28 +42,27 @@ def _row_sum_model() -> bytes:
 
 
 class _Gate:
-    """Holds every run of one session until opened; counts runs as they start."""
+    """Holds every scheduled run of one served version until opened; counts runs as they start."""
 
-    def __init__(self, session: corral.Session) -> None:
+    def __init__(self, served: Any) -> None:
         self.open = threading.Event()
         self.started = threading.Semaphore(0)
         self.rows: list[int] = []
-        inner = session._run_prepared
+        inner = served.run_admitted
 
-        def held(feed: dict[str, Any], names: list[str], lease: Any, **options: Any) -> Any:
+        def held(feed: dict[str, Any], names: tuple[str, ...]) -> Any:
             self.rows.append(next(iter(feed.values())).shape[0])
             self.started.release()
             assert self.open.wait(timeout=30)
-            return inner(feed, names, lease, **options)
+            return inner(feed, names)
 
-        session._run_prepared = held  # type: ignore[method-assign]
+        served.run_admitted = held
 
 
 def _hold_workers(host: Host) -> tuple[_Gate, list[Future[Any]]]:
     """Occupy every compute worker with a held run of the loaded 'slow' model."""
-    lease = host.acquire("slow")
-    gate = _Gate(lease.session)
-    lease.release()
+    with host.acquire("slow") as lease:
+        gate = _Gate(lease._served)
     workers = corral.runtime().options.compute_workers
     blockers = [host.submit("slow", {"X": np.full((1, 4), i, np.float32)}) for i in range(workers)]
     for _ in range(workers):
@@ -117,7 +116,7 @@ def test_batched_outputs_are_bit_identical_to_single_runs(repo: Path, model: str
             return await asyncio.gather(*(host.infer_async(model, {"X": x}) for x in inputs))
 
         results = asyncio.run(all_at_once())
-        stats = host.queue_stats()[f"{model}:1"]
+        stats = host.queue_stats()[(model, 1)]
     for got, want in zip(results, expected, strict=True):
         assert got["Y"].shape == want.shape
         assert np.array_equal(got["Y"], want)  # bit for bit
@@ -136,7 +135,7 @@ def test_mixed_shapes_run_in_their_own_batches_and_bad_ones_fail_alone(gated):
     gated[1][0].open.set()
     for future, x in zip(futures, mixed, strict=True):
         np.testing.assert_array_equal(future.result(timeout=30)["Y"], x.sum(axis=1, keepdims=True))
-    stats = host.queue_stats()["rows:1"]
+    stats = host.queue_stats()[("rows", 1)]
     assert stats.runs == 2  # one batch per shape
     assert stats.rows == 5 * 1 + 5 * 2
 
@@ -149,7 +148,7 @@ def test_a_request_larger_than_max_batch_size_runs_alone(gated):
     assert big.result(timeout=30)["Y"].shape == (10, 1)
     for future in small:
         assert future.result(timeout=30)["Y"].shape == (1, 1)
-    stats = host.queue_stats()["capped:1"]
+    stats = host.queue_stats()[("capped", 1)]
     buckets = dict(stats.batch_rows_buckets)
     assert stats.runs == 3  # 4 + 2 small rows, and the big one alone
     assert buckets[4] == 2
@@ -164,7 +163,7 @@ def test_a_request_whose_deadline_passes_in_the_queue_never_runs(gated):
     with pytest.raises(corral.DeadlineExceeded, match="while queued"):
         doomed.result(timeout=30)
     assert fine.result(timeout=30)["Y"].shape == (1, 1)
-    stats = host.queue_stats()["tree:1"]
+    stats = host.queue_stats()[("tree", 1)]
     assert (stats.expired, stats.runs, stats.rows) == (1, 1, 1)
 
 
@@ -175,7 +174,7 @@ def test_cancel_before_it_runs_means_it_never_runs(gated):
     assert cancelled.cancel()
     gated[1][0].open.set()
     assert kept.result(timeout=30)["Y"].shape == (1, 1)
-    stats = host.queue_stats()["tree:1"]
+    stats = host.queue_stats()[("tree", 1)]
     assert (stats.cancelled, stats.rows) == (1, 1)
 
 
@@ -192,7 +191,7 @@ def test_a_cancelled_async_request_never_runs(gated):
         await host.infer_async("tree", {"X": np.ones((1, 4), np.float32)})
 
     asyncio.run(scenario())
-    stats = host.queue_stats()["tree:1"]
+    stats = host.queue_stats()[("tree", 1)]
     assert (stats.cancelled, stats.rows) == (1, 1)
 
 
@@ -213,7 +212,7 @@ def test_overload_is_refused_at_once_and_nothing_accepted_is_lost(repo: Path):
         assert all("limit" in str(exc) for exc in refusals)
         gate.open.set()
         answers = [f.result(timeout=30) for f in accepted + blockers]
-        stats = host.queue_stats()["tree:1"]
+        stats = host.queue_stats()[("tree", 1)]
     assert (len(accepted), refused) == (5, 3)
     assert len(answers) == 5 + workers
     assert (stats.accepted, stats.rejected, stats.rows) == (5, 3, 5)
@@ -298,7 +297,7 @@ def test_a_batch_window_gathers_requests_into_one_run(tmp_path: Path, toml: str,
         futures = [host.submit("windowed", {"X": x}) for _ in range(requests)]
         for future in futures:
             assert future.result(timeout=30)["Y"].shape == (1, 1)
-        stats = host.queue_stats()["windowed:1"]
+        stats = host.queue_stats()[("windowed", 1)]
     assert (stats.runs, stats.rows) == (1, requests)
 
 

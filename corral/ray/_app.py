@@ -9,6 +9,7 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.schema import LoggingConfig
 
+from corral._errors import InvalidOption
 from corral.ray._config import RayServeConfig
 from corral.ray._ingress import V2Ingress
 from corral.ray._replica import ModelReplica
@@ -71,5 +72,5 @@ def app(args: dict[str, Any]) -> Application:
     options = dict(args)
     repository = options.pop("repository", None)
     if not isinstance(repository, str) or not repository:
-        raise ValueError("corral.ray:app needs args.repository: the repository's path")
+        raise InvalidOption("corral.ray:app needs args.repository: the repository's path")
     return build_app(repository, RayServeConfig.from_mapping(options))

@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
-from corral._host import _parse_bytes, _positive_or_none, estimate_model_bytes
+from corral._budget import estimate_model_bytes
+from corral._errors import InvalidOption
+from corral._options import HostOptions, positive_int
 from corral._repository import Repository
 from corral._scheduler import DEFAULT_QUEUE_LIMIT
 
@@ -71,28 +73,33 @@ class RayServeConfig:
             "replicas",
             "max_ongoing_requests",
             "max_queued_requests",
-            "max_queue_per_model",
             "ingress_replicas",
             "max_request_bytes",
         ):
-            if _positive_or_none(name, getattr(self, name)) is None:
-                raise ValueError(f"{name} must be a positive integer, got None")
-        _positive_or_none("max_loaded_models", self.max_loaded_models)
-        _positive_or_none("compute_workers", self.compute_workers)
-        if not self.replica_cpus >= 0:
-            raise ValueError(f"replica_cpus must be >= 0, got {self.replica_cpus!r}")
-        if not self.drain_timeout_s >= 0:
-            raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s!r}")
+            positive_int(name, getattr(self, name))
+        positive_int("compute_workers", self.compute_workers, optional=True)
+        if not _non_negative(self.replica_cpus):
+            raise InvalidOption(f"replica_cpus must be >= 0, got {self.replica_cpus!r}")
+        if not _non_negative(self.drain_timeout_s):
+            raise InvalidOption(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s!r}")
         count = self.max_models_per_replica
         if count is not None and count != UNLIMITED:
             try:
-                _positive_or_none("max_models_per_replica", count)
-            except ValueError:
-                raise ValueError(
+                positive_int("max_models_per_replica", count)
+            except InvalidOption:
+                raise InvalidOption(
                     f"max_models_per_replica must be a positive integer or -1, got {count!r}"
                 ) from None
-        if self.memory_budget is not None:
-            _parse_bytes(self.memory_budget)  # raises ValueError naming a bad size
+        self.host_options()  # the Host's options are checked where they are defined
+
+    def host_options(self) -> HostOptions:
+        """The options of each replica's Host."""
+        return HostOptions(
+            memory_budget=self.memory_budget,
+            max_loaded_models=self.max_loaded_models,
+            poll_interval_s=self.poll_interval_s,
+            max_queue_per_model=self.max_queue_per_model,
+        )
 
     @classmethod
     def from_mapping(cls, args: dict[str, object]) -> RayServeConfig:
@@ -100,7 +107,7 @@ class RayServeConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(args) - known)
         if unknown:
-            raise ValueError(
+            raise InvalidOption(
                 f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
             )
         return cls(**args)  # type: ignore[arg-type]
@@ -119,7 +126,7 @@ def models_per_replica(
     """How many model ids Ray routes to one replica: the count the config gives or implies.
 
     ``max_models_per_replica`` when set; else the memory budget divided by the mean
-    estimated size (:func:`corral._host.estimate_model_bytes`) of up to 200 of the repository's
+    estimated size (:func:`corral._budget.estimate_model_bytes`) of up to 200 of the repository's
     models, capped by ``max_loaded_models``; else ``max_loaded_models``; else
     :data:`UNLIMITED`. Never below 1.
     """
@@ -128,8 +135,8 @@ def models_per_replica(
     counts: list[int] = []
     if config.max_loaded_models is not None:
         counts.append(config.max_loaded_models)
-    if config.memory_budget is not None:
-        budget = _parse_bytes(config.memory_budget)
+    budget = config.host_options().budget_bytes
+    if budget is not None:
         counts.append(max(1, budget // _mean_model_bytes(repository)))
     return min(counts) if counts else UNLIMITED
 
@@ -145,3 +152,7 @@ def _mean_model_bytes(repository: Repository | str | os.PathLike[str]) -> int:
             sizes.append(estimate_model_bytes(entry.versions[entry.latest].size))
     # An empty or unreadable repository: one tiny session's worth, so the count stays finite.
     return sum(sizes) // len(sizes) if sizes else estimate_model_bytes(0)
+
+
+def _non_negative(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0

@@ -59,14 +59,7 @@ class ModelReplica:
 
     def __init__(self, repository: str, config: RayServeConfig) -> None:
         runtime = Runtime(compute_workers=config.replica_compute_workers)
-        self._host = Host(
-            repository,
-            runtime=runtime,
-            memory_budget=config.memory_budget,
-            max_loaded_models=config.max_loaded_models,
-            poll_interval_s=config.poll_interval_s,
-            max_queue_per_model=config.max_queue_per_model,
-        )
+        self._host = Host(repository, runtime=runtime, options=config.host_options()).start()
         self._drain_timeout_s = config.drain_timeout_s
         self._app = HttpApp(DataPlane(self._host), max_request_bytes=config.max_request_bytes)
         self._tag = serve.get_replica_context().replica_tag.encode()

@@ -133,7 +133,7 @@ class Metrics:
         return body, CONTENT_TYPE_LATEST
 
 
-def _model_families(rows: list[ModelStatistics], queues: dict[str, QueueStats]) -> str:
+def _model_families(rows: list[ModelStatistics], queues: dict[tuple[str, int], QueueStats]) -> str:
     """Triton's per-model families in the text format, one sample per row in each."""
     labels = [f'{{model="{_escape(row.name)}",version="{_escape(row.version)}"}} ' for row in rows]
     columns = (
@@ -144,7 +144,7 @@ def _model_families(rows: list[ModelStatistics], queues: dict[str, QueueStats]) 
         [(row.success.ns + row.fail.ns) // 1000 for row in rows],
         [row.queue.ns // 1000 for row in rows],
         [row.compute_infer.ns // 1000 for row in rows],
-        [_pending(queues.get(f"{row.name}:{row.version}")) for row in rows],
+        [_pending(queues.get((row.name, int(row.version)))) for row in rows],
     )
     parts: list[str] = []
     for (name, kind, help_text), column in zip(_MODEL_FAMILIES, columns, strict=True):

@@ -1,0 +1,501 @@
+"""Loader: every cold path's one pool, one load per version however many ask, back-off.
+
+A request for a model that is not loaded asks :meth:`Loader.prepare` for it and gets a future
+of the served version at once; nothing waits on the caller's thread, so an event loop may ask
+too. What must touch the disk (reading the model's entry) or build a session runs on the
+Loader's workers, ``load_concurrency`` of them, shared by every cold path: the blocking and
+asyncio requests, ``submit``, ``preload`` and reloads.
+
+The rule that keeps a bounded pool from deadlocking: no job on it ever waits for another
+future. A job that finds its version loading chains its caller's future to that load's; only
+the job that registered a load (its leader) builds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+import numpy as np
+
+from corral._budget import estimate_model_bytes
+from corral._config import ModelConfig
+from corral._errors import (
+    CorralError,
+    DeadlineExceeded,
+    HostClosed,
+    ModelLoadError,
+    ModelNotFound,
+    SessionClosed,
+    fresh,
+)
+from corral._options import HostOptions
+from corral._providers import resolve_policy, resolve_providers
+from corral._repository import ModelEntry, Repository, validate_model_name
+from corral._runtime import Runtime
+from corral._scheduler import DEFAULT_MAX_BATCH_SIZE
+from corral._served import HostLease, Outputs, ServedVersion
+from corral._session import Session
+from corral._table import Key, Lead, ModelTable
+
+__all__ = ["Loader", "version_number"]
+
+logger = logging.getLogger(__name__)
+
+# A version as a request spells it. Not str.isdigit(): that is also true of '²', which int()
+# refuses, and int() refuses more than 4,300 digits.
+_VERSION_TEXT = re.compile(r"[0-9]{1,18}")
+
+
+class Loader:
+    """Resolves what a request means and loads it, once, on the Host's load workers."""
+
+    def __init__(
+        self, repository: Repository, runtime: Runtime, table: ModelTable, options: HostOptions
+    ) -> None:
+        self._repository = repository
+        self._runtime = runtime
+        self._table = table
+        self._options = options
+        # Guards _pool and _closed: jobs are submitted and the pool shut down under it.
+        self._pool_lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None  # made with the first job
+        self._closed = False
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def prepare(
+        self, name: str, version: int | str | None, *, refresh: bool = False
+    ) -> Future[ServedVersion]:
+        """A future of the served version a request means, loading it first if needed.
+
+        Returns at once, on any thread: the future holds the version, or the error that a
+        request for it gets (:class:`ModelNotFound`, :class:`InvalidModelName`,
+        :class:`ModelLoadError`, :class:`HostClosed` ...). It is the caller's own: cancelling
+        it stops nobody else's wait. ``refresh`` reads the model's entry from the repository
+        again first, as an explicit load does.
+        """
+        outer: Future[ServedVersion] = Future()
+        try:
+            name = validate_model_name(name)
+            if not refresh and self._from_cache(name, version, outer):
+                return outer
+            self._submit(self._resolve_and_load, name, version, refresh, outer)
+        except CorralError as exc:
+            _settle(outer, error=exc)
+        return outer
+
+    def lease(
+        self,
+        name: str,
+        version: int | str | None,
+        timeout: float | None,
+        *,
+        refresh: bool = False,
+    ) -> HostLease:
+        """Hold the version a request means, waiting up to ``timeout`` for it to load.
+
+        Raises the error its load ended with, or :class:`DeadlineExceeded`: the load goes
+        on for whoever asks next.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            loading = self.prepare(name, version, refresh=refresh)
+            try:
+                served = loading.result(timeout=_remaining(deadline))
+            except FutureTimeout:
+                loading.cancel()
+                raise _still_loading(name, version, timeout) from None
+            except CorralError as exc:
+                raise fresh(exc) from exc.__cause__
+            try:
+                return served.lease()
+            except SessionClosed:
+                refresh = False  # evicted or swapped out since it loaded: ask again
+
+    async def lease_async(
+        self, name: str, version: int | str | None, timeout: float | None
+    ) -> HostLease:
+        """:meth:`lease` for asyncio: the event loop waits on nothing but the future."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            loading = self.prepare(name, version)
+            try:
+                served = await asyncio.wait_for(asyncio.wrap_future(loading), _remaining(deadline))
+            except TimeoutError:
+                raise _still_loading(name, version, timeout) from None
+            except CorralError as exc:
+                raise fresh(exc) from exc.__cause__
+            try:
+                return served.lease()
+            except SessionClosed:
+                continue
+
+    def resolve(
+        self, name: str, version: int | str | None, *, refresh: bool = False
+    ) -> tuple[ModelEntry, Key]:
+        """The entry and ``(name, version)`` a request means; reads the disk when it must.
+
+        Raises what a request for an unservable model or version gets. A version whose last
+        load failed is forgotten here when its files changed since, so that it loads at once.
+        """
+        entry, model_failed = self._table.cached(name)
+        if refresh or entry is None or model_failed or not _may_have(entry, version):
+            entry, refresh = self.refresh_entry(name), True
+        number = _choose(entry, name, version)
+        failed_from = self._table.failure_fingerprint((name, number))
+        if failed_from is not None:
+            if not refresh:
+                entry = self.refresh_entry(name)
+                number = _choose(entry, name, version)
+            if entry.version_fingerprint(number) != failed_from:
+                self._table.forget_failure((name, number), failed_from)
+        return entry, (name, number)
+
+    def refresh_entry(self, name: str) -> ModelEntry:
+        """Read a model's entry from the repository again (file reads) and keep it."""
+        entry = self._repository.entry(name)
+        self._table.store_entry(entry)
+        return entry
+
+    def enqueue_when_loaded(
+        self,
+        name: str,
+        version: int | str | None,
+        request: tuple[Mapping[str, Any], Sequence[str] | None, float | None],
+        answer: Future[Outputs],
+    ) -> None:
+        """For a cold ``submit``: queue ``request`` once its version loads, or answer the error.
+
+        ``request`` is (inputs, outputs, deadline). Nothing waits: the load's completion
+        queues the request on the compute workers, which answer it.
+        """
+        loading = self.prepare(name, version)
+        loading.add_done_callback(
+            functools.partial(self._enqueue_loaded, name, version, request, answer)
+        )
+
+    def _enqueue_loaded(
+        self,
+        name: str,
+        version: int | str | None,
+        request: tuple[Mapping[str, Any], Sequence[str] | None, float | None],
+        answer: Future[Outputs],
+        loading: Future[ServedVersion],
+    ) -> None:
+        try:
+            error = loading.exception()
+            if error is not None:
+                raise fresh(error)
+            served = loading.result()
+            try:
+                served.admit()
+            except SessionClosed:
+                self.enqueue_when_loaded(name, version, request, answer)  # evicted since: again
+                return
+            inputs, outputs, deadline = request
+            served.enqueue(inputs, outputs, answer, None, deadline)
+        except BaseException as exc:
+            # A done-callback's exception would be logged and lost: it is the answer.
+            _settle(answer, error=exc)
+            if not isinstance(exc, Exception):
+                raise
+
+    # -- builds ------------------------------------------------------------------------------
+
+    def build(self, name: str, version: int, entry: ModelEntry) -> ServedVersion:
+        """Build ``version`` of a model into a served version, not yet published.
+
+        Creates its Session (and warms it up if its model.toml says so) on the calling
+        thread; raises :class:`ModelLoadError` (or a subclass) if that fails.
+        """
+        config = entry.config
+        session = Session(
+            entry.versions[version].path,
+            runtime=self._runtime,
+            providers=config.providers,
+            concurrency=config.concurrency,
+            name=f"{name}:{version}",
+        )
+        try:
+            if config.warmup:
+                _warm_up(session)
+            rows, window = self._batch_plan(config)
+            return ServedVersion(
+                name,
+                version,
+                session,
+                runtime=self._runtime,
+                size_bytes=self.estimate(entry, version),
+                fingerprint=entry.version_fingerprint(version),
+                max_batch_size=rows,
+                batch_window_us=window,
+                queue_limit=self._options.max_queue_per_model,
+            )
+        except BaseException:
+            session.close()
+            raise
+
+    def build_on_workers(self, name: str, version: int, entry: ModelEntry) -> Future[ServedVersion]:
+        """:meth:`build` on the load workers; for reloads, whose caller waits for it."""
+        built: Future[ServedVersion] = Future()
+
+        def job() -> None:
+            try:
+                _settle(built, result=self.build(name, version, entry))
+            except BaseException as exc:
+                _settle(built, error=exc)
+                if not isinstance(exc, Exception):
+                    raise
+
+        try:
+            self._submit(job)
+        except CorralError as exc:
+            _settle(built, error=exc)
+        return built
+
+    def estimate(self, entry: ModelEntry, version: int) -> int:
+        """Estimated resident bytes of ``version`` once loaded, under its concurrency policy."""
+        providers = resolve_providers(entry.config.providers)
+        policy = resolve_policy(
+            entry.config.concurrency, providers, pool_size=self._runtime.options.compute_workers
+        )
+        return estimate_model_bytes(entry.versions[version].size, policy.replicas)
+
+    def close(self, *, wait: bool) -> None:
+        """Take no more jobs; with ``wait``, wait for the jobs running to end.
+
+        They end soon, as the table is closing; without ``wait``, a build still running (one
+        that outlasted the close's timeout) ends on its own.
+        """
+        with self._pool_lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=wait)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _from_cache(
+        self, name: str, version: int | str | None, outer: Future[ServedVersion]
+    ) -> bool:
+        """Settle or chain ``outer`` from the entry already read, if that says enough.
+
+        The usual cold request: the model's entry is known and its version has not failed,
+        so the disk need not be read: join the load in flight, or lead a new one.
+        """
+        entry, model_failed = self._table.cached(name)
+        if entry is None or model_failed or entry.error is not None:
+            return False
+        number = entry.latest if version is None else _number_or_none(version)
+        if number is None or number not in entry.served_versions:
+            return False  # the job reads the disk and raises the precise error
+        key = (name, number)
+        if self._table.failure_fingerprint(key) is not None:
+            return False  # the job checks whether its files changed since
+        self._follow(self._table.begin(key, entry, newest=version is None), key, entry, outer)
+        return True
+
+    def _resolve_and_load(
+        self,
+        name: str,
+        version: int | str | None,
+        refresh: bool,
+        outer: Future[ServedVersion],
+    ) -> None:
+        """A job: read the entry, then join or lead the version's load (leading it here)."""
+        try:
+            if outer.cancelled():
+                return
+            entry, key = self.resolve(name, version, refresh=refresh)
+            step = self._table.begin(key, entry, newest=version is None)
+            if isinstance(step, Lead):
+                self._load(key, entry, step.future)
+                step = step.future
+            self._follow(step, key, entry, outer)
+        except BaseException as exc:
+            _settle(outer, error=exc)
+            if not isinstance(exc, Exception):
+                raise
+
+    def _follow(
+        self,
+        step: ServedVersion | Future[ServedVersion] | Lead,
+        key: Key,
+        entry: ModelEntry,
+        outer: Future[ServedVersion],
+    ) -> None:
+        if isinstance(step, ServedVersion):
+            _settle(outer, result=step)
+            return
+        if isinstance(step, Lead):
+            try:
+                self._submit(self._load, key, entry, step.future)
+            except CorralError as exc:  # the pool is closed: the Host is closing
+                self._table.abandon(key, 0, exc)
+                _settle(step.future, error=exc)
+            step = step.future
+        step.add_done_callback(lambda done: _copy(done, outer))
+
+    def _load(self, key: Key, entry: ModelEntry, pending: Future[ServedVersion]) -> None:
+        """Load one version and publish it: the leader of a single-flight load runs this."""
+        name, version = key
+        started = time.monotonic()
+        reserved = 0
+        served: ServedVersion | None = None
+        try:
+            size = self.estimate(entry, version)
+            evicted = self._table.reserve(key, size)
+            reserved = size
+            self._table.drain(evicted, timeout=0)
+            served = self.build(name, version, entry)
+            try:
+                self._table.publish(served, entry, reserved, time.monotonic() - started)
+            finally:
+                reserved = 0  # publish ends the reservation, whether it publishes or not
+            logger.info(
+                "corral: loaded %s version %s (about %s bytes) in %.3f s",
+                name,
+                version,
+                f"{size:,}",
+                time.monotonic() - started,
+            )
+            _settle(pending, result=served)
+        except BaseException as exc:
+            error = exc if isinstance(exc, CorralError) else _load_error(name, version, exc)
+            self._table.abandon(key, reserved, error)
+            if served is not None:
+                served.session.close()
+            _settle(pending, error=error)
+            if not isinstance(exc, Exception):
+                raise
+
+    def _submit(self, job: Callable[..., None], *args: Any) -> None:
+        with self._pool_lock:
+            if self._closed:
+                raise HostClosed("the Host is closing and loads nothing more")
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    self._options.load_concurrency, thread_name_prefix="corral-load"
+                )
+            self._pool.submit(job, *args)
+
+    def _batch_plan(self, config: ModelConfig) -> tuple[int, int]:
+        """(max rows per batch, batch window in µs) for the scheduler; 0 rows: no batching."""
+        if not self._options.batching or config.max_batch_size == 0:
+            return 0, 0
+        return config.max_batch_size or DEFAULT_MAX_BATCH_SIZE, config.batch_window_us or 0
+
+
+def version_number(name: str, version: int | str) -> int:
+    """The version a request names, as a number; :class:`ModelNotFound` if it names none."""
+    number = _number_or_none(version)
+    if number is None:
+        raise ModelNotFound(
+            f"model {name!r} has no version {version!r}: versions are positive integers"
+        )
+    return number
+
+
+def _number_or_none(version: int | str) -> int | None:
+    if isinstance(version, int) and not isinstance(version, bool) and version > 0:
+        return version
+    if isinstance(version, str) and _VERSION_TEXT.fullmatch(version) and int(version) > 0:
+        return int(version)
+    return None
+
+
+def _may_have(entry: ModelEntry, version: int | str | None) -> bool:
+    """Whether the entry could serve ``version`` without a fresh look at the disk."""
+    if version is None:
+        return True
+    number = _number_or_none(version)
+    return number is None or number in entry.versions  # a malformed version fails as it is
+
+
+def _choose(entry: ModelEntry, name: str, version: int | str | None) -> int:
+    """The version number a request means in ``entry``; raises if it cannot be served."""
+    if entry.error is not None:
+        raise fresh(entry.error)
+    if version is None:
+        if entry.latest is None:
+            raise ModelNotFound(
+                f"model {name!r} has no version to serve: found {_listing(entry.versions)} "
+                f"under version policy {entry.config.version_policy}"
+            )
+        return entry.latest
+    number = version_number(name, version)
+    if number not in entry.versions:
+        raise ModelNotFound(
+            f"model {name!r} has no version {number}; versions: {_listing(entry.versions)}"
+        )
+    if number not in entry.served_versions:
+        raise ModelNotFound(
+            f"version {number} of model {name!r} is not served under version policy "
+            f"{entry.config.version_policy}; served: {_listing(entry.served_versions)}"
+        )
+    return number
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _still_loading(name: str, version: int | str | None, timeout: float | None) -> DeadlineExceeded:
+    which = f"model {name!r}" if version is None else f"model {name!r} version {version}"
+    return DeadlineExceeded(f"{which} was still loading after {timeout}s")
+
+
+def _listing(versions: Any) -> str:
+    numbers = sorted(versions)
+    return ", ".join(map(str, numbers)) if numbers else "none"
+
+
+def _load_error(name: str, version: int, exc: BaseException) -> ModelLoadError:
+    error = ModelLoadError(f"loading model {name!r} version {version} failed: {exc!r}")
+    error.__cause__ = exc
+    return error
+
+
+def _warm_up(session: Session) -> None:
+    """Run once on zeros (dynamic dims as 1); a failure fails the load."""
+    feed = {}
+    for spec in session.inputs:
+        if spec.dtype is None:
+            raise ModelLoadError(
+                f"cannot warm up {session.name!r}: input {spec.name!r} is {spec.onnx_type}"
+            )
+        shape = tuple(d if isinstance(d, int) else 1 for d in spec.shape)
+        feed[spec.name] = np.zeros(shape, dtype=spec.dtype)
+    try:
+        session.run(feed)
+    except CorralError as exc:
+        raise ModelLoadError(f"warming up {session.name!r} failed: {exc}") from exc
+
+
+def _settle(
+    future: Future[Any], *, result: object = None, error: BaseException | None = None
+) -> None:
+    """Give ``future`` its result or error, unless its caller cancelled it meanwhile."""
+    if not future.set_running_or_notify_cancel():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def _copy(source: Future[ServedVersion], outer: Future[ServedVersion]) -> None:
+    error = source.exception()
+    if error is not None:
+        _settle(outer, error=error)
+    else:
+        _settle(outer, result=source.result())

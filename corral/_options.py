@@ -1,0 +1,119 @@
+"""HostOptions: a Host's options in one frozen, validated object.
+
+The one place their rules live. The Host takes them as keyword arguments or as one object;
+the server's settings, ``corral.ray``'s config and the command line build this same object, so
+that an option means the same and is checked the same way wherever it is given. A bad value
+raises :class:`InvalidOption` naming the option.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+from corral._budget import Limits, parse_bytes
+from corral._errors import InvalidOption
+from corral._scheduler import DEFAULT_QUEUE_LIMIT
+
+__all__ = ["DEFAULT_FAILURE_BACKOFF_S", "HostOptionArgs", "HostOptions", "positive_int"]
+
+#: Seconds a failed load is not retried: the first wait, and the cap it doubles up to.
+DEFAULT_FAILURE_BACKOFF_S = (1.0, 60.0)
+
+
+def _default_load_concurrency() -> int:
+    return min(4, os.cpu_count() or 1)
+
+
+def positive_int(option: str, value: object, *, optional: bool = False) -> int | None:
+    """``value`` if it is a positive integer (or None when ``optional``); else InvalidOption.
+
+    >>> positive_int("replicas", 2)
+    2
+    """
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidOption(f"{option} must be a positive integer, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class HostOptions:
+    """How a :class:`corral.Host` loads, keeps and queues models; checked when built.
+
+    Example::
+
+        options = HostOptions(memory_budget="2GiB", poll_interval_s=5)
+        host = corral.Host("models/", options=options)
+    """
+
+    #: Estimated bytes the loaded models may hold: bytes, or a size like ``"2GiB"``; None: no
+    #: budget. Read :attr:`budget_bytes` for the number.
+    memory_budget: int | str | None = None
+    #: Most model versions loaded at once; None: no count.
+    max_loaded_models: int | None = None
+    #: Loads that run at once, on the Host's load workers (default: cores, at most 4).
+    load_concurrency: int = field(default_factory=_default_load_concurrency)
+    #: Seconds between checks of the models in use for changed or new versions; None: off.
+    poll_interval_s: float | None = None
+    #: After a failed load, its error is answered at once for ``first`` seconds, doubling
+    #: up to ``cap``, unless the model's files change.
+    failure_backoff_s: tuple[float, float] = DEFAULT_FAILURE_BACKOFF_S
+    #: Batch concurrent requests for one model into one run where the model allows it.
+    batching: bool = True
+    #: Requests one model version may have queued; more are refused at once (Overloaded).
+    max_queue_per_model: int = DEFAULT_QUEUE_LIMIT
+    _budget_bytes: int | None = field(init=False, repr=False, compare=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.memory_budget is not None:
+            object.__setattr__(self, "_budget_bytes", parse_bytes(self.memory_budget))
+        positive_int("max_loaded_models", self.max_loaded_models, optional=True)
+        positive_int("load_concurrency", self.load_concurrency)
+        positive_int("max_queue_per_model", self.max_queue_per_model)
+        poll = self.poll_interval_s
+        if poll is not None and not (_is_number(poll) and 0 < poll < math.inf):
+            raise InvalidOption(
+                f"poll_interval_s must be a positive number of seconds, got {poll!r}"
+            )
+        backoff = self.failure_backoff_s
+        if not (
+            isinstance(backoff, tuple)
+            and len(backoff) == 2
+            and all(_is_number(part) for part in backoff)
+            and 0 <= backoff[0] <= backoff[1] < math.inf
+        ):
+            raise InvalidOption(
+                f"failure_backoff_s must be (first, cap) with 0 <= first <= cap, got {backoff!r}"
+            )
+        if not isinstance(self.batching, bool):
+            raise InvalidOption(f"batching must be True or False, got {self.batching!r}")
+
+    @property
+    def budget_bytes(self) -> int | None:
+        """The memory budget in bytes; None: no budget."""
+        return self._budget_bytes
+
+    @property
+    def limits(self) -> Limits:
+        """The budget's caps, as the eviction rules take them."""
+        return Limits(self._budget_bytes, self.max_loaded_models)
+
+
+class HostOptionArgs(TypedDict, total=False):
+    """:class:`HostOptions`' fields, as keyword arguments of :class:`Host`."""
+
+    memory_budget: int | str | None
+    max_loaded_models: int | None
+    load_concurrency: int
+    poll_interval_s: float | None
+    failure_backoff_s: tuple[float, float]
+    batching: bool
+    max_queue_per_model: int
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -1,0 +1,253 @@
+"""ServedVersion: one loaded version of a model, with its Session and its scheduler queue.
+
+A served version is what a request runs on. It owns its :class:`Session` (the onnxruntime
+sessions, their admissions and leases) and its queue in the Runtime's scheduler, made with
+its first queued request; the scheduler sees it only through the small
+:class:`~corral._scheduler.Runnable` protocol. The Host's table decides when a version is
+published, evicted or retired; this module decides nothing about that.
+
+:class:`HostLease` is a served version held open for one caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import numpy.typing as npt
+
+from corral._runtime import Runtime
+from corral._scheduler import ModelQueue, QueueKey, Scheduler
+from corral._session import Lease, Session
+
+__all__ = ["HostLease", "Outputs", "ServedVersion"]
+
+Outputs = dict[str, npt.NDArray[Any]]
+#: A request's answer: a thread's Future, or an asyncio Future with the loop it belongs to.
+AnyFuture = Future[Outputs] | asyncio.Future[Outputs]
+
+
+class ServedVersion:
+    """One loaded version: its Session, batch settings, queue and place in the budget.
+
+    ``pinned`` is written under the Host table's lock; ``last_used`` is stamped by requests
+    without a lock (a single store: eviction only orders by it). Everything else is fixed
+    once the version is published.
+    """
+
+    __slots__ = (
+        "_queue",
+        "_queue_lock",
+        "_runtime",
+        "_scheduler",
+        "dismiss",
+        "fingerprint",
+        "key",
+        "label",
+        "last_used",
+        "loaded_at",
+        "max_rows",
+        "name",
+        "pinned",
+        "queue_limit",
+        "run_admitted",
+        "session",
+        "size_bytes",
+        "version",
+        "window_us",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        version: int,
+        session: Session,
+        *,
+        runtime: Runtime,
+        size_bytes: int,
+        fingerprint: tuple[object, ...],
+        max_batch_size: int,
+        batch_window_us: int,
+        queue_limit: int,
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.key: QueueKey = (name, version)
+        self.session = session
+        #: The name used in messages: ``model:version``.
+        self.label = session.name
+        self.size_bytes = size_bytes
+        self.fingerprint = fingerprint
+        self.pinned = False
+        #: Rows per batched run; 0 when requests never share a run (not batchable, or off).
+        self.max_rows = max_batch_size if session.signature.batchable else 0
+        self.window_us = batch_window_us
+        self.queue_limit = queue_limit
+        self.last_used: float | None = None
+        #: Wall-clock time it was loaded: its age for eviction until its first request.
+        self.loaded_at = time.time()
+        # The scheduler's side (Runnable): the session's own methods, bound once, so that a
+        # batch costs no extra call.
+        self.run_admitted = session.run_admitted
+        self.dismiss = session.dismiss
+        self._runtime = runtime
+        self._scheduler: Scheduler | None = None
+        # Made with the first queued request and never replaced: read without a lock once set.
+        self._queue: ModelQueue | None = None
+        # Guards making _queue, so that two first requests share one queue.
+        self._queue_lock = threading.Lock()
+
+    @property
+    def busy(self) -> bool:
+        """Requests hold it now (runs, leases, queued requests): it cannot be evicted."""
+        return self.session.in_flight > 0
+
+    @property
+    def last_use(self) -> float:
+        """When it was last used, or loaded if never: what eviction orders by."""
+        used = self.last_used
+        return self.loaded_at if used is None else used
+
+    def lease(self) -> HostLease:
+        """Hold it open for one caller; raises SessionClosed once it is out of service."""
+        lease = self.session.acquire()
+        self.last_used = time.time()
+        return HostLease(self, lease)
+
+    def admit(self) -> None:
+        """Count one queued request as in flight; raises SessionClosed once out of service."""
+        self.session.admit()
+        self.last_used = time.time()
+
+    def run(
+        self, inputs: Mapping[str, Any], outputs: Sequence[str] | None
+    ) -> dict[str, npt.NDArray[Any]]:
+        """Run on the calling thread; raises SessionClosed once it is out of service."""
+        self.last_used = time.time()
+        return self.session.run(inputs, outputs)
+
+    def enqueue(
+        self,
+        inputs: Mapping[str, Any],
+        outputs: Sequence[str] | None,
+        future: AnyFuture,
+        loop: asyncio.AbstractEventLoop | None,
+        deadline: float | None,
+    ) -> None:
+        """Check a request and queue it, under an admission the caller holds.
+
+        The admission passes to the scheduler, which ends it with the answer; if the request
+        is refused here (bad input, a full queue), it is ended at once and the error raised.
+        """
+        try:
+            signature = self.session.signature
+            feed = signature.prepare_inputs(inputs)
+            names = signature.output_names(outputs)
+            queue = self._queue or self._make_queue()
+            scheduler = self._scheduler
+            assert scheduler is not None  # set with the queue
+            scheduler.submit(queue, feed, names, future, deadline, loop)
+        except BaseException:
+            self.session.dismiss(1)
+            raise
+
+    def _make_queue(self) -> ModelQueue:
+        with self._queue_lock:
+            if self._queue is None:
+                # The Runtime makes one Scheduler for its life; RuntimeClosed once it shut down.
+                scheduler = self._runtime.scheduler()
+                self._scheduler = scheduler
+                self._queue = scheduler.queue(
+                    self,
+                    self.key,
+                    max_rows=self.max_rows,
+                    batch_window_us=self.window_us,
+                    queue_limit=self.queue_limit,
+                )
+            return self._queue
+
+    def __repr__(self) -> str:
+        return f"<ServedVersion {self.label} {self.size_bytes:,} bytes>"
+
+
+class HostLease:
+    """A loaded model version held open for one caller; from :meth:`Host.acquire`.
+
+    While the lease is held, the version it names is neither evicted nor closed, and every
+    request made through it runs on that version, even one retired meanwhile (a newer copy
+    swapped in, an unload). Release it (or leave its ``with`` block) promptly: it is the
+    unit of "in use".
+    """
+
+    __slots__ = ("_lease", "_served", "name", "session", "version")
+
+    def __init__(self, served: ServedVersion, lease: Lease) -> None:
+        self._served = served
+        self._lease = lease
+        #: The model's name and the version this lease holds.
+        self.name = served.name
+        self.version = served.version
+        #: The loaded session.
+        self.session = served.session
+
+    @property
+    def max_batch_size(self) -> int:
+        """Rows per run when requests for this version are batched; 0 if they never are."""
+        return self._served.max_rows
+
+    def run(
+        self, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None
+    ) -> dict[str, npt.NDArray[Any]]:
+        """Run the model on the calling thread (see :meth:`Session.run`)."""
+        return self._lease.run(inputs, outputs)
+
+    async def infer_async(
+        self,
+        inputs: Mapping[str, Any],
+        outputs: Sequence[str] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> dict[str, npt.NDArray[Any]]:
+        """Run the model on the compute workers, batched with other requests for it.
+
+        For asyncio: the event loop never runs the model or waits on it. ``timeout``: a
+        request not started within it is answered :class:`DeadlineExceeded` without
+        running. Cancelling the awaiting task before the request runs means it never runs.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._lease.admit()
+        future: asyncio.Future[Outputs] = loop.create_future()
+        self._served.enqueue(inputs, outputs, future, loop, deadline)
+        return await future
+
+    def submit(
+        self,
+        inputs: Mapping[str, Any],
+        outputs: Sequence[str] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> Future[dict[str, npt.NDArray[Any]]]:
+        """Like :meth:`infer_async`, answered through a ``concurrent.futures.Future``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._lease.admit()
+        future: Future[Outputs] = Future()
+        self._served.enqueue(inputs, outputs, future, None, deadline)
+        return future
+
+    def release(self) -> None:
+        """Let the version be evicted or closed again; idempotent."""
+        self._lease.release()
+
+    def __enter__(self) -> HostLease:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"<corral.HostLease {self.name}:{self.version}>"
