@@ -1,0 +1,235 @@
+"""The scheduler on its own: a fake model version, no Host, no repository, no onnxruntime run.
+
+Each test holds the one compute worker on an event (never a sleep) so that requests queue up,
+then checks what the scheduler did with them: which shared a run, which never ran, that every
+admission ended exactly once, and what its statistics say.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+import pytest
+
+from corral import DeadlineExceeded, InferenceError, Overloaded, RuntimeClosed
+from corral._scheduler import ModelQueue, Scheduler
+
+Feed = dict[str, np.ndarray]
+
+
+class FakeVersion:
+    """A served version that doubles its input; counts admissions and records each run.
+
+    ``hold`` keeps every run waiting until it is set; ``fail_when`` makes a run raise when a
+    row of its input equals that value, as a model does on a value it cannot take.
+    """
+
+    def __init__(self, label: str, *, fail_when: float | None = None) -> None:
+        self.label = label
+        self.hold = threading.Event()
+        self.hold.set()
+        self.running = threading.Semaphore(0)
+        self.fail_when = fail_when
+        self.batches: list[int] = []  # rows per run, in order
+        self.admitted = 0
+        self._lock = threading.Lock()  # guards admitted and batches
+
+    def admit(self) -> None:
+        with self._lock:
+            self.admitted += 1
+
+    def run_admitted(self, feed: Feed, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+        x = feed["X"]
+        with self._lock:
+            self.batches.append(x.shape[0])
+        self.running.release()
+        assert self.hold.wait(timeout=30)
+        if self.fail_when is not None and (x == self.fail_when).any():
+            raise InferenceError(f"{self.label}: cannot take {self.fail_when}")
+        return {"Y": x * 2}
+
+    def dismiss(self, count: int) -> None:
+        with self._lock:
+            self.admitted -= count
+            assert self.admitted >= 0, "an admission was ended twice"
+
+
+@pytest.fixture
+def scheduler() -> Iterator[Scheduler]:
+    scheduler = Scheduler(workers=1)
+    yield scheduler
+    assert scheduler.shutdown(timeout=30)
+
+
+def submit(
+    scheduler: Scheduler, queue: ModelQueue, owner: FakeVersion, x: np.ndarray, **kwargs: Any
+) -> Future[dict[str, np.ndarray]]:
+    owner.admit()
+    future: Future[dict[str, np.ndarray]] = Future()
+    scheduler.submit(queue, {"X": x}, ("Y",), future, **kwargs)
+    return future
+
+
+def hold_worker(scheduler: Scheduler) -> tuple[FakeVersion, Future[Any]]:
+    """Park the one worker in a run of another version until the test sets its ``hold``."""
+    blocker = FakeVersion("blocker:1")
+    blocker.hold.clear()
+    queue = scheduler.queue(blocker, ("blocker", 1), max_rows=0)
+    held = submit(scheduler, queue, blocker, np.zeros((1, 2), np.float32))
+    assert blocker.running.acquire(timeout=10)
+    return blocker, held
+
+
+def row(value: float) -> np.ndarray:
+    return np.full((1, 2), value, np.float32)
+
+
+def test_queued_rows_share_one_run_and_each_gets_its_own(scheduler: Scheduler):
+    model = FakeVersion("m:1")
+    queue = scheduler.queue(model, ("m", 1), max_rows=64)
+    blocker, held = hold_worker(scheduler)
+    futures = [submit(scheduler, queue, model, row(i)) for i in range(10)]
+    blocker.hold.set()
+    for i, future in enumerate(futures):
+        np.testing.assert_array_equal(future.result(timeout=10)["Y"], row(2 * i))
+    held.result(timeout=10)
+    assert model.batches == [10]
+    assert model.admitted == 0
+    stats = scheduler.stats()[("m", 1)]
+    assert (stats.accepted, stats.runs, stats.rows) == (10, 1, 10)
+
+
+def test_max_rows_splits_batches_and_zero_never_batches(scheduler: Scheduler):
+    capped, alone = FakeVersion("capped:1"), FakeVersion("alone:1")
+    capped_queue = scheduler.queue(capped, ("capped", 1), max_rows=4)
+    alone_queue = scheduler.queue(alone, ("alone", 1), max_rows=0)
+    blocker, held = hold_worker(scheduler)
+    futures = [submit(scheduler, capped_queue, capped, row(i)) for i in range(6)]
+    futures += [submit(scheduler, alone_queue, alone, row(i)) for i in range(3)]
+    blocker.hold.set()
+    for future in [*futures, held]:
+        future.result(timeout=10)
+    assert capped.batches == [4, 2]
+    assert alone.batches == [1, 1, 1]
+
+
+def test_a_full_queue_refuses_at_once_and_loses_nothing_accepted(scheduler: Scheduler):
+    model = FakeVersion("m:1")
+    queue = scheduler.queue(model, ("m", 1), queue_limit=3)
+    blocker, held = hold_worker(scheduler)
+    accepted = [submit(scheduler, queue, model, row(i)) for i in range(3)]
+    model.admit()
+    with pytest.raises(Overloaded, match="'m:1' has 3 requests queued"):
+        scheduler.submit(queue, {"X": row(9)}, ("Y",), Future())
+    model.dismiss(1)  # a refused request's admission stays with its caller
+    blocker.hold.set()
+    assert [f.result(timeout=10)["Y"][0, 0] for f in accepted] == [0, 2, 4]
+    held.result(timeout=10)
+    assert (scheduler.stats()[("m", 1)].rejected, model.admitted) == (1, 0)
+
+
+def test_a_request_past_its_deadline_or_cancelled_never_runs(scheduler: Scheduler):
+    model = FakeVersion("m:1")
+    queue = scheduler.queue(model, ("m", 1))
+    blocker, held = hold_worker(scheduler)
+    late = submit(scheduler, queue, model, row(1), deadline=0.0)  # long past
+    cancelled = submit(scheduler, queue, model, row(2))
+    kept = submit(scheduler, queue, model, row(3))
+    assert cancelled.cancel()
+    blocker.hold.set()
+    with pytest.raises(DeadlineExceeded, match="'m:1' passed while queued"):
+        late.result(timeout=10)
+    np.testing.assert_array_equal(kept.result(timeout=10)["Y"], row(6))
+    held.result(timeout=10)
+    assert model.batches == [1]  # only the kept request ran
+    stats = scheduler.stats()[("m", 1)]
+    assert (stats.expired, stats.cancelled, stats.rows, model.admitted) == (1, 1, 1, 0)
+
+
+def test_a_failed_batch_runs_each_request_alone_so_only_the_bad_one_fails(scheduler: Scheduler):
+    model = FakeVersion("m:1", fail_when=13.0)
+    queue = scheduler.queue(model, ("m", 1))
+    blocker, held = hold_worker(scheduler)
+    futures = [submit(scheduler, queue, model, row(value)) for value in (1, 13, 2)]
+    blocker.hold.set()
+    np.testing.assert_array_equal(futures[0].result(timeout=10)["Y"], row(2))
+    with pytest.raises(InferenceError, match="cannot take 13"):
+        futures[1].result(timeout=10)
+    np.testing.assert_array_equal(futures[2].result(timeout=10)["Y"], row(4))
+    held.result(timeout=10)
+    assert model.batches == [3, 1, 1, 1]
+    assert model.admitted == 0
+
+
+def test_models_take_turns_rather_than_first_come_first_served(scheduler: Scheduler):
+    hot, cold = FakeVersion("hot:1"), FakeVersion("cold:1")
+    hot_queue = scheduler.queue(hot, ("hot", 1), max_rows=0)
+    cold_queue = scheduler.queue(cold, ("cold", 1), max_rows=0)
+    blocker, held = hold_worker(scheduler)
+    order: list[str] = []
+    order_lock = threading.Lock()  # guards order
+
+    def note(label: str) -> Any:
+        def done(_: Future[Any]) -> None:
+            with order_lock:
+                order.append(label)
+
+        return done
+
+    futures = []
+    for i in range(20):
+        futures.append(submit(scheduler, hot_queue, hot, row(i)))
+        futures[-1].add_done_callback(note("hot"))
+    futures.append(submit(scheduler, cold_queue, cold, row(0)))
+    futures[-1].add_done_callback(note("cold"))
+    blocker.hold.set()
+    for future in [*futures, held]:
+        future.result(timeout=10)
+    assert order.index("cold") <= 2, order  # not behind the 20 hot requests queued first
+
+
+def test_asyncio_requests_are_answered_on_their_loop(scheduler: Scheduler):
+    model = FakeVersion("m:1")
+    queue = scheduler.queue(model, ("m", 1))
+
+    async def ask(value: float) -> np.ndarray:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[dict[str, np.ndarray]] = loop.create_future()
+        model.admit()
+        scheduler.submit(queue, {"X": row(value)}, ("Y",), future, None, loop)
+        return (await future)["Y"]
+
+    async def many() -> list[np.ndarray]:
+        return await asyncio.gather(*(ask(i) for i in range(8)))
+
+    answers = asyncio.run(many())
+    assert [answer[0, 0] for answer in answers] == [2 * i for i in range(8)]
+    assert model.admitted == 0
+
+
+def test_shutdown_runs_what_was_accepted_then_refuses(scheduler: Scheduler):
+    model = FakeVersion("m:1")
+    queue = scheduler.queue(model, ("m", 1))
+    blocker, held = hold_worker(scheduler)
+    queued = [submit(scheduler, queue, model, row(i)) for i in range(4)]
+    stopping = threading.Thread(target=scheduler.shutdown, kwargs={"timeout": 30})
+    stopping.start()
+    blocker.hold.set()
+    stopping.join(timeout=30)
+    assert [f.result(timeout=10)["Y"][0, 0] for f in queued] == [0, 2, 4, 6]
+    held.result(timeout=10)
+    with pytest.raises(RuntimeClosed):
+        scheduler.submit(queue, {"X": row(1)}, ("Y",), Future())
+
+
+def test_a_queue_is_reported_only_while_its_owner_keeps_it(scheduler: Scheduler):
+    model = FakeVersion("m:1")
+    queue = scheduler.queue(model, ("m", 1))
+    assert set(scheduler.stats()) == {("m", 1)}
+    del queue
+    assert scheduler.stats() == {}
