@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import corral
 from corral import _ort
-from corral.bench.models import build_linear, build_mlp, build_tree
+from corral.testing import build_linear, build_mlp, build_tree
 
 
 @pytest.fixture(autouse=True)

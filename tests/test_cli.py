@@ -21,8 +21,8 @@ import pytest
 import corral
 from corral.bench.create import measure_construction
 from corral.bench.demo import WorkerFailed, build_models, run_worker
-from corral.bench.models import build_model
 from corral.cli import main
+from corral.testing import build_model
 
 N_MODELS = 30
 # Leaves the subprocess's own hard timeout room to report before pytest-timeout fires.

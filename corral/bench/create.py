@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, TypedDict
 
 import corral
-from corral.bench.models import ModelKind, build_model
+from corral.testing import ModelKind, build_model
 
 __all__ = ["ConstructionResult", "CreateProgress", "CreateStep", "measure_construction"]
 

@@ -37,7 +37,7 @@ from typing import Any, Literal, TypeVar, get_args
 import numpy as np
 
 from corral._errors import CorralError
-from corral.bench.models import ModelKind, build_model
+from corral.testing import ModelKind, build_model
 
 __all__ = [
     "ENGINES",

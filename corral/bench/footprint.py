@@ -54,7 +54,7 @@ from corral.bench.demo import (
     _threads_besides,
     run_worker_module,
 )
-from corral.bench.models import build_model
+from corral.testing import build_model
 
 __all__ = [
     "DEFAULT_COUNTS",

@@ -44,7 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 import corral
-from corral.bench.models import build_mlp, build_tree
+from corral.testing import build_mlp, build_tree
 
 __all__ = [
     "BASELINES",
