@@ -196,7 +196,7 @@ def _import_onnx() -> ModuleType:
         import onnx
     except ImportError as exc:
         raise ImportError(
-            "corral.testing's model builders need the 'onnx' package: pip install 'corral[bench]'"
+            "corral.testing's model builders need the 'onnx' package: pip install 'corral[demo]'"
         ) from exc
     return onnx
 
