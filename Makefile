@@ -64,9 +64,9 @@ soak: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/corral demo
 
+# The footprint benchmark's models, laid out as a Triton repository.
 $(DEMO_REPOSITORY): | $(STAMP)
-	$(BIN)/python -c "from corral.bench.footprint import build_repository; \
-		build_repository('$(DEMO_REPOSITORY).partial', 1000)"
+	$(BIN)/python benchmarks/footprint.py repository $(DEMO_REPOSITORY).partial --count 1000
 	mv $(DEMO_REPOSITORY).partial $(DEMO_REPOSITORY)
 
 serve: $(STAMP) | $(DEMO_REPOSITORY)
@@ -76,14 +76,15 @@ serve: $(STAMP) | $(DEMO_REPOSITORY)
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py
 
+# The benchmarks are scripts in benchmarks/, not part of the wheel: `--help` on each.
 bench-create: $(STAMP)
-	$(BIN)/corral bench create
+	$(BIN)/python benchmarks/create.py
 
 bench-footprint: $(STAMP)
-	$(BIN)/corral bench footprint
+	$(BIN)/python benchmarks/footprint.py
 
 bench-scenarios: $(STAMP)
-	$(BIN)/corral bench scenarios
+	$(BIN)/python benchmarks/scenarios.py
 
 bench-http: $(STAMP) tools
 	$(BIN)/python benchmarks/http_bench.py
@@ -91,7 +92,7 @@ bench-http: $(STAMP) tools
 # Each peer installs into its own venv under ~/.cache/corral-bench (CORRAL_BENCH_CACHE).
 bench: $(STAMP) tools
 	$(BIN)/python benchmarks/bench_peers.py --json benchmarks/results/peers-full.json
-	$(BIN)/corral bench footprint --counts 100,1000,10000 --json > benchmarks/results/density.json
+	$(BIN)/python benchmarks/footprint.py --counts 100,1000,10000 --json benchmarks/results/density.json
 	$(BIN)/python benchmarks/render_peers.py benchmarks/results/peers-full.json \
 		--density benchmarks/results/density.json --out docs
 

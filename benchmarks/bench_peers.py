@@ -98,7 +98,7 @@ class Running:
 
 def build_repository(root: Path, count: int) -> list[str]:
     """``count`` tiny models in Triton's layout (corral's demo models); returns their names."""
-    from corral.bench.footprint import build_repository as build
+    from benchmarks.footprint import build_repository as build
 
     paths = build(root, count)
     return [path.parent.parent.name for path in paths]

@@ -63,7 +63,7 @@ from typing import Any, Literal, TypedDict, get_args
 import numpy as np
 import orjson
 
-from corral.bench.models import ModelKind, build_model
+from corral.testing import ModelKind, build_model
 
 HERE = Path(__file__).resolve().parent
 REFERENCE_DIR = HERE / "reference"

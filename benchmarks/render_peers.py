@@ -159,7 +159,7 @@ def page(document: dict[str, Any], density: list[dict[str, Any]] | None) -> str:
         lines += [
             "## Density: many models in one process",
             "",
-            "`corral bench footprint`: each engine loads the models in its own process.",
+            "`benchmarks/footprint.py`: each engine loads the models in its own process.",
             "",
             "| models | engine | threads | RSS per model | load time |",
             "|---:|---|---:|---:|---:|",
@@ -178,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Render the page and the plots."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", type=Path, help="bench_peers.py's JSON")
-    parser.add_argument("--density", type=Path, help="`corral bench footprint --json` output")
+    parser.add_argument("--density", type=Path, help="`benchmarks/footprint.py --json FILE` output")
     parser.add_argument("--out", type=Path, default=Path("docs"), help="folder (default docs)")
     args = parser.parse_args(argv)
     document = json.loads(args.results.read_text())

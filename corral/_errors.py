@@ -20,8 +20,7 @@
     │   └── RunCancelled       the run was stopped between nodes (RunOptions.terminate)
     ├── DeadlineExceeded       the request's timeout passed before it was answered
     ├── Overloaded             a queue is full: the request is refused at once, not queued
-    ├── DrainTimeout           close or shutdown gave up waiting for runs still in flight
-    └── WorkerFailed           (corral.bench.demo) a demo worker process failed
+    └── DrainTimeout           close or shutdown gave up waiting for runs still in flight
 
 The classes carry no HTTP or gRPC status: each transport owns its own ``{class: status}``
 table. onnxruntime's own exceptions are turned into these in one place, ``corral._ort``,

@@ -3,10 +3,6 @@
 ::
 
     corral demo [--models N] [--threads T] [--requests R] [--keep DIR] [--json]
-    corral bench create [--models N] [--threads K] [--rounds R] [--json]
-    corral bench footprint [--counts 100,1000,10000] [--json]
-    corral bench scenarios [--models tree,forest,mlp] [--concurrency 1,2,...] [--json FILE]
-                           [--plot FILE]
     corral models REPOSITORY [--preload] [--memory-budget SIZE] [--json]
     corral serve REPOSITORY [--host H] [--http-port P] [--grpc-port P] [--memory-budget SIZE]
                             [--compute-workers N] [--max-request-bytes N] [--auth-token T] ...
@@ -14,9 +10,9 @@
                                 [--host H] [--port P] [--max-models-per-replica N] ...
 
 The command line is an edge: it alone draws progress bars (with rich, from the ``cli``
-extra) and prints; the scenarios it runs live in :mod:`corral.bench` and report progress
-through plain callbacks. Progress goes to stderr, results to stdout, so ``--json`` output
-can be piped.
+extra) and prints; the demo it runs lives in :mod:`corral.demo` and reports progress through
+plain callbacks. Progress goes to stderr, results to stdout, so ``--json`` output can be
+piped. The benchmarks are scripts in the repository's ``benchmarks/``, not commands.
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ import argparse
 import importlib.util
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,10 +33,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from corral._status import HostStats, ModelStatus
-    from corral.bench.create import ConstructionResult
-    from corral.bench.demo import DemoResult, DemoStep
-    from corral.bench.footprint import FootprintResult, FootprintStep
-    from corral.bench.scenarios import ScenarioRow
+    from corral.demo import DemoResult, DemoStep
 
 __all__ = ["main"]
 
@@ -214,83 +207,6 @@ def _parser() -> argparse.ArgumentParser:
     models.add_argument("--json", action="store_true", help="print the statuses as JSON")
     models.set_defaults(handler=_models)
 
-    bench = commands.add_parser("bench", help="benchmark scenarios")
-    scenarios = bench.add_subparsers(dest="scenario", required=True, metavar="SCENARIO")
-    create = scenarios.add_parser(
-        "create",
-        help="session construction, one thread against a pool",
-        description=(
-            "Create one corral Session per model from one thread and from a pool of threads, "
-            "in alternating order for several rounds, and compare the medians."
-        ),
-    )
-    create.add_argument("--models", type=_positive_int, default=500, help="models (default 500)")
-    create.add_argument(
-        "--threads", type=_positive_int, default=4, help="threads of the pool (default 4)"
-    )
-    create.add_argument("--rounds", type=_positive_int, default=3, help="rounds (default 3)")
-    create.add_argument("--json", action="store_true", help="print the raw results as JSON")
-    create.set_defaults(handler=_bench_create)
-    footprint = scenarios.add_parser(
-        "footprint",
-        help="threads, memory and load time of many models, corral against onnxruntime",
-        description=(
-            "Build one repository of tiny models, then for each count load that many with a "
-            "corral Host, with onnxruntime's default sessions and with onnxruntime's global "
-            "pools, each in its own process, and compare threads, RSS per model and load time."
-        ),
-    )
-    footprint.add_argument(
-        "--counts",
-        type=_counts,
-        default=(100, 1000, 10000),
-        metavar="N,N,...",
-        help="model counts, comma-separated (default 100,1000,10000)",
-    )
-    footprint.add_argument("--json", action="store_true", help="print the raw results as JSON")
-    footprint.set_defaults(handler=_bench_footprint)
-    scenario_bench = scenarios.add_parser(
-        "scenarios",
-        help="requests/s of corral's request paths against plain onnxruntime sessions",
-        description=(
-            "For each model and number of concurrent callers, send batch-1 requests through "
-            "one shared onnxruntime session (A), a session per thread (B), and corral's "
-            "blocking and asyncio paths without and with batching; every variant once per "
-            "round, in rotating order, in this process on the same inputs. Prints the median "
-            "requests/s and each corral variant's ratio to the better of A and B."
-        ),
-    )
-    scenario_bench.add_argument(
-        "--models",
-        type=_names,
-        default=("tree", "forest", "mlp"),
-        metavar="NAME,...",
-        help="models among tree, forest, mlp, comma-separated (default all three)",
-    )
-    scenario_bench.add_argument(
-        "--concurrency",
-        type=_counts,
-        default=(1, 2, 4, 8, 16, 32),
-        metavar="N,N,...",
-        help="concurrent callers, comma-separated (default 1,2,4,8,16,32)",
-    )
-    scenario_bench.add_argument(
-        "--requests",
-        type=_positive_int,
-        default=20000,
-        # At ~200k requests/s, 4,000 requests were timed in 20 ms: less than this VM's noise.
-        help="requests per variant and round, split over the callers (default 20000)",
-    )
-    scenario_bench.add_argument(
-        "--rounds", type=_positive_int, default=5, help="rounds (default 5)"
-    )
-    scenario_bench.add_argument(
-        "--json", type=Path, metavar="FILE", help="also write the rows as JSON to FILE"
-    )
-    scenario_bench.add_argument(
-        "--plot", type=Path, metavar="FILE", help="also draw requests/s into a PNG at FILE"
-    )
-    scenario_bench.set_defaults(handler=_bench_scenarios)
     return parser
 
 
@@ -403,10 +319,10 @@ def _demo(args: argparse.Namespace) -> int:
     _require_rich()
     from rich.console import Console
 
-    # corral.bench's ImportErrors (a missing extra) already say what to install.
-    try:
-        from corral.bench.demo import run_demo
+    from corral.demo import WorkerFailed, run_demo
 
+    # corral.demo's ImportErrors (a missing extra) already say what to install.
+    try:
         with _progress_bar() as progress:
             display = _DemoDisplay(progress, args.models)
             result = run_demo(
@@ -414,6 +330,10 @@ def _demo(args: argparse.Namespace) -> int:
             )
     except ImportError as exc:
         raise SystemExit(str(exc)) from exc
+    except WorkerFailed as exc:
+        # Not a CorralError: the demo's own measuring process broke, not a request to corral.
+        print(f"corral demo: error: {exc}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
@@ -496,295 +416,6 @@ def _ratio(numerator: float, denominator: float) -> str:
         return f"{ratio:.2f}x"
     # Two significant digits, so that 3 threads against 1,003 does not read as 0.00x.
     return f"{ratio:.2g}x"
-
-
-# -- corral bench create --------------------------------------------------------------------
-
-
-def _bench_create(args: argparse.Namespace) -> int:
-    _require_rich()
-    from rich.console import Console
-
-    try:
-        from corral.bench.create import measure_construction
-    except ImportError as exc:
-        raise SystemExit(str(exc)) from exc
-    with _progress_bar() as progress:
-        build = progress.add_task(f"building {args.models} models", total=args.models)
-        measure = progress.add_task(
-            f"creating sessions: {args.rounds} round(s) of serial and parallel",
-            total=2 * args.rounds,
-        )
-
-        def on_progress(step: str, done: int, total: int) -> None:
-            progress.update(build if step == "build" else measure, completed=done, total=total)
-
-        result = measure_construction(args.models, args.threads, args.rounds, on_progress)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        Console().print(_create_table(result))
-    return 0
-
-
-def _create_table(result: ConstructionResult) -> Table:
-    from rich.table import Table
-
-    table = Table(
-        title=f"Creating {result['models']:,} sessions, {result['rounds']} round(s)",
-        caption=(
-            f"parallel / serial: {result['ratio']:.2f}x (below 1: the pool is faster). "
-            f"Policy {result['policy']}, Python {result['python']}, "
-            f"GIL {'on' if result['gil_enabled'] else 'off'}."
-        ),
-    )
-    table.add_column("")
-    table.add_column("median (s)", justify="right")
-    table.add_column("sessions/s", justify="right")
-    table.add_column("each round (s)", justify="right")
-    sides: Sequence[tuple[str, float, list[float]]] = (
-        ("serial (1 thread)", result["serial_median"], result["serial_seconds"]),
-        (
-            f"parallel ({result['threads']} threads)",
-            result["parallel_median"],
-            result["parallel_seconds"],
-        ),
-    )
-    for label, median, rounds in sides:
-        table.add_row(
-            label,
-            f"{median:.3f}",
-            f"{result['models'] / median:,.0f}",
-            "  ".join(f"{seconds:.3f}" for seconds in rounds),
-        )
-    return table
-
-
-# -- corral bench footprint -----------------------------------------------------------------
-
-
-def _counts(text: str) -> tuple[int, ...]:
-    # Ascending and each once: a worker's progress line is keyed by engine and count.
-    return tuple(sorted({_positive_int(piece) for piece in text.split(",")}))
-
-
-def _bench_footprint(args: argparse.Namespace) -> int:
-    _require_rich()
-    from rich.console import Console
-
-    try:
-        from corral.bench.footprint import measure_footprint
-    except ImportError as exc:
-        raise SystemExit(str(exc)) from exc
-    largest = max(args.counts)
-    with _progress_bar() as progress:
-        build = progress.add_task(f"building {largest:,} models", total=largest)
-        workers: dict[tuple[str, int], TaskID] = {}
-
-        def on_progress(step: FootprintStep, done: int, total: int) -> None:
-            if step == "build":
-                progress.update(build, completed=done, total=total)
-            elif (step, total) not in workers:
-                # No total: the bar pulses, as the worker reports nothing until it ends.
-                workers[step, total] = progress.add_task(
-                    f"{step}: loading {total:,} models in a worker process", total=None
-                )
-            else:
-                progress.update(workers[step, total], completed=done, total=total)
-
-        results = measure_footprint(args.counts, on_progress)
-    if args.json:
-        print(json.dumps(results, indent=2))
-    else:
-        Console().print(_footprint_table(results))
-    return 0
-
-
-def _footprint_table(results: list[FootprintResult]) -> Table:
-    from rich.table import Table
-
-    from corral.bench.footprint import TABLE_HEADERS, summary_rows
-
-    fewest = min(result["threads_before"] for result in results)
-    most = max(result["threads_before"] for result in results)
-    started_with = str(fewest) if fewest == most else f"{fewest} to {most}"
-    # A worker fails outright if a run raises; a wrong output only shows here.
-    wrong_outputs = "".join(
-        f"\n{result['engine']}, {result['count']:,} models: only {result['ok_runs']:,} runs "
-        "gave an output of the expected shape."
-        for result in results
-        if result["ok_runs"] < result["count"]
-    )
-    table = Table(
-        title="Many models in one process: corral's Host against onnxruntime",
-        caption=(
-            "Threads once every model is loaded and has run once (each worker started with "
-            f"{started_with}); RSS added per model; wall time to load them all.\n"
-            "onnxruntime-default: a thread pool per session; onnxruntime-global: every "
-            f"session on onnxruntime's global pools.{wrong_outputs}"
-        ),
-    )
-    for index, header in enumerate(TABLE_HEADERS):
-        # An engine's name on two lines keeps the table within 80 columns, rich's width
-        # when stdout is not a terminal.
-        table.add_column(header.replace("-", "\n", 1), justify="left" if index < 2 else "right")
-    for row in summary_rows(results):
-        if row[0] and table.row_count:
-            table.add_section()
-        table.add_row(*row)
-    return table
-
-
-# -- corral bench scenarios -----------------------------------------------------------------
-
-# Short column headers keep a model's table within 120 columns; the caption spells them out.
-_SCENARIO_HEADERS = {
-    "A-shared": "A",
-    "B-per-thread": "B",
-    "corral-blocking": "blk",
-    "corral-blocking-batched": "blk+b",
-    "corral-async": "async",
-    "corral-async-batched": "async+b",
-}
-# issue 4's targets, as ratios to the better of A and B.
-_ASYNC_BATCHED_TARGET = 1.5
-_BLOCKING_TARGET = 0.8
-
-
-def _names(text: str) -> tuple[str, ...]:
-    # Each once, in the order given; run_scenarios says which names it does not know.
-    names = tuple(dict.fromkeys(piece.strip() for piece in text.split(",") if piece.strip()))
-    if not names:
-        raise argparse.ArgumentTypeError(f"must name at least one model, got {text!r}")
-    return names
-
-
-def _bench_scenarios(args: argparse.Namespace) -> int:
-    _require_rich()
-    from rich.console import Console
-
-    try:
-        from corral.bench.scenarios import describe_environment, plot_scenarios, run_scenarios
-    except ImportError as exc:
-        raise SystemExit(str(exc)) from exc
-    # Refuse before measuring for minutes, not after.
-    if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
-        raise SystemExit("--plot needs matplotlib: pip install 'corral[bench]'")
-    with _progress_bar() as progress:
-        task = progress.add_task("measuring", total=None)
-
-        def on_progress(label: str, done: int, total: int) -> None:
-            progress.update(task, description=label, completed=done, total=total)
-
-        rows = run_scenarios(args.models, args.concurrency, args.requests, args.rounds, on_progress)
-    environment = describe_environment()
-    console = Console()
-    if not console.is_terminal:
-        # rich assumes 80 columns when piped, which would fold the numbers.
-        console = Console(width=120)
-    for table in _scenario_tables(rows, environment):
-        console.print(table)
-    if args.json is not None:
-        document = {"environment": environment, "rows": rows}
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
-        print(f"rows written to {args.json}", file=sys.stderr)
-    if args.plot is not None:
-        try:
-            plot_scenarios(rows, args.plot)
-        except ImportError as exc:
-            raise SystemExit(str(exc)) from exc
-        print(f"plot written to {args.plot}", file=sys.stderr)
-    return 0
-
-
-def _scenario_tables(rows: list[ScenarioRow], environment: dict[str, object]) -> list[Table]:
-    from rich.table import Table
-
-    from corral.bench.scenarios import BASELINES, VARIANTS
-
-    corral_variants = [variant for variant in VARIANTS if variant not in BASELINES]
-    unavailable = {row["variant"]: row["unavailable"] for row in rows if row["unavailable"]}
-    tables = []
-    for model in dict.fromkeys(row["model"] for row in rows):
-        model_rows = [row for row in rows if row["model"] == model]
-        by_key = {(row["concurrency"], row["variant"]): row for row in model_rows}
-        concurrencies = sorted({row["concurrency"] for row in model_rows})
-        first = model_rows[0]
-        rounds = len(next((row["rounds"] for row in model_rows if row["rounds"]), []))
-        table = Table(
-            title=(
-                f"{model}: requests/s, median of {rounds} round(s) of "
-                f"{first['requests']:,} batch-1 requests"
-            ),
-            caption=_scenario_caption(model, model_rows, unavailable, environment),
-            caption_justify="left",
-        )
-        table.add_column("callers", justify="right")
-        for variant in VARIANTS:
-            table.add_column(_SCENARIO_HEADERS[variant], justify="right")
-        for variant in corral_variants:
-            table.add_column(f"{_SCENARIO_HEADERS[variant]}\nvs best", justify="right")
-        for concurrency in concurrencies:
-            cells = [str(concurrency)]
-            for variant in VARIANTS:
-                rate = by_key[concurrency, variant]["requests_per_s"]
-                cells.append("-" if rate is None else f"{rate:,.0f}")
-            for variant in corral_variants:
-                row = by_key[concurrency, variant]
-                rate = row["requests_per_s"]
-                cells.append("-" if rate is None else _ratio(rate, row["baseline"]))
-            table.add_row(*cells)
-        tables.append(table)
-    return tables
-
-
-def _scenario_caption(
-    model: str,
-    rows: list[ScenarioRow],
-    unavailable: dict[str, str],
-    environment: dict[str, object],
-) -> str:
-    # One short line each: rich wraps a caption to the table's width.
-    lines = [
-        "A: one onnxruntime session shared by the callers; B: one session per caller.",
-        "blk: Host.infer from threads; async: Host.infer_async from asyncio tasks; +b: batching.",
-        "vs best: requests/s over the better of A and B.",
-        "A and B run on onnxruntime's global pools (use_per_session_threads = False), which",
-        "corral's Runtime sets: the same kernels and threads as corral's variants.",
-        f"Python {environment['python']}, onnxruntime {environment['onnxruntime']}, "
-        f"{environment['cpu_count']} CPUs.",
-        f"corral's Runtime: {environment['runtime_options']}.",
-    ]
-    blocking = [
-        (row["ratio"], row["variant"], row["concurrency"])
-        for row in rows
-        if row["variant"].startswith("corral-blocking") and row["ratio"] is not None
-    ]
-    if blocking:
-        ratio, variant, concurrency = min(blocking)
-        lines.append(
-            f"Target: blk and blk+b >= {_BLOCKING_TARGET}x at every concurrency; lowest here "
-            f"{_ratio(ratio, 1.0)} ({_SCENARIO_HEADERS[variant]} at concurrency {concurrency})."
-        )
-    most = max(row["concurrency"] for row in rows)
-    async_batched = [
-        row["ratio"]
-        for row in rows
-        if row["variant"] == "corral-async-batched"
-        and row["concurrency"] == most
-        and row["ratio"] is not None
-    ]
-    # issue 4 sets the asyncio target on the tiny tree only.
-    if model == "tree" and async_batched:
-        lines.append(
-            f"Target: async+b >= {_ASYNC_BATCHED_TARGET}x at 32 callers; at concurrency {most} "
-            f"here {_ratio(async_batched[0], 1.0)}."
-        )
-    lines.extend(
-        f"{_SCENARIO_HEADERS.get(variant, variant)} not measured: {reason}."
-        for variant, reason in unavailable.items()
-    )
-    return "\n".join(lines)
 
 
 # -- corral models -------------------------------------------------------------------------

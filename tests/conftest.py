@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib.util
 import os
+import sys
 import threading
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import onnx
@@ -22,7 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import corral
 from corral import _ort
-from corral.bench.models import build_linear, build_mlp, build_tree
+from corral.testing import build_linear, build_mlp, build_tree
 
 
 @pytest.fixture(autouse=True)
@@ -181,6 +184,28 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"condition not met within {timeout}s")
         pause.wait(0.001)
+
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def load_benchmark(relative_path: str) -> ModuleType:
+    """A script under benchmarks/, imported by its path (once per test session).
+
+    benchmarks/ is not part of the wheel nor a package tests import by name: its scripts are
+    loaded as modules named after their file, ``footprint`` for ``footprint.py``.
+    """
+    path = BENCHMARKS / relative_path
+    name = path.stem
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def process_threads() -> int:

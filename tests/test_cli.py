@@ -1,4 +1,4 @@
-"""The ``corral`` command line, ``corral demo`` and ``corral bench create``.
+"""The ``corral`` command line and ``corral demo``.
 
 Whatever runs onnxruntime's default sessions, or the command line as a whole, runs in a
 subprocess: onnxruntime's global pools, once corral sets them in this process, make default
@@ -19,10 +19,10 @@ import psutil
 import pytest
 
 import corral
-from corral.bench.create import measure_construction
-from corral.bench.demo import WorkerFailed, build_models, run_worker
-from corral.bench.models import build_model
+import corral.demo
 from corral.cli import main
+from corral.demo import WorkerFailed, build_models, run_worker
+from corral.testing import build_model
 
 N_MODELS = 30
 # Leaves the subprocess's own hard timeout room to report before pytest-timeout fires.
@@ -76,7 +76,7 @@ def test_worker_prints_one_line_of_sane_figures(models_dir: Path, engine: str) -
     command = [
         sys.executable,
         "-m",
-        "corral.bench.demo",
+        "corral.demo",
         "worker",
         "--engine",
         engine,
@@ -167,6 +167,25 @@ def test_demo_json_reports_both_engines_and_keeps_models(
     assert "building 30 models" in captured.err
 
 
+def test_demo_reports_a_failed_worker_with_its_stderr(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def failing_demo(*args: object, **kwargs: object) -> None:
+        raise WorkerFailed("the corral worker exited with status 1; stderr:\nMemoryError")
+
+    # The command imports run_demo when it runs, so it finds this one.
+    monkeypatch.setattr(corral.demo, "run_demo", failing_demo)
+
+    code = main(["demo", "--models", "1"])
+
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "corral demo: error: the corral worker exited with status 1" in err
+    assert "MemoryError" in err
+    # A failure of the demo's own processes, not of the library: outside corral's tree.
+    assert not issubclass(WorkerFailed, corral.CorralError)
+
+
 def test_demo_refuses_a_keep_folder_that_already_holds_models(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -202,43 +221,6 @@ def test_demo_prints_the_table(tmp_path: Path) -> None:
     assert "onnxruntime defaults" in completed.stdout
 
 
-# -- corral bench create --------------------------------------------------------------------
-
-
-@pytest.mark.timeout(150)
-def test_bench_create_json_in_a_subprocess() -> None:
-    argv = ["bench", "create", "--models", "20", "--rounds", "1", "--json"]
-
-    completed = subprocess.run(
-        [sys.executable, "-m", "corral.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=100,
-        check=False,
-    )
-
-    assert completed.returncode == 0, completed.stderr
-    result = json.loads(completed.stdout)
-    assert (result["models"], result["threads"], result["rounds"]) == (20, 4, 1)
-    assert len(result["serial_seconds"]) == len(result["parallel_seconds"]) == 1
-    assert result["serial_median"] > 0
-    assert result["parallel_median"] > 0
-    assert result["ratio"] == pytest.approx(result["parallel_median"] / result["serial_median"])
-    assert result["policy"] == "shared"
-
-
-def test_measure_construction_closes_what_it_creates() -> None:
-    alive_before = corral.runtime().stats().sessions_alive
-    reported: list[tuple[str, int, int]] = []
-
-    result = measure_construction(6, threads=2, rounds=2, progress=lambda *a: reported.append(a))
-
-    assert len(result["serial_seconds"]) == len(result["parallel_seconds"]) == 2
-    assert reported[:6] == [("build", n, 6) for n in range(1, 7)]
-    assert reported[6:] == [("measure", n, 4) for n in range(1, 5)]
-    assert corral.runtime().stats().sessions_alive == alive_before
-
-
 # -- arguments ------------------------------------------------------------------------------
 
 
@@ -248,8 +230,8 @@ def test_measure_construction_closes_what_it_creates() -> None:
         (["demo", "--models", "0"], "argument --models: must be a positive integer, got 0"),
         (["demo", "--threads", "-2"], "argument --threads: must be a positive integer, got -2"),
         (["demo", "--requests", "many"], "argument --requests: must be a positive integer"),
-        (["bench", "create", "--rounds", "0"], "argument --rounds: must be a positive integer"),
-        (["bench"], "required: SCENARIO"),
+        # The benchmarks are scripts in benchmarks/, no longer commands.
+        (["bench", "create"], "argument COMMAND: invalid choice: 'bench'"),
         ([], "required: COMMAND"),
     ],
 )

@@ -10,8 +10,8 @@ import pytest
 
 import corral
 from corral import Host
-from corral.bench.models import build_mlp, build_tree
 from corral.protocol import DataPlane, InferInput, InferRequest, RequestedOutput
+from corral.testing import build_mlp, build_tree
 from tests.conftest import reference_run
 from tests.test_host import add_model
 

@@ -17,7 +17,7 @@ _PRELUDE = """
 import sys, threading
 import numpy as np
 import corral
-from corral.bench.models import build_mlp
+from corral.testing import build_mlp
 sys.path.insert(0, {root!r})
 from tests.conftest import build_slow_loop
 

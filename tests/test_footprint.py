@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.bench.demo import build_models, run_worker
+from corral.demo import build_models, run_worker
 
 
 @pytest.mark.timeout(600)

@@ -1,7 +1,7 @@
-"""``corral bench footprint``: the repository it builds, its workers, its table, its command.
+"""benchmarks/footprint.py: the repository it builds, its workers, its tables, its commands.
 
 Every worker loads models in its own process, so nothing here starts onnxruntime's global
-pools in the test process; the command line runs in a subprocess too.
+pools in the test process; the whole benchmark runs in a subprocess too.
 """
 
 from __future__ import annotations
@@ -18,17 +18,19 @@ import psutil
 import pytest
 
 import corral
-from corral.bench.footprint import (
-    ENGINES,
-    FootprintResult,
-    WorkerFailed,
-    build_repository,
-    format_table,
-    measure_footprint,
-    parse_counts,
-    run_footprint_worker,
-    summary_rows,
-)
+from corral.demo import WorkerFailed
+from tests.conftest import BENCHMARKS, load_benchmark
+
+footprint = load_benchmark("footprint.py")
+ENGINES = footprint.ENGINES
+FootprintResult = footprint.FootprintResult
+build_repository = footprint.build_repository
+format_table = footprint.format_table
+measure_footprint = footprint.measure_footprint
+parse_counts = footprint.parse_counts
+run_footprint_worker = footprint.run_footprint_worker
+summary_rows = footprint.summary_rows
+SCRIPT = str(BENCHMARKS / "footprint.py")
 
 COUNT = 20
 # Leaves a worker's own hard timeout room to report before pytest-timeout fires.
@@ -82,8 +84,7 @@ def test_build_repository_is_deterministic_and_refuses_no_models(tmp_path: Path)
 def test_worker_prints_one_json_line_of_sane_figures(repo: Path, engine: str) -> None:
     command = [
         sys.executable,
-        "-m",
-        "corral.bench.footprint",
+        SCRIPT,
         "worker",
         f"--engine={engine}",
         f"--repo={repo}",
@@ -221,14 +222,13 @@ def test_summary_rows_put_engines_side_by_side_per_count() -> None:
 
 
 @pytest.mark.timeout(300)
-def test_command_line_prints_json_for_every_engine() -> None:
-    script = (
-        "import sys; from corral.cli import main; "
-        "sys.exit(main(['bench', 'footprint', '--counts', '20', '--json']))"
-    )
-
+def test_script_prints_json_for_every_engine_instead_of_the_table() -> None:
     completed = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=250, check=False
+        [sys.executable, SCRIPT, "--counts", "20", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=250,
+        check=False,
     )
 
     assert completed.returncode == 0, completed.stderr
@@ -239,9 +239,11 @@ def test_command_line_prints_json_for_every_engine() -> None:
 
 
 @pytest.mark.timeout(300)
-def test_command_line_draws_the_table() -> None:
+def test_script_draws_the_table_and_writes_json_to_a_file(tmp_path: Path) -> None:
+    written = tmp_path / "density.json"
+
     completed = subprocess.run(
-        [sys.executable, "-m", "corral.cli", "bench", "footprint", "--counts", "4,2"],
+        [sys.executable, SCRIPT, "--counts", "4,2", "--json", str(written)],
         capture_output=True,
         text=True,
         timeout=250,
@@ -253,13 +255,72 @@ def test_command_line_draws_the_table() -> None:
     for expected in ("threads", "RSS per model (KiB)", "load time (s)", "onnxruntime"):
         assert expected in completed.stdout
     assert "building 4 models" in completed.stderr
+    assert f"results written to {written}" in completed.stderr
+    results = json.loads(written.read_text())
+    assert [(r["count"], r["engine"]) for r in results] == [
+        (count, engine) for count in (2, 4) for engine in ENGINES
+    ]
 
 
-def test_command_line_refuses_bad_counts(capsys: pytest.CaptureFixture[str]) -> None:
-    from corral.cli import main
+def test_without_rich_the_table_is_plain_text(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A None entry in sys.modules makes the import machinery treat rich as absent.
+    monkeypatch.setitem(sys.modules, "rich", None)
+    results = [fake_result("corral-host", 100, 3, 90.5)]
 
+    footprint._print_table(results)
+
+    assert capsys.readouterr().out == format_table(results) + "\n"
+
+
+def test_without_rich_progress_is_a_line_per_step(capsys: pytest.CaptureFixture[str]) -> None:
+    for step, done, total in [("build", 999, 2500), ("build", 1000, 2500), ("build", 2500, 2500)]:
+        footprint._report_line(step, done, total)
+    footprint._report_line("corral-host", 0, 2500)
+    footprint._report_line("corral-host", 2500, 2500)
+
+    assert capsys.readouterr().err.splitlines() == [
+        "built 1,000 of 2,500 models",
+        "built 2,500 of 2,500 models",
+        "corral-host: loading 2,500 models ...",
+    ]
+
+
+@pytest.mark.timeout(120)
+def test_repository_command_writes_the_models_make_serve_serves(tmp_path: Path) -> None:
+    root = tmp_path / "demo-models"
+
+    completed = subprocess.run(
+        [sys.executable, SCRIPT, "repository", str(root), "--count", "4"],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+
+    assert completed.returncode == 0, completed.stderr
+    assert corral.Repository(root).names() == ["m00001", "m00002", "m00003", "m00004"]
+    # The very models the benchmark measures, laid out the same way.
+    expected = build_repository(tmp_path / "expected", 4)
+    assert [(root / p.relative_to(tmp_path / "expected")).read_bytes() for p in expected] == [
+        p.read_bytes() for p in expected
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--counts", "10,zero"], "argument --counts: model counts must be positive integers"),
+        (["worker", "--engine", "tensorflow"], "argument --engine: invalid choice"),
+        (["repository", "dir", "--count", "0"], "argument --count: must be a positive integer"),
+    ],
+)
+def test_script_refuses_bad_arguments(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        main(["bench", "footprint", "--counts", "10,zero"])
+        footprint.main(argv)
 
     assert exit_info.value.code == 2
-    assert "--counts" in capsys.readouterr().err
+    assert message in capsys.readouterr().err

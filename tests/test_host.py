@@ -17,7 +17,7 @@ import pytest
 import corral
 from corral import Host, HostLease, ModelState
 from corral._budget import estimate_model_bytes
-from corral.bench.models import build_linear, build_mlp, build_tree
+from corral.testing import build_linear, build_mlp, build_tree
 from tests.conftest import build_reshape, reference_run, wait_until
 
 X = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
@@ -500,7 +500,7 @@ def test_estimate_tracks_rss_within_a_factor_of_2_5(case: str):
     script = f"""
 import gc, psutil, corral
 from corral._budget import estimate_model_bytes
-from corral.bench.models import build_mlp, build_tree, build_linear
+from corral.testing import build_mlp, build_tree, build_linear
 model = {build}
 proc = psutil.Process()
 warm = corral.Session(model)

@@ -9,11 +9,8 @@ wrk output.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import httpx
@@ -25,27 +22,13 @@ import corral
 from corral import _ort
 from corral.protocol.dataplane import DataPlane
 from corral.server.http import HttpApp
+from tests.conftest import load_benchmark
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 MODEL = "tree"
 
-
-def _load(name: str, path: Path) -> ModuleType:
-    # benchmarks/ is not a package: load its scripts by path, once per test session.
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-http_bench = _load("http_bench", BENCHMARKS / "http_bench.py")
-raw_asgi = _load("raw_asgi", BENCHMARKS / "reference" / "raw_asgi.py")
-fastapi_app = _load("fastapi_app", BENCHMARKS / "reference" / "fastapi_app.py")
+http_bench = load_benchmark("http_bench.py")
+raw_asgi = load_benchmark("reference/raw_asgi.py")
+fastapi_app = load_benchmark("reference/fastapi_app.py")
 
 
 @pytest.fixture

@@ -16,10 +16,10 @@ from prometheus_client.samples import Sample
 import corral
 from corral import Host
 from corral._scheduler import QueueStats
-from corral.bench.models import build_mlp, build_tree
 from corral.protocol.dataplane import DataPlane
 from corral.protocol.types import Duration, InferInput, InferRequest, ModelStatistics
 from corral.server.metrics import Metrics
+from corral.testing import build_mlp, build_tree
 from tests.test_host import add_model
 
 TRITON_COUNTERS = (

@@ -30,7 +30,6 @@ import corral
 import corral.ray._replica as replica_module
 from corral import Host, ModelState
 from corral._budget import estimate_model_bytes
-from corral.bench.models import build_mlp, build_tree
 from corral.protocol import DataPlane
 from corral.ray import (
     UNLIMITED,
@@ -46,6 +45,7 @@ from corral.ray import (
     models_per_replica,
 )
 from corral.server.http import HttpApp
+from corral.testing import build_mlp, build_tree
 from tests.conftest import reference_run
 from tests.test_host import add_model
 

@@ -162,7 +162,7 @@ def test_larger_pools_are_threads_the_runtime_reports():
     # Pool sizes are fixed per process, so this runs in a fresh interpreter.
     script = """
 import os, numpy as np, onnxruntime, corral  # onnxruntime starts a thread of its own at import
-from corral.bench.models import build_mlp
+from corral.testing import build_mlp
 before = len(os.listdir("/proc/self/task"))
 rt = corral.Runtime(intra_op_threads=3, inter_op_threads=2)
 s = corral.Session(build_mlp(), runtime=rt)

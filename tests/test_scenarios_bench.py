@@ -1,4 +1,4 @@
-"""``corral bench scenarios``: its rows, its ratios, its plot and its command line.
+"""benchmarks/scenarios.py: its rows, its ratios, its plot and its command line.
 
 The measurements here are tiny (a few dozen requests, one or two callers, one round): they
 check the harness, not the figures.
@@ -19,18 +19,18 @@ import onnx
 import pytest
 
 import corral
-from corral.bench import scenarios
-from corral.bench.scenarios import (
-    BASELINES,
-    SCENARIO_MODELS,
-    VARIANTS,
-    ScenarioRow,
-    build_scenario_model,
-    plot_scenarios,
-    run_scenarios,
-    unavailable_variants,
-)
-from corral.cli import main
+from tests.conftest import BENCHMARKS, load_benchmark
+
+scenarios = load_benchmark("scenarios.py")
+BASELINES = scenarios.BASELINES
+SCENARIO_MODELS = scenarios.SCENARIO_MODELS
+VARIANTS = scenarios.VARIANTS
+ScenarioRow = scenarios.ScenarioRow
+build_scenario_model = scenarios.build_scenario_model
+plot_scenarios = scenarios.plot_scenarios
+run_scenarios = scenarios.run_scenarios
+unavailable_variants = scenarios.unavailable_variants
+main = scenarios.main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CORRAL_VARIANTS = [variant for variant in VARIANTS if variant not in BASELINES]
@@ -322,7 +322,7 @@ def test_plot_without_matplotlib_says_which_extra_to_install(
     for module in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
         monkeypatch.setitem(sys.modules, module, None)
 
-    with pytest.raises(ImportError, match=r"pip install 'corral\[bench\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'corral\[dev\]'"):
         plot_scenarios([fake_row("tree", 1, "A-shared", 1.0)], tmp_path / "never.png")
 
 
@@ -332,12 +332,12 @@ def test_plot_without_matplotlib_says_which_extra_to_install(
 @pytest.mark.timeout(150)
 def test_command_line_prints_tables_and_writes_json_and_a_png(tmp_path: Path) -> None:
     json_path, png_path = tmp_path / "rows.json", tmp_path / "rows.png"
-    argv = ["bench", "scenarios", "--models", "tree,mlp", "--concurrency", "2,1"]
+    argv = ["--models", "tree,mlp", "--concurrency", "2,1"]
     argv += ["--requests", "10", "--rounds", "1", "--json", str(json_path)]
     argv += ["--plot", str(png_path)]
 
     completed = subprocess.run(
-        [sys.executable, "-m", "corral.cli", *argv],
+        [sys.executable, str(BENCHMARKS / "scenarios.py"), *argv],
         capture_output=True,
         text=True,
         timeout=100,
@@ -367,8 +367,6 @@ def test_command_line_prints_tables_and_writes_json_and_a_png(tmp_path: Path) ->
 def test_tables_show_a_dash_and_the_reason_for_variants_that_did_not_run() -> None:
     from rich.console import Console
 
-    from corral.cli import _scenario_tables
-
     rates = {"A-shared": 1000.0, "B-per-thread": 800.0, "corral-blocking": 900.0}
     rows = [
         fake_row(model, concurrency, variant, rates.get(variant))
@@ -379,7 +377,7 @@ def test_tables_show_a_dash_and_the_reason_for_variants_that_did_not_run() -> No
     environment = {"python": "3.x", "onnxruntime": "1.x", "cpu_count": 2, "runtime_options": "o"}
     console = Console(width=120, record=True)
 
-    tables = _scenario_tables(rows, environment)
+    tables = scenarios.scenario_tables(rows, environment)
     for table in tables:
         console.print(table)
 
@@ -398,22 +396,17 @@ def test_tables_show_a_dash_and_the_reason_for_variants_that_did_not_run() -> No
         (["--models", ","], "argument --models: must name at least one model"),
         (["--concurrency", "1,0"], "argument --concurrency: must be a positive integer"),
         (["--requests", "0"], "argument --requests: must be a positive integer"),
+        (["--models", "tree,oak"], "argument --models: unknown model 'oak'"),
     ],
 )
 def test_command_line_refuses_bad_arguments(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exited:
-        main(["bench", "scenarios", *argv])
+        main(argv)
 
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
-
-
-def test_command_line_names_an_unknown_model(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "scenarios", "--models", "tree,oak"]) == 1
-
-    assert "unknown model 'oak'" in capsys.readouterr().err
 
 
 def test_command_line_plot_without_matplotlib_fails_before_measuring(
@@ -421,7 +414,7 @@ def test_command_line_plot_without_matplotlib_fails_before_measuring(
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
 
-    with pytest.raises(SystemExit, match=r"pip install 'corral\[bench\]'"):
-        main(["bench", "scenarios", "--models", "tree", "--plot", str(tmp_path / "p.png")])
+    with pytest.raises(SystemExit, match=r"--plot: .*pip install 'corral\[dev\]'"):
+        main(["--models", "tree", "--plot", str(tmp_path / "p.png")])
 
     assert "callers" not in capsys.readouterr().out

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 
 import corral
 from corral import Host
-from corral.bench.models import build_linear, build_mlp, build_tree
+from corral.testing import build_linear, build_mlp, build_tree
 from tests.conftest import reference_run
 
 

@@ -25,7 +25,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from corral.bench.models import build_mlp
+from corral.testing import build_mlp
 from tests.conftest import reference_run
 from tests.test_host import add_model
 

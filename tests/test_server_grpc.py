@@ -33,13 +33,13 @@ from tritonclient.utils import InferenceServerException
 
 import corral
 from corral import Host
-from corral.bench.models import build_linear, build_mlp, build_tree
 from corral.protocol.dataplane import PLATFORM, DataPlane
 from corral.protocol.types import InferOutput, InferResponse
 from corral.server import grpc as corral_grpc
 from corral.server.grpc import start_grpc_server
 from corral.server.proto import grpc_service_pb2 as pb
 from corral.server.proto import grpc_service_pb2_grpc as pb_grpc
+from corral.testing import build_linear, build_mlp, build_tree
 from tests.conftest import reference_run, run_freeing_frames
 from tests.test_host import add_model
 

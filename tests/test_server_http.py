@@ -14,10 +14,10 @@ import pytest
 
 import corral
 from corral import Host
-from corral.bench.models import build_mlp, build_tree
 from corral.protocol import DataPlane
 from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
+from corral.testing import build_mlp, build_tree
 from tests.conftest import reference_run
 from tests.test_host import add_model
 

@@ -10,9 +10,9 @@ import httpx
 from hypothesis import given, settings
 
 from corral import Host
-from corral.bench.models import build_mlp
 from corral.protocol import DataPlane
 from corral.server.http import HttpApp
+from corral.testing import build_mlp
 from tests.strategies import header_lengths, http_bodies, http_paths
 from tests.test_host import add_model
 

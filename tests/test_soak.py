@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import corral
-from corral.bench.models import build_linear
+from corral.testing import build_linear
 from tests.conftest import process_threads, reference_run
 from tests.test_exit import _CASES, _exit_once
 

@@ -439,7 +439,7 @@ def smoke(
     import numpy as np
     import onnxruntime
 
-    from corral.bench.footprint import build_repository
+    from benchmarks.footprint import build_repository
 
     peer = MLServerPeer(
         parallel_workers=parallel_workers, intra_op_num_threads=intra_op_num_threads

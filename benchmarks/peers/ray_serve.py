@@ -561,7 +561,7 @@ def smoke(count: int, cache: Path, keep: Path | None = None) -> dict[str, Any]:
     import onnxruntime as ort
     import psutil
 
-    from corral.bench.footprint import build_repository
+    from benchmarks.footprint import build_repository
 
     peer = RayServePeer()
     figures: dict[str, Any] = {"models": count}

@@ -354,7 +354,7 @@ def _smoke(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    from corral.bench.footprint import build_repository
+    from benchmarks.footprint import build_repository
 
     peer = TritonPeer(
         max_models=args.max_models,

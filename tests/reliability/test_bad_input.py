@@ -39,7 +39,6 @@ from onnx import TensorProto, helper
 
 import corral
 from corral import Host
-from corral.bench.models import build_mlp
 from corral.protocol import DATATYPES, DataPlane, InferRequest
 from corral.protocol.binary import MAX_RANK, decode_tensor, encode_tensor
 from corral.protocol.datatypes import numpy_dtype
@@ -48,6 +47,7 @@ from corral.server.grpc import start_grpc_server
 from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
 from corral.server.proto import grpc_service_pb2 as pb
+from corral.testing import build_mlp
 from tests.strategies import (
     HUGE_DIMS,
     http_bodies,

@@ -35,7 +35,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 import corral
 from corral import Host
-from corral.bench.models import build_mlp
 from corral.protocol import DataPlane
 from corral.server.grpc import start_grpc_server
 from corral.server.http import HttpApp
@@ -43,6 +42,7 @@ from corral.server.metrics import Metrics
 from corral.server.proto import grpc_service_pb2 as pb
 from corral.server.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.server.settings import ServerSettings
+from corral.testing import build_mlp
 from tests.conftest import reference_run, run_freeing_frames
 from tests.reliability.conftest import Figure
 from tests.test_host import add_model

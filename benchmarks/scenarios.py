@@ -1,4 +1,4 @@
-"""The scenario behind ``corral bench scenarios``: corral's request paths against plain sessions.
+"""Requests/s of corral's request paths against plain onnxruntime sessions, 1 to 32 callers.
 
 Issue 4's benchmark. For a tiny tree, a 100-tree forest and a small MLP, at 1 to 32
 concurrent callers, each sending batch-1 requests, it measures requests/s of six variants:
@@ -18,18 +18,28 @@ Everything runs in this process on the same inputs. For each model and concurren
 variant runs once per round, in an order that rotates from round to round, so that no
 variant always runs on a warmer (or more tired) process; the rows report the median.
 
-Example::
+From a checkout (``make bench-scenarios``)::
 
-    from corral.bench.scenarios import run_scenarios
+    python benchmarks/scenarios.py [--models tree,forest,mlp] [--concurrency 1,2,...]
+                                   [--requests N] [--rounds R] [--json FILE] [--plot FILE]
+
+A progress bar goes to stderr, one table per model to stdout; ``--json`` also writes the
+rows and the environment to FILE, ``--plot`` draws requests/s into a PNG (with matplotlib).
+Needs the dev extra. From Python::
+
     for row in run_scenarios(models=("tree",), concurrencies=(1, 8), requests=2000):
         print(row["model"], row["concurrency"], row["variant"], row["requests_per_s"])
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import dataclasses
+import importlib.util
 import inspect
+import json
 import os
 import statistics
 import sys
@@ -38,13 +48,29 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypedDict, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, get_args
 
 import numpy as np
 import numpy.typing as npt
 
 import corral
-from corral.bench.models import build_mlp, build_tree
+from corral.testing import build_mlp, build_tree
+
+# Run as a script (`python benchmarks/scenarios.py`): its helpers import as benchmarks.console.
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from benchmarks.console import (  # noqa: E402
+    positive_int,
+    positive_ints,
+    progress_bar,
+    ratio,
+    require_rich,
+)
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 __all__ = [
     "BASELINES",
@@ -56,8 +82,10 @@ __all__ = [
     "Variant",
     "build_scenario_model",
     "describe_environment",
+    "main",
     "plot_scenarios",
     "run_scenarios",
+    "scenario_tables",
     "unavailable_variants",
 ]
 
@@ -88,6 +116,7 @@ _OUTPUT = "Y"
 _MODEL_FILE = "model.onnx"
 #: Requests per variant in the untimed pass before a model's first round.
 _WARM_UP_REQUESTS = 50
+_NEEDS_MATPLOTLIB = "plotting the scenarios needs matplotlib: pip install 'corral[dev]'"
 
 Output = npt.NDArray[Any]
 Batch = npt.NDArray[np.float32]
@@ -233,16 +262,14 @@ def run_scenarios(
 def plot_scenarios(rows: Iterable[ScenarioRow], path: str | Path) -> None:
     """Draw requests/s against concurrency, one subplot per model, into a PNG at ``path``.
 
-    Needs matplotlib (the ``bench`` extra). Draws with the Agg canvas directly, leaving
+    Needs matplotlib (the ``dev`` extra). Draws with the Agg canvas directly, leaving
     pyplot and matplotlib's global backend alone.
     """
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:
-        raise ImportError(
-            "plotting the scenarios needs matplotlib: pip install 'corral[bench]'"
-        ) from exc
+        raise ImportError(_NEEDS_MATPLOTLIB) from exc
 
     by_model: dict[str, list[ScenarioRow]] = {}
     for row in rows:
@@ -465,7 +492,18 @@ def _callers(count: int) -> str:
 
 
 def _takes_batching(host_type: type[Any]) -> bool:
-    return "batching" in inspect.signature(host_type).parameters
+    # A keyword of the Host itself, or (since HostOptions) a field of the options its
+    # **keywords take.
+    parameters = inspect.signature(host_type).parameters
+    if "batching" in parameters:
+        return True
+    takes_options = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    options = getattr(sys.modules[host_type.__module__], "HostOptions", None)
+    return (
+        takes_options
+        and options is not None
+        and "batching" in {field.name for field in dataclasses.fields(options)}
+    )
 
 
 def _rows(
@@ -513,3 +551,202 @@ def _model(name: str) -> ScenarioModel:
         if model == name:
             return model
     raise ValueError(f"unknown model {name!r}: expected one of {', '.join(SCENARIO_MODELS)}")
+
+
+# -- the command line -----------------------------------------------------------------------
+
+# Short column headers keep a model's table within 120 columns; the caption spells them out.
+_SCENARIO_HEADERS = {
+    "A-shared": "A",
+    "B-per-thread": "B",
+    "corral-blocking": "blk",
+    "corral-blocking-batched": "blk+b",
+    "corral-async": "async",
+    "corral-async-batched": "async+b",
+}
+# issue 4's targets, as ratios to the better of A and B.
+_ASYNC_BATCHED_TARGET = 1.5
+_BLOCKING_TARGET = 0.8
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
+    args = _parser().parse_args(argv)
+    require_rich("benchmarks/scenarios.py")
+    from rich.console import Console
+
+    # Refuse before measuring for minutes, not after.
+    if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
+        raise SystemExit(f"--plot: {_NEEDS_MATPLOTLIB}")
+    with progress_bar() as progress:
+        task = progress.add_task("measuring", total=None)
+
+        def on_progress(label: str, done: int, total: int) -> None:
+            progress.update(task, description=label, completed=done, total=total)
+
+        rows = run_scenarios(args.models, args.concurrency, args.requests, args.rounds, on_progress)
+    environment = describe_environment()
+    console = Console()
+    if not console.is_terminal:
+        # rich assumes 80 columns when piped, which would fold the numbers.
+        console = Console(width=120)
+    for table in scenario_tables(rows, environment):
+        console.print(table)
+    if args.json is not None:
+        document = {"environment": environment, "rows": rows}
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        print(f"rows written to {args.json}", file=sys.stderr)
+    if args.plot is not None:
+        plot_scenarios(rows, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="benchmarks/scenarios.py",
+        description=(
+            "For each model and number of concurrent callers, send batch-1 requests through "
+            "one shared onnxruntime session (A), a session per thread (B), and corral's "
+            "blocking and asyncio paths without and with batching; every variant once per "
+            "round, in rotating order, in this process on the same inputs. Prints the median "
+            "requests/s and each corral variant's ratio to the better of A and B."
+        ),
+    )
+    parser.add_argument(
+        "--models",
+        type=_names,
+        default=SCENARIO_MODELS,
+        metavar="NAME,...",
+        help="models among tree, forest, mlp, comma-separated (default all three)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=positive_ints,
+        default=(1, 2, 4, 8, 16, 32),
+        metavar="N,N,...",
+        help="concurrent callers, comma-separated (default 1,2,4,8,16,32)",
+    )
+    parser.add_argument(
+        "--requests",
+        type=positive_int,
+        default=20000,
+        # At ~200k requests/s, 4,000 requests were timed in 20 ms: less than this VM's noise.
+        help="requests per variant and round, split over the callers (default 20000)",
+    )
+    parser.add_argument("--rounds", type=positive_int, default=5, help="rounds (default 5)")
+    parser.add_argument(
+        "--json", type=Path, metavar="FILE", help="also write the rows as JSON to FILE"
+    )
+    parser.add_argument(
+        "--plot", type=Path, metavar="FILE", help="also draw requests/s into a PNG at FILE"
+    )
+    return parser
+
+
+def _names(text: str) -> tuple[ScenarioModel, ...]:
+    # Each once, in the order given.
+    names = dict.fromkeys(piece.strip() for piece in text.split(",") if piece.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"must name at least one model, got {text!r}")
+    try:
+        return tuple(_model(name) for name in names)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def scenario_tables(rows: list[ScenarioRow], environment: dict[str, object]) -> list[Table]:
+    """One rich table per model: requests/s of every variant, and corral's ratios to A and B.
+
+    The caption says what each column is, the environment, issue 4's targets against what
+    was measured, and why any variant did not run.
+    """
+    from rich.table import Table
+
+    corral_variants = [variant for variant in VARIANTS if variant not in BASELINES]
+    unavailable = {row["variant"]: row["unavailable"] for row in rows if row["unavailable"]}
+    tables = []
+    for model in dict.fromkeys(row["model"] for row in rows):
+        model_rows = [row for row in rows if row["model"] == model]
+        by_key = {(row["concurrency"], row["variant"]): row for row in model_rows}
+        concurrencies = sorted({row["concurrency"] for row in model_rows})
+        first = model_rows[0]
+        rounds = len(next((row["rounds"] for row in model_rows if row["rounds"]), []))
+        table = Table(
+            title=(
+                f"{model}: requests/s, median of {rounds} round(s) of "
+                f"{first['requests']:,} batch-1 requests"
+            ),
+            caption=_scenario_caption(model, model_rows, unavailable, environment),
+            caption_justify="left",
+        )
+        table.add_column("callers", justify="right")
+        for variant in VARIANTS:
+            table.add_column(_SCENARIO_HEADERS[variant], justify="right")
+        for variant in corral_variants:
+            table.add_column(f"{_SCENARIO_HEADERS[variant]}\nvs best", justify="right")
+        for concurrency in concurrencies:
+            cells = [str(concurrency)]
+            for variant in VARIANTS:
+                rate = by_key[concurrency, variant]["requests_per_s"]
+                cells.append("-" if rate is None else f"{rate:,.0f}")
+            for variant in corral_variants:
+                row = by_key[concurrency, variant]
+                rate = row["requests_per_s"]
+                cells.append("-" if rate is None else ratio(rate, row["baseline"]))
+            table.add_row(*cells)
+        tables.append(table)
+    return tables
+
+
+def _scenario_caption(
+    model: str,
+    rows: list[ScenarioRow],
+    unavailable: dict[str, str],
+    environment: dict[str, object],
+) -> str:
+    # One short line each: rich wraps a caption to the table's width.
+    lines = [
+        "A: one onnxruntime session shared by the callers; B: one session per caller.",
+        "blk: Host.infer from threads; async: Host.infer_async from asyncio tasks; +b: batching.",
+        "vs best: requests/s over the better of A and B.",
+        "A and B run on onnxruntime's global pools (use_per_session_threads = False), which",
+        "corral's Runtime sets: the same kernels and threads as corral's variants.",
+        f"Python {environment['python']}, onnxruntime {environment['onnxruntime']}, "
+        f"{environment['cpu_count']} CPUs.",
+        f"corral's Runtime: {environment['runtime_options']}.",
+    ]
+    blocking = [
+        (row["ratio"], row["variant"], row["concurrency"])
+        for row in rows
+        if row["variant"].startswith("corral-blocking") and row["ratio"] is not None
+    ]
+    if blocking:
+        lowest, variant, concurrency = min(blocking)
+        lines.append(
+            f"Target: blk and blk+b >= {_BLOCKING_TARGET}x at every concurrency; lowest here "
+            f"{ratio(lowest, 1.0)} ({_SCENARIO_HEADERS[variant]} at concurrency {concurrency})."
+        )
+    most = max(row["concurrency"] for row in rows)
+    async_batched = [
+        row["ratio"]
+        for row in rows
+        if row["variant"] == "corral-async-batched"
+        and row["concurrency"] == most
+        and row["ratio"] is not None
+    ]
+    # issue 4 sets the asyncio target on the tiny tree only.
+    if model == "tree" and async_batched:
+        lines.append(
+            f"Target: async+b >= {_ASYNC_BATCHED_TARGET}x at 32 callers; at concurrency {most} "
+            f"here {ratio(async_batched[0], 1.0)}."
+        )
+    lines.extend(
+        f"{_SCENARIO_HEADERS.get(variant, variant)} not measured: {reason}."
+        for variant, reason in unavailable.items()
+    )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,13 +8,13 @@ onnxruntime's default options fail in that process. What each worker measures is
 
 Example::
 
-    from corral.bench.demo import run_demo
+    from corral.demo import run_demo
     result = run_demo(count=200, threads=4, requests=5000)
     print(result.corral.throughput, result.onnxruntime.throughput)
 
 The worker is also a command (it prints one JSON line)::
 
-    python -m corral.bench.demo worker --engine corral --models DIR --threads 8 --requests 20000
+    python -m corral.demo worker --engine corral --models DIR --threads 8 --requests 20000
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from typing import Any, Literal, TypeVar, get_args
 
 import numpy as np
 
-from corral._errors import CorralError
-from corral.bench.models import ModelKind, build_model
+from corral.testing import ModelKind, build_model
 
 __all__ = [
     "ENGINES",
+    "N_FEATURES",
     "DemoProgress",
     "DemoResult",
     "DemoStep",
@@ -48,10 +48,11 @@ __all__ = [
     "WorkerFailed",
     "WorkerResult",
     "build_models",
+    "demo_model",
     "measure_engine",
     "run_demo",
     "run_worker",
-    "run_worker_module",
+    "run_worker_process",
 ]
 
 #: ``corral``: corral Sessions on one Runtime; ``onnxruntime``: InferenceSessions with defaults.
@@ -66,15 +67,21 @@ DemoProgress = Callable[[DemoStep, int, int], None]
 
 Parsed = TypeVar("Parsed")
 
+#: Every demo model takes ``X`` float32 ``[N, N_FEATURES]`` and answers ``Y`` float32 ``[N, 1]``.
+N_FEATURES = 4
+
 _MODEL_KINDS: tuple[ModelKind, ...] = ("tree", "linear", "mlp")
-_N_FEATURES = 4
 # Long enough for onnxruntime's pool threads to stop spinning after the last run (they spin
 # for a few milliseconds), short enough not to drag the demo out.
 _IDLE_WINDOW_S = 2.0
 
 
-class WorkerFailed(CorralError):
-    """A demo worker process failed or timed out; the message carries its stderr."""
+class WorkerFailed(RuntimeError):
+    """A demo worker process failed or timed out; the message carries its stderr.
+
+    Not a :class:`corral.CorralError`: it reports on the demo's own worker processes, not on
+    anything the library does, and ``corral demo`` reports it as such.
+    """
 
 
 @dataclass(frozen=True)
@@ -139,13 +146,26 @@ class DemoResult:
         return asdict(self)
 
 
+def demo_model(index: int) -> bytes:
+    """The ``index``-th demo model: a tree, a linear model and an MLP in turn, seeded by ``index``.
+
+    Each takes ``X`` float32 ``[N, N_FEATURES]``. The same index always gives the same bytes.
+
+    Example::
+
+        Path("m.onnx").write_bytes(demo_model(41))  # an MLP (41 % 3 == 2)
+    """
+    kind = _MODEL_KINDS[index % len(_MODEL_KINDS)]
+    return build_model(kind, n_features=N_FEATURES, seed=index)
+
+
 def build_models(
     folder: str | Path, count: int, progress: Callable[[int], None] | None = None
 ) -> list[Path]:
     """Write ``count`` tiny models (tree, linear, MLP in turn) as ``folder/model-00001.onnx`` ...
 
-    Every model takes ``X`` float32 ``[N, 4]``. ``progress(n)`` is called after each model
-    with the number written so far. Returns the paths in order.
+    The models are :func:`demo_model` ``(0)``, ``(1)`` ... ``progress(n)`` is called after
+    each model with the number written so far. Returns the paths in order.
     """
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
@@ -153,9 +173,8 @@ def build_models(
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for index in range(count):
-        kind = _MODEL_KINDS[index % len(_MODEL_KINDS)]
         path = folder / f"model-{index + 1:05d}.onnx"
-        path.write_bytes(build_model(kind, n_features=_N_FEATURES, seed=index))
+        path.write_bytes(demo_model(index))
         paths.append(path)
         if progress is not None:
             progress(index + 1)
@@ -184,7 +203,7 @@ def run_demo(
             raise ValueError(f"{name} must be at least 1, got {value}")
     # Fail before building models rather than in the workers.
     if importlib.util.find_spec("psutil") is None:
-        raise ImportError("the demo needs psutil: pip install 'corral[bench]'")
+        raise ImportError("the demo needs psutil: pip install 'corral[demo]'")
 
     def on_built(done: int) -> None:
         if progress is not None:
@@ -233,25 +252,34 @@ def run_worker(
         f"--requests={requests}",
         f"--seed={seed}",
     ]
-    return run_worker_module(
-        "corral.bench.demo", arguments, f"the {engine} worker", WorkerResult.from_json, timeout
+    return run_worker_process(
+        ["-m", "corral.demo", "worker", *arguments],
+        f"the {engine} worker",
+        WorkerResult.from_json,
+        timeout,
     )
 
 
-def run_worker_module(
-    module: str,
+def run_worker_process(
     arguments: Sequence[str],
     label: str,
     parse: Callable[[str], Parsed],
     timeout: float,
 ) -> Parsed:
-    """Run ``python -m module worker *arguments`` in a fresh interpreter; parse its result.
+    """Run ``python *arguments`` in a fresh interpreter and parse the result it prints.
 
-    The result is the last line the worker prints (onnxruntime may print to stdout itself).
-    Raises :class:`WorkerFailed`, with the worker's stderr, if it exits with an error, prints
-    no result ``parse`` accepts, or runs longer than ``timeout`` seconds (it is then killed).
+    ``arguments`` start with ``-m module`` or a script's path. The result is the last line
+    the worker prints (onnxruntime may print to stdout itself); ``label`` names the worker in
+    messages. Raises :class:`WorkerFailed`, with the worker's stderr, if it exits with an
+    error, prints no result ``parse`` accepts, or runs longer than ``timeout`` seconds (it
+    is then killed).
+
+    Example::
+
+        result = run_worker_process(["-m", "corral.demo", "worker", ...], "the worker",
+                                    WorkerResult.from_json, timeout=600)
     """
-    command = [sys.executable, "-m", module, "worker", *arguments]
+    command = [sys.executable, *arguments]
     try:
         completed = subprocess.run(
             command, capture_output=True, text=True, timeout=timeout, check=False
@@ -287,7 +315,7 @@ def measure_engine(
     try:
         import psutil
     except ImportError as exc:
-        raise ImportError("the demo needs psutil: pip install 'corral[bench]'") from exc
+        raise ImportError("the demo needs psutil: pip install 'corral[demo]'") from exc
     # Imported before the first measurement so that both engines start from the same point:
     # corral imports this same module when its first session loads.
     importlib.import_module("onnxruntime")
@@ -405,7 +433,7 @@ def _serve(
         try:
             rng = np.random.default_rng(seed + index)
             picks = rng.integers(len(sessions), size=shares[index])
-            feed = {"X": rng.standard_normal((1, _N_FEATURES), dtype=np.float32)}
+            feed = {"X": rng.standard_normal((1, N_FEATURES), dtype=np.float32)}
             start_line.wait()
             for pick in picks:
                 run(sessions[pick], feed)
@@ -466,7 +494,7 @@ def _positive_int(text: str) -> int:
 
 def _main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m corral.bench.demo",
+        prog="python -m corral.demo",
         description="A demo worker: measure one engine and print one JSON line.",
     )
     commands = parser.add_subparsers(dest="command", required=True)

@@ -1,30 +1,54 @@
-"""The scenario behind ``corral bench create``: building sessions from one thread or many.
+"""Session construction, one thread against a pool: which builds thousands of models faster.
 
 Builds ``n_models`` tiny models in memory, then in each round creates one
 :class:`corral.Session` per model twice, from one thread and from a pool of threads, in
 alternating order so neither side always runs on a warmer process. Reports the median of
 each side and the ratio parallel / serial (below 1: parallel construction is faster).
 
-Example::
+From a checkout (``make bench-create``)::
 
-    from corral.bench.create import measure_construction
+    python benchmarks/create.py [--models 500] [--threads 4] [--rounds 3] [--json]
+
+Progress bars go to stderr, the table (or with ``--json`` the raw results) to stdout.
+Needs the dev extra (rich). From Python::
+
     result = measure_construction(n_models=200, threads=4, rounds=3)
     print(result["ratio"])
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Literal, TypedDict
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 import corral
-from corral.bench.models import ModelKind, build_model
+from corral.testing import ModelKind, build_model
 
-__all__ = ["ConstructionResult", "CreateProgress", "CreateStep", "measure_construction"]
+# Run as a script (`python benchmarks/create.py`): its helpers import as benchmarks.console.
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from benchmarks.console import positive_int, progress_bar, require_rich  # noqa: E402
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+__all__ = [
+    "ConstructionResult",
+    "CreateProgress",
+    "CreateStep",
+    "construction_table",
+    "main",
+    "measure_construction",
+]
 
 #: What :func:`measure_construction` reports progress on: models built, then timed phases.
 CreateStep = Literal["build", "measure"]
@@ -145,3 +169,81 @@ def _create_in_parallel(models: Sequence[bytes], threads: int) -> float:
 def _close_all(sessions: Sequence[corral.Session]) -> None:
     for session in sessions:
         session.close()
+
+
+# -- the command line -----------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
+    parser = argparse.ArgumentParser(
+        prog="benchmarks/create.py",
+        description=(
+            "Create one corral Session per model from one thread and from a pool of threads, "
+            "in alternating order for several rounds, and compare the medians."
+        ),
+    )
+    parser.add_argument("--models", type=positive_int, default=500, help="models (default 500)")
+    parser.add_argument(
+        "--threads", type=positive_int, default=4, help="threads of the pool (default 4)"
+    )
+    parser.add_argument("--rounds", type=positive_int, default=3, help="rounds (default 3)")
+    parser.add_argument("--json", action="store_true", help="print the raw results as JSON")
+    args = parser.parse_args(argv)
+    require_rich("benchmarks/create.py")
+    from rich.console import Console
+
+    with progress_bar() as progress:
+        build = progress.add_task(f"building {args.models} models", total=args.models)
+        measure = progress.add_task(
+            f"creating sessions: {args.rounds} round(s) of serial and parallel",
+            total=2 * args.rounds,
+        )
+
+        def on_progress(step: CreateStep, done: int, total: int) -> None:
+            progress.update(build if step == "build" else measure, completed=done, total=total)
+
+        result = measure_construction(args.models, args.threads, args.rounds, on_progress)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        Console().print(construction_table(result))
+    return 0
+
+
+def construction_table(result: ConstructionResult) -> Table:
+    """The result as a rich table: each side's median, sessions/s and every round."""
+    from rich.table import Table
+
+    table = Table(
+        title=f"Creating {result['models']:,} sessions, {result['rounds']} round(s)",
+        caption=(
+            f"parallel / serial: {result['ratio']:.2f}x (below 1: the pool is faster). "
+            f"Policy {result['policy']}, Python {result['python']}, "
+            f"GIL {'on' if result['gil_enabled'] else 'off'}."
+        ),
+    )
+    table.add_column("")
+    table.add_column("median (s)", justify="right")
+    table.add_column("sessions/s", justify="right")
+    table.add_column("each round (s)", justify="right")
+    sides: Sequence[tuple[str, float, list[float]]] = (
+        ("serial (1 thread)", result["serial_median"], result["serial_seconds"]),
+        (
+            f"parallel ({result['threads']} threads)",
+            result["parallel_median"],
+            result["parallel_seconds"],
+        ),
+    )
+    for label, median, rounds in sides:
+        table.add_row(
+            label,
+            f"{median:.3f}",
+            f"{result['models'] / median:,.0f}",
+            "  ".join(f"{seconds:.3f}" for seconds in rounds),
+        )
+    return table
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""What ``pip install corral`` ships: the library, the server and the demo; no benchmark.
+
+The wheel is built here, offline, with the project's own build backend (hatchling, in the
+dev extra) through its PEP 517 hook, in a subprocess so that the build runs from the
+project's root as a frontend would run it.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+import tomllib
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# Modules the library must never import: plotting, and the benchmark scripts.
+FORBIDDEN = {"matplotlib", "benchmarks"}
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[zipfile.ZipFile]:
+    pytest.importorskip("hatchling", reason="the dev extra installs hatchling, the build backend")
+    out = tmp_path_factory.mktemp("wheel")
+    build = "import sys, hatchling.build as backend; print(backend.build_wheel(sys.argv[1]))"
+    completed = subprocess.run(
+        [sys.executable, "-c", build, str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    name = completed.stdout.strip().splitlines()[-1]
+    with zipfile.ZipFile(out / name) as archive:
+        yield archive
+
+
+@pytest.mark.timeout(120)
+def test_the_wheel_ships_the_library_and_the_demo_but_no_benchmark(
+    wheel: zipfile.ZipFile,
+) -> None:
+    names = wheel.namelist()
+
+    # What it must ship, so that an empty or broken wheel fails here too.
+    for shipped in ("corral/__init__.py", "corral/cli.py", "corral/demo.py", "corral/testing.py"):
+        assert shipped in names
+    assert not [name for name in names if name.startswith(("benchmarks/", "corral/bench/"))]
+    stems = {Path(name).stem for name in names if name.endswith(".py")}
+    assert not stems & {"footprint", "scenarios", "create", "bench_peers", "http_bench"}
+
+
+@pytest.mark.timeout(120)
+def test_matplotlib_is_required_only_by_the_dev_extra(wheel: zipfile.ZipFile) -> None:
+    (metadata,) = [name for name in wheel.namelist() if name.endswith(".dist-info/METADATA")]
+    requirements = [
+        line.removeprefix("Requires-Dist: ")
+        for line in wheel.read(metadata).decode().splitlines()
+        if line.startswith("Requires-Dist: ")
+    ]
+
+    plotting = [line for line in requirements if line.startswith("matplotlib")]
+    assert plotting, requirements
+    assert all(line.endswith("extra == 'dev'") for line in plotting), plotting
+    # The demo's extra brings what `corral demo` needs, and nothing to draw with.
+    demo = {re.split(r"[<>=; ]", line)[0] for line in requirements if "extra == 'demo'" in line}
+    assert demo == {"onnx", "psutil", "rich"}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Top-level names of every module ``path`` imports, at any depth of its code."""
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules.add(node.module.split(".")[0])
+    return modules
+
+
+def test_no_module_of_the_library_imports_matplotlib_or_the_benchmarks() -> None:
+    sources = sorted((ROOT / "corral").rglob("*.py"))
+    imports = {path.relative_to(ROOT).as_posix(): imported_modules(path) for path in sources}
+
+    # The scan sees imports at all: the library is built on onnxruntime.
+    assert any("onnxruntime" in modules for modules in imports.values())
+    offending = {path: modules & FORBIDDEN for path, modules in imports.items()}
+    assert not {path: modules for path, modules in offending.items() if modules}
+
+
+def test_every_install_hint_names_an_extra_that_exists() -> None:
+    extras = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    )
+    hints = {
+        (path.relative_to(ROOT).as_posix(), extra)
+        for folder in ("corral", "benchmarks")
+        for path in (ROOT / folder).rglob("*.py")
+        for group in re.findall(r"pip install 'corral\[([a-z,]+)\]'", path.read_text())
+        for extra in group.split(",")
+    }
+
+    assert {extra for _, extra in hints} >= {"demo", "dev", "server", "cli"}
+    assert not [(path, extra) for path, extra in hints if extra not in extras]
+
+
+@pytest.mark.timeout(60)
+def test_corral_testing_imports_without_onnx_and_its_builders_say_what_to_install() -> None:
+    script = """
+import sys
+sys.modules["onnx"] = None  # as if onnx were not installed
+import corral.demo
+import corral.testing
+with corral.testing.emulate_provider("CUDAExecutionProvider"):
+    pass
+try:
+    corral.testing.build_tree()
+except ImportError as exc:
+    print(exc)
+"""
+
+    completed = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=50, check=False
+    )
+
+    assert completed.returncode == 0, completed.stderr
+    assert "need the 'onnx' package: pip install 'corral[demo]'" in completed.stdout
