@@ -35,11 +35,11 @@ import corral
 from corral import Host
 from corral.bench.models import build_linear, build_mlp, build_tree
 from corral.protocol.dataplane import PLATFORM, DataPlane
+from corral.protocol.proto import grpc_service_pb2 as pb
+from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.protocol.types import InferOutput, InferResponse
 from corral.server import grpc as corral_grpc
 from corral.server.grpc import start_grpc_server
-from corral.server.proto import grpc_service_pb2 as pb
-from corral.server.proto import grpc_service_pb2_grpc as pb_grpc
 from tests.conftest import reference_run, run_freeing_frames
 from tests.test_host import add_model
 
@@ -181,7 +181,7 @@ def test_committed_generated_code_is_what_the_script_writes(tmp_path: Path):
         check=True,
         capture_output=True,
     )
-    committed = ROOT / "corral" / "server" / "proto"
+    committed = ROOT / "corral" / "protocol" / "proto"
     names = ["grpc_service_pb2.py", "grpc_service_pb2.pyi", "grpc_service_pb2_grpc.py"]
     for name in names:
         assert (tmp_path / name).read_bytes() == (committed / name).read_bytes(), (

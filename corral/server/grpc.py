@@ -30,7 +30,7 @@ try:
     import grpc
     from google.protobuf.message import DecodeError
 
-    from corral.server.proto import grpc_service_pb2 as pb
+    from corral.protocol.proto import grpc_service_pb2 as pb
 except ImportError as exc:  # pragma: no cover - the extra is installed wherever tests run
     raise ImportError(
         f"corral's gRPC server needs grpcio and protobuf ({exc}); "
