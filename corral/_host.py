@@ -582,9 +582,20 @@ class Host:
         self._enqueue(loaded, inputs, outputs, future, loop, deadline)
         return await future
 
-    def queue_stats(self) -> dict[str, QueueStats]:
-        """Per model version (``name:version``): queued, refused, expired, runs, batch sizes."""
-        return self._scheduler().stats()
+    def queue_stats(self) -> dict[tuple[str, int], QueueStats]:
+        """Per ``(name, version)`` this Host serves: queued, refused, expired, runs, batch sizes.
+
+        Example::
+
+            host.queue_stats()[("fraud", 2)].pending
+        """
+        reported = self._scheduler().stats()
+        # The scheduler names queues by session, and is shared by every Host on the Runtime:
+        # keep the sessions this Host holds, keyed by what it knows them as, not by parsing.
+        with self._lock:
+            held = [*self._loaded.values(), *self._retiring.values()]
+        keys = {loaded.session.name: (loaded.name, loaded.version) for loaded in held}
+        return {keys[label]: stats for label, stats in reported.items() if label in keys}
 
     def _scheduler(self) -> Scheduler:
         scheduler = self._compute

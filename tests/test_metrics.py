@@ -201,7 +201,7 @@ def test_label_values_are_escaped(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 MODELS = 10_000
 
 
-def fake_statistics() -> tuple[list[ModelStatistics], dict[str, QueueStats]]:
+def fake_statistics() -> tuple[list[ModelStatistics], dict[tuple[str, int], QueueStats]]:
     """10,000 model versions that have answered requests, each with its own figures."""
     rows = []
     queues = {}
@@ -222,7 +222,7 @@ def fake_statistics() -> tuple[list[ModelStatistics], dict[str, QueueStats]]:
                 compute_output=Duration(),
             )
         )
-        queues[f"{name}:{version}"] = QueueStats(
+        queues[(name, int(version))] = QueueStats(
             accepted=i + 1,
             rejected=0,
             expired=0,

@@ -117,7 +117,7 @@ def test_batched_outputs_are_bit_identical_to_single_runs(repo: Path, model: str
             return await asyncio.gather(*(host.infer_async(model, {"X": x}) for x in inputs))
 
         results = asyncio.run(all_at_once())
-        stats = host.queue_stats()[f"{model}:1"]
+        stats = host.queue_stats()[(model, 1)]
     for got, want in zip(results, expected, strict=True):
         assert got["Y"].shape == want.shape
         assert np.array_equal(got["Y"], want)  # bit for bit
@@ -136,7 +136,7 @@ def test_mixed_shapes_run_in_their_own_batches_and_bad_ones_fail_alone(gated):
     gated[1][0].open.set()
     for future, x in zip(futures, mixed, strict=True):
         np.testing.assert_array_equal(future.result(timeout=30)["Y"], x.sum(axis=1, keepdims=True))
-    stats = host.queue_stats()["rows:1"]
+    stats = host.queue_stats()[("rows", 1)]
     assert stats.runs == 2  # one batch per shape
     assert stats.rows == 5 * 1 + 5 * 2
 
@@ -149,7 +149,7 @@ def test_a_request_larger_than_max_batch_size_runs_alone(gated):
     assert big.result(timeout=30)["Y"].shape == (10, 1)
     for future in small:
         assert future.result(timeout=30)["Y"].shape == (1, 1)
-    stats = host.queue_stats()["capped:1"]
+    stats = host.queue_stats()[("capped", 1)]
     buckets = dict(stats.batch_rows_buckets)
     assert stats.runs == 3  # 4 + 2 small rows, and the big one alone
     assert buckets[4] == 2
@@ -164,7 +164,7 @@ def test_a_request_whose_deadline_passes_in_the_queue_never_runs(gated):
     with pytest.raises(corral.DeadlineExceeded, match="while queued"):
         doomed.result(timeout=30)
     assert fine.result(timeout=30)["Y"].shape == (1, 1)
-    stats = host.queue_stats()["tree:1"]
+    stats = host.queue_stats()[("tree", 1)]
     assert (stats.expired, stats.runs, stats.rows) == (1, 1, 1)
 
 
@@ -175,7 +175,7 @@ def test_cancel_before_it_runs_means_it_never_runs(gated):
     assert cancelled.cancel()
     gated[1][0].open.set()
     assert kept.result(timeout=30)["Y"].shape == (1, 1)
-    stats = host.queue_stats()["tree:1"]
+    stats = host.queue_stats()[("tree", 1)]
     assert (stats.cancelled, stats.rows) == (1, 1)
 
 
@@ -192,7 +192,7 @@ def test_a_cancelled_async_request_never_runs(gated):
         await host.infer_async("tree", {"X": np.ones((1, 4), np.float32)})
 
     asyncio.run(scenario())
-    stats = host.queue_stats()["tree:1"]
+    stats = host.queue_stats()[("tree", 1)]
     assert (stats.cancelled, stats.rows) == (1, 1)
 
 
@@ -213,7 +213,7 @@ def test_overload_is_refused_at_once_and_nothing_accepted_is_lost(repo: Path):
         assert all("limit" in str(exc) for exc in refusals)
         gate.open.set()
         answers = [f.result(timeout=30) for f in accepted + blockers]
-        stats = host.queue_stats()["tree:1"]
+        stats = host.queue_stats()[("tree", 1)]
     assert (len(accepted), refused) == (5, 3)
     assert len(answers) == 5 + workers
     assert (stats.accepted, stats.rejected, stats.rows) == (5, 3, 5)
@@ -298,7 +298,7 @@ def test_a_batch_window_gathers_requests_into_one_run(tmp_path: Path, toml: str,
         futures = [host.submit("windowed", {"X": x}) for _ in range(requests)]
         for future in futures:
             assert future.result(timeout=30)["Y"].shape == (1, 1)
-        stats = host.queue_stats()["windowed:1"]
+        stats = host.queue_stats()[("windowed", 1)]
     assert (stats.runs, stats.rows) == (1, requests)
 
 

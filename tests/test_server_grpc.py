@@ -757,11 +757,11 @@ def test_a_request_whose_client_deadline_passes_in_the_queue_never_runs(repo: Pa
         # The request waited in the queue past its deadline. Whichever reached it first, grpc
         # cancelling the handler or its timeout, it was answered without running.
         def settled() -> bool:
-            stats = s.host.queue_stats()["mlp:1"]
+            stats = s.host.queue_stats()[("mlp", 1)]
             return stats.expired + stats.cancelled == 1
 
         await asyncio.to_thread(wait_until, settled, 30)
-        assert s.host.queue_stats()["mlp:1"].runs == 0
+        assert s.host.queue_stats()[("mlp", 1)].runs == 0
 
     run(repo, scenario)
 
@@ -781,6 +781,6 @@ def test_concurrent_requests_each_get_their_own_outputs(repo: Path):
         )
         for index, result in enumerate(results):
             np.testing.assert_allclose(result.as_numpy("Y"), expected[index : index + 1], rtol=1e-6)
-        assert s.host.queue_stats()["mlp:1"].rows == 100
+        assert s.host.queue_stats()[("mlp", 1)].rows == 100
 
     run(repo, scenario)

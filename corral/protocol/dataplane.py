@@ -215,18 +215,14 @@ class DataPlane:
         queues = self._host.queue_stats()
         with self._stats_lock:
             counters = {key: _Counters(**vars(c)) for key, c in self._counters.items()}
-        keys = set(counters)
-        for label in queues:
-            model, _, number = label.rpartition(":")
-            if number.isdigit():
-                keys.add((model, int(number)))
+        keys = set(counters) | set(queues)
         wanted = None if version is None else self._host.serving_version(name or "", version)
         rows = []
         for key in sorted(keys):
             if (name is not None and key[0] != name) or wanted not in (None, key[1]):
                 continue
             c = counters.get(key, _Counters())
-            queue = queues.get(f"{key[0]}:{key[1]}")
+            queue = queues.get(key)
             runs = queue.runs if queue else 0
             rows.append(
                 ModelStatistics(

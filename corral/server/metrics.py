@@ -133,8 +133,10 @@ class Metrics:
         return body, CONTENT_TYPE_LATEST
 
 
-def _model_families(rows: list[ModelStatistics], queues: dict[str, QueueStats]) -> str:
+def _model_families(rows: list[ModelStatistics], queues: dict[tuple[str, int], QueueStats]) -> str:
     """Triton's per-model families in the text format, one sample per row in each."""
+    # Rows spell versions as the protocol does (strings); the Host's queues are keyed by number.
+    pending = {(name, str(version)): queue.pending for (name, version), queue in queues.items()}
     labels = [f'{{model="{_escape(row.name)}",version="{_escape(row.version)}"}} ' for row in rows]
     columns = (
         [row.success.count for row in rows],
@@ -144,17 +146,13 @@ def _model_families(rows: list[ModelStatistics], queues: dict[str, QueueStats]) 
         [(row.success.ns + row.fail.ns) // 1000 for row in rows],
         [row.queue.ns // 1000 for row in rows],
         [row.compute_infer.ns // 1000 for row in rows],
-        [_pending(queues.get(f"{row.name}:{row.version}")) for row in rows],
+        [pending.get((row.name, row.version), 0) for row in rows],
     )
     parts: list[str] = []
     for (name, kind, help_text), column in zip(_MODEL_FAMILIES, columns, strict=True):
         parts.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
         parts.extend(f"{name}{label}{value}\n" for label, value in zip(labels, column, strict=True))
     return "".join(parts)
-
-
-def _pending(queue: QueueStats | None) -> int:
-    return 0 if queue is None else queue.pending
 
 
 def _escape(label_value: str) -> str:

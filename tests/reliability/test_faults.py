@@ -369,7 +369,7 @@ def test_a_model_failing_on_some_inputs_fails_only_those(tmp_path: Path, case: s
         with pytest.raises(poisoned.error, match="flaky"):
             await asyncio.to_thread(stack.host.infer, "flaky", poisoned.poison(0))
         # Cumulative counts of runs by rows: all runs minus those of one row.
-        buckets = stack.host.queue_stats()["flaky:1"].batch_rows_buckets
+        buckets = stack.host.queue_stats()[("flaky", 1)].batch_rows_buckets
         batched_runs = buckets[-1][1] - dict(buckets)[1]
 
     run(root, scenario)
