@@ -11,7 +11,13 @@ import pytest
 import corral
 from corral import Host
 from corral.bench.models import build_mlp, build_tree
-from corral.protocol import DataPlane, InferInput, InferRequest, RequestedOutput
+from corral.protocol import (
+    DataPlane,
+    InferInput,
+    InferRequest,
+    RequestedOutput,
+    TensorConfiguration,
+)
 from tests.conftest import reference_run
 from tests.test_host import add_model
 
@@ -67,8 +73,8 @@ def test_metadata_and_config_describe_the_signature(repo: Path):
         assert (meta.name, meta.versions, meta.platform) == ("tree", ("1", "2"), "onnxruntime_onnx")
         assert [(t.name, t.datatype, t.shape) for t in meta.inputs] == [("X", "FP32", (-1, 4))]
         config = asyncio.run(plane.model_config("mlp"))
-        assert config["max_batch_size"] == 64
-        assert config["input"] == [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}]
+        assert config.max_batch_size == 64
+        assert config.inputs == (TensorConfiguration("X", "TYPE_FP32", (4,)),)
         with pytest.raises(corral.ModelLoadError):
             asyncio.run(plane.model_metadata("broken"))
 

@@ -277,12 +277,12 @@ def test_model_config_decodes_as_tritons_model_config(repo: Path):
             PLATFORM,
             "onnxruntime",
         )
-        assert config.max_batch_size == expected["max_batch_size"]
+        assert config.max_batch_size == expected.max_batch_size
         decoded = [
             (t.name, triton_config_pb.DataType.Name(t.data_type), list(t.dims))
             for t in config.input
         ]
-        assert decoded == [(t["name"], t["data_type"], t["dims"]) for t in expected["input"]]
+        assert decoded == [(t.name, t.data_type, list(t.dims)) for t in expected.inputs]
         assert {t.name for t in config.output} == {f"OUT_{dt}" for dt in NUMERIC}
         as_json = await s.client.get_model_config("identity", as_json=True)
         assert as_json["config"]["input"][0]["data_type"] == "TYPE_BOOL"

@@ -78,7 +78,14 @@ def test_model_metadata_ready_and_config(host: Host):
     assert call(app, "GET", "/v2/models/mlp/versions/1").json() == meta
     assert call(app, "GET", "/v2/models/mlp/ready").status_code == 200  # metadata loaded it
     config = call(app, "GET", "/v2/models/mlp/config").json()
-    assert (config["name"], config["max_batch_size"]) == ("mlp", 64)
+    assert config == {
+        "name": "mlp",
+        "platform": "onnxruntime_onnx",
+        "backend": "onnxruntime",
+        "max_batch_size": 64,
+        "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}],
+        "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [1]}],
+    }
 
 
 def test_infer_with_json_tensors(host: Host):

@@ -32,10 +32,12 @@ from corral.protocol.types import (
     InferOutput,
     InferRequest,
     InferResponse,
+    ModelConfiguration,
     ModelMetadata,
     ModelStatistics,
     RepositoryModel,
     ServerMetadata,
+    TensorConfiguration,
     TensorMetadata,
 )
 
@@ -159,8 +161,8 @@ class DataPlane:
             outputs=tuple(_tensor_metadata(spec) for spec in signature.outputs),
         )
 
-    async def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
-        """A model's configuration in Triton's ``model_config`` shape (JSON-ready)."""
+    async def model_config(self, name: str, version: str | None = None) -> ModelConfiguration:
+        """A model's configuration, as Triton's ``model_config``; loads the model if need be."""
         lease = await asyncio.to_thread(self._host.acquire, name, _version_arg(version))
         try:
             signature = lease.session.signature
@@ -169,14 +171,14 @@ class DataPlane:
             lease.release()
         # With max_batch_size > 0, Triton's dims leave out the batch dimension.
         skip = 1 if batched else 0
-        return {
-            "name": lease.name,
-            "platform": PLATFORM,
-            "backend": "onnxruntime",
-            "max_batch_size": batched,
-            "input": [_config_tensor(spec, skip) for spec in signature.inputs],
-            "output": [_config_tensor(spec, skip) for spec in signature.outputs],
-        }
+        return ModelConfiguration(
+            name=lease.name,
+            platform=PLATFORM,
+            backend="onnxruntime",
+            max_batch_size=batched,
+            inputs=tuple(_tensor_configuration(spec, skip) for spec in signature.inputs),
+            outputs=tuple(_tensor_configuration(spec, skip) for spec in signature.outputs),
+        )
 
     # -- inference --------------------------------------------------------------------------
 
@@ -296,10 +298,10 @@ def _spec_datatype(spec: TensorSpec) -> str:
     return datatype_of(spec.dtype)
 
 
-def _config_tensor(spec: TensorSpec, skip: int) -> dict[str, Any]:
+def _tensor_configuration(spec: TensorSpec, skip: int) -> TensorConfiguration:
     datatype = _spec_datatype(spec)
-    dims = [d if isinstance(d, int) else -1 for d in spec.shape][skip:]
-    return {"name": spec.name, "data_type": _CONFIG_TYPES.get(datatype, datatype), "dims": dims}
+    dims = tuple(d if isinstance(d, int) else -1 for d in spec.shape)[skip:]
+    return TensorConfiguration(spec.name, _CONFIG_TYPES.get(datatype, datatype), dims)
 
 
 def _output(name: str, value: Any) -> InferOutput:

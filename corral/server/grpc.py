@@ -255,19 +255,19 @@ class InferenceServicer:
         self, request: pb.ModelConfigRequest, context: _Context
     ) -> pb.ModelConfigResponse:
         """A model's configuration in Triton's ``ModelConfig`` shape (the fields corral fills)."""
-        doc = await self._plane.model_config(request.name, request.version or None)
+        found = await self._plane.model_config(request.name, request.version or None)
         config = pb.ModelConfig(
-            name=doc["name"],
-            platform=doc["platform"],
-            backend=doc["backend"],
-            max_batch_size=doc["max_batch_size"],
+            name=found.name,
+            platform=found.platform,
+            backend=found.backend,
+            max_batch_size=found.max_batch_size,
             input=[
-                pb.ModelInput(name=t["name"], data_type=_data_type(t["data_type"]), dims=t["dims"])
-                for t in doc["input"]
+                pb.ModelInput(name=t.name, data_type=_data_type(t.data_type), dims=t.dims)
+                for t in found.inputs
             ],
             output=[
-                pb.ModelOutput(name=t["name"], data_type=_data_type(t["data_type"]), dims=t["dims"])
-                for t in doc["output"]
+                pb.ModelOutput(name=t.name, data_type=_data_type(t.data_type), dims=t.dims)
+                for t in found.outputs
             ],
         )
         return pb.ModelConfigResponse(config=config)

@@ -37,7 +37,13 @@ from corral._errors import (
 )
 from corral.protocol.dataplane import DataPlane, status_for
 from corral.protocol.http_codec import HEADER_LENGTH, decode_request, encode_error, encode_response
-from corral.protocol.types import ModelMetadata, ModelStatistics, RepositoryModel
+from corral.protocol.types import (
+    ModelConfiguration,
+    ModelMetadata,
+    ModelStatistics,
+    RepositoryModel,
+    TensorConfiguration,
+)
 
 __all__ = ["STATUS", "HttpApp", "HttpError", "check_token", "read_body"]
 
@@ -193,7 +199,7 @@ class HttpApp:
             await _json(send, 200 if ready else 503, {"name": name, "ready": ready})
         elif action == "config":
             _expect(method, "GET")
-            await _json(send, 200, await self._plane.model_config(name, version))
+            await _json(send, 200, _config_doc(await self._plane.model_config(name, version)))
         elif action == "stats":
             _expect(method, "GET")
             await _json(send, 200, _stats_doc(self._plane.model_statistics(name, version)))
@@ -341,6 +347,21 @@ def _metadata_doc(meta: ModelMetadata) -> dict[str, Any]:
         "outputs": [
             {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in meta.outputs
         ],
+    }
+
+
+def _config_doc(config: ModelConfiguration) -> dict[str, Any]:
+    # Triton's model_config JSON: the tensor lists are named in the singular.
+    def tensor(t: TensorConfiguration) -> dict[str, Any]:
+        return {"name": t.name, "data_type": t.data_type, "dims": list(t.dims)}
+
+    return {
+        "name": config.name,
+        "platform": config.platform,
+        "backend": config.backend,
+        "max_batch_size": config.max_batch_size,
+        "input": [tensor(t) for t in config.inputs],
+        "output": [tensor(t) for t in config.outputs],
     }
 
 
