@@ -34,11 +34,11 @@ from tritonclient.utils import InferenceServerException
 import corral
 from corral import Host
 from corral.bench.models import build_linear, build_mlp, build_tree
+from corral.protocol import grpc_codec
 from corral.protocol.dataplane import PLATFORM, DataPlane
 from corral.protocol.proto import grpc_service_pb2 as pb
 from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.protocol.types import InferOutput, InferResponse
-from corral.server import grpc as corral_grpc
 from corral.server.grpc import start_grpc_server
 from tests.conftest import reference_run, run_freeing_frames
 from tests.test_host import add_model
@@ -362,7 +362,7 @@ def _typed_request(model: str, inputs: dict[str, np.ndarray]) -> pb.ModelInferRe
     request = pb.ModelInferRequest(model_name=model)
     for datatype, array in inputs.items():
         tensor = request.inputs.add(name=f"IN_{datatype}", datatype=datatype, shape=array.shape)
-        field = corral_grpc._CONTENTS_FIELD.get(datatype, "fp32_contents")  # FP16 has none
+        field = grpc_codec._CONTENTS_FIELD.get(datatype, "fp32_contents")  # FP16 has none
         getattr(tensor.contents, field).extend(array.ravel().tolist())
     return request
 
@@ -466,7 +466,7 @@ def test_request_parameters_reach_the_infer_request():
     tensor = request.inputs.add(name="X", datatype="FP32", shape=[3, 4])
     tensor.parameters["note"].string_param = "n"
     request.outputs.add(name="Y")
-    decoded = corral_grpc._decode_request(request)
+    decoded = grpc_codec.decode_request(request)
     assert decoded.parameters == {"timeout": 2_000, "priority": 3, "tag": "t", "flag": True}
     assert decoded.timeout_s == pytest.approx(0.002)
     assert decoded.id == "r"
@@ -479,7 +479,7 @@ def test_typed_bytes_contents_decode_to_bytes():
     request = pb.ModelInferRequest(model_name="strings")
     tensor = request.inputs.add(name="IN_BYTES", datatype="BYTES", shape=[1, 2])
     tensor.contents.bytes_contents.extend([b"\xff\x00", "é".encode()])
-    (decoded,) = corral_grpc._decode_request(request).inputs
+    (decoded,) = grpc_codec.decode_request(request).inputs
     assert decoded.data.dtype == object
     assert decoded.data.tolist() == [[b"\xff\x00", "é".encode()]]
 
@@ -492,7 +492,7 @@ def test_a_response_reads_back_in_tritonclient():
     )
     parameters = {"flag": True, "count": 7, "tag": "t"}
     response = InferResponse("m", "2", outputs, id="r", parameters=parameters)
-    wire = corral_grpc._encode_response(response).SerializeToString()
+    wire = grpc_codec.encode_response(response).SerializeToString()
     result = triton_sync.InferResult(triton_pb.ModelInferResponse.FromString(wire))
     np.testing.assert_array_equal(result.as_numpy("Y"), outputs[0].data)
     assert result.as_numpy("S").tolist() == ["é".encode(), b"\x00"]

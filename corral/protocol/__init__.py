@@ -1,6 +1,8 @@
 """The Open Inference Protocol (KServe v2): its types, codecs and one transport-agnostic data plane.
 
 Imports only numpy and corral's core; the HTTP and gRPC servers in ``corral.server`` build on it.
+Their codecs live here too but are imported only by them, since each needs its server's extra:
+``http_codec`` (orjson) and ``grpc_codec`` (protobuf, with the generated ``proto`` package).
 """
 
 from corral.protocol.dataplane import EXTENSIONS, PLATFORM, DataPlane
