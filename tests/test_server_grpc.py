@@ -42,6 +42,7 @@ from corral.protocol.types import InferOutput, InferResponse
 from corral.server.grpc import start_grpc_server
 from tests.conftest import reference_run, run_freeing_frames
 from tests.test_host import add_model
+from tests.test_server_http import Gate, answered_while_held, hold_filesystem
 
 ROOT = Path(__file__).resolve().parent.parent
 X = np.random.default_rng(7).standard_normal((3, 4)).astype(np.float32)
@@ -782,5 +783,61 @@ def test_concurrent_requests_each_get_their_own_outputs(repo: Path):
         for index, result in enumerate(results):
             np.testing.assert_allclose(result.as_numpy("Y"), expected[index : index + 1], rtol=1e-6)
         assert s.host.queue_stats()[("mlp", 1)].rows == 100
+
+    run(repo, scenario)
+
+
+# Calls about the cold model "tree" that wait on the repository: what each waits on, the
+# call, and what its answer must be once the repository answers.
+SLOW_CALLS: dict[str, tuple[str, Callable[[Any], Awaitable[Any]], Callable[[Any], bool]]] = {
+    "index": (
+        "listing",
+        lambda client: client.get_model_repository_index(),
+        lambda index: "tree" in {model.name for model in index.models},
+    ),
+    "ready": ("files", lambda client: client.is_model_ready("tree"), lambda ready: not ready),
+    "stats": (
+        "files",
+        lambda client: client.get_inference_statistics("tree"),
+        lambda stats: list(stats.model_stats) == [],
+    ),
+    "metadata": (
+        "load",
+        lambda client: client.get_model_metadata("tree"),
+        lambda meta: meta.name == "tree",
+    ),
+    "config": (
+        "load",
+        lambda client: client.get_model_config("tree"),
+        lambda response: response.config.name == "tree",
+    ),
+    "cold-infer": (
+        "files",
+        lambda client: client.infer("tree", [triton_input("X", X, "FP32")]),
+        lambda result: result.as_numpy("Y").shape == (3, 1),
+    ),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", list(SLOW_CALLS))
+def test_a_slow_filesystem_holds_up_only_the_calls_that_need_it(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, case: str
+):
+    # As over HTTP: one call waits on the repository while another client's call for a
+    # loaded model is answered, on the same event loop.
+    what, slow_call, answered_right = SLOW_CALLS[case]
+
+    async def scenario(s: Served) -> None:
+        await s.client.infer("mlp", [triton_input("X", X, "FP32")])
+        gate = Gate()
+        hold_filesystem(monkeypatch, s.plane, gate, what)
+        fast, slow = await answered_while_held(
+            gate,
+            lambda: slow_call(s.client),
+            lambda: s.client.infer("mlp", [triton_input("X", X, "FP32")]),
+        )
+        assert fast.as_numpy("Y").shape == (3, 1)
+        assert answered_right(slow), slow
 
     run(repo, scenario)

@@ -14,7 +14,6 @@ Example::
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import hmac
@@ -170,9 +169,7 @@ class InferenceServicer:
         self, request: pb.ModelReadyRequest, context: _Context
     ) -> pb.ModelReadyResponse:
         """True if the model (version) is loaded; NOT_FOUND for a model not in the repository."""
-        ready = await asyncio.to_thread(
-            self._plane.model_ready, request.name, request.version or None
-        )
+        ready = await self._plane.model_ready(request.name, request.version or None)
         return pb.ModelReadyResponse(ready=ready)
 
     @_answers
@@ -220,9 +217,7 @@ class InferenceServicer:
         self, request: pb.ModelStatisticsRequest, context: _Context
     ) -> pb.ModelStatisticsResponse:
         """Counters per model version: every version that has answered, or those of one model."""
-        rows = await asyncio.to_thread(
-            self._plane.model_statistics, request.name or None, request.version or None
-        )
+        rows = await self._plane.model_statistics(request.name or None, request.version or None)
         return grpc_codec.encode_statistics(rows)
 
     @_answers
@@ -231,7 +226,7 @@ class InferenceServicer:
     ) -> pb.RepositoryIndexResponse:
         """Every model in the repository, one row per version the server knows of."""
         _one_repository(request.repository_name)
-        rows = await asyncio.to_thread(self._plane.repository_index, ready_only=request.ready)
+        rows = await self._plane.repository_index(ready_only=request.ready)
         return grpc_codec.encode_repository_index(rows)
 
     @_answers

@@ -1,7 +1,7 @@
 """Prometheus metrics for ``GET /metrics``, read from snapshots at scrape time.
 
 Nothing is counted here: every scrape reads the data plane's per model-version counters
-(:meth:`DataPlane.model_statistics`), the Host's queue and load figures and the process's
+(:meth:`DataPlane.statistics_snapshot`), the Host's queue and load figures and the process's
 thread count, and writes them out. Nothing is registered in prometheus-client's global
 registry and nothing happens at import; the server makes one :class:`Metrics` per data plane.
 
@@ -125,9 +125,10 @@ class Metrics:
         """The exposition text of every metric now, and its HTTP content type.
 
         Reads snapshots only (the data plane and the Host take them under their own locks),
-        so it may run while requests do.
+        so it may run while requests do. It takes milliseconds per thousand model versions:
+        the HTTP app calls it on a worker thread, not on its event loop.
         """
-        rows = self._plane.model_statistics()
+        rows = self._plane.statistics_snapshot()
         queues = self._plane.host.queue_stats()
         body = _model_families(rows, queues).encode("utf-8") + generate_latest(self._registry)
         return body, CONTENT_TYPE_LATEST
