@@ -72,7 +72,7 @@ $(DEMO_REPOSITORY): | $(STAMP)
 serve: $(STAMP) | $(DEMO_REPOSITORY)
 	$(BIN)/corral serve $(DEMO_REPOSITORY)
 
-# Regenerate corral/server/proto from grpc_service.proto (the generated files are committed).
+# Regenerate corral/protocol/proto from grpc_service.proto (the generated files are committed).
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py
 

@@ -219,8 +219,14 @@ class Host:
             lease.release()
 
     def queue_stats(self) -> dict[QueueKey, QueueStats]:
-        """Per ``(model, version)``: queued, refused, expired, runs, batch sizes."""
-        return self._runtime.scheduler().stats()
+        """Per ``(model, version)`` this Host holds: queued, refused, expired, runs, batches.
+
+        Example::
+
+            host.queue_stats()[("fraud", 2)].pending
+        """
+        queues = [served.queue for served in self._table.held() if served.queue is not None]
+        return self._runtime.scheduler().stats(queues)
 
     # -- explicit control --------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -256,10 +256,14 @@ class Scheduler:
         elif len(self._threads) < self._workers:
             self._start_worker_locked()
 
-    def stats(self) -> dict[QueueKey, QueueStats]:
-        """Each queue's figures, by the key it was made with: ``(model, version)``."""
+    def stats(self, queues: Iterable[ModelQueue] | None = None) -> dict[QueueKey, QueueStats]:
+        """The figures of ``queues`` (default: every queue), by their keys: ``(model, version)``.
+
+        A Runtime's scheduler serves every Host on it: a Host asks for its own queues.
+        """
         with self._lock:
-            return {queue.key: _stats(queue) for queue in self._queues}
+            chosen = self._queues if queues is None else queues
+            return {queue.key: _stats(queue) for queue in chosen}
 
     def shutdown(self, timeout: float | None = None) -> bool:
         """Refuse new requests, run what is queued, stop the workers.

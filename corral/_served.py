@@ -102,6 +102,11 @@ class ServedVersion:
         self._queue_lock = threading.Lock()
 
     @property
+    def queue(self) -> ModelQueue | None:
+        """Its queue in the scheduler, once a request was queued."""
+        return self._queue
+
+    @property
     def busy(self) -> bool:
         """Requests hold it now (runs, leases, queued requests): it cannot be evicted."""
         return self.session.in_flight > 0

@@ -371,6 +371,11 @@ class ModelTable:
         with self._lock:
             return {key[1]: served for key, served in self._loaded.items() if key[0] == name}
 
+    def held(self) -> list[ServedVersion]:
+        """Every version in service or retiring (not yet closed)."""
+        with self._lock:
+            return [*self._loaded.values(), *self._retiring.values()]
+
     def names_to_check(self) -> list[str]:
         """The models a refresh looks at: those in service or whose last load failed."""
         with self._lock:

@@ -1,4 +1,4 @@
-"""Regenerate corral's gRPC modules from ``corral/server/proto/grpc_service.proto``.
+"""Regenerate corral's gRPC modules from ``corral/protocol/proto/grpc_service.proto``.
 
 Usage::
 
@@ -25,7 +25,7 @@ import argparse
 import sys
 from pathlib import Path
 
-PROTO_DIR = Path(__file__).resolve().parent.parent / "corral" / "server" / "proto"
+PROTO_DIR = Path(__file__).resolve().parent.parent / "corral" / "protocol" / "proto"
 PROTO = "grpc_service.proto"
 
 # (file, what protoc writes, what corral needs): each must match exactly once.

@@ -10,7 +10,13 @@ import pytest
 
 import corral
 from corral import Host
-from corral.protocol import DataPlane, InferInput, InferRequest, RequestedOutput
+from corral.protocol import (
+    DataPlane,
+    InferInput,
+    InferRequest,
+    RequestedOutput,
+    TensorConfiguration,
+)
 from corral.testing import build_mlp, build_tree
 from tests.conftest import reference_run
 from tests.test_host import add_model
@@ -50,14 +56,14 @@ def test_health_and_server_metadata(repo: Path):
 def test_model_ready_follows_loading_and_unknown_models_are_not_found(repo: Path):
     with Host(repo) as host:
         plane = DataPlane(host)
-        assert not plane.model_ready("mlp")
+        assert not asyncio.run(plane.model_ready("mlp"))
         host.infer("mlp", {"X": X})
-        assert plane.model_ready("mlp")
-        assert plane.model_ready("mlp", "1")
+        assert asyncio.run(plane.model_ready("mlp"))
+        assert asyncio.run(plane.model_ready("mlp", "1"))
         with pytest.raises(corral.ModelNotFound, match="nope"):
-            plane.model_ready("nope")
+            asyncio.run(plane.model_ready("nope"))
         with pytest.raises(corral.ModelNotFound, match="no version 7"):
-            plane.model_ready("mlp", "7")
+            asyncio.run(plane.model_ready("mlp", "7"))
 
 
 def test_metadata_and_config_describe_the_signature(repo: Path):
@@ -67,8 +73,8 @@ def test_metadata_and_config_describe_the_signature(repo: Path):
         assert (meta.name, meta.versions, meta.platform) == ("tree", ("1", "2"), "onnxruntime_onnx")
         assert [(t.name, t.datatype, t.shape) for t in meta.inputs] == [("X", "FP32", (-1, 4))]
         config = asyncio.run(plane.model_config("mlp"))
-        assert config["max_batch_size"] == 64
-        assert config["input"] == [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}]
+        assert config.max_batch_size == 64
+        assert config.inputs == (TensorConfiguration("X", "TYPE_FP32", (4,)),)
         with pytest.raises(corral.ModelLoadError):
             asyncio.run(plane.model_metadata("broken"))
 
@@ -119,17 +125,17 @@ def test_statistics_count_successes_failures_and_runs(repo: Path):
             asyncio.run(plane.infer("mlp", None, request()))
         with pytest.raises(corral.InvalidInput):
             asyncio.run(plane.infer("mlp", None, request(np.ones((1, 3), np.float32))))
-        (row,) = plane.model_statistics("mlp")
+        (row,) = asyncio.run(plane.model_statistics("mlp"))
         assert (row.name, row.version) == ("mlp", "1")
         assert (row.success.count, row.fail.count, row.inference_count) == (3, 1, 3)
         assert row.execution_count == 3  # one caller at a time: nothing to batch
         assert row.success.ns > 0
         assert row.compute_infer.ns > 0
         assert row.last_inference > 0
-        assert [r.name for r in plane.model_statistics()] == ["mlp"]
-        assert plane.model_statistics("tree") == []
+        assert [r.name for r in asyncio.run(plane.model_statistics())] == ["mlp"]
+        assert asyncio.run(plane.model_statistics("tree")) == []
         with pytest.raises(corral.ModelNotFound):
-            plane.model_statistics("nope")
+            asyncio.run(plane.model_statistics("nope"))
 
 
 def test_repository_index_load_and_unload(repo: Path):
@@ -138,14 +144,14 @@ def test_repository_index_load_and_unload(repo: Path):
         asyncio.run(plane.load("mlp"))
         with pytest.raises(corral.ModelLoadError):
             asyncio.run(plane.load("broken"))
-        rows = {(r.name, r.version): r for r in plane.repository_index()}
+        rows = {(r.name, r.version): r for r in asyncio.run(plane.repository_index())}
         assert rows[("mlp", "1")].state == "READY"
         assert rows[("tree", "")].state == "UNAVAILABLE"  # never asked for: no versions read
         assert rows[("broken", "1")].state == "UNAVAILABLE"
         assert "could not load" in rows[("broken", "1")].reason
-        assert [(r.name, r.version) for r in plane.repository_index(ready_only=True)] == [
-            ("mlp", "1")
-        ]
+        assert [
+            (r.name, r.version) for r in asyncio.run(plane.repository_index(ready_only=True))
+        ] == [("mlp", "1")]
         asyncio.run(plane.unload("mlp"))
-        assert plane.repository_index(ready_only=True) == []
-        assert not plane.model_ready("mlp")
+        assert asyncio.run(plane.repository_index(ready_only=True)) == []
+        assert not asyncio.run(plane.model_ready("mlp"))

@@ -33,15 +33,16 @@ from tritonclient.utils import InferenceServerException
 
 import corral
 from corral import Host
+from corral.protocol import grpc_codec
 from corral.protocol.dataplane import PLATFORM, DataPlane
+from corral.protocol.proto import grpc_service_pb2 as pb
+from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.protocol.types import InferOutput, InferResponse
-from corral.server import grpc as corral_grpc
 from corral.server.grpc import start_grpc_server
-from corral.server.proto import grpc_service_pb2 as pb
-from corral.server.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.testing import build_linear, build_mlp, build_tree
 from tests.conftest import reference_run, run_freeing_frames
 from tests.test_host import add_model
+from tests.test_server_http import Gate, answered_while_held, hold_filesystem
 
 ROOT = Path(__file__).resolve().parent.parent
 X = np.random.default_rng(7).standard_normal((3, 4)).astype(np.float32)
@@ -181,7 +182,7 @@ def test_committed_generated_code_is_what_the_script_writes(tmp_path: Path):
         check=True,
         capture_output=True,
     )
-    committed = ROOT / "corral" / "server" / "proto"
+    committed = ROOT / "corral" / "protocol" / "proto"
     names = ["grpc_service_pb2.py", "grpc_service_pb2.pyi", "grpc_service_pb2_grpc.py"]
     for name in names:
         assert (tmp_path / name).read_bytes() == (committed / name).read_bytes(), (
@@ -277,12 +278,12 @@ def test_model_config_decodes_as_tritons_model_config(repo: Path):
             PLATFORM,
             "onnxruntime",
         )
-        assert config.max_batch_size == expected["max_batch_size"]
+        assert config.max_batch_size == expected.max_batch_size
         decoded = [
             (t.name, triton_config_pb.DataType.Name(t.data_type), list(t.dims))
             for t in config.input
         ]
-        assert decoded == [(t["name"], t["data_type"], t["dims"]) for t in expected["input"]]
+        assert decoded == [(t.name, t.data_type, list(t.dims)) for t in expected.inputs]
         assert {t.name for t in config.output} == {f"OUT_{dt}" for dt in NUMERIC}
         as_json = await s.client.get_model_config("identity", as_json=True)
         assert as_json["config"]["input"][0]["data_type"] == "TYPE_BOOL"
@@ -362,7 +363,7 @@ def _typed_request(model: str, inputs: dict[str, np.ndarray]) -> pb.ModelInferRe
     request = pb.ModelInferRequest(model_name=model)
     for datatype, array in inputs.items():
         tensor = request.inputs.add(name=f"IN_{datatype}", datatype=datatype, shape=array.shape)
-        field = corral_grpc._CONTENTS_FIELD.get(datatype, "fp32_contents")  # FP16 has none
+        field = grpc_codec._CONTENTS_FIELD.get(datatype, "fp32_contents")  # FP16 has none
         getattr(tensor.contents, field).extend(array.ravel().tolist())
     return request
 
@@ -466,7 +467,7 @@ def test_request_parameters_reach_the_infer_request():
     tensor = request.inputs.add(name="X", datatype="FP32", shape=[3, 4])
     tensor.parameters["note"].string_param = "n"
     request.outputs.add(name="Y")
-    decoded = corral_grpc._decode_request(request)
+    decoded = grpc_codec.decode_request(request)
     assert decoded.parameters == {"timeout": 2_000, "priority": 3, "tag": "t", "flag": True}
     assert decoded.timeout_s == pytest.approx(0.002)
     assert decoded.id == "r"
@@ -479,7 +480,7 @@ def test_typed_bytes_contents_decode_to_bytes():
     request = pb.ModelInferRequest(model_name="strings")
     tensor = request.inputs.add(name="IN_BYTES", datatype="BYTES", shape=[1, 2])
     tensor.contents.bytes_contents.extend([b"\xff\x00", "é".encode()])
-    (decoded,) = corral_grpc._decode_request(request).inputs
+    (decoded,) = grpc_codec.decode_request(request).inputs
     assert decoded.data.dtype == object
     assert decoded.data.tolist() == [[b"\xff\x00", "é".encode()]]
 
@@ -492,7 +493,7 @@ def test_a_response_reads_back_in_tritonclient():
     )
     parameters = {"flag": True, "count": 7, "tag": "t"}
     response = InferResponse("m", "2", outputs, id="r", parameters=parameters)
-    wire = corral_grpc._encode_response(response).SerializeToString()
+    wire = grpc_codec.encode_response(response).SerializeToString()
     result = triton_sync.InferResult(triton_pb.ModelInferResponse.FromString(wire))
     np.testing.assert_array_equal(result.as_numpy("Y"), outputs[0].data)
     assert result.as_numpy("S").tolist() == ["é".encode(), b"\x00"]
@@ -782,5 +783,61 @@ def test_concurrent_requests_each_get_their_own_outputs(repo: Path):
         for index, result in enumerate(results):
             np.testing.assert_allclose(result.as_numpy("Y"), expected[index : index + 1], rtol=1e-6)
         assert s.host.queue_stats()[("mlp", 1)].rows == 100
+
+    run(repo, scenario)
+
+
+# Calls about the cold model "tree" that wait on the repository: what each waits on, the
+# call, and what its answer must be once the repository answers.
+SLOW_CALLS: dict[str, tuple[str, Callable[[Any], Awaitable[Any]], Callable[[Any], bool]]] = {
+    "index": (
+        "listing",
+        lambda client: client.get_model_repository_index(),
+        lambda index: "tree" in {model.name for model in index.models},
+    ),
+    "ready": ("files", lambda client: client.is_model_ready("tree"), lambda ready: not ready),
+    "stats": (
+        "files",
+        lambda client: client.get_inference_statistics("tree"),
+        lambda stats: list(stats.model_stats) == [],
+    ),
+    "metadata": (
+        "load",
+        lambda client: client.get_model_metadata("tree"),
+        lambda meta: meta.name == "tree",
+    ),
+    "config": (
+        "load",
+        lambda client: client.get_model_config("tree"),
+        lambda response: response.config.name == "tree",
+    ),
+    "cold-infer": (
+        "files",
+        lambda client: client.infer("tree", [triton_input("X", X, "FP32")]),
+        lambda result: result.as_numpy("Y").shape == (3, 1),
+    ),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", list(SLOW_CALLS))
+def test_a_slow_filesystem_holds_up_only_the_calls_that_need_it(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, case: str
+):
+    # As over HTTP: one call waits on the repository while another client's call for a
+    # loaded model is answered, on the same event loop.
+    what, slow_call, answered_right = SLOW_CALLS[case]
+
+    async def scenario(s: Served) -> None:
+        await s.client.infer("mlp", [triton_input("X", X, "FP32")])
+        gate = Gate()
+        hold_filesystem(monkeypatch, s.plane, gate, what)
+        fast, slow = await answered_while_held(
+            gate,
+            lambda: slow_call(s.client),
+            lambda: s.client.infer("mlp", [triton_input("X", X, "FP32")]),
+        )
+        assert fast.as_numpy("Y").shape == (3, 1)
+        assert answered_right(slow), slow
 
     run(repo, scenario)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,8 @@ import orjson
 import pytest
 
 import corral
-from corral import Host
-from corral.protocol import DataPlane
+from corral import Host, _loader
+from corral.protocol import DataPlane, ModelStatistics
 from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
 from corral.testing import build_mlp, build_tree
@@ -78,7 +79,14 @@ def test_model_metadata_ready_and_config(host: Host):
     assert call(app, "GET", "/v2/models/mlp/versions/1").json() == meta
     assert call(app, "GET", "/v2/models/mlp/ready").status_code == 200  # metadata loaded it
     config = call(app, "GET", "/v2/models/mlp/config").json()
-    assert (config["name"], config["max_batch_size"]) == ("mlp", 64)
+    assert config == {
+        "name": "mlp",
+        "platform": "onnxruntime_onnx",
+        "backend": "onnxruntime",
+        "max_batch_size": 64,
+        "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}],
+        "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [1]}],
+    }
 
 
 def test_infer_with_json_tensors(host: Host):
@@ -241,6 +249,120 @@ def test_concurrent_requests_each_get_their_own_outputs(host: Host):
         assert response.status_code == 200, response.text
         data = response.json()["outputs"][0]["data"]
         np.testing.assert_allclose(data, expected[index], rtol=1e-6)
-    (stats,) = DataPlane(host).model_statistics("mlp")
+    (stats,) = asyncio.run(DataPlane(host).model_statistics("mlp"))
     assert stats.queue.count == 200  # the queue saw each request once
     assert stats.execution_count < 200  # and ran them in batches
+
+
+class Gate:
+    """Holds the calls sent through it until the test opens it, and tells when one arrived."""
+
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self.opened = threading.Event()
+
+    def hold(self) -> None:
+        self.reached.set()
+        # Bounded: were the call on the event loop, the test could never open the gate, and
+        # it must fail on its assertions rather than hang.
+        if not self.opened.wait(10):
+            raise TimeoutError("the gate was never opened")
+
+
+def hold_filesystem(
+    monkeypatch: pytest.MonkeyPatch, plane: DataPlane, gate: Gate, what: str
+) -> None:
+    """Make one slow operation wait on ``gate``: a listing, a model's files, a load, a scrape."""
+    if what == "listing":
+        names = corral.Repository.names
+
+        def held_names(self: corral.Repository) -> list[str]:
+            gate.hold()
+            return names(self)
+
+        monkeypatch.setattr(corral.Repository, "names", held_names)
+    elif what == "files":
+        entry = corral.Repository.entry
+
+        def held_entry(self: corral.Repository, name: str) -> corral.ModelEntry:
+            if name == "tree":  # the loaded model's files stay quick to read
+                gate.hold()
+            return entry(self, name)
+
+        monkeypatch.setattr(corral.Repository, "entry", held_entry)
+    elif what == "load":
+        session = _loader.Session
+
+        def held_session(*args: Any, **kwargs: Any) -> corral.Session:
+            gate.hold()
+            return session(*args, **kwargs)
+
+        monkeypatch.setattr(_loader, "Session", held_session)
+    else:
+        snapshot = plane.statistics_snapshot
+
+        def held_snapshot() -> list[ModelStatistics]:
+            gate.hold()
+            return snapshot()
+
+        monkeypatch.setattr(plane, "statistics_snapshot", held_snapshot)
+
+
+async def answered_while_held(
+    gate: Gate,
+    slow: Callable[[], Any],
+    fast: Callable[[], Any],
+) -> tuple[Any, Any]:
+    """Start ``slow``, wait until it is held at the gate, and run ``fast`` to its answer.
+
+    Returns both answers; ``slow``'s after the gate opened. Fails if ``slow`` finished
+    before the gate opened: it was not held where the test meant it to be.
+    """
+    held = asyncio.ensure_future(slow())
+    try:
+        assert await asyncio.to_thread(gate.reached.wait, 10), "the slow request never arrived"
+        answer = await asyncio.wait_for(fast(), 10)
+        assert not held.done(), "the slow request was answered before its gate opened"
+    finally:
+        gate.opened.set()
+    return answer, await asyncio.wait_for(held, 10)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("method", "path", "what", "status"),
+    [
+        ("POST", "/v2/repository/index", "listing", 200),
+        ("GET", "/v2/models/tree/ready", "files", 503),
+        ("GET", "/v2/models/tree/stats", "files", 200),
+        ("GET", "/v2/models/tree", "load", 200),
+        ("GET", "/v2/models/tree/config", "load", 200),
+        ("POST", "/v2/models/tree/infer", "files", 200),
+        ("GET", "/metrics", "scrape", 200),
+    ],
+    ids=["index", "ready", "stats", "metadata", "config", "cold-infer", "metrics"],
+)
+def test_a_slow_filesystem_holds_up_only_the_requests_that_need_it(
+    host: Host, monkeypatch: pytest.MonkeyPatch, method: str, path: str, what: str, status: int
+):
+    # One client waits on the repository (a listing, a model's files, a load) or on a scrape
+    # while another's request for a loaded model is answered: the event loop stays free.
+    plane = DataPlane(host)
+    app = HttpApp(plane, metrics=Metrics(plane).render)
+    assert call(app, "POST", "/v2/models/mlp/infer", json=infer_body()).status_code == 200
+    gate = Gate()
+    hold_filesystem(monkeypatch, plane, gate, what)
+    body = infer_body() if path.endswith("/infer") else None
+
+    async def go() -> tuple[httpx.Response, httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://corral") as client:
+            return await answered_while_held(
+                gate,
+                lambda: client.request(method, path, json=body),
+                lambda: client.post("/v2/models/mlp/infer", json=infer_body()),
+            )
+
+    fast, slow = asyncio.run(go())
+    assert fast.status_code == 200, fast.text
+    assert slow.status_code == status, slow.text

@@ -1,6 +1,8 @@
 """The Open Inference Protocol (KServe v2): its types, codecs and one transport-agnostic data plane.
 
 Imports only numpy and corral's core; the HTTP and gRPC servers in ``corral.server`` build on it.
+Their codecs live here too but are imported only by them, since each needs its server's extra:
+``http_codec`` (orjson) and ``grpc_codec`` (protobuf, with the generated ``proto`` package).
 """
 
 from corral.protocol.dataplane import EXTENSIONS, PLATFORM, DataPlane
@@ -12,11 +14,13 @@ from corral.protocol.types import (
     InferOutput,
     InferRequest,
     InferResponse,
+    ModelConfiguration,
     ModelMetadata,
     ModelStatistics,
     RepositoryModel,
     RequestedOutput,
     ServerMetadata,
+    TensorConfiguration,
     TensorMetadata,
 )
 
@@ -31,11 +35,13 @@ __all__ = [
     "InferOutput",
     "InferRequest",
     "InferResponse",
+    "ModelConfiguration",
     "ModelMetadata",
     "ModelStatistics",
     "RepositoryModel",
     "RequestedOutput",
     "ServerMetadata",
+    "TensorConfiguration",
     "TensorMetadata",
     "datatype_of",
     "numpy_dtype",

@@ -4,6 +4,11 @@ The HTTP and gRPC servers decode a request into :mod:`corral.protocol.types`, ca
 here, and encode what it returns; errors are corral's own exceptions, which each transport
 maps to its status codes. Nothing here knows about HTTP or gRPC.
 
+Every operation that may read the repository's files or wait for a load is a coroutine that
+does that work on a worker thread (:func:`run_blocking`), so that a slow or hung filesystem
+holds up only the requests that need it, never the event loop every client shares. ``live``,
+``ready`` and ``server_metadata`` read memory only and answer at once.
+
 Example::
 
     plane = DataPlane(host)
@@ -15,9 +20,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -33,14 +38,16 @@ from corral.protocol.types import (
     InferOutput,
     InferRequest,
     InferResponse,
+    ModelConfiguration,
     ModelMetadata,
     ModelStatistics,
     RepositoryModel,
     ServerMetadata,
+    TensorConfiguration,
     TensorMetadata,
 )
 
-__all__ = ["EXTENSIONS", "PLATFORM", "DataPlane", "status_for"]
+__all__ = ["EXTENSIONS", "PLATFORM", "DataPlane", "run_blocking", "status_for"]
 
 #: Triton's platform name for ONNX models run by onnxruntime: clients key on it.
 PLATFORM = "onnxruntime_onnx"
@@ -80,6 +87,8 @@ _CONFIG_TYPES = {
 
 
 _Status = TypeVar("_Status")
+_Result = TypeVar("_Result")
+_Params = ParamSpec("_Params")
 
 
 def status_for(table: Mapping[type[CorralError], _Status], error: CorralError) -> _Status | None:
@@ -92,6 +101,23 @@ def status_for(table: Mapping[type[CorralError], _Status], error: CorralError) -
         if issubclass(cls, CorralError) and cls in table:
             return table[cls]
     return None
+
+
+async def run_blocking(
+    call: Callable[_Params, _Result], /, *args: _Params.args, **kwargs: _Params.kwargs
+) -> _Result:
+    """Await ``call(*args, **kwargs)`` run on a worker thread, leaving the event loop free.
+
+    The one way the data plane and the servers hand over work that may block: a file read, a
+    load, a page of statistics for every model. The thread is one of the running loop's
+    default executor. Cancelling the awaiting task does not stop ``call``, which finishes on
+    its thread with its result dropped: ``call`` must release whatever it takes itself.
+
+    Example::
+
+        models = await run_blocking(host.models)
+    """
+    return await asyncio.to_thread(call, *args, **kwargs)
 
 
 @dataclass
@@ -134,23 +160,31 @@ class DataPlane:
         """The server's name, version and protocol extensions."""
         return self._metadata
 
-    def model_ready(self, name: str, version: str | None = None) -> bool:
+    async def model_ready(self, name: str, version: str | None = None) -> bool:
         """True if ``name`` (or that version of it) is loaded and serving.
 
         corral loads models lazily: a model that is not ready is still served, loaded by the
         first request. Raises :class:`ModelNotFound` for an unknown model or version.
         """
+        return await run_blocking(self._model_ready, name, version)
+
+    async def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
+        """A model's versions, inputs and outputs; loads the model if it is not loaded."""
+        return await run_blocking(self._model_metadata, name, version)
+
+    async def model_config(self, name: str, version: str | None = None) -> ModelConfiguration:
+        """A model's configuration, as Triton's ``model_config``; loads the model if need be."""
+        return await run_blocking(self._model_config, name, version)
+
+    def _model_ready(self, name: str, version: str | None) -> bool:
         status = self._host.status(name)
         wanted = self._host.serving_version(name, version)
         return any(v.version == wanted and v.state is ModelState.READY for v in status.versions)
 
-    async def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
-        """A model's versions, inputs and outputs; loads the model if it is not loaded."""
-        lease = await asyncio.to_thread(self._host.acquire, name, _version_arg(version))
-        try:
+    def _model_metadata(self, name: str, version: str | None) -> ModelMetadata:
+        # Taken and released on this one thread: a cancelled request cannot leak the lease.
+        with self._host.acquire(name, _version_arg(version)) as lease:
             signature = lease.session.signature
-        finally:
-            lease.release()
         status = self._host.status(name)
         return ModelMetadata(
             name=lease.name,
@@ -160,24 +194,20 @@ class DataPlane:
             outputs=tuple(_tensor_metadata(spec) for spec in signature.outputs),
         )
 
-    async def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
-        """A model's configuration in Triton's ``model_config`` shape (JSON-ready)."""
-        lease = await asyncio.to_thread(self._host.acquire, name, _version_arg(version))
-        try:
+    def _model_config(self, name: str, version: str | None) -> ModelConfiguration:
+        with self._host.acquire(name, _version_arg(version)) as lease:
             signature = lease.session.signature
             batched = lease.max_batch_size
-        finally:
-            lease.release()
         # With max_batch_size > 0, Triton's dims leave out the batch dimension.
         skip = 1 if batched else 0
-        return {
-            "name": lease.name,
-            "platform": PLATFORM,
-            "backend": "onnxruntime",
-            "max_batch_size": batched,
-            "input": [_config_tensor(spec, skip) for spec in signature.inputs],
-            "output": [_config_tensor(spec, skip) for spec in signature.outputs],
-        }
+        return ModelConfiguration(
+            name=lease.name,
+            platform=PLATFORM,
+            backend="onnxruntime",
+            max_batch_size=batched,
+            inputs=tuple(_tensor_configuration(spec, skip) for spec in signature.inputs),
+            outputs=tuple(_tensor_configuration(spec, skip) for spec in signature.outputs),
+        )
 
     # -- inference --------------------------------------------------------------------------
 
@@ -190,7 +220,8 @@ class DataPlane:
                 raise InvalidInput(f"input {tensor.name!r} is given twice", tensor=tensor.name)
             feed[tensor.name] = tensor.data
         wanted = [output.name for output in request.outputs] or None
-        number = self._host.serving_version(name, version)
+        # On a worker thread: for a model the Host has not read yet, it reads the model's files.
+        number = await run_blocking(self._host.serving_version, name, version)
         try:
             # The version as the request gave it: None keeps the Host's lock-free ready path.
             results = await self._host.infer_async(
@@ -207,17 +238,35 @@ class DataPlane:
 
     # -- statistics and the repository ------------------------------------------------------
 
-    def model_statistics(
+    async def model_statistics(
         self, name: str | None = None, version: str | None = None
     ) -> list[ModelStatistics]:
-        """Counters per model version: every version that has answered, or those of ``name``."""
+        """Counters per model version: every version that has answered, or those of ``name``.
+
+        Raises :class:`ModelNotFound` for an unknown model or version.
+        """
+        return await run_blocking(self._model_statistics, name, version)
+
+    def statistics_snapshot(self) -> list[ModelStatistics]:
+        """Every model version's counters now, as :meth:`model_statistics` gives them.
+
+        Reads in-memory snapshots only, never a file; but its time grows with the number of
+        versions (milliseconds per thousand), so code on an event loop awaits
+        :meth:`model_statistics` instead. ``Metrics.render`` calls it on a worker thread.
+        """
+        return self._statistics_rows(None, None)
+
+    def _model_statistics(self, name: str | None, version: str | None) -> list[ModelStatistics]:
         if name is not None:
             self._host.status(name)  # ModelNotFound for an unknown model
+        wanted = None if version is None else self._host.serving_version(name or "", version)
+        return self._statistics_rows(name, wanted)
+
+    def _statistics_rows(self, name: str | None, wanted: int | None) -> list[ModelStatistics]:
         queues = self._host.queue_stats()
         with self._stats_lock:
             counters = {key: _Counters(**vars(c)) for key, c in self._counters.items()}
         keys = set(counters) | set(queues)
-        wanted = None if version is None else self._host.serving_version(name or "", version)
         rows = []
         for key in sorted(keys):
             if (name is not None and key[0] != name) or wanted not in (None, key[1]):
@@ -244,20 +293,23 @@ class DataPlane:
             )
         return rows
 
-    def repository_index(self, *, ready_only: bool = False) -> list[RepositoryModel]:
+    async def repository_index(self, *, ready_only: bool = False) -> list[RepositoryModel]:
         """Every model in the repository, one row per version the Host knows of."""
+        return await run_blocking(self._repository_index, ready_only)
+
+    def _repository_index(self, ready_only: bool) -> list[RepositoryModel]:
         rows: list[RepositoryModel] = []
-        for model in self._host.models():
+        for model in self._host.models():  # lists the repository's folder
             rows.extend(_index_rows(model, ready_only))
         return rows
 
     async def load(self, name: str) -> None:
         """Load (or reload) a model now; its errors are raised."""
-        await asyncio.to_thread(self._host.load, name)
+        await run_blocking(self._host.load, name)
 
     async def unload(self, name: str) -> None:
         """Unload every version of a model; requests in flight finish first."""
-        await asyncio.to_thread(self._host.unload, name)
+        await run_blocking(self._host.unload, name)
 
     def _count(self, name: str, version: int, started_ns: int, *, ok: bool) -> None:
         elapsed = time.perf_counter_ns() - started_ns
@@ -297,10 +349,10 @@ def _spec_datatype(spec: TensorSpec) -> str:
     return datatype_of(spec.dtype)
 
 
-def _config_tensor(spec: TensorSpec, skip: int) -> dict[str, Any]:
+def _tensor_configuration(spec: TensorSpec, skip: int) -> TensorConfiguration:
     datatype = _spec_datatype(spec)
-    dims = [d if isinstance(d, int) else -1 for d in spec.shape][skip:]
-    return {"name": spec.name, "data_type": _CONFIG_TYPES.get(datatype, datatype), "dims": dims}
+    dims = tuple(d if isinstance(d, int) else -1 for d in spec.shape)[skip:]
+    return TensorConfiguration(spec.name, _CONFIG_TYPES.get(datatype, datatype), dims)
 
 
 def _output(name: str, value: Any) -> InferOutput:

@@ -19,11 +19,13 @@ __all__ = [
     "InferOutput",
     "InferRequest",
     "InferResponse",
+    "ModelConfiguration",
     "ModelMetadata",
     "ModelStatistics",
     "RepositoryModel",
     "RequestedOutput",
     "ServerMetadata",
+    "TensorConfiguration",
     "TensorMetadata",
 ]
 
@@ -120,6 +122,35 @@ class ModelMetadata:
     platform: str
     inputs: tuple[TensorMetadata, ...]
     outputs: tuple[TensorMetadata, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorConfiguration:
+    """A model input or output as Triton's model configuration describes it."""
+
+    name: str
+    #: Triton's type name (``TYPE_FP32``, ``TYPE_STRING`` for BYTES ...); for a tensor no
+    #: protocol datatype carries (a sequence, a map), the ONNX type, as the model declares it.
+    data_type: str
+    #: -1 for each dynamic dimension; without the batch dimension when the model batches.
+    dims: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfiguration:
+    """``GET /v2/models/{name}[/versions/{v}]/config``: Triton's ``ModelConfig``, in part.
+
+    Only the fields corral fills; clients read the rest as their defaults.
+    """
+
+    name: str
+    #: Triton's name for ONNX models served by onnxruntime.
+    platform: str
+    backend: str
+    #: Rows corral stacks into one run; 0 when it never batches the model.
+    max_batch_size: int
+    inputs: tuple[TensorConfiguration, ...]
+    outputs: tuple[TensorConfiguration, ...]
 
 
 @dataclass(frozen=True, slots=True)

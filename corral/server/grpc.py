@@ -2,9 +2,8 @@
 
 Each RPC of ``inference.GRPCInferenceService`` decodes its message into
 :mod:`corral.protocol.types`, makes one :class:`~corral.protocol.dataplane.DataPlane` call and
-encodes the answer. Input tensors come as typed ``contents`` or as ``raw_input_contents``;
-outputs always go back as ``raw_output_contents``, which is what tritonclient reads by
-default. corral's errors become gRPC status codes through one table, :data:`STATUS`.
+encodes the answer, both with :mod:`corral.protocol.grpc_codec`. corral's errors become gRPC
+status codes through one table, :data:`STATUS`.
 
 Example::
 
@@ -15,22 +14,18 @@ Example::
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import hmac
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
-
-import numpy as np
-import numpy.typing as npt
 
 try:
     import grpc
     from google.protobuf.message import DecodeError
 
-    from corral.server.proto import grpc_service_pb2 as pb
+    from corral.protocol.proto import grpc_service_pb2 as pb
 except ImportError as exc:  # pragma: no cover - the extra is installed wherever tests run
     raise ImportError(
         f"corral's gRPC server needs grpcio and protobuf ({exc}); "
@@ -52,18 +47,8 @@ from corral._errors import (
     RuntimeClosed,
     SessionClosed,
 )
-from corral.protocol.binary import decode_tensor, element_count, encode_tensor
+from corral.protocol import grpc_codec
 from corral.protocol.dataplane import DataPlane, status_for
-from corral.protocol.datatypes import numpy_dtype
-from corral.protocol.types import (
-    Duration,
-    InferInput,
-    InferRequest,
-    InferResponse,
-    ModelStatistics,
-    Parameters,
-    RequestedOutput,
-)
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "STATUS", "InferenceServicer", "start_grpc_server"]
 
@@ -96,25 +81,6 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _SERVICE = "inference.GRPCInferenceService"
 # Health checks answer without a token, as HTTP's /v2/health/* do.
 _OPEN_METHODS = frozenset({f"/{_SERVICE}/ServerLive", f"/{_SERVICE}/ServerReady"})
-
-# The typed field of InferTensorContents that carries each datatype; FP16 has none.
-_CONTENTS_FIELD = {
-    "BOOL": "bool_contents",
-    "INT8": "int_contents",
-    "INT16": "int_contents",
-    "INT32": "int_contents",
-    "INT64": "int64_contents",
-    "UINT8": "uint_contents",
-    "UINT16": "uint_contents",
-    "UINT32": "uint_contents",
-    "UINT64": "uint64_contents",
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-    "BYTES": "bytes_contents",
-}
-
-# Triton's TYPE_* names, as model_config spells data types.
-_DATA_TYPES = frozenset(pb.DataType.keys())
 
 _Context = grpc.aio.ServicerContext[Any, Any]
 _Request = TypeVar("_Request")
@@ -203,9 +169,7 @@ class InferenceServicer:
         self, request: pb.ModelReadyRequest, context: _Context
     ) -> pb.ModelReadyResponse:
         """True if the model (version) is loaded; NOT_FOUND for a model not in the repository."""
-        ready = await asyncio.to_thread(
-            self._plane.model_ready, request.name, request.version or None
-        )
+        ready = await self._plane.model_ready(request.name, request.version or None)
         return pb.ModelReadyResponse(ready=ready)
 
     @_answers
@@ -213,10 +177,7 @@ class InferenceServicer:
         self, request: pb.ServerMetadataRequest, context: _Context
     ) -> pb.ServerMetadataResponse:
         """The server's name, version and protocol extensions."""
-        meta = self._plane.server_metadata()
-        return pb.ServerMetadataResponse(
-            name=meta.name, version=meta.version, extensions=meta.extensions
-        )
+        return grpc_codec.encode_server_metadata(self._plane.server_metadata())
 
     @_answers
     async def ModelMetadata(
@@ -224,21 +185,14 @@ class InferenceServicer:
     ) -> pb.ModelMetadataResponse:
         """A model's versions, platform, inputs and outputs (loading it if need be)."""
         meta = await self._plane.model_metadata(request.name, request.version or None)
-        tensor = pb.ModelMetadataResponse.TensorMetadata
-        return pb.ModelMetadataResponse(
-            name=meta.name,
-            versions=meta.versions,
-            platform=meta.platform,
-            inputs=[tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in meta.inputs],
-            outputs=[tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in meta.outputs],
-        )
+        return grpc_codec.encode_model_metadata(meta)
 
     @_answers
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: _Context
     ) -> pb.ModelInferResponse:
         """Run one inference request; outputs come back as ``raw_output_contents``."""
-        decoded = _decode_request(request)
+        decoded = grpc_codec.decode_request(request)
         remaining = context.time_remaining()
         if remaining is not None and "timeout" not in decoded.parameters:
             # The client's gRPC deadline becomes the request's timeout, so that a request
@@ -248,39 +202,23 @@ class InferenceServicer:
         response = await self._plane.infer(
             request.model_name, request.model_version or None, decoded
         )
-        return _encode_response(response)
+        return grpc_codec.encode_response(response)
 
     @_answers
     async def ModelConfig(
         self, request: pb.ModelConfigRequest, context: _Context
     ) -> pb.ModelConfigResponse:
         """A model's configuration in Triton's ``ModelConfig`` shape (the fields corral fills)."""
-        doc = await self._plane.model_config(request.name, request.version or None)
-        config = pb.ModelConfig(
-            name=doc["name"],
-            platform=doc["platform"],
-            backend=doc["backend"],
-            max_batch_size=doc["max_batch_size"],
-            input=[
-                pb.ModelInput(name=t["name"], data_type=_data_type(t["data_type"]), dims=t["dims"])
-                for t in doc["input"]
-            ],
-            output=[
-                pb.ModelOutput(name=t["name"], data_type=_data_type(t["data_type"]), dims=t["dims"])
-                for t in doc["output"]
-            ],
-        )
-        return pb.ModelConfigResponse(config=config)
+        config = await self._plane.model_config(request.name, request.version or None)
+        return grpc_codec.encode_model_config(config)
 
     @_answers
     async def ModelStatistics(
         self, request: pb.ModelStatisticsRequest, context: _Context
     ) -> pb.ModelStatisticsResponse:
         """Counters per model version: every version that has answered, or those of one model."""
-        rows = await asyncio.to_thread(
-            self._plane.model_statistics, request.name or None, request.version or None
-        )
-        return pb.ModelStatisticsResponse(model_stats=[_statistics(row) for row in rows])
+        rows = await self._plane.model_statistics(request.name or None, request.version or None)
+        return grpc_codec.encode_statistics(rows)
 
     @_answers
     async def RepositoryIndex(
@@ -288,14 +226,8 @@ class InferenceServicer:
     ) -> pb.RepositoryIndexResponse:
         """Every model in the repository, one row per version the server knows of."""
         _one_repository(request.repository_name)
-        rows = await asyncio.to_thread(self._plane.repository_index, ready_only=request.ready)
-        index = pb.RepositoryIndexResponse.ModelIndex
-        return pb.RepositoryIndexResponse(
-            models=[
-                index(name=row.name, version=row.version, state=row.state, reason=row.reason)
-                for row in rows
-            ]
-        )
+        rows = await self._plane.repository_index(ready_only=request.ready)
+        return grpc_codec.encode_repository_index(rows)
 
     @_answers
     async def RepositoryModelLoad(
@@ -430,178 +362,6 @@ def _decode_message(message_type: Any, data: bytes) -> object:
         return _Undecodable(
             f"the request is not a valid {message_type.DESCRIPTOR.full_name} message: {exc}"
         )
-
-
-# -- messages <-> protocol types -------------------------------------------------------------
-
-
-def _decode_request(request: pb.ModelInferRequest) -> InferRequest:
-    """Decode a ``ModelInferRequest`` into corral's :class:`InferRequest`.
-
-    Tensors come either all as ``raw_input_contents`` (one entry per input, in order) or all
-    as typed ``contents``. Raises :class:`InvalidInput` naming the tensor that is malformed.
-    """
-    raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
-        raise InvalidInput(
-            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
-            "when raw contents are used, every input needs one, in the order of inputs"
-        )
-    inputs = []
-    for index, tensor in enumerate(request.inputs):
-        shape = tuple(tensor.shape)
-        if raw:
-            if tensor.HasField("contents"):
-                raise InvalidInput(
-                    f"input {tensor.name!r} has contents although the request uses "
-                    "raw_input_contents; use one or the other for all inputs",
-                    tensor=tensor.name,
-                )
-            data = decode_tensor(raw[index], tensor.datatype, shape, name=tensor.name)
-        else:
-            data = _from_contents(tensor, shape)
-        inputs.append(
-            InferInput(tensor.name, tensor.datatype, shape, data, _parameters(tensor.parameters))
-        )
-    return InferRequest(
-        inputs=tuple(inputs),
-        outputs=tuple(
-            RequestedOutput(output.name, parameters=_parameters(output.parameters))
-            for output in request.outputs
-        ),
-        id=request.id or None,
-        parameters=_request_parameters(request.parameters),
-    )
-
-
-def _request_parameters(entries: Mapping[str, pb.InferParameter]) -> Parameters:
-    parameters = _parameters(entries)
-    timeout = parameters.get("timeout")
-    # As over HTTP: a timeout that is not a count of microseconds is the client's mistake,
-    # not a deadline that has already passed.
-    if timeout is not None and (type(timeout) is not int or timeout < 0):
-        raise InvalidInput(
-            "the request parameter 'timeout' must be a non-negative integer (microseconds); "
-            f"got {timeout!r}"
-        )
-    return parameters
-
-
-def _encode_response(response: InferResponse) -> pb.ModelInferResponse:
-    """Encode corral's :class:`InferResponse` as a ``ModelInferResponse``, outputs raw."""
-    message = pb.ModelInferResponse(
-        model_name=response.model_name,
-        model_version=response.model_version or "",
-        id=response.id or "",
-    )
-    _set_parameters(message.parameters, response.parameters)
-    for output in response.outputs:
-        tensor = message.outputs.add(name=output.name, datatype=output.datatype, shape=output.shape)
-        _set_parameters(tensor.parameters, output.parameters)
-        message.raw_output_contents.append(encode_tensor(output.data, output.datatype))
-    return message
-
-
-def _from_contents(
-    tensor: pb.ModelInferRequest.InferInputTensor, shape: tuple[int, ...]
-) -> npt.NDArray[Any]:
-    name, datatype = tensor.name, tensor.datatype
-    count = element_count(shape, datatype, name=name)
-    dtype = numpy_dtype(datatype, tensor=name)
-    field = _CONTENTS_FIELD.get(datatype)
-    if field is None:
-        raise InvalidInput(
-            f"input {name!r}: {datatype} has no typed contents field; "
-            "send it in raw_input_contents",
-            tensor=name,
-        )
-    values = getattr(tensor.contents, field)
-    if len(values) != count:
-        raise InvalidInput(
-            f"input {name!r}: shape {list(shape)} needs {count} values, "
-            f"contents.{field} has {len(values)}",
-            tensor=name,
-        )
-    if dtype.kind == "O":
-        data = np.empty(count, dtype=object)
-        data[:] = list(values)
-    elif dtype.kind in "iu" and dtype.itemsize < 4:
-        # int_contents and uint_contents are 32-bit: narrower types must be range-checked.
-        wide = np.asarray(values, dtype=np.int64)
-        limits = np.iinfo(dtype)
-        if wide.size and (wide.min() < limits.min or wide.max() > limits.max):
-            raise InvalidInput(
-                f"input {name!r}: contents.{field} holds values outside {datatype}'s range "
-                f"[{limits.min}, {limits.max}]",
-                tensor=name,
-            )
-        data = wide.astype(dtype)
-    else:
-        data = np.asarray(values, dtype=dtype)
-    return data.reshape(shape)
-
-
-def _parameters(entries: Mapping[str, pb.InferParameter]) -> Parameters:
-    decoded: Parameters = {}
-    for key, parameter in entries.items():
-        kind = parameter.WhichOneof("parameter_choice")
-        if kind == "bool_param":
-            decoded[key] = parameter.bool_param
-        elif kind == "int64_param":
-            decoded[key] = parameter.int64_param
-        elif kind == "uint64_param":
-            decoded[key] = parameter.uint64_param
-        elif kind == "string_param":
-            decoded[key] = parameter.string_param
-        else:
-            what = "no value" if kind is None else "a double value"
-            raise InvalidInput(
-                f"parameter {key!r} has {what}; corral takes bool, integer and string parameters"
-            )
-    return decoded
-
-
-def _set_parameters(target: Any, parameters: Parameters) -> None:
-    for key, value in parameters.items():
-        if isinstance(value, bool):
-            target[key].bool_param = value
-        elif isinstance(value, int):
-            target[key].int64_param = value
-        else:
-            target[key].string_param = value
-
-
-def _data_type(name: str) -> str:
-    # A tensor no protocol datatype carries (a sequence, a map) is TYPE_INVALID, as in Triton.
-    return name if name in _DATA_TYPES else "TYPE_INVALID"
-
-
-def _duration(duration: Duration) -> pb.StatisticDuration:
-    return pb.StatisticDuration(count=duration.count, ns=duration.ns)
-
-
-def _statistics(row: ModelStatistics) -> pb.ModelStatistics:
-    return pb.ModelStatistics(
-        name=row.name,
-        version=row.version,
-        last_inference=row.last_inference,
-        inference_count=row.inference_count,
-        execution_count=row.execution_count,
-        inference_stats=pb.InferStatistics(
-            success=_duration(row.success),
-            fail=_duration(row.fail),
-            queue=_duration(row.queue),
-            compute_input=_duration(row.compute_input),
-            compute_infer=_duration(row.compute_infer),
-            compute_output=_duration(row.compute_output),
-        ),
-        batch_stats=[
-            pb.InferBatchStatistics(
-                batch_size=batch.batch_size, compute_infer=_duration(batch.compute_infer)
-            )
-            for batch in row.batch_stats
-        ],
-    )
 
 
 def _one_repository(name: str) -> None:

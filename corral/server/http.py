@@ -3,7 +3,9 @@
 No web framework: the routes are few and fixed, and the infer path is the hot one (measured:
 a framework's request and response objects cost several times what corral's own work does on
 a tiny model). Bodies are read up to ``max_request_bytes``; JSON is orjson; every error is
-``{"error": "..."}`` with the status from :data:`STATUS`.
+``{"error": "..."}`` with the status from :data:`STATUS`. Nothing that may read a file or wait
+for a load runs on the event loop: the data plane does that on worker threads, and the
+``/metrics`` page is rendered on one.
 
 Example::
 
@@ -35,9 +37,15 @@ from corral._errors import (
     RuntimeClosed,
     SessionClosed,
 )
-from corral.protocol.dataplane import DataPlane, status_for
+from corral.protocol.dataplane import DataPlane, run_blocking, status_for
 from corral.protocol.http_codec import HEADER_LENGTH, decode_request, encode_error, encode_response
-from corral.protocol.types import ModelMetadata, ModelStatistics, RepositoryModel
+from corral.protocol.types import (
+    ModelConfiguration,
+    ModelMetadata,
+    ModelStatistics,
+    RepositoryModel,
+    TensorConfiguration,
+)
 
 __all__ = ["STATUS", "HttpApp", "HttpError", "check_token", "read_body"]
 
@@ -85,8 +93,8 @@ class HttpApp:
     """The ASGI application: the protocol's endpoints, ``/metrics`` and optional auth.
 
     ``metrics`` renders the Prometheus exposition (``corral.server.metrics.Metrics``), None to
-    answer ``/metrics`` with 404. ``auth_token``: every path but ``/v2/health/*`` then needs
-    ``Authorization: Bearer <token>``.
+    answer ``/metrics`` with 404; it is called on a worker thread. ``auth_token``: every path
+    but ``/v2/health/*`` then needs ``Authorization: Bearer <token>``.
     """
 
     def __init__(
@@ -134,7 +142,8 @@ class HttpApp:
             _expect(method, "GET")
             if self._metrics is None:
                 raise HttpError(404, "metrics are not enabled")
-            body, content_type = self._metrics()
+            # A page for every model version costs milliseconds per thousand: not on the loop.
+            body, content_type = await run_blocking(self._metrics)
             await _respond(send, 200, body, (b"content-type", content_type.encode()))
             return
         if not parts or parts[0] != "v2":
@@ -168,7 +177,7 @@ class HttpApp:
         # /v2/models/stats, or /v2/models/{m}[/versions/{v}][/ready|/infer|/config|/stats]
         if rest == ["stats"]:
             _expect(method, "GET")
-            await _json(send, 200, _stats_doc(self._plane.model_statistics()))
+            await _json(send, 200, _stats_doc(await self._plane.model_statistics()))
             return
         if not rest or not rest[0]:
             raise HttpError(404, "no model named in the path")
@@ -189,14 +198,14 @@ class HttpApp:
             await _json(send, 200, _metadata_doc(await self._plane.model_metadata(name, version)))
         elif action == "ready":
             _expect(method, "GET")
-            ready = self._plane.model_ready(name, version)
+            ready = await self._plane.model_ready(name, version)
             await _json(send, 200 if ready else 503, {"name": name, "ready": ready})
         elif action == "config":
             _expect(method, "GET")
-            await _json(send, 200, await self._plane.model_config(name, version))
+            await _json(send, 200, _config_doc(await self._plane.model_config(name, version)))
         elif action == "stats":
             _expect(method, "GET")
-            await _json(send, 200, _stats_doc(self._plane.model_statistics(name, version)))
+            await _json(send, 200, _stats_doc(await self._plane.model_statistics(name, version)))
         else:
             raise HttpError(404, f"no such endpoint: {scope['path']}")
 
@@ -234,7 +243,7 @@ class HttpApp:
                 ):
                     raise HttpError(400, 'the index request must be {"ready": true|false}')
                 ready_only = options.get("ready", False)
-            rows = self._plane.repository_index(ready_only=ready_only)
+            rows = await self._plane.repository_index(ready_only=ready_only)
             await _json(send, 200, [_index_doc(row) for row in rows])
         elif len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
             # Parameters are accepted and not used.
@@ -341,6 +350,21 @@ def _metadata_doc(meta: ModelMetadata) -> dict[str, Any]:
         "outputs": [
             {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in meta.outputs
         ],
+    }
+
+
+def _config_doc(config: ModelConfiguration) -> dict[str, Any]:
+    # Triton's model_config JSON: the tensor lists are named in the singular.
+    def tensor(t: TensorConfiguration) -> dict[str, Any]:
+        return {"name": t.name, "data_type": t.data_type, "dims": list(t.dims)}
+
+    return {
+        "name": config.name,
+        "platform": config.platform,
+        "backend": config.backend,
+        "max_batch_size": config.max_batch_size,
+        "input": [tensor(t) for t in config.inputs],
+        "output": [tensor(t) for t in config.outputs],
     }
 
 

@@ -1,7 +1,7 @@
 """Prometheus metrics for ``GET /metrics``, read from snapshots at scrape time.
 
 Nothing is counted here: every scrape reads the data plane's per model-version counters
-(:meth:`DataPlane.model_statistics`), the Host's queue and load figures and the process's
+(:meth:`DataPlane.statistics_snapshot`), the Host's queue and load figures and the process's
 thread count, and writes them out. Nothing is registered in prometheus-client's global
 registry and nothing happens at import; the server makes one :class:`Metrics` per data plane.
 
@@ -125,9 +125,10 @@ class Metrics:
         """The exposition text of every metric now, and its HTTP content type.
 
         Reads snapshots only (the data plane and the Host take them under their own locks),
-        so it may run while requests do.
+        so it may run while requests do. It takes milliseconds per thousand model versions:
+        the HTTP app calls it on a worker thread, not on its event loop.
         """
-        rows = self._plane.model_statistics()
+        rows = self._plane.statistics_snapshot()
         queues = self._plane.host.queue_stats()
         body = _model_families(rows, queues).encode("utf-8") + generate_latest(self._registry)
         return body, CONTENT_TYPE_LATEST
@@ -135,6 +136,8 @@ class Metrics:
 
 def _model_families(rows: list[ModelStatistics], queues: dict[tuple[str, int], QueueStats]) -> str:
     """Triton's per-model families in the text format, one sample per row in each."""
+    # Rows spell versions as the protocol does (strings); the Host's queues are keyed by number.
+    pending = {(name, str(version)): queue.pending for (name, version), queue in queues.items()}
     labels = [f'{{model="{_escape(row.name)}",version="{_escape(row.version)}"}} ' for row in rows]
     columns = (
         [row.success.count for row in rows],
@@ -144,17 +147,13 @@ def _model_families(rows: list[ModelStatistics], queues: dict[tuple[str, int], Q
         [(row.success.ns + row.fail.ns) // 1000 for row in rows],
         [row.queue.ns // 1000 for row in rows],
         [row.compute_infer.ns // 1000 for row in rows],
-        [_pending(queues.get((row.name, int(row.version)))) for row in rows],
+        [pending.get((row.name, row.version), 0) for row in rows],
     )
     parts: list[str] = []
     for (name, kind, help_text), column in zip(_MODEL_FAMILIES, columns, strict=True):
         parts.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
         parts.extend(f"{name}{label}{value}\n" for label, value in zip(labels, column, strict=True))
     return "".join(parts)
-
-
-def _pending(queue: QueueStats | None) -> int:
-    return 0 if queue is None else queue.pending
 
 
 def _escape(label_value: str) -> str:

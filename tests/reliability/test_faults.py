@@ -31,11 +31,11 @@ from onnx import TensorProto, helper, numpy_helper
 import corral
 from corral import Host, ModelState
 from corral.protocol import DataPlane
+from corral.protocol.proto import grpc_service_pb2 as pb
+from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.server.grpc import start_grpc_server
 from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
-from corral.server.proto import grpc_service_pb2 as pb
-from corral.server.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.testing import build_linear, build_mlp, build_tree
 from tests.conftest import build_reshape, reference_run, run_freeing_frames
 from tests.reliability.conftest import Figure

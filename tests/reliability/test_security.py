@@ -36,11 +36,11 @@ from onnx import TensorProto, helper, numpy_helper
 import corral
 from corral import Host
 from corral.protocol import DataPlane
+from corral.protocol.proto import grpc_service_pb2 as pb
+from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.server.grpc import start_grpc_server
 from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
-from corral.server.proto import grpc_service_pb2 as pb
-from corral.server.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.server.settings import ServerSettings
 from corral.testing import build_mlp
 from tests.conftest import reference_run, run_freeing_frames

@@ -28,8 +28,8 @@ import grpc
 import numpy as np
 import pytest
 
-from corral.server.proto import grpc_service_pb2 as pb
-from corral.server.proto import grpc_service_pb2_grpc as pb_grpc
+from corral.protocol.proto import grpc_service_pb2 as pb
+from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from tests.conftest import build_slow_loop
 from tests.test_exit import _CASES, _exit_once
 from tests.test_host import add_model

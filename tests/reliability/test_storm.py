@@ -36,10 +36,10 @@ import pytest
 import corral
 from corral import Host
 from corral.protocol import DataPlane
+from corral.protocol.proto import grpc_service_pb2 as pb
+from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.server.grpc import start_grpc_server
 from corral.server.http import HttpApp
-from corral.server.proto import grpc_service_pb2 as pb
-from corral.server.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.testing import build_linear, build_mlp, build_tree
 from tests.conftest import process_threads
 from tests.test_host import add_model

@@ -1,0 +1,322 @@
+"""The Open Inference Protocol's gRPC messages, to and from :mod:`corral.protocol.types`.
+
+A ``ModelInferRequest`` carries its input tensors either all as ``raw_input_contents`` (one
+entry per input, in order, laid out as :mod:`corral.protocol.binary` describes) or all as
+typed ``contents``. Responses always carry their outputs as ``raw_output_contents``, which
+is what tritonclient reads by default. The other encoders turn the data plane's answers
+(metadata, configuration, statistics, the repository index) into their response messages.
+
+Every malformed request raises :class:`~corral.InvalidInput`, naming the tensor at fault
+when there is one. Only the gRPC server imports this module (protobuf is its extra).
+
+Example::
+
+    request = decode_request(message)
+    response = await plane.infer(message.model_name, message.model_version or None, request)
+    return encode_response(response)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+try:
+    from corral.protocol.proto import grpc_service_pb2 as pb
+except ImportError as exc:  # pragma: no cover - the extra is installed wherever tests run
+    raise ImportError(
+        f"corral's gRPC messages need protobuf ({exc}); install it with: pip install 'corral[grpc]'"
+    ) from exc
+
+from corral._errors import InvalidInput
+from corral.protocol.binary import decode_tensor, element_count, encode_tensor
+from corral.protocol.datatypes import numpy_dtype
+from corral.protocol.types import (
+    Duration,
+    InferInput,
+    InferRequest,
+    InferResponse,
+    ModelConfiguration,
+    ModelMetadata,
+    ModelStatistics,
+    Parameters,
+    RepositoryModel,
+    RequestedOutput,
+    ServerMetadata,
+    TensorMetadata,
+)
+
+__all__ = [
+    "decode_request",
+    "encode_model_config",
+    "encode_model_metadata",
+    "encode_repository_index",
+    "encode_response",
+    "encode_server_metadata",
+    "encode_statistics",
+]
+
+# The typed field of InferTensorContents that carries each datatype; FP16 has none.
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+# Triton's TYPE_* names, as model_config spells data types.
+_DATA_TYPES = frozenset(pb.DataType.keys())
+
+
+def decode_request(request: pb.ModelInferRequest) -> InferRequest:
+    """Decode a ``ModelInferRequest`` into corral's :class:`~corral.protocol.InferRequest`.
+
+    Tensors come either all as ``raw_input_contents`` (one entry per input, in order) or all
+    as typed ``contents``. Parameters may be bool, integer or string; the request's
+    ``timeout`` a non-negative integer (microseconds). Raises :class:`~corral.InvalidInput`
+    naming the tensor that is malformed.
+
+    Example::
+
+        decoded = decode_request(pb.ModelInferRequest.FromString(data))
+    """
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInput(
+            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
+            "when raw contents are used, every input needs one, in the order of inputs"
+        )
+    inputs = []
+    for index, tensor in enumerate(request.inputs):
+        shape = tuple(tensor.shape)
+        if raw:
+            if tensor.HasField("contents"):
+                raise InvalidInput(
+                    f"input {tensor.name!r} has contents although the request uses "
+                    "raw_input_contents; use one or the other for all inputs",
+                    tensor=tensor.name,
+                )
+            data = decode_tensor(raw[index], tensor.datatype, shape, name=tensor.name)
+        else:
+            data = _from_contents(tensor, shape)
+        inputs.append(
+            InferInput(tensor.name, tensor.datatype, shape, data, _parameters(tensor.parameters))
+        )
+    return InferRequest(
+        inputs=tuple(inputs),
+        outputs=tuple(
+            RequestedOutput(output.name, parameters=_parameters(output.parameters))
+            for output in request.outputs
+        ),
+        id=request.id or None,
+        parameters=_request_parameters(request.parameters),
+    )
+
+
+def encode_response(response: InferResponse) -> pb.ModelInferResponse:
+    """Encode corral's :class:`~corral.protocol.InferResponse`, outputs as raw contents.
+
+    Example::
+
+        message = encode_response(await plane.infer("fraud", None, request))
+    """
+    message = pb.ModelInferResponse(
+        model_name=response.model_name,
+        model_version=response.model_version or "",
+        id=response.id or "",
+    )
+    _set_parameters(message.parameters, response.parameters)
+    for output in response.outputs:
+        tensor = message.outputs.add(name=output.name, datatype=output.datatype, shape=output.shape)
+        _set_parameters(tensor.parameters, output.parameters)
+        message.raw_output_contents.append(encode_tensor(output.data, output.datatype))
+    return message
+
+
+def encode_server_metadata(meta: ServerMetadata) -> pb.ServerMetadataResponse:
+    """The ``ServerMetadata`` answer: name, version and protocol extensions."""
+    return pb.ServerMetadataResponse(
+        name=meta.name, version=meta.version, extensions=meta.extensions
+    )
+
+
+def encode_model_metadata(meta: ModelMetadata) -> pb.ModelMetadataResponse:
+    """The ``ModelMetadata`` answer: versions, platform, inputs and outputs."""
+    return pb.ModelMetadataResponse(
+        name=meta.name,
+        versions=meta.versions,
+        platform=meta.platform,
+        inputs=[_tensor_metadata(t) for t in meta.inputs],
+        outputs=[_tensor_metadata(t) for t in meta.outputs],
+    )
+
+
+def encode_model_config(config: ModelConfiguration) -> pb.ModelConfigResponse:
+    """The ``ModelConfig`` answer, in Triton's ``ModelConfig`` message (the fields corral fills).
+
+    A tensor whose type no protocol datatype carries (a sequence, a map) is ``TYPE_INVALID``.
+    """
+    return pb.ModelConfigResponse(
+        config=pb.ModelConfig(
+            name=config.name,
+            platform=config.platform,
+            backend=config.backend,
+            max_batch_size=config.max_batch_size,
+            input=[
+                pb.ModelInput(name=t.name, data_type=_data_type(t.data_type), dims=t.dims)
+                for t in config.inputs
+            ],
+            output=[
+                pb.ModelOutput(name=t.name, data_type=_data_type(t.data_type), dims=t.dims)
+                for t in config.outputs
+            ],
+        )
+    )
+
+
+def encode_statistics(rows: Sequence[ModelStatistics]) -> pb.ModelStatisticsResponse:
+    """The ``ModelStatistics`` answer: one entry per model version, as the data plane gives."""
+    return pb.ModelStatisticsResponse(model_stats=[_statistics(row) for row in rows])
+
+
+def encode_repository_index(rows: Sequence[RepositoryModel]) -> pb.RepositoryIndexResponse:
+    """The ``RepositoryIndex`` answer: one entry per model version the server knows of."""
+    index = pb.RepositoryIndexResponse.ModelIndex
+    return pb.RepositoryIndexResponse(
+        models=[
+            index(name=row.name, version=row.version, state=row.state, reason=row.reason)
+            for row in rows
+        ]
+    )
+
+
+def _request_parameters(entries: Mapping[str, pb.InferParameter]) -> Parameters:
+    parameters = _parameters(entries)
+    timeout = parameters.get("timeout")
+    # As over HTTP: a timeout that is not a count of microseconds is the client's mistake,
+    # not a deadline that has already passed.
+    if timeout is not None and (type(timeout) is not int or timeout < 0):
+        raise InvalidInput(
+            "the request parameter 'timeout' must be a non-negative integer (microseconds); "
+            f"got {timeout!r}"
+        )
+    return parameters
+
+
+def _from_contents(
+    tensor: pb.ModelInferRequest.InferInputTensor, shape: tuple[int, ...]
+) -> npt.NDArray[Any]:
+    name, datatype = tensor.name, tensor.datatype
+    count = element_count(shape, datatype, name=name)
+    dtype = numpy_dtype(datatype, tensor=name)
+    field = _CONTENTS_FIELD.get(datatype)
+    if field is None:
+        raise InvalidInput(
+            f"input {name!r}: {datatype} has no typed contents field; "
+            "send it in raw_input_contents",
+            tensor=name,
+        )
+    values = getattr(tensor.contents, field)
+    if len(values) != count:
+        raise InvalidInput(
+            f"input {name!r}: shape {list(shape)} needs {count} values, "
+            f"contents.{field} has {len(values)}",
+            tensor=name,
+        )
+    if dtype.kind == "O":
+        data = np.empty(count, dtype=object)
+        data[:] = list(values)
+    elif dtype.kind in "iu" and dtype.itemsize < 4:
+        # int_contents and uint_contents are 32-bit: narrower types must be range-checked.
+        wide = np.asarray(values, dtype=np.int64)
+        limits = np.iinfo(dtype)
+        if wide.size and (wide.min() < limits.min or wide.max() > limits.max):
+            raise InvalidInput(
+                f"input {name!r}: contents.{field} holds values outside {datatype}'s range "
+                f"[{limits.min}, {limits.max}]",
+                tensor=name,
+            )
+        data = wide.astype(dtype)
+    else:
+        data = np.asarray(values, dtype=dtype)
+    return data.reshape(shape)
+
+
+def _parameters(entries: Mapping[str, pb.InferParameter]) -> Parameters:
+    decoded: Parameters = {}
+    for key, parameter in entries.items():
+        kind = parameter.WhichOneof("parameter_choice")
+        if kind == "bool_param":
+            decoded[key] = parameter.bool_param
+        elif kind == "int64_param":
+            decoded[key] = parameter.int64_param
+        elif kind == "uint64_param":
+            decoded[key] = parameter.uint64_param
+        elif kind == "string_param":
+            decoded[key] = parameter.string_param
+        else:
+            what = "no value" if kind is None else "a double value"
+            raise InvalidInput(
+                f"parameter {key!r} has {what}; corral takes bool, integer and string parameters"
+            )
+    return decoded
+
+
+def _set_parameters(target: Any, parameters: Parameters) -> None:
+    for key, value in parameters.items():
+        if isinstance(value, bool):
+            target[key].bool_param = value
+        elif isinstance(value, int):
+            target[key].int64_param = value
+        else:
+            target[key].string_param = value
+
+
+def _tensor_metadata(tensor: TensorMetadata) -> pb.ModelMetadataResponse.TensorMetadata:
+    return pb.ModelMetadataResponse.TensorMetadata(
+        name=tensor.name, datatype=tensor.datatype, shape=tensor.shape
+    )
+
+
+def _data_type(name: str) -> str:
+    # A tensor no protocol datatype carries (a sequence, a map) is TYPE_INVALID, as in Triton.
+    return name if name in _DATA_TYPES else "TYPE_INVALID"
+
+
+def _duration(duration: Duration) -> pb.StatisticDuration:
+    return pb.StatisticDuration(count=duration.count, ns=duration.ns)
+
+
+def _statistics(row: ModelStatistics) -> pb.ModelStatistics:
+    return pb.ModelStatistics(
+        name=row.name,
+        version=row.version,
+        last_inference=row.last_inference,
+        inference_count=row.inference_count,
+        execution_count=row.execution_count,
+        inference_stats=pb.InferStatistics(
+            success=_duration(row.success),
+            fail=_duration(row.fail),
+            queue=_duration(row.queue),
+            compute_input=_duration(row.compute_input),
+            compute_infer=_duration(row.compute_infer),
+            compute_output=_duration(row.compute_output),
+        ),
+        batch_stats=[
+            pb.InferBatchStatistics(
+                batch_size=batch.batch_size, compute_infer=_duration(batch.compute_infer)
+            )
+            for batch in row.batch_stats
+        ],
+    )
