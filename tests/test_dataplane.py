@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -92,6 +93,44 @@ def test_infer_answers_with_the_version_that_ran(repo: Path):
         np.testing.assert_array_equal(
             older.outputs[0].data, reference_run(build_tree(seed=2), {"X": X})[0]
         )
+
+
+@pytest.mark.timeout(60)
+def test_a_request_reports_the_version_that_ran_across_a_hot_swap(tmp_path: Path):
+    # The request is held in its run on version 1 while version 2 is published and swapped
+    # in: its answer carries version 1's outputs and says version 1; the next says 2.
+    add_model(tmp_path, "m", build_mlp(seed=1))
+    v1, v2 = (reference_run(build_mlp(seed=seed), {"X": X})[0] for seed in (1, 2))
+    running, release = threading.Event(), threading.Event()
+
+    async def scenario(host: Host) -> None:
+        plane = DataPlane(host)
+        await plane.infer("m", None, request())
+        with host.acquire("m") as lease:
+            served = lease._served
+        inner = served.run_admitted
+
+        def held(feed: dict[str, np.ndarray], names: tuple[str, ...]) -> object:
+            running.set()
+            assert release.wait(timeout=30)
+            return inner(feed, names)
+
+        served.run_admitted = held
+        during = asyncio.ensure_future(plane.infer("m", None, request()))
+        assert await asyncio.to_thread(running.wait, 30)
+        add_model(tmp_path, "m", build_mlp(seed=2), version=2)
+        await asyncio.to_thread(host.load, "m")  # swaps version 2 in; 1 keeps its request
+        release.set()
+        held_answer, after = await during, await plane.infer("m", None, request())
+        assert (held_answer.model_version, after.model_version) == ("1", "2")
+        np.testing.assert_array_equal(held_answer.outputs[0].data, v1)
+        np.testing.assert_array_equal(after.outputs[0].data, v2)
+
+    with Host(tmp_path) as host:
+        try:
+            asyncio.run(scenario(host))
+        finally:
+            release.set()
 
 
 def test_infer_refuses_bad_requests_with_typed_errors(repo: Path):

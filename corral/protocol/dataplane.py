@@ -220,20 +220,24 @@ class DataPlane:
                 raise InvalidInput(f"input {tensor.name!r} is given twice", tensor=tensor.name)
             feed[tensor.name] = tensor.data
         wanted = [output.name for output in request.outputs] or None
-        # On a worker thread: for a model the Host has not read yet, it reads the model's files.
-        number = await run_blocking(self._host.serving_version, name, version)
+        timeout = request.timeout_s
+        deadline = None if timeout is None else time.monotonic() + timeout
+        # One lookup: the version leased is the version that runs and the one reported, even
+        # if a newer one is swapped in meanwhile. A cold model loads on the Host's load
+        # workers; the event loop only awaits.
+        lease = await self._host.acquire_async(name, version or None, timeout=timeout)
         try:
-            # The version as the request gave it: None keeps the Host's lock-free ready path.
-            results = await self._host.infer_async(
-                name, feed, version=version or None, outputs=wanted, timeout=request.timeout_s
-            )
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            results = await lease.infer_async(feed, wanted, timeout=left)
             outputs = tuple(_output(out_name, value) for out_name, value in results.items())
         except CorralError:
-            self._count(name, number, started, ok=False)
+            self._count(name, lease.version, started, ok=False)
             raise
-        self._count(name, number, started, ok=True)
+        finally:
+            lease.release()
+        self._count(name, lease.version, started, ok=True)
         return InferResponse(
-            model_name=name, model_version=str(number), outputs=outputs, id=request.id
+            model_name=name, model_version=str(lease.version), outputs=outputs, id=request.id
         )
 
     # -- statistics and the repository ------------------------------------------------------
