@@ -77,7 +77,9 @@ def parse_bytes(value: int | str, *, option: str = "memory_budget") -> int:
     2048
     """
     if isinstance(value, bool) or not isinstance(value, int | str):
-        raise InvalidOption(f"{option} must be bytes or a string like '2GiB', got {value!r}")
+        raise InvalidOption(
+            f"{option} must be bytes or a string like '2GiB', got {value!r}", option=option
+        )
     if isinstance(value, int):
         number = value
     else:
@@ -86,11 +88,12 @@ def parse_bytes(value: int | str, *, option: str = "memory_budget") -> int:
         if match is None or unit not in _UNITS:
             raise InvalidOption(
                 f"{option} {value!r} is not a size: use bytes or a number with one of "
-                "KB, MB, GB, TB, KiB, MiB, GiB, TiB"
+                "KB, MB, GB, TB, KiB, MiB, GiB, TiB",
+                option=option,
             )
         number = int(float(match.group(1)) * _UNITS[unit])
     if number < 1:
-        raise InvalidOption(f"{option} must be positive, got {value!r}")
+        raise InvalidOption(f"{option} must be positive, got {value!r}", option=option)
     return number
 
 

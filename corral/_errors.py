@@ -67,6 +67,11 @@ class InvalidOption(CorralError, ValueError):
     catches one thing. Also a ``ValueError``, as a bad argument is.
     """
 
+    def __init__(self, message: str, *, option: str | None = None) -> None:
+        super().__init__(message)
+        #: The option's name (a field of the options object), when one option is at fault.
+        self.option = option
+
 
 class RuntimeConfigError(InvalidOption):
     """The process Runtime cannot take these options.

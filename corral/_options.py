@@ -36,7 +36,7 @@ def positive_int(option: str, value: object, *, optional: bool = False) -> int |
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidOption(f"{option} must be a positive integer, got {value!r}")
+        raise InvalidOption(f"{option} must be a positive integer, got {value!r}", option=option)
     return value
 
 
@@ -90,7 +90,9 @@ class HostOptions:
                 f"failure_backoff_s must be (first, cap) with 0 <= first <= cap, got {backoff!r}"
             )
         if not isinstance(self.batching, bool):
-            raise InvalidOption(f"batching must be True or False, got {self.batching!r}")
+            raise InvalidOption(
+                f"batching must be True or False, got {self.batching!r}", option="batching"
+            )
 
     @property
     def budget_bytes(self) -> int | None:

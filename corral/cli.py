@@ -18,15 +18,16 @@ piped. The benchmarks are scripts in the repository's ``benchmarks/``, not comma
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import sys
+import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from corral._errors import CorralError
-from corral._scheduler import DEFAULT_QUEUE_LIMIT
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -49,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
 
         corral.cli.main(["demo", "--models", "100", "--json"])
     """
-    args = _parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    command = next((word for word in given if not word.startswith("-")), None)
+    if command == "ray-serve":
+        _before_importing_ray(given)
+    args = _parser(command).parse_args(given)
     handler: Handler = args.handler
     try:
         return handler(args)
@@ -64,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 # -- arguments ------------------------------------------------------------------------------
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="corral", description="Serve thousands of ONNX models from one Python process."
     )
@@ -75,45 +80,14 @@ def _parser() -> argparse.ArgumentParser:
         help="serve a model repository over the KServe v2 protocol (HTTP and gRPC)",
         description=(
             "Serve a Triton-layout model repository over the Open Inference Protocol (KServe "
-            "v2) on HTTP and gRPC, loading models lazily. Every option can also be set with "
-            "an environment variable CORRAL_<OPTION> (e.g. CORRAL_AUTH_TOKEN); options given "
-            "here win. SIGTERM or SIGINT drains requests in flight and exits 0."
+            "v2) on HTTP and gRPC, loading models lazily. Every option --NAME can also be set "
+            "with the environment variable CORRAL_NAME (dashes as underscores, e.g. "
+            "CORRAL_AUTH_TOKEN), as each option's help says; options given here win. SIGTERM "
+            "or SIGINT drains requests in flight and exits 0."
         ),
     )
-    serve.add_argument(
-        "repository", type=Path, nargs="?", help="the repository's root (or CORRAL_REPOSITORY)"
-    )
-    serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--http-port", type=int, help="HTTP port (default 8000; 0: any free)")
-    serve.add_argument(
-        "--grpc-port", type=int, help="gRPC port (default 8001; 0: any free; -1: no gRPC)"
-    )
-    serve.add_argument(
-        "--memory-budget", metavar="SIZE", help="bytes or a size like 2GiB (default: none)"
-    )
-    serve.add_argument("--max-loaded-models", type=int, help="most versions loaded at once")
-    serve.add_argument("--compute-workers", type=int, help="compute threads (default: cores)")
-    serve.add_argument(
-        "--max-queue-per-model",
-        type=int,
-        help="requests a model may have queued; more get 429 at once (default 1024)",
-    )
-    serve.add_argument(
-        "--max-request-bytes", type=int, help="largest request body (default 64 MiB)"
-    )
-    serve.add_argument(
-        "--auth-token", help="require Authorization: Bearer TOKEN on all but health endpoints"
-    )
-    serve.add_argument(
-        "--drain-timeout", type=float, dest="drain_timeout_s", help="seconds (default 30)"
-    )
-    serve.add_argument(
-        "--poll-interval",
-        type=float,
-        dest="poll_interval_s",
-        help="seconds between checks for changed models (default: no polling)",
-    )
-    serve.add_argument("--log-level", help="critical, error, warning, info (default), debug")
+    if command == "serve":  # the flags need the server extra: built only when asked for
+        _add_setting_flags(serve)
     serve.set_defaults(handler=_serve)
 
     ray_serve = commands.add_parser(
@@ -133,39 +107,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     ray_serve.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
     ray_serve.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
-    ray_serve.add_argument(
-        "--replicas", type=_positive_int, default=2, help="model replicas (default 2)"
-    )
-    ray_serve.add_argument(
-        "--replica-cpus", type=float, default=1.0, help="CPUs Ray reserves per replica (default 1)"
-    )
-    ray_serve.add_argument(
-        "--memory-budget", metavar="SIZE", help="per replica: bytes or a size like 2GiB"
-    )
-    ray_serve.add_argument(
-        "--max-models-per-replica",
-        type=int,
-        help="model ids Ray routes to one replica (default: from the budget; -1: no count)",
-    )
-    ray_serve.add_argument(
-        "--max-loaded-models", type=_positive_int, help="per replica: most versions loaded"
-    )
-    ray_serve.add_argument(
-        "--compute-workers",
-        type=_positive_int,
-        help="per replica: compute threads (default: --replica-cpus rounded up)",
-    )
-    ray_serve.add_argument(
-        "--max-queue-per-model",
-        type=_positive_int,
-        default=DEFAULT_QUEUE_LIMIT,
-        help=f"per replica: requests a model may have queued; more get 429 "
-        f"(default {DEFAULT_QUEUE_LIMIT})",
-    )
-    ray_serve.add_argument(
-        "--auth-token", help="require Authorization: Bearer TOKEN on all but health endpoints"
-    )
     ray_serve.add_argument("--log-level", default="info", help="error, warning, info, debug")
+    if command == "ray-serve":  # the flags import Ray: built only when asked for
+        _add_config_flags(ray_serve)
     ray_serve.set_defaults(handler=_ray_serve)
 
     demo = commands.add_parser(
@@ -223,21 +167,30 @@ def _positive_int(text: str) -> int:
 # -- corral demo ----------------------------------------------------------------------------
 
 
-_SERVE_OPTIONS = (
-    "repository",
-    "host",
-    "http_port",
-    "grpc_port",
-    "memory_budget",
-    "max_loaded_models",
-    "compute_workers",
-    "max_queue_per_model",
-    "max_request_bytes",
-    "auth_token",
-    "drain_timeout_s",
-    "poll_interval_s",
-    "log_level",
-)
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per ServerSettings field, ``--<field>``, whose help names ``CORRAL_<FIELD>``."""
+    try:
+        from corral.server.settings import ServerSettings
+    except ImportError:
+        # _serve says which extra to install, whatever the arguments.
+        parser.add_argument("arguments", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        return
+    for name, field in ServerSettings.model_fields.items():
+        variable = ServerSettings.variable(name)
+        default = "" if field.default is None else f"; default {field.default}"
+        if name == "repository":
+            parser.add_argument(
+                name, nargs="?", metavar="REPOSITORY", help=f"{field.description} ({variable})"
+            )
+            continue
+        flag = "--" + name.replace("_", "-")
+        help_text = f"{field.description} ({variable}{default})"
+        if field.annotation is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
+        else:
+            # Values go to ServerSettings as text: it converts and checks them, as it does
+            # the environment's.
+            parser.add_argument(flag, metavar=name.upper(), help=help_text)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -247,49 +200,101 @@ def _serve(args: argparse.Namespace) -> int:
     if missing:
         raise SystemExit(f"corral serve needs: pip install 'corral[{','.join(missing)}]'")
     import logging
+    import os
 
     from pydantic import ValidationError
 
     from corral.server.app import run
-    from corral.server.settings import ServerSettings
+    from corral.server.settings import ServerSettings, unknown_variables
 
-    given = {name: getattr(args, name) for name in _SERVE_OPTIONS}
+    given = {name: getattr(args, name, None) for name in ServerSettings.model_fields}
     try:
         settings = ServerSettings(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc']) or 'settings'}: {error['msg']}"
-            for error in exc.errors()
-        )
-        print(f"corral serve: error: {problems}", file=sys.stderr)
+        print(f"corral serve: error: {_settings_problems(exc)}", file=sys.stderr)
         return 2
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    for line in unknown_variables(os.environ):
+        logging.getLogger("corral.cli").warning("corral serve: %s", line)
     return run(settings)
+
+
+def _settings_problems(error: Any) -> str:
+    """A ValidationError's problems, each named by its flag and its environment variable."""
+    problems = []
+    for problem in error.errors():
+        cause = problem.get("ctx", {}).get("error")
+        field = problem["loc"][0] if problem["loc"] else getattr(cause, "option", None)
+        message = str(cause) if isinstance(cause, CorralError) else problem["msg"]
+        if field is None:
+            problems.append(message)
+        else:
+            flag = "--" + str(field).replace("_", "-")
+            problems.append(f"{flag} (CORRAL_{str(field).upper()}): {message}")
+    return "; ".join(problems)
+
+
+def _before_importing_ray(given: list[str]) -> None:
+    """Without --address, set what Ray reads at import for a local node (LOCAL_ENVIRONMENT)."""
+    probe = argparse.ArgumentParser(add_help=False)
+    probe.add_argument("--address")
+    if probe.parse_known_args(given)[0].address is None:
+        import os
+
+        # corral.ray._launch.LOCAL_ENVIRONMENT, which cannot be imported before Ray is.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per RayServeConfig field, ``--<field>``, with the field's help and type."""
+    try:
+        from corral.ray._config import RayServeConfig
+    except ImportError:
+        # _ray_serve says which extra to install, whatever the arguments.
+        parser.add_argument("arguments", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        return
+
+    hints = typing.get_type_hints(RayServeConfig)
+    for field in dataclasses.fields(RayServeConfig):
+        default = "" if field.default is None else f" (default {field.default})"
+        parser.add_argument(
+            "--" + field.name.replace("_", "-"),
+            type=_text_to(hints[field.name]),
+            default=field.default,
+            metavar=field.name.upper(),
+            help=f"{field.metadata['help']}{default}",
+        )
+
+
+def _text_to(annotation: object) -> Callable[[str], object]:
+    """How a flag's text becomes a value of ``annotation`` (int, float, or text)."""
+    kinds = set(typing.get_args(annotation)) or {annotation}
+    if int in kinds and str not in kinds:
+        return _whole_number
+    if float in kinds:
+        return float
+    return str
+
+
+def _whole_number(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
 
 
 def _ray_serve(args: argparse.Namespace) -> int:
     if not (_installed("ray") and _installed("uvicorn") and _installed("orjson")):
         raise SystemExit("corral ray-serve needs: pip install 'corral[ray,server]'")
     import logging
-    import os
 
-    if args.address is None:
-        # Read by Ray when first imported (corral.ray imports it): see LOCAL_ENVIRONMENT.
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     from corral.ray import RayServeConfig, serve_on_ray
 
     config = RayServeConfig(
-        replicas=args.replicas,
-        replica_cpus=args.replica_cpus,
-        memory_budget=args.memory_budget,
-        max_models_per_replica=args.max_models_per_replica,
-        max_loaded_models=args.max_loaded_models,
-        compute_workers=args.compute_workers,
-        auth_token=args.auth_token,
-        max_queue_per_model=args.max_queue_per_model,
+        **{field.name: getattr(args, field.name) for field in dataclasses.fields(RayServeConfig)}
     )
     repository = args.repository.resolve()
     if not repository.is_dir():

@@ -621,3 +621,18 @@ def test_a_failed_ray_init_is_raised_and_the_handlers_are_put_back(
     assert cluster.calls == ["ray.init(ray://nowhere:10001, dashboard=None)"]
     assert signal.getsignal(signal.SIGTERM) is own_handlers
     assert signal.getsignal(signal.SIGINT) is own_handlers
+
+
+def test_ray_serve_has_a_flag_for_every_field_of_its_config():
+    import argparse
+    import dataclasses
+
+    from corral.cli import _parser
+
+    commands = next(
+        action
+        for action in _parser("ray-serve")._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    flags = {action.dest for action in commands.choices["ray-serve"]._actions}
+    assert {f.name for f in dataclasses.fields(RayServeConfig)} <= flags

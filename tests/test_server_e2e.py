@@ -108,7 +108,7 @@ def start_server(
         "0",
         "--grpc-port",
         "0",
-        "--drain-timeout",
+        "--drain-timeout-s",
         "10",
         *extra,
     ]

@@ -10,13 +10,13 @@ that Ray routes to a replica about as many models as its Host can hold.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from corral._budget import estimate_model_bytes
 from corral._errors import InvalidOption
 from corral._options import HostOptions, positive_int
 from corral._repository import Repository
-from corral._scheduler import DEFAULT_QUEUE_LIMIT
 
 __all__ = ["UNLIMITED", "RayServeConfig", "models_per_replica"]
 
@@ -25,6 +25,12 @@ UNLIMITED = -1
 
 # Models whose size the routing count is estimated from: spread over the sorted names.
 _SAMPLE = 200
+
+_HOST_DEFAULTS = HostOptions()
+
+
+def _option(default: Any, help_text: str) -> Any:
+    return field(default=default, metadata={"help": help_text})
 
 
 @dataclass(frozen=True)
@@ -37,36 +43,42 @@ class RayServeConfig:
         serve.run(corral.ray.build_app("/models", config), route_prefix="/")
     """
 
-    #: Model replicas: processes that each hold a Host on the repository.
-    replicas: int = 2
-    #: CPUs Ray reserves for each replica (fractions allowed). Also its compute workers,
-    #: rounded up, unless ``compute_workers`` says otherwise.
-    replica_cpus: float = 1.0
-    #: Bytes (or "2GiB") each replica's Host keeps loaded; None: no byte cap.
-    memory_budget: int | str | None = None
-    #: Model ids Ray routes to one replica (its multiplexed cache). None: follow the budget
-    #: (see :func:`models_per_replica`); -1: no count.
-    max_models_per_replica: int | None = None
-    #: Model versions each replica's Host keeps loaded; None: no count.
-    max_loaded_models: int | None = None
-    #: Compute threads per replica; None: ``replica_cpus`` rounded up.
-    compute_workers: int | None = None
-    #: Requests one model version may have queued in a replica; more get 429 at once.
-    max_queue_per_model: int = DEFAULT_QUEUE_LIMIT
-    #: Seconds between checks of the repository for changed models; None: off.
-    poll_interval_s: float | None = None
-    #: Requests one replica (and the ingress) works on at once.
-    max_ongoing_requests: int = 64
-    #: Requests waiting for a replica beyond those; more are refused with 429 at once.
-    max_queued_requests: int = 1024
-    #: Ingress replicas: they parse nothing but the path, so one is usually plenty.
-    ingress_replicas: int = 1
-    #: Largest request body the ingress accepts (413 above it).
-    max_request_bytes: int = 64 * 1024 * 1024
-    #: When set, every path but ``/v2/health/*`` needs ``Authorization: Bearer <token>``.
-    auth_token: str | None = None
-    #: Seconds a stopping replica waits for its models' runs before closing them anyway.
-    drain_timeout_s: float = 10.0
+    # Each field's help is also its `corral ray-serve` flag's (--<field> with dashes).
+    replicas: int = _option(2, "model replicas: processes that each hold a Host")
+    replica_cpus: float = _option(
+        1.0, "CPUs Ray reserves per replica (fractions allowed); also its compute workers"
+    )
+    memory_budget: int | str | None = _option(
+        None, "per replica: estimated bytes its Host keeps loaded, like 2GiB"
+    )
+    max_models_per_replica: int | None = _option(
+        None, "model ids Ray routes to one replica (default: from the budget; -1: no count)"
+    )
+    max_loaded_models: int | None = _option(None, "per replica: most model versions loaded")
+    compute_workers: int | None = _option(
+        None, "per replica: threads that run models (default: --replica-cpus rounded up)"
+    )
+    max_queue_per_model: int = _option(
+        _HOST_DEFAULTS.max_queue_per_model,
+        "per replica: requests a model version may have queued; more get 429",
+    )
+    poll_interval_s: float | None = _option(
+        None, "seconds between checks of the models in use for new versions"
+    )
+    max_ongoing_requests: int = _option(64, "requests one replica (and the ingress) works on")
+    max_queued_requests: int = _option(
+        1024, "requests waiting for a replica beyond those; more get 429 at once"
+    )
+    ingress_replicas: int = _option(1, "ingress replicas (they read only the path)")
+    max_request_bytes: int = _option(
+        64 * 1024 * 1024, "largest request body the ingress accepts; larger ones get 413"
+    )
+    auth_token: str | None = _option(
+        None, "require Authorization: Bearer <token> on all but health endpoints"
+    )
+    drain_timeout_s: float = _option(
+        10.0, "seconds a stopping replica waits for its runs before closing anyway"
+    )
 
     def __post_init__(self) -> None:
         for name in (

@@ -94,14 +94,7 @@ async def serve(
         if settings.compute_workers is None
         else Runtime(compute_workers=settings.compute_workers)
     )
-    host = Host(
-        settings.repository,
-        runtime=rt,
-        memory_budget=settings.memory_budget,
-        max_loaded_models=settings.max_loaded_models,
-        poll_interval_s=settings.poll_interval_s,
-        max_queue_per_model=settings.max_queue_per_model,
-    )
+    host = Host(settings.repository, runtime=rt, options=settings.host_options()).start()
     token = None if settings.auth_token is None else settings.auth_token.get_secret_value()
     try:
         plane = DataPlane(host)

@@ -1,19 +1,41 @@
 """The server's settings: one typed class, read from arguments and ``CORRAL_*`` variables.
 
+Every field is an option of ``corral serve``: its flag is ``--<field>`` with dashes and its
+environment variable ``CORRAL_<FIELD>``, both generated from the field (``corral.cli``), so
+that a flag, its variable and its help cannot drift apart. The Host's options are
+:class:`corral.HostOptions`' fields under the same names, checked by HostOptions itself.
+
 Nothing here is read at import: :class:`ServerSettings` reads the environment when it is built
 (``corral serve`` builds it from its arguments, which take precedence over the environment).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from corral._scheduler import DEFAULT_QUEUE_LIMIT
+from corral._options import HostOptions
 
-__all__ = ["ServerSettings"]
+__all__ = ["ENV_PREFIX", "HOST_OPTIONS_NOT_SERVED", "ServerSettings", "unknown_variables"]
+
+#: What every setting's environment variable starts with.
+ENV_PREFIX = "CORRAL_"
+#: HostOptions fields the server keeps at their defaults, and why.
+HOST_OPTIONS_NOT_SERVED = {
+    "failure_backoff_s": "a pair of seconds; the server keeps the library's default back-off",
+}
+
+_HOST_DEFAULTS = {
+    option.name: option.default
+    for option in dataclasses.fields(HostOptions)
+    if option.init and option.default is not dataclasses.MISSING
+}
 
 
 class ServerSettings(BaseSettings):
@@ -24,34 +46,57 @@ class ServerSettings(BaseSettings):
         ServerSettings(repository="models/", http_port=8080)   # CORRAL_AUTH_TOKEN also read
     """
 
-    model_config = SettingsConfigDict(env_prefix="CORRAL_", extra="forbid", frozen=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
 
-    #: The model repository (Triton's layout: <name>/<version>/model.onnx, or <name>.onnx).
-    repository: Path
-    #: The address both servers bind; loopback unless asked otherwise.
-    host: str = "127.0.0.1"
-    #: The HTTP port (0: any free port).
-    http_port: int = Field(default=8000, ge=0, le=65535)
-    #: The gRPC port (0: any free port; -1: no gRPC server).
-    grpc_port: int = Field(default=8001, ge=-1, le=65535)
-    #: Estimated bytes the loaded models may hold, like "2GiB"; None: no budget.
-    memory_budget: str | None = None
-    #: Most model versions loaded at once; None: no limit.
-    max_loaded_models: int | None = Field(default=None, gt=0)
-    #: The Runtime's compute threads; None: the number of cores.
-    compute_workers: int | None = Field(default=None, gt=0)
-    #: Requests one model version may have queued; more get 429 / RESOURCE_EXHAUSTED at once.
-    max_queue_per_model: int = Field(default=DEFAULT_QUEUE_LIMIT, gt=0)
-    #: Largest request body accepted, in bytes; larger ones get 413 / RESOURCE_EXHAUSTED.
-    max_request_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
-    #: When set, every endpoint but health needs ``Authorization: Bearer <token>``.
-    auth_token: SecretStr | None = None
-    #: How long SIGTERM / SIGINT waits for requests in flight before closing anyway.
-    drain_timeout_s: float = Field(default=30.0, ge=0)
-    #: Seconds between checks of the repository for changed models; None: no polling.
-    poll_interval_s: float | None = Field(default=None, gt=0)
-    #: Python logging level for corral's and the servers' logs.
-    log_level: str = "info"
+    repository: Path = Field(
+        description="the model repository's folder: <name>/<version>/model.onnx or <name>.onnx"
+    )
+    host: str = Field("127.0.0.1", description="the address both servers bind")
+    http_port: int = Field(8000, ge=0, le=65535, description="the HTTP port; 0: any free port")
+    grpc_port: int = Field(
+        8001, ge=-1, le=65535, description="the gRPC port; 0: any free port; -1: no gRPC server"
+    )
+    # -- the Host's options: checked by HostOptions, defaults from it ------------------------
+    memory_budget: str | None = Field(
+        _HOST_DEFAULTS["memory_budget"],
+        description="estimated bytes the loaded models may hold: bytes or a size like 2GiB",
+    )
+    max_loaded_models: int | None = Field(
+        _HOST_DEFAULTS["max_loaded_models"], description="most model versions loaded at once"
+    )
+    load_concurrency: int | None = Field(
+        None, description="loads that run at once (default: the cores, at most 4)"
+    )
+    poll_interval_s: float | None = Field(
+        _HOST_DEFAULTS["poll_interval_s"],
+        description="seconds between checks of the models in use for new versions",
+    )
+    batching: bool = Field(
+        _HOST_DEFAULTS["batching"],
+        description="batch concurrent requests for a model where it allows",
+    )
+    max_queue_per_model: int = Field(
+        _HOST_DEFAULTS["max_queue_per_model"],
+        description="requests a model version may have queued; more get 429 at once",
+    )
+    # -- the Runtime and the server ----------------------------------------------------------
+    compute_workers: int | None = Field(
+        None, gt=0, description="threads that run models (default: the cores)"
+    )
+    max_request_bytes: int = Field(
+        64 * 1024 * 1024,
+        gt=0,
+        description="largest request body or message, in bytes; larger ones get 413",
+    )
+    auth_token: SecretStr | None = Field(
+        None, description="require Authorization: Bearer <token> on all but health endpoints"
+    )
+    drain_timeout_s: float = Field(
+        30.0, ge=0, description="seconds SIGTERM waits for requests in flight before closing"
+    )
+    log_level: str = Field(
+        "info", description="corral's log level: critical, error, warning, info or debug"
+    )
 
     @field_validator("log_level")
     @classmethod
@@ -60,3 +105,43 @@ class ServerSettings(BaseSettings):
         if value.lower() not in levels:
             raise ValueError(f"log_level must be one of {', '.join(levels)}, got {value!r}")
         return value.lower()
+
+    @model_validator(mode="after")
+    def _host_options_hold(self) -> ServerSettings:
+        self.host_options()  # raises InvalidOption naming the option
+        return self
+
+    def host_options(self) -> HostOptions:
+        """The options of the server's Host."""
+        given: dict[str, Any] = {
+            "memory_budget": self.memory_budget,
+            "max_loaded_models": self.max_loaded_models,
+            "poll_interval_s": self.poll_interval_s,
+            "batching": self.batching,
+            "max_queue_per_model": self.max_queue_per_model,
+        }
+        if self.load_concurrency is not None:
+            given["load_concurrency"] = self.load_concurrency
+        return HostOptions(**given)
+
+    @classmethod
+    def variable(cls, field: str) -> str:
+        """The environment variable that sets ``field``."""
+        return f"{ENV_PREFIX}{field.upper()}"
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A line for every ``CORRAL_*`` variable that names no setting, with the nearest one.
+
+    Reported, not refused: Kubernetes sets ``<SERVICE>_PORT``-style variables for every
+    service in a namespace, so a service named "corral" brings variables of its own.
+    """
+    known = [ServerSettings.variable(name) for name in ServerSettings.model_fields]
+    lines = []
+    for variable in sorted(environ):
+        if not variable.startswith(ENV_PREFIX) or variable in known:
+            continue
+        nearest = difflib.get_close_matches(variable, known, n=1)
+        hint = f"; did you mean {nearest[0]}?" if nearest else ""
+        lines.append(f"{variable} names no setting of corral serve and is not used{hint}")
+    return lines

@@ -38,7 +38,7 @@ from tests.test_server_e2e import Served, start_server
 if TYPE_CHECKING:
     from tests.reliability.conftest import Figure
 
-DRAIN_TIMEOUT_S = 10.0  # what start_server passes as --drain-timeout
+DRAIN_TIMEOUT_S = 10.0  # what start_server passes as --drain-timeout-s
 HTTP_REQUESTS = 12
 GRPC_REQUESTS = 12
 # Loop iterations per request: tens of milliseconds a run, so that the requests queue up.

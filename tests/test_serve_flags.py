@@ -1,0 +1,167 @@
+"""`corral serve`'s flags and CORRAL_* variables are generated from one settings class.
+
+Every flag is a ServerSettings field, its help names its variable, and the flag and the
+variable set the same thing: tested for every field, so that a new field without a sample
+value here fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import corral
+import corral.server.app
+from corral import HostOptions
+from corral.cli import _parser, main
+from corral.server.settings import HOST_OPTIONS_NOT_SERVED, ServerSettings
+
+# A value other than the default for every field, as the command line and the environment
+# spell it, and what the setting then holds.
+SAMPLES: dict[str, tuple[str, Any]] = {
+    "host": ("0.0.0.0", "0.0.0.0"),
+    "http_port": ("8123", 8123),
+    "grpc_port": ("-1", -1),
+    "memory_budget": ("2GiB", "2GiB"),
+    "max_loaded_models": ("7", 7),
+    "load_concurrency": ("3", 3),
+    "poll_interval_s": ("2.5", 2.5),
+    "max_queue_per_model": ("9", 9),
+    "compute_workers": ("2", 2),
+    "max_request_bytes": ("4096", 4096),
+    "auth_token": ("s3cret", "s3cret"),
+    "drain_timeout_s": ("1.5", 1.5),
+    "log_level": ("DEBUG", "debug"),
+}
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> list[ServerSettings]:
+    """What `corral serve` would serve with: its settings, captured instead of served."""
+    captured: list[ServerSettings] = []
+
+    def run(settings: ServerSettings) -> int:
+        captured.append(settings)
+        return 0
+
+    monkeypatch.setattr(corral.server.app, "run", run)
+    for variable in ("CORRAL_" + name.upper() for name in ServerSettings.model_fields):
+        monkeypatch.delenv(variable, raising=False)
+    return captured
+
+
+def serve_flags() -> dict[str, argparse.Action]:
+    commands = next(
+        action
+        for action in _parser("serve")._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    serve = commands.choices["serve"]
+    return {action.dest: action for action in serve._actions if action.dest != "help"}
+
+
+def value(settings: ServerSettings, name: str) -> Any:
+    held = getattr(settings, name)
+    return held.get_secret_value() if name == "auth_token" else held
+
+
+def test_every_field_is_a_flag_whose_help_names_its_variable():
+    flags = serve_flags()
+    assert set(flags) == set(ServerSettings.model_fields)
+    for name, action in flags.items():
+        variable = f"CORRAL_{name.upper()}"
+        assert variable in (action.help or ""), name
+        if name != "repository":
+            assert action.option_strings[0] == "--" + name.replace("_", "-")
+
+
+@pytest.mark.parametrize("name", sorted(set(ServerSettings.model_fields) - {"repository"}))
+def test_a_flag_and_its_variable_set_the_same_setting(
+    name: str, tmp_path: Path, served: list[ServerSettings], monkeypatch: pytest.MonkeyPatch
+):
+    flag = "--" + name.replace("_", "-")
+    if name == "batching":
+        assert main(["serve", str(tmp_path), "--no-batching"]) == 0
+        monkeypatch.setenv("CORRAL_BATCHING", "false")
+        expected: Any = False
+    else:
+        text, expected = SAMPLES[name]
+        assert main(["serve", str(tmp_path), f"{flag}={text}"]) == 0
+        monkeypatch.setenv(f"CORRAL_{name.upper()}", text)
+    assert main(["serve", str(tmp_path)]) == 0
+    by_flag, by_variable = served
+    assert value(by_flag, name) == value(by_variable, name) == expected
+    assert value(by_flag, name) != ServerSettings.model_fields[name].default
+
+
+def test_the_repository_comes_from_its_variable_too(
+    tmp_path: Path, served: list[ServerSettings], monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("CORRAL_REPOSITORY", str(tmp_path))
+    assert main(["serve"]) == 0
+    assert served[0].repository == tmp_path
+
+
+def test_samples_cover_every_field():
+    assert set(SAMPLES) | {"repository", "batching"} == set(ServerSettings.model_fields)
+
+
+def test_a_bad_value_names_its_flag_and_variable(
+    tmp_path: Path, served: list[ServerSettings], capsys: pytest.CaptureFixture[str]
+):
+    assert main(["serve", str(tmp_path), "--max-loaded-models", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-loaded-models (CORRAL_MAX_LOADED_MODELS)" in err
+    assert "max_loaded_models must be a positive integer, got 0" in err
+    assert main(["serve", str(tmp_path), "--memory-budget", "lots"]) == 2
+    assert "--memory-budget (CORRAL_MEMORY_BUDGET): memory_budget 'lots' is not a size" in (
+        capsys.readouterr().err
+    )
+    assert main(["serve", str(tmp_path), "--http-port", "70000"]) == 2
+    assert "--http-port (CORRAL_HTTP_PORT)" in capsys.readouterr().err
+    assert served == []
+
+
+def test_an_unknown_corral_variable_is_reported_at_start(
+    tmp_path: Path,
+    served: list[ServerSettings],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+):
+    monkeypatch.setenv("CORRAL_HTTP_PORTT", "9000")
+    monkeypatch.setenv("CORRAL_DRAIN_TIMEOUT", "5")  # the name before it said its unit
+    with caplog.at_level(logging.WARNING):
+        assert main(["serve", str(tmp_path)]) == 0
+    reported = [r.getMessage() for r in caplog.records if "names no setting" in r.getMessage()]
+    assert any(
+        "CORRAL_HTTP_PORTT names no setting" in line and "did you mean CORRAL_HTTP_PORT?" in line
+        for line in reported
+    ), reported
+    assert any("did you mean CORRAL_DRAIN_TIMEOUT_S?" in line for line in reported), reported
+    assert served[0].http_port == 8000  # not used
+
+
+def test_the_settings_carry_every_host_option_with_its_default():
+    host_fields = {f.name: f for f in dataclasses.fields(HostOptions) if f.init}
+    served_fields = set(host_fields) - set(HOST_OPTIONS_NOT_SERVED)
+    assert served_fields <= set(ServerSettings.model_fields)
+    defaults = ServerSettings(repository=Path(".")).host_options()
+    assert defaults == HostOptions()
+    for name in served_fields:
+        field = host_fields[name]
+        if field.default is not dataclasses.MISSING:
+            assert ServerSettings.model_fields[name].default == field.default, name
+
+
+def test_host_options_are_one_object_for_the_library_too(tmp_path: Path):
+    options = HostOptions(memory_budget="1MiB", max_queue_per_model=3)
+    with corral.Host(tmp_path, options=options, batching=False) as host:
+        assert host.options.budget_bytes == 2**20
+        assert (host.options.max_queue_per_model, host.options.batching) == (3, False)
+    with pytest.raises(corral.InvalidOption, match="load_concurrency"):
+        corral.Host(tmp_path, load_concurrency=0)
