@@ -697,3 +697,75 @@ def test_a_kept_load_failure_is_raised_as_a_fresh_copy_each_time(tmp_path: Path)
                 depth, tb = depth + 1, tb.tb_next
             depths.append(depth)
         assert depths[0] == depths[2]  # the third raise carries no frames of the first two
+
+
+def test_every_cold_path_loads_on_the_load_workers(repo: Path, monkeypatch: pytest.MonkeyPatch):
+    # Blocking, submitted, asyncio and preloaded requests all load on the Host's one pool of
+    # load workers: never on the caller's thread, never on asyncio's default executor.
+    import corral._loader
+
+    built_on: list[str] = []
+    session = corral._loader.Session
+
+    def recorded(*args: Any, **kwargs: Any) -> corral.Session:
+        built_on.append(threading.current_thread().name)
+        return session(*args, **kwargs)
+
+    monkeypatch.setattr(corral._loader, "Session", recorded)
+    with Host(repo, load_concurrency=2) as host:
+        host.infer("mlp", {"X": X})
+        host.submit("tree", {"X": X}).result(timeout=30)
+        asyncio.run(host.infer_async("bare", {"X": X}))
+    with Host(repo, load_concurrency=2) as host:
+        assert host.preload() == {}
+    assert len(built_on) == 6
+    assert all(name.startswith("corral-load") for name in built_on), built_on
+    assert corral.runtime().stats().sessions_alive == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_timeout_bounds_the_wait_for_a_load_slot(repo: Path, held_loads):
+    # With one load worker busy on a slow load, a request for another cold model waits for
+    # that worker: its timeout ends its wait, and it is answered by the time it says.
+    with Host(repo, load_concurrency=1) as host:
+        slow = host.submit("mlp", {"X": X})
+        assert held_loads.started.wait(timeout=10)
+        with pytest.raises(corral.DeadlineExceeded, match="'tree' was still loading after 0.05s"):
+            host.infer("tree", {"X": X}, timeout=0.05)
+
+        async def cold_async() -> None:
+            await host.infer_async("tree", {"X": X}, timeout=0.05)
+
+        with pytest.raises(corral.DeadlineExceeded, match="still loading"):
+            asyncio.run(cold_async())
+        held_loads.release.set()
+        assert slow.result(timeout=30)["Y"].shape == (2, 1)
+        assert host.infer("tree", {"X": X})["Y"].shape == (2, 1)  # its load went on
+
+
+def test_polling_starts_with_start_never_with_the_constructor(repo: Path):
+    before = {thread.name for thread in threading.enumerate()}
+    host = Host(repo, poll_interval_s=60)
+    try:
+        assert "corral-host-poll" not in {t.name for t in threading.enumerate()} - before
+        host.start()
+        assert "corral-host-poll" in {t.name for t in threading.enumerate()} - before
+        host.start()  # idempotent
+        assert [t.name for t in threading.enumerate()].count("corral-host-poll") == 1
+    finally:
+        host.close()
+    with pytest.raises(corral.HostClosed):
+        host.start()
+
+
+def test_a_cold_submit_is_batched_on_the_compute_workers_once_loaded(repo: Path):
+    expected = reference_run(build_mlp(seed=1), {"X": X})[0]
+    with Host(repo) as host:
+        futures = [host.submit("mlp", {"X": X}) for _ in range(8)]
+        for future in futures:
+            np.testing.assert_array_equal(future.result(timeout=30)["Y"], expected)
+        assert host.queue_stats()[("mlp", 1)].accepted == 8
+        assert host.stats().loads == 1
+        failed = host.submit("nope", {"X": X})
+        with pytest.raises(corral.ModelNotFound, match="nope"):
+            failed.result(timeout=30)

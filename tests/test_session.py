@@ -416,3 +416,35 @@ def test_a_lease_still_runs_after_close_began(mlp_model):
     assert session.state is SessionState.CLOSED
     with pytest.raises(corral.SessionClosed, match="released"):
         lease.run({"X": X})
+
+
+def test_admissions_hold_the_session_open_until_dismissed(mlp_model):
+    # A scheduler's queued requests hold admissions: close waits for them as for leases,
+    # an admitted run goes ahead through CLOSING, and each admission ends exactly once.
+    session = corral.Session(mlp_model)
+    session.admit()
+    session.admit()
+    assert (session.in_flight, session.uses) == (2, 2)
+    session.close_when_idle()
+    with pytest.raises(corral.SessionClosed, match="retired"):
+        session.admit()  # no new admission once closing
+    feed = session.signature.prepare_inputs({"X": X})
+    outputs = session.run_admitted(feed, session.signature.output_names(None))
+    np.testing.assert_array_equal(outputs["Y"], reference_run(mlp_model, {"X": X})[0])
+    assert session.state is SessionState.CLOSING  # the run did not end its admission
+    session.dismiss(2)
+    assert session.state is SessionState.CLOSED
+    assert session.in_flight == 0
+
+
+def test_a_lease_admits_through_closing_until_it_is_released(mlp_model):
+    session = corral.Session(mlp_model)
+    lease = session.acquire()
+    session.close_when_idle()
+    lease.admit()  # the lease holds the session open: a request under it may still queue
+    lease.release()
+    assert session.state is SessionState.CLOSING  # the admission still holds it
+    with pytest.raises(corral.SessionClosed, match="released"):
+        lease.admit()
+    session.dismiss()
+    assert session.state is SessionState.CLOSED
