@@ -70,6 +70,8 @@ class Host:
         base = HostOptions() if options is None else options
         self._options = dataclasses.replace(base, **option_args) if option_args else base
         self._table = ModelTable(self._options)
+        # The request path's one lookup, without a lock or a call (see corral._table).
+        self._ready_map = self._table.ready_map
         self._loader = Loader(self._repository, self._runtime, self._table, self._options)
         self._reloader = Reloader(self._repository, self._table, self._loader, self._options)
 
@@ -379,11 +381,11 @@ class Host:
     # -- internals ---------------------------------------------------------------------------
 
     def _ready(self, name: str, version: int | str | None) -> ServedVersion | None:
-        # The request path takes no Host lock (see corral._table). `name` is only a key here:
-        # an invalid one simply misses and is checked on the cold path.
+        # `name` is only a key here: an invalid one simply misses and is checked on the cold
+        # path. A version asked for by number takes the cold path too.
         if version is not None or type(name) is not str:
             return None
-        return self._table.ready(name)
+        return self._ready_map.get(name)
 
     def _ready_lease(self, name: str, version: int | str | None) -> HostLease | None:
         served = self._ready(name, version)

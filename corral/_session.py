@@ -186,7 +186,8 @@ class Session:
         :class:`SessionClosed` after close() began, :class:`RunCancelled` if a cancelling
         close stopped it, and :class:`InferenceError` if onnxruntime failed.
         """
-        return self._run(inputs, outputs, None)
+        feed = self._signature.prepare_inputs(inputs)
+        return self._run_prepared(feed, self._signature.output_names(outputs), None)
 
     def _run(
         self, inputs: Mapping[str, Any], outputs: Sequence[str] | None, lease: Lease | None

@@ -6,7 +6,7 @@ the lock, checks, changes and returns, so that no invariant spans two of them. T
 held for bookkeeping only, never across a load, a run or a file read; a Session's lock may be
 taken while holding it, never the other way round.
 
-The request path reads one map without the lock (:meth:`ModelTable.ready`): it is changed only
+The request path reads one map without the lock (:attr:`ModelTable.ready_map`): it is changed only
 under the lock, one dict operation at a time, and a version found there is admitted by its own
 session, which refuses it if the table took it out of service meanwhile.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -116,11 +116,14 @@ class ModelTable:
 
     # -- the request path --------------------------------------------------------------------
 
-    def ready(self, name: str) -> ServedVersion | None:
-        """The newest served version of ``name`` if loaded; no lock (see the module doc)."""
-        if self._state is not HostState.RUNNING:
-            return None
-        return self._ready.get(name)
+    @property
+    def ready_map(self) -> Mapping[str, ServedVersion]:
+        """Name -> its newest served version, if loaded: read it without the lock, never write.
+
+        One dict for the table's life (emptied, never replaced), and empty once the Host is
+        closing: the request path keeps a reference and looks names up in it directly.
+        """
+        return self._ready
 
     @property
     def state(self) -> HostState:
@@ -461,6 +464,7 @@ class ModelTable:
             if self._state is not HostState.RUNNING:
                 return None
             self._state = HostState.CLOSING
+            self._ready.clear()  # requests now take the cold path, which refuses them
             self._room.notify_all()  # loads waiting for room give up: the Host is closing
             return list(self._loading.values())
 
