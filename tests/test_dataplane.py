@@ -19,8 +19,7 @@ from corral.protocol import (
     TensorConfiguration,
 )
 from corral.testing import build_mlp, build_tree
-from tests.conftest import reference_run
-from tests.test_host import add_model
+from tests.helpers import add_model, reference_run
 
 X = np.random.default_rng(5).standard_normal((3, 4)).astype(np.float32)
 

@@ -19,7 +19,7 @@ import pytest
 
 import corral
 from corral.demo import WorkerFailed
-from tests.conftest import BENCHMARKS, load_benchmark
+from tests.helpers import BENCHMARKS, load_benchmark
 
 footprint = load_benchmark("footprint.py")
 ENGINES = footprint.ENGINES

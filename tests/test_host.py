@@ -18,18 +18,9 @@ import corral
 from corral import Host, HostLease, ModelState
 from corral._budget import estimate_model_bytes
 from corral.testing import build_linear, build_mlp, build_tree
-from tests.conftest import build_reshape, reference_run, wait_until
+from tests.helpers import add_model, build_reshape, reference_run, wait_until
 
 X = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
-
-
-def add_model(root: Path, name: str, model: bytes, version: int = 1, toml: str | None = None):
-    folder = root / name / str(version)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "model.onnx").write_bytes(model)
-    if toml is not None:
-        (root / name / "model.toml").write_text(toml)
-    return folder / "model.onnx"
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ import corral
 from corral import _ort
 from corral.protocol.dataplane import DataPlane
 from corral.server.http import HttpApp
-from tests.conftest import load_benchmark
+from tests.helpers import load_benchmark
 
 MODEL = "tree"
 

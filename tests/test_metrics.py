@@ -20,7 +20,7 @@ from corral.protocol.dataplane import DataPlane
 from corral.protocol.types import Duration, InferInput, InferRequest, ModelStatistics
 from corral.server.metrics import Metrics
 from corral.testing import build_mlp, build_tree
-from tests.test_host import add_model
+from tests.helpers import add_model
 
 TRITON_COUNTERS = (
     "nv_inference_request_success",

@@ -46,8 +46,7 @@ from corral.ray import (
 )
 from corral.server.http import HttpApp
 from corral.testing import build_mlp, build_tree
-from tests.conftest import reference_run
-from tests.test_host import add_model
+from tests.helpers import add_model, reference_run
 
 X = np.random.default_rng(5).standard_normal((2, 4)).astype(np.float32)
 TREE = build_tree(seed=2)

@@ -16,15 +16,8 @@ from onnx import TensorProto, helper
 import corral
 from corral import Host
 from corral.testing import build_linear, build_mlp, build_tree
-from tests.conftest import reference_run
-
-
-def add_model(root: Path, name: str, model: bytes, toml: str | None = None) -> None:
-    folder = root / name / "1"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "model.onnx").write_bytes(model)
-    if toml is not None:
-        (root / name / "model.toml").write_text(toml)
+from tests.gates import RunGate, hold_compute_workers
+from tests.helpers import add_model, reference_run
 
 
 def _row_sum_model() -> bytes:
@@ -41,35 +34,6 @@ def _row_sum_model() -> bytes:
     return model.SerializeToString()
 
 
-class _Gate:
-    """Holds every scheduled run of one served version until opened; counts runs as they start."""
-
-    def __init__(self, served: Any) -> None:
-        self.open = threading.Event()
-        self.started = threading.Semaphore(0)
-        self.rows: list[int] = []
-        inner = served.run_admitted
-
-        def held(feed: dict[str, Any], names: tuple[str, ...]) -> Any:
-            self.rows.append(next(iter(feed.values())).shape[0])
-            self.started.release()
-            assert self.open.wait(timeout=30)
-            return inner(feed, names)
-
-        served.run_admitted = held
-
-
-def _hold_workers(host: Host) -> tuple[_Gate, list[Future[Any]]]:
-    """Occupy every compute worker with a held run of the loaded 'slow' model."""
-    with host.acquire("slow") as lease:
-        gate = _Gate(lease._served)
-    workers = corral.runtime().options.compute_workers
-    blockers = [host.submit("slow", {"X": np.full((1, 4), i, np.float32)}) for i in range(workers)]
-    for _ in range(workers):
-        assert gate.started.acquire(timeout=10)  # every worker is now held
-    return gate, blockers
-
-
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     add_model(tmp_path, "tree", build_tree(seed=1))
@@ -83,12 +47,12 @@ def repo(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def gated(repo: Path) -> Iterator[tuple[Host, list[_Gate]]]:
+def gated(repo: Path) -> Iterator[tuple[Host, list[RunGate]]]:
     """A Host whose 'slow' model holds the compute workers until the test opens the gate."""
     with Host(repo) as host:
         # Loaded first: requests for a loaded model go to the compute workers' queues.
         assert host.preload() == {}
-        gate, blockers = _hold_workers(host)
+        gate, blockers = hold_compute_workers(host)
         try:
             yield host, [gate]
         finally:
@@ -199,7 +163,7 @@ def test_overload_is_refused_at_once_and_nothing_accepted_is_lost(repo: Path):
     with Host(repo, max_queue_per_model=5) as host:
         host.infer("slow", {"X": np.zeros((1, 4), np.float32)})
         host.infer("tree", {"X": np.zeros((1, 4), np.float32)})
-        gate, blockers = _hold_workers(host)
+        gate, blockers = hold_compute_workers(host)
         workers = len(blockers)
         accepted: list[Future[Any]] = []
         refusals: list[corral.Overloaded] = []
@@ -226,7 +190,7 @@ def test_a_hot_model_does_not_starve_the_others(tmp_path: Path):
     with Host(tmp_path, max_queue_per_model=10_000) as host:
         for name in ["hot", "slow"] + [f"cold{i:03d}" for i in range(100)]:
             host.infer(name, {"X": np.zeros((1, 4), np.float32)})
-        gate, blockers = _hold_workers(host)
+        gate, blockers = hold_compute_workers(host)
         order: list[str] = []
         lock = threading.Lock()  # guards order
 

@@ -40,9 +40,8 @@ from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.protocol.types import InferOutput, InferResponse
 from corral.server.grpc import start_grpc_server
 from corral.testing import build_linear, build_mlp, build_tree
-from tests.conftest import reference_run, run_freeing_frames
-from tests.test_host import add_model
-from tests.test_server_http import Gate, answered_while_held, hold_filesystem
+from tests.gates import CallGate, answered_while_held, hold_compute_workers, hold_filesystem
+from tests.helpers import add_model, reference_run, run_freeing_frames, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 X = np.random.default_rng(7).standard_normal((3, 4)).astype(np.float32)
@@ -736,14 +735,11 @@ def test_a_port_in_use_is_an_error(repo: Path):
 
 @pytest.mark.timeout(60)
 def test_a_request_whose_client_deadline_passes_in_the_queue_never_runs(repo: Path):
-    from tests.conftest import wait_until
-    from tests.test_scheduler import _hold_workers
-
     # One run per request, so that each held request holds one compute worker.
     add_model(repo, "slow", build_mlp(seed=4), toml="max_batch_size = 0\n")
 
     async def scenario(s: Served) -> None:
-        gate, blockers = await asyncio.to_thread(_hold_workers, s.host)
+        gate, blockers = await asyncio.to_thread(hold_compute_workers, s.host)
         try:
             x = np.ones((1, 4), np.float32)
             late = await refused(
@@ -830,7 +826,7 @@ def test_a_slow_filesystem_holds_up_only_the_calls_that_need_it(
 
     async def scenario(s: Served) -> None:
         await s.client.infer("mlp", [triton_input("X", X, "FP32")])
-        gate = Gate()
+        gate = CallGate()
         hold_filesystem(monkeypatch, s.plane, gate, what)
         fast, slow = await answered_while_held(
             gate,
