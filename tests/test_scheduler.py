@@ -35,7 +35,8 @@ def _row_sum_model() -> bytes:
 
 
 @pytest.fixture
-def repo(tmp_path: Path) -> Path:
+def batching_repo(tmp_path: Path) -> Path:
+    """tree, linear, mlp (seeds 1 to 3); "slow", one run per request; "rows"; "capped" at 4."""
     add_model(tmp_path, "tree", build_tree(seed=1))
     add_model(tmp_path, "linear", build_linear(seed=2))
     add_model(tmp_path, "mlp", build_mlp(seed=3))
@@ -47,9 +48,9 @@ def repo(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def gated(repo: Path) -> Iterator[tuple[Host, list[RunGate]]]:
+def gated(batching_repo: Path) -> Iterator[tuple[Host, list[RunGate]]]:
     """A Host whose 'slow' model holds the compute workers until the test opens the gate."""
-    with Host(repo) as host:
+    with Host(batching_repo) as host:
         # Loaded first: requests for a loaded model go to the compute workers' queues.
         assert host.preload() == {}
         gate, blockers = hold_compute_workers(host)
@@ -62,7 +63,7 @@ def gated(repo: Path) -> Iterator[tuple[Host, list[RunGate]]]:
 
 
 @pytest.mark.parametrize("model", ["tree", "linear", "mlp"])
-def test_batched_outputs_are_bit_identical_to_single_runs(repo: Path, model: str):
+def test_batched_outputs_are_bit_identical_to_single_runs(batching_repo: Path, model: str):
     rng = np.random.default_rng(11)
     inputs = [
         rng.standard_normal((int(rng.integers(1, 4)), 4)).astype(np.float32) for _ in range(200)
@@ -73,7 +74,7 @@ def test_batched_outputs_are_bit_identical_to_single_runs(repo: Path, model: str
         "mlp": build_mlp(seed=3),
     }[model]
     expected = [reference_run(model_bytes, {"X": x})[0] for x in inputs]
-    with Host(repo) as host:
+    with Host(batching_repo) as host:
         host.infer(model, {"X": inputs[0]})
 
         async def all_at_once() -> list[dict[str, np.ndarray]]:
@@ -159,8 +160,8 @@ def test_a_cancelled_async_request_never_runs(gated):
     assert (stats.cancelled, stats.rows) == (1, 1)
 
 
-def test_overload_is_refused_at_once_and_nothing_accepted_is_lost(repo: Path):
-    with Host(repo, max_queue_per_model=5) as host:
+def test_overload_is_refused_at_once_and_nothing_accepted_is_lost(batching_repo: Path):
+    with Host(batching_repo, max_queue_per_model=5) as host:
         host.infer("slow", {"X": np.zeros((1, 4), np.float32)})
         host.infer("tree", {"X": np.zeros((1, 4), np.float32)})
         gate, blockers = hold_compute_workers(host)
@@ -220,8 +221,8 @@ def test_a_hot_model_does_not_starve_the_others(tmp_path: Path):
     assert order.count("hot") == 5000
 
 
-def test_runtime_stats_count_compute_workers(repo: Path):
-    with Host(repo) as host:
+def test_runtime_stats_count_compute_workers(batching_repo: Path):
+    with Host(batching_repo) as host:
         host.submit("tree", {"X": np.ones((1, 4), np.float32)}).result(timeout=30)
         host.infer("tree", {"X": np.ones((1, 4), np.float32)})
         future = host.submit("tree", {"X": np.ones((1, 4), np.float32)})

@@ -60,7 +60,8 @@ def sample(datatype: str) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def identity_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """ "mlp" (seed 1) and "identity_<datatype>" for every datatype, shared by the module."""
     root = tmp_path_factory.mktemp("repository")
     add_model(root, "mlp", build_mlp(seed=1))
     for datatype, (element_type, _) in DATATYPES.items():
@@ -69,8 +70,10 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    served = start_server(repo, tmp_path_factory.mktemp("log") / "serve.log")
+def server(
+    identity_repo: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    served = start_server(identity_repo, tmp_path_factory.mktemp("log") / "serve.log")
     yield served
     stop_server(served)
 
@@ -188,12 +191,14 @@ def test_metrics_are_served_in_prometheus_text(server: ServerProcess, http_clien
     assert "corral_models_loaded" in text
 
 
-def test_auth_token_from_the_environment(repo: Path, tmp_path: Path):
+def test_auth_token_from_the_environment(identity_repo: Path, tmp_path: Path):
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
 
-    served = start_server(repo, tmp_path / "auth.log", environment={"CORRAL_AUTH_TOKEN": "t0ken"})
+    served = start_server(
+        identity_repo, tmp_path / "auth.log", environment={"CORRAL_AUTH_TOKEN": "t0ken"}
+    )
     try:
         client = httpclient.InferenceServerClient(served.http)
         try:

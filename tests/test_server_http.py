@@ -19,7 +19,7 @@ from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
 from corral.testing import build_mlp, build_tree
 from tests.gates import CallGate, answered_while_held, hold_filesystem
-from tests.helpers import add_model, reference_run
+from tests.helpers import reference_run
 
 X = np.random.default_rng(7).standard_normal((2, 4)).astype(np.float32)
 
@@ -27,13 +27,6 @@ X = np.random.default_rng(7).standard_normal((2, 4)).astype(np.float32)
 def infer_body(x: np.ndarray = X, **extra: Any) -> dict[str, Any]:
     tensor = {"name": "X", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}
     return {"inputs": [tensor], **extra}
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    add_model(tmp_path, "mlp", build_mlp(seed=1))
-    add_model(tmp_path, "tree", build_tree(seed=2))
-    return tmp_path
 
 
 @pytest.fixture
