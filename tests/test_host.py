@@ -673,9 +673,7 @@ def test_an_explicit_repository_and_runtime_are_used(repo_with_bare_model: Path)
 
 def test_a_kept_load_failure_is_raised_as_a_fresh_copy_each_time(tmp_path: Path):
     # Re-raising one kept exception object would chain every caller's frames onto it.
-    (tmp_path / "broken").mkdir()
-    (tmp_path / "broken" / "1").mkdir()
-    (tmp_path / "broken" / "1" / "model.onnx").write_bytes(b"not a model")
+    add_model(tmp_path, "broken", b"not a model")
     with Host(tmp_path) as host:
         seen = []
         for _ in range(3):
