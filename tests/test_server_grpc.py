@@ -67,7 +67,7 @@ TOKEN = "s3cret"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 
-def build_identity(datatypes: dict[str, int]) -> bytes:
+def build_identity_per_datatype(datatypes: dict[str, int]) -> bytes:
     """OUT_<T> = Identity(IN_<T>) for each datatype T, every tensor of shape [N, 3]."""
     graph = helper.make_graph(
         [helper.make_node("Identity", [f"IN_{dt}"], [f"OUT_{dt}"]) for dt in datatypes],
@@ -110,9 +110,13 @@ def sample(datatype: str) -> np.ndarray:
 def datatypes_repo(repo: Path) -> Path:
     """The common repository, "linear", identities over every datatype, a BYTES output, "broken"."""
     add_model(repo, "linear", build_linear(seed=3))
-    add_model(repo, "identity", build_identity(NUMERIC))
-    add_model(repo, "typed", build_identity({k: v for k, v in NUMERIC.items() if k != "FP16"}))
-    add_model(repo, "strings", build_identity({"BYTES": TensorProto.STRING}))
+    add_model(repo, "identity", build_identity_per_datatype(NUMERIC))
+    add_model(
+        repo,
+        "typed",
+        build_identity_per_datatype({k: v for k, v in NUMERIC.items() if k != "FP16"}),
+    )
+    add_model(repo, "strings", build_identity_per_datatype({"BYTES": TensorProto.STRING}))
     add_model(repo, "to_text", build_cast_to_string())
     add_model(repo, "broken", b"not an onnx model")
     return repo
