@@ -23,6 +23,7 @@ import corral.demo
 from corral.cli import main
 from corral.demo import WorkerFailed, build_models, run_worker
 from corral.testing import build_model
+from tests.helpers import add_model
 
 N_MODELS = 30
 # Leaves the subprocess's own hard timeout room to report before pytest-timeout fires.
@@ -255,10 +256,8 @@ def test_missing_rich_says_which_extra_to_install(monkeypatch: pytest.MonkeyPatc
 
 def test_models_preloads_and_lists_a_repository(tmp_path: Path) -> None:
     for name, seed in (("a", 1), ("b", 2)):
-        (tmp_path / name / "1").mkdir(parents=True)
-        (tmp_path / name / "1" / "model.onnx").write_bytes(build_model("mlp", seed=seed))
-    (tmp_path / "broken" / "1").mkdir(parents=True)
-    (tmp_path / "broken" / "1" / "model.onnx").write_bytes(b"junk")
+        add_model(tmp_path, name, build_model("mlp", seed=seed))
+    add_model(tmp_path, "broken", b"junk")
     completed = subprocess.run(
         [sys.executable, "-m", "corral.cli", "models", str(tmp_path), "--preload", "--json"],
         capture_output=True,

@@ -14,7 +14,7 @@ import pytest
 import corral
 from corral import SessionState
 from corral.testing import build_linear, build_model
-from tests.conftest import process_threads, reference_run
+from tests.helpers import process_threads, reference_run
 
 POLICIES = ["shared", "exclusive", "pool:3"]
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 import corral
-from tests.conftest import BENCHMARKS, load_benchmark
+from tests.helpers import BENCHMARKS, load_benchmark
 
 create = load_benchmark("create.py")
 

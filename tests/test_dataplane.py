@@ -19,8 +19,7 @@ from corral.protocol import (
     TensorConfiguration,
 )
 from corral.testing import build_mlp, build_tree
-from tests.conftest import reference_run
-from tests.test_host import add_model
+from tests.helpers import add_model, reference_run
 
 X = np.random.default_rng(5).standard_normal((3, 4)).astype(np.float32)
 
@@ -33,18 +32,15 @@ def request(x: np.ndarray = X, **options: object) -> InferRequest:
 
 
 @pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    add_model(tmp_path, "mlp", build_mlp(seed=1))
-    add_model(tmp_path, "tree", build_tree(seed=2))
-    add_model(tmp_path, "tree", build_tree(seed=3), version=2, toml='version_policy = "all"\n')
-    (tmp_path / "broken").mkdir()
-    (tmp_path / "broken" / "1").mkdir()
-    (tmp_path / "broken" / "1" / "model.onnx").write_bytes(b"not a model")
-    return tmp_path
+def versioned_repo(repo: Path) -> Path:
+    """The common repository with tree's version 2 (seed 3) served beside 1, and "broken"."""
+    add_model(repo, "tree", build_tree(seed=3), version=2, toml='version_policy = "all"\n')
+    add_model(repo, "broken", b"not a model")
+    return repo
 
 
-def test_health_and_server_metadata(repo: Path):
-    host = Host(repo)
+def test_health_and_server_metadata(versioned_repo: Path):
+    host = Host(versioned_repo)
     plane = DataPlane(host)
     assert (plane.live(), plane.ready()) == (True, True)
     meta = plane.server_metadata()
@@ -54,8 +50,8 @@ def test_health_and_server_metadata(repo: Path):
     assert (plane.live(), plane.ready()) == (False, False)
 
 
-def test_model_ready_follows_loading_and_unknown_models_are_not_found(repo: Path):
-    with Host(repo) as host:
+def test_model_ready_follows_loading_and_unknown_models_are_not_found(versioned_repo: Path):
+    with Host(versioned_repo) as host:
         plane = DataPlane(host)
         assert not asyncio.run(plane.model_ready("mlp"))
         host.infer("mlp", {"X": X})
@@ -67,8 +63,8 @@ def test_model_ready_follows_loading_and_unknown_models_are_not_found(repo: Path
             asyncio.run(plane.model_ready("mlp", "7"))
 
 
-def test_metadata_and_config_describe_the_signature(repo: Path):
-    with Host(repo) as host:
+def test_metadata_and_config_describe_the_signature(versioned_repo: Path):
+    with Host(versioned_repo) as host:
         plane = DataPlane(host)
         meta = asyncio.run(plane.model_metadata("tree"))
         assert (meta.name, meta.versions, meta.platform) == ("tree", ("1", "2"), "onnxruntime_onnx")
@@ -80,8 +76,8 @@ def test_metadata_and_config_describe_the_signature(repo: Path):
             asyncio.run(plane.model_metadata("broken"))
 
 
-def test_infer_answers_with_the_version_that_ran(repo: Path):
-    with Host(repo) as host:
+def test_infer_answers_with_the_version_that_ran(versioned_repo: Path):
+    with Host(versioned_repo) as host:
         plane = DataPlane(host)
         response = asyncio.run(plane.infer("tree", None, request(id="r1")))
         assert (response.model_name, response.model_version, response.id) == ("tree", "2", "r1")
@@ -133,8 +129,8 @@ def test_a_request_reports_the_version_that_ran_across_a_hot_swap(tmp_path: Path
             release.set()
 
 
-def test_infer_refuses_bad_requests_with_typed_errors(repo: Path):
-    with Host(repo) as host:
+def test_infer_refuses_bad_requests_with_typed_errors(versioned_repo: Path):
+    with Host(versioned_repo) as host:
         plane = DataPlane(host)
         twice = InferRequest(inputs=(InferInput("X", "FP32", X.shape, X),) * 2)
         with pytest.raises(corral.InvalidInput, match="'X' is given twice"):
@@ -147,8 +143,8 @@ def test_infer_refuses_bad_requests_with_typed_errors(repo: Path):
             asyncio.run(plane.infer("nope", None, request()))
 
 
-def test_a_request_timeout_in_microseconds_is_honoured(repo: Path):
-    with Host(repo) as host:
+def test_a_request_timeout_in_microseconds_is_honoured(versioned_repo: Path):
+    with Host(versioned_repo) as host:
         plane = DataPlane(host)
         asyncio.run(plane.infer("mlp", None, request()))  # loaded: only the queue is timed
         with pytest.raises(corral.DeadlineExceeded):
@@ -157,8 +153,8 @@ def test_a_request_timeout_in_microseconds_is_honoured(repo: Path):
         assert ok.outputs[0].shape == (3, 1)
 
 
-def test_statistics_count_successes_failures_and_runs(repo: Path):
-    with Host(repo) as host:
+def test_statistics_count_successes_failures_and_runs(versioned_repo: Path):
+    with Host(versioned_repo) as host:
         plane = DataPlane(host)
         for _ in range(3):
             asyncio.run(plane.infer("mlp", None, request()))
@@ -177,8 +173,8 @@ def test_statistics_count_successes_failures_and_runs(repo: Path):
             asyncio.run(plane.model_statistics("nope"))
 
 
-def test_repository_index_load_and_unload(repo: Path):
-    with Host(repo) as host:
+def test_repository_index_load_and_unload(versioned_repo: Path):
+    with Host(versioned_repo) as host:
         plane = DataPlane(host)
         asyncio.run(plane.load("mlp"))
         with pytest.raises(corral.ModelLoadError):

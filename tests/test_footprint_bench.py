@@ -19,7 +19,7 @@ import pytest
 
 import corral
 from corral.demo import WorkerFailed
-from tests.conftest import BENCHMARKS, load_benchmark
+from tests.helpers import BENCHMARKS, load_benchmark
 
 footprint = load_benchmark("footprint.py")
 ENGINES = footprint.ENGINES
@@ -41,7 +41,8 @@ MULTICORE = (psutil.cpu_count(logical=False) or 1) >= 2 and (os.cpu_count() or 1
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def footprint_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The benchmark's own repository of COUNT models, shared by the module."""
     root = tmp_path_factory.mktemp("repo")
     build_repository(root, COUNT)
     return root
@@ -81,13 +82,13 @@ def test_build_repository_is_deterministic_and_refuses_no_models(tmp_path: Path)
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("engine", ENGINES)
-def test_worker_prints_one_json_line_of_sane_figures(repo: Path, engine: str) -> None:
+def test_worker_prints_one_json_line_of_sane_figures(footprint_repo: Path, engine: str) -> None:
     command = [
         sys.executable,
         SCRIPT,
         "worker",
         f"--engine={engine}",
-        f"--repo={repo}",
+        f"--repo={footprint_repo}",
         f"--count={COUNT}",
     ]
 
@@ -112,8 +113,8 @@ def test_worker_prints_one_json_line_of_sane_figures(repo: Path, engine: str) ->
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("engine", ["corral-host", "onnxruntime-global"])
-def test_global_pools_add_no_thread_per_model(repo: Path, engine: str) -> None:
-    result = run_footprint_worker(engine, repo, COUNT, timeout=WORKER_TIMEOUT_S)
+def test_global_pools_add_no_thread_per_model(footprint_repo: Path, engine: str) -> None:
+    result = run_footprint_worker(engine, footprint_repo, COUNT, timeout=WORKER_TIMEOUT_S)
 
     assert result["ok_runs"] == COUNT
     assert result["threads_after"] - result["threads_before"] <= 3, result
@@ -121,24 +122,26 @@ def test_global_pools_add_no_thread_per_model(repo: Path, engine: str) -> None:
 
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not MULTICORE, reason="a default session has no pool thread on one core")
-def test_default_sessions_add_a_thread_per_model(repo: Path) -> None:
-    result = run_footprint_worker("onnxruntime-default", repo, COUNT, timeout=WORKER_TIMEOUT_S)
+def test_default_sessions_add_a_thread_per_model(footprint_repo: Path) -> None:
+    result = run_footprint_worker(
+        "onnxruntime-default", footprint_repo, COUNT, timeout=WORKER_TIMEOUT_S
+    )
 
     assert result["ok_runs"] == COUNT
     assert result["threads_after"] - result["threads_before"] >= COUNT, result
 
 
 @pytest.mark.timeout(300)
-def test_worker_asked_for_more_models_than_the_repository_holds_fails(repo: Path) -> None:
+def test_worker_asked_for_more_models_than_the_repository_holds_fails(footprint_repo: Path) -> None:
     with pytest.raises(WorkerFailed, match=rf"holds {COUNT} models, fewer than {COUNT + 1}"):
-        run_footprint_worker("corral-host", repo, COUNT + 1, timeout=WORKER_TIMEOUT_S)
+        run_footprint_worker("corral-host", footprint_repo, COUNT + 1, timeout=WORKER_TIMEOUT_S)
 
 
 @pytest.mark.timeout(60)
-def test_worker_over_its_timeout_is_killed(repo: Path) -> None:
+def test_worker_over_its_timeout_is_killed(footprint_repo: Path) -> None:
     # No interpreter starts, let alone loads 20 models, within a millisecond.
     with pytest.raises(WorkerFailed, match=r"did not finish within 0\.001s"):
-        run_footprint_worker("onnxruntime-global", repo, COUNT, timeout=0.001)
+        run_footprint_worker("onnxruntime-global", footprint_repo, COUNT, timeout=0.001)
 
 
 # -- the whole measurement ------------------------------------------------------------------

@@ -18,30 +18,20 @@ import corral
 from corral import Host, HostLease, ModelState
 from corral._budget import estimate_model_bytes
 from corral.testing import build_linear, build_mlp, build_tree
-from tests.conftest import build_reshape, reference_run, wait_until
+from tests.helpers import add_model, build_reshape, reference_run, wait_until
 
 X = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
 
 
-def add_model(root: Path, name: str, model: bytes, version: int = 1, toml: str | None = None):
-    folder = root / name / str(version)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "model.onnx").write_bytes(model)
-    if toml is not None:
-        (root / name / "model.toml").write_text(toml)
-    return folder / "model.onnx"
-
-
 @pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    add_model(tmp_path, "mlp", build_mlp(seed=1))
-    add_model(tmp_path, "tree", build_tree(seed=2))
-    (tmp_path / "bare.onnx").write_bytes(build_linear(seed=3))
-    return tmp_path
+def repo_with_bare_model(repo: Path) -> Path:
+    """The common repository, and "bare": a model file at the root (linear, seed 3)."""
+    (repo / "bare.onnx").write_bytes(build_linear(seed=3))
+    return repo
 
 
-def test_infer_loads_lazily_and_answers(repo: Path):
-    with Host(repo) as host:
+def test_infer_loads_lazily_and_answers(repo_with_bare_model: Path):
+    with Host(repo_with_bare_model) as host:
         assert host.stats().loaded_versions == 0
         out = host.infer("mlp", {"X": X})
         np.testing.assert_array_equal(out["Y"], reference_run(build_mlp(seed=1), {"X": X})[0])
@@ -56,8 +46,8 @@ def test_infer_loads_lazily_and_answers(repo: Path):
         }
 
 
-def test_unknown_model_and_bad_names(repo: Path):
-    with Host(repo) as host:
+def test_unknown_model_and_bad_names(repo_with_bare_model: Path):
+    with Host(repo_with_bare_model) as host:
         with pytest.raises(corral.ModelNotFound, match="nope"):
             host.infer("nope", {"X": X})
         host.infer("mlp", {"X": X})  # something loaded: bad names must still be refused
@@ -67,8 +57,8 @@ def test_unknown_model_and_bad_names(repo: Path):
 
 
 @pytest.mark.timeout(60)
-def test_64_threads_on_one_cold_model_cause_one_load(repo: Path):
-    with Host(repo) as host:
+def test_64_threads_on_one_cold_model_cause_one_load(repo_with_bare_model: Path):
+    with Host(repo_with_bare_model) as host:
         start = threading.Barrier(64)
         results: list[object] = []
         lock = threading.Lock()  # guards results
@@ -142,18 +132,18 @@ def test_a_failed_model_backs_off_then_retries_at_once_when_its_file_changes(tmp
         assert host.stats().loads == 1
 
 
-def test_malformed_model_toml_fails_that_model_only(repo: Path):
-    add_model(repo, "badcfg", build_mlp(), toml="max_batch_size = 'lots'\n")
-    with Host(repo) as host:
+def test_malformed_model_toml_fails_that_model_only(repo_with_bare_model: Path):
+    add_model(repo_with_bare_model, "badcfg", build_mlp(), toml="max_batch_size = 'lots'\n")
+    with Host(repo_with_bare_model) as host:
         with pytest.raises(corral.ModelConfigError, match="max_batch_size"):
             host.infer("badcfg", {"X": X})
         assert host.infer("mlp", {"X": X})["Y"].shape == (2, 1)
 
 
-def test_a_model_larger_than_the_budget_is_too_large(repo: Path):
+def test_a_model_larger_than_the_budget_is_too_large(repo_with_bare_model: Path):
     big = build_mlp(n_features=256, hidden=512, seed=1)
-    add_model(repo, "big", big)
-    with Host(repo, memory_budget=estimate_model_bytes(len(big)) - 1) as host:
+    add_model(repo_with_bare_model, "big", big)
+    with Host(repo_with_bare_model, memory_budget=estimate_model_bytes(len(big)) - 1) as host:
         with pytest.raises(corral.ModelTooLarge, match="whole memory budget"):
             host.infer("big", {"X": np.zeros((1, 256), np.float32)})
         assert host.stats().evictions == 0
@@ -235,8 +225,8 @@ def test_versions_newest_by_default_policy_and_explicit(tmp_path: Path):
             host.infer("two", {"X": X}, version="latest")
 
 
-def test_unload_drains_leases_and_the_next_request_loads_again(repo: Path):
-    with Host(repo) as host:
+def test_unload_drains_leases_and_the_next_request_loads_again(repo_with_bare_model: Path):
+    with Host(repo_with_bare_model) as host:
         lease = host.acquire("mlp")
         unloader = threading.Thread(target=host.unload, args=("mlp",), kwargs={"timeout": 30})
         unloader.start()
@@ -257,13 +247,15 @@ def run_leased(host: Host) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.timeout(60)
-def test_a_request_that_finds_a_version_just_taken_out_of_service_loads_it_again(repo: Path):
+def test_a_request_that_finds_a_version_just_taken_out_of_service_loads_it_again(
+    repo_with_bare_model: Path,
+):
     # Requests look a ready version up without the Host's lock; the version's session then
     # admits them under its own. Replay the race where eviction closes the version between
     # the lookup and the admission: each request kind must take the slow path and load the
     # model again, never fail with SessionClosed.
     expected = reference_run(build_mlp(seed=1), {"X": X})[0]
-    with Host(repo) as host:
+    with Host(repo_with_bare_model) as host:
         host.infer("mlp", {"X": X})
         calls = {
             "infer": lambda: host.infer("mlp", {"X": X}),
@@ -282,13 +274,13 @@ def test_a_request_that_finds_a_version_just_taken_out_of_service_loads_it_again
 
 
 def test_an_async_request_whose_model_is_unloaded_after_its_load_still_runs(
-    repo: Path, monkeypatch: pytest.MonkeyPatch
+    repo_with_bare_model: Path, monkeypatch: pytest.MonkeyPatch
 ):
     # infer_async loads a cold model on a thread, holding a lease, then queues the request.
     # Replay the race where an unload takes the version out of service in between: the
     # lease holds the session open, so the request runs on it and is answered.
     expected = reference_run(build_mlp(seed=1), {"X": X})[0]
-    with Host(repo) as host:
+    with Host(repo_with_bare_model) as host:
         acquire = host.acquire_async
 
         async def acquire_then_unload(*args: Any, **kwargs: Any) -> HostLease:
@@ -303,8 +295,10 @@ def test_an_async_request_whose_model_is_unloaded_after_its_load_still_runs(
         assert corral.runtime().stats().sessions_alive == 0
 
 
-def test_a_version_unloaded_under_a_lease_reports_unloading_until_it_closes(repo: Path):
-    with Host(repo) as host:
+def test_a_version_unloaded_under_a_lease_reports_unloading_until_it_closes(
+    repo_with_bare_model: Path,
+):
+    with Host(repo_with_bare_model) as host:
         host.infer("mlp", {"X": X})
         with host.acquire("mlp") as lease:
             host.unload("mlp", timeout=0)  # returns at once; the lease holds the session
@@ -361,9 +355,9 @@ def test_polling_serves_a_new_version_without_errors(tmp_path: Path):
         assert [v.version for v in status.versions if v.state is ModelState.READY] == [2]
 
 
-def test_submit_and_infer_async(repo: Path):
+def test_submit_and_infer_async(repo_with_bare_model: Path):
     expected = reference_run(build_mlp(seed=1), {"X": X})[0]
-    with Host(repo) as host:
+    with Host(repo_with_bare_model) as host:
         futures = [host.submit("mlp", {"X": X}) for _ in range(20)]
         for future in futures:
             np.testing.assert_array_equal(future.result(timeout=30)["Y"], expected)
@@ -375,8 +369,8 @@ def test_submit_and_infer_async(repo: Path):
             np.testing.assert_array_equal(out["Y"], expected)
 
 
-def test_close_refuses_new_requests_and_closes_sessions(repo: Path):
-    host = Host(repo)
+def test_close_refuses_new_requests_and_closes_sessions(repo_with_bare_model: Path):
+    host = Host(repo_with_bare_model)
     lease = host.acquire("mlp")
     session = lease.session
     closer = threading.Thread(target=host.close, kwargs={"timeout": 30})
@@ -392,10 +386,10 @@ def test_close_refuses_new_requests_and_closes_sessions(repo: Path):
     host.close()  # idempotent
 
 
-def test_preload_reports_progress_and_failures(repo: Path):
-    add_model(repo, "broken", b"junk")
+def test_preload_reports_progress_and_failures(repo_with_bare_model: Path):
+    add_model(repo_with_bare_model, "broken", b"junk")
     calls: list[tuple[int, int, str]] = []
-    with Host(repo) as host:
+    with Host(repo_with_bare_model) as host:
         failures = host.preload(
             progress=lambda done, total, name: calls.append((done, total, name))
         )
@@ -406,7 +400,7 @@ def test_preload_reports_progress_and_failures(repo: Path):
         assert host.stats().loaded_models == 3
 
 
-def test_bad_host_options(repo: Path):
+def test_bad_host_options(repo_with_bare_model: Path):
     for kwargs, fragment in [
         ({"memory_budget": "lots"}, "not a size"),
         ({"memory_budget": 0}, "positive"),
@@ -415,8 +409,8 @@ def test_bad_host_options(repo: Path):
         ({"poll_interval_s": 0}, "positive"),
     ]:
         with pytest.raises(ValueError, match=fragment):
-            Host(repo, **kwargs)
-    with Host(repo, memory_budget="1.5MiB") as host:
+            Host(repo_with_bare_model, **kwargs)
+    with Host(repo_with_bare_model, memory_budget="1.5MiB") as host:
         assert host.stats().memory_budget == int(1.5 * 2**20)
 
 
@@ -578,8 +572,8 @@ def held_loads(monkeypatch: pytest.MonkeyPatch) -> type[_HeldSession]:
     Held.release.set()
 
 
-def test_a_slow_load_shows_as_loading_and_times_out_waiters(repo: Path, held_loads):
-    with Host(repo) as host:
+def test_a_slow_load_shows_as_loading_and_times_out_waiters(repo_with_bare_model: Path, held_loads):
+    with Host(repo_with_bare_model) as host:
         leader = threading.Thread(target=host.infer, args=("mlp", {"X": X}))
         leader.start()
         assert held_loads.started.wait(timeout=10)
@@ -592,8 +586,8 @@ def test_a_slow_load_shows_as_loading_and_times_out_waiters(repo: Path, held_loa
         assert host.stats().loads == 1
 
 
-def test_close_while_a_model_loads_closes_what_it_built(repo: Path, held_loads):
-    host = Host(repo)
+def test_close_while_a_model_loads_closes_what_it_built(repo_with_bare_model: Path, held_loads):
+    host = Host(repo_with_bare_model)
     errors: list[BaseException] = []
 
     def ask() -> None:
@@ -617,8 +611,8 @@ def test_close_while_a_model_loads_closes_what_it_built(repo: Path, held_loads):
     assert corral.runtime().stats().sessions_alive == 0
 
 
-def test_close_with_a_lease_held_past_its_timeout(repo: Path):
-    host = Host(repo)
+def test_close_with_a_lease_held_past_its_timeout(repo_with_bare_model: Path):
+    host = Host(repo_with_bare_model)
     lease = host.acquire("mlp")
     with pytest.raises(corral.DrainTimeout, match="still had leases"):
         host.close(timeout=0.01)
@@ -665,23 +659,21 @@ def test_polling_unloads_a_deleted_model_and_keeps_serving_through_bad_changes(t
         assert "pinned" in status.failure
 
 
-def test_an_explicit_repository_and_runtime_are_used(repo: Path):
-    repository = corral.Repository(repo)
+def test_an_explicit_repository_and_runtime_are_used(repo_with_bare_model: Path):
+    repository = corral.Repository(repo_with_bare_model)
     with Host(repository, runtime=corral.runtime()) as host:
         assert host.repository is repository
         assert host.runtime is corral.runtime()
         assert host.infer("tree", {"X": X})["Y"].shape == (2, 1)
     with pytest.raises(ValueError, match="memory_budget must be bytes"):
-        Host(repo, memory_budget=[1])  # type: ignore[arg-type]
+        Host(repo_with_bare_model, memory_budget=[1])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="failure_backoff_s"):
-        Host(repo, failure_backoff_s=(5.0, 1.0))
+        Host(repo_with_bare_model, failure_backoff_s=(5.0, 1.0))
 
 
 def test_a_kept_load_failure_is_raised_as_a_fresh_copy_each_time(tmp_path: Path):
     # Re-raising one kept exception object would chain every caller's frames onto it.
-    (tmp_path / "broken").mkdir()
-    (tmp_path / "broken" / "1").mkdir()
-    (tmp_path / "broken" / "1" / "model.onnx").write_bytes(b"not a model")
+    add_model(tmp_path, "broken", b"not a model")
     with Host(tmp_path) as host:
         seen = []
         for _ in range(3):

@@ -22,7 +22,7 @@ import corral
 from corral import _ort
 from corral.protocol.dataplane import DataPlane
 from corral.server.http import HttpApp
-from tests.conftest import load_benchmark
+from tests.helpers import add_model, load_benchmark
 
 MODEL = "tree"
 
@@ -120,8 +120,7 @@ def test_reference_apps_refuse_other_models_and_bad_bodies(
 def test_corral_answers_the_same_payloads(
     tmp_path: Path, tree_model: bytes, features: np.ndarray, expected: np.ndarray
 ) -> None:
-    (tmp_path / MODEL / "1").mkdir(parents=True)
-    (tmp_path / MODEL / "1" / "model.onnx").write_bytes(tree_model)
+    add_model(tmp_path, MODEL, tree_model)
     with corral.Host(tmp_path) as host:
         app = HttpApp(DataPlane(host))
         for payload in (http_bench.json_payload(features), http_bench.binary_payload(features)):

@@ -19,8 +19,6 @@ from corral._scheduler import QueueStats
 from corral.protocol.dataplane import DataPlane
 from corral.protocol.types import Duration, InferInput, InferRequest, ModelStatistics
 from corral.server.metrics import Metrics
-from corral.testing import build_mlp, build_tree
-from tests.test_host import add_model
 
 TRITON_COUNTERS = (
     "nv_inference_request_success",
@@ -51,13 +49,6 @@ def per_model(samples: list[Sample]) -> dict[tuple[str, str], float]:
 def only_value(samples: list[Sample]) -> float:
     (sample,) = samples
     return sample.value
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    add_model(tmp_path, "mlp", build_mlp(seed=1))
-    add_model(tmp_path, "tree", build_tree(seed=2))
-    return tmp_path
 
 
 @pytest.mark.timeout(60)

@@ -26,7 +26,7 @@ import pytest
 pytest.importorskip("ray.serve", reason="the ray extra is not installed")
 
 from corral._budget import estimate_model_bytes
-from tests.conftest import load_benchmark, reference_run
+from tests.helpers import load_benchmark, reference_run
 
 # The footprint benchmark's models in Triton's layout, as `make serve` serves them.
 build_repository = load_benchmark("footprint.py").build_repository

@@ -46,8 +46,7 @@ from corral.ray import (
 )
 from corral.server.http import HttpApp
 from corral.testing import build_mlp, build_tree
-from tests.conftest import reference_run
-from tests.test_host import add_model
+from tests.helpers import reference_run
 
 X = np.random.default_rng(5).standard_normal((2, 4)).astype(np.float32)
 TREE = build_tree(seed=2)
@@ -59,13 +58,6 @@ def infer_call(name: str, x: np.ndarray = X, **headers: str) -> HttpCall:
     header_list = [(b"content-type", b"application/json")]
     header_list += [(k.encode(), v.encode()) for k, v in headers.items()]
     return HttpCall("POST", f"/v2/models/{name}/infer", b"", tuple(header_list), body)
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    add_model(tmp_path, "mlp", build_mlp(seed=1))
-    add_model(tmp_path, "tree", TREE)
-    return tmp_path
 
 
 # -- the exchange ---------------------------------------------------------------------------

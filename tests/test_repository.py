@@ -27,6 +27,7 @@ from corral._repository import (
     Repository,
     validate_model_name,
 )
+from tests.helpers import add_model
 
 X = np.ones((2, 4), np.float32)
 OUTSIDE = "resolves outside the repository root"
@@ -47,14 +48,6 @@ def outside(tmp_path: Path, linear_model: bytes) -> Path:
     (path / "1" / "model.onnx").write_bytes(linear_model)
     (path / "model.toml").write_text("pinned = true\n")
     (path / "model.onnx").write_bytes(linear_model)
-    return path
-
-
-def add_version(root: Path, name: str, version: int | str, model: bytes) -> Path:
-    folder = root / name / str(version)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "model.onnx"
-    path.write_bytes(model)
     return path
 
 
@@ -96,8 +89,8 @@ def test_an_empty_repository(root: Path):
 
 
 def test_folder_with_versions(root: Path, linear_model: bytes, mlp_model: bytes):
-    one = add_version(root, "fraud", 1, linear_model)
-    two = add_version(root, "fraud", 2, mlp_model)
+    one = add_model(root, "fraud", linear_model)
+    two = add_model(root, "fraud", mlp_model, version=2)
     entry = Repository(root).entry("fraud")
     assert entry.error is None
     assert entry.name == "fraud"
@@ -113,7 +106,7 @@ def test_folder_with_versions(root: Path, linear_model: bytes, mlp_model: bytes)
 
 def test_versions_are_ordered_numerically(root: Path, linear_model: bytes):
     for version in (10, 2, 1, 33):
-        add_version(root, "m", version, linear_model)
+        add_model(root, "m", linear_model, version=version)
     entry = Repository(root).entry("m")
     assert list(entry.versions) == [1, 2, 10, 33]
     assert entry.latest == 33
@@ -133,15 +126,15 @@ def test_bare_file_is_version_one_with_the_default_config(root: Path, linear_mod
 
 @pytest.mark.parametrize("ignored", ["latest", "v2", "01", "0", "-1", "1.0", " 3", ".2"])
 def test_non_version_folders_are_ignored(root: Path, linear_model: bytes, ignored: str):
-    add_version(root, "m", 1, linear_model)
-    add_version(root, "m", ignored, linear_model)
+    add_model(root, "m", linear_model)
+    add_model(root, "m", linear_model, version=ignored)
     entry = Repository(root).entry("m")
     assert entry.error is None
     assert list(entry.versions) == [1]
 
 
 def test_a_version_folder_without_model_onnx_is_ignored(root: Path, linear_model: bytes):
-    add_version(root, "m", 1, linear_model)
+    add_model(root, "m", linear_model)
     (root / "m" / "2").mkdir()
     (root / "m" / "3").mkdir()
     (root / "m" / "3" / "other.onnx").write_bytes(linear_model)
@@ -152,13 +145,13 @@ def test_a_version_folder_without_model_onnx_is_ignored(root: Path, linear_model
 
 
 def test_a_file_named_like_a_version_is_ignored(root: Path, linear_model: bytes):
-    add_version(root, "m", 1, linear_model)
+    add_model(root, "m", linear_model)
     (root / "m" / "2").write_bytes(linear_model)
     assert list(Repository(root).entry("m").versions) == [1]
 
 
 def test_a_model_onnx_that_is_a_folder_is_an_error(root: Path, linear_model: bytes):
-    add_version(root, "m", 1, linear_model)
+    add_model(root, "m", linear_model)
     (root / "m" / "2" / "model.onnx").mkdir(parents=True)
     entry = Repository(root).entry("m")
     assert isinstance(entry.error, ModelLoadError)
@@ -176,7 +169,7 @@ def test_a_folder_with_no_version_is_an_error(root: Path):
 
 
 def test_both_folder_and_bare_file_is_an_error(root: Path, linear_model: bytes):
-    add_version(root, "m", 1, linear_model)
+    add_model(root, "m", linear_model)
     (root / "m.onnx").write_bytes(linear_model)
     repo = Repository(root)
     assert repo.names() == ["m"]
@@ -187,7 +180,7 @@ def test_both_folder_and_bare_file_is_an_error(root: Path, linear_model: bytes):
 
 
 def test_a_missing_model_is_not_found(root: Path, linear_model: bytes):
-    add_version(root, "m", 1, linear_model)
+    add_model(root, "m", linear_model)
     (root / "notes").write_text("not a model")
     repo = Repository(root)
     with pytest.raises(ModelNotFound, match="'nope'"):
@@ -197,7 +190,7 @@ def test_a_missing_model_is_not_found(root: Path, linear_model: bytes):
 
 
 def test_a_folder_named_like_a_bare_file_is_a_model_of_that_name(root: Path, linear_model: bytes):
-    add_version(root, "a.onnx", 1, linear_model)
+    add_model(root, "a.onnx", linear_model)
     repo = Repository(root)
     assert repo.names() == ["a.onnx"]
     assert repo.entry("a.onnx").error is None
@@ -206,8 +199,8 @@ def test_a_folder_named_like_a_bare_file_is_a_model_of_that_name(root: Path, lin
 
 
 def test_names_lists_folders_and_bare_files_sorted(root: Path, linear_model: bytes):
-    add_version(root, "zeta", 1, linear_model)
-    add_version(root, "Alpha", 1, linear_model)
+    add_model(root, "zeta", linear_model)
+    add_model(root, "Alpha", linear_model)
     (root / "beta.onnx").write_bytes(linear_model)
     (root / "no-versions-yet").mkdir()
     (root / "README.md").write_text("docs")
@@ -218,7 +211,7 @@ def test_names_lists_folders_and_bare_files_sorted(root: Path, linear_model: byt
 def test_names_skips_invalid_names_and_logs_them(
     root: Path, linear_model: bytes, caplog: pytest.LogCaptureFixture
 ):
-    add_version(root, "good", 1, linear_model)
+    add_model(root, "good", linear_model)
     (root / ".git").mkdir()
     (root / "has space").mkdir()
     (root / ".hidden.onnx").write_bytes(linear_model)
@@ -232,8 +225,8 @@ def test_names_skips_invalid_names_and_logs_them(
 
 
 def test_scan_holds_every_model(root: Path, linear_model: bytes):
-    add_version(root, "a", 1, linear_model)
-    add_version(root, "a", 2, linear_model)
+    add_model(root, "a", linear_model)
+    add_model(root, "a", linear_model, version=2)
     (root / "b.onnx").write_bytes(linear_model)
     (root / "c").mkdir()
     scanned = Repository(root).scan()
@@ -244,7 +237,7 @@ def test_scan_holds_every_model(root: Path, linear_model: bytes):
 
 
 def test_entry_is_immutable_and_hashable(root: Path, linear_model: bytes):
-    add_version(root, "m", 1, linear_model)
+    add_model(root, "m", linear_model)
     entry = Repository(root).entry("m")
     with pytest.raises(TypeError):
         entry.versions[2] = entry.versions[1]  # type: ignore[index]
@@ -260,7 +253,7 @@ def test_entry_is_immutable_and_hashable(root: Path, linear_model: bytes):
 
 def test_model_toml_is_read(root: Path, linear_model: bytes):
     for version in (1, 2, 3):
-        add_version(root, "m", version, linear_model)
+        add_model(root, "m", linear_model, version=version)
     write_config(
         root,
         "m",
@@ -286,7 +279,7 @@ def test_model_toml_is_read(root: Path, linear_model: bytes):
 )
 def test_served_versions_follow_the_policy(root: Path, linear_model: bytes, policy, served):
     for version in (1, 2, 3):
-        add_version(root, "m", version, linear_model)
+        add_model(root, "m", linear_model, version=version)
     write_config(root, "m", f"version_policy = {policy}\n")
     entry = Repository(root).entry("m")
     assert entry.served_versions == served
@@ -295,8 +288,8 @@ def test_served_versions_follow_the_policy(root: Path, linear_model: bytes, poli
 
 
 def test_a_malformed_model_toml_affects_only_that_model(root: Path, linear_model: bytes):
-    add_version(root, "bad", 1, linear_model)
-    add_version(root, "good", 1, linear_model)
+    add_model(root, "bad", linear_model)
+    add_model(root, "good", linear_model)
     config = write_config(root, "bad", "max_batch_size = true\n")
     repo = Repository(root)
     scanned = repo.scan()
@@ -320,7 +313,7 @@ def test_a_malformed_model_toml_affects_only_that_model(root: Path, linear_model
     ],
 )
 def test_model_toml_errors_name_the_file(root: Path, linear_model: bytes, text, expected):
-    add_version(root, "m", 1, linear_model)
+    add_model(root, "m", linear_model)
     config = write_config(root, "m", text)
     error = Repository(root).entry("m").error
     assert isinstance(error, ModelConfigError)
@@ -329,7 +322,7 @@ def test_model_toml_errors_name_the_file(root: Path, linear_model: bytes, text, 
 
 
 def test_an_oversized_model_toml_is_not_read(root: Path, linear_model: bytes):
-    add_version(root, "m", 1, linear_model)
+    add_model(root, "m", linear_model)
     write_config(root, "m", "# padding\n" * (MAX_CONFIG_BYTES // 10 + 1))
     error = Repository(root).entry("m").error
     assert isinstance(error, ModelConfigError)
@@ -337,7 +330,7 @@ def test_an_oversized_model_toml_is_not_read(root: Path, linear_model: bytes):
 
 
 def test_a_model_toml_that_is_not_utf8_is_an_error(root: Path, linear_model: bytes):
-    add_version(root, "m", 1, linear_model)
+    add_model(root, "m", linear_model)
     (root / "m" / "model.toml").write_bytes(b"pinned = true # \xff\n")
     error = Repository(root).entry("m").error
     assert isinstance(error, ModelConfigError)
@@ -345,7 +338,7 @@ def test_a_model_toml_that_is_not_utf8_is_an_error(root: Path, linear_model: byt
 
 
 def test_a_dangling_model_toml_symlink_is_an_error(root: Path, linear_model: bytes):
-    add_version(root, "m", 1, linear_model)
+    add_model(root, "m", linear_model)
     (root / "m" / "model.toml").symlink_to(root / "m" / "gone.toml")
     error = Repository(root).entry("m").error
     assert isinstance(error, ModelConfigError)
@@ -435,7 +428,7 @@ def assert_rest_still_works(repo: Repository, escaped: str) -> None:
 
 @pytest.fixture
 def repo_with_good(root: Path, linear_model: bytes) -> Repository:
-    add_version(root, "good", 1, linear_model)
+    add_model(root, "good", linear_model)
     return Repository(root)
 
 
@@ -451,7 +444,7 @@ def test_a_model_folder_symlink_outside(root: Path, outside: Path, repo_with_goo
 def test_a_version_folder_symlink_outside(
     root: Path, outside: Path, linear_model: bytes, repo_with_good: Repository
 ):
-    add_version(root, "evil", 1, linear_model)
+    add_model(root, "evil", linear_model)
     (root / "evil" / "2").symlink_to(outside / "1", target_is_directory=True)
     entry = repo_with_good.entry("evil")
     assert_outside(entry.error)
@@ -472,7 +465,7 @@ def test_a_model_onnx_symlink_outside(root: Path, outside: Path, repo_with_good:
 def test_a_model_toml_symlink_outside_is_not_read(
     root: Path, outside: Path, linear_model: bytes, repo_with_good: Repository
 ):
-    add_version(root, "evil", 1, linear_model)
+    add_model(root, "evil", linear_model)
     (root / "evil" / "model.toml").symlink_to(outside / "model.toml")
     entry = repo_with_good.entry("evil")
     assert_outside(entry.error)
@@ -492,7 +485,7 @@ def test_a_bare_file_symlink_outside(root: Path, outside: Path, repo_with_good: 
 def test_a_relative_symlink_climbing_out(
     root: Path, outside: Path, linear_model: bytes, repo_with_good: Repository
 ):
-    add_version(root, "evil", 1, linear_model)
+    add_model(root, "evil", linear_model)
     (root / "evil" / "2").mkdir()
     (root / "evil" / "2" / "model.onnx").symlink_to("../../../outside/model.onnx")
     assert_outside(repo_with_good.entry("evil").error)
@@ -503,7 +496,7 @@ def test_a_sibling_folder_sharing_the_root_prefix_is_outside(
 ):
     # "/tmp/x/repo-other" starts with "/tmp/x/repo": a plain prefix test would let it in.
     sibling = tmp_path / (root.name + "-other")
-    add_version(sibling, "m", 1, linear_model)
+    add_model(sibling, "m", linear_model)
     (root / "evil").symlink_to(sibling / "m", target_is_directory=True)
     assert_outside(repo_with_good.entry("evil").error)
 
@@ -515,7 +508,7 @@ def test_symlinks_inside_the_root_are_fine(root: Path, linear_model: bytes, mlp_
     (store / "v2").mkdir()
     (store / "v2" / "model.onnx").write_bytes(mlp_model)
     (store / "config.toml").write_text("warmup = true\n")
-    add_version(root, "real", 1, linear_model)
+    add_model(root, "real", linear_model)
 
     (root / "m" / "1").mkdir(parents=True)
     (root / "m" / "1" / "model.onnx").symlink_to(store / "v1.onnx")
@@ -542,7 +535,7 @@ def test_symlinks_inside_the_root_are_fine(root: Path, linear_model: bytes, mlp_
 
 
 def test_a_symlink_loop_is_an_error_not_an_exception(root: Path, linear_model: bytes):
-    add_version(root, "m", 1, linear_model)
+    add_model(root, "m", linear_model)
     (root / "m" / "2").mkdir()
     (root / "m" / "2" / "model.onnx").symlink_to("model.onnx")
     entry = Repository(root).entry("m")
@@ -553,7 +546,7 @@ def test_a_symlink_loop_is_an_error_not_an_exception(root: Path, linear_model: b
 def test_a_root_reached_through_a_symlink_still_confines(
     tmp_path: Path, root: Path, outside: Path, linear_model: bytes
 ):
-    add_version(root, "good", 1, linear_model)
+    add_model(root, "good", linear_model)
     (root / "evil").symlink_to(outside, target_is_directory=True)
     (tmp_path / "via").symlink_to(root, target_is_directory=True)
     repo = Repository(tmp_path / "via")
@@ -570,7 +563,7 @@ def set_mtime(path: Path, delta_ns: int = 5_000_000_000) -> None:
 
 
 def test_fingerprint_is_stable_when_nothing_changed(root: Path, linear_model: bytes):
-    add_version(root, "m", 1, linear_model)
+    add_model(root, "m", linear_model)
     write_config(root, "m", "pinned = true\n")
     (root / "b.onnx").write_bytes(linear_model)
     repo = Repository(root)
@@ -580,7 +573,7 @@ def test_fingerprint_is_stable_when_nothing_changed(root: Path, linear_model: by
 
 
 def test_fingerprint_changes_when_the_served_file_is_rewritten(root: Path, linear_model: bytes):
-    path = add_version(root, "m", 1, linear_model)
+    path = add_model(root, "m", linear_model)
     repo = Repository(root)
     before = repo.entry("m").fingerprint
     set_mtime(path)
@@ -602,7 +595,7 @@ def test_fingerprint_changes_when_a_bare_file_is_rewritten(root: Path, linear_mo
 
 
 def test_fingerprint_changes_when_model_toml_changes(root: Path, linear_model: bytes):
-    add_version(root, "m", 1, linear_model)
+    add_model(root, "m", linear_model)
     repo = Repository(root)
     without = repo.entry("m").fingerprint
     config = write_config(root, "m", "pinned = true\n")
@@ -613,11 +606,11 @@ def test_fingerprint_changes_when_model_toml_changes(root: Path, linear_model: b
 
 
 def test_fingerprint_changes_when_a_version_is_added_or_removed(root: Path, linear_model: bytes):
-    add_version(root, "m", 1, linear_model)
+    add_model(root, "m", linear_model)
     write_config(root, "m", "version_policy = { specific = [1] }\n")
     repo = Repository(root)
     one = repo.entry("m").fingerprint
-    two_path = add_version(root, "m", 2, linear_model)
+    two_path = add_model(root, "m", linear_model, version=2)
     two = repo.entry("m").fingerprint
     assert two != one  # version 2 is not served, but the set of versions changed
     two_path.unlink()
@@ -625,8 +618,8 @@ def test_fingerprint_changes_when_a_version_is_added_or_removed(root: Path, line
 
 
 def test_fingerprint_ignores_versions_that_are_not_served(root: Path, linear_model: bytes):
-    old = add_version(root, "m", 1, linear_model)
-    new = add_version(root, "m", 2, linear_model)
+    old = add_model(root, "m", linear_model)
+    new = add_model(root, "m", linear_model, version=2)
     repo = Repository(root)
     before = repo.entry("m").fingerprint
     set_mtime(old)
@@ -636,7 +629,7 @@ def test_fingerprint_ignores_versions_that_are_not_served(root: Path, linear_mod
 
 
 def test_fingerprint_changes_when_an_error_is_fixed(root: Path, linear_model: bytes):
-    add_version(root, "m", 1, linear_model)
+    add_model(root, "m", linear_model)
     config = write_config(root, "m", "pinned = yes\n")
     repo = Repository(root)
     broken = repo.entry("m")
@@ -653,7 +646,7 @@ def test_fingerprint_changes_when_an_error_is_fixed(root: Path, linear_model: by
 
 def test_many_threads_may_scan_at_once(root: Path, linear_model: bytes):
     for i in range(50):
-        add_version(root, f"m{i}", 1, linear_model)
+        add_model(root, f"m{i}", linear_model)
     repo = Repository(root)
     expected = repo.scan()
     start = threading.Barrier(8)

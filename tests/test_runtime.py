@@ -11,7 +11,7 @@ import pytest
 
 import corral
 from corral import RuntimeState
-from tests.conftest import process_threads, wait_until
+from tests.helpers import process_threads, wait_until
 
 
 def test_identical_options_return_the_same_runtime():

@@ -19,7 +19,7 @@ import onnx
 import pytest
 
 import corral
-from tests.conftest import BENCHMARKS, load_benchmark
+from tests.helpers import BENCHMARKS, load_benchmark
 
 scenarios = load_benchmark("scenarios.py")
 BASELINES = scenarios.BASELINES

@@ -16,15 +16,8 @@ from onnx import TensorProto, helper
 import corral
 from corral import Host
 from corral.testing import build_linear, build_mlp, build_tree
-from tests.conftest import reference_run
-
-
-def add_model(root: Path, name: str, model: bytes, toml: str | None = None) -> None:
-    folder = root / name / "1"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "model.onnx").write_bytes(model)
-    if toml is not None:
-        (root / name / "model.toml").write_text(toml)
+from tests.gates import RunGate, hold_compute_workers
+from tests.helpers import add_model, reference_run
 
 
 def _row_sum_model() -> bytes:
@@ -41,37 +34,9 @@ def _row_sum_model() -> bytes:
     return model.SerializeToString()
 
 
-class _Gate:
-    """Holds every scheduled run of one served version until opened; counts runs as they start."""
-
-    def __init__(self, served: Any) -> None:
-        self.open = threading.Event()
-        self.started = threading.Semaphore(0)
-        self.rows: list[int] = []
-        inner = served.run_admitted
-
-        def held(feed: dict[str, Any], names: tuple[str, ...]) -> Any:
-            self.rows.append(next(iter(feed.values())).shape[0])
-            self.started.release()
-            assert self.open.wait(timeout=30)
-            return inner(feed, names)
-
-        served.run_admitted = held
-
-
-def _hold_workers(host: Host) -> tuple[_Gate, list[Future[Any]]]:
-    """Occupy every compute worker with a held run of the loaded 'slow' model."""
-    with host.acquire("slow") as lease:
-        gate = _Gate(lease._served)
-    workers = corral.runtime().options.compute_workers
-    blockers = [host.submit("slow", {"X": np.full((1, 4), i, np.float32)}) for i in range(workers)]
-    for _ in range(workers):
-        assert gate.started.acquire(timeout=10)  # every worker is now held
-    return gate, blockers
-
-
 @pytest.fixture
-def repo(tmp_path: Path) -> Path:
+def batching_repo(tmp_path: Path) -> Path:
+    """tree, linear, mlp (seeds 1 to 3); "slow", one run per request; "rows"; "capped" at 4."""
     add_model(tmp_path, "tree", build_tree(seed=1))
     add_model(tmp_path, "linear", build_linear(seed=2))
     add_model(tmp_path, "mlp", build_mlp(seed=3))
@@ -83,12 +48,12 @@ def repo(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def gated(repo: Path) -> Iterator[tuple[Host, list[_Gate]]]:
+def gated(batching_repo: Path) -> Iterator[tuple[Host, list[RunGate]]]:
     """A Host whose 'slow' model holds the compute workers until the test opens the gate."""
-    with Host(repo) as host:
+    with Host(batching_repo) as host:
         # Loaded first: requests for a loaded model go to the compute workers' queues.
         assert host.preload() == {}
-        gate, blockers = _hold_workers(host)
+        gate, blockers = hold_compute_workers(host)
         try:
             yield host, [gate]
         finally:
@@ -98,7 +63,7 @@ def gated(repo: Path) -> Iterator[tuple[Host, list[_Gate]]]:
 
 
 @pytest.mark.parametrize("model", ["tree", "linear", "mlp"])
-def test_batched_outputs_are_bit_identical_to_single_runs(repo: Path, model: str):
+def test_batched_outputs_are_bit_identical_to_single_runs(batching_repo: Path, model: str):
     rng = np.random.default_rng(11)
     inputs = [
         rng.standard_normal((int(rng.integers(1, 4)), 4)).astype(np.float32) for _ in range(200)
@@ -109,7 +74,7 @@ def test_batched_outputs_are_bit_identical_to_single_runs(repo: Path, model: str
         "mlp": build_mlp(seed=3),
     }[model]
     expected = [reference_run(model_bytes, {"X": x})[0] for x in inputs]
-    with Host(repo) as host:
+    with Host(batching_repo) as host:
         host.infer(model, {"X": inputs[0]})
 
         async def all_at_once() -> list[dict[str, np.ndarray]]:
@@ -195,11 +160,11 @@ def test_a_cancelled_async_request_never_runs(gated):
     assert (stats.cancelled, stats.rows) == (1, 1)
 
 
-def test_overload_is_refused_at_once_and_nothing_accepted_is_lost(repo: Path):
-    with Host(repo, max_queue_per_model=5) as host:
+def test_overload_is_refused_at_once_and_nothing_accepted_is_lost(batching_repo: Path):
+    with Host(batching_repo, max_queue_per_model=5) as host:
         host.infer("slow", {"X": np.zeros((1, 4), np.float32)})
         host.infer("tree", {"X": np.zeros((1, 4), np.float32)})
-        gate, blockers = _hold_workers(host)
+        gate, blockers = hold_compute_workers(host)
         workers = len(blockers)
         accepted: list[Future[Any]] = []
         refusals: list[corral.Overloaded] = []
@@ -226,7 +191,7 @@ def test_a_hot_model_does_not_starve_the_others(tmp_path: Path):
     with Host(tmp_path, max_queue_per_model=10_000) as host:
         for name in ["hot", "slow"] + [f"cold{i:03d}" for i in range(100)]:
             host.infer(name, {"X": np.zeros((1, 4), np.float32)})
-        gate, blockers = _hold_workers(host)
+        gate, blockers = hold_compute_workers(host)
         order: list[str] = []
         lock = threading.Lock()  # guards order
 
@@ -256,8 +221,8 @@ def test_a_hot_model_does_not_starve_the_others(tmp_path: Path):
     assert order.count("hot") == 5000
 
 
-def test_runtime_stats_count_compute_workers(repo: Path):
-    with Host(repo) as host:
+def test_runtime_stats_count_compute_workers(batching_repo: Path):
+    with Host(batching_repo) as host:
         host.submit("tree", {"X": np.ones((1, 4), np.float32)}).result(timeout=30)
         host.infer("tree", {"X": np.ones((1, 4), np.float32)})
         future = host.submit("tree", {"X": np.ones((1, 4), np.float32)})

@@ -7,27 +7,22 @@ stopped by the test with SIGTERM to its own process id; it must then exit 0.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from corral.testing import build_mlp
-from tests.conftest import reference_run
-from tests.test_host import add_model
+from tests.helpers import add_model, build_identity, build_slow_loop, reference_run
+from tests.processes import ServerProcess, start_server, stop_server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -51,20 +46,6 @@ DATATYPES = {
 }
 
 
-def build_identity(element_type: int) -> bytes:
-    """Y = X for an [N, 2] tensor of one element type."""
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["X"], ["Y"])],
-        "identity",
-        [helper.make_tensor_value_info("X", element_type, ["N", 2])],
-        [helper.make_tensor_value_info("Y", element_type, ["N", 2])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
-
-
 def sample(datatype: str) -> np.ndarray:
     rng = np.random.default_rng(len(datatype))
     if datatype == "BYTES":
@@ -78,16 +59,9 @@ def sample(datatype: str) -> np.ndarray:
     return rng.integers(info.min, info.max, (2, 2), dtype=dtype, endpoint=True)
 
 
-@dataclass
-class Served:
-    process: subprocess.Popen[bytes]
-    http: str
-    grpc: str
-    log: Path
-
-
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def identity_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """ "mlp" (seed 1) and "identity_<datatype>" for every datatype, shared by the module."""
     root = tmp_path_factory.mktemp("repository")
     add_model(root, "mlp", build_mlp(seed=1))
     for datatype, (element_type, _) in DATATYPES.items():
@@ -95,66 +69,17 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def start_server(
-    repo: Path, log: Path, *extra: str, environment: dict[str, str] | None = None
-) -> Served:
-    command = [
-        sys.executable,
-        "-c",
-        "import sys; from corral.cli import main; sys.exit(main())",
-        "serve",
-        str(repo),
-        "--http-port",
-        "0",
-        "--grpc-port",
-        "0",
-        "--drain-timeout-s",
-        "10",
-        *extra,
-    ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-    env.update(environment or {})
-    with log.open("wb") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
-    # The startup line names the ports; poll the log file for it (bounded).
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        found = re.search(r"HTTP on ([\d.]+):(\d+), gRPC ([\d.]+):(\d+)", log.read_text())
-        if found:
-            return Served(
-                process,
-                f"{found[1]}:{found[2]}",
-                f"{found[3]}:{found[4]}",
-                log,
-            )
-        if process.poll() is not None:
-            break
-        time.sleep(0.05)
-    process.kill()
-    process.wait(timeout=10)
-    raise AssertionError(f"corral serve did not start:\n{log.read_text()}")
-
-
-def stop_server(served: Served) -> None:
-    served.process.send_signal(signal.SIGTERM)
-    try:
-        code = served.process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        served.process.kill()
-        served.process.wait(timeout=10)
-        raise
-    assert code == 0, served.log.read_text()
-
-
 @pytest.fixture(scope="module")
-def server(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    served = start_server(repo, tmp_path_factory.mktemp("log") / "serve.log")
+def server(
+    identity_repo: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    served = start_server(identity_repo, tmp_path_factory.mktemp("log") / "serve.log")
     yield served
     stop_server(served)
 
 
 @pytest.fixture
-def http_client(server: Served) -> Iterator[Any]:
+def http_client(server: ServerProcess) -> Iterator[Any]:
     import tritonclient.http as httpclient
 
     client = httpclient.InferenceServerClient(server.http)
@@ -163,7 +88,7 @@ def http_client(server: Served) -> Iterator[Any]:
 
 
 @pytest.fixture
-def grpc_client(server: Served) -> Iterator[Any]:
+def grpc_client(server: ServerProcess) -> Iterator[Any]:
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(server.grpc)
@@ -254,7 +179,7 @@ def test_repository_index_load_unload_and_errors(http_client: Any, grpc_client: 
     assert grpc_unknown.value.status() == "StatusCode.NOT_FOUND"
 
 
-def test_metrics_are_served_in_prometheus_text(server: Served, http_client: Any):
+def test_metrics_are_served_in_prometheus_text(server: ServerProcess, http_client: Any):
     import tritonclient.http as httpclient
 
     tensor = httpclient.InferInput("X", [3, 4], "FP32")
@@ -266,12 +191,14 @@ def test_metrics_are_served_in_prometheus_text(server: Served, http_client: Any)
     assert "corral_models_loaded" in text
 
 
-def test_auth_token_from_the_environment(repo: Path, tmp_path: Path):
+def test_auth_token_from_the_environment(identity_repo: Path, tmp_path: Path):
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
 
-    served = start_server(repo, tmp_path / "auth.log", environment={"CORRAL_AUTH_TOKEN": "t0ken"})
+    served = start_server(
+        identity_repo, tmp_path / "auth.log", environment={"CORRAL_AUTH_TOKEN": "t0ken"}
+    )
     try:
         client = httpclient.InferenceServerClient(served.http)
         try:
@@ -296,8 +223,6 @@ def test_auth_token_from_the_environment(repo: Path, tmp_path: Path):
 
 
 def test_sigterm_answers_the_request_in_flight_then_exits_0(tmp_path: Path):
-    from tests.conftest import build_slow_loop
-
     repo = tmp_path / "repository"
     add_model(repo, "slow", build_slow_loop())
     served = start_server(repo, tmp_path / "drain.log")
@@ -338,8 +263,6 @@ def test_sigterm_answers_the_request_in_flight_then_exits_0(tmp_path: Path):
 
 
 def test_the_queue_limit_option_refuses_at_once_past_it(tmp_path: Path):
-    from tests.conftest import build_slow_loop
-
     repo = tmp_path / "repository"
     add_model(repo, "slow", build_slow_loop())
     served = start_server(

@@ -39,10 +39,9 @@ from corral.protocol.proto import grpc_service_pb2 as pb
 from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.protocol.types import InferOutput, InferResponse
 from corral.server.grpc import start_grpc_server
-from corral.testing import build_linear, build_mlp, build_tree
-from tests.conftest import reference_run, run_freeing_frames
-from tests.test_host import add_model
-from tests.test_server_http import Gate, answered_while_held, hold_filesystem
+from corral.testing import build_linear, build_mlp
+from tests.gates import CallGate, answered_while_held, hold_compute_workers, hold_filesystem
+from tests.helpers import add_model, reference_run, run_freeing_frames, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 X = np.random.default_rng(7).standard_normal((3, 4)).astype(np.float32)
@@ -68,7 +67,7 @@ TOKEN = "s3cret"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 
-def build_identity(datatypes: dict[str, int]) -> bytes:
+def build_identity_per_datatype(datatypes: dict[str, int]) -> bytes:
     """OUT_<T> = Identity(IN_<T>) for each datatype T, every tensor of shape [N, 3]."""
     graph = helper.make_graph(
         [helper.make_node("Identity", [f"IN_{dt}"], [f"OUT_{dt}"]) for dt in datatypes],
@@ -108,16 +107,19 @@ def sample(datatype: str) -> np.ndarray:
 
 
 @pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    add_model(tmp_path, "mlp", build_mlp(seed=1))
-    add_model(tmp_path, "tree", build_tree(seed=2))
-    add_model(tmp_path, "linear", build_linear(seed=3))
-    add_model(tmp_path, "identity", build_identity(NUMERIC))
-    add_model(tmp_path, "typed", build_identity({k: v for k, v in NUMERIC.items() if k != "FP16"}))
-    add_model(tmp_path, "strings", build_identity({"BYTES": TensorProto.STRING}))
-    add_model(tmp_path, "to_text", build_cast_to_string())
-    add_model(tmp_path, "broken", b"not an onnx model")
-    return tmp_path
+def datatypes_repo(repo: Path) -> Path:
+    """The common repository, "linear", identities over every datatype, a BYTES output, "broken"."""
+    add_model(repo, "linear", build_linear(seed=3))
+    add_model(repo, "identity", build_identity_per_datatype(NUMERIC))
+    add_model(
+        repo,
+        "typed",
+        build_identity_per_datatype({k: v for k, v in NUMERIC.items() if k != "FP16"}),
+    )
+    add_model(repo, "strings", build_identity_per_datatype({"BYTES": TensorProto.STRING}))
+    add_model(repo, "to_text", build_cast_to_string())
+    add_model(repo, "broken", b"not an onnx model")
+    return repo
 
 
 @dataclass
@@ -245,7 +247,7 @@ def test_corral_and_tritonclient_import_in_one_process(imports: str):
 
 
 @pytest.mark.timeout(60)
-def test_health_metadata_and_readiness(repo: Path):
+def test_health_metadata_and_readiness(datatypes_repo: Path):
     async def scenario(s: Served) -> None:
         assert await s.client.is_server_live()
         assert await s.client.is_server_ready()
@@ -263,11 +265,11 @@ def test_health_metadata_and_readiness(repo: Path):
         assert await s.client.is_model_ready("mlp")
         assert await s.client.is_model_ready("mlp", "1")
 
-    run(repo, scenario)
+    run(datatypes_repo, scenario)
 
 
 @pytest.mark.timeout(60)
-def test_model_config_decodes_as_tritons_model_config(repo: Path):
+def test_model_config_decodes_as_tritons_model_config(datatypes_repo: Path):
     async def scenario(s: Served) -> None:
         expected = await s.plane.model_config("identity")
         response = await s.client.get_model_config("identity")
@@ -288,14 +290,14 @@ def test_model_config_decodes_as_tritons_model_config(repo: Path):
         as_json = await s.client.get_model_config("identity", as_json=True)
         assert as_json["config"]["input"][0]["data_type"] == "TYPE_BOOL"
 
-    run(repo, scenario)
+    run(datatypes_repo, scenario)
 
 
 # -- inference -------------------------------------------------------------------------------
 
 
 @pytest.mark.timeout(60)
-def test_infer_matches_onnxruntime_and_echoes_the_request(repo: Path):
+def test_infer_matches_onnxruntime_and_echoes_the_request(datatypes_repo: Path):
     async def scenario(s: Served) -> None:
         result = await s.client.infer(
             "mlp",
@@ -313,11 +315,11 @@ def test_infer_matches_onnxruntime_and_echoes_the_request(repo: Path):
         versioned = await s.client.infer("mlp", [triton_input("X", X, "FP32")], model_version="1")
         np.testing.assert_array_equal(versioned.as_numpy("Y"), expected)
 
-    run(repo, scenario)
+    run(datatypes_repo, scenario)
 
 
 @pytest.mark.timeout(60)
-def test_infer_every_numeric_datatype_as_raw_contents(repo: Path):
+def test_infer_every_numeric_datatype_as_raw_contents(datatypes_repo: Path):
     async def scenario(s: Served) -> None:
         inputs = {dt: sample(dt) for dt in NUMERIC}
         result = await s.client.infer(
@@ -331,22 +333,22 @@ def test_infer_every_numeric_datatype_as_raw_contents(repo: Path):
             assert got.dtype == array.dtype, datatype
             np.testing.assert_array_equal(got, array, err_msg=datatype)
 
-    run(repo, scenario)
+    run(datatypes_repo, scenario)
 
 
 @pytest.mark.timeout(60)
-def test_infer_bytes_round_trips(repo: Path):
+def test_infer_bytes_round_trips(datatypes_repo: Path):
     async def scenario(s: Served) -> None:
         array = sample("BYTES")
         result = await s.client.infer("strings", [triton_input("IN_BYTES", array, "BYTES")])
         assert result.get_output("OUT_BYTES").datatype == "BYTES"
         np.testing.assert_array_equal(result.as_numpy("OUT_BYTES"), array)
 
-    run(repo, scenario)
+    run(datatypes_repo, scenario)
 
 
 @pytest.mark.timeout(60)
-def test_bytes_outputs_travel_as_length_prefixed_raw_contents(repo: Path):
+def test_bytes_outputs_travel_as_length_prefixed_raw_contents(datatypes_repo: Path):
     async def scenario(s: Served) -> None:
         numbers = np.array([[42, -7], [0, 123456789]], dtype=np.int64)
         result = await s.client.infer("to_text", [triton_input("X", numbers, "INT64")])
@@ -356,7 +358,7 @@ def test_bytes_outputs_travel_as_length_prefixed_raw_contents(repo: Path):
         expected = np.array([[b"42", b"-7"], [b"0", b"123456789"]], dtype=object)
         np.testing.assert_array_equal(result.as_numpy("Y"), expected)
 
-    run(repo, scenario)
+    run(datatypes_repo, scenario)
 
 
 def _typed_request(model: str, inputs: dict[str, np.ndarray]) -> pb.ModelInferRequest:
@@ -369,7 +371,7 @@ def _typed_request(model: str, inputs: dict[str, np.ndarray]) -> pb.ModelInferRe
 
 
 @pytest.mark.timeout(60)
-def test_infer_typed_contents_for_every_datatype_that_has_a_field(repo: Path):
+def test_infer_typed_contents_for_every_datatype_that_has_a_field(datatypes_repo: Path):
     async def scenario(s: Served) -> None:
         inputs = {dt: sample(dt) for dt in NUMERIC if dt != "FP16"}
         response = await s.stub.ModelInfer(_typed_request("typed", inputs))
@@ -379,11 +381,11 @@ def test_infer_typed_contents_for_every_datatype_that_has_a_field(repo: Path):
             got = np.frombuffer(raw[f"OUT_{datatype}"], dtype=array.dtype).reshape(2, 3)
             np.testing.assert_array_equal(got, array, err_msg=datatype)
 
-    run(repo, scenario)
+    run(datatypes_repo, scenario)
 
 
 @pytest.mark.timeout(60)
-def test_typed_contents_that_cannot_be_read_are_invalid_argument(repo: Path):
+def test_typed_contents_that_cannot_be_read_are_invalid_argument(datatypes_repo: Path):
     async def scenario(s: Served) -> None:
         fp16 = s.stub.ModelInfer(_typed_request("identity", {"FP16": sample("FP16")}))
         error = await refused_raw(fp16)
@@ -404,11 +406,11 @@ def test_typed_contents_that_cannot_be_read_are_invalid_argument(repo: Path):
         assert "'IN_FP32'" in error.details()
         assert "needs 6 values" in error.details()
 
-    run(repo, scenario)
+    run(datatypes_repo, scenario)
 
 
 @pytest.mark.timeout(60)
-def test_bad_inputs_are_invalid_argument_naming_the_tensor(repo: Path):
+def test_bad_inputs_are_invalid_argument_naming_the_tensor(datatypes_repo: Path):
     async def scenario(s: Served) -> None:
         wrong_shape = X[:, :3].copy()
         error = await refused(s.client.infer("mlp", [triton_input("X", wrong_shape, "FP32")]))
@@ -455,7 +457,7 @@ def test_bad_inputs_are_invalid_argument_naming_the_tensor(repo: Path):
         assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
         assert "'knob'" in error.details()
 
-    run(repo, scenario)
+    run(datatypes_repo, scenario)
 
 
 def test_request_parameters_reach_the_infer_request():
@@ -510,7 +512,7 @@ def test_a_response_reads_back_in_tritonclient():
 
 
 @pytest.mark.timeout(60)
-def test_unknown_models_are_not_found(repo: Path):
+def test_unknown_models_are_not_found(datatypes_repo: Path):
     async def scenario(s: Served) -> None:
         calls = [
             s.client.infer("nope", [triton_input("X", X, "FP32")]),
@@ -526,7 +528,7 @@ def test_unknown_models_are_not_found(repo: Path):
         error = await refused(s.client.get_model_metadata("../etc"))
         assert error.status() == "StatusCode.INVALID_ARGUMENT"
 
-    run(repo, scenario)
+    run(datatypes_repo, scenario)
 
 
 @pytest.mark.timeout(60)
@@ -544,7 +546,7 @@ def test_unknown_models_are_not_found(repo: Path):
         (corral.ModelTooLarge, "UNAVAILABLE"),
     ],
 )
-def test_each_corral_error_has_its_status(repo: Path, error: type[Exception], code: str):
+def test_each_corral_error_has_its_status(datatypes_repo: Path, error: type[Exception], code: str):
     async def scenario(s: Served) -> None:
         async def fail(*args: object) -> None:
             raise error(f"{error.__name__} happened")
@@ -554,13 +556,13 @@ def test_each_corral_error_has_its_status(repo: Path, error: type[Exception], co
         assert refusal.status() == f"StatusCode.{code}"
         assert refusal.message() == f"{error.__name__} happened"
 
-    run(repo, scenario)
+    run(datatypes_repo, scenario)
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("error", [RuntimeError, corral.DrainTimeout])
 def test_an_unexpected_exception_is_internal_and_logged(
-    repo: Path, caplog: pytest.LogCaptureFixture, error: type[Exception]
+    datatypes_repo: Path, caplog: pytest.LogCaptureFixture, error: type[Exception]
 ):
     async def scenario(s: Served) -> None:
         def broken() -> None:
@@ -578,11 +580,11 @@ def test_an_unexpected_exception_is_internal_and_logged(
             if record.exc_info and record.exc_info[2] is not None:
                 traceback.clear_frames(record.exc_info[2])
 
-    run(repo, scenario)
+    run(datatypes_repo, scenario)
 
 
 @pytest.mark.timeout(60)
-def test_a_closed_host_is_unavailable(repo: Path):
+def test_a_closed_host_is_unavailable(datatypes_repo: Path):
     async def scenario(s: Served) -> None:
         await asyncio.to_thread(s.host.close)
         assert not await s.client.is_server_ready()
@@ -590,11 +592,11 @@ def test_a_closed_host_is_unavailable(repo: Path):
         error = await refused(s.client.infer("mlp", [triton_input("X", X, "FP32")]))
         assert error.status() == "StatusCode.UNAVAILABLE"
 
-    run(repo, scenario)
+    run(datatypes_repo, scenario)
 
 
 @pytest.mark.timeout(60)
-def test_messages_over_the_limit_are_resource_exhausted(repo: Path):
+def test_messages_over_the_limit_are_resource_exhausted(datatypes_repo: Path):
     async def scenario(s: Served) -> None:
         big = np.zeros((1024, 4), np.float32)  # 16 KiB of tensor
         error = await refused(s.client.infer("mlp", [triton_input("X", big, "FP32")]))
@@ -602,14 +604,14 @@ def test_messages_over_the_limit_are_resource_exhausted(repo: Path):
         result = await s.client.infer("mlp", [triton_input("X", X, "FP32")])
         assert result.as_numpy("Y").shape == (3, 1)
 
-    run(repo, scenario, max_message_bytes=4096)
+    run(datatypes_repo, scenario, max_message_bytes=4096)
 
 
 # -- statistics and the repository -----------------------------------------------------------
 
 
 @pytest.mark.timeout(60)
-def test_statistics_count_requests(repo: Path):
+def test_statistics_count_requests(datatypes_repo: Path):
     async def scenario(s: Served) -> None:
         for _ in range(3):
             await s.client.infer("mlp", [triton_input("X", X, "FP32")])
@@ -628,11 +630,11 @@ def test_statistics_count_requests(repo: Path):
         as_json = await s.client.get_inference_statistics("mlp", "1", as_json=True)
         assert as_json["model_stats"][0]["inference_count"] == "3"  # uint64 in JSON: a string
 
-    run(repo, scenario)
+    run(datatypes_repo, scenario)
 
 
 @pytest.mark.timeout(60)
-def test_repository_index_load_and_unload(repo: Path):
+def test_repository_index_load_and_unload(datatypes_repo: Path):
     async def scenario(s: Served) -> None:
         index = await s.client.get_model_repository_index()
         rows = {m.name: m for m in index.models}
@@ -665,11 +667,11 @@ def test_repository_index_load_and_unload(repo: Path):
         assert error.status() == "StatusCode.UNIMPLEMENTED"
         assert "config" in error.message()
 
-    run(repo, scenario)
+    run(datatypes_repo, scenario)
 
 
 @pytest.mark.timeout(60)
-def test_ready_only_index_and_repository_names(repo: Path):
+def test_ready_only_index_and_repository_names(datatypes_repo: Path):
     async def scenario(s: Served) -> None:
         await s.client.load_model("linear")
         only_ready = await s.stub.RepositoryIndex(pb.RepositoryIndexRequest(ready=True))
@@ -685,14 +687,14 @@ def test_ready_only_index_and_repository_names(repo: Path):
         assert error.code() is grpc.StatusCode.UNIMPLEMENTED
         assert "cascade" in error.details()
 
-    run(repo, scenario)
+    run(datatypes_repo, scenario)
 
 
 # -- the server itself -----------------------------------------------------------------------
 
 
 @pytest.mark.timeout(60)
-def test_auth_token_guards_everything_but_health(repo: Path):
+def test_auth_token_guards_everything_but_health(datatypes_repo: Path):
     async def scenario(s: Served) -> None:
         assert await s.client.is_server_live()
         assert await s.client.is_server_ready()
@@ -706,11 +708,11 @@ def test_auth_token_guards_everything_but_health(repo: Path):
         result = await s.client.infer("mlp", [triton_input("X", X, "FP32")], headers=AUTH)
         assert result.as_numpy("Y").shape == (3, 1)
 
-    run(repo, scenario, auth_token=TOKEN)
+    run(datatypes_repo, scenario, auth_token=TOKEN)
 
 
 @pytest.mark.timeout(60)
-def test_the_synchronous_tritonclient_works_too(repo: Path):
+def test_the_synchronous_tritonclient_works_too(datatypes_repo: Path):
     async def scenario(s: Served) -> None:
         def use_sync_client() -> np.ndarray:
             with triton_sync.InferenceServerClient(f"127.0.0.1:{s.port}") as client:
@@ -722,28 +724,25 @@ def test_the_synchronous_tritonclient_works_too(repo: Path):
         got = await asyncio.to_thread(use_sync_client)
         np.testing.assert_array_equal(got, reference_run(build_mlp(seed=1), {"X": X})[0])
 
-    run(repo, scenario, auth_token=TOKEN)
+    run(datatypes_repo, scenario, auth_token=TOKEN)
 
 
 @pytest.mark.timeout(60)
-def test_a_port_in_use_is_an_error(repo: Path):
+def test_a_port_in_use_is_an_error(datatypes_repo: Path):
     async def scenario(s: Served) -> None:
         with pytest.raises(OSError, match=f"127.0.0.1:{s.port}"):
             await start_grpc_server(s.plane, "127.0.0.1", s.port)
 
-    run(repo, scenario)
+    run(datatypes_repo, scenario)
 
 
 @pytest.mark.timeout(60)
-def test_a_request_whose_client_deadline_passes_in_the_queue_never_runs(repo: Path):
-    from tests.conftest import wait_until
-    from tests.test_scheduler import _hold_workers
-
+def test_a_request_whose_client_deadline_passes_in_the_queue_never_runs(datatypes_repo: Path):
     # One run per request, so that each held request holds one compute worker.
-    add_model(repo, "slow", build_mlp(seed=4), toml="max_batch_size = 0\n")
+    add_model(datatypes_repo, "slow", build_mlp(seed=4), toml="max_batch_size = 0\n")
 
     async def scenario(s: Served) -> None:
-        gate, blockers = await asyncio.to_thread(_hold_workers, s.host)
+        gate, blockers = await asyncio.to_thread(hold_compute_workers, s.host)
         try:
             x = np.ones((1, 4), np.float32)
             late = await refused(
@@ -764,11 +763,11 @@ def test_a_request_whose_client_deadline_passes_in_the_queue_never_runs(repo: Pa
         await asyncio.to_thread(wait_until, settled, 30)
         assert s.host.queue_stats()[("mlp", 1)].runs == 0
 
-    run(repo, scenario)
+    run(datatypes_repo, scenario)
 
 
 @pytest.mark.timeout(60)
-def test_concurrent_requests_each_get_their_own_outputs(repo: Path):
+def test_concurrent_requests_each_get_their_own_outputs(datatypes_repo: Path):
     # 100 ModelInfer calls in flight at once on one channel, batched by the scheduler: each
     # answer must be its own request's.
     inputs = [
@@ -784,7 +783,7 @@ def test_concurrent_requests_each_get_their_own_outputs(repo: Path):
             np.testing.assert_allclose(result.as_numpy("Y"), expected[index : index + 1], rtol=1e-6)
         assert s.host.queue_stats()[("mlp", 1)].rows == 100
 
-    run(repo, scenario)
+    run(datatypes_repo, scenario)
 
 
 # Calls about the cold model "tree" that wait on the repository: what each waits on, the
@@ -822,7 +821,7 @@ SLOW_CALLS: dict[str, tuple[str, Callable[[Any], Awaitable[Any]], Callable[[Any]
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("case", list(SLOW_CALLS))
 def test_a_slow_filesystem_holds_up_only_the_calls_that_need_it(
-    repo: Path, monkeypatch: pytest.MonkeyPatch, case: str
+    datatypes_repo: Path, monkeypatch: pytest.MonkeyPatch, case: str
 ):
     # As over HTTP: one call waits on the repository while another client's call for a
     # loaded model is answered, on the same event loop.
@@ -830,7 +829,7 @@ def test_a_slow_filesystem_holds_up_only_the_calls_that_need_it(
 
     async def scenario(s: Served) -> None:
         await s.client.infer("mlp", [triton_input("X", X, "FP32")])
-        gate = Gate()
+        gate = CallGate()
         hold_filesystem(monkeypatch, s.plane, gate, what)
         fast, slow = await answered_while_held(
             gate,
@@ -840,4 +839,4 @@ def test_a_slow_filesystem_holds_up_only_the_calls_that_need_it(
         assert fast.as_numpy("Y").shape == (3, 1)
         assert answered_right(slow), slow
 
-    run(repo, scenario)
+    run(datatypes_repo, scenario)

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +13,13 @@ import orjson
 import pytest
 
 import corral
-from corral import Host, _loader
-from corral.protocol import DataPlane, ModelStatistics
+from corral import Host
+from corral.protocol import DataPlane
 from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
 from corral.testing import build_mlp, build_tree
-from tests.conftest import reference_run
-from tests.test_host import add_model
+from tests.gates import CallGate, answered_while_held, hold_filesystem
+from tests.helpers import reference_run
 
 X = np.random.default_rng(7).standard_normal((2, 4)).astype(np.float32)
 
@@ -28,13 +27,6 @@ X = np.random.default_rng(7).standard_normal((2, 4)).astype(np.float32)
 def infer_body(x: np.ndarray = X, **extra: Any) -> dict[str, Any]:
     tensor = {"name": "X", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}
     return {"inputs": [tensor], **extra}
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    add_model(tmp_path, "mlp", build_mlp(seed=1))
-    add_model(tmp_path, "tree", build_tree(seed=2))
-    return tmp_path
 
 
 @pytest.fixture
@@ -254,80 +246,6 @@ def test_concurrent_requests_each_get_their_own_outputs(host: Host):
     assert stats.execution_count < 200  # and ran them in batches
 
 
-class Gate:
-    """Holds the calls sent through it until the test opens it, and tells when one arrived."""
-
-    def __init__(self) -> None:
-        self.reached = threading.Event()
-        self.opened = threading.Event()
-
-    def hold(self) -> None:
-        self.reached.set()
-        # Bounded: were the call on the event loop, the test could never open the gate, and
-        # it must fail on its assertions rather than hang.
-        if not self.opened.wait(10):
-            raise TimeoutError("the gate was never opened")
-
-
-def hold_filesystem(
-    monkeypatch: pytest.MonkeyPatch, plane: DataPlane, gate: Gate, what: str
-) -> None:
-    """Make one slow operation wait on ``gate``: a listing, a model's files, a load, a scrape."""
-    if what == "listing":
-        names = corral.Repository.names
-
-        def held_names(self: corral.Repository) -> list[str]:
-            gate.hold()
-            return names(self)
-
-        monkeypatch.setattr(corral.Repository, "names", held_names)
-    elif what == "files":
-        entry = corral.Repository.entry
-
-        def held_entry(self: corral.Repository, name: str) -> corral.ModelEntry:
-            if name == "tree":  # the loaded model's files stay quick to read
-                gate.hold()
-            return entry(self, name)
-
-        monkeypatch.setattr(corral.Repository, "entry", held_entry)
-    elif what == "load":
-        session = _loader.Session
-
-        def held_session(*args: Any, **kwargs: Any) -> corral.Session:
-            gate.hold()
-            return session(*args, **kwargs)
-
-        monkeypatch.setattr(_loader, "Session", held_session)
-    else:
-        snapshot = plane.statistics_snapshot
-
-        def held_snapshot() -> list[ModelStatistics]:
-            gate.hold()
-            return snapshot()
-
-        monkeypatch.setattr(plane, "statistics_snapshot", held_snapshot)
-
-
-async def answered_while_held(
-    gate: Gate,
-    slow: Callable[[], Any],
-    fast: Callable[[], Any],
-) -> tuple[Any, Any]:
-    """Start ``slow``, wait until it is held at the gate, and run ``fast`` to its answer.
-
-    Returns both answers; ``slow``'s after the gate opened. Fails if ``slow`` finished
-    before the gate opened: it was not held where the test meant it to be.
-    """
-    held = asyncio.ensure_future(slow())
-    try:
-        assert await asyncio.to_thread(gate.reached.wait, 10), "the slow request never arrived"
-        answer = await asyncio.wait_for(fast(), 10)
-        assert not held.done(), "the slow request was answered before its gate opened"
-    finally:
-        gate.opened.set()
-    return answer, await asyncio.wait_for(held, 10)
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("method", "path", "what", "status"),
@@ -350,7 +268,7 @@ def test_a_slow_filesystem_holds_up_only_the_requests_that_need_it(
     plane = DataPlane(host)
     app = HttpApp(plane, metrics=Metrics(plane).render)
     assert call(app, "POST", "/v2/models/mlp/infer", json=infer_body()).status_code == 200
-    gate = Gate()
+    gate = CallGate()
     hold_filesystem(monkeypatch, plane, gate, what)
     body = infer_body() if path.endswith("/infer") else None
 

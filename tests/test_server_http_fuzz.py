@@ -13,8 +13,8 @@ from corral import Host
 from corral.protocol import DataPlane
 from corral.server.http import HttpApp
 from corral.testing import build_mlp
+from tests.helpers import add_model
 from tests.strategies import header_lengths, http_bodies, http_paths
-from tests.test_host import add_model
 
 FUZZ = settings(max_examples=300, deadline=None, database=None)
 

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 import corral
 from corral import ConcurrencyPolicy, SessionState, _ort
 from corral.testing import emulate_provider
-from tests.conftest import build_reshape, reference_run, wait_until
+from tests.helpers import build_reshape, reference_run, wait_until
 
 X = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
 

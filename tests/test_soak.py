@@ -10,8 +10,8 @@ import pytest
 
 import corral
 from corral.testing import build_linear
-from tests.conftest import process_threads, reference_run
-from tests.test_exit import _CASES, _exit_once
+from tests.helpers import process_threads, reference_run
+from tests.processes import EXIT_CASES, run_exit_case
 
 pytestmark = pytest.mark.soak
 
@@ -75,8 +75,10 @@ def test_64_threads_100_rounds_of_run_and_close(mlp_model, policy):
 
 @pytest.mark.timeout(3600)
 def test_200_exits_with_runs_in_flight():
-    runs = [(case, policy) for case in _CASES for policy in ("shared", "exclusive", "pool:2")] * 17
+    runs = [
+        (case, policy) for case in EXIT_CASES for policy in ("shared", "exclusive", "pool:2")
+    ] * 17
     with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(lambda r: _exit_once(*r), runs[:200]))
+        results = list(pool.map(lambda r: run_exit_case(*r), runs[:200]))
     bad = [(n, c, e[-300:]) for n, c, e in results if c != 0 or "Traceback" in e]
     assert not bad, bad

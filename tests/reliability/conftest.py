@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import Figure
+
 # (test id, what, value), in the order recorded.
 _FIGURES: list[tuple[str, str, str]] = []
-
-Figure = Callable[[str, object], None]
 
 
 @pytest.fixture

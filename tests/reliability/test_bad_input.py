@@ -25,7 +25,7 @@ import tracemalloc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import httpx
@@ -48,6 +48,7 @@ from corral.server.grpc import start_grpc_server
 from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
 from corral.testing import build_mlp
+from tests.helpers import Figure, add_model, build_identity
 from tests.strategies import (
     HUGE_DIMS,
     http_bodies,
@@ -55,11 +56,6 @@ from tests.strategies import (
     plausible_requests,
     request_objects,
 )
-from tests.test_host import add_model
-from tests.test_server_e2e import build_identity
-
-if TYPE_CHECKING:
-    from tests.reliability.conftest import Figure
 
 # The served models: name -> (datatype of X, X's second dimension). Each is Y = f(X) on an
 # [N, width] input, so that a right request always runs and every datatype reaches a model.

@@ -37,9 +37,7 @@ from corral.server.grpc import start_grpc_server
 from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
 from corral.testing import build_linear, build_mlp, build_tree
-from tests.conftest import build_reshape, reference_run, run_freeing_frames
-from tests.reliability.conftest import Figure
-from tests.test_host import add_model
+from tests.helpers import Figure, add_model, build_reshape, reference_run, run_freeing_frames
 
 pytestmark = pytest.mark.timeout(60)
 

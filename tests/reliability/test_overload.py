@@ -25,7 +25,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import grpc
 import httpx
@@ -39,11 +38,7 @@ from corral.protocol.proto import grpc_service_pb2 as pb
 from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.server.grpc import start_grpc_server
 from corral.server.http import HttpApp
-from tests.conftest import build_slow_loop
-from tests.test_host import add_model
-
-if TYPE_CHECKING:
-    from tests.reliability.conftest import Figure
+from tests.helpers import Figure, add_model, build_slow_loop
 
 QUEUE_LIMIT = 4
 OVERLOAD_FACTOR = 3

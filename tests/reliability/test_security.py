@@ -43,10 +43,8 @@ from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
 from corral.server.settings import ServerSettings
 from corral.testing import build_mlp
-from tests.conftest import reference_run, run_freeing_frames
-from tests.reliability.conftest import Figure
-from tests.test_host import add_model
-from tests.test_server_e2e import Served, start_server, stop_server
+from tests.helpers import Figure, add_model, reference_run, run_freeing_frames
+from tests.processes import ServerProcess, start_server, stop_server
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -611,7 +609,7 @@ def test_the_token_guards_every_grpc_method_but_health(tmp_path: Path, figure: F
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, Path]]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, Path]]:
     tmp = tmp_path_factory.mktemp("security")
     root, outside = layout(tmp)
     (root / "escape_link").symlink_to(outside)
@@ -627,7 +625,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, P
 
 
 def test_the_server_binds_loopback_unless_told_otherwise(
-    served: tuple[Served, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, figure: Figure
+    served: tuple[ServerProcess, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    figure: Figure,
 ):
     monkeypatch.delenv("CORRAL_HOST", raising=False)
     assert ServerSettings(repository=tmp_path).host == "127.0.0.1"
@@ -645,7 +646,9 @@ def test_the_server_binds_loopback_unless_told_otherwise(
     figure("listening sockets of `corral serve` (no --host)", f"{len(listening)}, all 127.0.0.1")
 
 
-def _raw_request(server: Served, method: str, path: str, body: bytes = b"") -> tuple[int, str]:
+def _raw_request(
+    server: ServerProcess, method: str, path: str, body: bytes = b""
+) -> tuple[int, str]:
     host, port = server.http.split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=30)
     try:
@@ -677,7 +680,7 @@ RAW_PATHS = {
 
 
 def test_http_paths_cannot_leave_the_repository_on_a_real_server(
-    served: tuple[Served, Path], figure: Figure
+    served: tuple[ServerProcess, Path], figure: Figure
 ):
     server, outside = served
     answers: dict[str, int] = {}
@@ -696,7 +699,7 @@ def test_http_paths_cannot_leave_the_repository_on_a_real_server(
 
 
 def test_grpc_names_cannot_leave_the_repository_on_a_real_server(
-    served: tuple[Served, Path], figure: Figure
+    served: tuple[ServerProcess, Path], figure: Figure
 ):
     server, outside = served
     names = [*(n.format(outside=outside) for n in NAMES.values()), "escape_link"]
@@ -722,7 +725,7 @@ def test_grpc_names_cannot_leave_the_repository_on_a_real_server(
     )
 
 
-def test_limits_and_the_token_on_a_real_server(served: tuple[Served, Path], figure: Figure):
+def test_limits_and_the_token_on_a_real_server(served: tuple[ServerProcess, Path], figure: Figure):
     server, _ = served
     host, port = server.http.split(":")
     # A declared body of 10^12 bytes, none of it sent: refused at once.

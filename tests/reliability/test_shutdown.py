@@ -8,8 +8,8 @@ exit 0 within the drain timeout.
 
 The second runs 100 interpreters that exit (falling off the end, sys.exit, non-daemon threads
 still running) with sessions alive and runs in flight, two at a time, each under a hard
-timeout: none may hang or crash. The cases are ``tests/test_exit.py``'s, five policies each,
-four rounds (that file runs each once; ``make soak`` runs 200).
+timeout: none may hang or crash. The cases are ``tests/processes.py``'s ``EXIT_CASES``, five
+policies each, four rounds (``tests/test_exit.py`` runs each once; ``make soak`` runs 200).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import numpy as np
@@ -30,13 +30,8 @@ import pytest
 
 from corral.protocol.proto import grpc_service_pb2 as pb
 from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
-from tests.conftest import build_slow_loop
-from tests.test_exit import _CASES, _exit_once
-from tests.test_host import add_model
-from tests.test_server_e2e import Served, start_server
-
-if TYPE_CHECKING:
-    from tests.reliability.conftest import Figure
+from tests.helpers import Figure, add_model, build_slow_loop
+from tests.processes import EXIT_CASES, ServerProcess, run_exit_case, start_server
 
 DRAIN_TIMEOUT_S = 10.0  # what start_server passes as --drain-timeout-s
 HTTP_REQUESTS = 12
@@ -58,7 +53,7 @@ def _body(iterations: int) -> bytes:
     ).encode()
 
 
-def _http_infer(served: Served, iterations: int) -> tuple[int, Any]:
+def _http_infer(served: ServerProcess, iterations: int) -> tuple[int, Any]:
     request = urllib.request.Request(
         f"http://{served.http}/v2/models/slow/infer", data=_body(iterations), method="POST"
     )
@@ -75,7 +70,7 @@ def _grpc_request(iterations: int) -> pb.ModelInferRequest:
     return request
 
 
-def _held(served: Served) -> int:
+def _held(served: ServerProcess) -> int:
     """Requests the server has taken for the slow model: queued now, plus answered."""
     with urllib.request.urlopen(f"http://{served.http}/metrics", timeout=30) as response:
         text = response.read().decode()
@@ -149,13 +144,16 @@ def test_sigterm_answers_every_request_in_flight_over_http_and_grpc(
 @pytest.mark.timeout(600)
 def test_one_hundred_exits_with_sessions_alive_and_runs_in_flight_never_hang(figure: Figure):
     runs = [
-        (case, policy) for _ in range(EXIT_ROUNDS) for case in _CASES for policy in EXIT_POLICIES
+        (case, policy)
+        for _ in range(EXIT_ROUNDS)
+        for case in EXIT_CASES
+        for policy in EXIT_POLICIES
     ]
     assert len(runs) == 100
     started = time.monotonic()
     # Two at a time: the machine has two cores; each run has its own 60 s hard timeout.
     with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(lambda run: _exit_once(*run), runs))
+        results = list(pool.map(lambda run: run_exit_case(*run), runs))
     elapsed = time.monotonic() - started
     hung = [name for name, code, _ in results if code is None]
     bad = [

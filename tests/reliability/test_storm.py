@@ -26,7 +26,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import httpx
@@ -41,11 +41,7 @@ from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.server.grpc import start_grpc_server
 from corral.server.http import HttpApp
 from corral.testing import build_linear, build_mlp, build_tree
-from tests.conftest import process_threads
-from tests.test_host import add_model
-
-if TYPE_CHECKING:
-    from tests.reliability.conftest import Figure
+from tests.helpers import Figure, add_model, process_threads
 
 BUILDERS = {
     "mlp": lambda seed: build_mlp(seed=seed),

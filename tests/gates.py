@@ -1,0 +1,124 @@
+"""Gates: hold a test's work at a chosen point until the test opens them, never a sleep.
+
+:class:`RunGate` holds a served version's runs, and with them the compute workers;
+:class:`CallGate` holds a slow operation (a listing, a model's files, a load, a scrape) while
+the test checks that other requests are answered meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+import pytest
+
+import corral
+from corral import Host, _loader
+from corral.protocol import DataPlane, ModelStatistics
+
+
+class RunGate:
+    """Holds every scheduled run of one served version until opened; counts runs as they start."""
+
+    def __init__(self, served: Any) -> None:
+        self.open = threading.Event()
+        self.started = threading.Semaphore(0)
+        self.rows: list[int] = []
+        inner = served.run_admitted
+
+        def held(feed: dict[str, Any], names: tuple[str, ...]) -> Any:
+            self.rows.append(next(iter(feed.values())).shape[0])
+            self.started.release()
+            assert self.open.wait(timeout=30)
+            return inner(feed, names)
+
+        served.run_admitted = held
+
+
+def hold_compute_workers(host: Host) -> tuple[RunGate, list[Future[Any]]]:
+    """Occupy every compute worker with a held run of the loaded 'slow' model."""
+    with host.acquire("slow") as lease:
+        gate = RunGate(lease._served)
+    workers = corral.runtime().options.compute_workers
+    blockers = [host.submit("slow", {"X": np.full((1, 4), i, np.float32)}) for i in range(workers)]
+    for _ in range(workers):
+        assert gate.started.acquire(timeout=10)  # every worker is now held
+    return gate, blockers
+
+
+class CallGate:
+    """Holds the calls sent through it until the test opens it, and tells when one arrived."""
+
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self.opened = threading.Event()
+
+    def hold(self) -> None:
+        self.reached.set()
+        # Bounded: were the call on the event loop, the test could never open the gate, and
+        # it must fail on its assertions rather than hang.
+        if not self.opened.wait(10):
+            raise TimeoutError("the gate was never opened")
+
+
+def hold_filesystem(
+    monkeypatch: pytest.MonkeyPatch, plane: DataPlane, gate: CallGate, what: str
+) -> None:
+    """Make one slow operation wait on ``gate``: a listing, a model's files, a load, a scrape."""
+    if what == "listing":
+        names = corral.Repository.names
+
+        def held_names(self: corral.Repository) -> list[str]:
+            gate.hold()
+            return names(self)
+
+        monkeypatch.setattr(corral.Repository, "names", held_names)
+    elif what == "files":
+        entry = corral.Repository.entry
+
+        def held_entry(self: corral.Repository, name: str) -> corral.ModelEntry:
+            if name == "tree":  # the loaded model's files stay quick to read
+                gate.hold()
+            return entry(self, name)
+
+        monkeypatch.setattr(corral.Repository, "entry", held_entry)
+    elif what == "load":
+        session = _loader.Session
+
+        def held_session(*args: Any, **kwargs: Any) -> corral.Session:
+            gate.hold()
+            return session(*args, **kwargs)
+
+        monkeypatch.setattr(_loader, "Session", held_session)
+    else:
+        snapshot = plane.statistics_snapshot
+
+        def held_snapshot() -> list[ModelStatistics]:
+            gate.hold()
+            return snapshot()
+
+        monkeypatch.setattr(plane, "statistics_snapshot", held_snapshot)
+
+
+async def answered_while_held(
+    gate: CallGate,
+    slow: Callable[[], Any],
+    fast: Callable[[], Any],
+) -> tuple[Any, Any]:
+    """Start ``slow``, wait until it is held at the gate, and run ``fast`` to its answer.
+
+    Returns both answers; ``slow``'s after the gate opened. Fails if ``slow`` finished
+    before the gate opened: it was not held where the test meant it to be.
+    """
+    held = asyncio.ensure_future(slow())
+    try:
+        assert await asyncio.to_thread(gate.reached.wait, 10), "the slow request never arrived"
+        answer = await asyncio.wait_for(fast(), 10)
+        assert not held.done(), "the slow request was answered before its gate opened"
+    finally:
+        gate.opened.set()
+    return answer, await asyncio.wait_for(held, 10)

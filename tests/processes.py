@@ -1,0 +1,192 @@
+"""corral in other processes: ``corral serve`` as a real server, interpreters that exit.
+
+A server binds 127.0.0.1 on ports the OS picks and reports them in its startup line; the test
+stops it with SIGTERM to its own process id, and it must then exit 0. An exit case is a script
+run in a fresh interpreter that exits with sessions alive and runs in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# -- corral serve ----------------------------------------------------------------------------
+
+
+@dataclass
+class ServerProcess:
+    """A running ``corral serve``: its process, its HTTP and gRPC addresses, its log file."""
+
+    process: subprocess.Popen[bytes]
+    http: str
+    grpc: str
+    log: Path
+
+
+def start_server(
+    repo: Path, log: Path, *extra: str, environment: dict[str, str] | None = None
+) -> ServerProcess:
+    """Start ``corral serve repo`` with ``extra`` flags, logging to ``log``; wait for its ports.
+
+    ``CORRAL_*`` variables of this process are not passed on: only ``environment``'s are.
+    """
+    command = [
+        sys.executable,
+        "-c",
+        "import sys; from corral.cli import main; sys.exit(main())",
+        "serve",
+        str(repo),
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--drain-timeout-s",
+        "10",
+        *extra,
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env.update(environment or {})
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
+    # The startup line names the ports; poll the log file for it (bounded).
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = re.search(r"HTTP on ([\d.]+):(\d+), gRPC ([\d.]+):(\d+)", log.read_text())
+        if found:
+            return ServerProcess(
+                process,
+                f"{found[1]}:{found[2]}",
+                f"{found[3]}:{found[4]}",
+                log,
+            )
+        if process.poll() is not None:
+            break
+        time.sleep(0.05)
+    process.kill()
+    process.wait(timeout=10)
+    raise AssertionError(f"corral serve did not start:\n{log.read_text()}")
+
+
+def stop_server(served: ServerProcess) -> None:
+    """SIGTERM the server and require it to exit 0 within 30 s (killed if it does not)."""
+    served.process.send_signal(signal.SIGTERM)
+    try:
+        code = served.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        served.process.kill()
+        served.process.wait(timeout=10)
+        raise
+    assert code == 0, served.log.read_text()
+
+
+# -- interpreters that exit with runs in flight -------------------------------------------
+
+_EXIT_PRELUDE = """
+import sys, threading
+import numpy as np
+import corral
+from corral.testing import build_mlp
+sys.path.insert(0, {root!r})
+from tests.helpers import build_slow_loop
+
+def forever(session, feed, started):
+    started.set()
+    try:
+        while True:
+            session.run(feed)
+    except (corral.SessionClosed, corral.RunCancelled):
+        pass  # the runtime shut down under us: the expected way out
+
+def bounded(session, feed, started, n):
+    started.set()
+    for _ in range(n):
+        session.run(feed)
+"""
+
+# Each case's script, by name; ``{policy}`` is the sessions' concurrency policy.
+EXIT_CASES = {
+    # Tiny model, daemon threads in tight loops, main falls off the end.
+    "daemon-tight": """
+s = corral.Session(build_mlp(), concurrency="{policy}")
+feed = {{"X": np.ones((1, 4), np.float32)}}
+events = [threading.Event() for _ in range(4)]
+for e in events:
+    threading.Thread(target=forever, args=(s, feed, e), daemon=True).start()
+for e in events:
+    e.wait(30)
+""",
+    # An endless Loop model in flight on daemon threads: exit must cancel it.
+    "daemon-endless": """
+s = corral.Session(build_slow_loop(), concurrency="{policy}")
+feed = {{"M": np.array(10**12, np.int64), "start": np.zeros(1, np.float32)}}
+events = [threading.Event() for _ in range(2)]
+for e in events:
+    threading.Thread(target=forever, args=(s, feed, e), daemon=True).start()
+for e in events:
+    e.wait(30)
+""",
+    # Non-daemon threads still running bounded loops when main returns.
+    "non-daemon": """
+s = corral.Session(build_mlp(), concurrency="{policy}")
+feed = {{"X": np.ones((1, 4), np.float32)}}
+events = [threading.Event() for _ in range(3)]
+for e in events:
+    threading.Thread(target=bounded, args=(s, feed, e, 2000)).start()
+for e in events:
+    e.wait(30)
+""",
+    # A Host whose requests are queued for, and running on, the compute workers at exit.
+    "host-queued": """
+import tempfile, pathlib
+root = pathlib.Path(tempfile.mkdtemp())
+(root / "m" / "1").mkdir(parents=True)
+(root / "m" / "1" / "model.onnx").write_bytes(build_mlp())
+(root / "m" / "model.toml").write_text('concurrency = "{policy}"\\n')
+host = corral.Host(root)
+host.infer("m", {{"X": np.ones((1, 4), np.float32)}})
+
+def submitter(started):
+    started.set()
+    try:
+        while True:
+            host.submit("m", {{"X": np.ones((1, 4), np.float32)}}).result()
+    except (corral.CorralError, RuntimeError):
+        pass  # the runtime shut down under us: the expected way out
+
+events = [threading.Event() for _ in range(3)]
+for e in events:
+    threading.Thread(target=submitter, args=(e,), daemon=True).start()
+for e in events:
+    e.wait(30)
+""",
+    # sys.exit from main with many sessions alive and runs in flight.
+    "sys-exit": """
+sessions = [corral.Session(build_mlp(seed=i), concurrency="{policy}") for i in range(50)]
+feed = {{"X": np.ones((1, 4), np.float32)}}
+events = [threading.Event() for _ in range(4)]
+for i, e in enumerate(events):
+    threading.Thread(target=forever, args=(sessions[i], feed, e), daemon=True).start()
+for e in events:
+    e.wait(30)
+sys.exit(0)
+""",
+}
+
+
+def run_exit_case(case: str, policy: str) -> tuple[str, int | None, str]:
+    """Run one case in a fresh interpreter: its name, exit code (None if it hung), stderr."""
+    root = str(Path(__file__).resolve().parents[1])
+    script = _EXIT_PRELUDE.format(root=root) + EXIT_CASES[case].format(policy=policy)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        return f"{case}/{policy}", None, "hung: no exit within 60 s"
+    return f"{case}/{policy}", result.returncode, result.stderr
