@@ -691,7 +691,9 @@ def test_a_kept_load_failure_is_raised_as_a_fresh_copy_each_time(tmp_path: Path)
         assert depths[0] == depths[2]  # the third raise carries no frames of the first two
 
 
-def test_every_cold_path_loads_on_the_load_workers(repo: Path, monkeypatch: pytest.MonkeyPatch):
+def test_every_cold_path_loads_on_the_load_workers(
+    repo_with_bare_model: Path, monkeypatch: pytest.MonkeyPatch
+):
     # Blocking, submitted, asyncio and preloaded requests all load on the Host's one pool of
     # load workers: never on the caller's thread, never on asyncio's default executor.
     import corral._loader
@@ -704,11 +706,11 @@ def test_every_cold_path_loads_on_the_load_workers(repo: Path, monkeypatch: pyte
         return session(*args, **kwargs)
 
     monkeypatch.setattr(corral._loader, "Session", recorded)
-    with Host(repo, load_concurrency=2) as host:
+    with Host(repo_with_bare_model, load_concurrency=2) as host:
         host.infer("mlp", {"X": X})
         host.submit("tree", {"X": X}).result(timeout=30)
         asyncio.run(host.infer_async("bare", {"X": X}))
-    with Host(repo, load_concurrency=2) as host:
+    with Host(repo_with_bare_model, load_concurrency=2) as host:
         assert host.preload() == {}
     assert len(built_on) == 6
     assert all(name.startswith("corral-load") for name in built_on), built_on
@@ -716,13 +718,13 @@ def test_every_cold_path_loads_on_the_load_workers(repo: Path, monkeypatch: pyte
 
 
 @pytest.mark.timeout(60)
-def test_a_timeout_bounds_the_wait_for_a_load_slot(repo: Path, held_loads):
+def test_a_timeout_bounds_the_wait_for_a_load_slot(repo_with_bare_model: Path, held_loads):
     # With one load worker busy on a slow load, a request for another cold model waits for
     # that worker: its timeout ends its wait, and it is answered by the time it says.
-    with Host(repo, load_concurrency=1) as host:
+    with Host(repo_with_bare_model, load_concurrency=1) as host:
         slow = host.submit("mlp", {"X": X})
         assert held_loads.started.wait(timeout=10)
-        with pytest.raises(corral.DeadlineExceeded, match="'tree' was still loading after 0.05s"):
+        with pytest.raises(corral.DeadlineExceeded, match=r"'tree' was still loading after 0\.05s"):
             host.infer("tree", {"X": X}, timeout=0.05)
 
         async def cold_async() -> None:
@@ -735,9 +737,9 @@ def test_a_timeout_bounds_the_wait_for_a_load_slot(repo: Path, held_loads):
         assert host.infer("tree", {"X": X})["Y"].shape == (2, 1)  # its load went on
 
 
-def test_polling_starts_with_start_never_with_the_constructor(repo: Path):
+def test_polling_starts_with_start_never_with_the_constructor(repo_with_bare_model: Path):
     before = {thread.name for thread in threading.enumerate()}
-    host = Host(repo, poll_interval_s=60)
+    host = Host(repo_with_bare_model, poll_interval_s=60)
     try:
         assert "corral-host-poll" not in {t.name for t in threading.enumerate()} - before
         host.start()
@@ -750,9 +752,9 @@ def test_polling_starts_with_start_never_with_the_constructor(repo: Path):
         host.start()
 
 
-def test_a_cold_submit_is_batched_on_the_compute_workers_once_loaded(repo: Path):
+def test_a_cold_submit_is_batched_on_the_compute_workers_once_loaded(repo_with_bare_model: Path):
     expected = reference_run(build_mlp(seed=1), {"X": X})[0]
-    with Host(repo) as host:
+    with Host(repo_with_bare_model) as host:
         futures = [host.submit("mlp", {"X": X}) for _ in range(8)]
         for future in futures:
             np.testing.assert_array_equal(future.result(timeout=30)["Y"], expected)
