@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from corral._status import HostStats, ModelStatus
     from corral.demo import DemoResult, DemoStep
 
-__all__ = ["main"]
+__all__ = ["main", "positive_int", "progress_bar", "ratio"]
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -121,12 +121,12 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "memory, load time, throughput and idle CPU."
         ),
     )
-    demo.add_argument("--models", type=_positive_int, default=1000, help="models (default 1000)")
+    demo.add_argument("--models", type=positive_int, default=1000, help="models (default 1000)")
     demo.add_argument(
-        "--threads", type=_positive_int, default=8, help="loading and serving threads (default 8)"
+        "--threads", type=positive_int, default=8, help="loading and serving threads (default 8)"
     )
     demo.add_argument(
-        "--requests", type=_positive_int, default=20000, help="runs in all (default 20000)"
+        "--requests", type=positive_int, default=20000, help="runs in all (default 20000)"
     )
     demo.add_argument(
         "--keep", type=Path, metavar="DIR", help="build the models into DIR and keep them"
@@ -154,7 +154,8 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type: a positive integer, or an error that says what was given."""
     try:
         value = int(text)
     except ValueError:
@@ -328,7 +329,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     # corral.demo's ImportErrors (a missing extra) already say what to install.
     try:
-        with _progress_bar() as progress:
+        with progress_bar() as progress:
             display = _DemoDisplay(progress, args.models)
             result = run_demo(
                 args.models, args.threads, args.requests, folder=args.keep, progress=display
@@ -406,21 +407,26 @@ def _demo_table(result: DemoResult) -> Table:
             label,
             number.format(corral_value),
             number.format(onnxruntime_value),
-            _ratio(corral_value, onnxruntime_value),
+            ratio(corral_value, onnxruntime_value),
         )
     return table
 
 
-def _ratio(numerator: float, denominator: float) -> str:
+def ratio(numerator: float, denominator: float) -> str:
+    """``numerator / denominator`` as ``1.23x``; ``-`` when the denominator is 0.
+
+    >>> ratio(3, 1003)
+    '0.003x'
+    """
     if denominator == 0:
         return "-"
-    ratio = numerator / denominator
-    if ratio >= 10:
-        return f"{ratio:,.0f}x"
-    if ratio == 0 or ratio >= 0.1:
-        return f"{ratio:.2f}x"
+    value = numerator / denominator
+    if value >= 10:
+        return f"{value:,.0f}x"
+    if value == 0 or value >= 0.1:
+        return f"{value:.2f}x"
     # Two significant digits, so that 3 threads against 1,003 does not read as 0.00x.
-    return f"{ratio:.2g}x"
+    return f"{value:.2g}x"
 
 
 # -- corral models -------------------------------------------------------------------------
@@ -437,7 +443,7 @@ def _models(args: argparse.Namespace) -> int:
         failures: dict[str, corral.CorralError] = {}
         if args.preload:
             names = host.repository.names()
-            with _progress_bar() as progress:
+            with progress_bar() as progress:
                 task = progress.add_task(f"loading {len(names)} models", total=len(names))
 
                 def on_loaded(done: int, total: int, name: str) -> None:
@@ -510,7 +516,8 @@ def _require_rich() -> None:
         raise SystemExit("corral's command line needs rich: pip install 'corral[cli]'")
 
 
-def _progress_bar() -> Progress:
+def progress_bar() -> Progress:
+    """A rich progress display on stderr, so that stdout carries only the results."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,

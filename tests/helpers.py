@@ -11,6 +11,7 @@ import asyncio
 import gc
 import importlib.util
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -196,3 +197,16 @@ def load_benchmark(relative_path: str) -> ModuleType:
 
 # What the reliability suite's ``figure`` fixture records with: ``figure("what", value)``.
 Figure = Callable[[str, object], None]
+
+
+def run_benchmark(
+    script: str, argv: list[str], timeout: float = 100
+) -> subprocess.CompletedProcess[str]:
+    """Run ``benchmarks/<script>`` with ``argv`` in a subprocess; its output as text."""
+    return subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

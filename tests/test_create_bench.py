@@ -7,13 +7,11 @@ harness, not the figures.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 import corral
-from tests.helpers import BENCHMARKS, load_benchmark
+from tests.helpers import load_benchmark, run_benchmark
 
 create = load_benchmark("create.py")
 
@@ -42,13 +40,7 @@ def test_measure_construction_refuses_nothing_to_measure(name: str) -> None:
 def test_script_prints_json_in_a_subprocess() -> None:
     argv = ["--models", "20", "--rounds", "1", "--json"]
 
-    completed = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "create.py"), *argv],
-        capture_output=True,
-        text=True,
-        timeout=100,
-        check=False,
-    )
+    completed = run_benchmark("create.py", argv, timeout=100)
 
     assert completed.returncode == 0, completed.stderr
     result = json.loads(completed.stdout)

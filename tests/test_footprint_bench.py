@@ -19,7 +19,7 @@ import pytest
 
 import corral
 from corral.demo import WorkerFailed
-from tests.helpers import BENCHMARKS, load_benchmark
+from tests.helpers import BENCHMARKS, load_benchmark, run_benchmark
 
 footprint = load_benchmark("footprint.py")
 ENGINES = footprint.ENGINES
@@ -226,13 +226,7 @@ def test_summary_rows_put_engines_side_by_side_per_count() -> None:
 
 @pytest.mark.timeout(300)
 def test_script_prints_json_for_every_engine_instead_of_the_table() -> None:
-    completed = subprocess.run(
-        [sys.executable, SCRIPT, "--counts", "20", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=250,
-        check=False,
-    )
+    completed = run_benchmark("footprint.py", ["--counts", "20", "--json"], timeout=250)
 
     assert completed.returncode == 0, completed.stderr
     results = json.loads(completed.stdout)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import onnx
 import pytest
 
 import corral
-from tests.helpers import BENCHMARKS, load_benchmark
+from tests.helpers import load_benchmark, run_benchmark
 
 scenarios = load_benchmark("scenarios.py")
 BASELINES = scenarios.BASELINES
@@ -336,13 +335,7 @@ def test_command_line_prints_tables_and_writes_json_and_a_png(tmp_path: Path) ->
     argv += ["--requests", "10", "--rounds", "1", "--json", str(json_path)]
     argv += ["--plot", str(png_path)]
 
-    completed = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "scenarios.py"), *argv],
-        capture_output=True,
-        text=True,
-        timeout=100,
-        check=False,
-    )
+    completed = run_benchmark("scenarios.py", argv, timeout=100)
 
     assert completed.returncode == 0, completed.stderr
     document = json.loads(json_path.read_text())
