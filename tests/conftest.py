@@ -7,6 +7,7 @@ are in tests/helpers.py: this file holds fixtures only.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Iterator
@@ -83,3 +84,16 @@ def repo(tmp_path: Path) -> Path:
     add_model(tmp_path, "mlp", build_mlp(seed=1))
     add_model(tmp_path, "tree", build_tree(seed=2))
     return tmp_path
+
+
+@pytest.fixture
+def garbage_collected_on_the_main_thread() -> Iterator[None]:
+    """Collect a test's garbage on the main thread when it ends.
+
+    For tests that use tritonclient's HTTP client, which is gevent-based: its ``__del__`` must
+    run on the thread that made it. One kept alive by a reference cycle (a caught exception's
+    traceback holds the test's frame) would otherwise be collected on whichever thread a later
+    garbage collection runs on, and fail there with gevent's InvalidThreadUseError.
+    """
+    yield
+    gc.collect()

@@ -31,7 +31,11 @@ from tests.helpers import load_benchmark, reference_run
 # The footprint benchmark's models in Triton's layout, as `make serve` serves them.
 build_repository = load_benchmark("footprint.py").build_repository
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.timeout(420),
+    pytest.mark.usefixtures("garbage_collected_on_the_main_thread"),
+]
 
 MODELS = 200
 REPLICAS = 2

@@ -24,7 +24,10 @@ from corral.testing import build_mlp
 from tests.helpers import add_model, build_identity, build_slow_loop, reference_run
 from tests.processes import ServerProcess, start_server, stop_server
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.usefixtures("garbage_collected_on_the_main_thread"),
+]
 
 X = np.random.default_rng(11).standard_normal((3, 4)).astype(np.float32)
 
