@@ -1,16 +1,10 @@
 """Host: model name -> loaded Session, for thousands of models under a memory budget.
 
-A Host loads a model the first time it is asked for (one load however many threads ask),
-keeps what is loaded under a byte budget by evicting the least recently used models that
-nobody holds, serves the newest version (or what the model's ``version_policy`` says), and
-with polling on swaps in changed or new versions in the background. It never closes a
-session under a run: every request holds a lease, and eviction, unload and reload only
-retire sessions that are idle or let them drain.
-
-The Host is a façade over parts that each own their state (``docs/architecture.md``): the
-table (``_table``: every served version and the one lock), the loader (``_loader``: the load
-workers, single-flight loads, back-off), the reloader (``_reload``), the budget's rules
-(``_budget``) and the served versions themselves (``_served``: a Session and its queue).
+A façade (``docs/architecture.md``) over parts that each own their state: the table
+(``_table``: every served version, the one lock), the loader (``_loader``: the load workers,
+single-flight loads, back-off), the reloader (``_reload``), the budget's rules (``_budget``)
+and the served versions (``_served``: a Session and its queue). It never closes a session
+under a run: every request holds a lease or an admission.
 """
 
 from __future__ import annotations
@@ -123,8 +117,8 @@ class Host:
             with host.acquire("fraud") as lease:
                 lease.run({"X": x})
         """
-        lease = self._ready_lease(name, version)
-        if lease is not None:
+        served = self._ready(name, version)
+        if served is not None and (lease := served.try_lease()) is not None:
             return lease
         self._reloader.start()
         return self._loader.lease(name, version, timeout)
@@ -133,8 +127,8 @@ class Host:
         self, name: str, version: int | str | None = None, *, timeout: float | None = None
     ) -> HostLease:
         """Like :meth:`acquire`, for asyncio: the event loop never waits on a load or a disk."""
-        lease = self._ready_lease(name, version)
-        if lease is not None:
+        served = self._ready(name, version)
+        if served is not None and (lease := served.try_lease()) is not None:
             return lease
         self._reloader.start()
         return await self._loader.lease_async(name, version, timeout)
@@ -180,8 +174,8 @@ class Host:
         request runs means it never runs.
         """
         deadline = _deadline(timeout)
-        served = self._ready_admitted(name, version)
-        if served is not None:
+        served = self._ready(name, version)
+        if served is not None and served.try_admit():
             future: Future[Outputs] = Future()
             served.enqueue(inputs, outputs, future, None, deadline)
             return future
@@ -208,8 +202,8 @@ class Host:
         request runs means it never runs.
         """
         deadline = _deadline(timeout)
-        served = self._ready_admitted(name, version)
-        if served is not None:
+        served = self._ready(name, version)
+        if served is not None and served.try_admit():
             loop = asyncio.get_running_loop()
             future: asyncio.Future[Outputs] = loop.create_future()
             served.enqueue(inputs, outputs, future, loop, deadline)
@@ -386,25 +380,6 @@ class Host:
         if version is not None or type(name) is not str:
             return None
         return self._ready_map.get(name)
-
-    def _ready_lease(self, name: str, version: int | str | None) -> HostLease | None:
-        served = self._ready(name, version)
-        if served is None:
-            return None
-        try:
-            return served.lease()
-        except SessionClosed:
-            return None  # evicted or swapped since the lookup: the cold path finds it again
-
-    def _ready_admitted(self, name: str, version: int | str | None) -> ServedVersion | None:
-        served = self._ready(name, version)
-        if served is None:
-            return None
-        try:
-            served.admit()
-        except SessionClosed:
-            return None
-        return served
 
 
 def _deadline(timeout: float | None) -> float | None:

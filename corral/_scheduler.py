@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from corral._delivery import deliver
 from corral._errors import (
     CorralError,
     DeadlineExceeded,
@@ -387,7 +388,7 @@ class Scheduler:
                 started = future.set_running_or_notify_cancel()  # type: ignore[union-attr]
             else:
                 # An asyncio future is cancelled on its loop's thread; a cancel that lands
-                # after this check still wins there: _deliver_all drops the result.
+                # after this check still wins there: the delivery drops the result.
                 started = not future.cancelled()
             if not started:
                 cancelled += 1
@@ -596,55 +597,10 @@ def _answer(
 ) -> None:
     """Answer requests of one queue, each with its result or else its error.
 
-    Their admissions end first, all at once: the answers need the model no more. Requests
-    from asyncio are answered with one wake-up per event loop, not one per request.
+    Their admissions end first, all at once: the answers need the model no more.
     """
     requests[0].owner.dismiss(len(requests))
-    if results is None:
-        results = [None] * len(requests)  # errors has them all
-    loop = requests[0].loop
-    if loop is not None and all(request.loop is loop for request in requests):
-        # The usual case: every caller awaits on one event loop.
-        futures: list[Any] = [request.future for request in requests]
-        loop.call_soon_threadsafe(_deliver_all, futures, results, errors)
-        return
-    by_loop: dict[asyncio.AbstractEventLoop, tuple[list[Any], list[Any], list[Any]]] = {}
-    for index, request in enumerate(requests):
-        error = None if errors is None else errors[index]
-        if request.loop is None:
-            _resolve(request.future, results[index], error)  # type: ignore[arg-type]
-        else:
-            futures, loop_results, loop_errors = by_loop.setdefault(request.loop, ([], [], []))
-            futures.append(request.future)
-            loop_results.append(results[index])
-            loop_errors.append(error)
-    for loop, (futures, loop_results, loop_errors) in by_loop.items():
-        loop.call_soon_threadsafe(_deliver_all, futures, loop_results, loop_errors)
-
-
-def _deliver_all(
-    futures: list[Any], results: Sequence[Any], errors: list[BaseException | None] | None
-) -> None:
-    """On the event loop: settle each future that its caller has not cancelled meanwhile."""
-    if errors is None:
-        for future, result in zip(futures, results, strict=True):
-            if not future.done():
-                future.set_result(result)
-        return
-    for future, result, error in zip(futures, results, errors, strict=True):
-        if future.done():
-            continue
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
-
-
-def _resolve(future: Future[Outputs], result: Outputs | None, error: BaseException | None) -> None:
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)  # type: ignore[arg-type]  # set when no error
+    deliver(requests, results, errors)
 
 
 def _stats(queue: ModelQueue) -> QueueStats:

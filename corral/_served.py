@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy.typing as npt
 
+from corral._errors import SessionClosed
 from corral._runtime import Runtime
 from corral._scheduler import ModelQueue, QueueKey, Scheduler
 from corral._session import Lease, Session
@@ -127,6 +128,21 @@ class ServedVersion:
         """Count one queued request as in flight; raises SessionClosed once out of service."""
         self.session.admit()
         self.last_used = time.time()
+
+    def try_lease(self) -> HostLease | None:
+        """:meth:`lease`, or None once out of service: the caller then loads it again."""
+        try:
+            return self.lease()
+        except SessionClosed:
+            return None
+
+    def try_admit(self) -> bool:
+        """:meth:`admit`, or False once out of service: the caller then loads it again."""
+        try:
+            self.admit()
+        except SessionClosed:
+            return False
+        return True
 
     def run(
         self, inputs: Mapping[str, Any], outputs: Sequence[str] | None

@@ -1,0 +1,87 @@
+"""Delivery: settling requests' futures from a compute worker, one wake-up per event loop.
+
+A compute worker answers a batch of requests at once. A blocking caller's
+``concurrent.futures.Future`` is settled on the worker's thread; an asyncio caller's future
+may only be settled on its own loop, so the answers for each loop go there in one
+``call_soon_threadsafe``, not one per request: 32 answers cost one wake-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+__all__ = ["Waiting", "deliver"]
+
+
+class Waiting(Protocol):
+    """A request waiting for its answer: its future, and the loop that future belongs to."""
+
+    @property
+    def future(self) -> Future[Any] | asyncio.Future[Any]:
+        """Where its answer goes."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The asyncio loop of ``future``; None for a ``concurrent.futures.Future``."""
+
+
+def deliver(
+    waiting: Sequence[Waiting],
+    results: Sequence[object] | None,
+    errors: Sequence[BaseException | None] | None,
+) -> None:
+    """Give each waiting request its result, or else its error, on the right thread.
+
+    ``results`` None means every request has an error; ``errors`` None means none has. A
+    request whose caller cancelled it meanwhile is skipped.
+    """
+    if results is None:
+        results = [None] * len(waiting)  # errors has them all
+    loop = waiting[0].loop
+    if loop is not None and all(request.loop is loop for request in waiting):
+        # The usual case: every caller awaits on one event loop.
+        futures = [request.future for request in waiting]
+        loop.call_soon_threadsafe(_settle_all, futures, results, errors)
+        return
+    by_loop: dict[asyncio.AbstractEventLoop, tuple[list[Any], list[object], list[Any]]] = {}
+    for index, request in enumerate(waiting):
+        error = None if errors is None else errors[index]
+        if request.loop is None:
+            _settle(request.future, results[index], error)
+        else:
+            futures, loop_results, loop_errors = by_loop.setdefault(request.loop, ([], [], []))
+            futures.append(request.future)
+            loop_results.append(results[index])
+            loop_errors.append(error)
+    for loop, (futures, loop_results, loop_errors) in by_loop.items():
+        loop.call_soon_threadsafe(_settle_all, futures, loop_results, loop_errors)
+
+
+def _settle_all(
+    futures: list[Any], results: Sequence[object], errors: Sequence[BaseException | None] | None
+) -> None:
+    """On the event loop: settle each future that its caller has not cancelled meanwhile."""
+    if errors is None:
+        for future, result in zip(futures, results, strict=True):
+            if not future.done():
+                future.set_result(result)
+        return
+    for future, result, error in zip(futures, results, errors, strict=True):
+        if future.done():
+            continue
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+
+def _settle(future: Any, result: object, error: BaseException | None) -> None:
+    # A thread's future: its caller may have cancelled it only before the run began, and a
+    # cancelled request never reaches a delivery.
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
