@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, as_completed
 from concurrent.futures import wait as wait_for_futures
@@ -26,7 +25,7 @@ from corral._options import HostOptionArgs, HostOptions
 from corral._reload import Reloader
 from corral._repository import Repository, validate_model_name
 from corral._runtime import Runtime, runtime
-from corral._scheduler import QueueKey, QueueStats
+from corral._scheduler import QueueKey, QueueStats, deadline_after, time_left
 from corral._served import HostLease, Outputs, ServedVersion
 from corral._status import HostState, HostStats, ModelStatus, model_status
 from corral._table import ModelTable
@@ -173,7 +172,7 @@ class Host:
         answered :class:`DeadlineExceeded` without running. ``Future.cancel()`` before the
         request runs means it never runs.
         """
-        deadline = _deadline(timeout)
+        deadline = deadline_after(timeout)
         served = self._ready(name, version)
         if served is not None and served.try_admit():
             future: Future[Outputs] = Future()
@@ -201,7 +200,7 @@ class Host:
         bounds the wait for the load and the queue. Cancelling the awaiting task before the
         request runs means it never runs.
         """
-        deadline = _deadline(timeout)
+        deadline = deadline_after(timeout)
         served = self._ready(name, version)
         if served is not None and served.try_admit():
             loop = asyncio.get_running_loop()
@@ -210,7 +209,7 @@ class Host:
             return await future
         lease = await self.acquire_async(name, version, timeout=timeout)
         try:
-            return await lease.infer_async(inputs, outputs, timeout=_remaining(deadline))
+            return await lease.infer_async(inputs, outputs, timeout=time_left(deadline))
         finally:
             lease.release()
 
@@ -349,17 +348,17 @@ class Host:
         load ends. Idempotent. Raises :class:`DrainTimeout` if leases remain after
         ``timeout``; those sessions close when their last lease ends.
         """
-        deadline = _deadline(timeout)
+        deadline = deadline_after(timeout)
         loading = self._table.begin_close()
         if loading is None:
             return
-        self._reloader.stop(_remaining(deadline))
+        self._reloader.stop(time_left(deadline))
         # Loads in flight see the Host closing when they finish and close what they built.
-        _, unfinished = wait_for_futures(loading, timeout=_remaining(deadline))
+        _, unfinished = wait_for_futures(loading, timeout=time_left(deadline))
         self._loader.close(wait=not unfinished)
         retired = self._table.retire_all()
         try:
-            self._table.drain(retired, _remaining(deadline))
+            self._table.drain(retired, time_left(deadline))
         finally:
             self._table.finish_close()
 
@@ -380,16 +379,6 @@ class Host:
         if version is not None or type(name) is not str:
             return None
         return self._ready_map.get(name)
-
-
-def _deadline(timeout: float | None) -> float | None:
-    return None if timeout is None else time.monotonic() + timeout
-
-
-def _remaining(deadline: float | None) -> float | None:
-    if deadline is None:
-        return None
-    return max(0.0, deadline - time.monotonic())
 
 
 def _default_runtime() -> Runtime:

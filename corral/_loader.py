@@ -34,14 +34,13 @@ from corral._errors import (
     HostClosed,
     ModelLoadError,
     ModelNotFound,
-    SessionClosed,
     fresh,
 )
 from corral._options import HostOptions
 from corral._providers import resolve_policy, resolve_providers
 from corral._repository import ModelEntry, Repository, validate_model_name
 from corral._runtime import Runtime
-from corral._scheduler import DEFAULT_MAX_BATCH_SIZE
+from corral._scheduler import DEFAULT_MAX_BATCH_SIZE, deadline_after, time_left
 from corral._served import HostLease, Outputs, ServedVersion
 from corral._session import Session
 from corral._table import Key, Lead, ModelTable
@@ -106,38 +105,37 @@ class Loader:
         Raises the error its load ended with, or :class:`DeadlineExceeded`: the load goes
         on for whoever asks next.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = deadline_after(timeout)
         while True:
             loading = self.prepare(name, version, refresh=refresh)
             try:
-                served = loading.result(timeout=_remaining(deadline))
+                served = loading.result(timeout=time_left(deadline))
             except FutureTimeout:
                 loading.cancel()
                 raise _still_loading(name, version, timeout) from None
             except CorralError as exc:
                 raise fresh(exc) from exc.__cause__
-            try:
-                return served.lease()
-            except SessionClosed:
-                refresh = False  # evicted or swapped out since it loaded: ask again
+            lease = served.try_lease()
+            if lease is not None:
+                return lease
+            refresh = False  # evicted or swapped out since it loaded: ask again
 
     async def lease_async(
         self, name: str, version: int | str | None, timeout: float | None
     ) -> HostLease:
         """:meth:`lease` for asyncio: the event loop waits on nothing but the future."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = deadline_after(timeout)
         while True:
             loading = self.prepare(name, version)
             try:
-                served = await asyncio.wait_for(asyncio.wrap_future(loading), _remaining(deadline))
+                served = await asyncio.wait_for(asyncio.wrap_future(loading), time_left(deadline))
             except TimeoutError:
                 raise _still_loading(name, version, timeout) from None
             except CorralError as exc:
                 raise fresh(exc) from exc.__cause__
-            try:
-                return served.lease()
-            except SessionClosed:
-                continue
+            lease = served.try_lease()
+            if lease is not None:
+                return lease
 
     def resolve(
         self, name: str, version: int | str | None, *, refresh: bool = False
@@ -196,9 +194,7 @@ class Loader:
             if error is not None:
                 raise fresh(error)
             served = loading.result()
-            try:
-                served.admit()
-            except SessionClosed:
+            if not served.try_admit():
                 self.enqueue_when_loaded(name, version, request, answer)  # evicted since: again
                 return
             inputs, outputs, deadline = request
@@ -211,9 +207,10 @@ class Loader:
 
     # -- builds ------------------------------------------------------------------------------
 
-    def build(self, name: str, version: int, entry: ModelEntry) -> ServedVersion:
+    def build(self, name: str, version: int, entry: ModelEntry, size_bytes: int) -> ServedVersion:
         """Build ``version`` of a model into a served version, not yet published.
 
+        ``size_bytes`` is its :meth:`estimate`: what the budget counts it as.
         Creates its Session (and warms it up if its model.toml says so) on the calling
         thread; raises :class:`ModelLoadError` (or a subclass) if that fails.
         """
@@ -234,7 +231,7 @@ class Loader:
                 version,
                 session,
                 runtime=self._runtime,
-                size_bytes=self.estimate(entry, version),
+                size_bytes=size_bytes,
                 fingerprint=entry.version_fingerprint(version),
                 max_batch_size=rows,
                 batch_window_us=window,
@@ -250,7 +247,8 @@ class Loader:
 
         def job() -> None:
             try:
-                _settle(built, result=self.build(name, version, entry))
+                size = self.estimate(entry, version)
+                _settle(built, result=self.build(name, version, entry, size))
             except BaseException as exc:
                 _settle(built, error=exc)
                 if not isinstance(exc, Exception):
@@ -356,7 +354,7 @@ class Loader:
             evicted = self._table.reserve(key, size)
             reserved = size
             self._table.drain(evicted, timeout=0)
-            served = self.build(name, version, entry)
+            served = self.build(name, version, entry, size)
             try:
                 self._table.publish(served, entry, reserved, time.monotonic() - started)
             finally:
@@ -443,10 +441,6 @@ def _choose(entry: ModelEntry, name: str, version: int | str | None) -> int:
             f"{entry.config.version_policy}; served: {_listing(entry.served_versions)}"
         )
     return number
-
-
-def _remaining(deadline: float | None) -> float | None:
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def _still_loading(name: str, version: int | str | None, timeout: float | None) -> DeadlineExceeded:

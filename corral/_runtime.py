@@ -14,14 +14,13 @@ import enum
 import logging
 import os
 import threading
-import time
 import weakref
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from corral import _ort
 from corral._errors import DrainTimeout, RuntimeClosed, RuntimeConfigError
-from corral._scheduler import Scheduler
+from corral._scheduler import Scheduler, deadline_after, time_left
 
 __all__ = ["ArenaMode", "Runtime", "RuntimeOptions", "RuntimeState", "RuntimeStats", "runtime"]
 
@@ -250,14 +249,14 @@ class Runtime:
                 raise DrainTimeout(f"another thread's shutdown is still draining after {timeout}s")
             return
         atexit.unregister(self._shutdown_at_exit)
-        deadline = _Deadline(timeout)
+        deadline = deadline_after(timeout)
         unfinished = 0
         # Requests already queued were accepted: run them before closing their sessions.
-        if compute is not None and not compute.shutdown(deadline.remaining()):
+        if compute is not None and not compute.shutdown(time_left(deadline)):
             unfinished += 1
         for session in sessions:
             try:
-                session._close_for_runtime(deadline.remaining(), cancel=cancel)
+                session._close_for_runtime(time_left(deadline), cancel=cancel)
             except DrainTimeout:
                 unfinished += 1
         with self._state_lock:
@@ -357,18 +356,6 @@ class Runtime:
             self.shutdown(timeout=EXIT_TIMEOUT_S, cancel=True)
         except DrainTimeout as exc:
             logger.warning("corral: interpreter exit with runs still in flight: %s", exc)
-
-
-class _Deadline:
-    """Seconds left until a point in time, shared by several waits."""
-
-    def __init__(self, timeout: float | None) -> None:
-        self._end = None if timeout is None else time.monotonic() + timeout
-
-    def remaining(self) -> float | None:
-        if self._end is None:
-            return None
-        return max(0.0, self._end - time.monotonic())
 
 
 def runtime() -> Runtime:

@@ -50,6 +50,8 @@ __all__ = [
     "QueueStats",
     "Runnable",
     "Scheduler",
+    "deadline_after",
+    "time_left",
 ]
 
 Outputs = dict[str, npt.NDArray[Any]]
@@ -66,6 +68,16 @@ DEFAULT_TOTAL_LIMIT = 65536
 BATCH_ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
 # How far down a queue the batch former looks for requests of the same shape.
 _SCAN_LIMIT = 256
+
+
+def deadline_after(timeout: float | None) -> float | None:
+    """The ``time.monotonic()`` by which ``timeout`` seconds from now end; None: no deadline."""
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def time_left(deadline: float | None) -> float | None:
+    """Seconds left until ``deadline`` (never negative); None for no deadline."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 @dataclass(frozen=True)
@@ -277,9 +289,9 @@ class Scheduler:
             while self._sleepers:
                 self._sleepers.pop().release()
             threads = list(self._threads)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = deadline_after(timeout)
         for thread in threads:
-            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            thread.join(time_left(deadline))
         stopped = not any(thread.is_alive() for thread in threads)
         if stopped:
             with self._lock:

@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from corral._errors import SessionClosed
 from corral._runtime import Runtime
-from corral._scheduler import ModelQueue, QueueKey, Scheduler
+from corral._scheduler import ModelQueue, QueueKey, Scheduler, deadline_after
 from corral._session import Lease, Session
 
 __all__ = ["HostLease", "Outputs", "ServedVersion"]
@@ -240,7 +240,7 @@ class HostLease:
         running. Cancelling the awaiting task before the request runs means it never runs.
         """
         loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = deadline_after(timeout)
         self._lease.admit()
         future: asyncio.Future[Outputs] = loop.create_future()
         self._served.enqueue(inputs, outputs, future, loop, deadline)
@@ -254,7 +254,7 @@ class HostLease:
         timeout: float | None = None,
     ) -> Future[dict[str, npt.NDArray[Any]]]:
         """Like :meth:`infer_async`, answered through a ``concurrent.futures.Future``."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = deadline_after(timeout)
         self._lease.admit()
         future: Future[Outputs] = Future()
         self._served.enqueue(inputs, outputs, future, None, deadline)

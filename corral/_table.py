@@ -32,6 +32,7 @@ from corral._errors import (
 from corral._histogram import Histogram
 from corral._options import HostOptions
 from corral._repository import ModelEntry
+from corral._scheduler import deadline_after, time_left
 from corral._served import ServedVersion
 from corral._session import SessionState
 from corral._status import Holdings, HostState, HostStats, ModelState, VersionStatus
@@ -489,15 +490,14 @@ class ModelTable:
 
         Raises :class:`DrainTimeout` if leases remain; each version then closes with its last.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = deadline_after(timeout)
         still_busy = 0
         for served in retired:
             if timeout == 0:
                 served.session.close_when_idle()
                 continue
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                served.session.close(timeout=left)
+                served.session.close(timeout=time_left(deadline))
             except DrainTimeout:
                 still_busy += 1
         with self._lock:
