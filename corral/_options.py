@@ -8,10 +8,11 @@ raises :class:`InvalidOption` naming the option.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from corral._budget import Limits, parse_bytes
 from corral._errors import InvalidOption
@@ -93,6 +94,23 @@ class HostOptions:
             raise InvalidOption(
                 f"batching must be True or False, got {self.batching!r}", option="batching"
             )
+
+    @classmethod
+    def taken_from(cls, source: object) -> HostOptions:
+        """The options ``source`` carries as attributes of the same names; the rest default.
+
+        For the objects that carry the Host's options among their own (the server's
+        settings, Ray's config). An attribute that is None leaves an option whose default is
+        not None (``load_concurrency``, ``batching`` ...) at that default.
+        """
+        given: dict[str, Any] = {}  # each option is checked by __post_init__
+        for option in dataclasses.fields(cls):
+            if not option.init or not hasattr(source, option.name):
+                continue
+            value = getattr(source, option.name)
+            if value is not None or option.default is None:
+                given[option.name] = value
+        return dataclasses.replace(cls(), **given)
 
     @property
     def budget_bytes(self) -> int | None:

@@ -105,13 +105,8 @@ class RayServeConfig:
         self.host_options()  # the Host's options are checked where they are defined
 
     def host_options(self) -> HostOptions:
-        """The options of each replica's Host."""
-        return HostOptions(
-            memory_budget=self.memory_budget,
-            max_loaded_models=self.max_loaded_models,
-            poll_interval_s=self.poll_interval_s,
-            max_queue_per_model=self.max_queue_per_model,
-        )
+        """The options of each replica's Host: its fields of the same names."""
+        return HostOptions.taken_from(self)
 
     @classmethod
     def from_mapping(cls, args: dict[str, object]) -> RayServeConfig:

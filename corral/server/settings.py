@@ -11,11 +11,9 @@ Nothing here is read at import: :class:`ServerSettings` reads the environment wh
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -31,11 +29,8 @@ HOST_OPTIONS_NOT_SERVED = {
     "failure_backoff_s": "a pair of seconds; the server keeps the library's default back-off",
 }
 
-_HOST_DEFAULTS = {
-    option.name: option.default
-    for option in dataclasses.fields(HostOptions)
-    if option.init and option.default is not dataclasses.MISSING
-}
+# The Host's options take their defaults from HostOptions itself.
+_HOST_DEFAULTS = HostOptions()
 
 
 class ServerSettings(BaseSettings):
@@ -57,26 +52,26 @@ class ServerSettings(BaseSettings):
         8001, ge=-1, le=65535, description="the gRPC port; 0: any free port; -1: no gRPC server"
     )
     # -- the Host's options: checked by HostOptions, defaults from it ------------------------
-    memory_budget: str | None = Field(
-        _HOST_DEFAULTS["memory_budget"],
+    memory_budget: int | str | None = Field(
+        _HOST_DEFAULTS.memory_budget,
         description="estimated bytes the loaded models may hold: bytes or a size like 2GiB",
     )
     max_loaded_models: int | None = Field(
-        _HOST_DEFAULTS["max_loaded_models"], description="most model versions loaded at once"
+        _HOST_DEFAULTS.max_loaded_models, description="most model versions loaded at once"
     )
     load_concurrency: int | None = Field(
         None, description="loads that run at once (default: the cores, at most 4)"
     )
     poll_interval_s: float | None = Field(
-        _HOST_DEFAULTS["poll_interval_s"],
+        _HOST_DEFAULTS.poll_interval_s,
         description="seconds between checks of the models in use for new versions",
     )
     batching: bool = Field(
-        _HOST_DEFAULTS["batching"],
+        _HOST_DEFAULTS.batching,
         description="batch concurrent requests for a model where it allows",
     )
     max_queue_per_model: int = Field(
-        _HOST_DEFAULTS["max_queue_per_model"],
+        _HOST_DEFAULTS.max_queue_per_model,
         description="requests a model version may have queued; more get 429 at once",
     )
     # -- the Runtime and the server ----------------------------------------------------------
@@ -112,17 +107,8 @@ class ServerSettings(BaseSettings):
         return self
 
     def host_options(self) -> HostOptions:
-        """The options of the server's Host."""
-        given: dict[str, Any] = {
-            "memory_budget": self.memory_budget,
-            "max_loaded_models": self.max_loaded_models,
-            "poll_interval_s": self.poll_interval_s,
-            "batching": self.batching,
-            "max_queue_per_model": self.max_queue_per_model,
-        }
-        if self.load_concurrency is not None:
-            given["load_concurrency"] = self.load_concurrency
-        return HostOptions(**given)
+        """The options of the server's Host: its fields of the same names."""
+        return HostOptions.taken_from(self)
 
     @classmethod
     def variable(cls, field: str) -> str:
