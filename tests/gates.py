@@ -97,9 +97,9 @@ def hold_filesystem(
     else:
         snapshot = plane.statistics_snapshot
 
-        def held_snapshot() -> list[ModelStatistics]:
+        def held_snapshot(queues: Any = None) -> list[ModelStatistics]:
             gate.hold()
-            return snapshot()
+            return snapshot(queues)
 
         monkeypatch.setattr(plane, "statistics_snapshot", held_snapshot)
 

@@ -182,7 +182,7 @@ def test_label_values_are_escaped(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     )
     with Host(tmp_path) as host:
         plane = DataPlane(host)
-        monkeypatch.setattr(plane, "statistics_snapshot", lambda: [row])
+        monkeypatch.setattr(plane, "statistics_snapshot", lambda queues=None: [row])
         families = parse(Metrics(plane).render()[0])
 
     assert per_model(families["nv_inference_request_duration_us"]) == {(odd, "1"): 5}
@@ -235,7 +235,7 @@ def test_ten_thousand_model_versions_are_all_rendered(
     rows, queues = fake_statistics()
     with Host(tmp_path) as host:
         plane = DataPlane(host)
-        monkeypatch.setattr(plane, "statistics_snapshot", lambda: rows)
+        monkeypatch.setattr(plane, "statistics_snapshot", lambda queues=None: rows)
         monkeypatch.setattr(host, "queue_stats", lambda: queues)
         body, _ = Metrics(plane).render()
 

@@ -4,10 +4,11 @@ The HTTP and gRPC servers decode a request into :mod:`corral.protocol.types`, ca
 here, and encode what it returns; errors are corral's own exceptions, which each transport
 maps to its status codes. Nothing here knows about HTTP or gRPC.
 
-Every operation that may read the repository's files or wait for a load is a coroutine that
-does that work on a worker thread (:func:`run_blocking`), so that a slow or hung filesystem
-holds up only the requests that need it, never the event loop every client shares. ``live``,
-``ready`` and ``server_metadata`` read memory only and answer at once.
+Every operation that may read the repository's files or wait for a load is a coroutine: file
+reads run on a worker thread (:func:`run_blocking`), and loads are awaited on the Host's load
+workers (:meth:`Host.acquire_async`), so that a slow or hung filesystem holds up only the
+requests that need it, never the event loop every client shares. ``live``, ``ready`` and
+``server_metadata`` read memory only and answer at once.
 
 Example::
 
@@ -30,6 +31,7 @@ import numpy.typing as npt
 from corral import __version__
 from corral._errors import CorralError, InferenceError, InvalidInput
 from corral._host import Host
+from corral._scheduler import QueueStats, deadline_after, time_left
 from corral._signature import TensorSpec
 from corral._status import HostState, ModelState, ModelStatus
 from corral.protocol.datatypes import datatype_of
@@ -170,22 +172,11 @@ class DataPlane:
 
     async def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
         """A model's versions, inputs and outputs; loads the model if it is not loaded."""
-        return await run_blocking(self._model_metadata, name, version)
-
-    async def model_config(self, name: str, version: str | None = None) -> ModelConfiguration:
-        """A model's configuration, as Triton's ``model_config``; loads the model if need be."""
-        return await run_blocking(self._model_config, name, version)
-
-    def _model_ready(self, name: str, version: str | None) -> bool:
-        status = self._host.status(name)
-        wanted = self._host.serving_version(name, version)
-        return any(v.version == wanted and v.state is ModelState.READY for v in status.versions)
-
-    def _model_metadata(self, name: str, version: str | None) -> ModelMetadata:
-        # Taken and released on this one thread: a cancelled request cannot leak the lease.
-        with self._host.acquire(name, _version_arg(version)) as lease:
+        # The load is awaited on the Host's load workers; the status may read the model's
+        # entry, on a worker thread.
+        with await self._host.acquire_async(name, _version_arg(version)) as lease:
             signature = lease.session.signature
-        status = self._host.status(name)
+        status = await run_blocking(self._host.status, name)
         return ModelMetadata(
             name=lease.name,
             versions=tuple(str(v.version) for v in status.versions),
@@ -194,8 +185,9 @@ class DataPlane:
             outputs=tuple(_tensor_metadata(spec) for spec in signature.outputs),
         )
 
-    def _model_config(self, name: str, version: str | None) -> ModelConfiguration:
-        with self._host.acquire(name, _version_arg(version)) as lease:
+    async def model_config(self, name: str, version: str | None = None) -> ModelConfiguration:
+        """A model's configuration, as Triton's ``model_config``; loads the model if need be."""
+        with await self._host.acquire_async(name, _version_arg(version)) as lease:
             signature = lease.session.signature
             batched = lease.max_batch_size
         # With max_batch_size > 0, Triton's dims leave out the batch dimension.
@@ -209,6 +201,11 @@ class DataPlane:
             outputs=tuple(_tensor_configuration(spec, skip) for spec in signature.outputs),
         )
 
+    def _model_ready(self, name: str, version: str | None) -> bool:
+        status = self._host.status(name)
+        wanted = self._host.serving_version(name, version)
+        return any(v.version == wanted and v.state is ModelState.READY for v in status.versions)
+
     # -- inference --------------------------------------------------------------------------
 
     async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
@@ -221,14 +218,13 @@ class DataPlane:
             feed[tensor.name] = tensor.data
         wanted = [output.name for output in request.outputs] or None
         timeout = request.timeout_s
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = deadline_after(timeout)
         # One lookup: the version leased is the version that runs and the one reported, even
         # if a newer one is swapped in meanwhile. A cold model loads on the Host's load
         # workers; the event loop only awaits.
         lease = await self._host.acquire_async(name, version or None, timeout=timeout)
         try:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            results = await lease.infer_async(feed, wanted, timeout=left)
+            results = await lease.infer_async(feed, wanted, timeout=time_left(deadline))
             outputs = tuple(_output(out_name, value) for out_name, value in results.items())
         except CorralError:
             self._count(name, lease.version, started, ok=False)
@@ -251,14 +247,18 @@ class DataPlane:
         """
         return await run_blocking(self._model_statistics, name, version)
 
-    def statistics_snapshot(self) -> list[ModelStatistics]:
+    def statistics_snapshot(
+        self, queues: Mapping[tuple[str, int], QueueStats] | None = None
+    ) -> list[ModelStatistics]:
         """Every model version's counters now, as :meth:`model_statistics` gives them.
 
-        Reads in-memory snapshots only, never a file; but its time grows with the number of
-        versions (milliseconds per thousand), so code on an event loop awaits
-        :meth:`model_statistics` instead. ``Metrics.render`` calls it on a worker thread.
+        ``queues``: the Host's queue figures (``Host.queue_stats()``) when the caller has
+        taken them already, so that one snapshot serves both. Reads in-memory snapshots only,
+        never a file; but its time grows with the number of versions (milliseconds per
+        thousand), so code on an event loop awaits :meth:`model_statistics` instead.
+        ``Metrics.render`` calls it on a worker thread.
         """
-        return self._statistics_rows(None, None)
+        return self._statistics_rows(None, None, queues)
 
     def _model_statistics(self, name: str | None, version: str | None) -> list[ModelStatistics]:
         if name is not None:
@@ -266,8 +266,14 @@ class DataPlane:
         wanted = None if version is None else self._host.serving_version(name or "", version)
         return self._statistics_rows(name, wanted)
 
-    def _statistics_rows(self, name: str | None, wanted: int | None) -> list[ModelStatistics]:
-        queues = self._host.queue_stats()
+    def _statistics_rows(
+        self,
+        name: str | None,
+        wanted: int | None,
+        queues: Mapping[tuple[str, int], QueueStats] | None = None,
+    ) -> list[ModelStatistics]:
+        if queues is None:
+            queues = self._host.queue_stats()
         with self._stats_lock:
             counters = {key: _Counters(**vars(c)) for key, c in self._counters.items()}
         keys = set(counters) | set(queues)

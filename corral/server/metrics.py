@@ -128,8 +128,8 @@ class Metrics:
         so it may run while requests do. It takes milliseconds per thousand model versions:
         the HTTP app calls it on a worker thread, not on its event loop.
         """
-        rows = self._plane.statistics_snapshot()
-        queues = self._plane.host.queue_stats()
+        queues = self._plane.host.queue_stats()  # one snapshot for the rows and the gauge
+        rows = self._plane.statistics_snapshot(queues)
         body = _model_families(rows, queues).encode("utf-8") + generate_latest(self._registry)
         return body, CONTENT_TYPE_LATEST
 
