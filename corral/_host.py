@@ -19,7 +19,7 @@ from typing import Any, Unpack
 
 import numpy.typing as npt
 
-from corral._errors import CorralError, SessionClosed, fresh
+from corral._errors import CorralError, DrainTimeout, SessionClosed, fresh
 from corral._loader import Loader, version_number
 from corral._options import HostOptionArgs, HostOptions
 from corral._reload import Reloader
@@ -249,7 +249,9 @@ class Host:
                 raise fresh(failure)
         if pin:
             self._table.pin(name)
-        self._loader.lease(name, version, timeout, refresh=not in_use).release()
+        # Loaded is enough: no lease, so an unload that comes after this load is not undone
+        # by loading again.
+        self._loader.loaded(name, version, timeout, refresh=not in_use)
 
     def unpin(self, name: str) -> None:
         """Let a model pinned by :meth:`load` be evicted again (model.toml pins stay)."""
@@ -260,13 +262,25 @@ class Host:
     ) -> None:
         """Take a model (or one version) out of service and close it once its leases drain.
 
+        A load of it in flight when the unload begins is waited for, then unloaded too: once
+        this returns, nothing of the model that was loaded or loading is left in service.
         Requests already holding a lease finish on it; a later request loads the model
-        again. Raises :class:`DrainTimeout` if leases remain after ``timeout``: the sessions
-        then close when the last lease ends.
+        again. Raises :class:`DrainTimeout` if a load or leases remain after ``timeout``
+        (a load still running is then left to finish, and stays loaded; leases still held
+        close their sessions when they end).
         """
         name = validate_model_name(name)
         wanted = None if version is None else version_number(name, version)
-        self._table.drain(self._table.retire(name, wanted), timeout)
+        deadline = deadline_after(timeout)
+        loading = self._table.loading(name, wanted)
+        if loading:
+            _, unfinished = wait_for_futures(loading, time_left(deadline))
+            if unfinished:
+                raise DrainTimeout(
+                    f"model {name!r} was still loading after {timeout}s; nothing was unloaded"
+                )
+        # A load that failed left nothing to unload; one that published is retired here.
+        self._table.drain(self._table.retire(name, wanted), time_left(deadline))
 
     def preload(
         self,

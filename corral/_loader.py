@@ -107,18 +107,43 @@ class Loader:
         """
         deadline = deadline_after(timeout)
         while True:
-            loading = self.prepare(name, version, refresh=refresh)
-            try:
-                served = loading.result(timeout=time_left(deadline))
-            except FutureTimeout:
-                loading.cancel()
-                raise _still_loading(name, version, timeout) from None
-            except CorralError as exc:
-                raise fresh(exc) from exc.__cause__
+            served = self._wait_loaded(name, version, deadline, timeout, refresh)
             lease = served.try_lease()
             if lease is not None:
                 return lease
             refresh = False  # evicted or swapped out since it loaded: ask again
+
+    def loaded(
+        self,
+        name: str,
+        version: int | str | None,
+        timeout: float | None,
+        *,
+        refresh: bool = False,
+    ) -> ServedVersion:
+        """The served version a request means once loaded, waiting up to ``timeout``.
+
+        Holds nothing: it may be evicted or unloaded as soon as this returns. Raises the
+        error its load ended with, or :class:`DeadlineExceeded`.
+        """
+        return self._wait_loaded(name, version, deadline_after(timeout), timeout, refresh)
+
+    def _wait_loaded(
+        self,
+        name: str,
+        version: int | str | None,
+        deadline: float | None,
+        timeout: float | None,
+        refresh: bool,
+    ) -> ServedVersion:
+        loading = self.prepare(name, version, refresh=refresh)
+        try:
+            return loading.result(timeout=time_left(deadline))
+        except FutureTimeout:
+            loading.cancel()
+            raise _still_loading(name, version, timeout) from None
+        except CorralError as exc:
+            raise fresh(exc) from exc.__cause__
 
     async def lease_async(
         self, name: str, version: int | str | None, timeout: float | None
@@ -299,7 +324,13 @@ class Loader:
         key = (name, number)
         if self._table.failure_fingerprint(key) is not None:
             return False  # the job checks whether its files changed since
-        self._follow(self._table.begin(key, entry, newest=version is None), key, entry, outer)
+        step = self._table.begin(key, entry, newest=version is None, may_lead=False)
+        if step is None:
+            # A new load: it starts from the repository as it is now, not from this entry
+            # (a newer version may have been published since, or these files replaced).
+            return False
+        assert not isinstance(step, Lead)
+        _follow(step, outer)
         return True
 
     def _resolve_and_load(
@@ -314,34 +345,21 @@ class Loader:
             if outer.cancelled():
                 return
             entry, key = self.resolve(name, version, refresh=refresh)
-            step = self._table.begin(key, entry, newest=version is None)
+            step = self._table.begin(key, entry, newest=version is None, may_lead=refresh)
+            if step is None:
+                # Not loaded nor loading: read the entry again, so that the load (and its
+                # size estimate) uses the versions and files on disk now.
+                entry, key = self.resolve(name, version, refresh=True)
+                step = self._table.begin(key, entry, newest=version is None)
+            assert step is not None  # may_lead: never None
             if isinstance(step, Lead):
                 self._load(key, entry, step.future)
                 step = step.future
-            self._follow(step, key, entry, outer)
+            _follow(step, outer)
         except BaseException as exc:
             _settle(outer, error=exc)
             if not isinstance(exc, Exception):
                 raise
-
-    def _follow(
-        self,
-        step: ServedVersion | Future[ServedVersion] | Lead,
-        key: Key,
-        entry: ModelEntry,
-        outer: Future[ServedVersion],
-    ) -> None:
-        if isinstance(step, ServedVersion):
-            _settle(outer, result=step)
-            return
-        if isinstance(step, Lead):
-            try:
-                self._submit(self._load, key, entry, step.future)
-            except CorralError as exc:  # the pool is closed: the Host is closing
-                self._table.abandon(key, 0, exc)
-                _settle(step.future, error=exc)
-            step = step.future
-        step.add_done_callback(lambda done: _copy(done, outer))
 
     def _load(self, key: Key, entry: ModelEntry, pending: Future[ServedVersion]) -> None:
         """Load one version and publish it: the leader of a single-flight load runs this."""
@@ -485,6 +503,14 @@ def _settle(
         future.set_exception(error)
     else:
         future.set_result(result)
+
+
+def _follow(step: ServedVersion | Future[ServedVersion], outer: Future[ServedVersion]) -> None:
+    """Settle ``outer`` with a served version, or once the load it joined ends."""
+    if isinstance(step, ServedVersion):
+        _settle(outer, result=step)
+    else:
+        step.add_done_callback(lambda done: _copy(done, outer))
 
 
 def _copy(source: Future[ServedVersion], outer: Future[ServedVersion]) -> None:

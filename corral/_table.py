@@ -185,13 +185,15 @@ class ModelTable:
     # -- loads -------------------------------------------------------------------------------
 
     def begin(
-        self, key: Key, entry: ModelEntry, *, newest: bool
-    ) -> ServedVersion | Future[ServedVersion] | Lead:
+        self, key: Key, entry: ModelEntry, *, newest: bool, may_lead: bool = True
+    ) -> ServedVersion | Future[ServedVersion] | Lead | None:
         """Where a request for ``key`` stands: served, loading (join it) or to load (lead it).
 
         ``newest``: the request asked for the newest version, so a loaded one becomes the
-        name's ready entry. Raises the kept error of a failed load until its back-off passes,
-        and :class:`HostClosed` once closing.
+        name's ready entry. ``may_lead`` False: return None instead of leading a new load,
+        because ``entry`` is a cached one and a load must start from the repository as it is
+        now. Raises the kept error of a failed load until its back-off passes, and
+        :class:`HostClosed` once closing.
         """
         with self._lock:
             self._check_running_locked()
@@ -206,6 +208,8 @@ class ModelTable:
             pending = self._loading.get(key)
             if pending is not None:
                 return pending
+            if not may_lead:
+                return None
             lead = Lead(Future())
             self._loading[key] = lead.future
             return lead
@@ -304,6 +308,15 @@ class ModelTable:
             logger.warning("corral: loading %s version %s failed: %s", key[0], key[1], failed)
 
     # -- explicit control and reloads --------------------------------------------------------
+
+    def loading(self, name: str, version: int | None = None) -> list[Future[ServedVersion]]:
+        """The loads of a model (or of one version) in flight now."""
+        with self._lock:
+            return [
+                future
+                for (loading, number), future in self._loading.items()
+                if loading == name and version in (None, number)
+            ]
 
     def retire(self, name: str, version: int | None = None) -> list[ServedVersion]:
         """Take a model (or one version) out of service (an unload); returns what was retired."""

@@ -763,3 +763,79 @@ def test_a_cold_submit_is_batched_on_the_compute_workers_once_loaded(repo_with_b
         failed = host.submit("nope", {"X": X})
         with pytest.raises(corral.ModelNotFound, match="nope"):
             failed.result(timeout=30)
+
+
+@pytest.mark.parametrize("polling", [False, True], ids=["no-polling", "polling"])
+@pytest.mark.parametrize("away", ["evicted", "unloaded"])
+def test_a_version_published_while_the_model_is_away_is_served_by_the_next_request(
+    tmp_path: Path, away: str, polling: bool
+):
+    add_model(tmp_path, "m", build_linear(seed=1), version=1)
+    add_model(tmp_path, "other", build_linear(seed=9))
+    expect = {v: reference_run(build_linear(seed=v), {"X": X})[0] for v in (1, 2)}
+    # With polling, its interval is far longer than the test: the next request must not wait
+    # for a poll to see the new version.
+    options: dict[str, Any] = {"poll_interval_s": 3600.0} if polling else {}
+    with Host(tmp_path, max_loaded_models=1, **options) as host:
+        np.testing.assert_array_equal(host.infer("m", {"X": X})["Y"], expect[1])
+        if away == "evicted":
+            host.infer("other", {"X": X})
+            assert host.stats().evictions == 1
+        else:
+            host.unload("m")
+        add_model(tmp_path, "m", build_linear(seed=2), version=2)
+        np.testing.assert_array_equal(host.infer("m", {"X": X})["Y"], expect[2])
+        assert host.serving_version("m") == 2
+        ready = [v.version for v in host.status("m").versions if v.state is ModelState.READY]
+        assert ready == [2]
+
+
+def test_a_model_that_comes_back_loads_the_files_on_disk_now(tmp_path: Path):
+    path = add_model(tmp_path, "m", build_linear(seed=1))
+    expect = reference_run(build_linear(seed=4), {"X": X})[0]
+    with Host(tmp_path) as host:
+        host.infer("m", {"X": X})
+        host.unload("m")
+        # Same version, new files (a bigger model too): the load reads and sizes these.
+        replacement = build_mlp(seed=4)
+        path.write_bytes(build_linear(seed=4))
+        np.testing.assert_array_equal(host.infer("m", {"X": X})["Y"], expect)
+        host.unload("m")
+        path.write_bytes(replacement)
+        host.infer("m", {"X": X})
+        (version,) = host.status("m").versions
+        assert version.size_bytes == estimate_model_bytes(len(replacement))
+
+
+def test_an_unload_during_a_load_waits_for_it_then_unloads(repo_with_bare_model: Path, held_loads):
+    with Host(repo_with_bare_model) as host:
+        asker = threading.Thread(target=host.load, args=("mlp",))
+        asker.start()
+        assert held_loads.started.wait(timeout=10)
+        unloader = threading.Thread(target=host.unload, args=("mlp",), kwargs={"timeout": 30})
+        unloader.start()
+        held_loads.release.set()
+        unloader.join(timeout=30)
+        asker.join(timeout=30)
+        assert not unloader.is_alive()
+        assert not asker.is_alive()
+        # The load ended, then the unload took the model out of service: it did not answer
+        # while the load went on to leave the model READY, nor did the load start again.
+        assert host.stats().loads == 1
+        assert host.stats().unloads == 1
+        assert all(v.state is not ModelState.READY for v in host.status("mlp").versions)
+
+
+def test_an_unload_that_times_out_on_a_load_says_nothing_was_unloaded(
+    repo_with_bare_model: Path, held_loads
+):
+    with Host(repo_with_bare_model) as host:
+        asker = threading.Thread(target=host.infer, args=("mlp", {"X": X}))
+        asker.start()
+        assert held_loads.started.wait(timeout=10)
+        with pytest.raises(corral.DrainTimeout, match=r"still loading .* nothing was unloaded"):
+            host.unload("mlp", timeout=0.01)
+        held_loads.release.set()
+        asker.join(timeout=30)
+        assert host.stats().unloads == 0
+        assert [v.state for v in host.status("mlp").versions] == [ModelState.READY]
