@@ -206,7 +206,7 @@ class Scheduler:
         ``max_rows`` rows per run (0: never batch), ``batch_window_us`` how long a batch may
         wait to fill, and ``queue_limit`` how many requests may wait before new ones are
         refused. The queue counts into ``counters`` (default: new ones), under this
-        scheduler's lock; the scheduler keeps no reference to the queue.
+        scheduler's lock; the scheduler keeps no list of its queues.
         """
         if counters is None:
             counters = RunCounters()
