@@ -39,13 +39,19 @@ $(STAMP): pyproject.toml | $(BIN)/python
 venv: $(STAMP)
 
 # The load generator of the HTTP benchmarks and their smoke test: Debian's wrk, installed
-# when missing (CI runs as root on Debian).
+# when missing (CI runs as root on Debian); and libb64, which tritonclient's perf_analyzer
+# needs to start (tests/test_perf_analyzer.py).
 tools:
 	@command -v wrk >/dev/null 2>&1 || { \
 		echo "installing wrk (Debian package wrk)"; \
 		apt-get install -y -qq wrk >/dev/null 2>&1 || \
 		{ apt-get update -qq >/dev/null && apt-get install -y -qq wrk >/dev/null; } || \
 		echo "could not install wrk: the benchmark smoke test will be skipped"; }
+	@dpkg -s libb64-0d >/dev/null 2>&1 || { \
+		echo "installing libb64 (Debian package libb64-0d)"; \
+		apt-get install -y -qq libb64-0d >/dev/null 2>&1 || \
+		{ apt-get update -qq >/dev/null && apt-get install -y -qq libb64-0d >/dev/null; } || \
+		echo "could not install libb64-0d: the perf_analyzer test will be skipped"; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check corral tests benchmarks

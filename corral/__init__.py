@@ -10,11 +10,13 @@ nothing: no threads, no logging setup, no onnxruntime environment until a Runtim
 - :class:`Repository`, :class:`ModelConfig`: where models live and how each is configured.
 - :class:`Host`, :class:`HostLease`, :class:`HostOptions`: thousands of models by name, lazily
   loaded under a budget.
-- :class:`QueueStats`: what the scheduler's per-model queues have seen.
+- :class:`QueueStats`, :class:`RequestStats`: what a Host's model versions have queued, run
+  and answered.
 - The exceptions, rooted at :class:`CorralError`.
 """
 
 from corral._config import ModelConfig, VersionPolicy
+from corral._counters import RequestStats
 from corral._errors import (
     CorralError,
     DeadlineExceeded,
@@ -81,6 +83,7 @@ __all__ = [
     "QueueStats",
     "Repository",
     "RepositoryError",
+    "RequestStats",
     "RunCancelled",
     "Runtime",
     "RuntimeClosed",

@@ -19,6 +19,7 @@ from typing import Any, Unpack
 
 import numpy.typing as npt
 
+from corral._counters import HostCounters, RequestStats
 from corral._errors import CorralError, DrainTimeout, SessionClosed, fresh
 from corral._loader import Loader, version_number
 from corral._options import HostOptionArgs, HostOptions
@@ -65,7 +66,11 @@ class Host:
         self._table = ModelTable(self._options)
         # The request path's one lookup, without a lock or a call (see corral._table).
         self._ready_map = self._table.ready_map
-        self._loader = Loader(self._repository, self._runtime, self._table, self._options)
+        # Per-version figures for the Host's life: they outlast evictions, unloads, reloads.
+        self._counters = HostCounters()
+        self._loader = Loader(
+            self._repository, self._runtime, self._table, self._options, self._counters
+        )
         self._reloader = Reloader(self._repository, self._table, self._loader, self._options)
 
     @property
@@ -214,14 +219,33 @@ class Host:
             lease.release()
 
     def queue_stats(self) -> dict[QueueKey, QueueStats]:
-        """Per ``(model, version)`` this Host holds: queued, refused, expired, runs, batches.
+        """Per ``(model, version)`` this Host has loaded: queued, refused, expired, runs, batches.
+
+        Every figure but ``pending`` counts from the version's first load for the Host's life,
+        across evictions, unloads and reloads, and never goes down; ``pending`` counts the
+        requests waiting now in the queues of the copies in service.
 
         Example::
 
             host.queue_stats()[("fraud", 2)].pending
         """
-        queues = [served.queue for served in self._table.held() if served.queue is not None]
-        return self._runtime.scheduler().stats(queues)
+        live = [served.queue for served in self._table.held() if served.queue is not None]
+        return self._runtime.scheduler().stats(self._counters.all_run_counters(), live)
+
+    def request_stats(self) -> dict[QueueKey, RequestStats]:
+        """Per ``(model, version)``: the requests counted by :meth:`count_request`, so far.
+
+        Like :meth:`queue_stats`, they count for the Host's life and never go down.
+        """
+        return self._counters.request_stats()
+
+    def count_request(self, name: str, version: int, duration_ns: int, *, ok: bool) -> None:
+        """Count one answered request to ``name``'s ``version`` that took ``duration_ns``.
+
+        ``ok``: answered with outputs; else with an error. The servers' data plane counts
+        each request here once, so that every per-version figure has one home.
+        """
+        self._counters.count_request((name, version), duration_ns, ok=ok)
 
     # -- explicit control --------------------------------------------------------------------
 

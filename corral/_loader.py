@@ -28,6 +28,7 @@ import numpy as np
 
 from corral._budget import estimate_model_bytes
 from corral._config import ModelConfig
+from corral._counters import HostCounters
 from corral._errors import (
     CorralError,
     DeadlineExceeded,
@@ -58,12 +59,19 @@ class Loader:
     """Resolves what a request means and loads it, once, on the Host's load workers."""
 
     def __init__(
-        self, repository: Repository, runtime: Runtime, table: ModelTable, options: HostOptions
+        self,
+        repository: Repository,
+        runtime: Runtime,
+        table: ModelTable,
+        options: HostOptions,
+        counters: HostCounters,
     ) -> None:
         self._repository = repository
         self._runtime = runtime
         self._table = table
         self._options = options
+        # The Host's figures per version: each version built counts into its own.
+        self._counters = counters
         # Guards _pool and _closed: jobs are submitted and the pool shut down under it.
         self._pool_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None  # made with the first job
@@ -261,6 +269,7 @@ class Loader:
                 max_batch_size=rows,
                 batch_window_us=window,
                 queue_limit=self._options.max_queue_per_model,
+                counters=self._counters.run_counters((name, version)),
             )
         except BaseException:
             session.close()

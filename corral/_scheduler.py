@@ -18,9 +18,8 @@ import asyncio
 import enum
 import threading
 import time
-import weakref
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -28,6 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from corral._counters import BATCH_ROWS_BUCKETS, RunCounters
 from corral._delivery import deliver
 from corral._errors import (
     CorralError,
@@ -38,7 +38,6 @@ from corral._errors import (
     RunCancelled,
     RuntimeClosed,
 )
-from corral._histogram import Histogram
 
 __all__ = [
     "BATCH_ROWS_BUCKETS",
@@ -64,8 +63,6 @@ DEFAULT_MAX_BATCH_SIZE = 64
 DEFAULT_QUEUE_LIMIT = 1024
 #: Requests all models together may have queued.
 DEFAULT_TOTAL_LIMIT = 65536
-#: Upper bounds of the batch-size histogram buckets (rows per run).
-BATCH_ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
 # How far down a queue the batch former looks for requests of the same shape.
 _SCAN_LIMIT = 256
 
@@ -82,7 +79,11 @@ def time_left(deadline: float | None) -> float | None:
 
 @dataclass(frozen=True)
 class QueueStats:
-    """What one model's queue has seen, for the metrics to read."""
+    """What one model version's queues have seen, for the metrics to read.
+
+    Every figure but ``pending`` only grows, across evictions, unloads and reloads of the
+    version (see ``corral._counters``).
+    """
 
     #: Requests accepted, refused (queue full), expired while queued, cancelled unrun.
     accepted: int
@@ -94,11 +95,14 @@ class QueueStats:
     #: Runs, and rows run (a batch of 8 batch-1 requests is 1 run, 8 rows).
     runs: int
     rows: int
-    #: Time requests spent queued, and time spent in runs, summed.
+    #: Time requests spent queued, and time spent running the model (compute infer), summed.
     queue_seconds_sum: float
     compute_seconds_sum: float
     #: Cumulative counts of runs per batch size ``(rows <= bound, runs)``.
     batch_rows_buckets: tuple[tuple[int, int], ...]
+    #: Time spent building runs' feeds (copy-in) and splitting their outputs (copy-out).
+    compute_input_seconds_sum: float = 0.0
+    compute_output_seconds_sum: float = 0.0
 
 
 class Runnable(Protocol):
@@ -142,8 +146,12 @@ class _Request:
 
 
 @dataclass(eq=False)
-class ModelQueue:  # weak-referenceable: the Scheduler lists queues without keeping them alive
-    """One model version's queue; every field but the first two guarded by the Scheduler's lock."""
+class ModelQueue:
+    """One model version's queue; every field but the first two guarded by the Scheduler's lock.
+
+    ``counters`` is shared by every copy of the version (the Host's, for its life): a queue
+    adds to it and never resets it.
+    """
 
     owner: Runnable
     key: QueueKey
@@ -152,15 +160,7 @@ class ModelQueue:  # weak-referenceable: the Scheduler lists queues without keep
     limit: int
     pending: deque[_Request] = field(default_factory=deque)
     in_ready: bool = False
-    accepted: int = 0
-    rejected: int = 0
-    expired: int = 0
-    cancelled: int = 0
-    runs: int = 0
-    rows: int = 0
-    queue_seconds: float = 0.0
-    compute_seconds: float = 0.0
-    batch_rows: Histogram[int] = field(default_factory=lambda: Histogram(BATCH_ROWS_BUCKETS))
+    counters: RunCounters = field(default_factory=RunCounters)
 
 
 class Scheduler:
@@ -173,11 +173,9 @@ class Scheduler:
     def __init__(self, workers: int, *, total_limit: int = DEFAULT_TOTAL_LIMIT) -> None:
         self._workers = workers
         self._total_limit = total_limit
-        # Guards every queue, _ready, _total, _state, _threads and _sleepers. Held for
-        # bookkeeping only: never across a run, a delivery or a worker's sleep.
+        # Guards every queue and its counters, _ready, _total, _state, _threads and
+        # _sleepers. Held for bookkeeping only: never across a run, a delivery or a sleep.
         self._lock = threading.Lock()
-        # The queues, to report on, for as long as their owners keep them.
-        self._queues: weakref.WeakSet[ModelQueue] = weakref.WeakSet()
         self._ready: deque[ModelQueue] = deque()  # queues with requests, each at most once
         self._total = 0
         self._state = _State.RUNNING
@@ -201,17 +199,19 @@ class Scheduler:
         max_rows: int = DEFAULT_MAX_BATCH_SIZE,
         batch_window_us: int = 0,
         queue_limit: int = DEFAULT_QUEUE_LIMIT,
+        counters: RunCounters | None = None,
     ) -> ModelQueue:
         """A new queue for ``owner``'s requests, reported under ``key``; its owner keeps it.
 
         ``max_rows`` rows per run (0: never batch), ``batch_window_us`` how long a batch may
         wait to fill, and ``queue_limit`` how many requests may wait before new ones are
-        refused. The scheduler lists the queue for :meth:`stats` only while its owner keeps it.
+        refused. The queue counts into ``counters`` (default: new ones), under this
+        scheduler's lock; the scheduler keeps no list of its queues.
         """
-        queue = ModelQueue(owner, key, max_rows, batch_window_us / 1e6, queue_limit)
-        with self._lock:
-            self._queues.add(queue)
-        return queue
+        if counters is None:
+            counters = RunCounters()
+        window_s = batch_window_us / 1e6
+        return ModelQueue(owner, key, max_rows, window_s, queue_limit, counters=counters)
 
     def submit(
         self,
@@ -239,19 +239,19 @@ class Scheduler:
                 raise RuntimeClosed("the runtime is shutting down and takes no new requests")
             pending = queue.pending
             if len(pending) >= queue.limit:
-                queue.rejected += 1
+                queue.counters.rejected += 1
                 raise Overloaded(
                     f"model {queue.owner.label!r} has {len(pending)} requests queued, its "
                     f"limit; try again later"
                 )
             if self._total >= self._total_limit:
-                queue.rejected += 1
+                queue.counters.rejected += 1
                 raise Overloaded(
                     f"{self._total} requests are queued across all models, the limit; "
                     "try again later"
                 )
             pending.append(request)
-            queue.accepted += 1
+            queue.counters.accepted += 1
             self._total += 1
             # One worker is woken when a queue gets work; it wakes another if it leaves work
             # behind (see _work). Waking one per request would wake workers that find the
@@ -269,14 +269,20 @@ class Scheduler:
         elif len(self._threads) < self._workers:
             self._start_worker_locked()
 
-    def stats(self, queues: Iterable[ModelQueue] | None = None) -> dict[QueueKey, QueueStats]:
-        """The figures of ``queues`` (default: every queue), by their keys: ``(model, version)``.
+    def stats(
+        self, counters: Mapping[QueueKey, RunCounters], live: Iterable[ModelQueue] = ()
+    ) -> dict[QueueKey, QueueStats]:
+        """The figures of ``counters`` by key, with the requests waiting now in ``live``.
 
-        A Runtime's scheduler serves every Host on it: a Host asks for its own queues.
+        ``live``: the queues in service now; several may share a key (a version being swapped
+        for a fresh copy), and their pending requests add up. A Runtime's scheduler serves
+        every Host on it: a Host asks for its own counters and queues.
         """
+        pending: dict[QueueKey, int] = {}
         with self._lock:
-            chosen = self._queues if queues is None else queues
-            return {queue.key: _stats(queue) for queue in chosen}
+            for queue in live:
+                pending[queue.key] = pending.get(queue.key, 0) + len(queue.pending)
+            return {key: _stats(c, pending.get(key, 0)) for key, c in counters.items()}
 
     def shutdown(self, timeout: float | None = None) -> bool:
         """Refuse new requests, run what is queued, stop the workers.
@@ -418,10 +424,11 @@ class Scheduler:
         error: BaseException | None = None
         errors: list[BaseException | None] | None = None
         runs = 1
+        copy_in = copy_out = 0.0
         started_at = time.perf_counter()
         if live:
             try:
-                results = _run_batch(queue.owner, live, rows)
+                results, copy_in, copy_out = _run_batch(queue.owner, live, rows)
             except _BatchFailed:
                 # One request's values can fail a whole batch (an index out of range, a shape
                 # its rows cannot take): run each request alone, so that only the requests at
@@ -435,14 +442,17 @@ class Scheduler:
         elapsed = time.perf_counter() - started_at
         # Counted before answering, so that a caller who has its answer sees it counted.
         with self._lock:
-            queue.expired += len(late)
-            queue.cancelled += cancelled
+            counters = queue.counters
+            counters.expired += len(late)
+            counters.cancelled += cancelled
             if live:
-                queue.runs += runs
-                queue.rows += rows
-                queue.queue_seconds += now * len(live) - enqueued_sum
-                queue.compute_seconds += elapsed
-                queue.batch_rows.observe(rows)
+                counters.runs += runs
+                counters.rows += rows
+                counters.queue_seconds += now * len(live) - enqueued_sum
+                counters.compute_input_seconds += copy_in
+                counters.compute_infer_seconds += elapsed - copy_in - copy_out
+                counters.compute_output_seconds += copy_out
+                counters.batch_rows.observe(rows)
         if late:
             _answer(late, None, [_expired(request, queued=True) for request in late])
         if live:
@@ -535,17 +545,33 @@ class _BatchFailed(Exception):
     """onnxruntime refused a batch of several requests: any one of them may be at fault."""
 
 
-def _run_batch(owner: Runnable, batch: list[_Request], rows: int) -> list[Outputs]:
+def _run_batch(
+    owner: Runnable, batch: list[_Request], rows: int
+) -> tuple[list[Outputs], float, float]:
+    """Each request's outputs from one run, and the seconds of its copy-in and copy-out.
+
+    Copy-in builds the batch's feed, copy-out splits the outputs back: a lone request needs
+    neither, and is not timed.
+    """
     first = batch[0]
     if len(batch) == 1:
-        return [owner.run_admitted(first.feed, first.names)]
+        return [owner.run_admitted(first.feed, first.names)], 0.0, 0.0
+    copy_in = time.perf_counter()
     feed = {name: np.concatenate([r.feed[name] for r in batch]) for name in first.feed}
+    ran = time.perf_counter()
     try:
         outputs = owner.run_admitted(feed, first.names)
     except RunCancelled:
         raise  # stopped by close or shutdown: no request's fault, and no time to run again
     except (InferenceError, InvalidInput) as exc:
         raise _BatchFailed from exc
+    copy_out = time.perf_counter()
+    results = _split(owner, outputs, batch, rows)
+    return results, ran - copy_in, time.perf_counter() - copy_out
+
+
+def _split(owner: Runnable, outputs: Outputs, batch: list[_Request], rows: int) -> list[Outputs]:
+    """A batch's outputs, split back into each request's rows."""
     for name, array in outputs.items():
         if getattr(array, "shape", (None,))[:1] != (rows,):
             raise InferenceError(
@@ -615,16 +641,18 @@ def _answer(
     deliver(requests, results, errors)
 
 
-def _stats(queue: ModelQueue) -> QueueStats:
+def _stats(counters: RunCounters, pending: int) -> QueueStats:
     return QueueStats(
-        accepted=queue.accepted,
-        rejected=queue.rejected,
-        expired=queue.expired,
-        cancelled=queue.cancelled,
-        pending=len(queue.pending),
-        runs=queue.runs,
-        rows=queue.rows,
-        queue_seconds_sum=queue.queue_seconds,
-        compute_seconds_sum=queue.compute_seconds,
-        batch_rows_buckets=queue.batch_rows.cumulative(),
+        accepted=counters.accepted,
+        rejected=counters.rejected,
+        expired=counters.expired,
+        cancelled=counters.cancelled,
+        pending=pending,
+        runs=counters.runs,
+        rows=counters.rows,
+        queue_seconds_sum=counters.queue_seconds,
+        compute_seconds_sum=counters.compute_infer_seconds,
+        batch_rows_buckets=counters.batch_rows.cumulative(),
+        compute_input_seconds_sum=counters.compute_input_seconds,
+        compute_output_seconds_sum=counters.compute_output_seconds,
     )

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy.typing as npt
 
+from corral._counters import RunCounters
 from corral._errors import SessionClosed
 from corral._runtime import Runtime
 from corral._scheduler import ModelQueue, QueueKey, Scheduler, deadline_after
@@ -45,6 +46,7 @@ class ServedVersion:
         "_queue_lock",
         "_runtime",
         "_scheduler",
+        "counters",
         "dismiss",
         "fingerprint",
         "key",
@@ -74,6 +76,7 @@ class ServedVersion:
         max_batch_size: int,
         batch_window_us: int,
         queue_limit: int,
+        counters: RunCounters,
     ) -> None:
         self.name = name
         self.version = version
@@ -88,6 +91,9 @@ class ServedVersion:
         self.max_rows = max_batch_size if session.signature.batchable else 0
         self.window_us = batch_window_us
         self.queue_limit = queue_limit
+        #: What its queue counts into: the Host's counters of this version, shared by every
+        #: copy of it, so that they outlive this one.
+        self.counters = counters
         self.last_used: float | None = None
         #: Wall-clock time it was loaded: its age for eviction until its first request.
         self.loaded_at = time.time()
@@ -188,6 +194,7 @@ class ServedVersion:
                     max_rows=self.max_rows,
                     batch_window_us=self.window_us,
                     queue_limit=self.queue_limit,
+                    counters=self.counters,
                 )
             return self._queue
 

@@ -42,6 +42,7 @@ def test_public_names_are_pinned():
             "QueueStats",
             "Repository",
             "RepositoryError",
+            "RequestStats",
             "RunCancelled",
             "Runtime",
             "RuntimeClosed",

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from corral import DeadlineExceeded, InferenceError, Overloaded, RuntimeClosed
-from corral._scheduler import ModelQueue, Scheduler
+from corral._counters import RunCounters
+from corral._scheduler import ModelQueue, QueueStats, Scheduler
 
 Feed = dict[str, np.ndarray]
 
@@ -75,6 +76,10 @@ def submit(
     return future
 
 
+def stats_of(scheduler: Scheduler, queue: ModelQueue) -> QueueStats:
+    return scheduler.stats({queue.key: queue.counters}, [queue])[queue.key]
+
+
 def hold_worker(scheduler: Scheduler) -> tuple[FakeVersion, Future[Any]]:
     """Park the one worker in a run of another version until the test sets its ``hold``."""
     blocker = FakeVersion("blocker:1")
@@ -100,7 +105,7 @@ def test_queued_rows_share_one_run_and_each_gets_its_own(scheduler: Scheduler):
     held.result(timeout=10)
     assert model.batches == [10]
     assert model.admitted == 0
-    stats = scheduler.stats()[("m", 1)]
+    stats = stats_of(scheduler, queue)
     assert (stats.accepted, stats.runs, stats.rows) == (10, 1, 10)
 
 
@@ -130,7 +135,7 @@ def test_a_full_queue_refuses_at_once_and_loses_nothing_accepted(scheduler: Sche
     blocker.hold.set()
     assert [f.result(timeout=10)["Y"][0, 0] for f in accepted] == [0, 2, 4]
     held.result(timeout=10)
-    assert (scheduler.stats()[("m", 1)].rejected, model.admitted) == (1, 0)
+    assert (stats_of(scheduler, queue).rejected, model.admitted) == (1, 0)
 
 
 def test_a_request_past_its_deadline_or_cancelled_never_runs(scheduler: Scheduler):
@@ -147,7 +152,7 @@ def test_a_request_past_its_deadline_or_cancelled_never_runs(scheduler: Schedule
     np.testing.assert_array_equal(kept.result(timeout=10)["Y"], row(6))
     held.result(timeout=10)
     assert model.batches == [1]  # only the kept request ran
-    stats = scheduler.stats()[("m", 1)]
+    stats = stats_of(scheduler, queue)
     assert (stats.expired, stats.cancelled, stats.rows, model.admitted) == (1, 1, 1, 0)
 
 
@@ -227,9 +232,40 @@ def test_shutdown_runs_what_was_accepted_then_refuses(scheduler: Scheduler):
         scheduler.submit(queue, {"X": row(1)}, ("Y",), Future())
 
 
-def test_a_queue_is_reported_only_while_its_owner_keeps_it(scheduler: Scheduler):
+def test_copies_of_a_version_count_into_one_set_and_only_live_queues_are_pending(
+    scheduler: Scheduler,
+):
+    counters = RunCounters()
+    old, new = FakeVersion("m:1"), FakeVersion("m:1")
+    old_queue = scheduler.queue(old, ("m", 1), counters=counters)
+    submit(scheduler, old_queue, old, row(1)).result(timeout=10)
+    new_queue = scheduler.queue(new, ("m", 1), counters=counters)  # a fresh copy: no reset
+    blocker, held = hold_worker(scheduler)
+    waiting = [submit(scheduler, new_queue, new, row(i)) for i in range(3)]
+    during = scheduler.stats({("m", 1): counters}, [new_queue])[("m", 1)]
+    assert (during.accepted, during.runs, during.pending) == (4, 1, 3)
+    # A queue that is not named as live is never read: its requests are not pending.
+    assert scheduler.stats({("m", 1): counters})[("m", 1)].pending == 0
+    blocker.hold.set()
+    for future in [*waiting, held]:
+        future.result(timeout=10)
+    after = scheduler.stats({("m", 1): counters}, [old_queue, new_queue])[("m", 1)]
+    assert (after.accepted, after.runs, after.rows, after.pending) == (4, 2, 4, 0)
+
+
+def test_every_run_counts_once_in_each_compute_stage(scheduler: Scheduler):
     model = FakeVersion("m:1")
-    queue = scheduler.queue(model, ("m", 1))
-    assert set(scheduler.stats()) == {("m", 1)}
-    del queue
-    assert scheduler.stats() == {}
+    queue = scheduler.queue(model, ("m", 1), max_rows=4)
+    blocker, held = hold_worker(scheduler)
+    futures = [submit(scheduler, queue, model, row(i)) for i in range(6)]  # batches 4 + 2
+    futures.append(submit(scheduler, queue, model, np.zeros((3, 2), np.float32)))  # 3 rows
+    blocker.hold.set()
+    for future in [*futures, held]:
+        future.result(timeout=10)
+    assert model.batches == [4, 2, 3]
+    stats = stats_of(scheduler, queue)
+    assert stats.runs == len(model.batches)
+    # Batches of several requests are copied in and out, and timed; their run is timed apart.
+    assert stats.compute_input_seconds_sum > 0
+    assert stats.compute_output_seconds_sum > 0
+    assert stats.compute_seconds_sum > 0

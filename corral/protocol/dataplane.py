@@ -19,16 +19,15 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from corral import __version__
+from corral._counters import RequestStats
 from corral._errors import CorralError, InferenceError, InvalidInput
 from corral._host import Host
 from corral._scheduler import QueueStats, deadline_after, time_left
@@ -122,26 +121,12 @@ async def run_blocking(
     return await asyncio.to_thread(call, *args, **kwargs)
 
 
-@dataclass
-class _Counters:
-    """One model version's request counters; guarded by DataPlane._stats_lock."""
-
-    success_count: int = 0
-    success_ns: int = 0
-    fail_count: int = 0
-    fail_ns: int = 0
-    last_inference_ms: int = 0
-
-
 class DataPlane:
     """The protocol's operations, on one Host; safe from any thread and any event loop."""
 
     def __init__(self, host: Host, *, name: str = "corral", version: str = __version__) -> None:
         self._host = host
         self._metadata = ServerMetadata(name, version, EXTENSIONS)
-        # Guards _counters: every answered request writes it, statistics read it.
-        self._stats_lock = threading.Lock()
-        self._counters: dict[tuple[str, int], _Counters] = {}
 
     @property
     def host(self) -> Host:
@@ -241,7 +226,10 @@ class DataPlane:
     async def model_statistics(
         self, name: str | None = None, version: str | None = None
     ) -> list[ModelStatistics]:
-        """Counters per model version: every version that has answered, or those of ``name``.
+        """Counters per model version: every version the Host has loaded, or those of ``name``.
+
+        They count from a version's first load for the Host's life: an eviction, an unload
+        or a reload never sets them back.
 
         Raises :class:`ModelNotFound` for an unknown model or version.
         """
@@ -274,15 +262,15 @@ class DataPlane:
     ) -> list[ModelStatistics]:
         if queues is None:
             queues = self._host.queue_stats()
-        with self._stats_lock:
-            counters = {key: _Counters(**vars(c)) for key, c in self._counters.items()}
+        counters = self._host.request_stats()
         keys = set(counters) | set(queues)
         rows = []
         for key in sorted(keys):
             if (name is not None and key[0] != name) or wanted not in (None, key[1]):
                 continue
-            c = counters.get(key, _Counters())
+            c = counters.get(key, _NO_REQUESTS)
             queue = queues.get(key)
+            # Triton's compute counts: one per run for each stage, which perf_analyzer checks.
             runs = queue.runs if queue else 0
             rows.append(
                 ModelStatistics(
@@ -296,9 +284,13 @@ class DataPlane:
                     queue=Duration(
                         queue.rows if queue else 0, _ns(queue.queue_seconds_sum) if queue else 0
                     ),
-                    compute_input=Duration(),
+                    compute_input=Duration(
+                        runs, _ns(queue.compute_input_seconds_sum) if queue else 0
+                    ),
                     compute_infer=Duration(runs, _ns(queue.compute_seconds_sum) if queue else 0),
-                    compute_output=Duration(),
+                    compute_output=Duration(
+                        runs, _ns(queue.compute_output_seconds_sum) if queue else 0
+                    ),
                 )
             )
         return rows
@@ -323,17 +315,10 @@ class DataPlane:
 
     def _count(self, name: str, version: int, started_ns: int, *, ok: bool) -> None:
         elapsed = time.perf_counter_ns() - started_ns
-        with self._stats_lock:
-            counters = self._counters.get((name, version))
-            if counters is None:
-                counters = self._counters[(name, version)] = _Counters()
-            if ok:
-                counters.success_count += 1
-                counters.success_ns += elapsed
-                counters.last_inference_ms = int(time.time() * 1000)
-            else:
-                counters.fail_count += 1
-                counters.fail_ns += elapsed
+        self._host.count_request(name, version, elapsed, ok=ok)
+
+
+_NO_REQUESTS = RequestStats()
 
 
 def _version_arg(version: str | None) -> str | None:

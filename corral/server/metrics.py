@@ -1,9 +1,11 @@
 """Prometheus metrics for ``GET /metrics``, read from snapshots at scrape time.
 
-Nothing is counted here: every scrape reads the data plane's per model-version counters
-(:meth:`DataPlane.statistics_snapshot`), the Host's queue and load figures and the process's
-thread count, and writes them out. Nothing is registered in prometheus-client's global
-registry and nothing happens at import; the server makes one :class:`Metrics` per data plane.
+Nothing is counted here: every scrape reads the Host's per model-version counters (through
+:meth:`DataPlane.statistics_snapshot`), its queue and load figures and the process's thread
+count, and writes them out. The per-version counters count from a version's first load for
+the Host's life, so a counter never goes down, across evictions, unloads and reloads.
+Nothing is registered in prometheus-client's global registry and nothing happens at import;
+the server makes one :class:`Metrics` per data plane.
 
 Per-model families carry Triton's names and the labels ``model`` and ``version``, so that
 dashboards and alerts written for Triton read corral unchanged:
@@ -12,7 +14,9 @@ dashboards and alerts written for Triton read corral unchanged:
 - ``nv_inference_count``: inferences (corral counts each successful request as one).
 - ``nv_inference_exec_count``: model runs; requests batched together share one.
 - ``nv_inference_request_duration_us``, ``nv_inference_queue_duration_us``,
-  ``nv_inference_compute_infer_duration_us``: cumulative microseconds.
+  ``nv_inference_compute_input_duration_us``, ``nv_inference_compute_infer_duration_us``,
+  ``nv_inference_compute_output_duration_us``: cumulative microseconds (compute input:
+  building a run's batched inputs; compute output: splitting its outputs back).
 - ``nv_inference_pending_request_count``: requests queued now (a gauge).
 
 corral's own: ``corral_models_loaded``, ``corral_memory_used_bytes``,
@@ -93,9 +97,19 @@ _MODEL_FAMILIES = (
         "Cumulative inference queuing duration in microseconds",
     ),
     (
+        "nv_inference_compute_input_duration_us",
+        "counter",
+        "Cumulative microseconds spent building the inputs of model executions",
+    ),
+    (
         "nv_inference_compute_infer_duration_us",
         "counter",
         "Cumulative compute inference duration in microseconds",
+    ),
+    (
+        "nv_inference_compute_output_duration_us",
+        "counter",
+        "Cumulative microseconds spent splitting the outputs of model executions",
     ),
     (
         "nv_inference_pending_request_count",
@@ -146,7 +160,9 @@ def _model_families(rows: list[ModelStatistics], queues: dict[tuple[str, int], Q
         [row.execution_count for row in rows],
         [(row.success.ns + row.fail.ns) // 1000 for row in rows],
         [row.queue.ns // 1000 for row in rows],
+        [row.compute_input.ns // 1000 for row in rows],
         [row.compute_infer.ns // 1000 for row in rows],
+        [row.compute_output.ns // 1000 for row in rows],
         [pending.get((row.name, row.version), 0) for row in rows],
     )
     parts: list[str] = []

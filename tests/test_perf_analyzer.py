@@ -1,0 +1,137 @@
+"""Triton's ``perf_analyzer`` measures ``corral serve`` to the end, before and after a reload.
+
+perf_analyzer reads the server's statistics around every measurement window and aborts on
+figures Triton would never report: compute input, infer and output counts that differ, or a
+version whose queue count did not grow over a window ("failed to find the requested model
+version", which counters that restart with a fresh copy of the model caused). Each run here is
+short (300 ms windows, any stability accepted), over HTTP and gRPC, synchronous and
+``--async``, then again after the repository API unloads and loads the model.
+
+perf_analyzer ships in tritonclient's wheel; it needs Debian's libb64 (``make tools`` installs
+it) and the CUDA runtime library from the ``nvidia-cuda-runtime-cu12`` wheel (in the ``dev``
+extra), which it loads even on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.testing import build_mlp
+from tests.helpers import add_model
+from tests.processes import ServerProcess, start_server, stop_server
+
+pytestmark = pytest.mark.timeout(120)
+
+PERF_ANALYZER = Path(sys.executable).parent / "perf_analyzer"
+# (protocol, perf_analyzer's flags): each a few seconds on a busy 2-core machine.
+MODES = {
+    "http-sync": ("http", ("--concurrency-range", "1")),
+    "http-async": ("http", ("--async", "--concurrency-range", "2")),
+    "grpc-sync": ("grpc", ("--concurrency-range", "1")),
+    "grpc-async": ("grpc", ("--async", "--concurrency-range", "2")),
+}
+
+
+def perf_analyzer_environment() -> dict[str, str]:
+    """This process's environment, with the CUDA runtime wheel's library on the loader's path."""
+    env = dict(os.environ)
+    spec = importlib.util.find_spec("nvidia.cuda_runtime")  # the nvidia-cuda-runtime-cu12 wheel
+    if spec is not None and spec.submodule_search_locations:
+        libraries = [str(Path(path) / "lib") for path in spec.submodule_search_locations]
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            [*libraries, *filter(None, [env.get("LD_LIBRARY_PATH")])]
+        )
+    return env
+
+
+@pytest.fixture(scope="module")
+def environment() -> dict[str, str]:
+    """perf_analyzer's environment; skips the module if perf_analyzer cannot start here."""
+    if not PERF_ANALYZER.exists():
+        pytest.skip(f"no perf_analyzer at {PERF_ANALYZER}: tritonclient's wheel has none here")
+    env = perf_analyzer_environment()
+    started = subprocess.run(
+        [str(PERF_ANALYZER), "--version"], capture_output=True, text=True, env=env, timeout=30
+    )
+    if started.returncode != 0:
+        pytest.skip(
+            "perf_analyzer cannot start (make tools installs libb64-0d; the dev extra, "
+            f"nvidia-cuda-runtime-cu12): {started.stderr.strip()[:300]}"
+        )
+    return env
+
+
+def measure(served: ServerProcess, mode: str, env: dict[str, str]) -> str:
+    """Run one short perf_analyzer measurement of model "mlp"; its output, once it succeeded."""
+    protocol, flags = MODES[mode]
+    url = served.http if protocol == "http" else served.grpc
+    command = [
+        str(PERF_ANALYZER),
+        "-m",
+        "mlp",
+        "-u",
+        url,
+        "-i",
+        protocol,
+        "--measurement-interval",
+        "300",
+        # Three windows are enough: this checks that it completes, not how steady it is.
+        "--stability-percentage",
+        "999",
+        *flags,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"{mode}: perf_analyzer exited {result.returncode}\n{output}"
+    throughput = re.search(r"Throughput: ([\d.]+) infer/sec", output)
+    assert throughput is not None, f"{mode}: no throughput reported\n{output}"
+    assert float(throughput[1]) > 0, f"{mode}:\n{output}"
+    assert "Execution count:" in output, f"{mode}: no server-side statistics\n{output}"
+    return output
+
+
+def statistics(served: ServerProcess) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://{served.http}/v2/models/mlp/stats", timeout=30) as answer:
+        (row,) = json.load(answer)["model_stats"]
+    return dict(row)
+
+
+def repository(served: ServerProcess, action: str) -> None:
+    url = f"http://{served.http}/v2/repository/models/mlp/{action}"
+    with urllib.request.urlopen(urllib.request.Request(url, data=b"{}"), timeout=60) as answer:
+        assert answer.status == 200
+
+
+def test_perf_analyzer_completes_over_http_and_grpc_before_and_after_a_reload(
+    tmp_path: Path, environment: dict[str, str]
+):
+    add_model(tmp_path / "repo", "mlp", build_mlp(seed=1))
+    served = start_server(tmp_path / "repo", tmp_path / "server.log")
+    try:
+        for mode in MODES:
+            measure(served, mode, environment)
+        before = statistics(served)
+        repository(served, "unload")
+        repository(served, "load")
+        assert statistics(served) == before  # a fresh copy counts on from where the last left
+        for mode in MODES:
+            measure(served, mode, environment)
+        after = statistics(served)
+    finally:
+        stop_server(served)
+    runs = after["execution_count"]
+    assert runs > before["execution_count"]
+    stages = after["inference_stats"]
+    assert [
+        stages[stage]["count"] for stage in ("compute_input", "compute_infer", "compute_output")
+    ] == [runs] * 3
