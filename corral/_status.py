@@ -65,6 +65,9 @@ class VersionStatus:
     runs: int
     #: Why the last load failed, if it did.
     failure: str | None
+    #: While loaded, why its queued requests share runs or not, in one line: ``batched
+    #: (probed): ...``, ``batched (declared): ...`` or ``not batched: ...``; else None.
+    batching: str | None = None
 
 
 @dataclass(frozen=True)
