@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 
 from corral._budget import estimate_model_bytes
-from corral._config import ModelConfig
 from corral._counters import HostCounters
 from corral._errors import (
     CorralError,
@@ -38,6 +37,7 @@ from corral._errors import (
     fresh,
 )
 from corral._options import HostOptions
+from corral._probe import plan_batching
 from corral._providers import resolve_policy, resolve_providers
 from corral._repository import ModelEntry, Repository, validate_model_name
 from corral._runtime import Runtime
@@ -245,7 +245,8 @@ class Loader:
 
         ``size_bytes`` is its :meth:`estimate`: what the budget counts it as.
         Creates its Session (and warms it up if its model.toml says so) on the calling
-        thread; raises :class:`ModelLoadError` (or a subclass) if that fails.
+        thread, and decides whether its requests share runs (``corral._probe``: declared,
+        probed or off); raises :class:`ModelLoadError` (or a subclass) if that fails.
         """
         config = entry.config
         session = Session(
@@ -258,7 +259,17 @@ class Loader:
         try:
             if config.warmup:
                 _warm_up(session)
-            rows, window = self._batch_plan(config)
+            # After the warm-up: the probe's runs then cost what a loaded model's runs cost.
+            plan = plan_batching(
+                session.signature,
+                session.run,
+                max_batch_size=config.max_batch_size,
+                enabled=self._options.batching,
+                default_rows=DEFAULT_MAX_BATCH_SIZE,
+                label=session.name,
+            )
+            logger.info("corral: %s version %s %s", name, version, plan.reason)
+            window = (config.batch_window_us or 0) if plan.max_rows else 0
             return ServedVersion(
                 name,
                 version,
@@ -266,7 +277,7 @@ class Loader:
                 runtime=self._runtime,
                 size_bytes=size_bytes,
                 fingerprint=entry.version_fingerprint(version),
-                max_batch_size=rows,
+                batching=plan,
                 batch_window_us=window,
                 queue_limit=self._options.max_queue_per_model,
                 counters=self._counters.run_counters((name, version)),
@@ -412,12 +423,6 @@ class Loader:
                     self._options.load_concurrency, thread_name_prefix="corral-load"
                 )
             self._pool.submit(job, *args)
-
-    def _batch_plan(self, config: ModelConfig) -> tuple[int, int]:
-        """(max rows per batch, batch window in µs) for the scheduler; 0 rows: no batching."""
-        if not self._options.batching or config.max_batch_size == 0:
-            return 0, 0
-        return config.max_batch_size or DEFAULT_MAX_BATCH_SIZE, config.batch_window_us or 0
 
 
 def version_number(name: str, version: int | str) -> int:

@@ -415,7 +415,7 @@ class Scheduler:
             else:
                 live.append(request)
                 enqueued_sum += request.enqueued
-                rows += request.rows or 1
+                rows += request.rows
                 if request.deadline is not None:
                     deadlines = True
         if cancelled:
@@ -481,19 +481,25 @@ def _late_after_run(live: list[_Request]) -> list[BaseException | None] | None:
     return errors
 
 
-_UNBATCHED: tuple[int, tuple[object, ...]] = (0, ())
+# A request that runs alone: no key, and one row in the statistics (its run is one run).
+_UNBATCHED: tuple[int, tuple[object, ...]] = (1, ())
 
 
 def _shape_key(feed: dict[str, npt.NDArray[Any]]) -> tuple[int, tuple[object, ...]]:
     """Rows of a request, and what another request must share to join its batch.
 
-    Rows 0 means the request cannot be batched (a scalar, or inputs that disagree on rows).
+    An empty key means the request runs alone: a scalar, inputs that disagree on rows, or
+    no rows at all. An empty request runs alone so that its answer is the one it gets on
+    its own (some models refuse 0 rows), and no other request's depends on it. Rows are
+    exact (0 for an empty request), for the batch's output check and the statistics.
     The requested outputs are compared separately.
     """
     if len(feed) == 1:
         for name, array in feed.items():
             shape = array.shape
             if not shape:
+                return _UNBATCHED
+            if not shape[0]:
                 return 0, ()
             return shape[0], (name, array.dtype, shape[1:])
     rows = -1
@@ -501,13 +507,15 @@ def _shape_key(feed: dict[str, npt.NDArray[Any]]) -> tuple[int, tuple[object, ..
     for name, array in feed.items():
         shape = array.shape
         if not shape:
-            return 0, ()
+            return _UNBATCHED
         if rows == -1:
             rows = shape[0]
         elif shape[0] != rows:
-            return 0, ()  # inputs disagree on rows: run it alone
+            return _UNBATCHED  # inputs disagree on rows: run it alone
         parts += (name, array.dtype, shape[1:])
-    return max(rows, 0), tuple(parts)
+    if rows == -1:
+        return _UNBATCHED  # no inputs
+    return (rows, tuple(parts)) if rows else (0, ())
 
 
 def _take(queue: ModelQueue) -> list[_Request]:
@@ -522,8 +530,8 @@ def _take(queue: ModelQueue) -> list[_Request]:
 def _partition(taken: list[_Request], max_rows: int) -> tuple[list[_Request], list[_Request]]:
     """The oldest request and those that can share its run; and the rest, in order."""
     first = taken[0]
-    if max_rows == 0 or first.rows == 0 or first.rows >= max_rows:
-        return [first], taken[1:]  # not batchable, or as large as a batch on its own
+    if max_rows == 0 or not first.key or first.rows >= max_rows:
+        return [first], taken[1:]  # runs alone (see _shape_key), or a batch on its own
     batch = [first]
     leftovers: list[_Request] = []
     rows = first.rows

@@ -22,6 +22,7 @@ import numpy.typing as npt
 
 from corral._counters import RunCounters
 from corral._errors import SessionClosed
+from corral._probe import BatchPlan
 from corral._runtime import Runtime
 from corral._scheduler import ModelQueue, QueueKey, Scheduler, deadline_after
 from corral._session import Lease, Session
@@ -46,6 +47,7 @@ class ServedVersion:
         "_queue_lock",
         "_runtime",
         "_scheduler",
+        "batching",
         "counters",
         "dismiss",
         "fingerprint",
@@ -73,7 +75,7 @@ class ServedVersion:
         runtime: Runtime,
         size_bytes: int,
         fingerprint: tuple[object, ...],
-        max_batch_size: int,
+        batching: BatchPlan,
         batch_window_us: int,
         queue_limit: int,
         counters: RunCounters,
@@ -87,8 +89,10 @@ class ServedVersion:
         self.size_bytes = size_bytes
         self.fingerprint = fingerprint
         self.pinned = False
-        #: Rows per batched run; 0 when requests never share a run (not batchable, or off).
-        self.max_rows = max_batch_size if session.signature.batchable else 0
+        #: Rows per batched run; 0 when requests never share a run (see corral._probe).
+        self.max_rows = batching.max_rows
+        #: Why its requests share runs or not, in one line (declared, probed or off).
+        self.batching = batching.reason
         self.window_us = batch_window_us
         self.queue_limit = queue_limit
         #: What its queue counts into: the Host's counters of this version, shared by every
@@ -226,6 +230,11 @@ class HostLease:
     def max_batch_size(self) -> int:
         """Rows per run when requests for this version are batched; 0 if they never are."""
         return self._served.max_rows
+
+    @property
+    def batching(self) -> str:
+        """Why requests for this version share runs or not, in one line (see docs/scheduler.md)."""
+        return self._served.batching
 
     def run(
         self, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None

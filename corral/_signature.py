@@ -283,17 +283,34 @@ class Signature:
     def batchable(self) -> bool:
         """True if every input and output is a tensor whose first dimension is dynamic.
 
-        Such a model treats rows independently as far as its shapes tell: requests can be
-        stacked along the first dimension and the outputs split back.
+        Such a model may treat rows independently as far as its shapes tell; whether it does
+        is for the load's probe (``corral._probe``) or the model's model.toml to say.
         """
-        specs = self.inputs + self.outputs
-        return bool(specs) and all(
-            spec.is_tensor
-            and spec.dtype != np.dtype(object)
-            and len(spec.shape) >= 1
-            and not isinstance(spec.shape[0], int)
-            for spec in specs
-        )
+        return self.batch_obstacle() is None
+
+    def batch_obstacle(self) -> str | None:
+        """Why requests cannot be stacked along the first dimension, or None if they can.
+
+        One line naming the tensor at fault: ``input 'S' has a fixed first dimension
+        (int64[1])``.
+        """
+        if not self.inputs and not self.outputs:
+            return "the model has no inputs or outputs"
+        for kind, specs in (("input", self.inputs), ("output", self.outputs)):
+            for spec in specs:
+                if not spec.is_tensor:
+                    return f"{kind} {spec.name!r} is {spec.onnx_type}, not a plain tensor"
+                if spec.dtype == np.dtype(object):
+                    # Strings are rare in batched traffic and cost a copy per element to stack.
+                    return f"{kind} {spec.name!r} holds strings, which corral does not batch"
+                if not spec.shape:
+                    return (
+                        f"{kind} {spec.name!r} has no declared first dimension to batch along "
+                        f"({spec.describe()})"
+                    )
+                if isinstance(spec.shape[0], int):
+                    return f"{kind} {spec.name!r} has a fixed first dimension ({spec.describe()})"
+        return None
 
     @staticmethod
     def _names(specs: Sequence[TensorSpec]) -> str:

@@ -61,10 +61,14 @@ class VersionStatus:
     size_bytes: int
     #: Wall-clock time (``time.time()``) of the last request, or None if never used.
     last_used: float | None
-    #: Leases taken on this version since it was loaded.
+    #: Runs, leases and admissions since it was loaded, the load's own included (its warm-up
+    #: run, and the batching probe's, up to 5, when it ran).
     runs: int
     #: Why the last load failed, if it did.
     failure: str | None
+    #: While loaded, why its queued requests share runs or not, in one line: ``batched
+    #: (probed): ...``, ``batched (declared): ...`` or ``not batched: ...``; else None.
+    batching: str | None = None
 
 
 @dataclass(frozen=True)

@@ -571,5 +571,11 @@ _CLOSED = SessionState.CLOSED
 
 def _version_status(served: ServedVersion, state: ModelState) -> VersionStatus:
     return VersionStatus(
-        served.version, state, served.size_bytes, served.last_used, served.session.uses, None
+        served.version,
+        state,
+        served.size_bytes,
+        served.last_used,
+        served.session.uses,
+        None,
+        served.batching,
     )

@@ -473,6 +473,7 @@ def _status_dict(status: ModelStatus) -> dict[str, object]:
                 "size_bytes": v.size_bytes,
                 "runs": v.runs,
                 "failure": v.failure,
+                "batching": v.batching,
             }
             for v in status.versions
         ],

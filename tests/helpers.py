@@ -125,6 +125,68 @@ def build_identity(element_type: int) -> bytes:
     return model.SerializeToString()
 
 
+def build_time_major_lstm(features: int = 3, hidden: int = 4, *, seed: int = 0) -> bytes:
+    """An ONNX LSTM with the default layout 0: ``X`` float32 ``[seq, batch, features]``.
+
+    As PyTorch exports ``batch_first=False``: the dynamic first dimension is time, so
+    stacking requests along it would run one request's steps after another's. Output ``Y``
+    is ``[seq, 1, batch, hidden]`` (the LSTM's own; its first dimension is time too).
+    """
+    rng = np.random.default_rng(seed)
+    weights = {
+        "W": rng.standard_normal((1, 4 * hidden, features)).astype(np.float32),
+        "R": rng.standard_normal((1, 4 * hidden, hidden)).astype(np.float32),
+        "B": rng.standard_normal((1, 8 * hidden)).astype(np.float32),
+    }
+    graph = helper.make_graph(
+        [helper.make_node("LSTM", ["X", "W", "R", "B"], ["Y"], hidden_size=hidden, layout=0)],
+        "time_major_lstm",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["seq", "batch", features])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["seq", 1, "batch", hidden])],
+        [numpy_helper.from_array(array, name) for name, array in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def build_row_coupling(features: int = 4) -> bytes:
+    """``Y = X - ReduceMean(X, axes=[0])``: every row's output depends on the other rows."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMean", ["X"], ["M"], axes=[0], keepdims=1),
+            helper.make_node("Sub", ["X", "M"], ["Y"]),
+        ],
+        "row_coupling",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", features])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", features])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def build_rows_of_five() -> bytes:
+    """``Y = Reshape(X, [-1, 5])`` for ``X`` float32 ``[N, K]``: runs only when 5 divides K.
+
+    Row-independent for K = 5, the inputs its users send; it fails on the probe's generated
+    inputs (K = 32), as a model with an unstated constraint on a dynamic dimension does.
+    """
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["X", "shape"], ["Y"])],
+        "rows_of_five",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", "K"])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", 5])],
+        [numpy_helper.from_array(np.array([-1, 5], np.int64), "shape")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
 def reference_run(model: bytes, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Run a model on a plain onnxruntime session (global pools), bypassing corral's Session."""
     corral.runtime().start()

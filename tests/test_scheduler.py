@@ -288,6 +288,9 @@ def test_a_model_that_mixes_rows_fails_its_batch_with_advice(gated):
     host, gates = gated
     (host.repository.root / "mixer" / "1").mkdir(parents=True)
     (host.repository.root / "mixer" / "1" / "model.onnx").write_bytes(_first_row_sum_model())
+    # Declared batchable, so not probed (the probe would refuse it): the batch's own check on
+    # its outputs' rows is what is left to catch it.
+    (host.repository.root / "mixer" / "model.toml").write_text("max_batch_size = 4\n")
     host.load("mixer")
     futures = [host.submit("mixer", {"X": np.ones((1, 4), np.float32)}) for _ in range(3)]
     gates[0].open.set()

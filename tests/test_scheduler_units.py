@@ -109,6 +109,23 @@ def test_queued_rows_share_one_run_and_each_gets_its_own(scheduler: Scheduler):
     assert (stats.accepted, stats.runs, stats.rows) == (10, 1, 10)
 
 
+def test_an_empty_request_runs_alone_and_counts_no_rows(scheduler: Scheduler):
+    model = FakeVersion("m:1")
+    queue = scheduler.queue(model, ("m", 1), max_rows=64)
+    blocker, held = hold_worker(scheduler)
+    inputs = [np.zeros((0, 2), np.float32), row(1), np.ones((2, 2), np.float32)]
+    inputs += [np.zeros((0, 2), np.float32), row(2)]
+    futures = [submit(scheduler, queue, model, x) for x in inputs]
+    blocker.hold.set()
+    for x, future in zip(inputs, futures, strict=True):
+        np.testing.assert_array_equal(future.result(timeout=10)["Y"], x * 2)
+    held.result(timeout=10)
+    assert sorted(model.batches) == [0, 0, 4]  # the empty ones alone, the others together
+    stats = scheduler.stats()[("m", 1)]
+    assert (stats.runs, stats.rows) == (3, 4)
+    assert stats.batch_rows_buckets[0] == (1, 2)  # two runs of 0 rows, one of 4
+
+
 def test_max_rows_splits_batches_and_zero_never_batches(scheduler: Scheduler):
     capped, alone = FakeVersion("capped:1"), FakeVersion("alone:1")
     capped_queue = scheduler.queue(capped, ("capped", 1), max_rows=4)

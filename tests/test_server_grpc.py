@@ -281,6 +281,9 @@ def test_model_config_decodes_as_tritons_model_config(datatypes_repo: Path):
             "onnxruntime",
         )
         assert config.max_batch_size == expected.max_batch_size
+        batching = config.parameters["corral.batching"].string_value
+        assert batching == expected.parameters["corral.batching"]
+        assert batching.startswith("batched (probed): ")
         decoded = [
             (t.name, triton_config_pb.DataType.Name(t.data_type), list(t.dims))
             for t in config.input

@@ -71,6 +71,8 @@ def test_model_metadata_ready_and_config(host: Host):
     assert call(app, "GET", "/v2/models/mlp/versions/1").json() == meta
     assert call(app, "GET", "/v2/models/mlp/ready").status_code == 200  # metadata loaded it
     config = call(app, "GET", "/v2/models/mlp/config").json()
+    batching = config.pop("parameters")["corral.batching"]["string_value"]
+    assert batching.startswith("batched (probed): ")
     assert config == {
         "name": "mlp",
         "platform": "onnxruntime_onnx",

@@ -48,10 +48,19 @@ from corral.protocol.types import (
     TensorMetadata,
 )
 
-__all__ = ["EXTENSIONS", "PLATFORM", "DataPlane", "run_blocking", "status_for"]
+__all__ = [
+    "BATCHING_PARAMETER",
+    "EXTENSIONS",
+    "PLATFORM",
+    "DataPlane",
+    "run_blocking",
+    "status_for",
+]
 
 #: Triton's platform name for ONNX models run by onnxruntime: clients key on it.
 PLATFORM = "onnxruntime_onnx"
+#: The model configuration's parameter that says why a model is batched or not.
+BATCHING_PARAMETER = "corral.batching"
 #: The protocol extensions corral implements, as ``GET /v2`` lists them.
 EXTENSIONS = (
     "binary_tensor_data",
@@ -175,6 +184,7 @@ class DataPlane:
         with await self._host.acquire_async(name, _version_arg(version)) as lease:
             signature = lease.session.signature
             batched = lease.max_batch_size
+            batching = lease.batching
         # With max_batch_size > 0, Triton's dims leave out the batch dimension.
         skip = 1 if batched else 0
         return ModelConfiguration(
@@ -184,6 +194,7 @@ class DataPlane:
             max_batch_size=batched,
             inputs=tuple(_tensor_configuration(spec, skip) for spec in signature.inputs),
             outputs=tuple(_tensor_configuration(spec, skip) for spec in signature.outputs),
+            parameters={BATCHING_PARAMETER: batching},
         )
 
     def _model_ready(self, name: str, version: str | None) -> bool:

@@ -181,6 +181,10 @@ def encode_model_config(config: ModelConfiguration) -> pb.ModelConfigResponse:
                 pb.ModelOutput(name=t.name, data_type=_data_type(t.data_type), dims=t.dims)
                 for t in config.outputs
             ],
+            parameters={
+                key: pb.ModelParameter(string_value=value)
+                for key, value in config.parameters.items()
+            },
         )
     )
 

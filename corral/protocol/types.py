@@ -7,6 +7,7 @@ the moment they are decoded: BYTES tensors are ``object`` arrays of ``bytes``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,6 +152,9 @@ class ModelConfiguration:
     max_batch_size: int
     inputs: tuple[TensorConfiguration, ...]
     outputs: tuple[TensorConfiguration, ...]
+    #: Triton's free-form ``parameters`` (each a ``string_value``): ``corral.batching`` says
+    #: why the model is batched or not, in one line.
+    parameters: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

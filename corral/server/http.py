@@ -365,6 +365,7 @@ def _config_doc(config: ModelConfiguration) -> dict[str, Any]:
         "max_batch_size": config.max_batch_size,
         "input": [tensor(t) for t in config.inputs],
         "output": [tensor(t) for t in config.outputs],
+        "parameters": {key: {"string_value": value} for key, value in config.parameters.items()},
     }
 
 
