@@ -121,7 +121,7 @@ def test_an_empty_request_runs_alone_and_counts_no_rows(scheduler: Scheduler):
         np.testing.assert_array_equal(future.result(timeout=10)["Y"], x * 2)
     held.result(timeout=10)
     assert sorted(model.batches) == [0, 0, 4]  # the empty ones alone, the others together
-    stats = scheduler.stats()[("m", 1)]
+    stats = stats_of(scheduler, queue)
     assert (stats.runs, stats.rows) == (3, 4)
     assert stats.batch_rows_buckets[0] == (1, 2)  # two runs of 0 rows, one of 4
 
