@@ -287,7 +287,8 @@ class Host:
         """Take a model (or one version) out of service and close it once its leases drain.
 
         A load of it in flight when the unload begins is waited for, then unloaded too: once
-        this returns, nothing of the model that was loaded or loading is left in service.
+        this returns, nothing of the model that was loaded or loading is left in service
+        (with ``timeout=0`` nothing waits: such a load is retired as soon as it finishes).
         Requests already holding a lease finish on it; a later request loads the model
         again. Raises :class:`DrainTimeout` if a load or leases remain after ``timeout``
         (a load still running is then left to finish, and stays loaded; leases still held
@@ -297,7 +298,12 @@ class Host:
         wanted = None if version is None else version_number(name, version)
         deadline = deadline_after(timeout)
         loading = self._table.loading(name, wanted)
-        if loading:
+        if loading and timeout == 0:
+            # Nothing waits (Ray's evictions unload this way): each load in flight is retired
+            # as soon as it has published.
+            for future in loading:
+                future.add_done_callback(self._retire_when_loaded)
+        elif loading:
             _, unfinished = wait_for_futures(loading, time_left(deadline))
             if unfinished:
                 raise DrainTimeout(
@@ -410,6 +416,13 @@ class Host:
         return f"<corral.Host {self._repository.root} {self._table.state.value}>"
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _retire_when_loaded(self, loading: Future[ServedVersion]) -> None:
+        """Retire the version a load published, for an unload that did not wait for it."""
+        if loading.cancelled() or loading.exception() is not None:
+            return  # nothing was loaded, nothing to unload
+        served = loading.result()
+        self._table.drain(self._table.retire(served.name, served.version), timeout=0)
 
     def _ready(self, name: str, version: int | str | None) -> ServedVersion | None:
         # `name` is only a key here: an invalid one simply misses and is checked on the cold

@@ -839,3 +839,20 @@ def test_an_unload_that_times_out_on_a_load_says_nothing_was_unloaded(
         asker.join(timeout=30)
         assert host.stats().unloads == 0
         assert [v.state for v in host.status("mlp").versions] == [ModelState.READY]
+
+
+def test_an_unload_that_does_not_wait_retires_a_load_in_flight_once_it_ends(
+    repo_with_bare_model: Path, held_loads
+):
+    with Host(repo_with_bare_model) as host:
+        asker = threading.Thread(target=host.load, args=("mlp",))
+        asker.start()
+        assert held_loads.started.wait(timeout=10)
+        host.unload("mlp", timeout=0)  # returns at once (Ray's evictions unload this way)
+        assert host.stats().unloads == 0
+        held_loads.release.set()
+        asker.join(timeout=30)
+        # Retired by the load's own completion, on its worker, right after it published.
+        wait_until(lambda: host.stats().unloads == 1)
+        assert host.stats().loads == 1
+        assert all(v.state is not ModelState.READY for v in host.status("mlp").versions)
