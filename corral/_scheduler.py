@@ -76,8 +76,14 @@ def deadline_after(timeout: float | None) -> float | None:
 
 
 def time_left(deadline: float | None) -> float | None:
-    """Seconds left until ``deadline`` (never negative); None for no deadline."""
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
+    """Seconds left until ``deadline``; None for no deadline.
+
+    Never negative, and never more than a thread can wait (``threading.TIMEOUT_MAX``): a
+    longer wait raises OverflowError in ``Future.result`` and ``Lock.acquire``.
+    """
+    if deadline is None:
+        return None
+    return min(threading.TIMEOUT_MAX, max(0.0, deadline - time.monotonic()))
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from corral._errors import InferenceError, InvalidInput
 from corral.protocol.binary import decode_tensor, element_count, encode_tensor
 from corral.protocol.datatypes import numpy_dtype
 from corral.protocol.types import (
+    MAX_TIMEOUT_US,
     InferInput,
     InferOutput,
     InferRequest,
@@ -261,10 +262,10 @@ def _check_request_parameters(parameters: Parameters) -> None:
             f"got {_describe(binary_output)}"
         )
     timeout = parameters.get("timeout")
-    if timeout is not None and (type(timeout) is not int or timeout < 0):
+    if timeout is not None and (type(timeout) is not int or not 0 <= timeout <= MAX_TIMEOUT_US):
         raise InvalidInput(
-            "the request parameter 'timeout' must be a non-negative integer (microseconds); "
-            f"got {_describe(timeout)}"
+            f"the request parameter 'timeout' must be an integer from 0 (no timeout) to "
+            f"{MAX_TIMEOUT_US} (a year), in microseconds; got {_describe(timeout)}"
         )
 
 
