@@ -20,6 +20,7 @@ import grpc
 import httpx
 import numpy as np
 import onnx
+import orjson
 import pytest
 import tritonclient.grpc.aio as triton_grpc
 from hypothesis import given, settings
@@ -230,6 +231,27 @@ def test_any_float_round_trips_through_json_both_ways(values: list[float], datat
     (output,) = json.loads(body)["outputs"]
     echoed = json.dumps({"inputs": [output]}).encode()  # as tritonclient sends it back
     assert same_floats(decode_request(echoed).inputs[0].data, array)
+
+
+@pytest.mark.parametrize("count", [3, 1000], ids=lambda n: f"{n} values")
+def test_non_finite_outputs_are_found_in_short_and_long_bodies(count: int):
+    finite = np.linspace(-1.0, 1.0, count, dtype=np.float32)
+    plain = InferResponse("m", "1", (InferOutput("y", "FP32", finite.shape, finite),))
+    body, _ = encode_response(plain, InferRequest(()))
+    assert body == orjson.dumps(  # all finite: orjson's own writing, untouched
+        {
+            "model_name": "m",
+            "model_version": "1",
+            "outputs": [{"name": "y", "datatype": "FP32", "shape": [count], "data": finite}],
+        },
+        option=orjson.OPT_SERIALIZE_NUMPY,
+    )
+    last = finite.copy()
+    last[-1] = -np.inf
+    response = InferResponse("m", "1", (InferOutput("y", "FP32", last.shape, last),))
+    body, _ = encode_response(response, InferRequest(()))
+    assert body.endswith(b",-Infinity]}]}")
+    assert same_floats(np.array(json.loads(body)["outputs"][0]["data"], np.float32), last)
 
 
 # -- timeouts --------------------------------------------------------------------------------

@@ -60,6 +60,9 @@ _FLOAT_OVERFLOW = {"FP16": 65520.0, "FP32": float(2**128 - 2**103), "FP64": math
 _INT_RANGE = (-(2**63), 2**64 - 1)
 # A \uD800-\uDFFF escape: only such an escape can put a lone surrogate in a parsed string.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+# Up to this many bytes of JSON, a search for "null" tells faster than numpy whether an
+# output holds a NaN or an infinity (it costs about 1 ns a byte, numpy's check about 2 us).
+_NULL_SCAN_BYTES = 2048
 # Up to this many values, overflow is checked in Python; beyond, by numpy after the cast.
 _FEW_VALUES = 64
 # How messages name the Python types orjson decodes JSON values to.
@@ -204,27 +207,30 @@ def encode_response(response: InferResponse, request: InferRequest) -> tuple[byt
     # Numeric data stays a numpy array for orjson to write: 1.5-4.5x faster than .tolist()
     # at 1000 elements, 0.1 us slower at 4, and FP32 comes out in its shortest form.
     header = orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
-    if float_entries and b"null" in header:
+    if float_entries and (len(header) > _NULL_SCAN_BYTES or b"null" in header):
         # orjson writes a NaN or an infinity as null, which a client reads back as NaN: write
-        # them as Triton does. A body without "null" has none; one with it is checked exactly.
-        header = _with_non_finite(document, float_entries)
+        # them as Triton does. A short body without "null" has none; others are checked.
+        header = _with_non_finite(document, float_entries) or header
     if not binary_chunks:
         return header, None
     return b"".join([header, *binary_chunks]), len(header)
 
 
-def _with_non_finite(document: dict[str, Any], float_entries: list[dict[str, Any]]) -> bytes:
+def _with_non_finite(document: dict[str, Any], float_entries: list[dict[str, Any]]) -> bytes | None:
     """``document`` as JSON, its non-finite floats as ``NaN``, ``Infinity``, ``-Infinity``.
 
     These are the tokens Triton's HTTP server writes (rapidjson's ``kWriteNanAndInfFlag``)
     and tritonclient reads; a NaN's sign is not kept. Only the outputs that hold one are
-    written piece by piece; their finite runs still go through orjson.
+    written piece by piece; their finite runs still go through orjson. None if no output
+    holds one.
     """
+    rewritten = False
     for entry in float_entries:
         data: npt.NDArray[Any] = entry["data"]
-        bad = np.flatnonzero(~np.isfinite(data))
-        if not bad.size:
+        finite = np.isfinite(data)
+        if finite.all():
             continue
+        bad = np.flatnonzero(~finite)
         parts: list[bytes] = []
         start = 0
         for index in bad.tolist():
@@ -236,7 +242,8 @@ def _with_non_finite(document: dict[str, Any], float_entries: list[dict[str, Any
         if start < data.size:
             parts.append(orjson.dumps(data[start:], option=orjson.OPT_SERIALIZE_NUMPY)[1:-1])
         entry["data"] = orjson.Fragment(b"[" + b",".join(parts) + b"]")
-    return orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
+        rewritten = True
+    return orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY) if rewritten else None
 
 
 def _non_finite_token(value: float) -> bytes:
