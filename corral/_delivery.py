@@ -9,11 +9,14 @@ may only be settled on its own loop, so the answers for each loop go there in on
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
 
 __all__ = ["Waiting", "deliver"]
+
+logger = logging.getLogger(__name__)
 
 
 class Waiting(Protocol):
@@ -36,7 +39,8 @@ def deliver(
     """Give each waiting request its result, or else its error, on the right thread.
 
     ``results`` None means every request has an error; ``errors`` None means none has. A
-    request whose caller cancelled it meanwhile is skipped.
+    request whose caller cancelled it meanwhile is skipped, and so are the requests of an
+    event loop that has closed (their answers are dropped, logged at debug level).
     """
     if results is None:
         results = [None] * len(waiting)  # errors has them all
@@ -44,7 +48,7 @@ def deliver(
     if loop is not None and all(request.loop is loop for request in waiting):
         # The usual case: every caller awaits on one event loop.
         futures = [request.future for request in waiting]
-        loop.call_soon_threadsafe(_settle_all, futures, results, errors)
+        _settle_on(loop, futures, results, errors)
         return
     by_loop: dict[asyncio.AbstractEventLoop, tuple[list[Any], list[object], list[Any]]] = {}
     for index, request in enumerate(waiting):
@@ -57,7 +61,27 @@ def deliver(
             loop_results.append(results[index])
             loop_errors.append(error)
     for loop, (futures, loop_results, loop_errors) in by_loop.items():
-        loop.call_soon_threadsafe(_settle_all, futures, loop_results, loop_errors)
+        _settle_on(loop, futures, loop_results, loop_errors)
+
+
+def _settle_on(
+    loop: asyncio.AbstractEventLoop,
+    futures: list[Any],
+    results: Sequence[object],
+    errors: Sequence[BaseException | None] | None,
+) -> None:
+    """Hand ``futures``' answers to ``loop``; drop them if it has closed meanwhile."""
+    try:
+        loop.call_soon_threadsafe(_settle_all, futures, results, errors)
+    except RuntimeError:
+        if not loop.is_closed():
+            raise
+        # Safe to drop: a closed loop never runs again, so no one can await these futures,
+        # and their admissions have ended already. Raising here would kill the compute
+        # worker and leave the other loops' requests of this delivery unanswered.
+        logger.debug(
+            "corral: dropped %d answer(s) for an event loop that closed first", len(futures)
+        )
 
 
 def _settle_all(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import threading
 import time
 from collections import deque
@@ -38,6 +39,8 @@ from corral._errors import (
     RunCancelled,
     RuntimeClosed,
 )
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "BATCH_ROWS_BUCKETS",
@@ -73,8 +76,14 @@ def deadline_after(timeout: float | None) -> float | None:
 
 
 def time_left(deadline: float | None) -> float | None:
-    """Seconds left until ``deadline`` (never negative); None for no deadline."""
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
+    """Seconds left until ``deadline``; None for no deadline.
+
+    Never negative, and never more than a thread can wait (``threading.TIMEOUT_MAX``): a
+    longer wait raises OverflowError in ``Future.result`` and ``Lock.acquire``.
+    """
+    if deadline is None:
+        return None
+    return min(threading.TIMEOUT_MAX, max(0.0, deadline - time.monotonic()))
 
 
 @dataclass(frozen=True)
@@ -143,6 +152,9 @@ class _Request:
     owner: Runnable  # holds this request's admission until it is answered
     future: Future[Outputs] | asyncio.Future[Outputs]
     loop: asyncio.AbstractEventLoop | None
+    # Set once its admission has ended (answered or cancelled): a failed worker answers the
+    # requests it held that are not.
+    answered: bool = False
 
 
 @dataclass(eq=False)
@@ -296,9 +308,14 @@ class Scheduler:
                 self._sleepers.pop().release()
             threads = list(self._threads)
         deadline = deadline_after(timeout)
-        for thread in threads:
-            thread.join(time_left(deadline))
-        stopped = not any(thread.is_alive() for thread in threads)
+        joined: list[threading.Thread] = []
+        while threads:
+            for thread in threads:
+                thread.join(time_left(deadline))
+            joined += threads
+            with self._lock:  # a worker that failed meanwhile has a replacement to join
+                threads = [thread for thread in self._threads if thread not in joined]
+        stopped = not any(thread.is_alive() for thread in joined)
         if stopped:
             with self._lock:
                 self._state = _State.STOPPED
@@ -306,17 +323,27 @@ class Scheduler:
 
     # -- workers -----------------------------------------------------------------------------
 
-    def _start_worker_locked(self) -> None:
-        index = len(self._threads)
+    def _start_worker_locked(self, name: str | None = None) -> None:
+        name = name or f"corral-compute-{len(self._threads)}"
         # Daemon: at interpreter exit the Runtime's atexit hook drains and joins them; a
         # non-daemon worker would make Python wait for it before that hook could run.
-        thread = threading.Thread(target=self._work, name=f"corral-compute-{index}", daemon=True)
+        thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._threads.append(thread)
         thread.start()
 
     def _work(self) -> None:
+        in_hand: list[_Request] = []  # taken from their queue, not yet answered
         wake = threading.Lock()  # held while awake; released by whoever wakes this worker
         wake.acquire()
+        try:
+            self._serve(wake, in_hand)
+        except Exception as exc:
+            # A bug, not a model's error (_execute answers those): without a replacement the
+            # pool would shrink by one for good, and at zero every queued request would hang.
+            logger.exception("corral: compute worker failed; starting another in its place")
+            self._replace_worker(wake, in_hand, exc)
+
+    def _serve(self, wake: threading.Lock, in_hand: list[_Request]) -> None:
         while True:
             with self._lock:
                 while True:
@@ -327,6 +354,7 @@ class Scheduler:
                         return
                     self._sleep_locked(wake, wait)
                 taken = _take(queue)
+                in_hand[:] = taken
                 if queue.pending:
                     self._ready.append(queue)  # to the back: round robin across models
                 else:
@@ -339,7 +367,29 @@ class Scheduler:
             batch, leftovers = _partition(taken, queue.max_rows)
             if leftovers:
                 self._put_back(queue, leftovers)
+                in_hand[:] = batch
             self._execute(queue, batch)
+            in_hand.clear()
+
+    def _replace_worker(
+        self, wake: threading.Lock, in_hand: list[_Request], cause: Exception
+    ) -> None:
+        """Start a worker in a failed one's place, and answer the requests it held."""
+        with self._lock:
+            if wake in self._sleepers:
+                self._sleepers.remove(wake)  # a waker must not wake a worker that is gone
+            this = threading.current_thread()
+            self._threads.remove(this)
+            if self._state is not _State.STOPPED:
+                self._start_worker_locked(this.name)
+        unanswered = [request for request in in_hand if not request.answered]
+        if unanswered:
+            error = InferenceError(f"a compute worker failed while it held this request: {cause!r}")
+            error.__cause__ = cause
+            unanswered[0].owner.dismiss(len(unanswered))
+            claimed = [request for request in unanswered if _claim(request)]
+            if claimed:
+                deliver(claimed, None, [error] * len(claimed))
 
     def _sleep_locked(self, wake: threading.Lock, timeout: float | None) -> None:
         """Release the lock until woken or ``timeout`` seconds pass; then hold it again."""
@@ -410,6 +460,7 @@ class Scheduler:
                 started = not future.cancelled()
             if not started:
                 cancelled += 1
+                request.answered = True
             elif request.deadline is not None and now > request.deadline:
                 late.append(request)
             else:
@@ -467,6 +518,16 @@ class Scheduler:
                     pairs = zip(errors, late_errors, strict=True)
                     errors = [own or lateness for own, lateness in pairs]
                 _answer(live, results, errors)
+
+
+def _claim(request: _Request) -> bool:
+    """After a worker failed: True if its answer may still be delivered (not cancelled)."""
+    if request.loop is not None:
+        return True  # an asyncio future's delivery skips it if cancelled, on its loop
+    future = request.future
+    assert isinstance(future, Future)  # a request without a loop has a thread's future
+    # Still pending: False if its caller cancelled it, else it can be cancelled no more.
+    return future.running() or future.set_running_or_notify_cancel()
 
 
 def _late_after_run(live: list[_Request]) -> list[BaseException | None] | None:
@@ -645,6 +706,8 @@ def _answer(
 
     Their admissions end first, all at once: the answers need the model no more.
     """
+    for request in requests:
+        request.answered = True
     requests[0].owner.dismiss(len(requests))
     deliver(requests, results, errors)
 

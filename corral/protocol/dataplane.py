@@ -31,7 +31,7 @@ from corral._counters import RequestStats
 from corral._errors import CorralError, InferenceError, InvalidInput
 from corral._host import Host
 from corral._scheduler import QueueStats, deadline_after, time_left
-from corral._signature import TensorSpec
+from corral._signature import Signature, TensorSpec
 from corral._status import HostState, ModelState, ModelStatus
 from corral.protocol.datatypes import datatype_of
 from corral.protocol.types import (
@@ -51,6 +51,7 @@ from corral.protocol.types import (
 __all__ = [
     "BATCHING_PARAMETER",
     "EXTENSIONS",
+    "OMITTED_OUTPUTS",
     "PLATFORM",
     "DataPlane",
     "run_blocking",
@@ -68,6 +69,11 @@ EXTENSIONS = (
     "statistics",
     "model_configuration",
 )
+
+#: The response parameter that names, comma-separated, the outputs a response leaves out
+#: because no tensor of the protocol carries them (a sequence or a map): set only when the
+#: request named no outputs and the model has such outputs.
+OMITTED_OUTPUTS = "omitted_outputs"
 
 # Triton's state names for the repository index.
 _REPOSITORY_STATES = {
@@ -205,14 +211,18 @@ class DataPlane:
     # -- inference --------------------------------------------------------------------------
 
     async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
-        """Run ``request`` on the model and answer it; raises corral's errors."""
+        """Run ``request`` on the model and answer it; raises corral's errors.
+
+        A request that names no outputs gets the model's tensor outputs; any others (a
+        sequence, a map) are not computed, and the response's ``omitted_outputs`` parameter
+        names them. Naming one of those is :class:`InvalidInput`.
+        """
         started = time.perf_counter_ns()
         feed: dict[str, npt.NDArray[Any]] = {}
         for tensor in request.inputs:
             if tensor.name in feed:
                 raise InvalidInput(f"input {tensor.name!r} is given twice", tensor=tensor.name)
             feed[tensor.name] = tensor.data
-        wanted = [output.name for output in request.outputs] or None
         timeout = request.timeout_s
         deadline = deadline_after(timeout)
         # One lookup: the version leased is the version that runs and the one reported, even
@@ -220,6 +230,7 @@ class DataPlane:
         # workers; the event loop only awaits.
         lease = await self._host.acquire_async(name, version or None, timeout=timeout)
         try:
+            wanted, omitted = _outputs_to_run(lease.session.signature, request)
             results = await lease.infer_async(feed, wanted, timeout=time_left(deadline))
             outputs = tuple(_output(out_name, value) for out_name, value in results.items())
         except CorralError:
@@ -229,7 +240,11 @@ class DataPlane:
             lease.release()
         self._count(name, lease.version, started, ok=True)
         return InferResponse(
-            model_name=name, model_version=str(lease.version), outputs=outputs, id=request.id
+            model_name=name,
+            model_version=str(lease.version),
+            outputs=outputs,
+            id=request.id,
+            parameters={OMITTED_OUTPUTS: ",".join(omitted)} if omitted else {},
         )
 
     # -- statistics and the repository ------------------------------------------------------
@@ -359,6 +374,42 @@ def _tensor_configuration(spec: TensorSpec, skip: int) -> TensorConfiguration:
     datatype = _spec_datatype(spec)
     dims = tuple(d if isinstance(d, int) else -1 for d in spec.shape)[skip:]
     return TensorConfiguration(spec.name, _CONFIG_TYPES.get(datatype, datatype), dims)
+
+
+def _outputs_to_run(
+    signature: Signature, request: InferRequest
+) -> tuple[list[str] | None, list[str]]:
+    """The outputs to compute (None: all), and those left out because no tensor carries them.
+
+    A request that names no outputs gets every tensor output; the others (a sequence of
+    maps, as scikit-learn classifiers' ZipMap gives) are not even computed. A request that
+    names one of those is refused.
+    """
+    named = [output.name for output in request.outputs]
+    uncarried = {spec.name: spec for spec in signature.outputs if spec.dtype is None}
+    if not uncarried:
+        return named or None, []
+    if named:
+        for output_name in named:
+            spec = uncarried.get(output_name)
+            if spec is not None:
+                raise InvalidInput(
+                    f"output {output_name!r} is a {spec.onnx_type}, which no tensor of the "
+                    f"protocol can carry; ask for the tensor outputs: {_tensor_names(signature)}",
+                    tensor=output_name,
+                )
+        return named, []
+    wanted = [spec.name for spec in signature.outputs if spec.dtype is not None]
+    if not wanted:
+        described = ", ".join(f"{spec.name!r} ({spec.onnx_type})" for spec in uncarried.values())
+        raise InvalidInput(
+            f"none of the model's outputs is a tensor the protocol can carry: {described}"
+        )
+    return wanted, list(uncarried)
+
+
+def _tensor_names(signature: Signature) -> str:
+    return ", ".join(repr(spec.name) for spec in signature.outputs if spec.dtype is not None)
 
 
 def _output(name: str, value: Any) -> InferOutput:

@@ -35,6 +35,7 @@ from corral._errors import InvalidInput
 from corral.protocol.binary import decode_tensor, element_count, encode_tensor
 from corral.protocol.datatypes import numpy_dtype
 from corral.protocol.types import (
+    MAX_TIMEOUT_US,
     Duration,
     InferInput,
     InferRequest,
@@ -84,8 +85,8 @@ def decode_request(request: pb.ModelInferRequest) -> InferRequest:
 
     Tensors come either all as ``raw_input_contents`` (one entry per input, in order) or all
     as typed ``contents``. Parameters may be bool, integer or string; the request's
-    ``timeout`` a non-negative integer (microseconds). Raises :class:`~corral.InvalidInput`
-    naming the tensor that is malformed.
+    ``timeout`` an integer of microseconds up to ``MAX_TIMEOUT_US`` (0: no timeout).
+    Raises :class:`~corral.InvalidInput` naming the tensor that is malformed.
 
     Example::
 
@@ -210,10 +211,10 @@ def _request_parameters(entries: Mapping[str, pb.InferParameter]) -> Parameters:
     timeout = parameters.get("timeout")
     # As over HTTP: a timeout that is not a count of microseconds is the client's mistake,
     # not a deadline that has already passed.
-    if timeout is not None and (type(timeout) is not int or timeout < 0):
+    if timeout is not None and (type(timeout) is not int or not 0 <= timeout <= MAX_TIMEOUT_US):
         raise InvalidInput(
-            "the request parameter 'timeout' must be a non-negative integer (microseconds); "
-            f"got {timeout!r}"
+            f"the request parameter 'timeout' must be an integer from 0 (no timeout) to "
+            f"{MAX_TIMEOUT_US} (a year), in microseconds; got {timeout!r}"
         )
     return parameters
 

@@ -17,7 +17,9 @@ Only the server imports this module (orjson is its extra).
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +31,7 @@ from corral._errors import InferenceError, InvalidInput
 from corral.protocol.binary import decode_tensor, element_count, encode_tensor
 from corral.protocol.datatypes import numpy_dtype
 from corral.protocol.types import (
+    MAX_TIMEOUT_US,
     InferInput,
     InferOutput,
     InferRequest,
@@ -53,6 +56,13 @@ _INTEGER_DATATYPES = frozenset(
 )
 # The smallest magnitude each float datatype rounds to infinity (half an ulp past its maximum).
 _FLOAT_OVERFLOW = {"FP16": 65520.0, "FP32": float(2**128 - 2**103), "FP64": math.inf}
+# The integers orjson reads as integers (int64 and uint64); it reads larger ones as floats.
+_INT_RANGE = (-(2**63), 2**64 - 1)
+# A \uD800-\uDFFF escape: only such an escape can put a lone surrogate in a parsed string.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+# Up to this many bytes of JSON, a search for "null" tells faster than numpy whether an
+# output holds a NaN or an infinity (it costs about 1 ns a byte, numpy's check about 2 us).
+_NULL_SCAN_BYTES = 2048
 # Up to this many values, overflow is checked in Python; beyond, by numpy after the cast.
 _FEW_VALUES = 64
 # How messages name the Python types orjson decodes JSON values to.
@@ -77,7 +87,8 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
     Inputs may give ``data`` flat or nested, in row-major order; its element count must be
     the shape's, and each value must fit the datatype (BOOL: true/false, BYTES: strings,
     stored as their UTF-8 bytes; integers in range for integer types; numbers that do not
-    overflow for FP types). Binary inputs are read without a copy: their arrays are
+    overflow for FP types, and ``NaN``, ``Infinity``, ``-Infinity`` as Triton and tritonclient
+    write them). Binary inputs are read without a copy: their arrays are
     read-only views of ``body``.
 
     Raises :class:`~corral.InvalidInput` for every malformed body, naming the tensor at
@@ -90,10 +101,7 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
     """
     json_length = _json_length(body, header_length)
     view = memoryview(body)
-    try:
-        document = orjson.loads(view[:json_length])
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"the request body is not valid JSON: {exc}") from exc
+    document = _load_json(view[:json_length])
     if type(document) is not dict:
         raise InvalidInput(f"the request body must be a JSON object; got {_kind(document)}")
 
@@ -152,10 +160,10 @@ def encode_response(response: InferResponse, request: InferRequest) -> tuple[byt
     output order. The length is for the ``Inference-Header-Content-Length`` header, and
     None when the body is all JSON.
 
-    FP16 outputs become JSON numbers; NaN and infinities, which JSON cannot write, become
-    ``null`` (ask for binary data to keep them). A BYTES output that is not valid UTF-8
-    cannot be a JSON string: it raises :class:`~corral.InferenceError` telling the client to
-    request it with ``binary_data``.
+    FP16 outputs become JSON numbers; NaN and infinities, which standard JSON cannot write,
+    become ``NaN``, ``Infinity`` and ``-Infinity``, as Triton writes them. A BYTES output
+    that is not valid UTF-8 cannot be a JSON string: it raises
+    :class:`~corral.InferenceError` telling the client to request it with ``binary_data``.
 
     Example::
 
@@ -165,6 +173,7 @@ def encode_response(response: InferResponse, request: InferRequest) -> tuple[byt
     binary_by_name = {output.name: output.binary_data for output in request.outputs}
     binary_by_default = request.parameters.get(_BINARY_DATA_OUTPUT) is True
     encoded_outputs: list[dict[str, Any]] = []
+    float_entries: list[dict[str, Any]] = []  # the outputs with float "data"
     binary_chunks: list[bytes] = []
     for output in response.outputs:
         asked = binary_by_name.get(output.name)
@@ -183,6 +192,8 @@ def encode_response(response: InferResponse, request: InferRequest) -> tuple[byt
             if output.parameters:
                 entry["parameters"] = dict(output.parameters)
             entry["data"] = _json_values(output)
+            if output.datatype in _FLOAT_OVERFLOW:
+                float_entries.append(entry)
         encoded_outputs.append(entry)
 
     document: dict[str, Any] = {"model_name": response.model_name}
@@ -196,9 +207,47 @@ def encode_response(response: InferResponse, request: InferRequest) -> tuple[byt
     # Numeric data stays a numpy array for orjson to write: 1.5-4.5x faster than .tolist()
     # at 1000 elements, 0.1 us slower at 4, and FP32 comes out in its shortest form.
     header = orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
+    if float_entries and (len(header) > _NULL_SCAN_BYTES or b"null" in header):
+        # orjson writes a NaN or an infinity as null, which a client reads back as NaN: write
+        # them as Triton does. A short body without "null" has none; others are checked.
+        header = _with_non_finite(document, float_entries) or header
     if not binary_chunks:
         return header, None
     return b"".join([header, *binary_chunks]), len(header)
+
+
+def _with_non_finite(document: dict[str, Any], float_entries: list[dict[str, Any]]) -> bytes | None:
+    """``document`` as JSON, its non-finite floats as ``NaN``, ``Infinity``, ``-Infinity``.
+
+    These are the tokens Triton's HTTP server writes (rapidjson's ``kWriteNanAndInfFlag``)
+    and tritonclient reads; a NaN's sign is not kept. Only the outputs that hold one are
+    written piece by piece; their finite runs still go through orjson. None if no output
+    holds one.
+    """
+    rewritten = False
+    for entry in float_entries:
+        data: npt.NDArray[Any] = entry["data"]
+        finite = np.isfinite(data)
+        if finite.all():
+            continue
+        bad = np.flatnonzero(~finite)
+        parts: list[bytes] = []
+        start = 0
+        for index in bad.tolist():
+            if index > start:
+                run = orjson.dumps(data[start:index], option=orjson.OPT_SERIALIZE_NUMPY)
+                parts.append(run[1:-1])  # without its brackets
+            parts.append(_non_finite_token(float(data[index])))
+            start = index + 1
+        if start < data.size:
+            parts.append(orjson.dumps(data[start:], option=orjson.OPT_SERIALIZE_NUMPY)[1:-1])
+        entry["data"] = orjson.Fragment(b"[" + b",".join(parts) + b"]")
+        rewritten = True
+    return orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY) if rewritten else None
+
+
+def _non_finite_token(value: float) -> bytes:
+    return b"NaN" if math.isnan(value) else b"-Infinity" if value < 0 else b"Infinity"
 
 
 def encode_error(message: str) -> bytes:
@@ -227,11 +276,72 @@ def _json_length(body: bytes, header_length: int | None) -> int:
     return header_length
 
 
+def _load_json(text: memoryview) -> Any:
+    """The JSON document in ``text``, which may write non-finite numbers as Triton does.
+
+    orjson parses every body that has none; only a body it refuses is read again by the
+    standard library's parser, which also takes ``NaN``, ``Infinity`` and ``-Infinity``, and
+    is held to orjson's rules otherwise: numbers that overflow a double and lone UTF-16
+    surrogates are refused, integers beyond 64 bits become floats. So the three tokens are
+    the only difference, and a body that is still refused gets orjson's message.
+    """
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        refusal = exc
+    try:
+        document = json.loads(
+            bytes(text).decode("utf-8"),
+            parse_float=_json_float,
+            parse_int=_json_int,
+            parse_constant=float,  # called for NaN, Infinity and -Infinity only
+        )
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeError are ValueErrors
+        raise InvalidInput(f"the request body is not valid JSON: {refusal}") from refusal
+    if _SURROGATE_ESCAPE.search(text) and _has_surrogate(document):
+        raise InvalidInput(f"the request body is not valid JSON: {refusal}") from refusal
+    return document
+
+
+def _json_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text} is infinite as a double")  # orjson refuses it
+    return value
+
+
+def _json_int(text: str) -> int | float:
+    value = int(text)
+    if _INT_RANGE[0] <= value <= _INT_RANGE[1]:
+        return value
+    return _json_float(text)  # orjson reads integers beyond 64 bits as floats
+
+
+def _has_surrogate(document: object) -> bool:
+    """True if a string of ``document`` holds a lone surrogate, which UTF-8 cannot encode."""
+    pending = [document]
+    while pending:
+        value = pending.pop()
+        if type(value) is str:
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif type(value) is list:
+            pending.extend(value)
+        elif type(value) is dict:
+            pending.extend(value)
+            pending.extend(value.values())
+    return False
+
+
 def _kind(value: object) -> str:
     return _JSON_KINDS.get(type(value), type(value).__name__)
 
 
 def _describe(value: object) -> str:
+    if type(value) is float and not math.isfinite(value):
+        return f"{_kind(value)} ({_non_finite_token(value).decode()})"
     if type(value) in (int, float, bool, str):
         text = orjson.dumps(value).decode()
         return f"{_kind(value)} ({text[:40]}{'...' if len(text) > 40 else ''})"
@@ -261,10 +371,10 @@ def _check_request_parameters(parameters: Parameters) -> None:
             f"got {_describe(binary_output)}"
         )
     timeout = parameters.get("timeout")
-    if timeout is not None and (type(timeout) is not int or timeout < 0):
+    if timeout is not None and (type(timeout) is not int or not 0 <= timeout <= MAX_TIMEOUT_US):
         raise InvalidInput(
-            "the request parameter 'timeout' must be a non-negative integer (microseconds); "
-            f"got {_describe(timeout)}"
+            f"the request parameter 'timeout' must be an integer from 0 (no timeout) to "
+            f"{MAX_TIMEOUT_US} (a year), in microseconds; got {_describe(timeout)}"
         )
 
 
@@ -398,27 +508,37 @@ def _json_tensor(
         return np.array(values, dtype=dtype).reshape(shape)
     _check_kinds(values, kinds, {int, float}, "numbers", datatype, name)
     limit = _FLOAT_OVERFLOW[datatype]
-    floats = _finite_floats(values, dtype, limit)
+    floats = _float_array(values, dtype, limit)
     if floats is None:
-        too_large = next(value for value in values if abs(value) >= limit)
+        too_large = next(value for value in values if limit <= abs(value) < math.inf)
         raise InvalidInput(
             f"input {name!r}: value {too_large} is out of range for {datatype}", tensor=name
         )
     return floats.reshape(shape)
 
 
-def _finite_floats(
-    values: list[Any], dtype: np.dtype[Any], limit: float
-) -> npt.NDArray[Any] | None:
-    """``values`` as a float array, or None if one overflows: JSON writes no infinities."""
+def _float_array(values: list[Any], dtype: np.dtype[Any], limit: float) -> npt.NDArray[Any] | None:
+    """``values`` as a float array, or None if a finite one overflows ``dtype``.
+
+    Such a value would become an infinity the client never sent; NaN and the infinities a
+    client writes as ``NaN``, ``Infinity`` and ``-Infinity`` are kept as they are.
+    """
     if len(values) <= _FEW_VALUES:
-        # A Python scan before the cast costs less than numpy's fixed costs after it.
-        if values and max(map(abs, values)) >= limit:
+        # A Python scan before the cast costs less than numpy's fixed costs after it. Not
+        # "max >= limit": max() may return a NaN, which fails every comparison.
+        if (
+            values
+            and not max(map(abs, values)) < limit
+            and any(limit <= abs(value) < math.inf for value in values)
+        ):
             return None
         return np.array(values, dtype=dtype)
     with np.errstate(over="ignore"):
         array = np.array(values, dtype=dtype)
-    return array if np.isfinite(array).all() else None
+    if np.isfinite(array).all():
+        return array
+    given = np.array(values, dtype=np.float64)
+    return None if (np.isinf(array) & np.isfinite(given)).any() else array
 
 
 def _check_kinds(

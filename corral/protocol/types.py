@@ -14,6 +14,7 @@ from typing import Any
 import numpy.typing as npt
 
 __all__ = [
+    "MAX_TIMEOUT_US",
     "BatchStatistics",
     "Duration",
     "InferInput",
@@ -32,6 +33,11 @@ __all__ = [
 
 #: Request and tensor parameters: the protocol allows bool, int and string values.
 Parameters = dict[str, bool | int | str]
+
+#: The largest request ``timeout`` the codecs accept: one year, in microseconds. Larger ones
+#: are refused rather than passed on to waits that cannot hold them (threading's limit is
+#: about 292 years on Linux but 49 days on Windows); 0 means no timeout, as in Triton.
+MAX_TIMEOUT_US = 365 * 24 * 3600 * 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,15 +73,18 @@ class InferRequest:
     #: The outputs asked for; empty means all of the model's outputs.
     outputs: tuple[RequestedOutput, ...] = ()
     id: str | None = None
-    #: Request parameters. corral reads ``timeout`` (microseconds, as Triton does) and
-    #: ``binary_data_output`` (HTTP: every output as raw bytes unless an output says).
+    #: Request parameters. corral reads ``timeout`` (microseconds, as Triton does; 0: none)
+    #: and ``binary_data_output`` (HTTP: every output as raw bytes unless an output says).
     parameters: Parameters = field(default_factory=dict)
 
     @property
     def timeout_s(self) -> float | None:
-        """The request's ``timeout`` parameter in seconds, or None if it has none."""
+        """The request's ``timeout`` parameter in seconds; None if it has none or it is 0.
+
+        As in Triton, a ``timeout`` of 0 means no timeout, not one that has already passed.
+        """
         timeout = self.parameters.get("timeout")
-        if timeout is None or isinstance(timeout, bool) or not isinstance(timeout, int):
+        if not timeout or isinstance(timeout, bool) or not isinstance(timeout, int):
             return None
         return timeout / 1e6
 

@@ -49,6 +49,7 @@ from corral._errors import (
 )
 from corral.protocol import grpc_codec
 from corral.protocol.dataplane import DataPlane, status_for
+from corral.protocol.types import MAX_TIMEOUT_US
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "STATUS", "InferenceServicer", "start_grpc_server"]
 
@@ -194,10 +195,12 @@ class InferenceServicer:
         """Run one inference request; outputs come back as ``raw_output_contents``."""
         decoded = grpc_codec.decode_request(request)
         remaining = context.time_remaining()
-        if remaining is not None and "timeout" not in decoded.parameters:
-            # The client's gRPC deadline becomes the request's timeout, so that a request
-            # whose caller has given up is answered DEADLINE_EXCEEDED without running.
-            parameters = {**decoded.parameters, "timeout": max(1, int(remaining * 1e6))}
+        if remaining is not None and not decoded.parameters.get("timeout"):
+            # The client's gRPC deadline becomes the request's timeout (unless it gives one;
+            # 0 is none), so that a request whose caller has given up is answered
+            # DEADLINE_EXCEEDED without running.
+            timeout_us = min(MAX_TIMEOUT_US, max(1, int(remaining * 1e6)))
+            parameters = {**decoded.parameters, "timeout": timeout_us}
             decoded = dataclasses.replace(decoded, parameters=parameters)
         response = await self._plane.infer(
             request.model_name, request.model_version or None, decoded
