@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from corral._budget import estimate_model_bytes
+from corral._budget import estimate_footprint_bytes
 from corral._counters import HostCounters
 from corral._errors import (
     CorralError,
@@ -36,6 +36,7 @@ from corral._errors import (
     ModelNotFound,
     fresh,
 )
+from corral._modelfile import read_footprint
 from corral._options import HostOptions
 from corral._probe import plan_batching
 from corral._providers import resolve_policy, resolve_providers
@@ -306,12 +307,17 @@ class Loader:
         return built
 
     def estimate(self, entry: ModelEntry, version: int) -> int:
-        """Estimated resident bytes of ``version`` once loaded, under its concurrency policy."""
+        """Estimated resident bytes of ``version`` once loaded, under its concurrency policy.
+
+        Reads what its file holds (:func:`read_footprint`: headers only, and a ``stat`` of each
+        external data file), so it runs on a load worker.
+        """
         providers = resolve_providers(entry.config.providers)
         policy = resolve_policy(
             entry.config.concurrency, providers, pool_size=self._runtime.options.compute_workers
         )
-        return estimate_model_bytes(entry.versions[version].size, policy.replicas)
+        footprint = read_footprint(entry.versions[version].path)
+        return estimate_footprint_bytes(footprint, policy.replicas)
 
     def close(self, *, wait: bool) -> None:
         """Take no more jobs; with ``wait``, wait for the jobs running to end.

@@ -21,9 +21,10 @@ Facts this module is built on (checked on onnxruntime 1.31 and 1.32):
   creation fails, printing to stdout; corral turns that off (``enable_fallback=0``).
 - A run that fails makes onnxruntime log an ``[E:onnxruntime]`` line to stderr unless the
   run's (or the session's, or the default logger's) severity is 4 (FATAL); 3 (ERROR) is not
-  enough. That is one line for each client request with bad values. Runs get ``RunOptions.log_severity_level =
-  4``, which silences runs only (a load's warnings still reach stderr); corral logs run
-  failures itself, once per model per minute at most (:data:`RUN_FAILURE_LOG`).
+  enough. That is one line for each client request with bad values. Runs get
+  ``RunOptions.log_severity_level = 4``, which silences runs only (a load's warnings still
+  reach stderr); corral logs run failures itself, once per model version per minute at
+  most (:data:`RUN_FAILURE_LOG`).
 - Custom-op domain registration is not safe under concurrent construction (onnxruntime
   issues #22663, #26366, #20089), nor is first-time setup of some providers (#32461);
   :data:`CONSTRUCTION_LOCK` serializes construction for the providers the table marks.
@@ -118,8 +119,11 @@ class OncePerInterval:
         self._last: dict[str, tuple[float, int]] = {}
 
     def allow(self, key: str) -> int | None:
-        """None if an event of ``key`` was let through less than an interval ago, else the
-        number of events of ``key`` kept quiet since then."""
+        """Whether to log an event of ``key`` now: None for no, else the events kept quiet.
+
+        None if one was let through less than an interval ago; else how many of ``key``
+        were kept quiet since the last let through.
+        """
         now = self._clock()
         with self._lock:
             last = self._last.get(key)

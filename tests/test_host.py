@@ -16,7 +16,8 @@ import pytest
 
 import corral
 from corral import Host, HostLease, ModelState
-from corral._budget import estimate_model_bytes
+from corral._budget import estimate_footprint_bytes, estimate_model_bytes
+from corral._modelfile import ModelFootprint, read_footprint
 from corral.testing import build_linear, build_mlp, build_tree
 from tests.helpers import add_model, build_reshape, reference_run, wait_until
 
@@ -141,9 +142,9 @@ def test_malformed_model_toml_fails_that_model_only(repo_with_bare_model: Path):
 
 
 def test_a_model_larger_than_the_budget_is_too_large(repo_with_bare_model: Path):
-    big = build_mlp(n_features=256, hidden=512, seed=1)
-    add_model(repo_with_bare_model, "big", big)
-    with Host(repo_with_bare_model, memory_budget=estimate_model_bytes(len(big)) - 1) as host:
+    big = add_model(repo_with_bare_model, "big", build_mlp(n_features=256, hidden=512, seed=1))
+    budget = estimate_footprint_bytes(read_footprint(big)) - 1
+    with Host(repo_with_bare_model, memory_budget=budget) as host:
         with pytest.raises(corral.ModelTooLarge, match="whole memory budget"):
             host.infer("big", {"X": np.zeros((1, 256), np.float32)})
         assert host.stats().evictions == 0
@@ -154,7 +155,7 @@ def test_lru_eviction_keeps_bytes_under_budget_and_spares_leases_and_pins(tmp_pa
     model = build_mlp()
     for i in range(6):
         add_model(tmp_path, f"m{i}", model, toml="pinned = true\n" if i == 0 else None)
-    size = estimate_model_bytes(len(model))
+    size = estimate_footprint_bytes(read_footprint(tmp_path / "m0" / "1" / "model.onnx"))
     with Host(tmp_path, memory_budget=3 * size) as host:
         host.infer("m0", {"X": X})  # pinned by model.toml
         lease = host.acquire("m1")  # held
@@ -804,7 +805,8 @@ def test_a_model_that_comes_back_loads_the_files_on_disk_now(tmp_path: Path):
         path.write_bytes(replacement)
         host.infer("m", {"X": X})
         (version,) = host.status("m").versions
-        assert version.size_bytes == estimate_model_bytes(len(replacement))
+        assert version.size_bytes == estimate_footprint_bytes(read_footprint(path))
+        assert version.size_bytes > estimate_footprint_bytes(ModelFootprint(len(build_linear())))
 
 
 def test_an_unload_during_a_load_waits_for_it_then_unloads(repo_with_bare_model: Path, held_loads):

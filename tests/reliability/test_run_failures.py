@@ -60,7 +60,8 @@ def test_100_failing_runs_write_nothing_to_stderr_and_log_once_per_model(
     finally:
         stop_server(server)
     log = server.log.read_text()
-    assert sum(statuses.values()) == 100 and all(400 <= s < 600 for s in statuses), statuses
+    assert sum(statuses.values()) == 100, statuses
+    assert all(400 <= s < 600 for s in statuses), statuses
     onnxruntime_lines = [line for line in log.splitlines() if "[E:onnxruntime" in line]
     assert onnxruntime_lines == [], onnxruntime_lines[:3]
     logged = [line for line in log.splitlines() if "a run failed" in line]
