@@ -399,7 +399,8 @@ class Host:
         self._reloader.stop(time_left(deadline))
         # Loads in flight see the Host closing when they finish and close what they built.
         _, unfinished = wait_for_futures(loading, timeout=time_left(deadline))
-        self._loader.close(wait=not unfinished)
+        # A load still running here is hung (it missed the close's timeout): abandon it.
+        self._loader.close(timeout=0 if unfinished else time_left(deadline))
         retired = self._table.retire_all()
         try:
             self._table.drain(retired, time_left(deadline))
