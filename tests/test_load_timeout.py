@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -28,7 +28,7 @@ class _HungSession(corral.Session):
     """A Session whose construction, for a model named hung*, waits for the test's release."""
 
     release = threading.Event()
-    started: list[str] = []
+    started: ClassVar[list[str]] = []
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         name = kwargs.get("name", "")
@@ -44,7 +44,7 @@ def hung_loads(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_HungSession]]:
 
     class Hung(_HungSession):
         release = threading.Event()
-        started: list[str] = []
+        started: ClassVar[list[str]] = []
 
     monkeypatch.setattr(corral._loader, "Session", Hung)
     yield Hung
@@ -91,16 +91,14 @@ def test_a_hung_load_fails_with_load_timeout_and_frees_its_slot(hung_repo: Path,
 
 
 @pytest.mark.timeout(60)
-def test_two_hung_loads_leave_both_slots_usable_and_waiters_answered(
-    hung_repo: Path, hung_loads
-):
+def test_two_hung_loads_leave_both_slots_usable_and_waiters_answered(hung_repo: Path, hung_loads):
     with Host(hung_repo, load_concurrency=2, load_timeout_s=1.0) as host:
         hung = [host.submit(name, {"X": X}) for name in ("hung_a", "hung_b")]
         wait_until(lambda: len(hung_loads.started) == 2)
         # Both slots are held: a cold model waits, within its own timeout, then loads once the
         # hung loads are abandoned.
         started = time.monotonic()
-        with pytest.raises(corral.DeadlineExceeded, match="still loading after 0.2s"):
+        with pytest.raises(corral.DeadlineExceeded, match=r"still loading after 0\.2s"):
             host.infer("mlp", {"X": X}, timeout=0.2)
         assert time.monotonic() - started < 1.0
         for future in hung:
@@ -121,7 +119,8 @@ def test_close_does_not_wait_for_a_hung_load(hung_repo: Path, hung_loads):
     assert host.state is corral.HostState.CLOSED
     # The thread is a daemon: interpreter exit does not join it.
     stuck = [t for t in threading.enumerate() if t.name.startswith("corral-load-")]
-    assert stuck and all(t.daemon for t in stuck)
+    assert stuck
+    assert all(t.daemon for t in stuck)
     hung_loads.release.set()
     with pytest.raises(corral.HostClosed):
         asked.result(timeout=10)
@@ -133,7 +132,7 @@ def test_an_unload_of_a_hung_load_is_bounded_by_its_timeout(hung_repo: Path, hun
     with Host(hung_repo, load_timeout_s=300.0) as host:
         host.submit("hung_a", {"X": X})
         wait_until(lambda: hung_loads.started == ["hung_a:1"])
-        with pytest.raises(corral.DrainTimeout, match="still loading after 0.2s"):
+        with pytest.raises(corral.DrainTimeout, match=r"still loading after 0\.2s"):
             host.unload("hung_a", timeout=0.2)
         hung_loads.release.set()
 
