@@ -383,6 +383,14 @@ class Host:
         """Counters and gauges, for the server and its metrics."""
         return self._table.stats()
 
+    @property
+    def loads_abandoned(self) -> int:
+        """Load threads stuck now in a load that ran past ``load_timeout_s`` (or the close).
+
+        Each is a daemon thread, never joined; whatever it builds if it returns is closed.
+        """
+        return self._loader.abandoned
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     def close(self, timeout: float | None = None) -> None:

@@ -53,6 +53,8 @@ class Claim:
     def __init__(self, timeout_s: float) -> None:
         #: Seconds the job may run before it expires.
         self.timeout_s = timeout_s
+        #: Set when the job is expired because the Host closed, not by its deadline.
+        self.closing = False
         # Guards _state and _callbacks: the job and the watchdog race to finish or expire it.
         self._state_lock = threading.Lock()
         self._state = ClaimState.RUNNING
@@ -175,16 +177,12 @@ class LoadWorkers:
     def close(self, timeout: float | None) -> int:
         """Take no more jobs; wait up to ``timeout`` for those running; returns those left.
 
-        Queued jobs never start: each is expired (its callbacks answer its waiters). Jobs
-        still running after ``timeout`` are abandoned: their daemon threads are not joined.
+        Jobs queued still run (they find the Host closing and answer so). Jobs still running
+        after ``timeout`` are expired as if past their own deadline (their waiters answered)
+        and abandoned: their daemon threads are not joined.
         """
         with self._jobs_lock:
             self._closed = True
-            queued = [claim for _, claim in self._queue]
-            self._queue.clear()
-            self._changed.notify_all()
-        for claim in queued:
-            claim.expire()
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._jobs_lock:
             while self._threads or self._watchdog is not None:
@@ -192,14 +190,17 @@ class LoadWorkers:
                 if left is not None and left <= 0:
                     break
                 self._changed.wait(left)
-            left_running = len(self._threads)
-        if left_running:
+            stuck = list(self._running.values())
+        if stuck:
             logger.warning(
                 "corral: %d load(s) still running after %ss: their threads are abandoned",
-                left_running,
+                len(stuck),
                 timeout,
             )
-        return left_running
+        for running in stuck:
+            running.claim.closing = True
+            self._expire(running)  # their waiters are answered; their threads never joined
+        return len(stuck)
 
     # -- internals ---------------------------------------------------------------------------
 

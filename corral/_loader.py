@@ -35,6 +35,7 @@ from corral._counters import HostCounters
 from corral._errors import (
     CorralError,
     DeadlineExceeded,
+    HostClosed,
     LoadTimeout,
     ModelLoadError,
     ModelNotFound,
@@ -300,8 +301,8 @@ class Loader:
         built: Future[ServedVersion] = Future()
 
         def job(claim: Claim) -> None:
-            expired = _load_timeout(f"building model {name!r} version {version}", claim)
-            if not claim.on_expire(functools.partial(_answer_late, built, expired)):
+            what = f"building model {name!r} version {version}"
+            if not claim.on_expire(functools.partial(_answer_late, built, what, claim)):
                 return
             try:
                 size = self.estimate(entry, version)
@@ -382,8 +383,7 @@ class Loader:
     ) -> None:
         """A job: read the entry, then join or lead the version's load (leading it here)."""
         which = f"model {name!r}" if version is None else f"model {name!r} version {version}"
-        expired = _load_timeout(f"loading {which}", claim)
-        if not claim.on_expire(functools.partial(_answer_late, outer, expired)):
+        if not claim.on_expire(functools.partial(_answer_late, outer, f"loading {which}", claim)):
             return
         try:
             if outer.cancelled():
@@ -417,9 +417,9 @@ class Loader:
         started = time.monotonic()
         reserved = 0
         served: ServedVersion | None = None
-        expired = _load_timeout(f"loading model {name!r} version {version}", claim)
-        if not claim.on_expire(functools.partial(self._expire_load, key, pending, expired)):
-            self._expire_load(key, pending, expired)
+        what = f"loading model {name!r} version {version}"
+        if not claim.on_expire(functools.partial(self._expire_load, key, pending, what, claim)):
+            self._expire_load(key, pending, what, claim)
             return
         try:
             size = self.estimate(entry, version)
@@ -455,10 +455,13 @@ class Loader:
             if not isinstance(exc, Exception):
                 raise
 
-    def _expire_load(self, key: Key, pending: Future[ServedVersion], error: LoadTimeout) -> None:
+    def _expire_load(
+        self, key: Key, pending: Future[ServedVersion], what: str, claim: Claim
+    ) -> None:
         """Fail a load that ran past its timeout: back-off, waiters answered at once."""
+        error = _expiry_error(what, claim)
         self._table.expire_load(key, pending, error)
-        _answer_late(pending, error)
+        _answer_late(pending, what, claim)
 
     def _submit(self, job: Callable[..., None], *args: Any) -> None:
         self._workers.submit(lambda claim: job(*args, claim))
@@ -524,18 +527,24 @@ def _listing(versions: Any) -> str:
     return ", ".join(map(str, numbers)) if numbers else "none"
 
 
-def _load_timeout(what: str, claim: Claim) -> LoadTimeout:
+def _expiry_error(what: str, claim: Claim) -> LoadTimeout | HostClosed:
+    """What the waiters of an expired job get: the Host closed on it, or its timeout passed."""
+    if claim.closing:
+        return HostClosed(
+            f"the Host closed while {what} was still running (is its storage hung?); its "
+            "thread is abandoned and whatever it builds will be closed"
+        )
     return LoadTimeout(
         f"{what} did not finish within load_timeout_s={claim.timeout_s}s (is its storage "
         "hung?); its thread is abandoned and whatever it builds will be closed"
     )
 
 
-def _answer_late(future: Future[Any], error: BaseException) -> None:
-    """Answer ``future`` with ``error`` for an expired job, unless it was answered meanwhile."""
+def _answer_late(future: Future[Any], what: str, claim: Claim) -> None:
+    """Answer ``future`` for an expired job, unless it was answered meanwhile."""
     # RuntimeError: the job answered it an instant before it expired; that answer stands.
     with contextlib.suppress(RuntimeError):
-        _settle(future, error=error)
+        _settle(future, error=_expiry_error(what, claim))
 
 
 def _load_error(name: str, version: int, exc: BaseException) -> ModelLoadError:

@@ -307,7 +307,7 @@ class ModelTable:
         if failed is not None:
             logger.warning("corral: loading %s version %s failed: %s", key[0], key[1], failed)
 
-    def expire_load(self, key: Key, pending: Future[ServedVersion], error: ModelLoadError) -> None:
+    def expire_load(self, key: Key, pending: Future[ServedVersion], error: CorralError) -> None:
         """Fail a load that ran past its timeout, if ``pending`` is still its load in flight.
 
         As :meth:`abandon` does for a failure (its back-off starts), but without its
