@@ -6,6 +6,7 @@ mount would hold it; only models whose name starts with "hung" are held.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ import pytest
 import corral
 from corral import Host, HostOptions, ModelState
 from corral._load_workers import Claim, LoadWorkers
+from corral.protocol.control import ControlThreads
 from corral.testing import build_mlp
 from tests.helpers import add_model, wait_until
 
@@ -184,3 +186,44 @@ def test_an_expired_job_learns_it_when_it_returns():
     assert outcome == [False, False]
     assert workers.close(timeout=10) == 0
     wait_until(lambda: workers.abandoned == 0)
+
+
+@pytest.mark.timeout(30)
+def test_control_calls_are_bounded_in_wait_and_number():
+    control = ControlThreads(limit=2)
+    release = threading.Event()
+
+    def hung_read() -> str:
+        assert release.wait(20)
+        return "late"
+
+    async def scenario() -> None:
+        started = time.monotonic()
+        with pytest.raises(corral.DeadlineExceeded, match=r"the index did not finish within 0\.2s"):
+            await control.run("the index", 0.2, hung_read)
+        assert time.monotonic() - started < 2.0
+        second = asyncio.ensure_future(control.run("the status", None, hung_read))
+        await asyncio.sleep(0)  # lets the second call start its thread
+        assert control.in_flight == 2
+        with pytest.raises(corral.Overloaded, match="the statistics is refused"):
+            await control.run("the statistics", 1.0, hung_read)
+        release.set()
+        assert await second == "late"
+        assert await control.run("the index", 1.0, lambda: "ok") == "ok"
+
+    asyncio.run(scenario())
+    wait_until(lambda: control.in_flight == 0)
+
+
+@pytest.mark.timeout(30)
+def test_a_control_call_raises_what_its_call_raises():
+    control = ControlThreads()
+
+    def broken() -> None:
+        raise corral.ModelNotFound("no model 'x'")
+
+    async def scenario() -> None:
+        with pytest.raises(corral.ModelNotFound, match="no model 'x'"):
+            await control.run("the status", 1.0, broken)
+
+    asyncio.run(scenario())
