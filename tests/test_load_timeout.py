@@ -31,10 +31,11 @@ class _HungSession(corral.Session):
 
     release = threading.Event()
     started: ClassVar[list[str]] = []
+    held: ClassVar[tuple[str, ...]] = ("hung",)  # name prefixes whose builds hang
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         name = kwargs.get("name", "")
-        if name.startswith("hung"):
+        if name.startswith(type(self).held):
             type(self).started.append(name)
             assert type(self).release.wait(timeout=60)
         super().__init__(*args, **kwargs)
@@ -137,6 +138,24 @@ def test_an_unload_of_a_hung_load_is_bounded_by_its_timeout(hung_repo: Path, hun
         with pytest.raises(corral.DrainTimeout, match=r"still loading after 0\.2s"):
             host.unload("hung_a", timeout=0.2)
         hung_loads.release.set()
+
+
+@pytest.mark.timeout(60)
+def test_a_reload_whose_build_hangs_keeps_the_old_copy_serving(hung_repo: Path, hung_loads):
+    with Host(hung_repo, load_timeout_s=0.5) as host:
+        before = host.infer("mlp", {"X": X})["Y"]
+        hung_loads.held = ("mlp",)
+        add_model(hung_repo, "mlp", build_mlp(seed=9))  # changed files: refresh rebuilds it
+        started = time.monotonic()
+        host.refresh()
+        assert time.monotonic() - started < 5.0
+        assert hung_loads.started == ["mlp:1"]
+        (status,) = [m for m in host.models() if m.name == "mlp"]
+        assert "load_timeout_s" in (status.failure or "")
+        np.testing.assert_array_equal(host.infer("mlp", {"X": X})["Y"], before)
+        hung_loads.release.set()
+        wait_until(lambda: host._loader.abandoned == 0)
+        assert corral.runtime().stats().sessions_alive == 1
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, float("inf"), float("nan"), "5", True, None])
