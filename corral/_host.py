@@ -398,7 +398,9 @@ class Host:
 
         Requests submitted but not yet started are answered :class:`HostClosed` once their
         load ends. Idempotent. Raises :class:`DrainTimeout` if leases remain after
-        ``timeout``; those sessions close when their last lease ends.
+        ``timeout``; those sessions close when their last lease ends. A load still running
+        after ``timeout`` (hung on its storage) is abandoned: its callers get
+        :class:`HostClosed`, its daemon thread is not joined (:attr:`loads_abandoned`).
         """
         deadline = deadline_after(timeout)
         loading = self._table.begin_close()
