@@ -240,6 +240,7 @@ class LoadWorkers:
         """Bookkeeping after a job; False if its thread lost its slot (expired) and ends."""
         with self._jobs_lock:
             self._running.pop(id(claim), None)
+            self._changed.notify_all()  # the watchdog may end; close() may be waiting
             if me in self._threads:
                 return True
             self._abandoned -= 1  # no longer stuck: it ends now
