@@ -12,6 +12,12 @@ asked for as binary: by ``"binary_data": true`` on the requested output, or by t
 Every malformed request raises :class:`~corral.InvalidInput`, naming the tensor at fault
 when there is one; no other exception escapes :func:`decode_request`, whatever the bytes.
 Only the server imports this module (orjson is its extra).
+
+Memory: parsed whole, a JSON array of numbers costs about 40 bytes a number as Python
+objects (a float and its list slots), ten times its text or more. So a long flat ``data``
+array of numbers is cut out of the document before it is parsed and read piece by piece
+straight into its numpy array (:class:`_NumberArrays`); the rest of the document, and every
+array that holds anything else or is nested, is parsed as before.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Sequence
+import secrets
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -65,6 +72,15 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _NULL_SCAN_BYTES = 2048
 # Up to this many values, overflow is checked in Python; beyond, by numpy after the cast.
 _FEW_VALUES = 64
+# A "data" array is read straight into numpy (not as Python numbers) when its text is at least
+# this long and holds only what numbers, commas and spaces are made of; nested arrays, NaN,
+# strings and booleans are parsed with the document. Short arrays gain nothing from it.
+_DATA_ARRAY = re.compile(rb'"data"\s*:\s*\[')
+_NUMBER_TEXT = b"0123456789+-.eE, \t\n\r"
+_LONG_ARRAY_BYTES = 64 * 1024
+# Such an array is parsed this many bytes at a time: the Python numbers of one piece are all
+# that exist at once, and a worker thread decoding it gives up the GIL between pieces.
+_PIECE_BYTES = 256 * 1024
 # How messages name the Python types orjson decodes JSON values to.
 _JSON_KINDS: dict[type, str] = {
     dict: "an object",
@@ -100,8 +116,26 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
                        b' "data": [[0.5, 1.5]]}]}')
     """
     json_length = _json_length(body, header_length)
+    arrays = _NumberArrays.cut(body, json_length) if json_length >= _LONG_ARRAY_BYTES else None
+    if arrays is not None:
+        request = _decode(body, json_length, header_length, arrays)
+        if request is not None:
+            return request
+    request = _decode(body, json_length, header_length, None)
+    assert request is not None  # only a cut array left unclaimed gives None
+    return request
+
+
+def _decode(
+    body: bytes, json_length: int, header_length: int | None, arrays: _NumberArrays | None
+) -> InferRequest | None:
+    """:func:`decode_request`'s work, on the document with ``arrays`` cut out when given.
+
+    None if one of ``arrays`` was not an input's ``data`` (it was under another key, or a
+    key given twice): the caller then decodes the whole document as it is.
+    """
     view = memoryview(body)
-    document = _load_json(view[:json_length])
+    document = _load_json(view[:json_length] if arrays is None else memoryview(arrays.skeleton))
     if type(document) is not dict:
         raise InvalidInput(f"the request body must be a JSON object; got {_kind(document)}")
 
@@ -119,7 +153,7 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
     offset = 0
     for index, item in enumerate(raw_inputs):
         infer_input, offset = _decode_input(
-            item, index, binary_part, offset, binary=header_length is not None
+            item, index, binary_part, offset, binary=header_length is not None, arrays=arrays
         )
         if infer_input.name in inputs:
             raise InvalidInput(
@@ -144,6 +178,8 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
             )
         outputs[requested.name] = requested
 
+    if arrays is not None and arrays.unclaimed:
+        return None
     return InferRequest(
         inputs=tuple(inputs.values()),
         outputs=tuple(outputs.values()),
@@ -379,7 +415,13 @@ def _check_request_parameters(parameters: Parameters) -> None:
 
 
 def _decode_input(
-    item: object, index: int, binary_part: memoryview, offset: int, *, binary: bool
+    item: object,
+    index: int,
+    binary_part: memoryview,
+    offset: int,
+    *,
+    binary: bool,
+    arrays: _NumberArrays | None = None,
 ) -> tuple[InferInput, int]:
     """One ``$request_input``, and the binary part's offset after its bytes."""
     if type(item) is not dict:
@@ -411,7 +453,13 @@ def _decode_input(
                 f'input {name!r} has neither "data" nor a {_BINARY_DATA_SIZE} parameter',
                 tensor=name,
             )
-        data = _json_tensor(item["data"], datatype, shape, count, name=name)
+        # Popped: the document no longer holds this input's Python values once converted.
+        raw_data = item.pop("data")
+        if arrays is not None and arrays.claims(raw_data):
+            data = arrays.tensor(raw_data, datatype, shape, count, name=name)
+        else:
+            data = _json_tensor(raw_data, datatype, shape, count, name=name)
+        del raw_data
         return InferInput(name, datatype, shape, data, parameters), offset
 
     if has_data:
@@ -493,7 +541,125 @@ def _json_tensor(
     if datatype == "BOOL":
         _check_kinds(values, kinds, {bool}, "booleans (true/false)", datatype, name)
         return np.array(values, dtype=np.bool_).reshape(shape)
-    dtype = numpy_dtype(datatype)
+    return _number_array(values, kinds, datatype, numpy_dtype(datatype), name).reshape(shape)
+
+
+class _NumberArrays:
+    """The long flat ``data`` arrays of numbers cut out of a request's JSON text.
+
+    :attr:`skeleton` is the JSON with each such array replaced by a string naming it (a
+    random prefix per request, so a client cannot name one); an input whose ``data`` is such
+    a string has its tensor read from the body's text by :meth:`tensor`, a piece at a time.
+    An array cut from anywhere but an input's ``data`` stays :attr:`unclaimed`.
+    """
+
+    def __init__(self, body: bytes, skeleton: bytes, spans: dict[str, tuple[int, int]]) -> None:
+        self._body = body
+        self.skeleton = skeleton
+        self._spans = spans
+
+    @classmethod
+    def cut(cls, body: bytes, json_length: int) -> _NumberArrays | None:
+        """The arrays of ``body[:json_length]`` worth reading this way, or None if none is."""
+        prefix = f"corral-data-{secrets.token_hex(8)}-"
+        parts: list[bytes] = []
+        spans: dict[str, tuple[int, int]] = {}
+        copied = 0
+        for match in _DATA_ARRAY.finditer(body, 0, json_length):
+            start = match.end()
+            end = body.find(b"]", start, json_length)
+            if (
+                start < copied
+                or end - start < _LONG_ARRAY_BYTES
+                or not _numbers_only(body, start, end)
+            ):
+                continue
+            key = f"{prefix}{len(spans)}"
+            spans[key] = (start, end)
+            parts += (body[copied : start - 1], b'"', key.encode(), b'"')
+            copied = end + 1
+        if not spans:
+            return None
+        parts.append(body[copied:json_length])
+        return cls(body, b"".join(parts), spans)
+
+    @property
+    def unclaimed(self) -> int:
+        """How many arrays no input's ``data`` claimed."""
+        return len(self._spans)
+
+    def claims(self, data: object) -> bool:
+        """True if ``data`` is the string that stands for a cut array."""
+        return type(data) is str and data in self._spans
+
+    def tensor(
+        self, key: str, datatype: str, shape: tuple[int, ...], count: int, *, name: str
+    ) -> npt.NDArray[Any]:
+        """The array named ``key`` as a tensor, checked as :func:`_json_tensor` checks data."""
+        start, end = self._spans.pop(key)
+        if datatype not in _FLOAT_OVERFLOW and datatype not in _INTEGER_DATATYPES:
+            # BOOL or BYTES given numbers: refused by the usual checks, with their message.
+            return _json_tensor(
+                _load_json(memoryview(self._body)[start - 1 : end + 1]),
+                datatype,
+                shape,
+                count,
+                name=name,
+            )
+        dtype = numpy_dtype(datatype)
+        tensor = np.empty(count, dtype=dtype)
+        given = 0
+        for piece in _pieces(self._body, start, end):
+            try:
+                values = orjson.loads(b"[" + piece + b"]")
+            except orjson.JSONDecodeError as exc:
+                raise InvalidInput(
+                    f'input {name!r}: "data" is not a valid JSON array of numbers: {exc}',
+                    tensor=name,
+                ) from None
+            if not values and (given or end - start > len(piece)):
+                # An empty piece between two commas, or after the last: "[1,,2]" or "[1,]".
+                raise InvalidInput(
+                    f'input {name!r}: "data" is not a valid JSON array: an empty element',
+                    tensor=name,
+                )
+            if given + len(values) <= count:
+                kinds = set(map(type, values))
+                piece_array = _number_array(values, kinds, datatype, dtype, name)
+                tensor[given : given + len(values)] = piece_array
+            given += len(values)
+        if given != count:
+            raise InvalidInput(
+                f"input {name!r}: shape {list(shape)} holds {count} elements, but data has {given}",
+                tensor=name,
+            )
+        return tensor.reshape(shape)
+
+
+def _numbers_only(body: bytes, start: int, end: int) -> bool:
+    """True if ``body[start:end]`` holds only what numbers, commas and spaces are made of."""
+    return not any(
+        body[at : min(at + _PIECE_BYTES, end)].translate(None, _NUMBER_TEXT)
+        for at in range(start, end, _PIECE_BYTES)
+    )
+
+
+def _pieces(body: bytes, start: int, end: int) -> Iterator[bytes]:
+    """``body[start:end]`` in pieces of about :data:`_PIECE_BYTES`, split at commas (dropped)."""
+    at = start
+    while True:
+        comma = body.find(b",", min(at + _PIECE_BYTES, end), end)
+        if comma < 0:
+            yield body[at:end]
+            return
+        yield body[at:comma]
+        at = comma + 1
+
+
+def _number_array(
+    values: list[Any], kinds: set[type], datatype: str, dtype: np.dtype[Any], name: str
+) -> npt.NDArray[Any]:
+    """Flat ``values`` (of the Python ``kinds``) as a numeric tensor's elements, checked."""
     if datatype in _INTEGER_DATATYPES:
         _check_kinds(values, kinds, {int}, "integers", datatype, name)
         if values:
@@ -505,7 +671,7 @@ def _json_tensor(
                         f"({info.min}..{info.max})",
                         tensor=name,
                     )
-        return np.array(values, dtype=dtype).reshape(shape)
+        return np.array(values, dtype=dtype)
     _check_kinds(values, kinds, {int, float}, "numbers", datatype, name)
     limit = _FLOAT_OVERFLOW[datatype]
     floats = _float_array(values, dtype, limit)
@@ -514,7 +680,7 @@ def _json_tensor(
         raise InvalidInput(
             f"input {name!r}: value {too_large} is out of range for {datatype}", tensor=name
         )
-    return floats.reshape(shape)
+    return floats
 
 
 def _float_array(values: list[Any], dtype: np.dtype[Any], limit: float) -> npt.NDArray[Any] | None:
