@@ -80,7 +80,7 @@ _NUMBER_TEXT = b"0123456789+-.eE, \t\n\r"
 _LONG_ARRAY_BYTES = 64 * 1024
 # Such an array is parsed this many bytes at a time: the Python numbers of one piece are all
 # that exist at once, and a worker thread decoding it gives up the GIL between pieces.
-_PIECE_BYTES = 256 * 1024
+_PIECE_BYTES = 64 * 1024
 # How messages name the Python types orjson decodes JSON values to.
 _JSON_KINDS: dict[type, str] = {
     dict: "an object",
