@@ -73,11 +73,21 @@ _NULL_SCAN_BYTES = 2048
 # Up to this many values, overflow is checked in Python; beyond, by numpy after the cast.
 _FEW_VALUES = 64
 # A "data" array is read straight into numpy (not as Python numbers) when its text is at least
-# this long and holds only what numbers, commas and spaces are made of; nested arrays, NaN,
-# strings and booleans are parsed with the document. Short arrays gain nothing from it.
+# this long and holds only numbers, commas, spaces and brackets, every number at one depth and
+# no array empty; anything else (NaN, strings, booleans, ragged nesting) is parsed with the
+# document. Short arrays gain nothing from it.
 _DATA_ARRAY = re.compile(rb'"data"\s*:\s*\[')
-_NUMBER_TEXT = b"0123456789+-.eE, \t\n\r"
 _LONG_ARRAY_BYTES = 64 * 1024
+_EMPTY_ARRAY = re.compile(rb"\[\s*\]")
+_NO_BRACKETS = bytes.maketrans(b"[]", b"  ")
+# Per byte value: +1 for "[", -1 for "]"; whether it may appear in such an array; whether it
+# is part of a number.
+_BRACKET_STEP = np.zeros(256, dtype=np.int64)
+_BRACKET_STEP[ord("[")], _BRACKET_STEP[ord("]")] = 1, -1
+_ARRAY_BYTE = np.zeros(256, dtype=np.bool_)
+_ARRAY_BYTE[list(b"0123456789+-.eE,[] \t\n\r")] = True
+_NUMBER_BYTE = np.zeros(256, dtype=np.bool_)
+_NUMBER_BYTE[list(b"0123456789+-.eE")] = True
 # Such an array is parsed this many bytes at a time: the Python numbers of one piece are all
 # that exist at once, and a worker thread decoding it gives up the GIL between pieces.
 _PIECE_BYTES = 64 * 1024
@@ -553,7 +563,9 @@ class _NumberArrays:
     An array cut from anywhere but an input's ``data`` stays :attr:`unclaimed`.
     """
 
-    def __init__(self, body: bytes, skeleton: bytes, spans: dict[str, tuple[int, int]]) -> None:
+    def __init__(
+        self, body: bytes, skeleton: bytes, spans: dict[str, tuple[int, int, bool]]
+    ) -> None:
         self._body = body
         self.skeleton = skeleton
         self._spans = spans
@@ -563,19 +575,16 @@ class _NumberArrays:
         """The arrays of ``body[:json_length]`` worth reading this way, or None if none is."""
         prefix = f"corral-data-{secrets.token_hex(8)}-"
         parts: list[bytes] = []
-        spans: dict[str, tuple[int, int]] = {}
+        spans: dict[str, tuple[int, int, bool]] = {}
         copied = 0
         for match in _DATA_ARRAY.finditer(body, 0, json_length):
             start = match.end()
-            end = body.find(b"]", start, json_length)
-            if (
-                start < copied
-                or end - start < _LONG_ARRAY_BYTES
-                or not _numbers_only(body, start, end)
-            ):
+            found = _number_array_end(body, start, json_length) if start >= copied else None
+            if found is None or found[0] - start < _LONG_ARRAY_BYTES:
                 continue
+            end, nested = found
             key = f"{prefix}{len(spans)}"
-            spans[key] = (start, end)
+            spans[key] = (start, end, nested)
             parts += (body[copied : start - 1], b'"', key.encode(), b'"')
             copied = end + 1
         if not spans:
@@ -596,7 +605,7 @@ class _NumberArrays:
         self, key: str, datatype: str, shape: tuple[int, ...], count: int, *, name: str
     ) -> npt.NDArray[Any]:
         """The array named ``key`` as a tensor, checked as :func:`_json_tensor` checks data."""
-        start, end = self._spans.pop(key)
+        start, end, nested = self._spans.pop(key)
         if datatype not in _FLOAT_OVERFLOW and datatype not in _INTEGER_DATATYPES:
             # BOOL or BYTES given numbers: refused by the usual checks, with their message.
             return _json_tensor(
@@ -609,7 +618,10 @@ class _NumberArrays:
         dtype = numpy_dtype(datatype)
         tensor = np.empty(count, dtype=dtype)
         given = 0
-        for piece in _pieces(self._body, start, end):
+        for text in _pieces(self._body, start, end):
+            # Every number is at one depth and no array is empty: the numbers in order are
+            # the tensor's elements, row-major, as the document's flattening would give.
+            piece = text.translate(_NO_BRACKETS) if nested else text
             try:
                 values = orjson.loads(b"[" + piece + b"]")
             except orjson.JSONDecodeError as exc:
@@ -636,12 +648,37 @@ class _NumberArrays:
         return tensor.reshape(shape)
 
 
-def _numbers_only(body: bytes, start: int, end: int) -> bool:
-    """True if ``body[start:end]`` holds only what numbers, commas and spaces are made of."""
-    return not any(
-        body[at : min(at + _PIECE_BYTES, end)].translate(None, _NUMBER_TEXT)
-        for at in range(start, end, _PIECE_BYTES)
-    )
+def _number_array_end(body: bytes, start: int, stop: int) -> tuple[int, bool] | None:
+    """Where the array opened just before ``start`` closes, and whether it is nested.
+
+    None unless it closes before ``stop`` holding only numbers, commas, spaces and brackets,
+    with every number at the same depth and no empty array inside: what the document's
+    flattening accepts without a mix of arrays and numbers at one level. Read a piece at a
+    time with numpy, so that a long array costs a few small buffers.
+    """
+    depth = 1
+    number_depth = 0  # not seen yet
+    for at in range(start, stop, _PIECE_BYTES):
+        octets = np.frombuffer(body, dtype=np.uint8, count=min(_PIECE_BYTES, stop - at), offset=at)
+        depths = depth + np.cumsum(_BRACKET_STEP[octets])
+        closed = np.flatnonzero(depths == 0)
+        if closed.size:
+            octets, depths = octets[: closed[0]], depths[: closed[0]]
+        if not _ARRAY_BYTE[octets].all():
+            return None
+        at_numbers = depths[_NUMBER_BYTE[octets]]
+        if at_numbers.size:
+            number_depth = number_depth or int(at_numbers[0])
+            if not at_numbers.min() == at_numbers.max() == number_depth:
+                return None
+        if closed.size:
+            end = at + int(closed[0])
+            nested = number_depth > 1 or body.find(b"[", start, end) >= 0
+            if nested and _EMPTY_ARRAY.search(body, start, end):
+                return None
+            return end, nested
+        depth = int(depths[-1])
+    return None
 
 
 def _pieces(body: bytes, start: int, end: int) -> Iterator[bytes]:
