@@ -88,7 +88,7 @@ number_alphabet_text = st.text(alphabet="0123456789+-.eE,[] \n", max_size=24).ma
 
 
 @pytest.mark.timeout(120)
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     datatype=st.sampled_from([*NUMERIC, "BOOL", "BYTES"]),
     data_text=numbers_text | nested_text | rows_text | number_alphabet_text,
@@ -169,7 +169,7 @@ def test_binary_inputs_after_a_cut_json_part_keep_their_offsets():
 
 @pytest.mark.timeout(60)
 def test_a_long_array_costs_a_fraction_of_the_parsed_document():
-    count = 2_000_000
+    count = 500_000
     text = b",".join([b"1.5", b"2"] * (count // 2))
     body = body_with("FP32", [count], text)
     assert_costs_a_fraction(body, count)
@@ -177,7 +177,7 @@ def test_a_long_array_costs_a_fraction_of_the_parsed_document():
 
 @pytest.mark.timeout(60)
 def test_a_long_nested_array_costs_a_fraction_of_the_parsed_document():
-    count = 2_000_000
+    count = 500_000
     row = b"[" + b",".join([b"1.5", b"2"] * 50) + b"]"
     body = body_with("FP32", [count // 100, 100], b",".join([row] * (count // 100)))
     assert_costs_a_fraction(body, count)
