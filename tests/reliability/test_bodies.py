@@ -4,11 +4,11 @@ A fresh server per test (127.0.0.1, ports the OS picks, stopped by its own pid) 
 that sums its input and a small MLP. A 40 MiB JSON body (and a 40 MiB binary one) is sent while
 another client calls the MLP in a loop: the server's peak RSS (``VmHWM``, reset through
 ``/proc/<pid>/clear_refs`` just before) may grow by at most 8x the body, and the other client's
-p99 must stay under 500 ms. Then requests hold most of the body budget 
-(``--max-body-bytes-in-flight``) by declaring their lengths and sending part of their bodies: a request past the
-budget is refused at once, HTTP 503 with ``Retry-After`` and gRPC ``RESOURCE_EXHAUSTED``, both
-naming the setting, while small requests still pass; the held requests then finish and are
-answered with the right sums.
+p99 must stay under 500 ms. Then requests hold most of the body budget
+(``--max-body-bytes-in-flight``) by declaring their lengths and sending part of their bodies:
+a request past the budget is refused at once, HTTP 503 with ``Retry-After`` and gRPC
+``RESOURCE_EXHAUSTED``, both naming the setting, while small requests still pass; the held
+requests then finish and are answered with the right sums.
 """
 
 from __future__ import annotations
