@@ -80,14 +80,15 @@ _DATA_ARRAY = re.compile(rb'"data"\s*:\s*\[')
 _LONG_ARRAY_BYTES = 64 * 1024
 _EMPTY_ARRAY = re.compile(rb"\[\s*\]")
 _NO_BRACKETS = bytes.maketrans(b"[]", b"  ")
-# Per byte value: +1 for "[", -1 for "]"; whether it may appear in such an array; whether it
-# is part of a number.
-_BRACKET_STEP = np.zeros(256, dtype=np.int64)
+# Per byte value: +1 for "[", -1 for "]"; whether it is part of a number. And the bytes such an
+# array is made of.
+_BRACKET_STEP = np.zeros(256, dtype=np.int8)
 _BRACKET_STEP[ord("[")], _BRACKET_STEP[ord("]")] = 1, -1
-_ARRAY_BYTE = np.zeros(256, dtype=np.bool_)
-_ARRAY_BYTE[list(b"0123456789+-.eE,[] \t\n\r")] = True
 _NUMBER_BYTE = np.zeros(256, dtype=np.bool_)
 _NUMBER_BYTE[list(b"0123456789+-.eE")] = True
+_NUMBER_TEXT = b"0123456789+-.eE"
+_SEPARATOR_TEXT = b", \t\n\r"
+_ARRAY_TEXT = _NUMBER_TEXT + _SEPARATOR_TEXT + b"[]"
 # Such an array is parsed this many bytes at a time: the Python numbers of one piece are all
 # that exist at once, and a worker thread decoding it gives up the GIL between pieces.
 _PIECE_BYTES = 64 * 1024
@@ -659,20 +660,34 @@ def _number_array_end(body: bytes, start: int, stop: int) -> tuple[int, bool] | 
     depth = 1
     number_depth = 0  # not seen yet
     for at in range(start, stop, _PIECE_BYTES):
-        octets = np.frombuffer(body, dtype=np.uint8, count=min(_PIECE_BYTES, stop - at), offset=at)
-        depths = depth + np.cumsum(_BRACKET_STEP[octets])
-        closed = np.flatnonzero(depths == 0)
-        if closed.size:
-            octets, depths = octets[: closed[0]], depths[: closed[0]]
-        if not _ARRAY_BYTE[octets].all():
-            return None
-        at_numbers = depths[_NUMBER_BYTE[octets]]
-        if at_numbers.size:
-            number_depth = number_depth or int(at_numbers[0])
-            if not at_numbers.min() == at_numbers.max() == number_depth:
+        size = min(_PIECE_BYTES, stop - at)
+        if body.find(b"[", at, at + size) < 0 and body.find(b"]", at, at + size) < 0:
+            # No bracket (most pieces of a flat array): one depth, checked in C.
+            text = body[at : at + size]
+            if text.translate(None, _NUMBER_TEXT + _SEPARATOR_TEXT):
                 return None
-        if closed.size:
-            end = at + int(closed[0])
+            if text.translate(None, _SEPARATOR_TEXT):  # numbers here
+                number_depth = number_depth or depth
+                if number_depth != depth:
+                    return None
+            continue
+        octets = np.frombuffer(body, dtype=np.uint8, count=size, offset=at)
+        depths = np.cumsum(_BRACKET_STEP[octets], dtype=np.int32)
+        depths += depth
+        closes = depths == 0
+        closed = bool(closes.any())
+        if closed:
+            size = int(closes.argmax())
+            octets, depths = octets[:size], depths[:size]
+        if body[at : at + size].translate(None, _ARRAY_TEXT):
+            return None
+        numbers = _NUMBER_BYTE[octets]
+        if not number_depth and numbers.any():
+            number_depth = int(depths[numbers.argmax()])
+        if (numbers & (depths != number_depth)).any():
+            return None
+        if closed:
+            end = at + size
             nested = number_depth > 1 or body.find(b"[", start, end) >= 0
             if nested and _EMPTY_ARRAY.search(body, start, end):
                 return None
