@@ -14,10 +14,10 @@ when there is one; no other exception escapes :func:`decode_request`, whatever t
 Only the server imports this module (orjson is its extra).
 
 Memory: parsed whole, a JSON array of numbers costs about 40 bytes a number as Python
-objects (a float and its list slots), ten times its text or more. So a long flat ``data``
-array of numbers is cut out of the document before it is parsed and read piece by piece
-straight into its numpy array (:class:`_NumberArrays`); the rest of the document, and every
-array that holds anything else or is nested, is parsed as before.
+objects (a float and its list slots), up to 15 times its text. So a long ``data`` array of
+numbers (flat, or nested with every number at one depth) is cut out of the document before
+it is parsed and read piece by piece straight into its numpy array (:class:`_NumberArrays`);
+the rest of the document, and every array that holds anything else, is parsed as before.
 """
 
 from __future__ import annotations
@@ -556,7 +556,7 @@ def _json_tensor(
 
 
 class _NumberArrays:
-    """The long flat ``data`` arrays of numbers cut out of a request's JSON text.
+    """The long ``data`` arrays of numbers cut out of a request's JSON text.
 
     :attr:`skeleton` is the JSON with each such array replaced by a string naming it (a
     random prefix per request, so a client cannot name one); an input whose ``data`` is such
