@@ -35,6 +35,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "max_queue_per_model": ("9", 9),
     "compute_workers": ("2", 2),
     "max_request_bytes": ("4096", 4096),
+    "max_body_bytes_in_flight": ("536870912", 536870912),
     "auth_token": ("s3cret", "s3cret"),
     "drain_timeout_s": ("1.5", 1.5),
     "log_level": ("DEBUG", "debug"),

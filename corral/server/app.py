@@ -32,6 +32,7 @@ from corral._errors import DrainTimeout
 from corral._host import Host
 from corral._runtime import Runtime, runtime
 from corral.protocol.dataplane import DataPlane
+from corral.server.bodies import BodyBudget
 from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
 from corral.server.settings import ServerSettings
@@ -112,12 +113,15 @@ async def serve(
     token = None if settings.auth_token is None else settings.auth_token.get_secret_value()
     try:
         plane = DataPlane(host)
+        # One budget for both transports: memory is the process's, whichever way bytes came.
+        body_budget = BodyBudget(settings.body_budget_bytes())
         metrics = Metrics(plane)
         app = HttpApp(
             plane,
             metrics=metrics.render,
             auth_token=token,
             max_request_bytes=settings.max_request_bytes,
+            body_budget=body_budget,
         )
         http = _Server(
             uvicorn.Config(
@@ -131,7 +135,7 @@ async def serve(
                 timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),
             )
         )
-        await _serve_both(settings, plane, http, token, stop, started)
+        await _serve_both(settings, plane, http, token, body_budget, stop, started)
     finally:
         left = _drain_left(drain_began, settings.drain_timeout_s)
         status = await asyncio.to_thread(_close_host, host, left)
@@ -160,6 +164,7 @@ async def _serve_both(
     plane: DataPlane,
     http: _Server,
     token: str | None,
+    body_budget: BodyBudget,
     stop: asyncio.Event,
     started: Callable[[Addresses], None] | None,
 ) -> None:
@@ -174,6 +179,7 @@ async def _serve_both(
             settings.grpc_port,
             auth_token=token,
             max_message_bytes=settings.max_request_bytes,
+            body_budget=body_budget,
         )
     http_task = asyncio.create_task(http.serve())
     try:

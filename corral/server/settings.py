@@ -87,6 +87,13 @@ class ServerSettings(BaseSettings):
         gt=0,
         description="largest request body or message, in bytes; larger ones get 413",
     )
+    max_body_bytes_in_flight: int | None = Field(
+        None,
+        gt=0,
+        description="request bytes read, decoded and run at once, HTTP and gRPC together "
+        "(default: 4 x max_request_bytes); a request past it gets 503 / RESOURCE_EXHAUSTED "
+        "at once, before its body is read",
+    )
     auth_token: SecretStr | None = Field(
         None, description="require Authorization: Bearer <token> on all but health endpoints"
     )
@@ -109,6 +116,22 @@ class ServerSettings(BaseSettings):
     def _host_options_hold(self) -> ServerSettings:
         self.host_options()  # raises InvalidOption naming the option
         return self
+
+    @model_validator(mode="after")
+    def _largest_request_fits_the_body_budget(self) -> ServerSettings:
+        budget = self.max_body_bytes_in_flight
+        if budget is not None and budget < self.max_request_bytes:
+            raise ValueError(
+                f"max_body_bytes_in_flight ({budget}) must be at least max_request_bytes "
+                f"({self.max_request_bytes}), or the largest request allowed could never run"
+            )
+        return self
+
+    def body_budget_bytes(self) -> int:
+        """The request bytes held at once: ``max_body_bytes_in_flight`` or its default."""
+        if self.max_body_bytes_in_flight is not None:
+            return self.max_body_bytes_in_flight
+        return 4 * self.max_request_bytes
 
     def host_options(self) -> HostOptions:
         """The options of the server's Host: its fields of the same names."""
