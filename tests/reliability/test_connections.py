@@ -15,6 +15,7 @@ import json
 import os
 import resource
 import select
+import selectors
 import signal
 import socket
 import subprocess
@@ -262,6 +263,24 @@ def _limit_open_files_to_1024() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
 
 
+def _watch_until_closed(sockets: list[tuple[socket.socket, float]], timeout: float) -> list[float]:
+    """How long each socket lived until the server closed it, all watched at once (epoll)."""
+    opened = {sock.fileno(): (sock, at) for sock, at in sockets}
+    lifetimes: list[float] = []
+    with selectors.DefaultSelector() as selector:
+        for sock, _ in sockets:
+            selector.register(sock, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        while opened and time.monotonic() < deadline:
+            for key, _ in selector.select(timeout=deadline - time.monotonic()):
+                sock, at = opened.pop(key.fd)
+                selector.unregister(sock)
+                with contextlib.suppress(ConnectionResetError):  # a reset closes it too
+                    assert sock.recv(1) == b"", "the server sent bytes to an idle connection"
+                lifetimes.append(time.monotonic() - at)
+    return lifetimes
+
+
 @pytest.fixture
 def client_file_limit() -> Iterator[None]:
     """This process may open the 1,000 sockets (and its own files): soft limit raised."""
@@ -290,28 +309,21 @@ def test_1000_idle_connections_under_a_1024_file_limit_leave_room_and_are_closed
         for _ in range(IDLE):
             sock = socket.create_connection(_address(served), timeout=30)
             idle.append((sock, time.monotonic()))
-        latency = _measure(served, 0)  # a new client, its first request (and the model load)
         connection = http.client.HTTPConnection(*_address(served), timeout=30)
-        connection.request("GET", "/v2/health/ready")
-        assert connection.getresponse().status == 200
+        first = _infer(connection)  # a new client's first request (the model loads)
         connection.close()
-        # Every idle connection is closed by the server: EOF (or reset) on each.
-        lifetimes: list[float] = []
-        for sock, opened in idle:
-            assert _read_all(sock, IDLE_TIMEOUT_S + 10) == b""
-            lifetimes.append(time.monotonic() - opened)
+        lifetimes = _watch_until_closed(idle, IDLE_TIMEOUT_S + 10)
     finally:
         for sock, _ in idle:
             sock.close()
         stop_server(served)
-    evicted = sum(life < IDLE_TIMEOUT_S / 2 for life in lifetimes)
-    figure(
-        "new client served while 1,000 idle were open", f"first request {latency[0] * 1e3:.0f} ms"
-    )
+    evicted = [life for life in lifetimes if life < IDLE_TIMEOUT_S / 2]
+    timed_out = [life for life in lifetimes if life >= IDLE_TIMEOUT_S / 2]
+    figure("new client served while 1,000 idle were open", f"first request {first * 1e3:.0f} ms")
     figure(
         "idle connections closed by the server",
-        f"{len(lifetimes)} / {IDLE}; {evicted} at once to make room (cap 768), "
-        f"the rest after {min(lifetimes):.1f}-{max(lifetimes):.1f} s "
+        f"{len(lifetimes)} / {IDLE}; {len(evicted)} at once to make room (cap 768), "
+        f"{len(timed_out)} after {min(timed_out):.1f}-{max(timed_out):.1f} s "
         f"(timeout {IDLE_TIMEOUT_S:g} s)",
     )
     assert len(lifetimes) == IDLE
@@ -529,52 +541,80 @@ def test_sigterm_answers_every_request_sent_on_keep_alive_connections(
 
 # -- a drain that runs out ------------------------------------------------------------------
 
+DRAIN_S = 1.0
+# Loop iterations of a run that lasts seconds: far past the drain timeout.
+LONG_RUN = 2_000_000
+
+
+def _drain_run_out(repo: Path, tmp_path: Path) -> tuple[bytes, float, grpc.StatusCode, int, float]:
+    """SIGTERM with an HTTP and a gRPC request on runs longer than the drain timeout.
+
+    Returns the HTTP answer and its time, the gRPC code, the exit code and the exit time.
+    """
+    served = start_server(repo, tmp_path / "serve.log", "--drain-timeout-s", str(DRAIN_S))
+    address = _address(served)
+    connection = http.client.HTTPConnection(*address, timeout=60)
+    channel = grpc.insecure_channel(served.grpc)
+    sock = socket.create_connection(address, timeout=60)
+    try:
+        connection.request("POST", "/v2/models/slow/infer", body=_slow_body(1))
+        assert connection.getresponse().read()  # loaded
+        sock.sendall(_post(b"/v2/models/slow/infer", _slow_body(LONG_RUN)))
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+        request = pb.ModelInferRequest(model_name="slow")
+        request.inputs.add(name="M", datatype="INT64", shape=[]).contents.int64_contents.append(
+            LONG_RUN
+        )
+        request.inputs.add(name="start", datatype="FP32", shape=[1]).contents.fp32_contents.append(
+            0
+        )
+        future = stub.ModelInfer.future(request, timeout=60)
+        time.sleep(0.5)  # both requests reach the server and wait on their runs
+        signalled = time.monotonic()
+        served.process.send_signal(signal.SIGTERM)
+        answer = _read_all(sock, 60)
+        answered = time.monotonic() - signalled
+        try:
+            future.result()
+            grpc_code = grpc.StatusCode.OK
+        except grpc.RpcError as exc:
+            grpc_code = exc.code()
+        code = served.process.wait(timeout=60)
+        exited = time.monotonic() - signalled
+    finally:
+        sock.close()
+        channel.close()
+        connection.close()
+        if served.process.poll() is None:
+            served.process.kill()
+            served.process.wait(timeout=10)
+    assert "Exception in ASGI application" not in served.log.read_text()
+    return answer, answered, grpc_code, code, exited
+
 
 @pytest.mark.timeout(90)
 def test_a_drain_that_runs_out_answers_503_json_and_unavailable(
     repo: Path, tmp_path: Path, figure: Figure
 ):
-    drain = 1.0
-    served = start_server(repo, tmp_path / "serve.log", "--drain-timeout-s", str(drain))
-    address = _address(served)
-    connection = http.client.HTTPConnection(*address, timeout=60)
-    connection.request("POST", "/v2/models/slow/infer", body=_slow_body(1))
-    assert connection.getresponse().read()
-    # A run of seconds (checked first: 30 M iterations), far past the drain timeout.
-    iterations = 30_000_000
-    sock = socket.create_connection(address, timeout=60)
-    sock.sendall(_post(b"/v2/models/slow/infer", _slow_body(iterations)))
-    channel = grpc.insecure_channel(served.grpc)
-    stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
-    request = pb.ModelInferRequest(model_name="slow")
-    request.inputs.add(name="M", datatype="INT64", shape=[]).contents.int64_contents.append(
-        iterations
-    )
-    request.inputs.add(name="start", datatype="FP32", shape=[1]).contents.fp32_contents.append(0)
-    future = stub.ModelInfer.future(request, timeout=60)
-    time.sleep(0.5)  # both requests reach the server (and wait on the runs) first
-    signalled = time.monotonic()
-    served.process.send_signal(signal.SIGTERM)
-    answer = _read_all(sock, 60)
-    answered = time.monotonic() - signalled
-    try:
-        future.result()
-        grpc_code = grpc.StatusCode.OK
-    except grpc.RpcError as exc:
-        grpc_code = exc.code()
-    code = served.process.wait(timeout=60)
-    exited = time.monotonic() - signalled
-    sock.close()
-    channel.close()
-    connection.close()
-    log = served.log.read_text()
+    answer, answered, grpc_code, code, exited = _drain_run_out(repo, tmp_path)
     figure(
-        "drain of 1 s run out",
-        f"HTTP {_status(answer)} after {answered:.2f} s; gRPC {grpc_code.name}; "
+        f"drain of {DRAIN_S:g} s run out",
+        f"HTTP {_status(answer)} JSON after {answered:.2f} s; gRPC {grpc_code.name}; "
         f"exit {code} after {exited:.2f} s",
     )
     assert _status(answer) == 503, answer
+    assert b"content-type: application/json" in answer.lower()
     assert "drain timeout" in str(_body(answer)["error"])
-    assert answered < drain + 1.0
+    assert answered < DRAIN_S + 1.0
     assert grpc_code == grpc.StatusCode.UNAVAILABLE
-    assert "Exception in ASGI application" not in log
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.xfail(
+    strict=True,
+    reason="closing the Host after the drain (_close_host) waits for the runs: the exit path "
+    "is another branch's part of issue 15",
+)
+def test_a_drain_that_runs_out_exits_within_the_drain_timeout(repo: Path, tmp_path: Path):
+    *_, exited = _drain_run_out(repo, tmp_path)
+    assert exited < DRAIN_S + 2.0
