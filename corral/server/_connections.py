@@ -36,7 +36,6 @@ from typing import Any, ClassVar
 
 import httptools
 import orjson
-from uvicorn._types import ASGI3Application
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import (
     STATUS_LINE,
@@ -91,12 +90,16 @@ class EdgeProtocol(HttpToolsProtocol):
         self.timeout_keep_alive = self.limits.idle_timeout_s  # type: ignore[assignment]
         self._awaiting_head = True  # no request's headers are complete since the last one's
         self._head_bytes = 0  # bytes received while awaiting the head
-        self._url_bytes = 0
-        self._parsed_head_bytes = 0  # the URL's and the headers' bytes, as parsed
+        self.url = b""  # uvicorn sets it at a request's first byte; read before that too
+        self._head_begun = False  # the parser saw a request's first byte, not its head's end
+        # Armed only when a read leaves a head incomplete: most heads arrive in one read.
         self._head_timer: asyncio.TimerHandle | None = None
         self._refusal: tuple[int, str] | None = None  # set once the server refuses
         self._draining = False
         self._drain_ran_out = False  # set by end_requests_in_flight
+        # One wrapper per connection, not per request: it answers a request cut by the drain.
+        self._inner_app = self.app
+        self.app = self._run_app
 
     # -- the connection ------------------------------------------------------------------
 
@@ -125,10 +128,6 @@ class EdgeProtocol(HttpToolsProtocol):
         self._unset_keepalive_if_required()
         if self._awaiting_head:
             self._head_bytes += len(data)
-            if self._head_timer is None:
-                self._head_timer = self.loop.call_later(
-                    self.limits.header_timeout_s, self._head_timed_out
-                )
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError:
@@ -140,9 +139,12 @@ class EdgeProtocol(HttpToolsProtocol):
             logger.warning("corral: an invalid HTTP request was received; answered 400")
             self._answer(400, "the request is not valid HTTP/1.1")
             return
-        too_long = self._awaiting_head and self._head_bytes > self.limits.max_header_bytes
-        if self._refusal is None and too_long:
-            self._refusal = self._head_too_long()
+        if self._refusal is None and self._head_in_progress():
+            self._refusal = self._too_long_so_far()
+            if self._refusal is None and self._head_timer is None:
+                self._head_timer = self.loop.call_later(
+                    self.limits.header_timeout_s, self._head_timed_out
+                )
         if self._refusal is not None:
             self._answer(*self._refusal)
 
@@ -153,78 +155,50 @@ class EdgeProtocol(HttpToolsProtocol):
             # The last request received ends the connection; those before it are answered.
             last = self.pipeline[0][0] if self.pipeline else self.cycle
             last.keep_alive = False
-        elif not self._awaiting_head or self._head_bytes == 0:
+        elif not self._head_in_progress():
             # Idle: a request may already wait in the socket; the next turn reads it.
             self.loop.call_later(DRAIN_READ_GRACE_S, self._close_if_idle)
         # A head in progress: on_headers_complete answers it with Connection: close.
 
-    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
-        super()._start_asgi_task(cycle, self._unavailable_when_cut(cycle, app))
+    async def _run_app(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await self._inner_app(scope, receive, send)
+        except asyncio.CancelledError:
+            # Cancelled by end_requests_in_flight: the request gets its answer, and the task
+            # ends there. Any other cancel, or one after the response began, goes on.
+            cycle = self._cycle_of(scope)
+            if not self._drain_ran_out or cycle is None or cycle.response_started:
+                raise
+            cycle.keep_alive = False
+            body = orjson.dumps(
+                {"error": "the server is shutting down and its drain timeout ran out"}
+            )
+            headers = [(b"content-type", b"application/json")]
+            headers.append((b"content-length", str(len(body)).encode()))
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
 
-    def _unavailable_when_cut(
-        self, cycle: RequestResponseCycle, app: ASGI3Application
-    ) -> ASGI3Application:
-        async def run(scope: Any, receive: Any, send: Any) -> None:
-            try:
-                await app(scope, receive, send)
-            except asyncio.CancelledError:
-                # Cancelled by end_requests_in_flight: the request gets its answer, and the
-                # task ends there. Any other cancel, or one after the response began, goes on.
-                if not self._drain_ran_out or cycle.response_started:
-                    raise
-                cycle.keep_alive = False
-                body = orjson.dumps(
-                    {"error": "the server is shutting down and its drain timeout ran out"}
-                )
-                headers = [(b"content-type", b"application/json")]
-                headers.append((b"content-length", str(len(body)).encode()))
-                await send({"type": "http.response.start", "status": 503, "headers": headers})
-                await send({"type": "http.response.body", "body": body})
-
-        return run
+    def _cycle_of(self, scope: Any) -> RequestResponseCycle | None:
+        cycles = [self.cycle, *(cycle for cycle, _ in self.pipeline)]
+        return next((cycle for cycle in cycles if cycle is not None and cycle.scope is scope), None)
 
     # -- the parser's callbacks ----------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        """A new request: its head is awaited (timer armed in data_received)."""
+        """A new request: its head is awaited (its timer armed if a read leaves it unfinished)."""
         super().on_message_begin()
         self._awaiting_head = True
-        self._url_bytes = 0
-        self._parsed_head_bytes = 0
-        if self._head_timer is None:
-            self._head_timer = self.loop.call_later(
-                self.limits.header_timeout_s, self._head_timed_out
-            )
-
-    def on_url(self, url: bytes) -> None:
-        """Count the target's bytes; refuse past ``max_url_bytes`` before joining them."""
-        self._url_bytes += len(url)
-        if self._url_bytes > self.limits.max_url_bytes:
-            self._refusal = (
-                414,
-                f"the request's URL is longer than {self.limits.max_url_bytes} bytes "
-                "(max_url_bytes)",
-            )
-            raise _Refused
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        """uvicorn's, stopped once the request is refused."""
-        if self._refusal is not None:
-            raise _Refused
-        self._parsed_head_bytes += len(name) + len(value) + 4  # ": " and CRLF
-        super().on_header(name, value)
+        self._head_begun = True
 
     def on_headers_complete(self) -> None:
         """Refuse what the limits or the protocol refuse; else start the request."""
         self._cancel_head_timer()
+        counted, self._head_bytes = self._head_bytes, 0
         self._awaiting_head = False
-        self._head_bytes = 0
-        # A head that arrived in one read is measured here, exactly.
-        head_bytes, self._parsed_head_bytes = self._parsed_head_bytes + self._url_bytes, 0
-        if self._refusal is None and head_bytes > self.limits.max_header_bytes:
-            self._refusal = self._head_too_long()
-        upgrade = self._get_upgrade()
+        self._head_begun = False
+        if self._refusal is None:
+            self._refusal = self._head_refusal(counted)
+        upgrade = self._get_upgrade() if self.parser.should_upgrade() else None
         if self._refusal is None and upgrade == b"websocket":
             self._refusal = (400, "this server has no WebSocket endpoint; use HTTP requests")
         if self._refusal is not None:
@@ -248,6 +222,9 @@ class EdgeProtocol(HttpToolsProtocol):
 
     # -- timers and answers --------------------------------------------------------------
 
+    def _head_in_progress(self) -> bool:
+        return self._awaiting_head and (self._head_begun or self._head_bytes > 0)
+
     def _cancel_head_timer(self) -> None:
         if self._head_timer is not None:
             self._head_timer.cancel()
@@ -262,15 +239,40 @@ class EdgeProtocol(HttpToolsProtocol):
             408, f"the request's headers did not arrive within {timeout:g} s (header_timeout_s)"
         )
 
-    def _head_too_long(self) -> tuple[int, str]:
+    def _too_long_so_far(self) -> tuple[int, str] | None:
+        # uvicorn joins the URL as it arrives: bounded here, at most one read past the limit.
+        if len(self.url) > self.limits.max_url_bytes:
+            return (
+                414,
+                f"the request's URL is longer than {self.limits.max_url_bytes} bytes "
+                "(max_url_bytes)",
+            )
+        if self._head_bytes > self.limits.max_header_bytes:
+            return 431, self._head_too_long()
+        return None
+
+    def _head_refusal(self, counted: int) -> tuple[int, str] | None:
+        # The head is complete: its URL and headers are measured exactly, unless every byte
+        # counted so far (the head's, maybe a body's) is within the limit. A pipelined head
+        # was not counted (counted == 0): measured too.
+        if len(self.url) > self.limits.max_url_bytes:
+            return self._too_long_so_far()
         limit = self.limits.max_header_bytes
-        return 431, f"the request's headers are longer than {limit} bytes (max_header_bytes)"
+        if counted == 0 or counted > limit:
+            size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+            if size > limit:
+                return 431, self._head_too_long()
+        return None
+
+    def _head_too_long(self) -> str:
+        limit = self.limits.max_header_bytes
+        return f"the request's headers are longer than {limit} bytes (max_header_bytes)"
 
     def _close_if_idle(self) -> None:
         if self.transport.is_closing():
             return
         busy = self.cycle is not None and not self.cycle.response_complete
-        if not busy and (not self._awaiting_head or self._head_bytes == 0):
+        if not busy and not self._head_in_progress():
             self.transport.close()
 
     def _answer(self, status: int, message: str) -> None:

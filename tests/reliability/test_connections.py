@@ -140,7 +140,10 @@ PREFIXES = {
 
 
 def _stream_until_refused(address: tuple[str, int], prefix: bytes) -> tuple[int | None, int]:
-    """Send ``prefix`` then endless bytes until the server answers or closes; (status, sent)."""
+    """Send ``prefix`` then endless bytes until the server answers or closes; (status, sent).
+
+    ``sent`` counts what the client's socket took, kernel buffers included: megabytes.
+    """
     sock = socket.create_connection(address, timeout=30)
     sent = 0
     try:
@@ -162,14 +165,12 @@ def _endless_stream_case(served: ServerProcess, kind: str, seconds: float, figur
     baseline = _measure(served, 1.0)
     rss_before = _rss_kib(served.process.pid)
     statuses: list[int | None] = []
-    sent: list[int] = []
     stop = threading.Event()
 
     def stream() -> None:
         while not stop.is_set():
-            status, count = _stream_until_refused(_address(served), prefix)
+            status, _ = _stream_until_refused(_address(served), prefix)
             statuses.append(status)
-            sent.append(count)
 
     streamer = threading.Thread(target=stream, name="endless-stream")
     streamer.start()
@@ -182,7 +183,6 @@ def _endless_stream_case(served: ServerProcess, kind: str, seconds: float, figur
     assert not streamer.is_alive()
     p99, base_p99 = _p99(latencies), _p99(baseline)
     figure("streaming attempts, each refused", f"{len(statuses)}; statuses {set(statuses)}")
-    figure("bytes sent per attempt before the refusal (max)", max(sent))
     figure(
         "other client's p99 while streaming / alone", f"{p99 * 1e3:.1f} / {base_p99 * 1e3:.1f} ms"
     )
@@ -616,14 +616,7 @@ def test_a_drain_that_runs_out_answers_503_json_and_unavailable(
     assert "drain timeout" in str(_body(answer)["error"])
     assert answered < DRAIN_S + 1.0
     assert grpc_code == grpc.StatusCode.UNAVAILABLE
-
-
-@pytest.mark.timeout(90)
-@pytest.mark.xfail(
-    strict=True,
-    reason="closing the Host after the drain (_close_host) waits for the runs: the exit path "
-    "is another branch's part of issue 15",
-)
-def test_a_drain_that_runs_out_exits_within_the_drain_timeout(repo: Path, tmp_path: Path):
-    *_, exited = _drain_run_out(repo, tmp_path)
-    assert exited < DRAIN_S + 2.0
+    if exited >= DRAIN_S + 2.0:
+        # Closing the Host after the drain (_close_host) still waits for the runs: the exit
+        # path is another branch's part of issue 15; once merged, this becomes an assert.
+        pytest.xfail(f"exit {code} after {exited:.1f} s, past the drain timeout + 2 s")
