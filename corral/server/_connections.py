@@ -134,7 +134,7 @@ class EdgeProtocol(HttpToolsProtocol):
             if self._refusal is None:
                 raise  # a callback of uvicorn's failed: not ours to hide
         except httptools.HttpParserUpgrade:
-            pass  # a WebSocket upgrade was refused in on_headers_complete; other kinds served
+            pass  # not WebSocket (refused above): served as HTTP/1.1, then the connection closes
         except httptools.HttpParserError:
             logger.warning("corral: an invalid HTTP request was received; answered 400")
             self._answer(400, "the request is not valid HTTP/1.1")
