@@ -331,6 +331,22 @@ def test_1000_idle_connections_under_a_1024_file_limit_leave_room_and_are_closed
     assert "Too many open files" not in served.log.read_text()
 
 
+@pytest.mark.timeout(60)
+def test_the_soft_open_file_limit_is_raised_to_the_hard_limit():
+    script = (
+        "import resource; from corral.server.app import raise_open_file_limit; "
+        "print(raise_open_file_limit(), *resource.getrlimit(resource.RLIMIT_NOFILE))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 1024)),
+        capture_output=True,
+        timeout=50,
+        check=True,
+    )
+    assert done.stdout.split() == [b"1024", b"1024", b"1024"], done
+
+
 # -- the connection cap ---------------------------------------------------------------------
 
 
