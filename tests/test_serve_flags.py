@@ -30,6 +30,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "memory_budget": ("2GiB", "2GiB"),
     "max_loaded_models": ("7", 7),
     "load_concurrency": ("3", 3),
+    "load_timeout_s": ("45", 45.0),
     "poll_interval_s": ("2.5", 2.5),
     "max_queue_per_model": ("9", 9),
     "compute_workers": ("2", 2),

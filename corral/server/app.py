@@ -3,7 +3,9 @@
 Both servers run on one event loop (uvloop when installed) in the main thread; models run on
 the Runtime's compute workers. SIGTERM or SIGINT stops both servers taking connections,
 answers every request already accepted (for up to ``drain_timeout_s``), closes the Host and
-returns, so that the process exits 0.
+returns, so that the process exits 0 (:data:`EXIT_CLEAN`); if the drain ran out, or loads hung
+on their storage were abandoned, it exits :data:`EXIT_DRAIN_INCOMPLETE` within the drain timeout
+all the same: hung load threads are daemons, never joined.
 
 Example::
 
@@ -28,6 +30,7 @@ from typing import Any
 import uvicorn
 
 from corral import __version__
+from corral._errors import DrainTimeout
 from corral._host import Host
 from corral._runtime import Runtime, runtime
 from corral.protocol.dataplane import DataPlane
@@ -36,7 +39,12 @@ from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
 from corral.server.settings import ServerSettings
 
-__all__ = ["Addresses", "run", "serve"]
+__all__ = ["EXIT_CLEAN", "EXIT_DRAIN_INCOMPLETE", "Addresses", "run", "serve"]
+
+#: ``corral serve``'s exit status after a clean drain: every request answered, the Host closed.
+EXIT_CLEAN = 0
+#: Its exit status when the drain ran out (leases still held) or loads were abandoned, hung.
+EXIT_DRAIN_INCOMPLETE = 3
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +71,11 @@ class _Server(uvicorn.Server):
 
 
 def run(settings: ServerSettings) -> int:
-    """Serve until SIGTERM or SIGINT; returns the process exit code (0 after a clean drain)."""
+    """Serve until SIGTERM or SIGINT; returns the process exit code.
+
+    :data:`EXIT_CLEAN` after a clean drain, :data:`EXIT_DRAIN_INCOMPLETE` when it ran out or
+    hung loads were abandoned.
+    """
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
     try:
         import uvloop
@@ -81,8 +93,7 @@ def run(settings: ServerSettings) -> int:
         loop = runner.get_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, on_signal, signum)
-        runner.run(serve(settings, stop))
-    return 0
+        return runner.run(serve(settings, stop))
 
 
 async def serve(
@@ -90,10 +101,11 @@ async def serve(
     stop: asyncio.Event,
     *,
     started: Callable[[Addresses], None] | None = None,
-) -> None:
+) -> int:
     """Run both servers until ``stop`` is set, then drain and close everything.
 
-    ``started(addresses)`` is called once both servers listen.
+    ``started(addresses)`` is called once both servers listen. Returns the exit status:
+    :data:`EXIT_CLEAN`, or :data:`EXIT_DRAIN_INCOMPLETE`.
     """
     open_files = raise_open_file_limit()
     rt = (
@@ -102,6 +114,8 @@ async def serve(
         else Runtime(compute_workers=settings.compute_workers)
     )
     host = Host(settings.repository, runtime=rt, options=settings.host_options()).start()
+    # When the drain began: closing the Host gets what is left of the drain timeout.
+    drain_began = asyncio.create_task(_when_set(stop))
     token = None if settings.auth_token is None else settings.auth_token.get_secret_value()
     try:
         plane = DataPlane(host)
@@ -130,7 +144,26 @@ async def serve(
         )
         await _serve_both(settings, plane, http, token, stop, started, (open_files, limits))
     finally:
-        await asyncio.to_thread(_close_host, host, settings.drain_timeout_s)
+        left = _drain_left(drain_began, settings.drain_timeout_s)
+        status = await asyncio.to_thread(_close_host, host, left)
+    return status
+
+
+async def _when_set(stop: asyncio.Event) -> float:
+    await stop.wait()
+    return time.monotonic()
+
+
+def _drain_left(drain_began: asyncio.Task[float], drain_timeout_s: float) -> float:
+    """Seconds of the drain timeout left for closing the Host, once the servers drained.
+
+    So that SIGTERM ends the process within the drain timeout (plus closing), however long
+    the servers took, and even with loads hung on their storage.
+    """
+    if not drain_began.done():
+        drain_began.cancel()  # stopped without a signal (a startup failure): a full drain
+        return drain_timeout_s
+    return max(0.0, drain_timeout_s - (time.monotonic() - drain_began.result()))
 
 
 async def _serve_both(
@@ -266,8 +299,20 @@ def _log_summary(
     )
 
 
-def _close_host(host: Host, timeout: float) -> None:
+def _close_host(host: Host, timeout: float) -> int:
+    """Close the Host within ``timeout``; the exit status that says how it went."""
+    status = EXIT_CLEAN
     try:
         host.close(timeout=timeout)
+    except DrainTimeout as exc:
+        logger.warning("corral: the drain ran out: %s", exc)
+        status = EXIT_DRAIN_INCOMPLETE
     finally:
         logger.info("corral: stopped")
+    if host.loads_abandoned:
+        logger.warning(
+            "corral: %d load(s) hung on their storage were abandoned (not joined)",
+            host.loads_abandoned,
+        )
+        status = EXIT_DRAIN_INCOMPLETE
+    return status

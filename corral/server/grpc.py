@@ -35,6 +35,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed wherever
 from corral._errors import (
     CorralError,
     DeadlineExceeded,
+    DrainTimeout,
     HostClosed,
     InferenceError,
     InvalidInput,
@@ -73,6 +74,8 @@ STATUS: dict[type[CorralError], grpc.StatusCode] = {
     ProviderUnavailable: grpc.StatusCode.UNAVAILABLE,
     RepositoryError: grpc.StatusCode.UNAVAILABLE,
     InferenceError: grpc.StatusCode.INTERNAL,
+    # An unload that waited its whole timeout for a hung load or for leases.
+    DrainTimeout: grpc.StatusCode.UNAVAILABLE,
 }
 
 #: The largest request message :func:`start_grpc_server` accepts unless told otherwise, as

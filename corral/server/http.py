@@ -25,6 +25,7 @@ import orjson
 from corral._errors import (
     CorralError,
     DeadlineExceeded,
+    DrainTimeout,
     HostClosed,
     InferenceError,
     InvalidInput,
@@ -72,6 +73,8 @@ STATUS: dict[type[CorralError], int] = {
     RuntimeClosed: 503,
     SessionClosed: 503,
     DeadlineExceeded: 504,
+    # An unload that waited its whole timeout for a hung load or for leases.
+    DrainTimeout: 503,
 }
 
 _JSON = (b"content-type", b"application/json")

@@ -62,6 +62,10 @@ class ServerSettings(BaseSettings):
     load_concurrency: int | None = Field(
         None, description="loads that run at once (default: the cores, at most 4)"
     )
+    load_timeout_s: float = Field(
+        _HOST_DEFAULTS.load_timeout_s,
+        description="seconds a load may take; past it the model fails (503) and its slot frees",
+    )
     poll_interval_s: float | None = Field(
         _HOST_DEFAULTS.poll_interval_s,
         description="seconds between checks of the models in use for new versions",
