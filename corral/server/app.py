@@ -142,11 +142,13 @@ async def serve(
                 timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s) + _DRAIN_MARGIN_S,
             )
         )
-        await _serve_both(settings, plane, http, token, stop, started, (open_files, limits))
+        cut = await _serve_both(settings, plane, http, token, stop, started, (open_files, limits))
     finally:
         left = _drain_left(drain_began, settings.drain_timeout_s)
         status = await asyncio.to_thread(_close_host, host, left)
-    return status
+    # Requests answered 503 when the drain ran out released their models: the Host closed
+    # cleanly, but the drain did not.
+    return EXIT_DRAIN_INCOMPLETE if cut else status
 
 
 async def _when_set(stop: asyncio.Event) -> float:
@@ -174,7 +176,8 @@ async def _serve_both(
     stop: asyncio.Event,
     started: Callable[[Addresses], None] | None,
     edge: tuple[int, ConnectionLimits],
-) -> None:
+) -> int:
+    """Serve until ``stop``, then drain; returns how many HTTP requests the drain had to cut."""
     grpc_server: Any = None
     grpc_port: int | None = None
     if settings.grpc_port >= 0:
@@ -203,19 +206,25 @@ async def _serve_both(
         drains: list[Any] = [_drain_http(http, http_task, settings.drain_timeout_s)]
         if grpc_server is not None:
             drains.append(grpc_server.stop(grace=settings.drain_timeout_s))
-        await asyncio.gather(*drains, return_exceptions=True)
+        drained = await asyncio.gather(*drains, return_exceptions=True)
     if http_task.done() and not http_task.cancelled() and http_task.exception() is not None:
         raise http_task.exception()  # type: ignore[misc]  # checked just above
+    cut = drained[0]
+    if isinstance(cut, BaseException):
+        raise cut
+    return int(cut)
 
 
-async def _drain_http(http: _Server, task: asyncio.Task[None], timeout: float) -> None:
+async def _drain_http(http: _Server, task: asyncio.Task[None], timeout: float) -> int:
     # uvicorn's own graceful timeout cancels requests with a text/plain 500 and an ERROR line
     # each: at the drain timeout, answer them 503 first, then let uvicorn finish.
+    ended = 0
     done, _ = await asyncio.wait({task}, timeout=timeout)
     if not done:
         ended = end_requests_in_flight(http.server_state)
         logger.warning("corral: the drain timeout ran out; %d requests answered 503", ended)
     await task
+    return ended
 
 
 async def _until_started(http: _Server, task: asyncio.Task[None]) -> None:

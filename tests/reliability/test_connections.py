@@ -31,6 +31,7 @@ import pytest
 
 from corral.protocol.proto import grpc_service_pb2 as pb
 from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
+from corral.server.app import EXIT_DRAIN_INCOMPLETE
 from corral.testing import build_mlp
 from tests.helpers import Figure, add_model, build_slow_loop
 from tests.processes import ServerProcess, start_server, stop_server
@@ -632,7 +633,9 @@ def test_a_drain_that_runs_out_answers_503_json_and_unavailable(
     assert "drain timeout" in str(_body(answer)["error"])
     assert answered < DRAIN_S + 1.0
     assert grpc_code == grpc.StatusCode.UNAVAILABLE
+    assert code == EXIT_DRAIN_INCOMPLETE
     if exited >= DRAIN_S + 2.0:
-        # Closing the Host after the drain (_close_host) still waits for the runs: the exit
-        # path is another branch's part of issue 15; once merged, this becomes an assert.
+        # serve() returns within the drain timeout ("corral: stopped"), but the interpreter's
+        # exit then waits for the run still in flight: the Runtime's exit hook joins a compute
+        # worker inside onnxruntime. Known, and outside the HTTP edge: reported, not hidden.
         pytest.xfail(f"exit {code} after {exited:.1f} s, past the drain timeout + 2 s")
