@@ -254,14 +254,16 @@ def raise_open_file_limit() -> int:
     the kernel takes for RLIMIT_NOFILE, so the soft limit then goes as high as ``nr_open``.
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
     if hard == resource.RLIM_INFINITY:
         try:
-            hard = int(Path("/proc/sys/fs/nr_open").read_text())
-        except OSError:
+            target = int(Path("/proc/sys/fs/nr_open").read_text())
+        except OSError as exc:
+            logger.warning("corral: the open-file limit stays at %d: %s", soft, exc)
             return soft
-    if soft != resource.RLIM_INFINITY and soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        soft = hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
     return soft
 
 
