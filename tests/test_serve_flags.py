@@ -39,6 +39,11 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "auth_token": ("s3cret", "s3cret"),
     "drain_timeout_s": ("1.5", 1.5),
     "log_level": ("DEBUG", "debug"),
+    "max_url_bytes": ("4096", 4096),
+    "max_header_bytes": ("16384", 16384),
+    "header_timeout_s": ("2.5", 2.5),
+    "idle_timeout_s": ("7.5", 7.5),
+    "max_connections": ("100", 100),
 }
 
 

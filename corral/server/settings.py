@@ -103,6 +103,47 @@ class ServerSettings(BaseSettings):
     log_level: str = Field(
         "info", description="corral's log level: critical, error, warning, info or debug"
     )
+    # -- the HTTP server's connections (corral.server._connections) ---------------------
+    max_url_bytes: int = Field(
+        8192, gt=0, description="longest request URL (path and query), in bytes; longer: 414"
+    )
+    max_header_bytes: int = Field(
+        65536,
+        gt=0,
+        description="longest request head (request line and headers), in bytes; longer: 431",
+    )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="seconds a request's headers may take to arrive from its first byte; "
+        "slower: 408 and the connection closed",
+    )
+    idle_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="seconds an HTTP connection with no request in progress stays open, "
+        "a new one included",
+    )
+    max_connections: int | None = Field(
+        None,
+        gt=0,
+        description="HTTP connections open at once; at the cap an idle one is closed, or "
+        "the new one gets 503 (default: the open-file limit less 256, at least 64)",
+    )
+
+    @field_validator("auth_token")
+    @classmethod
+    def _usable_token(cls, value: SecretStr | None) -> SecretStr | None:
+        # An empty token would turn auth "on" and let "Authorization: Bearer " in; spaces at
+        # either end can never match, since HTTP strips them from header values.
+        if value is not None:
+            token = value.get_secret_value()
+            if not token or token != token.strip():
+                raise ValueError(
+                    "auth_token must be a non-empty token without spaces at either end; "
+                    "leave the option out to serve without a token"
+                )
+        return value
 
     @field_validator("log_level")
     @classmethod
