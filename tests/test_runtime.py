@@ -5,13 +5,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import corral
-from corral import RuntimeState
-from tests.helpers import process_threads, wait_until
+from corral import Host, Runtime, RuntimeState
+from tests.helpers import add_model, build_slow_loop, process_threads, wait_until
 
 
 def test_identical_options_return_the_same_runtime():
@@ -252,3 +253,26 @@ def test_a_new_runtime_while_the_old_one_drains_is_refused(mlp_model):
     lease.release()
     shutter.join(timeout=30)
     assert corral.Runtime() is not rt
+
+
+@pytest.mark.timeout(60)
+def test_a_cancelling_shutdown_stops_runs_in_flight_and_queued_without_waiting_for_them(
+    tmp_path: Path,
+):
+    # What interpreter exit does after a drain ran out: nobody waits for these answers, so the
+    # run in flight is stopped and the queued one never starts, instead of both running out.
+    add_model(tmp_path, "slow", build_slow_loop(), toml="max_batch_size = 0\n")
+    rt = Runtime(compute_workers=1)
+    host = Host(tmp_path, runtime=rt)
+    try:
+        host.load("slow")
+        endless = {"M": np.array(10**12, np.int64), "start": np.zeros(1, np.float32)}
+        running = host.submit("slow", endless)
+        wait_until(lambda: rt.stats().runs_in_flight == 1)
+        queued = host.submit("slow", endless)
+        rt.shutdown(timeout=30, cancel=True)  # no DrainTimeout: nothing was waited out
+        for future in (running, queued):
+            with pytest.raises(corral.RunCancelled):
+                future.result(timeout=10)
+    finally:
+        host.close(timeout=10)

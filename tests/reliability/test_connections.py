@@ -634,8 +634,6 @@ def test_a_drain_that_runs_out_answers_503_json_and_unavailable(
     assert answered < DRAIN_S + 1.0
     assert grpc_code == grpc.StatusCode.UNAVAILABLE
     assert code == EXIT_DRAIN_INCOMPLETE
-    if exited >= DRAIN_S + 2.0:
-        # serve() returns within the drain timeout ("corral: stopped"), but the interpreter's
-        # exit then waits for the run still in flight: the Runtime's exit hook joins a compute
-        # worker inside onnxruntime. Known, and outside the HTTP edge: reported, not hidden.
-        pytest.xfail(f"exit {code} after {exited:.1f} s, past the drain timeout + 2 s")
+    # The run the drain gave up on is cancelled at exit (RunOptions.terminate), not waited
+    # out: the process ends within the drain timeout and a small margin.
+    assert exited < DRAIN_S + 2.0
