@@ -10,8 +10,10 @@ what it reserved), and hands its slot to a new thread. The stuck thread is a dae
 never joined, and when (if) its job returns, the job sees its claim expired and closes what it
 built instead of publishing it.
 
-Threads exist only while there is work: a worker that finds the queue empty ends, and so does
-the watchdog once no job runs.
+Threads start with the first job and then stay until :meth:`LoadWorkers.close`, idle between
+loads, as a ``ThreadPoolExecutor``'s do: a thread per load would cost a thread start on every
+cold request, and each new thread may take a fresh malloc arena (measured: +35 MB of RSS over
+10,000 loads, and a second pass that kept growing).
 """
 
 from __future__ import annotations
@@ -172,6 +174,7 @@ class LoadWorkers:
                 raise HostClosed("the Host is closing and loads nothing more")
             self._queue.append((job, claim))
             self._fill_slots_locked()
+            self._changed.notify_all()  # an idle worker takes it
         return claim
 
     def close(self, timeout: float | None) -> int:
@@ -183,6 +186,7 @@ class LoadWorkers:
         """
         with self._jobs_lock:
             self._closed = True
+            self._changed.notify_all()  # idle workers and the watchdog end
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._jobs_lock:
             while self._threads or self._watchdog is not None:
@@ -217,6 +221,8 @@ class LoadWorkers:
         me = threading.current_thread()
         while True:
             with self._jobs_lock:
+                while me in self._threads and not self._queue and not self._closed:
+                    self._changed.wait()  # idle until a job comes or close() begins
                 if me not in self._threads or not self._queue:
                     self._threads.discard(me)
                     self._changed.notify_all()
@@ -262,9 +268,12 @@ class LoadWorkers:
                 due = [r for r in self._running.values() if r.deadline <= now]
                 if not due:
                     if not self._running:
-                        self._watchdog = None
-                        self._changed.notify_all()
-                        return
+                        if self._closed and not self._threads:
+                            self._watchdog = None
+                            self._changed.notify_all()
+                            return
+                        self._changed.wait()  # until a job starts, or the workers end
+                        continue
                     soonest = min(r.deadline for r in self._running.values())
                     self._changed.wait(soonest - now)
                     continue
