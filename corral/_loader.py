@@ -185,6 +185,13 @@ class Loader:
         Raises what a request for an unservable model or version gets. A version whose last
         load failed is forgotten here when its files changed since, so that it loads at once.
         """
+        entry, key, _ = self._resolve(name, version, refresh)
+        return entry, key
+
+    def _resolve(
+        self, name: str, version: int | str | None, refresh: bool
+    ) -> tuple[ModelEntry, Key, bool]:
+        """:meth:`resolve`, and whether the entry was read from the repository just now."""
         entry, model_failed = self._table.cached(name)
         if refresh or entry is None or model_failed or not _may_have(entry, version):
             entry, refresh = self.refresh_entry(name), True
@@ -192,11 +199,11 @@ class Loader:
         failed_from = self._table.failure_fingerprint((name, number))
         if failed_from is not None:
             if not refresh:
-                entry = self.refresh_entry(name)
+                entry, refresh = self.refresh_entry(name), True
                 number = _choose(entry, name, version)
             if entry.version_fingerprint(number) != failed_from:
                 self._table.forget_failure((name, number), failed_from)
-        return entry, (name, number)
+        return entry, (name, number), refresh
 
     def refresh_entry(self, name: str) -> ModelEntry:
         """Read a model's entry from the repository again (file reads) and keep it."""
@@ -394,8 +401,8 @@ class Loader:
         try:
             if outer.cancelled():
                 return
-            entry, key = self.resolve(name, version, refresh=refresh)
-            step = self._table.begin(key, entry, newest=version is None, may_lead=refresh)
+            entry, key, read = self._resolve(name, version, refresh)
+            step = self._table.begin(key, entry, newest=version is None, may_lead=read)
             if step is None:
                 # Not loaded nor loading: read the entry again, so that the load (and its
                 # size estimate) uses the versions and files on disk now.
