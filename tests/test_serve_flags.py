@@ -44,6 +44,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "header_timeout_s": ("2.5", 2.5),
     "idle_timeout_s": ("7.5", 7.5),
     "max_connections": ("100", 100),
+    "ready_load_timeout_s": ("2.5", 2.5),
 }
 
 

@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, TypeVar
@@ -30,7 +31,15 @@ import numpy.typing as npt
 
 from corral import __version__
 from corral._counters import RequestStats
-from corral._errors import CorralError, InferenceError, InvalidInput
+from corral._errors import (
+    CorralError,
+    DeadlineExceeded,
+    InferenceError,
+    InvalidInput,
+    InvalidModelName,
+    ModelLoadError,
+    ModelNotFound,
+)
 from corral._host import Host
 from corral._scheduler import QueueStats, deadline_after, time_left
 from corral._signature import Signature, TensorSpec
@@ -56,6 +65,7 @@ __all__ = [
     "EXTENSIONS",
     "OMITTED_OUTPUTS",
     "PLATFORM",
+    "READY_LOAD_TIMEOUT_S",
     "UNLOAD_TIMEOUT_S",
     "DataPlane",
     "run_blocking",
@@ -66,6 +76,11 @@ __all__ = [
 #: past it the caller gets DrainTimeout (the model is left as it was or closes with its last
 #: lease).
 UNLOAD_TIMEOUT_S = 30.0
+
+#: Seconds a readiness request waits for the load it starts (or joins) of a model that is not
+#: loaded; past it the answer is "not ready" and the load goes on. Below tritonclient's own
+#: 60 s network timeout, so that its ``is_model_ready`` gets an answer, not a timeout.
+READY_LOAD_TIMEOUT_S = 30.0
 
 #: Triton's platform name for ONNX models run by onnxruntime: clients key on it.
 PLATFORM = "onnxruntime_onnx"
@@ -156,6 +171,7 @@ class DataPlane:
         version: str = __version__,
         control_timeout_s: float = CONTROL_TIMEOUT_S,
         unload_timeout_s: float = UNLOAD_TIMEOUT_S,
+        ready_load_timeout_s: float = READY_LOAD_TIMEOUT_S,
     ) -> None:
         self._host = host
         self._metadata = ServerMetadata(name, version, EXTENSIONS)
@@ -163,6 +179,12 @@ class DataPlane:
         self._control = ControlThreads()
         self._control_timeout_s = control_timeout_s
         self._unload_timeout_s = unload_timeout_s
+        self._ready_load_timeout_s = ready_load_timeout_s
+        # Guards _unloaded: the models unloaded through the protocol since they were last seen
+        # ready, which a readiness request must not load again (Triton's clients unload, then
+        # expect "not ready").
+        self._unloaded_lock = threading.Lock()
+        self._unloaded: set[str] = set()
 
     @property
     def host(self) -> Host:
@@ -184,18 +206,38 @@ class DataPlane:
         return self._metadata
 
     async def model_ready(self, name: str, version: str | None = None) -> bool:
-        """True if ``name`` (or that version of it) is loaded and serving.
+        """True once ``name`` (or that version of it) is loaded and serving.
 
-        corral loads models lazily: a model that is not ready is still served, loaded by the
-        first request. Raises :class:`ModelNotFound` for an unknown model or version.
+        A model in the repository that is not loaded is loaded first (joining a load already
+        in flight), as its first request would load it, and the answer waits at most
+        ``ready_load_timeout_s`` for it: so that clients that check readiness before they
+        send work. False if the load fails (the repository index gives the reason), has not
+        finished by then (it goes on), or the model was unloaded through the protocol and
+        not loaded since. Raises :class:`ModelNotFound` for an unknown model or version.
         """
-        return await self._control.run(
+        ready = await self._control.run(
             f"the readiness of model {name!r}",
             self._control_timeout_s,
             self._model_ready,
             name,
             version,
         )
+        with self._unloaded_lock:
+            if ready:
+                self._unloaded.discard(name)
+            if ready or name in self._unloaded:
+                return ready
+        return await self._load_for_readiness(name, version)
+
+    async def _load_for_readiness(self, name: str, version: str | None) -> bool:
+        try:
+            lease = await self._host.acquire_async(
+                name, _version_arg(version), timeout=self._ready_load_timeout_s
+            )
+        except (ModelLoadError, DeadlineExceeded):
+            return False  # failed (its reason is in the index), or still loading
+        lease.release()
+        return True
 
     async def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
         """A model's versions, inputs and outputs; loads the model if it is not loaded."""
@@ -234,7 +276,10 @@ class DataPlane:
 
     def _model_ready(self, name: str, version: str | None) -> bool:
         status = self._host.status(name)
-        wanted = self._host.serving_version(name, version)
+        try:
+            wanted = self._host.serving_version(name, version)
+        except ModelLoadError:
+            return False  # its entry is broken (a malformed model.toml): the index says why
         return any(v.version == wanted and v.state is ModelState.READY for v in status.versions)
 
     # -- inference --------------------------------------------------------------------------
@@ -370,6 +415,8 @@ class DataPlane:
         Bounded by the Host's ``load_timeout_s`` (:class:`LoadTimeout`).
         """
         await self._control.run(f"loading model {name!r}", None, self._host.load, name)
+        with self._unloaded_lock:
+            self._unloaded.discard(name)
 
     async def unload(self, name: str) -> None:
         """Unload every version of a model; requests in flight finish first.
@@ -377,13 +424,20 @@ class DataPlane:
         Waits at most ``unload_timeout_s`` for a load in flight and for those requests:
         then :class:`DrainTimeout`, naming the timeout.
         """
-        await self._control.run(
-            f"unloading model {name!r}",
-            None,
-            self._host.unload,
-            name,
-            timeout=self._unload_timeout_s,
-        )
+        with self._unloaded_lock:
+            self._unloaded.add(name)  # before: a readiness request meanwhile must not reload it
+        try:
+            await self._control.run(
+                f"unloading model {name!r}",
+                None,
+                self._host.unload,
+                name,
+                timeout=self._unload_timeout_s,
+            )
+        except (ModelNotFound, InvalidModelName):
+            with self._unloaded_lock:
+                self._unloaded.discard(name)  # no such model: nothing to remember
+            raise
 
     def _count(self, name: str, version: int, started_ns: int, *, ok: bool) -> None:
         elapsed = time.perf_counter_ns() - started_ns

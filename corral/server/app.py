@@ -119,7 +119,7 @@ async def serve(
     drain_began = asyncio.create_task(_when_set(stop))
     token = None if settings.auth_token is None else settings.auth_token.get_secret_value()
     try:
-        plane = DataPlane(host)
+        plane = DataPlane(host, ready_load_timeout_s=settings.ready_load_timeout_s)
         # One budget for both transports: memory is the process's, whichever way bytes came.
         body_budget = BodyBudget(settings.body_budget_bytes())
         metrics = Metrics(plane)

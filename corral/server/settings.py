@@ -103,6 +103,12 @@ class ServerSettings(BaseSettings):
     log_level: str = Field(
         "info", description="corral's log level: critical, error, warning, info or debug"
     )
+    ready_load_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="seconds a model readiness request waits for the load it starts of a "
+        "model not loaded; past it the answer is not ready and the load goes on",
+    )
     # -- the HTTP server's connections (corral.server._connections) ---------------------
     max_url_bytes: int = Field(
         8192, gt=0, description="longest request URL (path and query), in bytes; longer: 414"
