@@ -61,7 +61,9 @@ def test_model_ready_loads_the_model_and_unknown_models_are_not_found(versioned_
         assert asyncio.run(plane.model_ready("tree", "2"))
         with pytest.raises(corral.ModelNotFound, match="nope"):
             asyncio.run(plane.model_ready("nope"))
-        with pytest.raises(corral.ModelNotFound, match="no version 7"):
+        with pytest.raises(
+            corral.ModelNotFound, match="Request for unknown model: 'mlp' version 7 is not found"
+        ):
             asyncio.run(plane.model_ready("mlp", "7"))
 
 

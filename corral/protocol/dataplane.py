@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -412,9 +413,15 @@ class DataPlane:
     async def load(self, name: str) -> None:
         """Load (or reload) a model now; its errors are raised.
 
+        The message of a :class:`ModelNotFound` or :class:`ModelLoadError` starts with
+        ``failed to load '<name>': ``, the words Triton's clients match on.
+
         Bounded by the Host's ``load_timeout_s`` (:class:`LoadTimeout`).
         """
-        await self._control.run(f"loading model {name!r}", None, self._host.load, name)
+        try:
+            await self._control.run(f"loading model {name!r}", None, self._host.load, name)
+        except (ModelNotFound, ModelLoadError) as exc:
+            raise _failed_to_load(name, exc) from exc
         with self._unloaded_lock:
             self._unloaded.discard(name)
 
@@ -445,6 +452,13 @@ class DataPlane:
 
 
 _NO_REQUESTS = RequestStats()
+
+
+def _failed_to_load(name: str, error: CorralError) -> CorralError:
+    # The same type, its message led by Triton's words ("failed to load 'simple', ...").
+    prefixed = copy.copy(error)
+    prefixed.args = (f"failed to load {name!r}: {error}",)
+    return prefixed
 
 
 def _version_arg(version: str | None) -> str | None:
