@@ -239,3 +239,38 @@ def test_a_readiness_request_waits_at_most_its_timeout_for_the_load(
             release.set()
         host.acquire("tree", 1).release()  # joins the load still in flight
         assert asyncio.run(plane.model_ready("tree", "1"))
+
+
+@pytest.mark.timeout(60)
+def test_the_server_is_not_ready_until_the_models_to_load_at_start_are_loaded(
+    versioned_repo: Path, monkeypatch: pytest.MonkeyPatch
+):
+    release = threading.Event()
+    entered = threading.Event()
+    build = _loader.Session
+
+    def held_session(*args: Any, **kwargs: Any) -> corral.Session:
+        entered.set()
+        assert release.wait(30)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(_loader, "Session", held_session)
+    with Host(versioned_repo) as host:
+        plane = DataPlane(host, loads_at_start=True, explicit=True)
+        assert not plane.ready()
+        failures: list[dict[str, corral.CorralError]] = []
+        loader = threading.Thread(target=lambda: failures.append(plane.preload(["mlp", "nope"])))
+        loader.start()
+        try:
+            assert entered.wait(30)
+            assert not plane.ready()  # mlp is still loading
+        finally:
+            release.set()
+            loader.join(30)
+        assert plane.ready()
+        (failed,) = failures
+        assert list(failed) == ["nope"]
+        assert isinstance(failed["nope"], corral.ModelNotFound)
+        assert asyncio.run(plane.model_ready("mlp"))  # loaded at start: served explicitly
+        assert not asyncio.run(plane.model_ready("tree"))  # explicit: readiness loads nothing
+        assert host.status("tree").state is corral.ModelState.UNLOADED

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from corral.testing import build_mlp, build_tree
-from tests.helpers import add_model, reference_run
+from tests.helpers import add_model, reference_run, wait_until
 from tests.processes import ServerProcess, start_server, stop_server
 
 pytestmark = [
@@ -291,3 +291,60 @@ def test_inflated_bytes_are_held_in_the_body_budget_as_they_come():
     with small.reserve(len(body)) as held, pytest.raises(BodyBudgetExceeded):
         inflate(body, "gzip", 4 * INFLATE_PIECE_BYTES, held)  # refused at the third piece
     assert small.held == 0
+
+
+# -- Triton's command line -------------------------------------------------------------------
+
+
+def test_explicit_model_control_serves_only_the_models_loaded(triton_repo: Path, tmp_path: Path):
+    import tritonclient.http as httpclient
+    from tritonclient.http import InferInput
+    from tritonclient.utils import InferenceServerException
+
+    served = start_server(
+        triton_repo,
+        tmp_path / "explicit.log",
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "mlp",
+        "--exit-timeout-secs",
+        "10",
+    )
+    client = httpclient.InferenceServerClient(served.http)
+    try:
+        wait_until(client.is_server_ready, timeout=60)
+        assert "--load-model: 1 of 1 loaded (mlp)" in served.log.read_text()
+        tensor = InferInput("X", [3, 4], "FP32")
+        tensor.set_data_from_numpy(X)
+        np.testing.assert_allclose(
+            client.infer("mlp", [tensor]).as_numpy("Y"), expected_mlp(), rtol=1e-6
+        )
+        assert not client.is_model_ready("tree")  # not loaded, and asking does not load it
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("tree", [tensor])
+        assert refused.value.message().startswith("Request for unknown model: 'tree' is not loaded")
+        client.load_model("tree")
+        assert client.is_model_ready("tree")
+        assert client.infer("tree", [tensor]).as_numpy("Y").shape == (3, 1)
+        client.unload_model("tree")
+        assert not client.is_model_ready("tree")
+        with pytest.raises(InferenceServerException, match="is not loaded"):
+            client.infer("tree", [tensor])
+    finally:
+        client.close()
+        stop_server(served)
+
+
+def test_a_model_that_fails_to_load_at_start_stops_the_server(triton_repo: Path, tmp_path: Path):
+    served = start_server(
+        triton_repo, tmp_path / "broken.log", "--load-model", "mlp", "--load-model", "broken"
+    )
+    try:
+        assert served.process.wait(timeout=60) == 1
+    finally:
+        if served.process.poll() is None:
+            served.process.kill()
+            served.process.wait(timeout=10)
+    log = served.log.read_text()
+    assert "--load-model: 1 model(s) failed to load, so the server stops: 'broken':" in log

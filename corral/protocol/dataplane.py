@@ -24,7 +24,7 @@ import asyncio
 import copy
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
@@ -162,7 +162,13 @@ async def run_blocking(
 
 
 class DataPlane:
-    """The protocol's operations, on one Host; safe from any thread and any event loop."""
+    """The protocol's operations, on one Host; safe from any thread and any event loop.
+
+    ``explicit``: Triton's explicit model control, only the models loaded through
+    :meth:`load` or :meth:`preload` are served (others: :class:`ModelNotFound`, and not
+    ready). ``loads_at_start``: :meth:`ready` answers False until :meth:`preload` returns.
+    ``ready_load_timeout_s``: how long :meth:`model_ready` waits for the load it starts.
+    """
 
     def __init__(
         self,
@@ -173,6 +179,8 @@ class DataPlane:
         control_timeout_s: float = CONTROL_TIMEOUT_S,
         unload_timeout_s: float = UNLOAD_TIMEOUT_S,
         ready_load_timeout_s: float = READY_LOAD_TIMEOUT_S,
+        explicit: bool = False,
+        loads_at_start: bool = False,
     ) -> None:
         self._host = host
         self._metadata = ServerMetadata(name, version, EXTENSIONS)
@@ -186,6 +194,15 @@ class DataPlane:
         # expect "not ready").
         self._unloaded_lock = threading.Lock()
         self._unloaded: set[str] = set()
+        # Triton's explicit model control: only the models loaded through load() or
+        # preload() are served. Guards _explicit: those models' names.
+        self._explicit_only = explicit
+        self._explicit_lock = threading.Lock()
+        self._explicit: set[str] = set()
+        # Set once the models to load at start are loaded (preload): ready() waits for it.
+        self._started = threading.Event()
+        if not loads_at_start:
+            self._started.set()
 
     @property
     def host(self) -> Host:
@@ -199,8 +216,44 @@ class DataPlane:
         return self._host.state is not HostState.CLOSED
 
     def ready(self) -> bool:
-        """True while the server takes inference requests (not once shutdown began)."""
-        return self._host.state is HostState.RUNNING
+        """True while the server takes inference requests.
+
+        Not before :meth:`preload` returned (with ``loads_at_start``), nor once shutdown began.
+        """
+        return self._started.is_set() and self._host.state is HostState.RUNNING
+
+    def preload(
+        self,
+        names: Sequence[str] | None,
+        progress: Callable[[int, int, str], None] | None = None,
+    ) -> dict[str, CorralError]:
+        """Load these models (None: every model) on the load workers; blocking.
+
+        With ``loads_at_start``, :meth:`ready` answers False until this returns. For
+        ``corral serve --load-model``: run it on a thread of its own. Under explicit model
+        control the models loaded are the ones served. Returns ``{name: error}`` for those
+        that failed (:meth:`Host.preload`).
+        """
+        try:
+            todo = self._host.repository.names() if names is None else list(names)
+            failures = self._host.preload(todo, progress)
+            with self._explicit_lock:
+                self._explicit.update(name for name in todo if name not in failures)
+            return failures
+        finally:
+            self._started.set()
+
+    def _check_explicit(self, name: str) -> None:
+        if not self._explicit_only:
+            return
+        with self._explicit_lock:
+            if name in self._explicit:
+                return
+        raise ModelNotFound(
+            f"Request for unknown model: {name!r} is not loaded: under explicit model control "
+            f"only models loaded with POST /v2/repository/models/{name}/load (or --load-model) "
+            "are served"
+        )
 
     def server_metadata(self) -> ServerMetadata:
         """The server's name, version and protocol extensions."""
@@ -223,6 +276,9 @@ class DataPlane:
             name,
             version,
         )
+        if self._explicit_only:
+            with self._explicit_lock:
+                return ready and name in self._explicit  # never loads: only load() does
         with self._unloaded_lock:
             if ready:
                 self._unloaded.discard(name)
@@ -242,6 +298,7 @@ class DataPlane:
 
     async def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
         """A model's versions, inputs and outputs; loads the model if it is not loaded."""
+        self._check_explicit(name)
         # The load is awaited on the Host's load workers; the status may read the model's
         # entry, on a worker thread.
         with await self._host.acquire_async(name, _version_arg(version)) as lease:
@@ -259,6 +316,7 @@ class DataPlane:
 
     async def model_config(self, name: str, version: str | None = None) -> ModelConfiguration:
         """A model's configuration, as Triton's ``model_config``; loads the model if need be."""
+        self._check_explicit(name)
         with await self._host.acquire_async(name, _version_arg(version)) as lease:
             signature = lease.session.signature
             batched = lease.max_batch_size
@@ -293,6 +351,7 @@ class DataPlane:
         names them. Naming one of those is :class:`InvalidInput`.
         """
         started = time.perf_counter_ns()
+        self._check_explicit(name)
         feed: dict[str, npt.NDArray[Any]] = {}
         for tensor in request.inputs:
             if tensor.name in feed:
@@ -424,6 +483,8 @@ class DataPlane:
             raise _failed_to_load(name, exc) from exc
         with self._unloaded_lock:
             self._unloaded.discard(name)
+        with self._explicit_lock:
+            self._explicit.add(name)
 
     async def unload(self, name: str) -> None:
         """Unload every version of a model; requests in flight finish first.
@@ -433,6 +494,8 @@ class DataPlane:
         """
         with self._unloaded_lock:
             self._unloaded.add(name)  # before: a readiness request meanwhile must not reload it
+        with self._explicit_lock:
+            self._explicit.discard(name)  # before: no new request is let in meanwhile
         try:
             await self._control.run(
                 f"unloading model {name!r}",
