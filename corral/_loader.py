@@ -485,7 +485,8 @@ def version_number(name: str, version: int | str) -> int:
     number = _number_or_none(version)
     if number is None:
         raise ModelNotFound(
-            f"model {name!r} has no version {version!r}: versions are positive integers"
+            f"Request for unknown model: {name!r} version {version!r} is not found: "
+            "versions are positive integers"
         )
     return number
 
@@ -513,19 +514,21 @@ def _choose(entry: ModelEntry, name: str, version: int | str | None) -> int:
     if version is None:
         if entry.latest is None:
             raise ModelNotFound(
-                f"model {name!r} has no version to serve: found {_listing(entry.versions)} "
-                f"under version policy {entry.config.version_policy}"
+                f"Request for unknown model: {name!r} has no available versions: found "
+                f"{_listing(entry.versions)} under version policy {entry.config.version_policy}"
             )
         return entry.latest
     number = version_number(name, version)
     if number not in entry.versions:
         raise ModelNotFound(
-            f"model {name!r} has no version {number}; versions: {_listing(entry.versions)}"
+            f"Request for unknown model: {name!r} version {number} is not found; versions: "
+            f"{_listing(entry.versions)}"
         )
     if number not in entry.served_versions:
         raise ModelNotFound(
-            f"version {number} of model {name!r} is not served under version policy "
-            f"{entry.config.version_policy}; served: {_listing(entry.served_versions)}"
+            f"Request for unknown model: {name!r} version {number} is not found: it is not "
+            f"served under version policy {entry.config.version_policy}; served: "
+            f"{_listing(entry.served_versions)}"
         )
     return number
 

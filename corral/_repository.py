@@ -293,9 +293,10 @@ class Repository:
             raise RepositoryError(
                 f"model repository {self._given!r} (resolved to {root.real!r}) is gone"
             )
+        # The text Triton's clients match on ("Request for unknown model"), then corral's why.
         raise ModelNotFound(
-            f"no model {name!r} in {root.real}: expected a folder {name}{os.sep} "
-            f"or a file {name}{_BARE_SUFFIX}"
+            f"Request for unknown model: {name!r} is not found: no folder {name}{os.sep} "
+            f"or file {name}{_BARE_SUFFIX} in {root.real}"
         )
 
     def scan(self) -> dict[str, ModelEntry]:

@@ -18,7 +18,7 @@ import pytest
 import corral
 import corral.server.app
 from corral import HostOptions
-from corral.cli import _parser, main
+from corral.cli import TRITON_SPELLINGS, _parser, main
 from corral.server.settings import HOST_OPTIONS_NOT_SERVED, ServerSettings
 
 # A value other than the default for every field, as the command line and the environment
@@ -44,6 +44,9 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "header_timeout_s": ("2.5", 2.5),
     "idle_timeout_s": ("7.5", 7.5),
     "max_connections": ("100", 100),
+    "ready_load_timeout_s": ("2.5", 2.5),
+    "model_control_mode": ("explicit", "explicit"),
+    "load_model": ("mlp", ("mlp",)),
 }
 
 
@@ -79,8 +82,10 @@ def value(settings: ServerSettings, name: str) -> Any:
 
 def test_every_field_is_a_flag_whose_help_names_its_variable():
     flags = serve_flags()
-    assert set(flags) == set(ServerSettings.model_fields)
+    assert set(flags) == set(ServerSettings.model_fields) | set(TRITON_SPELLINGS)
     for name, action in flags.items():
+        if name in TRITON_SPELLINGS:
+            continue
         variable = f"CORRAL_{name.upper()}"
         assert variable in (action.help or ""), name
         if name != "repository":
@@ -172,3 +177,73 @@ def test_host_options_are_one_object_for_the_library_too(tmp_path: Path):
         assert (host.options.max_queue_per_model, host.options.batching) == (3, False)
     with pytest.raises(corral.InvalidOption, match="load_concurrency"):
         corral.Host(tmp_path, load_concurrency=0)
+
+
+@pytest.mark.parametrize(
+    ("triton", "corral_flag", "name", "text", "expected"),
+    [
+        ("--repository-poll-secs", "--poll-interval-s", "poll_interval_s", "4", 4.0),
+        ("--exit-timeout-secs", "--drain-timeout-s", "drain_timeout_s", "2", 2.0),
+    ],
+)
+def test_tritons_spellings_set_corrals_settings(
+    tmp_path: Path,
+    served: list[ServerSettings],
+    capsys: pytest.CaptureFixture[str],
+    triton: str,
+    corral_flag: str,
+    name: str,
+    text: str,
+    expected: float,
+):
+    assert main(["serve", str(tmp_path), triton, text]) == 0
+    assert main(["serve", str(tmp_path), triton, text, corral_flag, text]) == 0  # agreeing
+    assert [getattr(settings, name) for settings in served] == [expected, expected]
+    assert main(["serve", str(tmp_path), triton, text, corral_flag, "9"]) == 2
+    err = capsys.readouterr().err
+    assert f"{triton} {text} and {corral_flag} 9 name the same setting" in err
+    assert len(served) == 2
+
+
+def test_model_repository_is_the_repository(
+    tmp_path: Path, served: list[ServerSettings], capsys: pytest.CaptureFixture[str]
+):
+    assert main(["serve", "--model-repository", str(tmp_path)]) == 0
+    assert main(["serve", str(tmp_path), f"--model-repository={tmp_path}/."]) == 0
+    assert [settings.repository for settings in served] == [tmp_path, tmp_path]
+    other = tmp_path / "other"
+    assert main(["serve", str(tmp_path), "--model-repository", str(other)]) == 2
+    assert "name the same setting with different values" in capsys.readouterr().err
+
+
+def test_model_control_modes_and_load_model(
+    tmp_path: Path, served: list[ServerSettings], capsys: pytest.CaptureFixture[str]
+):
+    assert main(["serve", str(tmp_path), "--model-control-mode", "poll"]) == 0
+    assert served[-1].poll_interval_s == 15.0  # Triton's default interval
+    assert main(["serve", str(tmp_path), "--model-control-mode=poll", "--poll-interval-s=3"]) == 0
+    assert served[-1].poll_interval_s == 3.0
+    assert main(["serve", str(tmp_path), "--load-model", "a", "--load-model=b,c"]) == 0
+    assert served[-1].load_model == ("a", "b", "c")
+    assert main(["serve", str(tmp_path), "--load-model", "*"]) == 0
+    assert served[-1].load_model == ("*",)
+    count = len(served)
+    assert (
+        main(
+            [
+                "serve",
+                str(tmp_path),
+                "--model-control-mode",
+                "explicit",
+                "--repository-poll-secs",
+                "5",
+            ]
+        )
+        == 2
+    )
+    assert "model_control_mode explicit does not poll the repository" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path), "--model-control-mode", "sometimes"]) == 2
+    assert "--model-control-mode (CORRAL_MODEL_CONTROL_MODE)" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path), "--load-model", "*", "--load-model", "a"]) == 2
+    assert "load_model '*' loads every model" in capsys.readouterr().err
+    assert len(served) == count

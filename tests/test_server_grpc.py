@@ -32,7 +32,7 @@ from tritonclient.grpc import service_pb2 as triton_pb
 from tritonclient.utils import InferenceServerException
 
 import corral
-from corral import Host
+from corral import Host, ModelState
 from corral.protocol import grpc_codec
 from corral.protocol.dataplane import PLATFORM, DataPlane
 from corral.protocol.proto import grpc_service_pb2 as pb
@@ -255,8 +255,10 @@ def test_health_metadata_and_readiness(datatypes_repo: Path):
         assert meta.name == "corral"
         assert meta.version == corral.__version__
         assert "model_repository" in meta.extensions
-        assert not await s.client.is_model_ready("mlp")  # loaded lazily
-        model = await s.client.get_model_metadata("mlp")  # loads it
+        assert s.host.status("mlp").state is ModelState.UNLOADED
+        assert await s.client.is_model_ready("mlp")  # loads it
+        assert s.host.status("mlp").state is ModelState.READY
+        model = await s.client.get_model_metadata("mlp")
         assert (model.name, model.platform, list(model.versions)) == ("mlp", PLATFORM, ["1"])
         assert [(t.name, t.datatype, list(t.shape)) for t in model.inputs] == [
             ("X", "FP32", [-1, 4])
@@ -797,7 +799,7 @@ SLOW_CALLS: dict[str, tuple[str, Callable[[Any], Awaitable[Any]], Callable[[Any]
         lambda client: client.get_model_repository_index(),
         lambda index: "tree" in {model.name for model in index.models},
     ),
-    "ready": ("files", lambda client: client.is_model_ready("tree"), lambda ready: not ready),
+    "ready": ("files", lambda client: client.is_model_ready("tree"), lambda ready: ready),
     "stats": (
         "files",
         lambda client: client.get_inference_statistics("tree"),

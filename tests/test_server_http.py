@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 import corral
-from corral import Host
+from corral import Host, ModelState
 from corral.protocol import DataPlane
 from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
@@ -63,13 +63,16 @@ def test_health_and_server_metadata(host: Host):
 
 def test_model_metadata_ready_and_config(host: Host):
     app = make_app(host)
-    ready = call(app, "GET", "/v2/models/mlp/ready")
-    assert (ready.status_code, ready.json()) == (503, {"name": "mlp", "ready": False})
+    assert host.status("mlp").state is ModelState.UNLOADED
+    ready = call(app, "GET", "/v2/models/mlp/ready")  # loads it
+    assert (ready.status_code, ready.json()) == (200, {"name": "mlp", "ready": True})
+    assert host.status("mlp").state is ModelState.READY
+    assert call(app, "GET", "/v2/models/nope/ready").status_code == 404
     meta = call(app, "GET", "/v2/models/mlp").json()
     assert meta["inputs"] == [{"name": "X", "datatype": "FP32", "shape": [-1, 4]}]
     assert meta["platform"] == "onnxruntime_onnx"
     assert call(app, "GET", "/v2/models/mlp/versions/1").json() == meta
-    assert call(app, "GET", "/v2/models/mlp/ready").status_code == 200  # metadata loaded it
+    assert call(app, "GET", "/v2/models/mlp/ready").status_code == 200
     config = call(app, "GET", "/v2/models/mlp/config").json()
     batching = config.pop("parameters")["corral.batching"]["string_value"]
     assert batching.startswith("batched (probed): ")
@@ -253,7 +256,7 @@ def test_concurrent_requests_each_get_their_own_outputs(host: Host):
     ("method", "path", "what", "status"),
     [
         ("POST", "/v2/repository/index", "listing", 200),
-        ("GET", "/v2/models/tree/ready", "files", 503),
+        ("GET", "/v2/models/tree/ready", "files", 200),
         ("GET", "/v2/models/tree/stats", "files", 200),
         ("GET", "/v2/models/tree", "load", 200),
         ("GET", "/v2/models/tree/config", "load", 200),

@@ -21,8 +21,10 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import copy
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
@@ -30,7 +32,15 @@ import numpy.typing as npt
 
 from corral import __version__
 from corral._counters import RequestStats
-from corral._errors import CorralError, InferenceError, InvalidInput
+from corral._errors import (
+    CorralError,
+    DeadlineExceeded,
+    InferenceError,
+    InvalidInput,
+    InvalidModelName,
+    ModelLoadError,
+    ModelNotFound,
+)
 from corral._host import Host
 from corral._scheduler import QueueStats, deadline_after, time_left
 from corral._signature import Signature, TensorSpec
@@ -56,6 +66,7 @@ __all__ = [
     "EXTENSIONS",
     "OMITTED_OUTPUTS",
     "PLATFORM",
+    "READY_LOAD_TIMEOUT_S",
     "UNLOAD_TIMEOUT_S",
     "DataPlane",
     "run_blocking",
@@ -66,6 +77,11 @@ __all__ = [
 #: past it the caller gets DrainTimeout (the model is left as it was or closes with its last
 #: lease).
 UNLOAD_TIMEOUT_S = 30.0
+
+#: Seconds a readiness request waits for the load it starts (or joins) of a model that is not
+#: loaded; past it the answer is "not ready" and the load goes on. Below tritonclient's own
+#: 60 s network timeout, so that its ``is_model_ready`` gets an answer, not a timeout.
+READY_LOAD_TIMEOUT_S = 30.0
 
 #: Triton's platform name for ONNX models run by onnxruntime: clients key on it.
 PLATFORM = "onnxruntime_onnx"
@@ -146,7 +162,13 @@ async def run_blocking(
 
 
 class DataPlane:
-    """The protocol's operations, on one Host; safe from any thread and any event loop."""
+    """The protocol's operations, on one Host; safe from any thread and any event loop.
+
+    ``explicit``: Triton's explicit model control, only the models loaded through
+    :meth:`load` or :meth:`preload` are served (others: :class:`ModelNotFound`, and not
+    ready). ``loads_at_start``: :meth:`ready` answers False until :meth:`preload` returns.
+    ``ready_load_timeout_s``: how long :meth:`model_ready` waits for the load it starts.
+    """
 
     def __init__(
         self,
@@ -156,6 +178,9 @@ class DataPlane:
         version: str = __version__,
         control_timeout_s: float = CONTROL_TIMEOUT_S,
         unload_timeout_s: float = UNLOAD_TIMEOUT_S,
+        ready_load_timeout_s: float = READY_LOAD_TIMEOUT_S,
+        explicit: bool = False,
+        loads_at_start: bool = False,
     ) -> None:
         self._host = host
         self._metadata = ServerMetadata(name, version, EXTENSIONS)
@@ -163,6 +188,21 @@ class DataPlane:
         self._control = ControlThreads()
         self._control_timeout_s = control_timeout_s
         self._unload_timeout_s = unload_timeout_s
+        self._ready_load_timeout_s = ready_load_timeout_s
+        # Guards _unloaded: the models unloaded through the protocol since they were last seen
+        # ready, which a readiness request must not load again (Triton's clients unload, then
+        # expect "not ready").
+        self._unloaded_lock = threading.Lock()
+        self._unloaded: set[str] = set()
+        # Triton's explicit model control: only the models loaded through load() or
+        # preload() are served. Guards _explicit: those models' names.
+        self._explicit_only = explicit
+        self._explicit_lock = threading.Lock()
+        self._explicit: set[str] = set()
+        # Set once the models to load at start are loaded (preload): ready() waits for it.
+        self._started = threading.Event()
+        if not loads_at_start:
+            self._started.set()
 
     @property
     def host(self) -> Host:
@@ -176,29 +216,89 @@ class DataPlane:
         return self._host.state is not HostState.CLOSED
 
     def ready(self) -> bool:
-        """True while the server takes inference requests (not once shutdown began)."""
-        return self._host.state is HostState.RUNNING
+        """True while the server takes inference requests.
+
+        Not before :meth:`preload` returned (with ``loads_at_start``), nor once shutdown began.
+        """
+        return self._started.is_set() and self._host.state is HostState.RUNNING
+
+    def preload(
+        self,
+        names: Sequence[str] | None,
+        progress: Callable[[int, int, str], None] | None = None,
+    ) -> dict[str, CorralError]:
+        """Load these models (None: every model) on the load workers; blocking.
+
+        With ``loads_at_start``, :meth:`ready` answers False until this returns. For
+        ``corral serve --load-model``: run it on a thread of its own. Under explicit model
+        control the models loaded are the ones served. Returns ``{name: error}`` for those
+        that failed (:meth:`Host.preload`).
+        """
+        try:
+            todo = self._host.repository.names() if names is None else list(names)
+            failures = self._host.preload(todo, progress)
+            with self._explicit_lock:
+                self._explicit.update(name for name in todo if name not in failures)
+            return failures
+        finally:
+            self._started.set()
+
+    def _check_explicit(self, name: str) -> None:
+        if not self._explicit_only:
+            return
+        with self._explicit_lock:
+            if name in self._explicit:
+                return
+        raise ModelNotFound(
+            f"Request for unknown model: {name!r} is not loaded: under explicit model control "
+            f"only models loaded with POST /v2/repository/models/{name}/load (or --load-model) "
+            "are served"
+        )
 
     def server_metadata(self) -> ServerMetadata:
         """The server's name, version and protocol extensions."""
         return self._metadata
 
     async def model_ready(self, name: str, version: str | None = None) -> bool:
-        """True if ``name`` (or that version of it) is loaded and serving.
+        """True once ``name`` (or that version of it) is loaded and serving.
 
-        corral loads models lazily: a model that is not ready is still served, loaded by the
-        first request. Raises :class:`ModelNotFound` for an unknown model or version.
+        A model in the repository that is not loaded is loaded first (joining a load already
+        in flight), as its first request would load it, and the answer waits at most
+        ``ready_load_timeout_s`` for it: so that clients that check readiness before they
+        send work. False if the load fails (the repository index gives the reason), has not
+        finished by then (it goes on), or the model was unloaded through the protocol and
+        not loaded since. Raises :class:`ModelNotFound` for an unknown model or version.
         """
-        return await self._control.run(
+        ready = await self._control.run(
             f"the readiness of model {name!r}",
             self._control_timeout_s,
             self._model_ready,
             name,
             version,
         )
+        if self._explicit_only:
+            with self._explicit_lock:
+                return ready and name in self._explicit  # never loads: only load() does
+        with self._unloaded_lock:
+            if ready:
+                self._unloaded.discard(name)
+            if ready or name in self._unloaded:
+                return ready
+        return await self._load_for_readiness(name, version)
+
+    async def _load_for_readiness(self, name: str, version: str | None) -> bool:
+        try:
+            lease = await self._host.acquire_async(
+                name, _version_arg(version), timeout=self._ready_load_timeout_s
+            )
+        except (ModelLoadError, DeadlineExceeded):
+            return False  # failed (its reason is in the index), or still loading
+        lease.release()
+        return True
 
     async def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
         """A model's versions, inputs and outputs; loads the model if it is not loaded."""
+        self._check_explicit(name)
         # The load is awaited on the Host's load workers; the status may read the model's
         # entry, on a worker thread.
         with await self._host.acquire_async(name, _version_arg(version)) as lease:
@@ -216,6 +316,7 @@ class DataPlane:
 
     async def model_config(self, name: str, version: str | None = None) -> ModelConfiguration:
         """A model's configuration, as Triton's ``model_config``; loads the model if need be."""
+        self._check_explicit(name)
         with await self._host.acquire_async(name, _version_arg(version)) as lease:
             signature = lease.session.signature
             batched = lease.max_batch_size
@@ -234,7 +335,10 @@ class DataPlane:
 
     def _model_ready(self, name: str, version: str | None) -> bool:
         status = self._host.status(name)
-        wanted = self._host.serving_version(name, version)
+        try:
+            wanted = self._host.serving_version(name, version)
+        except ModelLoadError:
+            return False  # its entry is broken (a malformed model.toml): the index says why
         return any(v.version == wanted and v.state is ModelState.READY for v in status.versions)
 
     # -- inference --------------------------------------------------------------------------
@@ -247,6 +351,7 @@ class DataPlane:
         names them. Naming one of those is :class:`InvalidInput`.
         """
         started = time.perf_counter_ns()
+        self._check_explicit(name)
         feed: dict[str, npt.NDArray[Any]] = {}
         for tensor in request.inputs:
             if tensor.name in feed:
@@ -367,9 +472,19 @@ class DataPlane:
     async def load(self, name: str) -> None:
         """Load (or reload) a model now; its errors are raised.
 
+        The message of a :class:`ModelNotFound` or :class:`ModelLoadError` starts with
+        ``failed to load '<name>': ``, the words Triton's clients match on.
+
         Bounded by the Host's ``load_timeout_s`` (:class:`LoadTimeout`).
         """
-        await self._control.run(f"loading model {name!r}", None, self._host.load, name)
+        try:
+            await self._control.run(f"loading model {name!r}", None, self._host.load, name)
+        except (ModelNotFound, ModelLoadError) as exc:
+            raise _failed_to_load(name, exc) from exc
+        with self._unloaded_lock:
+            self._unloaded.discard(name)
+        with self._explicit_lock:
+            self._explicit.add(name)
 
     async def unload(self, name: str) -> None:
         """Unload every version of a model; requests in flight finish first.
@@ -377,13 +492,22 @@ class DataPlane:
         Waits at most ``unload_timeout_s`` for a load in flight and for those requests:
         then :class:`DrainTimeout`, naming the timeout.
         """
-        await self._control.run(
-            f"unloading model {name!r}",
-            None,
-            self._host.unload,
-            name,
-            timeout=self._unload_timeout_s,
-        )
+        with self._unloaded_lock:
+            self._unloaded.add(name)  # before: a readiness request meanwhile must not reload it
+        with self._explicit_lock:
+            self._explicit.discard(name)  # before: no new request is let in meanwhile
+        try:
+            await self._control.run(
+                f"unloading model {name!r}",
+                None,
+                self._host.unload,
+                name,
+                timeout=self._unload_timeout_s,
+            )
+        except (ModelNotFound, InvalidModelName):
+            with self._unloaded_lock:
+                self._unloaded.discard(name)  # no such model: nothing to remember
+            raise
 
     def _count(self, name: str, version: int, started_ns: int, *, ok: bool) -> None:
         elapsed = time.perf_counter_ns() - started_ns
@@ -391,6 +515,13 @@ class DataPlane:
 
 
 _NO_REQUESTS = RequestStats()
+
+
+def _failed_to_load(name: str, error: CorralError) -> CorralError:
+    # The same type, its message led by Triton's words ("failed to load 'simple', ...").
+    prefixed = copy.copy(error)
+    prefixed.args = (f"failed to load {name!r}: {error}",)
+    return prefixed
 
 
 def _version_arg(version: str | None) -> str | None:

@@ -43,6 +43,7 @@ from corral._errors import (
 from corral.protocol.dataplane import DataPlane, run_blocking, status_for
 from corral.protocol.http_codec import HEADER_LENGTH, decode_request, encode_error, encode_response
 from corral.protocol.types import (
+    InferRequest,
     ModelConfiguration,
     ModelMetadata,
     ModelStatistics,
@@ -50,6 +51,13 @@ from corral.protocol.types import (
     TensorConfiguration,
 )
 from corral.server.bodies import BodyBudget, BodyBudgetExceeded, BodyReservation
+from corral.server.compression import (
+    EncodingRefused,
+    compress,
+    inflate,
+    request_encoding,
+    response_encoding,
+)
 
 __all__ = ["DECODE_INLINE_BYTES", "STATUS", "HttpApp", "HttpError", "check_token", "read_body"]
 
@@ -139,6 +147,8 @@ class HttpApp:
             await self._handle(scope, receive, send)
         except HttpError as exc:
             await _respond(send, exc.status, encode_error(str(exc)), _JSON, exc.headers)
+        except EncodingRefused as exc:
+            await _respond(send, exc.status, encode_error(str(exc)), _JSON)
         except BodyBudgetExceeded as exc:
             retry = (b"retry-after", str(BODY_BUDGET_RETRY_AFTER_S).encode())
             await _respond(send, 503, encode_error(str(exc)), _JSON, (retry,))
@@ -235,23 +245,37 @@ class HttpApp:
         header_length: int | None = None
         for key, value in scope["headers"]:
             if key == b"inference-header-content-length":
+                # The JSON part's length in the inflated body, as tritonclient counts it.
                 header_length = _int_header(HEADER_LENGTH, value)
+        encoding = request_encoding(scope["headers"])  # 415 before a byte is read
+        answer_encoding = response_encoding(scope["headers"])
         # Held until the answer is written: the decoded tensors, and binary inputs, which are
         # views of the body, live that long.
         with self._bodies.reserve(0) as held:
             body = await read_body(scope, receive, self._max_request_bytes, held)
-            if len(body) > DECODE_INLINE_BYTES:
+            if encoding is not None:
+                request = await run_blocking(
+                    _inflate_and_decode,
+                    body,
+                    encoding,
+                    self._max_request_bytes,
+                    held,
+                    header_length,
+                )
+            elif len(body) > DECODE_INLINE_BYTES:
                 request = await run_blocking(decode_request, body, header_length)
             else:
                 request = decode_request(body, header_length)
             del body  # what the tensors do not view is freed before the run
             response = await self._plane.infer(name, version, request)
             payload, json_length = encode_response(response, request)
-            if json_length is None:
-                await _respond(send, 200, payload, _JSON)
-            else:
-                length = (HEADER_LENGTH.encode(), str(json_length).encode())
-                await _respond(send, 200, payload, _BINARY, (length,))
+            extra: tuple[tuple[bytes, bytes], ...] = ()
+            if json_length is not None:
+                extra = ((HEADER_LENGTH.encode(), str(json_length).encode()),)
+            if answer_encoding is not None:
+                payload = await _compressed(payload, answer_encoding)
+                extra += ((b"content-encoding", answer_encoding.encode()),)
+            await _respond(send, 200, payload, _JSON if json_length is None else _BINARY, extra)
 
     async def _repository(
         self, method: str, rest: list[str], scope: Scope, receive: Receive, send: Send
@@ -259,7 +283,7 @@ class HttpApp:
         _expect(method, "POST")
         if rest == ["index"]:
             with self._bodies.reserve(0) as held:
-                body = await read_body(scope, receive, self._max_request_bytes, held)
+                body = await self._read_inflated(scope, receive, held)
             ready_only = False
             if body.strip():
                 try:
@@ -276,7 +300,7 @@ class HttpApp:
         elif len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
             # Parameters are accepted and not used.
             with self._bodies.reserve(0) as held:
-                await read_body(scope, receive, self._max_request_bytes, held)
+                await self._read_inflated(scope, receive, held)
             if rest[2] == "load":
                 await self._plane.load(rest[1])
             else:
@@ -284,6 +308,26 @@ class HttpApp:
             await _respond(send, 200, b"", _JSON)
         else:
             raise HttpError(404, "no such repository endpoint")
+
+    async def _read_inflated(self, scope: Scope, receive: Receive, held: BodyReservation) -> bytes:
+        # A body of the control plane, inflated (on a worker thread) when it is compressed.
+        encoding = request_encoding(scope["headers"])
+        body = await read_body(scope, receive, self._max_request_bytes, held)
+        if encoding is None:
+            return body
+        return await run_blocking(inflate, body, encoding, self._max_request_bytes, held)
+
+
+def _inflate_and_decode(
+    body: bytes, encoding: str, limit: int, held: BodyReservation, header_length: int | None
+) -> InferRequest:
+    return decode_request(inflate(body, encoding, limit, held), header_length)
+
+
+async def _compressed(payload: bytes, encoding: str) -> bytes:
+    if len(payload) > DECODE_INLINE_BYTES:
+        return await run_blocking(compress, payload, encoding)
+    return compress(payload, encoding)
 
 
 async def read_body(
