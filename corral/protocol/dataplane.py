@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from corral import __version__
+from corral._config import TensorConfig
 from corral._counters import RequestStats
 from corral._errors import CorralError, InferenceError, InvalidInput
 from corral._host import Host
@@ -220,16 +221,31 @@ class DataPlane:
             signature = lease.session.signature
             batched = lease.max_batch_size
             batching = lease.batching
+            config = lease.config
+            window = lease.batch_window_us
+            queue_limit = lease.queue_limit
+            policy = lease.session.policy
+            providers = lease.session.providers
+        # A config.pbtxt's own: its dims leave out a batch dimension whenever it says the
+        # model has one, even if this Host does not batch (corral.batching says whether it does).
+        from_file = config.source == "config.pbtxt"
+        max_batch_size = (config.max_batch_size or 0) if from_file else batched
         # With max_batch_size > 0, Triton's dims leave out the batch dimension.
-        skip = 1 if batched else 0
+        skip = 1 if max_batch_size else 0
         return ModelConfiguration(
             name=lease.name,
             platform=PLATFORM,
             backend="onnxruntime",
-            max_batch_size=batched,
-            inputs=tuple(_tensor_configuration(spec, skip) for spec in signature.inputs),
-            outputs=tuple(_tensor_configuration(spec, skip) for spec in signature.outputs),
-            parameters={BATCHING_PARAMETER: batching},
+            max_batch_size=max_batch_size,
+            inputs=_tensor_configurations(signature.inputs, config.inputs, skip),
+            outputs=_tensor_configurations(signature.outputs, config.outputs, skip),
+            parameters={**dict(config.parameters), BATCHING_PARAMETER: batching},
+            version_policy=config.version_policy,
+            batch_window_us=window if batched else None,
+            max_queue_size=queue_limit,
+            instance_count=policy.size,
+            instance_kind="KIND_GPU" if "CUDAExecutionProvider" in providers else "KIND_CPU",
+            default_model_filename=config.model_filename,
         )
 
     def _model_ready(self, name: str, version: str | None) -> bool:
@@ -414,6 +430,29 @@ def _spec_datatype(spec: TensorSpec) -> str:
     if spec.dtype is None:
         return spec.onnx_type  # a sequence or map: no protocol datatype carries it
     return datatype_of(spec.dtype)
+
+
+def _tensor_configurations(
+    specs: tuple[TensorSpec, ...], declared: tuple[TensorConfig, ...], skip: int
+) -> tuple[TensorConfiguration, ...]:
+    """The model's tensors, as a config.pbtxt declares them where it does (checked at load)."""
+    by_name = {tensor.name: tensor for tensor in declared}
+    answer = []
+    for spec in specs:
+        tensor = by_name.get(spec.name)
+        if tensor is None:
+            answer.append(_tensor_configuration(spec, skip))
+        else:
+            answer.append(
+                TensorConfiguration(
+                    tensor.name,
+                    tensor.data_type,
+                    tensor.dims,
+                    format=tensor.format,
+                    label_filename=tensor.label_filename,
+                )
+            )
+    return tuple(answer)
 
 
 def _tensor_configuration(spec: TensorSpec, skip: int) -> TensorConfiguration:
