@@ -240,3 +240,127 @@ def test_a_matching_config_serves_with_its_batch_size(tmp_path: Path):
         with host.acquire("linear") as lease:
             assert lease.max_batch_size == 8
             assert lease.config.source == "config.pbtxt"
+
+
+# -- a real server, stock clients ------------------------------------------------------------
+
+CLASSIFIER = """
+name: "classifier"
+backend: "onnxruntime"
+max_batch_size: 8
+version_policy { specific { versions: [ 1 ] } }
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 3 ] label_filename: "labels.txt" } ]
+dynamic_batching { max_queue_delay_microseconds: 100 }
+"""
+
+
+def expected_classes(scores: np.ndarray, count: int, labels: list[str]) -> list[list[bytes]]:
+    rows = []
+    for row in scores:
+        order = sorted(range(len(row)), key=lambda i: (-row[i], i))[:count]
+        rows.append([f"{row[i]:.6f}:{i}:{labels[i]}".encode() for i in order])
+    return rows
+
+
+@pytest.mark.timeout(120)
+def test_stock_clients_get_the_pinned_version_the_files_config_and_classes(tmp_path: Path):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    from tests.helpers import reference_run
+    from tests.processes import start_server, stop_server
+
+    repo = tmp_path / "repo"
+    version_1 = build_linear(4, 3, seed=1)
+    add_model(repo, "classifier", version_1, version=1)
+    add_model(repo, "classifier", build_linear(4, 3, seed=2), version=2)
+    labels = ["cat", "dog", "bird"]
+    (repo / "classifier" / "labels.txt").write_text("\n".join(labels) + "\n")
+    (repo / "classifier" / "config.pbtxt").write_text(CLASSIFIER)
+    x = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
+    scores = reference_run(version_1, {"X": x})[0]
+
+    served = start_server(repo, tmp_path / "serve.log")
+    try:
+        http = httpclient.InferenceServerClient(served.http)
+        grpc = grpcclient.InferenceServerClient(served.grpc)
+        try:
+            config = http.get_model_config("classifier")
+            assert config["max_batch_size"] == 8
+            assert config["version_policy"] == {"specific": {"versions": [1]}}
+            assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 100
+            assert config["output"][0]["label_filename"] == "labels.txt"
+            grpc_config = grpc.get_model_config("classifier").config
+            assert grpc_config.max_batch_size == 8
+            assert list(grpc_config.version_policy.specific.versions) == [1]
+            assert grpc_config.output[0].label_filename == "labels.txt"
+
+            tensor = httpclient.InferInput("X", [2, 4], "FP32")
+            tensor.set_data_from_numpy(x)
+            plain = http.infer("classifier", [tensor])
+            assert plain.get_response()["model_version"] == "1"
+            np.testing.assert_allclose(plain.as_numpy("Y"), scores, rtol=1e-6)
+            with pytest.raises(InferenceServerException):
+                http.infer("classifier", [tensor], model_version="2")
+
+            wanted = expected_classes(scores, 2, labels)
+            classes = http.infer(
+                "classifier",
+                [tensor],
+                outputs=[httpclient.InferRequestedOutput("Y", class_count=2)],
+            ).as_numpy("Y")
+            assert classes.tolist() == wanted
+
+            grpc_tensor = grpcclient.InferInput("X", [2, 4], "FP32")
+            grpc_tensor.set_data_from_numpy(x)
+            grpc_classes = grpc.infer(
+                "classifier",
+                [grpc_tensor],
+                outputs=[grpcclient.InferRequestedOutput("Y", class_count=2)],
+            ).as_numpy("Y")
+            assert grpc_classes.tolist() == wanted
+        finally:
+            http.close()
+            grpc.close()
+    finally:
+        stop_server(served)
+
+
+# -- the classification extension ------------------------------------------------------------
+
+
+def test_classes_of_an_unbatched_output_rank_the_whole_tensor():
+    from corral.protocol.classification import top_classes
+
+    values = np.array([[1, 3, 2], [9, 7, 8]], np.int64)
+    assert top_classes("y", values, 2, batched=False).tolist() == [b"9:3", b"8:5"]
+    assert top_classes("y", values, 9, batched=True).shape == (2, 3)  # clamped to the classes
+
+
+def test_equal_values_rank_by_index_and_labels_end_where_the_file_does():
+    from corral.protocol.classification import top_classes
+
+    values = np.array([0.5, 0.5, 0.25], np.float32)
+    ranked = top_classes("y", values, 3, batched=False, labels=("a",))
+    assert ranked.tolist() == [b"0.500000:0:a", b"0.500000:1", b"0.250000:2"]
+
+
+@pytest.mark.parametrize("value", [0, -1, True, "2"])
+def test_a_class_count_that_is_not_a_positive_integer_is_refused(value: object):
+    from corral._errors import InvalidInput
+    from corral.protocol.classification import class_count
+    from corral.protocol.types import RequestedOutput
+
+    with pytest.raises(InvalidInput, match="classification"):
+        class_count(RequestedOutput("y", parameters={"classification": value}))  # type: ignore[dict-item]
+
+
+@pytest.mark.parametrize("values", [np.array([True, False]), np.array([b"a"], dtype=object)])
+def test_outputs_without_an_order_cannot_be_classified(values: np.ndarray):
+    from corral._errors import InvalidInput
+    from corral.protocol.classification import top_classes
+
+    with pytest.raises(InvalidInput, match="rank"):
+        top_classes("y", values, 1, batched=False)

@@ -29,13 +29,15 @@ import numpy as np
 import numpy.typing as npt
 
 from corral import __version__
-from corral._config import TensorConfig
+from corral._config import ModelConfig, TensorConfig
 from corral._counters import RequestStats
 from corral._errors import CorralError, InferenceError, InvalidInput
 from corral._host import Host
 from corral._scheduler import QueueStats, deadline_after, time_left
+from corral._served import HostLease
 from corral._signature import Signature, TensorSpec
 from corral._status import HostState, ModelState, ModelStatus
+from corral.protocol.classification import class_count, top_classes
 from corral.protocol.control import CONTROL_TIMEOUT_S, ControlThreads
 from corral.protocol.datatypes import datatype_of
 from corral.protocol.types import (
@@ -75,6 +77,7 @@ BATCHING_PARAMETER = "corral.batching"
 #: The protocol extensions corral implements, as ``GET /v2`` lists them.
 EXTENSIONS = (
     "binary_tensor_data",
+    "classification",
     "model_repository",
     "statistics",
     "model_configuration",
@@ -226,10 +229,7 @@ class DataPlane:
             queue_limit = lease.queue_limit
             policy = lease.session.policy
             providers = lease.session.providers
-        # A config.pbtxt's own: its dims leave out a batch dimension whenever it says the
-        # model has one, even if this Host does not batch (corral.batching says whether it does).
-        from_file = config.source == "config.pbtxt"
-        max_batch_size = (config.max_batch_size or 0) if from_file else batched
+        max_batch_size = _effective_max_batch_size(config, batched)
         # With max_batch_size > 0, Triton's dims leave out the batch dimension.
         skip = 1 if max_batch_size else 0
         return ModelConfiguration(
@@ -263,6 +263,11 @@ class DataPlane:
         names them. Naming one of those is :class:`InvalidInput`.
         """
         started = time.perf_counter_ns()
+        classes = {
+            output.name: count
+            for output in request.outputs
+            if (count := class_count(output)) is not None
+        }
         feed: dict[str, npt.NDArray[Any]] = {}
         for tensor in request.inputs:
             if tensor.name in feed:
@@ -277,6 +282,8 @@ class DataPlane:
         try:
             wanted, omitted = _outputs_to_run(lease.session.signature, request)
             results = await lease.infer_async(feed, wanted, timeout=time_left(deadline))
+            if classes:
+                results = _classified(results, classes, lease)
             outputs = tuple(_output(out_name, value) for out_name, value in results.items())
         except CorralError:
             self._count(name, lease.version, started, ok=False)
@@ -495,6 +502,29 @@ def _outputs_to_run(
 
 def _tensor_names(signature: Signature) -> str:
     return ", ".join(repr(spec.name) for spec in signature.outputs if spec.dtype is not None)
+
+
+def _effective_max_batch_size(config: ModelConfig, batched: int) -> int:
+    """What ``/config`` reports: a config.pbtxt's own, else the rows corral batches."""
+    # A config.pbtxt's: its dims leave out a batch dimension whenever it says the model has
+    # one, even if this Host does not batch (corral.batching says whether it does).
+    return (config.max_batch_size or 0) if config.source == "config.pbtxt" else batched
+
+
+def _classified(
+    results: Mapping[str, Any], classes: Mapping[str, int], lease: HostLease
+) -> dict[str, Any]:
+    """``results`` with each output asked for by class replaced by its top classes."""
+    config = lease.config
+    batched = _effective_max_batch_size(config, lease.max_batch_size) > 0
+    labels = {tensor.name: tensor.labels for tensor in config.outputs}
+    answer = dict(results)
+    for name, count in classes.items():
+        value = answer[name]
+        if not isinstance(value, np.ndarray):
+            continue  # _output refuses it, naming it
+        answer[name] = top_classes(name, value, count, batched=batched, labels=labels.get(name, ()))
+    return answer
 
 
 def _output(name: str, value: Any) -> InferOutput:
