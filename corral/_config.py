@@ -24,13 +24,13 @@ from __future__ import annotations
 import difflib
 import tomllib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from corral._errors import ModelConfigError
 from corral._providers import ConcurrencyPolicy
 
-__all__ = ["ModelConfig", "VersionPolicy", "VersionPolicyKind"]
+__all__ = ["ModelConfig", "TensorConfig", "VersionPolicy", "VersionPolicyKind"]
 
 VersionPolicyKind = Literal["latest", "all", "specific"]
 
@@ -129,8 +129,34 @@ class VersionPolicy:
 
 
 @dataclass(frozen=True)
+class TensorConfig:
+    """An input or output as a Triton ``config.pbtxt`` declares it (``corral._pbtxt``).
+
+    Checked against the model when it loads: a declaration that does not match the model
+    fails the load, so what ``/config`` reports is what the model takes.
+    """
+
+    name: str
+    #: Triton's type name: ``TYPE_FP32``, ``TYPE_STRING`` (the protocol's BYTES) ...
+    data_type: str
+    #: Without the batch dimension when the model's max_batch_size is above 0; -1: any size.
+    dims: tuple[int, ...]
+    #: Inputs only: ``FORMAT_NONE``, ``FORMAT_NHWC`` or ``FORMAT_NCHW`` (reported, not acted on:
+    #: it describes the layout the dims already give).
+    format: str = "FORMAT_NONE"
+    #: Outputs only: the file the labels came from, relative to the model's folder.
+    label_filename: str = ""
+    #: Outputs only: one label per class index, for the classification extension.
+    labels: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ModelConfig:
-    """One model's settings, from its ``model.toml`` (all optional)."""
+    """One model's settings, from its ``model.toml`` or its ``config.pbtxt`` (all optional).
+
+    The fields after ``version_policy`` come only from a Triton ``config.pbtxt``
+    (``corral._pbtxt``); model.toml does not take them.
+    """
 
     #: None: decided from the model; 0: never batch; > 0: the largest batch formed.
     max_batch_size: int | None = None
@@ -146,6 +172,18 @@ class ModelConfig:
     warmup: bool = False
     #: Which versions on disk are served.
     version_policy: VersionPolicy = VersionPolicy("latest", 1)
+    #: Where the settings came from: ``"default"``, ``"model.toml"`` or ``"config.pbtxt"``
+    #: (not compared: the same settings from either file are equal).
+    source: str = field(default="default", compare=False)
+    #: The file each version folder holds (Triton's ``default_model_filename``).
+    model_filename: str = "model.onnx"
+    #: The inputs and outputs a config.pbtxt declares; empty: the model's own, unchecked.
+    inputs: tuple[TensorConfig, ...] = ()
+    outputs: tuple[TensorConfig, ...] = ()
+    #: Requests that may wait in the model's queue; None: the Host's ``max_queue_per_model``.
+    max_queue_size: int | None = None
+    #: Triton's free-form ``parameters`` (name, string value), reported back as they came.
+    parameters: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         _check_optional_count("max_batch_size", self.max_batch_size)
@@ -159,6 +197,28 @@ class ModelConfig:
             raise _FieldError(
                 "version_policy", f"must be a VersionPolicy, got {_describe(self.version_policy)}"
             )
+        if self.source not in ("default", "model.toml", "config.pbtxt"):
+            raise _FieldError(
+                "source", f"must be default, model.toml or config.pbtxt, got {self.source!r}"
+            )
+        if (
+            not isinstance(self.model_filename, str)
+            or not self.model_filename
+            or self.model_filename != self.model_filename.strip()
+            or any(part in self.model_filename for part in ("/", "\\", "\0"))
+            or self.model_filename in (".", "..")
+        ):
+            raise _FieldError(
+                "model_filename",
+                f"must be a plain file name inside each version folder, got "
+                f"{_describe(self.model_filename)}",
+            )
+        if self.max_queue_size is not None:
+            _check_positive_int("max_queue_size", self.max_queue_size)
+        for kind, tensors in (("inputs", self.inputs), ("outputs", self.outputs)):
+            names = [t.name for t in tensors]
+            if len(set(names)) != len(names):
+                raise _FieldError(kind, f"declare a tensor twice: {names!r}")
 
     @classmethod
     def from_toml(cls, text: str, *, source: str) -> ModelConfig:
@@ -177,6 +237,7 @@ class ModelConfig:
         try:
             _check_known_keys(table)
             values = dict(table)
+            values["source"] = "model.toml"
             if "version_policy" in values:
                 values["version_policy"] = _parse_version_policy(values["version_policy"])
             return cls(**values)
@@ -184,7 +245,11 @@ class ModelConfig:
             raise ModelConfigError(f"{source}: {exc}") from None
 
 
-_KNOWN_KEYS = tuple(sorted(f.name for f in fields(ModelConfig)))
+# model.toml's keys: the fields a config.pbtxt alone sets (and the source) are not among them.
+_PBTXT_ONLY = frozenset(
+    {"source", "model_filename", "inputs", "outputs", "max_queue_size", "parameters"}
+)
+_KNOWN_KEYS = tuple(sorted(f.name for f in fields(ModelConfig) if f.name not in _PBTXT_ONLY))
 
 
 def _check_known_keys(table: Mapping[str, object]) -> None:

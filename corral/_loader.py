@@ -44,6 +44,7 @@ from corral._errors import (
 from corral._load_workers import Claim, LoadWorkers
 from corral._modelfile import read_footprint
 from corral._options import HostOptions
+from corral._pbtxt import check_declared
 from corral._probe import plan_batching
 from corral._providers import resolve_policy, resolve_providers
 from corral._repository import ModelEntry, Repository, validate_model_name
@@ -271,6 +272,8 @@ class Loader:
             name=f"{name}:{version}",
         )
         try:
+            # A config.pbtxt's declarations, before anything runs on the model.
+            check_declared(config, session.signature, session.name)
             if config.warmup:
                 _warm_up(session)
             # After the warm-up: the probe's runs then cost what a loaded model's runs cost.
@@ -293,8 +296,9 @@ class Loader:
                 fingerprint=entry.version_fingerprint(version),
                 batching=plan,
                 batch_window_us=window,
-                queue_limit=self._options.max_queue_per_model,
+                queue_limit=config.max_queue_size or self._options.max_queue_per_model,
                 counters=self._counters.run_counters((name, version)),
+                config=config,
             )
         except BaseException:
             session.close()

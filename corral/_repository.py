@@ -42,9 +42,11 @@ from corral._errors import (
     ModelNotFound,
     RepositoryError,
 )
+from corral._pbtxt import CONFIG_PBTXT, parse_pbtxt
 
 __all__ = [
     "MAX_CONFIG_BYTES",
+    "MAX_LABELS_BYTES",
     "MODEL_NAME_PATTERN",
     "ModelEntry",
     "ModelVersion",
@@ -58,15 +60,17 @@ logger = logging.getLogger(__name__)
 #: rules out ".", ".." and hidden files; the character set rules out "/" and "\\".
 MODEL_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}"
 
-#: The largest model.toml read; a bigger one is a ModelConfigError, not a memory hazard.
+#: The largest model.toml or config.pbtxt read; a bigger one is a ModelConfigError, not a
+#: memory hazard.
 MAX_CONFIG_BYTES = 64 * 1024
+#: The largest label file (a config.pbtxt's label_filename) read.
+MAX_LABELS_BYTES = 4 * 1024 * 1024
 
 _MAX_NAME_LENGTH = 128
 _NAME_RE = re.compile(MODEL_NAME_PATTERN)
 _NAME_CHAR_RE = re.compile(r"[A-Za-z0-9_.\-]")
 _VERSION_RE = re.compile(r"[1-9][0-9]*")
 _BARE_SUFFIX = ".onnx"
-_MODEL_FILE = "model.onnx"
 _CONFIG_FILE = "model.toml"
 
 
@@ -382,14 +386,16 @@ class Repository:
             problems.append(ModelLoadError(f"model {name!r}: cannot list {path}: {exc}"))
             children = []
         for child in children:
-            version = self._read_version(root, name, path, found.real, child, problems)
+            version = self._read_version(
+                root, name, path, found.real, child, config.model_filename, problems
+            )
             if version is not None:
                 versions[version.version] = version
         if not versions and not problems:
             problems.append(
                 ModelLoadError(
                     f"model {name!r}: no version in {path}: expected "
-                    f"{os.path.join(path, '<N>', _MODEL_FILE)} with N a positive integer"
+                    f"{os.path.join(path, '<N>', config.model_filename)} with N a positive integer"
                 )
             )
         return _make_entry(name, versions, config, config_stamp, problems, layout="folder")
@@ -402,28 +408,96 @@ class Repository:
         real_folder: str,
         problems: list[ModelLoadError],
     ) -> tuple[ModelConfig, tuple[object, ...] | None]:
-        source = os.path.join(folder, _CONFIG_FILE)
-        path = os.path.join(real_folder, _CONFIG_FILE)
+        toml = self._find_config(root, name, folder, real_folder, _CONFIG_FILE, problems)
+        pbtxt = self._find_config(root, name, folder, real_folder, CONFIG_PBTXT, problems)
+        if toml is None and pbtxt is None:
+            return ModelConfig(), None
+        stamp: tuple[object, ...] = (
+            None if toml is None else toml[1],
+            None if pbtxt is None else pbtxt[1],
+        )
+        if toml is not None and pbtxt is not None:
+            # Two sources of settings would need a rule for which wins; any such rule would
+            # drop one file's settings without a word.
+            problems.append(
+                ModelConfigError(
+                    f"model {name!r}: both {toml[0]} and {pbtxt[0]} exist; keep one of them"
+                )
+            )
+            return ModelConfig(), stamp
+        for chosen in (toml, pbtxt):
+            if chosen is not None:
+                source, _, found = chosen
+        if found is None or found.stat is None:
+            return ModelConfig(), stamp  # its problem is already recorded
+        try:
+            text = _read_text(found.real, found.stat, source, MAX_CONFIG_BYTES)
+            if toml is not None:
+                return ModelConfig.from_toml(text, source=source), stamp
+            labels: list[tuple[object, ...]] = []
+            config = parse_pbtxt(
+                text,
+                source=source,
+                model_name=name,
+                read_labels=lambda path, field: self._read_labels(
+                    root, source, real_folder, path, field, labels
+                ),
+            )
+        except ModelConfigError as exc:
+            problems.append(exc)
+            return ModelConfig(), stamp
+        return config, (*stamp, *labels)
+
+    def _find_config(
+        self,
+        root: _Root,
+        name: str,
+        folder: str,
+        real_folder: str,
+        file_name: str,
+        problems: list[ModelLoadError],
+    ) -> tuple[str, tuple[object, ...], _Found | None] | None:
+        """One settings file: (path shown, stamp, where it is; None if unreadable), or None."""
+        source = os.path.join(folder, file_name)
+        path = os.path.join(real_folder, file_name)
         try:
             # A dangling link means a config was meant: serving with defaults instead would
             # drop its settings (pinning, providers) without a word.
             found = self._locate(root, path, dangling_ok=False)
         except OSError as exc:
             problems.append(ModelConfigError(f"{source}: cannot read it: {exc}"))
-            return ModelConfig(), ("unreadable", str(exc))
+            return source, ("unreadable", str(exc)), None
         if found is None:
-            return ModelConfig(), None
+            return None
         if found.stat is None:
             problems.append(self._outside(root, name, source, found.real))
-            return ModelConfig(), ("outside", found.real)
-        stamp: tuple[object, ...] = (found.real, found.stat.st_size, found.stat.st_mtime_ns)
+            return source, ("outside", found.real), None
+        return source, (found.real, found.stat.st_size, found.stat.st_mtime_ns), found
+
+    def _read_labels(
+        self,
+        root: _Root,
+        source: str,
+        real_folder: str,
+        relative: str,
+        field: str,
+        stamps: list[tuple[object, ...]],
+    ) -> tuple[str, ...]:
+        """A label file named by a config.pbtxt, inside the model's folder: one label a line."""
+        shown = f"{source}: {field} {relative!r}"
+        if os.path.isabs(relative) or ".." in relative.replace("\\", "/").split("/"):
+            raise ModelConfigError(f"{shown} must be a path inside the model's folder")
         try:
-            text = _read_text(found.real, found.stat, source)
-            config = ModelConfig.from_toml(text, source=source)
-        except ModelConfigError as exc:
-            problems.append(exc)
-            return ModelConfig(), stamp
-        return config, stamp
+            found = self._locate(root, os.path.join(real_folder, relative), dangling_ok=False)
+        except OSError as exc:
+            raise ModelConfigError(f"{shown}: cannot read it: {exc}") from exc
+        if found is None:
+            raise ModelConfigError(f"{shown}: no such file in the model's folder")
+        if found.stat is None:
+            raise ModelConfigError(f"{shown} resolves outside the repository root")
+        stamps.append((found.real, found.stat.st_size, found.stat.st_mtime_ns))
+        text = _read_text(found.real, found.stat, shown, MAX_LABELS_BYTES)
+        return tuple(text.splitlines())
 
     def _read_version(
         self,
@@ -432,6 +506,7 @@ class Repository:
         folder: str,
         real_folder: str,
         child: str,
+        model_file: str,
         problems: list[ModelLoadError],
     ) -> ModelVersion | None:
         shown = os.path.join(folder, child)
@@ -444,13 +519,13 @@ class Repository:
                 return None
             if not stat.S_ISDIR(version_dir.stat.st_mode):
                 return None  # a file that happens to have a number for a name
-            shown = os.path.join(shown, _MODEL_FILE)
-            model = self._locate(root, os.path.join(version_dir.real, _MODEL_FILE))
+            shown = os.path.join(shown, model_file)
+            model = self._locate(root, os.path.join(version_dir.real, model_file))
         except OSError as exc:
             problems.append(ModelLoadError(f"model {name!r}: cannot stat {shown}: {exc}"))
             return None
         if model is None:
-            logger.debug("ignoring %s: no %s in it", os.path.dirname(shown), _MODEL_FILE)
+            logger.debug("ignoring %s: no %s in it", os.path.dirname(shown), model_file)
             return None
         if model.stat is None:
             problems.append(self._outside(root, name, shown, model.real))
@@ -470,21 +545,21 @@ def _only_if(found: _Found | None, is_kind: Callable[[int], bool]) -> _Found | N
     return None
 
 
-def _read_text(real: str, info: os.stat_result, source: str) -> str:
+def _read_text(real: str, info: os.stat_result, source: str, limit: int) -> str:
     if not stat.S_ISREG(info.st_mode):
         raise ModelConfigError(f"{source}: not a regular file")
-    if info.st_size > MAX_CONFIG_BYTES:
+    if info.st_size > limit:
         raise ModelConfigError(
-            f"{source}: {info.st_size} bytes is larger than the {MAX_CONFIG_BYTES}-byte limit"
+            f"{source}: {info.st_size} bytes is larger than the {limit}-byte limit"
         )
     try:
         with open(real, "rb") as file:
             # Read one byte past the limit: the file may have grown since it was stat'ed.
-            data = file.read(MAX_CONFIG_BYTES + 1)
+            data = file.read(limit + 1)
     except OSError as exc:
         raise ModelConfigError(f"{source}: cannot read it: {exc}") from exc
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ModelConfigError(f"{source}: larger than the {MAX_CONFIG_BYTES}-byte limit")
+    if len(data) > limit:
+        raise ModelConfigError(f"{source}: larger than the {limit}-byte limit")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

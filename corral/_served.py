@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy.typing as npt
 
+from corral._config import ModelConfig
 from corral._counters import RunCounters
 from corral._errors import SessionClosed
 from corral._probe import BatchPlan
@@ -48,6 +49,7 @@ class ServedVersion:
         "_runtime",
         "_scheduler",
         "batching",
+        "config",
         "counters",
         "dismiss",
         "fingerprint",
@@ -79,6 +81,7 @@ class ServedVersion:
         batch_window_us: int,
         queue_limit: int,
         counters: RunCounters,
+        config: ModelConfig | None = None,
     ) -> None:
         self.name = name
         self.version = version
@@ -95,6 +98,8 @@ class ServedVersion:
         self.batching = batching.reason
         self.window_us = batch_window_us
         self.queue_limit = queue_limit
+        #: The settings it was built with (its model.toml's or config.pbtxt's).
+        self.config = ModelConfig() if config is None else config
         #: What its queue counts into: the Host's counters of this version, shared by every
         #: copy of it, so that they outlive this one.
         self.counters = counters
@@ -235,6 +240,21 @@ class HostLease:
     def batching(self) -> str:
         """Why requests for this version share runs or not, in one line (see docs/scheduler.md)."""
         return self._served.batching
+
+    @property
+    def config(self) -> ModelConfig:
+        """The settings this version was built with (model.toml's, config.pbtxt's or none)."""
+        return self._served.config
+
+    @property
+    def batch_window_us(self) -> int:
+        """How long a batch of this version waits to fill, in microseconds (0: never)."""
+        return self._served.window_us
+
+    @property
+    def queue_limit(self) -> int:
+        """How many requests for this version may wait in its queue."""
+        return self._served.queue_limit
 
     def run(
         self, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None

@@ -33,6 +33,7 @@ from tritonclient.utils import InferenceServerException
 
 import corral
 from corral import Host, ModelState
+from corral._proto import model_config_pb2 as config_pb
 from corral.protocol import grpc_codec
 from corral.protocol.dataplane import PLATFORM, DataPlane
 from corral.protocol.proto import grpc_service_pb2 as pb
@@ -184,10 +185,17 @@ def test_committed_generated_code_is_what_the_script_writes(tmp_path: Path):
         check=True,
         capture_output=True,
     )
-    committed = ROOT / "corral" / "protocol" / "proto"
-    names = ["grpc_service_pb2.py", "grpc_service_pb2.pyi", "grpc_service_pb2_grpc.py"]
-    for name in names:
-        assert (tmp_path / name).read_bytes() == (committed / name).read_bytes(), (
+    service = ROOT / "corral" / "protocol" / "proto"
+    config = ROOT / "corral" / "_proto"
+    committed = {
+        "grpc_service_pb2.py": service,
+        "grpc_service_pb2.pyi": service,
+        "grpc_service_pb2_grpc.py": service,
+        "model_config_pb2.py": config,
+        "model_config_pb2.pyi": config,
+    }
+    for name, folder in committed.items():
+        assert (tmp_path / name).read_bytes() == (folder / name).read_bytes(), (
             f"{name} differs from what scripts/gen_proto.py writes: regenerate, never edit it"
         )
 
@@ -205,21 +213,44 @@ def _messages(message: Descriptor) -> list[Descriptor]:
     return [message, *(inner for m in message.nested_types for inner in _messages(m))]
 
 
+# Triton's model_config.proto has grown since the tritonclient the tests pin (2.41): these are
+# Triton's current fields, checked against its own repository, not against the client.
+_NEWER_THAN_TRITONCLIENT_MESSAGES = ("inference.ModelMetrics",)
+_NEWER_THAN_TRITONCLIENT_FIELDS = frozenset(
+    {
+        "inference.ModelInput.is_non_linear_format_io",
+        "inference.ModelOutput.is_non_linear_format_io",
+        "inference.ModelEnsembling.max_inflight_requests",
+        "inference.ModelConfig.runtime",
+        "inference.ModelConfig.model_metrics",
+    }
+)
+
+
 def test_every_field_matches_tritonclient_on_the_wire():
     ours = pb.DESCRIPTOR
     theirs = {**triton_config_pb.DESCRIPTOR.message_types_by_name}
     theirs.update(triton_pb.DESCRIPTOR.message_types_by_name)
-    for top in ours.message_types_by_name.values():
+    tops = [
+        *ours.message_types_by_name.values(),
+        *config_pb.DESCRIPTOR.message_types_by_name.values(),
+    ]
+    for top in tops:
         for message in _messages(top):
+            if message.full_name.startswith(_NEWER_THAN_TRITONCLIENT_MESSAGES):
+                continue
             path = message.full_name.removeprefix("inference.").split(".")
             reference = theirs[path[0]]
             for part in path[1:]:
                 reference = reference.nested_types_by_name[part]
             expected = _fields(reference)
             for name, field in _fields(message).items():
+                if f"{message.full_name}.{name}" in _NEWER_THAN_TRITONCLIENT_FIELDS:
+                    assert name not in expected  # else it belongs in the check
+                    continue
                 assert field == expected[name], f"{message.full_name}.{name}"
     triton_types = triton_config_pb.DESCRIPTOR.enum_types_by_name["DataType"]
-    for value in ours.enum_types_by_name["DataType"].values:
+    for value in config_pb.DESCRIPTOR.enum_types_by_name["DataType"].values:
         assert triton_types.values_by_name[value.name].number == value.number
     service = ours.services_by_name["GRPCInferenceService"]
     reference_service = triton_pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
@@ -228,6 +259,21 @@ def test_every_field_matches_tritonclient_on_the_wire():
         assert method.input_type.full_name == expected_method.input_type.full_name
         assert method.output_type.full_name == expected_method.output_type.full_name
     assert len(service.methods) == 11
+
+
+def test_the_model_config_messages_hold_every_field_tritonclient_knows():
+    # A config.pbtxt that Triton parses must parse here too (then be honoured or refused by
+    # name): no field of Triton's ModelConfig, at any depth, may be missing.
+    for top in triton_config_pb.DESCRIPTOR.message_types_by_name.values():
+        for message in _messages(top):
+            path = message.full_name.removeprefix("inference.").split(".")
+            ours = config_pb.DESCRIPTOR.message_types_by_name[path[0]]
+            for part in path[1:]:
+                ours = ours.nested_types_by_name[part]
+            have = _fields(ours)
+            for name, field in _fields(message).items():
+                assert have.get(name) == field, f"{message.full_name}.{name}"
+    assert pb.ModelConfig is config_pb.ModelConfig  # the gRPC answer is the full message
 
 
 @pytest.mark.timeout(60)

@@ -81,8 +81,15 @@ def test_model_metadata_ready_and_config(host: Host):
         "platform": "onnxruntime_onnx",
         "backend": "onnxruntime",
         "max_batch_size": 64,
-        "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}],
-        "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [1]}],
+        "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4], "format": "FORMAT_NONE"}],
+        "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [1], "label_filename": ""}],
+        "version_policy": {"latest": {"num_versions": 1}},
+        "instance_group": [{"name": "mlp", "kind": "KIND_CPU", "count": 1}],
+        "default_model_filename": "model.onnx",
+        "dynamic_batching": {
+            "max_queue_delay_microseconds": 0,
+            "default_queue_policy": {"max_queue_size": 1024},
+        },
     }
 
 

@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from corral import __version__
+from corral._config import ModelConfig, TensorConfig
 from corral._counters import RequestStats
 from corral._errors import (
     CorralError,
@@ -43,8 +44,10 @@ from corral._errors import (
 )
 from corral._host import Host
 from corral._scheduler import QueueStats, deadline_after, time_left
+from corral._served import HostLease
 from corral._signature import Signature, TensorSpec
 from corral._status import HostState, ModelState, ModelStatus
+from corral.protocol.classification import class_count, top_classes
 from corral.protocol.control import CONTROL_TIMEOUT_S, ControlThreads
 from corral.protocol.datatypes import datatype_of
 from corral.protocol.types import (
@@ -90,6 +93,7 @@ BATCHING_PARAMETER = "corral.batching"
 #: The protocol extensions corral implements, as ``GET /v2`` lists them.
 EXTENSIONS = (
     "binary_tensor_data",
+    "classification",
     "model_repository",
     "statistics",
     "model_configuration",
@@ -321,16 +325,28 @@ class DataPlane:
             signature = lease.session.signature
             batched = lease.max_batch_size
             batching = lease.batching
+            config = lease.config
+            window = lease.batch_window_us
+            queue_limit = lease.queue_limit
+            policy = lease.session.policy
+            providers = lease.session.providers
+        max_batch_size = _effective_max_batch_size(config, batched)
         # With max_batch_size > 0, Triton's dims leave out the batch dimension.
-        skip = 1 if batched else 0
+        skip = 1 if max_batch_size else 0
         return ModelConfiguration(
             name=lease.name,
             platform=PLATFORM,
             backend="onnxruntime",
-            max_batch_size=batched,
-            inputs=tuple(_tensor_configuration(spec, skip) for spec in signature.inputs),
-            outputs=tuple(_tensor_configuration(spec, skip) for spec in signature.outputs),
-            parameters={BATCHING_PARAMETER: batching},
+            max_batch_size=max_batch_size,
+            inputs=_tensor_configurations(signature.inputs, config.inputs, skip),
+            outputs=_tensor_configurations(signature.outputs, config.outputs, skip),
+            parameters={**dict(config.parameters), BATCHING_PARAMETER: batching},
+            version_policy=config.version_policy,
+            batch_window_us=window if batched else None,
+            max_queue_size=queue_limit,
+            instance_count=policy.size,
+            instance_kind="KIND_GPU" if "CUDAExecutionProvider" in providers else "KIND_CPU",
+            default_model_filename=config.model_filename,
         )
 
     def _model_ready(self, name: str, version: str | None) -> bool:
@@ -352,6 +368,11 @@ class DataPlane:
         """
         started = time.perf_counter_ns()
         self._check_explicit(name)
+        classes = {
+            output.name: count
+            for output in request.outputs
+            if (count := class_count(output)) is not None
+        }
         feed: dict[str, npt.NDArray[Any]] = {}
         for tensor in request.inputs:
             if tensor.name in feed:
@@ -366,6 +387,8 @@ class DataPlane:
         try:
             wanted, omitted = _outputs_to_run(lease.session.signature, request)
             results = await lease.infer_async(feed, wanted, timeout=time_left(deadline))
+            if classes:
+                results = _classified(results, classes, lease)
             outputs = tuple(_output(out_name, value) for out_name, value in results.items())
         except CorralError:
             self._count(name, lease.version, started, ok=False)
@@ -547,6 +570,29 @@ def _spec_datatype(spec: TensorSpec) -> str:
     return datatype_of(spec.dtype)
 
 
+def _tensor_configurations(
+    specs: tuple[TensorSpec, ...], declared: tuple[TensorConfig, ...], skip: int
+) -> tuple[TensorConfiguration, ...]:
+    """The model's tensors, as a config.pbtxt declares them where it does (checked at load)."""
+    by_name = {tensor.name: tensor for tensor in declared}
+    answer = []
+    for spec in specs:
+        tensor = by_name.get(spec.name)
+        if tensor is None:
+            answer.append(_tensor_configuration(spec, skip))
+        else:
+            answer.append(
+                TensorConfiguration(
+                    tensor.name,
+                    tensor.data_type,
+                    tensor.dims,
+                    format=tensor.format,
+                    label_filename=tensor.label_filename,
+                )
+            )
+    return tuple(answer)
+
+
 def _tensor_configuration(spec: TensorSpec, skip: int) -> TensorConfiguration:
     datatype = _spec_datatype(spec)
     dims = tuple(d if isinstance(d, int) else -1 for d in spec.shape)[skip:]
@@ -587,6 +633,29 @@ def _outputs_to_run(
 
 def _tensor_names(signature: Signature) -> str:
     return ", ".join(repr(spec.name) for spec in signature.outputs if spec.dtype is not None)
+
+
+def _effective_max_batch_size(config: ModelConfig, batched: int) -> int:
+    """What ``/config`` reports: a config.pbtxt's own, else the rows corral batches."""
+    # A config.pbtxt's: its dims leave out a batch dimension whenever it says the model has
+    # one, even if this Host does not batch (corral.batching says whether it does).
+    return (config.max_batch_size or 0) if config.source == "config.pbtxt" else batched
+
+
+def _classified(
+    results: Mapping[str, Any], classes: Mapping[str, int], lease: HostLease
+) -> dict[str, Any]:
+    """``results`` with each output asked for by class replaced by its top classes."""
+    config = lease.config
+    batched = _effective_max_batch_size(config, lease.max_batch_size) > 0
+    labels = {tensor.name: tensor.labels for tensor in config.outputs}
+    answer = dict(results)
+    for name, count in classes.items():
+        value = answer[name]
+        if not isinstance(value, np.ndarray):
+            continue  # _output refuses it, naming it
+        answer[name] = top_classes(name, value, count, batched=batched, labels=labels.get(name, ()))
+    return answer
 
 
 def _output(name: str, value: Any) -> InferOutput:

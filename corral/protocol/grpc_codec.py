@@ -166,28 +166,56 @@ def encode_model_metadata(meta: ModelMetadata) -> pb.ModelMetadataResponse:
 def encode_model_config(config: ModelConfiguration) -> pb.ModelConfigResponse:
     """The ``ModelConfig`` answer, in Triton's ``ModelConfig`` message (the fields corral fills).
 
+    The message is Triton's whole one (``corral/_proto/model_config.proto``).
+
     A tensor whose type no protocol datatype carries (a sequence, a map) is ``TYPE_INVALID``.
     """
-    return pb.ModelConfigResponse(
-        config=pb.ModelConfig(
-            name=config.name,
-            platform=config.platform,
-            backend=config.backend,
-            max_batch_size=config.max_batch_size,
-            input=[
-                pb.ModelInput(name=t.name, data_type=_data_type(t.data_type), dims=t.dims)
-                for t in config.inputs
-            ],
-            output=[
-                pb.ModelOutput(name=t.name, data_type=_data_type(t.data_type), dims=t.dims)
-                for t in config.outputs
-            ],
-            parameters={
-                key: pb.ModelParameter(string_value=value)
-                for key, value in config.parameters.items()
-            },
-        )
+    message = pb.ModelConfig(
+        name=config.name,
+        platform=config.platform,
+        backend=config.backend,
+        max_batch_size=config.max_batch_size,
+        input=[
+            pb.ModelInput(
+                name=t.name,
+                data_type=_data_type(t.data_type),
+                dims=t.dims,
+                format=t.format,
+            )
+            for t in config.inputs
+        ],
+        output=[
+            pb.ModelOutput(
+                name=t.name,
+                data_type=_data_type(t.data_type),
+                dims=t.dims,
+                label_filename=t.label_filename,
+            )
+            for t in config.outputs
+        ],
+        instance_group=[
+            pb.ModelInstanceGroup(
+                name=config.name,
+                kind=config.instance_kind,
+                count=config.instance_count,
+            )
+        ],
+        default_model_filename=config.default_model_filename,
+        parameters={
+            key: pb.ModelParameter(string_value=value) for key, value in config.parameters.items()
+        },
     )
+    policy = config.version_policy
+    if policy.kind == "latest":
+        message.version_policy.latest.num_versions = policy.count
+    elif policy.kind == "all":
+        message.version_policy.all.SetInParent()
+    else:
+        message.version_policy.specific.versions.extend(policy.versions)
+    if config.batch_window_us is not None:
+        message.dynamic_batching.max_queue_delay_microseconds = config.batch_window_us
+        message.dynamic_batching.default_queue_policy.max_queue_size = config.max_queue_size
+    return pb.ModelConfigResponse(config=message)
 
 
 def encode_statistics(rows: Sequence[ModelStatistics]) -> pb.ModelStatisticsResponse:

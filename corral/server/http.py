@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from corral._config import VersionPolicy
 from corral._errors import (
     CorralError,
     DeadlineExceeded,
@@ -440,18 +441,42 @@ def _metadata_doc(meta: ModelMetadata) -> dict[str, Any]:
 
 def _config_doc(config: ModelConfiguration) -> dict[str, Any]:
     # Triton's model_config JSON: the tensor lists are named in the singular.
-    def tensor(t: TensorConfiguration) -> dict[str, Any]:
-        return {"name": t.name, "data_type": t.data_type, "dims": list(t.dims)}
+    def tensor(t: TensorConfiguration, *, is_input: bool) -> dict[str, Any]:
+        doc: dict[str, Any] = {"name": t.name, "data_type": t.data_type, "dims": list(t.dims)}
+        if is_input:
+            doc["format"] = t.format
+        else:
+            doc["label_filename"] = t.label_filename
+        return doc
 
-    return {
+    doc: dict[str, Any] = {
         "name": config.name,
         "platform": config.platform,
         "backend": config.backend,
+        "version_policy": _version_policy_doc(config.version_policy),
         "max_batch_size": config.max_batch_size,
-        "input": [tensor(t) for t in config.inputs],
-        "output": [tensor(t) for t in config.outputs],
+        "input": [tensor(t, is_input=True) for t in config.inputs],
+        "output": [tensor(t, is_input=False) for t in config.outputs],
+        "instance_group": [
+            {"name": config.name, "kind": config.instance_kind, "count": config.instance_count}
+        ],
+        "default_model_filename": config.default_model_filename,
         "parameters": {key: {"string_value": value} for key, value in config.parameters.items()},
     }
+    if config.batch_window_us is not None:
+        doc["dynamic_batching"] = {
+            "max_queue_delay_microseconds": config.batch_window_us,
+            "default_queue_policy": {"max_queue_size": config.max_queue_size},
+        }
+    return doc
+
+
+def _version_policy_doc(policy: VersionPolicy) -> dict[str, Any]:
+    if policy.kind == "latest":
+        return {"latest": {"num_versions": policy.count}}
+    if policy.kind == "all":
+        return {"all": {}}
+    return {"specific": {"versions": list(policy.versions)}}
 
 
 def _stats_doc(rows: list[ModelStatistics]) -> dict[str, Any]:

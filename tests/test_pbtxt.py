@@ -1,0 +1,366 @@
+"""Triton's config.pbtxt: parsing, the mapping onto ModelConfig, refusals, and the load check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from corral import Host
+from corral._config import ModelConfig, TensorConfig, VersionPolicy
+from corral._errors import ModelConfigError
+from corral._pbtxt import parse_pbtxt
+from corral._repository import Repository
+from corral.testing import build_linear
+from tests.helpers import add_model
+
+pytestmark = pytest.mark.timeout(60)
+
+LINEAR = """
+name: "linear"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+
+
+def no_labels(path: str, field: str) -> tuple[str, ...]:
+    raise AssertionError(f"no label file expected, asked for {path} ({field})")
+
+
+def parse(text: str, name: str = "linear") -> ModelConfig:
+    return parse_pbtxt(text, source="m/config.pbtxt", model_name=name, read_labels=no_labels)
+
+
+def refused(text: str, name: str = "linear") -> str:
+    with pytest.raises(ModelConfigError) as caught:
+        parse(text, name)
+    message = str(caught.value)
+    assert message.startswith("m/config.pbtxt: "), message
+    return message
+
+
+# -- the mapping -----------------------------------------------------------------------------
+
+
+def test_the_fields_corral_honours_map_onto_its_config():
+    config = parse(
+        LINEAR
+        + """
+        version_policy { specific { versions: [ 1, 3 ] } }
+        dynamic_batching {
+          max_queue_delay_microseconds: 250
+          default_queue_policy { max_queue_size: 17 }
+        }
+        instance_group [ { count: 2 kind: KIND_CPU }, { kind: KIND_AUTO } ]
+        default_model_filename: "net.onnx"
+        parameters { key: "team" value { string_value: "fraud" } }
+        """
+    )
+    assert config.source == "config.pbtxt"
+    assert config.max_batch_size == 8
+    assert config.batch_window_us == 250
+    assert config.max_queue_size == 17
+    assert config.concurrency == "pool:3"  # 2 + Triton's default of one instance
+    assert config.version_policy == VersionPolicy("specific", versions=(1, 3))
+    assert config.model_filename == "net.onnx"
+    assert config.parameters == (("team", "fraud"),)
+    assert config.inputs == (TensorConfig("X", "TYPE_FP32", (4,)),)
+    assert config.outputs == (TensorConfig("Y", "TYPE_FP32", (1,)),)
+
+
+def test_without_dynamic_batching_no_request_waits_for_a_batch():
+    config = parse(LINEAR)
+    assert config.batch_window_us == 0
+    assert config.concurrency == "auto"
+    assert config.providers is None
+    assert config.version_policy == VersionPolicy("latest", 1)
+
+
+def test_zero_data_warmup_and_the_openvino_accelerator_map():
+    config = parse(
+        'model_warmup [ { name: "w" batch_size: 1 inputs { key: "X" value { '
+        "data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]\n"
+        "optimization { execution_accelerators { cpu_execution_accelerator "
+        '[ { name: "openvino" } ] } }'
+    )
+    assert config.warmup is True
+    assert config.providers == ("OpenVINOExecutionProvider", "CPUExecutionProvider")
+
+
+def test_kind_gpu_asks_for_the_cuda_provider():
+    config = parse("instance_group [ { count: 1 kind: KIND_GPU } ]")
+    assert config.providers == ("CUDAExecutionProvider", "CPUExecutionProvider")
+    assert config.concurrency == "pool:1"
+
+
+# -- refusals --------------------------------------------------------------------------------
+
+
+def test_a_syntax_error_names_the_line_and_column():
+    message = refused('name: "linear"\nmax_batch_size: eight\n')
+    assert "line 2" in message, message
+
+
+def test_an_unknown_field_is_named():
+    message = refused('name: "linear"\nmax_batch_sise: 8\n')
+    assert "max_batch_sise" in message, message
+    assert "line 2" in message, message
+
+
+@pytest.mark.parametrize(
+    ("text", "named", "why"),
+    [
+        ('platform: "tensorrt_plan"', "tensorrt_plan", "onnxruntime"),
+        ('backend: "python"', "python", "onnxruntime"),
+        ('platform: "ensemble"', "ensemble", "onnxruntime"),
+        ("sequence_batching { max_sequence_idle_microseconds: 5 }", "sequence_batching", "state"),
+        (
+            'ensemble_scheduling { step [ { model_name: "a" } ] }',
+            "ensemble_scheduling.step[0].model_name",
+            "ensembles",
+        ),
+        ("model_transaction_policy { decoupled: true }", "decoupled", "decoupled"),
+        ("response_cache { enable: true }", "response_cache.enable", "cache"),
+        ("dynamic_batching { preferred_batch_size: [ 4 ] }", "preferred_batch_size", "prefer"),
+        (
+            "dynamic_batching { default_queue_policy { default_timeout_microseconds: 9 } }",
+            "default_timeout_microseconds",
+            "timeout",
+        ),
+        (
+            'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } } ]',
+            "input[0].reshape.shape",
+            "reshape",
+        ),
+        ("instance_group [ { count: 1 kind: KIND_GPU gpus: [ 1 ] } ]", "gpus", "GPUs"),
+        ("instance_group [ { count: 100 } ]", "100 instances", "pool:64"),
+        ('parameters { key: "intra_op_thread_count" value { string_value: "2" } }', "intra_op", ""),
+        ('name: "other"', "'other'", "must match"),
+        ("optimization { graph { level: 1 } }", "optimization.graph.level", "session options"),
+        (
+            "optimization { execution_accelerators { gpu_execution_accelerator "
+            '[ { name: "tensorrt" } ] } }',
+            "gpu_execution_accelerator[0]",
+            "KIND_GPU",
+        ),
+        (
+            'model_warmup [ { name: "w" inputs { key: "X" value { random_data: true } } } ]',
+            "random_data",
+            "zero_data",
+        ),
+        ('cc_model_filenames { key: "7.5" value: "a.onnx" }', "cc_model_filenames", ""),
+        ('default_model_filename: "../x.onnx"', "model_filename", "plain file name"),
+        ('input [ { name: "X" data_type: TYPE_BF16 dims: [ 4 ] } ]', "TYPE_BF16", ""),
+    ],
+)
+def test_what_corral_cannot_honour_is_refused_by_name(text: str, named: str, why: str):
+    message = refused(text)
+    assert named in message, message
+    assert why in message, message
+
+
+# -- the repository --------------------------------------------------------------------------
+
+
+def test_the_repository_reads_config_pbtxt_and_its_labels(tmp_path: Path):
+    add_model(tmp_path, "linear", build_linear(), version=1)
+    add_model(tmp_path, "linear", build_linear(seed=1), version=2)
+    (tmp_path / "linear" / "labels.txt").write_text("fraud\n")
+    (tmp_path / "linear" / "config.pbtxt").write_text(
+        'name: "linear"\nversion_policy { specific { versions: [ 1 ] } }\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1, 1 ] label_filename: "labels.txt" } ]'
+    )
+    entry = Repository(tmp_path).entry("linear")
+    assert entry.error is None, entry.error
+    assert entry.served_versions == (1,)
+    assert entry.config.outputs[0].labels == ("fraud",)
+
+
+def test_model_toml_and_config_pbtxt_together_are_refused(tmp_path: Path):
+    add_model(tmp_path, "linear", build_linear(), toml="pinned = true")
+    (tmp_path / "linear" / "config.pbtxt").write_text('name: "linear"')
+    error = Repository(tmp_path).entry("linear").error
+    assert isinstance(error, ModelConfigError)
+    assert "model.toml" in str(error), error
+    assert "config.pbtxt" in str(error), error
+
+
+def test_a_label_file_outside_the_folder_is_refused(tmp_path: Path):
+    add_model(tmp_path, "linear", build_linear())
+    (tmp_path / "linear" / "config.pbtxt").write_text(
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1, 1 ] label_filename: "../x" } ]'
+    )
+    error = Repository(tmp_path).entry("linear").error
+    assert isinstance(error, ModelConfigError)
+    assert "label_filename" in str(error), error
+
+
+def test_default_model_filename_names_the_file_in_each_version(tmp_path: Path):
+    folder = tmp_path / "linear" / "1"
+    folder.mkdir(parents=True)
+    (folder / "net.onnx").write_bytes(build_linear())
+    (tmp_path / "linear" / "config.pbtxt").write_text('default_model_filename: "net.onnx"')
+    entry = Repository(tmp_path).entry("linear")
+    assert entry.error is None, entry.error
+    assert entry.versions[1].path.name == "net.onnx"
+
+
+# -- the load check --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("declared", "named"),
+    [
+        ('input [ { name: "Z" data_type: TYPE_FP32 dims: [ 4 ] } ]', "'Z'"),
+        ('input [ { name: "X" data_type: TYPE_INT64 dims: [ 4 ] } ]', "TYPE_INT64"),
+        ('input [ { name: "X" data_type: TYPE_FP32 dims: [ 5 ] } ]', "dimension 1 is 4"),
+        ('input [ { name: "X" data_type: TYPE_FP32 dims: [ 4, 1 ] } ]', "3 dimensions"),
+        ('output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]', "dimension 1 is 1"),
+    ],
+)
+def test_declarations_that_do_not_match_the_model_fail_its_load(
+    tmp_path: Path, declared: str, named: str
+):
+    add_model(tmp_path, "linear", build_linear())
+    (tmp_path / "linear" / "config.pbtxt").write_text("max_batch_size: 8\n" + declared)
+    with Host(tmp_path) as host, pytest.raises(ModelConfigError) as caught:
+        host.load("linear")
+    assert named in str(caught.value), caught.value
+
+
+def test_a_matching_config_serves_with_its_batch_size(tmp_path: Path):
+    add_model(tmp_path, "linear", build_linear())
+    (tmp_path / "linear" / "config.pbtxt").write_text(LINEAR)
+    with Host(tmp_path) as host:
+        outputs = host.infer("linear", {"X": np.ones((2, 4), np.float32)})
+        assert outputs["Y"].shape == (2, 1)
+        with host.acquire("linear") as lease:
+            assert lease.max_batch_size == 8
+            assert lease.config.source == "config.pbtxt"
+
+
+# -- a real server, stock clients ------------------------------------------------------------
+
+CLASSIFIER = """
+name: "classifier"
+backend: "onnxruntime"
+max_batch_size: 8
+version_policy { specific { versions: [ 1 ] } }
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 3 ] label_filename: "labels.txt" } ]
+dynamic_batching { max_queue_delay_microseconds: 100 }
+"""
+
+
+def expected_classes(scores: np.ndarray, count: int, labels: list[str]) -> list[list[bytes]]:
+    rows = []
+    for row in scores:
+        order = sorted(range(len(row)), key=lambda i: (-row[i], i))[:count]
+        rows.append([f"{row[i]:.6f}:{i}:{labels[i]}".encode() for i in order])
+    return rows
+
+
+@pytest.mark.timeout(120)
+def test_stock_clients_get_the_pinned_version_the_files_config_and_classes(tmp_path: Path):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    from tests.helpers import reference_run
+    from tests.processes import start_server, stop_server
+
+    repo = tmp_path / "repo"
+    version_1 = build_linear(4, 3, seed=1)
+    add_model(repo, "classifier", version_1, version=1)
+    add_model(repo, "classifier", build_linear(4, 3, seed=2), version=2)
+    labels = ["cat", "dog", "bird"]
+    (repo / "classifier" / "labels.txt").write_text("\n".join(labels) + "\n")
+    (repo / "classifier" / "config.pbtxt").write_text(CLASSIFIER)
+    x = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
+    scores = reference_run(version_1, {"X": x})[0]
+
+    served = start_server(repo, tmp_path / "serve.log")
+    try:
+        http = httpclient.InferenceServerClient(served.http)
+        grpc = grpcclient.InferenceServerClient(served.grpc)
+        try:
+            config = http.get_model_config("classifier")
+            assert config["max_batch_size"] == 8
+            assert config["version_policy"] == {"specific": {"versions": [1]}}
+            assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 100
+            assert config["output"][0]["label_filename"] == "labels.txt"
+            grpc_config = grpc.get_model_config("classifier").config
+            assert grpc_config.max_batch_size == 8
+            assert list(grpc_config.version_policy.specific.versions) == [1]
+            assert grpc_config.output[0].label_filename == "labels.txt"
+
+            tensor = httpclient.InferInput("X", [2, 4], "FP32")
+            tensor.set_data_from_numpy(x)
+            plain = http.infer("classifier", [tensor])
+            assert plain.get_response()["model_version"] == "1"
+            np.testing.assert_allclose(plain.as_numpy("Y"), scores, rtol=1e-6)
+            with pytest.raises(InferenceServerException):
+                http.infer("classifier", [tensor], model_version="2")
+
+            wanted = expected_classes(scores, 2, labels)
+            classes = http.infer(
+                "classifier",
+                [tensor],
+                outputs=[httpclient.InferRequestedOutput("Y", class_count=2)],
+            ).as_numpy("Y")
+            assert classes.tolist() == wanted
+
+            grpc_tensor = grpcclient.InferInput("X", [2, 4], "FP32")
+            grpc_tensor.set_data_from_numpy(x)
+            grpc_classes = grpc.infer(
+                "classifier",
+                [grpc_tensor],
+                outputs=[grpcclient.InferRequestedOutput("Y", class_count=2)],
+            ).as_numpy("Y")
+            assert grpc_classes.tolist() == wanted
+        finally:
+            http.close()
+            grpc.close()
+    finally:
+        stop_server(served)
+
+
+# -- the classification extension ------------------------------------------------------------
+
+
+def test_classes_of_an_unbatched_output_rank_the_whole_tensor():
+    from corral.protocol.classification import top_classes
+
+    values = np.array([[1, 3, 2], [9, 7, 8]], np.int64)
+    assert top_classes("y", values, 2, batched=False).tolist() == [b"9:3", b"8:5"]
+    assert top_classes("y", values, 9, batched=True).shape == (2, 3)  # clamped to the classes
+
+
+def test_equal_values_rank_by_index_and_labels_end_where_the_file_does():
+    from corral.protocol.classification import top_classes
+
+    values = np.array([0.5, 0.5, 0.25], np.float32)
+    ranked = top_classes("y", values, 3, batched=False, labels=("a",))
+    assert ranked.tolist() == [b"0.500000:0:a", b"0.500000:1", b"0.250000:2"]
+
+
+@pytest.mark.parametrize("value", [0, -1, True, "2"])
+def test_a_class_count_that_is_not_a_positive_integer_is_refused(value: object):
+    from corral._errors import InvalidInput
+    from corral.protocol.classification import class_count
+    from corral.protocol.types import RequestedOutput
+
+    with pytest.raises(InvalidInput, match="classification"):
+        class_count(RequestedOutput("y", parameters={"classification": value}))  # type: ignore[dict-item]
+
+
+@pytest.mark.parametrize("values", [np.array([True, False]), np.array([b"a"], dtype=object)])
+def test_outputs_without_an_order_cannot_be_classified(values: np.ndarray):
+    from corral._errors import InvalidInput
+    from corral.protocol.classification import top_classes
+
+    with pytest.raises(InvalidInput, match="rank"):
+        top_classes("y", values, 1, batched=False)
