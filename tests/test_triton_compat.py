@@ -348,3 +348,70 @@ def test_a_model_that_fails_to_load_at_start_stops_the_server(triton_repo: Path,
             served.process.wait(timeout=10)
     log = served.log.read_text()
     assert "--load-model: 1 model(s) failed to load, so the server stops: 'broken':" in log
+
+
+# -- parameters corral does not honour are refused by name ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named", "why"),
+    [
+        ({"sequence_id": 7, "sequence_start": True}, "sequence_id", "sequence batching"),
+        ({"priority": 2}, "priority", "one priority level"),
+        ({"parameters": {"max_tokens": 5}}, "max_tokens", "does not honour"),
+    ],
+    ids=["sequence", "priority", "custom"],
+)
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_a_request_parameter_corral_does_not_honour_is_refused_by_name(
+    transport: str,
+    kwargs: dict[str, Any],
+    named: str,
+    why: str,
+    http_client: Any,
+    grpc_client: Any,
+):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    module, client = (httpclient, http_client) if transport == "http" else (grpcclient, grpc_client)
+    tensor = module.InferInput("X", list(X.shape), "FP32")
+    tensor.set_data_from_numpy(X)
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("mlp", [tensor], **kwargs)
+    assert named in str(refused.value)
+    assert why in str(refused.value)
+    # The same request without it is answered: nothing else was wrong with it.
+    answer = client.infer("mlp", [tensor])
+    np.testing.assert_array_equal(
+        answer.as_numpy("Y"), reference_run(build_mlp(seed=1), {"X": X})[0]
+    )
+
+
+def test_an_input_or_output_parameter_corral_does_not_honour_is_refused_by_name(
+    server: ServerProcess,
+):
+    def infer(input_parameters: dict[str, Any], output_parameters: dict[str, Any]) -> Any:
+        body = {
+            "inputs": [
+                {
+                    "name": "X",
+                    "datatype": "FP32",
+                    "shape": list(X.shape),
+                    "data": X.ravel().tolist(),
+                    "parameters": input_parameters,
+                }
+            ],
+            "outputs": [{"name": "Y", "parameters": output_parameters}],
+        }
+        return raw(server, "POST", "/v2/models/mlp/infer", json.dumps(body).encode())
+
+    status, _, body = infer({"content_type": "np"}, {})
+    assert status == 400
+    assert "input 'X' has the parameter 'content_type'" in json.loads(body)["error"]
+    status, _, body = infer({}, {"top_k": 3})
+    assert status == 400
+    assert "requested output 'Y' has the parameter 'top_k'" in json.loads(body)["error"]
+    status, _, body = infer({}, {})
+    assert status == 200, body

@@ -50,6 +50,7 @@ from corral._status import HostState, ModelState, ModelStatus
 from corral.protocol.classification import class_count, top_classes
 from corral.protocol.control import CONTROL_TIMEOUT_S, ControlThreads
 from corral.protocol.datatypes import datatype_of
+from corral.protocol.parameters import check_parameters
 from corral.protocol.types import (
     Duration,
     InferOutput,
@@ -368,6 +369,7 @@ class DataPlane:
         """
         started = time.perf_counter_ns()
         self._check_explicit(name)
+        check_parameters(request)
         classes = {
             output.name: count
             for output in request.outputs
