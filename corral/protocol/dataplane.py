@@ -37,6 +37,13 @@ from corral._signature import Signature, TensorSpec
 from corral._status import HostState, ModelState, ModelStatus
 from corral.protocol.control import CONTROL_TIMEOUT_S, ControlThreads
 from corral.protocol.datatypes import datatype_of
+from corral.protocol.shm import EXTENSION as SHARED_MEMORY_EXTENSION
+from corral.protocol.shm import (
+    OutputRegions,
+    RegionStatus,
+    SharedMemoryRegistry,
+    SharedMemoryUnsupported,
+)
 from corral.protocol.types import (
     Duration,
     InferOutput,
@@ -71,7 +78,8 @@ UNLOAD_TIMEOUT_S = 30.0
 PLATFORM = "onnxruntime_onnx"
 #: The model configuration's parameter that says why a model is batched or not.
 BATCHING_PARAMETER = "corral.batching"
-#: The protocol extensions corral implements, as ``GET /v2`` lists them.
+#: The protocol extensions corral implements, as ``GET /v2`` lists them; ``system_shared_memory``
+#: follows them when the data plane has a shared-memory registry.
 EXTENSIONS = (
     "binary_tensor_data",
     "model_repository",
@@ -156,9 +164,13 @@ class DataPlane:
         version: str = __version__,
         control_timeout_s: float = CONTROL_TIMEOUT_S,
         unload_timeout_s: float = UNLOAD_TIMEOUT_S,
+        shared_memory: SharedMemoryRegistry | None = None,
     ) -> None:
         self._host = host
-        self._metadata = ServerMetadata(name, version, EXTENSIONS)
+        # Triton's system shared memory extension, when the server serves it.
+        self._shared_memory = shared_memory
+        extensions = EXTENSIONS if shared_memory is None else (*EXTENSIONS, SHARED_MEMORY_EXTENSION)
+        self._metadata = ServerMetadata(name, version, extensions)
         # The control plane's own threads: never asyncio's default executor (see above).
         self._control = ControlThreads()
         self._control_timeout_s = control_timeout_s
@@ -168,6 +180,11 @@ class DataPlane:
     def host(self) -> Host:
         """The Host this data plane serves."""
         return self._host
+
+    @property
+    def shared_memory(self) -> SharedMemoryRegistry | None:
+        """The system shared-memory regions requests may name; None when the extension is off."""
+        return self._shared_memory
 
     # -- health and metadata ----------------------------------------------------------------
 
@@ -245,6 +262,10 @@ class DataPlane:
         A request that names no outputs gets the model's tensor outputs; any others (a
         sequence, a map) are not computed, and the response's ``omitted_outputs`` parameter
         names them. Naming one of those is :class:`InvalidInput`.
+
+        Outputs whose parameters name a ``shared_memory_region`` are written there (their
+        regions are checked and held from before the model is acquired until the answer is
+        made); the response marks them (:mod:`corral.protocol.shm`).
         """
         started = time.perf_counter_ns()
         feed: dict[str, npt.NDArray[Any]] = {}
@@ -254,19 +275,26 @@ class DataPlane:
             feed[tensor.name] = tensor.data
         timeout = request.timeout_s
         deadline = deadline_after(timeout)
+        regions = OutputRegions.hold(self._shared_memory, request.outputs)
         # One lookup: the version leased is the version that runs and the one reported, even
         # if a newer one is swapped in meanwhile. A cold model loads on the Host's load
         # workers; the event loop only awaits.
-        lease = await self._host.acquire_async(name, version or None, timeout=timeout)
+        try:
+            lease = await self._host.acquire_async(name, version or None, timeout=timeout)
+        except BaseException:
+            regions.release()
+            raise
         try:
             wanted, omitted = _outputs_to_run(lease.session.signature, request)
             results = await lease.infer_async(feed, wanted, timeout=time_left(deadline))
             outputs = tuple(_output(out_name, value) for out_name, value in results.items())
+            outputs = regions.write(outputs)
         except CorralError:
             self._count(name, lease.version, started, ok=False)
             raise
         finally:
             lease.release()
+            regions.release()
         self._count(name, lease.version, started, ok=True)
         return InferResponse(
             model_name=name,
@@ -275,6 +303,32 @@ class DataPlane:
             id=request.id,
             parameters={OMITTED_OUTPUTS: ",".join(omitted)} if omitted else {},
         )
+
+    # -- system shared memory ---------------------------------------------------------------
+
+    def shared_memory_status(self, name: str | None = None) -> list[RegionStatus]:
+        """The registered regions, or only ``name``; none when the extension is off."""
+        if self._shared_memory is None:
+            if name:
+                raise SharedMemoryUnsupported(_shared_memory_off(f"no region {name!r} exists"))
+            return []
+        return self._shared_memory.status(name)
+
+    async def register_shared_memory(
+        self, name: str, key: str, offset: int, byte_size: int
+    ) -> None:
+        """Register a system shared-memory region (its object opened on a worker thread)."""
+        registry = self._registry(f"cannot register region {name!r}")
+        await run_blocking(registry.register, name, key, offset, byte_size)
+
+    def unregister_shared_memory(self, name: str | None = None) -> None:
+        """Unregister a region, or all; one in use is unmapped when its requests are done."""
+        self._registry("cannot unregister").unregister(name)
+
+    def _registry(self, doing: str) -> SharedMemoryRegistry:
+        if self._shared_memory is None:
+            raise SharedMemoryUnsupported(_shared_memory_off(doing))
+        return self._shared_memory
 
     # -- statistics and the repository ------------------------------------------------------
 
@@ -391,6 +445,13 @@ class DataPlane:
 
 
 _NO_REQUESTS = RequestStats()
+
+
+def _shared_memory_off(doing: str) -> str:
+    return (
+        f"Client shared memory is disabled: {doing}; start corral serve with "
+        "--system-shared-memory (CORRAL_SYSTEM_SHARED_MEMORY=true) to serve it"
+    )
 
 
 def _version_arg(version: str | None) -> str | None:
