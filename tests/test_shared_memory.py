@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import secrets
 import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,7 @@ from corral.protocol.shm import (
     TooManyRegions,
 )
 from tests.gates import RunGate
-from tests.helpers import add_model, build_identity
+from tests.helpers import add_model, build_identity, build_slow_loop, wait_until
 from tests.processes import ServerProcess, start_server, stop_server
 
 INPUT0 = np.arange(16, dtype=np.int32).reshape(1, 16)
@@ -324,8 +326,18 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("repository")
     add_model(root, "simple", build_simple())
     add_model(root, "identity_bytes", build_identity(TensorProto.STRING))
+    add_model(root, "slow", build_slow_loop())
     log = tmp_path_factory.mktemp("log") / "serve.log"
-    served = start_server(root, log, "--system-shared-memory", "--max-shared-memory-regions", "8")
+    # One compute worker: a long run holds it, and the next request waits in the queue.
+    served = start_server(
+        root,
+        log,
+        "--system-shared-memory",
+        "--max-shared-memory-regions",
+        "8",
+        "--compute-workers",
+        "1",
+    )
     yield served
     stop_server(served)
 
@@ -529,3 +541,67 @@ def test_cuda_shared_memory_is_refused_clearly_and_the_extension_is_listed(clien
     ):
         client.register_cuda_shared_memory("gpu", handle, 0, 64)
     assert caught.value.status() in ("501", "StatusCode.UNIMPLEMENTED")
+
+
+def pending_requests(server: ServerProcess, model: str) -> float:
+    """The server's ``nv_inference_pending_request_count`` for ``model``: requests queued now."""
+    with urllib.request.urlopen(f"http://{server.http}/metrics", timeout=10) as answer:
+        page = answer.read().decode()
+    found = re.search(
+        rf'^nv_inference_pending_request_count{{model="{model}",version="1"}} (\S+)$',
+        page,
+        re.MULTILINE,
+    )
+    return float(found[1]) if found else 0.0
+
+
+@pytest.mark.timeout(60)
+def test_unregister_during_a_running_request_waits_for_it(
+    server: ServerProcess, client: Any, objects: ShmObjects
+):
+    shm = objects.shm
+    out_handle, out_key = objects.create("slow_out", 4)
+    client.register_system_shared_memory("slow_out", out_key, 4)
+    address = server.http if client.protocol == "http" else server.grpc
+    answers: dict[str, Any] = {}
+
+    def send(key: str, iterations: int, output_region: str | None = None) -> None:
+        # A client per thread: tritonclient's HTTP client sends one request at a time.
+        sender = client.module.InferenceServerClient(address)
+        inputs = [
+            client.module.InferInput("M", [], "INT64"),
+            client.module.InferInput("start", [1], "FP32"),
+        ]
+        inputs[0].set_data_from_numpy(np.array(iterations, np.int64))
+        inputs[1].set_data_from_numpy(np.zeros(1, np.float32))
+        outputs = None
+        if output_region is not None:
+            outputs = [client.module.InferRequestedOutput("Y")]
+            outputs[0].set_shared_memory(output_region, 4)
+        try:
+            answers[key] = sender.infer("slow", inputs, outputs=outputs)
+        except Exception as exc:  # handed to the test's thread, which asserts on it
+            answers[key] = exc
+        finally:
+            sender.close()
+
+    # Two long runs (about 1.4 s each) on the one compute worker: once both are in, one runs
+    # and the other is queued. A third request, whose output goes to shared memory, holds its
+    # region from the moment it arrives until it is answered, after both.
+    send("warm", 1)  # loaded first, so that the long runs do not wait for a load together
+    senders = [threading.Thread(target=send, args=(key, 400_000)) for key in ("long", "longer")]
+    for sender in senders:
+        sender.start()
+    wait_until(lambda: pending_requests(server, "slow") == 1, timeout=20)
+    senders.append(threading.Thread(target=send, args=("shm", 5, "slow_out")))
+    senders[-1].start()
+    wait_until(lambda: pending_requests(server, "slow") == 2, timeout=20)
+
+    client.unregister_system_shared_memory()
+    # Still mapped (and listed) while the request holds it; its name is not free yet.
+    assert list(regions(client)) == ["slow_out"]
+    for sender in senders:
+        sender.join(timeout=30)
+    assert not isinstance(answers["shm"], Exception), answers["shm"]
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(out_handle, np.float32, [1]), [5.0])
+    assert regions(client) == {}  # unmapped once the request was answered
