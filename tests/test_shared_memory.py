@@ -543,16 +543,19 @@ def test_cuda_shared_memory_is_refused_clearly_and_the_extension_is_listed(clien
     assert caught.value.status() in ("501", "StatusCode.UNIMPLEMENTED")
 
 
-def pending_requests(server: ServerProcess, model: str) -> float:
-    """The server's ``nv_inference_pending_request_count`` for ``model``: requests queued now."""
+def slow_metric(server: ServerProcess, metric: str) -> float:
+    """The "slow" model's ``metric`` on the server's ``/metrics`` page (0 before it has one)."""
     with urllib.request.urlopen(f"http://{server.http}/metrics", timeout=10) as answer:
         page = answer.read().decode()
-    found = re.search(
-        rf'^nv_inference_pending_request_count{{model="{model}",version="1"}} (\S+)$',
-        page,
-        re.MULTILINE,
-    )
+    found = re.search(rf'^{metric}{{model="slow",version="1"}} (\S+)$', page, re.MULTILINE)
     return float(found[1]) if found else 0.0
+
+
+def queued_or_answered(server: ServerProcess) -> float:
+    """Requests for "slow" waiting in its queue or answered successfully, so far."""
+    return slow_metric(server, "nv_inference_pending_request_count") + slow_metric(
+        server, "nv_inference_request_success"
+    )
 
 
 @pytest.mark.timeout(60)
@@ -585,17 +588,21 @@ def test_unregister_during_a_running_request_waits_for_it(
         finally:
             sender.close()
 
-    # Two long runs (about 1.4 s each) on the one compute worker: once both are in, one runs
-    # and the other is queued. A third request, whose output goes to shared memory, holds its
-    # region from the moment it arrives until it is answered, after both.
+    # Requests for "slow" run one at a time, in the order they arrive: one runs, the others
+    # are queued or answered. Two long runs (about 1.4 s each) first: once one of them is
+    # queued or answered, both are in. Then the request whose output goes to shared memory:
+    # once two are queued or answered while a long one is still unanswered, it is queued, and
+    # it holds its region until it is answered, after the long ones.
     send("warm", 1)  # loaded first, so that the long runs do not wait for a load together
+    before = queued_or_answered(server)
     senders = [threading.Thread(target=send, args=(key, 400_000)) for key in ("long", "longer")]
     for sender in senders:
         sender.start()
-    wait_until(lambda: pending_requests(server, "slow") == 1, timeout=20)
+    wait_until(lambda: queued_or_answered(server) - before >= 1, timeout=20)
     senders.append(threading.Thread(target=send, args=("shm", 5, "slow_out")))
     senders[-1].start()
-    wait_until(lambda: pending_requests(server, "slow") == 2, timeout=20)
+    wait_until(lambda: queued_or_answered(server) - before >= 2, timeout=20)
+    assert not {"long", "longer"} <= set(answers), "the long runs ended before the shm request"
 
     client.unregister_system_shared_memory()
     # Still mapped (and listed) while the request holds it; its name is not free yet.

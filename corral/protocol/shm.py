@@ -27,11 +27,15 @@ client that truncates its own object while a request uses it can still crash the
 clients trusted to that degree should be given the extension, which is why it is off unless
 ``--system-shared-memory`` turns it on (Triton's ``--allow-client-shm``).
 
-Errors: the registry raises :class:`SharedMemoryNotFound`, :class:`SharedMemoryExists`,
-:class:`TooManyRegions`, :class:`SharedMemoryUnsupported` and :class:`~corral.InvalidInput`;
-each transport maps them to its status codes (HTTP 404, 400, 400, 501, 400; gRPC
-``NOT_FOUND``, ``ALREADY_EXISTS``, ``RESOURCE_EXHAUSTED``, ``UNIMPLEMENTED``,
-``INVALID_ARGUMENT``: Triton's codes).
+Errors, each mapped by the transports to Triton's codes (HTTP; gRPC)::
+
+    CorralError
+    ├── InvalidInput              a bad span, key or parameter; too small an output (400)
+    │   ├── SharedMemoryNotFound  no region of that name (404; NOT_FOUND)
+    │   └── SharedMemoryUnsupported  CUDA shared memory, or the extension off (501;
+    │                             UNIMPLEMENTED)
+    ├── SharedMemoryExists        the name is registered already (400; ALREADY_EXISTS)
+    └── TooManyRegions            the registry is full (400; RESOURCE_EXHAUSTED)
 
 Example::
 
@@ -99,8 +103,12 @@ _SHM_DIRECTORY = Path("/dev/shm")
 _TURN_ON = "start corral serve with --system-shared-memory (CORRAL_SYSTEM_SHARED_MEMORY=true)"
 
 
-class SharedMemoryNotFound(CorralError):
-    """No system shared-memory region is registered under that name (or it is unregistering)."""
+class SharedMemoryNotFound(InvalidInput):
+    """No system shared-memory region is registered under that name (or it is unregistering).
+
+    An :class:`~corral.InvalidInput` when a tensor names it, so that the codecs' contract
+    holds: a request they cannot decode raises InvalidInput, whatever its bytes.
+    """
 
 
 class SharedMemoryExists(CorralError):
@@ -111,8 +119,11 @@ class TooManyRegions(CorralError):
     """The registry holds its maximum number of regions: unregister some first."""
 
 
-class SharedMemoryUnsupported(CorralError):
-    """The request needs shared memory this server does not serve (CUDA, or the extension off)."""
+class SharedMemoryUnsupported(InvalidInput):
+    """The request needs shared memory this server does not serve (CUDA, or the extension off).
+
+    An :class:`~corral.InvalidInput` for the same reason as :class:`SharedMemoryNotFound`.
+    """
 
 
 class RegistryState(enum.Enum):
