@@ -50,8 +50,9 @@ from corral._errors import (
     SessionClosed,
 )
 from corral.protocol import grpc_codec
-from corral.protocol.dataplane import DataPlane, status_for
+from corral.protocol.dataplane import DataPlane, run_blocking, status_for
 from corral.protocol.shm import (
+    SHM_REGION,
     SharedMemoryExists,
     SharedMemoryNotFound,
     SharedMemoryUnsupported,
@@ -231,7 +232,16 @@ class InferenceServicer:
     async def _infer(
         self, request: pb.ModelInferRequest, context: _Context
     ) -> pb.ModelInferResponse:
-        decoded = grpc_codec.decode_request(request, shared_memory=self._plane.shared_memory)
+        shared_memory = self._plane.shared_memory
+        if shared_memory is not None and any(
+            SHM_REGION in tensor.parameters for tensor in request.inputs
+        ):
+            # Tensors in shared memory are copied out while decoding: not on the event loop.
+            decoded = await run_blocking(
+                grpc_codec.decode_request, request, shared_memory=shared_memory
+            )
+        else:
+            decoded = grpc_codec.decode_request(request)
         remaining = context.time_remaining()
         if remaining is not None and not decoded.parameters.get("timeout"):
             # The client's gRPC deadline becomes the request's timeout (unless it gives one;

@@ -43,6 +43,7 @@ from corral._errors import (
 from corral.protocol.dataplane import DataPlane, run_blocking, status_for
 from corral.protocol.http_codec import HEADER_LENGTH, decode_request, encode_error, encode_response
 from corral.protocol.shm import (
+    SHM_REGION,
     RegionStatus,
     SharedMemoryExists,
     SharedMemoryNotFound,
@@ -257,7 +258,10 @@ class HttpApp:
         with self._bodies.reserve(0) as held:
             body = await read_body(scope, receive, self._max_request_bytes, held)
             shared_memory = self._plane.shared_memory
-            if len(body) > DECODE_INLINE_BYTES:
+            # A tensor in shared memory is copied out while decoding: never on the loop.
+            if len(body) > DECODE_INLINE_BYTES or (
+                shared_memory is not None and SHM_REGION.encode() in body
+            ):
                 request = await run_blocking(
                     decode_request, body, header_length, shared_memory=shared_memory
                 )
