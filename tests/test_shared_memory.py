@@ -318,6 +318,60 @@ def test_unregister_during_a_run_leaves_the_output_region_mapped_until_written(
     registry.close()
 
 
+@pytest.mark.timeout(30)
+def test_http_routes_refuse_what_they_do_not_take(repo: Path, objects: ShmObjects):
+    import httpx
+
+    from corral.server.http import HttpApp
+
+    _, key = objects.create("data", 64)
+
+    async def calls(app: HttpApp) -> list[tuple[int, Any]]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://corral") as client:
+            answers = [
+                await client.post(
+                    "/v2/systemsharedmemory/region/r/register",
+                    json={"key": key, "byte_size": 64, "offest": 0},
+                ),
+                await client.post("/v2/systemsharedmemory/region/r/register", json={"key": key}),
+                await client.post(
+                    "/v2/systemsharedmemory/region/r/register", json={"key": key, "byte_size": 64}
+                ),
+                await client.get("/v2/systemsharedmemory/region/r/register"),
+                await client.get("/v2/systemsharedmemory/region/r/status"),
+                await client.get("/v2/systemsharedmemory/regions"),
+                await client.post("/v2/systemsharedmemory/region/r/unregister", content=b"{}"),
+                await client.get("/v2/cudasharedmemory/status"),
+                await client.get("/v2/cudasharedmemory/region/g/status"),
+                await client.post("/v2/cudasharedmemory/unregister"),
+            ]
+        return [
+            (answer.status_code, answer.json() if answer.content else None) for answer in answers
+        ]
+
+    with Host(repo) as host, SharedMemoryRegistry() as registry:
+        answers = asyncio.run(calls(HttpApp(DataPlane(host, shared_memory=registry))))
+        off = asyncio.run(calls(HttpApp(DataPlane(host))))
+    assert answers[0][0] == 400
+    assert "['offest']" in answers[0][1]["error"]
+    assert answers[1] == (400, {"error": "Shared memory register request has no 'byte_size' field"})
+    assert answers[2] == (200, None)
+    assert answers[3][0] == 405
+    assert answers[4] == (200, [{"name": "r", "key": key, "offset": 0, "byte_size": 64}])
+    assert answers[5][0] == 404
+    assert answers[6] == (400, {"error": "an unregister request takes no body"})
+    assert answers[7] == (200, [])
+    assert answers[8][0] == 404
+    assert "cuda" in answers[8][1]["error"]
+    assert answers[9] == (200, None)
+    # Off: status answers (empty), registering is refused naming the flag.
+    assert off[2][0] == 501
+    assert "--system-shared-memory" in off[2][1]["error"]
+    assert off[4][0] == 501
+    assert off[7] == (200, [])
+
+
 # -- a real server, with tritonclient --------------------------------------------------------
 
 
@@ -565,50 +619,66 @@ def test_unregister_during_a_running_request_waits_for_it(
     shm = objects.shm
     out_handle, out_key = objects.create("slow_out", 4)
     client.register_system_shared_memory("slow_out", out_key, 4)
-    address = server.http if client.protocol == "http" else server.grpc
-    answers: dict[str, Any] = {}
+    module = client.module
+    # tritonclient's own asynchronous requests, no threads of the test's: its HTTP client is
+    # gevent's, whose objects belong to the thread that made them.
+    if client.protocol == "http":
+        sender = module.InferenceServerClient(server.http, concurrency=4)
+    else:
+        sender = module.InferenceServerClient(server.grpc)
+    grpc_answers: dict[str, Any] = {}
+    grpc_answered = threading.Semaphore(0)
+    pending: dict[str, Any] = {}
 
     def send(key: str, iterations: int, output_region: str | None = None) -> None:
-        # A client per thread: tritonclient's HTTP client sends one request at a time.
-        sender = client.module.InferenceServerClient(address)
-        inputs = [
-            client.module.InferInput("M", [], "INT64"),
-            client.module.InferInput("start", [1], "FP32"),
-        ]
+        inputs = [module.InferInput("M", [], "INT64"), module.InferInput("start", [1], "FP32")]
         inputs[0].set_data_from_numpy(np.array(iterations, np.int64))
         inputs[1].set_data_from_numpy(np.zeros(1, np.float32))
         outputs = None
         if output_region is not None:
-            outputs = [client.module.InferRequestedOutput("Y")]
+            outputs = [module.InferRequestedOutput("Y")]
             outputs[0].set_shared_memory(output_region, 4)
-        try:
-            answers[key] = sender.infer("slow", inputs, outputs=outputs)
-        except Exception as exc:  # handed to the test's thread, which asserts on it
-            answers[key] = exc
-        finally:
-            sender.close()
+        if client.protocol == "http":
+            pending[key] = sender.async_infer("slow", inputs, outputs=outputs)
+            return
+
+        def answered(result: Any, error: Any) -> None:
+            grpc_answers[key] = error or result
+            grpc_answered.release()
+
+        sender.async_infer("slow", inputs, answered, outputs=outputs)
+
+    def answer(key: str) -> Any:
+        if client.protocol == "http":
+            return pending[key].get_result(timeout=30)
+        return grpc_answers[key]
 
     # Requests for "slow" run one at a time, in the order they arrive: one runs, the others
     # are queued or answered. Two long runs (about 1.4 s each) first: once one of them is
     # queued or answered, both are in. Then the request whose output goes to shared memory:
-    # once two are queued or answered while a long one is still unanswered, it is queued, and
-    # it holds its region until it is answered, after the long ones.
+    # once two are queued or answered, it is in too, queued behind a long run at least, and it
+    # holds its region until it is answered.
     send("warm", 1)  # loaded first, so that the long runs do not wait for a load together
+    if client.protocol == "grpc":
+        assert grpc_answered.acquire(timeout=30)
+    assert not isinstance(answer("warm"), Exception), answer("warm")
     before = queued_or_answered(server)
-    senders = [threading.Thread(target=send, args=(key, 400_000)) for key in ("long", "longer")]
-    for sender in senders:
-        sender.start()
+    send("long", 400_000)
+    send("longer", 400_000)
     wait_until(lambda: queued_or_answered(server) - before >= 1, timeout=20)
-    senders.append(threading.Thread(target=send, args=("shm", 5, "slow_out")))
-    senders[-1].start()
+    send("shm", 5, "slow_out")
     wait_until(lambda: queued_or_answered(server) - before >= 2, timeout=20)
-    assert not {"long", "longer"} <= set(answers), "the long runs ended before the shm request"
 
     client.unregister_system_shared_memory()
     # Still mapped (and listed) while the request holds it; its name is not free yet.
     assert list(regions(client)) == ["slow_out"]
-    for sender in senders:
-        sender.join(timeout=30)
-    assert not isinstance(answers["shm"], Exception), answers["shm"]
+    if client.protocol == "grpc":
+        for _ in range(3):
+            assert grpc_answered.acquire(timeout=30)
+    result = answer("shm")
+    for key in ("long", "longer"):
+        assert not isinstance(answer(key), Exception), answer(key)
+    assert not isinstance(result, Exception), result
     np.testing.assert_array_equal(shm.get_contents_as_numpy(out_handle, np.float32, [1]), [5.0])
     assert regions(client) == {}  # unmapped once the request was answered
+    sender.close()
