@@ -170,6 +170,8 @@ def test_registration_errors_name_what_is_wrong(objects: ShmObjects):
         with pytest.raises(TooManyRegions, match="2 regions are registered"):
             registry.register("c", key, 0, 8)
         assert [row.name for row in registry.status()] == ["a", "b"]
+    with pytest.raises(corral.InvalidOption, match="max_regions must be a positive integer"):
+        SharedMemoryRegistry(max_regions=0)
 
 
 @pytest.mark.timeout(30)

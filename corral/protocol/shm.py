@@ -61,7 +61,7 @@ from typing import Any
 
 import numpy.typing as npt
 
-from corral._errors import CorralError, InvalidInput
+from corral._errors import CorralError, InvalidInput, InvalidOption
 from corral.protocol.binary import decode_tensor, element_count, encode_tensor
 from corral.protocol.datatypes import numpy_dtype
 from corral.protocol.types import InferOutput, Parameters, RequestedOutput
@@ -209,7 +209,10 @@ class SharedMemoryRegistry:
         self, max_regions: int = DEFAULT_MAX_REGIONS, *, directory: Path = _SHM_DIRECTORY
     ) -> None:
         if type(max_regions) is not int or max_regions < 1:
-            raise ValueError(f"max_regions must be a positive integer; got {max_regions!r}")
+            raise InvalidOption(
+                f"max_regions must be a positive integer; got {max_regions!r}",
+                option="max_regions",
+            )
         self._max_regions = max_regions
         self._directory = directory
         # Guards the state, the regions by name, and each region's users and unregistering
