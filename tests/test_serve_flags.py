@@ -47,7 +47,10 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "ready_load_timeout_s": ("2.5", 2.5),
     "model_control_mode": ("explicit", "explicit"),
     "load_model": ("mlp", ("mlp",)),
+    "max_shared_memory_regions": ("16", 16),
 }
+# Switches: a flag and its --no- form; the sample is the one that is not the default.
+SWITCHES = {"batching", "system_shared_memory"}
 
 
 @pytest.fixture
@@ -97,10 +100,11 @@ def test_a_flag_and_its_variable_set_the_same_setting(
     name: str, tmp_path: Path, served: list[ServerSettings], monkeypatch: pytest.MonkeyPatch
 ):
     flag = "--" + name.replace("_", "-")
-    if name == "batching":
-        assert main(["serve", str(tmp_path), "--no-batching"]) == 0
-        monkeypatch.setenv("CORRAL_BATCHING", "false")
-        expected: Any = False
+    if name in SWITCHES:
+        expected: Any = not ServerSettings.model_fields[name].default
+        switch = flag if expected else "--no-" + flag.removeprefix("--")
+        assert main(["serve", str(tmp_path), switch]) == 0
+        monkeypatch.setenv(f"CORRAL_{name.upper()}", str(expected).lower())
     else:
         text, expected = SAMPLES[name]
         assert main(["serve", str(tmp_path), f"{flag}={text}"]) == 0
@@ -120,7 +124,7 @@ def test_the_repository_comes_from_its_variable_too(
 
 
 def test_samples_cover_every_field():
-    assert set(SAMPLES) | {"repository", "batching"} == set(ServerSettings.model_fields)
+    assert set(SAMPLES) | {"repository"} | SWITCHES == set(ServerSettings.model_fields)
 
 
 def test_a_bad_value_names_its_flag_and_variable(

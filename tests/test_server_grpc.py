@@ -258,7 +258,7 @@ def test_every_field_matches_tritonclient_on_the_wire():
         expected_method = reference_service.methods_by_name[method.name]
         assert method.input_type.full_name == expected_method.input_type.full_name
         assert method.output_type.full_name == expected_method.output_type.full_name
-    assert len(service.methods) == 11
+    assert len(service.methods) == 17
 
 
 def test_the_model_config_messages_hold_every_field_tritonclient_knows():

@@ -51,6 +51,13 @@ from corral.protocol.classification import class_count, top_classes
 from corral.protocol.control import CONTROL_TIMEOUT_S, ControlThreads
 from corral.protocol.datatypes import datatype_of
 from corral.protocol.parameters import check_parameters
+from corral.protocol.shm import EXTENSION as SHARED_MEMORY_EXTENSION
+from corral.protocol.shm import (
+    OutputRegions,
+    RegionStatus,
+    SharedMemoryRegistry,
+    SharedMemoryUnsupported,
+)
 from corral.protocol.types import (
     Duration,
     InferOutput,
@@ -91,7 +98,8 @@ READY_LOAD_TIMEOUT_S = 30.0
 PLATFORM = "onnxruntime_onnx"
 #: The model configuration's parameter that says why a model is batched or not.
 BATCHING_PARAMETER = "corral.batching"
-#: The protocol extensions corral implements, as ``GET /v2`` lists them.
+#: The protocol extensions corral implements, as ``GET /v2`` lists them; ``system_shared_memory``
+#: follows them when the data plane has a shared-memory registry.
 EXTENSIONS = (
     "binary_tensor_data",
     "classification",
@@ -186,9 +194,13 @@ class DataPlane:
         ready_load_timeout_s: float = READY_LOAD_TIMEOUT_S,
         explicit: bool = False,
         loads_at_start: bool = False,
+        shared_memory: SharedMemoryRegistry | None = None,
     ) -> None:
         self._host = host
-        self._metadata = ServerMetadata(name, version, EXTENSIONS)
+        # Triton's system shared memory extension, when the server serves it.
+        self._shared_memory = shared_memory
+        extensions = EXTENSIONS if shared_memory is None else (*EXTENSIONS, SHARED_MEMORY_EXTENSION)
+        self._metadata = ServerMetadata(name, version, extensions)
         # The control plane's own threads: never asyncio's default executor (see above).
         self._control = ControlThreads()
         self._control_timeout_s = control_timeout_s
@@ -213,6 +225,11 @@ class DataPlane:
     def host(self) -> Host:
         """The Host this data plane serves."""
         return self._host
+
+    @property
+    def shared_memory(self) -> SharedMemoryRegistry | None:
+        """The system shared-memory regions requests may name; None when the extension is off."""
+        return self._shared_memory
 
     # -- health and metadata ----------------------------------------------------------------
 
@@ -366,6 +383,10 @@ class DataPlane:
         A request that names no outputs gets the model's tensor outputs; any others (a
         sequence, a map) are not computed, and the response's ``omitted_outputs`` parameter
         names them. Naming one of those is :class:`InvalidInput`.
+
+        Outputs whose parameters name a ``shared_memory_region`` are written there (their
+        regions are checked and held from before the model is acquired until the answer is
+        made); the response marks them (:mod:`corral.protocol.shm`).
         """
         started = time.perf_counter_ns()
         self._check_explicit(name)
@@ -382,21 +403,28 @@ class DataPlane:
             feed[tensor.name] = tensor.data
         timeout = request.timeout_s
         deadline = deadline_after(timeout)
+        regions = OutputRegions.hold(self._shared_memory, request.outputs)
         # One lookup: the version leased is the version that runs and the one reported, even
         # if a newer one is swapped in meanwhile. A cold model loads on the Host's load
         # workers; the event loop only awaits.
-        lease = await self._host.acquire_async(name, version or None, timeout=timeout)
+        try:
+            lease = await self._host.acquire_async(name, version or None, timeout=timeout)
+        except BaseException:
+            regions.release()
+            raise
         try:
             wanted, omitted = _outputs_to_run(lease.session.signature, request)
             results = await lease.infer_async(feed, wanted, timeout=time_left(deadline))
             if classes:
                 results = _classified(results, classes, lease)
             outputs = tuple(_output(out_name, value) for out_name, value in results.items())
+            outputs = regions.write(outputs)
         except CorralError:
             self._count(name, lease.version, started, ok=False)
             raise
         finally:
             lease.release()
+            regions.release()
         self._count(name, lease.version, started, ok=True)
         return InferResponse(
             model_name=name,
@@ -405,6 +433,32 @@ class DataPlane:
             id=request.id,
             parameters={OMITTED_OUTPUTS: ",".join(omitted)} if omitted else {},
         )
+
+    # -- system shared memory ---------------------------------------------------------------
+
+    def shared_memory_status(self, name: str | None = None) -> list[RegionStatus]:
+        """The registered regions, or only ``name``; none when the extension is off."""
+        if self._shared_memory is None:
+            if name:
+                raise SharedMemoryUnsupported(_shared_memory_off(f"no region {name!r} exists"))
+            return []
+        return self._shared_memory.status(name)
+
+    async def register_shared_memory(
+        self, name: str, key: str, offset: int, byte_size: int
+    ) -> None:
+        """Register a system shared-memory region (its object opened on a worker thread)."""
+        registry = self._registry(f"cannot register region {name!r}")
+        await run_blocking(registry.register, name, key, offset, byte_size)
+
+    def unregister_shared_memory(self, name: str | None = None) -> None:
+        """Unregister a region, or all; one in use is unmapped when its requests are done."""
+        self._registry("cannot unregister").unregister(name)
+
+    def _registry(self, doing: str) -> SharedMemoryRegistry:
+        if self._shared_memory is None:
+            raise SharedMemoryUnsupported(_shared_memory_off(doing))
+        return self._shared_memory
 
     # -- statistics and the repository ------------------------------------------------------
 
@@ -547,6 +601,13 @@ def _failed_to_load(name: str, error: CorralError) -> CorralError:
     prefixed = copy.copy(error)
     prefixed.args = (f"failed to load {name!r}: {error}",)
     return prefixed
+
+
+def _shared_memory_off(doing: str) -> str:
+    return (
+        f"Client shared memory is disabled: {doing}; start corral serve with "
+        "--system-shared-memory (CORRAL_SYSTEM_SHARED_MEMORY=true) to serve it"
+    )
 
 
 def _version_arg(version: str | None) -> str | None:

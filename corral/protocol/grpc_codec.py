@@ -34,6 +34,13 @@ except ImportError as exc:  # pragma: no cover - the extra is installed wherever
 from corral._errors import InvalidInput
 from corral.protocol.binary import decode_tensor, element_count, encode_tensor
 from corral.protocol.datatypes import numpy_dtype
+from corral.protocol.shm import (
+    SharedMemoryReference,
+    SharedMemoryRegistry,
+    in_shared_memory,
+    pop_reference,
+    read_input,
+)
 from corral.protocol.types import (
     MAX_TIMEOUT_US,
     Duration,
@@ -80,12 +87,16 @@ _CONTENTS_FIELD = {
 _DATA_TYPES = frozenset(pb.DataType.keys())
 
 
-def decode_request(request: pb.ModelInferRequest) -> InferRequest:
+def decode_request(
+    request: pb.ModelInferRequest, *, shared_memory: SharedMemoryRegistry | None = None
+) -> InferRequest:
     """Decode a ``ModelInferRequest`` into corral's :class:`~corral.protocol.InferRequest`.
 
     Tensors come either all as ``raw_input_contents`` (one entry per input, in order) or all
-    as typed ``contents``. Parameters may be bool, integer or string; the request's
-    ``timeout`` an integer of microseconds up to ``MAX_TIMEOUT_US`` (0: no timeout).
+    as typed ``contents``; an input whose parameters name a ``shared_memory_region`` has
+    neither (and no entry in ``raw_input_contents``, as tritonclient sends it) and is copied
+    out of that region of ``shared_memory``. Parameters may be bool, integer or string; the
+    request's ``timeout`` an integer of microseconds up to ``MAX_TIMEOUT_US`` (0: no timeout).
     Raises :class:`~corral.InvalidInput` naming the tensor that is malformed.
 
     Example::
@@ -93,27 +104,36 @@ def decode_request(request: pb.ModelInferRequest) -> InferRequest:
         decoded = decode_request(pb.ModelInferRequest.FromString(data))
     """
     raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
+    parameters = [_parameters(tensor.parameters) for tensor in request.inputs]
+    references = [
+        pop_reference(params, f"input {tensor.name!r}", tensor=tensor.name)
+        for params, tensor in zip(parameters, request.inputs, strict=True)
+    ]
+    plain = sum(reference is None for reference in references)
+    if raw and len(raw) != plain:
         raise InvalidInput(
-            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
-            "when raw contents are used, every input needs one, in the order of inputs"
+            f"raw_input_contents has {len(raw)} entries for {plain} inputs not in shared "
+            "memory; when raw contents are used, every such input needs one, in the order of "
+            "inputs"
         )
     inputs = []
-    for index, tensor in enumerate(request.inputs):
+    raw_index = 0
+    for tensor, params, reference in zip(request.inputs, parameters, references, strict=True):
         shape = tuple(tensor.shape)
-        if raw:
+        if reference is not None:
+            data = _from_shared_memory(tensor, shape, reference, shared_memory)
+        elif raw:
             if tensor.HasField("contents"):
                 raise InvalidInput(
                     f"input {tensor.name!r} has contents although the request uses "
                     "raw_input_contents; use one or the other for all inputs",
                     tensor=tensor.name,
                 )
-            data = decode_tensor(raw[index], tensor.datatype, shape, name=tensor.name)
+            data = decode_tensor(raw[raw_index], tensor.datatype, shape, name=tensor.name)
+            raw_index += 1
         else:
             data = _from_contents(tensor, shape)
-        inputs.append(
-            InferInput(tensor.name, tensor.datatype, shape, data, _parameters(tensor.parameters))
-        )
+        inputs.append(InferInput(tensor.name, tensor.datatype, shape, data, params))
     return InferRequest(
         inputs=tuple(inputs),
         outputs=tuple(
@@ -141,7 +161,10 @@ def encode_response(response: InferResponse) -> pb.ModelInferResponse:
     for output in response.outputs:
         tensor = message.outputs.add(name=output.name, datatype=output.datatype, shape=output.shape)
         _set_parameters(tensor.parameters, output.parameters)
-        message.raw_output_contents.append(encode_tensor(output.data, output.datatype))
+        # An output written to shared memory keeps its place, empty, as Triton's does: clients
+        # find an output's raw contents by its index.
+        raw = b"" if in_shared_memory(output) else encode_tensor(output.data, output.datatype)
+        message.raw_output_contents.append(raw)
     return message
 
 
@@ -245,6 +268,21 @@ def _request_parameters(entries: Mapping[str, pb.InferParameter]) -> Parameters:
             f"{MAX_TIMEOUT_US} (a year), in microseconds; got {timeout!r}"
         )
     return parameters
+
+
+def _from_shared_memory(
+    tensor: pb.ModelInferRequest.InferInputTensor,
+    shape: tuple[int, ...],
+    reference: SharedMemoryReference,
+    shared_memory: SharedMemoryRegistry | None,
+) -> npt.NDArray[Any]:
+    if tensor.HasField("contents"):
+        raise InvalidInput(
+            f"input {tensor.name!r} is in shared memory region {reference.region!r} and also "
+            "has contents; give one of them",
+            tensor=tensor.name,
+        )
+    return read_input(shared_memory, reference, tensor.datatype, shape, name=tensor.name)
 
 
 def _from_contents(

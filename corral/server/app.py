@@ -35,6 +35,7 @@ from corral._host import Host
 from corral._runtime import Runtime, runtime
 from corral.protocol.control import ControlThreads
 from corral.protocol.dataplane import DataPlane
+from corral.protocol.shm import SharedMemoryRegistry
 from corral.server._connections import ConnectionLimits, end_requests_in_flight, protocol_for
 from corral.server.bodies import BodyBudget
 from corral.server.http import HttpApp
@@ -119,12 +120,18 @@ async def serve(
     # When the drain began: closing the Host gets what is left of the drain timeout.
     drain_began = asyncio.create_task(_when_set(stop))
     token = None if settings.auth_token is None else settings.auth_token.get_secret_value()
+    shared_memory = (
+        SharedMemoryRegistry(settings.max_shared_memory_regions)
+        if settings.system_shared_memory
+        else None
+    )
     try:
         plane = DataPlane(
             host,
             ready_load_timeout_s=settings.ready_load_timeout_s,
             explicit=settings.model_control_mode == "explicit",
             loads_at_start=bool(settings.load_model),
+            shared_memory=shared_memory,
         )
         # One budget for both transports: memory is the process's, whichever way bytes came.
         body_budget = BodyBudget(settings.body_budget_bytes())
@@ -156,6 +163,9 @@ async def serve(
             settings, plane, http, token, body_budget, stop, started, (open_files, limits)
         )
     finally:
+        if shared_memory is not None:
+            # Every region unmapped, each once the requests still using it are done.
+            shared_memory.close()
         left = _drain_left(drain_began, settings.drain_timeout_s)
         status = await asyncio.to_thread(_close_host, host, left)
     # Requests answered 503 when the drain ran out released their models: the Host closed
@@ -342,7 +352,7 @@ def _log_summary(
     logger.info(
         "corral %s serving %s: %d models in the repository, HTTP on %s:%d, gRPC %s, "
         "memory budget %s, %d compute workers, open-file limit %d, "
-        "at most %d HTTP connections%s",
+        "at most %d HTTP connections%s%s",
         __version__,
         settings.repository,
         len(host.repository.names()),
@@ -354,6 +364,7 @@ def _log_summary(
         open_files,
         limits.max_connections,
         ", auth on" if settings.auth_token is not None else "",
+        ", system shared memory on" if settings.system_shared_memory else "",
     )
 
 

@@ -50,7 +50,16 @@ from corral._errors import (
     SessionClosed,
 )
 from corral.protocol import grpc_codec
-from corral.protocol.dataplane import DataPlane, status_for
+from corral.protocol.dataplane import DataPlane, run_blocking, status_for
+from corral.protocol.shm import (
+    SHM_REGION,
+    SharedMemoryExists,
+    SharedMemoryNotFound,
+    SharedMemoryUnsupported,
+    TooManyRegions,
+    cuda_shared_memory_refused,
+    cuda_status,
+)
 from corral.protocol.types import MAX_TIMEOUT_US
 from corral.server.bodies import BodyBudget, BodyBudgetExceeded, BodyReservation
 
@@ -78,6 +87,11 @@ STATUS: dict[type[CorralError], grpc.StatusCode] = {
     InferenceError: grpc.StatusCode.INTERNAL,
     # An unload that waited its whole timeout for a hung load or for leases.
     DrainTimeout: grpc.StatusCode.UNAVAILABLE,
+    # Triton's codes for its shared memory extension.
+    SharedMemoryNotFound: grpc.StatusCode.NOT_FOUND,
+    SharedMemoryExists: grpc.StatusCode.ALREADY_EXISTS,
+    TooManyRegions: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    SharedMemoryUnsupported: grpc.StatusCode.UNIMPLEMENTED,
 }
 
 #: The largest request message :func:`start_grpc_server` accepts unless told otherwise, as
@@ -218,7 +232,16 @@ class InferenceServicer:
     async def _infer(
         self, request: pb.ModelInferRequest, context: _Context
     ) -> pb.ModelInferResponse:
-        decoded = grpc_codec.decode_request(request)
+        shared_memory = self._plane.shared_memory
+        if shared_memory is not None and any(
+            SHM_REGION in tensor.parameters for tensor in request.inputs
+        ):
+            # Tensors in shared memory are copied out while decoding: not on the event loop.
+            decoded = await run_blocking(
+                grpc_codec.decode_request, request, shared_memory=shared_memory
+            )
+        else:
+            decoded = grpc_codec.decode_request(request)
         remaining = context.time_remaining()
         if remaining is not None and not decoded.parameters.get("timeout"):
             # The client's gRPC deadline becomes the request's timeout (unless it gives one;
@@ -286,6 +309,61 @@ class InferenceServicer:
             )
         await self._plane.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
+
+    @_answers
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: _Context
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        """Every registered system shared-memory region, or the one named."""
+        status = pb.SystemSharedMemoryStatusResponse.RegionStatus
+        return pb.SystemSharedMemoryStatusResponse(
+            regions={
+                row.name: status(
+                    name=row.name, key=row.key, offset=row.offset, byte_size=row.byte_size
+                )
+                for row in self._plane.shared_memory_status(request.name or None)
+            }
+        )
+
+    @_answers
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: _Context
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        """Map a span of a POSIX shared-memory object as a named region."""
+        await self._plane.register_shared_memory(
+            request.name, request.key, request.offset, request.byte_size
+        )
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @_answers
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: _Context
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        """Unregister the region named, or every region when the name is empty."""
+        self._plane.unregister_shared_memory(request.name or None)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @_answers
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, context: _Context
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        """None: corral registers no CUDA shared memory (NOT_FOUND for a region named)."""
+        cuda_status(request.name or None)
+        return pb.CudaSharedMemoryStatusResponse()
+
+    @_answers
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest, context: _Context
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        """Refused with UNIMPLEMENTED: corral does not support CUDA shared memory."""
+        raise cuda_shared_memory_refused()
+
+    @_answers
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, context: _Context
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        """Nothing to do: no CUDA region can be registered here."""
+        return pb.CudaSharedMemoryUnregisterResponse()
 
 
 class _BearerAuth(grpc.aio.ServerInterceptor):

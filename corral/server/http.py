@@ -43,6 +43,17 @@ from corral._errors import (
 )
 from corral.protocol.dataplane import DataPlane, run_blocking, status_for
 from corral.protocol.http_codec import HEADER_LENGTH, decode_request, encode_error, encode_response
+from corral.protocol.shm import (
+    SHM_REGION,
+    RegionStatus,
+    SharedMemoryExists,
+    SharedMemoryNotFound,
+    SharedMemoryRegistry,
+    SharedMemoryUnsupported,
+    TooManyRegions,
+    cuda_shared_memory_refused,
+    cuda_status,
+)
 from corral.protocol.types import (
     InferRequest,
     ModelConfiguration,
@@ -87,6 +98,11 @@ STATUS: dict[type[CorralError], int] = {
     DeadlineExceeded: 504,
     # An unload that waited its whole timeout for a hung load or for leases.
     DrainTimeout: 503,
+    # Triton's codes for its shared memory extension.
+    SharedMemoryNotFound: 404,
+    SharedMemoryExists: 400,
+    TooManyRegions: 400,
+    SharedMemoryUnsupported: 501,
 }
 
 #: Bodies up to this size are decoded on the event loop; larger ones on a worker thread.
@@ -189,6 +205,8 @@ class HttpApp:
             await self._models(method, rest[1:], scope, receive, send)
         elif rest[0] == "repository":
             await self._repository(method, rest[1:], scope, receive, send)
+        elif rest[0] in ("systemsharedmemory", "cudasharedmemory"):
+            await self._shared_memory(rest[0], method, rest[1:], scope, receive, send)
         else:
             raise HttpError(404, f"no such endpoint: {scope['path']}")
 
@@ -254,6 +272,7 @@ class HttpApp:
         # views of the body, live that long.
         with self._bodies.reserve(0) as held:
             body = await read_body(scope, receive, self._max_request_bytes, held)
+            shared_memory = self._plane.shared_memory
             if encoding is not None:
                 request = await run_blocking(
                     _inflate_and_decode,
@@ -262,11 +281,17 @@ class HttpApp:
                     self._max_request_bytes,
                     held,
                     header_length,
+                    shared_memory,
                 )
-            elif len(body) > DECODE_INLINE_BYTES:
-                request = await run_blocking(decode_request, body, header_length)
+            # A tensor in shared memory is copied out while decoding: never on the loop.
+            elif len(body) > DECODE_INLINE_BYTES or (
+                shared_memory is not None and SHM_REGION.encode() in body
+            ):
+                request = await run_blocking(
+                    decode_request, body, header_length, shared_memory=shared_memory
+                )
             else:
-                request = decode_request(body, header_length)
+                request = decode_request(body, header_length, shared_memory=shared_memory)
             del body  # what the tensors do not view is freed before the run
             response = await self._plane.infer(name, version, request)
             payload, json_length = encode_response(response, request)
@@ -318,17 +343,97 @@ class HttpApp:
             return body
         return await run_blocking(inflate, body, encoding, self._max_request_bytes, held)
 
+    async def _shared_memory(
+        self, kind: str, method: str, rest: list[str], scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        # /v2/{kind}[/region/{name}]/status|unregister, /v2/{kind}/region/{name}/register
+        name: str | None = None
+        if len(rest) == 3 and rest[0] == "region" and rest[1]:
+            name, action = rest[1], rest[2]
+        elif len(rest) == 1 and rest[0] in ("status", "unregister"):
+            action = rest[0]
+        else:
+            raise HttpError(404, f"no such shared memory endpoint: {scope['path']}")
+        if action == "status":
+            _expect(method, "GET")
+            if kind == "cudasharedmemory":
+                rows = cuda_status(name)
+            else:
+                rows = self._plane.shared_memory_status(name)
+            await _json(send, 200, [_region_doc(row) for row in rows])
+            return
+        if action not in ("register", "unregister") or (action == "register" and name is None):
+            raise HttpError(404, f"no such shared memory endpoint: {scope['path']}")
+        _expect(method, "POST")
+        with self._bodies.reserve(0) as held:
+            body = await read_body(scope, receive, self._max_request_bytes, held)
+        if action == "unregister":
+            if body.strip():
+                raise HttpError(400, "an unregister request takes no body")
+            # No CUDA region can be registered here, so there is none to unregister.
+            if kind == "systemsharedmemory":
+                self._plane.unregister_shared_memory(name)
+            await _respond(send, 200, b"", _JSON)
+            return
+        assert name is not None  # register needs a region: checked above
+        if kind == "cudasharedmemory":
+            raise cuda_shared_memory_refused()
+        key, offset, byte_size = _register_request(body)
+        await self._plane.register_shared_memory(name, key, offset, byte_size)
+        await _respond(send, 200, b"", _JSON)
+
 
 def _inflate_and_decode(
-    body: bytes, encoding: str, limit: int, held: BodyReservation, header_length: int | None
+    body: bytes,
+    encoding: str,
+    limit: int,
+    held: BodyReservation,
+    header_length: int | None,
+    shared_memory: SharedMemoryRegistry | None,
 ) -> InferRequest:
-    return decode_request(inflate(body, encoding, limit, held), header_length)
+    return decode_request(
+        inflate(body, encoding, limit, held), header_length, shared_memory=shared_memory
+    )
 
 
 async def _compressed(payload: bytes, encoding: str) -> bytes:
     if len(payload) > DECODE_INLINE_BYTES:
         return await run_blocking(compress, payload, encoding)
     return compress(payload, encoding)
+
+
+def _register_request(body: bytes) -> tuple[str, int, int]:
+    """The key, offset and byte size of a system shared memory register request's body."""
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise HttpError(400, f"the register request is not JSON: {exc}") from None
+    if type(document) is not dict:
+        raise HttpError(400, 'the register request must be {"key": ..., "byte_size": ...}')
+    unknown = sorted(set(document) - {"key", "offset", "byte_size"})
+    if unknown:
+        raise HttpError(
+            400,
+            f"the register request has fields {unknown} that it does not take; it takes "
+            "key, offset and byte_size",
+        )
+    key = document.get("key")
+    if type(key) is not str:
+        raise HttpError(400, "Shared memory register request has no 'key' field (a string)")
+    if "byte_size" not in document:
+        raise HttpError(400, "Shared memory register request has no 'byte_size' field")
+    offset, byte_size = document.get("offset", 0), document["byte_size"]
+    for label, value in (("offset", offset), ("byte_size", byte_size)):
+        if type(value) is not int or value < 0:
+            raise HttpError(
+                400,
+                f"the register request's {label!r} must be a non-negative integer; got {value!r}",
+            )
+    return key, offset, byte_size
+
+
+def _region_doc(row: RegionStatus) -> dict[str, Any]:
+    return {"name": row.name, "key": row.key, "offset": row.offset, "byte_size": row.byte_size}
 
 
 async def read_body(

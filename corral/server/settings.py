@@ -20,6 +20,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from corral._options import HostOptions
+from corral.protocol.shm import DEFAULT_MAX_REGIONS
 
 __all__ = [
     "ENV_PREFIX",
@@ -157,6 +158,18 @@ class ServerSettings(BaseSettings):
         gt=0,
         description="HTTP connections open at once; at the cap an idle one is closed, or "
         "the new one gets 503 (default: the open-file limit less 256, at least 64)",
+    )
+    # -- Triton's system shared memory extension (corral.protocol.shm) ------------------
+    system_shared_memory: bool = Field(
+        False,
+        description="let clients register POSIX shared-memory regions (/dev/shm) and send "
+        "tensors through them (Triton's --allow-client-shm); only for clients trusted with "
+        "this user's shared memory",
+    )
+    max_shared_memory_regions: int = Field(
+        DEFAULT_MAX_REGIONS,
+        gt=0,
+        description="system shared-memory regions registered at once; more are refused",
     )
 
     @field_validator("auth_token")
