@@ -185,14 +185,22 @@ def test_spans_outside_the_region_and_a_shrunk_object_are_refused(objects: ShmOb
             registry.read(SharedMemoryReference("r", 32, 33), tensor="input 'x'")
         with pytest.raises(SharedMemoryNotFound, match=r"'nope'.*is not registered"):
             registry.read(SharedMemoryReference("nope", 0, 1), tensor="input 'x'")
-        # The client shrinks its object: reading past its end would be SIGBUS, so it is refused.
-        os.truncate(Path("/dev/shm") / key.lstrip("/"), 100)
-        with pytest.raises(corral.InvalidInput, match="has shrunk to 100 bytes"):
-            registry.read(SharedMemoryReference("r", 0, 64), tensor="input 'x'")
+        # The client shrinks its object while a request holds the region: a mapping read past
+        # the object's end would be SIGBUS; pread comes back short, and it is refused.
+        path = Path("/dev/shm") / key.lstrip("/")
+        with registry.hold(SharedMemoryReference("r", 0, 64), tensor="output 'y'") as held:
+            os.truncate(path, 100)
+            with pytest.raises(corral.InvalidInput, match="has shrunk to 100 bytes"):
+                registry.read(SharedMemoryReference("r", 0, 64), tensor="input 'x'")
+            with pytest.raises(corral.InvalidInput, match="short of the 128 this request uses"):
+                held.write(b"\1" * 64)
+        assert path.stat().st_size == 100  # the refused write did not grow the object back
+        # What the object still covers is read as it is.
+        assert registry.read(SharedMemoryReference("r", 0, 36), tensor="input 'x'") == bytes(36)
 
 
 @pytest.mark.timeout(30)
-def test_a_region_in_use_is_unmapped_only_after_its_last_user(objects: ShmObjects):
+def test_a_region_in_use_is_closed_only_after_its_last_user(objects: ShmObjects):
     handle, key = objects.create("out", 64)
     registry = SharedMemoryRegistry()
     registry.register("out", key, 0, 64)
@@ -205,7 +213,7 @@ def test_a_region_in_use_is_unmapped_only_after_its_last_user(objects: ShmObject
             registry.read(reference, tensor="input 'x'")
         with pytest.raises(SharedMemoryExists):
             registry.register("out", key, 0, 64)
-        destination.write(INPUT0.tobytes())  # the mapping is still there to write to
+        destination.write(INPUT0.tobytes())  # the descriptor is still open to write to
     assert registry.status() == []
     assert len(registry) == 0
     got = objects.shm.get_contents_as_numpy(handle, np.int32, [1, 16])
@@ -268,7 +276,7 @@ def test_without_a_registry_shared_memory_is_refused_by_name(repo: Path):
 
 
 @pytest.mark.timeout(60)
-def test_unregister_during_a_run_leaves_the_output_region_mapped_until_written(
+def test_unregister_during_a_run_leaves_the_output_region_open_until_written(
     repo: Path, objects: ShmObjects
 ):
     add_model(repo, "simple", build_simple())
@@ -308,7 +316,7 @@ def test_unregister_during_a_run_leaves_the_output_region_mapped_until_written(
             return await task
 
         response = asyncio.run(main())
-    assert len(registry) == 0  # unmapped once the answer was written
+    assert len(registry) == 0  # closed once the answer was written
     for index, output in enumerate(response.outputs):
         assert output.parameters == {
             "shared_memory_region": "output_data",
@@ -682,5 +690,5 @@ def test_unregister_during_a_running_request_waits_for_it(
         assert not isinstance(answer(key), Exception), answer(key)
     assert not isinstance(result, Exception), result
     np.testing.assert_array_equal(shm.get_contents_as_numpy(out_handle, np.float32, [1]), [5.0])
-    assert regions(client) == {}  # unmapped once the request was answered
+    assert regions(client) == {}  # closed once the request was answered
     sender.close()

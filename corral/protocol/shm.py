@@ -14,18 +14,18 @@ answer, and the model never sees bytes changing under it. An output is written i
 after the run, once every output of the request is known to fit; the response then carries the
 parameters (``shared_memory_byte_size``: the bytes written) and no data.
 
-:class:`SharedMemoryRegistry` owns the mappings. Every use of a region counts as a user for
-as long as it reads or writes; unregistering a region in use takes it out of service at once
-for new requests and unmaps it when its last user is done, so that no read or write ever
-meets memory unmapped under it. :meth:`SharedMemoryRegistry.close` does the same for every
-region, at server shutdown.
+:class:`SharedMemoryRegistry` owns the objects' descriptors. Every use of a region counts as a
+user for as long as it reads or writes; unregistering a region in use takes it out of service
+at once for new requests and closes its descriptor when its last user is done, so that no read
+or write ever meets a descriptor closed (or reused) under it. :meth:`SharedMemoryRegistry.close`
+does the same for every region, at server shutdown.
 
-A region shrunk under the server (the client truncating its object) would make a read past the
-object's end kill the process with SIGBUS: each read and write checks the object's size first,
-and is refused if it no longer covers the span. The check and the copy are not atomic, so a
-client that truncates its own object while a request uses it can still crash the server; only
-clients trusted to that degree should be given the extension, which is why it is off unless
-``--system-shared-memory`` turns it on (Triton's ``--allow-client-shm``).
+Regions are read and written with ``pread`` and ``pwrite`` on the object's descriptor, never
+through a mapping: a client that truncates its object under the server makes a read come back
+short (refused, naming the region) instead of faulting the process with SIGBUS, as touching a
+mapping past the object's end would. A client can still read and write any object the server's
+user may open, which is why the extension is off unless ``--system-shared-memory`` turns it on
+(Triton's ``--allow-client-shm``).
 
 Errors, each mapped by the transports to Triton's codes (HTTP; gRPC)::
 
@@ -48,7 +48,6 @@ Example::
 from __future__ import annotations
 
 import enum
-import mmap
 import os
 import stat
 import threading
@@ -131,7 +130,7 @@ class RegistryState(enum.Enum):
 
     #: Registers, serves and unregisters regions.
     OPEN = "open"
-    #: Closed: every region unregistered (unmapped once its last user is done); refuses new ones.
+    #: Closed: every region unregistered (closed once its last user is done); refuses new ones.
     CLOSED = "closed"
 
 
@@ -157,44 +156,59 @@ class SharedMemoryReference:
 
 
 class _Region:
-    """One registered region: the object's descriptor, its mapping and its users."""
+    """One registered region: the object's descriptor and its users."""
 
-    __slots__ = ("fd", "mapping", "start", "status", "unregistering", "users")
+    __slots__ = ("fd", "status", "unregistering", "users")
 
-    def __init__(self, status: RegionStatus, fd: int, mapping: mmap.mmap, start: int) -> None:
+    def __init__(self, status: RegionStatus, fd: int) -> None:
         self.status = status
-        # Kept open to check the object's size before each read and write (see the module).
+        # Read and written with pread/pwrite (see the module): open until its last user is done.
         self.fd = fd
-        self.mapping = mapping
-        # Where the region begins in the mapping (mappings start at a page boundary).
-        self.start = start
         # Under the registry's lock: requests reading or writing it now; and whether it was
-        # unregistered, to be unmapped when the last of them is done.
+        # unregistered, to be closed when the last of them is done.
         self.users = 0
         self.unregistering = False
 
-    def check_covered(self, offset: int, byte_size: int) -> None:
-        """Refuse a span the object no longer covers: touching it would raise SIGBUS."""
-        needed = self.status.offset + offset + byte_size
+    def read(self, offset: int, byte_size: int) -> bytes:
+        """The ``byte_size`` bytes at ``offset`` in the region; refused if the object is short."""
+        at = self.status.offset + offset
+        chunks: list[bytes] = []
+        got = 0
+        while got < byte_size:
+            chunk = os.pread(self.fd, byte_size - got, at + got)
+            if not chunk:
+                raise self._shrunk(at + byte_size)
+            chunks.append(chunk)
+            got += len(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def write(self, offset: int, data: bytes) -> None:
+        """Write ``data`` at ``offset`` in the region; refused if the object no longer covers it."""
+        at = self.status.offset + offset
         size = os.fstat(self.fd).st_size
-        if size < needed:
-            raise InvalidInput(
-                f"shared memory region {self.status.name!r}: its object {self.status.key!r} "
-                f"has shrunk to {size} bytes, short of the {needed} this request uses"
-            )
+        if size < at + len(data):
+            # Writing would grow the client's object back: refuse, as a read would be.
+            raise self._shrunk(at + len(data))
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(self.fd, view, at)
+            view, at = view[written:], at + written
+
+    def _shrunk(self, needed: int) -> InvalidInput:
+        size = os.fstat(self.fd).st_size
+        return InvalidInput(
+            f"shared memory region {self.status.name!r}: its object {self.status.key!r} "
+            f"has shrunk to {size} bytes, short of the {needed} this request uses"
+        )
 
     def leave(self) -> bool:
         """Under the registry's lock: one user fewer; True if the last left an unregistered one."""
         self.users -= 1
         return self.users == 0 and self.unregistering
 
-    def unmap(self) -> None:
-        # Slices of an mmap are copies, so no buffer of it is ever exported: close() cannot
-        # fail with BufferError.
-        try:
-            self.mapping.close()
-        finally:
-            os.close(self.fd)
+    def close(self) -> None:
+        """Close the object's descriptor: under no user (the registry waits for the last)."""
+        os.close(self.fd)
 
 
 class SharedMemoryRegistry:
@@ -202,7 +216,7 @@ class SharedMemoryRegistry:
 
     At most ``max_regions`` at once. ``directory`` is where shared-memory objects live
     (``/dev/shm``; tests may point it elsewhere). Use it as a context manager, or call
-    :meth:`close`, to unmap every region.
+    :meth:`close`, to close every region.
     """
 
     def __init__(
@@ -216,7 +230,7 @@ class SharedMemoryRegistry:
         self._max_regions = max_regions
         self._directory = directory
         # Guards the state, the regions by name, and each region's users and unregistering
-        # flag. Held for bookkeeping only: never across opening, mapping, reading or writing.
+        # flag. Held for bookkeeping only: never across opening, reading or writing.
         self._regions_lock = threading.Lock()
         self._regions: dict[str, _Region] = {}
         self._state = RegistryState.OPEN
@@ -242,20 +256,20 @@ class SharedMemoryRegistry:
         self._check_span_arguments(name, offset, byte_size)
         with self._regions_lock:
             self._check_room(name)
-        fd, mapping, start = self._map(name, key, offset, byte_size)
-        region = _Region(RegionStatus(name, key, offset, byte_size), fd, mapping, start)
+        fd = self._open(name, key, offset, byte_size)
+        region = _Region(RegionStatus(name, key, offset, byte_size), fd)
         try:
             with self._regions_lock:
                 self._check_room(name)  # again: another thread may have registered meanwhile
                 self._regions[name] = region
         except BaseException:
-            region.unmap()
+            region.close()
             raise
 
     def unregister(self, name: str | None = None) -> None:
         """Unregister the region ``name``, or every region if ``name`` is None or empty.
 
-        A region in use by a request is taken out of service now and unmapped when its last
+        A region in use by a request is taken out of service now and closed when its last
         user is done; it is still listed by :meth:`status` until then. As in Triton,
         unregistering a name that is not registered is not an error: the name is free after.
         """
@@ -263,7 +277,7 @@ class SharedMemoryRegistry:
             self._check_open("unregister a region")
             done = self._take_out(name)
         for region in done:
-            region.unmap()
+            region.close()
 
     def status(self, name: str | None = None) -> list[RegionStatus]:
         """Every registered region, or only ``name`` (:class:`SharedMemoryNotFound` if absent)."""
@@ -278,8 +292,7 @@ class SharedMemoryRegistry:
     def read(self, reference: SharedMemoryReference, *, tensor: str) -> bytes:
         """A copy of the bytes ``reference`` names, read while the region is held."""
         with self._use(reference, tensor) as region:
-            begin = region.start + reference.offset
-            return region.mapping[begin : begin + reference.byte_size]
+            return region.read(reference.offset, reference.byte_size)
 
     @contextmanager
     def hold(self, reference: SharedMemoryReference, *, tensor: str) -> Iterator[_Destination]:
@@ -288,14 +301,14 @@ class SharedMemoryRegistry:
             yield _Destination(region, reference, tensor)
 
     def close(self) -> None:
-        """Unregister every region (each unmapped once its users are done); idempotent."""
+        """Unregister every region (each closed once its users are done); idempotent."""
         with self._regions_lock:
             if self._state is RegistryState.CLOSED:
                 return
             self._state = RegistryState.CLOSED
             done = self._take_out(None)
         for region in done:
-            region.unmap()
+            region.close()
 
     def __enter__(self) -> SharedMemoryRegistry:
         return self
@@ -367,7 +380,7 @@ class SharedMemoryRegistry:
             )
         return self._directory / object_name
 
-    def _map(self, name: str, key: str, offset: int, byte_size: int) -> tuple[int, mmap.mmap, int]:
+    def _open(self, name: str, key: str, offset: int, byte_size: int) -> int:
         path = self._object_path(name, key)
         flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
         try:
@@ -390,16 +403,13 @@ class SharedMemoryRegistry:
                     f"byte_size {byte_size} runs past the end of {key!r}, which has "
                     f"{info.st_size} bytes"
                 )
-            # A mapping starts at a multiple of the allocation granularity.
-            map_from = offset - offset % mmap.ALLOCATIONGRANULARITY
-            mapping = mmap.mmap(fd, offset + byte_size - map_from, offset=map_from)
         except BaseException:
             os.close(fd)
             raise
-        return fd, mapping, offset - map_from
+        return fd
 
     def _take_out(self, name: str | None) -> list[_Region]:
-        """Under the lock: unregister ``name`` (None or empty: all); those to unmap now."""
+        """Under the lock: unregister ``name`` (None or empty: all); those to close now."""
         names = list(self._regions) if not name else [name] if name in self._regions else []
         done = []
         for each in names:
@@ -423,7 +433,6 @@ class SharedMemoryRegistry:
             _check_span(region.status, reference, tensor)
             region.users += 1
         try:
-            region.check_covered(reference.offset, reference.byte_size)
             yield region
         finally:
             with self._regions_lock:
@@ -431,7 +440,7 @@ class SharedMemoryRegistry:
                 if last:
                     del self._regions[region.status.name]
             if last:
-                region.unmap()
+                region.close()
 
 
 def _check_span(status: RegionStatus, reference: SharedMemoryReference, tensor: str) -> None:
@@ -465,9 +474,7 @@ class _Destination:
 
     def write(self, data: bytes) -> None:
         """Write ``data`` (no longer than the span: the caller checked) at the span's start."""
-        self._region.check_covered(self._reference.offset, len(data))
-        begin = self._region.start + self._reference.offset
-        self._region.mapping[begin : begin + len(data)] = data
+        self._region.write(self._reference.offset, data)
 
 
 def pop_reference(
@@ -634,7 +641,7 @@ class OutputRegions:
         return tuple(marked)
 
     def release(self) -> None:
-        """Let every held region go (unmapped now if it was unregistered meanwhile)."""
+        """Let every held region go (closed now if it was unregistered meanwhile)."""
         self._destinations = {}
         self._holds.close()
 
