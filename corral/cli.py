@@ -209,6 +209,7 @@ TRITON_SPELLINGS = {
     "model_repository": "repository",
     "repository_poll_secs": "poll_interval_s",
     "exit_timeout_secs": "drain_timeout_s",
+    "allow_client_shm": "system_shared_memory",
 }
 
 
@@ -232,9 +233,15 @@ def _triton_spellings(args: argparse.Namespace, given: dict[str, Any]) -> str | 
     return None
 
 
-def _same_setting(setting: str, one: str, other: str) -> bool:
+def _same_setting(setting: str, one: str, other: str | bool) -> bool:
     if setting == "repository":
-        return Path(one).resolve() == Path(other).resolve()
+        return Path(one).resolve() == Path(str(other)).resolve()
+    if isinstance(other, bool):  # corral's --flag / --no-flag against Triton's =true / =false
+        return (
+            one.strip().lower() in ("true", "1", "yes", "on")
+            if other
+            else (one.strip().lower() in ("false", "0", "no", "off"))
+        )
     try:
         return float(one) == float(other)
     except ValueError:

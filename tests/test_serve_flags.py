@@ -209,6 +209,21 @@ def test_tritons_spellings_set_corrals_settings(
     assert len(served) == 2
 
 
+def test_allow_client_shm_is_system_shared_memory(
+    tmp_path: Path, served: list[ServerSettings], capsys: pytest.CaptureFixture[str]
+):
+    assert main(["serve", str(tmp_path), "--allow-client-shm", "true"]) == 0
+    assert main(["serve", str(tmp_path), "--allow-client-shm=false"]) == 0
+    assert main(["serve", str(tmp_path), "--allow-client-shm=true", "--system-shared-memory"]) == 0
+    assert [settings.system_shared_memory for settings in served] == [True, False, True]
+    assert (
+        main(["serve", str(tmp_path), "--allow-client-shm=true", "--no-system-shared-memory"]) == 2
+    )
+    assert "name the same setting with different values" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path), "--allow-client-shm=maybe"]) != 0
+    assert len(served) == 3
+
+
 def test_model_repository_is_the_repository(
     tmp_path: Path, served: list[ServerSettings], capsys: pytest.CaptureFixture[str]
 ):
