@@ -588,6 +588,7 @@ def _tensor_configurations(
                     tensor.dims,
                     format=tensor.format,
                     label_filename=tensor.label_filename,
+                    reshape=tensor.reshape,
                 )
             )
     return tuple(answer)

@@ -447,6 +447,8 @@ def _config_doc(config: ModelConfiguration) -> dict[str, Any]:
             doc["format"] = t.format
         else:
             doc["label_filename"] = t.label_filename
+        if t.reshape is not None:
+            doc["reshape"] = {"shape": list(t.reshape)}
         return doc
 
     doc: dict[str, Any] = {
