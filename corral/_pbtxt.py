@@ -28,6 +28,7 @@ The mapping (``docs/host.md`` has the table):
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -36,7 +37,14 @@ from corral._errors import ModelConfigError
 from corral._providers import MAX_POOL_SIZE
 from corral._signature import Reshape, ReshapedSignature, Signature, TensorSpec
 
-__all__ = ["CONFIG_PBTXT", "check_declared", "parse_pbtxt", "reshaped_signature", "triton_type"]
+__all__ = [
+    "CONFIG_PBTXT",
+    "check_declared",
+    "parse_pbtxt",
+    "pbtxt_from_json",
+    "reshaped_signature",
+    "triton_type",
+]
 
 #: The file name Triton reads in a model folder.
 CONFIG_PBTXT = "config.pbtxt"
@@ -200,6 +208,41 @@ def _parse(text: str, source: str) -> Any:
         detail = str(exc).split(" : ", 1)[-1]
         raise ModelConfigError(f"{source}: {where}: {detail}") from None
     return config
+
+
+def pbtxt_from_json(text: str, *, source: str) -> str:
+    """A model configuration given as JSON (Triton's load ``config`` parameter), as pbtxt text.
+
+    The JSON is parsed into Triton's ``ModelConfig`` message with protobuf's ``json_format``
+    (field names as in the .proto or in lowerCamelCase; an unknown field is an error naming
+    it), then written in the text format, so that it takes the very path a config.pbtxt does
+    (:func:`parse_pbtxt`: every field honoured or refused by name).
+
+    Raises :class:`ModelConfigError` naming ``source`` for text that is not such JSON.
+    """
+    try:
+        from google.protobuf import json_format, text_format
+
+        from corral._proto import model_config_pb2
+    except Exception as exc:  # ImportError, or protobuf's VersionError for too old a runtime
+        raise ModelConfigError(
+            f"{source}: reading a model configuration needs protobuf >= 7.35 "
+            f"(pip install 'corral[grpc]'): {type(exc).__name__}: {exc}"
+        ) from exc
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise ModelConfigError(f"{source}: not JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise ModelConfigError(
+            f"{source}: must be a JSON object (a ModelConfig), got {type(document).__name__}"
+        )
+    config = model_config_pb2.ModelConfig()
+    try:
+        json_format.ParseDict(document, config, ignore_unknown_fields=False)
+    except json_format.ParseError as exc:
+        raise ModelConfigError(f"{source}: not a model configuration: {exc}") from None
+    return str(text_format.MessageToString(config))
 
 
 def _set_leaves(message: Any, prefix: str) -> Iterator[tuple[str, object]]:
