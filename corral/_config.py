@@ -148,6 +148,10 @@ class TensorConfig:
     label_filename: str = ""
     #: Outputs only: one label per class index, for the classification extension.
     labels: tuple[str, ...] = ()
+    #: Triton's ``reshape``: the shape the model itself takes or gives (without the batch
+    #: dimension, as ``dims``), while clients send or get ``dims``; ``()`` is a scalar;
+    #: None: no reshape.
+    reshape: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

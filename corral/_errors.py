@@ -11,7 +11,8 @@
     ├── InvalidModelName       a model name that cannot name a model (empty, "..", "/", too long)
     ├── ModelNotFound          no such model, or no such version of it, in the repository
     ├── ModelLoadError         the model could not be loaded (file, graph, operator, layout)
-    │   ├── ModelConfigError   its model.toml is malformed; the message says where and why
+    │   ├── ModelConfigError   its model.toml, config.pbtxt, or a load's config or files are
+    │   │                      malformed or refused; the message says where and why
     │   ├── ModelTooLarge      it alone is larger than the Host's whole memory budget
     │   └── LoadTimeout        its load did not finish within the Host's load timeout
     ├── SessionClosed          a run was asked of a Session after close() began
@@ -116,7 +117,11 @@ class ModelLoadError(CorralError):
 
 
 class ModelConfigError(ModelLoadError):
-    """A model's ``model.toml`` is malformed; the message names the file, the field and why."""
+    """A model's settings or a load's config or files are malformed or refused.
+
+    The source is its ``model.toml``, its ``config.pbtxt``, or a load's ``config`` or files;
+    the message names it, the field and why.
+    """
 
 
 class ModelTooLarge(ModelLoadError):

@@ -44,7 +44,7 @@ from corral._errors import (
 from corral._load_workers import Claim, LoadWorkers
 from corral._modelfile import read_footprint
 from corral._options import HostOptions
-from corral._pbtxt import check_declared
+from corral._pbtxt import check_declared, reshaped_signature
 from corral._probe import plan_batching
 from corral._providers import resolve_policy, resolve_providers
 from corral._repository import ModelEntry, Repository, validate_model_name
@@ -274,6 +274,9 @@ class Loader:
         try:
             # A config.pbtxt's declarations, before anything runs on the model.
             check_declared(config, session.signature, session.name)
+            reshaped = reshaped_signature(config, session.signature)
+            if reshaped is not None:
+                session.reshape_tensors(reshaped)
             if config.warmup:
                 _warm_up(session)
             # After the warm-up: the probe's runs then cost what a loaded model's runs cost.

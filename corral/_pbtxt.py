@@ -21,22 +21,30 @@ The mapping (``docs/host.md`` has the table):
   not combine them. ``default_queue_policy.max_queue_size`` → ``max_queue_size``.
 - ``instance_group`` (``KIND_CPU`` / ``KIND_AUTO``): the counts summed → ``pool:N``.
 - ``version_policy``, ``default_model_filename``, ``parameters``, ``label_filename``,
-  ``input``/``output`` (name, data_type, dims, format), ``model_warmup`` with ``zero_data``
+  ``input``/``output`` (name, data_type, dims, format, reshape), ``model_warmup`` with ``zero_data``
   inputs, ``optimization.execution_accelerators`` naming ``openvino`` (CPU) or ``tensorrt``
   (GPU) without parameters → providers.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from corral._config import ModelConfig, TensorConfig, VersionPolicy
 from corral._errors import ModelConfigError
 from corral._providers import MAX_POOL_SIZE
-from corral._signature import Signature, TensorSpec
+from corral._signature import Reshape, ReshapedSignature, Signature, TensorSpec
 
-__all__ = ["CONFIG_PBTXT", "check_declared", "parse_pbtxt", "triton_type"]
+__all__ = [
+    "CONFIG_PBTXT",
+    "check_declared",
+    "parse_pbtxt",
+    "pbtxt_from_json",
+    "reshaped_signature",
+    "triton_type",
+]
 
 #: The file name Triton reads in a model folder.
 CONFIG_PBTXT = "config.pbtxt"
@@ -60,9 +68,11 @@ _HONOURED = frozenset(
         "input.data_type",
         "input.format",
         "input.dims",
+        "input.reshape.shape",
         "output.name",
         "output.data_type",
         "output.dims",
+        "output.reshape.shape",
         "output.label_filename",
         "dynamic_batching.max_queue_delay_microseconds",
         "dynamic_batching.default_queue_policy.max_queue_size",
@@ -86,8 +96,6 @@ _WHY = {
     "ensemble_scheduling": "corral does not run ensembles: serve each model on its own",
     "batch_input": "corral's batcher does not make batch inputs",
     "batch_output": "corral's batcher does not scatter batch outputs",
-    "input.reshape": "corral does not reshape tensors: declare the model's own shape",
-    "output.reshape": "corral does not reshape tensors: declare the model's own shape",
     "input.optional": "corral passes every input the model declares: none is optional",
     "input.is_shape_tensor": "shape tensors are a TensorRT feature",
     "output.is_shape_tensor": "shape tensors are a TensorRT feature",
@@ -200,6 +208,41 @@ def _parse(text: str, source: str) -> Any:
         detail = str(exc).split(" : ", 1)[-1]
         raise ModelConfigError(f"{source}: {where}: {detail}") from None
     return config
+
+
+def pbtxt_from_json(text: str, *, source: str) -> str:
+    """A model configuration given as JSON (Triton's load ``config`` parameter), as pbtxt text.
+
+    The JSON is parsed into Triton's ``ModelConfig`` message with protobuf's ``json_format``
+    (field names as in the .proto or in lowerCamelCase; an unknown field is an error naming
+    it), then written in the text format, so that it takes the very path a config.pbtxt does
+    (:func:`parse_pbtxt`: every field honoured or refused by name).
+
+    Raises :class:`ModelConfigError` naming ``source`` for text that is not such JSON.
+    """
+    try:
+        from google.protobuf import json_format, text_format
+
+        from corral._proto import model_config_pb2
+    except Exception as exc:  # ImportError, or protobuf's VersionError for too old a runtime
+        raise ModelConfigError(
+            f"{source}: reading a model configuration needs protobuf >= 7.35 "
+            f"(pip install 'corral[grpc]'): {type(exc).__name__}: {exc}"
+        ) from exc
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise ModelConfigError(f"{source}: not JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise ModelConfigError(
+            f"{source}: must be a JSON object (a ModelConfig), got {type(document).__name__}"
+        )
+    config = model_config_pb2.ModelConfig()
+    try:
+        json_format.ParseDict(document, config, ignore_unknown_fields=False)
+    except json_format.ParseError as exc:
+        raise ModelConfigError(f"{source}: not a model configuration: {exc}") from None
+    return str(text_format.MessageToString(config))
 
 
 def _set_leaves(message: Any, prefix: str) -> Iterator[tuple[str, object]]:
@@ -337,7 +380,44 @@ def _tensor_basics(kind: str, index: int, tensor: Any, pb: Any) -> tuple[str, st
 
 def _input(index: int, tensor: Any, pb: Any) -> TensorConfig:
     name, data_type, dims = _tensor_basics("input", index, tensor, pb)
-    return TensorConfig(name, data_type, dims, format=pb.ModelInput.Format.Name(tensor.format))
+    return TensorConfig(
+        name,
+        data_type,
+        dims,
+        format=pb.ModelInput.Format.Name(tensor.format),
+        reshape=_reshape(f"input[{index}]", tensor, dims),
+    )
+
+
+def _reshape(field: str, tensor: Any, dims: tuple[int, ...]) -> tuple[int, ...] | None:
+    """A tensor's ``reshape.shape``, checked against its ``dims``; None without a reshape.
+
+    The element counts must agree whatever size a variable (-1) dimension takes: each side
+    has at most one -1, both or neither, and the fixed sizes multiply to the same count.
+    """
+    if not tensor.HasField("reshape"):
+        return None
+    shape = _dims(f"{field}.reshape.shape", tensor.reshape.shape)
+    for side, sizes in (("dims", dims), ("reshape.shape", shape)):
+        if sizes.count(-1) > 1:
+            raise ModelConfigError(
+                f"{field}.{side} {list(sizes)} has more than one variable (-1) dimension: "
+                "corral reshapes with at most one, which must match one on the other side"
+            )
+    if dims.count(-1) != shape.count(-1) or _count(dims) != _count(shape):
+        raise ModelConfigError(
+            f"{field}.reshape.shape {list(shape)} does not hold as many elements as its dims "
+            f"{list(dims)} ({tensor.name!r}): a reshape keeps the element count"
+        )
+    return shape
+
+
+def _count(sizes: tuple[int, ...]) -> int:
+    count = 1
+    for size in sizes:
+        if size != -1:
+            count *= size
+    return count
 
 
 def _output(
@@ -347,7 +427,14 @@ def _output(
     labels: tuple[str, ...] = ()
     if tensor.label_filename:
         labels = read_labels(tensor.label_filename, f"output[{index}].label_filename")
-    return TensorConfig(name, data_type, dims, label_filename=tensor.label_filename, labels=labels)
+    return TensorConfig(
+        name,
+        data_type,
+        dims,
+        label_filename=tensor.label_filename,
+        labels=labels,
+        reshape=_reshape(f"output[{index}]", tensor, dims),
+    )
 
 
 def _parameters(parameters: Any) -> tuple[tuple[str, str], ...]:
@@ -497,8 +584,12 @@ def check_declared(config: ModelConfig, signature: Signature, label: str) -> Non
 
 
 def _check_dims(where: str, tensor: TensorConfig, spec: TensorSpec, max_rows: int) -> None:
-    full = ((-1,) if max_rows else ()) + tensor.dims
-    shown = f"dims {list(tensor.dims)}" + (" (after the batch dimension)" if max_rows else "")
+    # With a reshape, the model takes the reshape's shape; the dims are the client's.
+    dims, called = (
+        (tensor.dims, "dims") if tensor.reshape is None else (tensor.reshape, "reshape.shape")
+    )
+    full = ((-1,) if max_rows else ()) + dims
+    shown = f"{called} {list(dims)}" + (" (after the batch dimension)" if max_rows else "")
     if len(full) != len(spec.shape):
         raise ModelConfigError(
             f"{where} has {shown}: {len(full)} dimensions in all, but the model's has "
@@ -518,3 +609,45 @@ def _check_dims(where: str, tensor: TensorConfig, spec: TensorSpec, max_rows: in
                 f"{where} has {shown}, but the model's dimension {axis} is {have} "
                 f"({spec.describe()})"
             )
+
+
+def reshaped_signature(config: ModelConfig, signature: Signature) -> ReshapedSignature | None:
+    """The signature clients see when a config.pbtxt reshapes tensors; None if none is.
+
+    Call it after :func:`check_declared` passed: each reshaped tensor's client-side spec has
+    the model's type and the declared ``dims`` (after a dynamic batch dimension when the
+    config's ``max_batch_size`` is above 0).
+    """
+    declared = {t.name: t for t in (*config.inputs, *config.outputs) if t.reshape is not None}
+    if not declared:
+        return None
+    keep_rows = bool(config.max_batch_size)
+
+    def client_side(
+        specs: tuple[TensorSpec, ...],
+    ) -> tuple[tuple[TensorSpec, ...], tuple[Reshape, ...], tuple[Reshape, ...]]:
+        shown: list[TensorSpec] = []
+        to_model: list[Reshape] = []
+        to_client: list[Reshape] = []
+        for spec in specs:
+            tensor = declared.get(spec.name)
+            if tensor is None or tensor.reshape is None:
+                shown.append(spec)
+                continue
+            dims = tuple(None if d == -1 else d for d in tensor.dims)
+            shape = ((spec.shape[0],) if keep_rows else ()) + dims
+            shown.append(TensorSpec(spec.name, spec.dtype, shape, spec.onnx_type))
+            to_model.append((spec.name, tensor.reshape))
+            to_client.append((spec.name, tensor.dims))
+        return tuple(shown), tuple(to_model), tuple(to_client)
+
+    inputs, input_shapes, _ = client_side(signature.inputs)
+    outputs, _, output_shapes = client_side(signature.outputs)
+    return ReshapedSignature(
+        inputs,
+        outputs,
+        model=signature,
+        input_shapes=input_shapes,
+        output_shapes=output_shapes,
+        keep_rows=keep_rows,
+    )

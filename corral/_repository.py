@@ -42,6 +42,7 @@ from corral._errors import (
     ModelNotFound,
     RepositoryError,
 )
+from corral._overrides import ModelOverride
 from corral._pbtxt import CONFIG_PBTXT, parse_pbtxt
 
 __all__ = [
@@ -155,12 +156,9 @@ class ModelEntry:
         only when its fingerprint changed.
         """
         file = self.versions.get(version)
-        return (
-            None if file is None else (file.size, file.mtime_ns),
-            self.config.concurrency,
-            self.config.providers,
-            self.config.warmup,
-        )
+        # The whole configuration (dataclass equality): a copy built with another batch size,
+        # another declared tensor or another override is not interchangeable either.
+        return (None if file is None else (file.size, file.mtime_ns), self.config)
 
 
 class _Root(NamedTuple):
@@ -183,8 +181,13 @@ class Repository:
     Nothing is cached: every call looks at the disk, and :attr:`ModelEntry.fingerprint` tells
     a caller whether a model changed since it last looked. A root that is a symlink is
     resolved again by each call, which reads everything against that one target. Its only
-    mutable state is the target last seen (to log a switch once), under a lock, so any
-    number of threads may call :meth:`names`, :meth:`entry` and :meth:`scan` at once.
+    mutable state is the target last seen (to log a switch once) and the models' overrides
+    (:meth:`replace_override`), each under its lock, so any number of threads may call
+    :meth:`names`, :meth:`entry` and :meth:`scan` at once.
+
+    A model with an override (``corral._overrides``: a load's ``config`` and files) is read
+    through it: its settings from the override's text, its versions and files from the
+    override's folder when it has one (a folder outside the root, written by corral itself).
 
     Example::
 
@@ -206,6 +209,9 @@ class Repository:
         # Guards _target: the root's target last seen, to log each switch once.
         self._target_lock = threading.Lock()
         self._target = real
+        # Guards _overrides: each overridden model's ModelOverride.
+        self._overrides_lock = threading.Lock()
+        self._overrides: dict[str, ModelOverride] = {}
 
     @property
     def root(self) -> Path:
@@ -238,13 +244,38 @@ class Repository:
             )
         return _Root(real, real if real.endswith(os.sep) else real + os.sep)
 
+    def override(self, name: str) -> ModelOverride | None:
+        """The override a load put in place for model ``name``, or None."""
+        with self._overrides_lock:
+            return self._overrides.get(name)
+
+    def replace_override(
+        self, name: str, override: ModelOverride | None, *, expected: ModelOverride | None
+    ) -> bool:
+        """Put ``override`` in place for ``name`` (None: none), if ``expected`` is in place.
+
+        Returns False, changing nothing, when another override (or none) is in place: a
+        compare-and-set, so that a failed load gives back only what it took.
+        """
+        validate_model_name(name)
+        with self._overrides_lock:
+            if self._overrides.get(name) is not expected:
+                return False
+            if override is None:
+                self._overrides.pop(name, None)
+            else:
+                self._overrides[name] = override
+            return True
+
     def names(self) -> list[str]:
         """The names of all models, sorted: sub-folders and bare ``<name>.onnx`` files.
 
         Entries whose names cannot name a model (hidden files, spaces ...) are skipped. This
-        reads the root folder only, so it stays fast for tens of thousands of models.
+        reads the root folder only, so it stays fast for tens of thousands of models. Models
+        whose files were uploaded by a load are listed too.
         """
-        found: set[str] = set()
+        with self._overrides_lock:
+            found = {name for name, o in self._overrides.items() if o.folder is not None}
         root = self._resolve()
         try:
             with os.scandir(root.real) as listing:
@@ -272,6 +303,9 @@ class Repository:
         reported in :attr:`ModelEntry.error`, never raised.
         """
         validate_model_name(name)
+        override = self.override(name)
+        if override is not None and override.folder is not None:
+            return self._uploaded_entry(name, override, override.folder)
         root = self._resolve()
         folder_path = os.path.join(root.real, name)
         bare_path = folder_path + _BARE_SUFFIX
@@ -288,8 +322,14 @@ class Repository:
             )
             return _make_entry(name, {}, ModelConfig(), None, [error], layout="both")
         if folder is not None:
-            return self._folder_entry(root, name, folder_path, folder)
+            return self._folder_entry(root, name, folder_path, folder, override)
         if bare is not None:
+            if override is not None:
+                error = ModelConfigError(
+                    f"model {name!r} is the file {bare_path}: a load's config applies only "
+                    "to a model folder"
+                )
+                return _make_entry(name, {}, ModelConfig(), None, [error], layout="file")
             return self._bare_entry(root, name, bare_path, bare)
         if not os.path.isdir(root.real):
             # Moved away or unmounted: that says nothing of whether the model exists, and a
@@ -372,12 +412,37 @@ class Repository:
         version = ModelVersion(1, Path(found.real), found.stat.st_size, found.stat.st_mtime_ns)
         return _make_entry(name, {1: version}, ModelConfig(), None, [], layout="file")
 
-    def _folder_entry(self, root: _Root, name: str, path: str, found: _Found) -> ModelEntry:
+    def _uploaded_entry(self, name: str, override: ModelOverride, folder: str) -> ModelEntry:
+        # A folder corral wrote itself (corral._overrides.Uploads), read as a model folder
+        # confined to itself.
+        root = _Root(folder, folder + os.sep)
+        try:
+            found = _Found(folder, os.stat(folder))
+        except OSError as exc:
+            error = ModelLoadError(
+                f"model {name!r}: its uploaded files in {folder} are gone: {exc}"
+            )
+            return _make_entry(name, {}, ModelConfig(), None, [error], layout="uploaded")
+        return self._folder_entry(root, name, folder, found, override, layout="uploaded")
+
+    def _folder_entry(
+        self,
+        root: _Root,
+        name: str,
+        path: str,
+        found: _Found,
+        override: ModelOverride | None = None,
+        *,
+        layout: str = "folder",
+    ) -> ModelEntry:
         if found.stat is None:
             error = self._outside(root, name, path, found.real)
-            return _make_entry(name, {}, ModelConfig(), None, [error], layout="folder")
+            return _make_entry(name, {}, ModelConfig(), None, [error], layout=layout)
         problems: list[ModelLoadError] = []
-        config, config_stamp = self._read_config(root, name, path, found.real, problems)
+        if override is None:
+            config, config_stamp = self._read_config(root, name, path, found.real, problems)
+        else:
+            config, config_stamp = self._read_override(root, name, found.real, override, problems)
         versions: dict[int, ModelVersion] = {}
         try:
             with os.scandir(found.real) as listing:
@@ -398,7 +463,32 @@ class Repository:
                     f"{os.path.join(path, '<N>', config.model_filename)} with N a positive integer"
                 )
             )
-        return _make_entry(name, versions, config, config_stamp, problems, layout="folder")
+        return _make_entry(name, versions, config, config_stamp, problems, layout=layout)
+
+    def _read_override(
+        self,
+        root: _Root,
+        name: str,
+        real_folder: str,
+        override: ModelOverride,
+        problems: list[ModelLoadError],
+    ) -> tuple[ModelConfig, tuple[object, ...]]:
+        """A load's config, read instead of the folder's model.toml and config.pbtxt."""
+        source = f"model {name!r}: the load's config"
+        labels: list[tuple[object, ...]] = []
+        try:
+            config = parse_pbtxt(
+                override.config_text,
+                source=source,
+                model_name=name,
+                read_labels=lambda path, field: self._read_labels(
+                    root, source, real_folder, path, field, labels
+                ),
+            )
+        except ModelConfigError as exc:
+            problems.append(exc)
+            return ModelConfig(), ("override", override.generation)
+        return config, ("override", override.generation, *labels)
 
     def _read_config(
         self,

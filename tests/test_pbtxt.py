@@ -131,9 +131,9 @@ def test_an_unknown_field_is_named():
             "timeout",
         ),
         (
-            'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } } ]',
-            "input[0].reshape.shape",
-            "reshape",
+            'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 3 ] } } ]',
+            "input[0].reshape.shape [3]",
+            "element count",
         ),
         ("instance_group [ { count: 1 kind: KIND_GPU gpus: [ 1 ] } ]", "gpus", "GPUs"),
         ("instance_group [ { count: 100 } ]", "100 instances", "pool:64"),

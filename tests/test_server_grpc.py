@@ -714,9 +714,10 @@ def test_repository_index_load_and_unload(datatypes_repo: Path):
 
         error = await refused(s.client.load_model("nope"))
         assert error.status() == "StatusCode.NOT_FOUND"
-        error = await refused(s.client.load_model("tree", config='{"max_batch_size": 8}'))
-        assert error.status() == "StatusCode.UNIMPLEMENTED"
-        assert "config" in error.message()
+        error = await refused(s.client.load_model("tree", config='{"max_batch_sise": 8}'))
+        assert error.status() == "StatusCode.UNAVAILABLE"
+        assert "failed to load 'tree'" in error.message()
+        assert "max_batch_sise" in error.message()
 
     run(datatypes_repo, scenario)
 

@@ -548,8 +548,18 @@ class DataPlane:
             rows.extend(_index_rows(model, ready_only))
         return rows
 
-    async def load(self, name: str) -> None:
+    async def load(
+        self,
+        name: str,
+        *,
+        config: str | None = None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
         """Load (or reload) a model now; its errors are raised.
+
+        ``config`` and ``files`` are Triton's load parameters (``config``, ``file:<path>``
+        without its prefix), passed to :meth:`Host.load`: a JSON model configuration and the
+        model folder's files, used instead of the repository's until a later load.
 
         The message of a :class:`ModelNotFound` or :class:`ModelLoadError` starts with
         ``failed to load '<name>': ``, the words Triton's clients match on.
@@ -557,7 +567,9 @@ class DataPlane:
         Bounded by the Host's ``load_timeout_s`` (:class:`LoadTimeout`).
         """
         try:
-            await self._control.run(f"loading model {name!r}", None, self._host.load, name)
+            await self._control.run(
+                f"loading model {name!r}", None, self._host.load, name, config=config, files=files
+            )
         except (ModelNotFound, ModelLoadError) as exc:
             raise _failed_to_load(name, exc) from exc
         with self._unloaded_lock:
@@ -651,6 +663,7 @@ def _tensor_configurations(
                     tensor.dims,
                     format=tensor.format,
                     label_filename=tensor.label_filename,
+                    reshape=tensor.reshape,
                 )
             )
     return tuple(answer)

@@ -54,6 +54,7 @@ from corral.protocol.types import (
     RepositoryModel,
     RequestedOutput,
     ServerMetadata,
+    TensorConfiguration,
     TensorMetadata,
 )
 
@@ -204,6 +205,7 @@ def encode_model_config(config: ModelConfiguration) -> pb.ModelConfigResponse:
                 data_type=_data_type(t.data_type),
                 dims=t.dims,
                 format=t.format,
+                reshape=_reshape(t),
             )
             for t in config.inputs
         ],
@@ -213,6 +215,7 @@ def encode_model_config(config: ModelConfiguration) -> pb.ModelConfigResponse:
                 data_type=_data_type(t.data_type),
                 dims=t.dims,
                 label_filename=t.label_filename,
+                reshape=_reshape(t),
             )
             for t in config.outputs
         ],
@@ -239,6 +242,12 @@ def encode_model_config(config: ModelConfiguration) -> pb.ModelConfigResponse:
         message.dynamic_batching.max_queue_delay_microseconds = config.batch_window_us
         message.dynamic_batching.default_queue_policy.max_queue_size = config.max_queue_size
     return pb.ModelConfigResponse(config=message)
+
+
+def _reshape(tensor: TensorConfiguration) -> pb.ModelTensorReshape | None:
+    if tensor.reshape is None:
+        return None
+    return pb.ModelTensorReshape(shape=tensor.reshape)
 
 
 def encode_statistics(rows: Sequence[ModelStatistics]) -> pb.ModelStatisticsResponse:

@@ -150,6 +150,9 @@ class TensorConfiguration:
     format: str = "FORMAT_NONE"
     #: Outputs only: the label file a config.pbtxt names (the classification extension).
     label_filename: str = ""
+    #: The shape the model itself takes or gives, when a config.pbtxt reshapes the tensor
+    #: (``dims`` is then the client's); None: no reshape.
+    reshape: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ import dataclasses
 import functools
 import hmac
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 try:
@@ -286,13 +286,8 @@ class InferenceServicer:
     ) -> pb.RepositoryModelLoadResponse:
         """Load (or reload) a model from its files now; its load errors are the answer."""
         _one_repository(request.repository_name)
-        if request.parameters:
-            raise _Refused(
-                grpc.StatusCode.UNIMPLEMENTED,
-                f"load parameters {sorted(request.parameters)} are not supported: corral loads "
-                "a model from its files in the repository, without config or file overrides",
-            )
-        await self._plane.load(request.model_name)
+        config, files = _load_parameters(request.model_name, request.parameters)
+        await self._plane.load(request.model_name, config=config, files=files)
         return pb.RepositoryModelLoadResponse()
 
     @_answers
@@ -479,3 +474,38 @@ def _one_repository(name: str) -> None:
             grpc.StatusCode.UNIMPLEMENTED,
             f"repository_name {name!r}: corral serves one repository; leave it empty",
         )
+
+
+def _load_parameters(
+    name: str, parameters: Mapping[str, Any]
+) -> tuple[str | None, dict[str, bytes] | None]:
+    """A RepositoryModelLoad's ``config`` (string_param) and ``file:<path>`` (bytes_param)."""
+    what = f"failed to load {name!r}"
+    config: str | None = None
+    files: dict[str, bytes] = {}
+    unknown = []
+    for key, value in parameters.items():
+        choice = value.WhichOneof("parameter_choice")
+        if key == "config":
+            if choice != "string_param":
+                raise _Refused(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{what}: the 'config' parameter must be a string_param of JSON, got {choice}",
+                )
+            config = value.string_param
+        elif key.startswith("file:"):
+            if choice != "bytes_param":
+                raise _Refused(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{what}: the parameter {key!r} must be a bytes_param, got {choice}",
+                )
+            files[key.removeprefix("file:")] = value.bytes_param
+        else:
+            unknown.append(key)
+    if unknown:
+        raise _Refused(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{what}: load parameters {sorted(unknown)} are not supported: a load takes "
+            "'config' and 'file:<version>/<name>'",
+        )
+    return config, files or None

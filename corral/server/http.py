@@ -17,6 +17,8 @@ Example::
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -324,13 +326,18 @@ class HttpApp:
             rows = await self._plane.repository_index(ready_only=ready_only)
             await _json(send, 200, [_index_doc(row) for row in rows])
         elif len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
-            # Parameters are accepted and not used.
             with self._bodies.reserve(0) as held:
-                await self._read_inflated(scope, receive, held)
-            if rest[2] == "load":
-                await self._plane.load(rest[1])
-            else:
-                await self._plane.unload(rest[1])
+                body = await self._read_inflated(scope, receive, held)
+                if rest[2] == "load":
+                    if len(body) > DECODE_INLINE_BYTES:
+                        config, files = await run_blocking(_load_parameters, rest[1], body)
+                    else:
+                        config, files = _load_parameters(rest[1], body)
+                    # Held until the load ends: the uploaded bytes are in memory until then.
+                    await self._plane.load(rest[1], config=config, files=files)
+                else:
+                    _unload_parameters(rest[1], body)
+                    await self._plane.unload(rest[1])
             await _respond(send, 200, b"", _JSON)
         else:
             raise HttpError(404, "no such repository endpoint")
@@ -381,6 +388,66 @@ class HttpApp:
         key, offset, byte_size = _register_request(body)
         await self._plane.register_shared_memory(name, key, offset, byte_size)
         await _respond(send, 200, b"", _JSON)
+
+
+def _control_parameters(what: str, body: bytes) -> dict[str, Any]:
+    """The ``parameters`` of a load or unload body (``{}`` for an empty body)."""
+    if not body.strip():
+        return {}
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise HttpError(400, f"{what}: the request is not JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise HttpError(400, f'{what}: the request must be a JSON object {{"parameters": {{...}}}}')
+    unknown = sorted(set(document) - {"parameters"})
+    if unknown:
+        raise HttpError(400, f"{what}: unknown request fields {unknown}: only 'parameters'")
+    parameters = document.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise HttpError(400, f"{what}: 'parameters' must be a JSON object")
+    return parameters
+
+
+def _load_parameters(name: str, body: bytes) -> tuple[str | None, dict[str, bytes] | None]:
+    """A load's ``config`` and its ``file:<path>`` files, base64-decoded; others refused."""
+    what = f"failed to load {name!r}"
+    parameters = _control_parameters(what, body)
+    config = parameters.get("config")
+    if config is not None and not isinstance(config, str):
+        raise HttpError(400, f"{what}: the 'config' parameter must be a string of JSON")
+    files: dict[str, bytes] = {}
+    unknown = []
+    for key, value in parameters.items():
+        if key == "config":
+            continue
+        if not key.startswith("file:"):
+            unknown.append(key)
+            continue
+        if not isinstance(value, str):
+            raise HttpError(400, f"{what}: the parameter {key!r} must be a base64 string")
+        try:
+            files[key.removeprefix("file:")] = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise HttpError(400, f"{what}: the parameter {key!r} is not base64: {exc}") from None
+    if unknown:
+        raise HttpError(
+            400,
+            f"{what}: load parameters {sorted(unknown)} are not supported: a load takes "
+            "'config' and 'file:<version>/<name>'",
+        )
+    return config, files or None
+
+
+def _unload_parameters(name: str, body: bytes) -> None:
+    """Check an unload's parameters: only Triton's ``unload_dependents`` (no model has any)."""
+    what = f"failed to unload {name!r}"
+    parameters = _control_parameters(what, body)
+    unknown = sorted(set(parameters) - {"unload_dependents"})
+    if unknown:
+        raise HttpError(400, f"{what}: unload parameters {unknown} are not supported")
+    if not isinstance(parameters.get("unload_dependents", False), bool):
+        raise HttpError(400, f"{what}: 'unload_dependents' must be true or false")
 
 
 def _inflate_and_decode(
@@ -552,6 +619,8 @@ def _config_doc(config: ModelConfiguration) -> dict[str, Any]:
             doc["format"] = t.format
         else:
             doc["label_filename"] = t.label_filename
+        if t.reshape is not None:
+            doc["reshape"] = {"shape": list(t.reshape)}
         return doc
 
     doc: dict[str, Any] = {
