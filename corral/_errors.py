@@ -12,7 +12,8 @@
     ├── ModelNotFound          no such model, or no such version of it, in the repository
     ├── ModelLoadError         the model could not be loaded (file, graph, operator, layout)
     │   ├── ModelConfigError   its model.toml, config.pbtxt, or a load's config or files are
-    │   │                      malformed or refused; the message says where and why
+    │   │   │                  malformed or refused; the message says where and why
+    │   │   └── UploadRefused  a load's file: parameters name a path corral will not write
     │   ├── ModelTooLarge      it alone is larger than the Host's whole memory budget
     │   └── LoadTimeout        its load did not finish within the Host's load timeout
     ├── SessionClosed          a run was asked of a Session after close() began
@@ -55,6 +56,7 @@ __all__ = [
     "RuntimeClosed",
     "RuntimeConfigError",
     "SessionClosed",
+    "UploadRefused",
 ]
 
 
@@ -121,6 +123,14 @@ class ModelConfigError(ModelLoadError):
 
     The source is its ``model.toml``, its ``config.pbtxt``, or a load's ``config`` or files;
     the message names it, the field and why.
+    """
+
+
+class UploadRefused(ModelConfigError):
+    """A load's ``file:`` parameters name a path or content corral will not write.
+
+    The message starts with Triton's words for it ("failed to poll from model repository"),
+    which its clients match on.
     """
 
 

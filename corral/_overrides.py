@@ -27,7 +27,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from corral._errors import ModelConfigError
+from corral._errors import ModelConfigError, UploadRefused
 
 __all__ = ["ModelOverride", "Uploads", "check_upload_paths"]
 
@@ -38,6 +38,8 @@ _FILE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 _VERSION_RE = re.compile(r"[1-9][0-9]{0,17}")
 # Read from the override, never from uploaded files: settings come only with ``config``.
 _SETTINGS_FILES = frozenset({"config.pbtxt", "model.toml"})
+# Triton's words for an upload it cannot write, which its clients match on.
+_POLL_FAILED = "failed to poll from model repository"
 
 
 @dataclass(frozen=True)
@@ -57,19 +59,21 @@ def check_upload_paths(files: Mapping[str, bytes]) -> dict[str, bytes]:
     """Check the relative paths of a load's files; return them as ``{path: bytes}``.
 
     A path is ``<version>/<file>`` (a positive integer, then a plain file name) or ``<file>``
-    (a file of the model's folder, such as a label file). Raises :class:`ModelConfigError`
-    naming the first path that is not, and for an empty set or a settings file (config.pbtxt,
-    model.toml: settings come with ``config``).
+    (a file of the model's folder, such as a label file). Raises :class:`UploadRefused`
+    naming the first path that is not, or whose content is not bytes, and for a settings file
+    (config.pbtxt, model.toml: settings come with ``config``); :class:`ModelConfigError` for an
+    empty set.
     """
     if not files:
         raise ModelConfigError("no files were given to load")
     checked: dict[str, bytes] = {}
     for path, content in files.items():
         if not isinstance(path, str):
-            raise ModelConfigError(f"file path {path!r} must be a string")
+            raise UploadRefused(f"{_POLL_FAILED}: file path {path!r} must be a string")
         if not isinstance(content, bytes | bytearray | memoryview):
-            raise ModelConfigError(
-                f"file {path!r} must be given as bytes, got {type(content).__name__}"
+            raise UploadRefused(
+                f"{_POLL_FAILED}: file {path!r} must be given as bytes, got "
+                f"{type(content).__name__}"
             )
         parts = path.split("/")
         if not (
@@ -78,15 +82,16 @@ def check_upload_paths(files: Mapping[str, bytes]) -> dict[str, bytes]:
                 len(parts) == 2 and _VERSION_RE.fullmatch(parts[0]) and _FILE_RE.fullmatch(parts[1])
             )
         ):
-            raise ModelConfigError(
-                f"file path {path!r} is not '<version>/<file name>' or '<file name>': a "
-                "positive version number and plain names of letters, digits, '_', '.' and "
-                "'-' (no '..', no absolute path, no hidden file), inside the model's folder"
+            raise UploadRefused(
+                f"{_POLL_FAILED}: file path {path!r} is not '<version>/<file name>' or "
+                "'<file name>': a positive version number and plain names of letters, "
+                "digits, '_', '.' and '-' (no '..', no absolute path, no hidden file), inside "
+                "the model's folder"
             )
         if parts[-1] in _SETTINGS_FILES:
-            raise ModelConfigError(
-                f"file path {path!r}: a model's settings come with the 'config' parameter, "
-                "not as a file"
+            raise UploadRefused(
+                f"{_POLL_FAILED}: file path {path!r}: a model's settings come with the "
+                "'config' parameter, not as a file"
             )
         checked[path] = bytes(content)
     return checked

@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
+import corral
 from corral import Host
 from corral._errors import ModelConfigError, ModelLoadError
 from corral.protocol import DataPlane
@@ -139,7 +140,7 @@ def test_a_label_file_may_come_with_the_files(host: Host):
     ],
 )
 def test_hostile_paths_are_refused_before_anything_is_written(host: Host, path: str):
-    with pytest.raises(ModelConfigError) as caught:
+    with pytest.raises(corral.UploadRefused) as caught:
         host.load("fresh", config="{}", files={path: b"x"})
     assert repr(path) in str(caught.value), caught.value
     assert uploads_root(host) is None  # nothing was written, not even the folder
@@ -279,6 +280,17 @@ def test_stock_clients_load_with_config_and_files(repo: Path, tmp_path: Path):
                 with pytest.raises(InferenceServerException) as caught:
                     load("up", files={"file:1/model.onnx": first})
                 assert "without a config" in caught.value.message()
+            # Triton's simple_grpc_model_control: a file name longer than NAME_MAX is refused
+            # with Triton's code and words, which the example checks; HTTP answers 400.
+            long_path = "file:" + "A" * 256
+            with pytest.raises(InferenceServerException) as caught:
+                client.load_model("up", config="{}", files={long_path: b"a"})
+            assert caught.value.status() == "StatusCode.INTERNAL"
+            assert "failed to poll from model repository" in caught.value.message()
+            with pytest.raises(InferenceServerException) as caught:
+                http.load_model("up", config="{}", files={long_path: b"a"})
+            assert caught.value.status() == "400"
+            assert "failed to poll from model repository" in caught.value.message()
             # Larger than --max-request-bytes: refused by each transport's own bound.
             with pytest.raises(InferenceServerException) as caught:
                 http.load_model("up", config="{}", files={"file:1/model.onnx": big})

@@ -48,6 +48,7 @@ from corral._errors import (
     RepositoryError,
     RuntimeClosed,
     SessionClosed,
+    UploadRefused,
 )
 from corral.protocol import grpc_codec
 from corral.protocol.dataplane import DataPlane, run_blocking, status_for
@@ -81,6 +82,9 @@ STATUS: dict[type[CorralError], grpc.StatusCode] = {
     # Triton answers a failed load with INTERNAL; corral says UNAVAILABLE, as its HTTP 503
     # does: the load is retried after a back-off, or at once when the model's files change.
     ModelLoadError: grpc.StatusCode.UNAVAILABLE,
+    # An upload path corral will not write is the client's mistake, but Triton answers it
+    # INTERNAL and its clients check for that code (its own code marks it a to-do).
+    UploadRefused: grpc.StatusCode.INTERNAL,
     # As HTTP's 503: a provider this build lacks, a repository folder gone.
     ProviderUnavailable: grpc.StatusCode.UNAVAILABLE,
     RepositoryError: grpc.StatusCode.UNAVAILABLE,

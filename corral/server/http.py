@@ -42,6 +42,7 @@ from corral._errors import (
     RepositoryError,
     RuntimeClosed,
     SessionClosed,
+    UploadRefused,
 )
 from corral.protocol.dataplane import DataPlane, run_blocking, status_for
 from corral.protocol.http_codec import HEADER_LENGTH, decode_request, encode_error, encode_response
@@ -90,6 +91,8 @@ STATUS: dict[type[CorralError], int] = {
     Overloaded: 429,
     InferenceError: 500,
     ModelLoadError: 503,
+    # The client's mistake, as Triton's HTTP endpoint answers it.
+    UploadRefused: 400,
     # A model.toml naming a provider this build lacks, a repository folder gone: the server
     # cannot serve it here and now, as with a failed load.
     ProviderUnavailable: 503,
