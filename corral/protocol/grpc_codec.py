@@ -93,6 +93,8 @@ def decode_request(request: pb.ModelInferRequest) -> InferRequest:
         decoded = decode_request(pb.ModelInferRequest.FromString(data))
     """
     raw = request.raw_input_contents
+    if raw:
+        _check_no_contents(request)
     if raw and len(raw) != len(request.inputs):
         raise InvalidInput(
             f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
@@ -102,12 +104,6 @@ def decode_request(request: pb.ModelInferRequest) -> InferRequest:
     for index, tensor in enumerate(request.inputs):
         shape = tuple(tensor.shape)
         if raw:
-            if tensor.HasField("contents"):
-                raise InvalidInput(
-                    f"input {tensor.name!r} has contents although the request uses "
-                    "raw_input_contents; use one or the other for all inputs",
-                    tensor=tensor.name,
-                )
             data = decode_tensor(raw[index], tensor.datatype, shape, name=tensor.name)
         else:
             data = _from_contents(tensor, shape)
@@ -232,6 +228,18 @@ def encode_repository_index(rows: Sequence[RepositoryModel]) -> pb.RepositoryInd
             for row in rows
         ]
     )
+
+
+def _check_no_contents(request: pb.ModelInferRequest) -> None:
+    # Triton's words, which its clients' examples match on, then what to do about it.
+    for tensor in request.inputs:
+        if tensor.HasField("contents"):
+            raise InvalidInput(
+                f"contents field must not be specified when using raw_input_contents for "
+                f"{tensor.name!r} for model {request.model_name!r}: send every input either in "
+                "raw_input_contents or in contents",
+                tensor=tensor.name,
+            )
 
 
 def _request_parameters(entries: Mapping[str, pb.InferParameter]) -> Parameters:
