@@ -368,6 +368,7 @@ class DataPlane:
         """
         started = time.perf_counter_ns()
         self._check_explicit(name)
+        _refuse_unserved_parameters(request.parameters)
         classes = {
             output.name: count
             for output in request.outputs
@@ -538,6 +539,26 @@ class DataPlane:
 
 
 _NO_REQUESTS = RequestStats()
+
+
+#: Request parameters of Triton's that corral cannot honour, and why. Each is refused when
+#: set to anything but its default (0, an empty string, false), which asks for nothing.
+UNSERVED_PARAMETERS = {
+    "sequence_id": "corral has no sequence batcher: it serves stateless models only",
+    "sequence_start": "corral has no sequence batcher: it serves stateless models only",
+    "sequence_end": "corral has no sequence batcher: it serves stateless models only",
+    "priority": "corral's queues have no priorities",
+}
+
+
+def _refuse_unserved_parameters(parameters: Mapping[str, object]) -> None:
+    for key, reason in UNSERVED_PARAMETERS.items():
+        value = parameters.get(key)
+        if value not in (None, 0, "", False):
+            raise InvalidInput(
+                f"the request parameter {key!r} ({value!r}) is not supported: {reason}; "
+                "send the request without it"
+            )
 
 
 def _failed_to_load(name: str, error: CorralError) -> CorralError:
