@@ -152,33 +152,48 @@ def build_sequence_stand_in(controls: Sequence[str]) -> bytes:
 
 
 def build_classifier(
-    input_name: str, output_name: str, dims: tuple[int, int, int], channel_axis: int, classes: int
+    input_name: str,
+    output_name: str,
+    dims: tuple[int, int, int],
+    channel_axis: int,
+    classes: int,
+    output_shape: Sequence[int] | None = None,
 ) -> bytes:
     """An image classifier: the mean of each channel, a linear layer, a softmax.
 
     ``dims`` is the image's shape without a batch dimension (CHW or HWC: ``channel_axis``
-    says which); the output is ``[classes]`` probabilities. The weights are fixed by a seed,
-    so a given image always gets the same classes.
+    says which); the output is ``[classes]`` probabilities. With ``output_shape`` the model
+    has Triton's own shapes instead: the input ``[1, *dims]`` and the output ``output_shape``
+    (``[1, 1000, 1, 1]`` for DenseNet), as its config.pbtxt ``reshape`` expects. The weights
+    are fixed by a seed, so a given image always gets the same classes.
     """
     rng = np.random.default_rng(16)
     channels = dims[channel_axis]
-    spatial = [axis for axis in range(3) if axis != channel_axis]
+    lead = 0 if output_shape is None else 1
+    spatial = [axis + lead for axis in range(3) if axis != channel_axis]
     weights = numpy_helper.from_array(
         rng.standard_normal((channels, classes)).astype(np.float32), "W"
     )
     bias = numpy_helper.from_array(rng.standard_normal(classes).astype(np.float32), "b")
+    initializers = [weights, bias]
+    softmax_output = output_name if output_shape is None else "probabilities"
     nodes = [
         helper.make_node("ReduceMean", [input_name], ["pooled"], axes=spatial, keepdims=0),
         helper.make_node("MatMul", ["pooled", "W"], ["logits0"]),
         helper.make_node("Add", ["logits0", "b"], ["logits"]),
-        helper.make_node("Softmax", ["logits"], [output_name], axis=-1),
+        helper.make_node("Softmax", ["logits"], [softmax_output], axis=-1),
     ]
+    if output_shape is not None:
+        shape = np.array(output_shape, dtype=np.int64)
+        initializers.append(numpy_helper.from_array(shape, "output_shape"))
+        nodes.append(helper.make_node("Reshape", [softmax_output, "output_shape"], [output_name]))
+    image = [1] * lead + list(dims)
     graph = helper.make_graph(
         nodes,
         "classifier",
-        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, list(dims))],
-        [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, [classes])],
-        [weights, bias],
+        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, image)],
+        [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, output_shape or [classes])],
+        initializers,
     )
     return _model(graph)
 
@@ -236,6 +251,10 @@ def _sequence_config(name: str, controls: Sequence[str]) -> str:
     )
 
 
+def _shape(dims: Sequence[int]) -> str:
+    return "[ " + ", ".join(str(d) for d in dims) + " ]"
+
+
 def _classifier_config(
     name: str,
     input_name: str,
@@ -244,16 +263,17 @@ def _classifier_config(
     image_format: str,
     classes: int,
     labels: str,
+    output_shape: Sequence[int] | None,
 ) -> str:
-    shown = "[ " + ", ".join(str(d) for d in dims) + " ]"
+    input_extra = f"    format: {image_format}\n"
+    output_extra = f'    label_filename: "{labels}"\n'
+    if output_shape is not None:
+        input_extra += f"    reshape {{ shape: {_shape([1, *dims])} }}\n"
+        output_extra = f"    reshape {{ shape: {_shape(output_shape)} }}\n" + output_extra
     return (
         f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
-        + _tensors("input", [(input_name, "TYPE_FP32", shown)], f"    format: {image_format}\n")
-        + _tensors(
-            "output",
-            [(output_name, "TYPE_FP32", f"[ {classes} ]")],
-            f'    label_filename: "{labels}"\n',
-        )
+        + _tensors("input", [(input_name, "TYPE_FP32", _shape(dims))], input_extra)
+        + _tensors("output", [(output_name, "TYPE_FP32", f"[ {classes} ]")], output_extra)
     )
 
 
@@ -271,8 +291,13 @@ def _write_labels(folder: Path, filename: str, classes: int) -> None:
     (folder / filename).write_text("\n".join(lines) + "\n")
 
 
-def build_repository(root: Path) -> list[str]:
-    """Write the eight models of Triton's example repository under ``root``; their names."""
+def build_repository(root: Path, *, reshape: bool = False) -> list[str]:
+    """Write the eight models of Triton's example repository under ``root``; their names.
+
+    With ``reshape`` the image models take and give Triton's own shapes (``[1, 3, 224, 224]``
+    in, ``[1, 1000, 1, 1]`` out for DenseNet) and their config.pbtxt ``reshape`` them to the
+    declared dims, as Triton's example repository does.
+    """
     root.mkdir(parents=True, exist_ok=True)
     for name, element, data_type in [
         ("simple", TensorProto.INT32, "TYPE_INT32"),
@@ -291,8 +316,17 @@ def build_repository(root: Path) -> list[str]:
         ("simple_dyna_sequence", ("START", "END", "READY", "CORRID")),
     ]:
         _write(root, name, build_sequence_stand_in(controls), _sequence_config(name, controls))
-    for name, input_name, output_name, dims, channel_axis, image_format, classes in [
-        ("densenet_onnx", "data_0", "fc6_1", (3, 224, 224), 0, "FORMAT_NCHW", 1000),
+    for name, input_name, output_name, dims, channel_axis, image_format, classes, shape in [
+        (
+            "densenet_onnx",
+            "data_0",
+            "fc6_1",
+            (3, 224, 224),
+            0,
+            "FORMAT_NCHW",
+            1000,
+            [1, 1000, 1, 1],
+        ),
         (
             "inception_onnx",
             "input:0",
@@ -301,14 +335,18 @@ def build_repository(root: Path) -> list[str]:
             2,
             "FORMAT_NHWC",
             1001,
+            [1, 1001],
         ),
     ]:
         labels = f"{name.split('_')[0]}_labels.txt"
+        output_shape = shape if reshape else None
         folder = _write(
             root,
             name,
-            build_classifier(input_name, output_name, dims, channel_axis, classes),
-            _classifier_config(name, input_name, output_name, dims, image_format, classes, labels),
+            build_classifier(input_name, output_name, dims, channel_axis, classes, output_shape),
+            _classifier_config(
+                name, input_name, output_name, dims, image_format, classes, labels, output_shape
+            ),
         )
         _write_labels(folder, labels, classes)
     return sorted(MODEL_NAMES)
@@ -402,6 +440,12 @@ def invocations(script: Path, served: Served, image: Path) -> list[tuple[str, li
         return [(name, [*http, str(image)])]
     if name == "reuse_infer_objects_client.py":
         return [(f"{name} (HTTP)", http), (f"{name} -i grpc", ["-i", "grpc", *grpc])]
+    if name == "simple_http_infer_client.py":
+        compressed = ["--request-compression-algorithm", "gzip"]
+        compressed += ["--response-compression-algorithm", "deflate"]
+        return [(name, http), (f"{name} gzip/deflate", [*http, *compressed])]
+    if name == "simple_grpc_infer_client.py":
+        return [(name, grpc), (f"{name} gzip", [*grpc, "--grpc-compression-algorithm", "gzip"])]
     if name == "memory_growth_test.py":
         return []  # it hard-codes localhost:8000 and :8001: it could reach another server
     return [(name, grpc if "grpc" in name else http)]
@@ -418,16 +462,21 @@ def first_error(output: str) -> str:
     """The line of an example's output that says what went wrong."""
     # Lines of punctuation only (the ">" closing a gRPC error's repr) say nothing.
     lines = [line.strip() for line in output.splitlines() if re.search(r"\w", line)]
+    if not lines:
+        return "(no output)"
     details = [line for line in lines if line.startswith("details = ")]
     if details:
         return details[0].removeprefix("details = ").strip('"')
+    refusals = [line for line in lines if "is not supported" in line]
+    if refusals:
+        return refusals[0]
     if any(line.startswith("Traceback") for line in lines):
         return lines[-1]
     keywords = ("error", "fail", "exception", "not supported", "unknown", "incorrect", "expect")
     for line in lines:
         if any(word in line.lower() for word in keywords):
             return line
-    return lines[-1] if lines else ""
+    return lines[-1]
 
 
 def run_example(
@@ -502,9 +551,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         help="a folder to put on the examples' PYTHONPATH (for attrdict, say); repeatable",
     )
+    parser.add_argument(
+        "--reshape",
+        action="store_true",
+        help="give the image models Triton's own shapes and config.pbtxt reshape (corral must "
+        "support reshape to load them)",
+    )
     parser.add_argument("--verbose", action="store_true", help="print each failure's output")
     arguments = parser.parse_args(argv)
-    names = build_repository(arguments.folder)
+    names = build_repository(arguments.folder, reshape=arguments.reshape)
     print(f"wrote {len(names)} models to {arguments.folder}: {', '.join(names)}")
     if not arguments.run:
         return 0
