@@ -71,6 +71,7 @@ __all__ = [
     "PLATFORM",
     "READY_LOAD_TIMEOUT_S",
     "UNLOAD_TIMEOUT_S",
+    "UNSERVED_PARAMETERS",
     "DataPlane",
     "run_blocking",
     "status_for",
