@@ -491,9 +491,11 @@ def version_number(name: str, version: int | str) -> int:
     """The version a request names, as a number; :class:`ModelNotFound` if it names none."""
     number = _number_or_none(version)
     if number is None:
+        # Triton's words for a version that is not a number, which its examples match on.
         raise ModelNotFound(
-            f"Request for unknown model: {name!r} version {version!r} is not found: "
-            "versions are positive integers"
+            f"Request for unknown model: {name!r} version {version!r} is not found: failed to "
+            f"get model version from specified version string {str(version)!r} (versions are "
+            "positive integers)"
         )
     return number
 

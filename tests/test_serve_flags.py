@@ -45,6 +45,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "idle_timeout_s": ("7.5", 7.5),
     "max_connections": ("100", 100),
     "ready_load_timeout_s": ("2.5", 2.5),
+    "server_name": ("triton", "triton"),
     "model_control_mode": ("explicit", "explicit"),
     "load_model": ("mlp", ("mlp",)),
     "max_shared_memory_regions": ("16", 16),

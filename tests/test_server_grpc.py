@@ -491,8 +491,12 @@ def test_bad_inputs_are_invalid_argument_naming_the_tensor(datatypes_repo: Path)
         tensor = mixed.inputs.add(name="X", datatype="FP32", shape=[3, 4])
         tensor.contents.fp32_contents.extend(X.ravel().tolist())
         error = await refused_raw(s.stub.ModelInfer(mixed))
-        assert "'X'" in error.details()
-        assert "one or the other" in error.details()
+        # Triton's words, which its grpc_explicit_*_content_client examples match on.
+        assert (
+            "contents field must not be specified when using raw_input_contents for 'X' for "
+            "model 'mlp'" in error.details()
+        )
+        assert "either in raw_input_contents or in contents" in error.details()
 
         bf16 = pb.ModelInferRequest(model_name="mlp", raw_input_contents=[b"\0\0"])
         bf16.inputs.add(name="X", datatype="BF16", shape=[1])
@@ -890,5 +894,31 @@ def test_a_slow_filesystem_holds_up_only_the_calls_that_need_it(
         )
         assert fast.as_numpy("Y").shape == (3, 1)
         assert answered_right(slow), slow
+
+    run(datatypes_repo, scenario)
+
+
+@pytest.mark.timeout(60)
+def test_methods_corral_does_not_serve_are_unimplemented_with_the_reason(datatypes_repo: Path):
+    async def scenario(s: Served) -> None:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{s.port}") as channel:
+            for method, reason in [
+                ("ModelStreamInfer", "send each request with ModelInfer"),
+                ("CudaSharedMemoryRegister", "CUDA shared memory is not supported"),
+                ("TraceSetting", "no request tracing"),
+                ("SomethingNew", "corral does not implement SomethingNew"),
+            ]:
+                call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
+                error = await refused_raw(call(b""))
+                assert error.code() is grpc.StatusCode.UNIMPLEMENTED
+                assert f"inference.GRPCInferenceService/{method} is not supported" in str(
+                    error.details()
+                )
+                assert reason in str(error.details())
+            # Another service is not corral's to answer for: grpc's own answer stays.
+            other = channel.unary_unary("/grpc.health.v1.Health/Check")
+            error = await refused_raw(other(b""))
+            assert error.code() is grpc.StatusCode.UNIMPLEMENTED
+            assert "is not supported" not in str(error.details())
 
     run(datatypes_repo, scenario)

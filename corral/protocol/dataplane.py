@@ -608,6 +608,8 @@ class DataPlane:
 _NO_REQUESTS = RequestStats()
 
 
+#: Request parameters of Triton's that corral cannot honour, and why. Each is refused when
+#: set to anything but its default (0, an empty string, false), which asks for nothing.
 def _failed_to_load(name: str, error: CorralError) -> CorralError:
     # The same type, its message led by Triton's words ("failed to load 'simple', ...").
     prefixed = copy.copy(error)

@@ -126,8 +126,9 @@ def decode_request(
         elif raw:
             if tensor.HasField("contents"):
                 raise InvalidInput(
-                    f"input {tensor.name!r} has contents although the request uses "
-                    "raw_input_contents; use one or the other for all inputs",
+                    f"contents field must not be specified when using raw_input_contents for "
+                    f"{tensor.name!r} for model {request.model_name!r}: send every input "
+                    "either in raw_input_contents or in contents",
                     tensor=tensor.name,
                 )
             data = decode_tensor(raw[raw_index], tensor.datatype, shape, name=tensor.name)

@@ -8,8 +8,10 @@ that it does not get it.
 
 What is honoured (the codecs take the binary extension's own parameters before this check):
 
-* on the request: ``timeout`` (microseconds, 0: none), ``binary_data_output`` (HTTP), and
-  ``priority`` 0 (the default: corral has one priority level);
+* on the request: ``timeout`` (microseconds, 0: none) and ``binary_data_output`` (HTTP);
+  ``sequence_id``, ``sequence_start``, ``sequence_end`` and ``priority`` only at their
+  defaults (0, an empty string, false), which ask for nothing: corral has no sequence batcher
+  and one priority level;
 * on an input: the system shared memory extension's ``shared_memory_region``,
   ``shared_memory_byte_size`` and ``shared_memory_offset``;
 * on a requested output: ``classification`` (the classification extension) and the same three
@@ -24,6 +26,7 @@ from corral._errors import InvalidInput
 from corral.protocol.types import InferRequest, Parameters
 
 __all__ = [
+    "DEFAULT_ONLY_PARAMETERS",
     "INPUT_PARAMETERS",
     "OUTPUT_PARAMETERS",
     "REQUEST_PARAMETERS",
@@ -35,7 +38,9 @@ SHARED_MEMORY_PARAMETERS = frozenset(
     {"shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"}
 )
 #: Request parameters corral honours.
-REQUEST_PARAMETERS = frozenset({"timeout", "binary_data_output", "priority"})
+REQUEST_PARAMETERS = frozenset({"timeout", "binary_data_output"})
+#: Request parameters accepted only at their defaults (0, "", false), which ask for nothing.
+DEFAULT_ONLY_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority"})
 #: Input parameters corral honours (``binary_data_size`` is the HTTP codec's own).
 INPUT_PARAMETERS = SHARED_MEMORY_PARAMETERS
 #: Requested-output parameters corral honours (``binary_data`` is the HTTP codec's own).
@@ -46,16 +51,20 @@ _WHY = {
     "sequence_id": "corral serves stateless models: sequence batching is not supported",
     "sequence_start": "corral serves stateless models: sequence batching is not supported",
     "sequence_end": "corral serves stateless models: sequence batching is not supported",
-    "priority": "corral has one priority level: only priority 0 (the default) is accepted",
+    "priority": "corral has one priority level",
 }
 
 
 def check_parameters(request: InferRequest) -> None:
     """Raise :class:`InvalidInput` naming the parameters ``request`` carries in vain."""
-    priority = request.parameters.get("priority")
-    if priority is not None and (type(priority) is not int or priority != 0):
-        raise InvalidInput(f"the request parameter 'priority' is {priority!r}: {_WHY['priority']}")
-    _check("the request", request.parameters, REQUEST_PARAMETERS)
+    for key in sorted(DEFAULT_ONLY_PARAMETERS & request.parameters.keys()):
+        value = request.parameters[key]
+        if value not in (0, "", False):
+            raise InvalidInput(
+                f"the request parameter {key!r} is {value!r}: {_WHY[key]}; send it at its "
+                "default (0, empty, false) or not at all"
+            )
+    _check("the request", request.parameters, REQUEST_PARAMETERS | DEFAULT_ONLY_PARAMETERS)
     for tensor in request.inputs:
         _check(f"input {tensor.name!r}", tensor.parameters, INPUT_PARAMETERS, tensor=tensor.name)
     for output in request.outputs:

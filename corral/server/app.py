@@ -128,6 +128,7 @@ async def serve(
     try:
         plane = DataPlane(
             host,
+            name=settings.server_name,
             ready_load_timeout_s=settings.ready_load_timeout_s,
             explicit=settings.model_control_mode == "explicit",
             loads_at_start=bool(settings.load_model),

@@ -120,6 +120,12 @@ class ServerSettings(BaseSettings):
         description="seconds a model readiness request waits for the load it starts of a "
         "model not loaded; past it the answer is not ready and the load goes on",
     )
+    server_name: str = Field(
+        "corral",
+        min_length=1,
+        description="the name server metadata reports (GET /v2, ServerMetadata); Triton's "
+        "clients that check they talk to Triton expect 'triton'",
+    )
     # -- Triton's model control ------------------------------------------------------------
     model_control_mode: Literal["none", "poll", "explicit"] | None = Field(
         None,
