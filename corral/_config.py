@@ -188,6 +188,10 @@ class ModelConfig:
     max_queue_size: int | None = None
     #: Triton's free-form ``parameters`` (name, string value), reported back as they came.
     parameters: tuple[tuple[str, str], ...] = ()
+    #: Whether requests may share runs. A config.pbtxt sets it False when it has no
+    #: ``dynamic_batching``: Triton then combines no requests, and ``max_batch_size`` only says
+    #: that the first dimension is the batch's (each request brings its own rows).
+    combine_requests: bool = True
 
     def __post_init__(self) -> None:
         _check_optional_count("max_batch_size", self.max_batch_size)
@@ -197,6 +201,7 @@ class ModelConfig:
             object.__setattr__(self, "providers", _check_providers(self.providers))
         _check_bool("pinned", self.pinned)
         _check_bool("warmup", self.warmup)
+        _check_bool("combine_requests", self.combine_requests)
         if not isinstance(self.version_policy, VersionPolicy):
             raise _FieldError(
                 "version_policy", f"must be a VersionPolicy, got {_describe(self.version_policy)}"
@@ -251,7 +256,15 @@ class ModelConfig:
 
 # model.toml's keys: the fields a config.pbtxt alone sets (and the source) are not among them.
 _PBTXT_ONLY = frozenset(
-    {"source", "model_filename", "inputs", "outputs", "max_queue_size", "parameters"}
+    {
+        "source",
+        "model_filename",
+        "inputs",
+        "outputs",
+        "max_queue_size",
+        "parameters",
+        "combine_requests",
+    }
 )
 _KNOWN_KEYS = tuple(sorted(f.name for f in fields(ModelConfig) if f.name not in _PBTXT_ONLY))
 

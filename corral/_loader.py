@@ -287,6 +287,8 @@ class Loader:
                 enabled=self._options.batching,
                 default_rows=DEFAULT_MAX_BATCH_SIZE,
                 label=session.name,
+                source=config.source,
+                combine=config.combine_requests,
             )
             logger.info("corral: %s version %s %s", name, version, plan.reason)
             window = (config.batch_window_us or 0) if plan.max_rows else 0

@@ -316,6 +316,7 @@ def _map(
         "max_batch_size": message.max_batch_size,
         # Triton combines requests only with dynamic_batching; without it none is held.
         "batch_window_us": window,
+        "combine_requests": batching,
         "version_policy": _version_policy(message.version_policy, pb),
         "inputs": tuple(_input(i, tensor, pb) for i, tensor in enumerate(message.input)),
         "outputs": tuple(

@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from corral._config import ModelConfig
 from corral._counters import RunCounters
-from corral._errors import SessionClosed
+from corral._errors import InvalidInput, SessionClosed
 from corral._probe import BatchPlan
 from corral._runtime import Runtime
 from corral._scheduler import ModelQueue, QueueKey, Scheduler, deadline_after
@@ -61,6 +61,7 @@ class ServedVersion:
         "name",
         "pinned",
         "queue_limit",
+        "row_limit",
         "run_admitted",
         "session",
         "size_bytes",
@@ -100,6 +101,12 @@ class ServedVersion:
         self.queue_limit = queue_limit
         #: The settings it was built with (its model.toml's or config.pbtxt's).
         self.config = ModelConfig() if config is None else config
+        #: The most rows one request may bring; 0: no limit. A config.pbtxt's max_batch_size
+        #: bounds each request's batch dimension, as Triton's does; model.toml's bounds only
+        #: the batches formed.
+        self.row_limit = (
+            (self.config.max_batch_size or 0) if self.config.source == "config.pbtxt" else 0
+        )
         #: What its queue counts into: the Host's counters of this version, shared by every
         #: copy of it, so that they outlive this one.
         self.counters = counters
@@ -164,7 +171,21 @@ class ServedVersion:
     ) -> dict[str, npt.NDArray[Any]]:
         """Run on the calling thread; raises SessionClosed once it is out of service."""
         self.last_used = time.time()
+        if self.row_limit:
+            self.check_rows(inputs)
         return self.session.run(inputs, outputs)
+
+    def check_rows(self, inputs: Mapping[str, Any]) -> None:
+        """Refuse inputs with more rows than :attr:`row_limit` (Triton's words first)."""
+        for tensor, value in inputs.items():
+            shape = getattr(value, "shape", None)
+            if shape and shape[0] > self.row_limit:
+                raise InvalidInput(
+                    f"inference request batch-size must be <= {self.row_limit} for "
+                    f"{self.name!r}: input {tensor!r} has {shape[0]} rows, and the model's "
+                    f"config.pbtxt says max_batch_size: {self.row_limit}",
+                    tensor=tensor,
+                )
 
     def enqueue(
         self,
@@ -182,6 +203,8 @@ class ServedVersion:
         try:
             signature = self.session.signature
             feed = signature.prepare_inputs(inputs)
+            if self.row_limit:
+                self.check_rows(feed)
             names = signature.output_names(outputs)
             queue = self._queue or self._make_queue()
             scheduler = self._scheduler
@@ -260,6 +283,8 @@ class HostLease:
         self, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None
     ) -> dict[str, npt.NDArray[Any]]:
         """Run the model on the calling thread (see :meth:`Session.run`)."""
+        if self._served.row_limit:
+            self._served.check_rows(inputs)
         return self._lease.run(inputs, outputs)
 
     async def infer_async(

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import corral
 from corral import Host
 from corral._config import ModelConfig, TensorConfig, VersionPolicy
 from corral._errors import ModelConfigError
@@ -231,15 +232,62 @@ def test_declarations_that_do_not_match_the_model_fail_its_load(
     assert named in str(caught.value), caught.value
 
 
-def test_a_matching_config_serves_with_its_batch_size(tmp_path: Path):
+@pytest.mark.parametrize(
+    ("extra", "combined_rows"),
+    [("", 0), ("dynamic_batching { max_queue_delay_microseconds: 100 }\n", 8)],
+    ids=["no dynamic_batching", "dynamic_batching"],
+)
+def test_a_matching_config_serves_with_its_batch_size(
+    tmp_path: Path, extra: str, combined_rows: int
+):
+    # As in Triton: max_batch_size says the first dimension is the batch's; only with
+    # dynamic_batching are requests combined, up to max_batch_size rows.
     add_model(tmp_path, "linear", build_linear())
-    (tmp_path / "linear" / "config.pbtxt").write_text(LINEAR)
+    (tmp_path / "linear" / "config.pbtxt").write_text(LINEAR + extra)
     with Host(tmp_path) as host:
         outputs = host.infer("linear", {"X": np.ones((2, 4), np.float32)})
         assert outputs["Y"].shape == (2, 1)
         with host.acquire("linear") as lease:
-            assert lease.max_batch_size == 8
+            assert lease.max_batch_size == combined_rows
+            assert lease.config.max_batch_size == 8
             assert lease.config.source == "config.pbtxt"
+            assert lease.batching.startswith("not batched" if not combined_rows else "batched")
+        # Each request's batch dimension is bounded by max_batch_size, as Triton's is.
+        nine = np.ones((9, 4), np.float32)
+        with pytest.raises(corral.InvalidInput, match="batch-size must be <= 8 for 'linear'"):
+            host.infer("linear", {"X": nine})
+        with host.acquire("linear") as lease, pytest.raises(corral.InvalidInput, match="<= 8"):
+            lease.run({"X": nine})
+
+
+def test_strings_with_a_batch_dimension_and_no_dynamic_batching_are_served(tmp_path: Path):
+    # Triton's simple_identity: BYTES tensors cannot be combined, but max_batch_size: 8
+    # without dynamic_batching asks for no combining; with dynamic_batching it is refused.
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["S"], ["T"])],
+        "strings",
+        [helper.make_tensor_value_info("S", TensorProto.STRING, ["rows", "n"])],
+        [helper.make_tensor_value_info("T", TensorProto.STRING, ["rows", "n"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    add_model(tmp_path, "strings", model.SerializeToString())
+    config = tmp_path / "strings" / "config.pbtxt"
+    config.write_text(
+        'name: "strings"\nmax_batch_size: 8\n'
+        'input [ { name: "S" data_type: TYPE_STRING dims: [ -1 ] } ]\n'
+        'output [ { name: "T" data_type: TYPE_STRING dims: [ -1 ] } ]\n'
+    )
+    with Host(tmp_path) as host:
+        words = np.array([[b"a", b"bc"]], dtype=object)
+        answer = host.infer("strings", {"S": words})["T"]
+        assert answer.tolist() == [["a", "bc"]]  # onnxruntime gives strings back as str
+        config.write_text(config.read_text() + "dynamic_batching { }\n")
+        host.unload("strings")
+        with pytest.raises(ModelConfigError, match="remove dynamic_batching"):
+            host.load("strings")
 
 
 # -- a real server, stock clients ------------------------------------------------------------

@@ -911,9 +911,10 @@ def test_methods_corral_does_not_serve_are_unimplemented_with_the_reason(datatyp
                 call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
                 error = await refused_raw(call(b""))
                 assert error.code() is grpc.StatusCode.UNIMPLEMENTED
-                assert f"inference.GRPCInferenceService/{method} is not supported" in str(
-                    error.details()
-                )
+                if method != "CudaSharedMemoryRegister":  # its own servicer method answers
+                    assert f"inference.GRPCInferenceService/{method} is not supported" in str(
+                        error.details()
+                    )
                 assert reason in str(error.details())
             # Another service is not corral's to answer for: grpc's own answer stays.
             other = channel.unary_unary("/grpc.health.v1.Health/Check")

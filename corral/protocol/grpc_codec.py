@@ -111,6 +111,16 @@ def decode_request(
         for params, tensor in zip(parameters, request.inputs, strict=True)
     ]
     plain = sum(reference is None for reference in references)
+    if raw:
+        # Triton's words first, which its clients' examples match on, then what to do.
+        for tensor, reference in zip(request.inputs, references, strict=True):
+            if reference is None and tensor.HasField("contents"):
+                raise InvalidInput(
+                    f"contents field must not be specified when using raw_input_contents for "
+                    f"{tensor.name!r} for model {request.model_name!r}: send every input "
+                    "either in raw_input_contents or in contents",
+                    tensor=tensor.name,
+                )
     if raw and len(raw) != plain:
         raise InvalidInput(
             f"raw_input_contents has {len(raw)} entries for {plain} inputs not in shared "
@@ -124,13 +134,6 @@ def decode_request(
         if reference is not None:
             data = _from_shared_memory(tensor, shape, reference, shared_memory)
         elif raw:
-            if tensor.HasField("contents"):
-                raise InvalidInput(
-                    f"contents field must not be specified when using raw_input_contents for "
-                    f"{tensor.name!r} for model {request.model_name!r}: send every input "
-                    "either in raw_input_contents or in contents",
-                    tensor=tensor.name,
-                )
             data = decode_tensor(raw[raw_index], tensor.datatype, shape, name=tensor.name)
             raw_index += 1
         else:

@@ -40,7 +40,7 @@ SHARED_MEMORY_PARAMETERS = frozenset(
 #: Request parameters corral honours.
 REQUEST_PARAMETERS = frozenset({"timeout", "binary_data_output"})
 #: Request parameters accepted only at their defaults (0, "", false), which ask for nothing.
-DEFAULT_ONLY_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority"})
+DEFAULT_ONLY_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "priority")
 #: Input parameters corral honours (``binary_data_size`` is the HTTP codec's own).
 INPUT_PARAMETERS = SHARED_MEMORY_PARAMETERS
 #: Requested-output parameters corral honours (``binary_data`` is the HTTP codec's own).
@@ -57,14 +57,14 @@ _WHY = {
 
 def check_parameters(request: InferRequest) -> None:
     """Raise :class:`InvalidInput` naming the parameters ``request`` carries in vain."""
-    for key in sorted(DEFAULT_ONLY_PARAMETERS & request.parameters.keys()):
-        value = request.parameters[key]
-        if value not in (0, "", False):
+    for key in DEFAULT_ONLY_PARAMETERS:
+        value = request.parameters.get(key)
+        if value not in (None, 0, "", False):
             raise InvalidInput(
-                f"the request parameter {key!r} is {value!r}: {_WHY[key]}; send it at its "
-                "default (0, empty, false) or not at all"
+                f"the request parameter {key!r} ({value!r}) is not supported: {_WHY[key]}; "
+                "send it at its default (0, empty, false) or not at all"
             )
-    _check("the request", request.parameters, REQUEST_PARAMETERS | DEFAULT_ONLY_PARAMETERS)
+    _check("the request", request.parameters, REQUEST_PARAMETERS.union(DEFAULT_ONLY_PARAMETERS))
     for tensor in request.inputs:
         _check(f"input {tensor.name!r}", tensor.parameters, INPUT_PARAMETERS, tensor=tensor.name)
     for output in request.outputs:
