@@ -208,6 +208,81 @@ def test_an_expired_job_learns_it_when_it_returns():
 
 
 @pytest.mark.timeout(30)
+def test_a_job_that_finished_but_runs_past_its_deadline_keeps_its_slot():
+    # It finished (published) before its deadline, then lingers: it is never expired, and
+    # its slot is not handed to the next job while its thread is still busy with it.
+    workers = LoadWorkers(1, timeout_s=0.05)
+    finished = threading.Event()
+    go_on = threading.Event()
+    expired = threading.Event()
+    second_ran = threading.Event()
+
+    def lingering(claim: Claim) -> None:
+        claim.on_expire(expired.set)
+        assert claim.finish()
+        finished.set()
+        assert go_on.wait(10)
+
+    workers.submit(lingering)
+    workers.submit(lambda claim: second_ran.set())
+    assert finished.wait(10)
+    # Past its deadline the watchdog took it off the jobs it watches; the second still waits.
+    wait_until(lambda: not workers._running)
+    assert not second_ran.is_set()
+    assert workers.abandoned == 0
+    go_on.set()
+    assert second_ran.wait(10)
+    assert workers.close(timeout=10) == 0
+    assert not expired.is_set()
+
+
+@pytest.mark.timeout(30)
+def test_a_job_that_raises_is_logged_and_its_slot_serves_the_next(caplog):
+    workers = LoadWorkers(1, timeout_s=60.0)
+    ran = threading.Event()
+
+    def broken(claim: Claim) -> None:
+        raise OSError("disk gone")
+
+    workers.submit(broken)
+    workers.submit(lambda claim: ran.set())
+    assert ran.wait(10)
+    assert workers.close(timeout=10) == 0
+    (record,) = [r for r in caplog.records if r.getMessage() == "corral: a load job raised"]
+    assert record.exc_info is not None
+    assert isinstance(record.exc_info[1], OSError)
+    assert workers.abandoned == 0
+
+
+@pytest.mark.timeout(30)
+def test_an_undo_that_raises_is_logged_and_the_others_still_run(caplog):
+    workers = LoadWorkers(1, timeout_s=0.05)
+    go_on = threading.Event()
+    undone: list[str] = []
+
+    def broken_undo() -> None:
+        raise RuntimeError("undo failed")
+
+    def stuck(claim: Claim) -> None:
+        claim.on_expire(lambda: undone.append("first"))
+        claim.on_expire(broken_undo)
+        claim.on_expire(lambda: undone.append("last"))
+        assert go_on.wait(10)
+
+    workers.submit(stuck)
+    wait_until(lambda: workers.abandoned == 1)
+    wait_until(lambda: undone == ["first", "last"])
+    (record,) = [
+        r for r in caplog.records if r.getMessage() == "corral: undoing an expired load failed"
+    ]
+    assert record.exc_info is not None
+    assert isinstance(record.exc_info[1], RuntimeError)
+    go_on.set()
+    assert workers.close(timeout=10) == 0
+    wait_until(lambda: workers.abandoned == 0)
+
+
+@pytest.mark.timeout(30)
 def test_control_calls_are_bounded_in_wait_and_number():
     control = ControlThreads(limit=2)
     release = threading.Event()
