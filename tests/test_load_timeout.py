@@ -7,6 +7,7 @@ mount would hold it; only models whose name starts with "hung" are held.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -63,7 +64,9 @@ def hung_repo(repo: Path) -> Path:
 
 
 @pytest.mark.timeout(60)
-def test_a_hung_load_fails_with_load_timeout_and_frees_its_slot(hung_repo: Path, hung_loads):
+def test_a_hung_load_fails_with_load_timeout_and_frees_its_slot(
+    hung_repo: Path, hung_loads, caplog
+):
     with Host(hung_repo, load_concurrency=1, load_timeout_s=0.5) as host:
         started = time.monotonic()
         with pytest.raises(corral.LoadTimeout, match=r"'hung_a'.*load_timeout_s=0.5s"):
@@ -91,6 +94,8 @@ def test_a_hung_load_fails_with_load_timeout_and_frees_its_slot(hung_repo: Path,
         wait_until(lambda: host._loader.abandoned == 0)
         assert host.stats().loaded_versions == 1
         assert corral.runtime().stats().sessions_alive == 1
+    # Answered once: the job, when its build returned, did not answer the request again.
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 @pytest.mark.timeout(60)
@@ -321,3 +326,23 @@ def test_a_control_call_raises_what_its_call_raises():
             await control.run("the status", 1.0, broken)
 
     asyncio.run(scenario())
+
+
+@pytest.mark.timeout(60)
+def test_a_load_that_expires_waiting_for_room_closes_what_it_evicted(repo: Path, caplog):
+    # "mlp" holds the only slot and is in use: "tree"'s load waits for room past its deadline.
+    # Once the lease ends, the wait evicts "mlp" for the load that gave up: that copy is out
+    # of the table, so it must be closed, not left alive (it was, before: a leaked session).
+    with Host(repo, max_loaded_models=1, load_timeout_s=0.3) as host:
+        lease = host.acquire("mlp")
+        with pytest.raises(corral.LoadTimeout, match=r"'tree'.*load_timeout_s=0.3s"):
+            host.infer("tree", {"X": X}, timeout=10)
+        assert host._loader.abandoned == 1
+        lease.release()
+        wait_until(lambda: host._loader.abandoned == 0)
+        assert host.stats().loaded_versions == 0
+        assert host._table._bytes_reserved == 0
+        wait_until(lambda: corral.runtime().stats().sessions_alive == 0)
+        assert host.infer("mlp", {"X": X})["Y"].shape == (2, 1)
+    # The request was answered once: no second answer tried (and logged) when the load returned.
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
