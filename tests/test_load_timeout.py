@@ -346,3 +346,34 @@ def test_a_load_that_expires_waiting_for_room_closes_what_it_evicted(repo: Path,
         assert host.infer("mlp", {"X": X})["Y"].shape == (2, 1)
     # The request was answered once: no second answer tried (and logged) when the load returned.
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+@pytest.mark.timeout(30)
+def test_a_control_call_whose_thread_cannot_start_gives_its_place_back(monkeypatch):
+    # At the process's thread limit start() raises; the call must not keep its place, or
+    # limit such failures would leave the control plane refusing everything for good.
+    import types
+
+    from corral.protocol import control as control_module
+
+    control = ControlThreads(limit=1)
+
+    class Unstartable(threading.Thread):
+        def start(self) -> None:
+            raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(control_module, "threading", types.SimpleNamespace(Thread=Unstartable))
+
+    async def refused() -> None:
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            await control.run("the index", 1.0, lambda: "never")
+
+    asyncio.run(refused())
+    assert control.in_flight == 0
+    monkeypatch.undo()
+
+    async def answered() -> str:
+        return await control.run("the index", 1.0, lambda: "ok")
+
+    assert asyncio.run(answered()) == "ok"
+    wait_until(lambda: control.in_flight == 0)
