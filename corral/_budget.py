@@ -16,14 +16,20 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from corral._errors import InvalidOption
+from corral._modelfile import ModelFootprint
 
 __all__ = [
+    "EXTERNAL_BYTES_FACTOR",
     "FILE_BYTES_FACTOR",
+    "NODES_IN_OVERHEAD",
+    "NODE_BYTES",
     "SESSION_OVERHEAD_BYTES",
+    "TENSOR_BYTES_PER_4",
     "Limits",
     "Resident",
     "Usage",
     "choose_victims",
+    "estimate_footprint_bytes",
     "estimate_model_bytes",
     "fits",
     "parse_bytes",
@@ -32,10 +38,22 @@ __all__ = [
 #: Resident memory of one tiny onnxruntime session on corral's Runtime, measured (about
 #: 80 KiB for a tree, a linear model or a small MLP on onnxruntime 1.32), rounded up.
 SESSION_OVERHEAD_BYTES = 96 * 1024
-#: Resident bytes per byte of model file. Measured: 2.0x for a 2 MB MLP, 2.6x for a 66 KB
-#: MLP, 5.9x for a 100-tree forest (onnxruntime expands tree ensembles). 4 errs on the side
-#: of the budget for weights and keeps forests within a factor of 1.5.
+#: Resident bytes per byte of model file that is not tensor values (graph structure and
+#: attributes). Measured: 5.8x for a 100-tree forest (onnxruntime expands tree ensembles);
+#: 4 keeps forests within a factor of 1.5. :func:`estimate_model_bytes` applies it to the
+#: whole file.
 FILE_BYTES_FACTOR = 4
+
+#: Resident bytes per 4 bytes of tensor values held in the model file: 7 (1.75x). onnxruntime
+#: copies them out of the parsed model and prepacks some (measured 1.3x to 2.0x).
+TENSOR_BYTES_PER_4 = 7
+#: Resident bytes per byte of tensor values held in external data files (measured 1.0x).
+EXTERNAL_BYTES_FACTOR = 1
+#: Resident bytes per graph node past the first :data:`NODES_IN_OVERHEAD`: measured about
+#: 3,080 on a 40,000-node graph of tiny tensors.
+NODE_BYTES = 3072
+#: Nodes that :data:`SESSION_OVERHEAD_BYTES` already covers (the small models it was measured on).
+NODES_IN_OVERHEAD = 16
 
 _UNITS = {
     "": 1,
@@ -55,17 +73,44 @@ _Key = TypeVar("_Key", bound=Hashable)
 
 
 def estimate_model_bytes(file_bytes: int, replicas: int = 1) -> int:
-    """Resident memory a model is expected to take once loaded.
+    """Resident memory a model known only by its file's size is expected to take once loaded.
 
     ``replicas`` onnxruntime sessions (a ``pool:N`` policy builds N) of a model file of
     ``file_bytes``: each costs :data:`SESSION_OVERHEAD_BYTES` plus
-    :data:`FILE_BYTES_FACTOR` times the file. On the test models it stays within a factor
-    of 2.5 of the measured RSS (``tests/test_host.py``).
+    :data:`FILE_BYTES_FACTOR` times the file. On small models it stays within a factor
+    of 2.5 of the measured RSS (``tests/test_host.py``); it knows nothing of external data
+    or graph size. The Host estimates from what the file holds
+    (:func:`estimate_footprint_bytes`); this one sizes Ray replicas from file sizes.
 
     >>> estimate_model_bytes(1000)
     102304
     """
     return replicas * (SESSION_OVERHEAD_BYTES + FILE_BYTES_FACTOR * file_bytes)
+
+
+def estimate_footprint_bytes(footprint: ModelFootprint, replicas: int = 1) -> int:
+    """Resident memory a model is expected to take once loaded, from what its file holds.
+
+    ``replicas`` onnxruntime sessions (a ``pool:N`` policy builds N), each costing
+    :data:`SESSION_OVERHEAD_BYTES`; 1.75 times the bytes of its tensors in the file
+    (:data:`TENSOR_BYTES_PER_4`); :data:`EXTERNAL_BYTES_FACTOR` times those in external data
+    files; :data:`FILE_BYTES_FACTOR` times the rest of the file (graph structure and
+    attributes: a tree ensemble's trees are attributes); :data:`NODE_BYTES` per node past
+    :data:`NODES_IN_OVERHEAD`. On the calibration set (``benchmarks/calibrate.py``, 17
+    models, ``docs/host.md``) it is within a factor of 1.7 of the RSS measured.
+
+    >>> estimate_footprint_bytes(ModelFootprint(file_bytes=1000))
+    102304
+    """
+    structure = max(0, footprint.file_bytes - footprint.tensor_bytes)
+    nodes = max(0, footprint.nodes - NODES_IN_OVERHEAD)
+    return replicas * (
+        SESSION_OVERHEAD_BYTES
+        + FILE_BYTES_FACTOR * structure
+        + -(-TENSOR_BYTES_PER_4 * footprint.tensor_bytes // 4)  # rounded up
+        + EXTERNAL_BYTES_FACTOR * footprint.external_bytes
+        + NODE_BYTES * nodes
+    )
 
 
 def parse_bytes(value: int | str, *, option: str = "memory_budget") -> int:

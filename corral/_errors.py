@@ -12,7 +12,8 @@
     ├── ModelNotFound          no such model, or no such version of it, in the repository
     ├── ModelLoadError         the model could not be loaded (file, graph, operator, layout)
     │   ├── ModelConfigError   its model.toml is malformed; the message says where and why
-    │   └── ModelTooLarge      it alone is larger than the Host's whole memory budget
+    │   ├── ModelTooLarge      it alone is larger than the Host's whole memory budget
+    │   └── LoadTimeout        its load did not finish within the Host's load timeout
     ├── SessionClosed          a run was asked of a Session after close() began
     ├── HostClosed             a request was made of a Host after close() began
     ├── InvalidInput           an input tensor is missing, unknown, or of the wrong dtype or shape
@@ -41,6 +42,7 @@ __all__ = [
     "InvalidInput",
     "InvalidModelName",
     "InvalidOption",
+    "LoadTimeout",
     "ModelConfigError",
     "ModelLoadError",
     "ModelNotFound",
@@ -119,6 +121,14 @@ class ModelConfigError(ModelLoadError):
 
 class ModelTooLarge(ModelLoadError):
     """The model alone is larger than the whole memory budget, so no eviction can fit it."""
+
+
+class LoadTimeout(ModelLoadError):
+    """The load did not finish within the Host's ``load_timeout_s`` (a hung disk or mount).
+
+    The load is marked failed (with the usual back-off) and its thread abandoned: whatever it
+    builds, if it ever returns, is closed rather than served.
+    """
 
 
 class SessionClosed(CorralError):

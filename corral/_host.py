@@ -383,6 +383,14 @@ class Host:
         """Counters and gauges, for the server and its metrics."""
         return self._table.stats()
 
+    @property
+    def loads_abandoned(self) -> int:
+        """Load threads stuck now in a load that ran past ``load_timeout_s`` (or the close).
+
+        Each is a daemon thread, never joined; whatever it builds if it returns is closed.
+        """
+        return self._loader.abandoned
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     def close(self, timeout: float | None = None) -> None:
@@ -390,7 +398,9 @@ class Host:
 
         Requests submitted but not yet started are answered :class:`HostClosed` once their
         load ends. Idempotent. Raises :class:`DrainTimeout` if leases remain after
-        ``timeout``; those sessions close when their last lease ends.
+        ``timeout``; those sessions close when their last lease ends. A load still running
+        after ``timeout`` (hung on its storage) is abandoned: its callers get
+        :class:`HostClosed`, its daemon thread is not joined (:attr:`loads_abandoned`).
         """
         deadline = deadline_after(timeout)
         loading = self._table.begin_close()
@@ -399,7 +409,8 @@ class Host:
         self._reloader.stop(time_left(deadline))
         # Loads in flight see the Host closing when they finish and close what they built.
         _, unfinished = wait_for_futures(loading, timeout=time_left(deadline))
-        self._loader.close(wait=not unfinished)
+        # A load still running here is hung (it missed the close's timeout): abandon it.
+        self._loader.close(timeout=0 if unfinished else time_left(deadline))
         retired = self._table.retire_all()
         try:
             self._table.drain(retired, time_left(deadline))

@@ -6,6 +6,10 @@ too. What must touch the disk (reading the model's entry) or build a session run
 Loader's workers, ``load_concurrency`` of them, shared by every cold path: the blocking and
 asyncio requests, ``submit``, ``preload`` and reloads.
 
+Each job has ``load_timeout_s`` (``corral._load_workers``): one that outlasts it (a hung disk
+or mount) is answered :class:`LoadTimeout`, gives back its slot and its reservation, and its
+thread is abandoned; whatever it builds if it ever returns is closed, not published.
+
 The rule that keeps a bounded pool from deadlocking: no job on it ever waits for another
 future. A job that finds its version loading chains its caller's future to that load's; only
 the job that registered a load (its leader) builds it.
@@ -14,28 +18,31 @@ the job that registered a load (its leader) builds it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import re
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import numpy as np
 
-from corral._budget import estimate_model_bytes
+from corral._budget import estimate_footprint_bytes
 from corral._counters import HostCounters
 from corral._errors import (
     CorralError,
     DeadlineExceeded,
     HostClosed,
+    LoadTimeout,
     ModelLoadError,
     ModelNotFound,
     fresh,
 )
+from corral._load_workers import Claim, LoadWorkers
+from corral._modelfile import read_footprint
 from corral._options import HostOptions
 from corral._probe import plan_batching
 from corral._providers import resolve_policy, resolve_providers
@@ -72,10 +79,10 @@ class Loader:
         self._options = options
         # The Host's figures per version: each version built counts into its own.
         self._counters = counters
-        # Guards _pool and _closed: jobs are submitted and the pool shut down under it.
-        self._pool_lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None  # made with the first job
-        self._closed = False
+        # The load slots; a job past load_timeout_s is abandoned and its slot refilled.
+        self._workers = LoadWorkers(
+            options.load_concurrency, timeout_s=options.load_timeout_s, name="corral-load"
+        )
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -294,15 +301,27 @@ class Loader:
             raise
 
     def build_on_workers(self, name: str, version: int, entry: ModelEntry) -> Future[ServedVersion]:
-        """:meth:`build` on the load workers; for reloads, whose caller waits for it."""
+        """:meth:`build` on the load workers; for reloads, whose caller waits for it.
+
+        A build past ``load_timeout_s`` answers :class:`LoadTimeout`; what it builds if it
+        ever returns is closed.
+        """
         built: Future[ServedVersion] = Future()
 
-        def job() -> None:
+        def job(claim: Claim) -> None:
+            what = f"building model {name!r} version {version}"
+            if not claim.on_expire(functools.partial(_answer_late, built, what, claim)):
+                return
             try:
                 size = self.estimate(entry, version)
-                _settle(built, result=self.build(name, version, entry, size))
+                served = self.build(name, version, entry, size)
+                if not claim.finish():
+                    served.session.close()  # too late: the reload was answered LoadTimeout
+                    return
+                _settle(built, result=served)
             except BaseException as exc:
-                _settle(built, error=exc)
+                if claim.finish():
+                    _settle(built, error=exc)
                 if not isinstance(exc, Exception):
                     raise
 
@@ -313,24 +332,31 @@ class Loader:
         return built
 
     def estimate(self, entry: ModelEntry, version: int) -> int:
-        """Estimated resident bytes of ``version`` once loaded, under its concurrency policy."""
+        """Estimated resident bytes of ``version`` once loaded, under its concurrency policy.
+
+        Reads what its file holds (:func:`read_footprint`: headers only, and a ``stat`` of each
+        external data file), so it runs on a load worker.
+        """
         providers = resolve_providers(entry.config.providers)
         policy = resolve_policy(
             entry.config.concurrency, providers, pool_size=self._runtime.options.compute_workers
         )
-        return estimate_model_bytes(entry.versions[version].size, policy.replicas)
+        footprint = read_footprint(entry.versions[version].path)
+        return estimate_footprint_bytes(footprint, policy.replicas)
 
-    def close(self, *, wait: bool) -> None:
-        """Take no more jobs; with ``wait``, wait for the jobs running to end.
+    @property
+    def abandoned(self) -> int:
+        """Load threads stuck now in a load that ran past ``load_timeout_s``."""
+        return self._workers.abandoned
 
-        They end soon, as the table is closing; without ``wait``, a build still running (one
-        that outlasted the close's timeout) ends on its own.
+    def close(self, timeout: float | None) -> int:
+        """Take no more jobs; wait up to ``timeout`` for the jobs running to end.
+
+        They end soon, as the table is closing; one still running after ``timeout`` (a load
+        hung on its disk) is abandoned: its daemon thread is not joined, and it closes what it
+        builds. Returns how many were left running.
         """
-        with self._pool_lock:
-            self._closed = True
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=wait)
+        return self._workers.close(timeout)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -366,8 +392,12 @@ class Loader:
         version: int | str | None,
         refresh: bool,
         outer: Future[ServedVersion],
+        claim: Claim,
     ) -> None:
         """A job: read the entry, then join or lead the version's load (leading it here)."""
+        which = f"model {name!r}" if version is None else f"model {name!r} version {version}"
+        if not claim.on_expire(functools.partial(_answer_late, outer, f"loading {which}", claim)):
+            return
         try:
             if outer.cancelled():
                 return
@@ -380,7 +410,11 @@ class Loader:
                 step = self._table.begin(key, entry, newest=version is None)
             assert step is not None  # may_lead: never None
             if isinstance(step, Lead):
-                self._load(key, entry, step.future)
+                self._load(key, entry, step.future, claim)
+                # After _load the claim is finished or expired for good; expired, its callbacks
+                # answered ``outer`` already (LoadTimeout), and a second answer would raise.
+                if not claim.finish():
+                    return
                 step = step.future
             _follow(step, outer)
         except BaseException as exc:
@@ -388,18 +422,35 @@ class Loader:
             if not isinstance(exc, Exception):
                 raise
 
-    def _load(self, key: Key, entry: ModelEntry, pending: Future[ServedVersion]) -> None:
-        """Load one version and publish it: the leader of a single-flight load runs this."""
+    def _load(
+        self, key: Key, entry: ModelEntry, pending: Future[ServedVersion], claim: Claim
+    ) -> None:
+        """Load one version and publish it: the leader of a single-flight load runs this.
+
+        If ``claim`` expires first, its callbacks fail the load (:class:`LoadTimeout`, with
+        its back-off) and end its reservation; this thread then only closes what it built.
+        """
         name, version = key
         started = time.monotonic()
         reserved = 0
         served: ServedVersion | None = None
+        what = f"loading model {name!r} version {version}"
+        if not claim.on_expire(functools.partial(self._expire_load, key, pending, what, claim)):
+            self._expire_load(key, pending, what, claim)
+            return
         try:
             size = self.estimate(entry, version)
             evicted = self._table.reserve(key, size)
-            reserved = size
+            # Out of the table already: closed as their leases end, even if this load expired.
             self._table.drain(evicted, timeout=0)
+            if not claim.on_expire(functools.partial(self._table.end_reservation, size)):
+                self._table.end_reservation(size)  # expired while it waited for room
+                return
+            reserved = size
             served = self.build(name, version, entry, size)
+            if not claim.finish():
+                served.session.close()  # too late: its waiters were answered LoadTimeout
+                return
             try:
                 self._table.publish(served, entry, reserved, time.monotonic() - started)
             finally:
@@ -414,22 +465,24 @@ class Loader:
             _settle(pending, result=served)
         except BaseException as exc:
             error = exc if isinstance(exc, CorralError) else _load_error(name, version, exc)
-            self._table.abandon(key, reserved, error)
             if served is not None:
                 served.session.close()
-            _settle(pending, error=error)
+            if claim.finish():  # else it expired: its callbacks ended the load already
+                self._table.abandon(key, reserved, error)
+                _settle(pending, error=error)
             if not isinstance(exc, Exception):
                 raise
 
+    def _expire_load(
+        self, key: Key, pending: Future[ServedVersion], what: str, claim: Claim
+    ) -> None:
+        """Fail a load that ran past its timeout: back-off, waiters answered at once."""
+        error = _expiry_error(what, claim)
+        self._table.expire_load(key, pending, error)
+        _answer_late(pending, what, claim)
+
     def _submit(self, job: Callable[..., None], *args: Any) -> None:
-        with self._pool_lock:
-            if self._closed:
-                raise HostClosed("the Host is closing and loads nothing more")
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(
-                    self._options.load_concurrency, thread_name_prefix="corral-load"
-                )
-            self._pool.submit(job, *args)
+        self._workers.submit(lambda claim: job(*args, claim))
 
 
 def version_number(name: str, version: int | str) -> int:
@@ -490,6 +543,26 @@ def _still_loading(name: str, version: int | str | None, timeout: float | None) 
 def _listing(versions: Any) -> str:
     numbers = sorted(versions)
     return ", ".join(map(str, numbers)) if numbers else "none"
+
+
+def _expiry_error(what: str, claim: Claim) -> LoadTimeout | HostClosed:
+    """What the waiters of an expired job get: the Host closed on it, or its timeout passed."""
+    if claim.closing:
+        return HostClosed(
+            f"the Host closed while {what} was still running (is its storage hung?); its "
+            "thread is abandoned and whatever it builds will be closed"
+        )
+    return LoadTimeout(
+        f"{what} did not finish within load_timeout_s={claim.timeout_s}s (is its storage "
+        "hung?); its thread is abandoned and whatever it builds will be closed"
+    )
+
+
+def _answer_late(future: Future[Any], what: str, claim: Claim) -> None:
+    """Answer ``future`` for an expired job, unless it was answered meanwhile."""
+    # RuntimeError: the job answered it an instant before it expired; that answer stands.
+    with contextlib.suppress(RuntimeError):
+        _settle(future, error=_expiry_error(what, claim))
 
 
 def _load_error(name: str, version: int, exc: BaseException) -> ModelLoadError:

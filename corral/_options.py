@@ -18,10 +18,18 @@ from corral._budget import Limits, parse_bytes
 from corral._errors import InvalidOption
 from corral._scheduler import DEFAULT_QUEUE_LIMIT
 
-__all__ = ["DEFAULT_FAILURE_BACKOFF_S", "HostOptionArgs", "HostOptions", "positive_int"]
+__all__ = [
+    "DEFAULT_FAILURE_BACKOFF_S",
+    "DEFAULT_LOAD_TIMEOUT_S",
+    "HostOptionArgs",
+    "HostOptions",
+    "positive_int",
+]
 
 #: Seconds a failed load is not retried: the first wait, and the cap it doubles up to.
 DEFAULT_FAILURE_BACKOFF_S = (1.0, 60.0)
+#: Seconds a load may take before it is marked failed (LoadTimeout) and its thread abandoned.
+DEFAULT_LOAD_TIMEOUT_S = 300.0
 
 
 def _default_load_concurrency() -> int:
@@ -58,6 +66,9 @@ class HostOptions:
     max_loaded_models: int | None = None
     #: Loads that run at once, on the Host's load workers (default: cores, at most 4).
     load_concurrency: int = field(default_factory=_default_load_concurrency)
+    #: Seconds one load (reading the model's entry, building its session) may take; past it
+    #: the load fails with LoadTimeout, its waiters are answered and its load slot freed.
+    load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
     #: Seconds between checks of the models in use for changed or new versions; None: off.
     poll_interval_s: float | None = None
     #: After a failed load, its error is answered at once for ``first`` seconds, doubling
@@ -75,6 +86,12 @@ class HostOptions:
         positive_int("max_loaded_models", self.max_loaded_models, optional=True)
         positive_int("load_concurrency", self.load_concurrency)
         positive_int("max_queue_per_model", self.max_queue_per_model)
+        load_timeout = self.load_timeout_s
+        if not (_is_number(load_timeout) and 0 < load_timeout < math.inf):
+            raise InvalidOption(
+                f"load_timeout_s must be a positive number of seconds, got {load_timeout!r}",
+                option="load_timeout_s",
+            )
         poll = self.poll_interval_s
         if poll is not None and not (_is_number(poll) and 0 < poll < math.inf):
             raise InvalidOption(
@@ -129,6 +146,7 @@ class HostOptionArgs(TypedDict, total=False):
     memory_budget: int | str | None
     max_loaded_models: int | None
     load_concurrency: int
+    load_timeout_s: float
     poll_interval_s: float | None
     failure_backoff_s: tuple[float, float]
     batching: bool

@@ -19,6 +19,12 @@ Facts this module is built on (checked on onnxruntime 1.31 and 1.32):
   set before the first corral session.
 - onnxruntime's Python ``InferenceSession`` silently retries on the CPU provider when
   creation fails, printing to stdout; corral turns that off (``enable_fallback=0``).
+- A run that fails makes onnxruntime log an ``[E:onnxruntime]`` line to stderr unless the
+  run's (or the session's, or the default logger's) severity is 4 (FATAL); 3 (ERROR) is not
+  enough. That is one line for each client request with bad values. Runs get
+  ``RunOptions.log_severity_level = 4``, which silences runs only (a load's warnings still
+  reach stderr); corral logs run failures itself, once per model version per minute at
+  most (:data:`RUN_FAILURE_LOG`).
 - Custom-op domain registration is not safe under concurrent construction (onnxruntime
   issues #22663, #26366, #20089), nor is first-time setup of some providers (#32461);
   :data:`CONSTRUCTION_LOCK` serializes construction for the providers the table marks.
@@ -26,8 +32,10 @@ Facts this module is built on (checked on onnxruntime 1.31 and 1.32):
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from corral._errors import (
@@ -43,6 +51,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONSTRUCTION_LOCK",
+    "RUN_FAILURE_LOG",
+    "RUN_LOG_SEVERITY",
+    "OncePerInterval",
     "ProviderArg",
     "available_providers",
     "configure_process",
@@ -70,6 +81,69 @@ _env_allocator = False
 CONSTRUCTION_LOCK = threading.Lock()
 
 _TERMINATED_MARK = "terminate flag"
+
+#: onnxruntime's severity for runs: 4 (FATAL) is the one level at which a failed run writes
+#: nothing to stderr; the failure is raised, translated, and logged by corral.
+RUN_LOG_SEVERITY = 4
+
+logger = logging.getLogger(__name__)
+
+
+class OncePerInterval:
+    """Says, per key, whether to log now: at most once per ``interval_s`` seconds.
+
+    Thread-safe; a key's first event is always let through. ``allow`` returns None to stay
+    quiet, or how many events of that key it kept quiet since the last one let through.
+    Keys whose interval has passed are forgotten when more than ``max_keys`` are held, so
+    memory stays bounded by the keys active within one interval.
+
+    >>> limiter = OncePerInterval(60.0)
+    >>> limiter.allow("fraud"), limiter.allow("fraud")
+    (0, None)
+    """
+
+    def __init__(
+        self,
+        interval_s: float,
+        *,
+        max_keys: int = 4096,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be positive, got {interval_s!r}")
+        self._interval_s = interval_s
+        self._max_keys = max_keys
+        self._clock = clock
+        # Guards _last: key -> (time of the last event let through, events kept quiet since).
+        self._lock = threading.Lock()
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def allow(self, key: str) -> int | None:
+        """Whether to log an event of ``key`` now: None for no, else the events kept quiet.
+
+        None if one was let through less than an interval ago; else how many of ``key``
+        were kept quiet since the last let through.
+        """
+        now = self._clock()
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last[0] < self._interval_s:
+                self._last[key] = (last[0], last[1] + 1)
+                return None
+            if last is None and len(self._last) >= self._max_keys:
+                self._forget_expired_locked(now)
+            self._last[key] = (now, 0)
+            return 0 if last is None else last[1]
+
+    def _forget_expired_locked(self, now: float) -> None:
+        expired = [k for k, (at, _) in self._last.items() if now - at >= self._interval_s]
+        for key in expired:
+            del self._last[key]
+
+
+#: Failed runs are logged at most once per model per minute: a client sending bad values in
+#: a loop must not flood the server's log.
+RUN_FAILURE_LOG = OncePerInterval(60.0)
 
 
 def onnxruntime() -> ModuleType:
@@ -165,8 +239,13 @@ def runner(session: Any) -> Any:
 
 
 def new_run_options() -> Any:
-    """A fresh ``RunOptions``: ``terminate`` stays set once set, so each run gets its own."""
-    return onnxruntime().RunOptions()
+    """A fresh ``RunOptions``: ``terminate`` stays set once set, so each run gets its own.
+
+    Its log severity is :data:`RUN_LOG_SEVERITY`: a failed run writes nothing to stderr.
+    """
+    options = onnxruntime().RunOptions()
+    options.log_severity_level = RUN_LOG_SEVERITY
+    return options
 
 
 def load_error(exc: Exception, model: str | bytes) -> ModelLoadError:
@@ -176,13 +255,29 @@ def load_error(exc: Exception, model: str | bytes) -> ModelLoadError:
 
 
 def run_error(exc: Exception, model_name: str, run_options: Any) -> InferenceError | InvalidInput:
-    """Translate an exception raised by ``InferenceSession.run``."""
+    """Translate an exception raised by ``InferenceSession.run``.
+
+    A failure (not a cancellation) is logged as a warning, at most once per model per minute
+    (:data:`RUN_FAILURE_LOG`), with the count of those left unlogged since.
+    """
     message = _message(exc)
     if run_options.terminate or _TERMINATED_MARK in message:
         return RunCancelled(f"run of {model_name!r} was cancelled before it finished")
+    error: InferenceError | InvalidInput
     if type(exc).__name__ == "InvalidArgument":
-        return InvalidInput(f"model {model_name!r} rejected its inputs: {message}")
-    return InferenceError(f"model {model_name!r} failed while running: {message}")
+        error = InvalidInput(f"model {model_name!r} rejected its inputs: {message}")
+    else:
+        error = InferenceError(f"model {model_name!r} failed while running: {message}")
+    quiet = RUN_FAILURE_LOG.allow(model_name)
+    if quiet is not None:
+        logger.warning(
+            "corral: a run failed (%s; %d more since the last logged, at most one logged per "
+            "model per minute): %s",
+            type(error).__name__,
+            quiet,
+            error,
+        )
+    return error
 
 
 def _message(exc: Exception) -> str:

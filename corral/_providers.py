@@ -21,6 +21,7 @@ from corral import _ort
 from corral._errors import ProviderUnavailable
 
 __all__ = [
+    "MAX_POOL_SIZE",
     "PROVIDER_TABLE",
     "ConcurrencyPolicy",
     "PolicyKind",
@@ -32,6 +33,12 @@ __all__ = [
 ]
 
 PolicyKind = Literal["shared", "exclusive", "pool"]
+
+#: The largest ``pool:N``. Each session of a pool holds its own copy of the model, and no
+#: more of them can run at once than there are threads running models (compute workers plus
+#: callers of the blocking ``Host.infer``); a fixed bound, not one from the core count, so that
+#: a model.toml valid on one machine is valid on all.
+MAX_POOL_SIZE = 64
 
 # Most restrictive last: a session on several providers takes the strictest of their policies.
 _STRICTNESS: dict[PolicyKind, int] = {"shared": 0, "pool": 1, "exclusive": 2}
@@ -97,6 +104,11 @@ class ConcurrencyPolicy:
             raise ValueError(f"unknown concurrency policy kind {self.kind!r}")
         if self.size < 1 or (self.kind != "pool" and self.size != 1):
             raise ValueError(f"concurrency policy {self.kind!r} cannot have size {self.size}")
+        if self.size > MAX_POOL_SIZE:
+            raise ValueError(
+                f"concurrency 'pool:{self.size}' is larger than the maximum, "
+                f"pool:{MAX_POOL_SIZE} (corral's MAX_POOL_SIZE)"
+            )
 
     @property
     def replicas(self) -> int:
@@ -110,7 +122,7 @@ class ConcurrencyPolicy:
     def parse(cls, spec: str | ConcurrencyPolicy) -> ConcurrencyPolicy | None:
         """Read ``"shared"``, ``"exclusive"`` or ``"pool:N"``; ``"auto"`` gives None.
 
-        Raises ValueError naming the accepted forms.
+        Raises ValueError naming the accepted forms, or the bound :data:`MAX_POOL_SIZE`.
         """
         if isinstance(spec, ConcurrencyPolicy):
             return spec
@@ -121,11 +133,20 @@ class ConcurrencyPolicy:
             return cls(text)  # type: ignore[arg-type]  # narrowed by the membership test
         if text is not None and text.startswith("pool:"):
             count = text.removeprefix("pool:")
-            if count.isdigit() and int(count) >= 1:
-                return cls("pool", int(count))
+            if count.isascii() and count.isdigit():
+                # A 5,000-digit N is past the bound too, without int() refusing its length.
+                size = int(count) if len(count) <= 4 else MAX_POOL_SIZE + 1
+                if size >= 1:
+                    if size > MAX_POOL_SIZE:
+                        shown = text if len(text) <= 12 else f"{text[:12]}... ({len(count)} digits)"
+                        raise ValueError(
+                            f"concurrency {shown!r} is larger than the maximum, "
+                            f"pool:{MAX_POOL_SIZE} (corral's MAX_POOL_SIZE)"
+                        )
+                    return cls("pool", size)
         raise ValueError(
-            f"concurrency must be 'auto', 'shared', 'exclusive' or 'pool:N' with N >= 1, "
-            f"got {spec!r}"
+            "concurrency must be 'auto', 'shared', 'exclusive' or 'pool:N' with "
+            f"1 <= N <= {MAX_POOL_SIZE}, got {spec!r}"
         )
 
 
@@ -193,13 +214,14 @@ def resolve_policy(
     """The policy a session uses: the one asked for, or for ``auto`` the providers' choice.
 
     ``auto`` on a provider whose policy is ``pool`` builds ``pool_size`` sessions (the
-    Runtime's compute workers: more copies than workers would never all be busy).
+    Runtime's compute workers: more copies than workers would never all be busy), at most
+    :data:`MAX_POOL_SIZE`.
     """
     chosen = ConcurrencyPolicy.parse(spec)
     if chosen is not None:
         return chosen
     if providers.run_policy == "pool":
-        return ConcurrencyPolicy("pool", pool_size)
+        return ConcurrencyPolicy("pool", min(pool_size, MAX_POOL_SIZE))
     return ConcurrencyPolicy(providers.run_policy)
 
 

@@ -9,6 +9,10 @@ The layout is Triton's, so an existing model repository needs no change::
         2/model.onnx        a version is a folder named by a positive integer
       churn.onnx            a bare file is version 1 of the model "churn"
 
+The root may be a symlink (the usual ``current -> release-N`` deployment): it is resolved
+again on every listing and every entry read (one ``realpath``), so switching it takes effect
+at the next poll or cold load, and every check below is made against its current target.
+
 Nothing outside the root is ever read. Every path the repository reads (a model folder, a
 model.toml, a model.onnx) has its symlinks resolved and must stay inside the resolved root;
 symlinks that stay inside are fine. An escaping path makes the model unloadable
@@ -23,6 +27,7 @@ import logging
 import os
 import re
 import stat
+import threading
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -154,6 +159,13 @@ class ModelEntry:
         )
 
 
+class _Root(NamedTuple):
+    """The root's target at one call: paths inside it start with ``prefix``."""
+
+    real: str
+    prefix: str
+
+
 class _Found(NamedTuple):
     """A path that exists: where it really is, and what it is (None when outside the root)."""
 
@@ -165,9 +177,10 @@ class Repository:
     """A folder of models laid out as Triton lays them out (see the module docstring).
 
     Nothing is cached: every call looks at the disk, and :attr:`ModelEntry.fingerprint` tells
-    a caller whether a model changed since it last looked. A Repository holds no mutable
-    state after ``__init__``, so any number of threads may call :meth:`names`,
-    :meth:`entry` and :meth:`scan` at once.
+    a caller whether a model changed since it last looked. A root that is a symlink is
+    resolved again by each call, which reads everything against that one target. Its only
+    mutable state is the target last seen (to log a switch once), under a lock, so any
+    number of threads may call :meth:`names`, :meth:`entry` and :meth:`scan` at once.
 
     Example::
 
@@ -184,18 +197,42 @@ class Repository:
             raise RepositoryError(f"model repository {given!r} does not exist")
         if not os.path.isdir(real):
             raise RepositoryError(f"model repository {given!r} is not a folder")
-        self._root = Path(real)
-        self._root_str = real
-        # Every resolved path must start with this to be inside the root.
-        self._prefix = real if real.endswith(os.sep) else real + os.sep
+        # Absolute, so that a change of the working directory does not move the repository.
+        self._given = os.path.abspath(given)
+        # Guards _target: the root's target last seen, to log each switch once.
+        self._target_lock = threading.Lock()
+        self._target = real
 
     @property
     def root(self) -> Path:
-        """The repository's folder, symlinks resolved."""
-        return self._root
+        """The repository's folder, symlinks resolved now: a switched symlink's new target."""
+        return Path(self._resolve().real)
+
+    @property
+    def given(self) -> Path:
+        """The repository's folder as given (made absolute), before symlinks are resolved."""
+        return Path(self._given)
 
     def __repr__(self) -> str:
-        return f"Repository({self._root_str!r})"
+        with self._target_lock:
+            target = self._target
+        if target == self._given:
+            return f"Repository({target!r})"
+        return f"Repository({self._given!r} -> {target!r})"
+
+    def _resolve(self) -> _Root:
+        """The root's target now (one ``realpath``); a switch is logged once."""
+        real = os.path.realpath(self._given)
+        with self._target_lock:
+            previous, self._target = self._target, real
+        if previous != real:
+            logger.warning(
+                "corral: model repository %s now resolves to %s (was %s)",
+                self._given,
+                real,
+                previous,
+            )
+        return _Root(real, real if real.endswith(os.sep) else real + os.sep)
 
     def names(self) -> list[str]:
         """The names of all models, sorted: sub-folders and bare ``<name>.onnx`` files.
@@ -204,8 +241,9 @@ class Repository:
         reads the root folder only, so it stays fast for tens of thousands of models.
         """
         found: set[str] = set()
+        root = self._resolve()
         try:
-            with os.scandir(self._root_str) as listing:
+            with os.scandir(root.real) as listing:
                 for item in listing:
                     name = self._model_name(item)
                     if name is None:
@@ -216,7 +254,7 @@ class Repository:
                         logger.debug("skipping %r in %s: not a valid model name", name, self)
         except OSError as exc:
             raise RepositoryError(
-                f"cannot list model repository {self._root_str!r}: {exc}"
+                f"cannot list model repository {self._given!r} (resolved to {root.real!r}): {exc}"
             ) from exc
         return sorted(found)
 
@@ -230,11 +268,12 @@ class Repository:
         reported in :attr:`ModelEntry.error`, never raised.
         """
         validate_model_name(name)
-        folder_path = os.path.join(self._root_str, name)
+        root = self._resolve()
+        folder_path = os.path.join(root.real, name)
         bare_path = folder_path + _BARE_SUFFIX
         try:
-            folder = _only_if(self._locate(folder_path), stat.S_ISDIR)
-            bare = _only_if(self._locate(bare_path), stat.S_ISREG)
+            folder = _only_if(self._locate(root, folder_path), stat.S_ISDIR)
+            bare = _only_if(self._locate(root, bare_path), stat.S_ISREG)
         except OSError as exc:
             error = ModelLoadError(f"model {name!r}: cannot stat it: {exc}")
             return _make_entry(name, {}, ModelConfig(), None, [error], layout="unreadable")
@@ -245,15 +284,17 @@ class Repository:
             )
             return _make_entry(name, {}, ModelConfig(), None, [error], layout="both")
         if folder is not None:
-            return self._folder_entry(name, folder_path, folder)
+            return self._folder_entry(root, name, folder_path, folder)
         if bare is not None:
-            return self._bare_entry(name, bare_path, bare)
-        if not os.path.isdir(self._root_str):
+            return self._bare_entry(root, name, bare_path, bare)
+        if not os.path.isdir(root.real):
             # Moved away or unmounted: that says nothing of whether the model exists, and a
             # Host must not drop the models it serves for it.
-            raise RepositoryError(f"model repository {self._root_str!r} is gone")
+            raise RepositoryError(
+                f"model repository {self._given!r} (resolved to {root.real!r}) is gone"
+            )
         raise ModelNotFound(
-            f"no model {name!r} in {self._root_str}: expected a folder {name}{os.sep} "
+            f"no model {name!r} in {root.real}: expected a folder {name}{os.sep} "
             f"or a file {name}{_BARE_SUFFIX}"
         )
 
@@ -282,10 +323,11 @@ class Repository:
             logger.debug("skipping %r in the model repository: cannot stat it", item.name)
         return None
 
-    def _inside(self, real: str) -> bool:
-        return real == self._root_str or real.startswith(self._prefix)
+    @staticmethod
+    def _inside(root: _Root, real: str) -> bool:
+        return real == root.real or real.startswith(root.prefix)
 
-    def _locate(self, path: str, *, dangling_ok: bool = True) -> _Found | None:
+    def _locate(self, root: _Root, path: str, *, dangling_ok: bool = True) -> _Found | None:
         """Where ``path`` really is; None if it does not exist (or dangles inside the root).
 
         The target of a path that resolves outside the root is never stat'ed. Raises OSError
@@ -300,7 +342,7 @@ class Repository:
             # Its parent is already resolved, so a non-link is its own real path.
             return _Found(path, own)
         real = os.path.realpath(path)
-        if not self._inside(real):
+        if not self._inside(root, real):
             return _Found(real, None)
         try:
             return _Found(real, os.stat(real))
@@ -311,25 +353,26 @@ class Repository:
                 errno.ENOENT, "it is a symlink to a path that does not exist", real
             ) from None
 
-    def _outside(self, name: str, path: str, real: str) -> ModelLoadError:
+    @staticmethod
+    def _outside(root: _Root, name: str, path: str, real: str) -> ModelLoadError:
         return ModelLoadError(
             f"model {name!r}: {path} resolves outside the repository root "
-            f"{self._root_str} (to {real}); it is not read"
+            f"{root.real} (to {real}); it is not read"
         )
 
-    def _bare_entry(self, name: str, path: str, found: _Found) -> ModelEntry:
+    def _bare_entry(self, root: _Root, name: str, path: str, found: _Found) -> ModelEntry:
         if found.stat is None:
-            error = self._outside(name, path, found.real)
+            error = self._outside(root, name, path, found.real)
             return _make_entry(name, {}, ModelConfig(), None, [error], layout="file")
         version = ModelVersion(1, Path(found.real), found.stat.st_size, found.stat.st_mtime_ns)
         return _make_entry(name, {1: version}, ModelConfig(), None, [], layout="file")
 
-    def _folder_entry(self, name: str, path: str, found: _Found) -> ModelEntry:
+    def _folder_entry(self, root: _Root, name: str, path: str, found: _Found) -> ModelEntry:
         if found.stat is None:
-            error = self._outside(name, path, found.real)
+            error = self._outside(root, name, path, found.real)
             return _make_entry(name, {}, ModelConfig(), None, [error], layout="folder")
         problems: list[ModelLoadError] = []
-        config, config_stamp = self._read_config(name, path, found.real, problems)
+        config, config_stamp = self._read_config(root, name, path, found.real, problems)
         versions: dict[int, ModelVersion] = {}
         try:
             with os.scandir(found.real) as listing:
@@ -338,7 +381,7 @@ class Repository:
             problems.append(ModelLoadError(f"model {name!r}: cannot list {path}: {exc}"))
             children = []
         for child in children:
-            version = self._read_version(name, path, found.real, child, problems)
+            version = self._read_version(root, name, path, found.real, child, problems)
             if version is not None:
                 versions[version.version] = version
         if not versions and not problems:
@@ -351,21 +394,26 @@ class Repository:
         return _make_entry(name, versions, config, config_stamp, problems, layout="folder")
 
     def _read_config(
-        self, name: str, folder: str, real_folder: str, problems: list[ModelLoadError]
+        self,
+        root: _Root,
+        name: str,
+        folder: str,
+        real_folder: str,
+        problems: list[ModelLoadError],
     ) -> tuple[ModelConfig, tuple[object, ...] | None]:
         source = os.path.join(folder, _CONFIG_FILE)
         path = os.path.join(real_folder, _CONFIG_FILE)
         try:
             # A dangling link means a config was meant: serving with defaults instead would
             # drop its settings (pinning, providers) without a word.
-            found = self._locate(path, dangling_ok=False)
+            found = self._locate(root, path, dangling_ok=False)
         except OSError as exc:
             problems.append(ModelConfigError(f"{source}: cannot read it: {exc}"))
             return ModelConfig(), ("unreadable", str(exc))
         if found is None:
             return ModelConfig(), None
         if found.stat is None:
-            problems.append(self._outside(name, source, found.real))
+            problems.append(self._outside(root, name, source, found.real))
             return ModelConfig(), ("outside", found.real)
         stamp: tuple[object, ...] = (found.real, found.stat.st_size, found.stat.st_mtime_ns)
         try:
@@ -377,20 +425,26 @@ class Repository:
         return config, stamp
 
     def _read_version(
-        self, name: str, folder: str, real_folder: str, child: str, problems: list[ModelLoadError]
+        self,
+        root: _Root,
+        name: str,
+        folder: str,
+        real_folder: str,
+        child: str,
+        problems: list[ModelLoadError],
     ) -> ModelVersion | None:
         shown = os.path.join(folder, child)
         try:
-            version_dir = self._locate(os.path.join(real_folder, child))
+            version_dir = self._locate(root, os.path.join(real_folder, child))
             if version_dir is None:
                 return None
             if version_dir.stat is None:
-                problems.append(self._outside(name, shown, version_dir.real))
+                problems.append(self._outside(root, name, shown, version_dir.real))
                 return None
             if not stat.S_ISDIR(version_dir.stat.st_mode):
                 return None  # a file that happens to have a number for a name
             shown = os.path.join(shown, _MODEL_FILE)
-            model = self._locate(os.path.join(version_dir.real, _MODEL_FILE))
+            model = self._locate(root, os.path.join(version_dir.real, _MODEL_FILE))
         except OSError as exc:
             problems.append(ModelLoadError(f"model {name!r}: cannot stat {shown}: {exc}"))
             return None
@@ -398,7 +452,7 @@ class Repository:
             logger.debug("ignoring %s: no %s in it", os.path.dirname(shown), _MODEL_FILE)
             return None
         if model.stat is None:
-            problems.append(self._outside(name, shown, model.real))
+            problems.append(self._outside(root, name, shown, model.real))
             return None
         if not stat.S_ISREG(model.stat.st_mode):
             problems.append(ModelLoadError(f"model {name!r}: {shown} is not a regular file"))

@@ -120,7 +120,9 @@ class _Member(Protocol):
 
     def _alive(self) -> bool: ...
 
-    def _close_for_runtime(self, timeout: float | None, *, cancel: bool) -> None: ...
+    def _close_for_runtime(
+        self, timeout: float | None, *, cancel: bool, wait: bool = True
+    ) -> None: ...
 
 
 # Guards _process_runtime: which Runtime is this process's. Taken before a Runtime's own
@@ -251,6 +253,12 @@ class Runtime:
         atexit.unregister(self._shutdown_at_exit)
         deadline = deadline_after(timeout)
         unfinished = 0
+        if cancel:
+            # Nobody waits for their answers (interpreter exit, a drain that ran out): stop the
+            # runs in flight now, and those queued before they start, rather than let the
+            # compute workers run them to the end first.
+            for session in sessions:
+                session._close_for_runtime(0, cancel=True, wait=False)
         # Requests already queued were accepted: run them before closing their sessions.
         if compute is not None and not compute.shutdown(time_left(deadline)):
             unfinished += 1

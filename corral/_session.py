@@ -18,7 +18,7 @@ from typing import Any
 import numpy.typing as npt
 
 from corral import _ort
-from corral._errors import DrainTimeout, SessionClosed
+from corral._errors import DrainTimeout, RunCancelled, SessionClosed
 from corral._providers import (
     ConcurrencyPolicy,
     ResolvedProviders,
@@ -239,6 +239,10 @@ class Session:
         if run_options is None:
             run_options = _RUN_OPTIONS.cached = _ort.new_run_options()
         with self._state_lock:
+            if self._cancelled:
+                # close(cancel=True) stops runs in flight; one that had not started yet must
+                # not start either (a queued request at interpreter exit, say).
+                raise RunCancelled(f"run of {self._name!r} was cancelled before it started")
             if not admitted:
                 if lease is not None:
                     # A lease holds the session open through CLOSING: its run may still start.
@@ -265,8 +269,8 @@ class Session:
         finally:
             with self._state_lock:
                 self._active_runs.discard(run_options)
-                if self._cancelled:
-                    # A cancel may have set terminate on it, which stays set: use a new one.
+                if run_options.terminate:
+                    # A cancel set terminate on it, which stays set: this thread needs a new one.
                     _RUN_OPTIONS.cached = None
                 released = not admitted and self._end_use_locked()
             if released:
@@ -327,8 +331,8 @@ class Session:
 
     # -- for Runtime and Lease ---------------------------------------------------------------
 
-    def _close_for_runtime(self, timeout: float | None, *, cancel: bool) -> None:
-        self._close(timeout, cancel=cancel, reason="the runtime shut down")
+    def _close_for_runtime(self, timeout: float | None, *, cancel: bool, wait: bool = True) -> None:
+        self._close(timeout, cancel=cancel, reason="the runtime shut down", wait=wait)
 
     def _alive(self) -> bool:
         with self._state_lock:

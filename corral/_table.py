@@ -307,6 +307,24 @@ class ModelTable:
         if failed is not None:
             logger.warning("corral: loading %s version %s failed: %s", key[0], key[1], failed)
 
+    def expire_load(self, key: Key, pending: Future[ServedVersion], error: CorralError) -> None:
+        """Fail a load that ran past its timeout, if ``pending`` is still its load in flight.
+
+        As :meth:`abandon` does for a failure (its back-off starts), but without its
+        reservation, which the load's own undo ends (:meth:`end_reservation`).
+        """
+        with self._lock:
+            if self._loading.get(key) is not pending:
+                return
+            del self._loading[key]
+            self._record_failure_locked(key, error)
+        logger.warning("corral: loading %s version %s failed: %s", key[0], key[1], error)
+
+    def end_reservation(self, reserved: int) -> None:
+        """Give back bytes a load reserved and will not publish (it ran past its timeout)."""
+        with self._lock:
+            self._end_reservation_locked(reserved)
+
     # -- explicit control and reloads --------------------------------------------------------
 
     def loading(self, name: str, version: int | None = None) -> list[Future[ServedVersion]]:

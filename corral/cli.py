@@ -83,7 +83,8 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "v2) on HTTP and gRPC, loading models lazily. Every option --NAME can also be set "
             "with the environment variable CORRAL_NAME (dashes as underscores, e.g. "
             "CORRAL_AUTH_TOKEN), as each option's help says; options given here win. SIGTERM "
-            "or SIGINT drains requests in flight and exits 0."
+            "or SIGINT drains requests in flight and exits 0 (3 if the drain ran out or loads "
+            "hung on their storage were abandoned)."
         ),
     )
     if command == "serve":  # the flags need the server extra: built only when asked for

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,11 +31,16 @@ class ServerProcess:
 
 
 def start_server(
-    repo: Path, log: Path, *extra: str, environment: dict[str, str] | None = None
+    repo: Path,
+    log: Path,
+    *extra: str,
+    environment: dict[str, str] | None = None,
+    preexec_fn: Callable[[], object] | None = None,
 ) -> ServerProcess:
     """Start ``corral serve repo`` with ``extra`` flags, logging to ``log``; wait for its ports.
 
     ``CORRAL_*`` variables of this process are not passed on: only ``environment``'s are.
+    ``preexec_fn`` runs in the child before it starts (to lower its resource limits, say).
     """
     command = [
         sys.executable,
@@ -53,7 +59,9 @@ def start_server(
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
     env.update(environment or {})
     with log.open("wb") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(
+            command, stdout=sink, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec_fn
+        )
     # The startup line names the ports; poll the log file for it (bounded).
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

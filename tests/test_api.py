@@ -34,6 +34,7 @@ def test_public_names_are_pinned():
             "ModelNotFound",
             "ModelState",
             "ModelStatus",
+            "LoadTimeout",
             "ModelTooLarge",
             "ModelVersion",
             "Overloaded",
@@ -72,6 +73,7 @@ def test_every_error_is_a_corral_error():
         corral.ModelConfigError,
         corral.ModelNotFound,
         corral.ModelTooLarge,
+        corral.LoadTimeout,
         corral.RepositoryError,
         corral.Overloaded,
         corral.DrainTimeout,
@@ -91,6 +93,7 @@ def test_every_error_is_a_corral_error():
     assert issubclass(corral.DeadlineExceeded, TimeoutError)
     assert issubclass(corral.ModelConfigError, corral.ModelLoadError)
     assert issubclass(corral.ModelTooLarge, corral.ModelLoadError)
+    assert issubclass(corral.LoadTimeout, corral.ModelLoadError)
 
 
 def test_import_starts_nothing():

@@ -192,6 +192,9 @@ def test_several_unknown_keys_are_all_named():
         ("batch_window_us = -5", "batch_window_us", "the integer -5"),
         ("concurrency = 2", "concurrency", "must be a string"),
         ('concurrency = "pool:0"', "concurrency", "pool:N"),
+        ('concurrency = "pool:65"', "concurrency", "larger than the maximum, pool:64"),
+        (f'concurrency = "pool:{"9" * 5000}"', "concurrency", "(5000 digits)"),
+        ('concurrency = "pool:\u00b2"', "concurrency", "1 <= N <= 64"),
         ('concurrency = "threads"', "concurrency", "'threads'"),
         ("providers = []", "providers", "non-empty"),
         ('providers = "CPUExecutionProvider"', "providers", "the string"),
@@ -280,3 +283,18 @@ def test_str(policy, text):
 def test_an_impossible_policy_cannot_be_built(make):
     with pytest.raises(ValueError, match=re.compile(r"\S")):
         make()
+
+
+def test_pool_is_bounded_by_max_pool_size_and_auto_stays_under_it():
+    from corral._providers import MAX_POOL_SIZE, ConcurrencyPolicy, resolve_policy
+
+    assert MAX_POOL_SIZE == 64
+    assert ModelConfig(concurrency=f"pool:{MAX_POOL_SIZE}").concurrency == "pool:64"
+    with pytest.raises(ValueError, match=r"'pool:65' is larger than the maximum, pool:64"):
+        ConcurrencyPolicy("pool", MAX_POOL_SIZE + 1)
+
+    class PoolProviders:
+        run_policy = "pool"
+
+    policy = resolve_policy("auto", PoolProviders(), pool_size=1000)  # type: ignore[arg-type]
+    assert policy == ConcurrencyPolicy("pool", MAX_POOL_SIZE)

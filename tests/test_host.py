@@ -16,7 +16,8 @@ import pytest
 
 import corral
 from corral import Host, HostLease, ModelState
-from corral._budget import estimate_model_bytes
+from corral._budget import estimate_footprint_bytes, estimate_model_bytes
+from corral._modelfile import ModelFootprint, read_footprint
 from corral.testing import build_linear, build_mlp, build_tree
 from tests.helpers import add_model, build_reshape, reference_run, wait_until
 
@@ -141,9 +142,9 @@ def test_malformed_model_toml_fails_that_model_only(repo_with_bare_model: Path):
 
 
 def test_a_model_larger_than_the_budget_is_too_large(repo_with_bare_model: Path):
-    big = build_mlp(n_features=256, hidden=512, seed=1)
-    add_model(repo_with_bare_model, "big", big)
-    with Host(repo_with_bare_model, memory_budget=estimate_model_bytes(len(big)) - 1) as host:
+    big = add_model(repo_with_bare_model, "big", build_mlp(n_features=256, hidden=512, seed=1))
+    budget = estimate_footprint_bytes(read_footprint(big)) - 1
+    with Host(repo_with_bare_model, memory_budget=budget) as host:
         with pytest.raises(corral.ModelTooLarge, match="whole memory budget"):
             host.infer("big", {"X": np.zeros((1, 256), np.float32)})
         assert host.stats().evictions == 0
@@ -154,7 +155,7 @@ def test_lru_eviction_keeps_bytes_under_budget_and_spares_leases_and_pins(tmp_pa
     model = build_mlp()
     for i in range(6):
         add_model(tmp_path, f"m{i}", model, toml="pinned = true\n" if i == 0 else None)
-    size = estimate_model_bytes(len(model))
+    size = estimate_footprint_bytes(read_footprint(tmp_path / "m0" / "1" / "model.onnx"))
     with Host(tmp_path, memory_budget=3 * size) as host:
         host.infer("m0", {"X": X})  # pinned by model.toml
         lease = host.acquire("m1")  # held
@@ -804,7 +805,8 @@ def test_a_model_that_comes_back_loads_the_files_on_disk_now(tmp_path: Path):
         path.write_bytes(replacement)
         host.infer("m", {"X": X})
         (version,) = host.status("m").versions
-        assert version.size_bytes == estimate_model_bytes(len(replacement))
+        assert version.size_bytes == estimate_footprint_bytes(read_footprint(path))
+        assert version.size_bytes > estimate_footprint_bytes(ModelFootprint(len(build_linear())))
 
 
 def test_an_unload_during_a_load_waits_for_it_then_unloads(repo_with_bare_model: Path, held_loads):
@@ -856,3 +858,59 @@ def test_an_unload_that_does_not_wait_retires_a_load_in_flight_once_it_ends(
         wait_until(lambda: host.stats().unloads == 1)
         assert host.stats().loads == 1
         assert all(v.state is not ModelState.READY for v in host.status("mlp").versions)
+
+
+def _sequence_input_model() -> bytes:
+    """Y = S[0]: one input that is a sequence of tensors, which a warm-up cannot make."""
+    from onnx import TensorProto, helper
+
+    first = helper.make_tensor("I", TensorProto.INT64, [], [0])
+    graph = helper.make_graph(
+        [helper.make_node("SequenceAt", ["S", "I"], ["Y"])],
+        "sequence_at",
+        [helper.make_tensor_sequence_value_info("S", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+        initializer=[first],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def test_a_warm_up_it_cannot_feed_fails_the_load_naming_the_input(repo: Path):
+    add_model(repo, "seq", _sequence_input_model(), toml="warmup = true\n")
+    with Host(repo) as host:
+        with pytest.raises(
+            corral.ModelLoadError,
+            match=r"cannot warm up 'seq:1': input 'S' is seq\(tensor\(float\)\)",
+        ):
+            host.load("seq")
+        assert host.status("seq").state is ModelState.FAILED
+        assert host.infer("mlp", {"X": np.ones((1, 4), np.float32)})["Y"].shape == (1, 1)
+        assert corral.runtime().stats().sessions_alive == 1  # the seq session was closed
+
+
+def test_a_load_that_fails_with_a_foreign_error_answers_model_load_error(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # Anything but a CorralError escaping a load (a storage I/O error, say) is answered as a
+    # ModelLoadError that names the model and chains the cause, not lost on the load thread.
+    import corral._loader
+
+    real_session = corral._loader.Session
+
+    def failing_session(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("name") == "tree:1":
+            raise OSError(5, "Input/output error")
+        return real_session(*args, **kwargs)
+
+    monkeypatch.setattr(corral._loader, "Session", failing_session)
+    with Host(repo) as host:
+        with pytest.raises(
+            corral.ModelLoadError,
+            match=r"loading model 'tree' version 1 failed: OSError\(5, 'Input/output error'\)",
+        ) as raised:
+            host.load("tree")
+        assert isinstance(raised.value.__cause__, OSError)
+        assert host.status("tree").state is ModelState.FAILED
+        assert host.infer("mlp", {"X": np.ones((1, 4), np.float32)})["Y"].shape == (1, 1)

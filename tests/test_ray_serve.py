@@ -25,7 +25,8 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="the ray extra is not installed")
 
-from corral._budget import estimate_model_bytes
+from corral._budget import estimate_footprint_bytes
+from corral._modelfile import read_footprint
 from tests.helpers import load_benchmark, reference_run
 
 # The footprint benchmark's models in Triton's layout, as `make serve` serves them.
@@ -141,7 +142,7 @@ def test_two_replicas_serve_200_models_through_the_v2_ingress(tmp_path: Path):
     files = build_repository(repo, MODELS)
     names = [path.parent.parent.name for path in files]
     # Each replica's budget fits about half the repository, by corral's own estimate.
-    budget = sum(estimate_model_bytes(path.stat().st_size) for path in files) // REPLICAS
+    budget = sum(estimate_footprint_bytes(read_footprint(path)) for path in files) // REPLICAS
     rng = np.random.default_rng(7)
     inputs = {name: rng.standard_normal((2, 4)).astype(np.float32) for name in names}
     expected = {}

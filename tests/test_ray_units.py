@@ -29,7 +29,8 @@ from starlette.requests import Request
 import corral
 import corral.ray._replica as replica_module
 from corral import Host, ModelState
-from corral._budget import estimate_model_bytes
+from corral._budget import estimate_footprint_bytes, estimate_model_bytes
+from corral._modelfile import read_footprint
 from corral.protocol import DataPlane
 from corral.ray import (
     UNLIMITED,
@@ -162,8 +163,8 @@ def test_compute_workers_follow_the_cpus_ray_reserves(
 
 
 def test_the_routing_count_follows_the_budget(repo: Path):
-    sizes = [(repo / name / "1" / "model.onnx").stat().st_size for name in ("mlp", "tree")]
-    mean = sum(estimate_model_bytes(size) for size in sizes) // 2
+    paths = [repo / name / "1" / "model.onnx" for name in ("mlp", "tree")]
+    mean = sum(estimate_footprint_bytes(read_footprint(path)) for path in paths) // 2
     assert models_per_replica(repo, RayServeConfig(memory_budget=10 * mean)) == 10
     assert models_per_replica(repo, RayServeConfig(memory_budget=10 * mean + mean - 1)) == 10
     # A budget below one model still routes one model: the Host then says it is too large.

@@ -72,11 +72,13 @@ def test_a_file_as_root_is_a_repository_error(tmp_path: Path):
         Repository(tmp_path / "file")
 
 
-def test_the_root_is_stored_resolved(tmp_path: Path, root: Path):
+def test_the_root_is_resolved_and_its_target_shown(tmp_path: Path, root: Path):
     (tmp_path / "link").symlink_to(root)
     repo = Repository(str(tmp_path / "link"))
     assert repo.root == Path(os.path.realpath(root))
-    assert repr(repo) == f"Repository({str(repo.root)!r})"
+    assert repo.given == tmp_path / "link"
+    assert repr(repo) == f"Repository({str(tmp_path / 'link')!r} -> {str(repo.root)!r})"
+    assert repr(Repository(repo.root)) == f"Repository({str(repo.root)!r})"
 
 
 def test_an_empty_repository(root: Path):
@@ -691,3 +693,34 @@ def test_ten_thousand_models(root: Path, linear_model: bytes):
     assert names[-1] == "model-09999"
     assert len(scanned) == count
     assert all(entry.error is None and entry.latest == 1 for entry in scanned.values())
+
+
+def test_a_switched_root_symlink_is_read_against_its_new_target(
+    tmp_path: Path, linear_model: bytes, caplog: pytest.LogCaptureFixture
+):
+    old, new = tmp_path / "release-1", tmp_path / "release-2"
+    add_model(old, "m", linear_model)
+    add_model(new, "m", linear_model, version=2)
+    # In the new release, a link back into the old one: outside the root once it switched.
+    (new / "back").symlink_to(old / "m", target_is_directory=True)
+    link = tmp_path / "current"
+    link.symlink_to(old)
+    repo = Repository(link)
+    assert list(repo.entry("m").versions) == [1]
+    assert repo.names() == ["m"]
+    staging = tmp_path / "current.new"
+    staging.symlink_to(new)
+    os.replace(staging, link)
+    with caplog.at_level(logging.WARNING, logger="corral._repository"):
+        assert repo.names() == ["back", "m"]
+        entry = repo.entry("m")
+    assert list(entry.versions) == [2]
+    assert entry.versions[2].path == new / "m" / "2" / "model.onnx"
+    assert repo.root == new
+    assert_outside(repo.entry("back").error)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"corral: model repository {link} now resolves to {new} (was {old})"
+    ]
+    link.unlink()
+    with pytest.raises(RepositoryError, match=r"cannot list model repository .*current"):
+        repo.names()

@@ -5,13 +5,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import corral
-from corral import RuntimeState
-from tests.helpers import process_threads, wait_until
+from corral import Host, Runtime, RuntimeState
+from tests.helpers import add_model, build_slow_loop, process_threads, wait_until
 
 
 def test_identical_options_return_the_same_runtime():
@@ -124,6 +125,40 @@ def test_concurrent_shutdowns_all_return_once_drained(mlp_model):
         thread.join(timeout=20)
     assert not errors
     assert rt.state is RuntimeState.CLOSED
+
+
+@pytest.mark.timeout(60)
+def test_a_second_shutdown_waits_for_the_first_within_its_own_timeout(mlp_model):
+    rt = corral.runtime()
+    session = corral.Session(mlp_model, runtime=rt)
+    lease = session.acquire()
+    shutter = threading.Thread(target=rt.shutdown, kwargs={"timeout": 30})
+    shutter.start()
+    wait_until(lambda: rt.state is RuntimeState.SHUTTING_DOWN)
+    with pytest.raises(
+        corral.DrainTimeout, match=r"another thread's shutdown is still draining after 0\.05s"
+    ):
+        rt.shutdown(timeout=0.05)
+    # The second caller gave up waiting; the first still drains, and the lease still holds.
+    assert rt.state is RuntimeState.SHUTTING_DOWN
+    assert session.state is not corral.SessionState.CLOSED
+    lease.release()
+    rt.shutdown(timeout=30)  # returns once the first caller's drain is done
+    assert rt.state is RuntimeState.CLOSED
+    assert session.state is corral.SessionState.CLOSED
+    shutter.join(timeout=30)
+
+
+def test_a_runtime_used_as_a_context_manager_shuts_down_on_exit(mlp_model):
+    with corral.runtime() as rt:
+        session = corral.Session(mlp_model, runtime=rt)
+        assert repr(rt).startswith("<corral.Runtime running ")
+        assert rt.scheduler() is rt.scheduler()
+    assert rt.state is RuntimeState.CLOSED
+    assert session.state is corral.SessionState.CLOSED
+    assert repr(rt).startswith("<corral.Runtime closed ")
+    with pytest.raises(corral.RuntimeClosed, match="the Runtime is closed and takes no new work"):
+        rt.scheduler()
 
 
 def test_stats_count_sessions_and_runs_in_flight(mlp_model):
@@ -252,3 +287,26 @@ def test_a_new_runtime_while_the_old_one_drains_is_refused(mlp_model):
     lease.release()
     shutter.join(timeout=30)
     assert corral.Runtime() is not rt
+
+
+@pytest.mark.timeout(60)
+def test_a_cancelling_shutdown_stops_runs_in_flight_and_queued_without_waiting_for_them(
+    tmp_path: Path,
+):
+    # What interpreter exit does after a drain ran out: nobody waits for these answers, so the
+    # run in flight is stopped and the queued one never starts, instead of both running out.
+    add_model(tmp_path, "slow", build_slow_loop(), toml="max_batch_size = 0\n")
+    rt = Runtime(compute_workers=1)
+    host = Host(tmp_path, runtime=rt)
+    try:
+        host.load("slow")
+        endless = {"M": np.array(10**12, np.int64), "start": np.zeros(1, np.float32)}
+        running = host.submit("slow", endless)
+        wait_until(lambda: rt.stats().runs_in_flight == 1)
+        queued = host.submit("slow", endless)
+        rt.shutdown(timeout=30, cancel=True)  # no DrainTimeout: nothing was waited out
+        for future in (running, queued):
+            with pytest.raises(corral.RunCancelled):
+                future.result(timeout=10)
+    finally:
+        host.close(timeout=10)

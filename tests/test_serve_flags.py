@@ -30,13 +30,20 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "memory_budget": ("2GiB", "2GiB"),
     "max_loaded_models": ("7", 7),
     "load_concurrency": ("3", 3),
+    "load_timeout_s": ("45", 45.0),
     "poll_interval_s": ("2.5", 2.5),
     "max_queue_per_model": ("9", 9),
     "compute_workers": ("2", 2),
     "max_request_bytes": ("4096", 4096),
+    "max_body_bytes_in_flight": ("536870912", 536870912),
     "auth_token": ("s3cret", "s3cret"),
     "drain_timeout_s": ("1.5", 1.5),
     "log_level": ("DEBUG", "debug"),
+    "max_url_bytes": ("4096", 4096),
+    "max_header_bytes": ("16384", 16384),
+    "header_timeout_s": ("2.5", 2.5),
+    "idle_timeout_s": ("7.5", 7.5),
+    "max_connections": ("100", 100),
 }
 
 

@@ -563,7 +563,7 @@ def test_each_corral_error_has_its_status(datatypes_repo: Path, error: type[Exce
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("error", [RuntimeError, corral.DrainTimeout])
+@pytest.mark.parametrize("error", [RuntimeError, corral.CorralError])
 def test_an_unexpected_exception_is_internal_and_logged(
     datatypes_repo: Path, caplog: pytest.LogCaptureFixture, error: type[Exception]
 ):

@@ -4,10 +4,12 @@ The HTTP and gRPC servers decode a request into :mod:`corral.protocol.types`, ca
 here, and encode what it returns; errors are corral's own exceptions, which each transport
 maps to its status codes. Nothing here knows about HTTP or gRPC.
 
-Every operation that may read the repository's files or wait for a load is a coroutine: file
-reads run on a worker thread (:func:`run_blocking`), and loads are awaited on the Host's load
-workers (:meth:`Host.acquire_async`), so that a slow or hung filesystem holds up only the
-requests that need it, never the event loop every client shares. ``live``, ``ready`` and
+Every operation that may read the repository's files or wait for a load is a coroutine: the
+control plane's calls (readiness, status, statistics, the index, load, unload) run on their
+own daemon threads with a bounded wait (:class:`corral.protocol.control.ControlThreads`), never
+on asyncio's default executor, and loads are awaited on the Host's load workers
+(:meth:`Host.acquire_async`), so that a slow or hung filesystem holds up only the requests that
+need it, never the event loop every client shares nor the other calls. ``live``, ``ready`` and
 ``server_metadata`` read memory only and answer at once.
 
 Example::
@@ -33,6 +35,7 @@ from corral._host import Host
 from corral._scheduler import QueueStats, deadline_after, time_left
 from corral._signature import Signature, TensorSpec
 from corral._status import HostState, ModelState, ModelStatus
+from corral.protocol.control import CONTROL_TIMEOUT_S, ControlThreads
 from corral.protocol.datatypes import datatype_of
 from corral.protocol.types import (
     Duration,
@@ -53,10 +56,16 @@ __all__ = [
     "EXTENSIONS",
     "OMITTED_OUTPUTS",
     "PLATFORM",
+    "UNLOAD_TIMEOUT_S",
     "DataPlane",
     "run_blocking",
     "status_for",
 ]
+
+#: Seconds an unload through the protocol waits for a load in flight and for leases to end;
+#: past it the caller gets DrainTimeout (the model is left as it was or closes with its last
+#: lease).
+UNLOAD_TIMEOUT_S = 30.0
 
 #: Triton's platform name for ONNX models run by onnxruntime: clients key on it.
 PLATFORM = "onnxruntime_onnx"
@@ -139,9 +148,21 @@ async def run_blocking(
 class DataPlane:
     """The protocol's operations, on one Host; safe from any thread and any event loop."""
 
-    def __init__(self, host: Host, *, name: str = "corral", version: str = __version__) -> None:
+    def __init__(
+        self,
+        host: Host,
+        *,
+        name: str = "corral",
+        version: str = __version__,
+        control_timeout_s: float = CONTROL_TIMEOUT_S,
+        unload_timeout_s: float = UNLOAD_TIMEOUT_S,
+    ) -> None:
         self._host = host
         self._metadata = ServerMetadata(name, version, EXTENSIONS)
+        # The control plane's own threads: never asyncio's default executor (see above).
+        self._control = ControlThreads()
+        self._control_timeout_s = control_timeout_s
+        self._unload_timeout_s = unload_timeout_s
 
     @property
     def host(self) -> Host:
@@ -168,7 +189,13 @@ class DataPlane:
         corral loads models lazily: a model that is not ready is still served, loaded by the
         first request. Raises :class:`ModelNotFound` for an unknown model or version.
         """
-        return await run_blocking(self._model_ready, name, version)
+        return await self._control.run(
+            f"the readiness of model {name!r}",
+            self._control_timeout_s,
+            self._model_ready,
+            name,
+            version,
+        )
 
     async def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
         """A model's versions, inputs and outputs; loads the model if it is not loaded."""
@@ -176,7 +203,9 @@ class DataPlane:
         # entry, on a worker thread.
         with await self._host.acquire_async(name, _version_arg(version)) as lease:
             signature = lease.session.signature
-        status = await run_blocking(self._host.status, name)
+        status = await self._control.run(
+            f"the status of model {name!r}", self._control_timeout_s, self._host.status, name
+        )
         return ModelMetadata(
             name=lease.name,
             versions=tuple(str(v.version) for v in status.versions),
@@ -259,7 +288,9 @@ class DataPlane:
 
         Raises :class:`ModelNotFound` for an unknown model or version.
         """
-        return await run_blocking(self._model_statistics, name, version)
+        return await self._control.run(
+            "the statistics", self._control_timeout_s, self._model_statistics, name, version
+        )
 
     def statistics_snapshot(
         self, queues: Mapping[tuple[str, int], QueueStats] | None = None
@@ -323,7 +354,9 @@ class DataPlane:
 
     async def repository_index(self, *, ready_only: bool = False) -> list[RepositoryModel]:
         """Every model in the repository, one row per version the Host knows of."""
-        return await run_blocking(self._repository_index, ready_only)
+        return await self._control.run(
+            "the repository index", self._control_timeout_s, self._repository_index, ready_only
+        )
 
     def _repository_index(self, ready_only: bool) -> list[RepositoryModel]:
         rows: list[RepositoryModel] = []
@@ -332,12 +365,25 @@ class DataPlane:
         return rows
 
     async def load(self, name: str) -> None:
-        """Load (or reload) a model now; its errors are raised."""
-        await run_blocking(self._host.load, name)
+        """Load (or reload) a model now; its errors are raised.
+
+        Bounded by the Host's ``load_timeout_s`` (:class:`LoadTimeout`).
+        """
+        await self._control.run(f"loading model {name!r}", None, self._host.load, name)
 
     async def unload(self, name: str) -> None:
-        """Unload every version of a model; requests in flight finish first."""
-        await run_blocking(self._host.unload, name)
+        """Unload every version of a model; requests in flight finish first.
+
+        Waits at most ``unload_timeout_s`` for a load in flight and for those requests:
+        then :class:`DrainTimeout`, naming the timeout.
+        """
+        await self._control.run(
+            f"unloading model {name!r}",
+            None,
+            self._host.unload,
+            name,
+            timeout=self._unload_timeout_s,
+        )
 
     def _count(self, name: str, version: int, started_ns: int, *, ok: bool) -> None:
         elapsed = time.perf_counter_ns() - started_ns

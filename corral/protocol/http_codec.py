@@ -12,6 +12,12 @@ asked for as binary: by ``"binary_data": true`` on the requested output, or by t
 Every malformed request raises :class:`~corral.InvalidInput`, naming the tensor at fault
 when there is one; no other exception escapes :func:`decode_request`, whatever the bytes.
 Only the server imports this module (orjson is its extra).
+
+Memory: parsed whole, a JSON array of numbers costs about 40 bytes a number as Python
+objects (a float and its list slots), up to 15 times its text. So a long ``data`` array of
+numbers (flat, or nested with every number at one depth) is cut out of the document before
+it is parsed and read piece by piece straight into its numpy array (:class:`_NumberArrays`);
+the rest of the document, and every array that holds anything else, is parsed as before.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Sequence
+import secrets
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -65,6 +72,26 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _NULL_SCAN_BYTES = 2048
 # Up to this many values, overflow is checked in Python; beyond, by numpy after the cast.
 _FEW_VALUES = 64
+# A "data" array is read straight into numpy (not as Python numbers) when its text is at least
+# this long and holds only numbers, commas, spaces and brackets, every number at one depth and
+# no array empty; anything else (NaN, strings, booleans, ragged nesting) is parsed with the
+# document. Short arrays gain nothing from it.
+_DATA_ARRAY = re.compile(rb'"data"\s*:\s*\[')
+_LONG_ARRAY_BYTES = 64 * 1024
+_EMPTY_ARRAY = re.compile(rb"\[\s*\]")
+_NO_BRACKETS = bytes.maketrans(b"[]", b"  ")
+# Per byte value: +1 for "[", -1 for "]"; whether it is part of a number. And the bytes such an
+# array is made of.
+_BRACKET_STEP = np.zeros(256, dtype=np.int8)
+_BRACKET_STEP[ord("[")], _BRACKET_STEP[ord("]")] = 1, -1
+_NUMBER_BYTE = np.zeros(256, dtype=np.bool_)
+_NUMBER_BYTE[list(b"0123456789+-.eE")] = True
+_NUMBER_TEXT = b"0123456789+-.eE"
+_SEPARATOR_TEXT = b", \t\n\r"
+_ARRAY_TEXT = _NUMBER_TEXT + _SEPARATOR_TEXT + b"[]"
+# Such an array is parsed this many bytes at a time: the Python numbers of one piece are all
+# that exist at once, and a worker thread decoding it gives up the GIL between pieces.
+_PIECE_BYTES = 64 * 1024
 # How messages name the Python types orjson decodes JSON values to.
 _JSON_KINDS: dict[type, str] = {
     dict: "an object",
@@ -100,8 +127,26 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
                        b' "data": [[0.5, 1.5]]}]}')
     """
     json_length = _json_length(body, header_length)
+    arrays = _NumberArrays.cut(body, json_length) if json_length >= _LONG_ARRAY_BYTES else None
+    if arrays is not None:
+        request = _decode(body, json_length, header_length, arrays)
+        if request is not None:
+            return request
+    request = _decode(body, json_length, header_length, None)
+    assert request is not None  # only a cut array left unclaimed gives None
+    return request
+
+
+def _decode(
+    body: bytes, json_length: int, header_length: int | None, arrays: _NumberArrays | None
+) -> InferRequest | None:
+    """:func:`decode_request`'s work, on the document with ``arrays`` cut out when given.
+
+    None if one of ``arrays`` was not an input's ``data`` (it was under another key, or a
+    key given twice): the caller then decodes the whole document as it is.
+    """
     view = memoryview(body)
-    document = _load_json(view[:json_length])
+    document = _load_json(view[:json_length] if arrays is None else memoryview(arrays.skeleton))
     if type(document) is not dict:
         raise InvalidInput(f"the request body must be a JSON object; got {_kind(document)}")
 
@@ -119,7 +164,7 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
     offset = 0
     for index, item in enumerate(raw_inputs):
         infer_input, offset = _decode_input(
-            item, index, binary_part, offset, binary=header_length is not None
+            item, index, binary_part, offset, binary=header_length is not None, arrays=arrays
         )
         if infer_input.name in inputs:
             raise InvalidInput(
@@ -144,6 +189,8 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
             )
         outputs[requested.name] = requested
 
+    if arrays is not None and arrays.unclaimed:
+        return None
     return InferRequest(
         inputs=tuple(inputs.values()),
         outputs=tuple(outputs.values()),
@@ -379,7 +426,13 @@ def _check_request_parameters(parameters: Parameters) -> None:
 
 
 def _decode_input(
-    item: object, index: int, binary_part: memoryview, offset: int, *, binary: bool
+    item: object,
+    index: int,
+    binary_part: memoryview,
+    offset: int,
+    *,
+    binary: bool,
+    arrays: _NumberArrays | None = None,
 ) -> tuple[InferInput, int]:
     """One ``$request_input``, and the binary part's offset after its bytes."""
     if type(item) is not dict:
@@ -411,7 +464,13 @@ def _decode_input(
                 f'input {name!r} has neither "data" nor a {_BINARY_DATA_SIZE} parameter',
                 tensor=name,
             )
-        data = _json_tensor(item["data"], datatype, shape, count, name=name)
+        # Popped: the document no longer holds this input's Python values once converted.
+        raw_data = item.pop("data")
+        if arrays is not None and arrays.claims(raw_data):
+            data = arrays.tensor(raw_data, datatype, shape, count, name=name)
+        else:
+            data = _json_tensor(raw_data, datatype, shape, count, name=name)
+        del raw_data
         return InferInput(name, datatype, shape, data, parameters), offset
 
     if has_data:
@@ -493,7 +552,166 @@ def _json_tensor(
     if datatype == "BOOL":
         _check_kinds(values, kinds, {bool}, "booleans (true/false)", datatype, name)
         return np.array(values, dtype=np.bool_).reshape(shape)
-    dtype = numpy_dtype(datatype)
+    return _number_array(values, kinds, datatype, numpy_dtype(datatype), name).reshape(shape)
+
+
+class _NumberArrays:
+    """The long ``data`` arrays of numbers cut out of a request's JSON text.
+
+    :attr:`skeleton` is the JSON with each such array replaced by a string naming it (a
+    random prefix per request, so a client cannot name one); an input whose ``data`` is such
+    a string has its tensor read from the body's text by :meth:`tensor`, a piece at a time.
+    An array cut from anywhere but an input's ``data`` stays :attr:`unclaimed`.
+    """
+
+    def __init__(
+        self, body: bytes, skeleton: bytes, spans: dict[str, tuple[int, int, bool]]
+    ) -> None:
+        self._body = body
+        self.skeleton = skeleton
+        self._spans = spans
+
+    @classmethod
+    def cut(cls, body: bytes, json_length: int) -> _NumberArrays | None:
+        """The arrays of ``body[:json_length]`` worth reading this way, or None if none is."""
+        prefix = f"corral-data-{secrets.token_hex(8)}-"
+        parts: list[bytes] = []
+        spans: dict[str, tuple[int, int, bool]] = {}
+        copied = 0
+        for match in _DATA_ARRAY.finditer(body, 0, json_length):
+            start = match.end()
+            found = _number_array_end(body, start, json_length) if start >= copied else None
+            if found is None or found[0] - start < _LONG_ARRAY_BYTES:
+                continue
+            end, nested = found
+            key = f"{prefix}{len(spans)}"
+            spans[key] = (start, end, nested)
+            parts += (body[copied : start - 1], b'"', key.encode(), b'"')
+            copied = end + 1
+        if not spans:
+            return None
+        parts.append(body[copied:json_length])
+        return cls(body, b"".join(parts), spans)
+
+    @property
+    def unclaimed(self) -> int:
+        """How many arrays no input's ``data`` claimed."""
+        return len(self._spans)
+
+    def claims(self, data: object) -> bool:
+        """True if ``data`` is the string that stands for a cut array."""
+        return type(data) is str and data in self._spans
+
+    def tensor(
+        self, key: str, datatype: str, shape: tuple[int, ...], count: int, *, name: str
+    ) -> npt.NDArray[Any]:
+        """The array named ``key`` as a tensor, checked as :func:`_json_tensor` checks data."""
+        start, end, nested = self._spans.pop(key)
+        if datatype not in _FLOAT_OVERFLOW and datatype not in _INTEGER_DATATYPES:
+            # BOOL or BYTES given numbers: refused by the usual checks, with their message.
+            return _json_tensor(
+                _load_json(memoryview(self._body)[start - 1 : end + 1]),
+                datatype,
+                shape,
+                count,
+                name=name,
+            )
+        dtype = numpy_dtype(datatype)
+        tensor = np.empty(count, dtype=dtype)
+        given = 0
+        for text in _pieces(self._body, start, end):
+            # Every number is at one depth and no array is empty: the numbers in order are
+            # the tensor's elements, row-major, as the document's flattening would give.
+            piece = text.translate(_NO_BRACKETS) if nested else text
+            try:
+                values = orjson.loads(b"[" + piece + b"]")
+            except orjson.JSONDecodeError as exc:
+                raise InvalidInput(
+                    f'input {name!r}: "data" is not a valid JSON array of numbers: {exc}',
+                    tensor=name,
+                ) from None
+            if not values and (given or end - start > len(piece)):
+                # An empty piece between two commas, or after the last: "[1,,2]" or "[1,]".
+                raise InvalidInput(
+                    f'input {name!r}: "data" is not a valid JSON array: an empty element',
+                    tensor=name,
+                )
+            if given + len(values) <= count:
+                kinds = set(map(type, values))
+                piece_array = _number_array(values, kinds, datatype, dtype, name)
+                tensor[given : given + len(values)] = piece_array
+            given += len(values)
+        if given != count:
+            raise InvalidInput(
+                f"input {name!r}: shape {list(shape)} holds {count} elements, but data has {given}",
+                tensor=name,
+            )
+        return tensor.reshape(shape)
+
+
+def _number_array_end(body: bytes, start: int, stop: int) -> tuple[int, bool] | None:
+    """Where the array opened just before ``start`` closes, and whether it is nested.
+
+    None unless it closes before ``stop`` holding only numbers, commas, spaces and brackets,
+    with every number at the same depth and no empty array inside: what the document's
+    flattening accepts without a mix of arrays and numbers at one level. Read a piece at a
+    time with numpy, so that a long array costs a few small buffers.
+    """
+    depth = 1
+    number_depth = 0  # not seen yet
+    for at in range(start, stop, _PIECE_BYTES):
+        size = min(_PIECE_BYTES, stop - at)
+        if body.find(b"[", at, at + size) < 0 and body.find(b"]", at, at + size) < 0:
+            # No bracket (most pieces of a flat array): one depth, checked in C.
+            text = body[at : at + size]
+            if text.translate(None, _NUMBER_TEXT + _SEPARATOR_TEXT):
+                return None
+            if text.translate(None, _SEPARATOR_TEXT):  # numbers here
+                number_depth = number_depth or depth
+                if number_depth != depth:
+                    return None
+            continue
+        octets = np.frombuffer(body, dtype=np.uint8, count=size, offset=at)
+        depths = np.cumsum(_BRACKET_STEP[octets], dtype=np.int32)
+        depths += depth
+        closes = depths == 0
+        closed = bool(closes.any())
+        if closed:
+            size = int(closes.argmax())
+            octets, depths = octets[:size], depths[:size]
+        if body[at : at + size].translate(None, _ARRAY_TEXT):
+            return None
+        numbers = _NUMBER_BYTE[octets]
+        if not number_depth and numbers.any():
+            number_depth = int(depths[numbers.argmax()])
+        if (numbers & (depths != number_depth)).any():
+            return None
+        if closed:
+            end = at + size
+            nested = number_depth > 1 or body.find(b"[", start, end) >= 0
+            if nested and _EMPTY_ARRAY.search(body, start, end):
+                return None
+            return end, nested
+        depth = int(depths[-1])
+    return None
+
+
+def _pieces(body: bytes, start: int, end: int) -> Iterator[bytes]:
+    """``body[start:end]`` in pieces of about :data:`_PIECE_BYTES`, split at commas (dropped)."""
+    at = start
+    while True:
+        comma = body.find(b",", min(at + _PIECE_BYTES, end), end)
+        if comma < 0:
+            yield body[at:end]
+            return
+        yield body[at:comma]
+        at = comma + 1
+
+
+def _number_array(
+    values: list[Any], kinds: set[type], datatype: str, dtype: np.dtype[Any], name: str
+) -> npt.NDArray[Any]:
+    """Flat ``values`` (of the Python ``kinds``) as a numeric tensor's elements, checked."""
     if datatype in _INTEGER_DATATYPES:
         _check_kinds(values, kinds, {int}, "integers", datatype, name)
         if values:
@@ -505,7 +723,7 @@ def _json_tensor(
                         f"({info.min}..{info.max})",
                         tensor=name,
                     )
-        return np.array(values, dtype=dtype).reshape(shape)
+        return np.array(values, dtype=dtype)
     _check_kinds(values, kinds, {int, float}, "numbers", datatype, name)
     limit = _FLOAT_OVERFLOW[datatype]
     floats = _float_array(values, dtype, limit)
@@ -514,7 +732,7 @@ def _json_tensor(
         raise InvalidInput(
             f"input {name!r}: value {too_large} is out of range for {datatype}", tensor=name
         )
-    return floats.reshape(shape)
+    return floats
 
 
 def _float_array(values: list[Any], dtype: np.dtype[Any], limit: float) -> npt.NDArray[Any] | None:

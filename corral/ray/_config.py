@@ -13,8 +13,9 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from corral._budget import estimate_model_bytes
-from corral._errors import InvalidOption
+from corral._budget import estimate_footprint_bytes, estimate_model_bytes
+from corral._errors import InvalidOption, ModelLoadError
+from corral._modelfile import read_footprint
 from corral._options import HostOptions, positive_int
 from corral._repository import Repository
 
@@ -133,7 +134,8 @@ def models_per_replica(
     """How many model ids Ray routes to one replica: the count the config gives or implies.
 
     ``max_models_per_replica`` when set; else the memory budget divided by the mean
-    estimated size (:func:`corral._budget.estimate_model_bytes`) of up to 200 of the repository's
+    estimated size (:func:`corral._budget.estimate_footprint_bytes`, the Host's own estimate)
+    of up to 200 of the repository's
     models, capped by ``max_loaded_models``; else ``max_loaded_models``; else
     :data:`UNLIMITED`. Never below 1.
     """
@@ -156,7 +158,11 @@ def _mean_model_bytes(repository: Repository | str | os.PathLike[str]) -> int:
     for name in names[::step][:_SAMPLE]:
         entry = repo.entry(name)
         if entry.error is None and entry.latest is not None:
-            sizes.append(estimate_model_bytes(entry.versions[entry.latest].size))
+            try:
+                footprint = read_footprint(entry.versions[entry.latest].path)
+            except ModelLoadError:
+                continue  # it will fail its own load, with this error; it takes no room
+            sizes.append(estimate_footprint_bytes(footprint))
     # An empty or unreadable repository: one tiny session's worth, so the count stays finite.
     return sum(sizes) // len(sizes) if sizes else estimate_model_bytes(0)
 

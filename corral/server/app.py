@@ -3,7 +3,9 @@
 Both servers run on one event loop (uvloop when installed) in the main thread; models run on
 the Runtime's compute workers. SIGTERM or SIGINT stops both servers taking connections,
 answers every request already accepted (for up to ``drain_timeout_s``), closes the Host and
-returns, so that the process exits 0.
+returns, so that the process exits 0 (:data:`EXIT_CLEAN`); if the drain ran out, or loads hung
+on their storage were abandoned, it exits :data:`EXIT_DRAIN_INCOMPLETE` within the drain timeout
+all the same: hung load threads are daemons, never joined.
 
 Example::
 
@@ -17,25 +19,38 @@ import asyncio
 import contextlib
 import logging
 import math
+import resource
 import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
 from corral import __version__
+from corral._errors import DrainTimeout
 from corral._host import Host
 from corral._runtime import Runtime, runtime
 from corral.protocol.dataplane import DataPlane
+from corral.server._connections import ConnectionLimits, end_requests_in_flight, protocol_for
+from corral.server.bodies import BodyBudget
 from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
 from corral.server.settings import ServerSettings
 
-__all__ = ["Addresses", "run", "serve"]
+__all__ = ["EXIT_CLEAN", "EXIT_DRAIN_INCOMPLETE", "Addresses", "run", "serve"]
+
+#: ``corral serve``'s exit status after a clean drain: every request answered, the Host closed.
+EXIT_CLEAN = 0
+#: Its exit status when the drain ran out (leases still held) or loads were abandoned, hung.
+EXIT_DRAIN_INCOMPLETE = 3
 
 logger = logging.getLogger(__name__)
+
+# Seconds past the drain timeout after which uvicorn itself cancels what is left.
+_DRAIN_MARGIN_S = 5
 
 
 @dataclass(frozen=True)
@@ -57,7 +72,11 @@ class _Server(uvicorn.Server):
 
 
 def run(settings: ServerSettings) -> int:
-    """Serve until SIGTERM or SIGINT; returns the process exit code (0 after a clean drain)."""
+    """Serve until SIGTERM or SIGINT; returns the process exit code.
+
+    :data:`EXIT_CLEAN` after a clean drain, :data:`EXIT_DRAIN_INCOMPLETE` when it ran out or
+    hung loads were abandoned.
+    """
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
     try:
         import uvloop
@@ -75,8 +94,7 @@ def run(settings: ServerSettings) -> int:
         loop = runner.get_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, on_signal, signum)
-        runner.run(serve(settings, stop))
-    return 0
+        return runner.run(serve(settings, stop))
 
 
 async def serve(
@@ -84,42 +102,76 @@ async def serve(
     stop: asyncio.Event,
     *,
     started: Callable[[Addresses], None] | None = None,
-) -> None:
+) -> int:
     """Run both servers until ``stop`` is set, then drain and close everything.
 
-    ``started(addresses)`` is called once both servers listen.
+    ``started(addresses)`` is called once both servers listen. Returns the exit status:
+    :data:`EXIT_CLEAN`, or :data:`EXIT_DRAIN_INCOMPLETE`.
     """
+    open_files = raise_open_file_limit()
     rt = (
         runtime()
         if settings.compute_workers is None
         else Runtime(compute_workers=settings.compute_workers)
     )
     host = Host(settings.repository, runtime=rt, options=settings.host_options()).start()
+    # When the drain began: closing the Host gets what is left of the drain timeout.
+    drain_began = asyncio.create_task(_when_set(stop))
     token = None if settings.auth_token is None else settings.auth_token.get_secret_value()
     try:
         plane = DataPlane(host)
+        # One budget for both transports: memory is the process's, whichever way bytes came.
+        body_budget = BodyBudget(settings.body_budget_bytes())
         metrics = Metrics(plane)
         app = HttpApp(
             plane,
             metrics=metrics.render,
             auth_token=token,
             max_request_bytes=settings.max_request_bytes,
+            body_budget=body_budget,
         )
+        limits = connection_limits(settings, open_files)
         http = _Server(
             uvicorn.Config(
                 app,
                 host=settings.host,
                 port=settings.http_port,
-                http="httptools",
+                http=protocol_for(limits),
+                # No WebSocket endpoint: the protocol answers an upgrade 400.
+                ws="none",
                 lifespan="off",
                 access_log=False,
                 log_config=None,
-                timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),
+                # A backstop only: _drain_http answers what is left at the drain timeout.
+                timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s) + _DRAIN_MARGIN_S,
             )
         )
-        await _serve_both(settings, plane, http, token, stop, started)
+        cut = await _serve_both(
+            settings, plane, http, token, body_budget, stop, started, (open_files, limits)
+        )
     finally:
-        await asyncio.to_thread(_close_host, host, settings.drain_timeout_s)
+        left = _drain_left(drain_began, settings.drain_timeout_s)
+        status = await asyncio.to_thread(_close_host, host, left)
+    # Requests answered 503 when the drain ran out released their models: the Host closed
+    # cleanly, but the drain did not.
+    return EXIT_DRAIN_INCOMPLETE if cut else status
+
+
+async def _when_set(stop: asyncio.Event) -> float:
+    await stop.wait()
+    return time.monotonic()
+
+
+def _drain_left(drain_began: asyncio.Task[float], drain_timeout_s: float) -> float:
+    """Seconds of the drain timeout left for closing the Host, once the servers drained.
+
+    So that SIGTERM ends the process within the drain timeout (plus closing), however long
+    the servers took, and even with loads hung on their storage.
+    """
+    if not drain_began.done():
+        drain_began.cancel()  # stopped without a signal (a startup failure): a full drain
+        return drain_timeout_s
+    return max(0.0, drain_timeout_s - (time.monotonic() - drain_began.result()))
 
 
 async def _serve_both(
@@ -127,9 +179,12 @@ async def _serve_both(
     plane: DataPlane,
     http: _Server,
     token: str | None,
+    body_budget: BodyBudget,
     stop: asyncio.Event,
     started: Callable[[Addresses], None] | None,
-) -> None:
+    edge: tuple[int, ConnectionLimits],
+) -> int:
+    """Serve until ``stop``, then drain; returns how many HTTP requests the drain had to cut."""
     grpc_server: Any = None
     grpc_port: int | None = None
     if settings.grpc_port >= 0:
@@ -141,12 +196,13 @@ async def _serve_both(
             settings.grpc_port,
             auth_token=token,
             max_message_bytes=settings.max_request_bytes,
+            body_budget=body_budget,
         )
-    http_task = asyncio.create_task(http.serve())
+    http_task = asyncio.create_task(_serve_http(http))
     try:
         await _until_started(http, http_task)
         addresses = Addresses(settings.host, _bound_port(http), grpc_port)
-        _log_summary(settings, plane.host, addresses)
+        _log_summary(settings, plane.host, addresses, *edge)
         if started is not None:
             started(addresses)
         stopping = asyncio.create_task(stop.wait())
@@ -155,12 +211,45 @@ async def _serve_both(
     finally:
         # Both stop taking connections at once; each answers what it has accepted.
         http.should_exit = True
-        drains: list[Any] = [http_task]
+        drains: list[Any] = [_drain_http(http, http_task, settings.drain_timeout_s)]
         if grpc_server is not None:
             drains.append(grpc_server.stop(grace=settings.drain_timeout_s))
-        await asyncio.gather(*drains, return_exceptions=True)
+        drained = await asyncio.gather(*drains, return_exceptions=True)
     if http_task.done() and not http_task.cancelled() and http_task.exception() is not None:
         raise http_task.exception()  # type: ignore[misc]  # checked just above
+    cut = drained[0]
+    if isinstance(cut, BaseException):
+        raise cut
+    return int(cut)
+
+
+async def _serve_http(http: _Server) -> None:
+    """Run uvicorn's ``serve``, whose startup failure raises :class:`OSError` here.
+
+    When it cannot start (its port taken, say) uvicorn logs why and calls ``sys.exit(3)``: out
+    of a task, that would end the event loop before the Host is closed or gRPC stopped, with
+    the status of a drain that ran out. Raised as an error instead, it goes through the drain
+    and the Host's close, and ``corral serve`` says so and exits 1.
+    """
+    try:
+        await http.serve()
+    except SystemExit as exc:
+        raise OSError(
+            f"the HTTP server could not start on {http.config.host}:{http.config.port} "
+            f"(uvicorn exited {exc.code}; the error it logged above says why)"
+        ) from exc
+
+
+async def _drain_http(http: _Server, task: asyncio.Task[None], timeout: float) -> int:
+    # uvicorn's own graceful timeout cancels requests with a text/plain 500 and an ERROR line
+    # each: at the drain timeout, answer them 503 first, then let uvicorn finish.
+    ended = 0
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        ended = end_requests_in_flight(http.server_state)
+        logger.warning("corral: the drain timeout ran out; %d requests answered 503", ended)
+    await task
+    return ended
 
 
 async def _until_started(http: _Server, task: asyncio.Task[None]) -> None:
@@ -182,13 +271,56 @@ def _bound_port(http: _Server) -> int:
     raise RuntimeError("the HTTP server has no listening socket")
 
 
-def _log_summary(settings: ServerSettings, host: Host, addresses: Addresses) -> None:
+def raise_open_file_limit() -> int:
+    """Raise the process's soft open-file limit to its hard limit; returns the limit now held.
+
+    Every HTTP connection, gRPC stream and model file holds a descriptor: the usual soft limit
+    of 1,024 is met by a thousand idle clients. A hard limit of "unlimited" is not a number
+    the kernel takes for RLIMIT_NOFILE, so the soft limit then goes as high as ``nr_open``.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:
+        try:
+            target = int(Path("/proc/sys/fs/nr_open").read_text())
+        except OSError as exc:
+            logger.warning("corral: the open-file limit stays at %d: %s", soft, exc)
+            return soft
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    return soft
+
+
+def connection_limits(settings: ServerSettings, open_files: int) -> ConnectionLimits:
+    """The HTTP connections' limits: the settings', ``max_connections`` from the file limit."""
+    max_connections = settings.max_connections
+    if max_connections is None:
+        # Descriptors kept for the listening sockets, gRPC, model files and logs.
+        max_connections = max(64, open_files - 256)
+    return ConnectionLimits(
+        max_url_bytes=settings.max_url_bytes,
+        max_header_bytes=settings.max_header_bytes,
+        header_timeout_s=settings.header_timeout_s,
+        idle_timeout_s=settings.idle_timeout_s,
+        max_connections=max_connections,
+    )
+
+
+def _log_summary(
+    settings: ServerSettings,
+    host: Host,
+    addresses: Addresses,
+    open_files: int,
+    limits: ConnectionLimits,
+) -> None:
     stats = host.stats()
     budget = "none" if stats.memory_budget is None else f"{stats.memory_budget:,} bytes"
     grpc = "off" if addresses.grpc_port is None else f"{addresses.host}:{addresses.grpc_port}"
     logger.info(
         "corral %s serving %s: %d models in the repository, HTTP on %s:%d, gRPC %s, "
-        "memory budget %s, %d compute workers%s",
+        "memory budget %s, %d compute workers, open-file limit %d, "
+        "at most %d HTTP connections%s",
         __version__,
         settings.repository,
         len(host.repository.names()),
@@ -197,12 +329,26 @@ def _log_summary(settings: ServerSettings, host: Host, addresses: Addresses) -> 
         grpc,
         budget,
         host.runtime.options.compute_workers,
+        open_files,
+        limits.max_connections,
         ", auth on" if settings.auth_token is not None else "",
     )
 
 
-def _close_host(host: Host, timeout: float) -> None:
+def _close_host(host: Host, timeout: float) -> int:
+    """Close the Host within ``timeout``; the exit status that says how it went."""
+    status = EXIT_CLEAN
     try:
         host.close(timeout=timeout)
+    except DrainTimeout as exc:
+        logger.warning("corral: the drain ran out: %s", exc)
+        status = EXIT_DRAIN_INCOMPLETE
     finally:
         logger.info("corral: stopped")
+    if host.loads_abandoned:
+        logger.warning(
+            "corral: %d load(s) hung on their storage were abandoned (not joined)",
+            host.loads_abandoned,
+        )
+        status = EXIT_DRAIN_INCOMPLETE
+    return status

@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hmac
@@ -35,6 +36,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed wherever
 from corral._errors import (
     CorralError,
     DeadlineExceeded,
+    DrainTimeout,
     HostClosed,
     InferenceError,
     InvalidInput,
@@ -50,6 +52,7 @@ from corral._errors import (
 from corral.protocol import grpc_codec
 from corral.protocol.dataplane import DataPlane, status_for
 from corral.protocol.types import MAX_TIMEOUT_US
+from corral.server.bodies import BodyBudget, BodyBudgetExceeded, BodyReservation
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "STATUS", "InferenceServicer", "start_grpc_server"]
 
@@ -73,6 +76,8 @@ STATUS: dict[type[CorralError], grpc.StatusCode] = {
     ProviderUnavailable: grpc.StatusCode.UNAVAILABLE,
     RepositoryError: grpc.StatusCode.UNAVAILABLE,
     InferenceError: grpc.StatusCode.INTERNAL,
+    # An unload that waited its whole timeout for a hung load or for leases.
+    DrainTimeout: grpc.StatusCode.UNAVAILABLE,
 }
 
 #: The largest request message :func:`start_grpc_server` accepts unless told otherwise, as
@@ -145,11 +150,15 @@ class InferenceServicer:
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), server)
 
     (grpc then answers a request message that does not parse with UNKNOWN, where
-    :func:`start_grpc_server` answers INVALID_ARGUMENT.)
+    :func:`start_grpc_server` answers INVALID_ARGUMENT.) With ``body_budget``, each
+    ``ModelInfer`` holds its message's size in it until answered, and is refused with
+    RESOURCE_EXHAUSTED when that does not fit. gRPC has read the message whole by then, so
+    the budget bounds the requests decoded and run at once, not the messages received.
     """
 
-    def __init__(self, plane: DataPlane) -> None:
+    def __init__(self, plane: DataPlane, body_budget: BodyBudget | None = None) -> None:
         self._plane = plane
+        self._body_budget = body_budget
 
     @_answers
     async def ServerLive(
@@ -193,6 +202,22 @@ class InferenceServicer:
         self, request: pb.ModelInferRequest, context: _Context
     ) -> pb.ModelInferResponse:
         """Run one inference request; outputs come back as ``raw_output_contents``."""
+        with self._hold_message(request):
+            return await self._infer(request, context)
+
+    def _hold_message(
+        self, request: pb.ModelInferRequest
+    ) -> BodyReservation | contextlib.nullcontext[None]:
+        if self._body_budget is None:
+            return contextlib.nullcontext()
+        try:
+            return self._body_budget.reserve(request.ByteSize())
+        except BodyBudgetExceeded as exc:
+            raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from None
+
+    async def _infer(
+        self, request: pb.ModelInferRequest, context: _Context
+    ) -> pb.ModelInferResponse:
         decoded = grpc_codec.decode_request(request)
         remaining = context.time_remaining()
         if remaining is not None and not decoded.parameters.get("timeout"):
@@ -309,14 +334,16 @@ async def start_grpc_server(
     *,
     auth_token: str | None = None,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    body_budget: BodyBudget | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start a grpc.aio server for ``plane`` on ``host:port``; return it and the bound port.
 
     Binds exactly the address given (port 0: a free port), without SO_REUSEPORT, so that a
     port already taken is an error rather than a shared socket. With ``auth_token`` every RPC
     but ServerLive and ServerReady needs the metadata ``authorization: Bearer <token>``.
-    Messages larger than ``max_message_bytes`` are refused with RESOURCE_EXHAUSTED. The
-    caller stops the server: ``await server.stop(grace)``.
+    Messages larger than ``max_message_bytes`` are refused with RESOURCE_EXHAUSTED, as are
+    inference requests past ``body_budget`` (see :class:`InferenceServicer`). The caller
+    stops the server: ``await server.stop(grace)``.
 
     Example::
 
@@ -329,7 +356,7 @@ async def start_grpc_server(
             ("grpc.max_receive_message_length", max_message_bytes),
         ],
     )
-    _register(InferenceServicer(plane), server)
+    _register(InferenceServicer(plane, body_budget), server)
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)

@@ -62,6 +62,10 @@ class ServerSettings(BaseSettings):
     load_concurrency: int | None = Field(
         None, description="loads that run at once (default: the cores, at most 4)"
     )
+    load_timeout_s: float = Field(
+        _HOST_DEFAULTS.load_timeout_s,
+        description="seconds a load may take; past it the model fails (503) and its slot frees",
+    )
     poll_interval_s: float | None = Field(
         _HOST_DEFAULTS.poll_interval_s,
         description="seconds between checks of the models in use for new versions",
@@ -83,6 +87,13 @@ class ServerSettings(BaseSettings):
         gt=0,
         description="largest request body or message, in bytes; larger ones get 413",
     )
+    max_body_bytes_in_flight: int | None = Field(
+        None,
+        gt=0,
+        description="request bytes read, decoded and run at once, HTTP and gRPC together "
+        "(default: 4 x max_request_bytes); a request past it gets 503 / RESOURCE_EXHAUSTED "
+        "at once, before its body is read",
+    )
     auth_token: SecretStr | None = Field(
         None, description="require Authorization: Bearer <token> on all but health endpoints"
     )
@@ -92,6 +103,47 @@ class ServerSettings(BaseSettings):
     log_level: str = Field(
         "info", description="corral's log level: critical, error, warning, info or debug"
     )
+    # -- the HTTP server's connections (corral.server._connections) ---------------------
+    max_url_bytes: int = Field(
+        8192, gt=0, description="longest request URL (path and query), in bytes; longer: 414"
+    )
+    max_header_bytes: int = Field(
+        65536,
+        gt=0,
+        description="longest request head (request line and headers), in bytes; longer: 431",
+    )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="seconds a request's headers may take to arrive from its first byte; "
+        "slower: 408 and the connection closed",
+    )
+    idle_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="seconds an HTTP connection with no request in progress stays open, "
+        "a new one included",
+    )
+    max_connections: int | None = Field(
+        None,
+        gt=0,
+        description="HTTP connections open at once; at the cap an idle one is closed, or "
+        "the new one gets 503 (default: the open-file limit less 256, at least 64)",
+    )
+
+    @field_validator("auth_token")
+    @classmethod
+    def _usable_token(cls, value: SecretStr | None) -> SecretStr | None:
+        # An empty token would turn auth "on" and let "Authorization: Bearer " in; spaces at
+        # either end can never match, since HTTP strips them from header values.
+        if value is not None:
+            token = value.get_secret_value()
+            if not token or token != token.strip():
+                raise ValueError(
+                    "auth_token must be a non-empty token without spaces at either end; "
+                    "leave the option out to serve without a token"
+                )
+        return value
 
     @field_validator("log_level")
     @classmethod
@@ -105,6 +157,22 @@ class ServerSettings(BaseSettings):
     def _host_options_hold(self) -> ServerSettings:
         self.host_options()  # raises InvalidOption naming the option
         return self
+
+    @model_validator(mode="after")
+    def _largest_request_fits_the_body_budget(self) -> ServerSettings:
+        budget = self.max_body_bytes_in_flight
+        if budget is not None and budget < self.max_request_bytes:
+            raise ValueError(
+                f"max_body_bytes_in_flight ({budget}) must be at least max_request_bytes "
+                f"({self.max_request_bytes}), or the largest request allowed could never run"
+            )
+        return self
+
+    def body_budget_bytes(self) -> int:
+        """The request bytes held at once: ``max_body_bytes_in_flight`` or its default."""
+        if self.max_body_bytes_in_flight is not None:
+            return self.max_body_bytes_in_flight
+        return 4 * self.max_request_bytes
 
     def host_options(self) -> HostOptions:
         """The options of the server's Host: its fields of the same names."""

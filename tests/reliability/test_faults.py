@@ -77,8 +77,8 @@ def build_gather() -> bytes:
     return model.SerializeToString()
 
 
-def build_wide_linear(features: int = 4, outputs: int = 60_000) -> bytes:
-    """Y = X @ W with W of 4 x 60,000 float32: about 1 MB of weights, 4 MB once loaded."""
+def build_wide_linear(features: int = 4, outputs: int = 120_000) -> bytes:
+    """Y = X @ W with W of 4 x 120,000 float32: about 2 MB of weights, 4 MB once loaded."""
     weights = numpy_helper.from_array(np.ones((features, outputs), np.float32), "W")
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["X", "W"], ["Y"])],
@@ -237,7 +237,7 @@ BROKEN = {
         lambda: GOOD["mlp"][: len(GOOD["mlp"]) // 2], corral.ModelLoadError, "could not load", {}
     ),
     "empty_file": Broken(lambda: b"", corral.ModelLoadError, "could not load", {}),
-    # 4 x 60,000 float32 weights: about 4 MB once loaded, against a budget of 2 MB that holds
+    # 4 x 120,000 float32 weights: about 4 MB once loaded, against a budget of 2 MB that holds
     # every good model at once.
     "too_large_for_the_budget": Broken(
         build_wide_linear, corral.ModelTooLarge, "memory budget", {"memory_budget": "2MB"}

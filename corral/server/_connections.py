@@ -1,0 +1,333 @@
+"""The HTTP server's connections: bounded request heads, timeouts, a cap, a drain that answers.
+
+uvicorn's httptools protocol, with what it lacks against a hostile or careless client:
+
+- the request line and headers are bounded in size (``max_url_bytes`` → 414,
+  ``max_header_bytes`` → 431, then the connection is closed), counted as bytes arrive, so an
+  endless URL or header costs at most the limit plus one read (uvicorn and httptools join the
+  URL and each header chunk by chunk: unbounded, that costs time quadratic in its length);
+- a request's head must arrive within ``header_timeout_s`` of its first byte (else 408 and
+  close);
+- a connection with no request in progress is closed after ``idle_timeout_s``, a fresh one
+  that sends nothing included (uvicorn arms its keep-alive timer only after a response);
+- at most ``max_connections`` are open: at the cap, an idle connection is closed to make room
+  (as nginx reuses keep-alive connections), and with none idle the new one is answered 503
+  and closed;
+- a WebSocket upgrade is answered 400 (the protocol has no WebSocket endpoint);
+- during the drain, a request that arrives on an open connection is answered with
+  ``Connection: close``, and an idle connection is closed only after its socket's pending
+  bytes have been read, so a request already sent is not dropped.
+
+Every refusal is a JSON ``{"error": ...}`` body naming the limit and its option.
+
+Example::
+
+    limits = ConnectionLimits(8192, 65536, 10.0, 5.0, 1000)
+    uvicorn.Config(app, http=protocol_for(limits), ws="none")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import httptools
+import orjson
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
+from uvicorn.server import ServerState
+
+__all__ = ["ConnectionLimits", "EdgeProtocol", "end_requests_in_flight", "protocol_for"]
+
+logger = logging.getLogger(__name__)
+
+#: How long a connection idle at the start of the drain stays open so that bytes already in
+#: its socket are read (one turn of the event loop suffices; this leaves a wide margin).
+DRAIN_READ_GRACE_S = 0.2
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """The bounds every HTTP connection is held to (``ServerSettings`` fields of these names)."""
+
+    #: Longest request target (path and query), in bytes: 414 past it.
+    max_url_bytes: int
+    #: Longest request head (request line and headers), in bytes: 431 past it.
+    max_header_bytes: int
+    #: Seconds from a request's first byte to the end of its headers: 408 past them.
+    header_timeout_s: float
+    #: Seconds a connection with no request in progress stays open.
+    idle_timeout_s: float
+    #: Connections open at once.
+    max_connections: int
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing a request the server refuses."""
+
+
+class EdgeProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol held to :class:`ConnectionLimits` (see the module's doc)."""
+
+    limits: ClassVar[ConnectionLimits]
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        # uvicorn declares the keep-alive timeout an int; call_later takes any seconds.
+        self.timeout_keep_alive = self.limits.idle_timeout_s  # type: ignore[assignment]
+        self._awaiting_head = True  # no request's headers are complete since the last one's
+        self._head_bytes = 0  # bytes received while awaiting the head
+        self.url = b""  # uvicorn sets it at a request's first byte; read before that too
+        self._head_begun = False  # the parser saw a request's first byte, not its head's end
+        # Armed only when a read leaves a head incomplete: most heads arrive in one read.
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._refusal: tuple[int, str] | None = None  # set once the server refuses
+        self._draining = False
+        self._drain_ran_out = False  # set by end_requests_in_flight
+        # One wrapper per connection, not per request: it answers a request cut by the drain.
+        self._inner_app = self.app
+        self.app = self._run_app
+
+    # -- the connection ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """Count the connection against the cap, then wait for a request (idle timer armed)."""
+        at_cap = len(self.connections) >= self.limits.max_connections
+        if at_cap and not _close_one_idle(self.connections):
+            self._refusal = (
+                503,
+                f"the server has {len(self.connections)} connections open, its limit "
+                "(max_connections); try again later",
+            )
+        super().connection_made(transport)
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.limits.idle_timeout_s, self.timeout_keep_alive_handler
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Forget the timers; uvicorn ends the request in progress."""
+        self._cancel_head_timer()
+        self._unset_keepalive_if_required()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        """Feed the parser, counting the bytes of a head still incomplete against its bounds."""
+        self._unset_keepalive_if_required()
+        if self._awaiting_head:
+            self._head_bytes += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError:
+            if self._refusal is None:
+                raise  # a callback of uvicorn's failed: not ours to hide
+        except httptools.HttpParserUpgrade:
+            pass  # not WebSocket (refused above): served as HTTP/1.1, then the connection closes
+        except httptools.HttpParserError:
+            logger.warning("corral: an invalid HTTP request was received; answered 400")
+            self._answer(400, "the request is not valid HTTP/1.1")
+            return
+        if self._refusal is None and self._head_in_progress():
+            self._refusal = self._too_long_so_far()
+            if self._refusal is None and self._head_timer is None:
+                self._head_timer = self.loop.call_later(
+                    self.limits.header_timeout_s, self._head_timed_out
+                )
+        if self._refusal is not None:
+            self._answer(*self._refusal)
+
+    def shutdown(self) -> None:
+        """Start the drain: finish the request in progress with ``Connection: close``."""
+        self._draining = True
+        if self.cycle is not None and not self.cycle.response_complete:
+            # The last request received ends the connection; those before it are answered.
+            last = self.pipeline[0][0] if self.pipeline else self.cycle
+            last.keep_alive = False
+        elif not self._head_in_progress():
+            # Idle: a request may already wait in the socket; the next turn reads it.
+            self.loop.call_later(DRAIN_READ_GRACE_S, self._close_if_idle)
+        # A head in progress: on_headers_complete answers it with Connection: close.
+
+    async def _run_app(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await self._inner_app(scope, receive, send)
+        except asyncio.CancelledError:
+            # Cancelled by end_requests_in_flight: the request gets its answer, and the task
+            # ends there. Any other cancel, or one after the response began, goes on.
+            cycle = self._cycle_of(scope)
+            if not self._drain_ran_out or cycle is None or cycle.response_started:
+                raise
+            cycle.keep_alive = False
+            body = orjson.dumps(
+                {"error": "the server is shutting down and its drain timeout ran out"}
+            )
+            headers = [(b"content-type", b"application/json")]
+            headers.append((b"content-length", str(len(body)).encode()))
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+
+    def _cycle_of(self, scope: Any) -> RequestResponseCycle | None:
+        cycles = [self.cycle, *(cycle for cycle, _ in self.pipeline)]
+        return next((cycle for cycle in cycles if cycle is not None and cycle.scope is scope), None)
+
+    # -- the parser's callbacks ----------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        """A new request: its head is awaited (its timer armed if a read leaves it unfinished)."""
+        super().on_message_begin()
+        self._awaiting_head = True
+        self._head_begun = True
+
+    def on_headers_complete(self) -> None:
+        """Refuse what the limits or the protocol refuse; else start the request."""
+        self._cancel_head_timer()
+        counted, self._head_bytes = self._head_bytes, 0
+        self._awaiting_head = False
+        self._head_begun = False
+        if self._refusal is None:
+            self._refusal = self._head_refusal(counted)
+        upgrade = self._get_upgrade() if self.parser.should_upgrade() else None
+        if self._refusal is None and upgrade == b"websocket":
+            self._refusal = (400, "this server has no WebSocket endpoint; use HTTP requests")
+        if self._refusal is not None:
+            raise _Refused
+        super().on_headers_complete()
+        # The parser reads nothing more after an upgrade request (h2c, say: served as
+        # HTTP/1.1): that request ends the connection, as does any during the drain.
+        if self._draining or upgrade is not None:
+            self.cycle.keep_alive = False
+
+    def on_body(self, body: bytes) -> None:
+        """uvicorn's, unless the request was refused."""
+        if self._refusal is None:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        """uvicorn's, unless the request was refused; what follows is the next request's head."""
+        self._awaiting_head = True
+        if self._refusal is None:
+            super().on_message_complete()
+
+    # -- timers and answers --------------------------------------------------------------
+
+    def _head_in_progress(self) -> bool:
+        return self._awaiting_head and (self._head_begun or self._head_bytes > 0)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self._awaiting_head or self.transport.is_closing():
+            return
+        timeout = self.limits.header_timeout_s
+        self._answer(
+            408, f"the request's headers did not arrive within {timeout:g} s (header_timeout_s)"
+        )
+
+    def _too_long_so_far(self) -> tuple[int, str] | None:
+        # uvicorn joins the URL as it arrives: bounded here, at most one read past the limit.
+        if len(self.url) > self.limits.max_url_bytes:
+            return (
+                414,
+                f"the request's URL is longer than {self.limits.max_url_bytes} bytes "
+                "(max_url_bytes)",
+            )
+        if self._head_bytes > self.limits.max_header_bytes:
+            return 431, self._head_too_long()
+        return None
+
+    def _head_refusal(self, counted: int) -> tuple[int, str] | None:
+        # The head is complete: its URL and headers are measured exactly, unless every byte
+        # counted so far (the head's, maybe a body's) is within the limit. A pipelined head
+        # was not counted (counted == 0): measured too.
+        if len(self.url) > self.limits.max_url_bytes:
+            return self._too_long_so_far()
+        limit = self.limits.max_header_bytes
+        if counted == 0 or counted > limit:
+            size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+            if size > limit:
+                return 431, self._head_too_long()
+        return None
+
+    def _head_too_long(self) -> str:
+        limit = self.limits.max_header_bytes
+        return f"the request's headers are longer than {limit} bytes (max_header_bytes)"
+
+    def _close_if_idle(self) -> None:
+        if self.transport.is_closing():
+            return
+        busy = self.cycle is not None and not self.cycle.response_complete
+        if not busy and not self._head_in_progress():
+            self.transport.close()
+
+    def _answer(self, status: int, message: str) -> None:
+        """Answer ``status`` with a JSON error and close; just close if a response is running."""
+        if self.transport.is_closing():
+            return
+        self._cancel_head_timer()
+        if self.cycle is not None and not self.cycle.response_complete:
+            # A pipelined request's head broke the limits while the one before still runs:
+            # that one is answered, then the connection closes.
+            self.cycle.keep_alive = False
+            self.pipeline.clear()
+            self.flow.pause_reading()
+            return
+        body = orjson.dumps({"error": message})
+        self.transport.write(
+            b"".join(
+                (
+                    STATUS_LINE[status],
+                    b"content-type: application/json\r\ncontent-length: ",
+                    str(len(body)).encode(),
+                    b"\r\nconnection: close\r\n\r\n",
+                    body,
+                )
+            )
+        )
+        self.transport.close()
+
+
+def _close_one_idle(connections: Iterable[object]) -> bool:
+    # An idle connection is one waiting for its next request: its keep-alive timer is armed.
+    for connection in connections:
+        if not isinstance(connection, HttpToolsProtocol) or connection.transport.is_closing():
+            continue
+        if connection.timeout_keep_alive_task is not None:
+            connection.transport.close()
+            return True
+    return False
+
+
+def end_requests_in_flight(server_state: ServerState) -> int:
+    """The drain ran out: answer every request still running 503 and end it; returns how many.
+
+    The model runs behind them are not cut (onnxruntime cannot be interrupted safely); the
+    Host's close settles them.
+    """
+    for connection in server_state.connections:
+        if isinstance(connection, EdgeProtocol):
+            connection._drain_ran_out = True
+    tasks = list(server_state.tasks)
+    for task in tasks:
+        task.cancel("the drain timeout ran out")
+    return len(tasks)
+
+
+def protocol_for(limits: ConnectionLimits) -> type[EdgeProtocol]:
+    """The protocol class uvicorn builds for each connection, held to ``limits``."""
+    return type("EdgeProtocol", (EdgeProtocol,), {"limits": limits})

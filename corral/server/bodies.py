@@ -1,0 +1,117 @@
+"""The budget of request bytes held at once: bodies being read, decoded and run, server-wide.
+
+``max_request_bytes`` bounds one request; nothing else bounded how many arrive together, so
+a few clients sending large bodies at once could take the process's memory. Every request
+that carries tensors takes its size from one :class:`BodyBudget` before its body is read
+(HTTP: its ``Content-Length``, or chunk by chunk when it has none; gRPC: the message's size)
+and gives it back when its handler returns: after its answer is written, because its
+decoded tensors (and binary inputs, which are views of the body) live until then. A request
+that does not fit is refused at once, with HTTP 503 and ``Retry-After`` or gRPC
+``RESOURCE_EXHAUSTED``, rather than read into memory.
+
+Example::
+
+    budget = BodyBudget(256 * 1024 * 1024)
+    with budget.reserve(content_length) as held:
+        ...  # read, decode, run, answer; held.grow(n) for bytes that were not declared
+"""
+
+from __future__ import annotations
+
+import threading
+from types import TracebackType
+
+__all__ = ["BodyBudget", "BodyBudgetExceeded", "BodyReservation"]
+
+
+class BodyBudgetExceeded(Exception):
+    """A request's bytes do not fit the budget now; the transport answers 503 / RESOURCE_EXHAUSTED.
+
+    Not a :class:`~corral.CorralError`: the budget is the server's, not the library's.
+    """
+
+    def __init__(self, limit: int, held: int, asked: int) -> None:
+        super().__init__(
+            f"the server is reading and decoding {held} bytes of requests, and this one's "
+            f"{asked} bytes would pass its body budget of {limit} bytes "
+            "(max_body_bytes_in_flight); retry later"
+        )
+        self.limit = limit
+        self.held = held
+        self.asked = asked
+
+
+class BodyBudget:
+    """A count of request bytes held at once, refused past ``limit``. Thread-safe."""
+
+    def __init__(self, limit: int) -> None:
+        if type(limit) is not int or limit <= 0:
+            raise ValueError(f"a body budget must be a positive number of bytes, got {limit!r}")
+        self._limit = limit
+        # Guards _held: HTTP and gRPC reserve on the event loop, a Ray replica on its own.
+        self._held_lock = threading.Lock()
+        self._held = 0
+
+    @property
+    def limit(self) -> int:
+        """The most bytes held at once."""
+        return self._limit
+
+    @property
+    def held(self) -> int:
+        """The bytes held now."""
+        return self._held
+
+    def reserve(self, size: int) -> BodyReservation:
+        """Hold ``size`` bytes, or raise :class:`BodyBudgetExceeded` holding nothing."""
+        reservation = BodyReservation(self)
+        reservation.grow(size)
+        return reservation
+
+    def _take(self, size: int) -> None:
+        with self._held_lock:
+            if self._held + size > self._limit:
+                raise BodyBudgetExceeded(self._limit, self._held, size)
+            self._held += size
+
+    def _give_back(self, size: int) -> None:
+        with self._held_lock:
+            self._held -= size
+
+
+class BodyReservation:
+    """The bytes one request holds of a :class:`BodyBudget`; ``release()`` is idempotent."""
+
+    __slots__ = ("_budget", "_size")
+
+    def __init__(self, budget: BodyBudget) -> None:
+        self._budget = budget
+        self._size = 0
+
+    @property
+    def size(self) -> int:
+        """The bytes this request holds."""
+        return self._size
+
+    def grow(self, size: int) -> None:
+        """Hold ``size`` more bytes, or raise :class:`BodyBudgetExceeded` keeping what it held."""
+        if size > 0:
+            self._budget._take(size)
+            self._size += size
+
+    def release(self) -> None:
+        """Give every byte back; a second call does nothing."""
+        size, self._size = self._size, 0
+        if size:
+            self._budget._give_back(size)
+
+    def __enter__(self) -> BodyReservation:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.release()

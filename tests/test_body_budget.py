@@ -1,0 +1,128 @@
+"""The body budget: request bytes held at once, refused past it, given back when answered.
+
+In-process: the budget itself, and the HTTP app through an ASGI transport. The real
+server's figures (memory, other clients' latency, gRPC) are in
+tests/reliability/test_bodies.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+import corral.server.http
+from corral import Host
+from corral.protocol import DataPlane
+from corral.server.bodies import BodyBudget, BodyBudgetExceeded
+from corral.server.http import DECODE_INLINE_BYTES, HttpApp
+from corral.server.settings import ServerSettings
+
+X = np.random.default_rng(7).standard_normal((2, 4)).astype(np.float32)
+BODY = orjson.dumps(
+    {"inputs": [{"name": "X", "datatype": "FP32", "shape": [2, 4], "data": X.ravel().tolist()}]}
+)
+
+
+@pytest.fixture
+def host(repo: Path) -> Iterator[Host]:
+    with Host(repo) as h:
+        yield h
+
+
+async def post(app: HttpApp, content: Any, **kwargs: Any) -> httpx.Response:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://corral") as client:
+        return await client.post("/v2/models/mlp/infer", content=content, **kwargs)
+
+
+@pytest.mark.timeout(10)
+def test_the_budget_holds_refuses_and_gives_back():
+    budget = BodyBudget(100)
+    first = budget.reserve(60)
+    with pytest.raises(BodyBudgetExceeded, match=r"60 bytes .* 50 bytes .* budget of 100 bytes"):
+        budget.reserve(50)
+    assert budget.held == 60  # a refused reservation holds nothing
+    with budget.reserve(40) as second:
+        with pytest.raises(BodyBudgetExceeded):
+            second.grow(1)
+        assert (second.size, budget.held) == (40, 100)  # a refused growth keeps what it held
+    assert budget.held == 60
+    first.release()
+    first.release()  # twice: nothing more given back
+    assert budget.held == 0
+    with pytest.raises(ValueError, match="positive number of bytes"):
+        BodyBudget(0)
+
+
+@pytest.mark.timeout(10)
+def test_the_setting_defaults_to_four_requests_and_must_fit_one(tmp_path: Path):
+    assert ServerSettings(repository=tmp_path, max_request_bytes=1000).body_budget_bytes() == 4000
+    chosen = ServerSettings(repository=tmp_path, max_body_bytes_in_flight=10**9)
+    assert chosen.body_budget_bytes() == 10**9
+    with pytest.raises(ValueError, match=r"max_body_bytes_in_flight .* at least max_request_bytes"):
+        ServerSettings(repository=tmp_path, max_request_bytes=1000, max_body_bytes_in_flight=999)
+
+
+@pytest.mark.timeout(30)
+def test_a_request_past_the_budget_gets_503_before_its_body_is_read(host: Host):
+    budget = BodyBudget(len(BODY) + 10)
+    app = HttpApp(DataPlane(host), body_budget=budget)
+    streamed: list[str] = []
+
+    async def body(label: str) -> AsyncIterator[bytes]:
+        streamed.append(label)  # the ASGI transport reads the body only when the app does
+        yield BODY
+
+    async def go() -> tuple[httpx.Response, httpx.Response, httpx.Response]:
+        with budget.reserve(20):  # another request holds part of the budget
+            length = {"content-length": str(len(BODY))}
+            refused = await post(app, body("declared"), headers=length)
+            chunked_refused = await post(app, body("chunked"))
+        return refused, chunked_refused, await post(app, BODY)
+
+    refused, chunked_refused, answered = asyncio.run(go())
+    assert refused.status_code == 503
+    assert "declared" not in streamed
+    assert refused.headers["retry-after"] == "1"
+    assert "max_body_bytes_in_flight" in refused.json()["error"]
+    assert f"budget of {len(BODY) + 10} bytes" in refused.json()["error"]
+    # Without a Content-Length the body is counted as it comes, and refused when it passes.
+    assert chunked_refused.status_code == 503
+    assert streamed == ["chunked"]
+    assert answered.status_code == 200
+    assert budget.held == 0
+
+
+@pytest.mark.timeout(30)
+def test_large_bodies_are_decoded_off_the_event_loop(host: Host, monkeypatch: pytest.MonkeyPatch):
+    decoded_on: list[str] = []
+    decode = corral.server.http.decode_request
+
+    def recording(body: bytes, header_length: int | None) -> Any:
+        decoded_on.append(threading.current_thread().name)
+        return decode(body, header_length)
+
+    monkeypatch.setattr(corral.server.http, "decode_request", recording)
+    budget = BodyBudget(8 * DECODE_INLINE_BYTES)
+    app = HttpApp(DataPlane(host), body_budget=budget)
+    # The same tensor, padded with spaces past the threshold: JSON allows any amount.
+    padded = BODY[:-1] + b" " * DECODE_INLINE_BYTES + b"}"
+
+    async def go() -> list[httpx.Response]:
+        return [await post(app, BODY), await post(app, padded)]
+
+    small, large = asyncio.run(go())
+    assert (small.status_code, large.status_code) == (200, 200)
+    assert small.json()["outputs"] == large.json()["outputs"]
+    main = threading.main_thread().name
+    assert decoded_on[0] == main, decoded_on
+    assert decoded_on[1] != main, decoded_on
+    assert budget.held == 0
