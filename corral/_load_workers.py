@@ -62,12 +62,6 @@ class Claim:
         self._state = ClaimState.RUNNING
         self._callbacks: list[Callable[[], None]] = []
 
-    @property
-    def expired(self) -> bool:
-        """Whether the deadline passed before the job finished."""
-        with self._state_lock:
-            return self._state is ClaimState.EXPIRED
-
     def on_expire(self, callback: Callable[[], None]) -> bool:
         """Run ``callback`` (on the watchdog) if the job expires; False if it already has.
 
@@ -87,14 +81,6 @@ class Claim:
             self._state = ClaimState.FINISHED
             self._callbacks.clear()
             return True
-
-    def expire(self) -> bool:
-        """Expire the job unless it finished; runs its callbacks. True if this expired it."""
-        callbacks = self.mark_expired()
-        if callbacks is None:
-            return False
-        run_callbacks(callbacks)
-        return True
 
     def mark_expired(self) -> list[Callable[[], None]] | None:
         """Flip to EXPIRED unless finished; the callbacks to run then, else None."""

@@ -420,6 +420,10 @@ class Loader:
             assert step is not None  # may_lead: never None
             if isinstance(step, Lead):
                 self._load(key, entry, step.future, claim)
+                # After _load the claim is finished or expired for good; expired, its callbacks
+                # answered ``outer`` already (LoadTimeout), and a second answer would raise.
+                if not claim.finish():
+                    return
                 step = step.future
             _follow(step, outer)
         except BaseException as exc:
@@ -446,11 +450,12 @@ class Loader:
         try:
             size = self.estimate(entry, version)
             evicted = self._table.reserve(key, size)
+            # Out of the table already: closed as their leases end, even if this load expired.
+            self._table.drain(evicted, timeout=0)
             if not claim.on_expire(functools.partial(self._table.end_reservation, size)):
                 self._table.end_reservation(size)  # expired while it waited for room
                 return
             reserved = size
-            self._table.drain(evicted, timeout=0)
             served = self.build(name, version, entry, size)
             if not claim.finish():
                 served.session.close()  # too late: its waiters were answered LoadTimeout

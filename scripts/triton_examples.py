@@ -34,8 +34,8 @@ The models (inputs and outputs as Triton's example models have them):
   ``InceptionV3/Predictions/Softmax:0`` ``[1001]``, likewise.
 
 Triton's ``densenet_onnx`` and ``inception_onnx`` configurations use ``reshape`` (their ONNX
-files take ``[1, 3, 224, 224]`` and ``[1, 299, 299, 3]``); these models take the configured
-dims themselves, so that they do not depend on ``reshape``, which corral refuses.
+files take ``[1, 3, 224, 224]`` and ``[1, 299, 299, 3]``), and so do these, as corral honours
+it; ``--no-reshape`` builds them taking the configured dims themselves instead.
 
 Needs ``onnx`` and ``numpy`` to build; ``tritonclient[all]`` and ``pillow`` to run the
 examples (``image_client.py`` over HTTP imports ``attrdict`` as well: give a folder holding
@@ -291,7 +291,7 @@ def _write_labels(folder: Path, filename: str, classes: int) -> None:
     (folder / filename).write_text("\n".join(lines) + "\n")
 
 
-def build_repository(root: Path, *, reshape: bool = False) -> list[str]:
+def build_repository(root: Path, *, reshape: bool = True) -> list[str]:
     """Write the eight models of Triton's example repository under ``root``; their names.
 
     With ``reshape`` the image models take and give Triton's own shapes (``[1, 3, 224, 224]``
@@ -552,10 +552,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a folder to put on the examples' PYTHONPATH (for attrdict, say); repeatable",
     )
     parser.add_argument(
-        "--reshape",
-        action="store_true",
-        help="give the image models Triton's own shapes and config.pbtxt reshape (corral must "
-        "support reshape to load them)",
+        "--no-reshape",
+        dest="reshape",
+        action="store_false",
+        help="give the image models the configured dims themselves, without config.pbtxt "
+        "reshape (by default they have Triton's own shapes, and reshape)",
     )
     parser.add_argument("--verbose", action="store_true", help="print each failure's output")
     arguments = parser.parse_args(argv)

@@ -860,3 +860,59 @@ def test_an_unload_that_does_not_wait_retires_a_load_in_flight_once_it_ends(
         wait_until(lambda: host.stats().unloads == 1)
         assert host.stats().loads == 1
         assert all(v.state is not ModelState.READY for v in host.status("mlp").versions)
+
+
+def _sequence_input_model() -> bytes:
+    """Y = S[0]: one input that is a sequence of tensors, which a warm-up cannot make."""
+    from onnx import TensorProto, helper
+
+    first = helper.make_tensor("I", TensorProto.INT64, [], [0])
+    graph = helper.make_graph(
+        [helper.make_node("SequenceAt", ["S", "I"], ["Y"])],
+        "sequence_at",
+        [helper.make_tensor_sequence_value_info("S", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+        initializer=[first],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def test_a_warm_up_it_cannot_feed_fails_the_load_naming_the_input(repo: Path):
+    add_model(repo, "seq", _sequence_input_model(), toml="warmup = true\n")
+    with Host(repo) as host:
+        with pytest.raises(
+            corral.ModelLoadError,
+            match=r"cannot warm up 'seq:1': input 'S' is seq\(tensor\(float\)\)",
+        ):
+            host.load("seq")
+        assert host.status("seq").state is ModelState.FAILED
+        assert host.infer("mlp", {"X": np.ones((1, 4), np.float32)})["Y"].shape == (1, 1)
+        assert corral.runtime().stats().sessions_alive == 1  # the seq session was closed
+
+
+def test_a_load_that_fails_with_a_foreign_error_answers_model_load_error(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # Anything but a CorralError escaping a load (a storage I/O error, say) is answered as a
+    # ModelLoadError that names the model and chains the cause, not lost on the load thread.
+    import corral._loader
+
+    real_session = corral._loader.Session
+
+    def failing_session(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("name") == "tree:1":
+            raise OSError(5, "Input/output error")
+        return real_session(*args, **kwargs)
+
+    monkeypatch.setattr(corral._loader, "Session", failing_session)
+    with Host(repo) as host:
+        with pytest.raises(
+            corral.ModelLoadError,
+            match=r"loading model 'tree' version 1 failed: OSError\(5, 'Input/output error'\)",
+        ) as raised:
+            host.load("tree")
+        assert isinstance(raised.value.__cause__, OSError)
+        assert host.status("tree").state is ModelState.FAILED
+        assert host.infer("mlp", {"X": np.ones((1, 4), np.float32)})["Y"].shape == (1, 1)

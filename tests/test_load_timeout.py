@@ -7,6 +7,7 @@ mount would hold it; only models whose name starts with "hung" are held.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -63,7 +64,9 @@ def hung_repo(repo: Path) -> Path:
 
 
 @pytest.mark.timeout(60)
-def test_a_hung_load_fails_with_load_timeout_and_frees_its_slot(hung_repo: Path, hung_loads):
+def test_a_hung_load_fails_with_load_timeout_and_frees_its_slot(
+    hung_repo: Path, hung_loads, caplog
+):
     with Host(hung_repo, load_concurrency=1, load_timeout_s=0.5) as host:
         started = time.monotonic()
         with pytest.raises(corral.LoadTimeout, match=r"'hung_a'.*load_timeout_s=0.5s"):
@@ -91,6 +94,8 @@ def test_a_hung_load_fails_with_load_timeout_and_frees_its_slot(hung_repo: Path,
         wait_until(lambda: host._loader.abandoned == 0)
         assert host.stats().loaded_versions == 1
         assert corral.runtime().stats().sessions_alive == 1
+    # Answered once: the job, when its build returned, did not answer the request again.
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 @pytest.mark.timeout(60)
@@ -208,6 +213,81 @@ def test_an_expired_job_learns_it_when_it_returns():
 
 
 @pytest.mark.timeout(30)
+def test_a_job_that_finished_but_runs_past_its_deadline_keeps_its_slot():
+    # It finished (published) before its deadline, then lingers: it is never expired, and
+    # its slot is not handed to the next job while its thread is still busy with it.
+    workers = LoadWorkers(1, timeout_s=0.05)
+    finished = threading.Event()
+    go_on = threading.Event()
+    expired = threading.Event()
+    second_ran = threading.Event()
+
+    def lingering(claim: Claim) -> None:
+        claim.on_expire(expired.set)
+        assert claim.finish()
+        finished.set()
+        assert go_on.wait(10)
+
+    workers.submit(lingering)
+    workers.submit(lambda claim: second_ran.set())
+    assert finished.wait(10)
+    # Past its deadline the watchdog took it off the jobs it watches; the second still waits.
+    wait_until(lambda: not workers._running)
+    assert not second_ran.is_set()
+    assert workers.abandoned == 0
+    go_on.set()
+    assert second_ran.wait(10)
+    assert workers.close(timeout=10) == 0
+    assert not expired.is_set()
+
+
+@pytest.mark.timeout(30)
+def test_a_job_that_raises_is_logged_and_its_slot_serves_the_next(caplog):
+    workers = LoadWorkers(1, timeout_s=60.0)
+    ran = threading.Event()
+
+    def broken(claim: Claim) -> None:
+        raise OSError("disk gone")
+
+    workers.submit(broken)
+    workers.submit(lambda claim: ran.set())
+    assert ran.wait(10)
+    assert workers.close(timeout=10) == 0
+    (record,) = [r for r in caplog.records if r.getMessage() == "corral: a load job raised"]
+    assert record.exc_info is not None
+    assert isinstance(record.exc_info[1], OSError)
+    assert workers.abandoned == 0
+
+
+@pytest.mark.timeout(30)
+def test_an_undo_that_raises_is_logged_and_the_others_still_run(caplog):
+    workers = LoadWorkers(1, timeout_s=0.05)
+    go_on = threading.Event()
+    undone: list[str] = []
+
+    def broken_undo() -> None:
+        raise RuntimeError("undo failed")
+
+    def stuck(claim: Claim) -> None:
+        claim.on_expire(lambda: undone.append("first"))
+        claim.on_expire(broken_undo)
+        claim.on_expire(lambda: undone.append("last"))
+        assert go_on.wait(10)
+
+    workers.submit(stuck)
+    wait_until(lambda: workers.abandoned == 1)
+    wait_until(lambda: undone == ["first", "last"])
+    (record,) = [
+        r for r in caplog.records if r.getMessage() == "corral: undoing an expired load failed"
+    ]
+    assert record.exc_info is not None
+    assert isinstance(record.exc_info[1], RuntimeError)
+    go_on.set()
+    assert workers.close(timeout=10) == 0
+    wait_until(lambda: workers.abandoned == 0)
+
+
+@pytest.mark.timeout(30)
 def test_control_calls_are_bounded_in_wait_and_number():
     control = ControlThreads(limit=2)
     release = threading.Event()
@@ -227,11 +307,13 @@ def test_control_calls_are_bounded_in_wait_and_number():
         with pytest.raises(corral.Overloaded, match="the statistics is refused"):
             await control.run("the statistics", 1.0, hung_read)
         release.set()
-        assert await second == "late"
+        assert await second == "late"  # its slot was given back before its answer
+        # The first call, timed out, ends on its own thread in its own time.
+        await asyncio.to_thread(wait_until, lambda: control.in_flight == 0)
         assert await control.run("the index", 1.0, lambda: "ok") == "ok"
 
     asyncio.run(scenario())
-    wait_until(lambda: control.in_flight == 0)
+    assert control.in_flight == 0
 
 
 @pytest.mark.timeout(30)
@@ -246,3 +328,54 @@ def test_a_control_call_raises_what_its_call_raises():
             await control.run("the status", 1.0, broken)
 
     asyncio.run(scenario())
+
+
+@pytest.mark.timeout(60)
+def test_a_load_that_expires_waiting_for_room_closes_what_it_evicted(repo: Path, caplog):
+    # "mlp" holds the only slot and is in use: "tree"'s load waits for room past its deadline.
+    # Once the lease ends, the wait evicts "mlp" for the load that gave up: that copy is out
+    # of the table, so it must be closed, not left alive (it was, before: a leaked session).
+    with Host(repo, max_loaded_models=1, load_timeout_s=0.3) as host:
+        lease = host.acquire("mlp")
+        with pytest.raises(corral.LoadTimeout, match=r"'tree'.*load_timeout_s=0.3s"):
+            host.infer("tree", {"X": X}, timeout=10)
+        assert host._loader.abandoned == 1
+        lease.release()
+        wait_until(lambda: host._loader.abandoned == 0)
+        assert host.stats().loaded_versions == 0
+        assert host._table._bytes_reserved == 0
+        wait_until(lambda: corral.runtime().stats().sessions_alive == 0)
+        assert host.infer("mlp", {"X": X})["Y"].shape == (2, 1)
+    # The request was answered once: no second answer tried (and logged) when the load returned.
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+@pytest.mark.timeout(30)
+def test_a_control_call_whose_thread_cannot_start_gives_its_place_back(monkeypatch):
+    # At the process's thread limit start() raises; the call must not keep its place, or
+    # limit such failures would leave the control plane refusing everything for good.
+    import types
+
+    from corral.protocol import control as control_module
+
+    control = ControlThreads(limit=1)
+
+    class Unstartable(threading.Thread):
+        def start(self) -> None:
+            raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(control_module, "threading", types.SimpleNamespace(Thread=Unstartable))
+
+    async def refused() -> None:
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            await control.run("the index", 1.0, lambda: "never")
+
+    asyncio.run(refused())
+    assert control.in_flight == 0
+    monkeypatch.undo()
+
+    async def answered() -> str:
+        return await control.run("the index", 1.0, lambda: "ok")
+
+    assert asyncio.run(answered()) == "ok"
+    wait_until(lambda: control.in_flight == 0)

@@ -127,6 +127,40 @@ def test_concurrent_shutdowns_all_return_once_drained(mlp_model):
     assert rt.state is RuntimeState.CLOSED
 
 
+@pytest.mark.timeout(60)
+def test_a_second_shutdown_waits_for_the_first_within_its_own_timeout(mlp_model):
+    rt = corral.runtime()
+    session = corral.Session(mlp_model, runtime=rt)
+    lease = session.acquire()
+    shutter = threading.Thread(target=rt.shutdown, kwargs={"timeout": 30})
+    shutter.start()
+    wait_until(lambda: rt.state is RuntimeState.SHUTTING_DOWN)
+    with pytest.raises(
+        corral.DrainTimeout, match=r"another thread's shutdown is still draining after 0\.05s"
+    ):
+        rt.shutdown(timeout=0.05)
+    # The second caller gave up waiting; the first still drains, and the lease still holds.
+    assert rt.state is RuntimeState.SHUTTING_DOWN
+    assert session.state is not corral.SessionState.CLOSED
+    lease.release()
+    rt.shutdown(timeout=30)  # returns once the first caller's drain is done
+    assert rt.state is RuntimeState.CLOSED
+    assert session.state is corral.SessionState.CLOSED
+    shutter.join(timeout=30)
+
+
+def test_a_runtime_used_as_a_context_manager_shuts_down_on_exit(mlp_model):
+    with corral.runtime() as rt:
+        session = corral.Session(mlp_model, runtime=rt)
+        assert repr(rt).startswith("<corral.Runtime running ")
+        assert rt.scheduler() is rt.scheduler()
+    assert rt.state is RuntimeState.CLOSED
+    assert session.state is corral.SessionState.CLOSED
+    assert repr(rt).startswith("<corral.Runtime closed ")
+    with pytest.raises(corral.RuntimeClosed, match="the Runtime is closed and takes no new work"):
+        rt.scheduler()
+
+
 def test_stats_count_sessions_and_runs_in_flight(mlp_model):
     rt = corral.runtime()
     assert rt.stats().threads == 0  # not started: onnxruntime untouched

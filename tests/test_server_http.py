@@ -15,6 +15,7 @@ import pytest
 import corral
 from corral import Host, ModelState
 from corral.protocol import DataPlane
+from corral.server.bodies import BodyBudget
 from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
 from corral.testing import build_mlp, build_tree
@@ -296,3 +297,76 @@ def test_a_slow_filesystem_holds_up_only_the_requests_that_need_it(
     fast, slow = asyncio.run(go())
     assert fast.status_code == 200, fast.text
     assert slow.status_code == status, slow.text
+
+
+async def _drive(app: HttpApp, scope: dict[str, Any], incoming: list[dict[str, Any]]) -> list[Any]:
+    """Run ``app`` on one ASGI scope fed ``incoming`` messages; what it sent, in order."""
+    sent: list[Any] = []
+    queue = list(incoming)
+
+    async def receive() -> dict[str, Any]:
+        return queue.pop(0)
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    return sent
+
+
+def test_the_lifespan_protocol_is_acknowledged_and_leaves_the_host_serving(host: Host):
+    # Whoever runs the app owns the Host: a server's lifespan shutdown does not close it.
+    sent = asyncio.run(
+        _drive(
+            make_app(host),
+            {"type": "lifespan", "asgi": {"version": "3.0"}},
+            [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}],
+        )
+    )
+    assert [m["type"] for m in sent] == [
+        "lifespan.startup.complete",
+        "lifespan.shutdown.complete",
+    ]
+    assert host.state is corral.HostState.RUNNING
+
+
+def test_a_client_that_goes_away_mid_body_gets_400_and_its_bytes_are_given_back(host: Host):
+    budget = BodyBudget(10_000)
+    app = make_app(host, body_budget=budget)
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v2/models/mlp/infer",
+        "headers": [(b"content-length", b"1000")],
+    }
+    incoming = [
+        {"type": "http.request", "body": b'{"inputs": [', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent = asyncio.run(_drive(app, scope, incoming))
+    assert sent[0]["status"] == 400
+    assert orjson.loads(sent[1]["body"]) == {
+        "error": "the client went away before sending the whole body"
+    }
+    assert budget.held == 0
+    assert host.stats().loaded_versions == 0  # nothing was run on half a body
+
+
+def test_metrics_not_enabled_are_404(host: Host):
+    app = HttpApp(DataPlane(host))
+    response = call(app, "GET", "/metrics")
+    assert (response.status_code, response.json()) == (404, {"error": "metrics are not enabled"})
+
+
+def test_an_unexpected_error_is_a_logged_500_that_names_it(host: Host, caplog):
+    def broken_metrics() -> tuple[bytes, str]:
+        raise ZeroDivisionError("a bug")
+
+    app = HttpApp(DataPlane(host), metrics=broken_metrics)
+    response = call(app, "GET", "/metrics")
+    assert response.status_code == 500
+    assert response.json() == {"error": "internal error: ZeroDivisionError('a bug')"}
+    (record,) = [r for r in caplog.records if r.getMessage() == "corral: GET /metrics failed"]
+    assert record.exc_info is not None
+    assert isinstance(record.exc_info[1], ZeroDivisionError)
+    assert call(app, "GET", "/v2/health/live").json() == {"live": True}

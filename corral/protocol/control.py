@@ -103,16 +103,17 @@ class ControlThreads:
         args: tuple[object, ...],
         kwargs: dict[str, object],
     ) -> None:
+        # The slot is given back before the answer: a caller that has its answer finds it free.
         try:
             result = call(*args, **kwargs)
         except BaseException as exc:
+            self._ended()
             answer.set_exception(exc)
             if not isinstance(exc, Exception):
                 raise
         else:
-            answer.set_result(result)
-        finally:
             self._ended()
+            answer.set_result(result)
 
     def _ended(self) -> None:
         with self._in_flight_lock:

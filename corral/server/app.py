@@ -215,7 +215,7 @@ async def _serve_both(
             max_message_bytes=settings.max_request_bytes,
             body_budget=body_budget,
         )
-    http_task = asyncio.create_task(http.serve())
+    http_task = asyncio.create_task(_serve_http(http))
     try:
         await _until_started(http, http_task)
         addresses = Addresses(settings.host, _bound_port(http), grpc_port)
@@ -271,6 +271,23 @@ async def _load_at_start(plane: DataPlane, names: tuple[str, ...]) -> None:
             f"--load-model: {len(failures)} model(s) failed to load, so the server stops: {reasons}"
         )
     logger.info("corral: --load-model: done; the server is ready")
+
+
+async def _serve_http(http: _Server) -> None:
+    """Run uvicorn's ``serve``, whose startup failure raises :class:`OSError` here.
+
+    When it cannot start (its port taken, say) uvicorn logs why and calls ``sys.exit(3)``: out
+    of a task, that would end the event loop before the Host is closed or gRPC stopped, with
+    the status of a drain that ran out. Raised as an error instead, it goes through the drain
+    and the Host's close, and ``corral serve`` says so and exits 1.
+    """
+    try:
+        await http.serve()
+    except SystemExit as exc:
+        raise OSError(
+            f"the HTTP server could not start on {http.config.host}:{http.config.port} "
+            f"(uvicorn exited {exc.code}; the error it logged above says why)"
+        ) from exc
 
 
 async def _drain_http(http: _Server, task: asyncio.Task[None], timeout: float) -> int:

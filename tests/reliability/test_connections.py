@@ -31,6 +31,7 @@ import pytest
 
 from corral.protocol.proto import grpc_service_pb2 as pb
 from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
+from corral.server import app
 from corral.server.app import EXIT_DRAIN_INCOMPLETE
 from corral.testing import build_mlp
 from tests.helpers import Figure, add_model, build_slow_loop
@@ -346,6 +347,48 @@ def test_the_soft_open_file_limit_is_raised_to_the_hard_limit():
         check=True,
     )
     assert done.stdout.split() == [b"1024", b"1024", b"1024"], done
+
+
+class _UnlimitedHardLimit:
+    """The resource module as on a host whose hard open-file limit is "unlimited"."""
+
+    RLIMIT_NOFILE = resource.RLIMIT_NOFILE
+    RLIM_INFINITY = resource.RLIM_INFINITY
+
+    def __init__(self, soft: int) -> None:
+        self.soft = soft
+        self.set_to: list[tuple[int, int]] = []
+
+    def getrlimit(self, which: int) -> tuple[int, int]:
+        assert which == self.RLIMIT_NOFILE
+        return self.soft, resource.RLIM_INFINITY
+
+    def setrlimit(self, which: int, limits: tuple[int, int]) -> None:
+        assert which == self.RLIMIT_NOFILE
+        self.set_to.append(limits)
+
+
+def test_an_unlimited_hard_limit_raises_the_soft_limit_to_nr_open(monkeypatch, tmp_path: Path):
+    # The kernel refuses RLIM_INFINITY for RLIMIT_NOFILE: the ceiling is fs.nr_open.
+    limits = _UnlimitedHardLimit(soft=1024)
+    nr_open = tmp_path / "nr_open"
+    nr_open.write_text("1048576\n")
+    monkeypatch.setattr(app, "resource", limits)
+    monkeypatch.setattr(app, "Path", lambda _: nr_open)
+    assert app.raise_open_file_limit() == 1048576
+    assert limits.set_to == [(1048576, resource.RLIM_INFINITY)]
+
+
+def test_an_unlimited_hard_limit_without_nr_open_keeps_the_soft_limit_and_says_so(
+    monkeypatch, tmp_path: Path, caplog
+):
+    limits = _UnlimitedHardLimit(soft=1024)
+    monkeypatch.setattr(app, "resource", limits)
+    monkeypatch.setattr(app, "Path", lambda _: tmp_path / "no-proc" / "nr_open")
+    assert app.raise_open_file_limit() == 1024
+    assert limits.set_to == []
+    (message,) = [r.getMessage() for r in caplog.records if "open-file limit" in r.getMessage()]
+    assert message.startswith("corral: the open-file limit stays at 1024: [Errno 2]")
 
 
 # -- the connection cap ---------------------------------------------------------------------

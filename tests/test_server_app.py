@@ -1,0 +1,107 @@
+"""The server's wiring, ``corral.server.app.serve``: its started callback and a failed startup.
+
+In-process on 127.0.0.1 (ports the OS picks), and once as ``corral serve`` in a subprocess for
+what a user sees when the HTTP port is taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import corral
+from corral.server.app import EXIT_CLEAN, Addresses, serve
+from corral.server.settings import ServerSettings
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that another socket is listening on."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield holder.getsockname()[1]
+
+
+async def _get(port: int, path: str) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nhost: corral\r\nconnection: close\r\n\r\n".encode())
+    answer = await reader.read()
+    writer.close()
+    await writer.wait_closed()
+    return answer
+
+
+@pytest.mark.timeout(60)
+def test_started_gets_the_bound_addresses_and_a_stop_right_after_drains_cleanly(repo: Path):
+    settings = ServerSettings(repository=str(repo), http_port=0, grpc_port=-1)
+    seen: list[Addresses] = []
+    answers: list[bytes] = []
+
+    async def scenario() -> int:
+        stop = asyncio.Event()
+
+        async def ask_then_stop(port: int) -> None:
+            answers.append(await _get(port, "/v2/health/live"))
+            stop.set()
+
+        def started(addresses: Addresses) -> None:
+            seen.append(addresses)
+            asyncio.get_running_loop().create_task(ask_then_stop(addresses.http_port))
+
+        return await serve(settings, stop, started=started)
+
+    assert asyncio.run(scenario()) == EXIT_CLEAN
+    (addresses,) = seen
+    assert (addresses.host, addresses.grpc_port) == ("127.0.0.1", None)
+    assert addresses.http_port > 0
+    (answer,) = answers
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert answer.endswith(b'{"live":true}')
+
+
+@pytest.mark.timeout(60)
+def test_a_taken_http_port_raises_an_os_error_naming_it_and_closes_the_host(
+    repo: Path, taken_port: int
+):
+    settings = ServerSettings(repository=str(repo), http_port=taken_port, grpc_port=0)
+    started: list[Addresses] = []
+
+    async def scenario() -> int:
+        return await serve(settings, asyncio.Event(), started=started.append)
+
+    with pytest.raises(OSError, match=f"could not start on 127.0.0.1:{taken_port}"):
+        asyncio.run(scenario())
+    assert started == []
+    # The Host was closed and gRPC stopped: no thread is left (the autouse check), no session.
+    assert corral.runtime().stats().sessions_alive == 0
+
+
+@pytest.mark.timeout(60)
+def test_corral_serve_on_a_taken_port_exits_1_saying_so(repo: Path, taken_port: int):
+    # uvicorn's own exit status for a failed startup is 3, corral's for a drain that ran out.
+    command = [
+        sys.executable,
+        "-c",
+        "import sys; from corral.cli import main; sys.exit(main())",
+        "serve",
+        str(repo),
+        "--http-port",
+        str(taken_port),
+        "--grpc-port",
+        "0",
+    ]
+    done = subprocess.run(command, capture_output=True, timeout=50, check=False)
+    log = done.stderr.decode()
+    assert done.returncode == 1, log
+    assert "address already in use" in log
+    assert f"corral serve: error: the HTTP server could not start on 127.0.0.1:{taken_port}" in log
+    assert "corral: stopped" in log  # the Host was closed
+    assert "Traceback" not in log
+    assert "Task was destroyed" not in log
