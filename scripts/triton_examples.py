@@ -517,7 +517,9 @@ def run_examples(
     )
     outcomes = []
     # Triton's health and metadata examples check that the server's name is "triton".
-    with serve(repository, work / "serve.log", "--server-name", "triton") as served:
+    with serve(
+        repository, work / "serve.log", "--server-name", "triton", "--allow-client-shm=true"
+    ) as served:
         for script in sorted(examples.glob("*.py")):
             if script.name in NOT_RUN:
                 outcomes.append(Outcome(script.name, None, False, NOT_RUN[script.name], ""))
