@@ -9,9 +9,9 @@ import pytest
 
 import corral
 from corral import Host
-from corral._config import ModelConfig, TensorConfig, VersionPolicy
+from corral._config import ModelConfig, TensorConfig, VersionPolicy, WarmupInput, WarmupSample
 from corral._errors import ModelConfigError
-from corral._pbtxt import parse_pbtxt
+from corral._pbtxt import parse_pbtxt, warmup_feed
 from corral._repository import Repository
 from corral.testing import build_linear
 from tests.helpers import add_model
@@ -87,7 +87,10 @@ def test_zero_data_warmup_and_the_openvino_accelerator_map():
         "optimization { execution_accelerators { cpu_execution_accelerator "
         '[ { name: "openvino" } ] } }'
     )
-    assert config.warmup is True
+    assert config.warmup is False  # corral's own zero run, model.toml's; the sample is Triton's
+    assert config.warmup_samples == (
+        WarmupSample("w", 1, 1, (WarmupInput("X", "TYPE_FP32", (4,), "zero_data"),)),
+    )
     assert config.providers == ("OpenVINOExecutionProvider", "CPUExecutionProvider")
 
 
@@ -148,9 +151,28 @@ def test_an_unknown_field_is_named():
             "KIND_GPU",
         ),
         (
-            'model_warmup [ { name: "w" inputs { key: "X" value { random_data: true } } } ]',
-            "random_data",
-            "zero_data",
+            'model_warmup [ { name: "w" batch_size: 1 inputs { key: "X" value { '
+            "data_type: TYPE_FP32 dims: [ 4 ] } } } ]",
+            "model_warmup[0] ('w').inputs['X']",
+            "sets none of zero_data",
+        ),
+        (
+            'model_warmup [ { name: "w" batch_size: 9 inputs { key: "X" value { '
+            "data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]",
+            "batch_size must be from 1 to 1 (max_batch_size 0)",
+            "got 9",
+        ),
+        (
+            'model_warmup [ { name: "w" batch_size: 1 inputs { key: "X" value { '
+            'data_type: TYPE_FP32 dims: [ 4 ] input_data_file: "../x" } } } ]',
+            "input_data_file '../x'",
+            "plain file name",
+        ),
+        (
+            'model_warmup [ { name: "w" batch_size: 1 inputs { key: "X" value { '
+            "data_type: TYPE_FP32 dims: [ -1 ] random_data: true } } } ]",
+            "dims must hold sizes >= 1",
+            "",
         ),
         ('cc_model_filenames { key: "7.5" value: "a.onnx" }', "cc_model_filenames", ""),
         ('default_model_filename: "../x.onnx"', "model_filename", "plain file name"),
@@ -412,3 +434,88 @@ def test_outputs_without_an_order_cannot_be_classified(values: np.ndarray):
 
     with pytest.raises(InvalidInput, match="rank"):
         top_classes("y", values, 1, batched=False)
+
+
+# -- model_warmup ----------------------------------------------------------------------------
+
+WARM = """
+name: "linear"
+max_batch_size: 8
+model_warmup [ {
+  name: "%s" batch_size: 2 count: 3
+  inputs { key: "X" value { data_type: TYPE_FP32 dims: [ 4 ] %s } }
+} ]
+"""
+
+
+def _warm_model(root: Path, sample: str, data: str, name: str = "w") -> None:
+    add_model(root, "linear", build_linear())
+    (root / "linear" / "config.pbtxt").write_text(WARM % (name, data))
+
+
+def test_a_warmup_file_is_read_from_the_warmup_folder_and_runs_count_times(tmp_path: Path):
+    values = np.arange(8, dtype=np.float32).reshape(2, 4)
+    _warm_model(tmp_path, "", 'input_data_file: "x.raw"')
+    (tmp_path / "linear" / "warmup").mkdir()
+    (tmp_path / "linear" / "warmup" / "x.raw").write_bytes(values.tobytes())
+    config = Repository(tmp_path).entry("linear").config
+    (sample,) = config.warmup_samples
+    assert (sample.batch_size, sample.count) == (2, 3)
+    np.testing.assert_array_equal(warmup_feed(sample, batched=True)["X"], values)
+    with Host(tmp_path) as host:
+        host.load("linear")
+        (version,) = host.status("linear").versions
+        assert version.runs == 3  # no dynamic_batching: no probe; the sample's three runs
+
+
+def test_random_data_is_random_and_of_the_sample_shape():
+    (sample,) = parse(WARM % ("w", "random_data: true")).warmup_samples
+    feed = warmup_feed(sample, batched=True)["X"]
+    assert feed.shape == (2, 4)
+    assert feed.dtype == np.float32
+    assert len(np.unique(feed)) == 8
+
+
+def test_a_warmup_file_of_the_wrong_size_is_refused_with_the_sizes(tmp_path: Path):
+    _warm_model(tmp_path, "", 'input_data_file: "x.raw"')
+    (tmp_path / "linear" / "warmup").mkdir()
+    (tmp_path / "linear" / "warmup" / "x.raw").write_bytes(b"\0" * 31)
+    error = Repository(tmp_path).entry("linear").error
+    assert isinstance(error, ModelConfigError)
+    assert "31 bytes, but 8 elements of TYPE_FP32 take 32" in str(error), error
+
+
+def test_a_warmup_file_linked_out_of_the_model_folder_is_refused(tmp_path: Path):
+    _warm_model(tmp_path, "", 'input_data_file: "x.raw"')
+    (tmp_path / "secret").write_bytes(b"\0" * 32)
+    (tmp_path / "linear" / "warmup").mkdir()
+    (tmp_path / "linear" / "warmup" / "x.raw").symlink_to(tmp_path / "secret")
+    error = Repository(tmp_path).entry("linear").error
+    assert isinstance(error, ModelConfigError)
+    assert "resolves outside the model's folder" in str(error), error
+
+
+def test_a_missing_warmup_file_is_refused(tmp_path: Path):
+    _warm_model(tmp_path, "", 'input_data_file: "x.raw"')
+    error = Repository(tmp_path).entry("linear").error
+    assert isinstance(error, ModelConfigError)
+    assert "no such file in the model's warmup/ folder" in str(error), error
+
+
+def test_bytes_warmup_data_is_read_as_triton_lays_it_out():
+    data = b"".join(len(w).to_bytes(4, "little") + w for w in (b"ab", b"", b"xyz"))
+    sample = WarmupSample(
+        "s", 3, 1, (WarmupInput("S", "TYPE_STRING", (), "input_data_file", data),)
+    )
+    assert list(warmup_feed(sample, batched=True)["S"]) == [b"ab", b"", b"xyz"]
+
+
+def test_a_failing_warmup_sample_fails_the_load_naming_it(tmp_path: Path):
+    add_model(tmp_path, "linear", build_linear())
+    (tmp_path / "linear" / "config.pbtxt").write_text(
+        'max_batch_size: 8\nmodel_warmup [ { name: "wrong-shape" batch_size: 1 inputs { '
+        'key: "X" value { data_type: TYPE_FP32 dims: [ 5 ] zero_data: true } } } ]'
+    )
+    with Host(tmp_path) as host, pytest.raises(corral.ModelLoadError) as caught:
+        host.load("linear")
+    assert "warm-up sample 'wrong-shape' failed" in str(caught.value), caught.value
