@@ -229,6 +229,12 @@ class ModelConfig:
     #: A config.pbtxt's ``model_warmup`` samples, run in order after loading; a failing one
     #: fails the load.
     warmup_samples: tuple[WarmupSample, ...] = ()
+    #: Triton's ``default_queue_policy.default_timeout_microseconds``: a request still queued
+    #: this long after it was queued is answered DeadlineExceeded; None: no default.
+    queue_timeout_us: int | None = None
+    #: Triton's ``allow_timeout_override``: whether a request's own timeout replaces
+    #: ``queue_timeout_us`` in the queue (False: the queue keeps the config's).
+    queue_timeout_override: bool = False
 
     def __post_init__(self) -> None:
         _check_optional_count("max_batch_size", self.max_batch_size)
@@ -239,6 +245,8 @@ class ModelConfig:
         _check_bool("pinned", self.pinned)
         _check_bool("warmup", self.warmup)
         _check_bool("combine_requests", self.combine_requests)
+        _check_optional_count("queue_timeout_us", self.queue_timeout_us)
+        _check_bool("queue_timeout_override", self.queue_timeout_override)
         if not isinstance(self.version_policy, VersionPolicy):
             raise _FieldError(
                 "version_policy", f"must be a VersionPolicy, got {_describe(self.version_policy)}"
@@ -302,6 +310,8 @@ _PBTXT_ONLY = frozenset(
         "parameters",
         "combine_requests",
         "warmup_samples",
+        "queue_timeout_us",
+        "queue_timeout_override",
     }
 )
 _KNOWN_KEYS = tuple(sorted(f.name for f in fields(ModelConfig) if f.name not in _PBTXT_ONLY))

@@ -18,7 +18,8 @@ The mapping (``docs/host.md`` has the table):
   ``dims`` leave out the batch dimension, as in Triton.
 - ``dynamic_batching.max_queue_delay_microseconds`` → ``batch_window_us``; without
   ``dynamic_batching`` requests are not held to fill a batch (a window of 0), as Triton does
-  not combine them. ``default_queue_policy.max_queue_size`` → ``max_queue_size``.
+  not combine them. ``default_queue_policy``: ``max_queue_size`` → ``max_queue_size``,
+  ``default_timeout_microseconds`` and ``allow_timeout_override`` → the queue's timeout.
 - ``instance_group`` (``KIND_CPU`` / ``KIND_AUTO``): the counts summed → ``pool:N``.
 - ``version_policy``, ``default_model_filename``, ``parameters``, ``label_filename``,
   ``input``/``output`` (name, data_type, dims, format, reshape), ``model_warmup`` (zero, random
@@ -80,6 +81,8 @@ _HONOURED = frozenset(
         "output.label_filename",
         "dynamic_batching.max_queue_delay_microseconds",
         "dynamic_batching.default_queue_policy.max_queue_size",
+        "dynamic_batching.default_queue_policy.default_timeout_microseconds",
+        "dynamic_batching.default_queue_policy.allow_timeout_override",
         "instance_group.name",
         "instance_group.kind",
         "instance_group.count",
@@ -112,8 +115,9 @@ _WHY = {
     "dynamic_batching.priority_levels": "corral's queues have no priorities",
     "dynamic_batching.default_priority_level": "corral's queues have no priorities",
     "dynamic_batching.priority_queue_policy": "corral's queues have no priorities",
-    "dynamic_batching.default_queue_policy": (
-        "corral's queue takes only max_queue_size: a request's timeout is its own"
+    "dynamic_batching.default_queue_policy.timeout_action": (
+        "corral answers a request past its queue timeout DeadlineExceeded (REJECT): it does "
+        "not DELAY it"
     ),
     "instance_group.gpus": "corral does not place instances on chosen GPUs",
     "instance_group.rate_limiter": "corral has no rate limiter",
@@ -336,6 +340,12 @@ def _map(
             _output(i, tensor, pb, read_labels) for i, tensor in enumerate(message.output)
         ),
         "max_queue_size": queue_size or None,
+        "queue_timeout_us": (
+            message.dynamic_batching.default_queue_policy.default_timeout_microseconds or None
+        ),
+        "queue_timeout_override": (
+            message.dynamic_batching.default_queue_policy.allow_timeout_override
+        ),
         "parameters": _parameters(message.parameters),
         "warmup_samples": _warmup(message.model_warmup, pb, message.max_batch_size, read_warmup),
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from corral._errors import ModelConfigError
 from corral._pbtxt import parse_pbtxt, warmup_feed
 from corral._repository import Repository
 from corral.testing import build_linear
+from tests.gates import hold_compute_workers
 from tests.helpers import add_model
 
 pytestmark = pytest.mark.timeout(60)
@@ -130,9 +132,9 @@ def test_an_unknown_field_is_named():
         ("response_cache { enable: true }", "response_cache.enable", "cache"),
         ("dynamic_batching { preferred_batch_size: [ 4 ] }", "preferred_batch_size", "prefer"),
         (
-            "dynamic_batching { default_queue_policy { default_timeout_microseconds: 9 } }",
-            "default_timeout_microseconds",
-            "timeout",
+            "dynamic_batching { default_queue_policy { timeout_action: DELAY } }",
+            "default_queue_policy.timeout_action",
+            "does not DELAY",
         ),
         (
             'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 3 ] } } ]',
@@ -519,3 +521,53 @@ def test_a_failing_warmup_sample_fails_the_load_naming_it(tmp_path: Path):
     with Host(tmp_path) as host, pytest.raises(corral.ModelLoadError) as caught:
         host.load("linear")
     assert "warm-up sample 'wrong-shape' failed" in str(caught.value), caught.value
+
+
+# -- default_queue_policy --------------------------------------------------------------------
+
+QUEUE_POLICY = """
+max_batch_size: 8
+dynamic_batching { default_queue_policy { default_timeout_microseconds: 1 %s } }
+"""
+
+
+def test_the_queue_policy_maps_its_timeout_and_override():
+    config = parse(QUEUE_POLICY % "allow_timeout_override: true")
+    assert config.queue_timeout_us == 1
+    assert config.queue_timeout_override is True
+    assert parse(QUEUE_POLICY % "").queue_timeout_override is False
+
+
+def _queued_past_the_default_timeout(tmp_path: Path, override: str, timeout: float | None) -> Any:
+    """Answer to one request for 'linear' queued behind held compute workers, then released."""
+    # One run per request, so that each blocker holds one compute worker.
+    add_model(tmp_path, "slow", build_linear(), toml="max_batch_size = 0\n")
+    add_model(tmp_path, "linear", build_linear())
+    (tmp_path / "linear" / "config.pbtxt").write_text(QUEUE_POLICY % override)
+    with Host(tmp_path) as host:
+        assert host.preload() == {}
+        gate, blockers = hold_compute_workers(host)
+        try:
+            answer = host.submit("linear", {"X": np.ones((1, 4), np.float32)}, timeout=timeout)
+        finally:
+            gate.open.set()
+            for blocker in blockers:
+                blocker.result(timeout=30)
+        try:
+            return answer.result(timeout=30)
+        except corral.DeadlineExceeded as exc:
+            return exc
+
+
+def test_a_request_queued_past_the_default_timeout_is_deadline_exceeded(tmp_path: Path):
+    assert isinstance(_queued_past_the_default_timeout(tmp_path, "", None), corral.DeadlineExceeded)
+
+
+def test_without_override_the_default_timeout_holds_over_the_requests(tmp_path: Path):
+    answer = _queued_past_the_default_timeout(tmp_path, "", 30.0)
+    assert isinstance(answer, corral.DeadlineExceeded)
+
+
+def test_with_override_a_requests_own_timeout_replaces_the_default(tmp_path: Path):
+    answer = _queued_past_the_default_timeout(tmp_path, "allow_timeout_override: true", 30.0)
+    assert set(answer) == {"Y"}
