@@ -571,3 +571,39 @@ def test_without_override_the_default_timeout_holds_over_the_requests(tmp_path: 
 def test_with_override_a_requests_own_timeout_replaces_the_default(tmp_path: Path):
     answer = _queued_past_the_default_timeout(tmp_path, "allow_timeout_override: true", 30.0)
     assert set(answer) == {"Y"}
+
+
+@pytest.mark.timeout(120)
+def test_the_server_answers_504_for_a_request_queued_past_the_default_timeout(tmp_path: Path):
+    import json
+    import urllib.error
+    import urllib.request
+
+    from tests.processes import start_server, stop_server
+
+    repo = tmp_path / "repo"
+    add_model(repo, "linear", build_linear())
+    add_model(repo, "patient", build_linear())
+    # 1 µs: the request's deadline has passed by the time a compute worker takes it.
+    (repo / "linear" / "config.pbtxt").write_text(QUEUE_POLICY % "")
+    (repo / "patient" / "config.pbtxt").write_text("max_batch_size: 8\ndynamic_batching { }")
+    body = json.dumps(
+        {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+    ).encode()
+
+    def post(model: str) -> tuple[int, str]:
+        request = urllib.request.Request(f"http://{served.http}/v2/models/{model}/infer", body)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status, answer.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    served = start_server(repo, tmp_path / "serve.log")
+    try:
+        status, text = post("linear")
+        assert status == 504, text
+        status, text = post("patient")
+        assert status == 200, text
+    finally:
+        stop_server(served)
