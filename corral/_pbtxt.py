@@ -126,8 +126,18 @@ _WHY = {
     "instance_group.passive": "every instance corral builds takes requests",
     "instance_group.host_policy": "corral has no host policies",
     "optimization": "corral runs onnxruntime with its own session options",
+    "optimization.graph": (
+        "corral leaves onnxruntime's graph optimization level at its default (all optimizations)"
+    ),
+    "optimization.priority": "corral's queues have no priorities",
+    "optimization.cuda": "CUDA graphs and CUDA stream settings are not passed to onnxruntime",
+    "optimization.input_pinned_memory": "corral does not stage tensors in pinned memory",
+    "optimization.output_pinned_memory": "corral does not stage tensors in pinned memory",
+    "optimization.gather_kernel_buffer_threshold": "corral has no gather kernel",
+    "optimization.eager_batching": "corral's batcher has no eager mode",
     "optimization.execution_accelerators": (
-        "accelerator parameters are not passed to onnxruntime by corral"
+        "corral passes no provider options to onnxruntime, so an accelerator's parameters "
+        "would be dropped"
     ),
     "cc_model_filenames": "corral picks no file by compute capability",
     "metric_tags": "corral's metrics carry no per-model tags",

@@ -145,7 +145,14 @@ def test_an_unknown_field_is_named():
         ("instance_group [ { count: 100 } ]", "100 instances", "pool:64"),
         ('parameters { key: "intra_op_thread_count" value { string_value: "2" } }', "intra_op", ""),
         ('name: "other"', "'other'", "must match"),
-        ("optimization { graph { level: 1 } }", "optimization.graph.level", "session options"),
+        ("optimization { graph { level: 1 } }", "optimization.graph.level", "at its default"),
+        ("optimization { input_pinned_memory { enable: true } }", "input_pinned_memory", "pinned"),
+        (
+            "optimization { execution_accelerators { cpu_execution_accelerator [ { "
+            'name: "openvino" parameters { key: "precision" value: "FP16" } } ] } }',
+            "cpu_execution_accelerator[0].parameters",
+            "no provider options",
+        ),
         (
             "optimization { execution_accelerators { gpu_execution_accelerator "
             '[ { name: "tensorrt" } ] } }',
