@@ -80,6 +80,7 @@ _HONOURED = frozenset(
         "output.reshape.shape",
         "output.label_filename",
         "dynamic_batching.max_queue_delay_microseconds",
+        "dynamic_batching.preferred_batch_size",
         "dynamic_batching.default_queue_policy.max_queue_size",
         "dynamic_batching.default_queue_policy.default_timeout_microseconds",
         "dynamic_batching.default_queue_policy.allow_timeout_override",
@@ -107,10 +108,6 @@ _WHY = {
     "input.is_shape_tensor": "shape tensors are a TensorRT feature",
     "output.is_shape_tensor": "shape tensors are a TensorRT feature",
     "input.allow_ragged_batch": "corral batches only requests of the same shape",
-    "dynamic_batching.preferred_batch_size": (
-        "corral's scheduler fills batches up to max_batch_size within the window and cannot "
-        "prefer sizes"
-    ),
     "dynamic_batching.preserve_ordering": "corral answers each request on its own",
     "dynamic_batching.priority_levels": "corral's queues have no priorities",
     "dynamic_batching.default_priority_level": "corral's queues have no priorities",
@@ -338,6 +335,7 @@ def _map(
     batching = message.HasField("dynamic_batching")
     window = message.dynamic_batching.max_queue_delay_microseconds if batching else 0
     queue_size = message.dynamic_batching.default_queue_policy.max_queue_size
+    _check_preferred(message.dynamic_batching.preferred_batch_size, message.max_batch_size)
     values: dict[str, Any] = {
         "source": "config.pbtxt",
         "max_batch_size": message.max_batch_size,
@@ -371,6 +369,25 @@ def _map(
         return ModelConfig(**values)
     except ValueError as exc:
         raise ModelConfigError(str(exc)) from None
+
+
+def _check_preferred(sizes: Any, max_batch_size: int) -> None:
+    """Accept ``preferred_batch_size`` only where corral's batcher already does what it asks.
+
+    Triton runs a batch as soon as it reaches a preferred size, and cuts a longer queue at
+    the largest one reached; corral runs a batch when it fills ``max_batch_size`` or the
+    window closes, taking every compatible row queued up to ``max_batch_size``. The two agree
+    only when the one preferred size is ``max_batch_size``; capping runs at a smaller size
+    would not be Triton's batching either (it forms batches past it when the delay expires).
+    """
+    for index, size in enumerate(sizes):
+        if size != max_batch_size:
+            raise ModelConfigError(
+                f"dynamic_batching.preferred_batch_size[{index}] is {size}: corral's batcher "
+                f"runs a batch when it fills max_batch_size ({max_batch_size}) or the window "
+                "closes, and cannot stop at a smaller preferred size; remove it, or prefer "
+                "only max_batch_size"
+            )
 
 
 def _version_policy(policy: Any, pb: Any) -> VersionPolicy:

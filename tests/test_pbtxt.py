@@ -74,6 +74,12 @@ def test_the_fields_corral_honours_map_onto_its_config():
     assert config.outputs == (TensorConfig("Y", "TYPE_FP32", (1,)),)
 
 
+def test_preferring_max_batch_size_is_what_corral_batches_anyway():
+    config = parse(LINEAR + "dynamic_batching { preferred_batch_size: [ 8 ] }")
+    assert config.max_batch_size == 8
+    assert config.combine_requests is True
+
+
 def test_without_dynamic_batching_no_request_waits_for_a_batch():
     config = parse(LINEAR)
     assert config.batch_window_us == 0
@@ -131,6 +137,11 @@ def test_an_unknown_field_is_named():
         ("model_transaction_policy { decoupled: true }", "decoupled", "decoupled"),
         ("response_cache { enable: true }", "response_cache.enable", "cache"),
         ("dynamic_batching { preferred_batch_size: [ 4 ] }", "preferred_batch_size", "prefer"),
+        (
+            "max_batch_size: 8 dynamic_batching { preferred_batch_size: [ 8, 4 ] }",
+            "preferred_batch_size[1] is 4",
+            "cannot stop at a smaller preferred size",
+        ),
         (
             "dynamic_batching { default_queue_policy { timeout_action: DELAY } }",
             "default_queue_policy.timeout_action",
