@@ -45,7 +45,7 @@ from corral._errors import (
 from corral._load_workers import Claim, LoadWorkers
 from corral._modelfile import read_footprint
 from corral._options import HostOptions
-from corral._pbtxt import check_declared, reshaped_signature, warmup_feed
+from corral._pbtxt import check_declared, reshaped_signature, triton_type, warmup_feed
 from corral._probe import plan_batching
 from corral._providers import resolve_policy, resolve_providers
 from corral._repository import ModelEntry, Repository, validate_model_name
@@ -607,6 +607,15 @@ def _warm_up(session: Session) -> None:
 def _run_warmup_sample(session: Session, sample: WarmupSample, *, batched: bool) -> None:
     """Run a config.pbtxt's warm-up sample ``count`` times; a failure fails the load, naming it."""
     shown = f"warm-up sample {sample.name!r}" if sample.name else "a warm-up sample"
+    specs = {spec.name: spec for spec in session.signature.inputs}
+    for item in sample.inputs:
+        spec = specs.get(item.name)
+        # As in Triton, a sample's type is the input's: no cast, even a safe one.
+        if spec is not None and triton_type(spec) != item.data_type:
+            raise ModelLoadError(
+                f"{session.name!r}: {shown} gives input {item.name!r} as {item.data_type}, "
+                f"but the model's is {triton_type(spec) or spec.onnx_type} ({spec.describe()})"
+            )
     try:
         feed = warmup_feed(sample, batched=batched)
         for _ in range(sample.count):

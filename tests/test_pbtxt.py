@@ -530,6 +530,17 @@ def test_bytes_warmup_data_is_read_as_triton_lays_it_out():
     assert list(warmup_feed(sample, batched=True)["S"]) == [b"ab", b"", b"xyz"]
 
 
+def test_a_warmup_sample_of_another_type_than_the_models_fails_the_load(tmp_path: Path):
+    add_model(tmp_path, "linear", build_linear())
+    (tmp_path / "linear" / "config.pbtxt").write_text(
+        'max_batch_size: 8\nmodel_warmup [ { name: "half" batch_size: 1 inputs { '
+        'key: "X" value { data_type: TYPE_FP16 dims: [ 4 ] zero_data: true } } } ]'
+    )
+    with Host(tmp_path) as host, pytest.raises(corral.ModelLoadError) as caught:
+        host.load("linear")
+    assert "warm-up sample 'half' gives input 'X' as TYPE_FP16" in str(caught.value)
+
+
 def test_a_failing_warmup_sample_fails_the_load_naming_it(tmp_path: Path):
     add_model(tmp_path, "linear", build_linear())
     (tmp_path / "linear" / "config.pbtxt").write_text(
