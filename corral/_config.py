@@ -30,7 +30,14 @@ from typing import Literal
 from corral._errors import ModelConfigError
 from corral._providers import ConcurrencyPolicy
 
-__all__ = ["ModelConfig", "TensorConfig", "VersionPolicy", "VersionPolicyKind"]
+__all__ = [
+    "ModelConfig",
+    "TensorConfig",
+    "VersionPolicy",
+    "VersionPolicyKind",
+    "WarmupInput",
+    "WarmupSample",
+]
 
 VersionPolicyKind = Literal["latest", "all", "specific"]
 
@@ -155,6 +162,33 @@ class TensorConfig:
 
 
 @dataclass(frozen=True)
+class WarmupInput:
+    """One input of a config.pbtxt's warm-up sample (Triton's ``model_warmup.inputs``)."""
+
+    name: str
+    #: Triton's type name, as in :class:`TensorConfig`.
+    data_type: str
+    #: The input's shape without the batch dimension (when max_batch_size is above 0).
+    dims: tuple[int, ...]
+    #: ``"zero_data"``, ``"random_data"`` or ``"input_data_file"``.
+    kind: str
+    #: The file's raw bytes (``input_data_file`` only), already checked against dims and type.
+    data: bytes = field(default=b"", repr=False)
+
+
+@dataclass(frozen=True)
+class WarmupSample:
+    """A config.pbtxt's warm-up sample, run ``count`` times on the load worker before publishing."""
+
+    name: str
+    #: The rows of the batch dimension (1 when the model's max_batch_size is 0: none).
+    batch_size: int
+    #: How many runs (Triton's count, 0 meaning 1).
+    count: int
+    inputs: tuple[WarmupInput, ...]
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """One model's settings, from its ``model.toml`` or its ``config.pbtxt`` (all optional).
 
@@ -192,6 +226,15 @@ class ModelConfig:
     #: ``dynamic_batching``: Triton then combines no requests, and ``max_batch_size`` only says
     #: that the first dimension is the batch's (each request brings its own rows).
     combine_requests: bool = True
+    #: A config.pbtxt's ``model_warmup`` samples, run in order after loading; a failing one
+    #: fails the load.
+    warmup_samples: tuple[WarmupSample, ...] = ()
+    #: Triton's ``default_queue_policy.default_timeout_microseconds``: a request still queued
+    #: this long after it was queued is answered DeadlineExceeded; None: no default.
+    queue_timeout_us: int | None = None
+    #: Triton's ``allow_timeout_override``: whether a request's own timeout replaces
+    #: ``queue_timeout_us`` in the queue (False: the queue keeps the config's).
+    queue_timeout_override: bool = False
 
     def __post_init__(self) -> None:
         _check_optional_count("max_batch_size", self.max_batch_size)
@@ -202,6 +245,8 @@ class ModelConfig:
         _check_bool("pinned", self.pinned)
         _check_bool("warmup", self.warmup)
         _check_bool("combine_requests", self.combine_requests)
+        _check_optional_count("queue_timeout_us", self.queue_timeout_us)
+        _check_bool("queue_timeout_override", self.queue_timeout_override)
         if not isinstance(self.version_policy, VersionPolicy):
             raise _FieldError(
                 "version_policy", f"must be a VersionPolicy, got {_describe(self.version_policy)}"
@@ -264,6 +309,9 @@ _PBTXT_ONLY = frozenset(
         "max_queue_size",
         "parameters",
         "combine_requests",
+        "warmup_samples",
+        "queue_timeout_us",
+        "queue_timeout_override",
     }
 )
 _KNOWN_KEYS = tuple(sorted(f.name for f in fields(ModelConfig) if f.name not in _PBTXT_ONLY))

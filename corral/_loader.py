@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from corral._budget import estimate_footprint_bytes
+from corral._config import WarmupSample
 from corral._counters import HostCounters
 from corral._errors import (
     CorralError,
@@ -44,7 +45,7 @@ from corral._errors import (
 from corral._load_workers import Claim, LoadWorkers
 from corral._modelfile import read_footprint
 from corral._options import HostOptions
-from corral._pbtxt import check_declared, reshaped_signature
+from corral._pbtxt import check_declared, reshaped_signature, triton_type, warmup_feed
 from corral._probe import plan_batching
 from corral._providers import resolve_policy, resolve_providers
 from corral._repository import ModelEntry, Repository, validate_model_name
@@ -279,6 +280,8 @@ class Loader:
                 session.reshape_tensors(reshaped)
             if config.warmup:
                 _warm_up(session)
+            for sample in config.warmup_samples:
+                _run_warmup_sample(session, sample, batched=bool(config.max_batch_size))
             # After the warm-up: the probe's runs then cost what a loaded model's runs cost.
             plan = plan_batching(
                 session.signature,
@@ -599,6 +602,26 @@ def _warm_up(session: Session) -> None:
         session.run(feed)
     except CorralError as exc:
         raise ModelLoadError(f"warming up {session.name!r} failed: {exc}") from exc
+
+
+def _run_warmup_sample(session: Session, sample: WarmupSample, *, batched: bool) -> None:
+    """Run a config.pbtxt's warm-up sample ``count`` times; a failure fails the load, naming it."""
+    shown = f"warm-up sample {sample.name!r}" if sample.name else "a warm-up sample"
+    specs = {spec.name: spec for spec in session.signature.inputs}
+    for item in sample.inputs:
+        spec = specs.get(item.name)
+        # As in Triton, a sample's type is the input's: no cast, even a safe one.
+        if spec is not None and triton_type(spec) != item.data_type:
+            raise ModelLoadError(
+                f"{session.name!r}: {shown} gives input {item.name!r} as {item.data_type}, "
+                f"but the model's is {triton_type(spec) or spec.onnx_type} ({spec.describe()})"
+            )
+    try:
+        feed = warmup_feed(sample, batched=batched)
+        for _ in range(sample.count):
+            session.run(feed)
+    except CorralError as exc:
+        raise ModelLoadError(f"{session.name!r}: {shown} failed: {exc}") from exc
 
 
 def _settle(

@@ -18,12 +18,13 @@ The mapping (``docs/host.md`` has the table):
   ``dims`` leave out the batch dimension, as in Triton.
 - ``dynamic_batching.max_queue_delay_microseconds`` → ``batch_window_us``; without
   ``dynamic_batching`` requests are not held to fill a batch (a window of 0), as Triton does
-  not combine them. ``default_queue_policy.max_queue_size`` → ``max_queue_size``.
+  not combine them. ``default_queue_policy``: ``max_queue_size`` → ``max_queue_size``,
+  ``default_timeout_microseconds`` and ``allow_timeout_override`` → the queue's timeout.
 - ``instance_group`` (``KIND_CPU`` / ``KIND_AUTO``): the counts summed → ``pool:N``.
 - ``version_policy``, ``default_model_filename``, ``parameters``, ``label_filename``,
-  ``input``/``output`` (name, data_type, dims, format, reshape), ``model_warmup`` with ``zero_data``
-  inputs, ``optimization.execution_accelerators`` naming ``openvino`` (CPU) or ``tensorrt``
-  (GPU) without parameters → providers.
+  ``input``/``output`` (name, data_type, dims, format, reshape), ``model_warmup`` (zero, random
+  or file data: :func:`warmup_feed`), ``optimization.execution_accelerators`` naming
+  ``openvino`` (CPU) or ``tensorrt`` (GPU) without parameters → providers.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from corral._config import ModelConfig, TensorConfig, VersionPolicy
+import numpy as np
+import numpy.typing as npt
+
+from corral._config import ModelConfig, TensorConfig, VersionPolicy, WarmupInput, WarmupSample
 from corral._errors import ModelConfigError
 from corral._providers import MAX_POOL_SIZE
 from corral._signature import Reshape, ReshapedSignature, Signature, TensorSpec
@@ -44,6 +48,7 @@ __all__ = [
     "pbtxt_from_json",
     "reshaped_signature",
     "triton_type",
+    "warmup_feed",
 ]
 
 #: The file name Triton reads in a model folder.
@@ -75,7 +80,10 @@ _HONOURED = frozenset(
         "output.reshape.shape",
         "output.label_filename",
         "dynamic_batching.max_queue_delay_microseconds",
+        "dynamic_batching.preferred_batch_size",
         "dynamic_batching.default_queue_policy.max_queue_size",
+        "dynamic_batching.default_queue_policy.default_timeout_microseconds",
+        "dynamic_batching.default_queue_policy.allow_timeout_override",
         "instance_group.name",
         "instance_group.kind",
         "instance_group.count",
@@ -100,16 +108,13 @@ _WHY = {
     "input.is_shape_tensor": "shape tensors are a TensorRT feature",
     "output.is_shape_tensor": "shape tensors are a TensorRT feature",
     "input.allow_ragged_batch": "corral batches only requests of the same shape",
-    "dynamic_batching.preferred_batch_size": (
-        "corral's scheduler fills batches up to max_batch_size within the window and cannot "
-        "prefer sizes"
-    ),
     "dynamic_batching.preserve_ordering": "corral answers each request on its own",
     "dynamic_batching.priority_levels": "corral's queues have no priorities",
     "dynamic_batching.default_priority_level": "corral's queues have no priorities",
     "dynamic_batching.priority_queue_policy": "corral's queues have no priorities",
-    "dynamic_batching.default_queue_policy": (
-        "corral's queue takes only max_queue_size: a request's timeout is its own"
+    "dynamic_batching.default_queue_policy.timeout_action": (
+        "corral answers a request past its queue timeout DeadlineExceeded (REJECT): it does "
+        "not DELAY it"
     ),
     "instance_group.gpus": "corral does not place instances on chosen GPUs",
     "instance_group.rate_limiter": "corral has no rate limiter",
@@ -118,8 +123,18 @@ _WHY = {
     "instance_group.passive": "every instance corral builds takes requests",
     "instance_group.host_policy": "corral has no host policies",
     "optimization": "corral runs onnxruntime with its own session options",
+    "optimization.graph": (
+        "corral leaves onnxruntime's graph optimization level at its default (all optimizations)"
+    ),
+    "optimization.priority": "corral's queues have no priorities",
+    "optimization.cuda": "CUDA graphs and CUDA stream settings are not passed to onnxruntime",
+    "optimization.input_pinned_memory": "corral does not stage tensors in pinned memory",
+    "optimization.output_pinned_memory": "corral does not stage tensors in pinned memory",
+    "optimization.gather_kernel_buffer_threshold": "corral has no gather kernel",
+    "optimization.eager_batching": "corral's batcher has no eager mode",
     "optimization.execution_accelerators": (
-        "accelerator parameters are not passed to onnxruntime by corral"
+        "corral passes no provider options to onnxruntime, so an accelerator's parameters "
+        "would be dropped"
     ),
     "cc_model_filenames": "corral picks no file by compute capability",
     "metric_tags": "corral's metrics carry no per-model tags",
@@ -128,7 +143,6 @@ _WHY = {
     "model_repository_agents": "corral runs no repository agents",
     "response_cache": "corral has no response cache",
     "model_metrics": "corral's metrics are not configured per model",
-    "model_warmup.inputs": "corral warms up on zeros only (zero_data)",
 }
 
 # Triton's onnxruntime backend reads these parameters as settings; corral does not apply them,
@@ -161,18 +175,25 @@ _ACCELERATORS = {
 }
 
 
+#: Reads ``warmup/<file name>`` in the model's folder: (file name, field, byte limit) → bytes.
+ReadWarmup = Callable[[str, str, int], bytes]
+
+
 def parse_pbtxt(
     text: str,
     *,
     source: str,
     model_name: str,
     read_labels: Callable[[str, str], tuple[str, ...]],
+    read_warmup: ReadWarmup | None = None,
 ) -> ModelConfig:
     """Parse a config.pbtxt and map it onto a :class:`ModelConfig`.
 
     ``source`` (the file's path) is named in every error; ``model_name`` is the folder's name,
     which ``name`` must equal; ``read_labels(relative_path, field)`` reads a label file from the
-    model's folder (the repository's, so that nothing outside the root is read).
+    model's folder (the repository's, so that nothing outside the root is read);
+    ``read_warmup(file_name, field, limit)`` reads a warm-up sample's ``input_data_file`` from
+    the model folder's ``warmup/`` folder (None: such a file is refused).
 
     Raises :class:`ModelConfigError` for a parse error (with its line and column), an unknown
     field, or a field corral cannot honour (naming it and why).
@@ -182,7 +203,9 @@ def parse_pbtxt(
         for path, value in _set_leaves(message, ""):
             if _plain(path) not in _HONOURED:
                 raise ModelConfigError(f"{source}: {path} is set ({_short(value)}): {_why(path)}")
-        return _map(message, model_name=model_name, read_labels=read_labels)
+        return _map(
+            message, model_name=model_name, read_labels=read_labels, read_warmup=read_warmup
+        )
     except ModelConfigError as exc:
         if str(exc).startswith(source):
             raise
@@ -289,6 +312,7 @@ def _map(
     *,
     model_name: str,
     read_labels: Callable[[str, str], tuple[str, ...]],
+    read_warmup: ReadWarmup | None,
 ) -> ModelConfig:
     from corral._proto import model_config_pb2 as pb
 
@@ -311,6 +335,7 @@ def _map(
     batching = message.HasField("dynamic_batching")
     window = message.dynamic_batching.max_queue_delay_microseconds if batching else 0
     queue_size = message.dynamic_batching.default_queue_policy.max_queue_size
+    _check_preferred(message.dynamic_batching.preferred_batch_size, message.max_batch_size)
     values: dict[str, Any] = {
         "source": "config.pbtxt",
         "max_batch_size": message.max_batch_size,
@@ -323,8 +348,14 @@ def _map(
             _output(i, tensor, pb, read_labels) for i, tensor in enumerate(message.output)
         ),
         "max_queue_size": queue_size or None,
+        "queue_timeout_us": (
+            message.dynamic_batching.default_queue_policy.default_timeout_microseconds or None
+        ),
+        "queue_timeout_override": (
+            message.dynamic_batching.default_queue_policy.allow_timeout_override
+        ),
         "parameters": _parameters(message.parameters),
-        "warmup": _warmup(message.model_warmup, pb),
+        "warmup_samples": _warmup(message.model_warmup, pb, message.max_batch_size, read_warmup),
     }
     if message.default_model_filename:
         values["model_filename"] = message.default_model_filename
@@ -338,6 +369,25 @@ def _map(
         return ModelConfig(**values)
     except ValueError as exc:
         raise ModelConfigError(str(exc)) from None
+
+
+def _check_preferred(sizes: Any, max_batch_size: int) -> None:
+    """Accept ``preferred_batch_size`` only where corral's batcher already does what it asks.
+
+    Triton runs a batch as soon as it reaches a preferred size, and cuts a longer queue at
+    the largest one reached; corral runs a batch when it fills ``max_batch_size`` or the
+    window closes, taking every compatible row queued up to ``max_batch_size``. The two agree
+    only when the one preferred size is ``max_batch_size``; capping runs at a smaller size
+    would not be Triton's batching either (it forms batches past it when the delay expires).
+    """
+    for index, size in enumerate(sizes):
+        if size != max_batch_size:
+            raise ModelConfigError(
+                f"dynamic_batching.preferred_batch_size[{index}] is {size}: corral's batcher "
+                f"runs a batch when it fills max_batch_size ({max_batch_size}) or the window "
+                "closes, and cannot stop at a smaller preferred size; remove it, or prefer "
+                "only max_batch_size"
+            )
 
 
 def _version_policy(policy: Any, pb: Any) -> VersionPolicy:
@@ -454,18 +504,159 @@ def _parameters(parameters: Any) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
-def _warmup(samples: Any, pb: Any) -> bool:
+#: The largest warm-up data file (``warmup/<input_data_file>``) read.
+MAX_WARMUP_BYTES = 16 * 1024 * 1024
+
+#: Triton's fixed-size types and their numpy dtypes (TYPE_STRING is laid out apart).
+_WARMUP_DTYPES = {
+    "TYPE_BOOL": "bool",
+    "TYPE_UINT8": "uint8",
+    "TYPE_UINT16": "uint16",
+    "TYPE_UINT32": "uint32",
+    "TYPE_UINT64": "uint64",
+    "TYPE_INT8": "int8",
+    "TYPE_INT16": "int16",
+    "TYPE_INT32": "int32",
+    "TYPE_INT64": "int64",
+    "TYPE_FP16": "float16",
+    "TYPE_FP32": "float32",
+    "TYPE_FP64": "float64",
+}
+
+
+def _warmup(
+    samples: Any, pb: Any, max_batch_size: int, read_warmup: ReadWarmup | None
+) -> tuple[WarmupSample, ...]:
+    out = []
     for index, sample in enumerate(samples):
         field = f"model_warmup[{index}]"
-        if sample.count > 1:
-            raise ModelConfigError(f"{field}.count is {sample.count}: corral warms up once")
-        for name, value in sample.inputs.items():
-            if value.WhichOneof("input_data_type") != "zero_data":
-                raise ModelConfigError(
-                    f"{field}.inputs[{name!r}] is {value.WhichOneof('input_data_type')}: "
-                    f"{_WHY['model_warmup.inputs']}"
-                )
-    return len(samples) > 0
+        shown = f"{field} ({sample.name!r})" if sample.name else field
+        if sample.count < 0:
+            raise ModelConfigError(f"{shown}.count must be >= 0, got {sample.count}")
+        # Triton: batch_size must be >= 1, and 1 for a model that does not batch.
+        limit = max_batch_size or 1
+        if not 1 <= sample.batch_size <= limit:
+            raise ModelConfigError(
+                f"{shown}.batch_size must be from 1 to {limit} (max_batch_size "
+                f"{max_batch_size}), got {sample.batch_size}"
+            )
+        if not sample.inputs:
+            raise ModelConfigError(f"{shown} has no inputs")
+        rows = sample.batch_size if max_batch_size else None
+        inputs = tuple(
+            _warmup_input(f"{shown}.inputs[{name!r}]", name, value, pb, rows, read_warmup)
+            for name, value in sorted(sample.inputs.items())
+        )
+        out.append(WarmupSample(sample.name, sample.batch_size, sample.count or 1, inputs))
+    return tuple(out)
+
+
+def _warmup_input(
+    field: str, name: str, value: Any, pb: Any, rows: int | None, read_warmup: ReadWarmup | None
+) -> WarmupInput:
+    data_type = pb.DataType.Name(value.data_type)
+    if data_type not in _WARMUP_DTYPES and data_type != "TYPE_STRING":
+        raise ModelConfigError(f"{field}.data_type {data_type} is not a type corral serves")
+    dims = tuple(int(d) for d in value.dims)
+    if any(d < 1 for d in dims):
+        raise ModelConfigError(
+            f"{field}.dims must hold sizes >= 1 (a sample has a fixed shape), got {list(dims)}"
+        )
+    kind = value.WhichOneof("input_data_type")
+    if kind is None:
+        raise ModelConfigError(f"{field} sets none of zero_data, random_data or input_data_file")
+    if kind in ("zero_data", "random_data") and not getattr(value, kind):
+        raise ModelConfigError(f"{field}.{kind} is false: set it true or give another kind")
+    data = b""
+    if kind == "input_data_file":
+        file_name = value.input_data_file
+        if not file_name or file_name in (".", "..") or any(c in file_name for c in "/\\\0"):
+            raise ModelConfigError(
+                f"{field}.input_data_file {file_name!r} must be a plain file name in the "
+                "model folder's warmup/ folder"
+            )
+        if read_warmup is None:
+            raise ModelConfigError(
+                f"{field}.input_data_file: this configuration has no model folder to read from"
+            )
+        data = read_warmup(file_name, f"{field}.input_data_file", MAX_WARMUP_BYTES)
+        elements = _count(((rows,) if rows else ()) + dims)
+        _check_warmup_data(f"{field}.input_data_file {file_name!r}", data, data_type, elements)
+    return WarmupInput(name, data_type, dims, kind, data)
+
+
+def _check_warmup_data(shown: str, data: bytes, data_type: str, elements: int) -> None:
+    """The file must hold exactly ``elements`` values of ``data_type``, as Triton lays them out."""
+    if data_type != "TYPE_STRING":
+        wanted = elements * np.dtype(_WARMUP_DTYPES[data_type]).itemsize
+        if len(data) != wanted:
+            raise ModelConfigError(
+                f"{shown} holds {len(data)} bytes, but {elements} elements of {data_type} "
+                f"take {wanted}"
+            )
+        return
+    offset = 0
+    for element in range(elements):
+        if offset + 4 > len(data):
+            raise ModelConfigError(
+                f"{shown} ends before element {element} of {elements} (each is a 4-byte "
+                "little-endian length, then that many bytes)"
+            )
+        size = int.from_bytes(data[offset : offset + 4], "little")
+        offset += 4 + size
+        if offset > len(data):
+            raise ModelConfigError(
+                f"{shown}: element {element} says {size} bytes, past the file's end"
+            )
+    if offset != len(data):
+        raise ModelConfigError(
+            f"{shown} holds {len(data) - offset} bytes after its {elements} elements"
+        )
+
+
+def warmup_feed(sample: WarmupSample, *, batched: bool) -> dict[str, npt.NDArray[Any]]:
+    """A warm-up sample's inputs as arrays, as Triton makes them.
+
+    Each shape is ``[batch_size] + dims`` when the model batches (``batched``), else ``dims``.
+    ``zero_data``: zeros (empty strings for TYPE_STRING); ``random_data``: uniform values from
+    a fixed seed (floats in [0, 1), integers over their type's range, and, as Triton, empty
+    strings for TYPE_STRING); ``input_data_file``: the file's values in row-major order.
+    """
+    rng = np.random.default_rng(0)
+    feed: dict[str, npt.NDArray[Any]] = {}
+    for item in sample.inputs:
+        shape = ((sample.batch_size,) if batched else ()) + item.dims
+        if item.data_type == "TYPE_STRING":
+            feed[item.name] = _string_array(item, shape)
+            continue
+        dtype = np.dtype(_WARMUP_DTYPES[item.data_type])
+        if item.kind == "input_data_file":
+            feed[item.name] = np.frombuffer(item.data, dtype=dtype).reshape(shape).copy()
+        elif item.kind == "random_data" and dtype.kind == "f":
+            feed[item.name] = rng.random(shape).astype(dtype)
+        elif item.kind == "random_data" and dtype.kind == "b":
+            feed[item.name] = rng.integers(0, 2, shape).astype(dtype)
+        elif item.kind == "random_data":
+            info = np.iinfo(dtype)
+            feed[item.name] = rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+        else:
+            feed[item.name] = np.zeros(shape, dtype=dtype)
+    return feed
+
+
+def _string_array(item: WarmupInput, shape: tuple[int, ...]) -> npt.NDArray[Any]:
+    values: list[bytes] = []
+    if item.kind == "input_data_file":
+        data, offset = item.data, 0
+        while offset < len(data):
+            size = int.from_bytes(data[offset : offset + 4], "little")
+            values.append(data[offset + 4 : offset + 4 + size])
+            offset += 4 + size
+    else:
+        values = [b""] * _count(shape)
+    array = np.empty(len(values), dtype=object)
+    array[:] = values
+    return array.reshape(shape)
 
 
 def _instances(groups: Any, pb: Any) -> tuple[str | None, bool]:

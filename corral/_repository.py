@@ -484,6 +484,9 @@ class Repository:
                 read_labels=lambda path, field: self._read_labels(
                     root, source, real_folder, path, field, labels
                 ),
+                read_warmup=lambda file_name, field, limit: _read_warmup(
+                    source, real_folder, file_name, field, limit, labels
+                ),
             )
         except ModelConfigError as exc:
             problems.append(exc)
@@ -531,6 +534,9 @@ class Repository:
                 model_name=name,
                 read_labels=lambda path, field: self._read_labels(
                     root, source, real_folder, path, field, labels
+                ),
+                read_warmup=lambda file_name, field, limit: _read_warmup(
+                    source, real_folder, file_name, field, limit, labels
                 ),
             )
         except ModelConfigError as exc:
@@ -654,6 +660,48 @@ def _read_text(real: str, info: os.stat_result, source: str, limit: int) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ModelConfigError(f"{source}: not UTF-8 text: {exc}") from exc
+
+
+def _read_warmup(
+    source: str,
+    real_folder: str,
+    file_name: str,
+    field: str,
+    limit: int,
+    stamps: list[tuple[object, ...]],
+) -> bytes:
+    """A warm-up data file, ``warmup/<file_name>`` in the model's folder, as raw bytes.
+
+    Triton's layout: the file lies in the model folder's ``warmup/`` folder. Its real path
+    (symlinks followed) must stay inside the model's folder; it is read up to ``limit`` bytes.
+    """
+    shown = f"{source}: {field} {file_name!r}"
+    real = os.path.realpath(os.path.join(real_folder, "warmup", file_name))
+    folder = os.path.realpath(real_folder)
+    if os.path.commonpath([folder, real]) != folder:
+        raise ModelConfigError(f"{shown} resolves outside the model's folder ({real})")
+    try:
+        info = os.stat(real)
+    except FileNotFoundError:
+        raise ModelConfigError(f"{shown}: no such file in the model's warmup/ folder") from None
+    except OSError as exc:
+        raise ModelConfigError(f"{shown}: cannot read it: {exc}") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise ModelConfigError(f"{shown}: not a regular file")
+    if info.st_size > limit:
+        raise ModelConfigError(
+            f"{shown}: {info.st_size} bytes is larger than the {limit}-byte limit"
+        )
+    stamps.append((real, info.st_size, info.st_mtime_ns))
+    try:
+        with open(real, "rb") as file:
+            # One byte past the limit: the file may have grown since it was stat'ed.
+            data = file.read(limit + 1)
+    except OSError as exc:
+        raise ModelConfigError(f"{shown}: cannot read it: {exc}") from exc
+    if len(data) > limit:
+        raise ModelConfigError(f"{shown}: larger than the {limit}-byte limit")
+    return data
 
 
 def _make_entry(

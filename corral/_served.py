@@ -209,10 +209,23 @@ class ServedVersion:
             queue = self._queue or self._make_queue()
             scheduler = self._scheduler
             assert scheduler is not None  # set with the queue
-            scheduler.submit(queue, feed, names, future, deadline, loop)
+            scheduler.submit(queue, feed, names, future, self._queue_deadline(deadline), loop)
         except BaseException:
             self.session.dismiss(1)
             raise
+
+    def _queue_deadline(self, deadline: float | None) -> float | None:
+        """The deadline a request waits in the queue under: a config.pbtxt's queue policy.
+
+        ``default_timeout_microseconds`` counts from now (the request's queueing) and applies
+        to a request with no timeout of its own, or to every request when
+        ``allow_timeout_override`` is false (as in Triton, the queue then keeps the config's;
+        the request's own timeout has already bounded its wait for the load).
+        """
+        timeout_us = self.config.queue_timeout_us
+        if timeout_us is None or (deadline is not None and self.config.queue_timeout_override):
+            return deadline
+        return deadline_after(timeout_us / 1e6)
 
     def _make_queue(self) -> ModelQueue:
         with self._queue_lock:

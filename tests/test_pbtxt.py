@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import corral
 from corral import Host
-from corral._config import ModelConfig, TensorConfig, VersionPolicy
+from corral._config import ModelConfig, TensorConfig, VersionPolicy, WarmupInput, WarmupSample
 from corral._errors import ModelConfigError
-from corral._pbtxt import parse_pbtxt
+from corral._pbtxt import parse_pbtxt, warmup_feed
 from corral._repository import Repository
 from corral.testing import build_linear
+from tests.gates import hold_compute_workers
 from tests.helpers import add_model
 
 pytestmark = pytest.mark.timeout(60)
@@ -72,6 +74,12 @@ def test_the_fields_corral_honours_map_onto_its_config():
     assert config.outputs == (TensorConfig("Y", "TYPE_FP32", (1,)),)
 
 
+def test_preferring_max_batch_size_is_what_corral_batches_anyway():
+    config = parse(LINEAR + "dynamic_batching { preferred_batch_size: [ 8 ] }")
+    assert config.max_batch_size == 8
+    assert config.combine_requests is True
+
+
 def test_without_dynamic_batching_no_request_waits_for_a_batch():
     config = parse(LINEAR)
     assert config.batch_window_us == 0
@@ -87,7 +95,10 @@ def test_zero_data_warmup_and_the_openvino_accelerator_map():
         "optimization { execution_accelerators { cpu_execution_accelerator "
         '[ { name: "openvino" } ] } }'
     )
-    assert config.warmup is True
+    assert config.warmup is False  # corral's own zero run, model.toml's; the sample is Triton's
+    assert config.warmup_samples == (
+        WarmupSample("w", 1, 1, (WarmupInput("X", "TYPE_FP32", (4,), "zero_data"),)),
+    )
     assert config.providers == ("OpenVINOExecutionProvider", "CPUExecutionProvider")
 
 
@@ -127,9 +138,14 @@ def test_an_unknown_field_is_named():
         ("response_cache { enable: true }", "response_cache.enable", "cache"),
         ("dynamic_batching { preferred_batch_size: [ 4 ] }", "preferred_batch_size", "prefer"),
         (
-            "dynamic_batching { default_queue_policy { default_timeout_microseconds: 9 } }",
-            "default_timeout_microseconds",
-            "timeout",
+            "max_batch_size: 8 dynamic_batching { preferred_batch_size: [ 8, 4 ] }",
+            "preferred_batch_size[1] is 4",
+            "cannot stop at a smaller preferred size",
+        ),
+        (
+            "dynamic_batching { default_queue_policy { timeout_action: DELAY } }",
+            "default_queue_policy.timeout_action",
+            "does not DELAY",
         ),
         (
             'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 3 ] } } ]',
@@ -140,7 +156,14 @@ def test_an_unknown_field_is_named():
         ("instance_group [ { count: 100 } ]", "100 instances", "pool:64"),
         ('parameters { key: "intra_op_thread_count" value { string_value: "2" } }', "intra_op", ""),
         ('name: "other"', "'other'", "must match"),
-        ("optimization { graph { level: 1 } }", "optimization.graph.level", "session options"),
+        ("optimization { graph { level: 1 } }", "optimization.graph.level", "at its default"),
+        ("optimization { input_pinned_memory { enable: true } }", "input_pinned_memory", "pinned"),
+        (
+            "optimization { execution_accelerators { cpu_execution_accelerator [ { "
+            'name: "openvino" parameters { key: "precision" value: "FP16" } } ] } }',
+            "cpu_execution_accelerator[0].parameters",
+            "no provider options",
+        ),
         (
             "optimization { execution_accelerators { gpu_execution_accelerator "
             '[ { name: "tensorrt" } ] } }',
@@ -148,9 +171,28 @@ def test_an_unknown_field_is_named():
             "KIND_GPU",
         ),
         (
-            'model_warmup [ { name: "w" inputs { key: "X" value { random_data: true } } } ]',
-            "random_data",
-            "zero_data",
+            'model_warmup [ { name: "w" batch_size: 1 inputs { key: "X" value { '
+            "data_type: TYPE_FP32 dims: [ 4 ] } } } ]",
+            "model_warmup[0] ('w').inputs['X']",
+            "sets none of zero_data",
+        ),
+        (
+            'model_warmup [ { name: "w" batch_size: 9 inputs { key: "X" value { '
+            "data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]",
+            "batch_size must be from 1 to 1 (max_batch_size 0)",
+            "got 9",
+        ),
+        (
+            'model_warmup [ { name: "w" batch_size: 1 inputs { key: "X" value { '
+            'data_type: TYPE_FP32 dims: [ 4 ] input_data_file: "../x" } } } ]',
+            "input_data_file '../x'",
+            "plain file name",
+        ),
+        (
+            'model_warmup [ { name: "w" batch_size: 1 inputs { key: "X" value { '
+            "data_type: TYPE_FP32 dims: [ -1 ] random_data: true } } } ]",
+            "dims must hold sizes >= 1",
+            "",
         ),
         ('cc_model_filenames { key: "7.5" value: "a.onnx" }', "cc_model_filenames", ""),
         ('default_model_filename: "../x.onnx"', "model_filename", "plain file name"),
@@ -412,3 +454,185 @@ def test_outputs_without_an_order_cannot_be_classified(values: np.ndarray):
 
     with pytest.raises(InvalidInput, match="rank"):
         top_classes("y", values, 1, batched=False)
+
+
+# -- model_warmup ----------------------------------------------------------------------------
+
+WARM = """
+name: "linear"
+max_batch_size: 8
+model_warmup [ {
+  name: "%s" batch_size: 2 count: 3
+  inputs { key: "X" value { data_type: TYPE_FP32 dims: [ 4 ] %s } }
+} ]
+"""
+
+
+def _warm_model(root: Path, sample: str, data: str, name: str = "w") -> None:
+    add_model(root, "linear", build_linear())
+    (root / "linear" / "config.pbtxt").write_text(WARM % (name, data))
+
+
+def test_a_warmup_file_is_read_from_the_warmup_folder_and_runs_count_times(tmp_path: Path):
+    values = np.arange(8, dtype=np.float32).reshape(2, 4)
+    _warm_model(tmp_path, "", 'input_data_file: "x.raw"')
+    (tmp_path / "linear" / "warmup").mkdir()
+    (tmp_path / "linear" / "warmup" / "x.raw").write_bytes(values.tobytes())
+    config = Repository(tmp_path).entry("linear").config
+    (sample,) = config.warmup_samples
+    assert (sample.batch_size, sample.count) == (2, 3)
+    np.testing.assert_array_equal(warmup_feed(sample, batched=True)["X"], values)
+    with Host(tmp_path) as host:
+        host.load("linear")
+        (version,) = host.status("linear").versions
+        assert version.runs == 3  # no dynamic_batching: no probe; the sample's three runs
+
+
+def test_random_data_is_random_and_of_the_sample_shape():
+    (sample,) = parse(WARM % ("w", "random_data: true")).warmup_samples
+    feed = warmup_feed(sample, batched=True)["X"]
+    assert feed.shape == (2, 4)
+    assert feed.dtype == np.float32
+    assert len(np.unique(feed)) == 8
+
+
+def test_a_warmup_file_of_the_wrong_size_is_refused_with_the_sizes(tmp_path: Path):
+    _warm_model(tmp_path, "", 'input_data_file: "x.raw"')
+    (tmp_path / "linear" / "warmup").mkdir()
+    (tmp_path / "linear" / "warmup" / "x.raw").write_bytes(b"\0" * 31)
+    error = Repository(tmp_path).entry("linear").error
+    assert isinstance(error, ModelConfigError)
+    assert "31 bytes, but 8 elements of TYPE_FP32 take 32" in str(error), error
+
+
+def test_a_warmup_file_linked_out_of_the_model_folder_is_refused(tmp_path: Path):
+    _warm_model(tmp_path, "", 'input_data_file: "x.raw"')
+    (tmp_path / "secret").write_bytes(b"\0" * 32)
+    (tmp_path / "linear" / "warmup").mkdir()
+    (tmp_path / "linear" / "warmup" / "x.raw").symlink_to(tmp_path / "secret")
+    error = Repository(tmp_path).entry("linear").error
+    assert isinstance(error, ModelConfigError)
+    assert "resolves outside the model's folder" in str(error), error
+
+
+def test_a_missing_warmup_file_is_refused(tmp_path: Path):
+    _warm_model(tmp_path, "", 'input_data_file: "x.raw"')
+    error = Repository(tmp_path).entry("linear").error
+    assert isinstance(error, ModelConfigError)
+    assert "no such file in the model's warmup/ folder" in str(error), error
+
+
+def test_bytes_warmup_data_is_read_as_triton_lays_it_out():
+    data = b"".join(len(w).to_bytes(4, "little") + w for w in (b"ab", b"", b"xyz"))
+    sample = WarmupSample(
+        "s", 3, 1, (WarmupInput("S", "TYPE_STRING", (), "input_data_file", data),)
+    )
+    assert list(warmup_feed(sample, batched=True)["S"]) == [b"ab", b"", b"xyz"]
+
+
+def test_a_warmup_sample_of_another_type_than_the_models_fails_the_load(tmp_path: Path):
+    add_model(tmp_path, "linear", build_linear())
+    (tmp_path / "linear" / "config.pbtxt").write_text(
+        'max_batch_size: 8\nmodel_warmup [ { name: "half" batch_size: 1 inputs { '
+        'key: "X" value { data_type: TYPE_FP16 dims: [ 4 ] zero_data: true } } } ]'
+    )
+    with Host(tmp_path) as host, pytest.raises(corral.ModelLoadError) as caught:
+        host.load("linear")
+    assert "warm-up sample 'half' gives input 'X' as TYPE_FP16" in str(caught.value)
+
+
+def test_a_failing_warmup_sample_fails_the_load_naming_it(tmp_path: Path):
+    add_model(tmp_path, "linear", build_linear())
+    (tmp_path / "linear" / "config.pbtxt").write_text(
+        'max_batch_size: 8\nmodel_warmup [ { name: "wrong-shape" batch_size: 1 inputs { '
+        'key: "X" value { data_type: TYPE_FP32 dims: [ 5 ] zero_data: true } } } ]'
+    )
+    with Host(tmp_path) as host, pytest.raises(corral.ModelLoadError) as caught:
+        host.load("linear")
+    assert "warm-up sample 'wrong-shape' failed" in str(caught.value), caught.value
+
+
+# -- default_queue_policy --------------------------------------------------------------------
+
+QUEUE_POLICY = """
+max_batch_size: 8
+dynamic_batching { default_queue_policy { default_timeout_microseconds: 1 %s } }
+"""
+
+
+def test_the_queue_policy_maps_its_timeout_and_override():
+    config = parse(QUEUE_POLICY % "allow_timeout_override: true")
+    assert config.queue_timeout_us == 1
+    assert config.queue_timeout_override is True
+    assert parse(QUEUE_POLICY % "").queue_timeout_override is False
+
+
+def _queued_past_the_default_timeout(tmp_path: Path, override: str, timeout: float | None) -> Any:
+    """Answer to one request for 'linear' queued behind held compute workers, then released."""
+    # One run per request, so that each blocker holds one compute worker.
+    add_model(tmp_path, "slow", build_linear(), toml="max_batch_size = 0\n")
+    add_model(tmp_path, "linear", build_linear())
+    (tmp_path / "linear" / "config.pbtxt").write_text(QUEUE_POLICY % override)
+    with Host(tmp_path) as host:
+        assert host.preload() == {}
+        gate, blockers = hold_compute_workers(host)
+        try:
+            answer = host.submit("linear", {"X": np.ones((1, 4), np.float32)}, timeout=timeout)
+        finally:
+            gate.open.set()
+            for blocker in blockers:
+                blocker.result(timeout=30)
+        try:
+            return answer.result(timeout=30)
+        except corral.DeadlineExceeded as exc:
+            return exc
+
+
+def test_a_request_queued_past_the_default_timeout_is_deadline_exceeded(tmp_path: Path):
+    assert isinstance(_queued_past_the_default_timeout(tmp_path, "", None), corral.DeadlineExceeded)
+
+
+def test_without_override_the_default_timeout_holds_over_the_requests(tmp_path: Path):
+    answer = _queued_past_the_default_timeout(tmp_path, "", 30.0)
+    assert isinstance(answer, corral.DeadlineExceeded)
+
+
+def test_with_override_a_requests_own_timeout_replaces_the_default(tmp_path: Path):
+    answer = _queued_past_the_default_timeout(tmp_path, "allow_timeout_override: true", 30.0)
+    assert set(answer) == {"Y"}
+
+
+@pytest.mark.timeout(120)
+def test_the_server_answers_504_for_a_request_queued_past_the_default_timeout(tmp_path: Path):
+    import json
+    import urllib.error
+    import urllib.request
+
+    from tests.processes import start_server, stop_server
+
+    repo = tmp_path / "repo"
+    add_model(repo, "linear", build_linear())
+    add_model(repo, "patient", build_linear())
+    # 1 µs: the request's deadline has passed by the time a compute worker takes it.
+    (repo / "linear" / "config.pbtxt").write_text(QUEUE_POLICY % "")
+    (repo / "patient" / "config.pbtxt").write_text("max_batch_size: 8\ndynamic_batching { }")
+    body = json.dumps(
+        {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+    ).encode()
+
+    def post(model: str) -> tuple[int, str]:
+        request = urllib.request.Request(f"http://{served.http}/v2/models/{model}/infer", body)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status, answer.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    served = start_server(repo, tmp_path / "serve.log")
+    try:
+        status, text = post("linear")
+        assert status == 504, text
+        status, text = post("patient")
+        assert status == 200, text
+    finally:
+        stop_server(served)
