@@ -8,10 +8,13 @@ that it does not get it.
 
 What is honoured (the codecs take the binary extension's own parameters before this check):
 
-* on the request: ``timeout`` (microseconds, 0: none) and ``binary_data_output`` (HTTP);
-  ``sequence_id``, ``sequence_start``, ``sequence_end`` and ``priority`` only at their
-  defaults (0, an empty string, false), which ask for nothing: corral has no sequence batcher
-  and one priority level;
+* on the request: ``timeout`` (microseconds, 0: none), ``binary_data_output`` (HTTP) and
+  ``triton_enable_empty_final_response`` (perf_analyzer sends it): it asks a decoupled model
+  to mark its last response; corral's models are not decoupled, so each request's one
+  response is its final one, as Triton answers a model that is not decoupled, whatever the
+  value. ``sequence_id``, ``sequence_start``, ``sequence_end`` and ``priority`` are taken only
+  at their defaults (0, an empty string, false), which ask for nothing: corral has no sequence
+  batcher and one priority level;
 * on an input: the system shared memory extension's ``shared_memory_region``,
   ``shared_memory_byte_size`` and ``shared_memory_offset``;
 * on a requested output: ``classification`` (the classification extension) and the same three
@@ -38,7 +41,9 @@ SHARED_MEMORY_PARAMETERS = frozenset(
     {"shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"}
 )
 #: Request parameters corral honours.
-REQUEST_PARAMETERS = frozenset({"timeout", "binary_data_output"})
+REQUEST_PARAMETERS = frozenset(
+    {"timeout", "binary_data_output", "triton_enable_empty_final_response"}
+)
 #: Request parameters accepted only at their defaults (0, "", false), which ask for nothing.
 DEFAULT_ONLY_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "priority")
 #: Input parameters corral honours (``binary_data_size`` is the HTTP codec's own).
