@@ -201,9 +201,9 @@ def test_three_times_capacity_admits_with_bounded_p99_and_refuses_the_rest_at_on
                 return capacity, sent, answers
 
         # The load generator shares the process with the server and with what the suite left
-        # on the heap: a full collection over that heap, in the middle of the measurement,
-        # stalls server and client alike for a second (seen in whole-suite runs). Frozen,
-        # the collector scans only what this test makes.
+        # on the heap. Stalls of about 1.2 s, server and client alike, were seen only in
+        # whole-suite runs; a full collection over that heap is the likely cause. Frozen, the
+        # collector scans only what this test makes.
         gc.collect()
         gc.freeze()
         try:
