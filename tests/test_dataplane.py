@@ -67,6 +67,21 @@ def test_model_ready_loads_the_model_and_unknown_models_are_not_found(versioned_
             asyncio.run(plane.model_ready("mlp", "7"))
 
 
+@pytest.mark.timeout(60)
+def test_readiness_requests_at_once_for_a_model_not_loaded_load_it_once(versioned_repo: Path):
+    with Host(versioned_repo) as host:
+        plane = DataPlane(host)
+
+        async def ask() -> list[bool]:
+            return await asyncio.gather(*(plane.model_ready("mlp") for _ in range(16)))
+
+        assert asyncio.run(ask()) == [True] * 16
+        assert host.stats().loads == 1  # one load, whichever request started it
+        asyncio.run(plane.unload("mlp"))
+        assert asyncio.run(ask()) == [False] * 16  # unloaded through the protocol: not loaded
+        assert host.stats().loads == 1
+
+
 def test_metadata_and_config_describe_the_signature(versioned_repo: Path):
     with Host(versioned_repo) as host:
         plane = DataPlane(host)
