@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ import pytest
 import corral
 from corral import Host
 from corral._errors import ModelConfigError, ModelLoadError
+from corral._overrides import Uploads, check_upload_paths
 from corral.protocol import DataPlane
 from corral.server.http import HttpApp
 from corral.testing import build_linear
@@ -314,3 +317,95 @@ def test_stock_clients_load_with_config_and_files(repo: Path, tmp_path: Path):
             client.close()
     finally:
         stop_server(served)
+
+
+# -- the upload folder, as a unit ------------------------------------------------------------
+
+
+def test_an_empty_file_set_is_a_config_error():
+    with pytest.raises(ModelConfigError, match="no files were given to load"):
+        check_upload_paths({})
+
+
+@pytest.mark.parametrize(
+    ("files", "named"),
+    [
+        ({5: b"x"}, "file path 5 must be a string"),
+        ({"1/model.onnx": "text"}, "file '1/model.onnx' must be given as bytes, got str"),
+    ],
+)
+def test_a_path_or_content_of_the_wrong_type_is_refused(files: dict, named: str):
+    with pytest.raises(corral.UploadRefused) as caught:
+        check_upload_paths(files)
+    assert named in str(caught.value), caught.value
+
+
+def test_bytes_like_content_is_taken_as_bytes():
+    checked = check_upload_paths({"1/model.onnx": bytearray(b"ab"), "labels.txt": memoryview(b"c")})
+    assert checked == {"1/model.onnx": b"ab", "labels.txt": b"c"}
+    assert all(type(content) is bytes for content in checked.values())
+
+
+def test_a_file_set_that_cannot_be_laid_out_is_refused_and_leaves_nothing():
+    # A file "1" and a folder "1" cannot both exist: the write fails, the staging goes.
+    uploads = Uploads()
+    try:
+        files = check_upload_paths({"1/model.onnx": b"m", "1": b"f"})
+        with pytest.raises(ModelConfigError, match="cannot write the files of model 'both'"):
+            uploads.write("both", files)
+        assert uploads.root is not None
+        assert os.listdir(uploads.root) == []
+    finally:
+        uploads.close()
+
+
+def test_after_close_uploads_are_refused_and_close_is_idempotent():
+    uploads = Uploads()
+    folder = uploads.write("m", {"1/model.onnx": b"m"})
+    root = uploads.root
+    uploads.close()
+    uploads.close()
+    assert root is not None
+    assert not os.path.exists(root)
+    assert not os.path.exists(folder)
+    with pytest.raises(ModelConfigError, match="uploads are closed"):
+        uploads.write("m", {"1/model.onnx": b"m"})
+    assert uploads.root is None
+
+
+def test_removing_a_folder_already_gone_or_none_is_quiet(caplog: pytest.LogCaptureFixture):
+    uploads = Uploads()
+    try:
+        folder = uploads.write("m", {"1/model.onnx": b"m"})
+        uploads.remove(folder)
+        assert not os.path.exists(folder)
+        uploads.remove(folder)  # a second time: already gone
+        uploads.remove(None)
+    finally:
+        uploads.close()
+    assert caplog.records == []
+
+
+def test_a_folder_that_cannot_be_removed_is_logged_not_raised(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+):
+    uploads = Uploads()
+    folder = uploads.write("m", {"1/model.onnx": b"m"})
+    root = uploads.root
+    assert root is not None
+
+    def refuse(path: str) -> None:
+        raise PermissionError(13, "Permission denied", path)
+
+    with monkeypatch.context() as patch:
+        # A read-only or busy file system; chmod cannot stage it for root.
+        patch.setattr(shutil, "rmtree", refuse)
+        with caplog.at_level(logging.WARNING, logger="corral._overrides"):
+            uploads.remove(folder)
+            uploads.close()
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 2, messages
+    assert all("cannot remove the uploaded files" in m for m in messages), messages
+    assert uploads.root is None  # closed all the same: later uploads are refused
+    assert os.path.exists(os.path.join(folder, "1", "model.onnx"))
+    shutil.rmtree(root)
