@@ -12,8 +12,8 @@ import corral
 from corral import Host
 from corral._config import ModelConfig, TensorConfig, VersionPolicy, WarmupInput, WarmupSample
 from corral._errors import ModelConfigError
-from corral._pbtxt import parse_pbtxt, warmup_feed
-from corral._repository import Repository
+from corral._pbtxt import MAX_WARMUP_BYTES, parse_pbtxt, warmup_feed
+from corral._repository import MAX_LABELS_BYTES, Repository
 from corral.testing import build_linear
 from tests.gates import hold_compute_workers
 from tests.helpers import add_model, build_reshape
@@ -768,3 +768,74 @@ def test_declaring_some_inputs_but_not_all_fails_the_load_naming_the_rest(tmp_pa
     with Host(tmp_path) as host, pytest.raises(ModelConfigError) as caught:
         host.load("twoin")
     assert "config.pbtxt declares inputs but not the model's 'S'" in str(caught.value)
+
+
+def _labels_at(root: Path, make: Any) -> BaseException | None:
+    add_model(root / "repo", "linear", build_linear())
+    folder = root / "repo" / "linear"
+    (folder / "config.pbtxt").write_text(
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1, 1 ] label_filename: "labels.txt" } ]'
+    )
+    make(folder / "labels.txt", root)
+    return Repository(root / "repo").entry("linear").error
+
+
+def _sparse(path: Path, size: int) -> None:
+    path.parent.mkdir(exist_ok=True)
+    with path.open("wb") as file:
+        file.truncate(size)  # a hole: no disk written
+
+
+def _outside_the_root(path: Path, root: Path) -> None:
+    (root / "elsewhere.txt").write_text("a\n")
+    path.symlink_to(root / "elsewhere.txt")
+
+
+@pytest.mark.parametrize(
+    ("make", "named"),
+    [
+        (lambda path, root: None, "no such file in the model's folder"),
+        (
+            lambda path, root: path.symlink_to(path.parent / "gone.txt"),
+            "cannot read it: [Errno 2] it is a symlink to a path that does not exist",
+        ),
+        (_outside_the_root, "resolves outside the repository root"),
+        (lambda path, root: path.mkdir(), "not a regular file"),
+        (
+            lambda path, root: _sparse(path, MAX_LABELS_BYTES + 1),
+            f"{MAX_LABELS_BYTES + 1} bytes is larger than the {MAX_LABELS_BYTES}-byte limit",
+        ),
+        (lambda path, root: path.write_bytes(b"caf\xe9\n"), "not UTF-8 text"),
+    ],
+    ids=["missing", "dangling", "outside", "folder", "too large", "not utf-8"],
+)
+def test_a_label_file_that_cannot_be_read_is_refused_naming_it(
+    tmp_path: Path, make: Any, named: str
+):
+    error = _labels_at(tmp_path, make)
+    assert isinstance(error, ModelConfigError)
+    assert "output[0].label_filename 'labels.txt'" in str(error), error
+    assert named in str(error), error
+
+
+@pytest.mark.parametrize(
+    ("make", "named"),
+    [
+        (lambda warmup: warmup.write_bytes(b""), "cannot read it: [Errno 20] Not a directory"),
+        (lambda warmup: (warmup / "x.raw").mkdir(parents=True), "not a regular file"),
+        (
+            lambda warmup: _sparse(warmup / "x.raw", MAX_WARMUP_BYTES + 1),
+            f"{MAX_WARMUP_BYTES + 1} bytes is larger than the {MAX_WARMUP_BYTES}-byte limit",
+        ),
+    ],
+    ids=["warmup is a file", "folder", "too large"],
+)
+def test_a_warmup_file_that_cannot_be_read_is_refused_naming_it(
+    tmp_path: Path, make: Any, named: str
+):
+    _warm_model(tmp_path, "", 'input_data_file: "x.raw"')
+    make(tmp_path / "linear" / "warmup")
+    error = Repository(tmp_path).entry("linear").error
+    assert isinstance(error, ModelConfigError)
+    assert "input_data_file 'x.raw'" in str(error), error
+    assert named in str(error), error
