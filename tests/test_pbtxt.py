@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,7 @@ import corral
 from corral import Host
 from corral._config import ModelConfig, TensorConfig, VersionPolicy, WarmupInput, WarmupSample
 from corral._errors import ModelConfigError
-from corral._pbtxt import MAX_WARMUP_BYTES, parse_pbtxt, warmup_feed
+from corral._pbtxt import MAX_WARMUP_BYTES, parse_pbtxt, pbtxt_from_json, warmup_feed
 from corral._repository import MAX_LABELS_BYTES, Repository
 from corral.testing import build_linear
 from tests.gates import hold_compute_workers
@@ -72,6 +74,18 @@ def test_the_fields_corral_honours_map_onto_its_config():
     assert config.parameters == (("team", "fraud"),)
     assert config.inputs == (TensorConfig("X", "TYPE_FP32", (4,)),)
     assert config.outputs == (TensorConfig("Y", "TYPE_FP32", (1,)),)
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("", VersionPolicy("latest", 1)),
+        ("version_policy { all { } }", VersionPolicy("all")),
+        ("version_policy { latest { num_versions: 2 } }", VersionPolicy("latest", 2)),
+    ],
+)
+def test_each_version_policy_maps_onto_corrals(policy: str, expected: VersionPolicy):
+    assert parse(LINEAR + policy).version_policy == expected
 
 
 def test_preferring_max_batch_size_is_what_corral_batches_anyway():
@@ -240,6 +254,12 @@ def test_an_unknown_field_is_named():
             'data_type: TYPE_FP32 dims: [ 4 ] input_data_file: "x.raw" } } } ]',
             "input_data_file",
             "no model folder to read from",
+        ),
+        (  # a field with no reason of its own: the general one
+            'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] '
+            "is_non_linear_format_io: true } ]",
+            "input[0].is_non_linear_format_io is set (True)",
+            "corral does not honour this field; remove it",
         ),
         ("instance_group [ { kind: KIND_MODEL } ]", "instance_group[0].kind KIND_MODEL", ""),
         ("instance_group [ { count: -2 } ]", "instance_group[0].count must be >= 0, got -2", ""),
@@ -839,3 +859,31 @@ def test_a_warmup_file_that_cannot_be_read_is_refused_naming_it(
     assert isinstance(error, ModelConfigError)
     assert "input_data_file 'x.raw'" in str(error), error
     assert named in str(error), error
+
+
+def _make_absent(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
+    # A None entry in sys.modules makes the import fail; the parent's attribute must go too,
+    # or ``from parent import module`` finds it there.
+    parent, _, child = module.rpartition(".")
+    monkeypatch.setitem(sys.modules, module, None)
+    monkeypatch.delattr(importlib.import_module(parent), child, raising=False)
+
+
+@pytest.mark.parametrize(
+    "module", ["google.protobuf.text_format", "corral._proto.model_config_pb2"]
+)
+def test_without_protobuf_a_config_pbtxt_names_the_install(
+    monkeypatch: pytest.MonkeyPatch, module: str
+):
+    _make_absent(monkeypatch, module)
+    message = refused(LINEAR)
+    assert "reading a config.pbtxt needs protobuf" in message, message
+    assert "pip install 'corral[grpc]'" in message, message
+    assert "ModuleNotFoundError" in message, message
+
+
+def test_without_protobuf_a_json_config_names_the_install(monkeypatch: pytest.MonkeyPatch):
+    _make_absent(monkeypatch, "google.protobuf.json_format")
+    with pytest.raises(ModelConfigError) as caught:
+        pbtxt_from_json("{}", source="load config")
+    assert "pip install 'corral[grpc]'" in str(caught.value)
