@@ -220,6 +220,27 @@ def test_http_refuses_unknown_unload_parameters_and_fields(host: Host):
     assert answer.status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("action", "body", "named"),
+    [
+        ("load", {"parameters": ["config"]}, "'linear': 'parameters' must be a JSON object"),
+        ("load", ["parameters"], 'the request must be a JSON object {"parameters": {...}}'),
+        (
+            "unload",
+            {"parameters": {"unload_dependents": "yes"}},
+            "'unload_dependents' must be true or false",
+        ),
+    ],
+)
+def test_http_refuses_control_bodies_of_the_wrong_shape(
+    host: Host, action: str, body: Any, named: str
+):
+    answer = post(host, f"/v2/repository/models/linear/{action}", body)
+    assert answer.status_code == 400
+    assert named in answer.json()["error"], answer.text
+    assert host.repository.override("linear") is None
+
+
 def test_http_uploads_base64_files(host: Host):
     model = build_linear(seed=5)
     body = {

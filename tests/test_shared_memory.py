@@ -493,6 +493,37 @@ def test_http_routes_refuse_what_they_do_not_take(repo: Path, objects: ShmObject
     assert off[7] == (200, [])
 
 
+@pytest.mark.timeout(30)
+def test_http_register_bodies_and_unknown_actions_are_refused_by_name(repo: Path):
+    import httpx
+
+    from corral.server.http import HttpApp
+
+    register = "/v2/systemsharedmemory/region/r/register"
+    refused = [
+        (register, b"{not json", 400, "the register request is not JSON"),
+        (register, b'["/k", 8]', 400, 'must be {"key": ..., "byte_size": ...}'),
+        (register, b'{"byte_size": 8}', 400, "has no 'key' field (a string)"),
+        (register, b'{"key": 5, "byte_size": 8}', 400, "has no 'key' field (a string)"),
+        (register, b'{"key": "/k", "byte_size": "8"}', 400, "'byte_size' must be a non-negative"),
+        (register, b'{"key": "/k", "offset": -1, "byte_size": 8}', 400, "'offset' must be"),
+        ("/v2/systemsharedmemory/region/r/frobnicate", b"", 404, "no such shared memory endpoint"),
+        ("/v2/systemsharedmemory/register", b"{}", 404, "no such shared memory endpoint"),
+    ]
+
+    async def calls(app: HttpApp) -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://corral") as client:
+            return [await client.post(path, content=body) for path, body, _, _ in refused]
+
+    with Host(repo) as host, SharedMemoryRegistry() as registry:
+        answers = asyncio.run(calls(HttpApp(DataPlane(host, shared_memory=registry))))
+        assert len(registry) == 0
+    for (path, body, status, named), answer in zip(refused, answers, strict=True):
+        assert answer.status_code == status, (path, body, answer.text)
+        assert named in answer.json()["error"], (path, body, answer.text)
+
+
 # -- a real server, with tritonclient --------------------------------------------------------
 
 
