@@ -624,6 +624,23 @@ def test_a_failing_warmup_sample_fails_the_load_naming_it(tmp_path: Path):
     assert "warm-up sample 'wrong-shape' failed" in str(caught.value), caught.value
 
 
+def test_an_unnamed_warmup_sample_for_an_input_the_model_lacks_fails_the_load(tmp_path: Path):
+    add_model(tmp_path, "linear", build_linear())
+    (tmp_path / "linear" / "config.pbtxt").write_text(
+        "max_batch_size: 8\nmodel_warmup [ { batch_size: 1 inputs { "
+        'key: "Z" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]'
+    )
+    with Host(tmp_path) as host:
+        with pytest.raises(corral.ModelLoadError) as caught:
+            host.load("linear")
+        # Named as the sample's mistake, not as the model's input 'X' it leaves out.
+        assert (
+            "a warm-up sample gives input 'Z', which the model does not have; its inputs "
+            "are 'X'" in str(caught.value)
+        ), caught.value
+        assert host.status("linear").state is corral.ModelState.FAILED
+
+
 # -- default_queue_policy --------------------------------------------------------------------
 
 QUEUE_POLICY = """
