@@ -20,7 +20,7 @@ from corral import Host
 from corral._errors import ModelConfigError, ModelLoadError
 from corral._overrides import Uploads, check_upload_paths
 from corral.protocol import DataPlane
-from corral.server.http import HttpApp
+from corral.server.http import DECODE_INLINE_BYTES, HttpApp
 from corral.testing import build_linear
 from tests.helpers import add_model, reference_run
 
@@ -253,6 +253,30 @@ def test_http_uploads_base64_files(host: Host):
     np.testing.assert_array_equal(
         host.infer("fresh", {"X": X})["Y"], reference_run(model, {"X": X})[0]
     )
+
+
+def test_http_a_large_load_body_is_read_as_a_small_one(host: Host):
+    # Past DECODE_INLINE_BYTES the body is decoded off the event loop: the same answer.
+    labels = "".join(f"class-{i:06d}\n" for i in range(6000)).encode()
+    assert len(base64.b64encode(labels)) > DECODE_INLINE_BYTES
+    body = {
+        "parameters": {
+            "config": '{"version_policy": {"all": {}}, "output": [{"name": "Y", '
+            '"data_type": "TYPE_FP32", "dims": [-1, 1], "label_filename": "labels.txt"}]}',
+            "file:1/model.onnx": base64.b64encode(build_linear(seed=6)).decode(),
+            "file:labels.txt": base64.b64encode(labels).decode(),
+        }
+    }
+    assert post(host, "/v2/repository/models/fresh/load", body).status_code == 200
+    with host.acquire("fresh") as lease:
+        assert lease.config.outputs[0].labels[-1] == "class-005999"
+
+    async def config() -> httpx.Response:
+        transport = httpx.ASGITransport(app=HttpApp(DataPlane(host)))
+        async with httpx.AsyncClient(transport=transport, base_url="http://corral") as client:
+            return await client.get("/v2/models/fresh/config")
+
+    assert asyncio.run(config()).json()["version_policy"] == {"all": {}}
 
 
 # -- a real server, stock clients ------------------------------------------------------------

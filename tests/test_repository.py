@@ -779,3 +779,23 @@ def test_every_problem_of_a_model_is_named_together(root: Path, linear_model: by
     assert str(error).startswith("model 'm' has 2 problems: "), error
     assert "2/model.onnx is not a regular file" in str(error)
     assert "3/model.onnx is not a regular file" in str(error)
+
+
+def test_a_dangling_version_link_is_no_version(root: Path, linear_model: bytes):
+    # As a version folder without its model file: a version being replaced, not an error.
+    add_model(root, "m", linear_model)
+    (root / "m" / "2").symlink_to(root / "m" / "not-yet")
+    entry = Repository(root).entry("m")
+    assert entry.error is None
+    assert list(entry.versions) == [1]
+
+
+def test_a_repository_removed_under_it_is_an_error_not_a_missing_model(
+    root: Path, linear_model: bytes
+):
+    add_model(root, "m", linear_model)
+    repo = Repository(root)
+    assert repo.entry("m").error is None
+    shutil.rmtree(root)
+    with pytest.raises(RepositoryError, match="is gone"):
+        repo.entry("m")
