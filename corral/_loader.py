@@ -610,8 +610,13 @@ def _run_warmup_sample(session: Session, sample: WarmupSample, *, batched: bool)
     specs = {spec.name: spec for spec in session.signature.inputs}
     for item in sample.inputs:
         spec = specs.get(item.name)
+        if spec is None:
+            raise ModelLoadError(
+                f"{session.name!r}: {shown} gives input {item.name!r}, which the model does "
+                f"not have; its inputs are {', '.join(repr(name) for name in specs)}"
+            )
         # As in Triton, a sample's type is the input's: no cast, even a safe one.
-        if spec is not None and triton_type(spec) != item.data_type:
+        if triton_type(spec) != item.data_type:
             raise ModelLoadError(
                 f"{session.name!r}: {shown} gives input {item.name!r} as {item.data_type}, "
                 f"but the model's is {triton_type(spec) or spec.onnx_type} ({spec.describe()})"

@@ -531,8 +531,6 @@ def _warmup(
     for index, sample in enumerate(samples):
         field = f"model_warmup[{index}]"
         shown = f"{field} ({sample.name!r})" if sample.name else field
-        if sample.count < 0:
-            raise ModelConfigError(f"{shown}.count must be >= 0, got {sample.count}")
         # Triton: batch_size must be >= 1, and 1 for a model that does not batch.
         limit = max_batch_size or 1
         if not 1 <= sample.batch_size <= limit:

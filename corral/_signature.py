@@ -375,7 +375,9 @@ class ReshapedSignature(Signature):
         try:
             return value.reshape(target)
         except ValueError:
-            # Only a variable dimension can get here: the fixed sizes were checked at load.
+            # An output the model gives in another shape than it declares (onnxruntime only
+            # warns). An input cannot get here: it was checked against its dims, and the
+            # config check made the reshape keep any such shape's element count.
             message = (
                 f"{kind} {name!r} of shape {list(value.shape)} cannot be reshaped to "
                 f"{list(target)} (the config.pbtxt's reshape): its element count does not fit"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,8 +18,9 @@ import pytest
 import corral
 from corral import Host
 from corral._errors import ModelConfigError, ModelLoadError
+from corral._overrides import Uploads, check_upload_paths
 from corral.protocol import DataPlane
-from corral.server.http import HttpApp
+from corral.server.http import DECODE_INLINE_BYTES, HttpApp
 from corral.testing import build_linear
 from tests.helpers import add_model, reference_run
 
@@ -217,6 +220,27 @@ def test_http_refuses_unknown_unload_parameters_and_fields(host: Host):
     assert answer.status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("action", "body", "named"),
+    [
+        ("load", {"parameters": ["config"]}, "'linear': 'parameters' must be a JSON object"),
+        ("load", ["parameters"], 'the request must be a JSON object {"parameters": {...}}'),
+        (
+            "unload",
+            {"parameters": {"unload_dependents": "yes"}},
+            "'unload_dependents' must be true or false",
+        ),
+    ],
+)
+def test_http_refuses_control_bodies_of_the_wrong_shape(
+    host: Host, action: str, body: Any, named: str
+):
+    answer = post(host, f"/v2/repository/models/linear/{action}", body)
+    assert answer.status_code == 400
+    assert named in answer.json()["error"], answer.text
+    assert host.repository.override("linear") is None
+
+
 def test_http_uploads_base64_files(host: Host):
     model = build_linear(seed=5)
     body = {
@@ -229,6 +253,30 @@ def test_http_uploads_base64_files(host: Host):
     np.testing.assert_array_equal(
         host.infer("fresh", {"X": X})["Y"], reference_run(model, {"X": X})[0]
     )
+
+
+def test_http_a_large_load_body_is_read_as_a_small_one(host: Host):
+    # Past DECODE_INLINE_BYTES the body is decoded off the event loop: the same answer.
+    labels = "".join(f"class-{i:06d}\n" for i in range(6000)).encode()
+    assert len(base64.b64encode(labels)) > DECODE_INLINE_BYTES
+    body = {
+        "parameters": {
+            "config": '{"version_policy": {"all": {}}, "output": [{"name": "Y", '
+            '"data_type": "TYPE_FP32", "dims": [-1, 1], "label_filename": "labels.txt"}]}',
+            "file:1/model.onnx": base64.b64encode(build_linear(seed=6)).decode(),
+            "file:labels.txt": base64.b64encode(labels).decode(),
+        }
+    }
+    assert post(host, "/v2/repository/models/fresh/load", body).status_code == 200
+    with host.acquire("fresh") as lease:
+        assert lease.config.outputs[0].labels[-1] == "class-005999"
+
+    async def config() -> httpx.Response:
+        transport = httpx.ASGITransport(app=HttpApp(DataPlane(host)))
+        async with httpx.AsyncClient(transport=transport, base_url="http://corral") as client:
+            return await client.get("/v2/models/fresh/config")
+
+    assert asyncio.run(config()).json()["version_policy"] == {"all": {}}
 
 
 # -- a real server, stock clients ------------------------------------------------------------
@@ -314,3 +362,95 @@ def test_stock_clients_load_with_config_and_files(repo: Path, tmp_path: Path):
             client.close()
     finally:
         stop_server(served)
+
+
+# -- the upload folder, as a unit ------------------------------------------------------------
+
+
+def test_an_empty_file_set_is_a_config_error():
+    with pytest.raises(ModelConfigError, match="no files were given to load"):
+        check_upload_paths({})
+
+
+@pytest.mark.parametrize(
+    ("files", "named"),
+    [
+        ({5: b"x"}, "file path 5 must be a string"),
+        ({"1/model.onnx": "text"}, "file '1/model.onnx' must be given as bytes, got str"),
+    ],
+)
+def test_a_path_or_content_of_the_wrong_type_is_refused(files: dict, named: str):
+    with pytest.raises(corral.UploadRefused) as caught:
+        check_upload_paths(files)
+    assert named in str(caught.value), caught.value
+
+
+def test_bytes_like_content_is_taken_as_bytes():
+    checked = check_upload_paths({"1/model.onnx": bytearray(b"ab"), "labels.txt": memoryview(b"c")})
+    assert checked == {"1/model.onnx": b"ab", "labels.txt": b"c"}
+    assert all(type(content) is bytes for content in checked.values())
+
+
+def test_a_file_set_that_cannot_be_laid_out_is_refused_and_leaves_nothing():
+    # A file "1" and a folder "1" cannot both exist: the write fails, the staging goes.
+    uploads = Uploads()
+    try:
+        files = check_upload_paths({"1/model.onnx": b"m", "1": b"f"})
+        with pytest.raises(ModelConfigError, match="cannot write the files of model 'both'"):
+            uploads.write("both", files)
+        assert uploads.root is not None
+        assert os.listdir(uploads.root) == []
+    finally:
+        uploads.close()
+
+
+def test_after_close_uploads_are_refused_and_close_is_idempotent():
+    uploads = Uploads()
+    folder = uploads.write("m", {"1/model.onnx": b"m"})
+    root = uploads.root
+    uploads.close()
+    uploads.close()
+    assert root is not None
+    assert not os.path.exists(root)
+    assert not os.path.exists(folder)
+    with pytest.raises(ModelConfigError, match="uploads are closed"):
+        uploads.write("m", {"1/model.onnx": b"m"})
+    assert uploads.root is None
+
+
+def test_removing_a_folder_already_gone_or_none_is_quiet(caplog: pytest.LogCaptureFixture):
+    uploads = Uploads()
+    try:
+        folder = uploads.write("m", {"1/model.onnx": b"m"})
+        uploads.remove(folder)
+        assert not os.path.exists(folder)
+        uploads.remove(folder)  # a second time: already gone
+        uploads.remove(None)
+    finally:
+        uploads.close()
+    assert caplog.records == []
+
+
+def test_a_folder_that_cannot_be_removed_is_logged_not_raised(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+):
+    uploads = Uploads()
+    folder = uploads.write("m", {"1/model.onnx": b"m"})
+    root = uploads.root
+    assert root is not None
+
+    def refuse(path: str) -> None:
+        raise PermissionError(13, "Permission denied", path)
+
+    with monkeypatch.context() as patch:
+        # A read-only or busy file system; chmod cannot stage it for root.
+        patch.setattr(shutil, "rmtree", refuse)
+        with caplog.at_level(logging.WARNING, logger="corral._overrides"):
+            uploads.remove(folder)
+            uploads.close()
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 2, messages
+    assert all("cannot remove the uploaded files" in m for m in messages), messages
+    assert uploads.root is None  # closed all the same: later uploads are refused
+    assert os.path.exists(os.path.join(folder, "1", "model.onnx"))
+    shutil.rmtree(root)

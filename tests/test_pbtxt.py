@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +14,11 @@ import corral
 from corral import Host
 from corral._config import ModelConfig, TensorConfig, VersionPolicy, WarmupInput, WarmupSample
 from corral._errors import ModelConfigError
-from corral._pbtxt import parse_pbtxt, warmup_feed
-from corral._repository import Repository
+from corral._pbtxt import MAX_WARMUP_BYTES, parse_pbtxt, pbtxt_from_json, warmup_feed
+from corral._repository import MAX_LABELS_BYTES, Repository
 from corral.testing import build_linear
 from tests.gates import hold_compute_workers
-from tests.helpers import add_model
+from tests.helpers import add_model, build_reshape
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -72,6 +74,18 @@ def test_the_fields_corral_honours_map_onto_its_config():
     assert config.parameters == (("team", "fraud"),)
     assert config.inputs == (TensorConfig("X", "TYPE_FP32", (4,)),)
     assert config.outputs == (TensorConfig("Y", "TYPE_FP32", (1,)),)
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("", VersionPolicy("latest", 1)),
+        ("version_policy { all { } }", VersionPolicy("all")),
+        ("version_policy { latest { num_versions: 2 } }", VersionPolicy("latest", 2)),
+    ],
+)
+def test_each_version_policy_maps_onto_corrals(policy: str, expected: VersionPolicy):
+    assert parse(LINEAR + policy).version_policy == expected
 
 
 def test_preferring_max_batch_size_is_what_corral_batches_anyway():
@@ -197,6 +211,64 @@ def test_an_unknown_field_is_named():
         ('cc_model_filenames { key: "7.5" value: "a.onnx" }', "cc_model_filenames", ""),
         ('default_model_filename: "../x.onnx"', "model_filename", "plain file name"),
         ('input [ { name: "X" data_type: TYPE_BF16 dims: [ 4 ] } ]', "TYPE_BF16", ""),
+        ("max_batch_size: -1", "max_batch_size must be >= 0, got -1", ""),
+        (
+            "version_policy { latest { num_versions: 0 } }",
+            "version_policy.latest.num_versions must be >= 1, got 0",
+            "",
+        ),
+        (
+            "version_policy { specific { versions: [ 2, 0 ] } }",
+            "version_policy.specific.versions must list versions >= 1, got [2, 0]",
+            "",
+        ),
+        ("version_policy { specific { } }", "must list versions >= 1, got []", ""),
+        ('input [ { name: "X" data_type: TYPE_FP32 dims: [ 0 ] } ]', "input[0].dims", ">= 1 or -1"),
+        ("input [ { data_type: TYPE_FP32 dims: [ 4 ] } ]", "input[0].name is missing", ""),
+        (
+            'parameters { key: "corral.version" value { string_value: "x" } }',
+            "parameters['corral.version']",
+            "corral's own",
+        ),
+        (  # count is a uint32: protobuf refuses a negative one while parsing
+            'model_warmup [ { name: "w" batch_size: 1 count: -1 inputs { key: "X" value { '
+            "data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]",
+            "column 49",
+            "Value out of range: -1",
+        ),
+        ("model_warmup [ { batch_size: 1 } ]", "model_warmup[0] has no inputs", ""),
+        (
+            'model_warmup [ { name: "w" batch_size: 1 inputs { key: "X" value { '
+            "data_type: TYPE_BF16 dims: [ 4 ] zero_data: true } } } ]",
+            "inputs['X'].data_type TYPE_BF16",
+            "not a type corral serves",
+        ),
+        (
+            'model_warmup [ { name: "w" batch_size: 1 inputs { key: "X" value { '
+            "data_type: TYPE_FP32 dims: [ 4 ] random_data: false } } } ]",
+            "inputs['X'].random_data is false",
+            "set it true",
+        ),
+        (
+            'model_warmup [ { name: "w" batch_size: 1 inputs { key: "X" value { '
+            'data_type: TYPE_FP32 dims: [ 4 ] input_data_file: "x.raw" } } } ]',
+            "input_data_file",
+            "no model folder to read from",
+        ),
+        (  # a field with no reason of its own: the general one
+            'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] '
+            "is_non_linear_format_io: true } ]",
+            "input[0].is_non_linear_format_io is set (True)",
+            "corral does not honour this field; remove it",
+        ),
+        ("instance_group [ { kind: KIND_MODEL } ]", "instance_group[0].kind KIND_MODEL", ""),
+        ("instance_group [ { count: -2 } ]", "instance_group[0].count must be >= 0, got -2", ""),
+        (
+            "optimization { execution_accelerators { cpu_execution_accelerator [ { "
+            'name: "tensorrt" } ] } }',
+            "cpu_execution_accelerator[0].name 'tensorrt'",
+            "openvino",
+        ),
     ],
 )
 def test_what_corral_cannot_honour_is_refused_by_name(text: str, named: str, why: str):
@@ -552,6 +624,23 @@ def test_a_failing_warmup_sample_fails_the_load_naming_it(tmp_path: Path):
     assert "warm-up sample 'wrong-shape' failed" in str(caught.value), caught.value
 
 
+def test_an_unnamed_warmup_sample_for_an_input_the_model_lacks_fails_the_load(tmp_path: Path):
+    add_model(tmp_path, "linear", build_linear())
+    (tmp_path / "linear" / "config.pbtxt").write_text(
+        "max_batch_size: 8\nmodel_warmup [ { batch_size: 1 inputs { "
+        'key: "Z" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]'
+    )
+    with Host(tmp_path) as host:
+        with pytest.raises(corral.ModelLoadError) as caught:
+            host.load("linear")
+        # Named as the sample's mistake, not as the model's input 'X' it leaves out.
+        assert (
+            "a warm-up sample gives input 'Z', which the model does not have; its inputs "
+            "are 'X'" in str(caught.value)
+        ), caught.value
+        assert host.status("linear").state is corral.ModelState.FAILED
+
+
 # -- default_queue_policy --------------------------------------------------------------------
 
 QUEUE_POLICY = """
@@ -636,3 +725,182 @@ def test_the_server_answers_504_for_a_request_queued_past_the_default_timeout(tm
         assert status == 200, text
     finally:
         stop_server(served)
+
+
+def _string_sample(data: bytes) -> ModelConfig:
+    text = (
+        'name: "linear"\nmodel_warmup [ { name: "s" batch_size: 1 inputs { key: "S" value { '
+        'data_type: TYPE_STRING dims: [ 2 ] input_data_file: "s.raw" } } } ]'
+    )
+    return parse_pbtxt(
+        text,
+        source="m/config.pbtxt",
+        model_name="linear",
+        read_labels=no_labels,
+        read_warmup=lambda name, field, limit: data,
+    )
+
+
+def _element(value: bytes) -> bytes:
+    return len(value).to_bytes(4, "little") + value
+
+
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        (_element(b"ab"), "ends before element 1 of 2"),
+        (_element(b"ab") + b"\x01\x00", "ends before element 1 of 2"),
+        (_element(b"ab") + (9).to_bytes(4, "little") + b"xy", "element 1 says 9 bytes"),
+        (_element(b"ab") + _element(b"c") + b"!", "holds 1 bytes after its 2 elements"),
+    ],
+)
+def test_a_string_warmup_file_must_hold_exactly_its_elements(data: bytes, named: str):
+    with pytest.raises(ModelConfigError) as caught:
+        _string_sample(data)
+    assert str(caught.value).startswith("m/config.pbtxt: model_warmup[0] ('s').inputs['S']")
+    assert named in str(caught.value), caught.value
+
+
+def test_a_string_warmup_file_of_its_elements_is_fed_as_given():
+    (sample,) = _string_sample(_element(b"ab") + _element(b"")).warmup_samples
+    assert list(warmup_feed(sample, batched=False)["S"]) == [b"ab", b""]
+
+
+@pytest.mark.parametrize(
+    ("data_type", "dtype"),
+    [("TYPE_BOOL", np.bool_), ("TYPE_INT8", np.int8), ("TYPE_UINT64", np.uint64)],
+)
+def test_random_data_of_bool_and_integers_keeps_the_type(data_type: str, dtype: type):
+    sample = WarmupSample("r", 2, 1, (WarmupInput("X", data_type, (64,), "random_data"),))
+    feed = warmup_feed(sample, batched=True)["X"]
+    assert feed.dtype == dtype
+    assert feed.shape == (2, 64)
+    assert len(np.unique(feed)) > 1  # random, not zeros
+
+
+def test_zero_and_random_strings_are_empty_as_in_triton():
+    for kind in ("zero_data", "random_data"):
+        sample = WarmupSample("z", 1, 1, (WarmupInput("S", "TYPE_STRING", (3,), kind),))
+        feed = warmup_feed(sample, batched=False)["S"]
+        assert feed.dtype == object
+        assert list(feed) == [b"", b"", b""]
+
+
+def test_fixing_a_dimension_the_model_leaves_dynamic_fails_its_load(tmp_path: Path):
+    add_model(tmp_path, "linear", build_linear())  # X is [N, 4], N dynamic
+    (tmp_path / "linear" / "config.pbtxt").write_text(
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 3, 4 ] } ]'
+    )
+    with Host(tmp_path) as host, pytest.raises(ModelConfigError) as caught:
+        host.load("linear")
+    assert "fixing dimension 0 at 3 where the model's is dynamic" in str(caught.value)
+    assert "declare -1 there" in str(caught.value)
+
+
+def test_declaring_some_inputs_but_not_all_fails_the_load_naming_the_rest(tmp_path: Path):
+    add_model(tmp_path, "twoin", build_reshape())  # inputs X [N] and S [1]
+    (tmp_path / "twoin" / "config.pbtxt").write_text(
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]'
+    )
+    with Host(tmp_path) as host, pytest.raises(ModelConfigError) as caught:
+        host.load("twoin")
+    assert "config.pbtxt declares inputs but not the model's 'S'" in str(caught.value)
+
+
+def _labels_at(root: Path, make: Any) -> BaseException | None:
+    add_model(root / "repo", "linear", build_linear())
+    folder = root / "repo" / "linear"
+    (folder / "config.pbtxt").write_text(
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1, 1 ] label_filename: "labels.txt" } ]'
+    )
+    make(folder / "labels.txt", root)
+    return Repository(root / "repo").entry("linear").error
+
+
+def _sparse(path: Path, size: int) -> None:
+    path.parent.mkdir(exist_ok=True)
+    with path.open("wb") as file:
+        file.truncate(size)  # a hole: no disk written
+
+
+def _outside_the_root(path: Path, root: Path) -> None:
+    (root / "elsewhere.txt").write_text("a\n")
+    path.symlink_to(root / "elsewhere.txt")
+
+
+@pytest.mark.parametrize(
+    ("make", "named"),
+    [
+        (lambda path, root: None, "no such file in the model's folder"),
+        (
+            lambda path, root: path.symlink_to(path.parent / "gone.txt"),
+            "cannot read it: [Errno 2] it is a symlink to a path that does not exist",
+        ),
+        (_outside_the_root, "resolves outside the repository root"),
+        (lambda path, root: path.mkdir(), "not a regular file"),
+        (
+            lambda path, root: _sparse(path, MAX_LABELS_BYTES + 1),
+            f"{MAX_LABELS_BYTES + 1} bytes is larger than the {MAX_LABELS_BYTES}-byte limit",
+        ),
+        (lambda path, root: path.write_bytes(b"caf\xe9\n"), "not UTF-8 text"),
+    ],
+    ids=["missing", "dangling", "outside", "folder", "too large", "not utf-8"],
+)
+def test_a_label_file_that_cannot_be_read_is_refused_naming_it(
+    tmp_path: Path, make: Any, named: str
+):
+    error = _labels_at(tmp_path, make)
+    assert isinstance(error, ModelConfigError)
+    assert "output[0].label_filename 'labels.txt'" in str(error), error
+    assert named in str(error), error
+
+
+@pytest.mark.parametrize(
+    ("make", "named"),
+    [
+        (lambda warmup: warmup.write_bytes(b""), "cannot read it: [Errno 20] Not a directory"),
+        (lambda warmup: (warmup / "x.raw").mkdir(parents=True), "not a regular file"),
+        (
+            lambda warmup: _sparse(warmup / "x.raw", MAX_WARMUP_BYTES + 1),
+            f"{MAX_WARMUP_BYTES + 1} bytes is larger than the {MAX_WARMUP_BYTES}-byte limit",
+        ),
+    ],
+    ids=["warmup is a file", "folder", "too large"],
+)
+def test_a_warmup_file_that_cannot_be_read_is_refused_naming_it(
+    tmp_path: Path, make: Any, named: str
+):
+    _warm_model(tmp_path, "", 'input_data_file: "x.raw"')
+    make(tmp_path / "linear" / "warmup")
+    error = Repository(tmp_path).entry("linear").error
+    assert isinstance(error, ModelConfigError)
+    assert "input_data_file 'x.raw'" in str(error), error
+    assert named in str(error), error
+
+
+def _make_absent(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
+    # A None entry in sys.modules makes the import fail; the parent's attribute must go too,
+    # or ``from parent import module`` finds it there.
+    parent, _, child = module.rpartition(".")
+    monkeypatch.setitem(sys.modules, module, None)
+    monkeypatch.delattr(importlib.import_module(parent), child, raising=False)
+
+
+@pytest.mark.parametrize(
+    "module", ["google.protobuf.text_format", "corral._proto.model_config_pb2"]
+)
+def test_without_protobuf_a_config_pbtxt_names_the_install(
+    monkeypatch: pytest.MonkeyPatch, module: str
+):
+    _make_absent(monkeypatch, module)
+    message = refused(LINEAR)
+    assert "reading a config.pbtxt needs protobuf" in message, message
+    assert "pip install 'corral[grpc]'" in message, message
+    assert "ModuleNotFoundError" in message, message
+
+
+def test_without_protobuf_a_json_config_names_the_install(monkeypatch: pytest.MonkeyPatch):
+    _make_absent(monkeypatch, "google.protobuf.json_format")
+    with pytest.raises(ModelConfigError) as caught:
+        pbtxt_from_json("{}", source="load config")
+    assert "pip install 'corral[grpc]'" in str(caught.value)

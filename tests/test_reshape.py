@@ -178,6 +178,36 @@ def test_a_reshape_that_is_not_the_models_shape_fails_its_load(tmp_path: Path):
     assert "reshape.shape [4] (after the batch dimension)" in str(caught.value), caught.value
 
 
+def test_an_output_the_model_gives_in_another_shape_than_it_declares_is_an_inference_error(
+    tmp_path: Path,
+):
+    # Y = Reshape(X, S) declared [2, 4]: onnxruntime only warns when S makes it [2, 3].
+    model = _model(
+        [helper.make_node("Reshape", ["X", "S"], ["Y"])],
+        [
+            helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N"]),
+            helper.make_tensor_value_info("S", TensorProto.INT64, [2]),
+        ],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 4])],
+        [],
+    )
+    add_model(tmp_path, "liar", model)
+    (tmp_path / "liar" / "config.pbtxt").write_text(
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] },\n'
+        '        { name: "S" data_type: TYPE_INT64 dims: [ 2 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 8 ] reshape { shape: [ 2, 4 ] } } ]\n'
+    )
+    with Host(tmp_path) as host:
+        x = np.arange(8, dtype=np.float32)
+        np.testing.assert_array_equal(host.infer("liar", {"X": x, "S": np.array([2, 4])})["Y"], x)
+        with pytest.raises(corral.InferenceError) as caught:
+            host.infer("liar", {"X": x[:6], "S": np.array([2, 3])})
+        assert "the model's output 'Y' of shape [2, 3] cannot be reshaped to [8]" in str(
+            caught.value
+        )
+        assert host.status("liar").state is corral.ModelState.READY  # one bad answer, no more
+
+
 # -- a real server, stock clients ------------------------------------------------------------
 
 

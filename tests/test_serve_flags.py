@@ -210,6 +210,23 @@ def test_tritons_spellings_set_corrals_settings(
     assert len(served) == 2
 
 
+def test_spellings_that_are_not_numbers_are_compared_as_given(
+    tmp_path: Path, served: list[ServerSettings], capsys: pytest.CaptureFixture[str]
+):
+    # Compared as text, not as numbers: the differing words are named, not a float error.
+    given = ["serve", str(tmp_path), "--exit-timeout-secs", "soon", "--drain-timeout-s", "later"]
+    assert main(given) == 2
+    err = capsys.readouterr().err
+    assert "--exit-timeout-secs soon and --drain-timeout-s later name the same setting" in err
+    # The same word twice agrees; the setting then refuses it by name.
+    given = ["serve", str(tmp_path), "--exit-timeout-secs", "soon", "--drain-timeout-s", "soon"]
+    assert main(given) != 0
+    err = capsys.readouterr().err
+    assert "--drain-timeout-s (CORRAL_DRAIN_TIMEOUT_S): Input should be a valid number" in err
+    assert "name the same setting" not in err
+    assert served == []
+
+
 def test_allow_client_shm_is_system_shared_memory(
     tmp_path: Path, served: list[ServerSettings], capsys: pytest.CaptureFixture[str]
 ):

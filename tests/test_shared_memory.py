@@ -28,12 +28,15 @@ from corral import Host
 from corral.protocol import DataPlane, InferInput, InferRequest, RequestedOutput
 from corral.protocol.http_codec import decode_request
 from corral.protocol.shm import (
+    OutputRegions,
+    RegistryState,
     SharedMemoryExists,
     SharedMemoryNotFound,
     SharedMemoryReference,
     SharedMemoryRegistry,
     SharedMemoryUnsupported,
     TooManyRegions,
+    pop_reference,
 )
 from tests.gates import RunGate
 from tests.helpers import add_model, build_identity, build_slow_loop, wait_until
@@ -275,6 +278,114 @@ def test_without_a_registry_shared_memory_is_refused_by_name(repo: Path):
         )
 
 
+@pytest.mark.timeout(30)
+def test_the_registry_states_its_limit_and_state_and_refuses_bad_spans(tmp_path: Path):
+    (tmp_path / "data").write_bytes(bytes(64))
+    registry = SharedMemoryRegistry(max_regions=3, directory=tmp_path)
+    assert (registry.state, registry.max_regions) == (RegistryState.OPEN, 3)
+    with pytest.raises(corral.InvalidInput, match="a shared memory region needs a name"):
+        registry.register("", "/data", 0, 8)
+    for offset, byte_size, named in [(-1, 8, "offset"), (0, 8.0, "byte_size"), (True, 8, "offset")]:
+        with pytest.raises(corral.InvalidInput) as caught:
+            registry.register("r", "/data", offset, byte_size)
+        assert f"'r': {named} must be a non-negative integer; got" in str(caught.value)
+    assert len(registry) == 0
+    registry.close()
+    assert registry.state is RegistryState.CLOSED
+
+
+@pytest.mark.timeout(30)
+def test_a_key_that_is_not_a_shared_memory_object_is_refused(tmp_path: Path):
+    os.mkfifo(tmp_path / "pipe")  # opens read-write at once, but is no memory to map
+    with SharedMemoryRegistry(directory=tmp_path) as registry:
+        with pytest.raises(corral.InvalidInput, match="'/pipe' is not a shared memory object"):
+            registry.register("r", "/pipe", 0, 8)
+        assert len(registry) == 0
+
+
+@pytest.mark.parametrize(
+    ("parameters", "named"),
+    [
+        ({"shared_memory_byte_size": 8}, "has shared_memory_byte_size but no shared_memory_"),
+        (
+            {"shared_memory_byte_size": 8, "shared_memory_offset": 0},
+            "has shared_memory_byte_size and shared_memory_offset but no",
+        ),
+        ({"shared_memory_offset": 0}, "has shared_memory_offset but no shared_memory_region"),
+        ({"shared_memory_region": 5, "shared_memory_byte_size": 8}, "a region's name"),
+        ({"shared_memory_region": "", "shared_memory_byte_size": 8}, "got ''"),
+        (
+            {"shared_memory_region": "r", "shared_memory_byte_size": -8},
+            "shared_memory_byte_size must be a non-negative integer; got -8",
+        ),
+        (
+            {
+                "shared_memory_region": "r",
+                "shared_memory_byte_size": 8,
+                "shared_memory_offset": "0",
+            },
+            "shared_memory_offset must be a non-negative integer; got '0'",
+        ),
+    ],
+)
+def test_shared_memory_parameters_are_refused_by_name(parameters: dict, named: str):
+    with pytest.raises(corral.InvalidInput) as caught:
+        pop_reference(dict(parameters), "input 'x'", tensor="x")
+    assert str(caught.value).startswith("input 'x'"), caught.value
+    assert named in str(caught.value), caught.value
+    assert caught.value.tensor == "x"
+
+
+@pytest.mark.timeout(30)
+def test_an_output_region_is_refused_with_binary_data_or_without_a_registry(tmp_path: Path):
+    to_region = {"shared_memory_region": "out", "shared_memory_byte_size": 64}
+    (tmp_path / "out").write_bytes(bytes(64))
+    with SharedMemoryRegistry(directory=tmp_path) as registry:
+        registry.register("out", "/out", 0, 64)
+        with pytest.raises(corral.InvalidInput, match="can't set both 'shared_memory_region'"):
+            OutputRegions.hold(registry, [RequestedOutput("Y", True, dict(to_region))])
+        with pytest.raises(SharedMemoryUnsupported, match="is to go to shared memory region"):
+            OutputRegions.hold(None, [RequestedOutput("Y", None, dict(to_region))])
+        held = OutputRegions.hold(registry, [RequestedOutput("Y", None, {})])
+        assert not held  # no output in shared memory: nothing held
+        held.release()
+        registry.unregister("out")
+        assert len(registry) == 0  # no hold was left behind by the refusals
+
+
+@pytest.mark.timeout(60)
+def test_one_output_in_shared_memory_and_one_in_the_answer(repo: Path, tmp_path: Path):
+    add_model(repo, "simple", build_simple())
+    folder = tmp_path / "shm"
+    folder.mkdir()
+    (folder / "out").write_bytes(bytes(TENSOR_BYTES))
+    request = InferRequest(
+        inputs=(
+            InferInput("INPUT0", "INT32", (1, 16), INPUT0),
+            InferInput("INPUT1", "INT32", (1, 16), INPUT1),
+        ),
+        outputs=(
+            RequestedOutput("OUTPUT0"),
+            RequestedOutput(
+                "OUTPUT1",
+                parameters={"shared_memory_region": "out", "shared_memory_byte_size": 64},
+            ),
+        ),
+    )
+    with SharedMemoryRegistry(directory=folder) as registry, Host(repo) as host:
+        registry.register("out", "/out", 0, TENSOR_BYTES)
+        response = asyncio.run(
+            DataPlane(host, shared_memory=registry).infer("simple", None, request)
+        )
+    first, second = response.outputs
+    assert first.name == "OUTPUT0"
+    np.testing.assert_array_equal(np.asarray(first.data).reshape(1, 16), INPUT0 + INPUT1)
+    assert second.name == "OUTPUT1"
+    assert second.parameters["shared_memory_region"] == "out"
+    written = np.frombuffer((folder / "out").read_bytes(), np.int32).reshape(1, 16)
+    np.testing.assert_array_equal(written, INPUT0 - INPUT1)
+
+
 @pytest.mark.timeout(60)
 def test_unregister_during_a_run_leaves_the_output_region_open_until_written(
     repo: Path, objects: ShmObjects
@@ -380,6 +491,37 @@ def test_http_routes_refuse_what_they_do_not_take(repo: Path, objects: ShmObject
     assert "--system-shared-memory" in off[2][1]["error"]
     assert off[4][0] == 501
     assert off[7] == (200, [])
+
+
+@pytest.mark.timeout(30)
+def test_http_register_bodies_and_unknown_actions_are_refused_by_name(repo: Path):
+    import httpx
+
+    from corral.server.http import HttpApp
+
+    register = "/v2/systemsharedmemory/region/r/register"
+    refused = [
+        (register, b"{not json", 400, "the register request is not JSON"),
+        (register, b'["/k", 8]', 400, 'must be {"key": ..., "byte_size": ...}'),
+        (register, b'{"byte_size": 8}', 400, "has no 'key' field (a string)"),
+        (register, b'{"key": 5, "byte_size": 8}', 400, "has no 'key' field (a string)"),
+        (register, b'{"key": "/k", "byte_size": "8"}', 400, "'byte_size' must be a non-negative"),
+        (register, b'{"key": "/k", "offset": -1, "byte_size": 8}', 400, "'offset' must be"),
+        ("/v2/systemsharedmemory/region/r/frobnicate", b"", 404, "no such shared memory endpoint"),
+        ("/v2/systemsharedmemory/register", b"{}", 404, "no such shared memory endpoint"),
+    ]
+
+    async def calls(app: HttpApp) -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://corral") as client:
+            return [await client.post(path, content=body) for path, body, _, _ in refused]
+
+    with Host(repo) as host, SharedMemoryRegistry() as registry:
+        answers = asyncio.run(calls(HttpApp(DataPlane(host, shared_memory=registry))))
+        assert len(registry) == 0
+    for (path, body, status, named), answer in zip(refused, answers, strict=True):
+        assert answer.status_code == status, (path, body, answer.text)
+        assert named in answer.json()["error"], (path, body, answer.text)
 
 
 # -- a real server, with tritonclient --------------------------------------------------------

@@ -293,6 +293,51 @@ def test_inflated_bytes_are_held_in_the_body_budget_as_they_come():
     assert small.held == 0
 
 
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ([], None),
+        ([b"identity"], None),
+        ([b" Identity ", b""], None),  # no coding, however spelled
+        ([b"identity", b"GZIP"], "gzip"),
+        ([b"deflate"], "deflate"),
+    ],
+)
+def test_identity_is_no_coding_at_all(values: list[bytes], expected: str | None):
+    from corral.server.compression import request_encoding
+
+    headers = [(b"host", b"x")] + [(b"content-encoding", value) for value in values]
+    assert request_encoding(headers) == expected
+
+
+def test_bytes_after_the_compressed_stream_are_refused_by_count():
+    from corral.server.compression import EncodingRefused, inflate
+
+    with pytest.raises(EncodingRefused) as caught:
+        inflate(gzip.compress(b"{}") + b"tail", "gzip", 1024, None)
+    assert caught.value.status == 400
+    assert "has 4 bytes after its gzip data" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("accept", "expected"),
+    [
+        ("gzip;q=0, deflate", "deflate"),
+        ("gzip;q=0.0", None),
+        ("br, gzip;q=0.5", "gzip"),
+        ("gzip;q=high", "gzip"),  # a malformed weight is no weight
+        ("deflate; level=9 ;q=1", "deflate"),
+        ("identity", None),
+    ],
+)
+def test_the_answer_takes_the_first_coding_accept_encoding_allows(
+    accept: str, expected: str | None
+):
+    from corral.server.compression import response_encoding
+
+    assert response_encoding([(b"accept-encoding", accept.encode())]) == expected
+
+
 # -- Triton's command line -------------------------------------------------------------------
 
 
