@@ -212,16 +212,25 @@ def parse_pbtxt(
         raise ModelConfigError(f"{source}: {exc}") from None
 
 
-def _parse(text: str, source: str) -> Any:
+def _model_config_module(source: str, what: str) -> Any:
+    """The generated ``model_config_pb2``, imported only when needed (protobuf is lazy)."""
     try:
-        from google.protobuf import text_format
+        # What the callers import next, so that a protobuf lacking any of it is named here.
+        from google.protobuf import json_format, text_format  # noqa: F401
 
         from corral._proto import model_config_pb2
     except Exception as exc:  # ImportError, or protobuf's VersionError for too old a runtime
         raise ModelConfigError(
-            f"{source}: reading a config.pbtxt needs protobuf >= 7.35 "
+            f"{source}: reading {what} needs protobuf >= 7.35 "
             f"(pip install 'corral[grpc]'): {type(exc).__name__}: {exc}"
         ) from exc
+    return model_config_pb2
+
+
+def _parse(text: str, source: str) -> Any:
+    model_config_pb2 = _model_config_module(source, "a config.pbtxt")
+    from google.protobuf import text_format
+
     config = model_config_pb2.ModelConfig()
     try:
         text_format.Parse(text, config)
@@ -243,15 +252,9 @@ def pbtxt_from_json(text: str, *, source: str) -> str:
 
     Raises :class:`ModelConfigError` naming ``source`` for text that is not such JSON.
     """
-    try:
-        from google.protobuf import json_format, text_format
+    model_config_pb2 = _model_config_module(source, "a model configuration")
+    from google.protobuf import json_format, text_format
 
-        from corral._proto import model_config_pb2
-    except Exception as exc:  # ImportError, or protobuf's VersionError for too old a runtime
-        raise ModelConfigError(
-            f"{source}: reading a model configuration needs protobuf >= 7.35 "
-            f"(pip install 'corral[grpc]'): {type(exc).__name__}: {exc}"
-        ) from exc
     try:
         document = json.loads(text)
     except ValueError as exc:

@@ -475,23 +475,12 @@ class Repository:
     ) -> tuple[ModelConfig, tuple[object, ...]]:
         """A load's config, read instead of the folder's model.toml and config.pbtxt."""
         source = f"model {name!r}: the load's config"
-        labels: list[tuple[object, ...]] = []
         try:
-            config = parse_pbtxt(
-                override.config_text,
-                source=source,
-                model_name=name,
-                read_labels=lambda path, field: self._read_labels(
-                    root, source, real_folder, path, field, labels
-                ),
-                read_warmup=lambda file_name, field, limit: _read_warmup(
-                    source, real_folder, file_name, field, limit, labels
-                ),
-            )
+            config, files = self._parse_pbtxt(root, source, name, real_folder, override.config_text)
         except ModelConfigError as exc:
             problems.append(exc)
             return ModelConfig(), ("override", override.generation)
-        return config, ("override", override.generation, *labels)
+        return config, ("override", override.generation, *files)
 
     def _read_config(
         self,
@@ -527,22 +516,11 @@ class Repository:
             text = _read_text(found.real, found.stat, source, MAX_CONFIG_BYTES)
             if toml is not None:
                 return ModelConfig.from_toml(text, source=source), stamp
-            labels: list[tuple[object, ...]] = []
-            config = parse_pbtxt(
-                text,
-                source=source,
-                model_name=name,
-                read_labels=lambda path, field: self._read_labels(
-                    root, source, real_folder, path, field, labels
-                ),
-                read_warmup=lambda file_name, field, limit: _read_warmup(
-                    source, real_folder, file_name, field, limit, labels
-                ),
-            )
+            config, files = self._parse_pbtxt(root, source, name, real_folder, text)
         except ModelConfigError as exc:
             problems.append(exc)
             return ModelConfig(), stamp
-        return config, (*stamp, *labels)
+        return config, (*stamp, *files)
 
     def _find_config(
         self,
@@ -569,6 +547,28 @@ class Repository:
             problems.append(self._outside(root, name, source, found.real))
             return source, ("outside", found.real), None
         return source, (found.real, found.stat.st_size, found.stat.st_mtime_ns), found
+
+    def _parse_pbtxt(
+        self, root: _Root, source: str, name: str, real_folder: str, text: str
+    ) -> tuple[ModelConfig, list[tuple[object, ...]]]:
+        """A config.pbtxt's text as a ModelConfig, and the stamps of the files it read.
+
+        The label and warm-up files it names are read from the model's folder, and each
+        one's stamp is part of the entry's fingerprint, so that changing one is a change.
+        """
+        files: list[tuple[object, ...]] = []
+        config = parse_pbtxt(
+            text,
+            source=source,
+            model_name=name,
+            read_labels=lambda path, field: self._read_labels(
+                root, source, real_folder, path, field, files
+            ),
+            read_warmup=lambda file_name, field, limit: _read_warmup(
+                source, real_folder, file_name, field, limit, files
+            ),
+        )
+        return config, files
 
     def _read_labels(
         self,

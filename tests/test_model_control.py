@@ -24,7 +24,11 @@ from corral.server.http import DECODE_INLINE_BYTES, HttpApp
 from corral.testing import build_linear
 from tests.helpers import add_model, reference_run
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [
+    pytest.mark.timeout(60),
+    # tritonclient's HTTP client is gevent-based: collected on another thread, it fails.
+    pytest.mark.usefixtures("garbage_collected_on_the_main_thread"),
+]
 
 X = np.random.default_rng(4).standard_normal((2, 4)).astype(np.float32)
 PINNED_8 = "max_batch_size: 8\ndynamic_batching { }\n"

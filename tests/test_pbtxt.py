@@ -20,7 +20,11 @@ from corral.testing import build_linear
 from tests.gates import hold_compute_workers
 from tests.helpers import add_model, build_reshape
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [
+    pytest.mark.timeout(60),
+    # tritonclient's HTTP client is gevent-based: collected on another thread, it fails.
+    pytest.mark.usefixtures("garbage_collected_on_the_main_thread"),
+]
 
 LINEAR = """
 name: "linear"

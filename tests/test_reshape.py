@@ -16,7 +16,11 @@ from corral.testing import build_mlp
 from tests.gates import hold_compute_workers
 from tests.helpers import add_model, reference_run
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [
+    pytest.mark.timeout(60),
+    # tritonclient's HTTP client is gevent-based: collected on another thread, it fails.
+    pytest.mark.usefixtures("garbage_collected_on_the_main_thread"),
+]
 
 # Like Triton's densenet_onnx example, smaller: the model takes [1, 3, 8, 8] and gives
 # [1, 10, 1, 1]; clients send [3, 8, 8] and get [10].

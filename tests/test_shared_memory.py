@@ -42,6 +42,9 @@ from tests.gates import RunGate
 from tests.helpers import add_model, build_identity, build_slow_loop, wait_until
 from tests.processes import ServerProcess, start_server, stop_server
 
+# tritonclient's HTTP client is gevent-based: collected on another thread, it fails.
+pytestmark = pytest.mark.usefixtures("garbage_collected_on_the_main_thread")
+
 INPUT0 = np.arange(16, dtype=np.int32).reshape(1, 16)
 INPUT1 = np.full((1, 16), 3, dtype=np.int32)
 TENSOR_BYTES = INPUT0.nbytes  # 64
