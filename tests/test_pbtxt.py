@@ -727,6 +727,12 @@ def test_the_server_answers_504_for_a_request_queued_past_the_default_timeout(tm
         assert status == 504, text
         status, text = post("patient")
         assert status == 200, text
+        # /config reports the policy in force.
+        with urllib.request.urlopen(f"http://{served.http}/v2/models/linear/config") as answer:
+            policy = json.loads(answer.read())["dynamic_batching"]["default_queue_policy"]
+        assert policy["default_timeout_microseconds"] == 1
+        assert policy["allow_timeout_override"] is False
+        assert policy["timeout_action"] == "REJECT"
     finally:
         stop_server(served)
 

@@ -89,7 +89,12 @@ def test_model_metadata_ready_and_config(host: Host):
         "default_model_filename": "model.onnx",
         "dynamic_batching": {
             "max_queue_delay_microseconds": 0,
-            "default_queue_policy": {"max_queue_size": 1024},
+            "default_queue_policy": {
+                "max_queue_size": 1024,
+                "timeout_action": "REJECT",
+                "default_timeout_microseconds": 0,
+                "allow_timeout_override": False,
+            },
         },
     }
 

@@ -362,6 +362,8 @@ class DataPlane:
             version_policy=config.version_policy,
             batch_window_us=window if batched else None,
             max_queue_size=queue_limit,
+            queue_timeout_us=config.queue_timeout_us,
+            queue_timeout_override=config.queue_timeout_override,
             instance_count=policy.size,
             instance_kind="KIND_GPU" if "CUDAExecutionProvider" in providers else "KIND_CPU",
             default_model_filename=config.model_filename,

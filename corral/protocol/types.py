@@ -181,6 +181,11 @@ class ModelConfiguration:
     batch_window_us: int | None = None
     #: Requests that may wait in the model's queue (``default_queue_policy.max_queue_size``).
     max_queue_size: int = 0
+    #: How long a request may wait in the queue when it gives no timeout of its own
+    #: (``default_queue_policy.default_timeout_microseconds``); None: no limit.
+    queue_timeout_us: int | None = None
+    #: Whether a request's own timeout replaces it (``allow_timeout_override``).
+    queue_timeout_override: bool = False
     #: onnxruntime sessions that run the model at once, and on what (``instance_group``).
     instance_count: int = 1
     instance_kind: str = "KIND_CPU"

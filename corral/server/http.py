@@ -643,7 +643,12 @@ def _config_doc(config: ModelConfiguration) -> dict[str, Any]:
     if config.batch_window_us is not None:
         doc["dynamic_batching"] = {
             "max_queue_delay_microseconds": config.batch_window_us,
-            "default_queue_policy": {"max_queue_size": config.max_queue_size},
+            "default_queue_policy": {
+                "max_queue_size": config.max_queue_size,
+                "timeout_action": "REJECT",
+                "default_timeout_microseconds": config.queue_timeout_us or 0,
+                "allow_timeout_override": config.queue_timeout_override,
+            },
         }
     return doc
 
