@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 
 # The coverage floor only rises: raise it when coverage rises.
-COVERAGE_FLOOR := 95.8
+COVERAGE_FLOOR := 96.5
 
 # `make serve` builds this demo repository of 1,000 tiny models once, then serves it.
 DEMO_REPOSITORY := demo-models

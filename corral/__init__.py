@@ -38,6 +38,7 @@ from corral._errors import (
     RuntimeClosed,
     RuntimeConfigError,
     SessionClosed,
+    UploadRefused,
 )
 from corral._host import Host
 from corral._options import HostOptions
@@ -97,6 +98,7 @@ __all__ = [
     "SessionClosed",
     "SessionState",
     "TensorSpec",
+    "UploadRefused",
     "VersionPolicy",
     "VersionStatus",
     "__version__",

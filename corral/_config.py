@@ -24,13 +24,20 @@ from __future__ import annotations
 import difflib
 import tomllib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from corral._errors import ModelConfigError
 from corral._providers import ConcurrencyPolicy
 
-__all__ = ["ModelConfig", "VersionPolicy", "VersionPolicyKind"]
+__all__ = [
+    "ModelConfig",
+    "TensorConfig",
+    "VersionPolicy",
+    "VersionPolicyKind",
+    "WarmupInput",
+    "WarmupSample",
+]
 
 VersionPolicyKind = Literal["latest", "all", "specific"]
 
@@ -129,8 +136,65 @@ class VersionPolicy:
 
 
 @dataclass(frozen=True)
+class TensorConfig:
+    """An input or output as a Triton ``config.pbtxt`` declares it (``corral._pbtxt``).
+
+    Checked against the model when it loads: a declaration that does not match the model
+    fails the load, so what ``/config`` reports is what the model takes.
+    """
+
+    name: str
+    #: Triton's type name: ``TYPE_FP32``, ``TYPE_STRING`` (the protocol's BYTES) ...
+    data_type: str
+    #: Without the batch dimension when the model's max_batch_size is above 0; -1: any size.
+    dims: tuple[int, ...]
+    #: Inputs only: ``FORMAT_NONE``, ``FORMAT_NHWC`` or ``FORMAT_NCHW`` (reported, not acted on:
+    #: it describes the layout the dims already give).
+    format: str = "FORMAT_NONE"
+    #: Outputs only: the file the labels came from, relative to the model's folder.
+    label_filename: str = ""
+    #: Outputs only: one label per class index, for the classification extension.
+    labels: tuple[str, ...] = ()
+    #: Triton's ``reshape``: the shape the model itself takes or gives (without the batch
+    #: dimension, as ``dims``), while clients send or get ``dims``; ``()`` is a scalar;
+    #: None: no reshape.
+    reshape: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class WarmupInput:
+    """One input of a config.pbtxt's warm-up sample (Triton's ``model_warmup.inputs``)."""
+
+    name: str
+    #: Triton's type name, as in :class:`TensorConfig`.
+    data_type: str
+    #: The input's shape without the batch dimension (when max_batch_size is above 0).
+    dims: tuple[int, ...]
+    #: ``"zero_data"``, ``"random_data"`` or ``"input_data_file"``.
+    kind: str
+    #: The file's raw bytes (``input_data_file`` only), already checked against dims and type.
+    data: bytes = field(default=b"", repr=False)
+
+
+@dataclass(frozen=True)
+class WarmupSample:
+    """A config.pbtxt's warm-up sample, run ``count`` times on the load worker before publishing."""
+
+    name: str
+    #: The rows of the batch dimension (1 when the model's max_batch_size is 0: none).
+    batch_size: int
+    #: How many runs (Triton's count, 0 meaning 1).
+    count: int
+    inputs: tuple[WarmupInput, ...]
+
+
+@dataclass(frozen=True)
 class ModelConfig:
-    """One model's settings, from its ``model.toml`` (all optional)."""
+    """One model's settings, from its ``model.toml`` or its ``config.pbtxt`` (all optional).
+
+    The fields after ``version_policy`` come only from a Triton ``config.pbtxt``
+    (``corral._pbtxt``); model.toml does not take them.
+    """
 
     #: None: decided from the model; 0: never batch; > 0: the largest batch formed.
     max_batch_size: int | None = None
@@ -146,6 +210,31 @@ class ModelConfig:
     warmup: bool = False
     #: Which versions on disk are served.
     version_policy: VersionPolicy = VersionPolicy("latest", 1)
+    #: Where the settings came from: ``"default"``, ``"model.toml"`` or ``"config.pbtxt"``
+    #: (not compared: the same settings from either file are equal).
+    source: str = field(default="default", compare=False)
+    #: The file each version folder holds (Triton's ``default_model_filename``).
+    model_filename: str = "model.onnx"
+    #: The inputs and outputs a config.pbtxt declares; empty: the model's own, unchecked.
+    inputs: tuple[TensorConfig, ...] = ()
+    outputs: tuple[TensorConfig, ...] = ()
+    #: Requests that may wait in the model's queue; None: the Host's ``max_queue_per_model``.
+    max_queue_size: int | None = None
+    #: Triton's free-form ``parameters`` (name, string value), reported back as they came.
+    parameters: tuple[tuple[str, str], ...] = ()
+    #: Whether requests may share runs. A config.pbtxt sets it False when it has no
+    #: ``dynamic_batching``: Triton then combines no requests, and ``max_batch_size`` only says
+    #: that the first dimension is the batch's (each request brings its own rows).
+    combine_requests: bool = True
+    #: A config.pbtxt's ``model_warmup`` samples, run in order after loading; a failing one
+    #: fails the load.
+    warmup_samples: tuple[WarmupSample, ...] = ()
+    #: Triton's ``default_queue_policy.default_timeout_microseconds``: a request still queued
+    #: this long after it was queued is answered DeadlineExceeded; None: no default.
+    queue_timeout_us: int | None = None
+    #: Triton's ``allow_timeout_override``: whether a request's own timeout replaces
+    #: ``queue_timeout_us`` in the queue (False: the queue keeps the config's).
+    queue_timeout_override: bool = False
 
     def __post_init__(self) -> None:
         _check_optional_count("max_batch_size", self.max_batch_size)
@@ -155,10 +244,35 @@ class ModelConfig:
             object.__setattr__(self, "providers", _check_providers(self.providers))
         _check_bool("pinned", self.pinned)
         _check_bool("warmup", self.warmup)
+        _check_bool("combine_requests", self.combine_requests)
+        _check_optional_count("queue_timeout_us", self.queue_timeout_us)
+        _check_bool("queue_timeout_override", self.queue_timeout_override)
         if not isinstance(self.version_policy, VersionPolicy):
             raise _FieldError(
                 "version_policy", f"must be a VersionPolicy, got {_describe(self.version_policy)}"
             )
+        if self.source not in ("default", "model.toml", "config.pbtxt"):
+            raise _FieldError(
+                "source", f"must be default, model.toml or config.pbtxt, got {self.source!r}"
+            )
+        if (
+            not isinstance(self.model_filename, str)
+            or not self.model_filename
+            or self.model_filename != self.model_filename.strip()
+            or any(part in self.model_filename for part in ("/", "\\", "\0"))
+            or self.model_filename in (".", "..")
+        ):
+            raise _FieldError(
+                "model_filename",
+                f"must be a plain file name inside each version folder, got "
+                f"{_describe(self.model_filename)}",
+            )
+        if self.max_queue_size is not None:
+            _check_positive_int("max_queue_size", self.max_queue_size)
+        for kind, tensors in (("inputs", self.inputs), ("outputs", self.outputs)):
+            names = [t.name for t in tensors]
+            if len(set(names)) != len(names):
+                raise _FieldError(kind, f"declare a tensor twice: {names!r}")
 
     @classmethod
     def from_toml(cls, text: str, *, source: str) -> ModelConfig:
@@ -177,6 +291,7 @@ class ModelConfig:
         try:
             _check_known_keys(table)
             values = dict(table)
+            values["source"] = "model.toml"
             if "version_policy" in values:
                 values["version_policy"] = _parse_version_policy(values["version_policy"])
             return cls(**values)
@@ -184,7 +299,22 @@ class ModelConfig:
             raise ModelConfigError(f"{source}: {exc}") from None
 
 
-_KNOWN_KEYS = tuple(sorted(f.name for f in fields(ModelConfig)))
+# model.toml's keys: the fields a config.pbtxt alone sets (and the source) are not among them.
+_PBTXT_ONLY = frozenset(
+    {
+        "source",
+        "model_filename",
+        "inputs",
+        "outputs",
+        "max_queue_size",
+        "parameters",
+        "combine_requests",
+        "warmup_samples",
+        "queue_timeout_us",
+        "queue_timeout_override",
+    }
+)
+_KNOWN_KEYS = tuple(sorted(f.name for f in fields(ModelConfig) if f.name not in _PBTXT_ONLY))
 
 
 def _check_known_keys(table: Mapping[str, object]) -> None:

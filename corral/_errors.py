@@ -11,7 +11,9 @@
     ├── InvalidModelName       a model name that cannot name a model (empty, "..", "/", too long)
     ├── ModelNotFound          no such model, or no such version of it, in the repository
     ├── ModelLoadError         the model could not be loaded (file, graph, operator, layout)
-    │   ├── ModelConfigError   its model.toml is malformed; the message says where and why
+    │   ├── ModelConfigError   its model.toml, config.pbtxt, or a load's config or files are
+    │   │   │                  malformed or refused; the message says where and why
+    │   │   └── UploadRefused  a load's file: parameters name a path corral will not write
     │   ├── ModelTooLarge      it alone is larger than the Host's whole memory budget
     │   └── LoadTimeout        its load did not finish within the Host's load timeout
     ├── SessionClosed          a run was asked of a Session after close() began
@@ -54,6 +56,7 @@ __all__ = [
     "RuntimeClosed",
     "RuntimeConfigError",
     "SessionClosed",
+    "UploadRefused",
 ]
 
 
@@ -116,7 +119,19 @@ class ModelLoadError(CorralError):
 
 
 class ModelConfigError(ModelLoadError):
-    """A model's ``model.toml`` is malformed; the message names the file, the field and why."""
+    """A model's settings or a load's config or files are malformed or refused.
+
+    The source is its ``model.toml``, its ``config.pbtxt``, or a load's ``config`` or files;
+    the message names it, the field and why.
+    """
+
+
+class UploadRefused(ModelConfigError):
+    """A load's ``file:`` parameters name a path or content corral will not write.
+
+    The message starts with Triton's words for it ("failed to poll from model repository"),
+    which its clients match on.
+    """
 
 
 class ModelTooLarge(ModelLoadError):

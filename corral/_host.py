@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, as_completed
 from concurrent.futures import wait as wait_for_futures
@@ -20,9 +21,11 @@ from typing import Any, Unpack
 import numpy.typing as npt
 
 from corral._counters import HostCounters, RequestStats
-from corral._errors import CorralError, DrainTimeout, SessionClosed, fresh
+from corral._errors import CorralError, DrainTimeout, ModelConfigError, SessionClosed, fresh
 from corral._loader import Loader, version_number
 from corral._options import HostOptionArgs, HostOptions
+from corral._overrides import ModelOverride, Uploads, check_upload_paths
+from corral._pbtxt import pbtxt_from_json
 from corral._reload import Reloader
 from corral._repository import Repository, validate_model_name
 from corral._runtime import Runtime, runtime
@@ -72,6 +75,11 @@ class Host:
             self._repository, self._runtime, self._table, self._options, self._counters
         )
         self._reloader = Reloader(self._repository, self._table, self._loader, self._options)
+        # Files uploaded by load(config=..., files=...): a private folder, made on first use.
+        self._uploads = Uploads()
+        # Guards _override_generation: the last number given to a load's override.
+        self._override_lock = threading.Lock()
+        self._override_generation = 0
 
     @property
     def repository(self) -> Repository:
@@ -256,6 +264,8 @@ class Host:
         *,
         pin: bool = False,
         timeout: float | None = None,
+        config: str | None = None,
+        files: Mapping[str, bytes] | None = None,
     ) -> None:
         """Load a model now (re-reading its files), and pin it if ``pin`` is true.
 
@@ -263,8 +273,58 @@ class Host:
         model in use, changed or new versions are swapped in and versions no longer served are
         retired (drained, then closed), as :meth:`refresh` does; if that fails, the copy in use
         keeps serving and the failure is raised.
+
+        ``config`` (Triton's model control): a model configuration as JSON, used instead of
+        the model's model.toml or config.pbtxt, through the same checks as a config.pbtxt.
+        ``files`` (only with ``config``): the model folder's files, ``{"1/model.onnx":
+        bytes, ...}``, used instead of the repository's folder (the model need not be in the
+        repository). Either stays in place for every later load of the model, lazy or not,
+        until a load with others, or without, replaces it; a load that fails puts back what
+        was in place. Raises :class:`ModelConfigError` for a malformed config or file path.
         """
         name = validate_model_name(name)
+        previous = self._repository.override(name)
+        override = self._new_override(name, config, files)
+        if override is None and previous is None:
+            self._load(name, version, pin, timeout)
+            return
+        if not self._repository.replace_override(name, override, expected=previous):
+            self._uploads.remove(None if override is None else override.folder)
+            raise ModelConfigError(
+                f"model {name!r}: another load changed its config or files meanwhile; "
+                "nothing was changed by this one"
+            )
+        try:
+            self._load(name, version, pin, timeout)
+        except BaseException:
+            if self._repository.replace_override(name, previous, expected=override):
+                self._uploads.remove(None if override is None else override.folder)
+            raise
+        if previous is not None and previous.folder is not None:
+            self._uploads.remove(previous.folder)
+
+    def _new_override(
+        self, name: str, config: str | None, files: Mapping[str, bytes] | None
+    ) -> ModelOverride | None:
+        if config is None:
+            if files is not None:
+                raise ModelConfigError(
+                    f"model {name!r}: files ({', '.join(sorted(map(str, files)))}) were given "
+                    "without a config: a load's files need the 'config' parameter too"
+                )
+            return None
+        if not isinstance(config, str):
+            raise ModelConfigError(
+                f"model {name!r}: the load's config must be JSON text, got {type(config).__name__}"
+            )
+        text = pbtxt_from_json(config, source=f"model {name!r}: the load's config")
+        folder = None if files is None else self._uploads.write(name, check_upload_paths(files))
+        with self._override_lock:
+            self._override_generation += 1
+            generation = self._override_generation
+        return ModelOverride(text, folder, generation)
+
+    def _load(self, name: str, version: int | str | None, pin: bool, timeout: float | None) -> None:
         in_use = bool(self._table.in_use(name))
         if in_use:
             self._reloader.reload(name)
@@ -416,6 +476,7 @@ class Host:
             self._table.drain(retired, time_left(deadline))
         finally:
             self._table.finish_close()
+            self._uploads.close()
 
     def __enter__(self) -> Host:
         return self.start()

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from corral._budget import estimate_footprint_bytes
+from corral._config import WarmupSample
 from corral._counters import HostCounters
 from corral._errors import (
     CorralError,
@@ -44,6 +45,7 @@ from corral._errors import (
 from corral._load_workers import Claim, LoadWorkers
 from corral._modelfile import read_footprint
 from corral._options import HostOptions
+from corral._pbtxt import check_declared, reshaped_signature, triton_type, warmup_feed
 from corral._probe import plan_batching
 from corral._providers import resolve_policy, resolve_providers
 from corral._repository import ModelEntry, Repository, validate_model_name
@@ -271,8 +273,15 @@ class Loader:
             name=f"{name}:{version}",
         )
         try:
+            # A config.pbtxt's declarations, before anything runs on the model.
+            check_declared(config, session.signature, session.name)
+            reshaped = reshaped_signature(config, session.signature)
+            if reshaped is not None:
+                session.reshape_tensors(reshaped)
             if config.warmup:
                 _warm_up(session)
+            for sample in config.warmup_samples:
+                _run_warmup_sample(session, sample, batched=bool(config.max_batch_size))
             # After the warm-up: the probe's runs then cost what a loaded model's runs cost.
             plan = plan_batching(
                 session.signature,
@@ -281,6 +290,8 @@ class Loader:
                 enabled=self._options.batching,
                 default_rows=DEFAULT_MAX_BATCH_SIZE,
                 label=session.name,
+                source=config.source,
+                combine=config.combine_requests,
             )
             logger.info("corral: %s version %s %s", name, version, plan.reason)
             window = (config.batch_window_us or 0) if plan.max_rows else 0
@@ -293,8 +304,9 @@ class Loader:
                 fingerprint=entry.version_fingerprint(version),
                 batching=plan,
                 batch_window_us=window,
-                queue_limit=self._options.max_queue_per_model,
+                queue_limit=config.max_queue_size or self._options.max_queue_per_model,
                 counters=self._counters.run_counters((name, version)),
+                config=config,
             )
         except BaseException:
             session.close()
@@ -489,8 +501,11 @@ def version_number(name: str, version: int | str) -> int:
     """The version a request names, as a number; :class:`ModelNotFound` if it names none."""
     number = _number_or_none(version)
     if number is None:
+        # Triton's words for a version that is not a number, which its examples match on.
         raise ModelNotFound(
-            f"model {name!r} has no version {version!r}: versions are positive integers"
+            f"Request for unknown model: {name!r} version {version!r} is not found: failed to "
+            f"get model version from specified version string {str(version)!r} (versions are "
+            "positive integers)"
         )
     return number
 
@@ -518,19 +533,21 @@ def _choose(entry: ModelEntry, name: str, version: int | str | None) -> int:
     if version is None:
         if entry.latest is None:
             raise ModelNotFound(
-                f"model {name!r} has no version to serve: found {_listing(entry.versions)} "
-                f"under version policy {entry.config.version_policy}"
+                f"Request for unknown model: {name!r} has no available versions: found "
+                f"{_listing(entry.versions)} under version policy {entry.config.version_policy}"
             )
         return entry.latest
     number = version_number(name, version)
     if number not in entry.versions:
         raise ModelNotFound(
-            f"model {name!r} has no version {number}; versions: {_listing(entry.versions)}"
+            f"Request for unknown model: {name!r} version {number} is not found; versions: "
+            f"{_listing(entry.versions)}"
         )
     if number not in entry.served_versions:
         raise ModelNotFound(
-            f"version {number} of model {name!r} is not served under version policy "
-            f"{entry.config.version_policy}; served: {_listing(entry.served_versions)}"
+            f"Request for unknown model: {name!r} version {number} is not found: it is not "
+            f"served under version policy {entry.config.version_policy}; served: "
+            f"{_listing(entry.served_versions)}"
         )
     return number
 
@@ -585,6 +602,31 @@ def _warm_up(session: Session) -> None:
         session.run(feed)
     except CorralError as exc:
         raise ModelLoadError(f"warming up {session.name!r} failed: {exc}") from exc
+
+
+def _run_warmup_sample(session: Session, sample: WarmupSample, *, batched: bool) -> None:
+    """Run a config.pbtxt's warm-up sample ``count`` times; a failure fails the load, naming it."""
+    shown = f"warm-up sample {sample.name!r}" if sample.name else "a warm-up sample"
+    specs = {spec.name: spec for spec in session.signature.inputs}
+    for item in sample.inputs:
+        spec = specs.get(item.name)
+        if spec is None:
+            raise ModelLoadError(
+                f"{session.name!r}: {shown} gives input {item.name!r}, which the model does "
+                f"not have; its inputs are {', '.join(repr(name) for name in specs)}"
+            )
+        # As in Triton, a sample's type is the input's: no cast, even a safe one.
+        if triton_type(spec) != item.data_type:
+            raise ModelLoadError(
+                f"{session.name!r}: {shown} gives input {item.name!r} as {item.data_type}, "
+                f"but the model's is {triton_type(spec) or spec.onnx_type} ({spec.describe()})"
+            )
+    try:
+        feed = warmup_feed(sample, batched=batched)
+        for _ in range(sample.count):
+            session.run(feed)
+    except CorralError as exc:
+        raise ModelLoadError(f"{session.name!r}: {shown} failed: {exc}") from exc
 
 
 def _settle(

@@ -71,13 +71,17 @@ def plan_batching(
     enabled: bool,
     default_rows: int,
     label: str,
+    source: str = "model.toml",
+    combine: bool = True,
 ) -> BatchPlan:
     """Decide whether a loaded model's requests share runs, and say why.
 
     ``max_batch_size`` is the model.toml's (None: absent), ``enabled`` the Host's
     ``batching`` option, ``default_rows`` the rows per run when the probe decides, ``label``
-    the model's name in messages (``model:version``). ``run`` runs a feed on the model: the
-    probe calls it when model.toml says nothing, on the calling thread (a load worker).
+    the model's name in messages (``model:version``), ``source`` the file that declared
+    ``max_batch_size``. ``run`` runs a feed on the model: the probe calls it when model.toml
+    says nothing, on the calling thread (a load worker). ``combine`` False (a config.pbtxt
+    without ``dynamic_batching``) means no requests share runs, whatever ``max_batch_size``.
 
     Raises :class:`ModelConfigError` if model.toml declares ``max_batch_size > 0`` for a
     model whose signature cannot be batched, whether or not batching is on: a declaration
@@ -88,20 +92,31 @@ def plan_batching(
     ...               label="fraud:1").reason
     'not batched: max_batch_size = 0 in model.toml'
     """
+    if not combine:
+        return BatchPlan(
+            0,
+            f"not batched: {source} has no dynamic_batching (Triton combines no requests "
+            "without it)",
+        )
     obstacle = signature.batch_obstacle()
     if max_batch_size and obstacle is not None:
+        fix = (
+            "remove dynamic_batching or set max_batch_size to 0"
+            if source == "config.pbtxt"
+            else "remove max_batch_size or set it to 0"
+        )
         raise ModelConfigError(
-            f"model {label!r}: model.toml declares max_batch_size = {max_batch_size}, but the "
-            f"model cannot be batched: {obstacle}; remove max_batch_size or set it to 0"
+            f"model {label!r}: {source} declares max_batch_size = {max_batch_size}, but the "
+            f"model's requests cannot be batched together: {obstacle}; {fix}"
         )
     if not enabled:
         return BatchPlan(0, "not batched: batching is off for this Host (batching=False)")
     if max_batch_size == 0:
-        return BatchPlan(0, "not batched: max_batch_size = 0 in model.toml")
+        return BatchPlan(0, f"not batched: max_batch_size = 0 in {source}")
     if max_batch_size is not None:
         return BatchPlan(
             max_batch_size,
-            f"batched (declared): max_batch_size = {max_batch_size} in model.toml; not probed",
+            f"batched (declared): max_batch_size = {max_batch_size} in {source}; not probed",
         )
     if obstacle is not None:
         return BatchPlan(0, f"not batched: {obstacle}")

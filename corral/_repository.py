@@ -42,9 +42,12 @@ from corral._errors import (
     ModelNotFound,
     RepositoryError,
 )
+from corral._overrides import ModelOverride
+from corral._pbtxt import CONFIG_PBTXT, parse_pbtxt
 
 __all__ = [
     "MAX_CONFIG_BYTES",
+    "MAX_LABELS_BYTES",
     "MODEL_NAME_PATTERN",
     "ModelEntry",
     "ModelVersion",
@@ -58,15 +61,17 @@ logger = logging.getLogger(__name__)
 #: rules out ".", ".." and hidden files; the character set rules out "/" and "\\".
 MODEL_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}"
 
-#: The largest model.toml read; a bigger one is a ModelConfigError, not a memory hazard.
+#: The largest model.toml or config.pbtxt read; a bigger one is a ModelConfigError, not a
+#: memory hazard.
 MAX_CONFIG_BYTES = 64 * 1024
+#: The largest label file (a config.pbtxt's label_filename) read.
+MAX_LABELS_BYTES = 4 * 1024 * 1024
 
 _MAX_NAME_LENGTH = 128
 _NAME_RE = re.compile(MODEL_NAME_PATTERN)
 _NAME_CHAR_RE = re.compile(r"[A-Za-z0-9_.\-]")
 _VERSION_RE = re.compile(r"[1-9][0-9]*")
 _BARE_SUFFIX = ".onnx"
-_MODEL_FILE = "model.onnx"
 _CONFIG_FILE = "model.toml"
 
 
@@ -151,12 +156,9 @@ class ModelEntry:
         only when its fingerprint changed.
         """
         file = self.versions.get(version)
-        return (
-            None if file is None else (file.size, file.mtime_ns),
-            self.config.concurrency,
-            self.config.providers,
-            self.config.warmup,
-        )
+        # The whole configuration (dataclass equality): a copy built with another batch size,
+        # another declared tensor or another override is not interchangeable either.
+        return (None if file is None else (file.size, file.mtime_ns), self.config)
 
 
 class _Root(NamedTuple):
@@ -179,8 +181,13 @@ class Repository:
     Nothing is cached: every call looks at the disk, and :attr:`ModelEntry.fingerprint` tells
     a caller whether a model changed since it last looked. A root that is a symlink is
     resolved again by each call, which reads everything against that one target. Its only
-    mutable state is the target last seen (to log a switch once), under a lock, so any
-    number of threads may call :meth:`names`, :meth:`entry` and :meth:`scan` at once.
+    mutable state is the target last seen (to log a switch once) and the models' overrides
+    (:meth:`replace_override`), each under its lock, so any number of threads may call
+    :meth:`names`, :meth:`entry` and :meth:`scan` at once.
+
+    A model with an override (``corral._overrides``: a load's ``config`` and files) is read
+    through it: its settings from the override's text, its versions and files from the
+    override's folder when it has one (a folder outside the root, written by corral itself).
 
     Example::
 
@@ -202,6 +209,9 @@ class Repository:
         # Guards _target: the root's target last seen, to log each switch once.
         self._target_lock = threading.Lock()
         self._target = real
+        # Guards _overrides: each overridden model's ModelOverride.
+        self._overrides_lock = threading.Lock()
+        self._overrides: dict[str, ModelOverride] = {}
 
     @property
     def root(self) -> Path:
@@ -234,13 +244,38 @@ class Repository:
             )
         return _Root(real, real if real.endswith(os.sep) else real + os.sep)
 
+    def override(self, name: str) -> ModelOverride | None:
+        """The override a load put in place for model ``name``, or None."""
+        with self._overrides_lock:
+            return self._overrides.get(name)
+
+    def replace_override(
+        self, name: str, override: ModelOverride | None, *, expected: ModelOverride | None
+    ) -> bool:
+        """Put ``override`` in place for ``name`` (None: none), if ``expected`` is in place.
+
+        Returns False, changing nothing, when another override (or none) is in place: a
+        compare-and-set, so that a failed load gives back only what it took.
+        """
+        validate_model_name(name)
+        with self._overrides_lock:
+            if self._overrides.get(name) is not expected:
+                return False
+            if override is None:
+                self._overrides.pop(name, None)
+            else:
+                self._overrides[name] = override
+            return True
+
     def names(self) -> list[str]:
         """The names of all models, sorted: sub-folders and bare ``<name>.onnx`` files.
 
         Entries whose names cannot name a model (hidden files, spaces ...) are skipped. This
-        reads the root folder only, so it stays fast for tens of thousands of models.
+        reads the root folder only, so it stays fast for tens of thousands of models. Models
+        whose files were uploaded by a load are listed too.
         """
-        found: set[str] = set()
+        with self._overrides_lock:
+            found = {name for name, o in self._overrides.items() if o.folder is not None}
         root = self._resolve()
         try:
             with os.scandir(root.real) as listing:
@@ -268,6 +303,9 @@ class Repository:
         reported in :attr:`ModelEntry.error`, never raised.
         """
         validate_model_name(name)
+        override = self.override(name)
+        if override is not None and override.folder is not None:
+            return self._uploaded_entry(name, override, override.folder)
         root = self._resolve()
         folder_path = os.path.join(root.real, name)
         bare_path = folder_path + _BARE_SUFFIX
@@ -284,8 +322,14 @@ class Repository:
             )
             return _make_entry(name, {}, ModelConfig(), None, [error], layout="both")
         if folder is not None:
-            return self._folder_entry(root, name, folder_path, folder)
+            return self._folder_entry(root, name, folder_path, folder, override)
         if bare is not None:
+            if override is not None:
+                error = ModelConfigError(
+                    f"model {name!r} is the file {bare_path}: a load's config applies only "
+                    "to a model folder"
+                )
+                return _make_entry(name, {}, ModelConfig(), None, [error], layout="file")
             return self._bare_entry(root, name, bare_path, bare)
         if not os.path.isdir(root.real):
             # Moved away or unmounted: that says nothing of whether the model exists, and a
@@ -293,9 +337,10 @@ class Repository:
             raise RepositoryError(
                 f"model repository {self._given!r} (resolved to {root.real!r}) is gone"
             )
+        # The text Triton's clients match on ("Request for unknown model"), then corral's why.
         raise ModelNotFound(
-            f"no model {name!r} in {root.real}: expected a folder {name}{os.sep} "
-            f"or a file {name}{_BARE_SUFFIX}"
+            f"Request for unknown model: {name!r} is not found: no folder {name}{os.sep} "
+            f"or file {name}{_BARE_SUFFIX} in {root.real}"
         )
 
     def scan(self) -> dict[str, ModelEntry]:
@@ -367,12 +412,37 @@ class Repository:
         version = ModelVersion(1, Path(found.real), found.stat.st_size, found.stat.st_mtime_ns)
         return _make_entry(name, {1: version}, ModelConfig(), None, [], layout="file")
 
-    def _folder_entry(self, root: _Root, name: str, path: str, found: _Found) -> ModelEntry:
+    def _uploaded_entry(self, name: str, override: ModelOverride, folder: str) -> ModelEntry:
+        # A folder corral wrote itself (corral._overrides.Uploads), read as a model folder
+        # confined to itself.
+        root = _Root(folder, folder + os.sep)
+        try:
+            found = _Found(folder, os.stat(folder))
+        except OSError as exc:
+            error = ModelLoadError(
+                f"model {name!r}: its uploaded files in {folder} are gone: {exc}"
+            )
+            return _make_entry(name, {}, ModelConfig(), None, [error], layout="uploaded")
+        return self._folder_entry(root, name, folder, found, override, layout="uploaded")
+
+    def _folder_entry(
+        self,
+        root: _Root,
+        name: str,
+        path: str,
+        found: _Found,
+        override: ModelOverride | None = None,
+        *,
+        layout: str = "folder",
+    ) -> ModelEntry:
         if found.stat is None:
             error = self._outside(root, name, path, found.real)
-            return _make_entry(name, {}, ModelConfig(), None, [error], layout="folder")
+            return _make_entry(name, {}, ModelConfig(), None, [error], layout=layout)
         problems: list[ModelLoadError] = []
-        config, config_stamp = self._read_config(root, name, path, found.real, problems)
+        if override is None:
+            config, config_stamp = self._read_config(root, name, path, found.real, problems)
+        else:
+            config, config_stamp = self._read_override(root, name, found.real, override, problems)
         versions: dict[int, ModelVersion] = {}
         try:
             with os.scandir(found.real) as listing:
@@ -381,17 +451,36 @@ class Repository:
             problems.append(ModelLoadError(f"model {name!r}: cannot list {path}: {exc}"))
             children = []
         for child in children:
-            version = self._read_version(root, name, path, found.real, child, problems)
+            version = self._read_version(
+                root, name, path, found.real, child, config.model_filename, problems
+            )
             if version is not None:
                 versions[version.version] = version
         if not versions and not problems:
             problems.append(
                 ModelLoadError(
                     f"model {name!r}: no version in {path}: expected "
-                    f"{os.path.join(path, '<N>', _MODEL_FILE)} with N a positive integer"
+                    f"{os.path.join(path, '<N>', config.model_filename)} with N a positive integer"
                 )
             )
-        return _make_entry(name, versions, config, config_stamp, problems, layout="folder")
+        return _make_entry(name, versions, config, config_stamp, problems, layout=layout)
+
+    def _read_override(
+        self,
+        root: _Root,
+        name: str,
+        real_folder: str,
+        override: ModelOverride,
+        problems: list[ModelLoadError],
+    ) -> tuple[ModelConfig, tuple[object, ...]]:
+        """A load's config, read instead of the folder's model.toml and config.pbtxt."""
+        source = f"model {name!r}: the load's config"
+        try:
+            config, files = self._parse_pbtxt(root, source, name, real_folder, override.config_text)
+        except ModelConfigError as exc:
+            problems.append(exc)
+            return ModelConfig(), ("override", override.generation)
+        return config, ("override", override.generation, *files)
 
     def _read_config(
         self,
@@ -401,28 +490,110 @@ class Repository:
         real_folder: str,
         problems: list[ModelLoadError],
     ) -> tuple[ModelConfig, tuple[object, ...] | None]:
-        source = os.path.join(folder, _CONFIG_FILE)
-        path = os.path.join(real_folder, _CONFIG_FILE)
+        toml = self._find_config(root, name, folder, real_folder, _CONFIG_FILE, problems)
+        pbtxt = self._find_config(root, name, folder, real_folder, CONFIG_PBTXT, problems)
+        if toml is None and pbtxt is None:
+            return ModelConfig(), None
+        stamp: tuple[object, ...] = (
+            None if toml is None else toml[1],
+            None if pbtxt is None else pbtxt[1],
+        )
+        if toml is not None and pbtxt is not None:
+            # Two sources of settings would need a rule for which wins; any such rule would
+            # drop one file's settings without a word.
+            problems.append(
+                ModelConfigError(
+                    f"model {name!r}: both {toml[0]} and {pbtxt[0]} exist; keep one of them"
+                )
+            )
+            return ModelConfig(), stamp
+        for chosen in (toml, pbtxt):
+            if chosen is not None:
+                source, _, found = chosen
+        if found is None or found.stat is None:
+            return ModelConfig(), stamp  # its problem is already recorded
+        try:
+            text = _read_text(found.real, found.stat, source, MAX_CONFIG_BYTES)
+            if toml is not None:
+                return ModelConfig.from_toml(text, source=source), stamp
+            config, files = self._parse_pbtxt(root, source, name, real_folder, text)
+        except ModelConfigError as exc:
+            problems.append(exc)
+            return ModelConfig(), stamp
+        return config, (*stamp, *files)
+
+    def _find_config(
+        self,
+        root: _Root,
+        name: str,
+        folder: str,
+        real_folder: str,
+        file_name: str,
+        problems: list[ModelLoadError],
+    ) -> tuple[str, tuple[object, ...], _Found | None] | None:
+        """One settings file: (path shown, stamp, where it is; None if unreadable), or None."""
+        source = os.path.join(folder, file_name)
+        path = os.path.join(real_folder, file_name)
         try:
             # A dangling link means a config was meant: serving with defaults instead would
             # drop its settings (pinning, providers) without a word.
             found = self._locate(root, path, dangling_ok=False)
         except OSError as exc:
             problems.append(ModelConfigError(f"{source}: cannot read it: {exc}"))
-            return ModelConfig(), ("unreadable", str(exc))
+            return source, ("unreadable", str(exc)), None
         if found is None:
-            return ModelConfig(), None
+            return None
         if found.stat is None:
             problems.append(self._outside(root, name, source, found.real))
-            return ModelConfig(), ("outside", found.real)
-        stamp: tuple[object, ...] = (found.real, found.stat.st_size, found.stat.st_mtime_ns)
+            return source, ("outside", found.real), None
+        return source, (found.real, found.stat.st_size, found.stat.st_mtime_ns), found
+
+    def _parse_pbtxt(
+        self, root: _Root, source: str, name: str, real_folder: str, text: str
+    ) -> tuple[ModelConfig, list[tuple[object, ...]]]:
+        """A config.pbtxt's text as a ModelConfig, and the stamps of the files it read.
+
+        The label and warm-up files it names are read from the model's folder, and each
+        one's stamp is part of the entry's fingerprint, so that changing one is a change.
+        """
+        files: list[tuple[object, ...]] = []
+        config = parse_pbtxt(
+            text,
+            source=source,
+            model_name=name,
+            read_labels=lambda path, field: self._read_labels(
+                root, source, real_folder, path, field, files
+            ),
+            read_warmup=lambda file_name, field, limit: _read_warmup(
+                source, real_folder, file_name, field, limit, files
+            ),
+        )
+        return config, files
+
+    def _read_labels(
+        self,
+        root: _Root,
+        source: str,
+        real_folder: str,
+        relative: str,
+        field: str,
+        stamps: list[tuple[object, ...]],
+    ) -> tuple[str, ...]:
+        """A label file named by a config.pbtxt, inside the model's folder: one label a line."""
+        shown = f"{source}: {field} {relative!r}"
+        if os.path.isabs(relative) or ".." in relative.replace("\\", "/").split("/"):
+            raise ModelConfigError(f"{shown} must be a path inside the model's folder")
         try:
-            text = _read_text(found.real, found.stat, source)
-            config = ModelConfig.from_toml(text, source=source)
-        except ModelConfigError as exc:
-            problems.append(exc)
-            return ModelConfig(), stamp
-        return config, stamp
+            found = self._locate(root, os.path.join(real_folder, relative), dangling_ok=False)
+        except OSError as exc:
+            raise ModelConfigError(f"{shown}: cannot read it: {exc}") from exc
+        if found is None:
+            raise ModelConfigError(f"{shown}: no such file in the model's folder")
+        if found.stat is None:
+            raise ModelConfigError(f"{shown} resolves outside the repository root")
+        stamps.append((found.real, found.stat.st_size, found.stat.st_mtime_ns))
+        text = _read_text(found.real, found.stat, shown, MAX_LABELS_BYTES)
+        return tuple(text.splitlines())
 
     def _read_version(
         self,
@@ -431,6 +602,7 @@ class Repository:
         folder: str,
         real_folder: str,
         child: str,
+        model_file: str,
         problems: list[ModelLoadError],
     ) -> ModelVersion | None:
         shown = os.path.join(folder, child)
@@ -443,13 +615,13 @@ class Repository:
                 return None
             if not stat.S_ISDIR(version_dir.stat.st_mode):
                 return None  # a file that happens to have a number for a name
-            shown = os.path.join(shown, _MODEL_FILE)
-            model = self._locate(root, os.path.join(version_dir.real, _MODEL_FILE))
+            shown = os.path.join(shown, model_file)
+            model = self._locate(root, os.path.join(version_dir.real, model_file))
         except OSError as exc:
             problems.append(ModelLoadError(f"model {name!r}: cannot stat {shown}: {exc}"))
             return None
         if model is None:
-            logger.debug("ignoring %s: no %s in it", os.path.dirname(shown), _MODEL_FILE)
+            logger.debug("ignoring %s: no %s in it", os.path.dirname(shown), model_file)
             return None
         if model.stat is None:
             problems.append(self._outside(root, name, shown, model.real))
@@ -469,25 +641,67 @@ def _only_if(found: _Found | None, is_kind: Callable[[int], bool]) -> _Found | N
     return None
 
 
-def _read_text(real: str, info: os.stat_result, source: str) -> str:
+def _read_text(real: str, info: os.stat_result, source: str, limit: int) -> str:
     if not stat.S_ISREG(info.st_mode):
         raise ModelConfigError(f"{source}: not a regular file")
-    if info.st_size > MAX_CONFIG_BYTES:
+    if info.st_size > limit:
         raise ModelConfigError(
-            f"{source}: {info.st_size} bytes is larger than the {MAX_CONFIG_BYTES}-byte limit"
+            f"{source}: {info.st_size} bytes is larger than the {limit}-byte limit"
         )
     try:
         with open(real, "rb") as file:
             # Read one byte past the limit: the file may have grown since it was stat'ed.
-            data = file.read(MAX_CONFIG_BYTES + 1)
+            data = file.read(limit + 1)
     except OSError as exc:
         raise ModelConfigError(f"{source}: cannot read it: {exc}") from exc
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ModelConfigError(f"{source}: larger than the {MAX_CONFIG_BYTES}-byte limit")
+    if len(data) > limit:
+        raise ModelConfigError(f"{source}: larger than the {limit}-byte limit")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ModelConfigError(f"{source}: not UTF-8 text: {exc}") from exc
+
+
+def _read_warmup(
+    source: str,
+    real_folder: str,
+    file_name: str,
+    field: str,
+    limit: int,
+    stamps: list[tuple[object, ...]],
+) -> bytes:
+    """A warm-up data file, ``warmup/<file_name>`` in the model's folder, as raw bytes.
+
+    Triton's layout: the file lies in the model folder's ``warmup/`` folder. Its real path
+    (symlinks followed) must stay inside the model's folder; it is read up to ``limit`` bytes.
+    """
+    shown = f"{source}: {field} {file_name!r}"
+    real = os.path.realpath(os.path.join(real_folder, "warmup", file_name))
+    folder = os.path.realpath(real_folder)
+    if os.path.commonpath([folder, real]) != folder:
+        raise ModelConfigError(f"{shown} resolves outside the model's folder ({real})")
+    try:
+        info = os.stat(real)
+    except FileNotFoundError:
+        raise ModelConfigError(f"{shown}: no such file in the model's warmup/ folder") from None
+    except OSError as exc:
+        raise ModelConfigError(f"{shown}: cannot read it: {exc}") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise ModelConfigError(f"{shown}: not a regular file")
+    if info.st_size > limit:
+        raise ModelConfigError(
+            f"{shown}: {info.st_size} bytes is larger than the {limit}-byte limit"
+        )
+    stamps.append((real, info.st_size, info.st_mtime_ns))
+    try:
+        with open(real, "rb") as file:
+            # One byte past the limit: the file may have grown since it was stat'ed.
+            data = file.read(limit + 1)
+    except OSError as exc:
+        raise ModelConfigError(f"{shown}: cannot read it: {exc}") from exc
+    if len(data) > limit:
+        raise ModelConfigError(f"{shown}: larger than the {limit}-byte limit")
+    return data
 
 
 def _make_entry(

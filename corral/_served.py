@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy.typing as npt
 
+from corral._config import ModelConfig
 from corral._counters import RunCounters
-from corral._errors import SessionClosed
+from corral._errors import InvalidInput, SessionClosed
 from corral._probe import BatchPlan
 from corral._runtime import Runtime
 from corral._scheduler import ModelQueue, QueueKey, Scheduler, deadline_after
@@ -48,6 +49,7 @@ class ServedVersion:
         "_runtime",
         "_scheduler",
         "batching",
+        "config",
         "counters",
         "dismiss",
         "fingerprint",
@@ -59,6 +61,7 @@ class ServedVersion:
         "name",
         "pinned",
         "queue_limit",
+        "row_limit",
         "run_admitted",
         "session",
         "size_bytes",
@@ -79,6 +82,7 @@ class ServedVersion:
         batch_window_us: int,
         queue_limit: int,
         counters: RunCounters,
+        config: ModelConfig | None = None,
     ) -> None:
         self.name = name
         self.version = version
@@ -95,6 +99,14 @@ class ServedVersion:
         self.batching = batching.reason
         self.window_us = batch_window_us
         self.queue_limit = queue_limit
+        #: The settings it was built with (its model.toml's or config.pbtxt's).
+        self.config = ModelConfig() if config is None else config
+        #: The most rows one request may bring; 0: no limit. A config.pbtxt's max_batch_size
+        #: bounds each request's batch dimension, as Triton's does; model.toml's bounds only
+        #: the batches formed.
+        self.row_limit = (
+            (self.config.max_batch_size or 0) if self.config.source == "config.pbtxt" else 0
+        )
         #: What its queue counts into: the Host's counters of this version, shared by every
         #: copy of it, so that they outlive this one.
         self.counters = counters
@@ -159,7 +171,21 @@ class ServedVersion:
     ) -> dict[str, npt.NDArray[Any]]:
         """Run on the calling thread; raises SessionClosed once it is out of service."""
         self.last_used = time.time()
+        if self.row_limit:
+            self.check_rows(inputs)
         return self.session.run(inputs, outputs)
+
+    def check_rows(self, inputs: Mapping[str, Any]) -> None:
+        """Refuse inputs with more rows than :attr:`row_limit` (Triton's words first)."""
+        for tensor, value in inputs.items():
+            shape = getattr(value, "shape", None)
+            if shape and shape[0] > self.row_limit:
+                raise InvalidInput(
+                    f"inference request batch-size must be <= {self.row_limit} for "
+                    f"{self.name!r}: input {tensor!r} has {shape[0]} rows, and the model's "
+                    f"config.pbtxt says max_batch_size: {self.row_limit}",
+                    tensor=tensor,
+                )
 
     def enqueue(
         self,
@@ -177,14 +203,29 @@ class ServedVersion:
         try:
             signature = self.session.signature
             feed = signature.prepare_inputs(inputs)
+            if self.row_limit:
+                self.check_rows(feed)
             names = signature.output_names(outputs)
             queue = self._queue or self._make_queue()
             scheduler = self._scheduler
             assert scheduler is not None  # set with the queue
-            scheduler.submit(queue, feed, names, future, deadline, loop)
+            scheduler.submit(queue, feed, names, future, self._queue_deadline(deadline), loop)
         except BaseException:
             self.session.dismiss(1)
             raise
+
+    def _queue_deadline(self, deadline: float | None) -> float | None:
+        """The deadline a request waits in the queue under: a config.pbtxt's queue policy.
+
+        ``default_timeout_microseconds`` counts from now (the request's queueing) and applies
+        to a request with no timeout of its own, or to every request when
+        ``allow_timeout_override`` is false (as in Triton, the queue then keeps the config's;
+        the request's own timeout has already bounded its wait for the load).
+        """
+        timeout_us = self.config.queue_timeout_us
+        if timeout_us is None or (deadline is not None and self.config.queue_timeout_override):
+            return deadline
+        return deadline_after(timeout_us / 1e6)
 
     def _make_queue(self) -> ModelQueue:
         with self._queue_lock:
@@ -236,10 +277,27 @@ class HostLease:
         """Why requests for this version share runs or not, in one line (see docs/scheduler.md)."""
         return self._served.batching
 
+    @property
+    def config(self) -> ModelConfig:
+        """The settings this version was built with (model.toml's, config.pbtxt's or none)."""
+        return self._served.config
+
+    @property
+    def batch_window_us(self) -> int:
+        """How long a batch of this version waits to fill, in microseconds (0: never)."""
+        return self._served.window_us
+
+    @property
+    def queue_limit(self) -> int:
+        """How many requests for this version may wait in its queue."""
+        return self._served.queue_limit
+
     def run(
         self, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None
     ) -> dict[str, npt.NDArray[Any]]:
         """Run the model on the calling thread (see :meth:`Session.run`)."""
+        if self._served.row_limit:
+            self._served.check_rows(inputs)
         return self._lease.run(inputs, outputs)
 
     async def infer_async(

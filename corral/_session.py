@@ -26,7 +26,7 @@ from corral._providers import (
     resolve_providers,
 )
 from corral._runtime import Runtime, runtime
-from corral._signature import Signature, TensorSpec
+from corral._signature import ReshapedSignature, Signature, TensorSpec
 
 __all__ = ["Lease", "ModelSource", "Session", "SessionState"]
 
@@ -101,6 +101,8 @@ class Session:
             self._runtime._unregister(self)
             raise
         self._signature = Signature.from_session(replicas[0])
+        # Set by reshape_tensors before the session is shared, then only read.
+        self._reshaped: ReshapedSignature | None = None
         self._providers = tuple(replicas[0].get_providers())
         replicas = tuple(_ort.runner(replica) for replica in replicas)
         with self._state_lock:
@@ -275,9 +277,25 @@ class Session:
                 released = not admitted and self._end_use_locked()
             if released:
                 self._runtime._unregister(self)
+        reshaped = self._reshaped
+        if reshaped is not None:
+            return reshaped.restore_outputs(dict(zip(names, results, strict=True)))
         if len(names) == 1:
             return {names[0]: results[0]}
         return dict(zip(names, results, strict=True))
+
+    def reshape_tensors(self, signature: ReshapedSignature) -> None:
+        """Show the model's tensors in other shapes (a config.pbtxt's ``reshape``).
+
+        From then on requests are checked against ``signature``'s shapes and reshaped to the
+        model's, and outputs are reshaped back. Call it once, right after construction and
+        before the session is shared with other threads (the Host's loader does, before it
+        publishes the version): it is not synchronised with runs.
+        """
+        if self._reshaped is not None:
+            raise RuntimeError(f"session {self._name!r} already reshapes its tensors")
+        self._signature = signature
+        self._reshaped = signature
 
     def acquire(self) -> Lease:
         """Hold the session open: close() waits until the lease is released.

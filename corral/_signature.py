@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from corral._errors import InvalidInput
+from corral._errors import InferenceError, InvalidInput
 
-__all__ = ["Dim", "Signature", "TensorSpec"]
+__all__ = ["Dim", "ReshapedSignature", "Signature", "TensorSpec"]
 
 #: One dimension: a fixed size, or a name / None for a dynamic one.
 Dim = int | str | None
@@ -315,3 +315,73 @@ class Signature:
     @staticmethod
     def _names(specs: Sequence[TensorSpec]) -> str:
         return ", ".join(f"{s.name!r} {s.describe()}" for s in specs) or "(none)"
+
+
+#: One reshaped tensor: its name, the shape it takes on the other side (without the batch
+#: dimension when rows are kept; -1 for at most one dimension numpy infers).
+Reshape = tuple[str, tuple[int, ...]]
+
+
+class ReshapedSignature(Signature):
+    """A signature whose tensors the client sees in other shapes (Triton's ``reshape``).
+
+    ``inputs`` and ``outputs`` are the client's side: what requests are checked against and
+    what metadata reports. :meth:`prepare_inputs` checks a request against them, then
+    reshapes each input named in ``input_shapes`` to the model's shape; :meth:`restore_outputs`
+    reshapes the model's outputs named in ``output_shapes`` to the client's. With
+    ``keep_rows`` the first dimension is the batch's and is kept as it is on both sides, so
+    that the scheduler stacks and splits rows of reshaped requests as of any others. Only
+    numpy views are made: no data is copied.
+    """
+
+    def __init__(
+        self,
+        inputs: tuple[TensorSpec, ...],
+        outputs: tuple[TensorSpec, ...],
+        *,
+        model: Signature,
+        input_shapes: tuple[Reshape, ...],
+        output_shapes: tuple[Reshape, ...],
+        keep_rows: bool,
+    ) -> None:
+        super().__init__(inputs, outputs)
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "input_shapes", input_shapes)
+        object.__setattr__(self, "output_shapes", output_shapes)
+        object.__setattr__(self, "keep_rows", keep_rows)
+
+    # Set in __init__ (the dataclass is frozen, and these are not its fields).
+    model: Signature
+    input_shapes: tuple[Reshape, ...]
+    output_shapes: tuple[Reshape, ...]
+    keep_rows: bool
+
+    def prepare_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """Check every input in the client's shapes, then reshape it to the model's."""
+        feed = super().prepare_inputs(inputs)
+        for name, shape in self.input_shapes:
+            feed[name] = self._reshape("input", name, feed[name], shape)
+        return feed
+
+    def restore_outputs(self, outputs: dict[str, Any]) -> dict[str, Any]:
+        """Reshape the model's outputs (those computed) to the client's shapes, in place."""
+        for name, shape in self.output_shapes:
+            if name in outputs:
+                outputs[name] = self._reshape("output", name, outputs[name], shape)
+        return outputs
+
+    def _reshape(self, kind: str, name: str, value: Any, shape: tuple[int, ...]) -> Any:
+        target = (value.shape[0], *shape) if self.keep_rows else shape
+        try:
+            return value.reshape(target)
+        except ValueError:
+            # An output the model gives in another shape than it declares (onnxruntime only
+            # warns). An input cannot get here: it was checked against its dims, and the
+            # config check made the reshape keep any such shape's element count.
+            message = (
+                f"{kind} {name!r} of shape {list(value.shape)} cannot be reshaped to "
+                f"{list(target)} (the config.pbtxt's reshape): its element count does not fit"
+            )
+            if kind == "output":
+                raise InferenceError(f"the model's {message}") from None
+            raise InvalidInput(message, tensor=name) from None

@@ -189,10 +189,63 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
         help_text = f"{field.description} ({variable}{default})"
         if field.annotation is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
+        elif name == "load_model":  # repeatable, as Triton's
+            parser.add_argument(flag, action="append", metavar="NAME", help=help_text)
         else:
             # Values go to ServerSettings as text: it converts and checks them, as it does
             # the environment's.
             parser.add_argument(flag, metavar=name.upper(), help=help_text)
+    for spelling, setting in TRITON_SPELLINGS.items():
+        parser.add_argument(
+            "--" + spelling.replace("_", "-"),
+            dest=spelling,
+            metavar=setting.upper(),
+            help=f"Triton's spelling of {_spelled(setting)}",
+        )
+
+
+#: Triton's spellings of corral serve's options: ``{Triton's option: corral's setting}``.
+TRITON_SPELLINGS = {
+    "model_repository": "repository",
+    "repository_poll_secs": "poll_interval_s",
+    "exit_timeout_secs": "drain_timeout_s",
+    "allow_client_shm": "system_shared_memory",
+}
+
+
+def _spelled(setting: str) -> str:
+    return "REPOSITORY" if setting == "repository" else "--" + setting.replace("_", "-")
+
+
+def _triton_spellings(args: argparse.Namespace, given: dict[str, Any]) -> str | None:
+    """Fold Triton's spellings into ``given``; a problem if both spellings differ."""
+    for spelling, setting in TRITON_SPELLINGS.items():
+        value = getattr(args, spelling, None)
+        if value is None:
+            continue
+        other = given.get(setting)
+        if other is not None and not _same_setting(setting, value, other):
+            return (
+                f"--{spelling.replace('_', '-')} {value} and {_spelled(setting)} {other} "
+                "name the same setting with different values: give one"
+            )
+        given[setting] = value
+    return None
+
+
+def _same_setting(setting: str, one: str, other: str | bool) -> bool:
+    if setting == "repository":
+        return Path(one).resolve() == Path(str(other)).resolve()
+    if isinstance(other, bool):  # corral's --flag / --no-flag against Triton's =true / =false
+        return (
+            one.strip().lower() in ("true", "1", "yes", "on")
+            if other
+            else (one.strip().lower() in ("false", "0", "no", "off"))
+        )
+    try:
+        return float(one) == float(other)
+    except ValueError:
+        return one == other
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -210,6 +263,10 @@ def _serve(args: argparse.Namespace) -> int:
     from corral.server.settings import ServerSettings, unknown_variables
 
     given = {name: getattr(args, name, None) for name in ServerSettings.model_fields}
+    conflict = _triton_spellings(args, given)
+    if conflict is not None:
+        print(f"corral serve: error: {conflict}", file=sys.stderr)
+        return 2
     try:
         settings = ServerSettings(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as exc:

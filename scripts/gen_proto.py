@@ -1,19 +1,25 @@
-"""Regenerate corral's gRPC modules from ``corral/protocol/proto/grpc_service.proto``.
+"""Regenerate corral's protobuf modules from its two ``.proto`` files.
+
+``corral/_proto/model_config.proto`` (Triton's model configuration: read from config.pbtxt by
+the core, so it lives beside the core) and ``corral/protocol/proto/grpc_service.proto`` (the
+gRPC service, which imports the first publicly).
 
 Usage::
 
-    python scripts/gen_proto.py            # rewrite the modules beside the .proto
-    python scripts/gen_proto.py --out DIR  # write them to DIR instead (the tests compare)
+    python scripts/gen_proto.py            # rewrite the modules beside each .proto
+    python scripts/gen_proto.py --out DIR  # write them all to DIR instead (the tests compare)
 
 Runs ``grpc_tools.protoc`` (pinned in the ``dev`` extra, so that output is the same on every
-machine) and then makes two fixes, each checked to apply exactly once:
+machine) and then makes these fixes, each checked to apply:
 
-* the gRPC module imports its messages package-relatively (protoc writes a top-level
-  ``import grpc_service_pb2``, which only works with the folder on ``sys.path``);
+* the modules import each other package-relatively or by their full name (protoc writes a
+  top-level ``import grpc_service_pb2`` / ``model_config_pb2``, which only works with the
+  folder on ``sys.path``);
 * the messages go into a descriptor pool of their own, not protobuf's default pool.
   tritonclient (and MLServer, KServe) register the same ``inference.*`` names in the default
   pool, and protobuf refuses a second definition of a name, so without this a process could
-  not import both corral's server and a stock client.
+  not import both corral's server and a stock client. ``model_config_pb2`` makes the pool;
+  ``grpc_service_pb2`` adds its file to that same pool, since it depends on the first.
 
 The generated files are never edited by hand: ``tests/test_server_grpc.py`` regenerates them
 and fails if the committed copies differ.
@@ -27,56 +33,115 @@ from pathlib import Path
 
 PROTO_DIR = Path(__file__).resolve().parent.parent / "corral" / "protocol" / "proto"
 PROTO = "grpc_service.proto"
+CONFIG_PROTO_DIR = Path(__file__).resolve().parent.parent / "corral" / "_proto"
+CONFIG_PROTO = "model_config.proto"
 
-# (file, what protoc writes, what corral needs): each must match exactly once.
-_FIXES = (
+# (file, what protoc writes, what corral needs, how many times it must match; None: at least
+# once, as the stubs' one import line per name re-exported).
+_FIXES: tuple[tuple[str, str, str, int | None], ...] = (
     (
         "grpc_service_pb2_grpc.py",
         "import grpc_service_pb2 as grpc__service__pb2\n",
         "from . import grpc_service_pb2 as grpc__service__pb2\n",
+        1,
+    ),
+    (
+        "model_config_pb2.py",
+        "DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(",
+        "# corral: a pool of its own, so that tritonclient's copy of these names can coexist.\n"
+        "DESCRIPTOR = _descriptor_pool.DescriptorPool().AddSerializedFile(",
+        1,
     ),
     (
         "grpc_service_pb2.py",
         "DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(",
-        "# corral: a pool of its own, so that tritonclient's copy of these names can coexist.\n"
-        "DESCRIPTOR = _descriptor_pool.DescriptorPool().AddSerializedFile(",
+        "# corral: model_config_pb2's pool (its own, see there), which this file imports.\n"
+        "DESCRIPTOR = model__config__pb2.DESCRIPTOR.pool.AddSerializedFile(",
+        1,
+    ),
+    (
+        "grpc_service_pb2.py",
+        "import model_config_pb2 as model__config__pb2\n",
+        "from corral._proto import model_config_pb2 as model__config__pb2\n",
+        1,
+    ),
+    (
+        "grpc_service_pb2.py",
+        "from model_config_pb2 import *\n",
+        "from corral._proto.model_config_pb2 import *\n",
+        1,
+    ),
+    (
+        "grpc_service_pb2.pyi",
+        "import model_config_pb2 as _model_config_pb2\n",
+        "from corral._proto import model_config_pb2 as _model_config_pb2\n",
+        1,
+    ),
+    (
+        "grpc_service_pb2.pyi",
+        "from model_config_pb2 import ",
+        "from corral._proto.model_config_pb2 import ",
+        None,
     ),
 )
 
 
-def generate(out: Path) -> list[Path]:
-    """Write ``grpc_service_pb2.py``, ``.pyi`` and ``_pb2_grpc.py`` into ``out``; return them."""
+def _protoc(proto: Path, out: Path, *, grpc: bool) -> None:
     from grpc_tools import protoc  # a dev dependency: only this script needs it
 
     out.mkdir(parents=True, exist_ok=True)
-    status = protoc.main(
-        [
-            "grpc_tools.protoc",
-            f"--proto_path={PROTO_DIR}",
-            f"--python_out={out}",
-            f"--pyi_out={out}",
-            f"--grpc_python_out={out}",
-            str(PROTO_DIR / PROTO),
-        ]
-    )
+    arguments = [
+        "grpc_tools.protoc",
+        f"--proto_path={CONFIG_PROTO_DIR}",
+        f"--proto_path={PROTO_DIR}",
+        f"--python_out={out}",
+        f"--pyi_out={out}",
+    ]
+    if grpc:
+        arguments.append(f"--grpc_python_out={out}")
+    status = protoc.main([*arguments, str(proto)])
     if status != 0:
-        raise RuntimeError(f"protoc failed on {PROTO_DIR / PROTO} (exit status {status})")
-    for name, written, needed in _FIXES:
-        path = out / name
+        raise RuntimeError(f"protoc failed on {proto} (exit status {status})")
+
+
+def generate(out: Path | None = None) -> list[Path]:
+    """Write every generated module (beside its .proto, or all into ``out``); return them.
+
+    ``model_config_pb2.py`` and ``.pyi``; ``grpc_service_pb2.py``, ``.pyi`` and
+    ``_pb2_grpc.py``.
+    """
+    config_out = CONFIG_PROTO_DIR if out is None else out
+    service_out = PROTO_DIR if out is None else out
+    _protoc(CONFIG_PROTO_DIR / CONFIG_PROTO, config_out, grpc=False)
+    _protoc(PROTO_DIR / PROTO, service_out, grpc=True)
+    written_paths = [
+        config_out / "model_config_pb2.py",
+        config_out / "model_config_pb2.pyi",
+        service_out / "grpc_service_pb2.py",
+        service_out / "grpc_service_pb2.pyi",
+        service_out / "grpc_service_pb2_grpc.py",
+    ]
+    by_name = {path.name: path for path in written_paths}
+    for name, written, needed, times in _FIXES:
+        path = by_name[name]
         text = path.read_text()
-        if text.count(written) != 1:
+        found = text.count(written)
+        if found == 0 or (times is not None and found != times):
             raise RuntimeError(
-                f"{path}: expected protoc to write {written!r} once; the generator changed, "
-                "so update scripts/gen_proto.py"
+                f"{path}: expected protoc to write {written!r} "
+                f"{'at least once' if times is None else f'{times} time(s)'}, found {found}; "
+                "the generator changed, so update scripts/gen_proto.py"
             )
         path.write_text(text.replace(written, needed))
-    return [out / "grpc_service_pb2.py", out / "grpc_service_pb2.pyi", out / _FIXES[0][0]]
+    return written_paths
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line and regenerate; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=PROTO_DIR, help="where to write the modules")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="where to write the modules (default: beside each)"
+    )
     args = parser.parse_args(argv)
     for path in generate(args.out):
         print(f"wrote {path}")

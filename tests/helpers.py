@@ -257,6 +257,23 @@ def load_benchmark(relative_path: str) -> ModuleType:
     return module
 
 
+def load_module(relative_path: str) -> ModuleType:
+    """A script of this repository (``scripts/triton_examples.py``, say), imported by its path.
+
+    Loaded once per test session, as a module named after its file.
+    """
+    path = BENCHMARKS.parent / relative_path
+    if path.stem in sys.modules:
+        return sys.modules[path.stem]
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 # What the reliability suite's ``figure`` fixture records with: ``figure("what", value)``.
 Figure = Callable[[str, object], None]
 

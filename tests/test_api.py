@@ -36,6 +36,7 @@ def test_public_names_are_pinned():
             "ModelStatus",
             "LoadTimeout",
             "ModelTooLarge",
+            "UploadRefused",
             "ModelVersion",
             "Overloaded",
             "ProviderTraits",
@@ -73,6 +74,7 @@ def test_every_error_is_a_corral_error():
         corral.ModelConfigError,
         corral.ModelNotFound,
         corral.ModelTooLarge,
+        corral.UploadRefused,
         corral.LoadTimeout,
         corral.RepositoryError,
         corral.Overloaded,
@@ -94,6 +96,7 @@ def test_every_error_is_a_corral_error():
     assert issubclass(corral.ModelConfigError, corral.ModelLoadError)
     assert issubclass(corral.ModelTooLarge, corral.ModelLoadError)
     assert issubclass(corral.LoadTimeout, corral.ModelLoadError)
+    assert issubclass(corral.UploadRefused, corral.ModelConfigError)
 
 
 def test_import_starts_nothing():

@@ -106,9 +106,9 @@ def test_large_bodies_are_decoded_off_the_event_loop(host: Host, monkeypatch: py
     decoded_on: list[str] = []
     decode = corral.server.http.decode_request
 
-    def recording(body: bytes, header_length: int | None) -> Any:
+    def recording(body: bytes, header_length: int | None, **options: Any) -> Any:
         decoded_on.append(threading.current_thread().name)
-        return decode(body, header_length)
+        return decode(body, header_length, **options)
 
     monkeypatch.setattr(corral.server.http, "decode_request", recording)
     budget = BodyBudget(8 * DECODE_INLINE_BYTES)

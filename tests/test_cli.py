@@ -20,7 +20,7 @@ import pytest
 
 import corral
 import corral.demo
-from corral.cli import main
+from corral.cli import main, ratio
 from corral.demo import WorkerFailed, build_models, run_worker
 from corral.testing import build_model
 from tests.helpers import add_model
@@ -283,3 +283,42 @@ def test_models_without_preload_loads_nothing(tmp_path: Path) -> None:
     assert completed.returncode == 0, completed.stderr
     assert "unloaded" in completed.stdout
     assert "0 versions loaded" in completed.stdout
+
+
+@pytest.mark.parametrize(
+    ("absent", "argv", "message"),
+    [
+        # Without the server extra, even its flags cannot be parsed: the install is named.
+        (
+            ["pydantic_settings", "corral.server.settings"],
+            ["serve", ".", "--http-port", "1"],
+            "corral serve needs: pip install 'corral[server]'",
+        ),
+        (["grpc"], ["serve", "."], "corral serve needs: pip install 'corral[grpc]'"),
+        (
+            ["ray", "corral.ray._config"],
+            ["ray-serve", ".", "--num-replicas", "2"],
+            "corral ray-serve needs: pip install 'corral[ray,server]'",
+        ),
+    ],
+)
+def test_a_missing_extra_says_which_to_install_whatever_the_arguments(
+    monkeypatch: pytest.MonkeyPatch, absent: list[str], argv: list[str], message: str
+) -> None:
+    for module in absent:
+        monkeypatch.setitem(sys.modules, module, None)  # the import machinery: absent
+
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+
+    assert exited.value.code == message
+
+
+@pytest.mark.parametrize(
+    ("numerator", "denominator", "shown"),
+    [(1, 0, "-"), (0, 5, "0.00x"), (250, 10, "25x"), (12_000, 1, "12,000x"), (3, 1003, "0.003x")],
+)
+def test_ratio_keeps_two_significant_digits_below_a_tenth(
+    numerator: float, denominator: float, shown: str
+) -> None:
+    assert ratio(numerator, denominator) == shown

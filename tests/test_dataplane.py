@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import corral
-from corral import Host
+from corral import Host, _loader
 from corral.protocol import (
     DataPlane,
     InferInput,
@@ -50,17 +51,35 @@ def test_health_and_server_metadata(versioned_repo: Path):
     assert (plane.live(), plane.ready()) == (False, False)
 
 
-def test_model_ready_follows_loading_and_unknown_models_are_not_found(versioned_repo: Path):
+def test_model_ready_loads_the_model_and_unknown_models_are_not_found(versioned_repo: Path):
     with Host(versioned_repo) as host:
         plane = DataPlane(host)
-        assert not asyncio.run(plane.model_ready("mlp"))
-        host.infer("mlp", {"X": X})
-        assert asyncio.run(plane.model_ready("mlp"))
+        assert host.status("mlp").state is corral.ModelState.UNLOADED
+        assert asyncio.run(plane.model_ready("mlp"))  # loaded by the readiness request
+        assert host.status("mlp").state is corral.ModelState.READY
         assert asyncio.run(plane.model_ready("mlp", "1"))
+        assert asyncio.run(plane.model_ready("tree", "2"))
         with pytest.raises(corral.ModelNotFound, match="nope"):
             asyncio.run(plane.model_ready("nope"))
-        with pytest.raises(corral.ModelNotFound, match="no version 7"):
+        with pytest.raises(
+            corral.ModelNotFound, match="Request for unknown model: 'mlp' version 7 is not found"
+        ):
             asyncio.run(plane.model_ready("mlp", "7"))
+
+
+@pytest.mark.timeout(60)
+def test_readiness_requests_at_once_for_a_model_not_loaded_load_it_once(versioned_repo: Path):
+    with Host(versioned_repo) as host:
+        plane = DataPlane(host)
+
+        async def ask() -> list[bool]:
+            return await asyncio.gather(*(plane.model_ready("mlp") for _ in range(16)))
+
+        assert asyncio.run(ask()) == [True] * 16
+        assert host.stats().loads == 1  # one load, whichever request started it
+        asyncio.run(plane.unload("mlp"))
+        assert asyncio.run(ask()) == [False] * 16  # unloaded through the protocol: not loaded
+        assert host.stats().loads == 1
 
 
 def test_metadata_and_config_describe_the_signature(versioned_repo: Path):
@@ -189,4 +208,84 @@ def test_repository_index_load_and_unload(versioned_repo: Path):
         ] == [("mlp", "1")]
         asyncio.run(plane.unload("mlp"))
         assert asyncio.run(plane.repository_index(ready_only=True)) == []
+        # Unloaded through the protocol: readiness does not load it again ...
         assert not asyncio.run(plane.model_ready("mlp"))
+        assert host.status("mlp").state is corral.ModelState.UNLOADED
+        # ... until it is loaded again, by a request or through the protocol.
+        host.infer("mlp", {"X": X})
+        assert asyncio.run(plane.model_ready("mlp"))
+        asyncio.run(plane.unload("mlp"))
+        asyncio.run(plane.load("mlp"))
+        assert asyncio.run(plane.model_ready("mlp"))
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_model_is_not_ready_and_the_index_says_why(versioned_repo: Path):
+    with Host(versioned_repo) as host:
+        plane = DataPlane(host)
+        assert not asyncio.run(plane.model_ready("broken"))
+        (row,) = [r for r in asyncio.run(plane.repository_index()) if r.name == "broken"]
+        assert (row.state, "could not load" in row.reason) == ("UNAVAILABLE", True)
+        assert not asyncio.run(plane.model_ready("broken"))  # the failure, not a second load
+
+
+@pytest.mark.timeout(60)
+def test_a_readiness_request_waits_at_most_its_timeout_for_the_load(
+    versioned_repo: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # A load held on an event: readiness answers False at its timeout; the load goes on and
+    # a readiness request once it finished answers True.
+    release = threading.Event()
+    entered = threading.Event()
+    build = _loader.Session
+
+    def held_session(*args: Any, **kwargs: Any) -> corral.Session:
+        entered.set()
+        assert release.wait(30)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(_loader, "Session", held_session)
+    with Host(versioned_repo) as host:
+        plane = DataPlane(host, ready_load_timeout_s=0.2)
+        try:
+            assert not asyncio.run(plane.model_ready("tree", "1"))
+            assert entered.is_set()
+        finally:
+            release.set()
+        host.acquire("tree", 1).release()  # joins the load still in flight
+        assert asyncio.run(plane.model_ready("tree", "1"))
+
+
+@pytest.mark.timeout(60)
+def test_the_server_is_not_ready_until_the_models_to_load_at_start_are_loaded(
+    versioned_repo: Path, monkeypatch: pytest.MonkeyPatch
+):
+    release = threading.Event()
+    entered = threading.Event()
+    build = _loader.Session
+
+    def held_session(*args: Any, **kwargs: Any) -> corral.Session:
+        entered.set()
+        assert release.wait(30)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(_loader, "Session", held_session)
+    with Host(versioned_repo) as host:
+        plane = DataPlane(host, loads_at_start=True, explicit=True)
+        assert not plane.ready()
+        failures: list[dict[str, corral.CorralError]] = []
+        loader = threading.Thread(target=lambda: failures.append(plane.preload(["mlp", "nope"])))
+        loader.start()
+        try:
+            assert entered.wait(30)
+            assert not plane.ready()  # mlp is still loading
+        finally:
+            release.set()
+            loader.join(30)
+        assert plane.ready()
+        (failed,) = failures
+        assert list(failed) == ["nope"]
+        assert isinstance(failed["nope"], corral.ModelNotFound)
+        assert asyncio.run(plane.model_ready("mlp"))  # loaded at start: served explicitly
+        assert not asyncio.run(plane.model_ready("tree"))  # explicit: readiness loads nothing
+        assert host.status("tree").state is corral.ModelState.UNLOADED

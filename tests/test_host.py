@@ -218,7 +218,9 @@ def test_versions_newest_by_default_policy_and_explicit(tmp_path: Path):
         np.testing.assert_array_equal(host.infer("v", {"X": X})["Y"], expect[3])
         with pytest.raises(corral.ModelNotFound, match="not served"):
             host.infer("v", {"X": X}, version=1)
-        with pytest.raises(corral.ModelNotFound, match="no version 9"):
+        with pytest.raises(
+            corral.ModelNotFound, match="Request for unknown model: 'v' version 9 is not found"
+        ):
             host.infer("v", {"X": X}, version=9)
         np.testing.assert_array_equal(host.infer("two", {"X": X}, version="2")["Y"], expect[2])
         np.testing.assert_array_equal(host.infer("two", {"X": X})["Y"], expect[3])

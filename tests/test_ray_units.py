@@ -260,7 +260,7 @@ def test_a_replica_answers_routes_known_models_and_names_itself(
     assert list(fake_serve.routed) == ["tree"]
     missing = forward(replica, fake_serve, infer_call("nope"))
     assert missing.status == 404
-    assert b"no model 'nope'" in missing.body
+    assert b"Request for unknown model: 'nope' is not found" in missing.body
     bad = forward(replica, fake_serve, infer_call("..%2Fetc"))
     assert bad.status == 400
     health = forward(replica, fake_serve, HttpCall("GET", "/v2/health/ready", b"", (), b""))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -724,3 +725,77 @@ def test_a_switched_root_symlink_is_read_against_its_new_target(
     link.unlink()
     with pytest.raises(RepositoryError, match=r"cannot list model repository .*current"):
         repo.names()
+
+
+# -- what cannot be read ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["loop", "loop.onnx"])
+def test_a_symlink_loop_is_skipped_in_the_listing_and_reported_when_asked_for(
+    root: Path, linear_model: bytes, name: str, caplog: pytest.LogCaptureFixture
+):
+    add_model(root, "m", linear_model)
+    (root / name).symlink_to(root / name)
+    repo = Repository(root)
+    with caplog.at_level(logging.DEBUG, logger="corral._repository"):
+        assert repo.names() == ["m"]
+    assert f"skipping {name!r} in the model repository: cannot stat it" in caplog.text
+    entry = repo.entry("loop")
+    assert isinstance(entry.error, ModelLoadError)
+    assert "model 'loop': cannot stat it:" in str(entry.error)
+    assert "Too many levels of symbolic links" in str(entry.error)
+
+
+def test_a_loads_config_for_a_bare_model_file_is_refused(root: Path, linear_model: bytes):
+    (root / "m.onnx").write_bytes(linear_model)
+    with corral.Host(root) as host:
+        with pytest.raises(ModelConfigError) as caught:
+            host.load("m", config='{"max_batch_size": 4}')
+        assert "is the file" in str(caught.value)
+        assert "a load's config applies only to a model folder" in str(caught.value)
+        assert host.repository.override("m") is None  # taken back with the failed load
+        host.load("m")
+        assert host.infer("m", {"X": X})["Y"].shape == (2, 1)
+
+
+def test_uploaded_files_removed_behind_the_hosts_back_are_reported(root: Path, linear_model: bytes):
+    with corral.Host(root) as host:
+        host.load("fresh", config="{}", files={"1/model.onnx": linear_model})
+        override = host.repository.override("fresh")
+        assert override is not None
+        assert override.folder is not None
+        shutil.rmtree(override.folder)
+        entry = host.repository.entry("fresh")
+        assert isinstance(entry.error, ModelLoadError)
+        assert f"its uploaded files in {override.folder} are gone" in str(entry.error)
+
+
+def test_every_problem_of_a_model_is_named_together(root: Path, linear_model: bytes):
+    add_model(root, "m", linear_model)
+    (root / "m" / "2" / "model.onnx").mkdir(parents=True)
+    (root / "m" / "3" / "model.onnx").mkdir(parents=True)
+    error = Repository(root).entry("m").error
+    assert isinstance(error, ModelLoadError)
+    assert str(error).startswith("model 'm' has 2 problems: "), error
+    assert "2/model.onnx is not a regular file" in str(error)
+    assert "3/model.onnx is not a regular file" in str(error)
+
+
+def test_a_dangling_version_link_is_no_version(root: Path, linear_model: bytes):
+    # As a version folder without its model file: a version being replaced, not an error.
+    add_model(root, "m", linear_model)
+    (root / "m" / "2").symlink_to(root / "m" / "not-yet")
+    entry = Repository(root).entry("m")
+    assert entry.error is None
+    assert list(entry.versions) == [1]
+
+
+def test_a_repository_removed_under_it_is_an_error_not_a_missing_model(
+    root: Path, linear_model: bytes
+):
+    add_model(root, "m", linear_model)
+    repo = Repository(root)
+    assert repo.entry("m").error is None
+    shutil.rmtree(root)
+    with pytest.raises(RepositoryError, match="is gone"):
+        repo.entry("m")

@@ -18,7 +18,7 @@ import pytest
 import corral
 import corral.server.app
 from corral import HostOptions
-from corral.cli import _parser, main
+from corral.cli import TRITON_SPELLINGS, _parser, main
 from corral.server.settings import HOST_OPTIONS_NOT_SERVED, ServerSettings
 
 # A value other than the default for every field, as the command line and the environment
@@ -44,7 +44,14 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "header_timeout_s": ("2.5", 2.5),
     "idle_timeout_s": ("7.5", 7.5),
     "max_connections": ("100", 100),
+    "ready_load_timeout_s": ("2.5", 2.5),
+    "server_name": ("triton", "triton"),
+    "model_control_mode": ("explicit", "explicit"),
+    "load_model": ("mlp", ("mlp",)),
+    "max_shared_memory_regions": ("16", 16),
 }
+# Switches: a flag and its --no- form; the sample is the one that is not the default.
+SWITCHES = {"batching", "system_shared_memory"}
 
 
 @pytest.fixture
@@ -79,8 +86,10 @@ def value(settings: ServerSettings, name: str) -> Any:
 
 def test_every_field_is_a_flag_whose_help_names_its_variable():
     flags = serve_flags()
-    assert set(flags) == set(ServerSettings.model_fields)
+    assert set(flags) == set(ServerSettings.model_fields) | set(TRITON_SPELLINGS)
     for name, action in flags.items():
+        if name in TRITON_SPELLINGS:
+            continue
         variable = f"CORRAL_{name.upper()}"
         assert variable in (action.help or ""), name
         if name != "repository":
@@ -92,10 +101,11 @@ def test_a_flag_and_its_variable_set_the_same_setting(
     name: str, tmp_path: Path, served: list[ServerSettings], monkeypatch: pytest.MonkeyPatch
 ):
     flag = "--" + name.replace("_", "-")
-    if name == "batching":
-        assert main(["serve", str(tmp_path), "--no-batching"]) == 0
-        monkeypatch.setenv("CORRAL_BATCHING", "false")
-        expected: Any = False
+    if name in SWITCHES:
+        expected: Any = not ServerSettings.model_fields[name].default
+        switch = flag if expected else "--no-" + flag.removeprefix("--")
+        assert main(["serve", str(tmp_path), switch]) == 0
+        monkeypatch.setenv(f"CORRAL_{name.upper()}", str(expected).lower())
     else:
         text, expected = SAMPLES[name]
         assert main(["serve", str(tmp_path), f"{flag}={text}"]) == 0
@@ -115,7 +125,7 @@ def test_the_repository_comes_from_its_variable_too(
 
 
 def test_samples_cover_every_field():
-    assert set(SAMPLES) | {"repository", "batching"} == set(ServerSettings.model_fields)
+    assert set(SAMPLES) | {"repository"} | SWITCHES == set(ServerSettings.model_fields)
 
 
 def test_a_bad_value_names_its_flag_and_variable(
@@ -172,3 +182,105 @@ def test_host_options_are_one_object_for_the_library_too(tmp_path: Path):
         assert (host.options.max_queue_per_model, host.options.batching) == (3, False)
     with pytest.raises(corral.InvalidOption, match="load_concurrency"):
         corral.Host(tmp_path, load_concurrency=0)
+
+
+@pytest.mark.parametrize(
+    ("triton", "corral_flag", "name", "text", "expected"),
+    [
+        ("--repository-poll-secs", "--poll-interval-s", "poll_interval_s", "4", 4.0),
+        ("--exit-timeout-secs", "--drain-timeout-s", "drain_timeout_s", "2", 2.0),
+    ],
+)
+def test_tritons_spellings_set_corrals_settings(
+    tmp_path: Path,
+    served: list[ServerSettings],
+    capsys: pytest.CaptureFixture[str],
+    triton: str,
+    corral_flag: str,
+    name: str,
+    text: str,
+    expected: float,
+):
+    assert main(["serve", str(tmp_path), triton, text]) == 0
+    assert main(["serve", str(tmp_path), triton, text, corral_flag, text]) == 0  # agreeing
+    assert [getattr(settings, name) for settings in served] == [expected, expected]
+    assert main(["serve", str(tmp_path), triton, text, corral_flag, "9"]) == 2
+    err = capsys.readouterr().err
+    assert f"{triton} {text} and {corral_flag} 9 name the same setting" in err
+    assert len(served) == 2
+
+
+def test_spellings_that_are_not_numbers_are_compared_as_given(
+    tmp_path: Path, served: list[ServerSettings], capsys: pytest.CaptureFixture[str]
+):
+    # Compared as text, not as numbers: the differing words are named, not a float error.
+    given = ["serve", str(tmp_path), "--exit-timeout-secs", "soon", "--drain-timeout-s", "later"]
+    assert main(given) == 2
+    err = capsys.readouterr().err
+    assert "--exit-timeout-secs soon and --drain-timeout-s later name the same setting" in err
+    # The same word twice agrees; the setting then refuses it by name.
+    given = ["serve", str(tmp_path), "--exit-timeout-secs", "soon", "--drain-timeout-s", "soon"]
+    assert main(given) != 0
+    err = capsys.readouterr().err
+    assert "--drain-timeout-s (CORRAL_DRAIN_TIMEOUT_S): Input should be a valid number" in err
+    assert "name the same setting" not in err
+    assert served == []
+
+
+def test_allow_client_shm_is_system_shared_memory(
+    tmp_path: Path, served: list[ServerSettings], capsys: pytest.CaptureFixture[str]
+):
+    assert main(["serve", str(tmp_path), "--allow-client-shm", "true"]) == 0
+    assert main(["serve", str(tmp_path), "--allow-client-shm=false"]) == 0
+    assert main(["serve", str(tmp_path), "--allow-client-shm=true", "--system-shared-memory"]) == 0
+    assert [settings.system_shared_memory for settings in served] == [True, False, True]
+    assert (
+        main(["serve", str(tmp_path), "--allow-client-shm=true", "--no-system-shared-memory"]) == 2
+    )
+    assert "name the same setting with different values" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path), "--allow-client-shm=maybe"]) != 0
+    assert len(served) == 3
+
+
+def test_model_repository_is_the_repository(
+    tmp_path: Path, served: list[ServerSettings], capsys: pytest.CaptureFixture[str]
+):
+    assert main(["serve", "--model-repository", str(tmp_path)]) == 0
+    assert main(["serve", str(tmp_path), f"--model-repository={tmp_path}/."]) == 0
+    assert [settings.repository for settings in served] == [tmp_path, tmp_path]
+    other = tmp_path / "other"
+    assert main(["serve", str(tmp_path), "--model-repository", str(other)]) == 2
+    assert "name the same setting with different values" in capsys.readouterr().err
+
+
+def test_model_control_modes_and_load_model(
+    tmp_path: Path, served: list[ServerSettings], capsys: pytest.CaptureFixture[str]
+):
+    assert main(["serve", str(tmp_path), "--model-control-mode", "poll"]) == 0
+    assert served[-1].poll_interval_s == 15.0  # Triton's default interval
+    assert main(["serve", str(tmp_path), "--model-control-mode=poll", "--poll-interval-s=3"]) == 0
+    assert served[-1].poll_interval_s == 3.0
+    assert main(["serve", str(tmp_path), "--load-model", "a", "--load-model=b,c"]) == 0
+    assert served[-1].load_model == ("a", "b", "c")
+    assert main(["serve", str(tmp_path), "--load-model", "*"]) == 0
+    assert served[-1].load_model == ("*",)
+    count = len(served)
+    assert (
+        main(
+            [
+                "serve",
+                str(tmp_path),
+                "--model-control-mode",
+                "explicit",
+                "--repository-poll-secs",
+                "5",
+            ]
+        )
+        == 2
+    )
+    assert "model_control_mode explicit does not poll the repository" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path), "--model-control-mode", "sometimes"]) == 2
+    assert "--model-control-mode (CORRAL_MODEL_CONTROL_MODE)" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path), "--load-model", "*", "--load-model", "a"]) == 2
+    assert "load_model '*' loads every model" in capsys.readouterr().err
+    assert len(served) == count

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 import corral
-from corral import Host
+from corral import Host, ModelState
 from corral.protocol import DataPlane
 from corral.server.bodies import BodyBudget
 from corral.server.http import HttpApp
@@ -64,13 +64,16 @@ def test_health_and_server_metadata(host: Host):
 
 def test_model_metadata_ready_and_config(host: Host):
     app = make_app(host)
-    ready = call(app, "GET", "/v2/models/mlp/ready")
-    assert (ready.status_code, ready.json()) == (503, {"name": "mlp", "ready": False})
+    assert host.status("mlp").state is ModelState.UNLOADED
+    ready = call(app, "GET", "/v2/models/mlp/ready")  # loads it
+    assert (ready.status_code, ready.json()) == (200, {"name": "mlp", "ready": True})
+    assert host.status("mlp").state is ModelState.READY
+    assert call(app, "GET", "/v2/models/nope/ready").status_code == 404
     meta = call(app, "GET", "/v2/models/mlp").json()
     assert meta["inputs"] == [{"name": "X", "datatype": "FP32", "shape": [-1, 4]}]
     assert meta["platform"] == "onnxruntime_onnx"
     assert call(app, "GET", "/v2/models/mlp/versions/1").json() == meta
-    assert call(app, "GET", "/v2/models/mlp/ready").status_code == 200  # metadata loaded it
+    assert call(app, "GET", "/v2/models/mlp/ready").status_code == 200
     config = call(app, "GET", "/v2/models/mlp/config").json()
     batching = config.pop("parameters")["corral.batching"]["string_value"]
     assert batching.startswith("batched (probed): ")
@@ -79,8 +82,20 @@ def test_model_metadata_ready_and_config(host: Host):
         "platform": "onnxruntime_onnx",
         "backend": "onnxruntime",
         "max_batch_size": 64,
-        "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}],
-        "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [1]}],
+        "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4], "format": "FORMAT_NONE"}],
+        "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [1], "label_filename": ""}],
+        "version_policy": {"latest": {"num_versions": 1}},
+        "instance_group": [{"name": "mlp", "kind": "KIND_CPU", "count": 1}],
+        "default_model_filename": "model.onnx",
+        "dynamic_batching": {
+            "max_queue_delay_microseconds": 0,
+            "default_queue_policy": {
+                "max_queue_size": 1024,
+                "timeout_action": "REJECT",
+                "default_timeout_microseconds": 0,
+                "allow_timeout_override": False,
+            },
+        },
     }
 
 
@@ -254,7 +269,7 @@ def test_concurrent_requests_each_get_their_own_outputs(host: Host):
     ("method", "path", "what", "status"),
     [
         ("POST", "/v2/repository/index", "listing", 200),
-        ("GET", "/v2/models/tree/ready", "files", 503),
+        ("GET", "/v2/models/tree/ready", "files", 200),
         ("GET", "/v2/models/tree/stats", "files", 200),
         ("GET", "/v2/models/tree", "load", 200),
         ("GET", "/v2/models/tree/config", "load", 200),

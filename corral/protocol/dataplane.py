@@ -21,22 +21,43 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import copy
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from corral import __version__
+from corral._config import ModelConfig, TensorConfig
 from corral._counters import RequestStats
-from corral._errors import CorralError, InferenceError, InvalidInput
+from corral._errors import (
+    CorralError,
+    DeadlineExceeded,
+    InferenceError,
+    InvalidInput,
+    InvalidModelName,
+    ModelLoadError,
+    ModelNotFound,
+)
 from corral._host import Host
 from corral._scheduler import QueueStats, deadline_after, time_left
+from corral._served import HostLease
 from corral._signature import Signature, TensorSpec
 from corral._status import HostState, ModelState, ModelStatus
+from corral.protocol.classification import class_count, top_classes
 from corral.protocol.control import CONTROL_TIMEOUT_S, ControlThreads
 from corral.protocol.datatypes import datatype_of
+from corral.protocol.parameters import check_parameters
+from corral.protocol.shm import EXTENSION as SHARED_MEMORY_EXTENSION
+from corral.protocol.shm import (
+    OutputRegions,
+    RegionStatus,
+    SharedMemoryRegistry,
+    SharedMemoryUnsupported,
+)
 from corral.protocol.types import (
     Duration,
     InferOutput,
@@ -56,6 +77,7 @@ __all__ = [
     "EXTENSIONS",
     "OMITTED_OUTPUTS",
     "PLATFORM",
+    "READY_LOAD_TIMEOUT_S",
     "UNLOAD_TIMEOUT_S",
     "DataPlane",
     "run_blocking",
@@ -67,13 +89,20 @@ __all__ = [
 #: lease).
 UNLOAD_TIMEOUT_S = 30.0
 
+#: Seconds a readiness request waits for the load it starts (or joins) of a model that is not
+#: loaded; past it the answer is "not ready" and the load goes on. Below tritonclient's own
+#: 60 s network timeout, so that its ``is_model_ready`` gets an answer, not a timeout.
+READY_LOAD_TIMEOUT_S = 30.0
+
 #: Triton's platform name for ONNX models run by onnxruntime: clients key on it.
 PLATFORM = "onnxruntime_onnx"
 #: The model configuration's parameter that says why a model is batched or not.
 BATCHING_PARAMETER = "corral.batching"
-#: The protocol extensions corral implements, as ``GET /v2`` lists them.
+#: The protocol extensions corral implements, as ``GET /v2`` lists them; ``system_shared_memory``
+#: follows them when the data plane has a shared-memory registry.
 EXTENSIONS = (
     "binary_tensor_data",
+    "classification",
     "model_repository",
     "statistics",
     "model_configuration",
@@ -146,7 +175,13 @@ async def run_blocking(
 
 
 class DataPlane:
-    """The protocol's operations, on one Host; safe from any thread and any event loop."""
+    """The protocol's operations, on one Host; safe from any thread and any event loop.
+
+    ``explicit``: Triton's explicit model control, only the models loaded through
+    :meth:`load` or :meth:`preload` are served (others: :class:`ModelNotFound`, and not
+    ready). ``loads_at_start``: :meth:`ready` answers False until :meth:`preload` returns.
+    ``ready_load_timeout_s``: how long :meth:`model_ready` waits for the load it starts.
+    """
 
     def __init__(
         self,
@@ -156,18 +191,45 @@ class DataPlane:
         version: str = __version__,
         control_timeout_s: float = CONTROL_TIMEOUT_S,
         unload_timeout_s: float = UNLOAD_TIMEOUT_S,
+        ready_load_timeout_s: float = READY_LOAD_TIMEOUT_S,
+        explicit: bool = False,
+        loads_at_start: bool = False,
+        shared_memory: SharedMemoryRegistry | None = None,
     ) -> None:
         self._host = host
-        self._metadata = ServerMetadata(name, version, EXTENSIONS)
+        # Triton's system shared memory extension, when the server serves it.
+        self._shared_memory = shared_memory
+        extensions = EXTENSIONS if shared_memory is None else (*EXTENSIONS, SHARED_MEMORY_EXTENSION)
+        self._metadata = ServerMetadata(name, version, extensions)
         # The control plane's own threads: never asyncio's default executor (see above).
         self._control = ControlThreads()
         self._control_timeout_s = control_timeout_s
         self._unload_timeout_s = unload_timeout_s
+        self._ready_load_timeout_s = ready_load_timeout_s
+        # Guards _unloaded: the models unloaded through the protocol since they were last seen
+        # ready, which a readiness request must not load again (Triton's clients unload, then
+        # expect "not ready").
+        self._unloaded_lock = threading.Lock()
+        self._unloaded: set[str] = set()
+        # Triton's explicit model control: only the models loaded through load() or
+        # preload() are served. Guards _explicit: those models' names.
+        self._explicit_only = explicit
+        self._explicit_lock = threading.Lock()
+        self._explicit: set[str] = set()
+        # Set once the models to load at start are loaded (preload): ready() waits for it.
+        self._started = threading.Event()
+        if not loads_at_start:
+            self._started.set()
 
     @property
     def host(self) -> Host:
         """The Host this data plane serves."""
         return self._host
+
+    @property
+    def shared_memory(self) -> SharedMemoryRegistry | None:
+        """The system shared-memory regions requests may name; None when the extension is off."""
+        return self._shared_memory
 
     # -- health and metadata ----------------------------------------------------------------
 
@@ -176,29 +238,89 @@ class DataPlane:
         return self._host.state is not HostState.CLOSED
 
     def ready(self) -> bool:
-        """True while the server takes inference requests (not once shutdown began)."""
-        return self._host.state is HostState.RUNNING
+        """True while the server takes inference requests.
+
+        Not before :meth:`preload` returned (with ``loads_at_start``), nor once shutdown began.
+        """
+        return self._started.is_set() and self._host.state is HostState.RUNNING
+
+    def preload(
+        self,
+        names: Sequence[str] | None,
+        progress: Callable[[int, int, str], None] | None = None,
+    ) -> dict[str, CorralError]:
+        """Load these models (None: every model) on the load workers; blocking.
+
+        With ``loads_at_start``, :meth:`ready` answers False until this returns. For
+        ``corral serve --load-model``: run it on a thread of its own. Under explicit model
+        control the models loaded are the ones served. Returns ``{name: error}`` for those
+        that failed (:meth:`Host.preload`).
+        """
+        try:
+            todo = self._host.repository.names() if names is None else list(names)
+            failures = self._host.preload(todo, progress)
+            with self._explicit_lock:
+                self._explicit.update(name for name in todo if name not in failures)
+            return failures
+        finally:
+            self._started.set()
+
+    def _check_explicit(self, name: str) -> None:
+        if not self._explicit_only:
+            return
+        with self._explicit_lock:
+            if name in self._explicit:
+                return
+        raise ModelNotFound(
+            f"Request for unknown model: {name!r} is not loaded: under explicit model control "
+            f"only models loaded with POST /v2/repository/models/{name}/load (or --load-model) "
+            "are served"
+        )
 
     def server_metadata(self) -> ServerMetadata:
         """The server's name, version and protocol extensions."""
         return self._metadata
 
     async def model_ready(self, name: str, version: str | None = None) -> bool:
-        """True if ``name`` (or that version of it) is loaded and serving.
+        """True once ``name`` (or that version of it) is loaded and serving.
 
-        corral loads models lazily: a model that is not ready is still served, loaded by the
-        first request. Raises :class:`ModelNotFound` for an unknown model or version.
+        A model in the repository that is not loaded is loaded first (joining a load already
+        in flight), as its first request would load it, and the answer waits at most
+        ``ready_load_timeout_s`` for it: so that clients that check readiness before they
+        send work. False if the load fails (the repository index gives the reason), has not
+        finished by then (it goes on), or the model was unloaded through the protocol and
+        not loaded since. Raises :class:`ModelNotFound` for an unknown model or version.
         """
-        return await self._control.run(
+        ready = await self._control.run(
             f"the readiness of model {name!r}",
             self._control_timeout_s,
             self._model_ready,
             name,
             version,
         )
+        if self._explicit_only:
+            with self._explicit_lock:
+                return ready and name in self._explicit  # never loads: only load() does
+        with self._unloaded_lock:
+            if ready:
+                self._unloaded.discard(name)
+            if ready or name in self._unloaded:
+                return ready
+        return await self._load_for_readiness(name, version)
+
+    async def _load_for_readiness(self, name: str, version: str | None) -> bool:
+        try:
+            lease = await self._host.acquire_async(
+                name, _version_arg(version), timeout=self._ready_load_timeout_s
+            )
+        except (ModelLoadError, DeadlineExceeded):
+            return False  # failed (its reason is in the index), or still loading
+        lease.release()
+        return True
 
     async def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
         """A model's versions, inputs and outputs; loads the model if it is not loaded."""
+        self._check_explicit(name)
         # The load is awaited on the Host's load workers; the status may read the model's
         # entry, on a worker thread.
         with await self._host.acquire_async(name, _version_arg(version)) as lease:
@@ -216,25 +338,43 @@ class DataPlane:
 
     async def model_config(self, name: str, version: str | None = None) -> ModelConfiguration:
         """A model's configuration, as Triton's ``model_config``; loads the model if need be."""
+        self._check_explicit(name)
         with await self._host.acquire_async(name, _version_arg(version)) as lease:
             signature = lease.session.signature
             batched = lease.max_batch_size
             batching = lease.batching
+            config = lease.config
+            window = lease.batch_window_us
+            queue_limit = lease.queue_limit
+            policy = lease.session.policy
+            providers = lease.session.providers
+        max_batch_size = _effective_max_batch_size(config, batched)
         # With max_batch_size > 0, Triton's dims leave out the batch dimension.
-        skip = 1 if batched else 0
+        skip = 1 if max_batch_size else 0
         return ModelConfiguration(
             name=lease.name,
             platform=PLATFORM,
             backend="onnxruntime",
-            max_batch_size=batched,
-            inputs=tuple(_tensor_configuration(spec, skip) for spec in signature.inputs),
-            outputs=tuple(_tensor_configuration(spec, skip) for spec in signature.outputs),
-            parameters={BATCHING_PARAMETER: batching},
+            max_batch_size=max_batch_size,
+            inputs=_tensor_configurations(signature.inputs, config.inputs, skip),
+            outputs=_tensor_configurations(signature.outputs, config.outputs, skip),
+            parameters={**dict(config.parameters), BATCHING_PARAMETER: batching},
+            version_policy=config.version_policy,
+            batch_window_us=window if batched else None,
+            max_queue_size=queue_limit,
+            queue_timeout_us=config.queue_timeout_us,
+            queue_timeout_override=config.queue_timeout_override,
+            instance_count=policy.size,
+            instance_kind="KIND_GPU" if "CUDAExecutionProvider" in providers else "KIND_CPU",
+            default_model_filename=config.model_filename,
         )
 
     def _model_ready(self, name: str, version: str | None) -> bool:
         status = self._host.status(name)
-        wanted = self._host.serving_version(name, version)
+        try:
+            wanted = self._host.serving_version(name, version)
+        except ModelLoadError:
+            return False  # its entry is broken (a malformed model.toml): the index says why
         return any(v.version == wanted and v.state is ModelState.READY for v in status.versions)
 
     # -- inference --------------------------------------------------------------------------
@@ -245,8 +385,19 @@ class DataPlane:
         A request that names no outputs gets the model's tensor outputs; any others (a
         sequence, a map) are not computed, and the response's ``omitted_outputs`` parameter
         names them. Naming one of those is :class:`InvalidInput`.
+
+        Outputs whose parameters name a ``shared_memory_region`` are written there (their
+        regions are checked and held from before the model is acquired until the answer is
+        made); the response marks them (:mod:`corral.protocol.shm`).
         """
         started = time.perf_counter_ns()
+        self._check_explicit(name)
+        check_parameters(request)
+        classes = {
+            output.name: count
+            for output in request.outputs
+            if (count := class_count(output)) is not None
+        }
         feed: dict[str, npt.NDArray[Any]] = {}
         for tensor in request.inputs:
             if tensor.name in feed:
@@ -254,19 +405,28 @@ class DataPlane:
             feed[tensor.name] = tensor.data
         timeout = request.timeout_s
         deadline = deadline_after(timeout)
+        regions = OutputRegions.hold(self._shared_memory, request.outputs)
         # One lookup: the version leased is the version that runs and the one reported, even
         # if a newer one is swapped in meanwhile. A cold model loads on the Host's load
         # workers; the event loop only awaits.
-        lease = await self._host.acquire_async(name, version or None, timeout=timeout)
+        try:
+            lease = await self._host.acquire_async(name, version or None, timeout=timeout)
+        except BaseException:
+            regions.release()
+            raise
         try:
             wanted, omitted = _outputs_to_run(lease.session.signature, request)
             results = await lease.infer_async(feed, wanted, timeout=time_left(deadline))
+            if classes:
+                results = _classified(results, classes, lease)
             outputs = tuple(_output(out_name, value) for out_name, value in results.items())
+            outputs = regions.write(outputs)
         except CorralError:
             self._count(name, lease.version, started, ok=False)
             raise
         finally:
             lease.release()
+            regions.release()
         self._count(name, lease.version, started, ok=True)
         return InferResponse(
             model_name=name,
@@ -275,6 +435,32 @@ class DataPlane:
             id=request.id,
             parameters={OMITTED_OUTPUTS: ",".join(omitted)} if omitted else {},
         )
+
+    # -- system shared memory ---------------------------------------------------------------
+
+    def shared_memory_status(self, name: str | None = None) -> list[RegionStatus]:
+        """The registered regions, or only ``name``; none when the extension is off."""
+        if self._shared_memory is None:
+            if name:
+                raise SharedMemoryUnsupported(_shared_memory_off(f"no region {name!r} exists"))
+            return []
+        return self._shared_memory.status(name)
+
+    async def register_shared_memory(
+        self, name: str, key: str, offset: int, byte_size: int
+    ) -> None:
+        """Register a system shared-memory region (its object opened on a worker thread)."""
+        registry = self._registry(f"cannot register region {name!r}")
+        await run_blocking(registry.register, name, key, offset, byte_size)
+
+    def unregister_shared_memory(self, name: str | None = None) -> None:
+        """Unregister a region, or all; one in use is unmapped when its requests are done."""
+        self._registry("cannot unregister").unregister(name)
+
+    def _registry(self, doing: str) -> SharedMemoryRegistry:
+        if self._shared_memory is None:
+            raise SharedMemoryUnsupported(_shared_memory_off(doing))
+        return self._shared_memory
 
     # -- statistics and the repository ------------------------------------------------------
 
@@ -364,12 +550,34 @@ class DataPlane:
             rows.extend(_index_rows(model, ready_only))
         return rows
 
-    async def load(self, name: str) -> None:
+    async def load(
+        self,
+        name: str,
+        *,
+        config: str | None = None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
         """Load (or reload) a model now; its errors are raised.
+
+        ``config`` and ``files`` are Triton's load parameters (``config``, ``file:<path>``
+        without its prefix), passed to :meth:`Host.load`: a JSON model configuration and the
+        model folder's files, used instead of the repository's until a later load.
+
+        The message of a :class:`ModelNotFound` or :class:`ModelLoadError` starts with
+        ``failed to load '<name>': ``, the words Triton's clients match on.
 
         Bounded by the Host's ``load_timeout_s`` (:class:`LoadTimeout`).
         """
-        await self._control.run(f"loading model {name!r}", None, self._host.load, name)
+        try:
+            await self._control.run(
+                f"loading model {name!r}", None, self._host.load, name, config=config, files=files
+            )
+        except (ModelNotFound, ModelLoadError) as exc:
+            raise _failed_to_load(name, exc) from exc
+        with self._unloaded_lock:
+            self._unloaded.discard(name)
+        with self._explicit_lock:
+            self._explicit.add(name)
 
     async def unload(self, name: str) -> None:
         """Unload every version of a model; requests in flight finish first.
@@ -377,13 +585,22 @@ class DataPlane:
         Waits at most ``unload_timeout_s`` for a load in flight and for those requests:
         then :class:`DrainTimeout`, naming the timeout.
         """
-        await self._control.run(
-            f"unloading model {name!r}",
-            None,
-            self._host.unload,
-            name,
-            timeout=self._unload_timeout_s,
-        )
+        with self._unloaded_lock:
+            self._unloaded.add(name)  # before: a readiness request meanwhile must not reload it
+        with self._explicit_lock:
+            self._explicit.discard(name)  # before: no new request is let in meanwhile
+        try:
+            await self._control.run(
+                f"unloading model {name!r}",
+                None,
+                self._host.unload,
+                name,
+                timeout=self._unload_timeout_s,
+            )
+        except (ModelNotFound, InvalidModelName):
+            with self._unloaded_lock:
+                self._unloaded.discard(name)  # no such model: nothing to remember
+            raise
 
     def _count(self, name: str, version: int, started_ns: int, *, ok: bool) -> None:
         elapsed = time.perf_counter_ns() - started_ns
@@ -391,6 +608,22 @@ class DataPlane:
 
 
 _NO_REQUESTS = RequestStats()
+
+
+#: Request parameters of Triton's that corral cannot honour, and why. Each is refused when
+#: set to anything but its default (0, an empty string, false), which asks for nothing.
+def _failed_to_load(name: str, error: CorralError) -> CorralError:
+    # The same type, its message led by Triton's words ("failed to load 'simple', ...").
+    prefixed = copy.copy(error)
+    prefixed.args = (f"failed to load {name!r}: {error}",)
+    return prefixed
+
+
+def _shared_memory_off(doing: str) -> str:
+    return (
+        f"Client shared memory is disabled: {doing}; start corral serve with "
+        "--system-shared-memory (CORRAL_SYSTEM_SHARED_MEMORY=true) to serve it"
+    )
 
 
 def _version_arg(version: str | None) -> str | None:
@@ -414,6 +647,30 @@ def _spec_datatype(spec: TensorSpec) -> str:
     if spec.dtype is None:
         return spec.onnx_type  # a sequence or map: no protocol datatype carries it
     return datatype_of(spec.dtype)
+
+
+def _tensor_configurations(
+    specs: tuple[TensorSpec, ...], declared: tuple[TensorConfig, ...], skip: int
+) -> tuple[TensorConfiguration, ...]:
+    """The model's tensors, as a config.pbtxt declares them where it does (checked at load)."""
+    by_name = {tensor.name: tensor for tensor in declared}
+    answer = []
+    for spec in specs:
+        tensor = by_name.get(spec.name)
+        if tensor is None:
+            answer.append(_tensor_configuration(spec, skip))
+        else:
+            answer.append(
+                TensorConfiguration(
+                    tensor.name,
+                    tensor.data_type,
+                    tensor.dims,
+                    format=tensor.format,
+                    label_filename=tensor.label_filename,
+                    reshape=tensor.reshape,
+                )
+            )
+    return tuple(answer)
 
 
 def _tensor_configuration(spec: TensorSpec, skip: int) -> TensorConfiguration:
@@ -456,6 +713,29 @@ def _outputs_to_run(
 
 def _tensor_names(signature: Signature) -> str:
     return ", ".join(repr(spec.name) for spec in signature.outputs if spec.dtype is not None)
+
+
+def _effective_max_batch_size(config: ModelConfig, batched: int) -> int:
+    """What ``/config`` reports: a config.pbtxt's own, else the rows corral batches."""
+    # A config.pbtxt's: its dims leave out a batch dimension whenever it says the model has
+    # one, even if this Host does not batch (corral.batching says whether it does).
+    return (config.max_batch_size or 0) if config.source == "config.pbtxt" else batched
+
+
+def _classified(
+    results: Mapping[str, Any], classes: Mapping[str, int], lease: HostLease
+) -> dict[str, Any]:
+    """``results`` with each output asked for by class replaced by its top classes."""
+    config = lease.config
+    batched = _effective_max_batch_size(config, lease.max_batch_size) > 0
+    labels = {tensor.name: tensor.labels for tensor in config.outputs}
+    answer = dict(results)
+    for name, count in classes.items():
+        value = answer[name]
+        if not isinstance(value, np.ndarray):
+            continue  # _output refuses it, naming it
+        answer[name] = top_classes(name, value, count, batched=batched, labels=labels.get(name, ()))
+    return answer
 
 
 def _output(name: str, value: Any) -> InferOutput:

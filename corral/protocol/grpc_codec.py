@@ -34,6 +34,13 @@ except ImportError as exc:  # pragma: no cover - the extra is installed wherever
 from corral._errors import InvalidInput
 from corral.protocol.binary import decode_tensor, element_count, encode_tensor
 from corral.protocol.datatypes import numpy_dtype
+from corral.protocol.shm import (
+    SharedMemoryReference,
+    SharedMemoryRegistry,
+    in_shared_memory,
+    pop_reference,
+    read_input,
+)
 from corral.protocol.types import (
     MAX_TIMEOUT_US,
     Duration,
@@ -47,6 +54,7 @@ from corral.protocol.types import (
     RepositoryModel,
     RequestedOutput,
     ServerMetadata,
+    TensorConfiguration,
     TensorMetadata,
 )
 
@@ -80,12 +88,16 @@ _CONTENTS_FIELD = {
 _DATA_TYPES = frozenset(pb.DataType.keys())
 
 
-def decode_request(request: pb.ModelInferRequest) -> InferRequest:
+def decode_request(
+    request: pb.ModelInferRequest, *, shared_memory: SharedMemoryRegistry | None = None
+) -> InferRequest:
     """Decode a ``ModelInferRequest`` into corral's :class:`~corral.protocol.InferRequest`.
 
     Tensors come either all as ``raw_input_contents`` (one entry per input, in order) or all
-    as typed ``contents``. Parameters may be bool, integer or string; the request's
-    ``timeout`` an integer of microseconds up to ``MAX_TIMEOUT_US`` (0: no timeout).
+    as typed ``contents``; an input whose parameters name a ``shared_memory_region`` has
+    neither (and no entry in ``raw_input_contents``, as tritonclient sends it) and is copied
+    out of that region of ``shared_memory``. Parameters may be bool, integer or string; the
+    request's ``timeout`` an integer of microseconds up to ``MAX_TIMEOUT_US`` (0: no timeout).
     Raises :class:`~corral.InvalidInput` naming the tensor that is malformed.
 
     Example::
@@ -93,27 +105,40 @@ def decode_request(request: pb.ModelInferRequest) -> InferRequest:
         decoded = decode_request(pb.ModelInferRequest.FromString(data))
     """
     raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
-        raise InvalidInput(
-            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
-            "when raw contents are used, every input needs one, in the order of inputs"
-        )
-    inputs = []
-    for index, tensor in enumerate(request.inputs):
-        shape = tuple(tensor.shape)
-        if raw:
-            if tensor.HasField("contents"):
+    parameters = [_parameters(tensor.parameters) for tensor in request.inputs]
+    references = [
+        pop_reference(params, f"input {tensor.name!r}", tensor=tensor.name)
+        for params, tensor in zip(parameters, request.inputs, strict=True)
+    ]
+    plain = sum(reference is None for reference in references)
+    if raw:
+        # Triton's words first, which its clients' examples match on, then what to do.
+        for tensor, reference in zip(request.inputs, references, strict=True):
+            if reference is None and tensor.HasField("contents"):
                 raise InvalidInput(
-                    f"input {tensor.name!r} has contents although the request uses "
-                    "raw_input_contents; use one or the other for all inputs",
+                    f"contents field must not be specified when using raw_input_contents for "
+                    f"{tensor.name!r} for model {request.model_name!r}: send every input "
+                    "either in raw_input_contents or in contents",
                     tensor=tensor.name,
                 )
-            data = decode_tensor(raw[index], tensor.datatype, shape, name=tensor.name)
+    if raw and len(raw) != plain:
+        raise InvalidInput(
+            f"raw_input_contents has {len(raw)} entries for {plain} inputs not in shared "
+            "memory; when raw contents are used, every such input needs one, in the order of "
+            "inputs"
+        )
+    inputs = []
+    raw_index = 0
+    for tensor, params, reference in zip(request.inputs, parameters, references, strict=True):
+        shape = tuple(tensor.shape)
+        if reference is not None:
+            data = _from_shared_memory(tensor, shape, reference, shared_memory)
+        elif raw:
+            data = decode_tensor(raw[raw_index], tensor.datatype, shape, name=tensor.name)
+            raw_index += 1
         else:
             data = _from_contents(tensor, shape)
-        inputs.append(
-            InferInput(tensor.name, tensor.datatype, shape, data, _parameters(tensor.parameters))
-        )
+        inputs.append(InferInput(tensor.name, tensor.datatype, shape, data, params))
     return InferRequest(
         inputs=tuple(inputs),
         outputs=tuple(
@@ -141,7 +166,10 @@ def encode_response(response: InferResponse) -> pb.ModelInferResponse:
     for output in response.outputs:
         tensor = message.outputs.add(name=output.name, datatype=output.datatype, shape=output.shape)
         _set_parameters(tensor.parameters, output.parameters)
-        message.raw_output_contents.append(encode_tensor(output.data, output.datatype))
+        # An output written to shared memory keeps its place, empty, as Triton's does: clients
+        # find an output's raw contents by its index.
+        raw = b"" if in_shared_memory(output) else encode_tensor(output.data, output.datatype)
+        message.raw_output_contents.append(raw)
     return message
 
 
@@ -166,28 +194,67 @@ def encode_model_metadata(meta: ModelMetadata) -> pb.ModelMetadataResponse:
 def encode_model_config(config: ModelConfiguration) -> pb.ModelConfigResponse:
     """The ``ModelConfig`` answer, in Triton's ``ModelConfig`` message (the fields corral fills).
 
+    The message is Triton's whole one (``corral/_proto/model_config.proto``).
+
     A tensor whose type no protocol datatype carries (a sequence, a map) is ``TYPE_INVALID``.
     """
-    return pb.ModelConfigResponse(
-        config=pb.ModelConfig(
-            name=config.name,
-            platform=config.platform,
-            backend=config.backend,
-            max_batch_size=config.max_batch_size,
-            input=[
-                pb.ModelInput(name=t.name, data_type=_data_type(t.data_type), dims=t.dims)
-                for t in config.inputs
-            ],
-            output=[
-                pb.ModelOutput(name=t.name, data_type=_data_type(t.data_type), dims=t.dims)
-                for t in config.outputs
-            ],
-            parameters={
-                key: pb.ModelParameter(string_value=value)
-                for key, value in config.parameters.items()
-            },
-        )
+    message = pb.ModelConfig(
+        name=config.name,
+        platform=config.platform,
+        backend=config.backend,
+        max_batch_size=config.max_batch_size,
+        input=[
+            pb.ModelInput(
+                name=t.name,
+                data_type=_data_type(t.data_type),
+                dims=t.dims,
+                format=t.format,
+                reshape=_reshape(t),
+            )
+            for t in config.inputs
+        ],
+        output=[
+            pb.ModelOutput(
+                name=t.name,
+                data_type=_data_type(t.data_type),
+                dims=t.dims,
+                label_filename=t.label_filename,
+                reshape=_reshape(t),
+            )
+            for t in config.outputs
+        ],
+        instance_group=[
+            pb.ModelInstanceGroup(
+                name=config.name,
+                kind=config.instance_kind,
+                count=config.instance_count,
+            )
+        ],
+        default_model_filename=config.default_model_filename,
+        parameters={
+            key: pb.ModelParameter(string_value=value) for key, value in config.parameters.items()
+        },
     )
+    policy = config.version_policy
+    if policy.kind == "latest":
+        message.version_policy.latest.num_versions = policy.count
+    elif policy.kind == "all":
+        message.version_policy.all.SetInParent()
+    else:
+        message.version_policy.specific.versions.extend(policy.versions)
+    if config.batch_window_us is not None:
+        message.dynamic_batching.max_queue_delay_microseconds = config.batch_window_us
+        queue_policy = message.dynamic_batching.default_queue_policy
+        queue_policy.max_queue_size = config.max_queue_size
+        queue_policy.default_timeout_microseconds = config.queue_timeout_us or 0
+        queue_policy.allow_timeout_override = config.queue_timeout_override
+    return pb.ModelConfigResponse(config=message)
+
+
+def _reshape(tensor: TensorConfiguration) -> pb.ModelTensorReshape | None:
+    if tensor.reshape is None:
+        return None
+    return pb.ModelTensorReshape(shape=tensor.reshape)
 
 
 def encode_statistics(rows: Sequence[ModelStatistics]) -> pb.ModelStatisticsResponse:
@@ -217,6 +284,21 @@ def _request_parameters(entries: Mapping[str, pb.InferParameter]) -> Parameters:
             f"{MAX_TIMEOUT_US} (a year), in microseconds; got {timeout!r}"
         )
     return parameters
+
+
+def _from_shared_memory(
+    tensor: pb.ModelInferRequest.InferInputTensor,
+    shape: tuple[int, ...],
+    reference: SharedMemoryReference,
+    shared_memory: SharedMemoryRegistry | None,
+) -> npt.NDArray[Any]:
+    if tensor.HasField("contents"):
+        raise InvalidInput(
+            f"input {tensor.name!r} is in shared memory region {reference.region!r} and also "
+            "has contents; give one of them",
+            tensor=tensor.name,
+        )
+    return read_input(shared_memory, reference, tensor.datatype, shape, name=tensor.name)
 
 
 def _from_contents(

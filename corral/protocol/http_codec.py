@@ -37,6 +37,7 @@ import orjson
 from corral._errors import InferenceError, InvalidInput
 from corral.protocol.binary import decode_tensor, element_count, encode_tensor
 from corral.protocol.datatypes import numpy_dtype
+from corral.protocol.shm import SharedMemoryRegistry, in_shared_memory, pop_reference, read_input
 from corral.protocol.types import (
     MAX_TIMEOUT_US,
     InferInput,
@@ -104,7 +105,12 @@ _JSON_KINDS: dict[type, str] = {
 }
 
 
-def decode_request(body: bytes, header_length: int | None = None) -> InferRequest:
+def decode_request(
+    body: bytes,
+    header_length: int | None = None,
+    *,
+    shared_memory: SharedMemoryRegistry | None = None,
+) -> InferRequest:
     """Decode an inference request body into an :class:`~corral.protocol.InferRequest`.
 
     ``header_length`` is the ``Inference-Header-Content-Length`` header's value: the body's
@@ -116,7 +122,9 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
     stored as their UTF-8 bytes; integers in range for integer types; numbers that do not
     overflow for FP types, and ``NaN``, ``Infinity``, ``-Infinity`` as Triton and tritonclient
     write them). Binary inputs are read without a copy: their arrays are
-    read-only views of ``body``.
+    read-only views of ``body``. An input whose parameters name a ``shared_memory_region``
+    is copied out of that region of ``shared_memory`` (:mod:`corral.protocol.shm`); without
+    a registry, such an input is refused.
 
     Raises :class:`~corral.InvalidInput` for every malformed body, naming the tensor at
     fault (``tensor=``) when there is one.
@@ -129,16 +137,20 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
     json_length = _json_length(body, header_length)
     arrays = _NumberArrays.cut(body, json_length) if json_length >= _LONG_ARRAY_BYTES else None
     if arrays is not None:
-        request = _decode(body, json_length, header_length, arrays)
+        request = _decode(body, json_length, header_length, arrays, shared_memory)
         if request is not None:
             return request
-    request = _decode(body, json_length, header_length, None)
+    request = _decode(body, json_length, header_length, None, shared_memory)
     assert request is not None  # only a cut array left unclaimed gives None
     return request
 
 
 def _decode(
-    body: bytes, json_length: int, header_length: int | None, arrays: _NumberArrays | None
+    body: bytes,
+    json_length: int,
+    header_length: int | None,
+    arrays: _NumberArrays | None,
+    shared_memory: SharedMemoryRegistry | None,
 ) -> InferRequest | None:
     """:func:`decode_request`'s work, on the document with ``arrays`` cut out when given.
 
@@ -164,7 +176,13 @@ def _decode(
     offset = 0
     for index, item in enumerate(raw_inputs):
         infer_input, offset = _decode_input(
-            item, index, binary_part, offset, binary=header_length is not None, arrays=arrays
+            item,
+            index,
+            binary_part,
+            offset,
+            binary=header_length is not None,
+            arrays=arrays,
+            shared_memory=shared_memory,
         )
         if infer_input.name in inputs:
             raise InvalidInput(
@@ -231,7 +249,10 @@ def encode_response(response: InferResponse, request: InferRequest) -> tuple[byt
             "shape": list(output.shape),
         }
         _check_output_shape(output)
-        if as_binary:
+        if in_shared_memory(output):
+            # Written to the region the request named: the parameters say where, no data.
+            entry["parameters"] = dict(output.parameters)
+        elif as_binary:
             raw = encode_tensor(output.data, output.datatype)
             binary_chunks.append(raw)
             entry["parameters"] = {**output.parameters, _BINARY_DATA_SIZE: len(raw)}
@@ -433,6 +454,7 @@ def _decode_input(
     *,
     binary: bool,
     arrays: _NumberArrays | None = None,
+    shared_memory: SharedMemoryRegistry | None = None,
 ) -> tuple[InferInput, int]:
     """One ``$request_input``, and the binary part's offset after its bytes."""
     if type(item) is not dict:
@@ -457,6 +479,17 @@ def _decode_input(
     parameters = dict(_parameters(item.get("parameters", {}), f"input {name!r}", tensor=name))
     binary_size = parameters.pop(_BINARY_DATA_SIZE, None)
     has_data = "data" in item
+    reference = pop_reference(parameters, f"input {name!r}", tensor=name)
+    if reference is not None:
+        if has_data or binary_size is not None:
+            given = '"data"' if has_data else f"a {_BINARY_DATA_SIZE} parameter"
+            raise InvalidInput(
+                f"input {name!r} is in shared memory region {reference.region!r} and also has "
+                f"{given}; give one of them",
+                tensor=name,
+            )
+        data = read_input(shared_memory, reference, datatype, shape, name=name)
+        return InferInput(name, datatype, shape, data, parameters), offset
 
     if binary_size is None:
         if not has_data:

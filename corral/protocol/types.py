@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy.typing as npt
 
+from corral._config import VersionPolicy
+
 __all__ = [
     "MAX_TIMEOUT_US",
     "BatchStatistics",
@@ -144,13 +146,21 @@ class TensorConfiguration:
     data_type: str
     #: -1 for each dynamic dimension; without the batch dimension when the model batches.
     dims: tuple[int, ...]
+    #: Inputs only: Triton's ``FORMAT_NONE``, ``FORMAT_NHWC`` or ``FORMAT_NCHW``, as declared.
+    format: str = "FORMAT_NONE"
+    #: Outputs only: the label file a config.pbtxt names (the classification extension).
+    label_filename: str = ""
+    #: The shape the model itself takes or gives, when a config.pbtxt reshapes the tensor
+    #: (``dims`` is then the client's); None: no reshape.
+    reshape: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ModelConfiguration:
     """``GET /v2/models/{name}[/versions/{v}]/config``: Triton's ``ModelConfig``, in part.
 
-    Only the fields corral fills; clients read the rest as their defaults.
+    The effective configuration, whatever its source (config.pbtxt, model.toml or corral's
+    own decisions). Only the fields corral fills; clients read the rest as their defaults.
     """
 
     name: str
@@ -161,9 +171,26 @@ class ModelConfiguration:
     max_batch_size: int
     inputs: tuple[TensorConfiguration, ...]
     outputs: tuple[TensorConfiguration, ...]
-    #: Triton's free-form ``parameters`` (each a ``string_value``): ``corral.batching`` says
-    #: why the model is batched or not, in one line.
+    #: Triton's free-form ``parameters`` (each a ``string_value``): a config.pbtxt's, and
+    #: ``corral.batching``, which says why the model is batched or not, in one line.
     parameters: Mapping[str, str] = field(default_factory=dict)
+    #: Which of the model's versions are served.
+    version_policy: VersionPolicy = field(default_factory=lambda: VersionPolicy("latest", 1))
+    #: How long a batch waits to fill, in microseconds, when requests are batched (Triton's
+    #: ``dynamic_batching``); None when they never are.
+    batch_window_us: int | None = None
+    #: Requests that may wait in the model's queue (``default_queue_policy.max_queue_size``).
+    max_queue_size: int = 0
+    #: How long a request may wait in the queue when it gives no timeout of its own
+    #: (``default_queue_policy.default_timeout_microseconds``); None: no limit.
+    queue_timeout_us: int | None = None
+    #: Whether a request's own timeout replaces it (``allow_timeout_override``).
+    queue_timeout_override: bool = False
+    #: onnxruntime sessions that run the model at once, and on what (``instance_group``).
+    instance_count: int = 1
+    instance_kind: str = "KIND_CPU"
+    #: The file each version folder holds.
+    default_model_filename: str = "model.onnx"
 
 
 @dataclass(frozen=True, slots=True)

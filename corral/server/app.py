@@ -30,10 +30,12 @@ from typing import Any
 import uvicorn
 
 from corral import __version__
-from corral._errors import DrainTimeout
+from corral._errors import DrainTimeout, ModelLoadError
 from corral._host import Host
 from corral._runtime import Runtime, runtime
+from corral.protocol.control import ControlThreads
 from corral.protocol.dataplane import DataPlane
+from corral.protocol.shm import SharedMemoryRegistry
 from corral.server._connections import ConnectionLimits, end_requests_in_flight, protocol_for
 from corral.server.bodies import BodyBudget
 from corral.server.http import HttpApp
@@ -118,8 +120,20 @@ async def serve(
     # When the drain began: closing the Host gets what is left of the drain timeout.
     drain_began = asyncio.create_task(_when_set(stop))
     token = None if settings.auth_token is None else settings.auth_token.get_secret_value()
+    shared_memory = (
+        SharedMemoryRegistry(settings.max_shared_memory_regions)
+        if settings.system_shared_memory
+        else None
+    )
     try:
-        plane = DataPlane(host)
+        plane = DataPlane(
+            host,
+            name=settings.server_name,
+            ready_load_timeout_s=settings.ready_load_timeout_s,
+            explicit=settings.model_control_mode == "explicit",
+            loads_at_start=bool(settings.load_model),
+            shared_memory=shared_memory,
+        )
         # One budget for both transports: memory is the process's, whichever way bytes came.
         body_budget = BodyBudget(settings.body_budget_bytes())
         metrics = Metrics(plane)
@@ -150,6 +164,9 @@ async def serve(
             settings, plane, http, token, body_budget, stop, started, (open_files, limits)
         )
     finally:
+        if shared_memory is not None:
+            # Every region unmapped, each once the requests still using it are done.
+            shared_memory.close()
         left = _drain_left(drain_began, settings.drain_timeout_s)
         status = await asyncio.to_thread(_close_host, host, left)
     # Requests answered 503 when the drain ran out released their models: the Host closed
@@ -206,7 +223,18 @@ async def _serve_both(
         if started is not None:
             started(addresses)
         stopping = asyncio.create_task(stop.wait())
-        await asyncio.wait({http_task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        waiting: set[asyncio.Task[Any]] = {http_task, stopping}
+        if settings.load_model:
+            loading = asyncio.create_task(_load_at_start(plane, settings.load_model))
+            waiting.add(loading)
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            waiting.discard(loading)
+            if loading in done:
+                loading.result()  # the models that failed: the server stops, exit status 1
+            else:
+                loading.cancel()  # stopped meanwhile; the loads go on their own thread
+        if not stopping.done() and not http_task.done():
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         stopping.cancel()
     finally:
         # Both stop taking connections at once; each answers what it has accepted.
@@ -221,6 +249,28 @@ async def _serve_both(
     if isinstance(cut, BaseException):
         raise cut
     return int(cut)
+
+
+async def _load_at_start(plane: DataPlane, names: tuple[str, ...]) -> None:
+    """Load ``--load-model``'s models (``*``: every one), logging each; raise if any failed.
+
+    Readiness answers not ready until this is done.
+    """
+    wanted = None if names == ("*",) else list(names)
+
+    def progress(done: int, total: int, name: str) -> None:
+        logger.info("corral: --load-model: %d of %d loaded (%s)", done, total, name)
+
+    # A daemon thread of its own: a hung load never holds the loop or a shared executor.
+    failures = await ControlThreads(1).run(
+        "loading the models of --load-model", None, plane.preload, wanted, progress
+    )
+    if failures:
+        reasons = "; ".join(f"{name!r}: {error}" for name, error in sorted(failures.items()))
+        raise ModelLoadError(
+            f"--load-model: {len(failures)} model(s) failed to load, so the server stops: {reasons}"
+        )
+    logger.info("corral: --load-model: done; the server is ready")
 
 
 async def _serve_http(http: _Server) -> None:
@@ -320,7 +370,7 @@ def _log_summary(
     logger.info(
         "corral %s serving %s: %d models in the repository, HTTP on %s:%d, gRPC %s, "
         "memory budget %s, %d compute workers, open-file limit %d, "
-        "at most %d HTTP connections%s",
+        "at most %d HTTP connections%s%s",
         __version__,
         settings.repository,
         len(host.repository.names()),
@@ -332,6 +382,7 @@ def _log_summary(
         open_files,
         limits.max_connections,
         ", auth on" if settings.auth_token is not None else "",
+        ", system shared memory on" if settings.system_shared_memory else "",
     )
 
 

@@ -19,7 +19,7 @@ import dataclasses
 import functools
 import hmac
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 try:
@@ -48,13 +48,29 @@ from corral._errors import (
     RepositoryError,
     RuntimeClosed,
     SessionClosed,
+    UploadRefused,
 )
 from corral.protocol import grpc_codec
-from corral.protocol.dataplane import DataPlane, status_for
+from corral.protocol.dataplane import DataPlane, run_blocking, status_for
+from corral.protocol.shm import (
+    SHM_REGION,
+    SharedMemoryExists,
+    SharedMemoryNotFound,
+    SharedMemoryUnsupported,
+    TooManyRegions,
+    cuda_shared_memory_refused,
+    cuda_status,
+)
 from corral.protocol.types import MAX_TIMEOUT_US
 from corral.server.bodies import BodyBudget, BodyBudgetExceeded, BodyReservation
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "STATUS", "InferenceServicer", "start_grpc_server"]
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "NOT_SERVED",
+    "STATUS",
+    "InferenceServicer",
+    "start_grpc_server",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -72,12 +88,20 @@ STATUS: dict[type[CorralError], grpc.StatusCode] = {
     # Triton answers a failed load with INTERNAL; corral says UNAVAILABLE, as its HTTP 503
     # does: the load is retried after a back-off, or at once when the model's files change.
     ModelLoadError: grpc.StatusCode.UNAVAILABLE,
+    # An upload path corral will not write is the client's mistake, but Triton answers it
+    # INTERNAL and its clients check for that code (its own code marks it a to-do).
+    UploadRefused: grpc.StatusCode.INTERNAL,
     # As HTTP's 503: a provider this build lacks, a repository folder gone.
     ProviderUnavailable: grpc.StatusCode.UNAVAILABLE,
     RepositoryError: grpc.StatusCode.UNAVAILABLE,
     InferenceError: grpc.StatusCode.INTERNAL,
     # An unload that waited its whole timeout for a hung load or for leases.
     DrainTimeout: grpc.StatusCode.UNAVAILABLE,
+    # Triton's codes for its shared memory extension.
+    SharedMemoryNotFound: grpc.StatusCode.NOT_FOUND,
+    SharedMemoryExists: grpc.StatusCode.ALREADY_EXISTS,
+    TooManyRegions: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    SharedMemoryUnsupported: grpc.StatusCode.UNIMPLEMENTED,
 }
 
 #: The largest request message :func:`start_grpc_server` accepts unless told otherwise, as
@@ -218,7 +242,16 @@ class InferenceServicer:
     async def _infer(
         self, request: pb.ModelInferRequest, context: _Context
     ) -> pb.ModelInferResponse:
-        decoded = grpc_codec.decode_request(request)
+        shared_memory = self._plane.shared_memory
+        if shared_memory is not None and any(
+            SHM_REGION in tensor.parameters for tensor in request.inputs
+        ):
+            # Tensors in shared memory are copied out while decoding: not on the event loop.
+            decoded = await run_blocking(
+                grpc_codec.decode_request, request, shared_memory=shared_memory
+            )
+        else:
+            decoded = grpc_codec.decode_request(request)
         remaining = context.time_remaining()
         if remaining is not None and not decoded.parameters.get("timeout"):
             # The client's gRPC deadline becomes the request's timeout (unless it gives one;
@@ -263,13 +296,8 @@ class InferenceServicer:
     ) -> pb.RepositoryModelLoadResponse:
         """Load (or reload) a model from its files now; its load errors are the answer."""
         _one_repository(request.repository_name)
-        if request.parameters:
-            raise _Refused(
-                grpc.StatusCode.UNIMPLEMENTED,
-                f"load parameters {sorted(request.parameters)} are not supported: corral loads "
-                "a model from its files in the repository, without config or file overrides",
-            )
-        await self._plane.load(request.model_name)
+        config, files = _load_parameters(request.model_name, request.parameters)
+        await self._plane.load(request.model_name, config=config, files=files)
         return pb.RepositoryModelLoadResponse()
 
     @_answers
@@ -286,6 +314,61 @@ class InferenceServicer:
             )
         await self._plane.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
+
+    @_answers
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: _Context
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        """Every registered system shared-memory region, or the one named."""
+        status = pb.SystemSharedMemoryStatusResponse.RegionStatus
+        return pb.SystemSharedMemoryStatusResponse(
+            regions={
+                row.name: status(
+                    name=row.name, key=row.key, offset=row.offset, byte_size=row.byte_size
+                )
+                for row in self._plane.shared_memory_status(request.name or None)
+            }
+        )
+
+    @_answers
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: _Context
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        """Map a span of a POSIX shared-memory object as a named region."""
+        await self._plane.register_shared_memory(
+            request.name, request.key, request.offset, request.byte_size
+        )
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @_answers
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: _Context
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        """Unregister the region named, or every region when the name is empty."""
+        self._plane.unregister_shared_memory(request.name or None)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @_answers
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, context: _Context
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        """None: corral registers no CUDA shared memory (NOT_FOUND for a region named)."""
+        cuda_status(request.name or None)
+        return pb.CudaSharedMemoryStatusResponse()
+
+    @_answers
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest, context: _Context
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        """Refused with UNIMPLEMENTED: corral does not support CUDA shared memory."""
+        raise cuda_shared_memory_refused()
+
+    @_answers
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, context: _Context
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        """Nothing to do: no CUDA region can be registered here."""
+        return pb.CudaSharedMemoryUnregisterResponse()
 
 
 class _BearerAuth(grpc.aio.ServerInterceptor):
@@ -381,8 +464,55 @@ def _register(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
             request_deserializer=functools.partial(_decode_message, request_type),
             response_serializer=response_type.SerializeToString,
         )
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, handlers),))
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(_SERVICE, handlers), _NotServed())
+    )
     server.add_registered_method_handlers(_SERVICE, handlers)
+
+
+#: Triton's RPCs of the service that corral does not serve, and why; any other method of the
+#: service it does not know is answered with :func:`_not_served_message`'s generic reason.
+NOT_SERVED: dict[str, str] = {
+    "ModelStreamInfer": (
+        "corral does not serve ModelStreamInfer (gRPC streaming): it has no sequence batcher "
+        "and no decoupled models, and answers each request on its own; send each request "
+        "with ModelInfer"
+    ),
+    "CudaSharedMemoryStatus": "CUDA shared memory is not supported by corral",
+    "CudaSharedMemoryRegister": "CUDA shared memory is not supported by corral",
+    "CudaSharedMemoryUnregister": "CUDA shared memory is not supported by corral",
+    "TraceSetting": "corral has no request tracing: TraceSetting is not supported",
+    "LogSettings": "corral's log settings are its command line's: LogSettings is not supported",
+}
+
+
+def _not_served_message(method: str) -> str:
+    reason = NOT_SERVED.get(method, f"corral does not implement {method}")
+    return f"{_SERVICE}/{method} is not supported: {reason}"
+
+
+class _NotServed(grpc.GenericRpcHandler):
+    """Answers the service's methods corral does not serve with UNIMPLEMENTED and the reason.
+
+    Without it grpc answers them "Method not found!", which does not say whether the method
+    or the whole server is missing. Consulted after corral's own methods, so a method added
+    to the service is served, not refused.
+    """
+
+    def service(
+        self, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        service, _, method = handler_call_details.method.strip("/").partition("/")
+        if service != _SERVICE:
+            return None
+        message = _not_served_message(method)
+
+        # A streaming handler answers unary and streaming calls alike: it aborts before it
+        # reads the first message, and the bytes need no decoding.
+        async def refuse(requests: Any, context: _Context) -> None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, message)
+
+        return grpc.stream_stream_rpc_method_handler(refuse)
 
 
 def _decode_message(message_type: Any, data: bytes) -> object:
@@ -401,3 +531,38 @@ def _one_repository(name: str) -> None:
             grpc.StatusCode.UNIMPLEMENTED,
             f"repository_name {name!r}: corral serves one repository; leave it empty",
         )
+
+
+def _load_parameters(
+    name: str, parameters: Mapping[str, Any]
+) -> tuple[str | None, dict[str, bytes] | None]:
+    """A RepositoryModelLoad's ``config`` (string_param) and ``file:<path>`` (bytes_param)."""
+    what = f"failed to load {name!r}"
+    config: str | None = None
+    files: dict[str, bytes] = {}
+    unknown = []
+    for key, value in parameters.items():
+        choice = value.WhichOneof("parameter_choice")
+        if key == "config":
+            if choice != "string_param":
+                raise _Refused(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{what}: the 'config' parameter must be a string_param of JSON, got {choice}",
+                )
+            config = value.string_param
+        elif key.startswith("file:"):
+            if choice != "bytes_param":
+                raise _Refused(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{what}: the parameter {key!r} must be a bytes_param, got {choice}",
+                )
+            files[key.removeprefix("file:")] = value.bytes_param
+        else:
+            unknown.append(key)
+    if unknown:
+        raise _Refused(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{what}: load parameters {sorted(unknown)} are not supported: a load takes "
+            "'config' and 'file:<version>/<name>'",
+        )
+    return config, files or None

@@ -17,6 +17,8 @@ Example::
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -24,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from corral._config import VersionPolicy
 from corral._errors import (
     CorralError,
     DeadlineExceeded,
@@ -39,10 +42,23 @@ from corral._errors import (
     RepositoryError,
     RuntimeClosed,
     SessionClosed,
+    UploadRefused,
 )
 from corral.protocol.dataplane import DataPlane, run_blocking, status_for
 from corral.protocol.http_codec import HEADER_LENGTH, decode_request, encode_error, encode_response
+from corral.protocol.shm import (
+    SHM_REGION,
+    RegionStatus,
+    SharedMemoryExists,
+    SharedMemoryNotFound,
+    SharedMemoryRegistry,
+    SharedMemoryUnsupported,
+    TooManyRegions,
+    cuda_shared_memory_refused,
+    cuda_status,
+)
 from corral.protocol.types import (
+    InferRequest,
     ModelConfiguration,
     ModelMetadata,
     ModelStatistics,
@@ -50,6 +66,13 @@ from corral.protocol.types import (
     TensorConfiguration,
 )
 from corral.server.bodies import BodyBudget, BodyBudgetExceeded, BodyReservation
+from corral.server.compression import (
+    EncodingRefused,
+    compress,
+    inflate,
+    request_encoding,
+    response_encoding,
+)
 
 __all__ = ["DECODE_INLINE_BYTES", "STATUS", "HttpApp", "HttpError", "check_token", "read_body"]
 
@@ -68,6 +91,8 @@ STATUS: dict[type[CorralError], int] = {
     Overloaded: 429,
     InferenceError: 500,
     ModelLoadError: 503,
+    # The client's mistake, as Triton's HTTP endpoint answers it.
+    UploadRefused: 400,
     # A model.toml naming a provider this build lacks, a repository folder gone: the server
     # cannot serve it here and now, as with a failed load.
     ProviderUnavailable: 503,
@@ -78,6 +103,11 @@ STATUS: dict[type[CorralError], int] = {
     DeadlineExceeded: 504,
     # An unload that waited its whole timeout for a hung load or for leases.
     DrainTimeout: 503,
+    # Triton's codes for its shared memory extension.
+    SharedMemoryNotFound: 404,
+    SharedMemoryExists: 400,
+    TooManyRegions: 400,
+    SharedMemoryUnsupported: 501,
 }
 
 #: Bodies up to this size are decoded on the event loop; larger ones on a worker thread.
@@ -139,6 +169,8 @@ class HttpApp:
             await self._handle(scope, receive, send)
         except HttpError as exc:
             await _respond(send, exc.status, encode_error(str(exc)), _JSON, exc.headers)
+        except EncodingRefused as exc:
+            await _respond(send, exc.status, encode_error(str(exc)), _JSON)
         except BodyBudgetExceeded as exc:
             retry = (b"retry-after", str(BODY_BUDGET_RETRY_AFTER_S).encode())
             await _respond(send, 503, encode_error(str(exc)), _JSON, (retry,))
@@ -178,6 +210,8 @@ class HttpApp:
             await self._models(method, rest[1:], scope, receive, send)
         elif rest[0] == "repository":
             await self._repository(method, rest[1:], scope, receive, send)
+        elif rest[0] in ("systemsharedmemory", "cudasharedmemory"):
+            await self._shared_memory(rest[0], method, rest[1:], scope, receive, send)
         else:
             raise HttpError(404, f"no such endpoint: {scope['path']}")
 
@@ -235,23 +269,44 @@ class HttpApp:
         header_length: int | None = None
         for key, value in scope["headers"]:
             if key == b"inference-header-content-length":
+                # The JSON part's length in the inflated body, as tritonclient counts it.
                 header_length = _int_header(HEADER_LENGTH, value)
+        encoding = request_encoding(scope["headers"])  # 415 before a byte is read
+        answer_encoding = response_encoding(scope["headers"])
         # Held until the answer is written: the decoded tensors, and binary inputs, which are
         # views of the body, live that long.
         with self._bodies.reserve(0) as held:
             body = await read_body(scope, receive, self._max_request_bytes, held)
-            if len(body) > DECODE_INLINE_BYTES:
-                request = await run_blocking(decode_request, body, header_length)
+            shared_memory = self._plane.shared_memory
+            if encoding is not None:
+                request = await run_blocking(
+                    _inflate_and_decode,
+                    body,
+                    encoding,
+                    self._max_request_bytes,
+                    held,
+                    header_length,
+                    shared_memory,
+                )
+            # A tensor in shared memory is copied out while decoding: never on the loop.
+            elif len(body) > DECODE_INLINE_BYTES or (
+                shared_memory is not None and SHM_REGION.encode() in body
+            ):
+                request = await run_blocking(
+                    decode_request, body, header_length, shared_memory=shared_memory
+                )
             else:
-                request = decode_request(body, header_length)
+                request = decode_request(body, header_length, shared_memory=shared_memory)
             del body  # what the tensors do not view is freed before the run
             response = await self._plane.infer(name, version, request)
             payload, json_length = encode_response(response, request)
-            if json_length is None:
-                await _respond(send, 200, payload, _JSON)
-            else:
-                length = (HEADER_LENGTH.encode(), str(json_length).encode())
-                await _respond(send, 200, payload, _BINARY, (length,))
+            extra: tuple[tuple[bytes, bytes], ...] = ()
+            if json_length is not None:
+                extra = ((HEADER_LENGTH.encode(), str(json_length).encode()),)
+            if answer_encoding is not None:
+                payload = await _compressed(payload, answer_encoding)
+                extra += ((b"content-encoding", answer_encoding.encode()),)
+            await _respond(send, 200, payload, _JSON if json_length is None else _BINARY, extra)
 
     async def _repository(
         self, method: str, rest: list[str], scope: Scope, receive: Receive, send: Send
@@ -259,7 +314,7 @@ class HttpApp:
         _expect(method, "POST")
         if rest == ["index"]:
             with self._bodies.reserve(0) as held:
-                body = await read_body(scope, receive, self._max_request_bytes, held)
+                body = await self._read_inflated(scope, receive, held)
             ready_only = False
             if body.strip():
                 try:
@@ -274,16 +329,181 @@ class HttpApp:
             rows = await self._plane.repository_index(ready_only=ready_only)
             await _json(send, 200, [_index_doc(row) for row in rows])
         elif len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
-            # Parameters are accepted and not used.
             with self._bodies.reserve(0) as held:
-                await read_body(scope, receive, self._max_request_bytes, held)
-            if rest[2] == "load":
-                await self._plane.load(rest[1])
-            else:
-                await self._plane.unload(rest[1])
+                body = await self._read_inflated(scope, receive, held)
+                if rest[2] == "load":
+                    if len(body) > DECODE_INLINE_BYTES:
+                        config, files = await run_blocking(_load_parameters, rest[1], body)
+                    else:
+                        config, files = _load_parameters(rest[1], body)
+                    # Held until the load ends: the uploaded bytes are in memory until then.
+                    await self._plane.load(rest[1], config=config, files=files)
+                else:
+                    _unload_parameters(rest[1], body)
+                    await self._plane.unload(rest[1])
             await _respond(send, 200, b"", _JSON)
         else:
             raise HttpError(404, "no such repository endpoint")
+
+    async def _read_inflated(self, scope: Scope, receive: Receive, held: BodyReservation) -> bytes:
+        # A body of the control plane, inflated (on a worker thread) when it is compressed.
+        encoding = request_encoding(scope["headers"])
+        body = await read_body(scope, receive, self._max_request_bytes, held)
+        if encoding is None:
+            return body
+        return await run_blocking(inflate, body, encoding, self._max_request_bytes, held)
+
+    async def _shared_memory(
+        self, kind: str, method: str, rest: list[str], scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        # /v2/{kind}[/region/{name}]/status|unregister, /v2/{kind}/region/{name}/register
+        name: str | None = None
+        if len(rest) == 3 and rest[0] == "region" and rest[1]:
+            name, action = rest[1], rest[2]
+        elif len(rest) == 1 and rest[0] in ("status", "unregister"):
+            action = rest[0]
+        else:
+            raise HttpError(404, f"no such shared memory endpoint: {scope['path']}")
+        if action == "status":
+            _expect(method, "GET")
+            if kind == "cudasharedmemory":
+                rows = cuda_status(name)
+            else:
+                rows = self._plane.shared_memory_status(name)
+            await _json(send, 200, [_region_doc(row) for row in rows])
+            return
+        if action not in ("register", "unregister") or (action == "register" and name is None):
+            raise HttpError(404, f"no such shared memory endpoint: {scope['path']}")
+        _expect(method, "POST")
+        with self._bodies.reserve(0) as held:
+            body = await read_body(scope, receive, self._max_request_bytes, held)
+        if action == "unregister":
+            if body.strip():
+                raise HttpError(400, "an unregister request takes no body")
+            # No CUDA region can be registered here, so there is none to unregister.
+            if kind == "systemsharedmemory":
+                self._plane.unregister_shared_memory(name)
+            await _respond(send, 200, b"", _JSON)
+            return
+        assert name is not None  # register needs a region: checked above
+        if kind == "cudasharedmemory":
+            raise cuda_shared_memory_refused()
+        key, offset, byte_size = _register_request(body)
+        await self._plane.register_shared_memory(name, key, offset, byte_size)
+        await _respond(send, 200, b"", _JSON)
+
+
+def _control_parameters(what: str, body: bytes) -> dict[str, Any]:
+    """The ``parameters`` of a load or unload body (``{}`` for an empty body)."""
+    if not body.strip():
+        return {}
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise HttpError(400, f"{what}: the request is not JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise HttpError(400, f'{what}: the request must be a JSON object {{"parameters": {{...}}}}')
+    unknown = sorted(set(document) - {"parameters"})
+    if unknown:
+        raise HttpError(400, f"{what}: unknown request fields {unknown}: only 'parameters'")
+    parameters = document.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise HttpError(400, f"{what}: 'parameters' must be a JSON object")
+    return parameters
+
+
+def _load_parameters(name: str, body: bytes) -> tuple[str | None, dict[str, bytes] | None]:
+    """A load's ``config`` and its ``file:<path>`` files, base64-decoded; others refused."""
+    what = f"failed to load {name!r}"
+    parameters = _control_parameters(what, body)
+    config = parameters.get("config")
+    if config is not None and not isinstance(config, str):
+        raise HttpError(400, f"{what}: the 'config' parameter must be a string of JSON")
+    files: dict[str, bytes] = {}
+    unknown = []
+    for key, value in parameters.items():
+        if key == "config":
+            continue
+        if not key.startswith("file:"):
+            unknown.append(key)
+            continue
+        if not isinstance(value, str):
+            raise HttpError(400, f"{what}: the parameter {key!r} must be a base64 string")
+        try:
+            files[key.removeprefix("file:")] = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise HttpError(400, f"{what}: the parameter {key!r} is not base64: {exc}") from None
+    if unknown:
+        raise HttpError(
+            400,
+            f"{what}: load parameters {sorted(unknown)} are not supported: a load takes "
+            "'config' and 'file:<version>/<name>'",
+        )
+    return config, files or None
+
+
+def _unload_parameters(name: str, body: bytes) -> None:
+    """Check an unload's parameters: only Triton's ``unload_dependents`` (no model has any)."""
+    what = f"failed to unload {name!r}"
+    parameters = _control_parameters(what, body)
+    unknown = sorted(set(parameters) - {"unload_dependents"})
+    if unknown:
+        raise HttpError(400, f"{what}: unload parameters {unknown} are not supported")
+    if not isinstance(parameters.get("unload_dependents", False), bool):
+        raise HttpError(400, f"{what}: 'unload_dependents' must be true or false")
+
+
+def _inflate_and_decode(
+    body: bytes,
+    encoding: str,
+    limit: int,
+    held: BodyReservation,
+    header_length: int | None,
+    shared_memory: SharedMemoryRegistry | None,
+) -> InferRequest:
+    return decode_request(
+        inflate(body, encoding, limit, held), header_length, shared_memory=shared_memory
+    )
+
+
+async def _compressed(payload: bytes, encoding: str) -> bytes:
+    if len(payload) > DECODE_INLINE_BYTES:
+        return await run_blocking(compress, payload, encoding)
+    return compress(payload, encoding)
+
+
+def _register_request(body: bytes) -> tuple[str, int, int]:
+    """The key, offset and byte size of a system shared memory register request's body."""
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise HttpError(400, f"the register request is not JSON: {exc}") from None
+    if type(document) is not dict:
+        raise HttpError(400, 'the register request must be {"key": ..., "byte_size": ...}')
+    unknown = sorted(set(document) - {"key", "offset", "byte_size"})
+    if unknown:
+        raise HttpError(
+            400,
+            f"the register request has fields {unknown} that it does not take; it takes "
+            "key, offset and byte_size",
+        )
+    key = document.get("key")
+    if type(key) is not str:
+        raise HttpError(400, "Shared memory register request has no 'key' field (a string)")
+    if "byte_size" not in document:
+        raise HttpError(400, "Shared memory register request has no 'byte_size' field")
+    offset, byte_size = document.get("offset", 0), document["byte_size"]
+    for label, value in (("offset", offset), ("byte_size", byte_size)):
+        if type(value) is not int or value < 0:
+            raise HttpError(
+                400,
+                f"the register request's {label!r} must be a non-negative integer; got {value!r}",
+            )
+    return key, offset, byte_size
+
+
+def _region_doc(row: RegionStatus) -> dict[str, Any]:
+    return {"name": row.name, "key": row.key, "offset": row.offset, "byte_size": row.byte_size}
 
 
 async def read_body(
@@ -396,18 +616,49 @@ def _metadata_doc(meta: ModelMetadata) -> dict[str, Any]:
 
 def _config_doc(config: ModelConfiguration) -> dict[str, Any]:
     # Triton's model_config JSON: the tensor lists are named in the singular.
-    def tensor(t: TensorConfiguration) -> dict[str, Any]:
-        return {"name": t.name, "data_type": t.data_type, "dims": list(t.dims)}
+    def tensor(t: TensorConfiguration, *, is_input: bool) -> dict[str, Any]:
+        doc: dict[str, Any] = {"name": t.name, "data_type": t.data_type, "dims": list(t.dims)}
+        if is_input:
+            doc["format"] = t.format
+        else:
+            doc["label_filename"] = t.label_filename
+        if t.reshape is not None:
+            doc["reshape"] = {"shape": list(t.reshape)}
+        return doc
 
-    return {
+    doc: dict[str, Any] = {
         "name": config.name,
         "platform": config.platform,
         "backend": config.backend,
+        "version_policy": _version_policy_doc(config.version_policy),
         "max_batch_size": config.max_batch_size,
-        "input": [tensor(t) for t in config.inputs],
-        "output": [tensor(t) for t in config.outputs],
+        "input": [tensor(t, is_input=True) for t in config.inputs],
+        "output": [tensor(t, is_input=False) for t in config.outputs],
+        "instance_group": [
+            {"name": config.name, "kind": config.instance_kind, "count": config.instance_count}
+        ],
+        "default_model_filename": config.default_model_filename,
         "parameters": {key: {"string_value": value} for key, value in config.parameters.items()},
     }
+    if config.batch_window_us is not None:
+        doc["dynamic_batching"] = {
+            "max_queue_delay_microseconds": config.batch_window_us,
+            "default_queue_policy": {
+                "max_queue_size": config.max_queue_size,
+                "timeout_action": "REJECT",
+                "default_timeout_microseconds": config.queue_timeout_us or 0,
+                "allow_timeout_override": config.queue_timeout_override,
+            },
+        }
+    return doc
+
+
+def _version_policy_doc(policy: VersionPolicy) -> dict[str, Any]:
+    if policy.kind == "latest":
+        return {"latest": {"num_versions": policy.count}}
+    if policy.kind == "all":
+        return {"all": {}}
+    return {"specific": {"versions": list(policy.versions)}}
 
 
 def _stats_doc(rows: list[ModelStatistics]) -> dict[str, Any]:

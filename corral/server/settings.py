@@ -14,13 +14,21 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from corral._options import HostOptions
+from corral.protocol.shm import DEFAULT_MAX_REGIONS
 
-__all__ = ["ENV_PREFIX", "HOST_OPTIONS_NOT_SERVED", "ServerSettings", "unknown_variables"]
+__all__ = [
+    "ENV_PREFIX",
+    "HOST_OPTIONS_NOT_SERVED",
+    "TRITON_POLL_SECS",
+    "ServerSettings",
+    "unknown_variables",
+]
 
 #: What every setting's environment variable starts with.
 ENV_PREFIX = "CORRAL_"
@@ -28,6 +36,9 @@ ENV_PREFIX = "CORRAL_"
 HOST_OPTIONS_NOT_SERVED = {
     "failure_backoff_s": "a pair of seconds; the server keeps the library's default back-off",
 }
+
+#: The seconds between polls under ``--model-control-mode poll`` when none is given: Triton's.
+TRITON_POLL_SECS = 15.0
 
 # The Host's options take their defaults from HostOptions itself.
 _HOST_DEFAULTS = HostOptions()
@@ -103,6 +114,30 @@ class ServerSettings(BaseSettings):
     log_level: str = Field(
         "info", description="corral's log level: critical, error, warning, info or debug"
     )
+    ready_load_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="seconds a model readiness request waits for the load it starts of a "
+        "model not loaded; past it the answer is not ready and the load goes on",
+    )
+    server_name: str = Field(
+        "corral",
+        min_length=1,
+        description="the name server metadata reports (GET /v2, ServerMetadata); Triton's "
+        "clients that check they talk to Triton expect 'triton'",
+    )
+    # -- Triton's model control ------------------------------------------------------------
+    model_control_mode: Literal["none", "poll", "explicit"] | None = Field(
+        None,
+        description="Triton's model control: none (load on first use, no polling), poll "
+        "(also poll every poll_interval_s, default 15) or explicit (serve only the models "
+        "loaded through the repository API or load_model)",
+    )
+    load_model: Annotated[tuple[str, ...], NoDecode] = Field(
+        (),
+        description="models to load at start, before /v2/health/ready answers ready; "
+        "repeat the flag (or separate with commas) for more; * loads every model",
+    )
     # -- the HTTP server's connections (corral.server._connections) ---------------------
     max_url_bytes: int = Field(
         8192, gt=0, description="longest request URL (path and query), in bytes; longer: 414"
@@ -130,6 +165,18 @@ class ServerSettings(BaseSettings):
         description="HTTP connections open at once; at the cap an idle one is closed, or "
         "the new one gets 503 (default: the open-file limit less 256, at least 64)",
     )
+    # -- Triton's system shared memory extension (corral.protocol.shm) ------------------
+    system_shared_memory: bool = Field(
+        False,
+        description="let clients register POSIX shared-memory regions (/dev/shm) and send "
+        "tensors through them (Triton's --allow-client-shm); only for clients trusted with "
+        "this user's shared memory",
+    )
+    max_shared_memory_regions: int = Field(
+        DEFAULT_MAX_REGIONS,
+        gt=0,
+        description="system shared-memory regions registered at once; more are refused",
+    )
 
     @field_validator("auth_token")
     @classmethod
@@ -152,6 +199,36 @@ class ServerSettings(BaseSettings):
         if value.lower() not in levels:
             raise ValueError(f"log_level must be one of {', '.join(levels)}, got {value!r}")
         return value.lower()
+
+    @field_validator("load_model", mode="before")
+    @classmethod
+    def _model_names(cls, value: object) -> object:
+        # One name, names separated by commas (the variable), or a list of them (the flags).
+        texts = [value] if isinstance(value, str) else value
+        if isinstance(texts, (list, tuple)):
+            names = [n.strip() for text in texts for n in str(text).split(",") if n.strip()]
+            if "*" in names and len(names) > 1:
+                raise ValueError("load_model '*' loads every model: name no other with it")
+            return tuple(names)
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _poll_mode_polls(cls, given: Any) -> Any:
+        # Triton polls every 15 s in poll mode unless told otherwise; the other modes never
+        # poll, so a poll interval with them would be a setting not honoured as Triton's.
+        if not isinstance(given, dict):
+            return given
+        mode = given.get("model_control_mode")
+        interval = given.get("poll_interval_s")
+        if mode == "poll" and interval is None:
+            return {**given, "poll_interval_s": TRITON_POLL_SECS}
+        if mode in ("none", "explicit") and interval is not None:
+            raise ValueError(
+                f"model_control_mode {mode} does not poll the repository, but a poll interval "
+                f"({interval}) is given: use model_control_mode poll, or leave the interval out"
+            )
+        return given
 
     @model_validator(mode="after")
     def _host_options_hold(self) -> ServerSettings:

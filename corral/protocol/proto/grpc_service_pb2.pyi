@@ -1,42 +1,48 @@
+from corral._proto import model_config_pb2 as _model_config_pb2
 from google.protobuf.internal import containers as _containers
-from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from corral._proto.model_config_pb2 import ModelRateLimiter as ModelRateLimiter
+from corral._proto.model_config_pb2 import ModelInstanceGroup as ModelInstanceGroup
+from corral._proto.model_config_pb2 import ModelTensorReshape as ModelTensorReshape
+from corral._proto.model_config_pb2 import ModelInput as ModelInput
+from corral._proto.model_config_pb2 import ModelOutput as ModelOutput
+from corral._proto.model_config_pb2 import BatchInput as BatchInput
+from corral._proto.model_config_pb2 import BatchOutput as BatchOutput
+from corral._proto.model_config_pb2 import ModelVersionPolicy as ModelVersionPolicy
+from corral._proto.model_config_pb2 import ModelOptimizationPolicy as ModelOptimizationPolicy
+from corral._proto.model_config_pb2 import ModelQueuePolicy as ModelQueuePolicy
+from corral._proto.model_config_pb2 import ModelDynamicBatching as ModelDynamicBatching
+from corral._proto.model_config_pb2 import ModelSequenceBatching as ModelSequenceBatching
+from corral._proto.model_config_pb2 import ModelEnsembling as ModelEnsembling
+from corral._proto.model_config_pb2 import ModelParameter as ModelParameter
+from corral._proto.model_config_pb2 import ModelWarmup as ModelWarmup
+from corral._proto.model_config_pb2 import ModelOperations as ModelOperations
+from corral._proto.model_config_pb2 import ModelTransactionPolicy as ModelTransactionPolicy
+from corral._proto.model_config_pb2 import ModelRepositoryAgents as ModelRepositoryAgents
+from corral._proto.model_config_pb2 import ModelResponseCache as ModelResponseCache
+from corral._proto.model_config_pb2 import ModelMetrics as ModelMetrics
+from corral._proto.model_config_pb2 import ModelConfig as ModelConfig
+from corral._proto.model_config_pb2 import DataType as DataType
 
 DESCRIPTOR: _descriptor.FileDescriptor
-
-class DataType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
-    TYPE_INVALID: _ClassVar[DataType]
-    TYPE_BOOL: _ClassVar[DataType]
-    TYPE_UINT8: _ClassVar[DataType]
-    TYPE_UINT16: _ClassVar[DataType]
-    TYPE_UINT32: _ClassVar[DataType]
-    TYPE_UINT64: _ClassVar[DataType]
-    TYPE_INT8: _ClassVar[DataType]
-    TYPE_INT16: _ClassVar[DataType]
-    TYPE_INT32: _ClassVar[DataType]
-    TYPE_INT64: _ClassVar[DataType]
-    TYPE_FP16: _ClassVar[DataType]
-    TYPE_FP32: _ClassVar[DataType]
-    TYPE_FP64: _ClassVar[DataType]
-    TYPE_STRING: _ClassVar[DataType]
-TYPE_INVALID: DataType
-TYPE_BOOL: DataType
-TYPE_UINT8: DataType
-TYPE_UINT16: DataType
-TYPE_UINT32: DataType
-TYPE_UINT64: DataType
-TYPE_INT8: DataType
-TYPE_INT16: DataType
-TYPE_INT32: DataType
-TYPE_INT64: DataType
-TYPE_FP16: DataType
-TYPE_FP32: DataType
-TYPE_FP64: DataType
-TYPE_STRING: DataType
+TYPE_INVALID: _model_config_pb2.DataType
+TYPE_BOOL: _model_config_pb2.DataType
+TYPE_UINT8: _model_config_pb2.DataType
+TYPE_UINT16: _model_config_pb2.DataType
+TYPE_UINT32: _model_config_pb2.DataType
+TYPE_UINT64: _model_config_pb2.DataType
+TYPE_INT8: _model_config_pb2.DataType
+TYPE_INT16: _model_config_pb2.DataType
+TYPE_INT32: _model_config_pb2.DataType
+TYPE_INT64: _model_config_pb2.DataType
+TYPE_FP16: _model_config_pb2.DataType
+TYPE_FP32: _model_config_pb2.DataType
+TYPE_FP64: _model_config_pb2.DataType
+TYPE_STRING: _model_config_pb2.DataType
+TYPE_BF16: _model_config_pb2.DataType
 
 class ServerLiveRequest(_message.Message):
     __slots__ = ()
@@ -253,57 +259,6 @@ class ModelInferResponse(_message.Message):
     raw_output_contents: _containers.RepeatedScalarFieldContainer[bytes]
     def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., id: _Optional[str] = ..., parameters: _Optional[_Mapping[str, InferParameter]] = ..., outputs: _Optional[_Iterable[_Union[ModelInferResponse.InferOutputTensor, _Mapping]]] = ..., raw_output_contents: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
-class ModelInput(_message.Message):
-    __slots__ = ("name", "data_type", "dims")
-    NAME_FIELD_NUMBER: _ClassVar[int]
-    DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
-    DIMS_FIELD_NUMBER: _ClassVar[int]
-    name: str
-    data_type: DataType
-    dims: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, name: _Optional[str] = ..., data_type: _Optional[_Union[DataType, str]] = ..., dims: _Optional[_Iterable[int]] = ...) -> None: ...
-
-class ModelOutput(_message.Message):
-    __slots__ = ("name", "data_type", "dims")
-    NAME_FIELD_NUMBER: _ClassVar[int]
-    DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
-    DIMS_FIELD_NUMBER: _ClassVar[int]
-    name: str
-    data_type: DataType
-    dims: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, name: _Optional[str] = ..., data_type: _Optional[_Union[DataType, str]] = ..., dims: _Optional[_Iterable[int]] = ...) -> None: ...
-
-class ModelConfig(_message.Message):
-    __slots__ = ("name", "platform", "max_batch_size", "input", "output", "parameters", "backend")
-    class ParametersEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: ModelParameter
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[ModelParameter, _Mapping]] = ...) -> None: ...
-    NAME_FIELD_NUMBER: _ClassVar[int]
-    PLATFORM_FIELD_NUMBER: _ClassVar[int]
-    MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
-    INPUT_FIELD_NUMBER: _ClassVar[int]
-    OUTPUT_FIELD_NUMBER: _ClassVar[int]
-    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
-    BACKEND_FIELD_NUMBER: _ClassVar[int]
-    name: str
-    platform: str
-    max_batch_size: int
-    input: _containers.RepeatedCompositeFieldContainer[ModelInput]
-    output: _containers.RepeatedCompositeFieldContainer[ModelOutput]
-    parameters: _containers.MessageMap[str, ModelParameter]
-    backend: str
-    def __init__(self, name: _Optional[str] = ..., platform: _Optional[str] = ..., max_batch_size: _Optional[int] = ..., input: _Optional[_Iterable[_Union[ModelInput, _Mapping]]] = ..., output: _Optional[_Iterable[_Union[ModelOutput, _Mapping]]] = ..., parameters: _Optional[_Mapping[str, ModelParameter]] = ..., backend: _Optional[str] = ...) -> None: ...
-
-class ModelParameter(_message.Message):
-    __slots__ = ("string_value",)
-    STRING_VALUE_FIELD_NUMBER: _ClassVar[int]
-    string_value: str
-    def __init__(self, string_value: _Optional[str] = ...) -> None: ...
-
 class ModelConfigRequest(_message.Message):
     __slots__ = ("name", "version")
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -315,8 +270,8 @@ class ModelConfigRequest(_message.Message):
 class ModelConfigResponse(_message.Message):
     __slots__ = ("config",)
     CONFIG_FIELD_NUMBER: _ClassVar[int]
-    config: ModelConfig
-    def __init__(self, config: _Optional[_Union[ModelConfig, _Mapping]] = ...) -> None: ...
+    config: _model_config_pb2.ModelConfig
+    def __init__(self, config: _Optional[_Union[_model_config_pb2.ModelConfig, _Mapping]] = ...) -> None: ...
 
 class StatisticDuration(_message.Message):
     __slots__ = ("count", "ns")
@@ -462,5 +417,115 @@ class RepositoryModelUnloadRequest(_message.Message):
     def __init__(self, repository_name: _Optional[str] = ..., model_name: _Optional[str] = ..., parameters: _Optional[_Mapping[str, ModelRepositoryParameter]] = ...) -> None: ...
 
 class RepositoryModelUnloadResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SystemSharedMemoryStatusRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class SystemSharedMemoryStatusResponse(_message.Message):
+    __slots__ = ("regions",)
+    class RegionStatus(_message.Message):
+        __slots__ = ("name", "key", "offset", "byte_size")
+        NAME_FIELD_NUMBER: _ClassVar[int]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        OFFSET_FIELD_NUMBER: _ClassVar[int]
+        BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]
+        name: str
+        key: str
+        offset: int
+        byte_size: int
+        def __init__(self, name: _Optional[str] = ..., key: _Optional[str] = ..., offset: _Optional[int] = ..., byte_size: _Optional[int] = ...) -> None: ...
+    class RegionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: SystemSharedMemoryStatusResponse.RegionStatus
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[SystemSharedMemoryStatusResponse.RegionStatus, _Mapping]] = ...) -> None: ...
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    regions: _containers.MessageMap[str, SystemSharedMemoryStatusResponse.RegionStatus]
+    def __init__(self, regions: _Optional[_Mapping[str, SystemSharedMemoryStatusResponse.RegionStatus]] = ...) -> None: ...
+
+class SystemSharedMemoryRegisterRequest(_message.Message):
+    __slots__ = ("name", "key", "offset", "byte_size")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    def __init__(self, name: _Optional[str] = ..., key: _Optional[str] = ..., offset: _Optional[int] = ..., byte_size: _Optional[int] = ...) -> None: ...
+
+class SystemSharedMemoryRegisterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SystemSharedMemoryUnregisterRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class SystemSharedMemoryUnregisterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CudaSharedMemoryStatusRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class CudaSharedMemoryStatusResponse(_message.Message):
+    __slots__ = ("regions",)
+    class RegionStatus(_message.Message):
+        __slots__ = ("name", "device_id", "byte_size")
+        NAME_FIELD_NUMBER: _ClassVar[int]
+        DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+        BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]
+        name: str
+        device_id: int
+        byte_size: int
+        def __init__(self, name: _Optional[str] = ..., device_id: _Optional[int] = ..., byte_size: _Optional[int] = ...) -> None: ...
+    class RegionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: CudaSharedMemoryStatusResponse.RegionStatus
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[CudaSharedMemoryStatusResponse.RegionStatus, _Mapping]] = ...) -> None: ...
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    regions: _containers.MessageMap[str, CudaSharedMemoryStatusResponse.RegionStatus]
+    def __init__(self, regions: _Optional[_Mapping[str, CudaSharedMemoryStatusResponse.RegionStatus]] = ...) -> None: ...
+
+class CudaSharedMemoryRegisterRequest(_message.Message):
+    __slots__ = ("name", "raw_handle", "device_id", "byte_size")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RAW_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    raw_handle: bytes
+    device_id: int
+    byte_size: int
+    def __init__(self, name: _Optional[str] = ..., raw_handle: _Optional[bytes] = ..., device_id: _Optional[int] = ..., byte_size: _Optional[int] = ...) -> None: ...
+
+class CudaSharedMemoryRegisterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CudaSharedMemoryUnregisterRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class CudaSharedMemoryUnregisterResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -1,0 +1,846 @@
+"""Triton's ``config.pbtxt``: read it, and map it onto corral's :class:`ModelConfig`.
+
+A model folder may hold Triton's model configuration instead of a ``model.toml``. It is parsed
+with protobuf's text format against Triton's own messages (``corral/_proto/model_config.proto``,
+every field Triton has), so a file Triton accepts always parses; then each field that is set is
+either honoured (mapped onto :class:`ModelConfig`) or refused with a :class:`ModelConfigError`
+naming it and why. Nothing set in the file is ignored.
+
+protobuf is imported here lazily, only when a config.pbtxt exists: the core's imports stay
+onnxruntime and numpy. onnxruntime depends on protobuf, but the generated module needs
+protobuf >= 7.35 (the ``grpc`` extra); an older one is a ModelConfigError saying so.
+
+The mapping (``docs/host.md`` has the table):
+
+- ``name`` must be the folder's name; ``platform`` ``onnxruntime_onnx`` / ``backend``
+  ``onnxruntime`` only (or neither).
+- ``max_batch_size`` → ``max_batch_size`` (0: never batched); with it above 0 the declared
+  ``dims`` leave out the batch dimension, as in Triton.
+- ``dynamic_batching.max_queue_delay_microseconds`` → ``batch_window_us``; without
+  ``dynamic_batching`` requests are not held to fill a batch (a window of 0), as Triton does
+  not combine them. ``default_queue_policy``: ``max_queue_size`` → ``max_queue_size``,
+  ``default_timeout_microseconds`` and ``allow_timeout_override`` → the queue's timeout.
+- ``instance_group`` (``KIND_CPU`` / ``KIND_AUTO``): the counts summed → ``pool:N``.
+- ``version_policy``, ``default_model_filename``, ``parameters``, ``label_filename``,
+  ``input``/``output`` (name, data_type, dims, format, reshape), ``model_warmup`` (zero, random
+  or file data: :func:`warmup_feed`), ``optimization.execution_accelerators`` naming
+  ``openvino`` (CPU) or ``tensorrt`` (GPU) without parameters → providers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from corral._config import ModelConfig, TensorConfig, VersionPolicy, WarmupInput, WarmupSample
+from corral._errors import ModelConfigError
+from corral._providers import MAX_POOL_SIZE
+from corral._signature import Reshape, ReshapedSignature, Signature, TensorSpec
+
+__all__ = [
+    "CONFIG_PBTXT",
+    "check_declared",
+    "parse_pbtxt",
+    "pbtxt_from_json",
+    "reshaped_signature",
+    "triton_type",
+    "warmup_feed",
+]
+
+#: The file name Triton reads in a model folder.
+CONFIG_PBTXT = "config.pbtxt"
+
+#: What Triton calls the only platform and backend corral runs.
+PLATFORM = "onnxruntime_onnx"
+BACKEND = "onnxruntime"
+
+# Every leaf corral honours, as a dotted path (repeated fields and maps without an index). A
+# leaf that is set and not listed here is refused, with _WHY's reason or the generic one.
+_HONOURED = frozenset(
+    {
+        "name",
+        "platform",
+        "backend",
+        "max_batch_size",
+        "default_model_filename",
+        "version_policy.latest.num_versions",
+        "version_policy.specific.versions",
+        "input.name",
+        "input.data_type",
+        "input.format",
+        "input.dims",
+        "input.reshape.shape",
+        "output.name",
+        "output.data_type",
+        "output.dims",
+        "output.reshape.shape",
+        "output.label_filename",
+        "dynamic_batching.max_queue_delay_microseconds",
+        "dynamic_batching.preferred_batch_size",
+        "dynamic_batching.default_queue_policy.max_queue_size",
+        "dynamic_batching.default_queue_policy.default_timeout_microseconds",
+        "dynamic_batching.default_queue_policy.allow_timeout_override",
+        "instance_group.name",
+        "instance_group.kind",
+        "instance_group.count",
+        "parameters",
+        "model_warmup.name",
+        "model_warmup.batch_size",
+        "model_warmup.count",
+        "model_warmup.inputs",
+        "optimization.execution_accelerators.cpu_execution_accelerator.name",
+        "optimization.execution_accelerators.gpu_execution_accelerator.name",
+    }
+)
+
+# Why a field is refused, by the path of the field or of a message that holds it.
+_WHY = {
+    "runtime": "corral runs every model on onnxruntime itself",
+    "sequence_batching": "corral has no sequence batcher: it serves stateless models only",
+    "ensemble_scheduling": "corral does not run ensembles: serve each model on its own",
+    "batch_input": "corral's batcher does not make batch inputs",
+    "batch_output": "corral's batcher does not scatter batch outputs",
+    "input.optional": "corral passes every input the model declares: none is optional",
+    "input.is_shape_tensor": "shape tensors are a TensorRT feature",
+    "output.is_shape_tensor": "shape tensors are a TensorRT feature",
+    "input.allow_ragged_batch": "corral batches only requests of the same shape",
+    "dynamic_batching.preserve_ordering": "corral answers each request on its own",
+    "dynamic_batching.priority_levels": "corral's queues have no priorities",
+    "dynamic_batching.default_priority_level": "corral's queues have no priorities",
+    "dynamic_batching.priority_queue_policy": "corral's queues have no priorities",
+    "dynamic_batching.default_queue_policy.timeout_action": (
+        "corral answers a request past its queue timeout DeadlineExceeded (REJECT): it does "
+        "not DELAY it"
+    ),
+    "instance_group.gpus": "corral does not place instances on chosen GPUs",
+    "instance_group.rate_limiter": "corral has no rate limiter",
+    "instance_group.secondary_devices": "corral has no secondary devices",
+    "instance_group.profile": "profiles are a TensorRT feature",
+    "instance_group.passive": "every instance corral builds takes requests",
+    "instance_group.host_policy": "corral has no host policies",
+    "optimization": "corral runs onnxruntime with its own session options",
+    "optimization.graph": (
+        "corral leaves onnxruntime's graph optimization level at its default (all optimizations)"
+    ),
+    "optimization.priority": "corral's queues have no priorities",
+    "optimization.cuda": "CUDA graphs and CUDA stream settings are not passed to onnxruntime",
+    "optimization.input_pinned_memory": "corral does not stage tensors in pinned memory",
+    "optimization.output_pinned_memory": "corral does not stage tensors in pinned memory",
+    "optimization.gather_kernel_buffer_threshold": "corral has no gather kernel",
+    "optimization.eager_batching": "corral's batcher has no eager mode",
+    "optimization.execution_accelerators": (
+        "corral passes no provider options to onnxruntime, so an accelerator's parameters "
+        "would be dropped"
+    ),
+    "cc_model_filenames": "corral picks no file by compute capability",
+    "metric_tags": "corral's metrics carry no per-model tags",
+    "model_operations": "corral loads no custom operation libraries",
+    "model_transaction_policy": "corral answers each request once: no decoupled models",
+    "model_repository_agents": "corral runs no repository agents",
+    "response_cache": "corral has no response cache",
+    "model_metrics": "corral's metrics are not configured per model",
+}
+
+# Triton's onnxruntime backend reads these parameters as settings; corral does not apply them,
+# so taking them as mere labels would drop them silently.
+_BACKEND_PARAMETERS = frozenset(
+    {
+        "intra_op_thread_count",
+        "inter_op_thread_count",
+        "execution_mode",
+        "enable_mem_arena",
+        "enable_mem_pattern",
+        "memory.enable_memory_arena_shrinkage",
+        "session.use_device_allocator_for_initializers",
+        "cudnn_conv_algo_search",
+        "gpu_mem_limit",
+        "arena_extend_strategy",
+        "do_copy_in_default_stream",
+        "use_global_thread_pool",
+        "enable_dynamic_shapes",
+        "share_weights_between_sessions",
+        "allow_incomplete_outputs",
+    }
+)
+
+#: Triton's accelerator names and the onnxruntime providers they stand for.
+_ACCELERATORS = {
+    ("cpu_execution_accelerator", "openvino"): "OpenVINOExecutionProvider",
+    ("gpu_execution_accelerator", "tensorrt"): "TensorrtExecutionProvider",
+    ("gpu_execution_accelerator", "cuda"): "CUDAExecutionProvider",
+}
+
+
+#: Reads ``warmup/<file name>`` in the model's folder: (file name, field, byte limit) → bytes.
+ReadWarmup = Callable[[str, str, int], bytes]
+
+
+def parse_pbtxt(
+    text: str,
+    *,
+    source: str,
+    model_name: str,
+    read_labels: Callable[[str, str], tuple[str, ...]],
+    read_warmup: ReadWarmup | None = None,
+) -> ModelConfig:
+    """Parse a config.pbtxt and map it onto a :class:`ModelConfig`.
+
+    ``source`` (the file's path) is named in every error; ``model_name`` is the folder's name,
+    which ``name`` must equal; ``read_labels(relative_path, field)`` reads a label file from the
+    model's folder (the repository's, so that nothing outside the root is read);
+    ``read_warmup(file_name, field, limit)`` reads a warm-up sample's ``input_data_file`` from
+    the model folder's ``warmup/`` folder (None: such a file is refused).
+
+    Raises :class:`ModelConfigError` for a parse error (with its line and column), an unknown
+    field, or a field corral cannot honour (naming it and why).
+    """
+    message = _parse(text, source)
+    try:
+        for path, value in _set_leaves(message, ""):
+            if _plain(path) not in _HONOURED:
+                raise ModelConfigError(f"{source}: {path} is set ({_short(value)}): {_why(path)}")
+        return _map(
+            message, model_name=model_name, read_labels=read_labels, read_warmup=read_warmup
+        )
+    except ModelConfigError as exc:
+        if str(exc).startswith(source):
+            raise
+        raise ModelConfigError(f"{source}: {exc}") from None
+
+
+def _model_config_module(source: str, what: str) -> Any:
+    """The generated ``model_config_pb2``, imported only when needed (protobuf is lazy)."""
+    try:
+        # What the callers import next, so that a protobuf lacking any of it is named here.
+        from google.protobuf import json_format, text_format  # noqa: F401
+
+        from corral._proto import model_config_pb2
+    except Exception as exc:  # ImportError, or protobuf's VersionError for too old a runtime
+        raise ModelConfigError(
+            f"{source}: reading {what} needs protobuf >= 7.35 "
+            f"(pip install 'corral[grpc]'): {type(exc).__name__}: {exc}"
+        ) from exc
+    return model_config_pb2
+
+
+def _parse(text: str, source: str) -> Any:
+    model_config_pb2 = _model_config_module(source, "a config.pbtxt")
+    from google.protobuf import text_format
+
+    config = model_config_pb2.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as exc:
+        line, column = exc.GetLine(), exc.GetColumn()
+        where = f"line {line}, column {column}" if line is not None else "parse error"
+        detail = str(exc).split(" : ", 1)[-1]
+        raise ModelConfigError(f"{source}: {where}: {detail}") from None
+    return config
+
+
+def pbtxt_from_json(text: str, *, source: str) -> str:
+    """A model configuration given as JSON (Triton's load ``config`` parameter), as pbtxt text.
+
+    The JSON is parsed into Triton's ``ModelConfig`` message with protobuf's ``json_format``
+    (field names as in the .proto or in lowerCamelCase; an unknown field is an error naming
+    it), then written in the text format, so that it takes the very path a config.pbtxt does
+    (:func:`parse_pbtxt`: every field honoured or refused by name).
+
+    Raises :class:`ModelConfigError` naming ``source`` for text that is not such JSON.
+    """
+    model_config_pb2 = _model_config_module(source, "a model configuration")
+    from google.protobuf import json_format, text_format
+
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise ModelConfigError(f"{source}: not JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise ModelConfigError(
+            f"{source}: must be a JSON object (a ModelConfig), got {type(document).__name__}"
+        )
+    config = model_config_pb2.ModelConfig()
+    try:
+        json_format.ParseDict(document, config, ignore_unknown_fields=False)
+    except json_format.ParseError as exc:
+        raise ModelConfigError(f"{source}: not a model configuration: {exc}") from None
+    return str(text_format.MessageToString(config))
+
+
+def _set_leaves(message: Any, prefix: str) -> Iterator[tuple[str, object]]:
+    """Each leaf value set in ``message``: (dotted path with indexes, value)."""
+    for descriptor, value in message.ListFields():
+        path = f"{prefix}{descriptor.name}"
+        if descriptor.message_type is not None and not _is_map(descriptor):
+            if descriptor.is_repeated:
+                for index, item in enumerate(value):
+                    yield from _set_leaves(item, f"{path}[{index}].")
+            else:
+                yield from _set_leaves(value, f"{path}.")
+            continue
+        yield path, value
+
+
+def _plain(path: str) -> str:
+    """``input[2].dims`` → ``input.dims``."""
+    parts = path.split(".")
+    return ".".join(part.split("[")[0] for part in parts)
+
+
+def _is_map(descriptor: Any) -> bool:
+    message = descriptor.message_type
+    return message is not None and message.GetOptions().map_entry
+
+
+def _why(path: str) -> str:
+    plain = _plain(path)
+    while plain:
+        if plain in _WHY:
+            return _WHY[plain]
+        plain = plain.rpartition(".")[0]
+    return "corral does not honour this field; remove it"
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = repr(value) if not hasattr(value, "ListFields") else "{...}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _map(
+    message: Any,
+    *,
+    model_name: str,
+    read_labels: Callable[[str, str], tuple[str, ...]],
+    read_warmup: ReadWarmup | None,
+) -> ModelConfig:
+    from corral._proto import model_config_pb2 as pb
+
+    if message.name and message.name != model_name:
+        raise ModelConfigError(
+            f"name is {message.name!r}, but the model's folder is {model_name!r}: they must match"
+        )
+    if message.platform and message.platform != PLATFORM:
+        raise ModelConfigError(
+            f"platform {message.platform!r} is not served: corral runs ONNX models on "
+            f"onnxruntime only (platform {PLATFORM!r})"
+        )
+    if message.backend and message.backend != BACKEND:
+        raise ModelConfigError(
+            f"backend {message.backend!r} is not served: corral runs ONNX models on "
+            f"onnxruntime only (backend {BACKEND!r})"
+        )
+    if message.max_batch_size < 0:
+        raise ModelConfigError(f"max_batch_size must be >= 0, got {message.max_batch_size}")
+    batching = message.HasField("dynamic_batching")
+    window = message.dynamic_batching.max_queue_delay_microseconds if batching else 0
+    queue_size = message.dynamic_batching.default_queue_policy.max_queue_size
+    _check_preferred(message.dynamic_batching.preferred_batch_size, message.max_batch_size)
+    values: dict[str, Any] = {
+        "source": "config.pbtxt",
+        "max_batch_size": message.max_batch_size,
+        # Triton combines requests only with dynamic_batching; without it none is held.
+        "batch_window_us": window,
+        "combine_requests": batching,
+        "version_policy": _version_policy(message.version_policy, pb),
+        "inputs": tuple(_input(i, tensor, pb) for i, tensor in enumerate(message.input)),
+        "outputs": tuple(
+            _output(i, tensor, pb, read_labels) for i, tensor in enumerate(message.output)
+        ),
+        "max_queue_size": queue_size or None,
+        "queue_timeout_us": (
+            message.dynamic_batching.default_queue_policy.default_timeout_microseconds or None
+        ),
+        "queue_timeout_override": (
+            message.dynamic_batching.default_queue_policy.allow_timeout_override
+        ),
+        "parameters": _parameters(message.parameters),
+        "warmup_samples": _warmup(message.model_warmup, pb, message.max_batch_size, read_warmup),
+    }
+    if message.default_model_filename:
+        values["model_filename"] = message.default_model_filename
+    concurrency, gpu = _instances(message.instance_group, pb)
+    if concurrency is not None:
+        values["concurrency"] = concurrency
+    providers = _providers(message.optimization.execution_accelerators, gpu)
+    if providers is not None:
+        values["providers"] = providers
+    try:
+        return ModelConfig(**values)
+    except ValueError as exc:
+        raise ModelConfigError(str(exc)) from None
+
+
+def _check_preferred(sizes: Any, max_batch_size: int) -> None:
+    """Accept ``preferred_batch_size`` only where corral's batcher already does what it asks.
+
+    Triton runs a batch as soon as it reaches a preferred size, and cuts a longer queue at
+    the largest one reached; corral runs a batch when it fills ``max_batch_size`` or the
+    window closes, taking every compatible row queued up to ``max_batch_size``. The two agree
+    only when the one preferred size is ``max_batch_size``; capping runs at a smaller size
+    would not be Triton's batching either (it forms batches past it when the delay expires).
+    """
+    for index, size in enumerate(sizes):
+        if size != max_batch_size:
+            raise ModelConfigError(
+                f"dynamic_batching.preferred_batch_size[{index}] is {size}: corral's batcher "
+                f"runs a batch when it fills max_batch_size ({max_batch_size}) or the window "
+                "closes, and cannot stop at a smaller preferred size; remove it, or prefer "
+                "only max_batch_size"
+            )
+
+
+def _version_policy(policy: Any, pb: Any) -> VersionPolicy:
+    choice = policy.WhichOneof("policy_choice")
+    if choice is None:
+        return VersionPolicy("latest", 1)
+    if choice == "all":
+        return VersionPolicy("all")
+    if choice == "latest":
+        count = policy.latest.num_versions
+        if count < 1:
+            raise ModelConfigError(f"version_policy.latest.num_versions must be >= 1, got {count}")
+        return VersionPolicy("latest", count)
+    versions = tuple(policy.specific.versions)
+    if not versions or any(v < 1 for v in versions):
+        raise ModelConfigError(
+            f"version_policy.specific.versions must list versions >= 1, got {list(versions)}"
+        )
+    return VersionPolicy("specific", versions=versions)
+
+
+def _dims(field: str, dims: Any) -> tuple[int, ...]:
+    checked = tuple(int(d) for d in dims)
+    for d in checked:
+        if d < -1 or d == 0:
+            raise ModelConfigError(f"{field} must hold sizes >= 1 or -1 (any), got {list(checked)}")
+    return checked
+
+
+def _tensor_basics(kind: str, index: int, tensor: Any, pb: Any) -> tuple[str, str, tuple[int, ...]]:
+    field = f"{kind}[{index}]"
+    if not tensor.name:
+        raise ModelConfigError(f"{field}.name is missing")
+    data_type = pb.DataType.Name(tensor.data_type)
+    if data_type in ("TYPE_INVALID", "TYPE_BF16"):
+        raise ModelConfigError(
+            f"{field}.data_type {data_type} ({tensor.name!r}) is not a type corral serves"
+        )
+    return tensor.name, data_type, _dims(f"{field}.dims", tensor.dims)
+
+
+def _input(index: int, tensor: Any, pb: Any) -> TensorConfig:
+    name, data_type, dims = _tensor_basics("input", index, tensor, pb)
+    return TensorConfig(
+        name,
+        data_type,
+        dims,
+        format=pb.ModelInput.Format.Name(tensor.format),
+        reshape=_reshape(f"input[{index}]", tensor, dims),
+    )
+
+
+def _reshape(field: str, tensor: Any, dims: tuple[int, ...]) -> tuple[int, ...] | None:
+    """A tensor's ``reshape.shape``, checked against its ``dims``; None without a reshape.
+
+    The element counts must agree whatever size a variable (-1) dimension takes: each side
+    has at most one -1, both or neither, and the fixed sizes multiply to the same count.
+    """
+    if not tensor.HasField("reshape"):
+        return None
+    shape = _dims(f"{field}.reshape.shape", tensor.reshape.shape)
+    for side, sizes in (("dims", dims), ("reshape.shape", shape)):
+        if sizes.count(-1) > 1:
+            raise ModelConfigError(
+                f"{field}.{side} {list(sizes)} has more than one variable (-1) dimension: "
+                "corral reshapes with at most one, which must match one on the other side"
+            )
+    if dims.count(-1) != shape.count(-1) or _count(dims) != _count(shape):
+        raise ModelConfigError(
+            f"{field}.reshape.shape {list(shape)} does not hold as many elements as its dims "
+            f"{list(dims)} ({tensor.name!r}): a reshape keeps the element count"
+        )
+    return shape
+
+
+def _count(sizes: tuple[int, ...]) -> int:
+    count = 1
+    for size in sizes:
+        if size != -1:
+            count *= size
+    return count
+
+
+def _output(
+    index: int, tensor: Any, pb: Any, read_labels: Callable[[str, str], tuple[str, ...]]
+) -> TensorConfig:
+    name, data_type, dims = _tensor_basics("output", index, tensor, pb)
+    labels: tuple[str, ...] = ()
+    if tensor.label_filename:
+        labels = read_labels(tensor.label_filename, f"output[{index}].label_filename")
+    return TensorConfig(
+        name,
+        data_type,
+        dims,
+        label_filename=tensor.label_filename,
+        labels=labels,
+        reshape=_reshape(f"output[{index}]", tensor, dims),
+    )
+
+
+def _parameters(parameters: Any) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for key in sorted(parameters):
+        if key in _BACKEND_PARAMETERS:
+            raise ModelConfigError(
+                f"parameters[{key!r}] is a setting of Triton's onnxruntime backend, which "
+                "corral does not apply; remove it"
+            )
+        if key.startswith("corral."):
+            raise ModelConfigError(
+                f"parameters[{key!r}]: names starting with 'corral.' are corral's own, in answers"
+            )
+        pairs.append((key, parameters[key].string_value))
+    return tuple(pairs)
+
+
+#: The largest warm-up data file (``warmup/<input_data_file>``) read.
+MAX_WARMUP_BYTES = 16 * 1024 * 1024
+
+#: Triton's fixed-size types and their numpy dtypes (TYPE_STRING is laid out apart).
+_WARMUP_DTYPES = {
+    "TYPE_BOOL": "bool",
+    "TYPE_UINT8": "uint8",
+    "TYPE_UINT16": "uint16",
+    "TYPE_UINT32": "uint32",
+    "TYPE_UINT64": "uint64",
+    "TYPE_INT8": "int8",
+    "TYPE_INT16": "int16",
+    "TYPE_INT32": "int32",
+    "TYPE_INT64": "int64",
+    "TYPE_FP16": "float16",
+    "TYPE_FP32": "float32",
+    "TYPE_FP64": "float64",
+}
+
+
+def _warmup(
+    samples: Any, pb: Any, max_batch_size: int, read_warmup: ReadWarmup | None
+) -> tuple[WarmupSample, ...]:
+    out = []
+    for index, sample in enumerate(samples):
+        field = f"model_warmup[{index}]"
+        shown = f"{field} ({sample.name!r})" if sample.name else field
+        # Triton: batch_size must be >= 1, and 1 for a model that does not batch.
+        limit = max_batch_size or 1
+        if not 1 <= sample.batch_size <= limit:
+            raise ModelConfigError(
+                f"{shown}.batch_size must be from 1 to {limit} (max_batch_size "
+                f"{max_batch_size}), got {sample.batch_size}"
+            )
+        if not sample.inputs:
+            raise ModelConfigError(f"{shown} has no inputs")
+        rows = sample.batch_size if max_batch_size else None
+        inputs = tuple(
+            _warmup_input(f"{shown}.inputs[{name!r}]", name, value, pb, rows, read_warmup)
+            for name, value in sorted(sample.inputs.items())
+        )
+        out.append(WarmupSample(sample.name, sample.batch_size, sample.count or 1, inputs))
+    return tuple(out)
+
+
+def _warmup_input(
+    field: str, name: str, value: Any, pb: Any, rows: int | None, read_warmup: ReadWarmup | None
+) -> WarmupInput:
+    data_type = pb.DataType.Name(value.data_type)
+    if data_type not in _WARMUP_DTYPES and data_type != "TYPE_STRING":
+        raise ModelConfigError(f"{field}.data_type {data_type} is not a type corral serves")
+    dims = tuple(int(d) for d in value.dims)
+    if any(d < 1 for d in dims):
+        raise ModelConfigError(
+            f"{field}.dims must hold sizes >= 1 (a sample has a fixed shape), got {list(dims)}"
+        )
+    kind = value.WhichOneof("input_data_type")
+    if kind is None:
+        raise ModelConfigError(f"{field} sets none of zero_data, random_data or input_data_file")
+    if kind in ("zero_data", "random_data") and not getattr(value, kind):
+        raise ModelConfigError(f"{field}.{kind} is false: set it true or give another kind")
+    data = b""
+    if kind == "input_data_file":
+        file_name = value.input_data_file
+        if not file_name or file_name in (".", "..") or any(c in file_name for c in "/\\\0"):
+            raise ModelConfigError(
+                f"{field}.input_data_file {file_name!r} must be a plain file name in the "
+                "model folder's warmup/ folder"
+            )
+        if read_warmup is None:
+            raise ModelConfigError(
+                f"{field}.input_data_file: this configuration has no model folder to read from"
+            )
+        data = read_warmup(file_name, f"{field}.input_data_file", MAX_WARMUP_BYTES)
+        elements = _count(((rows,) if rows else ()) + dims)
+        _check_warmup_data(f"{field}.input_data_file {file_name!r}", data, data_type, elements)
+    return WarmupInput(name, data_type, dims, kind, data)
+
+
+def _check_warmup_data(shown: str, data: bytes, data_type: str, elements: int) -> None:
+    """The file must hold exactly ``elements`` values of ``data_type``, as Triton lays them out."""
+    if data_type != "TYPE_STRING":
+        wanted = elements * np.dtype(_WARMUP_DTYPES[data_type]).itemsize
+        if len(data) != wanted:
+            raise ModelConfigError(
+                f"{shown} holds {len(data)} bytes, but {elements} elements of {data_type} "
+                f"take {wanted}"
+            )
+        return
+    offset = 0
+    for element in range(elements):
+        if offset + 4 > len(data):
+            raise ModelConfigError(
+                f"{shown} ends before element {element} of {elements} (each is a 4-byte "
+                "little-endian length, then that many bytes)"
+            )
+        size = int.from_bytes(data[offset : offset + 4], "little")
+        offset += 4 + size
+        if offset > len(data):
+            raise ModelConfigError(
+                f"{shown}: element {element} says {size} bytes, past the file's end"
+            )
+    if offset != len(data):
+        raise ModelConfigError(
+            f"{shown} holds {len(data) - offset} bytes after its {elements} elements"
+        )
+
+
+def warmup_feed(sample: WarmupSample, *, batched: bool) -> dict[str, npt.NDArray[Any]]:
+    """A warm-up sample's inputs as arrays, as Triton makes them.
+
+    Each shape is ``[batch_size] + dims`` when the model batches (``batched``), else ``dims``.
+    ``zero_data``: zeros (empty strings for TYPE_STRING); ``random_data``: uniform values from
+    a fixed seed (floats in [0, 1), integers over their type's range, and, as Triton, empty
+    strings for TYPE_STRING); ``input_data_file``: the file's values in row-major order.
+    """
+    rng = np.random.default_rng(0)
+    feed: dict[str, npt.NDArray[Any]] = {}
+    for item in sample.inputs:
+        shape = ((sample.batch_size,) if batched else ()) + item.dims
+        if item.data_type == "TYPE_STRING":
+            feed[item.name] = _string_array(item, shape)
+            continue
+        dtype = np.dtype(_WARMUP_DTYPES[item.data_type])
+        if item.kind == "input_data_file":
+            feed[item.name] = np.frombuffer(item.data, dtype=dtype).reshape(shape).copy()
+        elif item.kind == "random_data" and dtype.kind == "f":
+            feed[item.name] = rng.random(shape).astype(dtype)
+        elif item.kind == "random_data" and dtype.kind == "b":
+            feed[item.name] = rng.integers(0, 2, shape).astype(dtype)
+        elif item.kind == "random_data":
+            info = np.iinfo(dtype)
+            feed[item.name] = rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+        else:
+            feed[item.name] = np.zeros(shape, dtype=dtype)
+    return feed
+
+
+def _string_array(item: WarmupInput, shape: tuple[int, ...]) -> npt.NDArray[Any]:
+    values: list[bytes] = []
+    if item.kind == "input_data_file":
+        data, offset = item.data, 0
+        while offset < len(data):
+            size = int.from_bytes(data[offset : offset + 4], "little")
+            values.append(data[offset + 4 : offset + 4 + size])
+            offset += 4 + size
+    else:
+        values = [b""] * _count(shape)
+    array = np.empty(len(values), dtype=object)
+    array[:] = values
+    return array.reshape(shape)
+
+
+def _instances(groups: Any, pb: Any) -> tuple[str | None, bool]:
+    """The concurrency policy for the instance groups, and whether they ask for a GPU."""
+    if not groups:
+        return None, False
+    total = 0
+    gpu = False
+    for index, group in enumerate(groups):
+        kind = pb.ModelInstanceGroup.Kind.Name(group.kind)
+        if kind == "KIND_MODEL":
+            raise ModelConfigError(
+                f"instance_group[{index}].kind KIND_MODEL: corral places instances itself"
+            )
+        gpu = gpu or kind == "KIND_GPU"
+        if group.count < 0:
+            raise ModelConfigError(f"instance_group[{index}].count must be >= 0, got {group.count}")
+        # Triton's default: one instance when count is left out.
+        total += group.count or 1
+    if total > MAX_POOL_SIZE:
+        raise ModelConfigError(
+            f"instance_group asks for {total} instances; corral builds at most "
+            f"{MAX_POOL_SIZE} (pool:{MAX_POOL_SIZE}, MAX_POOL_SIZE)"
+        )
+    return f"pool:{total}", gpu
+
+
+def _providers(accelerators: Any, gpu: bool) -> tuple[str, ...] | None:
+    providers: list[str] = []
+    for kind in ("gpu_execution_accelerator", "cpu_execution_accelerator"):
+        for index, accelerator in enumerate(getattr(accelerators, kind)):
+            provider = _ACCELERATORS.get((kind, accelerator.name))
+            if provider is None:
+                known = ", ".join(name for k, name in _ACCELERATORS if k == kind)
+                raise ModelConfigError(
+                    f"optimization.execution_accelerators.{kind}[{index}].name "
+                    f"{accelerator.name!r} is not one corral maps to a provider ({known})"
+                )
+            if kind == "gpu_execution_accelerator" and not gpu:
+                raise ModelConfigError(
+                    f"optimization.execution_accelerators.{kind}[{index}] needs an "
+                    "instance_group of kind KIND_GPU"
+                )
+            providers.append(provider)
+    if gpu and "CUDAExecutionProvider" not in providers:
+        providers.append("CUDAExecutionProvider")
+    if not providers:
+        return None
+    # onnxruntime runs on the CPU what the others leave, as Triton's backend does.
+    providers.append("CPUExecutionProvider")
+    return tuple(providers)
+
+
+# numpy's dtype kinds → Triton's type names, for checking declarations against the model.
+_TRITON_TYPES = {
+    "bool": "TYPE_BOOL",
+    "uint8": "TYPE_UINT8",
+    "uint16": "TYPE_UINT16",
+    "uint32": "TYPE_UINT32",
+    "uint64": "TYPE_UINT64",
+    "int8": "TYPE_INT8",
+    "int16": "TYPE_INT16",
+    "int32": "TYPE_INT32",
+    "int64": "TYPE_INT64",
+    "float16": "TYPE_FP16",
+    "float32": "TYPE_FP32",
+    "float64": "TYPE_FP64",
+    "object": "TYPE_STRING",
+}
+
+
+def triton_type(spec: TensorSpec) -> str | None:
+    """Triton's type name for a model's tensor; None for one no Triton type carries."""
+    return None if spec.dtype is None else _TRITON_TYPES.get(spec.dtype.name)
+
+
+def check_declared(config: ModelConfig, signature: Signature, label: str) -> None:
+    """Check the tensors a config.pbtxt declares against the model; raise ModelConfigError.
+
+    Each declared tensor must be one of the model's, of its type, and of its shape: a
+    declared size where the model has a fixed one must equal it, and a declared size where
+    the model's dimension is dynamic is refused (corral checks requests against the model's
+    own shape, so it could not hold requests to the declared size). With the config's
+    ``max_batch_size`` above 0 the first dimension is the batch's, left out of ``dims`` (as in
+    Triton, whether or not the Host batches). When inputs are declared, every input of the
+    model must be.
+    """
+    max_rows = config.max_batch_size or 0
+    kinds = (
+        ("input", config.inputs, signature.inputs),
+        ("output", config.outputs, signature.outputs),
+    )
+    for kind, declared, specs in kinds:
+        by_name = {spec.name: spec for spec in specs}
+        for tensor in declared:
+            spec = by_name.get(tensor.name)
+            where = f"{label}: config.pbtxt's {kind} {tensor.name!r}"
+            if spec is None:
+                raise ModelConfigError(
+                    f"{where} is not one of the model's {kind}s: "
+                    f"{', '.join(repr(name) for name in by_name)}"
+                )
+            model_type = triton_type(spec)
+            if model_type != tensor.data_type:
+                raise ModelConfigError(
+                    f"{where} is declared {tensor.data_type}, but the model's is "
+                    f"{model_type or spec.onnx_type} ({spec.describe()})"
+                )
+            _check_dims(where, tensor, spec, max_rows)
+        if kind == "input" and declared:
+            missing = [name for name in by_name if name not in {t.name for t in declared}]
+            if missing:
+                raise ModelConfigError(
+                    f"{label}: config.pbtxt declares inputs but not the model's "
+                    f"{', '.join(repr(name) for name in missing)}"
+                )
+
+
+def _check_dims(where: str, tensor: TensorConfig, spec: TensorSpec, max_rows: int) -> None:
+    # With a reshape, the model takes the reshape's shape; the dims are the client's.
+    dims, called = (
+        (tensor.dims, "dims") if tensor.reshape is None else (tensor.reshape, "reshape.shape")
+    )
+    full = ((-1,) if max_rows else ()) + dims
+    shown = f"{called} {list(dims)}" + (" (after the batch dimension)" if max_rows else "")
+    if len(full) != len(spec.shape):
+        raise ModelConfigError(
+            f"{where} has {shown}: {len(full)} dimensions in all, but the model's has "
+            f"{len(spec.shape)} ({spec.describe()})"
+        )
+    for axis, (wanted, have) in enumerate(zip(full, spec.shape, strict=True)):
+        if wanted == -1:
+            continue
+        if not isinstance(have, int):
+            raise ModelConfigError(
+                f"{where} has {shown}, fixing dimension {axis} at {wanted} where the model's "
+                f"is dynamic ({spec.describe()}); corral checks requests against the model's "
+                "own shape, so declare -1 there"
+            )
+        if have != wanted:
+            raise ModelConfigError(
+                f"{where} has {shown}, but the model's dimension {axis} is {have} "
+                f"({spec.describe()})"
+            )
+
+
+def reshaped_signature(config: ModelConfig, signature: Signature) -> ReshapedSignature | None:
+    """The signature clients see when a config.pbtxt reshapes tensors; None if none is.
+
+    Call it after :func:`check_declared` passed: each reshaped tensor's client-side spec has
+    the model's type and the declared ``dims`` (after a dynamic batch dimension when the
+    config's ``max_batch_size`` is above 0).
+    """
+    declared = {t.name: t for t in (*config.inputs, *config.outputs) if t.reshape is not None}
+    if not declared:
+        return None
+    keep_rows = bool(config.max_batch_size)
+
+    def client_side(
+        specs: tuple[TensorSpec, ...],
+    ) -> tuple[tuple[TensorSpec, ...], tuple[Reshape, ...], tuple[Reshape, ...]]:
+        shown: list[TensorSpec] = []
+        to_model: list[Reshape] = []
+        to_client: list[Reshape] = []
+        for spec in specs:
+            tensor = declared.get(spec.name)
+            if tensor is None or tensor.reshape is None:
+                shown.append(spec)
+                continue
+            dims = tuple(None if d == -1 else d for d in tensor.dims)
+            shape = ((spec.shape[0],) if keep_rows else ()) + dims
+            shown.append(TensorSpec(spec.name, spec.dtype, shape, spec.onnx_type))
+            to_model.append((spec.name, tensor.reshape))
+            to_client.append((spec.name, tensor.dims))
+        return tuple(shown), tuple(to_model), tuple(to_client)
+
+    inputs, input_shapes, _ = client_side(signature.inputs)
+    outputs, _, output_shapes = client_side(signature.outputs)
+    return ReshapedSignature(
+        inputs,
+        outputs,
+        model=signature,
+        input_shapes=input_shapes,
+        output_shapes=output_shapes,
+        keep_rows=keep_rows,
+    )
