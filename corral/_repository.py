@@ -641,7 +641,8 @@ def _only_if(found: _Found | None, is_kind: Callable[[int], bool]) -> _Found | N
     return None
 
 
-def _read_text(real: str, info: os.stat_result, source: str, limit: int) -> str:
+def _read_bytes(real: str, info: os.stat_result, source: str, limit: int) -> bytes:
+    """A regular file's bytes, at most ``limit`` of them; errors name ``source``."""
     if not stat.S_ISREG(info.st_mode):
         raise ModelConfigError(f"{source}: not a regular file")
     if info.st_size > limit:
@@ -656,6 +657,11 @@ def _read_text(real: str, info: os.stat_result, source: str, limit: int) -> str:
         raise ModelConfigError(f"{source}: cannot read it: {exc}") from exc
     if len(data) > limit:
         raise ModelConfigError(f"{source}: larger than the {limit}-byte limit")
+    return data
+
+
+def _read_text(real: str, info: os.stat_result, source: str, limit: int) -> str:
+    data = _read_bytes(real, info, source, limit)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -686,22 +692,8 @@ def _read_warmup(
         raise ModelConfigError(f"{shown}: no such file in the model's warmup/ folder") from None
     except OSError as exc:
         raise ModelConfigError(f"{shown}: cannot read it: {exc}") from exc
-    if not stat.S_ISREG(info.st_mode):
-        raise ModelConfigError(f"{shown}: not a regular file")
-    if info.st_size > limit:
-        raise ModelConfigError(
-            f"{shown}: {info.st_size} bytes is larger than the {limit}-byte limit"
-        )
     stamps.append((real, info.st_size, info.st_mtime_ns))
-    try:
-        with open(real, "rb") as file:
-            # One byte past the limit: the file may have grown since it was stat'ed.
-            data = file.read(limit + 1)
-    except OSError as exc:
-        raise ModelConfigError(f"{shown}: cannot read it: {exc}") from exc
-    if len(data) > limit:
-        raise ModelConfigError(f"{shown}: larger than the {limit}-byte limit")
-    return data
+    return _read_bytes(real, info, shown, limit)
 
 
 def _make_entry(
