@@ -60,19 +60,29 @@ _WHY = {
 }
 
 
+_REQUEST_OR_DEFAULT_ONLY = REQUEST_PARAMETERS.union(DEFAULT_ONLY_PARAMETERS)
+
+
 def check_parameters(request: InferRequest) -> None:
     """Raise :class:`InvalidInput` naming the parameters ``request`` carries in vain."""
-    for key in DEFAULT_ONLY_PARAMETERS:
-        value = request.parameters.get(key)
-        if value not in (None, 0, "", False):
-            raise InvalidInput(
-                f"the request parameter {key!r} ({value!r}) is not supported: {_WHY[key]}; "
-                "send it at its default (0, empty, false) or not at all"
-            )
-    _check("the request", request.parameters, REQUEST_PARAMETERS.union(DEFAULT_ONLY_PARAMETERS))
+    # Most requests carry no parameter at all: each check below is skipped on an empty map.
+    if request.parameters:
+        for key in DEFAULT_ONLY_PARAMETERS:
+            value = request.parameters.get(key)
+            if value not in (None, 0, "", False):
+                raise InvalidInput(
+                    f"the request parameter {key!r} ({value!r}) is not supported: "
+                    f"{_WHY[key]}; send it at its default (0, empty, false) or not at all"
+                )
+        _check("the request", request.parameters, _REQUEST_OR_DEFAULT_ONLY)
     for tensor in request.inputs:
-        _check(f"input {tensor.name!r}", tensor.parameters, INPUT_PARAMETERS, tensor=tensor.name)
+        if tensor.parameters:
+            _check(
+                f"input {tensor.name!r}", tensor.parameters, INPUT_PARAMETERS, tensor=tensor.name
+            )
     for output in request.outputs:
+        if not output.parameters:
+            continue
         _check(
             f"requested output {output.name!r}",
             output.parameters,

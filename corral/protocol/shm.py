@@ -556,8 +556,9 @@ class OutputRegions:
 
     def __init__(self) -> None:
         self._destinations: dict[str, _Destination] = {}
-        # The regions' holds, let go in one place.
-        self._holds = ExitStack()
+        # The regions' holds, let go in one place; None while nothing is held, which is every
+        # request that names no region: those pay for no ExitStack.
+        self._holds: ExitStack | None = None
 
     @classmethod
     def hold(
@@ -567,6 +568,8 @@ class OutputRegions:
         held = cls()
         references = []
         for output in outputs:
+            if not output.parameters:
+                continue  # no region named: the common case, checked without a copy
             owner = f"output {output.name!r}"
             reference = pop_reference(dict(output.parameters), owner, tensor=output.name)
             if reference is None:
@@ -643,7 +646,9 @@ class OutputRegions:
     def release(self) -> None:
         """Let every held region go (closed now if it was unregistered meanwhile)."""
         self._destinations = {}
-        self._holds.close()
+        holds, self._holds = self._holds, None
+        if holds is not None:
+            holds.close()
 
 
 def in_shared_memory(output: InferOutput) -> bool:

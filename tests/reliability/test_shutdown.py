@@ -141,6 +141,8 @@ def test_sigterm_answers_every_request_in_flight_over_http_and_grpc(
     assert "SIGTERM received, draining" in log
 
 
+# make soak: make test runs each of these 25 cases once (tests/test_exit.py).
+@pytest.mark.soak
 @pytest.mark.timeout(600)
 def test_one_hundred_exits_with_sessions_alive_and_runs_in_flight_never_hang(figure: Figure):
     runs = [
