@@ -24,14 +24,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool
 
 # Neither package ships type information (nor is there a stubs package on PyPI for them).
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
-from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]
+from grpc_reflection.v1alpha import reflection, reflection_pb2  # type: ignore[import-untyped]
 
 from corral._errors import InvalidModelName, ModelNotFound
 from corral._status import ModelState
 from corral.protocol.dataplane import DataPlane, run_blocking
+from corral.protocol.proto import grpc_service_pb2 as inference_pb
 
 __all__ = [
     "HEALTH_SERVICE",
@@ -157,6 +159,33 @@ def add_health_and_reflection(
     health = HealthServicer(plane, draining)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
-        (_INFERENCE_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME), server
+        (_INFERENCE_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME),
+        server,
+        pool=_reflected_pool(),
     )
     return health
+
+
+def _reflected_pool() -> descriptor_pool.DescriptorPool:
+    """A descriptor pool with both services' files, for reflection.
+
+    corral's inference messages live in a pool of their own, not protobuf's default one
+    (where tritonclient's copies of the same names would clash), so reflection is given a
+    pool that holds them and the health and reflection services' files.
+    """
+    pool = descriptor_pool.DescriptorPool()
+    added: set[str] = set()
+
+    def add(file: Any) -> None:
+        if file.name in added:
+            return
+        for dependency in file.dependencies:
+            add(dependency)
+        proto = descriptor_pb2.FileDescriptorProto()
+        file.CopyToProto(proto)
+        pool.Add(proto)
+        added.add(file.name)
+
+    for file in (inference_pb.DESCRIPTOR, health_pb2.DESCRIPTOR, reflection_pb2.DESCRIPTOR):
+        add(file)
+    return pool
