@@ -214,6 +214,7 @@ async def _exchange(
             problem = request_id_problem(given)
             request_id = None if problem is not None else given
     nbytes = 0
+    answered = False
     try:
         if problem is not None:
             await context.abort(
@@ -228,10 +229,15 @@ async def _exchange(
         response = await _answer(handler, servicer, request, context)
         if servicer._access_log:
             nbytes = response.ByteSize()  # type: ignore[attr-defined]  # a protobuf message
+        answered = True
         return response
     finally:
         if servicer._access_log:
-            code = context.code()
+            # No code set and no answer: the call ended under the handler (the client left).
+            # grpc.aio gives None (its stubs say otherwise) until a code is set.
+            code: Any = context.code()
+            if code is None:
+                code = grpc.StatusCode.OK if answered else grpc.StatusCode.CANCELLED
             log_access(
                 {
                     "protocol": "grpc",
@@ -243,7 +249,7 @@ async def _exchange(
                     "version": getattr(request, "model_version", None)
                     or getattr(request, "version", None)
                     or None,
-                    "status": "OK" if code is None else _code_name(code),
+                    "status": _code_name(code),
                     "bytes": nbytes,
                     "duration_ms": round((time.perf_counter_ns() - started_ns) / 1e6, 3),
                     "request_id": request_id,
@@ -253,6 +259,7 @@ async def _exchange(
 
 
 def _code_name(code: Any) -> str:
+    # A status code as grpc.aio's context gives it: a StatusCode, or its number.
     if isinstance(code, grpc.StatusCode):
         return str(code.name)
     for member in grpc.StatusCode:
