@@ -21,7 +21,7 @@ import logging
 import string
 import time
 import uuid
-from collections.abc import MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import orjson
@@ -195,7 +195,13 @@ class HttpExchange:
         "status",
     )
 
-    def __init__(self, scope: dict[str, Any] | Any, send: Any, *, access_log: bool) -> None:
+    def __init__(
+        self,
+        scope: MutableMapping[str, Any],
+        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+        *,
+        access_log: bool,
+    ) -> None:
         self.scope = scope
         self._send = send
         self._generate = access_log
