@@ -260,6 +260,7 @@ def _serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from corral.server.app import run
+    from corral.server.logs import configure_logging
     from corral.server.settings import ServerSettings, unknown_variables
 
     given = {name: getattr(args, name, None) for name in ServerSettings.model_fields}
@@ -272,8 +273,11 @@ def _serve(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         print(f"corral serve: error: {_settings_problems(exc)}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    configure_logging(
+        level=settings.log_level,
+        log_format=settings.log_format,
+        grpc_level=settings.grpc_log_level,
+        access_log=settings.access_log,
     )
     for line in unknown_variables(os.environ):
         logging.getLogger("corral.cli").warning("corral serve: %s", line)

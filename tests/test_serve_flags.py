@@ -39,6 +39,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "auth_token": ("s3cret", "s3cret"),
     "drain_timeout_s": ("1.5", 1.5),
     "log_level": ("DEBUG", "debug"),
+    "grpc_log_level": ("info", "info"),
+    "log_format": ("json", "json"),
     "max_url_bytes": ("4096", 4096),
     "max_header_bytes": ("16384", 16384),
     "header_timeout_s": ("2.5", 2.5),
@@ -51,7 +53,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "max_shared_memory_regions": ("16", 16),
 }
 # Switches: a flag and its --no- form; the sample is the one that is not the default.
-SWITCHES = {"batching", "system_shared_memory"}
+SWITCHES = {"access_log", "batching", "system_shared_memory"}
 
 
 @pytest.fixture

@@ -917,7 +917,7 @@ def test_methods_corral_does_not_serve_are_unimplemented_with_the_reason(datatyp
                     )
                 assert reason in str(error.details())
             # Another service is not corral's to answer for: grpc's own answer stays.
-            other = channel.unary_unary("/grpc.health.v1.Health/Check")
+            other = channel.unary_unary("/some.other.Service/Check")
             error = await refused_raw(other(b""))
             assert error.code() is grpc.StatusCode.UNIMPLEMENTED
             assert "is not supported" not in str(error.details())

@@ -277,6 +277,15 @@ class DataPlane:
             "are served"
         )
 
+    def served_status(self, name: str) -> ModelStatus:
+        """``name``'s status (:meth:`Host.status`), for a model this server serves; blocking.
+
+        Raises :class:`ModelNotFound` for a model not in the repository or, under explicit
+        model control, not loaded through it. May read the model's entry from the disk.
+        """
+        self._check_explicit(name)
+        return self._host.status(name)
+
     def server_metadata(self) -> ServerMetadata:
         """The server's name, version and protocol extensions."""
         return self._metadata

@@ -143,6 +143,7 @@ async def serve(
             auth_token=token,
             max_request_bytes=settings.max_request_bytes,
             body_budget=body_budget,
+            access_log=settings.access_log,
         )
         limits = connection_limits(settings, open_files)
         http = _Server(
@@ -204,6 +205,8 @@ async def _serve_both(
     """Serve until ``stop``, then drain; returns how many HTTP requests the drain had to cut."""
     grpc_server: Any = None
     grpc_port: int | None = None
+    # Set as the drain begins: gRPC's health service then answers NOT_SERVING.
+    draining = asyncio.Event()
     if settings.grpc_port >= 0:
         from corral.server.grpc import start_grpc_server
 
@@ -214,6 +217,8 @@ async def _serve_both(
             auth_token=token,
             max_message_bytes=settings.max_request_bytes,
             body_budget=body_budget,
+            access_log=settings.access_log,
+            draining=draining,
         )
     http_task = asyncio.create_task(_serve_http(http))
     try:
@@ -238,6 +243,7 @@ async def _serve_both(
         stopping.cancel()
     finally:
         # Both stop taking connections at once; each answers what it has accepted.
+        draining.set()
         http.should_exit = True
         drains: list[Any] = [_drain_http(http, http_task, settings.drain_timeout_s)]
         if grpc_server is not None:

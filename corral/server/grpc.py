@@ -14,11 +14,13 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import functools
 import hmac
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -63,6 +65,8 @@ from corral.protocol.shm import (
 )
 from corral.protocol.types import MAX_TIMEOUT_US
 from corral.server.bodies import BodyBudget, BodyBudgetExceeded, BodyReservation
+from corral.server.grpc_health import add_health_and_reflection
+from corral.server.logs import REQUEST_ID_HEADER, log_access, new_request_id, request_id_problem
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
@@ -110,7 +114,14 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 _SERVICE = "inference.GRPCInferenceService"
 # Health checks answer without a token, as HTTP's /v2/health/* do.
-_OPEN_METHODS = frozenset({f"/{_SERVICE}/ServerLive", f"/{_SERVICE}/ServerReady"})
+_OPEN_METHODS = frozenset(
+    {
+        f"/{_SERVICE}/ServerLive",
+        f"/{_SERVICE}/ServerReady",
+        "/grpc.health.v1.Health/Check",
+        "/grpc.health.v1.Health/Watch",
+    }
+)
 
 _Context = grpc.aio.ServicerContext[Any, Any]
 _Request = TypeVar("_Request")
@@ -143,27 +154,118 @@ def _answers(handler: _Handler[_Request, _Response]) -> _Handler[_Request, _Resp
     """Turn whatever ``handler`` raises into the gRPC status :data:`STATUS` gives it."""
 
     @functools.wraps(handler)
-    async def answer(self: Any, request: _Request, context: _Context) -> _Response:
-        try:
-            if isinstance(request, _Undecodable):
-                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, request.message)
-            return await handler(self, request, context)
-        except _Refused as exc:
-            await context.abort(exc.code, str(exc))
-        except CorralError as exc:
-            code = status_for(STATUS, exc)
-            if code is None:
-                logger.exception("corral: gRPC %s failed", handler.__name__)
-                code = grpc.StatusCode.INTERNAL
-            # The error travels on as the abort's __context__; its frames would keep this
-            # call's context and request alive, in a cycle, until a garbage collection.
-            exc.__traceback__ = None
-            await context.abort(code, str(exc))
-        except Exception as exc:
-            logger.exception("corral: gRPC %s failed", handler.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc!r}")
+    async def answer(self: InferenceServicer, request: _Request, context: _Context) -> _Response:
+        if self._access_log or _names_request_id(context):
+            return await _exchange(handler, self, request, context)
+        return await _answer(handler, self, request, context)
 
     return answer
+
+
+async def _answer(
+    handler: _Handler[_Request, _Response],
+    servicer: InferenceServicer,
+    request: _Request,
+    context: _Context,
+) -> _Response:
+    """Call ``handler``, and abort with the status :data:`STATUS` gives what it raises."""
+    try:
+        if isinstance(request, _Undecodable):
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+        return await handler(servicer, request, context)
+    except _Refused as exc:
+        await context.abort(exc.code, str(exc))
+    except CorralError as exc:
+        code = status_for(STATUS, exc)
+        if code is None:
+            logger.exception("corral: gRPC %s failed", handler.__name__)
+            code = grpc.StatusCode.INTERNAL
+        # The error travels on as the abort's __context__; its frames would keep this
+        # call's context and request alive, in a cycle, until a garbage collection.
+        exc.__traceback__ = None
+        await context.abort(code, str(exc))
+    except Exception as exc:
+        logger.exception("corral: gRPC %s failed", handler.__name__)
+        await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc!r}")
+    raise AssertionError("unreachable: context.abort raises")  # for mypy
+
+
+def _names_request_id(context: _Context) -> bool:
+    return any(key == REQUEST_ID_HEADER for key, _ in context.invocation_metadata() or ())
+
+
+async def _exchange(
+    handler: _Handler[_Request, _Response],
+    servicer: InferenceServicer,
+    request: _Request,
+    context: _Context,
+) -> _Response:
+    """Answer a call that carries a request id, or any call with the access log on.
+
+    The id is echoed in the initial metadata; with the access log on the call's line is
+    written once it is answered.
+    """
+    started_ns = time.perf_counter_ns()
+    request_id = None
+    problem = None
+    for key, value in context.invocation_metadata() or ():
+        if key == REQUEST_ID_HEADER:
+            given = value if isinstance(value, str) else value.decode("latin-1")
+            problem = request_id_problem(given)
+            request_id = None if problem is not None else given
+    nbytes = 0
+    answered = False
+    try:
+        if problem is not None:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"the metadata {REQUEST_ID_HEADER} {problem}"
+            )
+        if request_id is None and servicer._access_log:
+            own = getattr(request, "id", None)
+            usable = isinstance(own, str) and own and request_id_problem(own) is None
+            request_id = own if usable else new_request_id()
+        if request_id is not None:
+            await context.send_initial_metadata(((REQUEST_ID_HEADER, request_id),))
+        response = await _answer(handler, servicer, request, context)
+        if servicer._access_log:
+            nbytes = response.ByteSize()  # type: ignore[attr-defined]  # a protobuf message
+        answered = True
+        return response
+    finally:
+        if servicer._access_log:
+            # No code set and no answer: the call ended under the handler (the client left).
+            # grpc.aio gives None (its stubs say otherwise) until a code is set.
+            code: Any = context.code()
+            if code is None:
+                code = grpc.StatusCode.OK if answered else grpc.StatusCode.CANCELLED
+            log_access(
+                {
+                    "protocol": "grpc",
+                    "method": handler.__name__,
+                    "path": f"/{_SERVICE}/{handler.__name__}",
+                    "model": getattr(request, "model_name", None)
+                    or getattr(request, "name", None)
+                    or None,
+                    "version": getattr(request, "model_version", None)
+                    or getattr(request, "version", None)
+                    or None,
+                    "status": _code_name(code),
+                    "bytes": nbytes,
+                    "duration_ms": round((time.perf_counter_ns() - started_ns) / 1e6, 3),
+                    "request_id": request_id,
+                    "client": context.peer(),
+                }
+            )
+
+
+def _code_name(code: Any) -> str:
+    # A status code as grpc.aio's context gives it: a StatusCode, or its number.
+    if isinstance(code, grpc.StatusCode):
+        return str(code.name)
+    for member in grpc.StatusCode:
+        if member.value[0] == code:
+            return str(member.name)
+    return str(code)
 
 
 class InferenceServicer:
@@ -180,9 +282,12 @@ class InferenceServicer:
     the budget bounds the requests decoded and run at once, not the messages received.
     """
 
-    def __init__(self, plane: DataPlane, body_budget: BodyBudget | None = None) -> None:
+    def __init__(
+        self, plane: DataPlane, body_budget: BodyBudget | None = None, *, access_log: bool = False
+    ) -> None:
         self._plane = plane
         self._body_budget = body_budget
+        self._access_log = access_log
 
     @_answers
     async def ServerLive(
@@ -418,15 +523,20 @@ async def start_grpc_server(
     auth_token: str | None = None,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     body_budget: BodyBudget | None = None,
+    access_log: bool = False,
+    draining: asyncio.Event | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start a grpc.aio server for ``plane`` on ``host:port``; return it and the bound port.
 
     Binds exactly the address given (port 0: a free port), without SO_REUSEPORT, so that a
     port already taken is an error rather than a shared socket. With ``auth_token`` every RPC
-    but ServerLive and ServerReady needs the metadata ``authorization: Bearer <token>``.
+    but ServerLive, ServerReady and the health checks needs the metadata
+    ``authorization: Bearer <token>``.
     Messages larger than ``max_message_bytes`` are refused with RESOURCE_EXHAUSTED, as are
     inference requests past ``body_budget`` (see :class:`InferenceServicer`). The caller
-    stops the server: ``await server.stop(grace)``.
+    stops the server: ``await server.stop(grace)``, after setting ``draining``, which turns
+    the health service (:mod:`corral.server.grpc_health`) NOT_SERVING; server reflection
+    lists both services. ``access_log``: a line per inference RPC on ``corral.access``.
 
     Example::
 
@@ -439,7 +549,8 @@ async def start_grpc_server(
             ("grpc.max_receive_message_length", max_message_bytes),
         ],
     )
-    _register(InferenceServicer(plane, body_budget), server)
+    _register(InferenceServicer(plane, body_budget, access_log=access_log), server)
+    add_health_and_reflection(server, plane, draining or asyncio.Event())
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)

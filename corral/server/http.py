@@ -73,6 +73,7 @@ from corral.server.compression import (
     request_encoding,
     response_encoding,
 )
+from corral.server.logs import HttpExchange
 
 __all__ = ["DECODE_INLINE_BYTES", "STATUS", "HttpApp", "HttpError", "check_token", "read_body"]
 
@@ -118,6 +119,8 @@ DECODE_INLINE_BYTES = 64 * 1024
 BODY_BUDGET_RETRY_AFTER_S = 1
 
 _JSON = (b"content-type", b"application/json")
+# The scope key of a request's HttpExchange, when it has one.
+_EXCHANGE = "corral.exchange"
 _BINARY = (b"content-type", b"application/octet-stream")
 
 
@@ -139,7 +142,10 @@ class HttpApp:
     answer ``/metrics`` with 404; it is called on a worker thread. ``auth_token``: every path
     but ``/v2/health/*`` then needs ``Authorization: Bearer <token>``. ``body_budget``: the
     bytes of bodies held at once, shared with the gRPC server when both run (default: one of
-    4 x ``max_request_bytes`` for this app alone).
+    4 x ``max_request_bytes`` for this app alone). ``access_log``: one line per request on
+    ``corral.access`` (:mod:`corral.server.logs`), each answer with an ``X-Request-ID``. An
+    ``X-Request-ID`` a client sends is echoed in any case, and refused with 400 if it is not
+    a request id.
     """
 
     def __init__(
@@ -150,8 +156,10 @@ class HttpApp:
         auth_token: str | None = None,
         max_request_bytes: int = 64 * 1024 * 1024,
         body_budget: BodyBudget | None = None,
+        access_log: bool = False,
     ) -> None:
         self._plane = plane
+        self._access_log = access_log
         self._metrics = metrics
         self._auth = None if auth_token is None else f"Bearer {auth_token}".encode()
         self._max_request_bytes = max_request_bytes
@@ -165,6 +173,15 @@ class HttpApp:
             return
         if kind != "http":
             return  # websockets are not part of the protocol
+        if _EXCHANGE not in scope:
+            # Off, and without the header, a request pays this one look at its headers.
+            if self._access_log:
+                await self._exchange(scope, receive, send)
+                return
+            for key, _ in scope["headers"]:
+                if key == b"x-request-id":
+                    await self._exchange(scope, receive, send)
+                    return
         try:
             await self._handle(scope, receive, send)
         except HttpError as exc:
@@ -180,6 +197,20 @@ class HttpApp:
         except Exception as exc:
             logger.exception("corral: %s %s failed", scope.get("method"), scope.get("path"))
             await _respond(send, 500, encode_error(f"internal error: {exc!r}"), _JSON)
+
+    async def _exchange(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The request again, through a send that echoes its id; its access line once answered.
+        exchange = HttpExchange(scope, send, access_log=self._access_log)
+        answer: Send = exchange.send
+        scope[_EXCHANGE] = exchange
+        try:
+            if exchange.refused is not None:
+                await _respond(answer, 400, encode_error(exchange.refused), _JSON)
+            else:
+                await self(scope, receive, answer)
+        finally:
+            if self._access_log:
+                exchange.log()
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         method: str = scope["method"]
@@ -298,6 +329,8 @@ class HttpApp:
             else:
                 request = decode_request(body, header_length, shared_memory=shared_memory)
             del body  # what the tensors do not view is freed before the run
+            if self._access_log and request.id:
+                scope[_EXCHANGE].body_id = request.id  # the log's id, when no header gave one
             response = await self._plane.infer(name, version, request)
             payload, json_length = encode_response(response, request)
             extra: tuple[tuple[bytes, bytes], ...] = ()

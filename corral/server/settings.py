@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from corral._options import HostOptions
@@ -114,6 +114,20 @@ class ServerSettings(BaseSettings):
     log_level: str = Field(
         "info", description="corral's log level: critical, error, warning, info or debug"
     )
+    grpc_log_level: str = Field(
+        "warning",
+        description="the level of grpc's own loggers (its internal chatter stays out of "
+        "--log-level debug): critical, error, warning, info or debug",
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="how log lines are written: text, or json (one JSON object per line)",
+    )
+    access_log: bool = Field(
+        False,
+        description="log one line per HTTP request and gRPC call on the logger corral.access "
+        "(method, path, model, version, status, bytes, duration, request id, client)",
+    )
     ready_load_timeout_s: float = Field(
         30.0,
         gt=0,
@@ -192,12 +206,12 @@ class ServerSettings(BaseSettings):
                 )
         return value
 
-    @field_validator("log_level")
+    @field_validator("log_level", "grpc_log_level")
     @classmethod
-    def _known_level(cls, value: str) -> str:
+    def _known_level(cls, value: str, info: ValidationInfo) -> str:
         levels = ("critical", "error", "warning", "info", "debug")
         if value.lower() not in levels:
-            raise ValueError(f"log_level must be one of {', '.join(levels)}, got {value!r}")
+            raise ValueError(f"{info.field_name} must be one of {', '.join(levels)}, got {value!r}")
         return value.lower()
 
     @field_validator("load_model", mode="before")

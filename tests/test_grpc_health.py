@@ -1,0 +1,175 @@
+"""gRPC's health service and server reflection, with their stock clients, on a real server.
+
+Check answers for the server and each model by name (NOT_FOUND for a name that is none), List
+lists them, reflection lists both services and resolves their descriptors; and once SIGTERM
+began the drain, a Watch stream gets NOT_SERVING while a slow request still holds the drain
+open, and that request is answered. In-process: the health checks need no token.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (  # type: ignore[import-untyped]
+    ProtoReflectionDescriptorDatabase,
+)
+
+from corral import Host
+from corral.protocol import DataPlane
+from corral.protocol.proto import grpc_service_pb2 as pb
+from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
+from corral.server.grpc import start_grpc_server
+from corral.testing import build_mlp
+from tests.helpers import add_model, build_slow_loop, run_freeing_frames
+from tests.processes import ServerProcess, start_server, stop_server
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+# Loop iterations of a request that holds the drain open: hundreds of milliseconds a run.
+ITERATIONS = 200_000
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("health")
+    add_model(root, "mlp", build_mlp(seed=1))
+    add_model(root, "broken", b"these bytes are not an ONNX model")
+    server = start_server(root, root / "server.log")
+    try:
+        yield server
+    finally:
+        stop_server(server)
+
+
+def check(channel: grpc.Channel, service: str) -> int:
+    stub = health_pb2_grpc.HealthStub(channel)
+    return int(stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=30).status)
+
+
+@pytest.mark.timeout(60)
+def test_check_answers_for_the_server_and_each_model(served: ServerProcess):
+    with grpc.insecure_channel(served.grpc) as channel:
+        assert check(channel, "") == SERVING
+        assert check(channel, "inference.GRPCInferenceService") == SERVING
+        # Not loaded yet: served all the same, since its first request loads it.
+        assert check(channel, "mlp") == SERVING
+        with pytest.raises(grpc.RpcError) as unknown:
+            check(channel, "nope")
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "'nope'" in str(unknown.value.details())
+        # A model whose load failed is not served until its files change.
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as failed:
+            stub.ModelMetadata(pb.ModelMetadataRequest(name="broken"), timeout=30)
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert check(channel, "broken") == NOT_SERVING
+        listed = health_pb2_grpc.HealthStub(channel).List(
+            health_pb2.HealthListRequest(), timeout=30
+        )
+    assert {name: answer.status for name, answer in listed.statuses.items()} == {
+        "": SERVING,
+        "inference.GRPCInferenceService": SERVING,
+        "mlp": SERVING,
+        "broken": NOT_SERVING,
+    }
+
+
+@pytest.mark.timeout(60)
+def test_reflection_lists_and_describes_both_services(served: ServerProcess):
+    with grpc.insecure_channel(served.grpc) as channel:
+        database = ProtoReflectionDescriptorDatabase(channel)
+        services = set(database.get_services())
+        assert {"inference.GRPCInferenceService", "grpc.health.v1.Health"} <= services
+        found = database.FindFileContainingSymbol("inference.GRPCInferenceService")
+        assert "ModelInfer" in [m.name for m in found.service[0].method]
+        health = database.FindFileContainingSymbol("grpc.health.v1.Health")
+        assert "Check" in [m.name for m in health.service[0].method]
+
+
+def _slow_request() -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="slow")
+    request.inputs.add(name="M", datatype="INT64", shape=[]).contents.int64_contents.append(
+        ITERATIONS
+    )
+    request.inputs.add(name="start", datatype="FP32", shape=[1]).contents.fp32_contents.append(0)
+    return request
+
+
+def _pending(served: ServerProcess) -> int:
+    with urllib.request.urlopen(f"http://{served.http}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    found = re.search(
+        r'^nv_inference_pending_request_count\{model="slow",version="1"\} (\d+)', text, re.M
+    )
+    return int(found[1]) if found else 0
+
+
+@pytest.mark.timeout(90)
+def test_watch_says_not_serving_once_the_drain_began(tmp_path: Path):
+    add_model(tmp_path / "repository", "slow", build_slow_loop())
+    served = start_server(tmp_path / "repository", tmp_path / "serve.log", "--compute-workers", "1")
+    channel = grpc.insecure_channel(served.grpc)
+    try:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        warm = pb.ModelInferRequest()
+        warm.CopyFrom(_slow_request())
+        warm.inputs[0].contents.int64_contents[0] = 1
+        stub.ModelInfer(warm, timeout=30)  # loaded: the requests below queue, not load
+        watch = health_pb2_grpc.HealthStub(channel).Watch(
+            health_pb2.HealthCheckRequest(service=""), timeout=60
+        )
+        assert next(watch).status == SERVING
+        # One request runs on the one compute worker and one waits: the drain is held open.
+        held = [stub.ModelInfer.future(_slow_request(), timeout=60) for _ in range(2)]
+        deadline = time.monotonic() + 30
+        while _pending(served) < 1:  # the server's own count: look every 10 ms
+            assert time.monotonic() < deadline, "the slow requests never queued"
+            time.sleep(0.01)
+        served.process.send_signal(signal.SIGTERM)
+        assert next(watch).status == NOT_SERVING
+        assert not any(answer.done() for answer in held), "the drain was not held open"
+        assert list(watch) == []  # the stream ends, so that it does not hold the drain open
+        for answer in held:
+            value = np.frombuffer(answer.result(timeout=60).raw_output_contents[0], np.float32)
+            assert value.tolist() == [float(ITERATIONS)]
+        assert served.process.wait(timeout=30) == 0, served.log.read_text()
+    finally:
+        channel.close()
+        if served.process.poll() is None:
+            served.process.kill()
+            served.process.wait(timeout=10)
+
+
+@pytest.mark.timeout(30)
+def test_health_checks_need_no_token_but_inference_does(repo: Path):
+    answers: list[object] = []
+
+    async def main() -> None:
+        with Host(repo) as host:
+            server, port = await start_grpc_server(
+                DataPlane(host), "127.0.0.1", 0, auth_token="s3cret"
+            )
+            try:
+                async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                    health = health_pb2_grpc.HealthStub(channel)
+                    answer = await health.Check(health_pb2.HealthCheckRequest(service="mlp"))
+                    answers.append(answer.status)
+                    stub = pb_grpc.GRPCInferenceServiceStub(channel)
+                    try:
+                        await stub.ModelMetadata(pb.ModelMetadataRequest(name="mlp"))
+                    except grpc.aio.AioRpcError as exc:
+                        answers.append(exc.code())
+            finally:
+                await server.stop(None)
+
+    run_freeing_frames(main)
+    assert answers == [SERVING, grpc.StatusCode.UNAUTHENTICATED]
