@@ -51,7 +51,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "max_shared_memory_regions": ("16", 16),
 }
 # Switches: a flag and its --no- form; the sample is the one that is not the default.
-SWITCHES = {"batching", "system_shared_memory"}
+SWITCHES = {"batching", "strict", "system_shared_memory"}
 
 
 @pytest.fixture
