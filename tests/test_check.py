@@ -11,6 +11,7 @@ import json
 import logging
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -319,3 +320,25 @@ def test_strict_refuses_to_start_with_every_problem_listed(broken: Path):
     assert quiet.returncode == 2
     for kind in SCANNED:
         assert f"\n  {kind.value}: " in quiet.stderr  # listed in the error itself
+
+
+@pytest.mark.timeout(60)
+def test_checks_at_once_log_each_problem_once(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    add_model(tmp_path, "linear", build_linear(), toml="pinned = 'yes'\n")
+    caplog.set_level(logging.WARNING, logger="corral._check")
+    barrier = threading.Barrier(8)
+    found: list[tuple[Problem, ...]] = []
+
+    def check(host: corral.Host) -> None:
+        barrier.wait(timeout=30)
+        found.append(host.check())
+
+    with corral.Host(tmp_path) as host:
+        threads = [threading.Thread(target=check, args=(host,)) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+    assert len(found) == 8
+    assert set(found) == {host.problems}
+    assert len(caplog.records) == 1
