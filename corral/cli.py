@@ -170,12 +170,25 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     check.add_argument("repository", type=Path, help="the repository's root folder")
     check.add_argument("--load", action="store_true", help="also load every model, one at a time")
     check.add_argument(
-        "--memory-budget", metavar="SIZE", help="bytes or a size like 512MiB (default: none)"
+        "--memory-budget",
+        metavar="SIZE",
+        type=_size,
+        help="bytes or a size like 512MiB (default: none)",
     )
     check.add_argument("--json", action="store_true", help="print the problems as JSON")
     check.set_defaults(handler=_check)
 
     return parser
+
+
+def _size(text: str) -> int:
+    """An argparse type: a size in bytes (``512MiB``), as the memory budget takes it."""
+    from corral._budget import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except CorralError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def positive_int(text: str) -> int:

@@ -194,6 +194,14 @@ def test_check_prints_every_problem_with_its_fix_and_exits_1(
 
 
 @pytest.mark.timeout(60)
+def test_a_bad_budget_is_a_bad_argument(good: Path, capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit) as exited:
+        main(["check", str(good), "--memory-budget", "lots"])
+    assert exited.value.code == 2
+    assert "--memory-budget" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
 def test_check_json_and_a_failed_load_is_a_problem(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
