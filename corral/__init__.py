@@ -8,6 +8,7 @@ nothing: no threads, no logging setup, no onnxruntime environment until a Runtim
 - :class:`ConcurrencyPolicy`, :data:`PROVIDER_TABLE`: how sessions let threads run.
 - :class:`TensorSpec`: a model input or output.
 - :class:`Repository`, :class:`ModelConfig`: where models live and how each is configured.
+- :class:`Problem`, :class:`ProblemKind`: what :meth:`Host.check` finds wrong in a repository.
 - :class:`Host`, :class:`HostLease`, :class:`HostOptions`: thousands of models by name, lazily
   loaded under a budget.
 - :class:`QueueStats`, :class:`RequestStats`: what a Host's model versions have queued, run
@@ -42,6 +43,7 @@ from corral._errors import (
 )
 from corral._host import Host
 from corral._options import HostOptions
+from corral._problems import Problem, ProblemKind
 from corral._providers import PROVIDER_TABLE, ConcurrencyPolicy, ProviderTraits
 from corral._repository import ModelEntry, ModelVersion, Repository
 from corral._runtime import Runtime, RuntimeOptions, RuntimeState, RuntimeStats, runtime
@@ -81,6 +83,8 @@ __all__ = [
     "ModelTooLarge",
     "ModelVersion",
     "Overloaded",
+    "Problem",
+    "ProblemKind",
     "ProviderTraits",
     "ProviderUnavailable",
     "QueueStats",

@@ -20,18 +20,20 @@ from typing import Any, Unpack
 
 import numpy.typing as npt
 
+from corral._check import ProblemWatch
 from corral._counters import HostCounters, RequestStats
 from corral._errors import CorralError, DrainTimeout, ModelConfigError, SessionClosed, fresh
 from corral._loader import Loader, version_number
 from corral._options import HostOptionArgs, HostOptions
 from corral._overrides import ModelOverride, Uploads, check_upload_paths
 from corral._pbtxt import pbtxt_from_json
+from corral._problems import Problem, ProblemKind
 from corral._reload import Reloader
 from corral._repository import Repository, validate_model_name
 from corral._runtime import Runtime, runtime
 from corral._scheduler import QueueKey, QueueStats, deadline_after, time_left
 from corral._served import HostLease, Outputs, ServedVersion
-from corral._status import HostState, HostStats, ModelStatus, model_status
+from corral._status import HostState, HostStats, ModelState, ModelStatus, model_status
 from corral._table import ModelTable
 
 __all__ = ["Host"]
@@ -74,7 +76,15 @@ class Host:
         self._loader = Loader(
             self._repository, self._runtime, self._table, self._options, self._counters
         )
-        self._reloader = Reloader(self._repository, self._table, self._loader, self._options)
+        # The repository's problems, once check() was called: then at every poll too.
+        self._problem_watch = ProblemWatch(
+            self._repository,
+            memory_budget=self._options.budget_bytes,
+            pool_size=self._runtime.options.compute_workers,
+        )
+        self._reloader = Reloader(
+            self._repository, self._table, self._loader, self._options, self._problem_watch
+        )
         # Files uploaded by load(config=..., files=...): a private folder, made on first use.
         self._uploads = Uploads()
         # Guards _override_generation: the last number given to a load's override.
@@ -406,14 +416,39 @@ class Host:
         """
         self._reloader.refresh()
 
+    def check(self) -> tuple[Problem, ...]:
+        """Scan the repository for problems now, without loading a model (``corral._check``).
+
+        Each new problem is logged once at WARNING with its file and fix; from this call on,
+        every poll checks again, logging the problems that appeared since (and at INFO those
+        gone). :meth:`models` then gives the reason of a model with a problem. Raises
+        :class:`RepositoryError` when the repository cannot be listed.
+
+        Example::
+
+            for problem in host.check():
+                print(problem.kind.value, problem.path, problem.message, problem.fix)
+        """
+        return self._problem_watch.check()
+
+    @property
+    def problems(self) -> tuple[Problem, ...]:
+        """The problems the last :meth:`check` (or poll after it) found; none before."""
+        return self._problem_watch.problems
+
     # -- status ------------------------------------------------------------------------------
 
     def models(self) -> list[ModelStatus]:
-        """Every model in the repository or known to the Host, with each version's state."""
+        """Every model in the repository or known to the Host, with each version's state.
+
+        A model not loaded (or whose load failed) that the last :meth:`check` found problems
+        in has them as its ``failure``, if nothing else failed first.
+        """
         names = set(self._repository.names())  # a directory listing
         held, entries = self._table.holdings()
         names |= set(held) | set(entries)
-        return [model_status(name, entries.get(name), held.get(name)) for name in sorted(names)]
+        statuses = [model_status(name, entries.get(name), held.get(name)) for name in sorted(names)]
+        return _with_problems(statuses, self._problem_watch.problems)
 
     def status(self, name: str) -> ModelStatus:
         """One model's status, as :meth:`models` reports it, without listing the repository.
@@ -502,6 +537,27 @@ class Host:
         if version is not None or type(name) is not str:
             return None
         return self._ready_map.get(name)
+
+
+def _with_problems(statuses: list[ModelStatus], problems: tuple[Problem, ...]) -> list[ModelStatus]:
+    """``statuses`` with the problems of each model not READY as its failure, if it has none.
+
+    A version folder without its model file is left out: the model's other versions load.
+    """
+    if not problems:
+        return statuses
+    reasons: dict[str, list[str]] = {}
+    for problem in problems:
+        if problem.model is not None and problem.kind is not ProblemKind.NO_MODEL_FILE:
+            reasons.setdefault(problem.model, []).append(f"{problem.message} (fix: {problem.fix})")
+    return [
+        dataclasses.replace(status, failure="; ".join(reasons[status.name]))
+        if status.name in reasons
+        and status.failure is None
+        and status.state is not ModelState.READY
+        else status
+        for status in statuses
+    ]
 
 
 def _default_runtime() -> Runtime:

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from corral._budget import estimate_footprint_bytes
+from corral._check import estimate_version_bytes
 from corral._config import WarmupSample
 from corral._counters import HostCounters
 from corral._errors import (
@@ -43,11 +43,9 @@ from corral._errors import (
     fresh,
 )
 from corral._load_workers import Claim, LoadWorkers
-from corral._modelfile import read_footprint
 from corral._options import HostOptions
 from corral._pbtxt import check_declared, reshaped_signature, triton_type, warmup_feed
 from corral._probe import plan_batching
-from corral._providers import resolve_policy, resolve_providers
 from corral._repository import ModelEntry, Repository, validate_model_name
 from corral._runtime import Runtime
 from corral._scheduler import DEFAULT_MAX_BATCH_SIZE, deadline_after, time_left
@@ -349,12 +347,11 @@ class Loader:
         Reads what its file holds (:func:`read_footprint`: headers only, and a ``stat`` of each
         external data file), so it runs on a load worker.
         """
-        providers = resolve_providers(entry.config.providers)
-        policy = resolve_policy(
-            entry.config.concurrency, providers, pool_size=self._runtime.options.compute_workers
+        # The repository check's own estimate, so that what it calls too large is what
+        # the load refuses.
+        return estimate_version_bytes(
+            entry, version, pool_size=self._runtime.options.compute_workers
         )
-        footprint = read_footprint(entry.versions[version].path)
-        return estimate_footprint_bytes(footprint, policy.replicas)
 
     @property
     def abandoned(self) -> int:

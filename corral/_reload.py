@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from corral._check import ProblemWatch
 from corral._errors import CorralError, HostClosed, ModelNotFound
 from corral._loader import Loader
 from corral._options import HostOptions
@@ -30,9 +31,15 @@ class Reloader:
     """Checks the models in use for changes and swaps new copies in."""
 
     def __init__(
-        self, repository: Repository, table: ModelTable, loader: Loader, options: HostOptions
+        self,
+        repository: Repository,
+        table: ModelTable,
+        loader: Loader,
+        options: HostOptions,
+        problems: ProblemWatch | None = None,
     ) -> None:
         self._repository = repository
+        self._problems = problems
         self._table = table
         self._loader = loader
         self._interval = options.poll_interval_s
@@ -64,9 +71,16 @@ class Reloader:
             poller.join(timeout)
 
     def refresh(self) -> None:
-        """Check every model in use (or whose last load failed) for changes, now."""
-        for name in self._table.names_to_check():
-            self.reload(name)
+        """Check every model in use (or whose last load failed) for changes, now.
+
+        Then scan the repository for problems, if its :class:`ProblemWatch` is watching.
+        """
+        try:
+            for name in self._table.names_to_check():
+                self.reload(name)
+        finally:
+            if self._problems is not None:
+                self._problems.recheck()
 
     def reload(self, name: str) -> None:
         """Load changed or new versions of a model in use, then swap them in at once."""

@@ -44,11 +44,13 @@ from corral._errors import (
 )
 from corral._overrides import ModelOverride
 from corral._pbtxt import CONFIG_PBTXT, parse_pbtxt
+from corral._problems import Problem, ProblemKind
 
 __all__ = [
     "MAX_CONFIG_BYTES",
     "MAX_LABELS_BYTES",
     "MODEL_NAME_PATTERN",
+    "Listing",
     "ModelEntry",
     "ModelVersion",
     "Repository",
@@ -73,6 +75,8 @@ _NAME_CHAR_RE = re.compile(r"[A-Za-z0-9_.\-]")
 _VERSION_RE = re.compile(r"[1-9][0-9]*")
 _BARE_SUFFIX = ".onnx"
 _CONFIG_FILE = "model.toml"
+_FIX_READABLE = "make it readable by the server's user"
+_FIX_INSIDE = "keep every file of the model inside the repository (copy it in, not a symlink out)"
 
 
 def validate_model_name(name: object) -> str:
@@ -137,6 +141,10 @@ class ModelEntry:
     error: ModelLoadError | None = field(compare=False)
     #: Changes when a served file, model.toml, the set of versions or the error changes.
     fingerprint: tuple[object, ...]
+    #: Every problem met reading it, each with its kind and fix: those that make up
+    #: :attr:`error`, and those that do not stop it loading (a version folder without its
+    #: model file).
+    problems: tuple[Problem, ...] = field(default=(), compare=False)
 
     @property
     def served_versions(self) -> tuple[int, ...]:
@@ -159,6 +167,16 @@ class ModelEntry:
         # The whole configuration (dataclass equality): a copy built with another batch size,
         # another declared tensor or another override is not interchangeable either.
         return (None if file is None else (file.size, file.mtime_ns), self.config)
+
+
+class Listing(NamedTuple):
+    """The root folder's models, and the entries it skipped because of their names."""
+
+    #: The models' names, sorted.
+    names: list[str]
+    #: Folders and ``.onnx`` files whose names cannot name a model (as found on disk, sorted);
+    #: hidden ones (a leading dot) are left out.
+    invalid: list[str]
 
 
 class _Root(NamedTuple):
@@ -270,12 +288,20 @@ class Repository:
     def names(self) -> list[str]:
         """The names of all models, sorted: sub-folders and bare ``<name>.onnx`` files.
 
-        Entries whose names cannot name a model (hidden files, spaces ...) are skipped. This
-        reads the root folder only, so it stays fast for tens of thousands of models. Models
-        whose files were uploaded by a load are listed too.
+        Entries whose names cannot name a model (hidden files, spaces ...) are skipped
+        (:meth:`listing` names them). This reads the root folder only, so it stays fast for
+        tens of thousands of models. Models whose files were uploaded by a load are listed too.
+        """
+        return self.listing().names
+
+    def listing(self) -> Listing:
+        """The models' names as :meth:`names` lists them, and the entries skipped for their name.
+
+        Raises :class:`RepositoryError` when the root cannot be listed.
         """
         with self._overrides_lock:
             found = {name for name, o in self._overrides.items() if o.folder is not None}
+        invalid: list[str] = []
         root = self._resolve()
         try:
             with os.scandir(root.real) as listing:
@@ -287,11 +313,13 @@ class Repository:
                         found.add(name)
                     else:
                         logger.debug("skipping %r in %s: not a valid model name", name, self)
+                        if not item.name.startswith("."):
+                            invalid.append(item.name)
         except OSError as exc:
             raise RepositoryError(
                 f"cannot list model repository {self._given!r} (resolved to {root.real!r}): {exc}"
             ) from exc
-        return sorted(found)
+        return Listing(sorted(found), sorted(invalid))
 
     def entry(self, name: str) -> ModelEntry:
         """The model ``name`` as it is on disk now.
@@ -314,13 +342,16 @@ class Repository:
             bare = _only_if(self._locate(root, bare_path), stat.S_ISREG)
         except OSError as exc:
             error = ModelLoadError(f"model {name!r}: cannot stat it: {exc}")
-            return _make_entry(name, {}, ModelConfig(), None, [error], layout="unreadable")
+            found = _Problems.one(name, ProblemKind.BAD_LAYOUT, error, folder_path, _FIX_READABLE)
+            return _make_entry(name, {}, ModelConfig(), None, found, layout="unreadable")
         if folder is not None and bare is not None:
             error = ModelLoadError(
                 f"model {name!r}: both {folder_path}{os.sep} and {bare_path} exist; "
                 f"keep the folder or the file, not both"
             )
-            return _make_entry(name, {}, ModelConfig(), None, [error], layout="both")
+            fix = f"remove {folder_path}{os.sep} or {bare_path}"
+            found = _Problems.one(name, ProblemKind.BAD_LAYOUT, error, bare_path, fix)
+            return _make_entry(name, {}, ModelConfig(), None, found, layout="both")
         if folder is not None:
             return self._folder_entry(root, name, folder_path, folder, override)
         if bare is not None:
@@ -329,7 +360,9 @@ class Repository:
                     f"model {name!r} is the file {bare_path}: a load's config applies only "
                     "to a model folder"
                 )
-                return _make_entry(name, {}, ModelConfig(), None, [error], layout="file")
+                fix = f"move {bare_path} to {os.path.join(folder_path, '1', 'model.onnx')}"
+                found = _Problems.one(name, ProblemKind.BAD_CONFIG_PBTXT, error, bare_path, fix)
+                return _make_entry(name, {}, ModelConfig(), None, found, layout="file")
             return self._bare_entry(root, name, bare_path, bare)
         if not os.path.isdir(root.real):
             # Moved away or unmounted: that says nothing of whether the model exists, and a
@@ -408,9 +441,10 @@ class Repository:
     def _bare_entry(self, root: _Root, name: str, path: str, found: _Found) -> ModelEntry:
         if found.stat is None:
             error = self._outside(root, name, path, found.real)
-            return _make_entry(name, {}, ModelConfig(), None, [error], layout="file")
+            problems = _Problems.one(name, ProblemKind.BAD_LAYOUT, error, path, _FIX_INSIDE)
+            return _make_entry(name, {}, ModelConfig(), None, problems, layout="file")
         version = ModelVersion(1, Path(found.real), found.stat.st_size, found.stat.st_mtime_ns)
-        return _make_entry(name, {1: version}, ModelConfig(), None, [], layout="file")
+        return _make_entry(name, {1: version}, ModelConfig(), None, _Problems(name), layout="file")
 
     def _uploaded_entry(self, name: str, override: ModelOverride, folder: str) -> ModelEntry:
         # A folder corral wrote itself (corral._overrides.Uploads), read as a model folder
@@ -422,7 +456,9 @@ class Repository:
             error = ModelLoadError(
                 f"model {name!r}: its uploaded files in {folder} are gone: {exc}"
             )
-            return _make_entry(name, {}, ModelConfig(), None, [error], layout="uploaded")
+            fix = "load the model again with its files"
+            problems = _Problems.one(name, ProblemKind.BAD_LAYOUT, error, folder, fix)
+            return _make_entry(name, {}, ModelConfig(), None, problems, layout="uploaded")
         return self._folder_entry(root, name, folder, found, override, layout="uploaded")
 
     def _folder_entry(
@@ -437,8 +473,9 @@ class Repository:
     ) -> ModelEntry:
         if found.stat is None:
             error = self._outside(root, name, path, found.real)
-            return _make_entry(name, {}, ModelConfig(), None, [error], layout=layout)
-        problems: list[ModelLoadError] = []
+            problems = _Problems.one(name, ProblemKind.BAD_LAYOUT, error, path, _FIX_INSIDE)
+            return _make_entry(name, {}, ModelConfig(), None, problems, layout=layout)
+        problems = _Problems(name)
         if override is None:
             config, config_stamp = self._read_config(root, name, path, found.real, problems)
         else:
@@ -448,7 +485,8 @@ class Repository:
             with os.scandir(found.real) as listing:
                 children = [item.name for item in listing if _VERSION_RE.fullmatch(item.name)]
         except OSError as exc:
-            problems.append(ModelLoadError(f"model {name!r}: cannot list {path}: {exc}"))
+            error = ModelLoadError(f"model {name!r}: cannot list {path}: {exc}")
+            problems.add(ProblemKind.BAD_LAYOUT, error, path, _FIX_READABLE)
             children = []
         for child in children:
             version = self._read_version(
@@ -456,13 +494,14 @@ class Repository:
             )
             if version is not None:
                 versions[version.version] = version
-        if not versions and not problems:
-            problems.append(
-                ModelLoadError(
-                    f"model {name!r}: no version in {path}: expected "
-                    f"{os.path.join(path, '<N>', config.model_filename)} with N a positive integer"
-                )
+        if not versions and not problems.errors:
+            expected = os.path.join(path, "<N>", config.model_filename)
+            error = ModelLoadError(
+                f"model {name!r}: no version in {path}: expected {expected} "
+                "with N a positive integer"
             )
+            fix = f"put the model file in {os.path.join(path, '1', config.model_filename)}"
+            problems.add(ProblemKind.NO_VERSION, error, path, fix)
         return _make_entry(name, versions, config, config_stamp, problems, layout=layout)
 
     def _read_override(
@@ -471,14 +510,15 @@ class Repository:
         name: str,
         real_folder: str,
         override: ModelOverride,
-        problems: list[ModelLoadError],
+        problems: _Problems,
     ) -> tuple[ModelConfig, tuple[object, ...]]:
         """A load's config, read instead of the folder's model.toml and config.pbtxt."""
         source = f"model {name!r}: the load's config"
         try:
             config, files = self._parse_pbtxt(root, source, name, real_folder, override.config_text)
         except ModelConfigError as exc:
-            problems.append(exc)
+            fix = "load the model again with a corrected config"
+            problems.add(ProblemKind.BAD_CONFIG_PBTXT, exc, real_folder, fix)
             return ModelConfig(), ("override", override.generation)
         return config, ("override", override.generation, *files)
 
@@ -488,7 +528,7 @@ class Repository:
         name: str,
         folder: str,
         real_folder: str,
-        problems: list[ModelLoadError],
+        problems: _Problems,
     ) -> tuple[ModelConfig, tuple[object, ...] | None]:
         toml = self._find_config(root, name, folder, real_folder, _CONFIG_FILE, problems)
         pbtxt = self._find_config(root, name, folder, real_folder, CONFIG_PBTXT, problems)
@@ -501,11 +541,10 @@ class Repository:
         if toml is not None and pbtxt is not None:
             # Two sources of settings would need a rule for which wins; any such rule would
             # drop one file's settings without a word.
-            problems.append(
-                ModelConfigError(
-                    f"model {name!r}: both {toml[0]} and {pbtxt[0]} exist; keep one of them"
-                )
+            error = ModelConfigError(
+                f"model {name!r}: both {toml[0]} and {pbtxt[0]} exist; keep one of them"
             )
+            problems.add(ProblemKind.BAD_LAYOUT, error, folder, f"remove {toml[0]} or {pbtxt[0]}")
             return ModelConfig(), stamp
         for chosen in (toml, pbtxt):
             if chosen is not None:
@@ -518,7 +557,14 @@ class Repository:
                 return ModelConfig.from_toml(text, source=source), stamp
             config, files = self._parse_pbtxt(root, source, name, real_folder, text)
         except ModelConfigError as exc:
-            problems.append(exc)
+            if toml is not None:
+                fix = f"correct the field named in {source} (docs/host.md lists its fields)"
+                problems.add(ProblemKind.BAD_MODEL_TOML, exc, source, fix)
+            else:
+                fix = (
+                    f"correct or remove the field named in {source} (docs/host.md: what it honours)"
+                )
+                problems.add(ProblemKind.BAD_CONFIG_PBTXT, exc, source, fix)
             return ModelConfig(), stamp
         return config, (*stamp, *files)
 
@@ -529,7 +575,7 @@ class Repository:
         folder: str,
         real_folder: str,
         file_name: str,
-        problems: list[ModelLoadError],
+        problems: _Problems,
     ) -> tuple[str, tuple[object, ...], _Found | None] | None:
         """One settings file: (path shown, stamp, where it is; None if unreadable), or None."""
         source = os.path.join(folder, file_name)
@@ -539,12 +585,14 @@ class Repository:
             # drop its settings (pinning, providers) without a word.
             found = self._locate(root, path, dangling_ok=False)
         except OSError as exc:
-            problems.append(ModelConfigError(f"{source}: cannot read it: {exc}"))
+            unreadable = ModelConfigError(f"{source}: cannot read it: {exc}")
+            problems.add(ProblemKind.BAD_LAYOUT, unreadable, source, _FIX_READABLE)
             return source, ("unreadable", str(exc)), None
         if found is None:
             return None
         if found.stat is None:
-            problems.append(self._outside(root, name, source, found.real))
+            error = self._outside(root, name, source, found.real)
+            problems.add(ProblemKind.BAD_LAYOUT, error, source, _FIX_INSIDE)
             return source, ("outside", found.real), None
         return source, (found.real, found.stat.st_size, found.stat.st_mtime_ns), found
 
@@ -603,7 +651,7 @@ class Repository:
         real_folder: str,
         child: str,
         model_file: str,
-        problems: list[ModelLoadError],
+        problems: _Problems,
     ) -> ModelVersion | None:
         shown = os.path.join(folder, child)
         try:
@@ -611,23 +659,34 @@ class Repository:
             if version_dir is None:
                 return None
             if version_dir.stat is None:
-                problems.append(self._outside(root, name, shown, version_dir.real))
+                error = self._outside(root, name, shown, version_dir.real)
+                problems.add(ProblemKind.BAD_LAYOUT, error, shown, _FIX_INSIDE)
                 return None
             if not stat.S_ISDIR(version_dir.stat.st_mode):
                 return None  # a file that happens to have a number for a name
             shown = os.path.join(shown, model_file)
             model = self._locate(root, os.path.join(version_dir.real, model_file))
         except OSError as exc:
-            problems.append(ModelLoadError(f"model {name!r}: cannot stat {shown}: {exc}"))
+            error = ModelLoadError(f"model {name!r}: cannot stat {shown}: {exc}")
+            problems.add(ProblemKind.BAD_LAYOUT, error, shown, _FIX_READABLE)
             return None
         if model is None:
             logger.debug("ignoring %s: no %s in it", os.path.dirname(shown), model_file)
+            problems.note(
+                ProblemKind.NO_MODEL_FILE,
+                os.path.dirname(shown),
+                f"model {name!r}: version folder {os.path.dirname(shown)} has no {model_file}; "
+                "that version is not served",
+                f"put the model file in {shown}, or remove the folder",
+            )
             return None
         if model.stat is None:
-            problems.append(self._outside(root, name, shown, model.real))
+            error = self._outside(root, name, shown, model.real)
+            problems.add(ProblemKind.BAD_LAYOUT, error, shown, _FIX_INSIDE)
             return None
         if not stat.S_ISREG(model.stat.st_mode):
-            problems.append(ModelLoadError(f"model {name!r}: {shown} is not a regular file"))
+            error = ModelLoadError(f"model {name!r}: {shown} is not a regular file")
+            problems.add(ProblemKind.BAD_LAYOUT, error, shown, f"make {shown} a model file")
             return None
         return ModelVersion(
             int(child), Path(model.real), model.stat.st_size, model.stat.st_mtime_ns
@@ -701,12 +760,12 @@ def _make_entry(
     versions: dict[int, ModelVersion],
     config: ModelConfig,
     config_stamp: tuple[object, ...] | None,
-    problems: list[ModelLoadError],
+    problems: _Problems,
     *,
     layout: str,
 ) -> ModelEntry:
     ordered = {number: versions[number] for number in sorted(versions)}
-    error = _combine(name, problems)
+    error = _combine(name, problems.errors)
     served = config.version_policy.select(ordered)
     fingerprint = (
         layout,
@@ -715,7 +774,37 @@ def _make_entry(
         tuple((v, str(ordered[v].path), ordered[v].size, ordered[v].mtime_ns) for v in served),
         None if error is None else f"{type(error).__name__}: {error}",
     )
-    return ModelEntry(name, types.MappingProxyType(ordered), config, error, fingerprint)
+    return ModelEntry(
+        name, types.MappingProxyType(ordered), config, error, fingerprint, tuple(problems.found)
+    )
+
+
+class _Problems:
+    """The problems met reading one model's entry: its errors, and every Problem with a fix."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        #: What makes the model unloadable, combined into ModelEntry.error.
+        self.errors: list[ModelLoadError] = []
+        #: Every problem: those errors, and those that leave the model loadable.
+        self.found: list[Problem] = []
+
+    @classmethod
+    def one(
+        cls, name: str, kind: ProblemKind, error: ModelLoadError, path: str, fix: str
+    ) -> _Problems:
+        problems = cls(name)
+        problems.add(kind, error, path, fix)
+        return problems
+
+    def add(self, kind: ProblemKind, error: ModelLoadError, path: str, fix: str) -> None:
+        """A problem that makes the model unloadable."""
+        self.errors.append(error)
+        self.found.append(Problem(kind, self.name, path, str(error), fix))
+
+    def note(self, kind: ProblemKind, path: str, message: str, fix: str) -> None:
+        """A problem that leaves the model loadable (what is wrong is skipped)."""
+        self.found.append(Problem(kind, self.name, path, message, fix))
 
 
 def _combine(name: str, problems: list[ModelLoadError]) -> ModelLoadError | None:

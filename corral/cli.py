@@ -4,6 +4,7 @@
 
     corral demo [--models N] [--threads T] [--requests R] [--keep DIR] [--json]
     corral models REPOSITORY [--preload] [--memory-budget SIZE] [--json]
+    corral check REPOSITORY [--load] [--memory-budget SIZE] [--json]
     corral serve REPOSITORY [--host H] [--http-port P] [--grpc-port P] [--memory-budget SIZE]
                             [--compute-workers N] [--max-request-bytes N] [--auth-token T] ...
     corral ray-serve REPOSITORY [--address A] [--replicas N] [--memory-budget SIZE]
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
     from rich.table import Table
 
+    from corral._host import Host
+    from corral._problems import Problem
     from corral._status import HostStats, ModelStatus
     from corral.demo import DemoResult, DemoStep
 
@@ -152,7 +155,40 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     models.add_argument("--json", action="store_true", help="print the statuses as JSON")
     models.set_defaults(handler=_models)
 
+    check = commands.add_parser(
+        "check",
+        help="find every problem in a model repository, with its fix; --load loads each model",
+        description=(
+            "Check a Triton-layout repository as corral serve does at start, without loading "
+            "a model: names, layout, versions, model.toml and config.pbtxt, execution "
+            "providers, model files and, with --memory-budget, models larger than the budget. "
+            "Prints each problem with its fix; exit status 1 on any problem, 0 when clean. "
+            "--load also loads every model (a progress bar shows it) and prints each one's "
+            "estimated size and load time; a failed load is a problem too."
+        ),
+    )
+    check.add_argument("repository", type=Path, help="the repository's root folder")
+    check.add_argument("--load", action="store_true", help="also load every model, one at a time")
+    check.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        type=_size,
+        help="bytes or a size like 512MiB (default: none)",
+    )
+    check.add_argument("--json", action="store_true", help="print the problems as JSON")
+    check.set_defaults(handler=_check)
+
     return parser
+
+
+def _size(text: str) -> int:
+    """An argparse type: a size in bytes (``512MiB``), as the memory budget takes it."""
+    from corral._budget import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except CorralError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def positive_int(text: str) -> int:
@@ -569,6 +605,101 @@ def _models_table(statuses: list[ModelStatus], stats: HostStats) -> Table:
             failure or "",
         )
     return table
+
+
+# -- corral check --------------------------------------------------------------------------
+
+
+def _check(args: argparse.Namespace) -> int:
+    import corral
+    from corral._check import find_problems
+
+    with corral.Host(args.repository, memory_budget=args.memory_budget) as host:
+        # find_problems, not Host.check: the problems are printed here, not logged.
+        problems, _ = find_problems(
+            host.repository,
+            memory_budget=host.options.budget_bytes,
+            pool_size=host.runtime.options.compute_workers,
+            read_model_files=True,
+        )
+        loaded: list[dict[str, object]] = []
+        if args.load:
+            _require_rich()
+            problems += _load_each(host, problems, loaded)
+    if args.json:
+        print(json.dumps({"problems": [_problem_dict(p) for p in problems], "loaded": loaded}))
+    else:
+        for problem in problems:
+            print(
+                f"{problem.kind.value}: {problem.path}\n  {problem.message}\n  fix: {problem.fix}"
+            )
+        for row in loaded:
+            print(
+                f"loaded {row['model']} version {row['version']}: {row['size_bytes']:,} bytes "
+                f"(estimated), {row['load_seconds']:.3f} s"
+            )
+        count = len(problems)
+        verdict = "no problems" if not count else f"{count} problem{'s' * (count != 1)}"
+        print(f"corral check: {args.repository}: {verdict}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def _load_each(
+    host: Host, problems: list[Problem], loaded: list[dict[str, object]]
+) -> list[Problem]:
+    """Load every model the check found no blocker in, one at a time, each then unloaded.
+
+    Appends each load's version, estimated size and time to ``loaded``; returns the failures.
+    """
+    import time
+
+    from corral._problems import Problem, ProblemKind
+
+    blocked = {p.model for p in problems if p.kind is not ProblemKind.NO_MODEL_FILE}
+    names = [name for name in host.repository.names() if name not in blocked]
+    failures: list[Problem] = []
+    with progress_bar() as progress:
+        task = progress.add_task(f"loading {len(names)} models", total=len(names))
+        for name in names:
+            progress.update(task, description=f"loading {name}")
+            began = time.perf_counter()
+            try:
+                host.load(name)
+            except CorralError as exc:
+                failures.append(
+                    Problem(
+                        ProblemKind.LOAD_FAILED,
+                        name,
+                        str(host.repository.root / name),
+                        f"model {name!r} failed to load: {exc}",
+                        "fix what the error names (the model file, or what its settings declare)",
+                    )
+                )
+            else:
+                seconds = time.perf_counter() - began
+                for version in host.status(name).versions:
+                    if version.size_bytes:
+                        loaded.append(
+                            {
+                                "model": name,
+                                "version": version.version,
+                                "size_bytes": version.size_bytes,
+                                "load_seconds": round(seconds, 6),
+                            }
+                        )
+                host.unload(name)  # one model's memory at a time
+            progress.advance(task)
+    return failures
+
+
+def _problem_dict(problem: Problem) -> dict[str, object]:
+    return {
+        "kind": problem.kind.value,
+        "model": problem.model,
+        "path": problem.path,
+        "message": problem.message,
+        "fix": problem.fix,
+    }
 
 
 # -- shared ---------------------------------------------------------------------------------

@@ -39,6 +39,8 @@ def test_public_names_are_pinned():
             "UploadRefused",
             "ModelVersion",
             "Overloaded",
+            "Problem",
+            "ProblemKind",
             "ProviderTraits",
             "ProviderUnavailable",
             "QueueStats",

@@ -53,7 +53,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "max_shared_memory_regions": ("16", 16),
 }
 # Switches: a flag and its --no- form; the sample is the one that is not the default.
-SWITCHES = {"access_log", "batching", "system_shared_memory"}
+SWITCHES = {"access_log", "batching", "strict", "system_shared_memory"}
 
 
 @pytest.fixture

@@ -766,7 +766,11 @@ def _index_rows(model: ModelStatus, ready_only: bool) -> list[RepositoryModel]:
             model.name,
             str(version.version),
             _REPOSITORY_STATES[version.state],
-            version.failure or "",
+            # A version not ready that the model's own failure (its layout, its settings, a
+            # problem the repository check found) keeps from loading gives that reason.
+            version.failure
+            or (model.failure if version.state is not ModelState.READY else None)
+            or "",
         )
         for version in model.versions
         if not ready_only or version.state is ModelState.READY

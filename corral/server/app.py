@@ -42,12 +42,15 @@ from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
 from corral.server.settings import ServerSettings
 
-__all__ = ["EXIT_CLEAN", "EXIT_DRAIN_INCOMPLETE", "Addresses", "run", "serve"]
+__all__ = ["EXIT_CLEAN", "EXIT_DRAIN_INCOMPLETE", "EXIT_REFUSED", "Addresses", "run", "serve"]
 
 #: ``corral serve``'s exit status after a clean drain: every request answered, the Host closed.
 EXIT_CLEAN = 0
 #: Its exit status when the drain ran out (leases still held) or loads were abandoned, hung.
 EXIT_DRAIN_INCOMPLETE = 3
+#: Its exit status when it refuses to start: ``--strict`` and the repository has problems
+#: (the same status as a bad option).
+EXIT_REFUSED = 2
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +120,9 @@ async def serve(
         else Runtime(compute_workers=settings.compute_workers)
     )
     host = Host(settings.repository, runtime=rt, options=settings.host_options()).start()
+    if not await _check_repository(host, settings):
+        await asyncio.to_thread(_close_host, host, settings.drain_timeout_s)
+        return EXIT_REFUSED
     # When the drain began: closing the Host gets what is left of the drain timeout.
     drain_began = asyncio.create_task(_when_set(stop))
     token = None if settings.auth_token is None else settings.auth_token.get_secret_value()
@@ -361,6 +367,34 @@ def connection_limits(settings: ServerSettings, open_files: int) -> ConnectionLi
         idle_timeout_s=settings.idle_timeout_s,
         max_connections=max_connections,
     )
+
+
+async def _check_repository(host: Host, settings: ServerSettings) -> bool:
+    """Scan the repository (each problem logged); False if ``--strict`` refuses to start.
+
+    Runs before either server binds its port, on a worker thread: the event loop does not
+    wait on the disk.
+    """
+    try:
+        problems = await asyncio.to_thread(host.check)
+    except BaseException:
+        await asyncio.to_thread(_close_host, host, settings.drain_timeout_s)
+        raise
+    if problems and settings.strict:
+        # Each problem was logged at WARNING; at a level that hides them, list them here.
+        listed = (
+            ""
+            if logger.isEnabledFor(logging.WARNING)
+            else "".join(f"\n  {problem}" for problem in problems)
+        )
+        logger.error(
+            "corral: --strict: refusing to start: %d problem(s) in the repository %s%s",
+            len(problems),
+            settings.repository,
+            listed or " (each logged above with its fix)",
+        )
+        return False
+    return True
 
 
 def _log_summary(

@@ -21,7 +21,8 @@ dashboards and alerts written for Triton read corral unchanged:
 
 corral's own: ``corral_models_loaded``, ``corral_memory_used_bytes``,
 ``corral_memory_budget_bytes``, ``corral_model_loads_total``, ``corral_model_evictions_total``,
-``corral_model_load_seconds`` (a histogram) and ``corral_threads``.
+``corral_model_load_seconds`` (a histogram), ``corral_threads`` and
+``corral_repository_problems`` (by ``kind``: what the last repository check found).
 
 Example::
 
@@ -51,6 +52,7 @@ except ImportError as exc:  # the server extra is optional
     ) from exc
 
 from corral._host import Host
+from corral._problems import ProblemKind
 from corral._scheduler import QueueStats
 from corral.protocol.dataplane import DataPlane
 from corral.protocol.types import ModelStatistics
@@ -134,6 +136,7 @@ class Metrics:
         # holds no state of its own: its collector reads snapshots on every scrape.
         self._registry = CollectorRegistry()
         self._registry.register(_HostCollector(plane.host))
+        self._registry.register(_ProblemsCollector(plane.host))
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text of every metric now, and its HTTP content type.
@@ -229,6 +232,27 @@ class _HostCollector(Collector):
             "or Python threads only where /proc is missing",
             value=_process_threads(),
         )
+
+
+class _ProblemsCollector(Collector):
+    """``corral_repository_problems{kind}``: the last repository check's problems, by kind."""
+
+    def __init__(self, host: Host) -> None:
+        self._host = host
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield one sample per kind, 0 included, so that an alert can name any kind."""
+        counts = dict.fromkeys(ProblemKind, 0)
+        for problem in self._host.problems:
+            counts[problem.kind] += 1
+        family = GaugeMetricFamily(
+            "corral_repository_problems",
+            "Problems the last repository check found (at start and at every poll), by kind",
+            labels=["kind"],
+        )
+        for kind, count in counts.items():
+            family.add_metric([kind.value], count)
+        yield family
 
 
 def _process_threads() -> int:

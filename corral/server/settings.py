@@ -140,6 +140,11 @@ class ServerSettings(BaseSettings):
         description="the name server metadata reports (GET /v2, ServerMetadata); Triton's "
         "clients that check they talk to Triton expect 'triton'",
     )
+    strict: bool = Field(
+        False,
+        description="refuse to start (exit status 2, before binding any port) when the "
+        "repository check finds a problem; each problem is logged with its fix",
+    )
     # -- Triton's model control ------------------------------------------------------------
     model_control_mode: Literal["none", "poll", "explicit"] | None = Field(
         None,

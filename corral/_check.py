@@ -1,0 +1,259 @@
+"""The repository check: every problem a load would meet, found without loading a model.
+
+:func:`find_problems` lists the root (names that cannot name a model, an empty repository),
+reads each model's entry as a load does (:meth:`Repository.entry`: layout, versions, model.toml
+and config.pbtxt parsed and validated by the same code), resolves its execution providers
+against this onnxruntime build as a load does, and, with a memory budget, estimates each
+served version's size as the load's budget check does (:func:`estimate_version_bytes`, from
+the model file's headers) to find versions larger than the whole budget.
+
+What it cannot see without loading: whether the model's tensors match a config.pbtxt's
+declarations, whether it can be batched, whether onnxruntime accepts its graph. ``corral
+check --load`` loads every model for that.
+
+:class:`ProblemWatch` keeps the problems of the last check and logs each problem once, when
+it first appears (again if it goes away and comes back); ``corral serve`` checks at start and
+at every poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+from corral._budget import estimate_footprint_bytes
+from corral._config import ModelConfig
+from corral._errors import ModelLoadError, ModelNotFound, ProviderUnavailable
+from corral._modelfile import read_footprint
+from corral._pbtxt import CONFIG_PBTXT
+from corral._problems import Problem, ProblemKind
+from corral._providers import resolve_policy, resolve_providers
+from corral._repository import ModelEntry, Repository
+
+__all__ = ["ProblemWatch", "estimate_version_bytes", "find_problems"]
+
+logger = logging.getLogger(__name__)
+
+# What an estimate depends on: the file (path, size, mtime) and the settings that pick the
+# number of sessions.
+_EstimateKey = tuple[str, int, int, str, tuple[str, ...] | None, int]
+# An estimate in bytes, or why the file could not be read.
+_Estimate = int | str
+
+
+def estimate_version_bytes(entry: ModelEntry, version: int, *, pool_size: int) -> int:
+    """Estimated resident bytes of ``version`` of ``entry`` once loaded, as the load checks it.
+
+    Resolves the providers and the concurrency policy (``pool_size``: the Runtime's compute
+    workers) and reads the model file's headers (:func:`read_footprint`). Raises
+    :class:`ProviderUnavailable` or :class:`ModelLoadError` as the load would.
+    """
+    providers = resolve_providers(entry.config.providers)
+    policy = resolve_policy(entry.config.concurrency, providers, pool_size=pool_size)
+    footprint = read_footprint(entry.versions[version].path)
+    return estimate_footprint_bytes(footprint, policy.replicas)
+
+
+def find_problems(
+    repository: Repository,
+    *,
+    memory_budget: int | None,
+    pool_size: int,
+    read_model_files: bool = False,
+    estimates: Mapping[_EstimateKey, _Estimate] | None = None,
+) -> tuple[list[Problem], dict[_EstimateKey, _Estimate]]:
+    """Every problem of ``repository`` now, in model order, and the estimates it made.
+
+    Model files are read (their protobuf headers only) when ``memory_budget`` is set, to
+    estimate their sizes, or when ``read_model_files`` is true. ``estimates`` are those of a
+    previous check, reused for files not changed since. Raises :class:`RepositoryError` when
+    the root cannot be listed.
+    """
+    listing = repository.listing()
+    root = repository.root
+    problems = [
+        Problem(
+            ProblemKind.INVALID_NAME,
+            None,
+            os.path.join(root, raw),
+            f"{os.path.join(root, raw)} is not served: {raw!r} cannot name a model",
+            "rename it to 1 to 128 ASCII letters, digits, '_', '.' or '-' starting with a "
+            "letter or digit, or move it out of the repository",
+        )
+        for raw in listing.invalid
+    ]
+    if not listing.names:
+        problems.append(
+            Problem(
+                ProblemKind.EMPTY_REPOSITORY,
+                None,
+                str(root),
+                f"model repository {root} holds no model",
+                f"add a model: {os.path.join(root, '<name>', '1', 'model.onnx')} "
+                f"or {os.path.join(root, '<name>.onnx')}",
+            )
+        )
+    previous = estimates or {}
+    made: dict[_EstimateKey, _Estimate] = {}
+    read_files = read_model_files or memory_budget is not None
+    for name in listing.names:
+        try:
+            entry = repository.entry(name)
+        except ModelNotFound:
+            continue  # removed between listing and looking: it is simply gone
+        problems.extend(entry.problems)
+        if entry.error is not None:
+            continue
+        try:
+            resolve_providers(entry.config.providers)
+        except ProviderUnavailable as exc:
+            problems.append(_missing_provider(root, entry, exc))
+            continue
+        if read_files:
+            problems.extend(_size_problems(entry, memory_budget, pool_size, previous, made))
+    return problems, made
+
+
+class ProblemWatch:
+    """The problems of a repository as of its last check, each logged once when it appears.
+
+    :meth:`check` scans and logs; :meth:`recheck` (the poll's) does the same once a first
+    check was made. Safe from any thread; checks that run at once each scan on their own
+    thread, and the one that ends last sets the problems shown.
+    """
+
+    def __init__(
+        self, repository: Repository, *, memory_budget: int | None, pool_size: int
+    ) -> None:
+        self._repository = repository
+        self._memory_budget = memory_budget
+        self._pool_size = pool_size
+        # Guards _current, _estimates and _watching: bookkeeping only, never held over a scan.
+        self._problems_lock = threading.Lock()
+        self._current: tuple[Problem, ...] = ()
+        self._estimates: dict[_EstimateKey, _Estimate] = {}
+        self._watching = False
+
+    @property
+    def problems(self) -> tuple[Problem, ...]:
+        """The problems found by the last check (none before the first)."""
+        with self._problems_lock:
+            return self._current
+
+    def check(self) -> tuple[Problem, ...]:
+        """Scan the repository now; log new problems at WARNING and those gone at INFO.
+
+        Raises :class:`RepositoryError` when the root cannot be listed (the problems of the
+        last check stay).
+        """
+        with self._problems_lock:
+            self._watching = True
+            estimates = self._estimates
+        found, made = find_problems(
+            self._repository,
+            memory_budget=self._memory_budget,
+            pool_size=self._pool_size,
+            estimates=estimates,
+        )
+        current = tuple(dict.fromkeys(found))  # one of each, in order
+        with self._problems_lock:
+            before, self._current, self._estimates = self._current, current, made
+        seen = set(before)
+        for problem in current:
+            if problem not in seen:
+                logger.warning("corral: repository problem %s", _described(problem))
+        now = set(current)
+        for problem in before:
+            if problem not in now:
+                logger.info(
+                    "corral: repository problem (%s) in %s is gone",
+                    problem.kind.value,
+                    problem.path,
+                )
+        return current
+
+    def recheck(self) -> None:
+        """Check again if :meth:`check` was ever called; a no-op otherwise."""
+        with self._problems_lock:
+            watching = self._watching
+        if watching:
+            self.check()
+
+
+def _described(problem: Problem) -> str:
+    """A problem as its log line says it: kind, what is wrong, the file (if not named), fix."""
+    where = "" if problem.path in problem.message else f" (file: {problem.path})"
+    return f"({problem.kind.value}): {problem.message}{where}; fix: {problem.fix}"
+
+
+def _missing_provider(root: Path, entry: ModelEntry, error: ProviderUnavailable) -> Problem:
+    path = _settings_file(root, entry.name)
+    setting = "KIND_GPU or execution_accelerators" if path.endswith(CONFIG_PBTXT) else "providers"
+    return Problem(
+        ProblemKind.MISSING_PROVIDER,
+        entry.name,
+        path,
+        f"model {entry.name!r}: {error}",
+        f"install an onnxruntime build that has it, or take it out of the model's {setting}",
+    )
+
+
+def _size_problems(
+    entry: ModelEntry,
+    memory_budget: int | None,
+    pool_size: int,
+    previous: Mapping[_EstimateKey, _Estimate],
+    made: dict[_EstimateKey, _Estimate],
+) -> list[Problem]:
+    problems: list[Problem] = []
+    for version in entry.served_versions:
+        file = entry.versions[version]
+        key = (str(file.path), file.size, file.mtime_ns, *_policy_key(entry.config), pool_size)
+        estimate = previous.get(key)
+        if estimate is None:
+            try:
+                estimate = estimate_version_bytes(entry, version, pool_size=pool_size)
+            except ModelLoadError as exc:
+                estimate = str(exc)
+        made[key] = estimate
+        if isinstance(estimate, str):
+            problems.append(
+                Problem(
+                    ProblemKind.BAD_MODEL_FILE,
+                    entry.name,
+                    str(file.path),
+                    f"model {entry.name!r} version {version}: {estimate}",
+                    f"replace {file.path} with a valid ONNX model and its external data files",
+                )
+            )
+        elif memory_budget is not None and estimate > memory_budget:
+            problems.append(
+                Problem(
+                    ProblemKind.TOO_LARGE,
+                    entry.name,
+                    str(file.path),
+                    f"model {entry.name!r} version {version} is estimated at {estimate:,} bytes "
+                    f"once loaded, more than the whole memory budget ({memory_budget:,} bytes)",
+                    f"raise --memory-budget to at least {estimate:,} bytes, or serve a smaller "
+                    "model (or fewer sessions of it: its concurrency)",
+                )
+            )
+    return problems
+
+
+def _policy_key(config: ModelConfig) -> tuple[str, tuple[str, ...] | None]:
+    return config.concurrency, config.providers
+
+
+def _settings_file(root: Path, name: str) -> str:
+    """The model's settings file if it has one, else its folder (or its file)."""
+    folder = root / name
+    if not folder.is_dir():
+        return str(root / f"{name}.onnx")
+    for file_name in ("model.toml", CONFIG_PBTXT):
+        if (folder / file_name).is_file():
+            return str(folder / file_name)
+    return str(folder)
