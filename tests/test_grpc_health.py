@@ -8,9 +8,11 @@ open, and that request is answered. In-process: the health checks need no token.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -173,3 +175,51 @@ def test_health_checks_need_no_token_but_inference_does(repo: Path):
 
     run_freeing_frames(main)
     assert answers == [SERVING, grpc.StatusCode.UNAUTHENTICATED]
+
+
+@pytest.mark.timeout(90)
+def test_during_the_drain_notice_check_says_not_serving_and_requests_are_still_served(
+    tmp_path: Path,
+):
+    repo = tmp_path / "repository"
+    add_model(repo, "mlp", build_mlp(seed=1))
+    served = start_server(repo, tmp_path / "serve.log", "--drain-notice-s", "60")
+    body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+    try:
+        with grpc.insecure_channel(served.grpc) as channel:
+            assert check(channel, "") == SERVING
+            assert check(channel, "mlp") == SERVING
+            served.process.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 30
+            while "reporting not ready" not in served.log.read_text():
+                assert time.monotonic() < deadline, served.log.read_text()
+                time.sleep(0.02)
+            # The notice: every probe says not ready, and every request is still answered.
+            assert check(channel, "") == NOT_SERVING
+            assert check(channel, "mlp") == NOT_SERVING
+            ready = pb_grpc.GRPCInferenceServiceStub(channel).ServerReady(
+                pb.ServerReadyRequest(), timeout=30
+            )
+            assert ready.ready is False
+            with pytest.raises(urllib.error.HTTPError) as http_ready:
+                urllib.request.urlopen(f"http://{served.http}/v2/health/ready", timeout=30)
+            http_ready.value.close()
+            assert http_ready.value.code == 503
+            infer = urllib.request.Request(
+                f"http://{served.http}/v2/models/mlp/infer",
+                data=json.dumps(body).encode(),
+                method="POST",
+            )
+            with urllib.request.urlopen(infer, timeout=30) as answer:
+                assert answer.status == 200
+                assert len(json.loads(answer.read())["outputs"][0]["data"]) > 0
+        # A second SIGTERM ends the 60 s notice at once; the drain then exits cleanly.
+        ended = time.monotonic()
+        served.process.send_signal(signal.SIGTERM)
+        assert served.process.wait(timeout=30) == 0, served.log.read_text()
+        assert time.monotonic() - ended < 30
+        assert "a second signal ended the drain notice" in served.log.read_text()
+    finally:
+        if served.process.poll() is None:
+            served.process.kill()
+            served.process.wait(timeout=10)

@@ -38,6 +38,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "max_body_bytes_in_flight": ("536870912", 536870912),
     "auth_token": ("s3cret", "s3cret"),
     "drain_timeout_s": ("1.5", 1.5),
+    "drain_notice_s": ("5", 5.0),
     "log_level": ("DEBUG", "debug"),
     "grpc_log_level": ("info", "info"),
     "log_format": ("json", "json"),

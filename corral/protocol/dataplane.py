@@ -220,6 +220,8 @@ class DataPlane:
         self._started = threading.Event()
         if not loads_at_start:
             self._started.set()
+        # Set when the server's drain begins: ready() answers False from then on.
+        self._not_ready_notice = threading.Event()
 
     @property
     def host(self) -> Host:
@@ -240,9 +242,20 @@ class DataPlane:
     def ready(self) -> bool:
         """True while the server takes inference requests.
 
-        Not before :meth:`preload` returned (with ``loads_at_start``), nor once shutdown began.
+        Not before :meth:`preload` returned (with ``loads_at_start``), nor once shutdown or
+        :meth:`stop_reporting_ready` began.
         """
+        if self._not_ready_notice.is_set():
+            return False
         return self._started.is_set() and self._host.state is HostState.RUNNING
+
+    def stop_reporting_ready(self) -> None:
+        """Answer :meth:`ready` False from now on, while requests are still served.
+
+        The server calls it when its drain begins (``drain_notice_s`` before it closes
+        connections), so that load balancers and probes stop sending first. Idempotent.
+        """
+        self._not_ready_notice.set()
 
     def preload(
         self,

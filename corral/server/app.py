@@ -91,15 +91,20 @@ def run(settings: ServerSettings) -> int:
         loop_factory = None
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         stop = asyncio.Event()
+        # A second signal ends the drain notice (drain_notice_s) at once.
+        notice_cut = asyncio.Event()
 
         def on_signal(signum: int) -> None:
+            if stop.is_set():
+                notice_cut.set()
+                return
             logger.info("corral: %s received, draining", signal.Signals(signum).name)
             stop.set()
 
         loop = runner.get_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, on_signal, signum)
-        return runner.run(serve(settings, stop))
+        return runner.run(serve(settings, stop, notice_cut=notice_cut))
 
 
 async def serve(
@@ -107,11 +112,14 @@ async def serve(
     stop: asyncio.Event,
     *,
     started: Callable[[Addresses], None] | None = None,
+    notice_cut: asyncio.Event | None = None,
 ) -> int:
     """Run both servers until ``stop`` is set, then drain and close everything.
 
-    ``started(addresses)`` is called once both servers listen. Returns the exit status:
-    :data:`EXIT_CLEAN`, or :data:`EXIT_DRAIN_INCOMPLETE`.
+    ``started(addresses)`` is called once both servers listen. With ``drain_notice_s``, the
+    servers serve on for that long after ``stop`` while reporting not ready, unless
+    ``notice_cut`` is set first. Returns the exit status: :data:`EXIT_CLEAN`, or
+    :data:`EXIT_DRAIN_INCOMPLETE`.
     """
     open_files = raise_open_file_limit()
     rt = (
@@ -168,13 +176,21 @@ async def serve(
             )
         )
         cut = await _serve_both(
-            settings, plane, http, token, body_budget, stop, started, (open_files, limits)
+            settings,
+            plane,
+            http,
+            token,
+            body_budget,
+            (stop, notice_cut or asyncio.Event()),
+            started,
+            (open_files, limits),
         )
     finally:
         if shared_memory is not None:
             # Every region unmapped, each once the requests still using it are done.
             shared_memory.close()
-        left = _drain_left(drain_began, settings.drain_timeout_s)
+        # The drain timeout counts from the notice's end.
+        left = _drain_left(drain_began, settings.drain_timeout_s + settings.drain_notice_s)
         status = await asyncio.to_thread(_close_host, host, left)
     # Requests answered 503 when the drain ran out released their models: the Host closed
     # cleanly, but the drain did not.
@@ -204,11 +220,12 @@ async def _serve_both(
     http: _Server,
     token: str | None,
     body_budget: BodyBudget,
-    stop: asyncio.Event,
+    stop_events: tuple[asyncio.Event, asyncio.Event],
     started: Callable[[Addresses], None] | None,
     edge: tuple[int, ConnectionLimits],
 ) -> int:
     """Serve until ``stop``, then drain; returns how many HTTP requests the drain had to cut."""
+    stop, notice_cut = stop_events
     grpc_server: Any = None
     grpc_port: int | None = None
     # Set as the drain begins: gRPC's health service then answers NOT_SERVING.
@@ -246,9 +263,12 @@ async def _serve_both(
                 loading.cancel()  # stopped meanwhile; the loads go on their own thread
         if not stopping.done() and not http_task.done():
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if stopping.done() and settings.drain_notice_s > 0:
+            await _give_notice(plane, draining, (http_task, notice_cut), settings.drain_notice_s)
         stopping.cancel()
     finally:
         # Both stop taking connections at once; each answers what it has accepted.
+        plane.stop_reporting_ready()
         draining.set()
         http.should_exit = True
         drains: list[Any] = [_drain_http(http, http_task, settings.drain_timeout_s)]
@@ -283,6 +303,29 @@ async def _load_at_start(plane: DataPlane, names: tuple[str, ...]) -> None:
             f"--load-model: {len(failures)} model(s) failed to load, so the server stops: {reasons}"
         )
     logger.info("corral: --load-model: done; the server is ready")
+
+
+async def _give_notice(
+    plane: DataPlane,
+    draining: asyncio.Event,
+    ends: tuple[asyncio.Task[None], asyncio.Event],
+    notice_s: float,
+) -> None:
+    """Serve on for ``notice_s`` seconds while reporting not ready; then the drain begins.
+
+    The notice ends early if the HTTP server stops or a second signal sets ``ends[1]``.
+    """
+    http_task, cut = ends
+    plane.stop_reporting_ready()
+    draining.set()
+    logger.info("corral: reporting not ready for %g s (drain_notice_s), then draining", notice_s)
+    cut_waiter = asyncio.create_task(cut.wait())
+    try:
+        await asyncio.wait({http_task, cut_waiter}, timeout=notice_s, return_when="FIRST_COMPLETED")
+    finally:
+        cut_waiter.cancel()
+    if cut.is_set():
+        logger.info("corral: a second signal ended the drain notice")
 
 
 async def _serve_http(http: _Server) -> None:

@@ -111,6 +111,14 @@ class ServerSettings(BaseSettings):
     drain_timeout_s: float = Field(
         30.0, ge=0, description="seconds SIGTERM waits for requests in flight before closing"
     )
+    drain_notice_s: float = Field(
+        0.0,
+        ge=0,
+        description="seconds after SIGTERM during which the server still serves every "
+        "request but reports itself not ready (HTTP /v2/health/ready 503, gRPC ServerReady "
+        "false and health NOT_SERVING), so that load balancers stop sending before the drain "
+        "closes connections; the drain timeout follows it",
+    )
     log_level: str = Field(
         "info", description="corral's log level: critical, error, warning, info or debug"
     )
