@@ -41,6 +41,7 @@ from corral.server.bodies import BodyBudget
 from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
 from corral.server.settings import ServerSettings
+from corral.server.tracing import Tracing, start_tracing
 
 __all__ = ["EXIT_CLEAN", "EXIT_DRAIN_INCOMPLETE", "Addresses", "run", "serve"]
 
@@ -116,7 +117,12 @@ async def serve(
         if settings.compute_workers is None
         else Runtime(compute_workers=settings.compute_workers)
     )
-    host = Host(settings.repository, runtime=rt, options=settings.host_options()).start()
+    # Off: None, and OpenTelemetry is never imported.
+    tracing = start_tracing(settings.trace_exporter)
+    host = Host(settings.repository, runtime=rt, options=settings.host_options())
+    if tracing is not None:
+        host.observe_loads(tracing.load_done)  # before start: polling may load at once
+    host.start()
     # When the drain began: closing the Host gets what is left of the drain timeout.
     drain_began = asyncio.create_task(_when_set(stop))
     token = None if settings.auth_token is None else settings.auth_token.get_secret_value()
@@ -143,6 +149,7 @@ async def serve(
             auth_token=token,
             max_request_bytes=settings.max_request_bytes,
             body_budget=body_budget,
+            tracing=tracing,
         )
         limits = connection_limits(settings, open_files)
         http = _Server(
@@ -161,7 +168,7 @@ async def serve(
             )
         )
         cut = await _serve_both(
-            settings, plane, http, token, body_budget, stop, started, (open_files, limits)
+            settings, plane, http, token, body_budget, stop, started, (open_files, limits), tracing
         )
     finally:
         if shared_memory is not None:
@@ -169,6 +176,8 @@ async def serve(
             shared_memory.close()
         left = _drain_left(drain_began, settings.drain_timeout_s)
         status = await asyncio.to_thread(_close_host, host, left)
+        if tracing is not None:
+            await asyncio.to_thread(tracing.shutdown)  # the spans not sent yet
     # Requests answered 503 when the drain ran out released their models: the Host closed
     # cleanly, but the drain did not.
     return EXIT_DRAIN_INCOMPLETE if cut else status
@@ -200,6 +209,7 @@ async def _serve_both(
     stop: asyncio.Event,
     started: Callable[[Addresses], None] | None,
     edge: tuple[int, ConnectionLimits],
+    tracing: Tracing | None = None,
 ) -> int:
     """Serve until ``stop``, then drain; returns how many HTTP requests the drain had to cut."""
     grpc_server: Any = None
@@ -214,6 +224,7 @@ async def _serve_both(
             auth_token=token,
             max_message_bytes=settings.max_request_bytes,
             body_budget=body_budget,
+            tracing=tracing,
         )
     http_task = asyncio.create_task(_serve_http(http))
     try:

@@ -20,7 +20,7 @@ import functools
 import hmac
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 try:
     import grpc
@@ -63,6 +63,9 @@ from corral.protocol.shm import (
 )
 from corral.protocol.types import MAX_TIMEOUT_US
 from corral.server.bodies import BodyBudget, BodyBudgetExceeded, BodyReservation
+
+if TYPE_CHECKING:
+    from corral.server.tracing import RequestTrace, Tracing
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
@@ -178,11 +181,18 @@ class InferenceServicer:
     ``ModelInfer`` holds its message's size in it until answered, and is refused with
     RESOURCE_EXHAUSTED when that does not fit. gRPC has read the message whole by then, so
     the budget bounds the requests decoded and run at once, not the messages received.
+    With ``tracing``, each ``ModelInfer`` gets spans (:mod:`corral.server.tracing`).
     """
 
-    def __init__(self, plane: DataPlane, body_budget: BodyBudget | None = None) -> None:
+    def __init__(
+        self,
+        plane: DataPlane,
+        body_budget: BodyBudget | None = None,
+        tracing: Tracing | None = None,
+    ) -> None:
         self._plane = plane
         self._body_budget = body_budget
+        self._tracing = tracing
 
     @_answers
     async def ServerLive(
@@ -226,8 +236,24 @@ class InferenceServicer:
         self, request: pb.ModelInferRequest, context: _Context
     ) -> pb.ModelInferResponse:
         """Run one inference request; outputs come back as ``raw_output_contents``."""
+        if self._tracing is not None:
+            return await self._infer_traced(self._tracing, request, context)
         with self._hold_message(request):
             return await self._infer(request, context)
+
+    async def _infer_traced(
+        self, tracing: Tracing, request: pb.ModelInferRequest, context: _Context
+    ) -> pb.ModelInferResponse:
+        metadata = context.invocation_metadata()
+        trace = tracing.grpc_request(_SERVICE, "ModelInfer", metadata, request.model_name)
+        try:
+            with self._hold_message(request):
+                response = await self._infer(request, context, trace)
+        except BaseException as exc:
+            trace.finish(exc, "rpc.grpc.status_code", _error_code(exc))
+            raise
+        trace.finish(None, "rpc.grpc.status_code", grpc.StatusCode.OK.value[0])
+        return response
 
     def _hold_message(
         self, request: pb.ModelInferRequest
@@ -240,7 +266,7 @@ class InferenceServicer:
             raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from None
 
     async def _infer(
-        self, request: pb.ModelInferRequest, context: _Context
+        self, request: pb.ModelInferRequest, context: _Context, trace: RequestTrace | None = None
     ) -> pb.ModelInferResponse:
         shared_memory = self._plane.shared_memory
         if shared_memory is not None and any(
@@ -260,10 +286,17 @@ class InferenceServicer:
             timeout_us = min(MAX_TIMEOUT_US, max(1, int(remaining * 1e6)))
             parameters = {**decoded.parameters, "timeout": timeout_us}
             decoded = dataclasses.replace(decoded, parameters=parameters)
+        if trace is not None:
+            trace.decoded()
         response = await self._plane.infer(
-            request.model_name, request.model_version or None, decoded
+            request.model_name, request.model_version or None, decoded, trace
         )
-        return grpc_codec.encode_response(response)
+        if trace is None:
+            return grpc_codec.encode_response(response)
+        trace.encoding()
+        answer = grpc_codec.encode_response(response)
+        trace.encoded()
+        return answer
 
     @_answers
     async def ModelConfig(
@@ -418,6 +451,7 @@ async def start_grpc_server(
     auth_token: str | None = None,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     body_budget: BodyBudget | None = None,
+    tracing: Tracing | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start a grpc.aio server for ``plane`` on ``host:port``; return it and the bound port.
 
@@ -425,7 +459,8 @@ async def start_grpc_server(
     port already taken is an error rather than a shared socket. With ``auth_token`` every RPC
     but ServerLive and ServerReady needs the metadata ``authorization: Bearer <token>``.
     Messages larger than ``max_message_bytes`` are refused with RESOURCE_EXHAUSTED, as are
-    inference requests past ``body_budget`` (see :class:`InferenceServicer`). The caller
+    inference requests past ``body_budget`` (see :class:`InferenceServicer`), and traced with
+    ``tracing`` (:mod:`corral.server.tracing`). The caller
     stops the server: ``await server.stop(grace)``.
 
     Example::
@@ -439,7 +474,7 @@ async def start_grpc_server(
             ("grpc.max_receive_message_length", max_message_bytes),
         ],
     )
-    _register(InferenceServicer(plane, body_budget), server)
+    _register(InferenceServicer(plane, body_budget, tracing), server)
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)
@@ -481,9 +516,21 @@ NOT_SERVED: dict[str, str] = {
     "CudaSharedMemoryStatus": "CUDA shared memory is not supported by corral",
     "CudaSharedMemoryRegister": "CUDA shared memory is not supported by corral",
     "CudaSharedMemoryUnregister": "CUDA shared memory is not supported by corral",
-    "TraceSetting": "corral has no request tracing: TraceSetting is not supported",
+    "TraceSetting": (
+        "corral traces with OpenTelemetry (corral serve --trace-exporter), not Triton's "
+        "trace API: TraceSetting is not supported"
+    ),
     "LogSettings": "corral's log settings are its command line's: LogSettings is not supported",
 }
+
+
+def _error_code(error: BaseException) -> int | None:
+    """The gRPC status code ``_answers`` aborts with for ``error``; None: cancelled."""
+    if isinstance(error, _Refused):
+        return int(error.code.value[0])
+    if isinstance(error, CorralError):
+        return int((status_for(STATUS, error) or grpc.StatusCode.INTERNAL).value[0])
+    return int(grpc.StatusCode.INTERNAL.value[0]) if isinstance(error, Exception) else None
 
 
 def _not_served_message(method: str) -> str:
