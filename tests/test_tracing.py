@@ -208,6 +208,14 @@ def test_failures_are_error_spans_with_their_status(root: Path):
             assert request.parent is None
             assert request.attributes is not None
             assert request.attributes["corral.traceparent.refused"] == bad
+            # A caller that did not sample its trace (flags 00): nothing of it is recorded.
+            t.exporter.clear()
+            unsampled = traceparent()[:-2] + "00"
+            answer = await t.http.post(
+                "/v2/models/linear/infer", json=infer_body(x), headers={"traceparent": unsampled}
+            )
+            assert answer.status_code == 200
+            assert t.exporter.get_finished_spans() == ()
 
     run_async(main)
 

@@ -59,6 +59,8 @@ INSTALL_OTEL = "pip install 'corral[otel]'"
 #: The service name spans carry unless OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES give one.
 SERVICE_NAME = "corral"
 
+# The W3C Trace Context headers, as ASGI spells them.
+_TRACE_HEADERS = (b"traceparent", b"tracestate")
 # The longest refused traceparent kept in a span's attribute.
 _MAX_REFUSED_CHARS = 128
 
@@ -156,7 +158,9 @@ class Tracing:
     ) -> RequestTrace:
         """Start the span of an HTTP request, under the caller's ``traceparent`` header if any."""
         carrier = _carrier(
-            (key.decode("latin-1"), value.decode("latin-1")) for key, value in headers
+            (key.decode("latin-1"), value.decode("latin-1"))
+            for key, value in headers
+            if key in _TRACE_HEADERS  # ASGI's header names are lower case
         )
         attributes = {"http.request.method": method, "http.route": route, "corral.model": model}
         return self._request(f"{method} {route}", carrier, attributes)
@@ -227,32 +231,40 @@ class RequestTrace:
     """One traced request: its server span and the children it gets as it goes.
 
     Made by :class:`Tracing` on the event loop; the scheduler calls :meth:`ran` on a compute
-    worker (it is a :class:`~corral._trace_hooks.RunTrace`).
+    worker (it is a :class:`~corral._trace_hooks.RunTrace`). A request the sampler dropped
+    gets no child spans (they would be dropped too): it costs its span and nothing more.
     """
 
-    __slots__ = ("_encoding", "_started", "_tracing", "span")
+    __slots__ = ("_encoding", "_started", "_tracing", "recording", "span")
 
     def __init__(self, tracing: Tracing, span: Span, started_ns: int) -> None:
         self._tracing = tracing
-        #: The request's server span.
+        #: The request's server span, and whether it is sampled (recorded and exported).
         self.span = span
+        self.recording = span.is_recording()
         self._started = started_ns
         self._encoding = 0
 
     def decoded(self) -> None:
         """The request is read and decoded: its ``corral.decode`` span, from its arrival."""
-        self._child("corral.decode", self._started, time.time_ns())
+        if self.recording:
+            self._child("corral.decode", self._started, time.time_ns())
 
     def encoding(self) -> None:
         """The answer is about to be encoded."""
-        self._encoding = time.time_ns()
+        if self.recording:
+            self._encoding = time.time_ns()
 
     def encoded(self) -> None:
         """The answer is encoded (and compressed): its ``corral.encode`` span."""
-        self._child("corral.encode", self._encoding, time.time_ns())
+        if self.recording:
+            self._child("corral.encode", self._encoding, time.time_ns())
 
     def ran(self, run: RunRecord) -> None:
-        """A ``corral.run`` span for ``run``, linked to each request's; their queue spans."""
+        """A ``corral.run`` span for ``run``, linked to each request's; their queue spans.
+
+        Nothing when no request of the run is sampled.
+        """
         tracing = self._tracing
         api = tracing._api
         offset = _monotonic_to_epoch_ns()
@@ -262,9 +274,11 @@ class RequestTrace:
         for trace, enqueued, error in run.requests:
             assert isinstance(trace, RequestTrace)  # the only RunTrace the server makes
             span = trace.span
-            if parent is None and span.is_recording():
-                parent = span
             links.append(api.Link(span.get_span_context()))
+            if not trace.recording:
+                continue
+            if parent is None:
+                parent = span
             span.set_attribute("corral.version", run.version)
             queued = tracing._tracer.start_span(
                 "corral.queue",
@@ -273,10 +287,12 @@ class RequestTrace:
                 start_time=_epoch_ns(enqueued, offset),
             )
             queued.end(started)
+        if parent is None:
+            return
         errors = [error for _, _, error in run.requests if error is not None]
         span = tracing._tracer.start_span(
             "corral.run",
-            context=tracing.context_of(parent or self.span),
+            context=tracing.context_of(parent),
             attributes={
                 "corral.model": run.model,
                 "corral.version": run.version,
