@@ -143,7 +143,7 @@ class HttpApp:
     but ``/v2/health/*`` then needs ``Authorization: Bearer <token>``. ``body_budget``: the
     bytes of bodies held at once, shared with the gRPC server when both run (default: one of
     4 x ``max_request_bytes`` for this app alone). ``tracing``: inference requests get spans
-    (:mod:`corral.server.tracing`); None: off, at the cost of one check per request.
+    (:mod:`corral.server.tracing`); None: off, at the cost of a few ``is None`` checks.
     """
 
     def __init__(
