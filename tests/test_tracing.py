@@ -32,6 +32,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from tritonclient.grpc import InferInput
 
 from corral import Host
+from corral._trace_hooks import LoadRecord, RunRecord
 from corral.protocol import DataPlane
 from corral.server.grpc import start_grpc_server
 from corral.server.http import HttpApp
@@ -424,3 +425,42 @@ def test_tracing_off_is_none_and_a_disabled_sdk_is_refused(monkeypatch: pytest.M
 
     with pytest.raises(TracingUnavailable, match="OTEL_SDK_DISABLED=true"):
         start_tracing("otlp")
+
+
+class Faulty:
+    """A RunTrace and a load observer that fail: tracing's faults must change no answer."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def ran(self, run: RunRecord) -> None:
+        self.calls += 1
+        raise RuntimeError("the trace failed")
+
+    def __call__(self, record: LoadRecord) -> None:
+        self.calls += 1
+        raise RuntimeError("the load observer failed")
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_trace_or_load_observer_is_logged_and_changes_no_answer(
+    root: Path, caplog: pytest.LogCaptureFixture
+):
+    observer, trace = Faulty(), Faulty()
+    x = np.ones((1, 4), np.float32)
+
+    async def main() -> None:
+        with Host(root) as host:
+            host.observe_loads(observer)
+            with await host.acquire_async("linear") as lease:
+                outputs = await lease.infer_async({"X": x}, trace=trace)
+                alone = lease.run({"X": x})
+            assert {k: v.tolist() for k, v in outputs.items()} == {
+                k: v.tolist() for k, v in alone.items()
+            }
+
+    run_async(main)
+    assert observer.calls == 1
+    assert trace.calls == 1
+    assert "the load observer failed on linear:1" in caplog.text
+    assert "the trace of a run of linear:1 failed" in caplog.text
