@@ -311,6 +311,9 @@ class RequestTrace:
     def finish(self, error: BaseException | None, attribute: str, code: int | str | None) -> None:
         """End the request's span; ``code``: the transport's status, set as ``attribute``."""
         span = self.span
+        if not self.recording:
+            span.end()  # dropped by the sampler: its attributes would be dropped too
+            return
         if code is not None:
             span.set_attribute(attribute, code)
         span.set_attribute("corral.status", _status_name(error))
