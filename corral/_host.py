@@ -35,6 +35,7 @@ from corral._scheduler import QueueKey, QueueStats, deadline_after, time_left
 from corral._served import HostLease, Outputs, ServedVersion
 from corral._status import HostState, HostStats, ModelState, ModelStatus, model_status
 from corral._table import ModelTable
+from corral._trace_hooks import LoadObserver
 
 __all__ = ["Host"]
 
@@ -235,6 +236,15 @@ class Host:
             return await lease.infer_async(inputs, outputs, timeout=time_left(deadline))
         finally:
             lease.release()
+
+    def observe_loads(self, observer: LoadObserver | None) -> None:
+        """Tell ``observer`` of every load of a model version from now on (None: stop).
+
+        Called once each load (a reload's build too) settles, loaded or failed, with a
+        :class:`~corral._trace_hooks.LoadRecord`, on the thread that settled it; it must not
+        block. For the server's tracing (``corral.server.tracing``): set it before serving.
+        """
+        self._loader.load_observer = observer
 
     def queue_stats(self) -> dict[QueueKey, QueueStats]:
         """Per ``(model, version)`` this Host has loaded: queued, refused, expired, runs, batches.

@@ -52,6 +52,7 @@ from corral._scheduler import DEFAULT_MAX_BATCH_SIZE, deadline_after, time_left
 from corral._served import HostLease, Outputs, ServedVersion
 from corral._session import Session
 from corral._table import Key, Lead, ModelTable
+from corral._trace_hooks import LoadObserver, LoadRecord
 
 __all__ = ["Loader", "version_number"]
 
@@ -83,6 +84,8 @@ class Loader:
         self._workers = LoadWorkers(
             options.load_concurrency, timeout_s=options.load_timeout_s, name="corral-load"
         )
+        #: Told of every build (the server's tracing); set before serving, then only read.
+        self.load_observer: LoadObserver | None = None
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -319,6 +322,7 @@ class Loader:
         built: Future[ServedVersion] = Future()
 
         def job(claim: Claim) -> None:
+            self._observe(name, version, built)
             what = f"building model {name!r} version {version}"
             if not claim.on_expire(functools.partial(_answer_late, built, what, claim)):
                 return
@@ -440,6 +444,7 @@ class Loader:
         its back-off) and end its reservation; this thread then only closes what it built.
         """
         name, version = key
+        self._observe(name, version, pending)
         started = time.monotonic()
         reserved = 0
         served: ServedVersion | None = None
@@ -489,6 +494,25 @@ class Loader:
         error = _expiry_error(what, claim)
         self._table.expire_load(key, pending, error)
         _answer_late(pending, what, claim)
+
+    def _observe(self, name: str, version: int, loading: Future[ServedVersion]) -> None:
+        """Tell the :attr:`load_observer`, if any, of this load once ``loading`` settles."""
+        observer = self.load_observer
+        if observer is None:
+            return
+        started = time.monotonic()
+
+        def settled(done: Future[ServedVersion]) -> None:
+            ended = time.monotonic()
+            error = None if done.cancelled() else done.exception()
+            size = None if error is not None or done.cancelled() else done.result().size_bytes
+            try:
+                observer(LoadRecord(name, version, size, started, ended, error))
+            except Exception:
+                # A tracing fault must not fail a load: logged, and the load stands as it went.
+                logger.exception("corral: the load observer failed on %s:%s", name, version)
+
+        loading.add_done_callback(settled)
 
     def _submit(self, job: Callable[..., None], *args: Any) -> None:
         self._workers.submit(lambda claim: job(*args, claim))

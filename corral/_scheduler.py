@@ -39,6 +39,7 @@ from corral._errors import (
     RunCancelled,
     RuntimeClosed,
 )
+from corral._trace_hooks import RunRecord, RunTrace
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +153,8 @@ class _Request:
     owner: Runnable  # holds this request's admission until it is answered
     future: Future[Outputs] | asyncio.Future[Outputs]
     loop: asyncio.AbstractEventLoop | None
+    # The server's tracing, when on: told of the run that answers this request.
+    trace: RunTrace | None
     # Set once its admission has ended (answered or cancelled): a failed worker answers the
     # requests it held that are not.
     answered: bool = False
@@ -233,6 +236,7 @@ class Scheduler:
         future: Future[Outputs] | asyncio.Future[Outputs],
         deadline: float | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
+        trace: RunTrace | None = None,
     ) -> None:
         """Queue a checked request; its ``future`` is resolved by a compute worker.
 
@@ -241,10 +245,11 @@ class Scheduler:
         admission stays with the caller. An asyncio
         future is resolved on ``loop``. Raises :class:`Overloaded` at once if the model's
         queue or the whole scheduler is full, :class:`RuntimeClosed` after shutdown began.
+        ``trace``: told of the run that answers the request (:class:`RunTrace`).
         """
         rows, key = _shape_key(feed) if queue.max_rows else _UNBATCHED
         request = _Request(
-            feed, names, rows, key, deadline, time.monotonic(), queue.owner, future, loop
+            feed, names, rows, key, deadline, time.monotonic(), queue.owner, future, loop, trace
         )
         with self._lock:
             if self._state is not _State.RUNNING:
@@ -450,6 +455,7 @@ class Scheduler:
         enqueued_sum = 0.0
         rows = 0
         deadlines = False
+        traced = False
         for request in batch:
             future = request.future
             if request.loop is None:
@@ -469,6 +475,8 @@ class Scheduler:
                 rows += request.rows
                 if request.deadline is not None:
                     deadlines = True
+                if request.trace is not None:
+                    traced = True
         if cancelled:
             queue.owner.dismiss(cancelled)
         results: Sequence[Outputs | None] | None = None
@@ -508,6 +516,8 @@ class Scheduler:
             _answer(late, None, [_expired(request, queued=True) for request in late])
         if live:
             if error is not None:
+                if traced:
+                    _report_run(queue, live, rows, runs, now, [error] * len(live))
                 _answer(live, None, [error] * len(live))
             else:
                 assert results is not None
@@ -517,6 +527,8 @@ class Scheduler:
                 elif late_errors is not None:
                     pairs = zip(errors, late_errors, strict=True)
                     errors = [own or lateness for own, lateness in pairs]
+                if traced:
+                    _report_run(queue, live, rows, runs, now, errors)
                 _answer(live, results, errors)
 
 
@@ -710,6 +722,29 @@ def _answer(
         request.answered = True
     requests[0].owner.dismiss(len(requests))
     deliver(requests, results, errors)
+
+
+def _report_run(
+    queue: ModelQueue,
+    live: list[_Request],
+    rows: int,
+    runs: int,
+    started: float,
+    errors: Sequence[BaseException | None] | None,
+) -> None:
+    """Tell the run's traced requests of it (:class:`RunTrace`), before they are answered."""
+    traced = tuple(
+        (request.trace, request.enqueued, None if errors is None else errors[index])
+        for index, request in enumerate(live)
+        if request.trace is not None
+    )
+    name, version = queue.key
+    record = RunRecord(name, version, rows, len(live), runs, started, time.monotonic(), traced)
+    try:
+        traced[0][0].ran(record)
+    except Exception:
+        # A tracing fault must not change an answer: the run's requests are answered as ever.
+        logger.exception("corral: the trace of a run of %s failed", queue.owner.label)
 
 
 def _stats(counters: RunCounters, pending: int) -> QueueStats:

@@ -27,6 +27,7 @@ from corral._probe import BatchPlan
 from corral._runtime import Runtime
 from corral._scheduler import ModelQueue, QueueKey, Scheduler, deadline_after
 from corral._session import Lease, Session
+from corral._trace_hooks import RunTrace
 
 __all__ = ["HostLease", "Outputs", "ServedVersion"]
 
@@ -194,11 +195,13 @@ class ServedVersion:
         future: AnyFuture,
         loop: asyncio.AbstractEventLoop | None,
         deadline: float | None,
+        trace: RunTrace | None = None,
     ) -> None:
         """Check a request and queue it, under an admission the caller holds.
 
         The admission passes to the scheduler, which ends it with the answer; if the request
         is refused here (bad input, a full queue), it is ended at once and the error raised.
+        ``trace`` is told of the run that answers it (:class:`~corral._trace_hooks.RunTrace`).
         """
         try:
             signature = self.session.signature
@@ -209,7 +212,8 @@ class ServedVersion:
             queue = self._queue or self._make_queue()
             scheduler = self._scheduler
             assert scheduler is not None  # set with the queue
-            scheduler.submit(queue, feed, names, future, self._queue_deadline(deadline), loop)
+            deadline = self._queue_deadline(deadline)
+            scheduler.submit(queue, feed, names, future, deadline, loop, trace)
         except BaseException:
             self.session.dismiss(1)
             raise
@@ -306,18 +310,20 @@ class HostLease:
         outputs: Sequence[str] | None = None,
         *,
         timeout: float | None = None,
+        trace: RunTrace | None = None,
     ) -> dict[str, npt.NDArray[Any]]:
         """Run the model on the compute workers, batched with other requests for it.
 
         For asyncio: the event loop never runs the model or waits on it. ``timeout``: a
         request not started within it is answered :class:`DeadlineExceeded` without
         running. Cancelling the awaiting task before the request runs means it never runs.
+        ``trace`` is told of the run that answers it (the server's tracing).
         """
         loop = asyncio.get_running_loop()
         deadline = deadline_after(timeout)
         self._lease.admit()
         future: asyncio.Future[Outputs] = loop.create_future()
-        self._served.enqueue(inputs, outputs, future, loop, deadline)
+        self._served.enqueue(inputs, outputs, future, loop, deadline, trace)
         return await future
 
     def submit(

@@ -309,6 +309,13 @@ def _serve(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         print(f"corral serve: error: {_settings_problems(exc)}", file=sys.stderr)
         return 2
+    from corral.server.tracing import TracingUnavailable, check_tracing
+
+    try:
+        check_tracing(settings.trace_exporter)  # imports OpenTelemetry only when asked for
+    except TracingUnavailable as exc:
+        print(f"corral serve: error: {exc}", file=sys.stderr)
+        return 2
     configure_logging(
         level=settings.log_level,
         log_format=settings.log_format,

@@ -52,6 +52,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "model_control_mode": ("explicit", "explicit"),
     "load_model": ("mlp", ("mlp",)),
     "max_shared_memory_regions": ("16", 16),
+    "trace_exporter": ("console", "console"),
 }
 # Switches: a flag and its --no- form; the sample is the one that is not the default.
 SWITCHES = {"access_log", "batching", "strict", "system_shared_memory"}

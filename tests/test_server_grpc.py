@@ -905,7 +905,7 @@ def test_methods_corral_does_not_serve_are_unimplemented_with_the_reason(datatyp
             for method, reason in [
                 ("ModelStreamInfer", "send each request with ModelInfer"),
                 ("CudaSharedMemoryRegister", "CUDA shared memory is not supported"),
-                ("TraceSetting", "no request tracing"),
+                ("TraceSetting", "traces with OpenTelemetry"),
                 ("SomethingNew", "corral does not implement SomethingNew"),
             ]:
                 call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")

@@ -47,6 +47,7 @@ from corral._scheduler import QueueStats, deadline_after, time_left
 from corral._served import HostLease
 from corral._signature import Signature, TensorSpec
 from corral._status import HostState, ModelState, ModelStatus
+from corral._trace_hooks import RunTrace
 from corral.protocol.classification import class_count, top_classes
 from corral.protocol.control import CONTROL_TIMEOUT_S, ControlThreads
 from corral.protocol.datatypes import datatype_of
@@ -401,8 +402,16 @@ class DataPlane:
 
     # -- inference --------------------------------------------------------------------------
 
-    async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
+    async def infer(
+        self,
+        name: str,
+        version: str | None,
+        request: InferRequest,
+        trace: RunTrace | None = None,
+    ) -> InferResponse:
         """Run ``request`` on the model and answer it; raises corral's errors.
+
+        ``trace``: the server's tracing of this request, told of the run that answers it.
 
         A request that names no outputs gets the model's tensor outputs; any others (a
         sequence, a map) are not computed, and the response's ``omitted_outputs`` parameter
@@ -438,7 +447,9 @@ class DataPlane:
             raise
         try:
             wanted, omitted = _outputs_to_run(lease.session.signature, request)
-            results = await lease.infer_async(feed, wanted, timeout=time_left(deadline))
+            results = await lease.infer_async(
+                feed, wanted, timeout=time_left(deadline), trace=trace
+            )
             if classes:
                 results = _classified(results, classes, lease)
             outputs = tuple(_output(out_name, value) for out_name, value in results.items())

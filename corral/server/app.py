@@ -41,6 +41,7 @@ from corral.server.bodies import BodyBudget
 from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
 from corral.server.settings import ServerSettings
+from corral.server.tracing import Tracing, start_tracing
 
 __all__ = ["EXIT_CLEAN", "EXIT_DRAIN_INCOMPLETE", "EXIT_REFUSED", "Addresses", "run", "serve"]
 
@@ -127,9 +128,16 @@ async def serve(
         if settings.compute_workers is None
         else Runtime(compute_workers=settings.compute_workers)
     )
-    host = Host(settings.repository, runtime=rt, options=settings.host_options()).start()
+    # Off: None, and OpenTelemetry is never imported.
+    tracing = start_tracing(settings.trace_exporter)
+    host = Host(settings.repository, runtime=rt, options=settings.host_options())
+    if tracing is not None:
+        host.observe_loads(tracing.load_done)  # before start: polling may load at once
+    host.start()
     if not await _check_repository(host, settings):
         await asyncio.to_thread(_close_host, host, settings.drain_timeout_s)
+        if tracing is not None:
+            await asyncio.to_thread(tracing.shutdown)
         return EXIT_REFUSED
     # When the drain began: closing the Host gets what is left of the drain timeout.
     drain_began = asyncio.create_task(_when_set(stop))
@@ -158,6 +166,7 @@ async def serve(
             max_request_bytes=settings.max_request_bytes,
             body_budget=body_budget,
             access_log=settings.access_log,
+            tracing=tracing,
         )
         limits = connection_limits(settings, open_files)
         http = _Server(
@@ -184,6 +193,7 @@ async def serve(
             (stop, notice_cut or asyncio.Event()),
             started,
             (open_files, limits),
+            tracing,
         )
     finally:
         if shared_memory is not None:
@@ -192,6 +202,8 @@ async def serve(
         # The drain timeout counts from the notice's end.
         left = _drain_left(drain_began, settings.drain_timeout_s + settings.drain_notice_s)
         status = await asyncio.to_thread(_close_host, host, left)
+        if tracing is not None:
+            await asyncio.to_thread(tracing.shutdown)  # the spans not sent yet
     # Requests answered 503 when the drain ran out released their models: the Host closed
     # cleanly, but the drain did not.
     return EXIT_DRAIN_INCOMPLETE if cut else status
@@ -223,6 +235,7 @@ async def _serve_both(
     stop_events: tuple[asyncio.Event, asyncio.Event],
     started: Callable[[Addresses], None] | None,
     edge: tuple[int, ConnectionLimits],
+    tracing: Tracing | None = None,
 ) -> int:
     """Serve until ``stop``, then drain; returns how many HTTP requests the drain had to cut."""
     stop, notice_cut = stop_events
@@ -242,6 +255,7 @@ async def _serve_both(
             body_budget=body_budget,
             access_log=settings.access_log,
             draining=draining,
+            tracing=tracing,
         )
     http_task = asyncio.create_task(_serve_http(http))
     try:

@@ -22,7 +22,7 @@ import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 try:
     import grpc
@@ -67,6 +67,9 @@ from corral.protocol.types import MAX_TIMEOUT_US
 from corral.server.bodies import BodyBudget, BodyBudgetExceeded, BodyReservation
 from corral.server.grpc_health import add_health_and_reflection
 from corral.server.logs import REQUEST_ID_HEADER, log_access, new_request_id, request_id_problem
+
+if TYPE_CHECKING:
+    from corral.server.tracing import RequestTrace, Tracing
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
@@ -280,13 +283,20 @@ class InferenceServicer:
     ``ModelInfer`` holds its message's size in it until answered, and is refused with
     RESOURCE_EXHAUSTED when that does not fit. gRPC has read the message whole by then, so
     the budget bounds the requests decoded and run at once, not the messages received.
+    With ``tracing``, each ``ModelInfer`` gets spans (:mod:`corral.server.tracing`).
     """
 
     def __init__(
-        self, plane: DataPlane, body_budget: BodyBudget | None = None, *, access_log: bool = False
+        self,
+        plane: DataPlane,
+        body_budget: BodyBudget | None = None,
+        tracing: Tracing | None = None,
+        *,
+        access_log: bool = False,
     ) -> None:
         self._plane = plane
         self._body_budget = body_budget
+        self._tracing = tracing
         self._access_log = access_log
 
     @_answers
@@ -331,8 +341,24 @@ class InferenceServicer:
         self, request: pb.ModelInferRequest, context: _Context
     ) -> pb.ModelInferResponse:
         """Run one inference request; outputs come back as ``raw_output_contents``."""
+        if self._tracing is not None:
+            return await self._infer_traced(self._tracing, request, context)
         with self._hold_message(request):
             return await self._infer(request, context)
+
+    async def _infer_traced(
+        self, tracing: Tracing, request: pb.ModelInferRequest, context: _Context
+    ) -> pb.ModelInferResponse:
+        metadata = context.invocation_metadata()
+        trace = tracing.grpc_request(_SERVICE, "ModelInfer", metadata, request.model_name)
+        try:
+            with self._hold_message(request):
+                response = await self._infer(request, context, trace)
+        except BaseException as exc:
+            trace.finish(exc, "rpc.grpc.status_code", _error_code(exc))
+            raise
+        trace.finish(None, "rpc.grpc.status_code", grpc.StatusCode.OK.value[0])
+        return response
 
     def _hold_message(
         self, request: pb.ModelInferRequest
@@ -345,7 +371,7 @@ class InferenceServicer:
             raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from None
 
     async def _infer(
-        self, request: pb.ModelInferRequest, context: _Context
+        self, request: pb.ModelInferRequest, context: _Context, trace: RequestTrace | None = None
     ) -> pb.ModelInferResponse:
         shared_memory = self._plane.shared_memory
         if shared_memory is not None and any(
@@ -365,10 +391,17 @@ class InferenceServicer:
             timeout_us = min(MAX_TIMEOUT_US, max(1, int(remaining * 1e6)))
             parameters = {**decoded.parameters, "timeout": timeout_us}
             decoded = dataclasses.replace(decoded, parameters=parameters)
+        if trace is not None:
+            trace.decoded()
         response = await self._plane.infer(
-            request.model_name, request.model_version or None, decoded
+            request.model_name, request.model_version or None, decoded, trace
         )
-        return grpc_codec.encode_response(response)
+        if trace is None:
+            return grpc_codec.encode_response(response)
+        trace.encoding()
+        answer = grpc_codec.encode_response(response)
+        trace.encoded()
+        return answer
 
     @_answers
     async def ModelConfig(
@@ -525,6 +558,7 @@ async def start_grpc_server(
     body_budget: BodyBudget | None = None,
     access_log: bool = False,
     draining: asyncio.Event | None = None,
+    tracing: Tracing | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start a grpc.aio server for ``plane`` on ``host:port``; return it and the bound port.
 
@@ -533,10 +567,11 @@ async def start_grpc_server(
     but ServerLive, ServerReady and the health checks needs the metadata
     ``authorization: Bearer <token>``.
     Messages larger than ``max_message_bytes`` are refused with RESOURCE_EXHAUSTED, as are
-    inference requests past ``body_budget`` (see :class:`InferenceServicer`). The caller
-    stops the server: ``await server.stop(grace)``, after setting ``draining``, which turns
-    the health service (:mod:`corral.server.grpc_health`) NOT_SERVING; server reflection
-    lists both services. ``access_log``: a line per inference RPC on ``corral.access``.
+    inference requests past ``body_budget`` (see :class:`InferenceServicer`), and traced with
+    ``tracing`` (:mod:`corral.server.tracing`). The caller stops the server:
+    ``await server.stop(grace)``, after setting ``draining``, which turns the health service
+    (:mod:`corral.server.grpc_health`) NOT_SERVING; server reflection lists both services.
+    ``access_log``: a line per inference RPC on ``corral.access``.
 
     Example::
 
@@ -549,7 +584,7 @@ async def start_grpc_server(
             ("grpc.max_receive_message_length", max_message_bytes),
         ],
     )
-    _register(InferenceServicer(plane, body_budget, access_log=access_log), server)
+    _register(InferenceServicer(plane, body_budget, tracing, access_log=access_log), server)
     add_health_and_reflection(server, plane, draining or asyncio.Event())
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
@@ -592,9 +627,21 @@ NOT_SERVED: dict[str, str] = {
     "CudaSharedMemoryStatus": "CUDA shared memory is not supported by corral",
     "CudaSharedMemoryRegister": "CUDA shared memory is not supported by corral",
     "CudaSharedMemoryUnregister": "CUDA shared memory is not supported by corral",
-    "TraceSetting": "corral has no request tracing: TraceSetting is not supported",
+    "TraceSetting": (
+        "corral traces with OpenTelemetry (corral serve --trace-exporter), not Triton's "
+        "trace API: TraceSetting is not supported"
+    ),
     "LogSettings": "corral's log settings are its command line's: LogSettings is not supported",
 }
+
+
+def _error_code(error: BaseException) -> int | None:
+    """The gRPC status code ``_answers`` aborts with for ``error``; None: cancelled."""
+    if isinstance(error, _Refused):
+        return int(error.code.value[0])
+    if isinstance(error, CorralError):
+        return int((status_for(STATUS, error) or grpc.StatusCode.INTERNAL).value[0])
+    return int(grpc.StatusCode.INTERNAL.value[0]) if isinstance(error, Exception) else None
 
 
 def _not_served_message(method: str) -> str:

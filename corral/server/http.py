@@ -22,7 +22,7 @@ import binascii
 import hmac
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -74,6 +74,9 @@ from corral.server.compression import (
     response_encoding,
 )
 from corral.server.logs import HttpExchange
+
+if TYPE_CHECKING:
+    from corral.server.tracing import RequestTrace, Tracing
 
 __all__ = ["DECODE_INLINE_BYTES", "STATUS", "HttpApp", "HttpError", "check_token", "read_body"]
 
@@ -145,7 +148,8 @@ class HttpApp:
     4 x ``max_request_bytes`` for this app alone). ``access_log``: one line per request on
     ``corral.access`` (:mod:`corral.server.logs`), each answer with an ``X-Request-ID``. An
     ``X-Request-ID`` a client sends is echoed in any case, and refused with 400 if it is not
-    a request id.
+    a request id. ``tracing``: inference requests get spans (:mod:`corral.server.tracing`);
+    None: off, at the cost of a few ``is None`` checks.
     """
 
     def __init__(
@@ -157,9 +161,11 @@ class HttpApp:
         max_request_bytes: int = 64 * 1024 * 1024,
         body_budget: BodyBudget | None = None,
         access_log: bool = False,
+        tracing: Tracing | None = None,
     ) -> None:
         self._plane = plane
         self._access_log = access_log
+        self._tracing = tracing
         self._metrics = metrics
         self._auth = None if auth_token is None else f"Bearer {auth_token}".encode()
         self._max_request_bytes = max_request_bytes
@@ -277,7 +283,10 @@ class HttpApp:
             raise HttpError(404, f"no such endpoint: {scope['path']}")
         if action == "infer":
             _expect(method, "POST")
-            await self._infer(name, version, scope, receive, send)
+            if self._tracing is None:
+                await self._infer(name, version, scope, receive, send)
+            else:
+                await self._infer_traced(self._tracing, name, version, scope, receive, send)
         elif not tail:
             _expect(method, "GET")
             await _json(send, 200, _metadata_doc(await self._plane.model_metadata(name, version)))
@@ -294,8 +303,32 @@ class HttpApp:
         else:
             raise HttpError(404, f"no such endpoint: {scope['path']}")
 
+    async def _infer_traced(
+        self,
+        tracing: Tracing,
+        name: str,
+        version: str | None,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        route = "/v2/models/{model}" + ("/versions/{version}" if version else "") + "/infer"
+        trace = tracing.http_request("POST", route, scope["headers"], name)
+        try:
+            await self._infer(name, version, scope, receive, send, trace)
+        except BaseException as exc:
+            trace.finish(exc, "http.response.status_code", _error_status(exc))
+            raise
+        trace.finish(None, "http.response.status_code", 200)
+
     async def _infer(
-        self, name: str, version: str | None, scope: Scope, receive: Receive, send: Send
+        self,
+        name: str,
+        version: str | None,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        trace: RequestTrace | None = None,
     ) -> None:
         header_length: int | None = None
         for key, value in scope["headers"]:
@@ -331,7 +364,11 @@ class HttpApp:
             del body  # what the tensors do not view is freed before the run
             if self._access_log and request.id:
                 scope[_EXCHANGE].body_id = request.id  # the log's id, when no header gave one
-            response = await self._plane.infer(name, version, request)
+            if trace is not None:
+                trace.decoded()
+            response = await self._plane.infer(name, version, request, trace)
+            if trace is not None:
+                trace.encoding()
             payload, json_length = encode_response(response, request)
             extra: tuple[tuple[bytes, bytes], ...] = ()
             if json_length is not None:
@@ -339,6 +376,8 @@ class HttpApp:
             if answer_encoding is not None:
                 payload = await _compressed(payload, answer_encoding)
                 extra += ((b"content-encoding", answer_encoding.encode()),)
+            if trace is not None:
+                trace.encoded()
             await _respond(send, 200, payload, _JSON if json_length is None else _BINARY, extra)
 
     async def _repository(
@@ -424,6 +463,17 @@ class HttpApp:
         key, offset, byte_size = _register_request(body)
         await self._plane.register_shared_memory(name, key, offset, byte_size)
         await _respond(send, 200, b"", _JSON)
+
+
+def _error_status(error: BaseException) -> int | None:
+    """The HTTP status ``HttpApp.__call__`` answers ``error`` with; None: no answer (cancelled)."""
+    if isinstance(error, (HttpError, EncodingRefused)):
+        return error.status
+    if isinstance(error, BodyBudgetExceeded):
+        return 503
+    if isinstance(error, CorralError):
+        return status_for(STATUS, error) or 500
+    return 500 if isinstance(error, Exception) else None
 
 
 def _control_parameters(what: str, body: bytes) -> dict[str, Any]:

@@ -204,6 +204,14 @@ class ServerSettings(BaseSettings):
         gt=0,
         description="system shared-memory regions registered at once; more are refused",
     )
+    # -- tracing (corral.server.tracing; the otel extra) ----------------------------------
+    trace_exporter: Literal["none", "otlp", "console"] = Field(
+        "none",
+        description="trace inference requests, model runs and loads with OpenTelemetry "
+        "(pip install 'corral[otel]'), honouring the caller's W3C traceparent: otlp sends "
+        "spans by OTLP over HTTP (OTEL_EXPORTER_OTLP_ENDPOINT, default "
+        "http://localhost:4318), console writes them to stdout; none: off",
+    )
 
     @field_validator("auth_token")
     @classmethod
