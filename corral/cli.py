@@ -3,6 +3,7 @@
 ::
 
     corral demo [--models N] [--threads T] [--requests R] [--keep DIR] [--json]
+    corral --version
     corral models REPOSITORY [--preload] [--memory-budget SIZE] [--json]
     corral serve REPOSITORY [--host H] [--http-port P] [--grpc-port P] [--memory-budget SIZE]
                             [--compute-workers N] [--max-request-bytes N] [--auth-token T] ...
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from corral._status import HostStats, ModelStatus
     from corral.demo import DemoResult, DemoStep
 
-__all__ = ["main", "positive_int", "progress_bar", "ratio"]
+__all__ = ["main", "positive_int", "progress_bar", "ratio", "version_line"]
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -72,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
 def _parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="corral", description="Serve thousands of ONNX models from one Python process."
+    )
+    parser.add_argument(
+        "-V",
+        "--version",
+        action=_PrintVersion,
+        help="print corral's version, and onnxruntime's and numpy's, then exit",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -153,6 +160,59 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     models.set_defaults(handler=_models)
 
     return parser
+
+
+class _PrintVersion(argparse.Action):
+    """``--version``: one line, built only when asked for (it imports onnxruntime)."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        print(version_line())  # stdout, as argparse's own version action
+        parser.exit()
+
+
+def version_line() -> str:
+    """What ``corral --version`` prints: corral's version and those of what it runs on.
+
+    corral's comes from its source tree's ``pyproject.toml`` when it runs from a checkout
+    (the code running is that tree's), else from the installed package's metadata.
+    onnxruntime's and numpy's are those of the modules imported, whichever distribution
+    (``onnxruntime`` or ``onnxruntime-gpu``) brought them.
+
+    Example::
+
+        corral 0.1.0 (onnxruntime 1.24.1, numpy 2.3.5, CPython 3.11.14)
+    """
+    import platform
+
+    import numpy
+    import onnxruntime
+
+    python = f"{platform.python_implementation()} {platform.python_version()}"
+    return (
+        f"corral {_corral_version()} (onnxruntime {onnxruntime.__version__}, "
+        f"numpy {numpy.__version__}, {python})"
+    )
+
+
+def _corral_version() -> str:
+    import importlib.metadata
+    import tomllib
+
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    if pyproject.is_file():
+        project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+        if project.get("name") == "corral":
+            return str(project["version"])
+    return importlib.metadata.version("corral")
 
 
 def positive_int(text: str) -> int:
