@@ -154,7 +154,10 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     models.add_argument("repository", type=Path, help="the repository's root folder")
     models.add_argument("--preload", action="store_true", help="load every model first")
     models.add_argument(
-        "--memory-budget", metavar="SIZE", help="bytes or a size like 512MiB (default: none)"
+        "--memory-budget",
+        type=_size,
+        metavar="SIZE",
+        help="bytes or a size like 512MiB, 2Gi, 2g (default: none)",
     )
     models.add_argument("--json", action="store_true", help="print the statuses as JSON")
     models.set_defaults(handler=_models)
@@ -213,6 +216,16 @@ def _corral_version() -> str:
         if project.get("name") == "corral":
             return str(project["version"])
     return importlib.metadata.version("corral")
+
+
+def _size(text: str) -> int:
+    """An argparse type: bytes from a size (``corral._budget.parse_bytes``' units)."""
+    from corral._budget import parse_bytes
+
+    try:
+        return parse_bytes(text, option="size")  # argparse puts the flag before the message
+    except CorralError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def positive_int(text: str) -> int:
@@ -379,9 +392,10 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     hints = typing.get_type_hints(RayServeConfig)
     for field in dataclasses.fields(RayServeConfig):
         default = "" if field.default is None else f" (default {field.default})"
+        flag = "--" + field.name.replace("_", "-")
         parser.add_argument(
-            "--" + field.name.replace("_", "-"),
-            type=_text_to(hints[field.name]),
+            flag,
+            type=_size if field.name == "memory_budget" else _text_to(hints[field.name]),
             default=field.default,
             metavar=field.name.upper(),
             help=f"{field.metadata['help']}{default}",

@@ -234,6 +234,8 @@ def test_demo_prints_the_table(tmp_path: Path) -> None:
         # The benchmarks are scripts in benchmarks/, no longer commands.
         (["bench", "create"], "argument COMMAND: invalid choice: 'bench'"),
         ([], "required: COMMAND"),
+        (["models", ".", "--memory-budget", "2G"], "argument --memory-budget: size '2G' is amb"),
+        (["models", ".", "--memory-budget", "2x"], "argument --memory-budget: size '2x' is not"),
     ],
 )
 def test_bad_arguments_exit_non_zero_with_a_message(
