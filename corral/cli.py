@@ -3,6 +3,7 @@
 ::
 
     corral demo [--models N] [--threads T] [--requests R] [--keep DIR] [--json]
+    corral --version
     corral models REPOSITORY [--preload] [--memory-budget SIZE] [--json]
     corral check REPOSITORY [--load] [--memory-budget SIZE] [--json]
     corral serve REPOSITORY [--host H] [--http-port P] [--grpc-port P] [--memory-budget SIZE]
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from corral._status import HostStats, ModelStatus
     from corral.demo import DemoResult, DemoStep
 
-__all__ = ["main", "positive_int", "progress_bar", "ratio"]
+__all__ = ["main", "positive_int", "progress_bar", "ratio", "version_line"]
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -75,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
 def _parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="corral", description="Serve thousands of ONNX models from one Python process."
+    )
+    parser.add_argument(
+        "-V",
+        "--version",
+        action=_PrintVersion,
+        help="print corral's version, and onnxruntime's and numpy's, then exit",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -150,7 +157,10 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     models.add_argument("repository", type=Path, help="the repository's root folder")
     models.add_argument("--preload", action="store_true", help="load every model first")
     models.add_argument(
-        "--memory-budget", metavar="SIZE", help="bytes or a size like 512MiB (default: none)"
+        "--memory-budget",
+        type=_size,
+        metavar="SIZE",
+        help="bytes or a size like 512MiB, 2Gi, 2g (default: none)",
     )
     models.add_argument("--json", action="store_true", help="print the statuses as JSON")
     models.set_defaults(handler=_models)
@@ -181,12 +191,65 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+class _PrintVersion(argparse.Action):
+    """``--version``: one line, built only when asked for (it imports onnxruntime)."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        print(version_line())  # stdout, as argparse's own version action
+        parser.exit()
+
+
+def version_line() -> str:
+    """What ``corral --version`` prints: corral's version and those of what it runs on.
+
+    corral's comes from its source tree's ``pyproject.toml`` when it runs from a checkout
+    (the code running is that tree's), else from the installed package's metadata.
+    onnxruntime's and numpy's are those of the modules imported, whichever distribution
+    (``onnxruntime`` or ``onnxruntime-gpu``) brought them.
+
+    Example::
+
+        corral 0.1.0 (onnxruntime 1.24.1, numpy 2.3.5, CPython 3.11.14)
+    """
+    import platform
+
+    import numpy
+    import onnxruntime
+
+    python = f"{platform.python_implementation()} {platform.python_version()}"
+    return (
+        f"corral {_corral_version()} (onnxruntime {onnxruntime.__version__}, "
+        f"numpy {numpy.__version__}, {python})"
+    )
+
+
+def _corral_version() -> str:
+    import importlib.metadata
+    import tomllib
+
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    if pyproject.is_file():
+        project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+        if project.get("name") == "corral":
+            return str(project["version"])
+    return importlib.metadata.version("corral")
+
+
 def _size(text: str) -> int:
-    """An argparse type: a size in bytes (``512MiB``), as the memory budget takes it."""
+    """An argparse type: bytes from a size (``corral._budget.parse_bytes``' units)."""
     from corral._budget import parse_bytes
 
     try:
-        return parse_bytes(text)
+        return parse_bytes(text, option="size")  # argparse puts the flag before the message
     except CorralError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -366,9 +429,10 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     hints = typing.get_type_hints(RayServeConfig)
     for field in dataclasses.fields(RayServeConfig):
         default = "" if field.default is None else f" (default {field.default})"
+        flag = "--" + field.name.replace("_", "-")
         parser.add_argument(
-            "--" + field.name.replace("_", "-"),
-            type=_text_to(hints[field.name]),
+            flag,
+            type=_size if field.name == "memory_budget" else _text_to(hints[field.name]),
             default=field.default,
             metavar=field.name.upper(),
             help=f"{field.metadata['help']}{default}",

@@ -38,7 +38,9 @@ def test_the_module_imports_neither_onnxruntime_nor_the_filesystem():
         for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module)])
         if alias.name
     }
-    assert imported <= {"__future__", "re", "collections", "dataclasses", "typing", "corral"}
+    # fractions: sizes such as "1.5GiB" are computed exactly, not through floats.
+    allowed = {"__future__", "re", "collections", "dataclasses", "fractions", "typing", "corral"}
+    assert imported <= allowed
 
 
 def test_estimate_is_overhead_plus_a_multiple_of_the_file_per_replica():
@@ -57,16 +59,61 @@ def test_estimate_is_overhead_plus_a_multiple_of_the_file_per_replica():
         ("2 kib", 2048),
         ("1.5GiB", 3 * 2**29),
         ("3TB", 3 * 10**12),
+        ("7B", 7),
+        # Kubernetes' binary suffixes.
+        ("2Ki", 2 * 2**10),
+        ("2Mi", 2 * 2**20),
+        ("2Gi", 2 * 2**30),
+        ("2Ti", 2 * 2**40),
+        ("1.5Gi", 3 * 2**29),
+        # Docker's lowercase letters: binary, as `docker run --memory 2g` reads them.
+        ("2k", 2 * 2**10),
+        ("2m", 2 * 2**20),
+        ("2g", 2 * 2**30),
+        ("0.5g", 2**29),
+        (" 2 g ", 2 * 2**30),
     ],
 )
 def test_sizes_are_read_in_decimal_and_binary_units(text, expected):
     assert parse_bytes(text) == expected
 
 
-@pytest.mark.parametrize("bad", ["", "lots", "2 GiBs", "-1", "0", 0, -5, 2.5, True, None])
+@pytest.mark.parametrize(
+    "bad", ["", "lots", "2 GiBs", "-1", "0", 0, -5, 2.5, True, None, "2t", "2x", "1.5", "0.1k"]
+)
 def test_a_bad_size_names_the_option(bad):
-    with pytest.raises(InvalidOption, match="max_size"):
+    with pytest.raises(InvalidOption, match="max_size") as refused:
         parse_bytes(bad, option="max_size")
+    assert refused.value.option == "max_size"
+
+
+@pytest.mark.parametrize(
+    ("text", "decimal", "binary"),
+    [
+        ("2K", "2KB", "2KiB (or 2Ki)"),
+        ("2M", "2MB", "2MiB (or 2Mi)"),
+        ("2G", "2GB", "2GiB (or 2Gi)"),
+        ("1.5T", "1.5TB", "1.5TiB (or 1.5Ti)"),
+    ],
+)
+def test_a_single_capital_is_refused_as_ambiguous_with_both_spellings(text, decimal, binary):
+    # Kubernetes reads 2G as 2 x 10^9 bytes and Docker as 2 GiB: neither reading is guessed.
+    with pytest.raises(InvalidOption, match="is ambiguous") as refused:
+        parse_bytes(text, option="--memory-budget")
+
+    message = str(refused.value)
+    assert message.startswith(f"--memory-budget {text!r} is ambiguous")
+    assert f"write {decimal} for 10^" in message
+    assert f"or {binary} for 2^" in message
+    # Each suggestion is itself a size, of the amount named in the message.
+    assert parse_bytes(decimal) < parse_bytes(binary.split()[0])
+
+
+def test_a_fraction_is_exact_and_must_come_out_whole():
+    assert parse_bytes("0.001KB") == 1
+    assert parse_bytes("1.25KiB") == 1280
+    with pytest.raises(InvalidOption, match="not a whole number of bytes"):
+        parse_bytes("0.0001KB")
 
 
 def test_fits_counts_bytes_reserved_and_versions_loading():

@@ -234,6 +234,8 @@ def test_demo_prints_the_table(tmp_path: Path) -> None:
         # The benchmarks are scripts in benchmarks/, no longer commands.
         (["bench", "create"], "argument COMMAND: invalid choice: 'bench'"),
         ([], "required: COMMAND"),
+        (["models", ".", "--memory-budget", "2G"], "argument --memory-budget: size '2G' is amb"),
+        (["models", ".", "--memory-budget", "2x"], "argument --memory-budget: size '2x' is not"),
     ],
 )
 def test_bad_arguments_exit_non_zero_with_a_message(
@@ -322,3 +324,41 @@ def test_ratio_keeps_two_significant_digits_below_a_tenth(
     numerator: float, denominator: float, shown: str
 ) -> None:
     assert ratio(numerator, denominator) == shown
+
+
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version_prints_corrals_and_what_it_runs_on_then_exits_0(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import tomllib
+
+    import onnxruntime
+
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    version = tomllib.loads(pyproject.read_text())["project"]["version"]
+
+    with pytest.raises(SystemExit) as exited:
+        main([flag])
+
+    out, err = capsys.readouterr()
+    assert exited.value.code == 0
+    assert err == ""
+    assert out.startswith(f"corral {version} (onnxruntime {onnxruntime.__version__}, ")
+    assert f"numpy {np.__version__}" in out
+    assert out.count("\n") == 1
+    # The version the server reports (GET /v2) is the same one.
+    assert corral.__version__ == version
+
+
+@pytest.mark.timeout(60)
+def test_version_from_a_fresh_process_goes_to_stdout() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "corral.cli", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
+    )
+
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.startswith(f"corral {corral.__version__} (onnxruntime ")

@@ -8,6 +8,7 @@ project's root as a frontend would run it.
 from __future__ import annotations
 
 import ast
+import hashlib
 import re
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # Modules the library must never import: plotting, and the benchmark scripts.
 FORBIDDEN = {"matplotlib", "benchmarks"}
+APACHE_2_SHA256 = "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +53,8 @@ def test_the_wheel_ships_the_library_and_the_demo_but_no_benchmark(
     # What it must ship, so that an empty or broken wheel fails here too.
     for shipped in ("corral/__init__.py", "corral/cli.py", "corral/demo.py", "corral/testing.py"):
         assert shipped in names
+    # PEP 561's marker, or type checkers ignore the annotations of an installed corral.
+    assert "corral/py.typed" in names
     assert not [name for name in names if name.startswith(("benchmarks/", "corral/bench/"))]
     stems = {Path(name).stem for name in names if name.endswith(".py")}
     assert not stems & {"footprint", "scenarios", "create", "bench_peers", "http_bench"}
@@ -131,3 +135,39 @@ except ImportError as exc:
 
     assert completed.returncode == 0, completed.stderr
     assert "need the 'onnx' package: pip install 'corral[demo]'" in completed.stdout
+
+
+@pytest.mark.timeout(120)
+def test_the_wheel_carries_the_apache_license_and_says_so(wheel: zipfile.ZipFile) -> None:
+    (license_file,) = [n for n in wheel.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+    text = wheel.read(license_file)
+    metadata = _metadata(wheel)
+
+    assert text == (ROOT / "LICENSE").read_bytes()
+    # The standard text, unchanged (the digest of apache.org's LICENSE-2.0.txt).
+    assert hashlib.sha256(text).hexdigest() == APACHE_2_SHA256
+    assert "License-Expression: Apache-2.0" in metadata
+    assert "License-File: LICENSE" in metadata
+
+
+@pytest.mark.timeout(120)
+def test_the_classifiers_exist_and_claim_only_the_python_tested(wheel: zipfile.ZipFile) -> None:
+    trove = pytest.importorskip("trove_classifiers", reason="hatchling brings trove-classifiers")
+    classifiers = [
+        line.removeprefix("Classifier: ")
+        for line in _metadata(wheel).splitlines()
+        if line.startswith("Classifier: ")
+    ]
+    versions = {c.rsplit(" :: ", 1)[1] for c in classifiers if re.fullmatch(r".*:: 3\.\d+", c)}
+
+    assert "Typing :: Typed" in classifiers
+    assert not [c for c in classifiers if c not in trove.classifiers], classifiers
+    # The versions claimed are the one these tests run on, within requires-python.
+    assert versions == {f"{sys.version_info.major}.{sys.version_info.minor}"}
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert requires == ">=3.11"
+
+
+def _metadata(wheel: zipfile.ZipFile) -> str:
+    (metadata,) = [name for name in wheel.namelist() if name.endswith(".dist-info/METADATA")]
+    return wheel.read(metadata).decode()

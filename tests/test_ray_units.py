@@ -453,11 +453,10 @@ def test_ray_errors_become_statuses(error: Exception, status: int):
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (["--memory-budget", "lots"], "is not a size"),
         (["--max-models-per-replica", "0"], "max_models_per_replica must be a positive"),
         (["--replica-cpus", "-1"], "replica_cpus must be >= 0"),
     ],
-    ids=["budget", "routing-count", "cpus"],
+    ids=["routing-count", "cpus"],
 )
 def test_ray_serve_refuses_bad_options_before_starting_ray(
     repo: Path,
@@ -473,6 +472,24 @@ def test_ray_serve_refuses_bad_options_before_starting_ray(
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     assert main(["ray-serve", str(repo), *arguments]) == 1
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("budget", "message"), [("lots", "is not a size"), ("2G", "is ambiguous")])
+def test_ray_serve_refuses_a_bad_budget_by_its_flag_before_starting_ray(
+    repo: Path,
+    budget: str,
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+):
+    from corral.cli import main
+
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    with pytest.raises(SystemExit) as exited:
+        main(["ray-serve", str(repo), "--memory-budget", budget])
+    assert exited.value.code == 2
+    assert f"argument --memory-budget: size {budget!r} {message}" in capsys.readouterr().err
 
 
 def test_ray_serve_refuses_a_repository_that_is_not_a_folder(

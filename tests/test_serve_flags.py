@@ -148,6 +148,65 @@ def test_a_bad_value_names_its_flag_and_variable(
     assert served == []
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        ("max_request_bytes", "64MiB", 64 * 2**20),
+        ("max_request_bytes", "2g", 2 * 2**30),
+        ("max_body_bytes_in_flight", "1Gi", 2**30),
+        ("max_url_bytes", "8KB", 8000),
+        ("max_header_bytes", "64k", 64 * 2**10),
+        ("memory_budget", "2Gi", "2Gi"),
+    ],
+)
+def test_size_settings_take_sizes_by_flag_and_variable(
+    name: str,
+    text: str,
+    expected: Any,
+    tmp_path: Path,
+    served: list[ServerSettings],
+    monkeypatch: pytest.MonkeyPatch,
+):
+    flag = "--" + name.replace("_", "-")
+    assert main(["serve", str(tmp_path), flag, text]) == 0
+    monkeypatch.setenv(f"CORRAL_{name.upper()}", text)
+    assert main(["serve", str(tmp_path)]) == 0
+
+    by_flag, by_variable = served
+    assert getattr(by_flag, name) == getattr(by_variable, name) == expected
+    assert ServerSettings(repository=tmp_path, **{name: 2**30}).model_dump()[name] == 2**30
+
+
+@pytest.mark.parametrize(
+    "name", ["memory_budget", "max_request_bytes", "max_url_bytes", "max_header_bytes"]
+)
+@pytest.mark.parametrize(("text", "problem"), [("2G", "is ambiguous"), ("2 GiBs", "is not a size")])
+def test_a_size_refused_names_its_flag_and_variable(
+    name: str,
+    text: str,
+    problem: str,
+    tmp_path: Path,
+    served: list[ServerSettings],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+):
+    flag, variable = "--" + name.replace("_", "-"), f"CORRAL_{name.upper()}"
+    named = f"{flag} ({variable}): {name} {text!r} {problem}"
+
+    assert main(["serve", str(tmp_path), flag, text]) == 2
+    assert named in capsys.readouterr().err
+    monkeypatch.setenv(variable, text)
+    assert main(["serve", str(tmp_path)]) == 2
+    assert named in capsys.readouterr().err
+    assert served == []
+
+
+def test_a_size_setting_refuses_a_bool(tmp_path: Path):
+    # pydantic would read True as 1 byte.
+    with pytest.raises(ValueError, match="max_request_bytes must be bytes"):
+        ServerSettings(repository=tmp_path, max_request_bytes=True)
+
+
 def test_an_unknown_corral_variable_is_reported_at_start(
     tmp_path: Path,
     served: list[ServerSettings],

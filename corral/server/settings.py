@@ -19,12 +19,14 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from corral._budget import parse_bytes
 from corral._options import HostOptions
 from corral.protocol.shm import DEFAULT_MAX_REGIONS
 
 __all__ = [
     "ENV_PREFIX",
     "HOST_OPTIONS_NOT_SERVED",
+    "SIZE_FIELDS",
     "TRITON_POLL_SECS",
     "ServerSettings",
     "unknown_variables",
@@ -36,6 +38,10 @@ ENV_PREFIX = "CORRAL_"
 HOST_OPTIONS_NOT_SERVED = {
     "failure_backoff_s": "a pair of seconds; the server keeps the library's default back-off",
 }
+
+#: The settings that are sizes: bytes, or text like 64MiB, 2Gi, 2g (``corral._budget``'s rules;
+#: ``memory_budget`` is checked by HostOptions with the same ones).
+SIZE_FIELDS = ("max_request_bytes", "max_body_bytes_in_flight", "max_url_bytes", "max_header_bytes")
 
 #: The seconds between polls under ``--model-control-mode poll`` when none is given: Triton's.
 TRITON_POLL_SECS = 15.0
@@ -96,12 +102,14 @@ class ServerSettings(BaseSettings):
     max_request_bytes: int = Field(
         64 * 1024 * 1024,
         gt=0,
-        description="largest request body or message, in bytes; larger ones get 413",
+        description="largest request body or message: bytes or a size like 64MiB; larger ones "
+        "get 413",
     )
     max_body_bytes_in_flight: int | None = Field(
         None,
         gt=0,
-        description="request bytes read, decoded and run at once, HTTP and gRPC together "
+        description="request bytes read, decoded and run at once, HTTP and gRPC together, as "
+        "bytes or a size like 256MiB "
         "(default: 4 x max_request_bytes); a request past it gets 503 / RESOURCE_EXHAUSTED "
         "at once, before its body is read",
     )
@@ -167,12 +175,15 @@ class ServerSettings(BaseSettings):
     )
     # -- the HTTP server's connections (corral.server._connections) ---------------------
     max_url_bytes: int = Field(
-        8192, gt=0, description="longest request URL (path and query), in bytes; longer: 414"
+        8192,
+        gt=0,
+        description="longest request URL (path and query): bytes or a size like 8KiB; longer: 414",
     )
     max_header_bytes: int = Field(
         65536,
         gt=0,
-        description="longest request head (request line and headers), in bytes; longer: 431",
+        description="longest request head (request line and headers): bytes or a size like "
+        "64KiB; longer: 431",
     )
     header_timeout_s: float = Field(
         10.0,
@@ -226,6 +237,15 @@ class ServerSettings(BaseSettings):
                     "leave the option out to serve without a token"
                 )
         return value
+
+    @field_validator(*SIZE_FIELDS, mode="before")
+    @classmethod
+    def _size(cls, value: object, info: ValidationInfo) -> object:
+        # Sizes as memory_budget takes them (2GiB, 2Gi, 2g ...), through the same rules; the
+        # error names the field, which the command line turns into its flag and variable.
+        if isinstance(value, str | bool):  # a bool is no size, though pydantic reads it as 1
+            return parse_bytes(value, option=str(info.field_name))
+        return value  # None, or a number the field's own bounds check
 
     @field_validator("log_level", "grpc_log_level")
     @classmethod
