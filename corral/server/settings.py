@@ -89,6 +89,11 @@ class ServerSettings(BaseSettings):
         _HOST_DEFAULTS.max_queue_per_model,
         description="requests a model version may have queued; more get 429 at once",
     )
+    model_latency_histograms: int = Field(
+        _HOST_DEFAULTS.model_latency_histograms,
+        description="model versions with a request-latency histogram of their own in "
+        "/metrics: the first this many asked; 0: only the server-wide one",
+    )
     # -- the Runtime and the server ----------------------------------------------------------
     compute_workers: int | None = Field(
         None, gt=0, description="threads that run models (default: the cores)"
