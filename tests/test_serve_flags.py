@@ -49,6 +49,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "model_control_mode": ("explicit", "explicit"),
     "load_model": ("mlp", ("mlp",)),
     "max_shared_memory_regions": ("16", 16),
+    "metrics_port": ("8002", 8002),
+    "model_latency_histograms": ("0", 0),
 }
 # Switches: a flag and its --no- form; the sample is the one that is not the default.
 SWITCHES = {"batching", "system_shared_memory"}

@@ -136,7 +136,8 @@ class HttpApp:
     """The ASGI application: the protocol's endpoints, ``/metrics`` and optional auth.
 
     ``metrics`` renders the Prometheus exposition (``corral.server.metrics.Metrics``), None to
-    answer ``/metrics`` with 404; it is called on a worker thread. ``auth_token``: every path
+    answer ``/metrics`` with 404 (naming ``metrics_port``, where they are served then); it is
+    called on a worker thread. ``auth_token``: every path
     but ``/v2/health/*`` then needs ``Authorization: Bearer <token>``. ``body_budget``: the
     bytes of bodies held at once, shared with the gRPC server when both run (default: one of
     4 x ``max_request_bytes`` for this app alone).
@@ -150,9 +151,15 @@ class HttpApp:
         auth_token: str | None = None,
         max_request_bytes: int = 64 * 1024 * 1024,
         body_budget: BodyBudget | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         self._plane = plane
         self._metrics = metrics
+        self._no_metrics = (
+            "metrics are not enabled"
+            if metrics_port is None
+            else f"metrics are served on port {metrics_port} (--metrics-port), not on this one"
+        )
         self._auth = None if auth_token is None else f"Bearer {auth_token}".encode()
         self._max_request_bytes = max_request_bytes
         self._bodies = body_budget or BodyBudget(4 * max_request_bytes)
@@ -193,7 +200,7 @@ class HttpApp:
         if parts == ["metrics"]:
             _expect(method, "GET")
             if self._metrics is None:
-                raise HttpError(404, "metrics are not enabled")
+                raise HttpError(404, self._no_metrics)
             # A page for every model version costs milliseconds per thousand: not on the loop.
             body, content_type = await run_blocking(self._metrics)
             await _respond(send, 200, body, (b"content-type", content_type.encode()))
