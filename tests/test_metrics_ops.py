@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 from pathlib import Path
 
@@ -313,3 +314,43 @@ def test_process_platform_and_gc_families_are_in_the_metrics_own_registry(repo: 
     with Host(repo) as host:
         Metrics(DataPlane(host))
     assert set(prometheus_client.REGISTRY._names_to_collectors) == before
+
+
+# -- the scrape's size at 10,000 model versions ------------------------------------------------
+
+#: The page's size at 10,000 counted versions (11-character names), the default 100 per-model
+#: histograms: docs/operations.md documents it (6.9 MB measured; the figure is the bound).
+SCRAPE_BYTES_AT_10000 = 7_000_000
+
+
+@pytest.mark.timeout(120)
+def test_a_scrape_of_ten_thousand_versions_stays_under_the_documented_size(tmp_path: Path):
+    with Host(tmp_path) as host:  # the default model_latency_histograms
+        for i in range(10_000):
+            host.count_request(f"model-{i:05d}", 1 + i % 3, 100_000 * (1 + i % 997), ok=True)
+        body, _ = Metrics(DataPlane(host)).render()
+
+    assert len(body) < SCRAPE_BYTES_AT_10000
+    # Read by lines, not parsed: parsing 7 MB takes seconds, and the test suite is timed.
+    text = body.decode()
+    assert text.count("\nnv_inference_request_success{") == 10_000
+    counted = set(re.findall(rf'\n{MODEL_LATENCY}_count{{model="([^"]+)"', text))
+    assert counted == {f"model-{i:05d}" for i in range(100)}  # the first 100 asked
+    assert f"\n{SERVER_LATENCY}_count 10000.0\n" in text
+
+
+# -- the documented alerts -------------------------------------------------------------------
+
+
+def test_every_metric_the_alerts_use_exists(repo: Path):
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    alerts = docs.split("## Alerts", 1)[1].split("```yaml", 1)[1].split("```", 1)[0]
+    used = set(re.findall(r"\b((?:nv_inference|corral|process)_\w+)", alerts))
+    assert len(used) >= 10, used
+    with Host(repo, memory_budget="1GiB") as host:
+        plane = DataPlane(host)
+        asyncio.run(plane.infer("mlp", None, request()))
+        text = Metrics(plane).render()[0].decode()
+    # Sample names as Prometheus stores them: counters of corral's own with _total.
+    names = set(re.findall(r"^(\w+)[{ ]", text, re.MULTILINE))
+    assert used <= names, used - names
