@@ -107,6 +107,8 @@ class RunCounters:
     rejected: int = 0
     expired: int = 0
     cancelled: int = 0
+    #: Of the requests refused, those refused because every queue together was full.
+    overloaded: int = 0
     #: Runs, and rows run (a batch of 8 batch-1 requests is 1 run, 8 rows).
     runs: int = 0
     rows: int = 0

@@ -112,6 +112,8 @@ class QueueStats:
     #: Time spent building runs' feeds (copy-in) and splitting their outputs (copy-out).
     compute_input_seconds_sum: float = 0.0
     compute_output_seconds_sum: float = 0.0
+    #: Of the requests ``rejected``, those refused because every queue together was full.
+    overloaded: int = 0
 
 
 class Runnable(Protocol):
@@ -258,6 +260,7 @@ class Scheduler:
                 )
             if self._total >= self._total_limit:
                 queue.counters.rejected += 1
+                queue.counters.overloaded += 1
                 raise Overloaded(
                     f"{self._total} requests are queued across all models, the limit; "
                     "try again later"
@@ -726,4 +729,5 @@ def _stats(counters: RunCounters, pending: int) -> QueueStats:
         batch_rows_buckets=counters.batch_rows.cumulative(),
         compute_input_seconds_sum=counters.compute_input_seconds,
         compute_output_seconds_sum=counters.compute_output_seconds,
+        overloaded=counters.overloaded,
     )

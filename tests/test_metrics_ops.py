@@ -25,6 +25,7 @@ from corral._counters import (
     HostCounters,
     load_failure_reason,
 )
+from corral._scheduler import QueueStats
 from corral.protocol import DataPlane, InferInput, InferRequest
 from corral.protocol.control import ControlThreads
 from corral.server.bodies import BodyBudget, BodyBudgetExceeded
@@ -202,7 +203,7 @@ def test_queue_full_expired_and_cancelled_requests_are_counted(tmp_path: Path):
         families = parse(Metrics(plane).render()[0])
 
     refused = by_label(families["corral_requests_refused"], "reason")
-    assert refused == {"queue_full": 1, "body_budget": 0, "control_busy": 0}
+    assert refused == {"queue_full": 1, "server_overloaded": 0, "body_budget": 0, "control_busy": 0}
     assert only_value(families["corral_requests_expired"]) == 1
     assert only_value(families["corral_requests_cancelled"]) == 1
 
@@ -234,8 +235,39 @@ def test_body_budget_and_control_plane_refusals_are_counted(
         families = parse(Metrics(plane, budget).render()[0])
 
     refused = by_label(families["corral_requests_refused"], "reason")
-    assert refused == {"queue_full": 0, "body_budget": 1, "control_busy": 1}
+    assert refused == {"queue_full": 0, "server_overloaded": 0, "body_budget": 1, "control_busy": 1}
     assert set(refused) == set(REFUSAL_REASONS)
+
+
+def test_refusals_of_a_full_queue_and_of_all_queues_are_told_apart(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # The scheduler's own test drives both (test_scheduler_units.py); here, their mapping.
+    figures = {"accepted": 9, "expired": 0, "cancelled": 0, "pending": 0, "runs": 0, "rows": 0}
+    queues = {
+        ("a", 1): QueueStats(
+            **figures,
+            rejected=5,
+            overloaded=2,
+            queue_seconds_sum=0.0,
+            compute_seconds_sum=0.0,
+            batch_rows_buckets=(),
+        ),
+        ("b", 1): QueueStats(
+            **figures,
+            rejected=1,
+            overloaded=1,
+            queue_seconds_sum=0.0,
+            compute_seconds_sum=0.0,
+            batch_rows_buckets=(),
+        ),
+    }
+    with Host(repo) as host:
+        monkeypatch.setattr(host, "queue_stats", lambda: queues)
+        families = parse(Metrics(DataPlane(host)).render()[0])
+
+    refused = by_label(families["corral_requests_refused"], "reason")
+    assert (refused["queue_full"], refused["server_overloaded"]) == (3, 3)
 
 
 # -- loads: failures by reason, unloads, reloads, evictions ----------------------------------

@@ -75,8 +75,10 @@ __all__ = ["REFUSAL_REASONS", "Metrics"]
 
 #: Every ``reason`` of ``corral_requests_refused_total``: a fixed set.
 REFUSAL_REASONS = (
-    # A model version's queue (max_queue_per_model), or every queue together, was full.
+    # A model version's queue was full (max_queue_per_model).
     "queue_full",
+    # Every queue together was full (the scheduler's limit on all requests queued).
+    "server_overloaded",
     # The request's bytes did not fit max_body_bytes_in_flight.
     "body_budget",
     # Too many control-plane calls (readiness, metadata, statistics, index, load, unload)
@@ -321,7 +323,8 @@ class _HostCollector(Collector):
             labels=["reason"],
         )
         by_reason = {
-            "queue_full": sum(queue.rejected for queue in queues),
+            "queue_full": sum(queue.rejected - queue.overloaded for queue in queues),
+            "server_overloaded": sum(queue.overloaded for queue in queues),
             "body_budget": 0 if self._body_budget is None else self._body_budget.refused,
             "control_busy": self._plane.control_refused,
         }
