@@ -1,4 +1,4 @@
-"""A fixed-bucket histogram, for the figures the metrics read (load times, batch sizes)."""
+"""A fixed-bucket histogram, for the figures the metrics read (latency, load times, batch sizes)."""
 
 from __future__ import annotations
 
@@ -17,31 +17,33 @@ class Histogram(Generic[Number]):
     its owner's lock guards it.
     """
 
-    __slots__ = ("_counts", "bounds", "count", "total")
+    __slots__ = ("_counts", "bounds", "total")
 
     def __init__(self, bounds: tuple[Number, ...]) -> None:
         #: Upper bounds of the buckets, ascending.
         self.bounds: tuple[Number, ...] = bounds
         #: The sum of every value observed.
         self.total = 0.0
-        #: How many values were observed (Prometheus' ``+Inf`` bucket).
-        self.count = 0
-        self._counts = [0] * len(bounds)
+        # One count per bound, and a last one for the values above every bound.
+        self._counts = [0] * (len(bounds) + 1)
+
+    @property
+    def count(self) -> int:
+        """How many values were observed (Prometheus' ``+Inf`` bucket)."""
+        return sum(self._counts)
 
     def observe(self, value: Number) -> None:
         """Count one value in the first bucket whose bound it does not exceed."""
         self.total += value
-        self.count += 1
-        # bisect (in C) finds that bucket without a Python loop: this runs per request.
-        index = bisect_left(self.bounds, value)
-        if index < len(self._counts):
-            self._counts[index] += 1
+        # bisect (in C) finds that bucket without a Python loop or a branch: this runs per
+        # request.
+        self._counts[bisect_left(self.bounds, value)] += 1
 
     def cumulative(self) -> tuple[tuple[Number, int], ...]:
         """``(bound, values at or under it)`` per bucket, as Prometheus buckets are."""
         buckets: list[tuple[Number, int]] = []
         running = 0
-        for bound, count in zip(self.bounds, self._counts, strict=True):
+        for bound, count in zip(self.bounds, self._counts[:-1], strict=True):
             running += count
             buckets.append((bound, running))
         return tuple(buckets)
