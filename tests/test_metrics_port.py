@@ -24,7 +24,8 @@ from tests.helpers import add_model
 from tests.processes import ServerProcess, start_server, stop_server
 
 TOKEN = "metrics-test-token"
-REQUESTS = 7
+HTTP_REQUESTS = 5
+GRPC_REQUESTS = 2
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +57,19 @@ def get(url: str, *, method: str = "GET", token: str | None = None) -> tuple[int
         return exc.code, exc.read()
 
 
+def infer_grpc(served: ServerProcess) -> None:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(served.grpc)
+    try:
+        tensor = grpcclient.InferInput("X", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        result = client.infer("mlp", [tensor], headers={"authorization": f"Bearer {TOKEN}"})
+        assert np.isfinite(result.as_numpy("Y")).all()
+    finally:
+        client.close()
+
+
 def infer(served: ServerProcess) -> None:
     body = json.dumps(
         {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
@@ -75,15 +89,18 @@ def infer(served: ServerProcess) -> None:
 def test_the_metrics_port_answers_without_the_token_and_counts_every_request(
     server: ServerProcess,
 ):
-    for _ in range(REQUESTS):
+    for _ in range(HTTP_REQUESTS):
         infer(server)
+    for _ in range(GRPC_REQUESTS):
+        infer_grpc(server)
     status, body = get(f"http://{metrics_address(server)}/metrics")
     assert status == 200
     families = {f.name: f.samples for f in text_string_to_metric_families(body.decode())}
     for name in ("corral_request_duration_seconds", "corral_model_request_duration_seconds"):
         series = {s.name: s.value for s in families[name] if s.labels.get("le") in (None, "+Inf")}
-        assert series[f"{name}_count"] == REQUESTS, name
-        assert series[f"{name}_bucket"] == REQUESTS, name  # the +Inf bucket
+        # Both transports are counted, in the data plane they share.
+        assert series[f"{name}_count"] == HTTP_REQUESTS + GRPC_REQUESTS, name
+        assert series[f"{name}_bucket"] == HTTP_REQUESTS + GRPC_REQUESTS, name  # +Inf
     assert "process_resident_memory_bytes" in families
 
 
