@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_left
+from itertools import accumulate
 from typing import Generic, TypeVar
 
 __all__ = ["Histogram"]
@@ -39,11 +40,15 @@ class Histogram(Generic[Number]):
         # request.
         self._counts[bisect_left(self.bounds, value)] += 1
 
+    def copy(self) -> Histogram[Number]:
+        """A copy later observations leave alone: take it under the owner's lock, read it after."""
+        twin: Histogram[Number] = object.__new__(Histogram)
+        twin.bounds = self.bounds
+        twin.total = self.total
+        twin._counts = self._counts.copy()
+        return twin
+
     def cumulative(self) -> tuple[tuple[Number, int], ...]:
         """``(bound, values at or under it)`` per bucket, as Prometheus buckets are."""
-        buckets: list[tuple[Number, int]] = []
-        running = 0
-        for bound, count in zip(self.bounds, self._counts[:-1], strict=True):
-            running += count
-            buckets.append((bound, running))
-        return tuple(buckets)
+        # accumulate and zip run in C: a scrape reads this for every version.
+        return tuple(zip(self.bounds, accumulate(self._counts[:-1]), strict=True))

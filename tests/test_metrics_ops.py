@@ -386,3 +386,18 @@ def test_every_metric_the_alerts_use_exists(repo: Path):
     # Sample names as Prometheus stores them: counters of corral's own with _total.
     names = set(re.findall(r"^(\w+)[{ ]", text, re.MULTILINE))
     assert used <= names, used - names
+
+
+def test_request_stats_of_more_versions_than_one_hold_of_the_lock_are_all_exact():
+    counters = HostCounters()
+    for i in range(1500):  # request_stats copies a few hundred versions per hold of its lock
+        for _ in range(1 + i % 3):
+            counters.count_request((f"m{i}", 1), 1_000 + i, ok=True)
+        counters.count_request((f"m{i}", 1), 7, ok=False)
+    stats = counters.request_stats()
+    assert len(stats) == 1500
+    for i in range(1500):
+        got = stats[(f"m{i}", 1)]
+        calls = 1 + i % 3
+        assert (got.success_count, got.success_ns) == (calls, calls * (1_000 + i))
+        assert (got.fail_count, got.fail_ns) == (1, 7)

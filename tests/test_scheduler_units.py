@@ -309,3 +309,19 @@ def test_every_run_counts_once_in_each_compute_stage(scheduler: Scheduler):
     assert stats.compute_input_seconds_sum > 0
     assert stats.compute_output_seconds_sum > 0
     assert stats.compute_seconds_sum > 0
+
+
+def test_stats_of_more_versions_than_one_hold_of_the_lock_reads_are_all_exact(
+    scheduler: Scheduler,
+):
+    # Scheduler.stats copies a few hundred versions per hold of its lock: cross a few holds.
+    counters = {}
+    for i in range(1000):
+        counters[(f"m{i}", 1)] = c = RunCounters(accepted=i, rejected=i % 3, runs=i // 2)
+        c.batch_rows.observe(1 + i % 4)
+    stats = scheduler.stats(counters)
+    assert len(stats) == 1000
+    for i in range(1000):
+        got = stats[(f"m{i}", 1)]
+        assert (got.accepted, got.rejected, got.runs, got.pending) == (i, i % 3, i // 2, 0)
+        assert dict(got.batch_rows_buckets)[4] == 1

@@ -165,10 +165,11 @@ class Metrics:
 
     def __init__(self, plane: DataPlane, body_budget: BodyBudget | None = None) -> None:
         self._plane = plane
+        self._body_budget = body_budget
         # This server's own registry: the process-wide default one is never touched. It
         # holds no state of its own: its collectors read snapshots on every scrape.
         self._registry = CollectorRegistry()
-        self._registry.register(_HostCollector(plane, body_budget))
+        self._registry.register(_HostCollector(plane.host))
         # The standard families (process_*, python_info, python_gc_*), read at each scrape.
         ProcessCollector(registry=self._registry)
         PlatformCollector(registry=self._registry)
@@ -185,7 +186,18 @@ class Metrics:
         queues = host.queue_stats()  # one snapshot for the rows and the gauge
         rows = self._plane.statistics_snapshot(queues)
         text = _model_families(rows, queues) + _latency_family(host.model_request_latency())
-        body = text.encode("utf-8") + generate_latest(self._registry)
+        # The request counters from the same queue snapshot: taking another would hold the
+        # Scheduler's lock again.
+        budget = self._body_budget
+        requests = CollectorRegistry()
+        requests.register(
+            _RequestCollector(
+                list(queues.values()),
+                body_budget=0 if budget is None else budget.refused,
+                control_busy=self._plane.control_refused,
+            )
+        )
+        body = text.encode("utf-8") + generate_latest(self._registry) + generate_latest(requests)
         return body, CONTENT_TYPE_LATEST
 
 
@@ -234,19 +246,13 @@ def _escape(label_value: str) -> str:
 
 
 class _HostCollector(Collector):
-    """corral's own families: the Host's (one :meth:`Host.stats` per scrape) and requests'."""
+    """The Host-wide families, from one :meth:`Host.stats` snapshot per scrape."""
 
-    def __init__(self, plane: DataPlane, body_budget: BodyBudget | None) -> None:
-        self._plane = plane
-        self._host: Host = plane.host
-        self._body_budget = body_budget
+    def __init__(self, host: Host) -> None:
+        self._host = host
 
     def collect(self) -> Iterator[Metric]:
         """Yield corral's own families, read now."""
-        yield from self._host_families()
-        yield from self._request_families()
-
-    def _host_families(self) -> Iterator[Metric]:
         stats = self._host.stats()
         yield GaugeMetricFamily(
             "corral_models_loaded",
@@ -315,8 +321,18 @@ class _HostCollector(Collector):
             value=_process_threads(),
         )
 
-    def _request_families(self) -> Iterator[Metric]:
-        queues = self._host.queue_stats().values()
+
+class _RequestCollector(Collector):
+    """The request counters of one scrape, from the figures :meth:`Metrics.render` read."""
+
+    def __init__(self, queues: list[QueueStats], *, body_budget: int, control_busy: int) -> None:
+        self._queues = queues
+        self._body_budget = body_budget
+        self._control_busy = control_busy
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the refused, expired and cancelled counters."""
+        queues = self._queues
         refused = CounterMetricFamily(
             "corral_requests_refused",
             "Requests refused at once rather than queued or read, by reason",
@@ -325,8 +341,8 @@ class _HostCollector(Collector):
         by_reason = {
             "queue_full": sum(queue.rejected - queue.overloaded for queue in queues),
             "server_overloaded": sum(queue.overloaded for queue in queues),
-            "body_budget": 0 if self._body_budget is None else self._body_budget.refused,
-            "control_busy": self._plane.control_refused,
+            "body_budget": self._body_budget,
+            "control_busy": self._control_busy,
         }
         for reason in REFUSAL_REASONS:
             refused.add_metric([reason], by_reason[reason])
