@@ -7,6 +7,7 @@ with SIGTERM and checks that the metrics port is free again.
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import urllib.error
@@ -143,3 +144,36 @@ def test_the_metrics_port_may_not_be_another_servers():
         ServerSettings(repository=Path("."), http_port=9000, metrics_port=9000)
     with pytest.raises(ValueError, match=r"metrics_port \(9001\) must differ from grpc_port"):
         ServerSettings(repository=Path("."), grpc_port=9001, metrics_port=9001)
+
+
+@pytest.mark.timeout(60)
+def test_a_metrics_port_already_taken_stops_the_server_saying_so(tmp_path: Path):
+    import subprocess
+    import sys
+
+    add_model(tmp_path, "mlp", build_mlp(seed=1))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from corral.cli import main; sys.exit(main())",
+                "serve",
+                str(tmp_path),
+                "--http-port",
+                "0",
+                "--grpc-port",
+                "-1",
+                "--metrics-port",
+                str(port),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=50,
+            env={k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")},
+        )
+    assert done.returncode == 1, done.stderr
+    assert "the metrics server (--metrics-port) could not start" in done.stderr

@@ -314,8 +314,11 @@ async def _start_metrics_server(
     task = asyncio.create_task(_serve_http(server))
     try:
         await _until_started(server, task)
-    except OSError as exc:
+    except OSError as exc:  # its port taken: the task has ended
         raise OSError(f"the metrics server (--metrics-port) could not start: {exc}") from exc
+    except BaseException:
+        task.cancel()  # it did not start in time, or serve() was cancelled: nothing left running
+        raise
     port = _bound_port(server)
     logger.info("corral: metrics on http://%s:%d/metrics (no token)", settings.host, port)
     return _MetricsServer(server, task, port)
