@@ -291,3 +291,18 @@ def test_systemd_analyze_finds_nothing_wrong_with_the_unit(tmp_path: Path) -> No
     problems = [line for line in checked.stderr.splitlines() if "corral.service" in line]
     assert checked.returncode == 0, checked.stderr
     assert not problems, checked.stderr
+
+
+def test_docs_state_the_sizing_rule_these_tests_check() -> None:
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    rule = (
+        f"container limit >= {HEADROOM} x ({BASE_BYTES // MIB} MiB + {ESTIMATE_BOUND} x "
+        "memory_budget + 2 x max_body_bytes_in_flight)"
+    )
+    bodies = 2 * 4 * 64 * MIB  # the default body budget, twice
+
+    assert rule in text
+    for limit_gib, budget_mib in ((1, 161), (2, 743), (4, 1907), (8, 4234)):
+        largest = (limit_gib * 1024 * MIB / HEADROOM - BASE_BYTES - bodies) / ESTIMATE_BOUND
+        assert int(largest // MIB) == budget_mib
+        assert f"| {limit_gib} GiB | {budget_mib:,} MiB" in text
