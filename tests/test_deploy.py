@@ -26,6 +26,7 @@ from corral._budget import parse_bytes
 from corral.cli import _parser, _triton_spellings
 from corral.protocol import DataPlane
 from corral.server.http import HttpApp
+from corral.server.metrics import Metrics
 from corral.server.settings import ServerSettings
 
 yaml = pytest.importorskip("yaml", reason="the dev extra installs pyyaml")
@@ -73,7 +74,9 @@ def probe_statuses(paths: set[str], repo: Path) -> dict[str, int]:
 
     async def go() -> dict[str, int]:
         with Host(repo) as host:
-            transport = httpx.ASGITransport(app=HttpApp(DataPlane(host)))
+            plane = DataPlane(host)
+            app = HttpApp(plane, metrics=Metrics(plane).render)  # as corral serve builds it
+            transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://corral") as client:
                 return {path: (await client.get(path)).status_code for path in sorted(paths)}
 
@@ -236,6 +239,12 @@ def test_the_serving_runtime_listens_where_kserve_expects_it(repo: Path) -> None
     assert settings.host == "0.0.0.0"
     assert [port["containerPort"] for port in container["ports"]] == [settings.http_port]
     assert {"v2", "grpc-v2"} <= set(runtime["spec"]["protocolVersions"])
+    # Prometheus scrapes /metrics where it is served: on the HTTP port unless given one.
+    annotations = runtime["spec"]["annotations"]
+    metrics_port = getattr(settings, "metrics_port", None) or settings.http_port
+    assert int(annotations["prometheus.kserve.io/port"]) == metrics_port
+    assert annotations["prometheus.kserve.io/path"] == "/metrics"
+    probes.add(annotations["prometheus.kserve.io/path"])
     assert probe_statuses(probes, repo) == dict.fromkeys(probes, 200)
 
 
