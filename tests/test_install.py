@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ import pytest
 
 from corral.testing import build_mlp
 from tests.helpers import reference_run
+from tests.test_deploy import dockerfile_instructions
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -144,6 +146,10 @@ def test_the_readme_quick_start_runs_as_written(venv: Venv) -> None:
                     text = text.replace(installed, installed.replace("corral", str(venv.wheel)))
                 outputs.append(venv.shell(served.pointed(text) if served else text))
         version = venv.shell("corral --version")
+        # The Docker image's health check, run here against this server.
+        check = json.loads(dict(dockerfile_instructions())["HEALTHCHECK"].split("CMD", 1)[1])
+        assert served is not None
+        venv.shell(served.pointed(shlex.join(check)))
     finally:
         if served is not None:
             served.stop()
