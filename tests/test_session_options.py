@@ -234,3 +234,29 @@ def test_per_session_pools_are_refused_once_the_global_pools_exist():
     out = _run_script(_PER_SESSION_AFTER_GLOBAL)
     assert "refused:" in out
     assert "thread_pools='per_session'" in out
+
+
+@pytest.mark.timeout(120)
+def test_corral_serve_runs_per_session_pools_and_logs_its_onnxruntime(tmp_path: Path, mlp_model):
+    import json
+    import urllib.request
+
+    from tests.processes import start_server, stop_server
+
+    repo = tmp_path / "repo"
+    add_model(repo, "big", mlp_model, toml="intra_op_threads = 2\n")
+    served = start_server(repo, tmp_path / "serve.log", "--thread-pools", "per_session")
+    try:
+        body = {"inputs": [{"name": "X", "shape": [1, 4], "datatype": "FP32", "data": [1] * 4}]}
+        request = urllib.request.Request(
+            f"http://{served.http}/v2/models/big/infer", data=json.dumps(body).encode()
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert json.loads(response.read())["outputs"][0]["shape"] == [1, 1]
+    finally:
+        stop_server(served)
+    log = served.log.read_text()
+    summary = next(line for line in log.splitlines() if " serving " in line)
+    assert "from onnxruntime with " in summary
+    assert "CPUExecutionProvider" in summary
+    assert "per_session thread pools of 1 intra-op thread(s)" in summary
