@@ -194,8 +194,7 @@ def resolve_providers(providers: Sequence[_ort.ProviderArg] | None) -> ResolvedP
                 f"a provider must be a name or (name, options), got {provider!r}"
             )
         if isinstance(provider, tuple):
-            options = {str(key): str(value) for key, value in dict(provider[1]).items()}
-            provider = (name, options)
+            provider = (name, _option_texts(name, provider[1]))
         names.append(name)
         traits.append(PROVIDER_TABLE.get(name, UNKNOWN_PROVIDER))
         if name in emulated:
@@ -218,6 +217,20 @@ def resolve_providers(providers: Sequence[_ort.ProviderArg] | None) -> ResolvedP
         parallel_construction=all(t.parallel_construction for t in traits),
         options_asked=tuple(options_asked),
     )
+
+
+def _option_texts(name: str, options: object) -> dict[str, str]:
+    """A provider's options as onnxruntime takes them: text keys and values, booleans 1/0."""
+    try:
+        pairs = dict(options)  # type: ignore[call-overload]  # checked by the except below
+    except (TypeError, ValueError):
+        raise ProviderUnavailable(
+            f"the options of {name} must be a mapping or (key, value) pairs, got {options!r}"
+        ) from None
+    return {
+        str(key): ("1" if value else "0") if isinstance(value, bool) else str(value)
+        for key, value in pairs.items()
+    }
 
 
 def resolve_policy(

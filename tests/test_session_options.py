@@ -130,6 +130,21 @@ def test_an_unknown_provider_with_options_is_refused_before_onnxruntime(mlp_mode
         corral.Session(mlp_model, providers=[("NoSuchExecutionProvider", {"device_id": 1})])
 
 
+@pytest.mark.timeout(30)
+def test_malformed_provider_options_are_refused_naming_the_provider(mlp_model):
+    bad: Any = ("CPUExecutionProvider", 5)  # options that are neither a mapping nor pairs
+    with pytest.raises(corral.ProviderUnavailable, match="options of CPUExecutionProvider must"):
+        corral.Session(mlp_model, providers=[bad])
+
+
+def test_boolean_provider_options_go_to_onnxruntime_as_1_or_0():
+    from corral._providers import resolve_providers
+
+    resolved = resolve_providers([("CPUExecutionProvider", {"a": True, "b": False, "c": 2})])
+    assert resolved.ort_providers == (("CPUExecutionProvider", {"a": "1", "b": "0", "c": "2"}),)
+    assert resolved.options_asked == (("CPUExecutionProvider", ("a", "b", "c")),)
+
+
 class _ReportingSession:
     """Stands for a session on a GPU provider: reports the options it took."""
 
