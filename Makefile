@@ -16,7 +16,7 @@ COVERAGE_FLOOR := 96.5
 # `make serve` builds this demo repository of 1,000 tiny models once, then serves it.
 DEMO_REPOSITORY := demo-models
 
-.PHONY: help venv tools lint typecheck test soak serve demo bench bench-quick bench-create \
+.PHONY: help venv tools lint typecheck test test-min soak serve demo bench bench-quick bench-create \
 	bench-footprint bench-scenarios bench-http bench-ray proto clean
 
 help:
@@ -24,6 +24,7 @@ help:
 	@echo "make demo             build 1,000 tiny models and compare corral with onnxruntime's defaults"
 	@echo "make test             lint, type-check and run the test suite with coverage"
 	@echo "make soak             the long stress variants (not part of make test)"
+	@echo "make test-min         the core, server and gRPC tests on the lowest versions pyproject allows"
 	@echo "make bench-create     serialized vs parallel session construction, side by side"
 	@echo "make bench-footprint  threads, RSS and load time for 100 / 1,000 / 10,000 models"
 	@echo "make bench-scenarios  requests/s: shared and per-thread sessions vs corral, 1 to 32 callers"
@@ -79,6 +80,31 @@ test: lint typecheck tools
 soak: $(STAMP)
 	$(BIN)/python -m pytest -m soak
 
+# The dependency floors, proved: a fresh venv with every floor of pyproject.toml pinned
+# (constraints/minimum.txt) and the test tools at their newest, running the tests of the core,
+# model.toml / config.pbtxt, and both servers. Not part of `make test`; about 3 minutes to
+# install and 2 to run.
+MIN_VENV := .venv-min
+MIN_TESTS := tests/test_config.py tests/test_session.py tests/test_session_options.py \
+	tests/test_runtime.py tests/test_pbtxt.py tests/test_host.py tests/test_server_http.py \
+	tests/test_server_grpc.py tests/test_grpc_health.py tests/test_serve_flags.py \
+	tests/test_triton_compat.py
+# Dev tools, not floors: the regenerated protobuf code needs grpcio-tools (dev's pin), and
+# --trace-exporter the otel extra (whose floor, 1.25, needs protobuf < 5: not installable
+# next to the grpc extra's floor).
+MIN_DESELECT := \
+	--deselect tests/test_server_grpc.py::test_committed_generated_code_is_what_the_script_writes \
+	--deselect "tests/test_serve_flags.py::test_a_flag_and_its_variable_set_the_same_setting[trace_exporter]"
+
+test-min:
+	rm -rf $(MIN_VENV)
+	$(PYTHON) -m venv $(MIN_VENV)
+	$(MIN_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(MIN_VENV)/bin/python -m pip install --quiet -c constraints/minimum.txt \
+		-e '.[server,grpc,demo]' pytest pytest-timeout hypothesis httpx 'tritonclient[http,grpc]'
+	$(MIN_VENV)/bin/python -m pip list 2>/dev/null | grep -Ei '^(onnxruntime|numpy|protobuf|grpcio|uvicorn|orjson|prometheus|pydantic|onnx )'
+	$(MIN_VENV)/bin/python -m pytest -m "not soak" -q $(MIN_TESTS) $(MIN_DESELECT)
+
 demo: $(STAMP)
 	$(BIN)/corral demo
 
@@ -127,5 +153,5 @@ bench-ray: $(STAMP) tools
 	$(BIN)/python benchmarks/render_ray.py benchmarks/results/ray.json docs/scale-out.md
 
 clean:
-	rm -rf $(VENV) $(SERVE_VENV) .pytest_cache .mypy_cache .ruff_cache .coverage htmlcov \
+	rm -rf $(VENV) $(SERVE_VENV) $(MIN_VENV) .pytest_cache .mypy_cache .ruff_cache .coverage htmlcov \
 		$(DEMO_REPOSITORY) $(DEMO_REPOSITORY).partial

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from corral._budget import estimate_footprint_bytes
-from corral._config import ModelConfig
+from corral._config import ModelConfig, ProviderEntry
 from corral._errors import ModelLoadError, ModelNotFound, ProviderUnavailable
 from corral._modelfile import read_footprint
 from corral._pbtxt import CONFIG_PBTXT
@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 # What an estimate depends on: the file (path, size, mtime) and the settings that pick the
 # number of sessions.
-_EstimateKey = tuple[str, int, int, str, tuple[str, ...] | None, int]
+_EstimateKey = tuple[str, int, int, str, tuple[ProviderEntry, ...] | None, int]
 # An estimate in bytes, or why the file could not be read.
 _Estimate = int | str
 
@@ -244,7 +244,7 @@ def _size_problems(
     return problems
 
 
-def _policy_key(config: ModelConfig) -> tuple[str, tuple[str, ...] | None]:
+def _policy_key(config: ModelConfig) -> tuple[str, tuple[ProviderEntry, ...] | None]:
     return config.concurrency, config.providers
 
 

@@ -5,7 +5,10 @@ A model folder may hold a ``model.toml`` next to its version folders::
     max_batch_size = 32          # 0: never batch; absent: decided from the model
     batch_window_us = 500        # absent: the scheduler's default
     concurrency = "pool:2"       # "auto", "shared", "exclusive" or "pool:N"
-    providers = ["CPUExecutionProvider"]
+    providers = [{ name = "CUDAExecutionProvider", device_id = 1 }, "CPUExecutionProvider"]
+    graph_optimization_level = "all"   # "disable", "basic", "extended" or "all"
+    execution_mode = "sequential"      # or "parallel"
+    intra_op_threads = 4         # needs the Runtime's per-session thread pools
     pinned = true                # never evicted
     warmup = true                # run once on zeros after loading
     version_policy = { latest = 2 }
@@ -29,9 +32,11 @@ from typing import Literal
 
 from corral._errors import ModelConfigError
 from corral._providers import ConcurrencyPolicy
+from corral._tuning import SessionTuning
 
 __all__ = [
     "ModelConfig",
+    "ProviderEntry",
     "TensorConfig",
     "VersionPolicy",
     "VersionPolicyKind",
@@ -40,6 +45,10 @@ __all__ = [
 ]
 
 VersionPolicyKind = Literal["latest", "all", "specific"]
+
+#: A provider as a ModelConfig holds it: a name, or a name and its options as sorted
+#: ``(key, value)`` pairs, every value text (as onnxruntime takes them); hashable.
+ProviderEntry = str | tuple[str, tuple[tuple[str, str], ...]]
 
 
 class _FieldError(ValueError):
@@ -202,14 +211,22 @@ class ModelConfig:
     batch_window_us: int | None = None
     #: ``"auto"``, ``"shared"``, ``"exclusive"`` or ``"pool:N"`` (see ConcurrencyPolicy).
     concurrency: str = "auto"
-    #: Execution providers in order of precedence; None: the CPU provider.
-    providers: tuple[str, ...] | None = None
+    #: Execution providers in order of precedence, each a name or (name, options as sorted
+    #: (key, text value) pairs); None: the CPU provider.
+    providers: tuple[ProviderEntry, ...] | None = None
     #: Never evicted to make room for other models.
     pinned: bool = False
     #: Run once on zeros after loading, so the first request does not pay for first-run setup.
     warmup: bool = False
     #: Which versions on disk are served.
     version_policy: VersionPolicy = VersionPolicy("latest", 1)
+    #: onnxruntime's graph optimization level: ``disable``, ``basic``, ``extended``, ``all``;
+    #: None: onnxruntime's default (``all``).
+    graph_optimization_level: str | None = None
+    #: ``sequential`` or ``parallel`` (on the Runtime's inter-op threads); None: sequential.
+    execution_mode: str | None = None
+    #: Threads one run uses; other than the Runtime's needs its per-session thread pools.
+    intra_op_threads: int | None = None
     #: Where the settings came from: ``"default"``, ``"model.toml"`` or ``"config.pbtxt"``
     #: (not compared: the same settings from either file are equal).
     source: str = field(default="default", compare=False)
@@ -242,6 +259,11 @@ class ModelConfig:
         object.__setattr__(self, "concurrency", _check_concurrency(self.concurrency))
         if self.providers is not None:
             object.__setattr__(self, "providers", _check_providers(self.providers))
+        try:
+            SessionTuning(self.graph_optimization_level, self.execution_mode, self.intra_op_threads)
+        except ValueError as exc:
+            name, _, problem = str(exc).partition(" ")
+            raise _FieldError(name, problem) from None
         _check_bool("pinned", self.pinned)
         _check_bool("warmup", self.warmup)
         _check_bool("combine_requests", self.combine_requests)
@@ -396,16 +418,44 @@ def _check_concurrency(value: object) -> str:
     return "auto" if policy is None else str(policy)
 
 
-def _check_providers(value: object) -> tuple[str, ...]:
+def _check_providers(value: object) -> tuple[ProviderEntry, ...]:
     if not isinstance(value, tuple | list) or not value:
         raise _FieldError(
             "providers",
-            f"must be a non-empty array of provider names (leave it out for the CPU), "
+            f"must be a non-empty array of provider names or tables (leave it out for the CPU), "
             f"got {_describe(value)}",
         )
-    for i, item in enumerate(value):
-        if not isinstance(item, str) or not item.strip():
-            raise _FieldError(f"providers[{i}]", f"must be a provider name, got {_describe(item)}")
-    if len(set(value)) != len(value):
-        raise _FieldError("providers", f"lists a provider twice: {list(value)!r}")
-    return tuple(value)
+    entries = tuple(_provider_entry(f"providers[{i}]", item) for i, item in enumerate(value))
+    names = [entry if isinstance(entry, str) else entry[0] for entry in entries]
+    if len(set(names)) != len(names):
+        raise _FieldError("providers", f"lists a provider twice: {names!r}")
+    return entries
+
+
+def _provider_entry(name: str, item: object) -> ProviderEntry:
+    """A provider name, a ``{ name = ..., <option> = value }`` table, or an entry already made."""
+    if isinstance(item, str) and item.strip():
+        return item
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], tuple):
+        item = {"name": item[0], **dict(item[1])}
+    if not isinstance(item, dict):
+        raise _FieldError(
+            name, f"must be a provider name or a table with a name, got {_describe(item)}"
+        )
+    provider = item.get("name")
+    if not isinstance(provider, str) or not provider.strip():
+        raise _FieldError(f"{name}.name", f"must be a provider name, got {_describe(provider)}")
+    options: list[tuple[str, str]] = []
+    for key, option in sorted(item.items()):
+        if key == "name":
+            continue
+        if isinstance(option, bool):
+            options.append((key, "1" if option else "0"))
+        elif isinstance(option, str | int | float):
+            options.append((key, str(option)))
+        else:
+            raise _FieldError(
+                f"{name}.{key}",
+                f"must be a string, number or boolean (a provider option), got {_describe(option)}",
+            )
+    return (provider, tuple(options)) if options else provider

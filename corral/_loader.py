@@ -272,6 +272,9 @@ class Loader:
             providers=config.providers,
             concurrency=config.concurrency,
             name=f"{name}:{version}",
+            graph_optimization_level=config.graph_optimization_level,
+            execution_mode=config.execution_mode,
+            intra_op_threads=config.intra_op_threads,
         )
         try:
             # A config.pbtxt's declarations, before anything runs on the model.

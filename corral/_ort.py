@@ -35,12 +35,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from corral._errors import (
     InferenceError,
     InvalidInput,
+    ModelConfigError,
     ModelLoadError,
     RunCancelled,
     RuntimeConfigError,
@@ -56,8 +57,10 @@ __all__ = [
     "OncePerInterval",
     "ProviderArg",
     "available_providers",
+    "check_provider_options",
     "configure_process",
     "create_session",
+    "distribution",
     "load_error",
     "new_run_options",
     "onnxruntime",
@@ -67,8 +70,9 @@ __all__ = [
     "session_options",
 ]
 
-#: A provider as onnxruntime takes it: a name, or a name and its options.
-ProviderArg = str | tuple[str, dict[str, Any]]
+#: A provider as onnxruntime takes it: a name, or a name and its options (a mapping, or
+#: ``(key, value)`` pairs as model.toml's configuration holds them).
+ProviderArg = str | tuple[str, Mapping[str, Any] | tuple[tuple[str, str], ...]]
 
 # Guards _pools and _env_allocator: onnxruntime's process-wide settings, which can be made
 # once per process and never changed.
@@ -166,17 +170,32 @@ def process_pools() -> tuple[int, int] | None:
         return _pools
 
 
-def configure_process(intra_op_threads: int, inter_op_threads: int, *, env_allocator: bool) -> None:
+def configure_process(
+    intra_op_threads: int,
+    inter_op_threads: int,
+    *,
+    env_allocator: bool,
+    global_pools: bool = True,
+) -> None:
     """Set onnxruntime's global thread pools (once per process) and, if asked, its env allocator.
 
     Setting the same pool sizes again is a no-op; other sizes raise :class:`RuntimeConfigError`,
-    because onnxruntime cannot replace its global pools.
+    because onnxruntime cannot replace its global pools. With ``global_pools=False`` (sessions
+    with their own pools) no pools are set, and pools set earlier are an error: a session with
+    its own threads cannot be built once they exist.
     """
     global _pools, _env_allocator
     ort = onnxruntime()
     wanted = (intra_op_threads, inter_op_threads)
     with _PROCESS_SETTINGS_LOCK:
-        if _pools is None:
+        if not global_pools:
+            if _pools is not None:
+                raise RuntimeConfigError(
+                    "onnxruntime's global thread pools were already set in this process "
+                    f"(intra_op_threads={_pools[0]}, inter_op_threads={_pools[1]}); sessions "
+                    "with their own thread pools cannot be built after that"
+                )
+        elif _pools is None:
             try:
                 ort.set_global_thread_pool_sizes(intra_op_threads, inter_op_threads)
             except Exception as exc:
@@ -207,10 +226,16 @@ def configure_process(intra_op_threads: int, inter_op_threads: int, *, env_alloc
             _env_allocator = True
 
 
-def session_options(*, arena: str) -> Any:
-    """Options for one corral session: global pools, and the arena the Runtime chose."""
+def session_options(*, arena: str, own_threads: tuple[int, int] | None = None) -> Any:
+    """Options for one corral session: its thread pools, and the arena the Runtime chose.
+
+    ``own_threads`` None: the global pools; else the session's own (intra, inter) pools.
+    """
     options = onnxruntime().SessionOptions()
-    options.use_per_session_threads = False
+    if own_threads is None:
+        options.use_per_session_threads = False
+    else:
+        options.intra_op_num_threads, options.inter_op_num_threads = own_threads
     if arena == "shared":
         options.add_session_config_entry("session.use_env_allocators", "1")
     elif arena == "off":
@@ -246,6 +271,38 @@ def new_run_options() -> Any:
     options = onnxruntime().RunOptions()
     options.log_severity_level = RUN_LOG_SEVERITY
     return options
+
+
+def check_provider_options(
+    session: Any, asked: Sequence[tuple[str, tuple[str, ...]]], source: str
+) -> None:
+    """Refuse provider options onnxruntime did not take.
+
+    onnxruntime refuses unknown options of some providers (CUDA, TensorRT) when it builds the
+    session, but drops those of others (the CPU provider takes none) without a word. What the
+    session reports it uses must name every option asked for, or the load fails.
+    """
+    taken: dict[str, dict[str, str]] = session.get_provider_options()
+    for name, keys in asked:
+        used = taken.get(name, {})
+        dropped = [key for key in keys if key not in used]
+        if dropped:
+            raise ModelConfigError(
+                f"{source}: onnxruntime did not take option(s) {', '.join(map(repr, dropped))} "
+                f"of {name}; it takes: {', '.join(sorted(used)) or 'none'}"
+            )
+
+
+def distribution() -> str:
+    """The installed distribution onnxruntime came from (``onnxruntime``, ``onnxruntime-gpu``...).
+
+    ``"unknown"`` when no installed distribution provides the ``onnxruntime`` package (a build
+    from source on the path).
+    """
+    from importlib import metadata
+
+    found = metadata.packages_distributions().get("onnxruntime", [])
+    return ", ".join(sorted(set(found))) if found else "unknown"
 
 
 def load_error(exc: Exception, model: str | bytes) -> ModelLoadError:

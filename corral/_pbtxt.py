@@ -24,19 +24,31 @@ The mapping (``docs/host.md`` has the table):
 - ``version_policy``, ``default_model_filename``, ``parameters``, ``label_filename``,
   ``input``/``output`` (name, data_type, dims, format, reshape), ``model_warmup`` (zero, random
   or file data: :func:`warmup_feed`), ``optimization.execution_accelerators`` naming
-  ``openvino`` (CPU) or ``tensorrt`` (GPU) without parameters → providers.
+  ``openvino`` (CPU) or ``tensorrt`` / ``cuda`` (GPU) → providers, their parameters →
+  provider options (TensorRT's under onnxruntime's names, as Triton's backend maps them).
+- ``optimization.graph.level`` → ``graph_optimization_level``; the backend's parameters
+  ``execution_mode`` and ``intra_op_thread_count`` → ``execution_mode`` and
+  ``intra_op_threads`` (still reported among ``parameters``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from corral._config import ModelConfig, TensorConfig, VersionPolicy, WarmupInput, WarmupSample
+from corral._config import (
+    ModelConfig,
+    ProviderEntry,
+    TensorConfig,
+    VersionPolicy,
+    WarmupInput,
+    WarmupSample,
+)
 from corral._errors import ModelConfigError
 from corral._providers import MAX_POOL_SIZE
 from corral._signature import Reshape, ReshapedSignature, Signature, TensorSpec
@@ -94,6 +106,9 @@ _HONOURED = frozenset(
         "model_warmup.inputs",
         "optimization.execution_accelerators.cpu_execution_accelerator.name",
         "optimization.execution_accelerators.gpu_execution_accelerator.name",
+        "optimization.execution_accelerators.cpu_execution_accelerator.parameters",
+        "optimization.execution_accelerators.gpu_execution_accelerator.parameters",
+        "optimization.graph.level",
     }
 )
 
@@ -123,19 +138,12 @@ _WHY = {
     "instance_group.passive": "every instance corral builds takes requests",
     "instance_group.host_policy": "corral has no host policies",
     "optimization": "corral runs onnxruntime with its own session options",
-    "optimization.graph": (
-        "corral leaves onnxruntime's graph optimization level at its default (all optimizations)"
-    ),
     "optimization.priority": "corral's queues have no priorities",
     "optimization.cuda": "CUDA graphs and CUDA stream settings are not passed to onnxruntime",
     "optimization.input_pinned_memory": "corral does not stage tensors in pinned memory",
     "optimization.output_pinned_memory": "corral does not stage tensors in pinned memory",
     "optimization.gather_kernel_buffer_threshold": "corral has no gather kernel",
     "optimization.eager_batching": "corral's batcher has no eager mode",
-    "optimization.execution_accelerators": (
-        "corral passes no provider options to onnxruntime, so an accelerator's parameters "
-        "would be dropped"
-    ),
     "cc_model_filenames": "corral picks no file by compute capability",
     "metric_tags": "corral's metrics carry no per-model tags",
     "model_operations": "corral loads no custom operation libraries",
@@ -149,9 +157,7 @@ _WHY = {
 # so taking them as mere labels would drop them silently.
 _BACKEND_PARAMETERS = frozenset(
     {
-        "intra_op_thread_count",
         "inter_op_thread_count",
-        "execution_mode",
         "enable_mem_arena",
         "enable_mem_pattern",
         "memory.enable_memory_arena_shrinkage",
@@ -166,6 +172,22 @@ _BACKEND_PARAMETERS = frozenset(
         "allow_incomplete_outputs",
     }
 )
+
+#: The backend's parameters corral applies (``_session_parameters``); kept in ``parameters`` too.
+_SESSION_PARAMETERS = ("execution_mode", "intra_op_thread_count")
+
+#: Triton's ``optimization.graph.level`` → model.toml's ``graph_optimization_level`` (0, the
+#: default, leaves onnxruntime's: all optimizations).
+_GRAPH_LEVELS = {-1: "basic", 1: "extended", 2: "disable"}
+
+#: Triton's TensorRT accelerator parameters whose onnxruntime option has another name; the
+#: others are onnxruntime's own names already. ``precision_mode`` is translated apart.
+_TENSORRT_OPTIONS = {
+    "max_workspace_size_bytes": "trt_max_workspace_size",
+    "int8_calibration_table_name": "trt_int8_calibration_table_name",
+    "int8_use_native_calibration_table": "trt_int8_use_native_calibration_table",
+}
+_PRECISION_MODES = {"FP32": (), "FP16": ("trt_fp16_enable",), "INT8": ("trt_int8_enable",)}
 
 #: Triton's accelerator names and the onnxruntime providers they stand for.
 _ACCELERATORS = {
@@ -368,6 +390,15 @@ def _map(
     providers = _providers(message.optimization.execution_accelerators, gpu)
     if providers is not None:
         values["providers"] = providers
+    level = message.optimization.graph.level
+    if level:
+        if level not in _GRAPH_LEVELS:
+            raise ModelConfigError(
+                f"optimization.graph.level {level} is not one of Triton's: -1 (basic), 0 (the "
+                "default: all), 1 (basic and extended), 2 (none)"
+            )
+        values["graph_optimization_level"] = _GRAPH_LEVELS[level]
+    values.update(_session_parameters(message.parameters))
     try:
         return ModelConfig(**values)
     except ValueError as exc:
@@ -685,8 +716,49 @@ def _instances(groups: Any, pb: Any) -> tuple[str | None, bool]:
     return f"pool:{total}", gpu
 
 
-def _providers(accelerators: Any, gpu: bool) -> tuple[str, ...] | None:
-    providers: list[str] = []
+def _session_parameters(parameters: Any) -> dict[str, Any]:
+    """The backend's ``execution_mode`` ("0"/"1") and ``intra_op_thread_count`` ("0": cores)."""
+    values: dict[str, Any] = {}
+    if "execution_mode" in parameters:
+        mode = parameters["execution_mode"].string_value
+        if mode not in ("0", "1"):
+            raise ModelConfigError(
+                f"parameters['execution_mode'] must be '0' (sequential) or '1' (parallel), "
+                f"got {mode!r}"
+            )
+        values["execution_mode"] = "parallel" if mode == "1" else "sequential"
+    if "intra_op_thread_count" in parameters:
+        count = parameters["intra_op_thread_count"].string_value
+        if not (count.isascii() and count.isdigit() and len(count) <= 4):
+            raise ModelConfigError(
+                f"parameters['intra_op_thread_count'] must be a count of threads (0: the "
+                f"cores), got {count!r}"
+            )
+        values["intra_op_threads"] = int(count) or (os.cpu_count() or 1)
+    return values
+
+
+def _accelerator_options(kind: str, index: int, accelerator: Any) -> tuple[tuple[str, str], ...]:
+    """An accelerator's parameters as its provider's options, under onnxruntime's names."""
+    options: dict[str, str] = {}
+    for key in sorted(accelerator.parameters):
+        value = accelerator.parameters[key]
+        if accelerator.name != "tensorrt":
+            options[key] = value
+        elif key == "precision_mode":
+            if value not in _PRECISION_MODES:
+                raise ModelConfigError(
+                    f"optimization.execution_accelerators.{kind}[{index}].parameters"
+                    f"['precision_mode'] must be FP32, FP16 or INT8, got {value!r}"
+                )
+            options.update(dict.fromkeys(_PRECISION_MODES[value], "1"))
+        else:
+            options[_TENSORRT_OPTIONS.get(key, key)] = value
+    return tuple(sorted(options.items()))
+
+
+def _providers(accelerators: Any, gpu: bool) -> tuple[ProviderEntry, ...] | None:
+    providers: list[ProviderEntry] = []
     for kind in ("gpu_execution_accelerator", "cpu_execution_accelerator"):
         for index, accelerator in enumerate(getattr(accelerators, kind)):
             provider = _ACCELERATORS.get((kind, accelerator.name))
@@ -701,8 +773,10 @@ def _providers(accelerators: Any, gpu: bool) -> tuple[str, ...] | None:
                     f"optimization.execution_accelerators.{kind}[{index}] needs an "
                     "instance_group of kind KIND_GPU"
                 )
-            providers.append(provider)
-    if gpu and "CUDAExecutionProvider" not in providers:
+            options = _accelerator_options(kind, index, accelerator)
+            providers.append((provider, options) if options else provider)
+    names = [entry if isinstance(entry, str) else entry[0] for entry in providers]
+    if gpu and "CUDAExecutionProvider" not in names:
         providers.append("CUDAExecutionProvider")
     if not providers:
         return None

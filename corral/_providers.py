@@ -162,13 +162,18 @@ class ResolvedProviders:
     run_policy: PolicyKind
     #: True only if every provider allows parallel construction.
     parallel_construction: bool
+    #: The option names asked of each provider given with options (not emulated ones):
+    #: each must be among what the session reports it took (``_ort.check_provider_options``).
+    options_asked: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 def resolve_providers(providers: Sequence[_ort.ProviderArg] | None) -> ResolvedProviders:
     """Check the providers exist in this build and combine their rows of the table.
 
-    ``None`` means the CPU provider. Raises :class:`ProviderUnavailable` for a provider this
-    onnxruntime build does not have: corral never falls back silently.
+    ``None`` means the CPU provider. A provider is a name, or ``(name, options)`` with the
+    options a mapping or ``(key, value)`` pairs (values passed to onnxruntime as text).
+    Raises :class:`ProviderUnavailable` for a provider this onnxruntime build does not have:
+    corral never falls back silently. The options of an emulated provider (tests) are dropped.
     """
     asked: list[_ort.ProviderArg] = (
         ["CPUExecutionProvider"] if providers is None else list(providers)
@@ -181,12 +186,15 @@ def resolve_providers(providers: Sequence[_ort.ProviderArg] | None) -> ResolvedP
     ort_providers: list[_ort.ProviderArg] = []
     names: list[str] = []
     traits: list[ProviderTraits] = []
+    options_asked: list[tuple[str, tuple[str, ...]]] = []
     for provider in asked:
         name = provider[0] if isinstance(provider, tuple) else provider
-        if not isinstance(name, str):
+        if not isinstance(name, str) or (isinstance(provider, tuple) and len(provider) != 2):
             raise ProviderUnavailable(
                 f"a provider must be a name or (name, options), got {provider!r}"
             )
+        if isinstance(provider, tuple):
+            provider = (name, _option_texts(name, provider[1]))
         names.append(name)
         traits.append(PROVIDER_TABLE.get(name, UNKNOWN_PROVIDER))
         if name in emulated:
@@ -199,13 +207,30 @@ def resolve_providers(providers: Sequence[_ort.ProviderArg] | None) -> ResolvedP
         # onnxruntime warns about a repeated provider and drops it; do that quietly here.
         if all((p[0] if isinstance(p, tuple) else p) != name for p in ort_providers):
             ort_providers.append(provider)
+            if isinstance(provider, tuple) and provider[1]:
+                options_asked.append((name, tuple(sorted(provider[1]))))
     strictest = max((t.run_policy for t in traits), key=_STRICTNESS.__getitem__)
     return ResolvedProviders(
         ort_providers=tuple(ort_providers),
         requested=tuple(names),
         run_policy=strictest,
         parallel_construction=all(t.parallel_construction for t in traits),
+        options_asked=tuple(options_asked),
     )
+
+
+def _option_texts(name: str, options: object) -> dict[str, str]:
+    """A provider's options as onnxruntime takes them: text keys and values, booleans 1/0."""
+    try:
+        pairs = dict(options)  # type: ignore[call-overload]  # checked by the except below
+    except (TypeError, ValueError):
+        raise ProviderUnavailable(
+            f"the options of {name} must be a mapping or (key, value) pairs, got {options!r}"
+        ) from None
+    return {
+        str(key): ("1" if value else "0") if isinstance(value, bool) else str(value)
+        for key, value in pairs.items()
+    }
 
 
 def resolve_policy(

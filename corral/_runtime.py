@@ -19,10 +19,18 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from corral import _ort
-from corral._errors import DrainTimeout, RuntimeClosed, RuntimeConfigError
+from corral._errors import DrainTimeout, ModelConfigError, RuntimeClosed, RuntimeConfigError
 from corral._scheduler import Scheduler, deadline_after, time_left
 
-__all__ = ["ArenaMode", "Runtime", "RuntimeOptions", "RuntimeState", "RuntimeStats", "runtime"]
+__all__ = [
+    "ArenaMode",
+    "Runtime",
+    "RuntimeOptions",
+    "RuntimeState",
+    "RuntimeStats",
+    "ThreadPools",
+    "runtime",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +38,12 @@ logger = logging.getLogger(__name__)
 #: arena per session (``per_session``), or no arena (``off``).
 ArenaMode = Literal["shared", "per_session", "off"]
 _ARENA_MODES: tuple[ArenaMode, ...] = ("shared", "per_session", "off")
+
+#: Whose threads run a model: onnxruntime's process-wide pools, shared by every session
+#: (``global``: threads do not grow with the models), or each session's own pools
+#: (``per_session``: for a few large models, each with its own ``intra_op_threads``).
+ThreadPools = Literal["global", "per_session"]
+_THREAD_POOLS: tuple[ThreadPools, ...] = ("global", "per_session")
 
 #: How long interpreter exit waits for runs still in flight (after cancelling them).
 EXIT_TIMEOUT_S = 10.0
@@ -52,15 +66,19 @@ class RuntimeState(enum.Enum):
 class RuntimeOptions:
     """A Runtime's options, with defaults filled in. Equal options mean the same Runtime."""
 
-    #: Threads in onnxruntime's global intra-op pool. Above 1, its workers spin between
-    #: runs and Python cannot turn that off; for small models 1 is also the fastest.
+    #: Threads in onnxruntime's global intra-op pool (with ``per_session`` pools: each
+    #: session's default). Above 1, global pool workers spin between runs and Python cannot
+    #: turn that off; for small models 1 is also the fastest.
     intra_op_threads: int = 1
-    #: Threads in onnxruntime's global inter-op pool (used only by parallel execution mode).
+    #: Threads in the inter-op pool (used only by the parallel execution mode); global, or
+    #: each session's with ``per_session`` pools.
     inter_op_threads: int = 1
     #: Threads that run models for the scheduler; also the size ``auto`` gives a pool.
     compute_workers: int = 1
     #: CPU memory pooling; see :data:`ArenaMode`.
     arena: ArenaMode = "shared"
+    #: Whose threads run models; see :data:`ThreadPools`.
+    thread_pools: ThreadPools = "global"
 
     @classmethod
     def resolve(
@@ -69,6 +87,7 @@ class RuntimeOptions:
         inter_op_threads: int | None,
         compute_workers: int | None,
         arena: str,
+        thread_pools: str = "global",
     ) -> RuntimeOptions:
         """Fill in defaults and check ranges; bad values raise :class:`RuntimeConfigError`."""
         values = {
@@ -85,13 +104,19 @@ class RuntimeOptions:
             raise RuntimeConfigError(
                 f"arena must be one of {', '.join(map(repr, _ARENA_MODES))}, got {arena!r}"
             )
-        return cls(arena=arena, **values)
+        if thread_pools not in _THREAD_POOLS:
+            raise RuntimeConfigError(
+                f"thread_pools must be one of {', '.join(map(repr, _THREAD_POOLS))}, "
+                f"got {thread_pools!r}"
+            )
+        return cls(arena=arena, thread_pools=thread_pools, **values)
 
     def describe(self) -> str:
         """The options as keyword arguments, for messages."""
         return (
             f"intra_op_threads={self.intra_op_threads}, inter_op_threads={self.inter_op_threads}, "
-            f"compute_workers={self.compute_workers}, arena={self.arena!r}"
+            f"compute_workers={self.compute_workers}, arena={self.arena!r}, "
+            f"thread_pools={self.thread_pools!r}"
         )
 
 
@@ -103,7 +128,8 @@ class RuntimeStats:
     options: RuntimeOptions
     #: Threads the Runtime owns: onnxruntime's global pool workers (the calling thread is
     #: the first thread of each pool, so a pool of N adds N - 1), plus compute workers started
-    #: (they start with the scheduler's first request).
+    #: (they start with the scheduler's first request). With ``per_session`` pools, the pools'
+    #: threads belong to the sessions and are not counted here.
     threads: int
     #: Sessions created through this Runtime and not yet closed or collected.
     sessions_alive: int
@@ -160,9 +186,12 @@ class Runtime:
         compute_workers: int | None = None,
         *,
         arena: ArenaMode = "shared",
+        thread_pools: ThreadPools = "global",
     ) -> Runtime:
         global _process_runtime
-        options = RuntimeOptions.resolve(intra_op_threads, inter_op_threads, compute_workers, arena)
+        options = RuntimeOptions.resolve(
+            intra_op_threads, inter_op_threads, compute_workers, arena, thread_pools
+        )
         with _PROCESS_LOCK:
             current = _process_runtime
             if current is not None and current._options == options and current._usable():
@@ -178,6 +207,11 @@ class Runtime:
                     f"cannot start another with {options.describe()}"
                 )
             pools = _ort.process_pools()
+            if pools is not None and options.thread_pools == "per_session":
+                raise RuntimeConfigError(
+                    "onnxruntime's global pools were set in this process by an earlier Runtime; "
+                    "sessions with their own pools (thread_pools='per_session') cannot be built"
+                )
             if pools is not None and pools != (options.intra_op_threads, options.inter_op_threads):
                 raise RuntimeConfigError(
                     "onnxruntime's global pools were set in this process to "
@@ -202,6 +236,7 @@ class Runtime:
         compute_workers: int | None = None,
         *,
         arena: ArenaMode = "shared",
+        thread_pools: ThreadPools = "global",
     ) -> None:
         # Everything happens in __new__, which may return the existing process Runtime.
         pass
@@ -283,7 +318,11 @@ class Runtime:
             sessions = list(self._sessions)
             compute = self._compute
         started = state in (RuntimeState.RUNNING, RuntimeState.SHUTTING_DOWN)
-        pool_threads = self._options.intra_op_threads - 1 + self._options.inter_op_threads - 1
+        pool_threads = (
+            self._options.intra_op_threads - 1 + self._options.inter_op_threads - 1
+            if self._options.thread_pools == "global"
+            else 0
+        )
         compute_threads = 0 if compute is None else compute.threads
         return RuntimeStats(
             state=state,
@@ -327,8 +366,26 @@ class Runtime:
                 self._compute = Scheduler(self._options.compute_workers)
             return self._compute
 
-    def _session_options(self) -> object:
-        return _ort.session_options(arena=self._options.arena)
+    def _session_options(self, intra_op_threads: int | None = None) -> object:
+        """The onnxruntime options of a new session; ``intra_op_threads`` None: the Runtime's.
+
+        Under the global pools a session cannot have a thread count of its own: asking for
+        one other than the pool's raises :class:`ModelConfigError`.
+        """
+        options = self._options
+        if options.thread_pools == "global":
+            if intra_op_threads is not None and intra_op_threads != options.intra_op_threads:
+                raise ModelConfigError(
+                    f"intra_op_threads = {intra_op_threads} needs sessions with their own thread "
+                    f"pools: this Runtime runs every model on its global pool of "
+                    f"{options.intra_op_threads} thread(s) (Runtime(thread_pools='per_session'), "
+                    "corral serve --thread-pools per_session)"
+                )
+            return _ort.session_options(arena=options.arena)
+        threads = options.intra_op_threads if intra_op_threads is None else intra_op_threads
+        return _ort.session_options(
+            arena=options.arena, own_threads=(threads, options.inter_op_threads)
+        )
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -341,6 +398,7 @@ class Runtime:
             self._options.intra_op_threads,
             self._options.inter_op_threads,
             env_allocator=self._options.arena == "shared",
+            global_pools=self._options.thread_pools == "global",
         )
         self._state = RuntimeState.RUNNING
         atexit.register(self._shutdown_at_exit)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy.typing as npt
 
 from corral import _ort
-from corral._errors import DrainTimeout, RunCancelled, SessionClosed
+from corral._errors import DrainTimeout, ModelConfigError, RunCancelled, SessionClosed
 from corral._providers import (
     ConcurrencyPolicy,
     ResolvedProviders,
@@ -27,6 +27,7 @@ from corral._providers import (
 )
 from corral._runtime import Runtime, runtime
 from corral._signature import ReshapedSignature, Signature, TensorSpec
+from corral._tuning import SessionTuning
 
 __all__ = ["Lease", "ModelSource", "Session", "SessionState"]
 
@@ -53,7 +54,16 @@ class Session:
     ``concurrency`` is ``"auto"`` (chosen from the provider table, see
     :data:`corral.PROVIDER_TABLE`), ``"shared"`` (one onnxruntime session, concurrent runs),
     ``"exclusive"`` (one session, one run at a time) or ``"pool:N"`` (N sessions; a run
-    borrows an idle one). Every session uses the Runtime's global thread pools.
+    borrows an idle one). Every session uses the Runtime's thread pools (see
+    :class:`corral.Runtime`'s ``thread_pools``).
+
+    ``providers`` are names or ``(name, options)`` pairs, such as
+    ``[("CUDAExecutionProvider", {"device_id": 1}), "CPUExecutionProvider"]``; an option
+    onnxruntime does not take is refused (:class:`ModelConfigError`), not dropped.
+    ``graph_optimization_level`` (``disable``/``basic``/``extended``/``all``),
+    ``execution_mode`` (``sequential``/``parallel``) and ``intra_op_threads`` set onnxruntime's
+    session options; None keeps its defaults and the Runtime's threads. ``intra_op_threads``
+    other than the Runtime's needs ``Runtime(thread_pools="per_session")``.
 
     Example::
 
@@ -69,8 +79,15 @@ class Session:
         providers: Sequence[_ort.ProviderArg] | None = None,
         concurrency: str | ConcurrencyPolicy = "auto",
         name: str | None = None,
+        graph_optimization_level: str | None = None,
+        execution_mode: str | None = None,
+        intra_op_threads: int | None = None,
     ) -> None:
         source = _read_source(model)
+        try:
+            self._tuning = SessionTuning(graph_optimization_level, execution_mode, intra_op_threads)
+        except ValueError as exc:
+            raise ModelConfigError(str(exc)) from None
         self._runtime = runtime if runtime is not None else _default_runtime()
         self._name = name if name is not None else _default_name(source)
         resolved = resolve_providers(providers)
@@ -375,7 +392,8 @@ class Session:
     # -- internals ---------------------------------------------------------------------------
 
     def _load(self, source: str | bytes, providers: ResolvedProviders) -> tuple[Any, ...]:
-        options = self._runtime._session_options()
+        options = self._runtime._session_options(self._tuning.intra_op_threads)
+        self._tuning.apply(options, _ort.onnxruntime())
         replicas = []
         for _ in range(self._policy.replicas):
             if providers.parallel_construction:
@@ -383,6 +401,7 @@ class Session:
             else:
                 with _ort.CONSTRUCTION_LOCK:
                     replicas.append(_ort.create_session(source, options, providers.ort_providers))
+            _ort.check_provider_options(replicas[-1], providers.options_asked, self._name)
         return tuple(replicas)
 
     def _close(

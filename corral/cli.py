@@ -40,7 +40,15 @@ if TYPE_CHECKING:
     from corral._status import HostStats, ModelStatus
     from corral.demo import DemoResult, DemoStep
 
-__all__ = ["main", "positive_int", "progress_bar", "ratio", "version_line"]
+__all__ = [
+    "RAY_SERVE_OPTIONS",
+    "main",
+    "positive_int",
+    "progress_bar",
+    "ratio",
+    "ray_serve_variables",
+    "version_line",
+]
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -109,17 +117,15 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "with its own Host and memory budget; Ray routes each model to a replica that has "
             "it. Without --address, starts a local Ray node on 127.0.0.1 (no dashboard, no "
             "usage report). SIGTERM or SIGINT removes the application (and the local node) "
-            "and exits 0. The repository must be readable at the same path on every node."
+            "and exits 0. The repository must be readable at the same path on every node. "
+            "Every option --NAME can also be set with the environment variable CORRAL_NAME "
+            "(dashes as underscores), as each option's help says; options given here win."
         ),
     )
     ray_serve.add_argument("repository", type=Path, help="the repository's root folder")
-    ray_serve.add_argument(
-        "--address", help="Ray cluster to join: auto, HOST:PORT or ray://... (default: local)"
-    )
-    ray_serve.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
-    ray_serve.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
-    ray_serve.add_argument("--log-level", default="info", help="error, warning, info, debug")
-    if command == "ray-serve":  # the flags import Ray: built only when asked for
+    if command == "ray-serve":  # the flags import Ray and read CORRAL_*: only when asked for
+        for name, convert, default, help_text in RAY_SERVE_OPTIONS:
+            _add_ray_serve_flag(ray_serve, name, convert, default, help_text)
         _add_config_flags(ray_serve)
     ray_serve.set_defaults(handler=_ray_serve)
 
@@ -417,6 +423,52 @@ def _before_importing_ray(given: list[str]) -> None:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
+#: ``corral ray-serve``'s options that are not RayServeConfig fields: (name, how its text
+#: becomes a value, default, help).
+RAY_SERVE_OPTIONS: tuple[tuple[str, Callable[[str], object], object, str], ...] = (
+    ("address", str, None, "Ray cluster to join: auto, HOST:PORT or ray://... (default: local)"),
+    ("host", str, "127.0.0.1", "HTTP address"),
+    ("port", int, 8000, "HTTP port"),
+    ("log_level", str, "info", "error, warning, info, debug"),
+)
+
+
+def _add_ray_serve_flag(
+    parser: argparse.ArgumentParser,
+    name: str,
+    convert: Callable[[str], object],
+    default: object,
+    help_text: str,
+) -> None:
+    """``--<name>``, defaulting to ``CORRAL_<NAME>`` when set (checked here), else ``default``."""
+    import os
+
+    variable = "CORRAL_" + name.upper()
+    text = os.environ.get(variable)
+    if text is not None:
+        try:
+            default = convert(text)
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            parser.error(f"{variable}={text!r}: {exc}")
+    shown = "" if default is None else f"; default {default}"
+    parser.add_argument(
+        "--" + name.replace("_", "-"),
+        type=convert,
+        default=default,
+        metavar=name.upper(),
+        help=f"{help_text} ({variable}{shown})",
+    )
+
+
+def ray_serve_variables() -> list[str]:
+    """The ``CORRAL_*`` variables ``corral ray-serve`` reads (needs the ray extra)."""
+    from corral.ray._config import RayServeConfig
+
+    names = [option[0] for option in RAY_SERVE_OPTIONS]
+    names += [field.name for field in dataclasses.fields(RayServeConfig)]
+    return ["CORRAL_" + name.upper() for name in names]
+
+
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per RayServeConfig field, ``--<field>``, with the field's help and type."""
     try:
@@ -428,15 +480,8 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
 
     hints = typing.get_type_hints(RayServeConfig)
     for field in dataclasses.fields(RayServeConfig):
-        default = "" if field.default is None else f" (default {field.default})"
-        flag = "--" + field.name.replace("_", "-")
-        parser.add_argument(
-            flag,
-            type=_size if field.name == "memory_budget" else _text_to(hints[field.name]),
-            default=field.default,
-            metavar=field.name.upper(),
-            help=f"{field.metadata['help']}{default}",
-        )
+        convert = _size if field.name == "memory_budget" else _text_to(hints[field.name])
+        _add_ray_serve_flag(parser, field.name, convert, field.default, field.metadata["help"])
 
 
 def _text_to(annotation: object) -> Callable[[str], object]:
@@ -472,6 +517,18 @@ def _ray_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    import difflib
+    import os
+
+    known = ray_serve_variables()
+    for variable in sorted(v for v in os.environ if v.startswith("CORRAL_") and v not in known):
+        # Reported, not refused: Kubernetes sets <SERVICE>_PORT-style variables of its own.
+        nearest = difflib.get_close_matches(variable, known, n=1)
+        logging.getLogger("corral.cli").warning(
+            "corral ray-serve: %s names no option of corral ray-serve and is not used%s",
+            variable,
+            f"; did you mean {nearest[0]}?" if nearest else "",
+        )
 
     def started(url: str) -> None:
         print(f"corral ray-serve: serving {repository} at {url}", flush=True)

@@ -126,6 +126,43 @@ def test_kind_gpu_asks_for_the_cuda_provider():
     assert config.concurrency == "pool:1"
 
 
+def test_accelerator_parameters_become_provider_options_under_onnxruntime_names():
+    config = parse(
+        "instance_group [ { kind: KIND_GPU } ]\n"
+        "optimization { execution_accelerators { gpu_execution_accelerator [\n"
+        '  { name: "tensorrt" parameters { key: "precision_mode" value: "FP16" }\n'
+        '    parameters { key: "max_workspace_size_bytes" value: "1073741824" }\n'
+        '    parameters { key: "trt_engine_cache_enable" value: "1" } },\n'
+        '  { name: "cuda" parameters { key: "device_id" value: "1" } } ] } }'
+    )
+    assert config.providers == (
+        (
+            "TensorrtExecutionProvider",
+            (
+                ("trt_engine_cache_enable", "1"),
+                ("trt_fp16_enable", "1"),
+                ("trt_max_workspace_size", "1073741824"),
+            ),
+        ),
+        ("CUDAExecutionProvider", (("device_id", "1"),)),
+        "CPUExecutionProvider",
+    )
+
+
+def test_graph_level_and_the_backends_session_parameters_map_onto_session_options():
+    config = parse(
+        "optimization { graph { level: -1 } }\n"
+        'parameters { key: "execution_mode" value { string_value: "1" } }\n'
+        'parameters { key: "intra_op_thread_count" value { string_value: "3" } }'
+    )
+    assert config.graph_optimization_level == "basic"
+    assert config.execution_mode == "parallel"
+    assert config.intra_op_threads == 3
+    assert ("execution_mode", "1") in config.parameters  # reported back as it came
+    assert parse("optimization { graph { level: 2 } }").graph_optimization_level == "disable"
+    assert parse("optimization { graph { level: 1 } }").graph_optimization_level == "extended"
+
+
 # -- refusals --------------------------------------------------------------------------------
 
 
@@ -172,15 +209,16 @@ def test_an_unknown_field_is_named():
         ),
         ("instance_group [ { count: 1 kind: KIND_GPU gpus: [ 1 ] } ]", "gpus", "GPUs"),
         ("instance_group [ { count: 100 } ]", "100 instances", "pool:64"),
-        ('parameters { key: "intra_op_thread_count" value { string_value: "2" } }', "intra_op", ""),
+        ('parameters { key: "inter_op_thread_count" value { string_value: "2" } }', "inter_op", ""),
         ('name: "other"', "'other'", "must match"),
-        ("optimization { graph { level: 1 } }", "optimization.graph.level", "at its default"),
+        ("optimization { graph { level: 3 } }", "optimization.graph.level 3", "-1 (basic)"),
         ("optimization { input_pinned_memory { enable: true } }", "input_pinned_memory", "pinned"),
         (
-            "optimization { execution_accelerators { cpu_execution_accelerator [ { "
-            'name: "openvino" parameters { key: "precision" value: "FP16" } } ] } }',
-            "cpu_execution_accelerator[0].parameters",
-            "no provider options",
+            "instance_group [ { kind: KIND_GPU } ] optimization { execution_accelerators { "
+            'gpu_execution_accelerator [ { name: "tensorrt" parameters { key: "precision_mode" '
+            'value: "FP8" } } ] } }',
+            "gpu_execution_accelerator[0].parameters['precision_mode']",
+            "FP32, FP16 or INT8",
         ),
         (
             "optimization { execution_accelerators { gpu_execution_accelerator "

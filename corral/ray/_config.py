@@ -18,6 +18,7 @@ from corral._errors import InvalidOption, ModelLoadError
 from corral._modelfile import read_footprint
 from corral._options import HostOptions, positive_int
 from corral._repository import Repository
+from corral._runtime import RuntimeOptions
 
 __all__ = ["UNLIMITED", "RayServeConfig", "models_per_replica"]
 
@@ -80,6 +81,15 @@ class RayServeConfig:
     drain_timeout_s: float = _option(
         10.0, "seconds a stopping replica waits for its runs before closing anyway"
     )
+    intra_op_threads: int = _option(
+        1, "per replica: threads one model run uses (its global pool, or each model's default)"
+    )
+    inter_op_threads: int = _option(
+        1, "per replica: threads for models with execution_mode = parallel"
+    )
+    thread_pools: str = _option(
+        "global", "per replica: global (models share the pools) or per_session (each its own)"
+    )
 
     def __post_init__(self) -> None:
         for name in (
@@ -103,7 +113,18 @@ class RayServeConfig:
                 raise InvalidOption(
                     f"max_models_per_replica must be a positive integer or -1, got {count!r}"
                 ) from None
-        self.host_options()  # the Host's options are checked where they are defined
+        self.runtime_options()  # the Runtime's and the Host's options are checked where
+        self.host_options()  # they are defined
+
+    def runtime_options(self) -> RuntimeOptions:
+        """The options of each replica's Runtime."""
+        return RuntimeOptions.resolve(
+            self.intra_op_threads,
+            self.inter_op_threads,
+            self.replica_compute_workers,
+            "shared",
+            self.thread_pools,
+        )
 
     def host_options(self) -> HostOptions:
         """The options of each replica's Host: its fields of the same names."""

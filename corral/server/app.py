@@ -29,10 +29,10 @@ from typing import Any
 
 import uvicorn
 
-from corral import __version__
+from corral import __version__, _ort
 from corral._errors import DrainTimeout, ModelLoadError
 from corral._host import Host
-from corral._runtime import Runtime, runtime
+from corral._runtime import Runtime, RuntimeOptions
 from corral.protocol.control import ControlThreads
 from corral.protocol.dataplane import DataPlane
 from corral.protocol.shm import SharedMemoryRegistry
@@ -124,10 +124,11 @@ async def serve(
     :data:`EXIT_DRAIN_INCOMPLETE`.
     """
     open_files = raise_open_file_limit()
-    rt = (
-        runtime()
-        if settings.compute_workers is None
-        else Runtime(compute_workers=settings.compute_workers)
+    rt = Runtime(
+        compute_workers=settings.compute_workers,
+        intra_op_threads=settings.intra_op_threads,
+        inter_op_threads=settings.inter_op_threads,
+        thread_pools=settings.thread_pools,
     )
     # Off: None, and OpenTelemetry is never imported.
     tracing = start_tracing(settings.trace_exporter)
@@ -517,7 +518,7 @@ def _log_summary(
     grpc = "off" if addresses.grpc_port is None else f"{addresses.host}:{addresses.grpc_port}"
     logger.info(
         "corral %s serving %s: %d models in the repository, HTTP on %s:%d, gRPC %s, "
-        "memory budget %s, %d compute workers, open-file limit %d, "
+        "memory budget %s, %d compute workers, %s, open-file limit %d, "
         "at most %d HTTP connections%s%s",
         __version__,
         settings.repository,
@@ -527,10 +528,21 @@ def _log_summary(
         grpc,
         budget,
         host.runtime.options.compute_workers,
+        _describe_onnxruntime(host.runtime.options),
         open_files,
         limits.max_connections,
         ", auth on" if settings.auth_token is not None else "",
         ", system shared memory on" if settings.system_shared_memory else "",
+    )
+
+
+def _describe_onnxruntime(options: RuntimeOptions) -> str:
+    """Which onnxruntime runs the models: its distribution, version, providers and threads."""
+    ort = _ort.onnxruntime()
+    return (
+        f"onnxruntime {ort.__version__} from {_ort.distribution()} with "
+        f"{', '.join(_ort.available_providers())}, {options.thread_pools} thread pools of "
+        f"{options.intra_op_threads} intra-op thread(s)"
     )
 
 

@@ -111,6 +111,24 @@ class ServerSettings(BaseSettings):
     compute_workers: int | None = Field(
         None, gt=0, description="threads that run models (default: the cores)"
     )
+    intra_op_threads: int = Field(
+        1,
+        gt=0,
+        description="threads one model run uses: the size of onnxruntime's global pool, or "
+        "with --thread-pools per_session each model's default (1 suits many small models; "
+        "the cores suit a few large ones)",
+    )
+    inter_op_threads: int = Field(
+        1,
+        gt=0,
+        description="threads for models with execution_mode = parallel (global, or per "
+        "session with --thread-pools per_session)",
+    )
+    thread_pools: Literal["global", "per_session"] = Field(
+        "global",
+        description="global: every model shares onnxruntime's pools; per_session: each model "
+        "has its own (its model.toml may set intra_op_threads)",
+    )
     max_request_bytes: int = Field(
         64 * 1024 * 1024,
         gt=0,
