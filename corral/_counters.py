@@ -19,19 +19,48 @@ Two kinds of figure, each under the lock of the code that counts it:
 
 from __future__ import annotations
 
+import math
 import threading
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
 from corral._histogram import Histogram
 
-__all__ = ["BATCH_ROWS_BUCKETS", "HostCounters", "RequestStats", "RunCounters"]
+__all__ = [
+    "BATCH_ROWS_BUCKETS",
+    "REQUEST_SECONDS_BUCKETS",
+    "HostCounters",
+    "RequestStats",
+    "RunCounters",
+]
 
 #: What names a version's figures: the model's name and version.
 Key = tuple[str, int]
 
 #: Upper bounds of the batch-size histogram buckets (rows per run).
 BATCH_ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
+
+#: Upper bounds (seconds) of the request-duration histogram buckets, from which the status
+#: page reads p50 and p99; the last catches every longer request.
+REQUEST_SECONDS_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    10.0,
+    math.inf,
+)
 
 
 @dataclass(eq=False, slots=True)
@@ -72,15 +101,53 @@ class RequestStats:
     fail_ns: int = 0
     #: When the last successful request ended, in milliseconds since the epoch; 0: never.
     last_inference_ms: int = 0
+    #: Requests, successful and failed, per duration: the count in each bucket of
+    #: :data:`REQUEST_SECONDS_BUCKETS` (not cumulative; empty: none counted).
+    seconds_counts: tuple[int, ...] = ()
 
 
-@dataclass(eq=False, slots=True)
+# REQUEST_SECONDS_BUCKETS in nanoseconds, without the last (unbounded) one: a request's bucket
+# is then one C-level bisect, the cheapest way found (a loop over the bounds cost ~1 us).
+_BOUNDS_NS = tuple(int(bound * 1e9) for bound in REQUEST_SECONDS_BUCKETS[:-1])
+
+
 class _RequestCounters:
-    success_count: int = 0
-    success_ns: int = 0
-    fail_count: int = 0
-    fail_ns: int = 0
-    last_inference_ms: int = 0
+    __slots__ = (
+        "fail_count",
+        "fail_ns",
+        "last_inference_ms",
+        "seconds_counts",
+        "success_count",
+        "success_ns",
+    )
+
+    def __init__(self) -> None:
+        self.success_count = 0
+        self.success_ns = 0
+        self.fail_count = 0
+        self.fail_ns = 0
+        self.last_inference_ms = 0
+        self.seconds_counts = [0] * len(REQUEST_SECONDS_BUCKETS)
+
+    def count(self, duration_ns: int, ok: bool, now_ms: int) -> None:
+        if ok:
+            self.success_count += 1
+            self.success_ns += duration_ns
+            self.last_inference_ms = now_ms
+        else:
+            self.fail_count += 1
+            self.fail_ns += duration_ns
+        self.seconds_counts[bisect_left(_BOUNDS_NS, duration_ns)] += 1
+
+    def stats(self) -> RequestStats:
+        return RequestStats(
+            self.success_count,
+            self.success_ns,
+            self.fail_count,
+            self.fail_ns,
+            self.last_inference_ms,
+            tuple(self.seconds_counts),
+        )
 
 
 class HostCounters:
@@ -103,6 +170,8 @@ class HostCounters:
         self._lock = threading.Lock()
         self._runs: dict[Key, RunCounters] = {}
         self._requests: dict[Key, _RequestCounters] = {}
+        # Every version's requests together: the server's rate and latency, read in O(1).
+        self._all_requests = _RequestCounters()
 
     def run_counters(self, key: Key) -> RunCounters:
         """The run counters of version ``key``, made on first use: the same object every time."""
@@ -119,24 +188,20 @@ class HostCounters:
 
     def count_request(self, key: Key, duration_ns: int, *, ok: bool) -> None:
         """Count one request to version ``key``: answered with outputs if ``ok``, else failed."""
+        now_ms = int(time.time() * 1000) if ok else 0
         with self._lock:
             counters = self._requests.get(key)
             if counters is None:
                 counters = self._requests[key] = _RequestCounters()
-            if ok:
-                counters.success_count += 1
-                counters.success_ns += duration_ns
-                counters.last_inference_ms = int(time.time() * 1000)
-            else:
-                counters.fail_count += 1
-                counters.fail_ns += duration_ns
+            counters.count(duration_ns, ok, now_ms)
+            self._all_requests.count(duration_ns, ok, now_ms)
 
     def request_stats(self) -> dict[Key, RequestStats]:
         """Every version's request figures now, by key; versions never asked are left out."""
         with self._lock:
-            return {
-                key: RequestStats(
-                    c.success_count, c.success_ns, c.fail_count, c.fail_ns, c.last_inference_ms
-                )
-                for key, c in self._requests.items()
-            }
+            return {key: c.stats() for key, c in self._requests.items()}
+
+    def all_request_stats(self) -> RequestStats:
+        """Every version's requests together (``last_inference_ms``: the last of them)."""
+        with self._lock:
+            return self._all_requests.stats()

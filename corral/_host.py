@@ -23,6 +23,7 @@ import numpy.typing as npt
 from corral._check import ProblemWatch
 from corral._counters import HostCounters, RequestStats
 from corral._errors import CorralError, DrainTimeout, ModelConfigError, SessionClosed, fresh
+from corral._events import Event, EventKind
 from corral._loader import Loader, version_number
 from corral._options import HostOptionArgs, HostOptions
 from corral._overrides import ModelOverride, Uploads, check_upload_paths
@@ -267,6 +268,10 @@ class Host:
         """
         return self._counters.request_stats()
 
+    def request_totals(self) -> RequestStats:
+        """Every version's requests counted by :meth:`count_request` together, in O(1)."""
+        return self._counters.all_request_stats()
+
     def count_request(self, name: str, version: int, duration_ns: int, *, ok: bool) -> None:
         """Count one answered request to ``name``'s ``version`` that took ``duration_ns``.
 
@@ -487,6 +492,20 @@ class Host:
     def stats(self) -> HostStats:
         """Counters and gauges, for the server and its metrics."""
         return self._table.stats()
+
+    def events(self, after: int = 0) -> list[Event]:
+        """The recent loads, evictions, unloads, reloads and load failures, oldest first.
+
+        The newest :data:`~corral._events.EVENTS_KEPT` are kept; ``after``: only the events
+        whose ``sequence`` is above it (those a reader has not seen yet).
+        """
+        return self._table.events.recent(after)
+
+    def record_event(
+        self, kind: EventKind, model: str, version: int, detail: str, *, size_bytes: int = 0
+    ) -> None:
+        """Add an event the Host cannot see itself to its log (the server's overload refusals)."""
+        self._table.events.record(kind, model, version, detail, size_bytes=size_bytes)
 
     @property
     def loads_abandoned(self) -> int:

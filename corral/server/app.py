@@ -38,9 +38,11 @@ from corral.protocol.dataplane import DataPlane
 from corral.protocol.shm import SharedMemoryRegistry
 from corral.server._connections import ConnectionLimits, end_requests_in_flight, protocol_for
 from corral.server.bodies import BodyBudget
+from corral.server.dashboard import DashboardFiles
 from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
 from corral.server.settings import ServerSettings
+from corral.server.status import StatusBoard
 from corral.server.tracing import Tracing, start_tracing
 
 __all__ = ["EXIT_CLEAN", "EXIT_DRAIN_INCOMPLETE", "EXIT_REFUSED", "Addresses", "run", "serve"]
@@ -147,6 +149,7 @@ async def serve(
         if settings.system_shared_memory
         else None
     )
+    sampling: asyncio.Task[None] | None = None
     try:
         plane = DataPlane(
             host,
@@ -159,6 +162,8 @@ async def serve(
         # One budget for both transports: memory is the process's, whichever way bytes came.
         body_budget = BodyBudget(settings.body_budget_bytes())
         metrics = Metrics(plane)
+        board = StatusBoard(plane, repository=str(settings.repository))
+        sampling = asyncio.create_task(board.run())
         app = HttpApp(
             plane,
             metrics=metrics.render,
@@ -167,6 +172,8 @@ async def serve(
             body_budget=body_budget,
             access_log=settings.access_log,
             tracing=tracing,
+            status=board,
+            dashboard=DashboardFiles.load(),
         )
         limits = connection_limits(settings, open_files)
         http = _Server(
@@ -196,6 +203,8 @@ async def serve(
             tracing,
         )
     finally:
+        if sampling is not None:
+            sampling.cancel()
         if shared_memory is not None:
             # Every region unmapped, each once the requests still using it are done.
             shared_memory.close()

@@ -1,0 +1,597 @@
+"""``GET /v2/corral/status``: what the status page and ``corral status`` show, as one document.
+
+A :class:`StatusBoard` keeps two bounded rings, filled by :meth:`StatusBoard.run` on the
+server's event loop (each sample taken on a worker thread):
+
+- every :data:`SAMPLE_S` seconds, a :class:`Sample` of the server as a whole (requests and
+  errors counted, their durations per bucket, memory used, RSS, threads, runs in flight),
+  :data:`SAMPLES_KEPT` of them: the page's charts of the last minutes, and the server's
+  requests/s, errors/s and p50/p99 over the last :data:`RATE_WINDOW_SAMPLES` samples. Each
+  costs O(1): the Host keeps a total of every version's requests for it;
+- every :data:`MODEL_WINDOW_S` seconds, a snapshot of each model version's counters (the
+  requests it answered, their durations, its queue and runs), of which the last two are kept:
+  each model's requests/s, p50/p99 and mean batch size are over the window between them, and a
+  version whose queue refused requests in it adds an ``overload`` event to the Host's log.
+  This is the O(models) part, taken on a worker thread; it holds the scheduler's lock for as
+  long as ``/metrics`` does for one scrape.
+
+A status request lists the models (a directory listing and the Host's table), filters, sorts
+and cuts one page of them on a worker thread, never on the event loop; with 10,000 models it
+costs about 60 ms of one core (measured in tests/test_status.py, docs/operations.md).
+
+Example::
+
+    board = StatusBoard(plane, repository="models/")
+    document = board.document(StatusQuery.parse(b"sort=requests_per_s&order=desc"))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import math
+import os
+import threading
+import time
+import urllib.parse
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from corral import __version__
+from corral._counters import REQUEST_SECONDS_BUCKETS, RequestStats
+from corral._events import Event, EventKind
+from corral._scheduler import QueueKey, QueueStats
+from corral._status import ModelState, ModelStatus
+from corral.protocol.dataplane import DataPlane, run_blocking
+
+__all__ = [
+    "EVENTS_SHOWN",
+    "MAX_PAGE_SIZE",
+    "MODEL_WINDOW_S",
+    "SAMPLES_KEPT",
+    "SAMPLE_S",
+    "SORT_COLUMNS",
+    "Sample",
+    "StatusBoard",
+    "StatusQuery",
+    "StatusQueryError",
+    "percentile",
+]
+
+#: Seconds between two samples of the server's figures.
+SAMPLE_S = 2.0
+#: Samples kept: 150 x 2 s, the last five minutes.
+SAMPLES_KEPT = 150
+#: The server's rates and percentiles are over this many of the last samples (10 s).
+RATE_WINDOW_SAMPLES = 5
+#: Seconds between two snapshots of every model version's counters.
+MODEL_WINDOW_S = 10.0
+#: The most models one page holds.
+MAX_PAGE_SIZE = 500
+#: The longest filter accepted, in characters (a model name is at most 255 bytes).
+MAX_FILTER_CHARS = 256
+#: Events in a status document, newest first.
+EVENTS_SHOWN = 100
+
+#: The columns the models table sorts by.
+SORT_COLUMNS = (
+    "name",
+    "state",
+    "size_bytes",
+    "requests_per_s",
+    "errors_per_s",
+    "p50_ms",
+    "p99_ms",
+    "mean_batch",
+    "queue",
+    "last_used",
+)
+
+_QUERY_PARAMETERS = ("page", "page_size", "sort", "order", "filter")
+
+
+class StatusQueryError(ValueError):
+    """A status request's query names an unknown parameter or gives one a bad value."""
+
+
+class Order(enum.Enum):
+    """Which way the models table is sorted."""
+
+    #: Smallest first (names A to Z).
+    ASC = "asc"
+    #: Largest first.
+    DESC = "desc"
+
+
+@dataclass(frozen=True)
+class StatusQuery:
+    """Which page of models a status request asks for."""
+
+    page: int = 1
+    page_size: int = 50
+    sort: str = "name"
+    order: Order = Order.ASC
+    #: Models whose name contains it, ignoring case; empty: every model.
+    filter: str = ""
+
+    @classmethod
+    def parse(cls, query_string: bytes) -> StatusQuery:
+        """Read a URL's query; raises :class:`StatusQueryError` naming the bad parameter."""
+        try:
+            text = query_string.decode("ascii")
+        except UnicodeDecodeError:
+            raise StatusQueryError("the query string is not ASCII (percent-encode it)") from None
+        try:
+            pairs = urllib.parse.parse_qsl(
+                text, keep_blank_values=True, strict_parsing=bool(text), errors="strict"
+            )
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise StatusQueryError(f"the query string cannot be read: {exc}") from None
+        given: dict[str, str] = {}
+        for key, value in pairs:
+            if key not in _QUERY_PARAMETERS:
+                raise StatusQueryError(
+                    f"unknown query parameter {key!r}: "
+                    f"the status takes {', '.join(_QUERY_PARAMETERS)}"
+                )
+            if key in given:
+                raise StatusQueryError(f"the query parameter {key!r} is given twice")
+            given[key] = value
+        page = _integer(given, "page", 1, 1, 10**9)
+        page_size = _integer(given, "page_size", 50, 1, MAX_PAGE_SIZE)
+        sort = given.get("sort", "name")
+        if sort not in SORT_COLUMNS:
+            raise StatusQueryError(
+                f"sort={sort!r} is not a column: sort by one of {', '.join(SORT_COLUMNS)}"
+            )
+        try:
+            order = Order(given.get("order", "asc"))
+        except ValueError:
+            raise StatusQueryError(
+                f"order={given['order']!r} is not an order: asc or desc"
+            ) from None
+        text_filter = given.get("filter", "")
+        if len(text_filter) > MAX_FILTER_CHARS:
+            raise StatusQueryError(
+                f"filter is {len(text_filter)} characters long, more than {MAX_FILTER_CHARS}"
+            )
+        return cls(page, page_size, sort, order, text_filter)
+
+
+def _integer(given: dict[str, str], name: str, default: int, low: int, high: int) -> int:
+    text = given.get(name)
+    if text is None:
+        return default
+    if not text.isdigit() or not low <= int(text) <= high:
+        raise StatusQueryError(f"{name}={text!r} is not a whole number from {low} to {high}")
+    return int(text)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """The server's figures at one moment, for the rates and charts of the status page."""
+
+    #: ``time.time()`` and ``time.monotonic()`` when taken.
+    time: float
+    monotonic: float
+    #: Every version's requests so far (counters that only grow).
+    requests: RequestStats
+    memory_used_bytes: int
+    rss_bytes: int
+    threads: int
+    #: Runs, leases and loads in flight on the Runtime's sessions.
+    runs_in_flight: int
+
+
+@dataclass(frozen=True, slots=True)
+class _ModelSnapshot:
+    monotonic: float
+    requests: dict[QueueKey, RequestStats]
+    queues: dict[QueueKey, QueueStats]
+
+
+@dataclass(frozen=True, slots=True)
+class _ModelFigures:
+    requests_per_s: float
+    errors_per_s: float
+    p50_ms: float | None
+    p99_ms: float | None
+    mean_batch: float | None
+    queue: int
+
+
+_NO_FIGURES = _ModelFigures(0.0, 0.0, None, None, None, 0)
+
+
+def percentile(counts: Sequence[int], fraction: float) -> float | None:
+    """The bucket bound (seconds) at or under which ``fraction`` of ``counts`` fall.
+
+    ``counts`` is per bucket of :data:`~corral._counters.REQUEST_SECONDS_BUCKETS`; None when
+    it counts nothing. An upper bound: p99 is "99 % of requests took at most this".
+    """
+    total = sum(counts)
+    if total == 0:
+        return None
+    wanted = math.ceil(fraction * total)
+    running = 0
+    for bound, count in zip(REQUEST_SECONDS_BUCKETS, counts, strict=False):
+        running += count
+        if running >= wanted:
+            return bound
+    return math.inf
+
+
+def _difference(new: Sequence[int], old: Sequence[int]) -> list[int]:
+    if not old:
+        return list(new)
+    return [a - b for a, b in zip(new, old, strict=True)]
+
+
+def _ms(seconds: float | None) -> float | None:
+    if seconds is None:
+        return None
+    return None if math.isinf(seconds) else seconds * 1000
+
+
+class StatusBoard:
+    """The status page's figures: the rings of samples, and the documents built from them.
+
+    ``repository``: what the page shows as the repository (the path served). Safe from any
+    thread; :meth:`run` fills the rings until cancelled.
+    """
+
+    def __init__(
+        self,
+        plane: DataPlane,
+        *,
+        repository: str,
+        sample_s: float = SAMPLE_S,
+        model_window_s: float = MODEL_WINDOW_S,
+    ) -> None:
+        self._plane = plane
+        self._host = plane.host
+        self._repository = repository
+        self._sample_s = sample_s
+        self._model_window_s = model_window_s
+        self._started = time.monotonic()
+        # Guards _samples and _models (the deques; what they hold is frozen). Held to append
+        # or copy only.
+        self._rings_lock = threading.Lock()
+        self._samples: deque[Sample] = deque(maxlen=SAMPLES_KEPT)
+        self._models: deque[_ModelSnapshot] = deque(maxlen=2)
+
+    async def run(self) -> None:
+        """Sample every ``sample_s`` seconds (models every ``model_window_s``) until cancelled."""
+        next_models = 0.0
+        while True:
+            now = time.monotonic()
+            if now >= next_models:
+                await run_blocking(self.sample_models)
+                next_models = now + self._model_window_s
+            await run_blocking(self.sample)
+            await asyncio.sleep(self._sample_s)
+
+    def sample(self) -> Sample:
+        """Take one sample of the server's figures into the ring; returns it. O(1)."""
+        host = self._host
+        taken = Sample(
+            time=time.time(),
+            monotonic=time.monotonic(),
+            requests=host.request_totals(),
+            memory_used_bytes=host.stats().bytes_used,
+            rss_bytes=_rss_bytes(),
+            threads=_process_threads(),
+            runs_in_flight=host.runtime.stats().runs_in_flight,
+        )
+        with self._rings_lock:
+            self._samples.append(taken)
+        return taken
+
+    def sample_models(self) -> None:
+        """Snapshot every version's counters; an ``overload`` event per queue that refused."""
+        host = self._host
+        snapshot = _ModelSnapshot(time.monotonic(), host.request_stats(), host.queue_stats())
+        with self._rings_lock:
+            previous = self._models[-1] if self._models else None
+            self._models.append(snapshot)
+        if previous is None:
+            return
+        for key, queue in snapshot.queues.items():
+            before = previous.queues.get(key)
+            refused = queue.rejected - (before.rejected if before is not None else 0)
+            if refused > 0:
+                seconds = snapshot.monotonic - previous.monotonic
+                host.record_event(
+                    EventKind.OVERLOAD,
+                    key[0],
+                    key[1],
+                    f"refused {refused:,} requests in {seconds:.0f} s: its queue was full",
+                )
+
+    def document(self, query: StatusQuery) -> dict[str, Any]:
+        """The status as JSON-ready data: server, history, one page of models, events.
+
+        Lists the repository: call it on a worker thread.
+        """
+        with self._rings_lock:
+            samples = list(self._samples)
+            snapshots = list(self._models)
+        figures = _model_figures(snapshots)
+        models = self._host.models()
+        rows = [_row(status, figures) for status in models]
+        needle = query.filter.lower()
+        if needle:
+            rows = [row for row in rows if needle in row["name"].lower()]
+        rows = _sorted(rows, query.sort, query.order)
+        pages = max(1, math.ceil(len(rows) / query.page_size))
+        start = (query.page - 1) * query.page_size
+        counts: dict[str, int] = {}
+        for status in models:
+            counts[status.state.value] = counts.get(status.state.value, 0) + 1
+        window = figures_window(snapshots)
+        return {
+            "server": self._server(samples, figures),
+            "history": _history(samples, self._sample_s),
+            "models": {
+                "total": len(models),
+                "by_state": counts,
+                "matching": len(rows),
+                "page": query.page,
+                "page_size": query.page_size,
+                "pages": pages,
+                "sort": query.sort,
+                "order": query.order.value,
+                "filter": query.filter,
+                "window_s": window,
+                "rows": rows[start : start + query.page_size],
+            },
+            "events": [
+                _event_doc(event) for event in reversed(self._host.events()[-EVENTS_SHOWN:])
+            ],
+        }
+
+    def model_document(self, name: str) -> dict[str, Any]:
+        """One model's detail: its versions, its figures, its events. Raises ModelNotFound."""
+        status = self._host.status(name)
+        with self._rings_lock:
+            snapshots = list(self._models)
+        figures = _model_figures(snapshots)
+        row = _row(status, figures)
+        row["versions"] = [
+            {
+                "version": version.version,
+                "state": version.state.value,
+                "size_bytes": version.size_bytes,
+                "last_used": version.last_used,
+                "runs": version.runs,
+                "failure": version.failure,
+                "batching": version.batching,
+                **_figures_doc(figures.get((name, version.version), _NO_FIGURES)),
+            }
+            for version in status.versions
+        ]
+        row["events"] = [
+            _event_doc(event) for event in reversed(self._host.events()) if event.model == name
+        ]
+        row["window_s"] = figures_window(snapshots)
+        return row
+
+    def _server(
+        self, samples: list[Sample], figures: dict[QueueKey, _ModelFigures]
+    ) -> dict[str, Any]:
+        host = self._host
+        stats = host.stats()
+        runtime = host.runtime.stats()
+        latest = samples[-1] if samples else self.sample()
+        first = (
+            samples[max(0, len(samples) - RATE_WINDOW_SAMPLES - 1)] if len(samples) > 1 else None
+        )
+        rate = errors = 0.0
+        p50 = p99 = None
+        if first is not None and latest.monotonic > first.monotonic:
+            seconds = latest.monotonic - first.monotonic
+            new, old = latest.requests, first.requests
+            rate = (new.success_count - old.success_count) / seconds
+            errors = (new.fail_count - old.fail_count) / seconds
+            durations = _difference(new.seconds_counts, old.seconds_counts)
+            p50, p99 = _ms(percentile(durations, 0.5)), _ms(percentile(durations, 0.99))
+        return {
+            "name": self._plane.server_metadata().name,
+            "version": __version__,
+            "state": stats.state.value,
+            "uptime_s": round(time.monotonic() - self._started, 1),
+            "repository": self._repository,
+            "requests_per_s": rate,
+            "errors_per_s": errors,
+            "p50_ms": p50,
+            "p99_ms": p99,
+            "threads": _process_threads(),
+            "rss_bytes": _rss_bytes(),
+            "memory_used_bytes": stats.bytes_used,
+            "memory_budget_bytes": stats.memory_budget,
+            "max_loaded_models": stats.max_loaded_models,
+            "loaded_models": stats.loaded_models,
+            "loaded_versions": stats.loaded_versions,
+            "compute_workers": runtime.options.compute_workers,
+            "runs_in_flight": runtime.runs_in_flight,
+            "queue_depth": sum(f.queue for f in figures.values()),
+            "loads": stats.loads,
+            "load_failures": stats.load_failures,
+            "evictions": stats.evictions,
+            "unloads": stats.unloads,
+            "reloads": stats.reloads,
+        }
+
+
+def figures_window(snapshots: Sequence[_ModelSnapshot]) -> float | None:
+    """Seconds between the two model snapshots the per-model figures compare; None: one."""
+    if len(snapshots) < 2:
+        return None
+    return round(snapshots[-1].monotonic - snapshots[0].monotonic, 1)
+
+
+def _model_figures(snapshots: Sequence[_ModelSnapshot]) -> dict[QueueKey, _ModelFigures]:
+    if not snapshots:
+        return {}
+    new = snapshots[-1]
+    old = snapshots[0] if len(snapshots) > 1 else None
+    seconds = new.monotonic - old.monotonic if old is not None else 0.0
+    figures: dict[QueueKey, _ModelFigures] = {}
+    for key in new.requests.keys() | new.queues.keys():
+        requests = new.requests.get(key, RequestStats())
+        queue = new.queues.get(key)
+        before = old.requests.get(key, RequestStats()) if old is not None else None
+        before_queue = old.queues.get(key) if old is not None else None
+        rate = errors = 0.0
+        p50 = p99 = mean_batch = None
+        if before is not None and seconds > 0:
+            rate = (requests.success_count - before.success_count) / seconds
+            errors = (requests.fail_count - before.fail_count) / seconds
+            durations = _difference(requests.seconds_counts, before.seconds_counts)
+            p50, p99 = _ms(percentile(durations, 0.5)), _ms(percentile(durations, 0.99))
+        if queue is not None:
+            runs = queue.runs - (before_queue.runs if before_queue is not None else 0)
+            rows = queue.rows - (before_queue.rows if before_queue is not None else 0)
+            mean_batch = rows / runs if runs > 0 else None
+        figures[key] = _ModelFigures(
+            rate, errors, p50, p99, mean_batch, queue.pending if queue is not None else 0
+        )
+    return figures
+
+
+def _figures_doc(figures: _ModelFigures) -> dict[str, Any]:
+    return {
+        "requests_per_s": figures.requests_per_s,
+        "errors_per_s": figures.errors_per_s,
+        "p50_ms": figures.p50_ms,
+        "p99_ms": figures.p99_ms,
+        "mean_batch": figures.mean_batch,
+        "queue": figures.queue,
+    }
+
+
+def _row(status: ModelStatus, figures: dict[QueueKey, _ModelFigures]) -> dict[str, Any]:
+    # A model's figures are its versions' summed (rates, queue) or their worst (p50, p99).
+    rate = errors = 0.0
+    queue = 0
+    p50: float | None = None
+    p99: float | None = None
+    batches: list[float] = []
+    size = 0
+    last_used: float | None = None
+    for version in status.versions:
+        found = figures.get((status.name, version.version))
+        size += version.size_bytes
+        if version.last_used is not None:
+            last_used = max(last_used or 0.0, version.last_used)
+        if found is None:
+            continue
+        rate += found.requests_per_s
+        errors += found.errors_per_s
+        queue += found.queue
+        if found.p50_ms is not None:
+            p50 = max(p50 or 0.0, found.p50_ms)
+        if found.p99_ms is not None:
+            p99 = max(p99 or 0.0, found.p99_ms)
+        if found.mean_batch is not None:
+            batches.append(found.mean_batch)
+    failures = [v.failure for v in status.versions if v.failure]
+    return {
+        "name": status.name,
+        "state": status.state.value,
+        "versions": [
+            {"version": v.version, "state": v.state.value, "size_bytes": v.size_bytes}
+            for v in status.versions
+        ],
+        "size_bytes": size,
+        "requests_per_s": rate,
+        "errors_per_s": errors,
+        "p50_ms": p50,
+        "p99_ms": p99,
+        "mean_batch": sum(batches) / len(batches) if batches else None,
+        "queue": queue,
+        "last_used": last_used,
+        "last_error": status.failure or (failures[-1] if failures else None),
+    }
+
+
+# READY first when sorted by state ascending: what serves, then what is on its way.
+_STATE_RANK = {
+    ModelState.READY.value: 0,
+    ModelState.LOADING.value: 1,
+    ModelState.UNLOADING.value: 2,
+    ModelState.FAILED.value: 3,
+    ModelState.UNLOADED.value: 4,
+}
+
+
+def _sorted(rows: list[dict[str, Any]], column: str, order: Order) -> list[dict[str, Any]]:
+    # Ties, and rows without a figure, in name order; rows without a figure always last.
+    rows = sorted(rows, key=lambda row: row["name"])
+    if column == "name":
+        return rows[::-1] if order is Order.DESC else rows
+
+    def key(row: dict[str, Any]) -> Any:
+        return _STATE_RANK[row["state"]] if column == "state" else row[column]
+
+    present = [row for row in rows if key(row) is not None]
+    missing = [row for row in rows if key(row) is None]
+    present.sort(key=key, reverse=order is Order.DESC)
+    return present + missing
+
+
+def _history(samples: list[Sample], interval: float) -> dict[str, Any]:
+    times: list[float] = []
+    rates: list[float] = []
+    p99s: list[float | None] = []
+    memory: list[int] = []
+    for old, new in itertools.pairwise(samples):
+        seconds = new.monotonic - old.monotonic
+        if seconds <= 0:
+            continue
+        times.append(new.time)
+        rates.append((new.requests.success_count - old.requests.success_count) / seconds)
+        durations = _difference(new.requests.seconds_counts, old.requests.seconds_counts)
+        p99s.append(_ms(percentile(durations, 0.99)))
+        memory.append(new.memory_used_bytes)
+    return {
+        "interval_s": interval,
+        "time": times,
+        "requests_per_s": rates,
+        "p99_ms": p99s,
+        "memory_used_bytes": memory,
+    }
+
+
+def _event_doc(event: Event) -> dict[str, Any]:
+    return {
+        "sequence": event.sequence,
+        "time": event.time,
+        "kind": event.kind.value,
+        "model": event.model,
+        "version": event.version,
+        "detail": event.detail,
+        "size_bytes": event.size_bytes,
+    }
+
+
+def _rss_bytes() -> int:
+    # Linux: resident pages from /proc; elsewhere the peak, which is what the stdlib offers.
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _process_threads() -> int:
+    # As corral_threads counts them: every OS thread (onnxruntime's native pools included).
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
