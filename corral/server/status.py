@@ -373,6 +373,12 @@ class StatusBoard:
             }
             for version in status.versions
         ]
+        # What the repository check found wrong with it, each with its fix.
+        row["problems"] = [
+            {"kind": p.kind.value, "path": p.path, "message": p.message, "fix": p.fix}
+            for p in self._host.problems
+            if p.model == name
+        ]
         row["events"] = [
             _event_doc(event) for event in reversed(self._host.events()) if event.model == name
         ]
