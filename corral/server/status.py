@@ -320,14 +320,14 @@ class StatusBoard:
             samples = list(self._samples)
             snapshots = list(self._models)
         figures = _model_figures(snapshots)
-        models = self._host.models()
-        rows = [_row(status, figures) for status in models]
+        models = self._host.models()  # in name order
         needle = query.filter.lower()
-        if needle:
-            rows = [row for row in rows if needle in row["name"].lower()]
-        rows = _sorted(rows, query.sort, query.order)
-        pages = max(1, math.ceil(len(rows) / query.page_size))
+        matching = [s for s in models if needle in s.name.lower()] if needle else models
+        ordered = _sorted(matching, figures, query.sort, query.order)
+        pages = max(1, math.ceil(len(ordered) / query.page_size))
         start = (query.page - 1) * query.page_size
+        # Only the page's rows are built in full: most of 10,000 models have no figures.
+        rows = [_row(status, figures) for status in ordered[start : start + query.page_size]]
         counts: dict[str, int] = {}
         for status in models:
             counts[status.state.value] = counts.get(status.state.value, 0) + 1
@@ -338,7 +338,7 @@ class StatusBoard:
             "models": {
                 "total": len(models),
                 "by_state": counts,
-                "matching": len(rows),
+                "matching": len(ordered),
                 "page": query.page,
                 "page_size": query.page_size,
                 "pages": pages,
@@ -346,7 +346,7 @@ class StatusBoard:
                 "order": query.order.value,
                 "filter": query.filter,
                 "window_s": window,
-                "rows": rows[start : start + query.page_size],
+                "rows": rows,
             },
             "events": [
                 _event_doc(event) for event in reversed(self._host.events()[-EVENTS_SHOWN:])
@@ -534,19 +534,44 @@ _STATE_RANK = {
 }
 
 
-def _sorted(rows: list[dict[str, Any]], column: str, order: Order) -> list[dict[str, Any]]:
-    # Ties, and rows without a figure, in name order; rows without a figure always last.
-    rows = sorted(rows, key=lambda row: row["name"])
+def _sorted(
+    statuses: list[ModelStatus],
+    figures: dict[QueueKey, _ModelFigures],
+    column: str,
+    order: Order,
+) -> list[ModelStatus]:
+    """``statuses`` (in name order) sorted by ``column``; ties stay in name order.
+
+    Models without the figure (never asked, never used) come last either way. Only the models
+    with figures get a row built to sort them by one: the rest have 0 requests/s and no p99.
+    """
+    descending = order is Order.DESC
     if column == "name":
-        return rows[::-1] if order is Order.DESC else rows
+        return statuses[::-1] if descending else statuses
+    if column == "state":
+        return sorted(statuses, key=lambda s: _STATE_RANK[s.state.value], reverse=descending)
+    if column == "size_bytes":
+        return sorted(
+            statuses, key=lambda s: sum(v.size_bytes for v in s.versions), reverse=descending
+        )
+    if column == "last_used":
+        used = [(s, _last_used(s)) for s in statuses]
+        present = [(s, when) for s, when in used if when is not None]
+        present.sort(key=lambda pair: pair[1], reverse=descending)
+        return [s for s, _ in present] + [s for s, when in used if when is None]
+    with_figures = {name for name, _ in figures}
+    keyed = [(s, _row(s, figures)[column] if s.name in with_figures else None) for s in statuses]
+    if column in ("requests_per_s", "errors_per_s", "queue"):
+        # A model without figures has none of them: 0, sorted with the others.
+        keyed = [(s, 0 if key is None else key) for s, key in keyed]
+    present = [(s, key) for s, key in keyed if key is not None]
+    present.sort(key=lambda pair: pair[1], reverse=descending)
+    return [s for s, _ in present] + [s for s, key in keyed if key is None]
 
-    def key(row: dict[str, Any]) -> Any:
-        return _STATE_RANK[row["state"]] if column == "state" else row[column]
 
-    present = [row for row in rows if key(row) is not None]
-    missing = [row for row in rows if key(row) is None]
-    present.sort(key=key, reverse=order is Order.DESC)
-    return present + missing
+def _last_used(status: ModelStatus) -> float | None:
+    used = [v.last_used for v in status.versions if v.last_used is not None]
+    return max(used) if used else None
 
 
 def _history(samples: list[Sample], interval: float) -> dict[str, Any]:
