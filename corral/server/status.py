@@ -203,7 +203,23 @@ class _ModelFigures:
     queue: int
 
 
+_NO_REQUESTS = RequestStats()
 _NO_FIGURES = _ModelFigures(0.0, 0.0, None, None, None, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Figures:
+    """Each version's and each model's figures over one window, computed once per snapshot."""
+
+    #: Seconds between the two snapshots compared; None until there are two.
+    window_s: float | None
+    by_version: dict[QueueKey, _ModelFigures]
+    #: A model's versions together: rates and queues summed, the worst p50 and p99, the mean
+    #: of their mean batch sizes.
+    by_model: dict[str, _ModelFigures]
+
+
+_NO_WINDOW = _Figures(None, {}, {})
 
 
 def percentile(counts: Sequence[int], fraction: float) -> float | None:
@@ -257,11 +273,12 @@ class StatusBoard:
         self._sample_s = sample_s
         self._model_window_s = model_window_s
         self._started = time.monotonic()
-        # Guards _samples and _models (the deques; what they hold is frozen). Held to append
-        # or copy only.
+        # Guards _samples (the deque; what it holds is frozen), _last_models and _figures.
+        # Held to append, swap or copy only.
         self._rings_lock = threading.Lock()
         self._samples: deque[Sample] = deque(maxlen=SAMPLES_KEPT)
-        self._models: deque[_ModelSnapshot] = deque(maxlen=2)
+        self._last_models: _ModelSnapshot | None = None
+        self._figures = _NO_WINDOW
 
     async def run(self) -> None:
         """Sample every ``sample_s`` seconds (models every ``model_window_s``) until cancelled."""
@@ -295,8 +312,11 @@ class StatusBoard:
         host = self._host
         snapshot = _ModelSnapshot(time.monotonic(), host.request_stats(), host.queue_stats())
         with self._rings_lock:
-            previous = self._models[-1] if self._models else None
-            self._models.append(snapshot)
+            previous = self._last_models
+        figures = _model_figures(previous, snapshot) if previous is not None else _NO_WINDOW
+        with self._rings_lock:
+            self._last_models = snapshot
+            self._figures = figures
         if previous is None:
             return
         for key, queue in snapshot.queues.items():
@@ -314,12 +334,13 @@ class StatusBoard:
     def document(self, query: StatusQuery) -> dict[str, Any]:
         """The status as JSON-ready data: server, history, one page of models, events.
 
-        Lists the repository: call it on a worker thread.
+        Lists the repository: call it on a worker thread. ``built_s`` says what it cost (the
+        page waits 20 times that between refreshes, at least :data:`SAMPLE_S`).
         """
+        began = time.perf_counter()
         with self._rings_lock:
             samples = list(self._samples)
-            snapshots = list(self._models)
-        figures = _model_figures(snapshots)
+            figures = self._figures
         models = self._host.models()  # in name order
         needle = query.filter.lower()
         matching = [s for s in models if needle in s.name.lower()] if needle else models
@@ -331,8 +352,7 @@ class StatusBoard:
         counts: dict[str, int] = {}
         for status in models:
             counts[status.state.value] = counts.get(status.state.value, 0) + 1
-        window = figures_window(snapshots)
-        return {
+        document: dict[str, Any] = {
             "server": self._server(samples, figures),
             "history": _history(samples, self._sample_s),
             "models": {
@@ -345,20 +365,21 @@ class StatusBoard:
                 "sort": query.sort,
                 "order": query.order.value,
                 "filter": query.filter,
-                "window_s": window,
+                "window_s": figures.window_s,
                 "rows": rows,
             },
             "events": [
                 _event_doc(event) for event in reversed(self._host.events()[-EVENTS_SHOWN:])
             ],
         }
+        document["built_s"] = round(time.perf_counter() - began, 4)
+        return document
 
     def model_document(self, name: str) -> dict[str, Any]:
         """One model's detail: its versions, its figures, its events. Raises ModelNotFound."""
         status = self._host.status(name)
         with self._rings_lock:
-            snapshots = list(self._models)
-        figures = _model_figures(snapshots)
+            figures = self._figures
         row = _row(status, figures)
         row["versions"] = [
             {
@@ -369,7 +390,7 @@ class StatusBoard:
                 "runs": version.runs,
                 "failure": version.failure,
                 "batching": version.batching,
-                **_figures_doc(figures.get((name, version.version), _NO_FIGURES)),
+                **_figures_doc(figures.by_version.get((name, version.version), _NO_FIGURES)),
             }
             for version in status.versions
         ]
@@ -382,12 +403,10 @@ class StatusBoard:
         row["events"] = [
             _event_doc(event) for event in reversed(self._host.events()) if event.model == name
         ]
-        row["window_s"] = figures_window(snapshots)
+        row["window_s"] = figures.window_s
         return row
 
-    def _server(
-        self, samples: list[Sample], figures: dict[QueueKey, _ModelFigures]
-    ) -> dict[str, Any]:
+    def _server(self, samples: list[Sample], figures: _Figures) -> dict[str, Any]:
         host = self._host
         stats = host.stats()
         runtime = host.runtime.stats()
@@ -423,7 +442,7 @@ class StatusBoard:
             "loaded_versions": stats.loaded_versions,
             "compute_workers": runtime.options.compute_workers,
             "runs_in_flight": runtime.runs_in_flight,
-            "queue_depth": sum(f.queue for f in figures.values()),
+            "queue_depth": sum(f.queue for f in figures.by_model.values()),
             "loads": stats.loads,
             "load_failures": stats.load_failures,
             "evictions": stats.evictions,
@@ -432,28 +451,17 @@ class StatusBoard:
         }
 
 
-def figures_window(snapshots: Sequence[_ModelSnapshot]) -> float | None:
-    """Seconds between the two model snapshots the per-model figures compare; None: one."""
-    if len(snapshots) < 2:
-        return None
-    return round(snapshots[-1].monotonic - snapshots[0].monotonic, 1)
-
-
-def _model_figures(snapshots: Sequence[_ModelSnapshot]) -> dict[QueueKey, _ModelFigures]:
-    if not snapshots:
-        return {}
-    new = snapshots[-1]
-    old = snapshots[0] if len(snapshots) > 1 else None
-    seconds = new.monotonic - old.monotonic if old is not None else 0.0
-    figures: dict[QueueKey, _ModelFigures] = {}
+def _model_figures(old: _ModelSnapshot, new: _ModelSnapshot) -> _Figures:
+    seconds = new.monotonic - old.monotonic
+    by_version: dict[QueueKey, _ModelFigures] = {}
     for key in new.requests.keys() | new.queues.keys():
-        requests = new.requests.get(key, RequestStats())
+        requests = new.requests.get(key, _NO_REQUESTS)
+        before = old.requests.get(key, _NO_REQUESTS)
         queue = new.queues.get(key)
-        before = old.requests.get(key, RequestStats()) if old is not None else None
-        before_queue = old.queues.get(key) if old is not None else None
+        before_queue = old.queues.get(key)
         rate = errors = 0.0
         p50 = p99 = mean_batch = None
-        if before is not None and seconds > 0:
+        if seconds > 0:
             rate = (requests.success_count - before.success_count) / seconds
             errors = (requests.fail_count - before.fail_count) / seconds
             durations = _difference(requests.seconds_counts, before.seconds_counts)
@@ -462,10 +470,30 @@ def _model_figures(snapshots: Sequence[_ModelSnapshot]) -> dict[QueueKey, _Model
             runs = queue.runs - (before_queue.runs if before_queue is not None else 0)
             rows = queue.rows - (before_queue.rows if before_queue is not None else 0)
             mean_batch = rows / runs if runs > 0 else None
-        figures[key] = _ModelFigures(
+        by_version[key] = _ModelFigures(
             rate, errors, p50, p99, mean_batch, queue.pending if queue is not None else 0
         )
-    return figures
+    versions: dict[str, list[_ModelFigures]] = {}
+    for (name, _), found in by_version.items():
+        versions.setdefault(name, []).append(found)
+    by_model = {name: _together(found) for name, found in versions.items()}
+    return _Figures(round(seconds, 1), by_version, by_model)
+
+
+def _together(versions: list[_ModelFigures]) -> _ModelFigures:
+    if len(versions) == 1:
+        return versions[0]
+    p50s = [v.p50_ms for v in versions if v.p50_ms is not None]
+    p99s = [v.p99_ms for v in versions if v.p99_ms is not None]
+    batches = [v.mean_batch for v in versions if v.mean_batch is not None]
+    return _ModelFigures(
+        sum(v.requests_per_s for v in versions),
+        sum(v.errors_per_s for v in versions),
+        max(p50s) if p50s else None,
+        max(p99s) if p99s else None,
+        sum(batches) / len(batches) if batches else None,
+        sum(v.queue for v in versions),
+    )
 
 
 def _figures_doc(figures: _ModelFigures) -> dict[str, Any]:
@@ -479,31 +507,7 @@ def _figures_doc(figures: _ModelFigures) -> dict[str, Any]:
     }
 
 
-def _row(status: ModelStatus, figures: dict[QueueKey, _ModelFigures]) -> dict[str, Any]:
-    # A model's figures are its versions' summed (rates, queue) or their worst (p50, p99).
-    rate = errors = 0.0
-    queue = 0
-    p50: float | None = None
-    p99: float | None = None
-    batches: list[float] = []
-    size = 0
-    last_used: float | None = None
-    for version in status.versions:
-        found = figures.get((status.name, version.version))
-        size += version.size_bytes
-        if version.last_used is not None:
-            last_used = max(last_used or 0.0, version.last_used)
-        if found is None:
-            continue
-        rate += found.requests_per_s
-        errors += found.errors_per_s
-        queue += found.queue
-        if found.p50_ms is not None:
-            p50 = max(p50 or 0.0, found.p50_ms)
-        if found.p99_ms is not None:
-            p99 = max(p99 or 0.0, found.p99_ms)
-        if found.mean_batch is not None:
-            batches.append(found.mean_batch)
+def _row(status: ModelStatus, figures: _Figures) -> dict[str, Any]:
     failures = [v.failure for v in status.versions if v.failure]
     return {
         "name": status.name,
@@ -512,14 +516,9 @@ def _row(status: ModelStatus, figures: dict[QueueKey, _ModelFigures]) -> dict[st
             {"version": v.version, "state": v.state.value, "size_bytes": v.size_bytes}
             for v in status.versions
         ],
-        "size_bytes": size,
-        "requests_per_s": rate,
-        "errors_per_s": errors,
-        "p50_ms": p50,
-        "p99_ms": p99,
-        "mean_batch": sum(batches) / len(batches) if batches else None,
-        "queue": queue,
-        "last_used": last_used,
+        "size_bytes": sum(v.size_bytes for v in status.versions),
+        **_figures_doc(figures.by_model.get(status.name, _NO_FIGURES)),
+        "last_used": _last_used(status),
         "last_error": status.failure or (failures[-1] if failures else None),
     }
 
@@ -536,14 +535,13 @@ _STATE_RANK = {
 
 def _sorted(
     statuses: list[ModelStatus],
-    figures: dict[QueueKey, _ModelFigures],
+    figures: _Figures,
     column: str,
     order: Order,
 ) -> list[ModelStatus]:
     """``statuses`` (in name order) sorted by ``column``; ties stay in name order.
 
-    Models without the figure (never asked, never used) come last either way. Only the models
-    with figures get a row built to sort them by one: the rest have 0 requests/s and no p99.
+    Models without the figure (a p99 of a model never asked) come last either way.
     """
     descending = order is Order.DESC
     if column == "name":
@@ -559,14 +557,24 @@ def _sorted(
         present = [(s, when) for s, when in used if when is not None]
         present.sort(key=lambda pair: pair[1], reverse=descending)
         return [s for s, _ in present] + [s for s, when in used if when is None]
-    with_figures = {name for name, _ in figures}
-    keyed = [(s, _row(s, figures)[column] if s.name in with_figures else None) for s in statuses]
-    if column in ("requests_per_s", "errors_per_s", "queue"):
-        # A model without figures has none of them: 0, sorted with the others.
-        keyed = [(s, 0 if key is None else key) for s, key in keyed]
+    by_model = figures.by_model
+    keyed = [
+        (s, getattr(by_model.get(s.name, _NO_FIGURES), _FIGURE_FIELDS[column])) for s in statuses
+    ]
     present = [(s, key) for s, key in keyed if key is not None]
     present.sort(key=lambda pair: pair[1], reverse=descending)
     return [s for s, _ in present] + [s for s, key in keyed if key is None]
+
+
+# The sort columns read from a model's figures, by the field that holds each.
+_FIGURE_FIELDS = {
+    "requests_per_s": "requests_per_s",
+    "errors_per_s": "errors_per_s",
+    "p50_ms": "p50_ms",
+    "p99_ms": "p99_ms",
+    "mean_batch": "mean_batch",
+    "queue": "queue",
+}
 
 
 def _last_used(status: ModelStatus) -> float | None:

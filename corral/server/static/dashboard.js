@@ -7,6 +7,9 @@ const TOKEN_KEY = "corral-token";
 const view = { page: 1, pageSize: 50, sort: "name", order: "asc", filter: "" };
 let timer = null;
 let openModel = null;
+// At least REFRESH_MS, and 20 times what the last status cost the server to build: one open
+// page never takes more than a twentieth of a core, however many models the server holds.
+let nextRefresh = REFRESH_MS;
 
 const $ = (id) => document.getElementById(id);
 
@@ -49,6 +52,7 @@ async function refresh() {
     $("dashboard").hidden = false;
     $("logout").hidden = !token();
     $("fetch-error").hidden = true;
+    nextRefresh = Math.max(REFRESH_MS, 20000 * doc.built_s);
     draw(doc);
     if (openModel) await showDetail(openModel);
   } catch (error) {
@@ -59,7 +63,7 @@ async function refresh() {
     $("fetch-error").hidden = false;
     $("fetch-error").textContent = "Could not read the status: " + error.message;
   }
-  timer = setTimeout(refresh, REFRESH_MS);
+  timer = setTimeout(refresh, nextRefresh);
 }
 
 function bytes(n) {
