@@ -14,25 +14,41 @@ Two kinds of figure, each under the lock of the code that counts it:
   writes them under the Scheduler's lock, which it holds for its own bookkeeping anyway; the
   Scheduler reads them under it too (:meth:`Scheduler.stats`).
 - Request outcomes (answered or failed, and how long each took): the protocol's data plane
-  counts them through :meth:`HostCounters.count_request`, under the book's own lock.
+  counts them through :meth:`HostCounters.count_request`, under the book's own lock, with
+  their latency: in one histogram for the whole Host, and in one per version for the first
+  ``model_latency_histograms`` versions asked (a bound on the metrics' cardinality).
+
+It also names why a load failed, from a fixed set (:func:`load_failure_reason`), so that a
+metric's ``reason`` label never carries free text.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 import time
-from bisect import bisect_left
 from dataclasses import dataclass, field
 
+from corral._errors import (
+    InvalidModelName,
+    LoadTimeout,
+    ModelConfigError,
+    ModelLoadError,
+    ModelNotFound,
+    ModelTooLarge,
+    ProviderUnavailable,
+)
 from corral._histogram import Histogram
 
 __all__ = [
     "BATCH_ROWS_BUCKETS",
+    "DEFAULT_MODEL_LATENCY_HISTOGRAMS",
+    "LOAD_FAILURE_REASONS",
     "REQUEST_SECONDS_BUCKETS",
     "HostCounters",
+    "LatencyStats",
     "RequestStats",
     "RunCounters",
+    "load_failure_reason",
 ]
 
 #: What names a version's figures: the model's name and version.
@@ -41,26 +57,45 @@ Key = tuple[str, int]
 #: Upper bounds of the batch-size histogram buckets (rows per run).
 BATCH_ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
 
-#: Upper bounds (seconds) of the request-duration histogram buckets, from which the status
-#: page reads p50 and p99; the last catches every longer request.
+#: Upper bounds of the request-latency histogram buckets, in seconds: Prometheus' defaults
+#: with finer steps below 5 ms, where a small model's requests are answered.
 REQUEST_SECONDS_BUCKETS = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    10.0,
-    math.inf,
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
+)  # fmt: skip
+# The same bounds in nanoseconds, as requests are timed: no conversion per request.
+_REQUEST_NS_BUCKETS = tuple(round(bound * 1e9) for bound in REQUEST_SECONDS_BUCKETS)
+
+# Versions whose request figures one hold of the book's lock copies (well under 1 ms).
+_READ_CHUNK = 512
+
+#: Model versions that get a latency histogram of their own, by default: the first asked.
+DEFAULT_MODEL_LATENCY_HISTOGRAMS = 100
+
+# Why a load failed, by error class: the most specific first (ModelConfigError and the
+# others are ModelLoadErrors). An error of any other class is "other".
+_REASON_BY_CLASS: tuple[tuple[type[Exception], str], ...] = (
+    (ModelConfigError, "invalid_config"),
+    (ModelTooLarge, "too_large"),
+    (LoadTimeout, "timeout"),
+    (ModelNotFound, "not_found"),
+    (InvalidModelName, "invalid_name"),
+    (ProviderUnavailable, "provider_unavailable"),
+    (ModelLoadError, "invalid_model"),
 )
+#: Every ``reason`` a failed load is counted under: a fixed set, never free text.
+LOAD_FAILURE_REASONS = (*(reason for _, reason in _REASON_BY_CLASS), "other")
+
+
+def load_failure_reason(error: BaseException) -> str:
+    """The ``reason`` a failed load is counted under, one of :data:`LOAD_FAILURE_REASONS`.
+
+    >>> load_failure_reason(LoadTimeout("took too long"))
+    'timeout'
+    """
+    for error_class, reason in _REASON_BY_CLASS:
+        if isinstance(error, error_class):
+            return reason
+    return "other"
 
 
 @dataclass(eq=False, slots=True)
@@ -75,6 +110,8 @@ class RunCounters:
     rejected: int = 0
     expired: int = 0
     cancelled: int = 0
+    #: Of the requests refused, those refused because every queue together was full.
+    overloaded: int = 0
     #: Runs, and rows run (a batch of 8 batch-1 requests is 1 run, 8 rows).
     runs: int = 0
     rows: int = 0
@@ -101,53 +138,38 @@ class RequestStats:
     fail_ns: int = 0
     #: When the last successful request ended, in milliseconds since the epoch; 0: never.
     last_inference_ms: int = 0
-    #: Requests, successful and failed, per duration: the count in each bucket of
-    #: :data:`REQUEST_SECONDS_BUCKETS` (not cumulative; empty: none counted).
-    seconds_counts: tuple[int, ...] = ()
 
 
-# REQUEST_SECONDS_BUCKETS in nanoseconds, without the last (unbounded) one: a request's bucket
-# is then one C-level bisect, the cheapest way found (a loop over the bounds cost ~1 us).
-_BOUNDS_NS = tuple(int(bound * 1e9) for bound in REQUEST_SECONDS_BUCKETS[:-1])
+@dataclass(frozen=True)
+class LatencyStats:
+    """A request-latency histogram read at once: answered and failed requests together."""
+
+    #: Requests counted, and their summed duration in seconds.
+    count: int
+    sum_seconds: float
+    #: ``(upper bound in seconds, requests at or under it)`` per bucket, cumulative; the
+    #: ``+Inf`` bucket is :attr:`count`.
+    buckets: tuple[tuple[float, int], ...]
 
 
-class _RequestCounters:
-    __slots__ = (
-        "fail_count",
-        "fail_ns",
-        "last_inference_ms",
-        "seconds_counts",
-        "success_count",
-        "success_ns",
-    )
-
-    def __init__(self) -> None:
-        self.success_count = 0
-        self.success_ns = 0
-        self.fail_count = 0
-        self.fail_ns = 0
-        self.last_inference_ms = 0
-        self.seconds_counts = [0] * len(REQUEST_SECONDS_BUCKETS)
-
-    def count(self, duration_ns: int, ok: bool, now_ms: int) -> None:
-        if ok:
-            self.success_count += 1
-            self.success_ns += duration_ns
-            self.last_inference_ms = now_ms
-        else:
-            self.fail_count += 1
-            self.fail_ns += duration_ns
-        self.seconds_counts[bisect_left(_BOUNDS_NS, duration_ns)] += 1
-
-    def stats(self) -> RequestStats:
-        return RequestStats(
-            self.success_count,
-            self.success_ns,
-            self.fail_count,
-            self.fail_ns,
-            self.last_inference_ms,
-            tuple(self.seconds_counts),
+def _latency_stats(histogram: Histogram[int]) -> LatencyStats:
+    buckets = tuple(
+        (seconds, running)
+        for seconds, (_, running) in zip(
+            REQUEST_SECONDS_BUCKETS, histogram.cumulative(), strict=True
         )
+    )
+    return LatencyStats(histogram.count, histogram.total / 1e9, buckets)
+
+
+@dataclass(eq=False, slots=True)
+class _RequestCounters:
+    success_count: int = 0
+    success_ns: int = 0
+    fail_count: int = 0
+    fail_ns: int = 0
+    last_inference_ms: int = 0
+    latency: Histogram[int] | None = None
 
 
 class HostCounters:
@@ -164,14 +186,16 @@ class HostCounters:
         counters.count_request(("fraud", 2), 1_200_000, ok=True)
     """
 
-    def __init__(self) -> None:
-        # Guards _runs (the map, not the counters in it: the Scheduler's lock guards those)
-        # and _requests with the counters in it. Held for bookkeeping only.
+    def __init__(self, model_latency_histograms: int = DEFAULT_MODEL_LATENCY_HISTOGRAMS) -> None:
+        # Guards _runs (the map, not the counters in it: the Scheduler's lock guards those),
+        # _requests with the counters in it, the latency histograms and how many versions
+        # have one. Held for bookkeeping only.
         self._lock = threading.Lock()
         self._runs: dict[Key, RunCounters] = {}
         self._requests: dict[Key, _RequestCounters] = {}
-        # Every version's requests together: the server's rate and latency, read in O(1).
-        self._all_requests = _RequestCounters()
+        self._latency: Histogram[int] = Histogram(_REQUEST_NS_BUCKETS)
+        # Versions still to get a histogram of their own: the first ones asked do.
+        self._histograms_left = model_latency_histograms
 
     def run_counters(self, key: Key) -> RunCounters:
         """The run counters of version ``key``, made on first use: the same object every time."""
@@ -188,20 +212,61 @@ class HostCounters:
 
     def count_request(self, key: Key, duration_ns: int, *, ok: bool) -> None:
         """Count one request to version ``key``: answered with outputs if ``ok``, else failed."""
-        now_ms = int(time.time() * 1000) if ok else 0
         with self._lock:
             counters = self._requests.get(key)
             if counters is None:
-                counters = self._requests[key] = _RequestCounters()
-            counters.count(duration_ns, ok, now_ms)
-            self._all_requests.count(duration_ns, ok, now_ms)
+                counters = self._requests[key] = self._new_request_counters()
+            self._latency.observe(duration_ns)
+            if counters.latency is not None:
+                counters.latency.observe(duration_ns)
+            if ok:
+                counters.success_count += 1
+                counters.success_ns += duration_ns
+                counters.last_inference_ms = int(time.time() * 1000)
+            else:
+                counters.fail_count += 1
+                counters.fail_ns += duration_ns
 
     def request_stats(self) -> dict[Key, RequestStats]:
         """Every version's request figures now, by key; versions never asked are left out."""
+        # Every request's count waits for this lock, on an event loop: hold it to copy the
+        # figures of a few hundred versions at a time, and build the RequestStats after.
         with self._lock:
-            return {key: c.stats() for key, c in self._requests.items()}
+            items = list(self._requests.items())
+        figures: list[tuple[Key, int, int, int, int, int]] = []
+        for start in range(0, len(items), _READ_CHUNK):
+            with self._lock:
+                figures.extend(
+                    (
+                        key,
+                        c.success_count,
+                        c.success_ns,
+                        c.fail_count,
+                        c.fail_ns,
+                        c.last_inference_ms,
+                    )
+                    for key, c in items[start : start + _READ_CHUNK]
+                )
+        return {key: RequestStats(*counts) for key, *counts in figures}
 
-    def all_request_stats(self) -> RequestStats:
-        """Every version's requests together (``last_inference_ms``: the last of them)."""
+    def request_latency(self) -> LatencyStats:
+        """The latency of every request counted, all versions together."""
         with self._lock:
-            return self._all_requests.stats()
+            return _latency_stats(self._latency)
+
+    def model_request_latency(self) -> dict[Key, LatencyStats]:
+        """The latency of each version's requests, for the versions that have a histogram."""
+        with self._lock:
+            return {
+                key: _latency_stats(c.latency)
+                for key, c in self._requests.items()
+                if c.latency is not None
+            }
+
+    def _new_request_counters(self) -> _RequestCounters:
+        # Under _lock, once per version for the Host's life.
+        counters = _RequestCounters()
+        if self._histograms_left > 0:
+            self._histograms_left -= 1
+            counters.latency = Histogram(_REQUEST_NS_BUCKETS)
+        return counters

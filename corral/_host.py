@@ -21,7 +21,7 @@ from typing import Any, Unpack
 import numpy.typing as npt
 
 from corral._check import ProblemWatch
-from corral._counters import HostCounters, RequestStats
+from corral._counters import HostCounters, LatencyStats, RequestStats
 from corral._errors import CorralError, DrainTimeout, ModelConfigError, SessionClosed, fresh
 from corral._events import Event, EventKind
 from corral._loader import Loader, version_number
@@ -74,7 +74,7 @@ class Host:
         # The request path's one lookup, without a lock or a call (see corral._table).
         self._ready_map = self._table.ready_map
         # Per-version figures for the Host's life: they outlast evictions, unloads, reloads.
-        self._counters = HostCounters()
+        self._counters = HostCounters(self._options.model_latency_histograms)
         self._loader = Loader(
             self._repository, self._runtime, self._table, self._options, self._counters
         )
@@ -268,9 +268,21 @@ class Host:
         """
         return self._counters.request_stats()
 
-    def request_totals(self) -> RequestStats:
-        """Every version's requests counted by :meth:`count_request` together, in O(1)."""
-        return self._counters.all_request_stats()
+    def request_latency(self) -> LatencyStats:
+        """The latency of every request :meth:`count_request` counted, all versions together.
+
+        Each version's own, for the first ``model_latency_histograms`` asked, is in
+        :meth:`model_request_latency`.
+        """
+        return self._counters.request_latency()
+
+    def model_request_latency(self) -> dict[QueueKey, LatencyStats]:
+        """Per ``(model, version)``: its requests' latency, for the first versions asked.
+
+        Only the first ``model_latency_histograms`` versions :meth:`count_request` counted
+        have a histogram of their own (for the Host's life), so that the metrics stay bounded.
+        """
+        return self._counters.model_request_latency()
 
     def count_request(self, name: str, version: int, duration_ns: int, *, ok: bool) -> None:
         """Count one answered request to ``name``'s ``version`` that took ``duration_ns``.

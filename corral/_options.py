@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from corral._budget import Limits, parse_bytes
+from corral._counters import DEFAULT_MODEL_LATENCY_HISTOGRAMS
 from corral._errors import InvalidOption
 from corral._scheduler import DEFAULT_QUEUE_LIMIT
 
@@ -78,6 +79,9 @@ class HostOptions:
     batching: bool = True
     #: Requests one model version may have queued; more are refused at once (Overloaded).
     max_queue_per_model: int = DEFAULT_QUEUE_LIMIT
+    #: Model versions that get a request-latency histogram of their own: the first this
+    #: many asked, for the Host's life (each adds 17 series to the metrics); 0: none.
+    model_latency_histograms: int = DEFAULT_MODEL_LATENCY_HISTOGRAMS
     _budget_bytes: int | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
@@ -106,6 +110,12 @@ class HostOptions:
         ):
             raise InvalidOption(
                 f"failure_backoff_s must be (first, cap) with 0 <= first <= cap, got {backoff!r}"
+            )
+        histograms = self.model_latency_histograms
+        if isinstance(histograms, bool) or not isinstance(histograms, int) or histograms < 0:
+            raise InvalidOption(
+                f"model_latency_histograms must be a whole number, 0 or more, got {histograms!r}",
+                option="model_latency_histograms",
             )
         if not isinstance(self.batching, bool):
             raise InvalidOption(
@@ -151,6 +161,7 @@ class HostOptionArgs(TypedDict, total=False):
     failure_backoff_s: tuple[float, float]
     batching: bool
     max_queue_per_model: int
+    model_latency_histograms: int
 
 
 def _is_number(value: object) -> bool:

@@ -9,6 +9,7 @@ unloaded version ...) live in one place and are tested without a Host.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from corral._repository import ModelEntry
@@ -104,6 +105,9 @@ class HostStats:
     #: Load time: the sum, and cumulative counts per bucket ``(upper bound s, count)``.
     load_seconds_sum: float
     load_seconds_buckets: tuple[tuple[float, int], ...]
+    #: ``load_failures`` by reason, one of ``corral._counters.LOAD_FAILURE_REASONS``; a
+    #: reason no load failed for is left out.
+    load_failure_reasons: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from corral._budget import Usage, choose_victims
+from corral._counters import load_failure_reason
 from corral._errors import (
     CorralError,
     DrainTimeout,
@@ -83,6 +84,14 @@ class _Counters:
     unloads: int = 0
     reloads: int = 0
     load_seconds: Histogram[float] = field(default_factory=lambda: Histogram(LOAD_SECONDS_BUCKETS))
+    #: load_failures by reason (corral._counters.LOAD_FAILURE_REASONS).
+    load_failure_reasons: dict[str, int] = field(default_factory=dict)
+
+    def count_failure(self, error: BaseException) -> None:
+        """One more failed load, under its reason."""
+        self.load_failures += 1
+        reason = load_failure_reason(error)
+        self.load_failure_reasons[reason] = self.load_failure_reasons.get(reason, 0) + 1
 
 
 class ModelTable:
@@ -163,7 +172,7 @@ class ModelTable:
             if entry.error is None:
                 self._failures.pop((name, 0), None)
             elif failure is None or failure.fingerprint != entry.fingerprint:
-                self._counters.load_failures += 1
+                self._counters.count_failure(entry.error)
                 self._failures[(name, 0)] = _Failure(entry.error, entry.fingerprint, 1, 0.0)
 
     def forget_entry(self, name: str) -> None:
@@ -427,7 +436,7 @@ class ModelTable:
             self._reload_failures[name] = error
             if previous is not None and str(previous) == str(error):
                 return
-            self._counters.load_failures += 1
+            self._counters.count_failure(error)
         logger.warning("corral: reloading %s failed, still serving the old copy: %s", name, error)
         self.events.record(
             EventKind.LOAD_FAILURE, name, 0, f"reload failed, still serving the old copy: {error}"
@@ -523,6 +532,7 @@ class ModelTable:
                 reloads=counters.reloads,
                 load_seconds_sum=counters.load_seconds.total,
                 load_seconds_buckets=counters.load_seconds.cumulative(),
+                load_failure_reasons=dict(counters.load_failure_reasons),
             )
 
     # -- close -------------------------------------------------------------------------------
@@ -611,7 +621,7 @@ class ModelTable:
         first, cap = self._backoff
         wait = min(cap, first * 2 ** (attempts - 1))
         self._failures[key] = _Failure(error, fingerprint, attempts, time.monotonic() + wait)
-        self._counters.load_failures += 1
+        self._counters.count_failure(error)
 
     def _prune_retiring_locked(self) -> None:
         # A retired version stays listed (UNLOADING) until its session has closed: at once

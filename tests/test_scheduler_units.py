@@ -155,6 +155,29 @@ def test_a_full_queue_refuses_at_once_and_loses_nothing_accepted(scheduler: Sche
     assert (stats_of(scheduler, queue).rejected, model.admitted) == (1, 0)
 
 
+def test_past_the_limit_of_all_queues_a_request_is_refused_as_overloaded():
+    scheduler = Scheduler(workers=1, total_limit=2)
+    try:
+        model, other = FakeVersion("m:1"), FakeVersion("n:1")
+        queue = scheduler.queue(model, ("m", 1))
+        other_queue = scheduler.queue(other, ("n", 1), queue_limit=1)
+        blocker, held = hold_worker(scheduler)
+        accepted = [submit(scheduler, queue, model, row(i)) for i in range(2)]
+        # Each refused request's admission stays with its caller, who ends it.
+        for owner, refused_by in ((model, queue), (other, other_queue)):
+            owner.admit()
+            with pytest.raises(Overloaded, match="across all models"):
+                scheduler.submit(refused_by, {"X": row(9)}, ("Y",), Future())
+            owner.dismiss(1)
+        blocker.hold.set()
+        for future in [*accepted, held]:
+            future.result(timeout=10)
+        counted = [stats_of(scheduler, q) for q in (queue, other_queue)]
+        assert [(s.rejected, s.overloaded) for s in counted] == [(1, 1), (1, 1)]
+    finally:
+        assert scheduler.shutdown(timeout=30)
+
+
 def test_a_request_past_its_deadline_or_cancelled_never_runs(scheduler: Scheduler):
     model = FakeVersion("m:1")
     queue = scheduler.queue(model, ("m", 1))
@@ -286,3 +309,19 @@ def test_every_run_counts_once_in_each_compute_stage(scheduler: Scheduler):
     assert stats.compute_input_seconds_sum > 0
     assert stats.compute_output_seconds_sum > 0
     assert stats.compute_seconds_sum > 0
+
+
+def test_stats_of_more_versions_than_one_hold_of_the_lock_reads_are_all_exact(
+    scheduler: Scheduler,
+):
+    # Scheduler.stats copies a few hundred versions per hold of its lock: cross a few holds.
+    counters = {}
+    for i in range(1000):
+        counters[(f"m{i}", 1)] = c = RunCounters(accepted=i, rejected=i % 3, runs=i // 2)
+        c.batch_rows.observe(1 + i % 4)
+    stats = scheduler.stats(counters)
+    assert len(stats) == 1000
+    for i in range(1000):
+        got = stats[(f"m{i}", 1)]
+        assert (got.accepted, got.rejected, got.runs, got.pending) == (i, i % 3, i // 2, 0)
+        assert dict(got.batch_rows_buckets)[4] == 1

@@ -53,6 +53,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "load_model": ("mlp", ("mlp",)),
     "max_shared_memory_regions": ("16", 16),
     "trace_exporter": ("console", "console"),
+    "metrics_port": ("8002", 8002),
+    "model_latency_histograms": ("0", 0),
 }
 # Switches: a flag and its --no- form; the sample is the one that is not the default.
 SWITCHES = {"access_log", "batching", "strict", "system_shared_memory"}

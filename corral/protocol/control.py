@@ -43,15 +43,23 @@ class ControlThreads:
 
     def __init__(self, limit: int = MAX_CONTROL_CALLS) -> None:
         self._limit = limit
-        # Guards _in_flight: calls started and not yet returned (hung ones included).
+        # Guards _in_flight: calls started and not yet returned (hung ones included), and
+        # _refused: calls refused because the limit was reached.
         self._in_flight_lock = threading.Lock()
         self._in_flight = 0
+        self._refused = 0
 
     @property
     def in_flight(self) -> int:
         """Calls running now, including any stuck on a hung disk."""
         with self._in_flight_lock:
             return self._in_flight
+
+    @property
+    def refused(self) -> int:
+        """Calls refused with :class:`Overloaded` so far, because the limit was reached."""
+        with self._in_flight_lock:
+            return self._refused
 
     async def run(
         self,
@@ -70,6 +78,7 @@ class ControlThreads:
         """
         with self._in_flight_lock:
             if self._in_flight >= self._limit:
+                self._refused += 1
                 raise Overloaded(
                     f"{self._in_flight} control-plane calls are still waiting (on the model "
                     f"repository's storage or on loads); {what} is refused: try again later"

@@ -230,6 +230,11 @@ class DataPlane:
         return self._host
 
     @property
+    def control_refused(self) -> int:
+        """Control-plane calls refused so far because too many were waiting (``Overloaded``)."""
+        return self._control.refused
+
+    @property
     def shared_memory(self) -> SharedMemoryRegistry | None:
         """The system shared-memory regions requests may name; None when the extension is off."""
         return self._shared_memory

@@ -41,6 +41,7 @@ from corral.server.bodies import BodyBudget
 from corral.server.dashboard import DashboardFiles
 from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
+from corral.server.metrics_port import MetricsApp
 from corral.server.settings import ServerSettings
 from corral.server.status import StatusBoard
 from corral.server.tracing import Tracing, start_tracing
@@ -150,6 +151,7 @@ async def serve(
         else None
     )
     sampling: asyncio.Task[None] | None = None
+    metrics_server: _MetricsServer | None = None
     try:
         plane = DataPlane(
             host,
@@ -161,12 +163,14 @@ async def serve(
         )
         # One budget for both transports: memory is the process's, whichever way bytes came.
         body_budget = BodyBudget(settings.body_budget_bytes())
-        metrics = Metrics(plane)
+        metrics = Metrics(plane, body_budget)
         board = StatusBoard(plane, repository=str(settings.repository))
         sampling = asyncio.create_task(board.run())
+        if settings.metrics_port is not None:
+            metrics_server = await _start_metrics_server(settings, metrics.render)
         app = HttpApp(
             plane,
-            metrics=metrics.render,
+            metrics=metrics.render if metrics_server is None else None,
             auth_token=token,
             max_request_bytes=settings.max_request_bytes,
             body_budget=body_budget,
@@ -174,6 +178,7 @@ async def serve(
             tracing=tracing,
             status=board,
             dashboard=DashboardFiles.load(),
+            metrics_port=None if metrics_server is None else metrics_server.port,
         )
         limits = connection_limits(settings, open_files)
         http = _Server(
@@ -205,6 +210,8 @@ async def serve(
     finally:
         if sampling is not None:
             sampling.cancel()
+        if metrics_server is not None:
+            await metrics_server.stop()  # after the drain: scraped while it ran
         if shared_memory is not None:
             # Every region unmapped, each once the requests still using it are done.
             shared_memory.close()
@@ -349,6 +356,50 @@ async def _give_notice(
         cut_waiter.cancel()
     if cut.is_set():
         logger.info("corral: a second signal ended the drain notice")
+
+
+@dataclass
+class _MetricsServer:
+    """The server of ``--metrics-port``, running as a task on the event loop."""
+
+    server: _Server
+    task: asyncio.Task[None]
+    port: int
+
+    async def stop(self) -> None:
+        """Stop taking connections, answer what was accepted and free the port."""
+        self.server.should_exit = True
+        await self.task
+
+
+async def _start_metrics_server(
+    settings: ServerSettings, render: Callable[[], tuple[bytes, str]]
+) -> _MetricsServer:
+    """Serve ``GET /metrics`` on ``--metrics-port`` (bound to ``--host``), without the token."""
+    server = _Server(
+        uvicorn.Config(
+            MetricsApp(render),
+            host=settings.host,
+            port=settings.metrics_port or 0,
+            ws="none",
+            lifespan="off",
+            access_log=False,
+            log_config=None,
+            timeout_keep_alive=math.ceil(settings.idle_timeout_s),
+            timeout_graceful_shutdown=_DRAIN_MARGIN_S,
+        )
+    )
+    task = asyncio.create_task(_serve_http(server))
+    try:
+        await _until_started(server, task)
+    except OSError as exc:  # its port taken: the task has ended
+        raise OSError(f"the metrics server (--metrics-port) could not start: {exc}") from exc
+    except BaseException:
+        task.cancel()  # it did not start in time, or serve() was cancelled: nothing left running
+        raise
+    port = _bound_port(server)
+    logger.info("corral: metrics on http://%s:%d/metrics (no token)", settings.host, port)
+    return _MetricsServer(server, task, port)
 
 
 async def _serve_http(http: _Server) -> None:

@@ -48,9 +48,11 @@ class BodyBudget:
         if type(limit) is not int or limit <= 0:
             raise ValueError(f"a body budget must be a positive number of bytes, got {limit!r}")
         self._limit = limit
-        # Guards _held: HTTP and gRPC reserve on the event loop, a Ray replica on its own.
+        # Guards _held (HTTP and gRPC reserve on the event loop, a Ray replica on its own)
+        # and _refused, the reservations refused so far.
         self._held_lock = threading.Lock()
         self._held = 0
+        self._refused = 0
 
     @property
     def limit(self) -> int:
@@ -62,6 +64,12 @@ class BodyBudget:
         """The bytes held now."""
         return self._held
 
+    @property
+    def refused(self) -> int:
+        """Requests refused so far because their bytes did not fit (for the metrics)."""
+        with self._held_lock:
+            return self._refused
+
     def reserve(self, size: int) -> BodyReservation:
         """Hold ``size`` bytes, or raise :class:`BodyBudgetExceeded` holding nothing."""
         reservation = BodyReservation(self)
@@ -71,6 +79,7 @@ class BodyBudget:
     def _take(self, size: int) -> None:
         with self._held_lock:
             if self._held + size > self._limit:
+                self._refused += 1
                 raise BodyBudgetExceeded(self._limit, self._held, size)
             self._held += size
 

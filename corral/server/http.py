@@ -144,7 +144,8 @@ class HttpApp:
     """The ASGI application: the protocol's endpoints, ``/metrics`` and optional auth.
 
     ``metrics`` renders the Prometheus exposition (``corral.server.metrics.Metrics``), None to
-    answer ``/metrics`` with 404; it is called on a worker thread. ``auth_token``: every path
+    answer ``/metrics`` with 404 (naming ``metrics_port``, where they are served then); it is
+    called on a worker thread. ``auth_token``: every path
     but ``/v2/health/*`` then needs ``Authorization: Bearer <token>``. ``body_budget``: the
     bytes of bodies held at once, shared with the gRPC server when both run (default: one of
     4 x ``max_request_bytes`` for this app alone). ``access_log``: one line per request on
@@ -169,6 +170,7 @@ class HttpApp:
         tracing: Tracing | None = None,
         status: StatusBoard | None = None,
         dashboard: DashboardFiles | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         self._plane = plane
         self._status = status
@@ -176,6 +178,11 @@ class HttpApp:
         self._access_log = access_log
         self._tracing = tracing
         self._metrics = metrics
+        self._no_metrics = (
+            "metrics are not enabled"
+            if metrics_port is None
+            else f"metrics are served on port {metrics_port} (--metrics-port), not on this one"
+        )
         self._auth = None if auth_token is None else f"Bearer {auth_token}".encode()
         self._max_request_bytes = max_request_bytes
         self._bodies = body_budget or BodyBudget(4 * max_request_bytes)
@@ -247,7 +254,7 @@ class HttpApp:
         if parts == ["metrics"]:
             _expect(method, "GET")
             if self._metrics is None:
-                raise HttpError(404, "metrics are not enabled")
+                raise HttpError(404, self._no_metrics)
             # A page for every model version costs milliseconds per thousand: not on the loop.
             body, content_type = await run_blocking(self._metrics)
             await _respond(send, 200, body, (b"content-type", content_type.encode()))

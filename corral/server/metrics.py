@@ -21,8 +21,16 @@ dashboards and alerts written for Triton read corral unchanged:
 
 corral's own: ``corral_models_loaded``, ``corral_memory_used_bytes``,
 ``corral_memory_budget_bytes``, ``corral_model_loads_total``, ``corral_model_evictions_total``,
-``corral_model_load_seconds`` (a histogram), ``corral_threads`` and
-``corral_repository_problems`` (by ``kind``: what the last repository check found).
+``corral_model_unloads_total``, ``corral_model_reloads_total``,
+``corral_model_load_failures_total{reason}``, ``corral_model_load_seconds`` (a histogram),
+``corral_request_duration_seconds`` (a histogram, every request) and
+``corral_model_request_duration_seconds{model,version}`` (one per version, for the first
+``model_latency_histograms`` versions asked), ``corral_requests_refused_total{reason}``,
+``corral_requests_expired_total``, ``corral_requests_cancelled_total``, ``corral_threads``
+and ``corral_repository_problems`` (by ``kind``: what the last repository check found);
+and prometheus-client's standard process, platform and garbage-collector families
+(``process_*``, ``python_info``, ``python_gc_*``). Every label is bounded: model names and
+versions the Host has counted, and reasons from fixed sets.
 
 Example::
 
@@ -37,7 +45,13 @@ import threading
 from collections.abc import Iterator
 
 try:
-    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client import (
+        CollectorRegistry,
+        GCCollector,
+        PlatformCollector,
+        ProcessCollector,
+        generate_latest,
+    )
     from prometheus_client.core import (
         CounterMetricFamily,
         GaugeMetricFamily,
@@ -51,13 +65,34 @@ except ImportError as exc:  # the server extra is optional
         "corral's metrics need prometheus-client: pip install 'corral[server]'"
     ) from exc
 
+from corral._counters import LOAD_FAILURE_REASONS, LatencyStats
 from corral._host import Host
 from corral._problems import ProblemKind
 from corral._scheduler import QueueStats
 from corral.protocol.dataplane import DataPlane
 from corral.protocol.types import ModelStatistics
+from corral.server.bodies import BodyBudget
 
-__all__ = ["Metrics"]
+__all__ = ["REFUSAL_REASONS", "Metrics"]
+
+#: Every ``reason`` of ``corral_requests_refused_total``: a fixed set.
+REFUSAL_REASONS = (
+    # A model version's queue was full (max_queue_per_model).
+    "queue_full",
+    # Every queue together was full (the scheduler's limit on all requests queued).
+    "server_overloaded",
+    # The request's bytes did not fit max_body_bytes_in_flight.
+    "body_budget",
+    # Too many control-plane calls (readiness, metadata, statistics, index, load, unload)
+    # were waiting on the repository's storage or on loads.
+    "control_busy",
+)
+
+_LATENCY_FAMILY = "corral_model_request_duration_seconds"
+_LATENCY_HELP = (
+    "Time from a request's decoding to its answer, answered and failed, per model version "
+    "(the first model_latency_histograms versions asked)"
+)
 
 # Triton's per-model families: (name, Prometheus type, help). prometheus-client cannot write
 # them: its CounterMetricFamily always appends ``_total`` to a counter's name in the text
@@ -130,13 +165,18 @@ class Metrics:
         body, content_type = metrics.render()   # the response to GET /metrics
     """
 
-    def __init__(self, plane: DataPlane) -> None:
+    def __init__(self, plane: DataPlane, body_budget: BodyBudget | None = None) -> None:
         self._plane = plane
+        self._body_budget = body_budget
         # This server's own registry: the process-wide default one is never touched. It
-        # holds no state of its own: its collector reads snapshots on every scrape.
+        # holds no state of its own: its collectors read snapshots on every scrape.
         self._registry = CollectorRegistry()
         self._registry.register(_HostCollector(plane.host))
         self._registry.register(_ProblemsCollector(plane.host))
+        # The standard families (process_*, python_info, python_gc_*), read at each scrape.
+        ProcessCollector(registry=self._registry)
+        PlatformCollector(registry=self._registry)
+        GCCollector(registry=self._registry)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text of every metric now, and its HTTP content type.
@@ -145,9 +185,22 @@ class Metrics:
         so it may run while requests do. It takes milliseconds per thousand model versions:
         the HTTP app calls it on a worker thread, not on its event loop.
         """
-        queues = self._plane.host.queue_stats()  # one snapshot for the rows and the gauge
+        host = self._plane.host
+        queues = host.queue_stats()  # one snapshot for the rows and the gauge
         rows = self._plane.statistics_snapshot(queues)
-        body = _model_families(rows, queues).encode("utf-8") + generate_latest(self._registry)
+        text = _model_families(rows, queues) + _latency_family(host.model_request_latency())
+        # The request counters from the same queue snapshot: taking another would hold the
+        # Scheduler's lock again.
+        budget = self._body_budget
+        requests = CollectorRegistry()
+        requests.register(
+            _RequestCollector(
+                list(queues.values()),
+                body_budget=0 if budget is None else budget.refused,
+                control_busy=self._plane.control_refused,
+            )
+        )
+        body = text.encode("utf-8") + generate_latest(self._registry) + generate_latest(requests)
         return body, CONTENT_TYPE_LATEST
 
 
@@ -172,6 +225,21 @@ def _model_families(rows: list[ModelStatistics], queues: dict[tuple[str, int], Q
     for (name, kind, help_text), column in zip(_MODEL_FAMILIES, columns, strict=True):
         parts.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
         parts.extend(f"{name}{label}{value}\n" for label, value in zip(labels, column, strict=True))
+    return "".join(parts)
+
+
+def _latency_family(latencies: dict[tuple[str, int], LatencyStats]) -> str:
+    """``corral_model_request_duration_seconds``: a histogram per version that has one."""
+    parts = [f"# HELP {_LATENCY_FAMILY} {_LATENCY_HELP}\n# TYPE {_LATENCY_FAMILY} histogram\n"]
+    for (name, version), latency in sorted(latencies.items()):
+        labels = f'model="{_escape(name)}",version="{version}"'
+        parts.extend(
+            f'{_LATENCY_FAMILY}_bucket{{{labels},le="{bound!r}"}} {count}\n'
+            for bound, count in latency.buckets
+        )
+        parts.append(f'{_LATENCY_FAMILY}_bucket{{{labels},le="+Inf"}} {latency.count}\n')
+        parts.append(f"{_LATENCY_FAMILY}_count{{{labels}}} {latency.count}\n")
+        parts.append(f"{_LATENCY_FAMILY}_sum{{{labels}}} {latency.sum_seconds!r}\n")
     return "".join(parts)
 
 
@@ -215,6 +283,24 @@ class _HostCollector(Collector):
             "Model versions evicted to make room for others",
             value=stats.evictions,
         )
+        yield CounterMetricFamily(
+            "corral_model_unloads",
+            "Model versions unloaded on request (the repository API, or Ray)",
+            value=stats.unloads,
+        )
+        yield CounterMetricFamily(
+            "corral_model_reloads",
+            "Model versions swapped for a fresh copy (a changed model: polling or a load)",
+            value=stats.reloads,
+        )
+        failures = CounterMetricFamily(
+            "corral_model_load_failures",
+            "Failed loads of a model version (or of a model's entry), by reason",
+            labels=["reason"],
+        )
+        for reason in LOAD_FAILURE_REASONS:
+            failures.add_metric([reason], stats.load_failure_reasons.get(reason, 0))
+        yield failures
         # Every successful load is observed once, so the +Inf bucket is the load count
         # (a load slower than the last bound is in no finite bucket).
         # repr of a float is how prometheus-client spells its own bounds: "0.001", "1.0".
@@ -225,6 +311,11 @@ class _HostCollector(Collector):
             "Time to load a model version, in seconds",
             buckets=buckets,
             sum_value=stats.load_seconds_sum,
+        )
+        yield _latency_histogram(
+            "corral_request_duration_seconds",
+            "Time from a request's decoding to its answer, answered and failed, every model",
+            self._host.request_latency(),
         )
         yield GaugeMetricFamily(
             "corral_threads",
@@ -253,6 +344,50 @@ class _ProblemsCollector(Collector):
         for kind, count in counts.items():
             family.add_metric([kind.value], count)
         yield family
+
+
+class _RequestCollector(Collector):
+    """The request counters of one scrape, from the figures :meth:`Metrics.render` read."""
+
+    def __init__(self, queues: list[QueueStats], *, body_budget: int, control_busy: int) -> None:
+        self._queues = queues
+        self._body_budget = body_budget
+        self._control_busy = control_busy
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the refused, expired and cancelled counters."""
+        queues = self._queues
+        refused = CounterMetricFamily(
+            "corral_requests_refused",
+            "Requests refused at once rather than queued or read, by reason",
+            labels=["reason"],
+        )
+        by_reason = {
+            "queue_full": sum(queue.rejected - queue.overloaded for queue in queues),
+            "server_overloaded": sum(queue.overloaded for queue in queues),
+            "body_budget": self._body_budget,
+            "control_busy": self._control_busy,
+        }
+        for reason in REFUSAL_REASONS:
+            refused.add_metric([reason], by_reason[reason])
+        yield refused
+        yield CounterMetricFamily(
+            "corral_requests_expired",
+            "Requests whose timeout passed while they were queued, before they ran",
+            value=sum(queue.expired for queue in queues),
+        )
+        yield CounterMetricFamily(
+            "corral_requests_cancelled",
+            "Requests cancelled by their caller (a client gone, say) while queued, before they ran",
+            value=sum(queue.cancelled for queue in queues),
+        )
+
+
+def _latency_histogram(name: str, help_text: str, latency: LatencyStats) -> Metric:
+    # repr of a float is how prometheus-client spells its own bounds: "0.001", "1.0".
+    buckets = [(repr(bound), float(count)) for bound, count in latency.buckets]
+    buckets.append(("+Inf", float(latency.count)))
+    return HistogramMetricFamily(name, help_text, buckets=buckets, sum_value=latency.sum_seconds)
 
 
 def _process_threads() -> int:

@@ -68,6 +68,13 @@ class ServerSettings(BaseSettings):
     grpc_port: int = Field(
         8001, ge=-1, le=65535, description="the gRPC port; 0: any free port; -1: no gRPC server"
     )
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="serve GET /metrics on this port of its own, without the token, and not "
+        "on the HTTP port (Triton's 8002); 0: any free port; none: /metrics on the HTTP port",
+    )
     # -- the Host's options: checked by HostOptions, defaults from it ------------------------
     memory_budget: int | str | None = Field(
         _HOST_DEFAULTS.memory_budget,
@@ -94,6 +101,11 @@ class ServerSettings(BaseSettings):
     max_queue_per_model: int = Field(
         _HOST_DEFAULTS.max_queue_per_model,
         description="requests a model version may have queued; more get 429 at once",
+    )
+    model_latency_histograms: int = Field(
+        _HOST_DEFAULTS.model_latency_histograms,
+        description="model versions with a request-latency histogram of their own in "
+        "/metrics: the first this many asked; 0: only the server-wide one",
     )
     # -- the Runtime and the server ----------------------------------------------------------
     compute_workers: int | None = Field(
@@ -288,6 +300,15 @@ class ServerSettings(BaseSettings):
     @model_validator(mode="after")
     def _host_options_hold(self) -> ServerSettings:
         self.host_options()  # raises InvalidOption naming the option
+        return self
+
+    @model_validator(mode="after")
+    def _metrics_port_is_its_own(self) -> ServerSettings:
+        # Two servers cannot bind one port: refused here, by name, not as a bind error.
+        port = self.metrics_port
+        if port and port in (self.http_port, self.grpc_port):
+            other = "http_port" if port == self.http_port else "grpc_port"
+            raise ValueError(f"metrics_port ({port}) must differ from {other} ({port})")
         return self
 
     @model_validator(mode="after")

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from corral import __version__
-from corral._counters import REQUEST_SECONDS_BUCKETS, RequestStats
+from corral._counters import REQUEST_SECONDS_BUCKETS, LatencyStats, RequestStats
 from corral._events import Event, EventKind
 from corral._scheduler import QueueKey, QueueStats
 from corral._status import ModelState, ModelStatus
@@ -177,8 +177,8 @@ class Sample:
     #: ``time.time()`` and ``time.monotonic()`` when taken.
     time: float
     monotonic: float
-    #: Every version's requests so far (counters that only grow).
-    requests: RequestStats
+    #: Every request's latency so far, answered and failed (counters that only grow).
+    latency: LatencyStats
     memory_used_bytes: int
     rss_bytes: int
     threads: int
@@ -191,6 +191,8 @@ class _ModelSnapshot:
     monotonic: float
     requests: dict[QueueKey, RequestStats]
     queues: dict[QueueKey, QueueStats]
+    #: The versions with a latency histogram of their own (``--model-latency-histograms``).
+    latency: dict[QueueKey, LatencyStats]
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +206,9 @@ class _ModelFigures:
 
 
 _NO_REQUESTS = RequestStats()
+_NO_LATENCY = LatencyStats(0, 0.0, ())
+#: The latency buckets' bounds, and the last one's: every request above them.
+_BOUNDS = (*REQUEST_SECONDS_BUCKETS, math.inf)
 _NO_FIGURES = _ModelFigures(0.0, 0.0, None, None, None, 0)
 
 
@@ -225,25 +230,35 @@ _NO_WINDOW = _Figures(None, {}, {})
 def percentile(counts: Sequence[int], fraction: float) -> float | None:
     """The bucket bound (seconds) at or under which ``fraction`` of ``counts`` fall.
 
-    ``counts`` is per bucket of :data:`~corral._counters.REQUEST_SECONDS_BUCKETS`; None when
-    it counts nothing. An upper bound: p99 is "99 % of requests took at most this".
+    ``counts`` is per bucket of :data:`~corral._counters.REQUEST_SECONDS_BUCKETS`, and a last
+    one for the requests above them (bound: infinity); None when it counts nothing. An upper
+    bound: p99 is "99 % of requests took at most this".
     """
     total = sum(counts)
     if total == 0:
         return None
     wanted = math.ceil(fraction * total)
     running = 0
-    for bound, count in zip(REQUEST_SECONDS_BUCKETS, counts, strict=False):
+    for bound, count in zip(_BOUNDS, counts, strict=False):
         running += count
         if running >= wanted:
             return bound
     return math.inf
 
 
-def _difference(new: Sequence[int], old: Sequence[int]) -> list[int]:
-    if not old:
-        return list(new)
-    return [a - b for a, b in zip(new, old, strict=True)]
+def _counts_between(new: LatencyStats, old: LatencyStats) -> list[int]:
+    """Requests per bucket (the last: above every bound) counted between two reads."""
+    return [a - b for a, b in zip(_per_bucket(new), _per_bucket(old), strict=True)]
+
+
+def _per_bucket(stats: LatencyStats) -> list[int]:
+    counts = [0] * len(_BOUNDS)
+    below = 0
+    for index, (_, cumulative) in enumerate(stats.buckets):
+        counts[index] = cumulative - below
+        below = cumulative
+    counts[-1] = stats.count - below
+    return counts
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -297,7 +312,7 @@ class StatusBoard:
         taken = Sample(
             time=time.time(),
             monotonic=time.monotonic(),
-            requests=host.request_totals(),
+            latency=host.request_latency(),
             memory_used_bytes=host.stats().bytes_used,
             rss_bytes=_rss_bytes(),
             threads=_process_threads(),
@@ -310,7 +325,12 @@ class StatusBoard:
     def sample_models(self) -> None:
         """Snapshot every version's counters; an ``overload`` event per queue that refused."""
         host = self._host
-        snapshot = _ModelSnapshot(time.monotonic(), host.request_stats(), host.queue_stats())
+        snapshot = _ModelSnapshot(
+            time.monotonic(),
+            host.request_stats(),
+            host.queue_stats(),
+            host.model_request_latency(),
+        )
         with self._rings_lock:
             previous = self._last_models
         figures = _model_figures(previous, snapshot) if previous is not None else _NO_WINDOW
@@ -414,15 +434,16 @@ class StatusBoard:
         first = (
             samples[max(0, len(samples) - RATE_WINDOW_SAMPLES - 1)] if len(samples) > 1 else None
         )
-        rate = errors = 0.0
+        rate = 0.0
         p50 = p99 = None
         if first is not None and latest.monotonic > first.monotonic:
             seconds = latest.monotonic - first.monotonic
-            new, old = latest.requests, first.requests
-            rate = (new.success_count - old.success_count) / seconds
-            errors = (new.fail_count - old.fail_count) / seconds
-            durations = _difference(new.seconds_counts, old.seconds_counts)
+            new, old = latest.latency, first.latency
+            rate = (new.count - old.count) / seconds
+            durations = _counts_between(new, old)
             p50, p99 = _ms(percentile(durations, 0.5)), _ms(percentile(durations, 0.99))
+        # Failures are counted per version only: over the models' window.
+        errors = sum(f.errors_per_s for f in figures.by_model.values())
         return {
             "name": self._plane.server_metadata().name,
             "version": __version__,
@@ -464,8 +485,10 @@ def _model_figures(old: _ModelSnapshot, new: _ModelSnapshot) -> _Figures:
         if seconds > 0:
             rate = (requests.success_count - before.success_count) / seconds
             errors = (requests.fail_count - before.fail_count) / seconds
-            durations = _difference(requests.seconds_counts, before.seconds_counts)
-            p50, p99 = _ms(percentile(durations, 0.5)), _ms(percentile(durations, 0.99))
+            latency = new.latency.get(key)
+            if latency is not None:
+                durations = _counts_between(latency, old.latency.get(key, _NO_LATENCY))
+                p50, p99 = _ms(percentile(durations, 0.5)), _ms(percentile(durations, 0.99))
         if queue is not None:
             runs = queue.runs - (before_queue.runs if before_queue is not None else 0)
             rows = queue.rows - (before_queue.rows if before_queue is not None else 0)
@@ -592,8 +615,8 @@ def _history(samples: list[Sample], interval: float) -> dict[str, Any]:
         if seconds <= 0:
             continue
         times.append(new.time)
-        rates.append((new.requests.success_count - old.requests.success_count) / seconds)
-        durations = _difference(new.requests.seconds_counts, old.requests.seconds_counts)
+        rates.append((new.latency.count - old.latency.count) / seconds)
+        durations = _counts_between(new.latency, old.latency)
         p99s.append(_ms(percentile(durations, 0.99)))
         memory.append(new.memory_used_bytes)
     return {
