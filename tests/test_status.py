@@ -323,3 +323,24 @@ def test_a_page_of_10000_models_costs_well_under_a_second(
         # Measured 0.14 s on a 2-core machine at a load average of 6 (most of it Host.models()
         # listing and reporting 10,000 models): the bound only catches a change of scale.
         assert took < 1.0
+
+
+@pytest.mark.timeout(30)
+def test_events_recorded_from_many_threads_are_each_kept_once_in_order():
+    log = EventLog(kept=10_000)
+    start = threading.Barrier(8)
+
+    def record(thread: int) -> None:
+        start.wait()
+        for number in range(500):
+            log.record(EventKind.LOAD, f"t{thread}", number, "loaded")
+
+    threads = [threading.Thread(target=record, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    kept = log.recent()
+    assert [event.sequence for event in kept] == list(range(1, 4001))
+    for thread in range(8):  # each thread's events in the order it recorded them
+        assert [e.version for e in kept if e.model == f"t{thread}"] == list(range(500))
