@@ -344,3 +344,25 @@ def test_events_recorded_from_many_threads_are_each_kept_once_in_order():
     assert [event.sequence for event in kept] == list(range(1, 4001))
     for thread in range(8):  # each thread's events in the order it recorded them
         assert [e.version for e in kept if e.model == f"t{thread}"] == list(range(500))
+
+
+# -- corral status without a server -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["status", "ftp://somewhere"], "is not an http:// or https:// address"),
+        (["status", "http://127.0.0.1:9", "--top", "0"], "--top must be from 1 to 500"),
+        (["status", "http://127.0.0.1:9", "--json", "--watch"], "does not go with --watch"),
+        (["status", "http://127.0.0.1:1"], "cannot reach http://127.0.0.1:1"),
+    ],
+)
+@pytest.mark.timeout(30)
+def test_corral_status_says_what_is_wrong(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+):
+    from corral.cli import main
+
+    assert main(args) == 1
+    assert message in capsys.readouterr().err

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import urllib.error
@@ -106,6 +107,34 @@ def test_corral_status_refuses_without_the_token_and_prints_json_with_it(server:
     document = json.loads(shown.stdout)
     assert document["server"]["memory_budget_bytes"] == 250_000
     assert len(document["models"]["rows"]) == 5
+
+
+@pytest.mark.timeout(60)
+def test_corral_status_watch_redraws_until_interrupted(server: ServerProcess):
+    command = [sys.executable, "-c", "import sys; from corral.cli import main; sys.exit(main())"]
+    # A terminal as rich sees it, so that each redraw is written at once.
+    env = {**os.environ, "COLUMNS": "200", "TTY_COMPATIBLE": "1"}
+    watching = subprocess.Popen(
+        [*command, "status", f"http://{server.http}", "--token", TOKEN, "--watch"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        seen = b""
+        while b"m0003" not in seen:  # the first redraw (pytest-timeout bounds the wait)
+            line = watching.stdout.readline()
+            assert line, watching.stderr.read().decode()
+            seen += line
+        watching.send_signal(signal.SIGINT)
+        assert watching.wait(timeout=30) == 130
+        assert b"interrupted" in watching.stderr.read()
+    finally:
+        if watching.poll() is None:
+            watching.kill()
+            watching.wait(timeout=10)
+        watching.stdout.close()
+        watching.stderr.close()
 
 
 # -- the page in a browser ---------------------------------------------------------------------
