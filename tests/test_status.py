@@ -296,7 +296,7 @@ def test_the_status_is_built_off_the_event_loop(thirty: Path):
 
 
 @pytest.mark.timeout(120)
-def test_a_page_of_10000_models_costs_well_under_a_second(
+def test_a_page_of_10000_models_costs_about_what_listing_them_costs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
     # 10,000 bare <name>.onnx files, each a hard link: a fraction of the time of folders.
@@ -310,19 +310,31 @@ def test_a_page_of_10000_models_costs_well_under_a_second(
         board = StatusBoard(DataPlane(host), repository=str(repo))
         board.sample()
         board.sample_models()
+        for number in range(0, 10_000, 3):  # a third of the models have figures to sort by
+            host.count_request(f"m{number:05d}", 1, 1_000_000, ok=True)
+        board.sample_models()
         query = StatusQuery.parse(b"sort=requests_per_s&order=desc&filter=m0&page=3")
         board.document(query)  # the first lists the folder cold
-        began = time.perf_counter()
+        listing = building = 0.0
         for _ in range(3):
+            began = time.perf_counter()
+            host.models()
+            listing += (time.perf_counter() - began) / 3
+            began = time.perf_counter()
             doc = board.document(query)
-        took = (time.perf_counter() - began) / 3
+            building += (time.perf_counter() - began) / 3
         assert doc["models"]["total"] == 10_000
         assert len(doc["models"]["rows"]) == 50
+        assert doc["models"]["rows"][0]["requests_per_s"] > 0
         with capsys.disabled():
-            print(f"\nstatus page of 10,000 models: {took * 1000:.0f} ms")
-        # Measured 0.14 s on a 2-core machine at a load average of 6 (most of it Host.models()
-        # listing and reporting 10,000 models): the bound only catches a change of scale.
-        assert took < 1.0
+            print(
+                f"\nstatus of 10,000 models: {building * 1000:.0f} ms, of which "
+                f"Host.models() about {listing * 1000:.0f} ms"
+            )
+        # Measured 0.14-0.40 s on the loaded 2-core machine, two thirds of it Host.models():
+        # relative to it, so that a loaded machine or coverage's tracing fails nothing, while
+        # building every row, or sorting in O(n^2), would.
+        assert building < 3 * listing + 0.05
 
 
 @pytest.mark.timeout(30)

@@ -109,6 +109,16 @@ def test_corral_status_refuses_without_the_token_and_prints_json_with_it(server:
     assert len(document["models"]["rows"]) == 5
 
 
+@pytest.mark.timeout(30)
+def test_corral_status_names_a_refused_token_and_an_error_answer(server: ServerProcess):
+    from corral.cli_status import StatusUnavailable, fetch_status
+
+    with pytest.raises(StatusUnavailable, match="refused the token given with --token"):
+        fetch_status(f"http://{server.http}", "wrong", 5)
+    with pytest.raises(StatusUnavailable, match="answered 404: no such endpoint: /nope/v2"):
+        fetch_status(f"http://{server.http}/nope", TOKEN, 5)
+
+
 @pytest.mark.timeout(60)
 def test_corral_status_watch_redraws_until_interrupted(server: ServerProcess):
     command = [sys.executable, "-c", "import sys; from corral.cli import main; sys.exit(main())"]
