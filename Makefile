@@ -5,6 +5,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
+# `make serve` runs from its own venv with only what serving and the demo repository need
+# (the server, gRPC and demo extras), not the dev extra's Ray, mypy, tritonclient...
+SERVE_VENV  := .venv-serve
+SERVE_STAMP := $(SERVE_VENV)/.installed-serve
 
 # The coverage floor only rises: raise it when coverage rises.
 COVERAGE_FLOOR := 96.5
@@ -37,6 +41,14 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+$(SERVE_VENV)/bin/python:
+	$(PYTHON) -m venv $(SERVE_VENV)
+	$(SERVE_VENV)/bin/python -m pip install --quiet --upgrade pip
+
+$(SERVE_STAMP): pyproject.toml | $(SERVE_VENV)/bin/python
+	$(SERVE_VENV)/bin/python -m pip install --quiet -e '.[server,grpc,demo]'
+	touch $(SERVE_STAMP)
 
 # The load generator of the HTTP benchmarks and their smoke test: Debian's wrk, installed
 # when missing (CI runs as root on Debian); libb64, which tritonclient's perf_analyzer
@@ -77,12 +89,12 @@ demo: $(STAMP)
 	$(BIN)/corral demo
 
 # The footprint benchmark's models, laid out as a Triton repository.
-$(DEMO_REPOSITORY): | $(STAMP)
-	$(BIN)/python benchmarks/footprint.py repository $(DEMO_REPOSITORY).partial --count 1000
+$(DEMO_REPOSITORY): | $(SERVE_STAMP)
+	$(SERVE_VENV)/bin/python benchmarks/footprint.py repository $(DEMO_REPOSITORY).partial --count 1000
 	mv $(DEMO_REPOSITORY).partial $(DEMO_REPOSITORY)
 
-serve: $(STAMP) | $(DEMO_REPOSITORY)
-	$(BIN)/corral serve $(DEMO_REPOSITORY)
+serve: $(SERVE_STAMP) | $(DEMO_REPOSITORY)
+	$(SERVE_VENV)/bin/corral serve $(DEMO_REPOSITORY)
 
 # Regenerate corral/protocol/proto from grpc_service.proto (the generated files are committed).
 proto: $(STAMP)
@@ -121,5 +133,5 @@ bench-ray: $(STAMP) tools
 	$(BIN)/python benchmarks/render_ray.py benchmarks/results/ray.json docs/scale-out.md
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage htmlcov \
+	rm -rf $(VENV) $(SERVE_VENV) .pytest_cache .mypy_cache .ruff_cache .coverage htmlcov \
 		$(DEMO_REPOSITORY) $(DEMO_REPOSITORY).partial
