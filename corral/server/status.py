@@ -1,23 +1,23 @@
 """``GET /v2/corral/status``: what the status page and ``corral status`` show, as one document.
 
-A :class:`StatusBoard` keeps two bounded rings, filled by :meth:`StatusBoard.run` on the
-server's event loop (each sample taken on a worker thread):
+A :class:`StatusBoard` keeps what it samples, filled by :meth:`StatusBoard.run` on the server's
+event loop (each sample taken on a worker thread):
 
-- every :data:`SAMPLE_S` seconds, a :class:`Sample` of the server as a whole (requests and
-  errors counted, their durations per bucket, memory used, RSS, threads, runs in flight),
-  :data:`SAMPLES_KEPT` of them: the page's charts of the last minutes, and the server's
-  requests/s, errors/s and p50/p99 over the last :data:`RATE_WINDOW_SAMPLES` samples. Each
-  costs O(1): the Host keeps a total of every version's requests for it;
-- every :data:`MODEL_WINDOW_S` seconds, a snapshot of each model version's counters (the
-  requests it answered, their durations, its queue and runs), of which the last two are kept:
-  each model's requests/s, p50/p99 and mean batch size are over the window between them, and a
-  version whose queue refused requests in it adds an ``overload`` event to the Host's log.
-  This is the O(models) part, taken on a worker thread; it holds the scheduler's lock for as
-  long as ``/metrics`` does for one scrape.
+- every :data:`SAMPLE_S` seconds, a :class:`Sample` of the server as a whole (the server-wide
+  request-latency histogram, memory used, RSS, threads, runs in flight) into a ring of
+  :data:`SAMPLES_KEPT`: the page's charts of the last minutes, and the server's requests/s
+  and p50/p99 over the last :data:`RATE_WINDOW_SAMPLES` samples. Each costs O(1);
+- every :data:`MODEL_WINDOW_S` seconds, a snapshot of each model version's counters (requests
+  answered and failed, the latency histograms of the versions that have one, queue, runs),
+  compared with the previous one once, then: each model's requests/s, errors/s, p50/p99 and
+  mean batch size are over that window, and a version whose queue refused requests in it adds
+  an ``overload`` event to the Host's log. This is the O(models) part, on a worker thread; it
+  takes the scheduler's and the counters' locks as a ``/metrics`` scrape does.
 
 A status request lists the models (a directory listing and the Host's table), filters, sorts
-and cuts one page of them on a worker thread, never on the event loop; with 10,000 models it
-costs about 60 ms of one core (measured in tests/test_status.py, docs/operations.md).
+and builds one page of rows on a worker thread, never on the event loop; with 10,000 models it
+costs about one and a half times what :meth:`Host.models` costs (0.14-0.40 s on a loaded
+2-core machine: tests/test_status.py, docs/operations.md).
 
 Example::
 
