@@ -52,8 +52,9 @@ $(SERVE_STAMP): pyproject.toml | $(SERVE_VENV)/bin/python
 	touch $(SERVE_STAMP)
 
 # The load generator of the HTTP benchmarks and their smoke test: Debian's wrk, installed
-# when missing (CI runs as root on Debian); and libb64, which tritonclient's perf_analyzer
-# needs to start (tests/test_perf_analyzer.py).
+# when missing (CI runs as root on Debian); libb64, which tritonclient's perf_analyzer
+# needs to start (tests/test_perf_analyzer.py); and the headless browser of the status
+# page's tests (tests/test_status_page.py), driven by Playwright from the dev extra.
 tools:
 	@command -v wrk >/dev/null 2>&1 || { \
 		echo "installing wrk (Debian package wrk)"; \
@@ -65,6 +66,11 @@ tools:
 		apt-get install -y -qq libb64-0d >/dev/null 2>&1 || \
 		{ apt-get update -qq >/dev/null && apt-get install -y -qq libb64-0d >/dev/null; } || \
 		echo "could not install libb64-0d: the perf_analyzer test will be skipped"; }
+	@command -v chromium >/dev/null 2>&1 || { \
+		echo "installing chromium (Debian package chromium)"; \
+		apt-get install -y -qq chromium >/dev/null 2>&1 || \
+		{ apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null; } || \
+		echo "could not install chromium: the status page's browser tests will be skipped"; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check corral tests benchmarks

@@ -41,6 +41,7 @@ from corral._errors import (
     SessionClosed,
     UploadRefused,
 )
+from corral._events import Event, EventKind
 from corral._host import Host
 from corral._options import HostOptions
 from corral._problems import Problem, ProblemKind
@@ -61,6 +62,8 @@ __all__ = [
     "CorralError",
     "DeadlineExceeded",
     "DrainTimeout",
+    "Event",
+    "EventKind",
     "Host",
     "HostClosed",
     "HostLease",

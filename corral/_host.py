@@ -23,6 +23,7 @@ import numpy.typing as npt
 from corral._check import ProblemWatch
 from corral._counters import HostCounters, LatencyStats, RequestStats
 from corral._errors import CorralError, DrainTimeout, ModelConfigError, SessionClosed, fresh
+from corral._events import Event, EventKind
 from corral._loader import Loader, version_number
 from corral._options import HostOptionArgs, HostOptions
 from corral._overrides import ModelOverride, Uploads, check_upload_paths
@@ -503,6 +504,20 @@ class Host:
     def stats(self) -> HostStats:
         """Counters and gauges, for the server and its metrics."""
         return self._table.stats()
+
+    def events(self, after: int = 0) -> list[Event]:
+        """The recent loads, evictions, unloads, reloads and load failures, oldest first.
+
+        The newest :data:`~corral._events.EVENTS_KEPT` are kept; ``after``: only the events
+        whose ``sequence`` is above it (those a reader has not seen yet).
+        """
+        return self._table.events.recent(after)
+
+    def record_event(
+        self, kind: EventKind, model: str, version: int, detail: str, *, size_bytes: int = 0
+    ) -> None:
+        """Add an event the Host cannot see itself to its log (the server's overload refusals)."""
+        self._table.events.record(kind, model, version, detail, size_bytes=size_bytes)
 
     @property
     def loads_abandoned(self) -> int:

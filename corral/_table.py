@@ -30,6 +30,7 @@ from corral._errors import (
     ModelTooLarge,
     fresh,
 )
+from corral._events import EventKind, EventLog
 from corral._histogram import Histogram
 from corral._options import HostOptions
 from corral._repository import ModelEntry
@@ -123,6 +124,8 @@ class ModelTable:
         # waits for room; shares _lock.
         self._room = threading.Condition(self._lock)
         self._room_waiters = 0
+        #: What happened, newest last: recorded after each change, off the lock.
+        self.events = EventLog()
 
     # -- the request path --------------------------------------------------------------------
 
@@ -278,6 +281,13 @@ class ModelTable:
                 name,
                 version,
             )
+            self.events.record(
+                EventKind.EVICTION,
+                served.name,
+                served.version,
+                f"evicted to make room for {name} version {version} (about {size:,} bytes)",
+                size_bytes=served.size_bytes,
+            )
         return evicted
 
     def publish(self, served: ServedVersion, entry: ModelEntry, reserved: int, took: float) -> None:
@@ -301,6 +311,13 @@ class ModelTable:
             self._counters.load_seconds.observe(took)
             if self._entries.get(served.name) is entry and entry.latest == served.version:
                 self._ready[served.name] = served
+        self.events.record(
+            EventKind.LOAD,
+            served.name,
+            served.version,
+            f"loaded in {took:.3f} s",
+            size_bytes=served.size_bytes,
+        )
 
     def abandon(self, key: Key, reserved: int, error: BaseException) -> None:
         """End a load that failed: its reservation, its single-flight entry, its back-off."""
@@ -315,6 +332,7 @@ class ModelTable:
                 self._record_failure_locked(key, failed)
         if failed is not None:
             logger.warning("corral: loading %s version %s failed: %s", key[0], key[1], failed)
+            self.events.record(EventKind.LOAD_FAILURE, key[0], key[1], str(failed))
 
     def expire_load(self, key: Key, pending: Future[ServedVersion], error: CorralError) -> None:
         """Fail a load that ran past its timeout, if ``pending`` is still its load in flight.
@@ -328,6 +346,7 @@ class ModelTable:
             del self._loading[key]
             self._record_failure_locked(key, error)
         logger.warning("corral: loading %s version %s failed: %s", key[0], key[1], error)
+        self.events.record(EventKind.LOAD_FAILURE, key[0], key[1], str(error))
 
     def end_reservation(self, reserved: int) -> None:
         """Give back bytes a load reserved and will not publish (it ran past its timeout)."""
@@ -361,6 +380,13 @@ class ModelTable:
             self._room_may_have_grown_locked()
         for served in retired:
             logger.info("corral: unloading %s version %s", served.name, served.version)
+            self.events.record(
+                EventKind.UNLOAD,
+                served.name,
+                served.version,
+                "unloaded",
+                size_bytes=served.size_bytes,
+            )
         return retired
 
     def swap(
@@ -393,6 +419,14 @@ class ModelTable:
             self._ready.pop(name, None)
             self._failures.pop((name, 0), None)
             self._reload_failures.pop(name, None)
+        for version, served in fresh_versions.items():
+            self.events.record(
+                EventKind.RELOAD,
+                name,
+                version,
+                "reloaded: its files changed",
+                size_bytes=served.size_bytes,
+            )
         return retired
 
     def note_reload_failure(self, name: str, error: CorralError) -> None:
@@ -404,6 +438,9 @@ class ModelTable:
                 return
             self._counters.count_failure(error)
         logger.warning("corral: reloading %s failed, still serving the old copy: %s", name, error)
+        self.events.record(
+            EventKind.LOAD_FAILURE, name, 0, f"reload failed, still serving the old copy: {error}"
+        )
 
     def reload_failure(self, name: str) -> CorralError | None:
         """The error of the last failed reload of ``name``, while its old copy serves."""

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from corral._errors import CorralError
+from corral.cli_status import add_status_command, run_status
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -170,6 +171,8 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     models.add_argument("--json", action="store_true", help="print the statuses as JSON")
     models.set_defaults(handler=_models)
+
+    add_status_command(commands, _status)
 
     check = commands.add_parser(
         "check",
@@ -736,6 +739,11 @@ def _models_table(statuses: list[ModelStatus], stats: HostStats) -> Table:
 
 
 # -- corral check --------------------------------------------------------------------------
+
+
+def _status(args: argparse.Namespace) -> int:
+    _require_rich()
+    return run_status(args)
 
 
 def _check(args: argparse.Namespace) -> int:

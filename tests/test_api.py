@@ -16,6 +16,8 @@ def test_public_names_are_pinned():
             "CorralError",
             "DeadlineExceeded",
             "DrainTimeout",
+            "Event",
+            "EventKind",
             "Host",
             "HostClosed",
             "HostLease",

@@ -38,10 +38,12 @@ from corral.protocol.dataplane import DataPlane
 from corral.protocol.shm import SharedMemoryRegistry
 from corral.server._connections import ConnectionLimits, end_requests_in_flight, protocol_for
 from corral.server.bodies import BodyBudget
+from corral.server.dashboard import DashboardFiles
 from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
 from corral.server.metrics_port import MetricsApp
 from corral.server.settings import ServerSettings
+from corral.server.status import StatusBoard
 from corral.server.tracing import Tracing, start_tracing
 
 __all__ = ["EXIT_CLEAN", "EXIT_DRAIN_INCOMPLETE", "EXIT_REFUSED", "Addresses", "run", "serve"]
@@ -149,6 +151,7 @@ async def serve(
         if settings.system_shared_memory
         else None
     )
+    sampling: asyncio.Task[None] | None = None
     metrics_server: _MetricsServer | None = None
     try:
         plane = DataPlane(
@@ -162,6 +165,8 @@ async def serve(
         # One budget for both transports: memory is the process's, whichever way bytes came.
         body_budget = BodyBudget(settings.body_budget_bytes())
         metrics = Metrics(plane, body_budget)
+        board = StatusBoard(plane, repository=str(settings.repository))
+        sampling = asyncio.create_task(board.run())
         if settings.metrics_port is not None:
             metrics_server = await _start_metrics_server(settings, metrics.render)
         app = HttpApp(
@@ -172,6 +177,8 @@ async def serve(
             body_budget=body_budget,
             access_log=settings.access_log,
             tracing=tracing,
+            status=board,
+            dashboard=DashboardFiles.load(),
             metrics_port=None if metrics_server is None else metrics_server.port,
         )
         limits = connection_limits(settings, open_files)
@@ -202,6 +209,8 @@ async def serve(
             tracing,
         )
     finally:
+        if sampling is not None:
+            sampling.cancel()
         if metrics_server is not None:
             await metrics_server.stop()  # after the drain: scraped while it ran
         if shared_memory is not None:

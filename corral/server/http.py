@@ -76,6 +76,8 @@ from corral.server.compression import (
 from corral.server.logs import HttpExchange
 
 if TYPE_CHECKING:
+    from corral.server.dashboard import DashboardFiles
+    from corral.server.status import StatusBoard
     from corral.server.tracing import RequestTrace, Tracing
 
 __all__ = ["DECODE_INLINE_BYTES", "STATUS", "HttpApp", "HttpError", "check_token", "read_body"]
@@ -150,7 +152,10 @@ class HttpApp:
     ``corral.access`` (:mod:`corral.server.logs`), each answer with an ``X-Request-ID``. An
     ``X-Request-ID`` a client sends is echoed in any case, and refused with 400 if it is not
     a request id. ``tracing``: inference requests get spans (:mod:`corral.server.tracing`);
-    None: off, at the cost of a few ``is None`` checks.
+    None: off, at the cost of a few ``is None`` checks. ``status``: answers
+    ``/v2/corral/status`` (:mod:`corral.server.status`), behind the token; ``dashboard``: the
+    status page's files at ``/``, ``/dashboard`` and ``/static/*``, without the token (they
+    hold no data; the page asks for the token). None: 404, as for any unknown path.
     """
 
     def __init__(
@@ -163,9 +168,13 @@ class HttpApp:
         body_budget: BodyBudget | None = None,
         access_log: bool = False,
         tracing: Tracing | None = None,
+        status: StatusBoard | None = None,
+        dashboard: DashboardFiles | None = None,
         metrics_port: int | None = None,
     ) -> None:
         self._plane = plane
+        self._status = status
+        self._dashboard = dashboard
         self._access_log = access_log
         self._tracing = tracing
         self._metrics = metrics
@@ -227,6 +236,14 @@ class HttpApp:
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         method: str = scope["method"]
+        if self._dashboard is not None:
+            page = self._dashboard.answer(scope["path"])
+            if page is not None:
+                _expect(method, "GET")
+                if scope.get("query_string"):
+                    raise HttpError(400, "the status page's files take no query string")
+                await _respond(send, 200, page[0], page[1][0], page[1][1:])
+                return
         parts = scope["path"].strip("/").split("/")
         if parts[:2] == ["v2", "health"] and len(parts) == 3:
             _expect(method, "GET")
@@ -256,6 +273,30 @@ class HttpApp:
             await self._repository(method, rest[1:], scope, receive, send)
         elif rest[0] in ("systemsharedmemory", "cudasharedmemory"):
             await self._shared_memory(rest[0], method, rest[1:], scope, receive, send)
+        elif rest[:2] == ["corral", "status"] and self._status is not None:
+            await self._status_page(self._status, method, rest[2:], scope, send)
+        else:
+            raise HttpError(404, f"no such endpoint: {scope['path']}")
+
+    async def _status_page(
+        self, board: StatusBoard, method: str, rest: list[str], scope: Scope, send: Send
+    ) -> None:
+        # /v2/corral/status[?page=...], /v2/corral/status/models/{name}
+        from corral.server.status import StatusQuery, StatusQueryError
+
+        _expect(method, "GET")
+        query_string: bytes = scope.get("query_string", b"")
+        if not rest:
+            try:
+                query = StatusQuery.parse(query_string)
+            except StatusQueryError as exc:
+                raise HttpError(400, str(exc)) from None
+            # Lists every model and sorts them: milliseconds per thousand, not on the loop.
+            await _json(send, 200, await run_blocking(board.document, query))
+        elif len(rest) == 2 and rest[0] == "models" and rest[1]:
+            if query_string:
+                raise HttpError(400, "a model's status takes no query string")
+            await _json(send, 200, await run_blocking(board.model_document, rest[1]))
         else:
             raise HttpError(404, f"no such endpoint: {scope['path']}")
 
