@@ -18,6 +18,8 @@ machine falls on all of them alike:
   same v2 JSON body;
 - ``corral-binary``: ``wrk`` posting the same tensor with the binary tensor extension
   (``Inference-Header-Content-Length``; the output asked for as binary too);
+- ``corral-json-page``: ``corral-json`` again while a client reads ``/v2/corral/status``
+  every :data:`STATUS_PAGE_REFRESH_S` seconds, as an open status page does at its fastest;
 - ``corral-grpc``: ``ModelInfer`` over gRPC from one Python process, ``--connections``
   asyncio tasks on one grpc.aio channel sending a pre-serialized request (see
   :func:`grpc_load`). Its client is Python, not C: on a small machine it takes CPU from the
@@ -54,7 +56,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -74,7 +78,13 @@ RESULT_MARKER = "CORRAL_WRK_RESULT "
 
 # Targets in the order each round runs them. The servers behind them, in start order.
 TargetName = Literal[
-    "corral-json", "raw-asgi", "fastapi-sync", "fastapi-async", "corral-binary", "corral-grpc"
+    "corral-json",
+    "raw-asgi",
+    "fastapi-sync",
+    "fastapi-async",
+    "corral-binary",
+    "corral-grpc",
+    "corral-json-page",
 ]
 ServerName = Literal["corral", "raw-asgi", "fastapi-sync", "fastapi-async"]
 TARGETS: tuple[TargetName, ...] = get_args(TargetName)
@@ -759,6 +769,38 @@ def _stop_and_report(name: str, process: subprocess.Popen[bytes], log: Path) -> 
         print(f"  {name} exited with code {code}; its log:\n{_log_tail(log)}", file=sys.stderr)
 
 
+#: How often the status page asks for ``/v2/corral/status`` at its fastest (its refresh backs
+#: off to 20 times an answer's cost, at least this).
+STATUS_PAGE_REFRESH_S = 2.0
+
+
+class _StatusPage:
+    """A thread reading ``/v2/corral/status`` every :data:`STATUS_PAGE_REFRESH_S` seconds."""
+
+    def __init__(self, port: int) -> None:
+        self._url = f"http://127.0.0.1:{port}/v2/corral/status?page_size=50"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="status-page", daemon=True)
+        self.reads = 0
+
+    def __enter__(self) -> _StatusPage:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            with urllib.request.urlopen(self._url, timeout=30) as response:
+                if response.status != 200:
+                    raise BenchmarkError(f"the status endpoint answered {response.status}")
+                response.read()
+            self.reads += 1
+            self._stop.wait(STATUS_PAGE_REFRESH_S)
+
+
 class _Runner:
     """Runs one target once, by name, against servers already started and checked."""
 
@@ -783,6 +825,7 @@ class _Runner:
             "fastapi-sync": ("fastapi-sync", "json"),
             "fastapi-async": ("fastapi-async", "json"),
             "corral-binary": ("corral", "binary"),
+            "corral-json-page": ("corral", "json"),
         }
 
     def targets(self) -> list[str]:
@@ -808,7 +851,13 @@ class _Runner:
             threads=settings.threads,
             duration_s=duration_s,
         )
-        return run_load(command, duration_s)
+        if target != "corral-json-page":
+            return run_load(command, duration_s)
+        with _StatusPage(self._ports["corral"]) as page:
+            figures = run_load(command, duration_s)
+        if page.reads == 0:
+            raise BenchmarkError("the status page read nothing while corral-json-page ran")
+        return figures
 
     def _run_grpc(self, duration_s: float) -> dict[str, Any]:
         settings = self._settings
