@@ -1046,6 +1046,16 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run; write JSON under benchmarks/results/ (or --json); 3 if the wheels are unavailable."""
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["render"]:
+        renderer = argparse.ArgumentParser(prog="real_models.py render")
+        renderer.add_argument("results", type=Path, help="this script's JSON")
+        renderer.add_argument("--out", type=Path, default=Path("docs"), help="folder (docs)")
+        options = renderer.parse_args(argv[1:])
+        render(options.results, options.out)
+        print(f"wrote {options.out / 'benchmarks.md'} and {options.out / PLOT}")
+        return 0
     args = _parser().parse_args(argv)
     targets = (
         args.targets
@@ -1091,7 +1101,10 @@ def format_report(document: dict[str, Any]) -> str:
     for model in document["models"]:
         ceiling = model["ceiling"].get("rows_per_s")
         lines += [
-            f"#### {model['model']} ({model['wheel']}; {model['inputs']})",
+            f"#### {model['model']}",
+            "",
+            f"`{model['member']}` from `{model['wheel']}`; inputs: {model['inputs']}; JSON body "
+            f"{model['json_body_bytes']:,} bytes; corral-tuned's model.toml: `{model['tuned']}`.",
             "",
             "| target | connections | requests/s | p50 ms | p99 ms | CPU ms/request | vs ceiling |",
             "|---|---:|---:|---:|---:|---:|---:|",
@@ -1135,6 +1148,150 @@ def format_report(document: dict[str, Any]) -> str:
             f"{mixed['tiny_p99_loaded_ms'] / mixed['tiny_p99_alone_ms']:.1f}x (goal <= 3x)"
         )
     return "\n".join(lines)
+
+
+# -- the page ---------------------------------------------------------------------------------
+
+#: The generated part of docs/benchmarks.md's "Real models" section lies between these
+#: markers; render_peers.py keeps everything from BEGIN on when it rewrites the page.
+BEGIN = "<!-- real-models: begin (written by benchmarks/real_models.py render) -->"
+END = "<!-- real-models: end -->"
+PLOT = "benchmarks-real.png"
+_PEERS = ("fastapi", "mlserver", "mlserver-batch")
+
+
+def goals(document: dict[str, Any]) -> list[str]:
+    """Issue 20's goals, each checked against the run: one line each."""
+    lines = []
+    for model in document["models"]:
+        ceiling = model["ceiling"].get("rows_per_s")
+        corral = {row["connections"]: row for row in model["targets"].get("corral", [])}
+        for connections, row in corral.items():
+            if connections < 8:
+                continue
+            ratio = row["requests_per_s"] / ceiling if ceiling else float("nan")
+            peers = {
+                name: next(r for r in rows if r["connections"] == connections)
+                for name, rows in model["targets"].items()
+                if name in _PEERS
+            }
+            ahead = all(row["requests_per_s"] > peer["requests_per_s"] for peer in peers.values())
+            lowest = all(row["p99_ms"] <= peer["p99_ms"] for peer in peers.values())
+            lines.append(
+                f"- {model['model']}, {connections} connections: corral {ratio:.2f}x the ceiling "
+                f"({'met' if ratio >= 0.95 else 'not met'}); ahead of every peer in requests/s: "
+                f"{'yes' if ahead else 'no'}; lowest p99: {'yes' if lowest else 'no'}"
+            )
+    mixed = document.get("mixed")
+    if mixed:
+        ratio = mixed["tiny_p99_loaded_ms"] / mixed["tiny_p99_alone_ms"]
+        lines.append(
+            f"- mixed load: tiny models' p99 {ratio:.1f}x alone with {mixed['heavy_model']} "
+            f"saturated (goal <= 3x: {'met' if ratio <= 3 else 'not met'})"
+        )
+    return lines
+
+
+def section(document: dict[str, Any]) -> str:
+    """The generated part of the "Real models" section, markers included."""
+    machine, versions, settings = document["machine"], document["versions"], document["settings"]
+    before = ", ".join(f"{x:.1f}" for x in machine["load_average_before"])
+    after = ", ".join(f"{x:.1f}" for x in machine["load_average_after"])
+    lines = [
+        BEGIN,
+        "",
+        f"Measured {document['date']} on {machine['cpus']} CPUs ({machine['platform']}, Python "
+        f"{machine['python']}); load average (1, 5, 15 min) {before} before and {after} after: "
+        "the machine was shared with other work throughout. "
+        f"{settings['rounds']} round(s) of {settings['duration_s']:g} s per cell, targets in "
+        "turn, medians shown.",
+        "",
+        "Versions: "
+        + "; ".join(
+            f"{key} {', '.join(value) if isinstance(value, list) else value}"
+            for key, value in versions.items()
+        )
+        + ".",
+        "",
+        "Made by `make bench-real` (`benchmarks/real_models.py`, then `python "
+        "benchmarks/real_models.py render RESULTS --out docs`). Each model comes from its "
+        "wheel on PyPI, pinned (`pip download --no-deps`), and is served alone by each target "
+        "on 127.0.0.1, driven by wrk (`benchmarks/infer.lua`, closed loop, `--timeout 30s`) "
+        "with one realistic request (its inputs are named under each table); every target's "
+        "answer is first checked against onnxruntime's. `corral`: `corral serve` with its "
+        "defaults, JSON bodies; `corral-binary`: the same process, the binary tensor "
+        "extension; `corral-tuned`: its model.toml set as shown; `fastapi`: "
+        "`benchmarks/reference/fastapi_real.py`, a `def` endpoint with pydantic models around "
+        "the default `InferenceSession`; `mlserver` / `mlserver-batch`: MLServer with an "
+        "onnxruntime runtime (one intra-op thread per session), adaptive batching off / on "
+        "(8 rows, 1 ms). The ceiling is onnxruntime in the benchmark's process, no HTTP: the "
+        "best of one session with intra-op threads = cores at batch 1, 8 and 32 and one "
+        "single-threaded session per core from a thread each; its rows/s is the `vs ceiling` "
+        "denominator. CPU ms/request: the server's process tree, user + system, over the run.",
+        "",
+        "**Read with care:** wrk, the servers idling beside the one measured and other work "
+        "share the same cores; only ratios within this run compare. Image inputs in JSON are "
+        "megabytes of text (the body size is under each table): for those models the JSON "
+        "targets measure decoding as much as the model.",
+        "",
+        f"![requests/s by connections, per model]({PLOT})",
+        "",
+        format_report(document),
+        "",
+        "Goals (issue 20), from these figures:",
+        "",
+        *goals(document),
+        "",
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def plot(document: dict[str, Any], out: Path) -> None:
+    """Requests/s by connections, one panel per model, the ceiling as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = document["models"]
+    figure, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.8), squeeze=False)
+    for axis, model in zip(axes[0], models, strict=True):
+        for name, rows in model["targets"].items():
+            axis.plot(
+                [row["connections"] for row in rows],
+                [row["requests_per_s"] for row in rows],
+                marker="o",
+                label=name,
+            )
+        if model["ceiling"]:
+            axis.axhline(
+                model["ceiling"]["rows_per_s"], linestyle="--", color="black", label="ceiling"
+            )
+        axis.set_xscale("log", base=2)
+        axis.set_title(model["model"])
+        axis.set_xlabel("connections")
+        axis.set_ylim(bottom=0)
+    axes[0][0].set_ylabel("requests/s (median)")
+    axes[0][-1].legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(out / PLOT, dpi=90)
+    plt.close(figure)
+
+
+def render(results: Path, out: Path) -> None:
+    """Write the section into ``out``/benchmarks.md (replacing the markers' part) + the plot."""
+    document = json.loads(results.read_text())
+    page = out / "benchmarks.md"
+    text = page.read_text()
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1]
+        text = head + section(document) + tail
+    else:
+        text = text.rstrip("\n") + "\n\n## Real models\n\n" + section(document) + "\n"
+    page.write_text(text)
+    plot(document, out)
 
 
 if __name__ == "__main__":
