@@ -43,6 +43,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import http.client
 import importlib.metadata
 import json
 import os
@@ -711,6 +712,8 @@ def measure_model(
                     assert target.payload is not None
                     assert target.body_file is not None
                     cpu = cpu_seconds(target.server.process.pid)
+                    is_corral = target.name.startswith("corral")
+                    stats = corral_stats(target.server.port, name) if is_corral else None
                     result = wrk_load(
                         target.server.url(name),
                         target.body_file,
@@ -727,11 +730,14 @@ def measure_model(
                         "requests_per_s": result["requests"] / seconds if seconds else 0.0,
                         "p50_ms": result["latency_us"]["p50"] / 1000,
                         "p99_ms": result["latency_us"]["p99"] / 1000,
+                        "mean_ms": result["latency_us"]["mean"] / 1000,
                         "cpu_s_per_request": cpu / result["requests"]
                         if result["requests"]
                         else None,
                         "errors": errors,
                     }
+                    if stats is not None:
+                        run["inside"] = stats_delta(stats, corral_stats(target.server.port, name))
                     target.runs.append(run)
                     _progress(
                         f"round {round_index + 1} {name} {target.name} c={connections}: "
@@ -751,6 +757,45 @@ def measure_model(
     }
 
 
+def corral_stats(port: int, model: str) -> dict[str, Any]:
+    """Corral's statistics of ``model`` (the v2 statistics extension), its one version."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request("GET", f"/v2/models/{model}/stats")
+        response = connection.getresponse()
+        body = response.read()
+    finally:
+        connection.close()
+    if response.status != 200:
+        raise BenchmarkError(f"/v2/models/{model}/stats answered {response.status}: {body!r}")
+    (row,) = orjson.loads(body)["model_stats"]
+    stats: dict[str, Any] = row
+    return stats
+
+
+def stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """Where a run's requests spent their time inside corral's Host, per request (ms).
+
+    ``rows_per_run``: requests per model run (batching); ``queue_ms``: waiting for a compute
+    worker; ``compute_infer_ms``: the model run each request was part of; ``host_ms``: from
+    submission to answer. The rest of wrk's latency is the HTTP path and the event loop.
+    """
+    requests = after["inference_count"] - before["inference_count"]
+    runs = after["execution_count"] - before["execution_count"]
+    figures = {"rows_per_run": requests / runs if runs else 0.0}
+    for key, label in (
+        ("success", "host_ms"),
+        ("queue", "queue_ms"),
+        ("compute_input", "compute_input_ms"),
+        ("compute_infer", "compute_infer_ms"),
+        ("compute_output", "compute_output_ms"),
+    ):
+        was, now = before["inference_stats"][key], after["inference_stats"][key]
+        count = now["count"] - was["count"]
+        figures[label] = (now["ns"] - was["ns"]) / count / 1e6 if count else 0.0
+    return figures
+
+
 def summarize(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Medians over rounds per connection count."""
     cells: dict[int, list[dict[str, Any]]] = {}
@@ -762,8 +807,19 @@ def summarize(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "requests_per_s": statistics.median(r["requests_per_s"] for r in cell),
             "p50_ms": statistics.median(r["p50_ms"] for r in cell),
             "p99_ms": statistics.median(r["p99_ms"] for r in cell),
+            "mean_ms": statistics.median(r.get("mean_ms", 0.0) for r in cell),
             "cpu_s_per_request": statistics.median(r["cpu_s_per_request"] or 0.0 for r in cell),
             "errors": sum(r["errors"] for r in cell),
+            **(
+                {
+                    "inside": {
+                        key: statistics.median(r["inside"][key] for r in cell)
+                        for key in cell[0]["inside"]
+                    }
+                }
+                if "inside" in cell[0]
+                else {}
+            ),
         }
         for connections, cell in sorted(cells.items())
     ]
@@ -1116,6 +1172,26 @@ def format_report(document: dict[str, Any]) -> str:
                     f"| {name} | {row['connections']} | {row['requests_per_s']:,.1f} | "
                     f"{row['p50_ms']:.1f} | "
                     f"{row['p99_ms']:.1f} | {row['cpu_s_per_request'] * 1000:.2f} | {ratio} |"
+                )
+        inside = [
+            (name, row)
+            for name, rows in model["targets"].items()
+            for row in rows
+            if "inside" in row
+        ]
+        if inside:
+            lines += [
+                "",
+                "| inside corral (per request) | connections | requests per run | queue ms | "
+                "run ms | Host ms | the rest: HTTP, JSON, event loop (mean latency - Host) ms |",
+                "|---|---:|---:|---:|---:|---:|---:|",
+            ]
+            for name, row in inside:
+                figures = row["inside"]
+                lines.append(
+                    f"| {name} | {row['connections']} | {figures['rows_per_run']:.1f} | "
+                    f"{figures['queue_ms']:.1f} | {figures['compute_infer_ms']:.1f} | "
+                    f"{figures['host_ms']:.1f} | {row['mean_ms'] - figures['host_ms']:.1f} |"
                 )
         if ceiling:
             ways = model["ceiling"]["ways"]
