@@ -79,6 +79,7 @@ CORES = os.cpu_count() or 1
 EXIT_UNAVAILABLE = 3
 _WRK_TIMEOUT = "30s"  # nudenet at 64 connections waits seconds: not an error
 _READY_TIMEOUT_S = 120.0
+_DRAIN_LIMIT_S = 300.0
 
 Feeds = dict[str, np.ndarray[Any, Any]]
 
@@ -537,6 +538,25 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+def wait_idle(server: Server, limit_s: float = _DRAIN_LIMIT_S) -> float:
+    """Wait until ``server``'s process tree is idle; the seconds it took.
+
+    When wrk stops, the requests in flight are still being served: on a heavy model at 64
+    connections, seconds of work that would otherwise run during the next target's
+    measurement, on the same cores. Idle: under 5 % of one core over 250 ms.
+    """
+    began = time.monotonic()
+    last = cpu_seconds(server.process.pid)
+    while True:
+        time.sleep(0.25)
+        now = cpu_seconds(server.process.pid)
+        if now - last < 0.0125:
+            return time.monotonic() - began
+        last = now
+        if time.monotonic() - began > limit_s:
+            raise BenchmarkError(f"{server.name} still busy {limit_s:.0f} s after the load")
+
+
 def wrk_load(
     url: str, body_file: Path, payload: Payload, connections: int, seconds: float
 ) -> dict[str, Any]:
@@ -722,6 +742,7 @@ def measure_model(
                         settings.duration_s,
                     )
                     cpu = cpu_seconds(target.server.process.pid) - cpu
+                    drain_s = wait_idle(target.server)
                     seconds = result["duration_us"] / 1e6
                     errors = sum(result["errors"].values())
                     run = {
@@ -735,6 +756,8 @@ def measure_model(
                         if result["requests"]
                         else None,
                         "errors": errors,
+                        "drain_s": drain_s,
+                        "load_1min": os.getloadavg()[0],
                     }
                     if stats is not None:
                         run["inside"] = stats_delta(stats, corral_stats(target.server.port, name))
@@ -751,7 +774,10 @@ def measure_model(
         "inputs": model.note,
         "tuned": model.tuned.strip().replace("\n", "; "),
         "json_body_bytes": len(json_body.body),
+        "rounds": settings.rounds,
+        "duration_s": settings.duration_s,
         "targets": {t.name: summarize(t.runs) for t in targets if t.server is not None},
+        "load_1min_during": [run["load_1min"] for t in targets for run in t.runs],
         "ceiling": _ceiling_summary(ceiling_rounds),
         "skipped": skipped,
     }
@@ -1106,7 +1132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = sys.argv[1:]
     if argv[:1] == ["render"]:
         renderer = argparse.ArgumentParser(prog="real_models.py render")
-        renderer.add_argument("results", type=Path, help="this script's JSON")
+        renderer.add_argument("results", type=Path, nargs="+", help="this script's JSON files")
         renderer.add_argument("--out", type=Path, default=Path("docs"), help="folder (docs)")
         options = renderer.parse_args(argv[1:])
         render(options.results, options.out)
@@ -1160,7 +1186,8 @@ def format_report(document: dict[str, Any]) -> str:
             f"#### {model['model']}",
             "",
             f"`{model['member']}` from `{model['wheel']}`; inputs: {model['inputs']}; JSON body "
-            f"{model['json_body_bytes']:,} bytes; corral-tuned's model.toml: `{model['tuned']}`.",
+            f"{model['json_body_bytes']:,} bytes; corral-tuned's model.toml: `{model['tuned']}`; "
+            f"{model.get('rounds', '?')} round(s) of {model.get('duration_s', '?')} s per cell.",
             "",
             "| target | connections | requests/s | p50 ms | p99 ms | CPU ms/request | vs ceiling |",
             "|---|---:|---:|---:|---:|---:|---:|",
@@ -1270,17 +1297,21 @@ def goals(document: dict[str, Any]) -> list[str]:
 
 def section(document: dict[str, Any]) -> str:
     """The generated part of the "Real models" section, markers included."""
-    machine, versions, settings = document["machine"], document["versions"], document["settings"]
+    machine, versions = document["machine"], document["versions"]
     before = ", ".join(f"{x:.1f}" for x in machine["load_average_before"])
     after = ", ".join(f"{x:.1f}" for x in machine["load_average_after"])
+    during = [x for model in document["models"] for x in model.get("load_1min_during", [])]
+    during_median = statistics.median(during) if during else float("nan")
+    during_max = max(during, default=float("nan"))
     lines = [
         BEGIN,
         "",
         f"Measured {document['date']} on {machine['cpus']} CPUs ({machine['platform']}, Python "
         f"{machine['python']}); load average (1, 5, 15 min) {before} before and {after} after: "
-        "the machine was shared with other work throughout. "
-        f"{settings['rounds']} round(s) of {settings['duration_s']:g} s per cell, targets in "
-        "turn, medians shown.",
+        "the machine was shared with other work throughout (1-minute load average during the "
+        f"runs: median {during_median:.1f}, highest {during_max:.1f}). "
+        "Targets in turn within each round, each server idle again before the next run "
+        "starts; medians over rounds shown (rounds and seconds per run under each model).",
         "",
         "Versions: "
         + "; ".join(
@@ -1355,9 +1386,26 @@ def plot(document: dict[str, Any], out: Path) -> None:
     plt.close(figure)
 
 
-def render(results: Path, out: Path) -> None:
+def merge(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs as one page: the first's header, every run's models, the first mixed load.
+
+    The load averages shown are the lowest "before" and the highest "after" of the runs.
+    """
+    merged = dict(documents[0])
+    merged["models"] = [model for document in documents for model in document["models"]]
+    merged["mixed"] = next((d["mixed"] for d in documents if d.get("mixed")), None)
+    machine = dict(merged["machine"])
+    machine["load_average_before"] = min(d["machine"]["load_average_before"] for d in documents)
+    machine["load_average_after"] = max(d["machine"]["load_average_after"] for d in documents)
+    merged["machine"] = machine
+    wheels = sorted({pin for d in documents for pin in d["versions"].get("wheels", [])})
+    merged["versions"] = {**merged["versions"], "wheels": wheels}
+    return merged
+
+
+def render(results: Sequence[Path], out: Path) -> None:
     """Write the section into ``out``/benchmarks.md (replacing the markers' part) + the plot."""
-    document = json.loads(results.read_text())
+    document = merge([json.loads(path.read_text()) for path in results])
     page = out / "benchmarks.md"
     text = page.read_text()
     if BEGIN in text and END in text:
