@@ -1403,7 +1403,7 @@ def merge(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def render(results: Sequence[Path], out: Path) -> None:
+def render(results: Sequence[Path], out: Path, *, with_plot: bool = True) -> None:
     """Write the section into ``out``/benchmarks.md (replacing the markers' part) + the plot."""
     document = merge([json.loads(path.read_text()) for path in results])
     page = out / "benchmarks.md"
@@ -1415,7 +1415,8 @@ def render(results: Sequence[Path], out: Path) -> None:
     else:
         text = text.rstrip("\n") + "\n\n## Real models\n\n" + section(document) + "\n"
     page.write_text(text)
-    plot(document, out)
+    if with_plot:
+        plot(document, out)
 
 
 if __name__ == "__main__":
