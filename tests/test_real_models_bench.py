@@ -50,6 +50,7 @@ def test_the_quick_run_serves_magika_checked_and_measures_it_against_the_ceiling
 
 def _document(corral_rate: float) -> dict[str, Any]:
     row = {"requests_per_s": corral_rate, "p50_ms": 5.0, "p99_ms": 9.0, "cpu_s_per_request": 0.01}
+    row["vs_ceiling"] = corral_rate / 100
     peer = {"requests_per_s": 50.0, "p50_ms": 6.0, "p99_ms": 12.0, "cpu_s_per_request": 0.02}
     return {
         "date": "2026-12-01T00:00:00+00:00",
