@@ -105,13 +105,19 @@ def test_render_replaces_its_own_section_and_keeps_the_rest_of_the_page(tmp_path
     text = page.read_text()
     assert text.startswith("# corral against the peers\n\nthe peers' figures\n")
     assert "## Real models" in text
-    assert "corral 0.96x the ceiling (met); ahead of every peer in requests/s: yes" in text
+    assert (
+        "8 connections, corral: 0.96x the ceiling (met); ahead of every peer in requests/s: yes"
+        in text
+    )
     page.write_text(page.read_text() + "\nWhere the time goes: written by hand.\n")
     results.write_text(json.dumps(_document(40.0)))
     real_models.render([results], tmp_path, with_plot=False)
     text = page.read_text()
     assert text.count("## Real models") == 1
     assert "0.96x" not in text
-    assert "corral 0.40x the ceiling (not met); ahead of every peer in requests/s: no" in text
+    assert (
+        "8 connections, corral: 0.40x the ceiling (not met); ahead of every peer in requests/s: no"
+        in text
+    )
     assert text.endswith("\nWhere the time goes: written by hand.\n")
     assert not (tmp_path / "benchmarks-real.png").exists()  # matplotlib's import: seconds
