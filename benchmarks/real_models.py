@@ -769,6 +769,11 @@ def measure_model(
                     drain_s = wait_idle(target.server)
                     seconds = result["duration_us"] / 1e6
                     errors = sum(result["errors"].values())
+                    if result["requests"] == 0:
+                        raise BenchmarkError(
+                            f"{name} {target.name} c={connections}: no request answered within "
+                            f"the {settings.duration_s:g} s run; give it a longer --duration"
+                        )
                     run = {
                         "round": round_index,
                         "connections": connections,
@@ -1084,6 +1089,12 @@ def measure_mixed(
     }
 
 
+def _mlserver_pins() -> tuple[str, ...]:
+    from benchmarks.peers.mlserver import PINS
+
+    return PINS
+
+
 def measure(settings: Settings) -> dict[str, Any]:
     """The whole run; the JSON document."""
     http_bench.wrk_path()
@@ -1120,6 +1131,11 @@ def measure(settings: Settings) -> dict[str, Any]:
             "onnxruntime": onnxruntime.__version__,
             "wrk": http_bench.wrk_version(http_bench.wrk_path()),
             "fastapi venv": ", ".join(FASTAPI_PINS),
+            **(
+                {"mlserver venv": ", ".join(_mlserver_pins())}
+                if any(t.startswith("mlserver") for t in settings.targets)
+                else {}
+            ),
             "wheels": sorted({MODELS[name].wheel.pin for name in names}),
         },
         "settings": vars(settings),
