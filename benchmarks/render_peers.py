@@ -18,6 +18,8 @@ from typing import Any
 PAGE = "benchmarks.md"
 THROUGHPUT_PNG = "benchmarks-throughput.png"
 LATENCY_PNG = "benchmarks-p99.png"
+#: Where benchmarks/real_models.py's section starts (its ``BEGIN``).
+REAL_MODELS_MARKER = "<!-- real-models: begin"
 _ENGINES = {
     "corral-host": "corral Host",
     "onnxruntime-default": "onnxruntime, default sessions",
@@ -185,7 +187,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     density = json.loads(args.density.read_text()) if args.density else None
     args.out.mkdir(parents=True, exist_ok=True)
     plot(document, args.out)
-    (args.out / PAGE).write_text(page(document, density))
+    # The "Real models" section is benchmarks/real_models.py's: kept as it is.
+    kept = ""
+    if (args.out / PAGE).is_file():
+        _, marker, rest = (args.out / PAGE).read_text().partition(REAL_MODELS_MARKER)
+        kept = f"\n## Real models\n\n{marker}{rest}" if marker else ""
+    (args.out / PAGE).write_text(page(document, density) + kept)
     print(f"wrote {args.out / PAGE}, {args.out / THROUGHPUT_PNG}, {args.out / LATENCY_PNG}")
     return 0
 
