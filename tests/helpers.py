@@ -289,3 +289,23 @@ def run_benchmark(
         timeout=timeout,
         check=False,
     )
+
+
+def build_wheel(out: Path) -> Path:
+    """Build corral's wheel into ``out`` with its own backend, offline; its path.
+
+    Skips the test without hatchling (the dev extra installs it). The build runs in a
+    subprocess from the project's root, as a frontend runs it.
+    """
+    pytest.importorskip("hatchling", reason="the dev extra installs hatchling, the build backend")
+    build = "import sys, hatchling.build as backend; print(backend.build_wheel(sys.argv[1]))"
+    completed = subprocess.run(
+        [sys.executable, "-c", build, str(out)],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    return out / completed.stdout.strip().splitlines()[-1]

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from corral.testing import build_mlp
-from tests.helpers import reference_run
+from tests.helpers import build_wheel, reference_run
 from tests.test_deploy import dockerfile_instructions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,19 +74,7 @@ class Venv:
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
-    pytest.importorskip("hatchling", reason="the dev extra installs hatchling, the build backend")
-    out = tmp_path_factory.mktemp("wheel")
-    build = "import sys, hatchling.build as backend; print(backend.build_wheel(sys.argv[1]))"
-    built = subprocess.run(
-        [sys.executable, "-c", build, str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=100,
-        check=False,
-    )
-    assert built.returncode == 0, built.stderr
-    wheel = out / built.stdout.strip().splitlines()[-1]
+    wheel = build_wheel(tmp_path_factory.mktemp("wheel"))
     root = tmp_path_factory.mktemp("venv")
     # Without pip of its own (ensurepip takes seconds): `pip` in it is this interpreter's pip
     # working on the venv's interpreter.

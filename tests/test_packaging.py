@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import build_wheel
+
 ROOT = Path(__file__).resolve().parent.parent
 # Modules the library must never import: plotting, and the benchmark scripts.
 FORBIDDEN = {"matplotlib", "benchmarks"}
@@ -27,20 +29,7 @@ APACHE_2_SHA256 = "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[zipfile.ZipFile]:
-    pytest.importorskip("hatchling", reason="the dev extra installs hatchling, the build backend")
-    out = tmp_path_factory.mktemp("wheel")
-    build = "import sys, hatchling.build as backend; print(backend.build_wheel(sys.argv[1]))"
-    completed = subprocess.run(
-        [sys.executable, "-c", build, str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=100,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr
-    name = completed.stdout.strip().splitlines()[-1]
-    with zipfile.ZipFile(out / name) as archive:
+    with zipfile.ZipFile(build_wheel(tmp_path_factory.mktemp("wheel"))) as archive:
         yield archive
 
 
