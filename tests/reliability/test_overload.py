@@ -11,7 +11,7 @@ What must hold:
 - every request gets exactly one answer, and each is 200 / OK or 429 / RESOURCE_EXHAUSTED;
 - the admitted ones keep a bounded p99: one admitted at the back of a full queue waits for
   ``QUEUE_LIMIT`` requests ahead of it and its own run, (QUEUE_LIMIT + workers) / C in all;
-  the bound is three times that: the load generator shares the process (and two cores)
+  the bound is four times that: the load generator shares the process (and two cores)
   with the server, and runs more than three times as many requests as while measuring;
 - the refused ones are refused at once: their p99 is far below (a fifth of) the admitted p99.
 """
@@ -46,7 +46,10 @@ CAPACITY_S = 1.0
 OVERLOAD_S = 3.0
 TARGET_RUN_S = 0.02
 # The admitted p99 bound is this many times the worst wait the queue limit allows.
-SLACK = 3
+# Three was measured too tight: on a quiet machine, at a capacity near 80/s, the admitted p99
+# reached 0.8-0.97 of it on main and on the previous release alike (the generator's own share
+# of the event loop does not shrink with the queue's wait as C grows).
+SLACK = 4
 # Statuses a request may get under overload: answered, or refused because the queue is full.
 OK, REFUSED = "ok", "refused"
 
