@@ -225,6 +225,9 @@ def replica_pids(pid: int) -> list[int]:
     return found
 
 
+# make soak: a second Ray cluster start and a replica's replacement take about a minute, and
+# make test must stay under CI's 20 minutes; the two-replica test above runs in make test.
+@pytest.mark.soak
 def test_a_killed_replica_is_replaced_and_the_other_keeps_serving(tmp_path: Path):
     """SIGKILL one model replica mid-traffic: typed 503s at worst, then Ray's new replica."""
     import httpx
