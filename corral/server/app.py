@@ -138,10 +138,15 @@ async def serve(
     if tracing is not None:
         host.observe_loads(tracing.load_done)  # before start: polling may load at once
     host.start()
-    if not await _check_repository(host, settings):
-        await asyncio.to_thread(_close_host, host, settings.drain_timeout_s)
-        if tracing is not None:
-            await asyncio.to_thread(tracing.shutdown)
+    refused = True  # also if the check raises: the Host and tracing are closed here, once
+    try:
+        refused = not await _check_repository(host, settings)
+    finally:
+        if refused:
+            await asyncio.to_thread(_close_host, host, settings.drain_timeout_s)
+            if tracing is not None:
+                await asyncio.to_thread(tracing.shutdown)
+    if refused:
         return EXIT_REFUSED
     # When the drain began: closing the Host gets what is left of the drain timeout.
     drain_began = asyncio.create_task(_when_set(stop))
@@ -493,11 +498,7 @@ async def _check_repository(host: Host, settings: ServerSettings) -> bool:
     Runs before either server binds its port, on a worker thread: the event loop does not
     wait on the disk.
     """
-    try:
-        problems = await asyncio.to_thread(host.check)
-    except BaseException:
-        await asyncio.to_thread(_close_host, host, settings.drain_timeout_s)
-        raise
+    problems = await asyncio.to_thread(host.check)
     if problems and settings.strict:
         # Each problem was logged at WARNING; at a level that hides them, list them here.
         listed = (
