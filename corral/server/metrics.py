@@ -73,7 +73,7 @@ from corral.protocol.dataplane import DataPlane
 from corral.protocol.types import ModelStatistics
 from corral.server.bodies import BodyBudget
 
-__all__ = ["REFUSAL_REASONS", "Metrics"]
+__all__ = ["REFUSAL_REASONS", "Metrics", "process_threads"]
 
 #: Every ``reason`` of ``corral_requests_refused_total``: a fixed set.
 REFUSAL_REASONS = (
@@ -321,7 +321,7 @@ class _HostCollector(Collector):
             "corral_threads",
             "Threads in this process: OS threads, native ones included (Linux /proc), "
             "or Python threads only where /proc is missing",
-            value=_process_threads(),
+            value=process_threads(),
         )
 
 
@@ -390,7 +390,8 @@ def _latency_histogram(name: str, help_text: str, latency: LatencyStats) -> Metr
     return HistogramMetricFamily(name, help_text, buckets=buckets, sum_value=latency.sum_seconds)
 
 
-def _process_threads() -> int:
+def process_threads() -> int:
+    """Every OS thread of this process, as ``corral_threads`` and the status page count them."""
     # onnxruntime's pools are native threads that the threading module never sees; Linux
     # lists every thread of the process in /proc/self/task. psutil would do the same on
     # other systems but is not a server dependency.

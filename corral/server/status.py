@@ -46,6 +46,7 @@ from corral._events import Event, EventKind
 from corral._scheduler import QueueKey, QueueStats
 from corral._status import ModelState, ModelStatus
 from corral.protocol.dataplane import DataPlane, run_blocking
+from corral.server.metrics import process_threads
 
 __all__ = [
     "EVENTS_SHOWN",
@@ -315,7 +316,7 @@ class StatusBoard:
             latency=host.request_latency(),
             memory_used_bytes=host.stats().bytes_used,
             rss_bytes=_rss_bytes(),
-            threads=_process_threads(),
+            threads=process_threads(),
             runs_in_flight=host.runtime.stats().runs_in_flight,
         )
         with self._rings_lock:
@@ -454,7 +455,7 @@ class StatusBoard:
             "errors_per_s": errors,
             "p50_ms": p50,
             "p99_ms": p99,
-            "threads": _process_threads(),
+            "threads": process_threads(),
             "rss_bytes": _rss_bytes(),
             "memory_used_bytes": stats.bytes_used,
             "memory_budget_bytes": stats.memory_budget,
@@ -649,11 +650,3 @@ def _rss_bytes() -> int:
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _process_threads() -> int:
-    # As corral_threads counts them: every OS thread (onnxruntime's native pools included).
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return threading.active_count()
