@@ -52,7 +52,14 @@ from corral._scheduler import QueueStats
 from corral._served import HostLease
 from corral._session import Lease, Session, SessionState
 from corral._signature import TensorSpec
-from corral._status import HostState, HostStats, ModelState, ModelStatus, VersionStatus
+from corral._status import (
+    HostState,
+    HostStats,
+    ModelState,
+    ModelStatus,
+    VersionSettings,
+    VersionStatus,
+)
 
 __version__ = "0.1.0"
 
@@ -107,6 +114,7 @@ __all__ = [
     "TensorSpec",
     "UploadRefused",
     "VersionPolicy",
+    "VersionSettings",
     "VersionStatus",
     "__version__",
     "runtime",

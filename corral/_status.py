@@ -12,6 +12,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from corral._config import ModelConfig
+from corral._providers import ConcurrencyPolicy
 from corral._repository import ModelEntry
 
 __all__ = [
@@ -20,6 +22,7 @@ __all__ = [
     "HostStats",
     "ModelState",
     "ModelStatus",
+    "VersionSettings",
     "VersionStatus",
     "model_status",
 ]
@@ -53,6 +56,31 @@ class ModelState(enum.Enum):
 
 
 @dataclass(frozen=True)
+class VersionSettings:
+    """What a loaded version runs with: its configuration, and what corral made of it.
+
+    The same values :class:`HostLease` gives, read from the Host's table without a lease, a
+    load or a file read (the status page's model detail).
+    """
+
+    #: The settings it was built with; ``config.source`` says which file set them.
+    config: ModelConfig
+    #: Rows per batched run; 0 when its requests never share a run (``VersionStatus.batching``
+    #: says why).
+    max_batch_size: int
+    #: How long a batch waits to fill, in microseconds (0: never).
+    batch_window_us: int
+    #: How many requests may wait in its queue.
+    queue_limit: int
+    #: The concurrency policy in force (``auto`` resolved): its kind and its sessions.
+    concurrency: ConcurrencyPolicy
+    #: The execution providers onnxruntime assigned, in order of precedence.
+    providers: tuple[str, ...]
+    #: Never evicted: by its configuration or by ``Host.load(pin=True)``.
+    pinned: bool
+
+
+@dataclass(frozen=True)
 class VersionStatus:
     """One version of a model, from :meth:`Host.models`."""
 
@@ -70,6 +98,9 @@ class VersionStatus:
     #: While loaded, why its queued requests share runs or not, in one line: ``batched
     #: (probed): ...``, ``batched (declared): ...`` or ``not batched: ...``; else None.
     batching: str | None = None
+    #: While loaded (or closing), what it runs with; else None: the Host knows it only once
+    #: it loads the version.
+    settings: VersionSettings | None = None
 
 
 @dataclass(frozen=True)

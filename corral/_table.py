@@ -37,7 +37,14 @@ from corral._repository import ModelEntry
 from corral._scheduler import deadline_after, time_left
 from corral._served import ServedVersion
 from corral._session import SessionState
-from corral._status import Holdings, HostState, HostStats, ModelState, VersionStatus
+from corral._status import (
+    Holdings,
+    HostState,
+    HostStats,
+    ModelState,
+    VersionSettings,
+    VersionStatus,
+)
 
 __all__ = ["LOAD_SECONDS_BUCKETS", "ROOM_WAIT_S", "Key", "Lead", "ModelTable", "NoRoom"]
 
@@ -643,4 +650,13 @@ def _version_status(served: ServedVersion, state: ModelState) -> VersionStatus:
         served.session.uses,
         None,
         served.batching,
+        VersionSettings(
+            served.config,
+            served.max_rows,
+            served.window_us,
+            served.queue_limit,
+            served.session.policy,
+            served.session.providers,
+            served.pinned,
+        ),
     )

@@ -61,6 +61,7 @@ def test_public_names_are_pinned():
             "SessionState",
             "TensorSpec",
             "VersionPolicy",
+            "VersionSettings",
             "VersionStatus",
             "__version__",
             "runtime",

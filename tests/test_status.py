@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from corral import Host
+from corral import Host, ModelState
 from corral._counters import REQUEST_SECONDS_BUCKETS
 from corral._events import EventKind, EventLog
 from corral._scheduler import QueueStats
@@ -222,6 +222,79 @@ def test_a_bad_query_is_refused_naming_the_parameter(thirty: Path, query: str, n
         answer = call(app, "GET", f"/v2/corral/status?{query}")
         assert answer.status_code == 400
         assert named in answer.json()["error"]
+
+
+def configured_repository(root: Path) -> Path:
+    """A model with a model.toml, one with a config.pbtxt, one with neither, and a cold one."""
+    toml = 'batch_window_us = 700\nconcurrency = "pool:2"\npinned = true\n'
+    add_model(root, "fraud", build_linear(seed=1), toml=toml)
+    add_model(root, "triton", build_linear(seed=2))
+    (root / "triton" / "config.pbtxt").write_text(
+        "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 250 }\n"
+    )
+    add_model(root, "plain", build_linear(seed=3))
+    add_model(root, "cold", build_linear(seed=4), toml="warmup = true\n")
+    return root
+
+
+@pytest.mark.timeout(30)
+def test_the_model_detail_shows_each_loaded_versions_configuration_and_its_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    with Host(configured_repository(tmp_path / "models")) as host:
+        app, _ = app_for(host)
+        for name in ("fraud", "triton", "plain"):
+            host.load(name)
+        # A model the Host holds is shown from its table: never from the repository's files.
+        monkeypatch.setattr(host.repository, "entry", _no_disk)
+
+        def config(name: str) -> dict[str, Any]:
+            detail = call(app, "GET", f"/v2/corral/status/models/{name}").json()
+            assert detail["config_note"] is None
+            (version,) = detail["versions"]
+            return dict(version["config"])
+
+        fraud = config("fraud")
+        assert fraud["source"] == "fraud/model.toml"
+        assert (fraud["batch_window_us"], fraud["pinned"]) == (700, True)
+        assert (fraud["concurrency"], fraud["instance_count"]) == ("pool:2", 2)
+        triton = config("triton")
+        assert triton["source"] == "triton/config.pbtxt"
+        assert (triton["max_batch_size"], triton["batch_window_us"]) == (8, 250)
+        plain = config("plain")
+        assert plain["source"] == "default"
+        assert plain["max_batch_size"] == 64  # probed: the rows corral batches
+        assert plain["version_policy"] == {"latest": {"num_versions": 1}}
+        # /config's names, and its values, where the two documents share a field.
+        triton_config = call(app, "GET", "/v2/models/triton/config").json()
+        for field in ("max_batch_size", "version_policy", "default_model_filename"):
+            assert triton[field] == triton_config[field], field
+
+
+@pytest.mark.timeout(30)
+def test_a_cold_models_detail_has_no_configuration_and_loads_nothing(tmp_path: Path):
+    with Host(configured_repository(tmp_path / "models")) as host:
+        app, _ = app_for(host)
+        detail = call(app, "GET", "/v2/corral/status/models/cold").json()
+        assert [version["config"] for version in detail["versions"]] == [None]
+        assert "shown once the model loads" in detail["config_note"]
+        assert host.status("cold").state is ModelState.UNLOADED
+        assert host.stats().loads == 0
+
+
+@pytest.mark.timeout(30)
+def test_a_configuration_a_load_request_gave_is_named_so(tmp_path: Path):
+    with Host(configured_repository(tmp_path / "models")) as host:
+        app, _ = app_for(host)
+        host.load("plain", config='{"max_batch_size": 4, "dynamic_batching": {}}')
+        detail = call(app, "GET", "/v2/corral/status/models/plain").json()
+        (version,) = detail["versions"]
+        assert version["config"]["source"] == "load request"  # no file holds it
+        assert version["config"]["max_batch_size"] == 4
+
+
+def _no_disk(name: str) -> None:
+    raise AssertionError(f"the status page read model {name!r}'s entry from the disk")
 
 
 @pytest.mark.timeout(30)

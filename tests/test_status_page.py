@@ -232,6 +232,15 @@ def test_the_table_lists_the_models_with_their_states_and_the_events(page: Any):
     row.click()
     page.wait_for_selector("#detail", state="visible")
     assert '"fix": "replace' in page.locator("#detail-body").inner_text()
+    # It never loaded: no configuration yet, and a line saying when there will be one.
+    expect(page.locator("#detail-config .note")).to_contain_text("shown once the model loads")
+    assert page.locator("#detail-config table").count() == 0
+    page.fill("#filter", "m0002")
+    page.click("#models tbody tr[data-model='m0002']")
+    expect(page.locator("#detail-config h3")).to_have_text("Configuration — corral's defaults")
+    setting = "#detail-config table.config tr[data-key='{}'] td"
+    expect(page.locator(setting.format("max_batch_size"))).to_have_text("64")
+    expect(page.locator(setting.format("batching"))).to_contain_text("batched (probed)")
 
 
 @pytest.mark.timeout(60)

@@ -81,6 +81,7 @@ __all__ = [
     "READY_LOAD_TIMEOUT_S",
     "UNLOAD_TIMEOUT_S",
     "DataPlane",
+    "reported_max_batch_size",
     "run_blocking",
     "status_for",
 ]
@@ -376,7 +377,7 @@ class DataPlane:
             queue_limit = lease.queue_limit
             policy = lease.session.policy
             providers = lease.session.providers
-        max_batch_size = _effective_max_batch_size(config, batched)
+        max_batch_size = reported_max_batch_size(config, batched)
         # With max_batch_size > 0, Triton's dims leave out the batch dimension.
         skip = 1 if max_batch_size else 0
         return ModelConfiguration(
@@ -753,8 +754,8 @@ def _tensor_names(signature: Signature) -> str:
     return ", ".join(repr(spec.name) for spec in signature.outputs if spec.dtype is not None)
 
 
-def _effective_max_batch_size(config: ModelConfig, batched: int) -> int:
-    """What ``/config`` reports: a config.pbtxt's own, else the rows corral batches."""
+def reported_max_batch_size(config: ModelConfig, batched: int) -> int:
+    """What ``/config`` and the status page report: a config.pbtxt's own, else rows batched."""
     # A config.pbtxt's: its dims leave out a batch dimension whenever it says the model has
     # one, even if this Host does not batch (corral.batching says whether it does).
     return (config.max_batch_size or 0) if config.source == "config.pbtxt" else batched
@@ -765,7 +766,7 @@ def _classified(
 ) -> dict[str, Any]:
     """``results`` with each output asked for by class replaced by its top classes."""
     config = lease.config
-    batched = _effective_max_batch_size(config, lease.max_batch_size) > 0
+    batched = reported_max_batch_size(config, lease.max_batch_size) > 0
     labels = {tensor.name: tensor.labels for tensor in config.outputs}
     answer = dict(results)
     for name, count in classes.items():

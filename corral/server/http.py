@@ -80,7 +80,15 @@ if TYPE_CHECKING:
     from corral.server.status import StatusBoard
     from corral.server.tracing import RequestTrace, Tracing
 
-__all__ = ["DECODE_INLINE_BYTES", "STATUS", "HttpApp", "HttpError", "check_token", "read_body"]
+__all__ = [
+    "DECODE_INLINE_BYTES",
+    "STATUS",
+    "HttpApp",
+    "HttpError",
+    "check_token",
+    "read_body",
+    "version_policy_doc",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -761,7 +769,7 @@ def _config_doc(config: ModelConfiguration) -> dict[str, Any]:
         "name": config.name,
         "platform": config.platform,
         "backend": config.backend,
-        "version_policy": _version_policy_doc(config.version_policy),
+        "version_policy": version_policy_doc(config.version_policy),
         "max_batch_size": config.max_batch_size,
         "input": [tensor(t, is_input=True) for t in config.inputs],
         "output": [tensor(t, is_input=False) for t in config.outputs],
@@ -784,7 +792,8 @@ def _config_doc(config: ModelConfiguration) -> dict[str, Any]:
     return doc
 
 
-def _version_policy_doc(policy: VersionPolicy) -> dict[str, Any]:
+def version_policy_doc(policy: VersionPolicy) -> dict[str, Any]:
+    """A version policy as ``/config`` gives it (Triton's JSON), for the status page too."""
     if policy.kind == "latest":
         return {"latest": {"num_versions": policy.count}}
     if policy.kind == "all":

@@ -44,11 +44,13 @@ from corral import __version__
 from corral._counters import REQUEST_SECONDS_BUCKETS, LatencyStats, RequestStats
 from corral._events import Event, EventKind
 from corral._scheduler import QueueKey, QueueStats
-from corral._status import ModelState, ModelStatus
-from corral.protocol.dataplane import DataPlane, run_blocking
+from corral._status import ModelState, ModelStatus, VersionSettings
+from corral.protocol.dataplane import DataPlane, reported_max_batch_size, run_blocking
+from corral.server.http import version_policy_doc
 from corral.server.metrics import process_threads
 
 __all__ = [
+    "CONFIG_NOTE",
     "EVENTS_SHOWN",
     "MAX_PAGE_SIZE",
     "MODEL_WINDOW_S",
@@ -76,6 +78,8 @@ MAX_PAGE_SIZE = 500
 MAX_FILTER_CHARS = 256
 #: Events in a status document, newest first.
 EVENTS_SHOWN = 100
+#: A model detail's ``config_note`` when no version of the model is loaded.
+CONFIG_NOTE = "The configuration is shown once the model loads (this page never loads one)."
 
 #: The columns the models table sorts by.
 SORT_COLUMNS = (
@@ -397,10 +401,19 @@ class StatusBoard:
         return document
 
     def model_document(self, name: str) -> dict[str, Any]:
-        """One model's detail: its versions, its figures, its events. Raises ModelNotFound."""
-        status = self._host.status(name)
+        """One model's detail: versions (each with its config while loaded), figures, events.
+
+        Also its problems, each with its fix. Loads nothing; reads the repository only for a
+        model the Host holds nothing of, as :meth:`Host.status` does. Raises ModelNotFound.
+        """
+        host = self._host
+        status = host.status(name)
         with self._rings_lock:
             figures = self._figures
+        # What a version with no thread count of its own runs on.
+        runtime_threads = host.runtime.options.intra_op_threads
+        # A load's config is in place (Triton's model control): no file set the settings.
+        override = host.repository.override(name) is not None
         row = _row(status, figures)
         row["versions"] = [
             {
@@ -412,9 +425,12 @@ class StatusBoard:
                 "failure": version.failure,
                 "batching": version.batching,
                 **_figures_doc(figures.by_version.get((name, version.version), _NO_FIGURES)),
+                "config": _config_doc(name, version.settings, override, runtime_threads),
             }
             for version in status.versions
         ]
+        loaded = any(version.settings is not None for version in status.versions)
+        row["config_note"] = None if loaded else CONFIG_NOTE
         # What the repository check found wrong with it, each with its fix.
         row["problems"] = [
             {"kind": p.kind.value, "path": p.path, "message": p.message, "fix": p.fix}
@@ -528,6 +544,47 @@ def _figures_doc(figures: _ModelFigures) -> dict[str, Any]:
         "p99_ms": figures.p99_ms,
         "mean_batch": figures.mean_batch,
         "queue": figures.queue,
+    }
+
+
+def _config_doc(
+    name: str, settings: VersionSettings | None, override: bool, runtime_threads: int
+) -> dict[str, Any] | None:
+    """A loaded version's settings as it runs with them; the names ``/config``'s where shared."""
+    if settings is None:
+        return None
+    config = settings.config
+    if config.source == "default":
+        source = "default"
+    elif override and config.source == "config.pbtxt":
+        source = "load request"
+    else:
+        source = f"{name}/{config.source}"  # the only place the repository reads it from
+    return {
+        "source": source,
+        # A config.pbtxt's own, else the rows batched: the version's "batching" says why.
+        "max_batch_size": reported_max_batch_size(config, settings.max_batch_size),
+        "batch_window_us": settings.batch_window_us if settings.max_batch_size else None,
+        "max_queue_size": settings.queue_limit,
+        "queue_timeout_us": config.queue_timeout_us,
+        "queue_timeout_override": config.queue_timeout_override,
+        "concurrency": str(settings.concurrency),
+        "instance_count": settings.concurrency.size,
+        "providers": list(settings.providers),
+        "provider_options": {
+            entry[0]: dict(entry[1])
+            for entry in config.providers or ()
+            if not isinstance(entry, str)
+        },
+        "pinned": settings.pinned,
+        "warmup": config.warmup,
+        "warmup_samples": [sample.name for sample in config.warmup_samples],
+        "version_policy": version_policy_doc(config.version_policy),
+        "default_model_filename": config.model_filename,
+        # onnxruntime's defaults where the configuration leaves them out.
+        "graph_optimization_level": config.graph_optimization_level or "all",
+        "execution_mode": config.execution_mode or "sequential",
+        "intra_op_threads": config.intra_op_threads or runtime_threads,
     }
 
 

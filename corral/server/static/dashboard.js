@@ -193,12 +193,69 @@ async function showDetail(name) {
     const doc = await getJson("/v2/corral/status/models/" + encodeURIComponent(name));
     $("detail").hidden = false;
     $("detail-name").textContent = name;
+    drawConfig(doc);
     $("detail-body").textContent = JSON.stringify(doc, null, 2);
   } catch (error) {
     $("detail").hidden = false;
     $("detail-name").textContent = name;
+    $("detail-config").replaceChildren();
     $("detail-body").textContent = "Could not read the model's status: " + error.message;
   }
+}
+
+// The settings each loaded version runs with, as a key/value table headed by their source.
+const CONFIG_ROWS = [
+  ["max_batch_size", "max batch size"], ["batching", "batching"],
+  ["batch_window_us", "batch window µs"], ["max_queue_size", "queue limit"],
+  ["queue_timeout_us", "queue timeout µs"], ["queue_timeout_override", "timeout override"],
+  ["concurrency", "concurrency"], ["instance_count", "instances"],
+  ["providers", "providers"], ["provider_options", "provider options"],
+  ["pinned", "pinned"], ["warmup", "warm-up"], ["warmup_samples", "warm-up samples"],
+  ["version_policy", "version policy"], ["default_model_filename", "model file"],
+  ["graph_optimization_level", "graph optimization"], ["execution_mode", "execution mode"],
+  ["intra_op_threads", "intra-op threads"],
+];
+
+function drawConfig(doc) {
+  const parts = [];
+  if (doc.config_note) parts.push(element("p", doc.config_note, "note"));
+  const loaded = doc.versions.filter((v) => v.config);
+  for (const version of loaded) {
+    const config = version.config;
+    const from = config.source === "default" ? "corral's defaults" : "from " + config.source;
+    const which = loaded.length > 1 ? " of version " + version.version : "";
+    const heading = element("h3", "Configuration" + which + " — " + from);
+    const table = element("table", undefined, "config");
+    table.dataset.version = version.version;
+    const body = element("tbody");
+    for (const [key, label] of CONFIG_ROWS) {
+      const value = key === "batching" ? version.batching : config[key];
+      const tr = element("tr");
+      tr.dataset.key = key;
+      tr.append(element("th", label), element("td", setting(key, value)));
+      body.append(tr);
+    }
+    table.append(body);
+    parts.push(heading, table);
+  }
+  $("detail-config").replaceChildren(...parts);
+}
+
+function setting(key, value) {
+  if (value === null || value === undefined) return "–";
+  if (key === "version_policy") {
+    if (value.latest) return "latest " + value.latest.num_versions;
+    if (value.specific) return "versions " + value.specific.versions.join(", ");
+    return "all";
+  }
+  if (key === "provider_options") {
+    const entries = Object.entries(value).map(([provider, options]) => provider + ": " +
+      Object.entries(options).map(([k, v]) => k + "=" + v).join(", "));
+    return entries.length ? entries.join("; ") : "none";
+  }
+  if (Array.isArray(value)) return value.length ? value.join(", ") : "none";
+  if (typeof value === "boolean") return value ? "yes" : "no";
+  return String(value);
 }
 
 function start() {
