@@ -309,7 +309,9 @@ def test_the_queue_limit_option_refuses_at_once_past_it(tmp_path: Path):
 
     try:
         assert post(1)[0] == 200  # loaded, so the next requests queue on its one worker
-        running = ask("running", 5_000_000)
+        # About 4 s of Loop on 2 cores (the test waits for it to end): far longer than the few
+        # metrics polls between its start and the refusal below.
+        running = ask("running", 2_000_000)
         deadline = time.monotonic() + 60
         queued: threading.Thread | None = None
         while queued is None or pending() < 1:
