@@ -227,6 +227,17 @@ HTTP_MUTATIONS = [
 ]
 
 
+# The strategies each case draws from, made once: hypothesis validates a strategy the first
+# time it draws from it, so one made inside a composite is validated again for every case.
+_MODEL_NAMES = st.sampled_from(sorted(MODELS))
+_HTTP_MUTATIONS = st.sampled_from(HTTP_MUTATIONS)
+_OTHER_DATATYPES = {
+    datatype: st.sampled_from([d for d in BAD_DATATYPES if d != datatype])
+    for datatype, _ in MODELS.values()
+}
+_ROWS = st.integers(0, 3)
+
+
 @dataclass
 class HttpCase:
     """One HTTP inference request and what was broken in it."""
@@ -253,10 +264,10 @@ def _json_data(array: np.ndarray, datatype: str, shape: list[int], nested: bool)
 @st.composite
 def aimed_http_requests(draw: st.DrawFn) -> HttpCase:
     """A request to one of the models, right but for the one thing ``mutation`` breaks."""
-    model = draw(st.sampled_from(sorted(MODELS)))
+    model = draw(_MODEL_NAMES)
     datatype, width = MODELS[model]
-    mutation = draw(st.sampled_from(HTTP_MUTATIONS))
-    rows = draw(st.integers(0, 3))
+    mutation = draw(_HTTP_MUTATIONS)
+    rows = draw(_ROWS)
     shape: list[Any] = [rows, width]
     binary = draw(st.booleans())
     # The model takes strings: BYTES that are not UTF-8 are refused (a "value" mutation).
@@ -276,7 +287,7 @@ def aimed_http_requests(draw: st.DrawFn) -> HttpCase:
     version = ""
 
     if mutation == "datatype":
-        entry["datatype"] = draw(st.sampled_from(BAD_DATATYPES).filter(lambda d: d != datatype))
+        entry["datatype"] = draw(_OTHER_DATATYPES[datatype])
     elif mutation == "shape":
         entry["shape"] = draw(BAD_SHAPES)
     elif mutation == "huge":
@@ -368,11 +379,14 @@ def aimed_http_requests(draw: st.DrawFn) -> HttpCase:
     return HttpCase(mutation, path, body, header_length)
 
 
+_OTHER_KINDS = st.sampled_from(["plausible", "request-json", "bytes", "any-json"])
+
+
 @st.composite
 def other_http_requests(draw: st.DrawFn) -> HttpCase:
     """Bodies from the shared strategies, to a served model: mostly refused early."""
-    model = draw(st.sampled_from(sorted(MODELS)))
-    kind = draw(st.sampled_from(["plausible", "request-json", "bytes", "any-json"]))
+    model = draw(_MODEL_NAMES)
+    kind = draw(_OTHER_KINDS)
     header: int | None = None
     if kind == "plausible":
         body, header = draw(
@@ -437,6 +451,9 @@ GRPC_MUTATIONS = [
 ]
 
 
+_GRPC_MUTATIONS = st.sampled_from(GRPC_MUTATIONS)
+
+
 @dataclass
 class GrpcCase:
     """One gRPC call as the bytes on the wire, and what was broken in it."""
@@ -481,10 +498,10 @@ def _wire(message: Any, draw: st.DrawFn, mutation: str) -> bytes:
 @st.composite
 def aimed_grpc_requests(draw: st.DrawFn) -> GrpcCase:
     """A ModelInferRequest to one of the models, right but for what ``mutation`` breaks."""
-    model = draw(st.sampled_from(sorted(MODELS)))
+    model = draw(_MODEL_NAMES)
     datatype, width = MODELS[model]
-    mutation = draw(st.sampled_from(GRPC_MUTATIONS))
-    rows = draw(st.integers(0, 3))
+    mutation = draw(_GRPC_MUTATIONS)
+    rows = draw(_ROWS)
     shape = [rows, width]
     raw = datatype == "FP16" or draw(st.booleans())
     array = draw(tensor_values(datatype, rows * width, utf8=True))
@@ -498,7 +515,7 @@ def aimed_grpc_requests(draw: st.DrawFn) -> GrpcCase:
         request.outputs.add(name="Y")
 
     if mutation == "datatype":
-        tensor.datatype = draw(st.sampled_from(BAD_DATATYPES).filter(lambda d: d != datatype))
+        tensor.datatype = draw(_OTHER_DATATYPES[datatype])
     elif mutation == "shape":
         del tensor.shape[:]
         tensor.shape.extend(
@@ -575,16 +592,21 @@ _METHODS = [
 ]
 
 
+_METHOD_NAMES = st.sampled_from(_METHODS)
+_CALL_MUTATIONS = st.sampled_from(["fields", "fields", "utf8", "truncate", "corrupt", "bytes"])
+_CALL_VERSIONS = st.sampled_from(VERSIONS) | st.text(max_size=4)
+
+
 @st.composite
 def any_grpc_calls(draw: st.DrawFn) -> GrpcCase:
     """Any method, with fuzzed names, versions and parameters, sometimes broken on the wire."""
-    method = draw(st.sampled_from(_METHODS))
+    method = draw(_METHOD_NAMES)
     # "fields": only the fields are fuzzed, the message itself is well formed.
-    mutation = draw(st.sampled_from(["fields", "fields", "utf8", "truncate", "corrupt", "bytes"]))
+    mutation = draw(_CALL_MUTATIONS)
     if mutation == "bytes":
         return GrpcCase(mutation, method, draw(st.binary(max_size=64)))
     name = PLACEHOLDER if mutation == "utf8" else draw(_FUZZ_TEXT)
-    version = draw(st.sampled_from(VERSIONS) | st.text(max_size=4))
+    version = draw(_CALL_VERSIONS)
     message: Any
     if method in ("ModelReady", "ModelMetadata", "ModelConfig", "ModelStatistics"):
         message = getattr(pb, f"{method}Request")(name=name, version=version)
@@ -828,20 +850,20 @@ def _json_decoder(figure: Figure, examples: int, key: str) -> None:
     _assert_reached(outcomes, "decoded", "InvalidInput")
 
 
+_ANY_DATATYPES = st.sampled_from(BAD_DATATYPES)
+_DIMS = st.integers(0, 3) | st.sampled_from([-1, *HUGE_DIMS])
+_SHAPES = {limit: st.lists(_DIMS, max_size=limit) for limit in (3, MAX_RANK + 2)}
+_RANK_LIMITS = st.sampled_from([3, 3, MAX_RANK + 2])
+_RAW_KINDS = st.sampled_from(["exact", "near", "any", "bytes-prefixes"])
+
+
 @st.composite
 def raw_tensors(draw: st.DrawFn) -> tuple[bytes, str, tuple[int, ...]]:
     """Raw tensor bytes for a declared datatype and shape: sizes near right, or far off."""
-    datatype = draw(st.sampled_from(BAD_DATATYPES))
-    shape = tuple(
-        draw(
-            st.lists(
-                st.integers(0, 3) | st.sampled_from([-1, *HUGE_DIMS]),
-                max_size=draw(st.sampled_from([3, 3, MAX_RANK + 2])),
-            )
-        )
-    )
+    datatype = draw(_ANY_DATATYPES)
+    shape = tuple(draw(_SHAPES[draw(_RANK_LIMITS)]))
     count = math.prod(d for d in shape if d >= 0) if all(d < 10**6 for d in shape) else 0
-    kind = draw(st.sampled_from(["exact", "near", "any", "bytes-prefixes"]))
+    kind = draw(_RAW_KINDS)
     if kind == "bytes-prefixes":
         # BYTES elements whose 4-byte lengths run past the end, or stop short of it.
         parts = [
@@ -939,21 +961,25 @@ _SEGMENTS = st.text(alphabet="abcmlpv12./%_- é", max_size=12) | st.sampled_from
 )
 
 
+_TEMPLATE_STRINGS = st.sampled_from(_TEMPLATES)
+_MODEL_SEGMENTS = _NAMES | _SEGMENTS
+_VERSION_SEGMENTS = st.sampled_from(VERSIONS) | _SEGMENTS
+_HTTP_METHODS = st.sampled_from(["GET", "GET", "POST", "POST", "PUT", "DELETE", "PATCH"])
+_ENDPOINT_BODIES = (
+    st.just(b"")
+    | http_bodies
+    | st.fixed_dictionaries({}, optional={"ready": json_values}).map(orjson.dumps)
+)
+_HEADER_LENGTHS = st.none() | st.integers(-1, 64)
+
+
 @st.composite
 def endpoint_requests(draw: st.DrawFn) -> tuple[str, HttpCase]:
-    template = draw(st.sampled_from(_TEMPLATES))
-    path = template.format(
-        m=draw(_NAMES | _SEGMENTS),
-        v=draw(st.sampled_from(VERSIONS) | _SEGMENTS),
-        x=draw(_SEGMENTS),
-    )
-    method = draw(st.sampled_from(["GET", "GET", "POST", "POST", "PUT", "DELETE", "PATCH"]))
-    body = draw(
-        st.just(b"")
-        | http_bodies
-        | st.fixed_dictionaries({}, optional={"ready": json_values}).map(orjson.dumps)
-    )
-    return method, HttpCase(template, path, body, draw(st.none() | st.integers(-1, 64)))
+    template = draw(_TEMPLATE_STRINGS)
+    path = template.format(m=draw(_MODEL_SEGMENTS), v=draw(_VERSION_SEGMENTS), x=draw(_SEGMENTS))
+    method = draw(_HTTP_METHODS)
+    body = draw(_ENDPOINT_BODIES)
+    return method, HttpCase(template, path, body, draw(_HEADER_LENGTHS))
 
 
 def _http_endpoints(target: HttpTarget, figure: Figure, examples: int, key: str) -> None:
