@@ -101,7 +101,6 @@ import numpy as np
 import corral
 from corral.testing import build_mlp
 sys.path.insert(0, {root!r})
-from tests.helpers import build_slow_loop
 
 def forever(session, feed, started):
     started.set()
@@ -130,7 +129,9 @@ for e in events:
     e.wait(30)
 """,
     # An endless Loop model in flight on daemon threads: exit must cancel it.
+    # (Only this case imports tests.helpers: pytest and the rest cost each interpreter 0.3 s.)
     "daemon-endless": """
+from tests.helpers import build_slow_loop
 s = corral.Session(build_slow_loop(), concurrency="{policy}")
 feed = {{"M": np.array(10**12, np.int64), "start": np.zeros(1, np.float32)}}
 events = [threading.Event() for _ in range(2)]

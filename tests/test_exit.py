@@ -14,13 +14,14 @@ import pytest
 
 from tests.processes import EXIT_CASES, run_exit_case
 
-_POLICIES = ["shared", "exclusive", "pool:2", "shared", "pool:3"]
+# Each case under each policy once; test_soak.py's 200 exits repeat the cases at volume.
+_POLICIES = ["shared", "exclusive", "pool:2", "pool:3"]
 
 
 @pytest.mark.timeout(600)
-def test_twenty_five_exits_with_runs_in_flight_neither_hang_nor_crash():
+def test_twenty_exits_with_runs_in_flight_neither_hang_nor_crash():
     runs = [(case, policy) for case in EXIT_CASES for policy in _POLICIES]
-    assert len(runs) == 25
+    assert len(runs) == 20
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda r: run_exit_case(*r), runs))
     bad = [

@@ -227,6 +227,17 @@ HTTP_MUTATIONS = [
 ]
 
 
+# The strategies each case draws from, made once: hypothesis validates a strategy the first
+# time it draws from it, so one made inside a composite is validated again for every case.
+_MODEL_NAMES = st.sampled_from(sorted(MODELS))
+_HTTP_MUTATIONS = st.sampled_from(HTTP_MUTATIONS)
+_OTHER_DATATYPES = {
+    datatype: st.sampled_from([d for d in BAD_DATATYPES if d != datatype])
+    for datatype, _ in MODELS.values()
+}
+_ROWS = st.integers(0, 3)
+
+
 @dataclass
 class HttpCase:
     """One HTTP inference request and what was broken in it."""
@@ -253,10 +264,10 @@ def _json_data(array: np.ndarray, datatype: str, shape: list[int], nested: bool)
 @st.composite
 def aimed_http_requests(draw: st.DrawFn) -> HttpCase:
     """A request to one of the models, right but for the one thing ``mutation`` breaks."""
-    model = draw(st.sampled_from(sorted(MODELS)))
+    model = draw(_MODEL_NAMES)
     datatype, width = MODELS[model]
-    mutation = draw(st.sampled_from(HTTP_MUTATIONS))
-    rows = draw(st.integers(0, 3))
+    mutation = draw(_HTTP_MUTATIONS)
+    rows = draw(_ROWS)
     shape: list[Any] = [rows, width]
     binary = draw(st.booleans())
     # The model takes strings: BYTES that are not UTF-8 are refused (a "value" mutation).
@@ -276,7 +287,7 @@ def aimed_http_requests(draw: st.DrawFn) -> HttpCase:
     version = ""
 
     if mutation == "datatype":
-        entry["datatype"] = draw(st.sampled_from(BAD_DATATYPES).filter(lambda d: d != datatype))
+        entry["datatype"] = draw(_OTHER_DATATYPES[datatype])
     elif mutation == "shape":
         entry["shape"] = draw(BAD_SHAPES)
     elif mutation == "huge":
@@ -368,11 +379,14 @@ def aimed_http_requests(draw: st.DrawFn) -> HttpCase:
     return HttpCase(mutation, path, body, header_length)
 
 
+_OTHER_KINDS = st.sampled_from(["plausible", "request-json", "bytes", "any-json"])
+
+
 @st.composite
 def other_http_requests(draw: st.DrawFn) -> HttpCase:
     """Bodies from the shared strategies, to a served model: mostly refused early."""
-    model = draw(st.sampled_from(sorted(MODELS)))
-    kind = draw(st.sampled_from(["plausible", "request-json", "bytes", "any-json"]))
+    model = draw(_MODEL_NAMES)
+    kind = draw(_OTHER_KINDS)
     header: int | None = None
     if kind == "plausible":
         body, header = draw(
@@ -437,6 +451,9 @@ GRPC_MUTATIONS = [
 ]
 
 
+_GRPC_MUTATIONS = st.sampled_from(GRPC_MUTATIONS)
+
+
 @dataclass
 class GrpcCase:
     """One gRPC call as the bytes on the wire, and what was broken in it."""
@@ -481,10 +498,10 @@ def _wire(message: Any, draw: st.DrawFn, mutation: str) -> bytes:
 @st.composite
 def aimed_grpc_requests(draw: st.DrawFn) -> GrpcCase:
     """A ModelInferRequest to one of the models, right but for what ``mutation`` breaks."""
-    model = draw(st.sampled_from(sorted(MODELS)))
+    model = draw(_MODEL_NAMES)
     datatype, width = MODELS[model]
-    mutation = draw(st.sampled_from(GRPC_MUTATIONS))
-    rows = draw(st.integers(0, 3))
+    mutation = draw(_GRPC_MUTATIONS)
+    rows = draw(_ROWS)
     shape = [rows, width]
     raw = datatype == "FP16" or draw(st.booleans())
     array = draw(tensor_values(datatype, rows * width, utf8=True))
@@ -498,7 +515,7 @@ def aimed_grpc_requests(draw: st.DrawFn) -> GrpcCase:
         request.outputs.add(name="Y")
 
     if mutation == "datatype":
-        tensor.datatype = draw(st.sampled_from(BAD_DATATYPES).filter(lambda d: d != datatype))
+        tensor.datatype = draw(_OTHER_DATATYPES[datatype])
     elif mutation == "shape":
         del tensor.shape[:]
         tensor.shape.extend(
@@ -575,16 +592,21 @@ _METHODS = [
 ]
 
 
+_METHOD_NAMES = st.sampled_from(_METHODS)
+_CALL_MUTATIONS = st.sampled_from(["fields", "fields", "utf8", "truncate", "corrupt", "bytes"])
+_CALL_VERSIONS = st.sampled_from(VERSIONS) | st.text(max_size=4)
+
+
 @st.composite
 def any_grpc_calls(draw: st.DrawFn) -> GrpcCase:
     """Any method, with fuzzed names, versions and parameters, sometimes broken on the wire."""
-    method = draw(st.sampled_from(_METHODS))
+    method = draw(_METHOD_NAMES)
     # "fields": only the fields are fuzzed, the message itself is well formed.
-    mutation = draw(st.sampled_from(["fields", "fields", "utf8", "truncate", "corrupt", "bytes"]))
+    mutation = draw(_CALL_MUTATIONS)
     if mutation == "bytes":
         return GrpcCase(mutation, method, draw(st.binary(max_size=64)))
     name = PLACEHOLDER if mutation == "utf8" else draw(_FUZZ_TEXT)
-    version = draw(st.sampled_from(VERSIONS) | st.text(max_size=4))
+    version = draw(_CALL_VERSIONS)
     message: Any
     if method in ("ModelReady", "ModelMetadata", "ModelConfig", "ModelStatistics"):
         message = getattr(pb, f"{method}Request")(name=name, version=version)
@@ -626,15 +648,83 @@ class Loop:
         return self.loop.run_until_complete(asyncio.wait_for(coroutine, CALL_TIMEOUT_S))
 
 
+@dataclass
+class HttpTarget:
+    """The app under test, called in-process as httpx's ``ASGITransport`` would call it.
+
+    The client builds each request (its default headers, ``Accept-Encoding`` among them);
+    :meth:`send` hands it to the app directly. httpx's own send costs about 3 ms a request
+    (its ``ASGITransport`` looks for trio with a failing import each time), as much as the
+    app's answer and the case's generation together: over the fuzz's thousands of cases.
+    """
+
+    loop: Loop
+    client: httpx.AsyncClient
+    app: HttpApp
+
+    def send(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
+        request = self.client.build_request(method, _url(path), content=body, headers=headers)
+        response: httpx.Response = self.loop.run(_through_asgi(self.app, request))
+        return response
+
+
+async def _through_asgi(app: HttpApp, request: httpx.Request) -> httpx.Response:
+    """``request`` answered by ``app``: the scope and messages of httpx's ``ASGITransport``."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": request.method,
+        "headers": [(key.lower(), value) for key, value in request.headers.raw],
+        "scheme": request.url.scheme,
+        "path": request.url.path,
+        "raw_path": request.url.raw_path.split(b"?")[0],
+        "query_string": request.url.query,
+        "server": (request.url.host, request.url.port),
+        "client": ("127.0.0.1", 123),
+        "root_path": "",
+    }
+    body_sent = False
+    answered = asyncio.Event()
+    start: dict[str, Any] = {}
+    parts: list[bytes] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal body_sent
+        if body_sent:
+            await answered.wait()
+            return {"type": "http.disconnect"}
+        body_sent = True
+        return {"type": "http.request", "body": request.content, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            assert not start, "the response started twice"
+            start.update(message)
+        elif message["type"] == "http.response.body":
+            assert start, "a body before the response's start"
+            assert not answered.is_set(), "a body after the response's end"
+            parts.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                answered.set()
+
+    await app(scope, receive, send)
+    assert answered.is_set(), f"{request.method} {request.url}: the app did not answer"
+    # Decoded as httpx decodes a response: Content-Encoding (gzip, deflate) undone.
+    return httpx.Response(
+        start["status"], headers=start.get("headers", []), content=b"".join(parts), request=request
+    )
+
+
 @pytest.fixture
-def http_app(repository: Path) -> Iterator[tuple[Loop, httpx.AsyncClient]]:
+def http_app(repository: Path) -> Iterator[HttpTarget]:
     with Host(repository, failure_backoff_s=(0.0, 0.0)) as host:
         plane = DataPlane(host)
         app = HttpApp(plane, metrics=Metrics(plane).render, max_request_bytes=1 << 20)
         loop = Loop(asyncio.new_event_loop())
-        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://c")
+        client = httpx.AsyncClient(base_url="http://c")
         try:
-            yield loop, client
+            yield HttpTarget(loop, client, app)
         finally:
             loop.run(client.aclose())
             loop.loop.close()
@@ -672,12 +762,9 @@ def grpc_server(repository: Path) -> Iterator[tuple[Loop, Callable[[GrpcCase], A
             gc.collect()
 
 
-def _send_http(loop: Loop, client: httpx.AsyncClient, case: HttpCase) -> httpx.Response:
+def _send_http(target: HttpTarget, case: HttpCase) -> httpx.Response:
     headers = {} if case.header is None else {"Inference-Header-Content-Length": str(case.header)}
-    response: httpx.Response = loop.run(
-        client.post(_url(case.path), content=case.body, headers=headers)
-    )
-    return response
+    return target.send("POST", case.path, case.body, headers)
 
 
 def _url(path: str) -> httpx.URL:
@@ -763,20 +850,20 @@ def _json_decoder(figure: Figure, examples: int, key: str) -> None:
     _assert_reached(outcomes, "decoded", "InvalidInput")
 
 
+_ANY_DATATYPES = st.sampled_from(BAD_DATATYPES)
+_DIMS = st.integers(0, 3) | st.sampled_from([-1, *HUGE_DIMS])
+_SHAPES = {limit: st.lists(_DIMS, max_size=limit) for limit in (3, MAX_RANK + 2)}
+_RANK_LIMITS = st.sampled_from([3, 3, MAX_RANK + 2])
+_RAW_KINDS = st.sampled_from(["exact", "near", "any", "bytes-prefixes"])
+
+
 @st.composite
 def raw_tensors(draw: st.DrawFn) -> tuple[bytes, str, tuple[int, ...]]:
     """Raw tensor bytes for a declared datatype and shape: sizes near right, or far off."""
-    datatype = draw(st.sampled_from(BAD_DATATYPES))
-    shape = tuple(
-        draw(
-            st.lists(
-                st.integers(0, 3) | st.sampled_from([-1, *HUGE_DIMS]),
-                max_size=draw(st.sampled_from([3, 3, MAX_RANK + 2])),
-            )
-        )
-    )
+    datatype = draw(_ANY_DATATYPES)
+    shape = tuple(draw(_SHAPES[draw(_RANK_LIMITS)]))
     count = math.prod(d for d in shape if d >= 0) if all(d < 10**6 for d in shape) else 0
-    kind = draw(st.sampled_from(["exact", "near", "any", "bytes-prefixes"]))
+    kind = draw(_RAW_KINDS)
     if kind == "bytes-prefixes":
         # BYTES elements whose 4-byte lengths run past the end, or stop short of it.
         parts = [
@@ -831,16 +918,13 @@ def test_binary_decoder_decodes_or_refuses_every_tensor(figure: Figure):
 # -- HTTP ----------------------------------------------------------------------------------------
 
 
-def _http_infer(
-    app: tuple[Loop, httpx.AsyncClient], figure: Figure, examples: int, key: str
-) -> None:
-    loop, client = app
+def _http_infer(target: HttpTarget, figure: Figure, examples: int, key: str) -> None:
     statuses: dict[int, int] = {}
 
     @fuzz(examples)
     @given(case=aimed_http_requests() | other_http_requests())
     def check(case: HttpCase) -> None:
-        _check_http(case, _send_http(loop, client, case), statuses)
+        _check_http(case, _send_http(target, case), statuses)
 
     check()
     _record(figure, key, sum(statuses.values()), statuses)
@@ -877,27 +961,28 @@ _SEGMENTS = st.text(alphabet="abcmlpv12./%_- é", max_size=12) | st.sampled_from
 )
 
 
+_TEMPLATE_STRINGS = st.sampled_from(_TEMPLATES)
+_MODEL_SEGMENTS = _NAMES | _SEGMENTS
+_VERSION_SEGMENTS = st.sampled_from(VERSIONS) | _SEGMENTS
+_HTTP_METHODS = st.sampled_from(["GET", "GET", "POST", "POST", "PUT", "DELETE", "PATCH"])
+_ENDPOINT_BODIES = (
+    st.just(b"")
+    | http_bodies
+    | st.fixed_dictionaries({}, optional={"ready": json_values}).map(orjson.dumps)
+)
+_HEADER_LENGTHS = st.none() | st.integers(-1, 64)
+
+
 @st.composite
 def endpoint_requests(draw: st.DrawFn) -> tuple[str, HttpCase]:
-    template = draw(st.sampled_from(_TEMPLATES))
-    path = template.format(
-        m=draw(_NAMES | _SEGMENTS),
-        v=draw(st.sampled_from(VERSIONS) | _SEGMENTS),
-        x=draw(_SEGMENTS),
-    )
-    method = draw(st.sampled_from(["GET", "GET", "POST", "POST", "PUT", "DELETE", "PATCH"]))
-    body = draw(
-        st.just(b"")
-        | http_bodies
-        | st.fixed_dictionaries({}, optional={"ready": json_values}).map(orjson.dumps)
-    )
-    return method, HttpCase(template, path, body, draw(st.none() | st.integers(-1, 64)))
+    template = draw(_TEMPLATE_STRINGS)
+    path = template.format(m=draw(_MODEL_SEGMENTS), v=draw(_VERSION_SEGMENTS), x=draw(_SEGMENTS))
+    method = draw(_HTTP_METHODS)
+    body = draw(_ENDPOINT_BODIES)
+    return method, HttpCase(template, path, body, draw(_HEADER_LENGTHS))
 
 
-def _http_endpoints(
-    app: tuple[Loop, httpx.AsyncClient], figure: Figure, examples: int, key: str
-) -> None:
-    loop, client = app
+def _http_endpoints(target: HttpTarget, figure: Figure, examples: int, key: str) -> None:
     statuses: dict[int, int] = {}
     templates: set[str] = set()
 
@@ -908,8 +993,7 @@ def _http_endpoints(
         headers = (
             {} if case.header is None else {"Inference-Header-Content-Length": str(case.header)}
         )
-        url = _url(case.path)
-        response = loop.run(client.request(method, url, content=case.body, headers=headers))
+        response = target.send(method, case.path, case.body, headers)
         status = response.status_code
         statuses[status] = statuses.get(status, 0) + 1
         templates.add(case.mutation)
@@ -1047,14 +1131,15 @@ def test_a_declared_huge_shape_is_refused_before_allocation(
         answer = f"InvalidInput: {refused.value}"
     elif how in ("json", "binary"):
         with Host(repository) as host:
-            app = HttpApp(DataPlane(host))
             loop = Loop(asyncio.new_event_loop())
-            client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://c")
+            target = HttpTarget(
+                loop, httpx.AsyncClient(base_url="http://c"), HttpApp(DataPlane(host))
+            )
             try:
                 tracemalloc.reset_peak()
-                response = _send_http(loop, client, _huge_http_request(datatype, shape, how))
+                response = _send_http(target, _huge_http_request(datatype, shape, how))
             finally:
-                loop.run(client.aclose())
+                loop.run(target.client.aclose())
                 loop.loop.close()
         assert response.status_code == 400, f"{case}: {response.status_code} {response.text}"
         answer = f"400 {response.json()['error']}"
