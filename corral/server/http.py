@@ -134,6 +134,9 @@ BODY_BUDGET_RETRY_AFTER_S = 1
 _JSON = (b"content-type", b"application/json")
 # The scope key of a request's HttpExchange, when it has one.
 _EXCHANGE = "corral.exchange"
+# The inference route's path, around the model's name: taken first (see HttpApp._handle).
+_MODELS_PREFIX = "/v2/models/"
+_INFER_SUFFIX = "/infer"
 _BINARY = (b"content-type", b"application/octet-stream")
 
 
@@ -244,6 +247,20 @@ class HttpApp:
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         method: str = scope["method"]
+        path: str = scope["path"]
+        if method == "POST" and path.startswith(_MODELS_PREFIX) and path.endswith(_INFER_SUFFIX):
+            # The busiest route, taken straight: /v2/models/{name}/infer, a name without "/"
+            # (the status page's files are never under /v2/). Any other spelling of it (a
+            # version, a trailing slash, an empty name) goes the general way below.
+            name = path[len(_MODELS_PREFIX) : -len(_INFER_SUFFIX)]
+            if name and "/" not in name:
+                if self._auth is not None:
+                    check_token(scope, self._auth)
+                if self._tracing is None:
+                    await self._infer(name, None, scope, receive, send)
+                else:
+                    await self._infer_traced(self._tracing, name, None, scope, receive, send)
+                return
         if self._dashboard is not None:
             page = self._dashboard.answer(scope["path"])
             if page is not None:
