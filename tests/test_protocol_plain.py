@@ -18,8 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import corral
-from corral.protocol import InferRequest
-from corral.protocol import http_codec
+from corral.protocol import InferRequest, http_codec
 from corral.protocol.http_codec import decode_request
 
 FUZZ = settings(max_examples=150, deadline=None, database=None)
@@ -115,7 +114,8 @@ def _assert_same(fast: InferRequest | str, general: InferRequest | str) -> None:
             other.shape,
             other.parameters,
         )
-        assert one.data.dtype == other.data.dtype and one.data.shape == other.data.shape
+        assert one.data.dtype == other.data.dtype
+        assert one.data.shape == other.data.shape
         # Bit for bit: NaNs and signed zeros included.
         assert one.data.tobytes() == other.data.tobytes()
 
@@ -156,7 +156,8 @@ def test_two_inputs_of_one_name_are_refused_as_the_general_way_does():
     item = {"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}
     body = orjson.dumps({"inputs": [item, item]})
     general = _general(body)
-    assert isinstance(general, str) and "more than once" in general
+    assert isinstance(general, str)
+    assert "more than once" in general
     assert _outcome(body) == general
 
 
@@ -165,4 +166,5 @@ def test_the_benchmarks_request_takes_the_one_pass():
     request = http_codec._plain_request(document)
     assert request is not None
     (tensor,) = request.inputs
-    assert tensor.data.dtype == np.float32 and tensor.shape == (1, 4)
+    assert tensor.data.dtype == np.float32
+    assert tensor.shape == (1, 4)

@@ -404,12 +404,18 @@ class HttpApp:
         trace: RequestTrace | None = None,
     ) -> None:
         header_length: int | None = None
-        for key, value in scope["headers"]:
+        coded = accepts = False  # the codings are read only from requests that name them
+        headers = scope["headers"]
+        for key, value in headers:
             if key == b"inference-header-content-length":
                 # The JSON part's length in the inflated body, as tritonclient counts it.
                 header_length = _int_header(HEADER_LENGTH, value)
-        encoding = request_encoding(scope["headers"])  # 415 before a byte is read
-        answer_encoding = response_encoding(scope["headers"])
+            elif key == b"content-encoding":
+                coded = True
+            elif key == b"accept-encoding":
+                accepts = True
+        encoding = request_encoding(headers) if coded else None  # 415 before a byte is read
+        answer_encoding = response_encoding(headers) if accepts else None
         # Held until the answer is written: the decoded tensors, and binary inputs, which are
         # views of the body, live that long.
         with self._bodies.reserve(0) as held:
