@@ -147,6 +147,16 @@ class Host:
         self._reloader.start()
         return self._loader.lease(name, version, timeout)
 
+    def lease_if_ready(self, name: str, version: int | str | None = None) -> HostLease | None:
+        """A lease on ``name``'s served version if it is loaded and in service; else None.
+
+        Never loads, waits or raises: None means :meth:`acquire_async` (or :meth:`acquire`)
+        is needed, for a model that is cold, being replaced, or asked for by version number.
+        The event loop's way to skip a coroutine on the path of a loaded model's request.
+        """
+        served = self._ready(name, version)
+        return None if served is None else served.try_lease()
+
     async def acquire_async(
         self, name: str, version: int | str | None = None, *, timeout: float | None = None
     ) -> HostLease:

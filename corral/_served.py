@@ -319,12 +319,27 @@ class HostLease:
         running. Cancelling the awaiting task before the request runs means it never runs.
         ``trace`` is told of the run that answers it (the server's tracing).
         """
+        return await self.queue(inputs, outputs, deadline_after(timeout), trace)
+
+    def queue(
+        self,
+        inputs: Mapping[str, Any],
+        outputs: Sequence[str] | None = None,
+        deadline: float | None = None,
+        trace: RunTrace | None = None,
+    ) -> asyncio.Future[dict[str, npt.NDArray[Any]]]:
+        """:meth:`infer_async` without its coroutine: the future to await for the outputs.
+
+        Called on the running event loop. ``deadline``: a ``time.monotonic()`` time by which
+        the request must have started, or None. The request is checked and queued before
+        this returns (bad input and a full queue raise here); cancelling the future before
+        the request runs means it never runs.
+        """
         loop = asyncio.get_running_loop()
-        deadline = deadline_after(timeout)
         self._lease.admit()
         future: asyncio.Future[Outputs] = loop.create_future()
         self._served.enqueue(inputs, outputs, future, loop, deadline, trace)
-        return await future
+        return future
 
     def submit(
         self,

@@ -372,6 +372,31 @@ def test_submit_and_infer_async(repo_with_bare_model: Path):
             np.testing.assert_array_equal(out["Y"], expected)
 
 
+def test_lease_if_ready_never_loads_and_its_lease_holds_the_version(repo_with_bare_model: Path):
+    expected = reference_run(build_mlp(seed=1), {"X": X})[0]
+    with Host(repo_with_bare_model) as host:
+        assert host.lease_if_ready("mlp") is None  # cold: nothing loaded
+        assert host.lease_if_ready("nope") is None  # unknown: not an error here
+        assert host.status("mlp").state is corral.ModelState.UNLOADED
+        host.load("mlp")
+        assert host.lease_if_ready("mlp", 1) is None  # by number: the cold path's to check
+        lease = host.lease_if_ready("mlp")
+        assert lease is not None
+        assert lease.version == 1
+
+        async def queued() -> dict[str, np.ndarray]:
+            return await lease.queue({"X": X})
+
+        np.testing.assert_array_equal(asyncio.run(queued())["Y"], expected)
+        # The lease holds the version: an unload takes it out of service, then waits for it.
+        with pytest.raises(corral.DrainTimeout):
+            host.unload("mlp", timeout=0.2)
+        assert host.lease_if_ready("mlp") is None
+        np.testing.assert_array_equal(asyncio.run(queued())["Y"], expected)
+        lease.release()
+        wait_until(lambda: host.status("mlp").state is corral.ModelState.UNLOADED)
+
+
 def test_close_refuses_new_requests_and_closes_sessions(repo_with_bare_model: Path):
     host = Host(repo_with_bare_model)
     lease = host.acquire("mlp")

@@ -43,7 +43,7 @@ from corral._errors import (
     ModelNotFound,
 )
 from corral._host import Host
-from corral._scheduler import QueueStats, deadline_after, time_left
+from corral._scheduler import QueueStats, deadline_after
 from corral._served import HostLease
 from corral._signature import Signature, TensorSpec
 from corral._status import HostState, ModelState, ModelStatus
@@ -446,16 +446,16 @@ class DataPlane:
         # One lookup: the version leased is the version that runs and the one reported, even
         # if a newer one is swapped in meanwhile. A cold model loads on the Host's load
         # workers; the event loop only awaits.
-        try:
-            lease = await self._host.acquire_async(name, version or None, timeout=timeout)
-        except BaseException:
-            regions.release()
-            raise
+        lease = self._host.lease_if_ready(name, version or None)
+        if lease is None:
+            try:
+                lease = await self._host.acquire_async(name, version or None, timeout=timeout)
+            except BaseException:
+                regions.release()
+                raise
         try:
             wanted, omitted = _outputs_to_run(lease.session.signature, request)
-            results = await lease.infer_async(
-                feed, wanted, timeout=time_left(deadline), trace=trace
-            )
+            results = await lease.queue(feed, wanted, deadline, trace)
             if classes:
                 results = _classified(results, classes, lease)
             outputs = tuple(_output(out_name, value) for out_name, value in results.items())

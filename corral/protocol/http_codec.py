@@ -35,7 +35,7 @@ import numpy.typing as npt
 import orjson
 
 from corral._errors import InferenceError, InvalidInput
-from corral.protocol.binary import decode_tensor, element_count, encode_tensor
+from corral.protocol.binary import MAX_RANK, decode_tensor, element_count, encode_tensor
 from corral.protocol.datatypes import numpy_dtype
 from corral.protocol.shm import SharedMemoryRegistry, in_shared_memory, pop_reference, read_input
 from corral.protocol.types import (
@@ -161,6 +161,10 @@ def _decode(
     document = _load_json(view[:json_length] if arrays is None else memoryview(arrays.skeleton))
     if type(document) is not dict:
         raise InvalidInput(f"the request body must be a JSON object; got {_kind(document)}")
+    if header_length is None and arrays is None:
+        plain = _plain_request(document)
+        if plain is not None:
+            return plain
 
     request_id = document.get("id")
     if request_id is not None and type(request_id) is not str:
@@ -215,6 +219,65 @@ def _decode(
         id=request_id,
         parameters=parameters,
     )
+
+
+# The keys of the plainest request and of each of its inputs (see _plain_request).
+_PLAIN_REQUEST_KEYS = frozenset(("inputs", "id"))
+_PLAIN_INPUT_KEYS = frozenset(("name", "datatype", "shape", "data"))
+_PLAIN_NUMBERS = frozenset((float, int))
+
+
+def _plain_request(document: dict[str, Any]) -> InferRequest | None:
+    """The request, when it is the plainest kind there is; None for any other.
+
+    The plainest kind, most clients' every request: only ``inputs`` (and maybe a string
+    ``id``), each input only ``name``, ``datatype`` FP32 or FP64, a ``shape`` and a flat
+    ``data`` array of numbers that fit, as many as the shape holds, at least one, names
+    distinct. It is decoded in one pass, to exactly what :func:`_decode`'s general way gives
+    (``tests/test_protocol_plain.py`` holds them equal); anything else, errors included,
+    takes the general way, which says what is wrong.
+    """
+    if not document.keys() <= _PLAIN_REQUEST_KEYS:
+        return None
+    request_id = document.get("id")
+    raw_inputs = document.get("inputs")
+    if (request_id is not None and type(request_id) is not str) or type(raw_inputs) is not list:
+        return None
+    inputs: list[InferInput] = []
+    names: set[str] = set()
+    for item in raw_inputs:
+        if type(item) is not dict or item.keys() != _PLAIN_INPUT_KEYS:
+            return None
+        name, datatype, raw_shape, data = (
+            item["name"],
+            item["datatype"],
+            item["shape"],
+            item["data"],
+        )
+        if (
+            type(name) is not str
+            or name in names
+            or (datatype != "FP32" and datatype != "FP64")
+            or type(raw_shape) is not list
+            or len(raw_shape) > MAX_RANK
+            or type(data) is not list
+            or not set(map(type, data)) <= _PLAIN_NUMBERS
+        ):
+            return None
+        count = 1
+        for dim in raw_shape:
+            if type(dim) is not int or dim < 0:
+                return None
+            count *= dim
+        if count == 0 or count != len(data):
+            return None
+        values = _float_array(data, numpy_dtype(datatype), _FLOAT_OVERFLOW[datatype])
+        if values is None:
+            return None  # a value overflows the datatype: the general way names it
+        shape = tuple(raw_shape)
+        inputs.append(InferInput(name, datatype, shape, values.reshape(shape), {}))
+        names.add(name)
+    return InferRequest(inputs=tuple(inputs), outputs=(), id=request_id, parameters={})
 
 
 def encode_response(response: InferResponse, request: InferRequest) -> tuple[bytes, int | None]:

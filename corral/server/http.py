@@ -134,6 +134,9 @@ BODY_BUDGET_RETRY_AFTER_S = 1
 _JSON = (b"content-type", b"application/json")
 # The scope key of a request's HttpExchange, when it has one.
 _EXCHANGE = "corral.exchange"
+# The inference route's path, around the model's name: taken first (see HttpApp._handle).
+_MODELS_PREFIX = "/v2/models/"
+_INFER_SUFFIX = "/infer"
 _BINARY = (b"content-type", b"application/octet-stream")
 
 
@@ -244,6 +247,20 @@ class HttpApp:
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         method: str = scope["method"]
+        path: str = scope["path"]
+        if method == "POST" and path.startswith(_MODELS_PREFIX) and path.endswith(_INFER_SUFFIX):
+            # The busiest route, taken straight: /v2/models/{name}/infer, a name without "/"
+            # (the status page's files are never under /v2/). Any other spelling of it (a
+            # version, a trailing slash, an empty name) goes the general way below.
+            name = path[len(_MODELS_PREFIX) : -len(_INFER_SUFFIX)]
+            if name and "/" not in name:
+                if self._auth is not None:
+                    check_token(scope, self._auth)
+                if self._tracing is None:
+                    await self._infer(name, None, scope, receive, send)
+                else:
+                    await self._infer_traced(self._tracing, name, None, scope, receive, send)
+                return
         if self._dashboard is not None:
             page = self._dashboard.answer(scope["path"])
             if page is not None:
@@ -387,12 +404,18 @@ class HttpApp:
         trace: RequestTrace | None = None,
     ) -> None:
         header_length: int | None = None
-        for key, value in scope["headers"]:
+        coded = accepts = False  # the codings are read only from requests that name them
+        headers = scope["headers"]
+        for key, value in headers:
             if key == b"inference-header-content-length":
                 # The JSON part's length in the inflated body, as tritonclient counts it.
                 header_length = _int_header(HEADER_LENGTH, value)
-        encoding = request_encoding(scope["headers"])  # 415 before a byte is read
-        answer_encoding = response_encoding(scope["headers"])
+            elif key == b"content-encoding":
+                coded = True
+            elif key == b"accept-encoding":
+                accepts = True
+        encoding = request_encoding(headers) if coded else None  # 415 before a byte is read
+        answer_encoding = response_encoding(headers) if accepts else None
         # Held until the answer is written: the decoded tensors, and binary inputs, which are
         # views of the body, live that long.
         with self._bodies.reserve(0) as held:
