@@ -194,9 +194,13 @@ class Signature:
     _exact: tuple[tuple[str, np.dtype[Any], int, tuple[tuple[int, int], ...]], ...] | None = field(
         init=False, repr=False, compare=False
     )
+    #: The outputs that are not tensors (a sequence, a map): the protocol cannot carry them.
+    uncarried_outputs: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_output_names", tuple(spec.name for spec in self.outputs))
+        uncarried = tuple(spec.name for spec in self.outputs if spec.dtype is None)
+        object.__setattr__(self, "uncarried_outputs", uncarried)
         exact = tuple(
             (spec.name, spec.dtype, len(spec.shape), spec._fixed)
             for spec in self.inputs

@@ -428,21 +428,23 @@ class DataPlane:
         made); the response marks them (:mod:`corral.protocol.shm`).
         """
         started = time.perf_counter_ns()
-        self._check_explicit(name)
+        if self._explicit_only:
+            self._check_explicit(name)
         check_parameters(request)
-        classes = {
-            output.name: count
-            for output in request.outputs
-            if (count := class_count(output)) is not None
-        }
+        named = request.outputs  # most requests name none: what follows is then skipped
+        classes = (
+            {output.name: count for output in named if (count := class_count(output)) is not None}
+            if named
+            else None
+        )
         feed: dict[str, npt.NDArray[Any]] = {}
         for tensor in request.inputs:
             if tensor.name in feed:
                 raise InvalidInput(f"input {tensor.name!r} is given twice", tensor=tensor.name)
             feed[tensor.name] = tensor.data
-        timeout = request.timeout_s
+        timeout = request.timeout_s if request.parameters else None
         deadline = deadline_after(timeout)
-        regions = OutputRegions.hold(self._shared_memory, request.outputs)
+        regions = OutputRegions.hold(self._shared_memory, named) if named else None
         # One lookup: the version leased is the version that runs and the one reported, even
         # if a newer one is swapped in meanwhile. A cold model loads on the Host's load
         # workers; the event loop only awaits.
@@ -451,22 +453,29 @@ class DataPlane:
             try:
                 lease = await self._host.acquire_async(name, version or None, timeout=timeout)
             except BaseException:
-                regions.release()
+                if regions is not None:
+                    regions.release()
                 raise
         try:
-            wanted, omitted = _outputs_to_run(lease.session.signature, request)
+            signature = lease.session.signature
+            if named or signature.uncarried_outputs:
+                wanted, omitted = _outputs_to_run(signature, request)
+            else:
+                wanted, omitted = None, []  # every output, all of them tensors
             results = await lease.queue(feed, wanted, deadline, trace)
             if classes:
                 results = _classified(results, classes, lease)
-            outputs = tuple(_output(out_name, value) for out_name, value in results.items())
-            outputs = regions.write(outputs)
+            outputs = tuple([_output(out_name, value) for out_name, value in results.items()])
+            if regions is not None:
+                outputs = regions.write(outputs)
         except CorralError:
             self._count(name, lease.version, started, ok=False)
             raise
         finally:
             lease.release()
-            regions.release()
-        self._count(name, lease.version, started, ok=True)
+            if regions is not None:
+                regions.release()
+        self._host.count_request(name, lease.version, time.perf_counter_ns() - started, ok=True)
         return InferResponse(
             model_name=name,
             model_version=str(lease.version),

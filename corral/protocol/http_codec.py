@@ -134,6 +134,22 @@ def decode_request(
         decode_request(b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2],'
                        b' "data": [[0.5, 1.5]]}]}')
     """
+    parsed: object = None
+    if header_length is None and len(body) < _LONG_ARRAY_BYTES:
+        # Most bodies: small, all JSON, and valid; tried first for the plainest kind.
+        try:
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            pass  # NaN or Infinity, or not JSON: the general way reads it or says why
+        else:
+            if type(parsed) is dict and (plain := _plain_request(parsed)) is not None:
+                return plain
+    if parsed is not None:
+        # Parsed already, and not plain: decoded from that document (no array is cut out of
+        # a body this small).
+        request = _decode(body, len(body), None, None, shared_memory, parsed)
+        assert request is not None  # only a cut array left unclaimed gives None
+        return request
     json_length = _json_length(body, header_length)
     arrays = _NumberArrays.cut(body, json_length) if json_length >= _LONG_ARRAY_BYTES else None
     if arrays is not None:
@@ -151,20 +167,21 @@ def _decode(
     header_length: int | None,
     arrays: _NumberArrays | None,
     shared_memory: SharedMemoryRegistry | None,
+    parsed: object = None,
 ) -> InferRequest | None:
     """:func:`decode_request`'s work, on the document with ``arrays`` cut out when given.
 
     None if one of ``arrays`` was not an input's ``data`` (it was under another key, or a
-    key given twice): the caller then decodes the whole document as it is.
+    key given twice): the caller then decodes the whole document as it is. ``parsed``: the
+    whole JSON document, already parsed by orjson (not None).
     """
     view = memoryview(body)
-    document = _load_json(view[:json_length] if arrays is None else memoryview(arrays.skeleton))
+    if parsed is not None:
+        document = parsed
+    else:
+        document = _load_json(view[:json_length] if arrays is None else memoryview(arrays.skeleton))
     if type(document) is not dict:
         raise InvalidInput(f"the request body must be a JSON object; got {_kind(document)}")
-    if header_length is None and arrays is None:
-        plain = _plain_request(document)
-        if plain is not None:
-            return plain
 
     request_id = document.get("id")
     if request_id is not None and type(request_id) is not str:
@@ -298,7 +315,9 @@ def encode_response(response: InferResponse, request: InferRequest) -> tuple[byt
         body, json_length = encode_response(response, request)
         headers = {} if json_length is None else {HEADER_LENGTH: str(json_length)}
     """
-    binary_by_name = {output.name: output.binary_data for output in request.outputs}
+    binary_by_name = (
+        {output.name: output.binary_data for output in request.outputs} if request.outputs else {}
+    )
     binary_by_default = request.parameters.get(_BINARY_DATA_OUTPUT) is True
     encoded_outputs: list[dict[str, Any]] = []
     float_entries: list[dict[str, Any]] = []  # the outputs with float "data"
@@ -312,7 +331,7 @@ def encode_response(response: InferResponse, request: InferRequest) -> tuple[byt
             "shape": list(output.shape),
         }
         _check_output_shape(output)
-        if in_shared_memory(output):
+        if output.parameters and in_shared_memory(output):
             # Written to the region the request named: the parameters say where, no data.
             entry["parameters"] = dict(output.parameters)
         elif as_binary:
