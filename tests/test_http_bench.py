@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -310,3 +312,23 @@ def test_missing_wrk_names_the_package(
     message = capsys.readouterr().err
     assert "wrk" in message
     assert "apt-get install -y wrk" in message
+
+
+def test_loop_cost_prices_both_apps_per_request_in_process():
+    # benchmarks/loop_cost.py: a quick run in its own process (it makes its own Host and
+    # the raw app's own session); both apps must answer every request 200, else it fails.
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "loop_cost.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--requests", "200", "--rounds", "1", "--concurrency", "4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()[1:3]}
+    assert set(rows) == {"raw", "corral"}, done.stdout
+    for cpu_us, per_second in rows.values():
+        assert float(cpu_us) > 0
+        assert int(per_second.replace(",", "")) > 0
+    assert "raw's loop CPU per request / corral's:" in done.stdout
