@@ -23,8 +23,10 @@ from corral.protocol.http_codec import decode_request
 
 FUZZ = settings(max_examples=150, deadline=None, database=None)
 
+# No NaN or infinity: orjson writes them as null, which is not a number (tests/
+# test_protocol_edges.py covers the NaN and Infinity tokens, which take the general way).
 numbers = st.one_of(
-    st.floats(allow_nan=True, allow_infinity=False, width=64),
+    st.floats(allow_nan=False, allow_infinity=False, width=64),
     st.integers(min_value=-(2**63), max_value=2**63 - 1),
     st.sampled_from([3.4e38, 3.5e38, -3.5e38, 1e308, 0.0, -0.0, 65520.0]),
 )

@@ -76,9 +76,11 @@ _FEW_VALUES = 64
 # A "data" array is read straight into numpy (not as Python numbers) when its text is at least
 # this long and holds only numbers, commas, spaces and brackets, every number at one depth and
 # no array empty; anything else (NaN, strings, booleans, ragged nesting) is parsed with the
-# document. Short arrays gain nothing from it.
+# document. Shorter arrays are parsed whole, which is faster (a 0.5 MB body of 27,648 floats,
+# nested: 3.2 against 7.1 ms; flat 2.5 against 4.0) and costs at most ~15 x 1 MiB while one
+# decodes, on one of the few threads that decode bodies past DECODE_INLINE_BYTES.
 _DATA_ARRAY = re.compile(rb'"data"\s*:\s*\[')
-_LONG_ARRAY_BYTES = 64 * 1024
+_LONG_ARRAY_BYTES = 1024 * 1024
 _EMPTY_ARRAY = re.compile(rb"\[\s*\]")
 _NO_BRACKETS = bytes.maketrans(b"[]", b"  ")
 # Per byte value: +1 for "[", -1 for "]"; whether it is part of a number. And the bytes such an
