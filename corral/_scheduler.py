@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -70,6 +71,13 @@ DEFAULT_QUEUE_LIMIT = 1024
 DEFAULT_TOTAL_LIMIT = 65536
 # How far down a queue the batch former looks for requests of the same shape.
 _SCAN_LIMIT = 256
+#: A model whose runs take this long or longer, on average, is a long one: while short ones
+#: have requests, one compute worker is kept from long runs (see Scheduler).
+LONG_RUN_S = 0.002
+#: How long after its last short request the scheduler still keeps a worker for short runs.
+SHORT_RECENT_S = 1.0
+# The weight of a run's seconds in its queue's running mean.
+_RUN_MEAN_WEIGHT = 0.2
 
 
 def deadline_after(timeout: float | None) -> float | None:
@@ -179,6 +187,8 @@ class ModelQueue:
     pending: deque[_Request] = field(default_factory=deque)
     in_ready: bool = False
     counters: RunCounters = field(default_factory=RunCounters)
+    # The running mean of its runs' seconds (0 until its first run): long at LONG_RUN_S.
+    run_s: float = 0.0
 
 
 class Scheduler:
@@ -186,6 +196,12 @@ class Scheduler:
 
     Owned by the Runtime; its threads start with the first request and stop at the
     Runtime's shutdown, after running everything already accepted.
+
+    Short runs are not queued behind long ones: with two workers or more, a model whose runs
+    average :data:`LONG_RUN_S` or more runs on at most ``workers - 1`` of them at once while
+    a short model has had a request in the last :data:`SHORT_RECENT_S`, so a worker is always
+    free for the short ones; with no short request for that long, long runs take every
+    worker. A model is short until its first run is measured.
     """
 
     def __init__(self, workers: int, *, total_limit: int = DEFAULT_TOTAL_LIMIT) -> None:
@@ -202,6 +218,8 @@ class Scheduler:
         # wake-up costs one C call, where Condition.notify costs a microsecond of Python on
         # every request's path.
         self._sleepers: list[threading.Lock] = []
+        self._long_running = 0  # workers in a long model's run
+        self._short_at = -math.inf  # time.monotonic() of the last short model's request
 
     @property
     def threads(self) -> int:
@@ -274,6 +292,8 @@ class Scheduler:
             pending.append(request)
             queue.counters.accepted += 1
             self._total += 1
+            if queue.run_s < LONG_RUN_S:
+                self._short_at = request.enqueued
             # One worker is woken when a queue gets work; it wakes another if it leaves work
             # behind (see _work). Waking one per request would wake workers that find the
             # batch already taken, and pay for their wake-ups on every request.
@@ -378,15 +398,25 @@ class Scheduler:
                 else:
                     queue.in_ready = False
                 self._total -= len(taken)
+                long = queue.run_s >= LONG_RUN_S
+                if long:
+                    self._long_running += 1
                 if self._ready:
                     self._wake_locked()  # work is left: pass the wake-up on
-            # Sorting out who shares the run happens outside the lock, which the event loops
-            # need for every request they submit.
-            batch, leftovers = _partition(taken, queue.max_rows)
-            if leftovers:
-                self._put_back(queue, leftovers)
-                in_hand[:] = batch
-            self._execute(queue, batch)
+            try:
+                # Sorting out who shares the run happens outside the lock, which the event
+                # loops need for every request they submit.
+                batch, leftovers = _partition(taken, queue.max_rows)
+                if leftovers:
+                    self._put_back(queue, leftovers)
+                    in_hand[:] = batch
+                self._execute(queue, batch)
+            finally:
+                if long:
+                    with self._lock:
+                        self._long_running -= 1
+                        if self._ready:
+                            self._wake_locked()  # a long model kept waiting may run now
             in_hand.clear()
 
     def _replace_worker(
@@ -436,11 +466,27 @@ class Scheduler:
             self._wake_locked()
 
     def _next_due_locked(self) -> tuple[ModelQueue | None, float | None]:
-        """The first ready queue whose batch window has closed, and else how long to wait."""
+        """The first ready queue whose batch window has closed, and else how long to wait.
+
+        A long model's queue is passed over while the workers it may have are all in long
+        runs and short models have had requests lately (see the class's doc).
+        """
         now = time.monotonic()
         wait: float | None = None
+        keep_one = (
+            self._workers > 1
+            and self._long_running >= self._workers - 1
+            and now - self._short_at < SHORT_RECENT_S
+            and self._state is _State.RUNNING
+        )
         for _ in range(len(self._ready)):
             queue = self._ready.popleft()
+            if keep_one and queue.run_s >= LONG_RUN_S:
+                # Until a long run ends (which wakes a worker) or short requests stop.
+                remaining = self._short_at + SHORT_RECENT_S - now
+                wait = remaining if wait is None else min(wait, remaining)
+                self._ready.append(queue)
+                continue
             due = (
                 queue.window_s == 0
                 or queue.max_rows == 0
@@ -518,6 +564,8 @@ class Scheduler:
             counters.expired += len(late)
             counters.cancelled += cancelled
             if live:
+                run_s = queue.run_s
+                queue.run_s = elapsed if not run_s else run_s + _RUN_MEAN_WEIGHT * (elapsed - run_s)
                 counters.runs += runs
                 counters.rows += rows
                 counters.queue_seconds += now * len(live) - enqueued_sum

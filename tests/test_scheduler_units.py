@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from corral import DeadlineExceeded, InferenceError, Overloaded, RuntimeClosed
+from corral import _scheduler as scheduler_module
 from corral._counters import RunCounters
 from corral._scheduler import ModelQueue, QueueStats, Scheduler
 
@@ -325,3 +326,73 @@ def test_stats_of_more_versions_than_one_hold_of_the_lock_reads_are_all_exact(
         got = stats[(f"m{i}", 1)]
         assert (got.accepted, got.rejected, got.runs, got.pending) == (i, i % 3, i // 2, 0)
         assert dict(got.batch_rows_buckets)[4] == 1
+
+
+def test_a_short_model_is_not_queued_behind_long_runs_on_every_worker():
+    # Two workers; a long model (its runs measured at 50 ms) has two requests, held in their
+    # runs. Once a short model has had a request lately, the long one may hold only one
+    # worker: its second request waits, and the short model's runs on the free worker.
+    scheduler = Scheduler(workers=2)
+    try:
+        heavy, light = FakeVersion("heavy:1"), FakeVersion("light:1")
+        heavy_queue = scheduler.queue(heavy, ("heavy", 1), max_rows=0)
+        light_queue = scheduler.queue(light, ("light", 1), max_rows=0)
+        heavy_queue.run_s = 0.05  # as if measured
+        assert submit(scheduler, light_queue, light, row(1)).result(timeout=10)["Y"][0, 0] == 2
+        heavy.hold.clear()
+        first = submit(scheduler, heavy_queue, heavy, row(2))
+        assert heavy.running.acquire(timeout=10)  # one worker in a long run
+        second = submit(scheduler, heavy_queue, heavy, row(3))
+        # The short model is answered while the long run still holds its worker...
+        assert submit(scheduler, light_queue, light, row(4)).result(timeout=10)["Y"][0, 0] == 8
+        # ...and the second long request has not started: the other worker stays free.
+        assert not heavy.running.acquire(timeout=0.2)
+        assert not first.done()
+        assert not second.done()
+        heavy.hold.set()
+        assert first.result(timeout=10)["Y"][0, 0] == 4
+        assert second.result(timeout=10)["Y"][0, 0] == 6
+        assert heavy.batches == [1, 1]
+    finally:
+        heavy.hold.set()
+        assert scheduler.shutdown(timeout=30)
+    assert heavy.admitted == light.admitted == 0
+
+
+def test_with_no_short_request_lately_long_runs_take_every_worker(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    monkeypatch.setattr(scheduler_module, "SHORT_RECENT_S", 0.0)
+    scheduler = Scheduler(workers=2)
+    try:
+        heavy = FakeVersion("heavy:1")
+        heavy_queue = scheduler.queue(heavy, ("heavy", 1), max_rows=0)
+        heavy_queue.run_s = 0.05
+        heavy.hold.clear()
+        futures = [submit(scheduler, heavy_queue, heavy, row(value)) for value in (1, 2)]
+        # Both long runs are in progress at once: no worker is kept back.
+        assert heavy.running.acquire(timeout=10)
+        assert heavy.running.acquire(timeout=10)
+        heavy.hold.set()
+        assert [future.result(timeout=10)["Y"][0, 0] for future in futures] == [2, 4]
+    finally:
+        heavy.hold.set()
+        assert scheduler.shutdown(timeout=30)
+
+
+def test_a_queue_learns_its_runs_mean_and_one_worker_keeps_no_worker_back():
+    scheduler = Scheduler(workers=1)
+    try:
+        heavy = FakeVersion("heavy:1")
+        queue = scheduler.queue(heavy, ("heavy", 1), max_rows=0)
+        assert queue.run_s == 0.0  # short until measured
+        assert submit(scheduler, queue, heavy, row(1)).result(timeout=10)["Y"][0, 0] == 2
+        assert queue.run_s > 0.0
+        queue.run_s = 0.05
+        # One worker: nothing is kept back, a long model still runs with short traffic.
+        light = FakeVersion("light:1")
+        light_queue = scheduler.queue(light, ("light", 1), max_rows=0)
+        assert submit(scheduler, light_queue, light, row(1)).result(timeout=10)["Y"][0, 0] == 2
+        assert submit(scheduler, queue, heavy, row(5)).result(timeout=10)["Y"][0, 0] == 10
+    finally:
+        assert scheduler.shutdown(timeout=30)
