@@ -74,8 +74,9 @@ _SCAN_LIMIT = 256
 #: A model whose runs take this long or longer, on average, is a long one: while short ones
 #: have requests, one compute worker is kept from long runs (see Scheduler).
 LONG_RUN_S = 0.002
-#: How long after its last short request the scheduler still keeps a worker for short runs.
-SHORT_RECENT_S = 1.0
+#: How long after its last short request the scheduler still keeps a worker for short runs:
+#: short requests 10 a second or more keep it; sparser ones leave long runs every worker.
+SHORT_RECENT_S = 0.1
 # The weight of a run's seconds in its queue's running mean.
 _RUN_MEAN_WEIGHT = 0.2
 

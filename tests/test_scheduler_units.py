@@ -328,10 +328,14 @@ def test_stats_of_more_versions_than_one_hold_of_the_lock_reads_are_all_exact(
         assert dict(got.batch_rows_buckets)[4] == 1
 
 
-def test_a_short_model_is_not_queued_behind_long_runs_on_every_worker():
+def test_a_short_model_is_not_queued_behind_long_runs_on_every_worker(
+    monkeypatch: pytest.MonkeyPatch,
+):
     # Two workers; a long model (its runs measured at 50 ms) has two requests, held in their
-    # runs. Once a short model has had a request lately, the long one may hold only one
-    # worker: its second request waits, and the short model's runs on the free worker.
+    # runs. Once a short model has had a request lately (within a minute here, so that a
+    # slow machine cannot let the window pass), the long one may hold only one worker: its
+    # second request waits, and the short model's runs on the free worker.
+    monkeypatch.setattr(scheduler_module, "SHORT_RECENT_S", 60.0)
     scheduler = Scheduler(workers=2)
     try:
         heavy, light = FakeVersion("heavy:1"), FakeVersion("light:1")
