@@ -12,8 +12,11 @@ from corral.demo import build_models, run_worker
 @pytest.mark.timeout(600)
 def test_rss_and_threads_per_session_below_onnxruntime_defaults(tmp_path: Path):
     build_models(tmp_path, 200)
-    ours = run_worker("corral", tmp_path, threads=2, requests=400, timeout=300)
-    theirs = run_worker("onnxruntime", tmp_path, threads=2, requests=400, timeout=300)
+    # Idle CPU is not what this test checks: a short window instead of the demo's 2 s.
+    ours = run_worker("corral", tmp_path, threads=2, requests=400, timeout=300, idle_window_s=0.1)
+    theirs = run_worker(
+        "onnxruntime", tmp_path, threads=2, requests=400, timeout=300, idle_window_s=0.1
+    )
     assert ours.rss_per_session < theirs.rss_per_session, (ours, theirs)
     assert ours.threads_after_load - ours.threads_before <= 2
     assert theirs.threads_after_load - theirs.threads_before >= 200
