@@ -134,7 +134,9 @@ def _rss_kib(pid: int) -> int:
 
 # -- an endless URL or header ---------------------------------------------------------------
 
-STREAM_S = 5.0
+# Hundreds of refused attempts while the other client sends a few hundred requests: enough for
+# a p99 and an RSS trend; make soak streams for a minute.
+STREAM_S = 2.0
 PREFIXES = {
     "url": (b"GET /v2/models/", 414),
     "header": (b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Endless: ", 431),
