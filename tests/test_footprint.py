@@ -9,9 +9,13 @@ import pytest
 from corral.demo import build_models, run_worker
 
 
+# make test loads 100 models: freeing 100 default sessions takes the onnxruntime worker about
+# 5 s on a 2-core machine, and 200 double that for the same per-session figures (188 vs 248 KiB
+# at 100). make soak keeps the 200.
 @pytest.mark.timeout(600)
-def test_rss_and_threads_per_session_below_onnxruntime_defaults(tmp_path: Path):
-    build_models(tmp_path, 200)
+@pytest.mark.parametrize("count", [100, pytest.param(200, marks=pytest.mark.soak)])
+def test_rss_and_threads_per_session_below_onnxruntime_defaults(tmp_path: Path, count: int):
+    build_models(tmp_path, count)
     # Idle CPU is not what this test checks: a short window instead of the demo's 2 s.
     ours = run_worker("corral", tmp_path, threads=2, requests=400, timeout=300, idle_window_s=0.1)
     theirs = run_worker(
@@ -19,4 +23,4 @@ def test_rss_and_threads_per_session_below_onnxruntime_defaults(tmp_path: Path):
     )
     assert ours.rss_per_session < theirs.rss_per_session, (ours, theirs)
     assert ours.threads_after_load - ours.threads_before <= 2
-    assert theirs.threads_after_load - theirs.threads_before >= 200
+    assert theirs.threads_after_load - theirs.threads_before >= count
