@@ -32,7 +32,7 @@ run_footprint_worker = footprint.run_footprint_worker
 summary_rows = footprint.summary_rows
 SCRIPT = str(BENCHMARKS / "footprint.py")
 
-COUNT = 20
+COUNT = 10
 # Leaves a worker's own hard timeout room to report before pytest-timeout fires.
 WORKER_TIMEOUT_S = 100.0
 # onnxruntime sizes a default session's intra-op pool to the physical cores, the caller's
@@ -226,12 +226,12 @@ def test_summary_rows_put_engines_side_by_side_per_count() -> None:
 
 @pytest.mark.timeout(300)
 def test_script_prints_json_for_every_engine_instead_of_the_table() -> None:
-    completed = run_benchmark("footprint.py", ["--counts", "20", "--json"], timeout=250)
+    completed = run_benchmark("footprint.py", ["--counts", "10", "--json"], timeout=250)
 
     assert completed.returncode == 0, completed.stderr
     results = json.loads(completed.stdout)
     assert [(r["engine"], r["count"], r["ok_runs"]) for r in results] == [
-        (engine, 20, 20) for engine in ENGINES
+        (engine, 10, 10) for engine in ENGINES
     ]
 
 
