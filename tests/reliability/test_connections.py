@@ -198,13 +198,21 @@ def _endless_stream_case(served: ServerProcess, kind: str, seconds: float, figur
     assert rss_growth < 64 * 1024, rss_growth
 
 
+@pytest.fixture(scope="module")
+def streamed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server for both kinds of stream: each measures its own baseline and RSS growth."""
+    root = tmp_path_factory.mktemp("endless")
+    add_model(root / "repository", "mlp", build_mlp())
+    with serving(root / "repository", root) as served:
+        yield served
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("kind", ["url", "header"])
 def test_a_client_streaming_an_endless_url_or_header_is_refused_and_stalls_nobody(
-    kind: str, repo: Path, tmp_path: Path, figure: Figure
+    kind: str, streamed_server: ServerProcess, figure: Figure
 ):
-    with serving(repo, tmp_path) as server:
-        _endless_stream_case(server, kind, STREAM_S, figure)
+    _endless_stream_case(streamed_server, kind, STREAM_S, figure)
 
 
 @pytest.mark.soak
