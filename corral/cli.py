@@ -2,7 +2,7 @@
 
 ::
 
-    corral demo [--models N] [--threads T] [--requests R] [--keep DIR] [--json]
+    corral demo [--models N] [--threads T] [--requests R] [--idle-window-s S] [--keep DIR] [--json]
     corral --version
     corral models REPOSITORY [--preload] [--memory-budget SIZE] [--json]
     corral check REPOSITORY [--load] [--memory-budget SIZE] [--json]
@@ -147,6 +147,12 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         "--requests", type=positive_int, default=20000, help="runs in all (default 20000)"
     )
     demo.add_argument(
+        "--idle-window-s",
+        type=positive_seconds,
+        metavar="S",
+        help="seconds each worker idles while its idle CPU is measured (default 2)",
+    )
+    demo.add_argument(
         "--keep", type=Path, metavar="DIR", help="build the models into DIR and keep them"
     )
     demo.add_argument("--json", action="store_true", help="print the raw results as JSON")
@@ -271,6 +277,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a positive number of seconds, or an error that says what was given."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {value:g}")
     return value
 
 
@@ -554,14 +571,19 @@ def _demo(args: argparse.Namespace) -> int:
     _require_rich()
     from rich.console import Console
 
-    from corral.demo import WorkerFailed, run_demo
+    from corral.demo import IDLE_WINDOW_S, WorkerFailed, run_demo
 
     # corral.demo's ImportErrors (a missing extra) already say what to install.
     try:
         with progress_bar() as progress:
             display = _DemoDisplay(progress, args.models)
             result = run_demo(
-                args.models, args.threads, args.requests, folder=args.keep, progress=display
+                args.models,
+                args.threads,
+                args.requests,
+                folder=args.keep,
+                progress=display,
+                idle_window_s=args.idle_window_s or IDLE_WINDOW_S,
             )
     except ImportError as exc:
         raise SystemExit(str(exc)) from exc

@@ -40,6 +40,7 @@ from corral.testing import ModelKind, build_model
 
 __all__ = [
     "ENGINES",
+    "IDLE_WINDOW_S",
     "N_FEATURES",
     "DemoProgress",
     "DemoResult",
@@ -71,9 +72,10 @@ Parsed = TypeVar("Parsed")
 N_FEATURES = 4
 
 _MODEL_KINDS: tuple[ModelKind, ...] = ("tree", "linear", "mlp")
-# Long enough for onnxruntime's pool threads to stop spinning after the last run (they spin
-# for a few milliseconds), short enough not to drag the demo out.
-_IDLE_WINDOW_S = 2.0
+#: Seconds a worker idles after its workload while its CPU time is measured, by default: long
+#: enough for onnxruntime's pool threads to stop spinning after the last run (they spin for a
+#: few milliseconds), short enough not to drag the demo out. Tests pass a shorter one.
+IDLE_WINDOW_S = 2.0
 
 
 class WorkerFailed(RuntimeError):
@@ -190,12 +192,14 @@ def run_demo(
     *,
     seed: int = 0,
     worker_timeout: float = 900.0,
+    idle_window_s: float = IDLE_WINDOW_S,
 ) -> DemoResult:
     """Build ``count`` models and measure both engines on them, one worker process each.
 
     The models go to a temporary folder removed afterwards, or to ``folder`` (kept), which
     must not already hold ``.onnx`` files: the workers load every model in it. Each worker is
-    killed after ``worker_timeout`` seconds. Raises :class:`WorkerFailed` with the worker's
+    killed after ``worker_timeout`` seconds; each measures idle CPU over ``idle_window_s``
+    seconds after its workload. Raises :class:`WorkerFailed` with the worker's
     stderr if one fails.
     """
     for name, value in (("count", count), ("threads", threads), ("requests", requests)):
@@ -216,7 +220,13 @@ def run_demo(
             if progress is not None:
                 progress(engine, 0, 1)
             results[engine] = run_worker(
-                engine, models_dir, threads, requests, seed=seed, timeout=worker_timeout
+                engine,
+                models_dir,
+                threads,
+                requests,
+                seed=seed,
+                timeout=worker_timeout,
+                idle_window_s=idle_window_s,
             )
             if progress is not None:
                 progress(engine, 1, 1)
@@ -239,6 +249,7 @@ def run_worker(
     *,
     seed: int = 0,
     timeout: float = 900.0,
+    idle_window_s: float = IDLE_WINDOW_S,
 ) -> WorkerResult:
     """Run :func:`measure_engine` in a fresh interpreter and return what it measured.
 
@@ -251,6 +262,7 @@ def run_worker(
         f"--threads={threads}",
         f"--requests={requests}",
         f"--seed={seed}",
+        f"--idle-window-s={idle_window_s}",
     ]
     return run_worker_process(
         ["-m", "corral.demo", "worker", *arguments],
@@ -303,14 +315,21 @@ def run_worker_process(
 
 
 def measure_engine(
-    engine: Engine, models_dir: str | Path, threads: int, requests: int, *, seed: int = 0
+    engine: Engine,
+    models_dir: str | Path,
+    threads: int,
+    requests: int,
+    *,
+    seed: int = 0,
+    idle_window_s: float = IDLE_WINDOW_S,
 ) -> WorkerResult:
     """Load every model in ``models_dir`` with ``engine`` and serve a batch-1 workload.
 
     Meant for a fresh process (see :func:`run_worker`): it measures the whole process, and
     for ``corral`` it shuts the process Runtime down at the end. Models are loaded from
     ``threads`` threads; then ``threads`` threads share ``requests`` runs, each on a model
-    picked uniformly at random (seeded by ``seed`` and the thread's index).
+    picked uniformly at random (seeded by ``seed`` and the thread's index); then the process
+    idles for ``idle_window_s`` seconds, its CPU time measured.
     """
     try:
         import psutil
@@ -349,7 +368,7 @@ def measure_engine(
     run_seconds, server_ids = _serve(sessions, run, threads, requests, seed)
     threads_after_run = _threads_besides(process, server_ids)
     # Blocks for the window and compares the process's CPU time before and after it.
-    idle_cpu_percent = process.cpu_percent(interval=_IDLE_WINDOW_S)
+    idle_cpu_percent = process.cpu_percent(interval=idle_window_s)
 
     started = time.perf_counter()
     sessions.clear()
@@ -504,8 +523,16 @@ def _main(argv: Sequence[str] | None = None) -> int:
     worker.add_argument("--threads", type=_positive_int, required=True)
     worker.add_argument("--requests", type=_positive_int, required=True)
     worker.add_argument("--seed", type=int, default=0)
+    worker.add_argument("--idle-window-s", type=float, default=IDLE_WINDOW_S)
     args = parser.parse_args(argv)
-    result = measure_engine(args.engine, args.models, args.threads, args.requests, seed=args.seed)
+    result = measure_engine(
+        args.engine,
+        args.models,
+        args.threads,
+        args.requests,
+        seed=args.seed,
+        idle_window_s=args.idle_window_s,
+    )
     print(json.dumps(asdict(result)), flush=True)
     return 0
 

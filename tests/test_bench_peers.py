@@ -24,8 +24,10 @@ def test_the_quick_run_measures_each_peer_reports_the_skipped_and_renders(tmp_pa
         "--quick",
         "--peers",
         "corral,fastapi,nonesuch",
+        # One concurrency: each is a second of wrk per peer and distribution, and the summary,
+        # the medians and the page are the same code for one as for several.
         "--concurrency",
-        "1,4",
+        "4",
         "--duration",
         "1",
         "--json",
@@ -37,7 +39,7 @@ def test_the_quick_run_measures_each_peer_reports_the_skipped_and_renders(tmp_pa
     assert [peer["peer"] for peer in document["peers"]] == ["corral", "fastapi"]
     for peer in document["peers"]:
         cells = {(row["distribution"], row["connections"]) for row in peer["summary"]}
-        assert cells == {("uniform", 1), ("uniform", 4), ("zipf", 1), ("zipf", 4)}
+        assert cells == {("uniform", 4), ("zipf", 4)}
         assert all(row["requests_per_s"] > 0 and row["errors"] == 0 for row in peer["summary"])
         assert peer["threads"] > 0
         assert peer["rss_bytes"] > 0

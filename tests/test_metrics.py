@@ -214,14 +214,13 @@ def test_label_values_are_escaped(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert per_model(families["nv_inference_compute_infer_duration_us"]) == {(odd, "1"): 2}
 
 
-MODELS = 10_000
-
-
-def fake_statistics() -> tuple[list[ModelStatistics], dict[tuple[str, int], QueueStats]]:
-    """10,000 model versions that have answered requests, each with its own figures."""
+def fake_statistics(
+    models: int,
+) -> tuple[list[ModelStatistics], dict[tuple[str, int], QueueStats]]:
+    """``models`` model versions that have answered requests, each with its own figures."""
     rows = []
     queues = {}
-    for i in range(MODELS):
+    for i in range(models):
         name, version = f"model-{i:05d}", str(1 + i % 2)
         rows.append(
             ModelStatistics(
@@ -253,11 +252,14 @@ def fake_statistics() -> tuple[list[ModelStatistics], dict[tuple[str, int], Queu
     return rows, queues
 
 
+# Reading the page back with prometheus_client's parser costs 0.3-0.4 s per 1,000 model versions
+# (rendering them, 0.02 s): make test renders 2,000, make soak 10,000.
 @pytest.mark.timeout(60)
-def test_ten_thousand_model_versions_are_all_rendered(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("models", [2_000, pytest.param(10_000, marks=pytest.mark.soak)])
+def test_every_model_version_is_rendered(
+    models: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    rows, queues = fake_statistics()
+    rows, queues = fake_statistics(models)
     with Host(tmp_path) as host:
         plane = DataPlane(host)
         monkeypatch.setattr(plane, "statistics_snapshot", lambda queues=None: rows)
@@ -277,5 +279,5 @@ def test_ten_thousand_model_versions_are_all_rendered(
     }
     for name, value in expected.items():
         got = per_model(families[name])
-        assert len(families[name]) == MODELS, name
-        assert got == {(f"model-{i:05d}", str(1 + i % 2)): value(i) for i in range(MODELS)}, name
+        assert len(families[name]) == models, name
+        assert got == {(f"model-{i:05d}", str(1 + i % 2)): value(i) for i in range(models)}, name

@@ -4,7 +4,7 @@ perf_analyzer reads the server's statistics around every measurement window and 
 figures Triton would never report: compute input, infer and output counts that differ, or a
 version whose queue count did not grow over a window ("failed to find the requested model
 version", which counters that restart with a fresh copy of the model caused). Each run here is
-short (300 ms windows, any stability accepted), over HTTP and gRPC, synchronous and
+short (150 ms windows, any stability accepted), over HTTP and gRPC, synchronous and
 ``--async``, then again after the repository API unloads and loads the model.
 
 perf_analyzer ships in tritonclient's wheel; it needs Debian's libb64 (``make tools`` installs
@@ -84,7 +84,7 @@ def measure(served: ServerProcess, mode: str, env: dict[str, str]) -> str:
         "-i",
         protocol,
         "--measurement-interval",
-        "300",
+        "150",
         # Three windows are enough: this checks that it completes, not how steady it is.
         "--stability-percentage",
         "999",

@@ -134,7 +134,9 @@ def _rss_kib(pid: int) -> int:
 
 # -- an endless URL or header ---------------------------------------------------------------
 
-STREAM_S = 5.0
+# Hundreds of refused attempts while the other client sends a few hundred requests: enough for
+# a p99 and an RSS trend; make soak streams for a minute.
+STREAM_S = 2.0
 PREFIXES = {
     "url": (b"GET /v2/models/", 414),
     "header": (b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Endless: ", 431),
@@ -196,13 +198,21 @@ def _endless_stream_case(served: ServerProcess, kind: str, seconds: float, figur
     assert rss_growth < 64 * 1024, rss_growth
 
 
+@pytest.fixture(scope="module")
+def streamed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server for both kinds of stream: each measures its own baseline and RSS growth."""
+    root = tmp_path_factory.mktemp("endless")
+    add_model(root / "repository", "mlp", build_mlp())
+    with serving(root / "repository", root) as served:
+        yield served
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("kind", ["url", "header"])
 def test_a_client_streaming_an_endless_url_or_header_is_refused_and_stalls_nobody(
-    kind: str, repo: Path, tmp_path: Path, figure: Figure
+    kind: str, streamed_server: ServerProcess, figure: Figure
 ):
-    with serving(repo, tmp_path) as server:
-        _endless_stream_case(server, kind, STREAM_S, figure)
+    _endless_stream_case(streamed_server, kind, STREAM_S, figure)
 
 
 @pytest.mark.soak
