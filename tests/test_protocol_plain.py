@@ -1,7 +1,9 @@
-"""The plain request's one-pass decoding gives exactly what the general decoding gives.
+"""The plain requests' one-pass decoding gives exactly what the general decoding gives.
 
-``http_codec._plain_request`` decodes the plainest request (FP32 / FP64 inputs, flat number
-arrays, nothing else) in one pass and leaves every other body to the general decoder. These
+``http_codec._plain_request`` decodes the plainest JSON request (FP32 / FP64 inputs, flat
+number arrays, nothing else) in one pass, ``http_codec._plain_binary_request`` the plainest
+binary one (fixed-size numeric tensors after the JSON, as tritonclient sends them), and both
+leave every other body to the general decoder. These
 tests hold the two equal on plain bodies and on bodies one step away from plain, and check
 that the one pass is taken where it should be (else the equality would prove nothing).
 """
@@ -19,6 +21,7 @@ from hypothesis import strategies as st
 
 import corral
 from corral.protocol import InferRequest, http_codec
+from corral.protocol.datatypes import numpy_dtype
 from corral.protocol.http_codec import decode_request
 
 FUZZ = settings(max_examples=150, deadline=None, database=None)
@@ -170,3 +173,105 @@ def test_the_benchmarks_request_takes_the_one_pass():
     (tensor,) = request.inputs
     assert tensor.data.dtype == np.float32
     assert tensor.shape == (1, 4)
+
+
+# -- the plainest binary request -------------------------------------------------------------
+
+BINARY_DATATYPES = ["FP16", "FP32", "FP64", "INT8", "INT32", "INT64", "UINT8", "UINT64"]
+
+
+@st.composite
+def plain_binary_bodies(draw: st.DrawFn) -> tuple[dict[str, Any], list[bytes]]:
+    """A binary request of the plain kind: its JSON document and each input's bytes."""
+    inputs, tensors = [], []
+    for index in range(draw(st.integers(1, 3))):
+        datatype = draw(st.sampled_from(BINARY_DATATYPES))
+        shape = draw(st.lists(st.integers(0, 4), min_size=0, max_size=3))
+        size = math.prod(shape) * np.dtype(numpy_dtype(datatype)).itemsize
+        tensors.append(draw(st.binary(min_size=size, max_size=size)))
+        inputs.append(
+            {
+                "name": f"x{index}",
+                "datatype": datatype,
+                "shape": shape,
+                "parameters": {"binary_data_size": size},
+            }
+        )
+    document: dict[str, Any] = {"inputs": inputs}
+    if draw(st.booleans()):
+        document["parameters"] = {"binary_data_output": draw(st.booleans())}
+    if draw(st.booleans()):
+        document["id"] = draw(st.text(max_size=8))
+    return document, tensors
+
+
+BINARY_NUDGES: list[tuple[str, Any]] = [
+    ("datatype", "BOOL"),
+    ("datatype", "BYTES"),
+    ("datatype", "fp32"),
+    ("shape", [-1]),
+    ("shape", [True]),
+    ("shape", [1] * 40),
+    ("parameters", {}),
+    ("parameters", {"binary_data_size": -1}),
+    ("parameters", {"binary_data_size": "4"}),
+    ("parameters", {"binary_data_size": 4, "shared_memory_region": "r"}),
+    ("data", [1.0]),
+    ("name", 3),
+]
+
+
+def _general_binary(body: bytes, header_length: int) -> InferRequest | str:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(http_codec, "_plain_binary_request", lambda document, part: None)
+        return _binary_outcome(body, header_length)
+
+
+def _binary_outcome(body: bytes, header_length: int) -> InferRequest | str:
+    try:
+        request = decode_request(body, header_length)
+    except corral.InvalidInput as exc:
+        return f"InvalidInput: {exc} (tensor {exc.tensor!r})"
+    return request
+
+
+@FUZZ
+@given(drawn=plain_binary_bodies())
+def test_a_plain_binary_body_decodes_in_one_pass_to_what_the_general_way_gives(
+    drawn: tuple[dict[str, Any], list[bytes]],
+):
+    document, tensors = drawn
+    header = orjson.dumps(document)
+    body = header + b"".join(tensors)
+    taken = http_codec._plain_binary_request(orjson.loads(header), memoryview(body)[len(header) :])
+    assert taken is not None
+    fast, general = _binary_outcome(body, len(header)), _general_binary(body, len(header))
+    _assert_same(fast, general)
+    if not isinstance(fast, str) and not isinstance(general, str):
+        for one, other in zip(fast.inputs, general.inputs, strict=True):
+            assert one.data.flags.writeable == other.data.flags.writeable
+
+
+@FUZZ
+@given(
+    drawn=plain_binary_bodies(),
+    nudge=st.sampled_from(BINARY_NUDGES),
+    extra=st.sampled_from([b"", b"\0", None]),
+    top=st.sampled_from([None, ("outputs", []), ("parameters", {"timeout": 5}), ("x", 1)]),
+)
+def test_a_binary_body_one_step_from_plain_decodes_or_is_refused_as_the_general_way_does(
+    drawn: tuple[dict[str, Any], list[bytes]],
+    nudge: tuple[str, Any],
+    extra: bytes | None,
+    top: tuple[str, Any] | None,
+):
+    document, tensors = drawn
+    key, value = nudge
+    document["inputs"][-1][key] = value
+    if top is not None:
+        document[top[0]] = top[1]
+    header = orjson.dumps(document)
+    # One byte more, or the last tensor one byte short (None), or as drawn.
+    tail = b"".join(tensors) + extra if extra is not None else b"".join(tensors)[:-1]
+    body = header + tail
+    _assert_same(_binary_outcome(body, len(header)), _general_binary(body, len(header)))

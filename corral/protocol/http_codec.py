@@ -137,19 +137,29 @@ def decode_request(
                        b' "data": [[0.5, 1.5]]}]}')
     """
     parsed: object = None
-    if header_length is None and len(body) < _LONG_ARRAY_BYTES:
-        # Most bodies: small, all JSON, and valid; tried first for the plainest kind.
+    json_length = len(body) if header_length is None else header_length
+    if json_length < _LONG_ARRAY_BYTES and (
+        header_length is None or (type(header_length) is int and 0 <= header_length <= len(body))
+    ):
+        # Most bodies: a small JSON part, valid; tried first for the plainest kinds.
+        view = memoryview(body)
         try:
-            parsed = orjson.loads(body)
+            parsed = orjson.loads(body if header_length is None else view[:header_length])
         except orjson.JSONDecodeError:
             pass  # NaN or Infinity, or not JSON: the general way reads it or says why
         else:
-            if type(parsed) is dict and (plain := _plain_request(parsed)) is not None:
-                return plain
+            if type(parsed) is dict:
+                plain = (
+                    _plain_request(parsed)
+                    if header_length is None
+                    else _plain_binary_request(parsed, view[header_length:])
+                )
+                if plain is not None:
+                    return plain
     if parsed is not None:
         # Parsed already, and not plain: decoded from that document (no array is cut out of
-        # a body this small).
-        request = _decode(body, len(body), None, None, shared_memory, parsed)
+        # a JSON part this small).
+        request = _decode(body, json_length, header_length, None, shared_memory, parsed)
         assert request is not None  # only a cut array left unclaimed gives None
         return request
     json_length = _json_length(body, header_length)
@@ -297,6 +307,82 @@ def _plain_request(document: dict[str, Any]) -> InferRequest | None:
         inputs.append(InferInput(name, datatype, shape, values.reshape(shape), {}))
         names.add(name)
     return InferRequest(inputs=tuple(inputs), outputs=(), id=request_id, parameters={})
+
+
+# What the plainest binary request may hold besides its inputs, and each input's keys.
+_PLAIN_BINARY_KEYS = frozenset(("inputs", "id", "parameters"))
+_PLAIN_BINARY_INPUT_KEYS = frozenset(("name", "datatype", "shape", "parameters"))
+# Fixed-size datatypes whose bytes decode_tensor reads as they are (BOOL is checked byte by
+# byte, BYTES is length-prefixed: both take the general way).
+_PLAIN_BINARY_DATATYPES = frozenset(
+    ("FP16", "FP32", "FP64", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32")
+) | {"UINT64"}
+
+
+def _plain_binary_request(document: dict[str, Any], binary_part: memoryview) -> InferRequest | None:
+    """The request, when it is the plainest binary kind; None for any other.
+
+    The plainest binary kind, as tritonclient sends a tensor: only ``inputs`` (and maybe a
+    string ``id`` and the ``binary_data_output`` parameter), each input only ``name``, a
+    fixed-size numeric ``datatype``, a ``shape`` and a ``binary_data_size`` parameter, their
+    sizes adding up to the bytes after the JSON, names distinct. Each tensor is read by
+    :func:`~corral.protocol.binary.decode_tensor`, as the general way reads it, to exactly
+    what the general way gives (``tests/test_protocol_plain.py`` holds them equal); anything
+    else, errors included, takes the general way, which says what is wrong.
+    """
+    if not document.keys() <= _PLAIN_BINARY_KEYS:
+        return None
+    request_id = document.get("id")
+    raw_inputs = document.get("inputs")
+    parameters = document.get("parameters", {})
+    if (
+        (request_id is not None and type(request_id) is not str)
+        or type(raw_inputs) is not list
+        or type(parameters) is not dict
+        or not parameters.keys() <= {_BINARY_DATA_OUTPUT}
+        or type(parameters.get(_BINARY_DATA_OUTPUT, False)) is not bool
+    ):
+        return None
+    spans: list[tuple[str, str, tuple[int, ...], int, int]] = []
+    names: set[str] = set()
+    offset = 0
+    for item in raw_inputs:
+        if type(item) is not dict or item.keys() != _PLAIN_BINARY_INPUT_KEYS:
+            return None
+        name, datatype, raw_shape, tensor_parameters = (
+            item["name"],
+            item["datatype"],
+            item["shape"],
+            item["parameters"],
+        )
+        if (
+            type(name) is not str
+            or name in names
+            or datatype not in _PLAIN_BINARY_DATATYPES
+            or type(raw_shape) is not list
+            or len(raw_shape) > MAX_RANK
+            or type(tensor_parameters) is not dict
+            or tensor_parameters.keys() != {_BINARY_DATA_SIZE}
+        ):
+            return None
+        size = tensor_parameters[_BINARY_DATA_SIZE]
+        if type(size) is not int or size < 0:
+            return None
+        for dim in raw_shape:
+            if type(dim) is not int or dim < 0:
+                return None
+        spans.append((name, datatype, tuple(raw_shape), offset, offset + size))
+        names.add(name)
+        offset += size
+    if offset != len(binary_part):
+        return None
+    inputs = []
+    for name, datatype, shape, start, end in spans:
+        if (end - start) != math.prod(shape) * numpy_dtype(datatype).itemsize:
+            return None  # the general way names the mismatch
+        data = decode_tensor(binary_part[start:end], datatype, shape, name=name)
+        inputs.append(InferInput(name, datatype, shape, data, {}))
+    return InferRequest(inputs=tuple(inputs), outputs=(), id=request_id, parameters=parameters)
 
 
 def encode_response(response: InferResponse, request: InferRequest) -> tuple[bytes, int | None]:
