@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,7 @@ import corral
 from corral import _ort
 from corral.protocol.dataplane import DataPlane
 from corral.server.http import HttpApp
-from tests.helpers import add_model, load_benchmark
+from tests.helpers import add_model, load_benchmark, run_benchmark
 
 MODEL = "tree"
 
@@ -317,13 +315,8 @@ def test_missing_wrk_names_the_package(
 def test_loop_cost_prices_both_apps_per_request_in_process():
     # benchmarks/loop_cost.py: a quick run in its own process (it makes its own Host and
     # the raw app's own session); both apps must answer every request 200, else it fails.
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "loop_cost.py"
-    done = subprocess.run(
-        [sys.executable, str(script), "--requests", "200", "--rounds", "1", "--concurrency", "4"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    done = run_benchmark(
+        "loop_cost.py", ["--requests", "200", "--rounds", "1", "--concurrency", "4"]
     )
     assert done.returncode == 0, done.stderr
     rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()[1:3]}

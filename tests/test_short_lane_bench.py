@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "short_lane.py"
+from tests.helpers import run_benchmark
 
 
 def test_a_quick_run_prints_both_modes_with_figures():
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--rounds", "1", "--tiny", "20", "--heavy-rows", "32"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_benchmark("short_lane.py", ["--rounds", "1", "--tiny", "20", "--heavy-rows", "32"])
     assert done.returncode == 0, done.stderr
     rows = [line.split() for line in done.stdout.splitlines()[1:]]
     assert [row[0] for row in rows] == ["lane", "no-lane"], done.stdout
