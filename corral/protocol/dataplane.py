@@ -475,7 +475,7 @@ class DataPlane:
             lease.release()
             if regions is not None:
                 regions.release()
-        self._host.count_request(name, lease.version, time.perf_counter_ns() - started, ok=True)
+        self._count(name, lease.version, started, ok=True)
         return InferResponse(
             model_name=name,
             model_version=str(lease.version),

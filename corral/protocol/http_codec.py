@@ -256,6 +256,16 @@ _PLAIN_INPUT_KEYS = frozenset(("name", "datatype", "shape", "data"))
 _PLAIN_NUMBERS = frozenset((float, int))
 
 
+def _plain_shape(raw_shape: object) -> tuple[int, ...] | None:
+    """A plain request's ``shape`` (a list of at most MAX_RANK non-negative integers); else None."""
+    if type(raw_shape) is not list or len(raw_shape) > MAX_RANK:
+        return None
+    for dim in raw_shape:
+        if type(dim) is not int or dim < 0:
+            return None
+    return tuple(raw_shape)
+
+
 def _plain_request(document: dict[str, Any]) -> InferRequest | None:
     """The request, when it is the plainest kind there is; None for any other.
 
@@ -287,23 +297,17 @@ def _plain_request(document: dict[str, Any]) -> InferRequest | None:
             type(name) is not str
             or name in names
             or (datatype != "FP32" and datatype != "FP64")
-            or type(raw_shape) is not list
-            or len(raw_shape) > MAX_RANK
+            or (shape := _plain_shape(raw_shape)) is None
             or type(data) is not list
             or not set(map(type, data)) <= _PLAIN_NUMBERS
         ):
             return None
-        count = 1
-        for dim in raw_shape:
-            if type(dim) is not int or dim < 0:
-                return None
-            count *= dim
+        count = math.prod(shape)
         if count == 0 or count != len(data):
             return None
         values = _float_array(data, numpy_dtype(datatype), _FLOAT_OVERFLOW[datatype])
         if values is None:
             return None  # a value overflows the datatype: the general way names it
-        shape = tuple(raw_shape)
         inputs.append(InferInput(name, datatype, shape, values.reshape(shape), {}))
         names.add(name)
     return InferRequest(inputs=tuple(inputs), outputs=(), id=request_id, parameters={})
@@ -359,8 +363,7 @@ def _plain_binary_request(document: dict[str, Any], binary_part: memoryview) -> 
             type(name) is not str
             or name in names
             or datatype not in _PLAIN_BINARY_DATATYPES
-            or type(raw_shape) is not list
-            or len(raw_shape) > MAX_RANK
+            or (shape := _plain_shape(raw_shape)) is None
             or type(tensor_parameters) is not dict
             or tensor_parameters.keys() != {_BINARY_DATA_SIZE}
         ):
@@ -368,10 +371,7 @@ def _plain_binary_request(document: dict[str, Any], binary_part: memoryview) -> 
         size = tensor_parameters[_BINARY_DATA_SIZE]
         if type(size) is not int or size < 0:
             return None
-        for dim in raw_shape:
-            if type(dim) is not int or dim < 0:
-                return None
-        spans.append((name, datatype, tuple(raw_shape), offset, offset + size))
+        spans.append((name, datatype, shape, offset, offset + size))
         names.add(name)
         offset += size
     if offset != len(binary_part):
