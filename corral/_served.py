@@ -327,17 +327,28 @@ class HostLease:
         outputs: Sequence[str] | None = None,
         deadline: float | None = None,
         trace: RunTrace | None = None,
+        *,
+        loop: asyncio.AbstractEventLoop | None = None,
+        release: bool = False,
     ) -> asyncio.Future[dict[str, npt.NDArray[Any]]]:
         """:meth:`infer_async` without its coroutine: the future to await for the outputs.
 
-        Called on the running event loop. ``deadline``: a ``time.monotonic()`` time by which
-        the request must have started, or None. The request is checked and queued before
-        this returns (bad input and a full queue raise here); cancelling the future before
-        the request runs means it never runs.
+        Called on the running event loop: ``loop``, when the caller has it at hand (on
+        Python 3.11 ``asyncio.get_running_loop()`` makes a system call). ``deadline``: a
+        ``time.monotonic()`` time by which the request must have started, or None. The
+        request is checked and queued before this returns (bad input and a full queue raise
+        here); cancelling the future before the request runs means it never runs.
+        ``release``: the lease's last request; the lease is released as the request is
+        queued, its hold on the version passing to the request (:meth:`Lease.hand_over`),
+        which keeps the version until it is answered.
         """
-        loop = asyncio.get_running_loop()
-        self._lease.admit()
+        if loop is None:
+            loop = asyncio.get_running_loop()
         future: asyncio.Future[Outputs] = loop.create_future()
+        if release:
+            self._lease.hand_over()
+        else:
+            self._lease.admit()
         self._served.enqueue(inputs, outputs, future, loop, deadline, trace)
         return future
 

@@ -380,6 +380,14 @@ class Session:
             self._in_flight += 1
             self._uses += 1
 
+    def _hand_over_lease(self, lease: Lease) -> None:
+        # The lease's count in _in_flight passes, unchanged, to one admission.
+        with self._state_lock:
+            if lease._released:
+                raise SessionClosed(f"the lease on session {self._name!r} was released")
+            lease._released = True
+            self._uses += 1  # the request made under it, as _admit_under counts one
+
     def _release_lease(self, lease: Lease) -> None:
         with self._state_lock:
             if lease._released:
@@ -485,6 +493,16 @@ class Lease:
         if the lease was already released.
         """
         self.session._admit_under(self)
+
+    def hand_over(self) -> None:
+        """End the lease by passing its hold on the session to one request it queues.
+
+        :meth:`admit` then :meth:`release` in one step, under the session's lock once
+        instead of twice: the session stays held, now by that request, until
+        :meth:`Session.dismiss` ends its admission; ``release()`` then does nothing. Raises
+        :class:`SessionClosed` if the lease was already released.
+        """
+        self.session._hand_over_lease(self)
 
     def release(self) -> None:
         """Let the session close; idempotent."""

@@ -397,6 +397,64 @@ def test_lease_if_ready_never_loads_and_its_lease_holds_the_version(repo_with_ba
         wait_until(lambda: host.status("mlp").state is corral.ModelState.UNLOADED)
 
 
+def test_a_lease_released_as_it_queues_holds_the_version_until_the_answer(
+    repo_with_bare_model: Path,
+):
+    expected = reference_run(build_mlp(seed=1), {"X": X})[0]
+    with Host(repo_with_bare_model) as host:
+        host.load("mlp")
+        lease = host.lease_if_ready("mlp")
+        assert lease is not None
+        session, served = lease.session, lease._served
+        real_run = served.run_admitted
+        blocked, unblock = threading.Event(), threading.Event()
+
+        def held_run(feed, names):  # the one run, held until the test has looked
+            blocked.set()
+            assert unblock.wait(30)
+            return real_run(feed, names)
+
+        async def queued() -> dict[str, np.ndarray]:
+            pending = lease.queue({"X": X}, loop=asyncio.get_running_loop(), release=True)
+            assert await asyncio.to_thread(blocked.wait, 30)
+            # The lease is released: only the queued request holds the version now, and an
+            # unload waits for it to be answered.
+            with pytest.raises(corral.DrainTimeout):
+                await asyncio.to_thread(host.unload, "mlp", timeout=0.2)
+            assert session.state is corral.SessionState.CLOSING
+            assert session.in_flight == 1
+            unblock.set()
+            return await pending
+
+        served.run_admitted = held_run
+        try:
+            np.testing.assert_array_equal(asyncio.run(queued())["Y"], expected)
+        finally:
+            unblock.set()
+            served.run_admitted = real_run
+        wait_until(lambda: session.state is corral.SessionState.CLOSED)
+        lease.release()  # does nothing: its hold ended with the answer
+        assert host.status("mlp").state is corral.ModelState.UNLOADED
+
+
+def test_a_request_refused_as_its_lease_is_handed_over_ends_the_hold(repo_with_bare_model: Path):
+    with Host(repo_with_bare_model) as host:
+        host.load("mlp")
+        lease = host.lease_if_ready("mlp")
+        assert lease is not None
+        session = lease.session
+
+        async def refused() -> None:
+            lease.queue({"X": np.zeros((2, 3), np.float32)}, release=True)  # a wrong shape
+
+        in_flight = session.in_flight
+        with pytest.raises(corral.InvalidInput):
+            asyncio.run(refused())
+        assert session.in_flight == in_flight - 1  # the lease's hold ended with the refusal
+        host.unload("mlp", timeout=30)  # nothing holds it: no wait
+        assert host.status("mlp").state is corral.ModelState.UNLOADED
+
+
 def test_close_refuses_new_requests_and_closes_sessions(repo_with_bare_model: Path):
     host = Host(repo_with_bare_model)
     lease = host.acquire("mlp")

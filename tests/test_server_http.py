@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -16,7 +17,7 @@ import corral
 from corral import Host, ModelState
 from corral.protocol import DataPlane
 from corral.server.bodies import BodyBudget
-from corral.server.http import HttpApp
+from corral.server.http import LOOP_SCOPE_KEY, HttpApp
 from corral.server.metrics import Metrics
 from corral.testing import build_mlp, build_tree
 from tests.gates import CallGate, answered_while_held, hold_filesystem
@@ -317,6 +318,44 @@ async def _drive(app: HttpApp, scope: dict[str, Any], incoming: list[dict[str, A
 
     await app(scope, receive, send)
     return sent
+
+
+def test_an_inference_takes_its_event_loop_from_the_scope_when_the_server_gives_it(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+):
+    # corral serve's connections give the loop (LOOP_SCOPE_KEY): asking asyncio for it costs
+    # a getpid() system call per request on Python 3.11. Here asking fails, so only a
+    # request whose scope gives the loop can be answered.
+    def no_asking() -> None:
+        raise RuntimeError("asyncio.get_running_loop() was called")
+
+    monkeypatch.setattr(corral._served, "asyncio", SimpleNamespace(get_running_loop=no_asking))
+    app = make_app(host)
+    body = orjson.dumps(infer_body())
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+
+    async def infer(give_loop: bool) -> tuple[int, bytes]:
+        scope: dict[str, Any] = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v2/models/mlp/infer",
+            "query_string": b"",
+            "headers": headers,
+        }
+        if give_loop:
+            scope[LOOP_SCOPE_KEY] = asyncio.get_running_loop()
+        sent = await _drive(app, scope, [{"type": "http.request", "body": body}])
+        return sent[0]["status"], sent[1]["body"]
+
+    status, answer = asyncio.run(infer(give_loop=True))
+    assert status == 200, answer
+    expected = reference_run(build_mlp(seed=1), {"X": X})[0]
+    np.testing.assert_allclose(
+        orjson.loads(answer)["outputs"][0]["data"], expected.ravel(), rtol=1e-6
+    )
+    status, answer = asyncio.run(infer(give_loop=False))
+    assert status == 500
+    assert b"get_running_loop() was called" in answer
 
 
 def test_the_lifespan_protocol_is_acknowledged_and_leaves_the_host_serving(host: Host):

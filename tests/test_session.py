@@ -437,6 +437,23 @@ def test_admissions_hold_the_session_open_until_dismissed(mlp_model):
     assert session.in_flight == 0
 
 
+def test_a_lease_handed_over_holds_the_session_until_its_request_is_dismissed(mlp_model):
+    session = corral.Session(mlp_model)
+    lease = session.acquire()
+    uses = session.uses
+    session.close_when_idle()
+    lease.hand_over()  # through CLOSING, as admit(): the lease's hold passes to one request
+    assert session.uses == uses + 1  # the request made under it, as admit() counts it
+    lease.release()  # does nothing: the hold is the request's now
+    assert session.state is SessionState.CLOSING
+    with pytest.raises(corral.SessionClosed, match="released"):
+        lease.hand_over()
+    with pytest.raises(corral.SessionClosed, match="released"):
+        lease.admit()
+    session.dismiss()  # the request answered: the last hold ends
+    assert session.state is SessionState.CLOSED
+
+
 def test_a_lease_admits_through_closing_until_it_is_released(mlp_model):
     session = corral.Session(mlp_model)
     lease = session.acquire()

@@ -1010,10 +1010,13 @@ def _json_values(output: InferOutput) -> object:
                 ) from exc
         return strings
     dtype = numpy_dtype(output.datatype)
-    if array.dtype.newbyteorder("=") != dtype:
-        raise ValueError(
-            f"output {output.name!r}: {output.datatype} needs a {dtype} array; "
-            f"got dtype {array.dtype}"
-        )
+    if array.dtype != dtype:
+        if array.dtype.newbyteorder("=") != dtype:
+            raise ValueError(
+                f"output {output.name!r}: {output.datatype} needs a {dtype} array; "
+                f"got dtype {array.dtype}"
+            )
+    elif array.flags.c_contiguous:
+        return array.reshape(-1)  # a model's own output, most often: a view, no copy
     # orjson writes only C-contiguous, native-order arrays.
     return np.ascontiguousarray(array, dtype=dtype).reshape(-1)

@@ -44,6 +44,8 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 from uvicorn.server import ServerState
 
+from corral.server.http import LOOP_SCOPE_KEY
+
 __all__ = ["ConnectionLimits", "EdgeProtocol", "end_requests_in_flight", "protocol_for"]
 
 logger = logging.getLogger(__name__)
@@ -161,6 +163,7 @@ class EdgeProtocol(HttpToolsProtocol):
         # A head in progress: on_headers_complete answers it with Connection: close.
 
     async def _run_app(self, scope: Any, receive: Any, send: Any) -> None:
+        scope[LOOP_SCOPE_KEY] = self.loop  # the loop running this task: the app need not ask
         try:
             await self._inner_app(scope, receive, send)
         except asyncio.CancelledError:

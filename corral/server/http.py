@@ -131,6 +131,11 @@ DECODE_INLINE_BYTES = 64 * 1024
 #: How long a client refused by the body budget is told to wait before retrying, in seconds.
 BODY_BUDGET_RETRY_AFTER_S = 1
 
+#: The scope key under which a server may give the event loop running the request (corral
+#: serve's connections do): the app then need not ask asyncio, which on Python 3.11 makes a
+#: system call (``getpid``) each time. Without it, the app asks.
+LOOP_SCOPE_KEY = "corral.loop"
+
 _JSON = (b"content-type", b"application/json")
 # The scope key of a request's HttpExchange, when it has one.
 _EXCHANGE = "corral.exchange"
@@ -216,7 +221,26 @@ class HttpApp:
                     await self._exchange(scope, receive, send)
                     return
         try:
-            await self._handle(scope, receive, send)
+            method: str = scope["method"]
+            path: str = scope["path"]
+            if (
+                method == "POST"
+                and path.startswith(_MODELS_PREFIX)
+                and path.endswith(_INFER_SUFFIX)
+            ):
+                # The busiest route, taken straight: /v2/models/{name}/infer, a name without
+                # "/" (the status page's files are never under /v2/). Any other spelling of it
+                # (a version, a trailing slash, an empty name) goes the general way.
+                name = path[len(_MODELS_PREFIX) : -len(_INFER_SUFFIX)]
+                if name and "/" not in name:
+                    if self._auth is not None:
+                        check_token(scope, self._auth)
+                    if self._tracing is None:
+                        await self._infer(name, None, scope, receive, send)
+                    else:
+                        await self._infer_traced(self._tracing, name, None, scope, receive, send)
+                    return
+            await self._handle(method, scope, receive, send)
         except HttpError as exc:
             await _respond(send, exc.status, encode_error(str(exc)), _JSON, exc.headers)
         except EncodingRefused as exc:
@@ -245,22 +269,8 @@ class HttpApp:
             if self._access_log:
                 exchange.log()
 
-    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        method: str = scope["method"]
-        path: str = scope["path"]
-        if method == "POST" and path.startswith(_MODELS_PREFIX) and path.endswith(_INFER_SUFFIX):
-            # The busiest route, taken straight: /v2/models/{name}/infer, a name without "/"
-            # (the status page's files are never under /v2/). Any other spelling of it (a
-            # version, a trailing slash, an empty name) goes the general way below.
-            name = path[len(_MODELS_PREFIX) : -len(_INFER_SUFFIX)]
-            if name and "/" not in name:
-                if self._auth is not None:
-                    check_token(scope, self._auth)
-                if self._tracing is None:
-                    await self._infer(name, None, scope, receive, send)
-                else:
-                    await self._infer_traced(self._tracing, name, None, scope, receive, send)
-                return
+    async def _handle(self, method: str, scope: Scope, receive: Receive, send: Send) -> None:
+        # Every route but the busiest, which __call__ takes first.
         if self._dashboard is not None:
             page = self._dashboard.answer(scope["path"])
             if page is not None:
@@ -445,7 +455,9 @@ class HttpApp:
                 scope[_EXCHANGE].body_id = request.id  # the log's id, when no header gave one
             if trace is not None:
                 trace.decoded()
-            response = await self._plane.infer(name, version, request, trace)
+            response = await self._plane.infer(
+                name, version, request, trace, scope.get(LOOP_SCOPE_KEY)
+            )
             if trace is not None:
                 trace.encoding()
             payload, json_length = encode_response(response, request)

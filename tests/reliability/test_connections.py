@@ -9,6 +9,7 @@ upgrades; SIGTERM with requests on keep-alive connections; a drain that runs out
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
 import json
@@ -28,11 +29,15 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from uvicorn.config import Config
+from uvicorn.server import ServerState
 
 from corral.protocol.proto import grpc_service_pb2 as pb
 from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.server import app
+from corral.server._connections import ConnectionLimits, protocol_for
 from corral.server.app import EXIT_DRAIN_INCOMPLETE
+from corral.server.http import LOOP_SCOPE_KEY
 from corral.testing import build_mlp
 from tests.helpers import Figure, add_model, build_slow_loop
 from tests.processes import ServerProcess, start_server, stop_server
@@ -690,3 +695,29 @@ def test_a_drain_that_runs_out_answers_503_json_and_unavailable(
     # The run the drain gave up on is cancelled at exit (RunOptions.terminate), not waited
     # out: the process ends within the drain timeout and a small margin.
     assert exited < DRAIN_S + 2.0
+
+
+def test_each_connection_gives_the_app_the_event_loop_running_its_request():
+    # HttpApp takes the loop from the scope (LOOP_SCOPE_KEY) instead of asking asyncio.
+    seen: list[object] = []
+
+    async def app(scope: dict[str, object], receive: object, send: object) -> None:
+        seen.append(scope.get(LOOP_SCOPE_KEY))
+
+    async def one_request() -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        config = Config(app, host="127.0.0.1", port=0, http="httptools")
+        config.load()
+        limits = ConnectionLimits(
+            max_url_bytes=8192,
+            max_header_bytes=65536,
+            header_timeout_s=5.0,
+            idle_timeout_s=5.0,
+            max_connections=10,
+        )
+        protocol = protocol_for(limits)(config, ServerState(), {}, loop)
+        await protocol.app({"type": "http"}, None, None)
+        return loop
+
+    loop = asyncio.run(one_request())
+    assert seen == [loop]
