@@ -83,14 +83,22 @@ def start_server(
 
 def stop_server(served: ServerProcess) -> None:
     """SIGTERM the server and require it to exit 0 within 30 s (killed if it does not)."""
-    served.process.send_signal(signal.SIGTERM)
+    stop_process(served.process, served.log)
+
+
+def stop_process(process: subprocess.Popen[bytes], log: Path) -> None:
+    """SIGTERM ``process`` and require it to exit 0 within 30 s, else fail showing ``log``.
+
+    One that has not exited by then is killed, and the wait's TimeoutExpired raised.
+    """
+    process.send_signal(signal.SIGTERM)
     try:
-        code = served.process.wait(timeout=30)
+        code = process.wait(timeout=30)
     except subprocess.TimeoutExpired:
-        served.process.kill()
-        served.process.wait(timeout=10)
+        process.kill()
+        process.wait(timeout=10)
         raise
-    assert code == 0, served.log.read_text()
+    assert code == 0, log.read_text()
 
 
 # -- interpreters that exit with runs in flight -------------------------------------------

@@ -18,7 +18,6 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ import pytest
 
 from corral.testing import build_mlp
 from tests.helpers import build_wheel, reference_run
+from tests.processes import stop_process
 from tests.test_deploy import dockerfile_instructions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -177,14 +177,7 @@ class Served:
         return re.sub(r"(?<=:)800([01])\b", lambda m: str((self.http, self.grpc)[int(m[1])]), text)
 
     def stop(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            code = self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
-            raise
-        assert code == 0, self.log.read_text()
+        stop_process(self.process, self.log)
 
 
 def start(venv: Venv, command: str) -> Served:
