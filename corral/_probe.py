@@ -61,6 +61,9 @@ class BatchPlan:
     #: Why, in one line: ``batched (probed): ...``, ``batched (declared): ...`` or
     #: ``not batched: ...``.
     reason: str
+    #: corral chose to batch (probed), nothing declared it: the scheduler then measures
+    #: whether shared runs pay and runs each request alone where they do not.
+    adaptive: bool = False
 
 
 def plan_batching(
@@ -126,7 +129,9 @@ def plan_batching(
     return BatchPlan(
         default_rows,
         f"batched (probed): {PROBE_ROWS} generated rows gave the same outputs, bit for bit, "
-        "alone, stacked and stacked in another order",
+        "alone, stacked and stacked in another order; each request runs alone while shared "
+        "runs cost more per row",
+        adaptive=True,
     )
 
 

@@ -79,6 +79,19 @@ LONG_RUN_S = 0.002
 SHORT_RECENT_S = 0.1
 # The weight of a run's seconds in its queue's running mean.
 _RUN_MEAN_WEIGHT = 0.2
+#: An adaptive queue (a model whose batching corral chose, not its config) runs each request
+#: alone once its shared runs cost this many times the seconds per row of its lone runs or
+#: more, and shares runs again once lone runs cost this many times shared ones. Between the
+#: two it keeps what it does: either costs about the same, and a noisy machine does not
+#: flip it back and forth.
+SHARED_COSTLIER = 1.25
+#: Runs of each kind an adaptive queue measures before it decides.
+ADAPT_MIN_RUNS = 4
+#: While an adaptive queue has not measured both kinds, every this-many-th run is of the kind
+#: it lacks; once decided, every ``ADAPT_RECHECK_EVERY``-th run is of the other kind, to
+#: notice a change (another input shape, a quieter machine).
+_ADAPT_EXPLORE_EVERY = 4
+ADAPT_RECHECK_EVERY = 128
 
 
 def deadline_after(timeout: float | None) -> float | None:
@@ -190,6 +203,19 @@ class ModelQueue:
     counters: RunCounters = field(default_factory=RunCounters)
     # The running mean of its runs' seconds (0 until its first run): long at LONG_RUN_S.
     run_s: float = 0.0
+    # Batching chosen by corral (probed), not declared: shared runs are measured against
+    # lone ones and given up where they cost more per row (see SHARED_COSTLIER).
+    adaptive: bool = False
+    # The running means of seconds per row of runs of one request (alone) and of several
+    # (shared), and how many of each were measured.
+    alone_row_s: float = 0.0
+    alone_runs: int = 0
+    shared_row_s: float = 0.0
+    shared_runs: int = 0
+    # Each request runs alone: shared runs were found to cost more per row.
+    apart: bool = False
+    # Runs started since the queue last ran one of the kind it is short of measuring.
+    since_probe: int = 0
 
 
 class Scheduler:
@@ -237,18 +263,23 @@ class Scheduler:
         batch_window_us: int = 0,
         queue_limit: int = DEFAULT_QUEUE_LIMIT,
         counters: RunCounters | None = None,
+        adaptive: bool = False,
     ) -> ModelQueue:
         """A new queue for ``owner``'s requests, reported under ``key``; its owner keeps it.
 
         ``max_rows`` rows per run (0: never batch), ``batch_window_us`` how long a batch may
         wait to fill, and ``queue_limit`` how many requests may wait before new ones are
         refused. The queue counts into ``counters`` (default: new ones), under this
-        scheduler's lock; the scheduler keeps no list of its queues.
+        scheduler's lock; the scheduler keeps no list of its queues. ``adaptive``: the
+        batching is corral's choice, not the model's config; requests then share runs only
+        while shared runs cost no more per row than lone ones (:data:`SHARED_COSTLIER`).
         """
         if counters is None:
             counters = RunCounters()
         window_s = batch_window_us / 1e6
-        return ModelQueue(owner, key, max_rows, window_s, queue_limit, counters=counters)
+        return ModelQueue(
+            owner, key, max_rows, window_s, queue_limit, counters=counters, adaptive=adaptive
+        )
 
     def submit(
         self,
@@ -392,7 +423,7 @@ class Scheduler:
                     if self._state is not _State.RUNNING and not self._ready:
                         return
                     self._sleep_locked(wake, wait)
-                taken = _take(queue)
+                taken = _take(queue, _adaptive_cap(queue) if queue.adaptive else 0)
                 in_hand[:] = taken
                 if queue.pending:
                     self._ready.append(queue)  # to the back: round robin across models
@@ -491,6 +522,7 @@ class Scheduler:
             due = (
                 queue.window_s == 0
                 or queue.max_rows == 0
+                or queue.apart
                 or len(queue.pending) >= queue.max_rows
                 or self._state is not _State.RUNNING
                 or now >= queue.pending[0].enqueued + queue.window_s
@@ -567,6 +599,8 @@ class Scheduler:
             if live:
                 run_s = queue.run_s
                 queue.run_s = elapsed if not run_s else run_s + _RUN_MEAN_WEIGHT * (elapsed - run_s)
+                if queue.adaptive and rows and runs == 1:
+                    _measure_sharing(queue, len(live) > 1, elapsed / rows)
                 counters.runs += runs
                 counters.rows += rows
                 counters.queue_seconds += now * len(live) - enqueued_sum
@@ -653,12 +687,59 @@ def _shape_key(feed: dict[str, npt.NDArray[Any]]) -> tuple[int, tuple[object, ..
     return (rows, tuple(parts)) if rows else (0, ())
 
 
-def _take(queue: ModelQueue) -> list[_Request]:
-    """Pop the requests the next run may use: one if the model does not batch."""
+def _adaptive_cap(queue: ModelQueue) -> int:
+    """The most requests an adaptive queue's next run may take (0: no cap); under the lock.
+
+    Counts the run: while one kind of run is unmeasured, every few runs is of that kind;
+    once decided, every :data:`ADAPT_RECHECK_EVERY`-th run is of the kind not chosen. A
+    shared one takes what sharing would take: a smaller batch than sharing makes would
+    measure a cost that sharing does not have.
+    """
+    queue.since_probe += 1
+    if queue.alone_runs < ADAPT_MIN_RUNS or queue.shared_runs < ADAPT_MIN_RUNS:
+        every = _ADAPT_EXPLORE_EVERY
+        probe = 1 if queue.alone_runs < ADAPT_MIN_RUNS else 0
+    else:
+        every = ADAPT_RECHECK_EVERY
+        probe = 0 if queue.apart else 1
+    if queue.since_probe >= every:
+        queue.since_probe = 0
+        return probe
+    return 1 if queue.apart else 0
+
+
+def _measure_sharing(queue: ModelQueue, shared: bool, row_s: float) -> None:
+    """Count an adaptive queue's run (``row_s`` seconds per row), and decide; under the lock."""
+    if shared:
+        mean, queue.shared_runs = queue.shared_row_s, queue.shared_runs + 1
+        queue.shared_row_s = row_s if not mean else mean + _RUN_MEAN_WEIGHT * (row_s - mean)
+    else:
+        mean, queue.alone_runs = queue.alone_row_s, queue.alone_runs + 1
+        queue.alone_row_s = row_s if not mean else mean + _RUN_MEAN_WEIGHT * (row_s - mean)
+    if queue.alone_runs < ADAPT_MIN_RUNS or queue.shared_runs < ADAPT_MIN_RUNS:
+        return
+    apart = (
+        queue.shared_row_s * SHARED_COSTLIER > queue.alone_row_s
+        if queue.apart
+        else queue.shared_row_s >= queue.alone_row_s * SHARED_COSTLIER
+    )
+    if apart != queue.apart:
+        queue.apart = apart
+        logger.info(
+            "corral: %s %s: shared runs take %.3g ms a row, lone runs %.3g ms",
+            queue.owner.label,
+            "runs each request alone" if apart else "shares runs again",
+            queue.shared_row_s * 1e3,
+            queue.alone_row_s * 1e3,
+        )
+
+
+def _take(queue: ModelQueue, cap: int = 0) -> list[_Request]:
+    """Pop the requests the next run may use: one if the model does not batch; ``cap`` at most."""
     pending = queue.pending
-    if queue.max_rows == 0:
+    if queue.max_rows == 0 or cap == 1:
         return [pending.popleft()]
-    count = min(len(pending), queue.max_rows, _SCAN_LIMIT)
+    count = min(len(pending), queue.max_rows, _SCAN_LIMIT, cap or _SCAN_LIMIT)
     return [pending.popleft() for _ in range(count)]
 
 

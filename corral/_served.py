@@ -49,6 +49,7 @@ class ServedVersion:
         "_queue_lock",
         "_runtime",
         "_scheduler",
+        "adaptive",
         "batching",
         "config",
         "counters",
@@ -98,6 +99,9 @@ class ServedVersion:
         self.max_rows = batching.max_rows
         #: Why its requests share runs or not, in one line (declared, probed or off).
         self.batching = batching.reason
+        #: corral chose the batching (probed): its queue gives shared runs up while they
+        #: cost more per row than lone ones (corral._scheduler.SHARED_COSTLIER).
+        self.adaptive = batching.adaptive
         self.window_us = batch_window_us
         self.queue_limit = queue_limit
         #: The settings it was built with (its model.toml's or config.pbtxt's).
@@ -244,6 +248,7 @@ class ServedVersion:
                     batch_window_us=self.window_us,
                     queue_limit=self.queue_limit,
                     counters=self.counters,
+                    adaptive=self.adaptive,
                 )
             return self._queue
 

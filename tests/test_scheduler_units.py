@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
@@ -400,3 +401,104 @@ def test_a_queue_learns_its_runs_mean_and_one_worker_keeps_no_worker_back():
         assert submit(scheduler, queue, heavy, row(5)).result(timeout=10)["Y"][0, 0] == 10
     finally:
         assert scheduler.shutdown(timeout=30)
+
+
+class CostedVersion(FakeVersion):
+    """A FakeVersion whose runs take ``alone_s`` a row alone and ``shared_s`` a row shared.
+
+    Taken on a fake clock (:class:`FakeClock`), which each run moves on: the scheduler's
+    measure of a run is then exact, whatever the machine is doing.
+    """
+
+    def __init__(self, label: str, clock: FakeClock, *, alone_s: float, shared_s: float) -> None:
+        super().__init__(label)
+        self.clock = clock
+        self.alone_s, self.shared_s = alone_s, shared_s
+
+    def run_admitted(self, feed: Feed, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+        rows = feed["X"].shape[0]
+        self.clock.now += rows * (self.alone_s if rows == 1 else self.shared_s)
+        return super().run_admitted(feed, names)
+
+
+class FakeClock:
+    """The scheduler's ``time`` module, its ``perf_counter`` moved only by the runs."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.monotonic = time.monotonic  # deadlines and queueing keep real time
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def run_rounds(
+    scheduler: Scheduler, queue: ModelQueue, model: CostedVersion, rounds: int
+) -> list[list[int]]:
+    """Rounds of one request run while 8 more queue up: the rows of each round's runs."""
+    per_round = []
+    for _ in range(rounds):
+        start = len(model.batches)
+        model.hold.clear()
+        futures = [submit(scheduler, queue, model, row(0))]
+        assert model.running.acquire(timeout=10)
+        futures += [submit(scheduler, queue, model, row(i)) for i in range(1, 9)]
+        model.hold.set()
+        for i, future in enumerate(futures):
+            np.testing.assert_array_equal(future.result(timeout=10)["Y"], row(2 * i))
+        for _ in range(len(model.batches) - start - 1):
+            assert model.running.acquire(timeout=10)
+        per_round.append(model.batches[start:])
+    return per_round
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(scheduler_module, "time", fake)
+    return fake
+
+
+def test_a_probed_model_whose_shared_runs_cost_more_per_row_runs_each_request_alone(
+    scheduler: Scheduler, clock: FakeClock
+):
+    model = CostedVersion("m:1", clock, alone_s=1.0, shared_s=2.0)
+    queue = scheduler.queue(model, ("m", 1), max_rows=64, adaptive=True)
+    rounds = run_rounds(scheduler, queue, model, 8)
+    assert any(max(runs) > 1 for runs in rounds[:2])  # it tried shared runs first
+    assert queue.apart
+    # Each request alone, but for one shared run in ADAPT_RECHECK_EVERY, kept to notice a
+    # change: at most 2 in the last 4 rounds' 30-odd runs.
+    recent = [rows for runs in rounds[-4:] for rows in runs]
+    assert sum(1 for rows in recent if rows > 1) <= 2
+    assert recent.count(1) >= 20
+    assert (queue.alone_row_s, queue.shared_row_s) == (1.0, 2.0)
+
+
+def test_a_probed_model_whose_shared_runs_pay_keeps_them_and_a_declared_one_always_shares(
+    scheduler: Scheduler, clock: FakeClock
+):
+    paying = CostedVersion("paying:1", clock, alone_s=1.0, shared_s=0.3)
+    paying_queue = scheduler.queue(paying, ("paying", 1), max_rows=64, adaptive=True)
+    declared = CostedVersion("declared:1", clock, alone_s=1.0, shared_s=2.0)
+    declared_queue = scheduler.queue(declared, ("declared", 1), max_rows=64)
+    paying_rounds = run_rounds(scheduler, paying_queue, paying, 8)
+    declared_rounds = run_rounds(scheduler, declared_queue, declared, 8)
+    assert not paying_queue.apart
+    assert paying_queue.alone_runs >= scheduler_module.ADAPT_MIN_RUNS
+    assert max(paying_rounds[-1]) > 1
+    assert not declared_queue.apart
+    assert declared_queue.alone_runs == 0  # not measured: its config declared the batching
+    assert all(runs == [1, 8] for runs in declared_rounds)
+
+
+def test_a_model_run_apart_shares_runs_again_once_they_pay(scheduler: Scheduler, clock: FakeClock):
+    model = CostedVersion("m:1", clock, alone_s=1.0, shared_s=2.0)
+    queue = scheduler.queue(model, ("m", 1), max_rows=64, adaptive=True)
+    run_rounds(scheduler, queue, model, 8)
+    assert queue.apart
+    model.shared_s = 0.3  # another input shape, a quieter machine: now batching pays
+    # Each recheck (a shared run in ADAPT_RECHECK_EVERY) moves the mean a fifth of the way.
+    rounds = run_rounds(scheduler, queue, model, 160)
+    assert not queue.apart
+    assert max(rounds[-1]) > 1
