@@ -187,7 +187,8 @@ class _Request:
 
 @dataclass(eq=False)
 class ModelQueue:
-    """One model version's queue; every field but the first two guarded by the Scheduler's lock.
+    """One model version's queue; every field but the first two and ``adaptive`` (set once, never
+    changed) guarded by the Scheduler's lock.
 
     ``counters`` is shared by every copy of the version (the Host's, for its life): a queue
     adds to it and never resets it.
@@ -365,6 +366,17 @@ class Scheduler:
             with self._lock:
                 figures.extend((key, _figures(c)) for key, c in items[start : start + _STATS_CHUNK])
         return {key: _stats(raw, pending.get(key, 0)) for key, raw in figures}
+
+    def sharing(self, queue: ModelQueue) -> str | None:
+        """What an adaptive queue found, in a clause, once it runs each request alone; else None."""
+        with self._lock:
+            if not queue.apart:
+                return None
+            shared_ms, alone_ms = queue.shared_row_s * 1e3, queue.alone_row_s * 1e3
+        return (
+            f"each request runs alone now: shared runs took {shared_ms:.3g} ms a row, "
+            f"lone runs {alone_ms:.3g} ms"
+        )
 
     def shutdown(self, timeout: float | None = None) -> bool:
         """Refuse new requests, run what is queued, stop the workers.

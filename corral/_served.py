@@ -180,6 +180,14 @@ class ServedVersion:
             self.check_rows(inputs)
         return self.session.run(inputs, outputs)
 
+    def batching_now(self) -> str:
+        """:attr:`batching`, and what its queue found if it runs each request alone now."""
+        queue, scheduler = self._queue, self._scheduler
+        if queue is None or scheduler is None or not queue.adaptive:
+            return self.batching
+        found = scheduler.sharing(queue)
+        return self.batching if found is None else f"{self.batching}; {found}"
+
     def check_rows(self, inputs: Mapping[str, Any]) -> None:
         """Refuse inputs with more rows than :attr:`row_limit` (Triton's words first)."""
         for tensor, value in inputs.items():
@@ -283,8 +291,12 @@ class HostLease:
 
     @property
     def batching(self) -> str:
-        """Why requests for this version share runs or not, in one line (see docs/scheduler.md)."""
-        return self._served.batching
+        """Why requests for this version share runs or not, in one line (see docs/scheduler.md).
+
+        For a probed model that runs each request alone now (shared runs cost more per row),
+        it says so, with both costs.
+        """
+        return self._served.batching_now()
 
     @property
     def config(self) -> ModelConfig:

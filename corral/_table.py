@@ -649,7 +649,7 @@ def _version_status(served: ServedVersion, state: ModelState) -> VersionStatus:
         served.last_used,
         served.session.uses,
         None,
-        served.batching,
+        served.batching_now(),
         VersionSettings(
             served.config,
             served.max_rows,

@@ -455,6 +455,25 @@ def test_a_request_refused_as_its_lease_is_handed_over_ends_the_hold(repo_with_b
         assert host.status("mlp").state is corral.ModelState.UNLOADED
 
 
+def test_a_probed_model_run_apart_says_so_in_its_batching_reason(repo_with_bare_model: Path):
+    with Host(repo_with_bare_model) as host:
+        host.submit("mlp", {"X": X}).result(timeout=30)
+        reason = host.status("mlp").versions[0].batching
+        assert reason is not None
+        assert reason.startswith("batched (probed): ")
+        assert "runs alone now" not in reason
+        lease = host.acquire("mlp")
+        queue, scheduler = lease._served.queue, host.runtime.scheduler()
+        assert queue is not None
+        assert queue.adaptive
+        with scheduler._lock:  # what the queue's runs would have found: shared rows dearer
+            queue.apart, queue.shared_row_s, queue.alone_row_s = True, 0.06, 0.03
+        found = "each request runs alone now: shared runs took 60 ms a row, lone runs 30 ms"
+        assert host.status("mlp").versions[0].batching == f"{reason}; {found}"
+        assert lease.batching == f"{reason}; {found}"
+        lease.release()
+
+
 def test_close_refuses_new_requests_and_closes_sessions(repo_with_bare_model: Path):
     host = Host(repo_with_bare_model)
     lease = host.acquire("mlp")

@@ -473,6 +473,9 @@ def test_a_probed_model_whose_shared_runs_cost_more_per_row_runs_each_request_al
     assert sum(1 for rows in recent if rows > 1) <= 2
     assert recent.count(1) >= 20
     assert (queue.alone_row_s, queue.shared_row_s) == (1.0, 2.0)
+    assert scheduler.sharing(queue) == (
+        "each request runs alone now: shared runs took 2e+03 ms a row, lone runs 1e+03 ms"
+    )
 
 
 def test_a_probed_model_whose_shared_runs_pay_keeps_them_and_a_declared_one_always_shares(
@@ -485,6 +488,7 @@ def test_a_probed_model_whose_shared_runs_pay_keeps_them_and_a_declared_one_alwa
     paying_rounds = run_rounds(scheduler, paying_queue, paying, 8)
     declared_rounds = run_rounds(scheduler, declared_queue, declared, 8)
     assert not paying_queue.apart
+    assert scheduler.sharing(paying_queue) is None
     assert paying_queue.alone_runs >= scheduler_module.ADAPT_MIN_RUNS
     assert max(paying_rounds[-1]) > 1
     assert not declared_queue.apart
