@@ -187,9 +187,9 @@ class _Request:
 
 @dataclass(eq=False)
 class ModelQueue:
-    """One model version's queue; every field but the first two and ``adaptive`` (set once, never
-    changed) guarded by the Scheduler's lock.
+    """One model version's queue; every field but the first two guarded by the Scheduler's lock.
 
+    ``adaptive`` is set once, when the queue is made, and never changed: read without it.
     ``counters`` is shared by every copy of the version (the Host's, for its life): a queue
     adds to it and never resets it.
     """
