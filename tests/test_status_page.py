@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -130,19 +131,35 @@ def test_corral_status_watch_redraws_until_interrupted(server: ServerProcess):
         stderr=subprocess.PIPE,
         env=env,
     )
+    drain: threading.Thread | None = None
     try:
         seen = b""
         while b"m0003" not in seen:  # the first redraw (pytest-timeout bounds the wait)
             line = watching.stdout.readline()
             assert line, watching.stderr.read().decode()
             seen += line
+        # Read on until it exits: a redraw into a full pipe would block it, interrupt or not.
+        drain = threading.Thread(target=watching.stdout.read, name="drain-watch-stdout")
+        drain.start()
         watching.send_signal(signal.SIGINT)
-        assert watching.wait(timeout=30) == 130
+        try:
+            code = watching.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            watching.kill()
+            watching.wait(timeout=10)
+            pytest.fail(
+                "corral status --watch did not exit within 30 s of SIGINT; its stderr: "
+                + watching.stderr.read().decode(errors="replace")
+            )
+        assert code == 130
         assert b"interrupted" in watching.stderr.read()
     finally:
         if watching.poll() is None:
             watching.kill()
             watching.wait(timeout=10)
+        if drain is not None:
+            drain.join(timeout=10)  # the pipe's end came with the process's
+            assert not drain.is_alive()
         watching.stdout.close()
         watching.stderr.close()
 
