@@ -120,9 +120,27 @@ def test_corral_status_names_a_refused_token_and_an_error_answer(server: ServerP
         fetch_status(f"http://{server.http}/nope", TOKEN, 5)
 
 
+# A child inherits its parent's ignored and blocked signals, and late in the suite this
+# process has SIGINT one or the other (a library an earlier test loaded): the watcher takes
+# SIGINT back as a terminal gives it, so that only its own handling of it is tested.
+_AS_FROM_A_TERMINAL = (
+    "import signal, sys; "
+    "signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
+    "from corral.cli import main; sys.exit(main())"
+)
+
+
+def _sigint_state() -> str:
+    """This process's ignored and blocked signal masks, and its Python SIGINT handler."""
+    with open("/proc/self/status") as status:
+        masks = [line.strip() for line in status if line.startswith(("SigIgn", "SigBlk"))]
+    return f"{', '.join(masks)}, handler {signal.getsignal(signal.SIGINT)!r}"
+
+
 @pytest.mark.timeout(60)
 def test_corral_status_watch_redraws_until_interrupted(server: ServerProcess):
-    command = [sys.executable, "-c", "import sys; from corral.cli import main; sys.exit(main())"]
+    command = [sys.executable, "-c", _AS_FROM_A_TERMINAL]
     # A terminal as rich sees it, so that each redraw is written at once.
     env = {**os.environ, "COLUMNS": "200", "TTY_COMPATIBLE": "1"}
     watching = subprocess.Popen(
@@ -149,7 +167,8 @@ def test_corral_status_watch_redraws_until_interrupted(server: ServerProcess):
             watching.wait(timeout=10)
             pytest.fail(
                 "corral status --watch did not exit within 30 s of SIGINT; its stderr: "
-                + watching.stderr.read().decode(errors="replace")
+                f"{watching.stderr.read().decode(errors='replace')}; the test's process: "
+                f"{_sigint_state()}"
             )
         assert code == 130
         assert b"interrupted" in watching.stderr.read()
