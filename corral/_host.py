@@ -161,8 +161,8 @@ class Host:
         self, name: str, version: int | str | None = None, *, timeout: float | None = None
     ) -> HostLease:
         """Like :meth:`acquire`, for asyncio: the event loop never waits on a load or a disk."""
-        served = self._ready(name, version)
-        if served is not None and (lease := served.try_lease()) is not None:
+        lease = self.lease_if_ready(name, version)
+        if lease is not None:
             return lease
         self._reloader.start()
         return await self._loader.lease_async(name, version, timeout)

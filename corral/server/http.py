@@ -139,7 +139,7 @@ LOOP_SCOPE_KEY = "corral.loop"
 _JSON = (b"content-type", b"application/json")
 # The scope key of a request's HttpExchange, when it has one.
 _EXCHANGE = "corral.exchange"
-# The inference route's path, around the model's name: taken first (see HttpApp._handle).
+# The inference route's path, around the model's name: taken first (see HttpApp.__call__).
 _MODELS_PREFIX = "/v2/models/"
 _INFER_SUFFIX = "/infer"
 _BINARY = (b"content-type", b"application/octet-stream")
