@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hmac
@@ -241,19 +242,52 @@ class HttpApp:
                         await self._infer_traced(self._tracing, name, None, scope, receive, send)
                     return
             await self._handle(method, scope, receive, send)
-        except HttpError as exc:
-            await _respond(send, exc.status, encode_error(str(exc)), _JSON, exc.headers)
-        except EncodingRefused as exc:
-            await _respond(send, exc.status, encode_error(str(exc)), _JSON)
-        except BodyBudgetExceeded as exc:
-            retry = (b"retry-after", str(BODY_BUDGET_RETRY_AFTER_S).encode())
-            await _respond(send, 503, encode_error(str(exc)), _JSON, (retry,))
-        except CorralError as exc:
-            status = status_for(STATUS, exc) or 500
-            await _respond(send, status, encode_error(str(exc)), _JSON)
         except Exception as exc:
-            logger.exception("corral: %s %s failed", scope.get("method"), scope.get("path"))
-            await _respond(send, 500, encode_error(f"internal error: {exc!r}"), _JSON)
+            status, body, extra = _error_answer(exc, scope.get("method"), scope.get("path"))
+            await _respond(send, status, body, _JSON, extra)
+
+    @property
+    def answers_directly(self) -> bool:
+        """Whether a server may hand an inference request to :meth:`answer_infer`.
+
+        Not with the access log or tracing on: those follow a request through the ASGI path.
+        """
+        return not self._access_log and self._tracing is None
+
+    async def answer_infer(
+        self,
+        name: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        loop: asyncio.AbstractEventLoop,
+    ) -> tuple[int, bytes, bytes]:
+        """Answer ``POST /v2/models/{name}/infer`` whose whole body a server has read already.
+
+        The same answer as the ASGI route gives the same request, without the ASGI messages:
+        ``corral serve``'s connections use it for the plainest requests (see
+        :mod:`corral.server._connections`), which a request's ASGI scope, task and messages
+        cost more than corral's own work. ``headers`` are the request's (names lowercase);
+        ``name`` a model name as the route takes it (no ``/``). Returns the status, the
+        response's header lines (``name: value`` and CRLF each) and its body; every error is
+        answered as :meth:`__call__` answers it, never raised (but a cancellation).
+        A request with an ``X-Request-ID`` is not for this method: its id is echoed by
+        the ASGI path.
+        """
+        try:
+            if self._auth is not None:
+                _check_token(headers, self._auth)
+            coding = _coding(headers)
+            if len(body) > self._max_request_bytes:
+                raise _too_large(self._max_request_bytes)
+            with self._bodies.reserve(0) as held:
+                held.grow(len(body))
+                payload, content_type, extra = await self._answer(
+                    name, None, coding, body, held, loop
+                )
+            return 200, _head(content_type, len(payload), extra), payload
+        except Exception as exc:
+            status, error, extra = _error_answer(exc, "POST", f"/v2/models/{name}/infer")
+            return status, _head(_JSON, len(error), extra), error
 
     async def _exchange(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The request again, through a send that echoes its id; its access line once answered.
@@ -413,63 +447,69 @@ class HttpApp:
         send: Send,
         trace: RequestTrace | None = None,
     ) -> None:
-        header_length: int | None = None
-        coded = accepts = False  # the codings are read only from requests that name them
-        headers = scope["headers"]
-        for key, value in headers:
-            if key == b"inference-header-content-length":
-                # The JSON part's length in the inflated body, as tritonclient counts it.
-                header_length = _int_header(HEADER_LENGTH, value)
-            elif key == b"content-encoding":
-                coded = True
-            elif key == b"accept-encoding":
-                accepts = True
-        encoding = request_encoding(headers) if coded else None  # 415 before a byte is read
-        answer_encoding = response_encoding(headers) if accepts else None
+        coding = _coding(scope["headers"])  # 415 before a byte is read
         # Held until the answer is written: the decoded tensors, and binary inputs, which are
         # views of the body, live that long.
         with self._bodies.reserve(0) as held:
             body = await read_body(scope, receive, self._max_request_bytes, held)
-            shared_memory = self._plane.shared_memory
-            if encoding is not None:
-                request = await run_blocking(
-                    _inflate_and_decode,
-                    body,
-                    encoding,
-                    self._max_request_bytes,
-                    held,
-                    header_length,
-                    shared_memory,
-                )
-            # A tensor in shared memory is copied out while decoding: never on the loop.
-            elif len(body) > DECODE_INLINE_BYTES or (
-                shared_memory is not None and SHM_REGION.encode() in body
-            ):
-                request = await run_blocking(
-                    decode_request, body, header_length, shared_memory=shared_memory
-                )
-            else:
-                request = decode_request(body, header_length, shared_memory=shared_memory)
-            del body  # what the tensors do not view is freed before the run
-            if self._access_log and request.id:
-                scope[_EXCHANGE].body_id = request.id  # the log's id, when no header gave one
-            if trace is not None:
-                trace.decoded()
-            response = await self._plane.infer(
-                name, version, request, trace, scope.get(LOOP_SCOPE_KEY)
+            exchange = scope[_EXCHANGE] if self._access_log else None
+            payload, content_type, extra = await self._answer(
+                name, version, coding, body, held, scope.get(LOOP_SCOPE_KEY), trace, exchange
             )
-            if trace is not None:
-                trace.encoding()
-            payload, json_length = encode_response(response, request)
-            extra: tuple[tuple[bytes, bytes], ...] = ()
-            if json_length is not None:
-                extra = ((HEADER_LENGTH.encode(), str(json_length).encode()),)
-            if answer_encoding is not None:
-                payload = await _compressed(payload, answer_encoding)
-                extra += ((b"content-encoding", answer_encoding.encode()),)
-            if trace is not None:
-                trace.encoded()
-            await _respond(send, 200, payload, _JSON if json_length is None else _BINARY, extra)
+            await _respond(send, 200, payload, content_type, extra)
+
+    async def _answer(
+        self,
+        name: str,
+        version: str | None,
+        coding: _Coding,
+        body: bytes,
+        held: BodyReservation,
+        loop: asyncio.AbstractEventLoop | None,
+        trace: RequestTrace | None = None,
+        exchange: HttpExchange | None = None,
+    ) -> tuple[bytes, tuple[bytes, bytes], tuple[tuple[bytes, bytes], ...]]:
+        # An inference's body decoded, run and its answer encoded: the payload, its content
+        # type and its other headers. Both routes in (ASGI, answer_infer) come here.
+        header_length, encoding, answer_encoding = coding
+        shared_memory = self._plane.shared_memory
+        if encoding is not None:
+            request = await run_blocking(
+                _inflate_and_decode,
+                body,
+                encoding,
+                self._max_request_bytes,
+                held,
+                header_length,
+                shared_memory,
+            )
+        # A tensor in shared memory is copied out while decoding: never on the loop.
+        elif len(body) > DECODE_INLINE_BYTES or (
+            shared_memory is not None and SHM_REGION.encode() in body
+        ):
+            request = await run_blocking(
+                decode_request, body, header_length, shared_memory=shared_memory
+            )
+        else:
+            request = decode_request(body, header_length, shared_memory=shared_memory)
+        del body  # what the tensors do not view is freed before the run
+        if exchange is not None and request.id:
+            exchange.body_id = request.id  # the log's id, when no header gave one
+        if trace is not None:
+            trace.decoded()
+        response = await self._plane.infer(name, version, request, trace, loop)
+        if trace is not None:
+            trace.encoding()
+        payload, json_length = encode_response(response, request)
+        extra: tuple[tuple[bytes, bytes], ...] = ()
+        if json_length is not None:
+            extra = ((HEADER_LENGTH.encode(), str(json_length).encode()),)
+        if answer_encoding is not None:
+            payload = await _compressed(payload, answer_encoding)
+            extra += ((b"content-encoding", answer_encoding.encode()),)
+        if trace is not None:
+            trace.encoded()
+        return payload, _JSON if json_length is None else _BINARY, extra
 
     async def _repository(
         self, method: str, rest: list[str], scope: Scope, receive: Receive, send: Send
@@ -697,7 +737,7 @@ async def read_body(
         if key == b"content-length":
             declared = _int_header("content-length", value)
             if declared > limit:
-                raise HttpError(413, f"the request body is larger than {limit} bytes")
+                raise _too_large(limit)
     if held is not None:
         held.grow(declared - held.size)
     chunks: list[bytes] = []
@@ -709,7 +749,7 @@ async def read_body(
         chunk: bytes = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise HttpError(413, f"the request body is larger than {limit} bytes")
+            raise _too_large(limit)
         if held is not None and size > held.size:
             held.grow(size - held.size)
         chunks.append(chunk)
@@ -722,7 +762,11 @@ def check_token(scope: Scope, expected: bytes) -> None:
 
     ``expected`` is the whole header value, ``b"Bearer <token>"``; compared in constant time.
     """
-    for key, value in scope["headers"]:
+    _check_token(scope["headers"], expected)
+
+
+def _check_token(headers: list[tuple[bytes, bytes]], expected: bytes) -> None:
+    for key, value in headers:
         if key == b"authorization" and hmac.compare_digest(value, expected):
             return
     raise HttpError(
@@ -730,6 +774,59 @@ def check_token(scope: Scope, expected: bytes) -> None:
         "this server needs the header Authorization: Bearer <token>",
         ((b"www-authenticate", b"Bearer"),),
     )
+
+
+def _too_large(limit: int) -> HttpError:
+    return HttpError(413, f"the request body is larger than {limit} bytes")
+
+
+# An inference request's codings, from its headers: the JSON part's length (binary tensor
+# extension), the body's Content-Encoding and the answer's, each None when not asked for.
+_Coding = tuple[int | None, str | None, str | None]
+
+
+def _coding(headers: list[tuple[bytes, bytes]]) -> _Coding:
+    """An inference request's codings; :class:`EncodingRefused` (415) for one not served."""
+    header_length: int | None = None
+    coded = accepts = False  # the codings are read only from requests that name them
+    for key, value in headers:
+        if key == b"inference-header-content-length":
+            # The JSON part's length in the inflated body, as tritonclient counts it.
+            header_length = _int_header(HEADER_LENGTH, value)
+        elif key == b"content-encoding":
+            coded = True
+        elif key == b"accept-encoding":
+            accepts = True
+    encoding = request_encoding(headers) if coded else None
+    answer_encoding = response_encoding(headers) if accepts else None
+    return header_length, encoding, answer_encoding
+
+
+def _error_answer(
+    error: Exception, method: object, path: object
+) -> tuple[int, bytes, tuple[tuple[bytes, bytes], ...]]:
+    """The status, JSON body and extra headers that answer ``error``; unexpected ones logged."""
+    if isinstance(error, HttpError):
+        return error.status, encode_error(str(error)), error.headers
+    if isinstance(error, EncodingRefused):
+        return error.status, encode_error(str(error)), ()
+    if isinstance(error, BodyBudgetExceeded):
+        retry = (b"retry-after", str(BODY_BUDGET_RETRY_AFTER_S).encode())
+        return 503, encode_error(str(error)), (retry,)
+    if isinstance(error, CorralError):
+        return status_for(STATUS, error) or 500, encode_error(str(error)), ()
+    logger.error("corral: %s %s failed", method, path, exc_info=error)
+    return 500, encode_error(f"internal error: {error!r}"), ()
+
+
+def _head(
+    content_type: tuple[bytes, bytes], length: int, extra: tuple[tuple[bytes, bytes], ...]
+) -> bytes:
+    """A response's header lines, ``name: value`` and CRLF each: its type, length and ``extra``."""
+    lines = [content_type[0], b": ", content_type[1], b"\r\ncontent-length: %d\r\n" % length]
+    for key, value in extra:
+        lines += (key, b": ", value, b"\r\n")
+    return b"".join(lines)
 
 
 def _expect(method: str, allowed: str) -> None:
