@@ -18,6 +18,16 @@ uvicorn's httptools protocol, with what it lacks against a hostile or careless c
   ``Connection: close``, and an idle connection is closed only after its socket's pending
   bytes have been read, so a request already sent is not dropped.
 
+And one shortcut: the plainest inference request (``POST /v2/models/{name}/infer``, HTTP/1.1,
+a Content-Length of at most :data:`DIRECT_BODY_BYTES`, nothing pipelined before it, no
+``Expect``, ``Transfer-Encoding`` or ``X-Request-ID``) is answered by the app's
+``answer_infer`` straight from the parser's callbacks: no ASGI scope, receive or send, one
+task and one write for the whole response. For a tiny model those ASGI objects and messages
+were about a fifth of the event loop's time per request (``benchmarks/loop_cost.py``,
+``corral-asgi`` against ``corral``; ``make bench-http`` over sockets). Every other request,
+and every request when the app has an access log or tracing on, goes the ASGI way; the
+answers are the same either way (``tests/test_direct_infer.py``).
+
 Every refusal is a JSON ``{"error": ...}`` body naming the limit and its option.
 
 Example::
@@ -32,7 +42,7 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import httptools
 import orjson
@@ -44,15 +54,51 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 from uvicorn.server import ServerState
 
-from corral.server.http import LOOP_SCOPE_KEY
+from corral.server.http import DECODE_INLINE_BYTES, LOOP_SCOPE_KEY
 
-__all__ = ["ConnectionLimits", "EdgeProtocol", "end_requests_in_flight", "protocol_for"]
+__all__ = [
+    "ConnectionLimits",
+    "DirectApp",
+    "EdgeProtocol",
+    "end_requests_in_flight",
+    "protocol_for",
+]
 
 logger = logging.getLogger(__name__)
 
 #: How long a connection idle at the start of the drain stays open so that bytes already in
 #: its socket are read (one turn of the event loop suffices; this leaves a wide margin).
 DRAIN_READ_GRACE_S = 0.2
+
+#: The largest body of an inference request answered directly; larger ones take the ASGI
+#: path, which reads a body as it comes within the body budget. The app decodes bodies up
+#: to this size on the event loop.
+DIRECT_BODY_BYTES = DECODE_INLINE_BYTES
+
+
+class DirectApp(Protocol):
+    """An app that answers an inference request whose body is read (``HttpApp``)."""
+
+    async def answer_infer(
+        self,
+        name: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        loop: asyncio.AbstractEventLoop,
+    ) -> tuple[int, bytes, bytes]:
+        """The status, header lines and body answering ``POST /v2/models/{name}/infer``."""
+        ...
+
+
+# The route answered directly, around the model's name.
+_INFER_PREFIX = b"/v2/models/"
+_INFER_SUFFIX = b"/infer"
+# Headers whose requests take the ASGI path: they need what only it does (100-continue, a
+# chunked body, the request id's echo).
+_NOT_DIRECT = frozenset((b"expect", b"transfer-encoding", b"x-request-id"))
+_DRAIN_RAN_OUT = orjson.dumps(
+    {"error": "the server is shutting down and its drain timeout ran out"}
+)
 
 
 @dataclass(frozen=True)
@@ -79,6 +125,8 @@ class EdgeProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol held to :class:`ConnectionLimits` (see the module's doc)."""
 
     limits: ClassVar[ConnectionLimits]
+    #: The app answering direct requests, or None: every request then takes the ASGI path.
+    direct: ClassVar[DirectApp | None] = None
 
     def __init__(
         self,
@@ -102,6 +150,11 @@ class EdgeProtocol(HttpToolsProtocol):
         # One wrapper per connection, not per request: it answers a request cut by the drain.
         self._inner_app = self.app
         self.app = self._run_app
+        # The model named by a request being answered directly, until its body is complete.
+        self._direct_name: str | None = None
+        self._direct_body: list[bytes] = []
+        # uvicorn's default headers (date, server) as bytes, and the list they were made of.
+        self._defaults: tuple[list[tuple[bytes, bytes]] | None, bytes] = (None, b"")
 
     # -- the connection ------------------------------------------------------------------
 
@@ -157,6 +210,8 @@ class EdgeProtocol(HttpToolsProtocol):
             # The last request received ends the connection; those before it are answered.
             last = self.pipeline[0][0] if self.pipeline else self.cycle
             last.keep_alive = False
+        elif self._direct_name is not None:
+            pass  # a direct request's body is arriving: it is answered with Connection: close
         elif not self._head_in_progress():
             # Idle: a request may already wait in the socket; the next turn reads it.
             self.loop.call_later(DRAIN_READ_GRACE_S, self._close_if_idle)
@@ -173,13 +228,10 @@ class EdgeProtocol(HttpToolsProtocol):
             if not self._drain_ran_out or cycle is None or cycle.response_started:
                 raise
             cycle.keep_alive = False
-            body = orjson.dumps(
-                {"error": "the server is shutting down and its drain timeout ran out"}
-            )
             headers = [(b"content-type", b"application/json")]
-            headers.append((b"content-length", str(len(body)).encode()))
+            headers.append((b"content-length", str(len(_DRAIN_RAN_OUT)).encode()))
             await send({"type": "http.response.start", "status": 503, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
+            await send({"type": "http.response.body", "body": _DRAIN_RAN_OUT})
 
     def _cycle_of(self, scope: Any) -> RequestResponseCycle | None:
         cycles = [self.cycle, *(cycle for cycle, _ in self.pipeline)]
@@ -206,6 +258,11 @@ class EdgeProtocol(HttpToolsProtocol):
             self._refusal = (400, "this server has no WebSocket endpoint; use HTTP requests")
         if self._refusal is not None:
             raise _Refused
+        if self.direct is not None and upgrade is None and not self._draining:
+            self._direct_name = self._direct_route()
+            if self._direct_name is not None:
+                self._direct_body = []
+                return
         super().on_headers_complete()
         # The parser reads nothing more after an upgrade request (h2c, say: served as
         # HTTP/1.1): that request ends the connection, as does any during the drain.
@@ -213,15 +270,112 @@ class EdgeProtocol(HttpToolsProtocol):
             self.cycle.keep_alive = False
 
     def on_body(self, body: bytes) -> None:
-        """uvicorn's, unless the request was refused."""
-        if self._refusal is None:
+        """Kept for a request answered directly; else uvicorn's, unless it was refused."""
+        if self._direct_name is not None:
+            self._direct_body.append(body)
+        elif self._refusal is None:
             super().on_body(body)
 
     def on_message_complete(self) -> None:
-        """uvicorn's, unless the request was refused; what follows is the next request's head."""
+        """Answer a direct request, or uvicorn's; what follows is the next request's head."""
         self._awaiting_head = True
-        if self._refusal is None:
+        if self._direct_name is not None:
+            self._answer_directly(self._direct_name)
+        elif self._refusal is None:
             super().on_message_complete()
+
+    # -- requests answered directly ------------------------------------------------------
+
+    def _direct_route(self) -> str | None:
+        # The model's name if this request is answered directly (see the module's doc).
+        url = self.url
+        if not (url.startswith(_INFER_PREFIX) and url.endswith(_INFER_SUFFIX)):
+            return None
+        name = url[len(_INFER_PREFIX) : -len(_INFER_SUFFIX)]
+        # The name as the ASGI route would take it: no escapes, query, fragment or folder.
+        if not name or not name.isascii():
+            return None
+        if b"/" in name or b"%" in name or b"?" in name or b"#" in name:
+            return None
+        parser = self.parser
+        if parser.get_method() != b"POST" or parser.get_http_version() != "1.1":
+            return None
+        if (self.cycle is not None and not self.cycle.response_complete) or self.pipeline:
+            return None  # pipelined behind a request in progress: uvicorn queues it
+        length = None
+        for key, value in self.headers:
+            if key == b"content-length":
+                length = value
+            elif key in _NOT_DIRECT:
+                return None
+        if length is None or not length.isdigit() or int(length) > DIRECT_BODY_BYTES:
+            return None
+        return name.decode("ascii")
+
+    def _answer_directly(self, name: str) -> None:
+        # The request's body is complete: its cycle stands in for it (uvicorn queues what is
+        # pipelined behind it, marks it disconnected, ends the drain by it), its task answers.
+        self._direct_name = None
+        chunks, self._direct_body = self._direct_body, []
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self.cycle = cycle = RequestResponseCycle(
+            scope=self.scope,
+            transport=self.transport,
+            flow=self.flow,
+            logger=self.logger,
+            access_logger=self.access_logger,
+            access_log=False,
+            default_headers=self.server_state.default_headers,
+            message_event=asyncio.Event(),
+            expect_100_continue=False,
+            keep_alive=self.parser.should_keep_alive() and not self._draining,
+            on_response=self.on_response_complete,
+        )
+        cycle.more_body = False
+        task = self.loop.create_task(self._direct_task(cycle, name, self.headers, body))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+
+    async def _direct_task(
+        self,
+        cycle: RequestResponseCycle,
+        name: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+    ) -> None:
+        app = self.direct
+        assert app is not None  # set before any request is taken directly
+        try:
+            status, head, payload = await app.answer_infer(name, headers, body, self.loop)
+        except asyncio.CancelledError:
+            # As _run_app: a request cut by the drain's end is answered, other cancels go on.
+            if not self._drain_ran_out:
+                raise
+            cycle.keep_alive = False
+            status, head, payload = 503, _json_head(len(_DRAIN_RAN_OUT)), _DRAIN_RAN_OUT
+        if cycle.flow.write_paused and not cycle.disconnected:
+            await cycle.flow.drain()
+        if cycle.disconnected:
+            return  # the client went away: nobody to answer (uvicorn's send does the same)
+        self._write_response(cycle, status, head, payload)
+
+    def _write_response(
+        self, cycle: RequestResponseCycle, status: int, head: bytes, payload: bytes
+    ) -> None:
+        # What uvicorn's send does for a response with a Content-Length, in one write.
+        cycle.response_started = True
+        defaults = cycle.default_headers
+        if defaults is not self._defaults[0]:  # uvicorn makes a new list each second (date)
+            lines = b"".join(key.lower() + b": " + value + b"\r\n" for key, value in defaults)
+            self._defaults = (defaults, lines)
+        keep_alive = cycle.keep_alive
+        end = b"\r\n" if keep_alive else b"connection: close\r\n\r\n"
+        self.transport.write(b"".join((STATUS_LINE[status], self._defaults[1], head, end, payload)))
+        cycle.response_complete = True
+        cycle.message_event.set()
+        if not keep_alive:
+            self.transport.close()
+        cycle.on_response()
 
     # -- timers and answers --------------------------------------------------------------
 
@@ -275,7 +429,7 @@ class EdgeProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         busy = self.cycle is not None and not self.cycle.response_complete
-        if not busy and not self._head_in_progress():
+        if not busy and self._direct_name is None and not self._head_in_progress():
             self.transport.close()
 
     def _answer(self, status: int, message: str) -> None:
@@ -331,6 +485,14 @@ def end_requests_in_flight(server_state: ServerState) -> int:
     return len(tasks)
 
 
-def protocol_for(limits: ConnectionLimits) -> type[EdgeProtocol]:
-    """The protocol class uvicorn builds for each connection, held to ``limits``."""
-    return type("EdgeProtocol", (EdgeProtocol,), {"limits": limits})
+def protocol_for(limits: ConnectionLimits, direct: DirectApp | None = None) -> type[EdgeProtocol]:
+    """The protocol class uvicorn builds for each connection, held to ``limits``.
+
+    ``direct``: the app whose ``answer_infer`` then answers the plainest inference requests
+    without the ASGI path (see the module's doc); None: every request takes that path.
+    """
+    return type("EdgeProtocol", (EdgeProtocol,), {"limits": limits, "direct": direct})
+
+
+def _json_head(length: int) -> bytes:
+    return b"content-type: application/json\r\ncontent-length: %d\r\n" % length

@@ -192,7 +192,7 @@ async def serve(
                 app,
                 host=settings.host,
                 port=settings.http_port,
-                http=protocol_for(limits),
+                http=protocol_for(limits, app if app.answers_directly else None),
                 # No WebSocket endpoint: the protocol answers an upgrade 400.
                 ws="none",
                 lifespan="off",

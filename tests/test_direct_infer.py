@@ -1,0 +1,541 @@
+"""Inference requests answered directly by corral serve's connections, without the ASGI path.
+
+``EdgeProtocol`` hands the plainest ``POST /v2/models/{name}/infer`` to
+``HttpApp.answer_infer`` from the parser's callbacks. These tests feed raw HTTP bytes to the
+protocol in-process (a fake transport, no socket) and hold it to three things:
+
+- the answers are byte for byte those of the ASGI path, for good requests and every kind of
+  refusal (the same bytes fed to a protocol without the direct path);
+- the requests that need what only the ASGI path does (a query, an escape, a version,
+  HTTP/1.0, ``Expect``, a chunked or large body, ``X-Request-ID``) take it;
+- a direct request keeps HTTP's order and the connection's life: what is pipelined behind it
+  waits for its answer, a client gone gets nothing, the drain closes the connection after it
+  and answers it 503 when the drain runs out, a paused writer is waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from uvicorn.config import Config
+from uvicorn.server import ServerState
+
+from corral import Host
+from corral.protocol import DataPlane
+from corral.server._connections import (
+    DIRECT_BODY_BYTES,
+    ConnectionLimits,
+    EdgeProtocol,
+    end_requests_in_flight,
+    protocol_for,
+)
+from corral.server.bodies import BodyBudget
+from corral.server.http import HttpApp
+
+LIMITS = ConnectionLimits(
+    max_url_bytes=8192,
+    max_header_bytes=65536,
+    header_timeout_s=5.0,
+    idle_timeout_s=30.0,
+    max_connections=100,
+)
+TIMEOUT_S = 10.0
+X = np.random.default_rng(11).standard_normal((2, 4)).astype(np.float32)
+PLAIN = orjson.dumps(
+    {"inputs": [{"name": "X", "datatype": "FP32", "shape": [2, 4], "data": X.ravel().tolist()}]}
+)
+
+Response = tuple[int, list[tuple[str, str]], bytes]
+
+
+class FakeTransport:
+    """What the protocol writes, and whether it closed, paused or resumed reading."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.closed = False
+        self.changed = asyncio.Event()
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+        self.changed.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self.changed.set()
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 40000)}.get(
+            name, default
+        )
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def parse(data: bytes) -> list[Response]:
+    """The complete responses in ``data``: status, headers (date dropped) and body each."""
+    responses: list[Response] = []
+    rest = bytes(data)
+    while b"\r\n\r\n" in rest:
+        head, rest = rest.split(b"\r\n\r\n", 1)
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        status = int(status_line.split()[1])
+        if status == 100:
+            continue
+        headers = [(k.lower(), v) for k, v in (line.split(": ", 1) for line in lines)]
+        length = int(dict(headers).get("content-length", "0"))
+        if len(rest) < length:
+            break
+        body, rest = rest[:length], rest[length:]
+        responses.append((status, [h for h in headers if h[0] != "date"], body))
+    return responses
+
+
+def request(
+    body: bytes = PLAIN,
+    path: str = "/v2/models/mlp/infer",
+    *,
+    method: str = "POST",
+    version: str = "1.1",
+    headers: tuple[tuple[str, str], ...] = (("Content-Type", "application/json"),),
+    chunked: bool = False,
+) -> bytes:
+    """One HTTP request's bytes."""
+    lines = [f"{method} {path} HTTP/{version}", "Host: corral"]
+    lines += [f"{name}: {value}" for name, value in headers]
+    if chunked:
+        lines.append("Transfer-Encoding: chunked")
+        framed = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    else:
+        lines.append(f"Content-Length: {len(body)}")
+        framed = body
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + framed
+
+
+class Recording:
+    """An app in front of ``app`` that notes which path each request took."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.paths: list[str] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            self.paths.append("asgi")
+        await self.app(scope, receive, send)
+
+    async def answer_infer(self, *args: Any) -> tuple[int, bytes, bytes]:
+        self.paths.append("direct")
+        answer: tuple[int, bytes, bytes] = await self.app.answer_infer(*args)
+        return answer
+
+
+class Connection:
+    """One protocol instance on a fake transport, fed bytes as a client sends them."""
+
+    def __init__(self, app: Any, *, direct: bool = True) -> None:
+        self.state = ServerState()
+        config = Config(app, lifespan="off", ws="none", log_config=None)
+        config.load()
+        cls = protocol_for(LIMITS, app if direct else None)
+        self.protocol: EdgeProtocol = cls(config, self.state, {}, asyncio.get_running_loop())
+        self.transport = FakeTransport()
+        self.protocol.connection_made(self.transport)  # type: ignore[arg-type]
+
+    def send(self, data: bytes) -> None:
+        self.protocol.data_received(data)
+
+    async def responses(self, count: int) -> list[Response]:
+        """Wait until ``count`` responses are complete (or the connection closed)."""
+        async with asyncio.timeout(TIMEOUT_S):
+            while len(parse(self.transport.data)) < count and not self.transport.closed:
+                self.transport.changed.clear()
+                await self.transport.changed.wait()
+        return parse(self.transport.data)
+
+    async def close(self) -> None:
+        self.protocol.connection_lost(None)
+        async with asyncio.timeout(TIMEOUT_S):
+            while self.state.tasks:
+                await asyncio.gather(*self.state.tasks, return_exceptions=True)
+
+
+@pytest.fixture
+def host(repo: Path) -> Iterator[Host]:
+    with Host(repo) as h:
+        yield h
+
+
+async def both_ways(app: HttpApp, raw: bytes, count: int = 1) -> tuple[list[Response], list[str]]:
+    """The responses to ``raw`` with the direct path, checked equal to those without it."""
+    recording = Recording(app)
+    direct = Connection(recording)
+    direct.send(raw)
+    answered = await direct.responses(count)
+    await direct.close()
+    asgi = Connection(Recording(app), direct=False)
+    asgi.send(raw)
+    expected = await asgi.responses(count)
+    await asgi.close()
+    assert answered == expected
+    assert len(answered) == count
+    return answered, recording.paths
+
+
+def gzipped(body: bytes) -> bytes:
+    return gzip.compress(body)
+
+
+BINARY_HEADER = orjson.dumps(
+    {
+        "inputs": [
+            {
+                "name": "X",
+                "datatype": "FP32",
+                "shape": [2, 4],
+                "parameters": {"binary_data_size": 32},
+            }
+        ],
+        "parameters": {"binary_data_output": True},
+    }
+)
+
+# Requests answered directly: (body, extra headers, the status expected).
+DIRECT_CASES = {
+    "json": (PLAIN, (), 200),
+    "binary": (
+        BINARY_HEADER + X.astype("<f4").tobytes(),
+        (("Inference-Header-Content-Length", str(len(BINARY_HEADER))),),
+        200,
+    ),
+    "gzip both ways": (
+        gzipped(PLAIN),
+        (("Content-Encoding", "gzip"), ("Accept-Encoding", "gzip")),
+        200,
+    ),
+    "not JSON": (b"{nope", (), 400),
+    "wrong datatype": (PLAIN.replace(b"FP32", b"INT8"), (), 400),
+    "unknown coding": (PLAIN, (("Content-Encoding", "br"),), 415),
+    "bad header length": (PLAIN, (("Inference-Header-Content-Length", "-3"),), 400),
+    "connection close": (PLAIN, (("Connection", "close"),), 200),
+}
+
+
+@pytest.mark.parametrize("case", list(DIRECT_CASES))
+def test_a_plain_request_is_answered_directly_with_the_asgi_paths_bytes(host: Host, case: str):
+    body, headers, status = DIRECT_CASES[case]
+    app = HttpApp(DataPlane(host))
+
+    async def main() -> tuple[list[Response], list[str]]:
+        return await both_ways(app, request(body, headers=headers))
+
+    [(answered, answer_headers, _)], paths = asyncio.run(main())
+    assert paths == ["direct"]
+    assert answered == status
+    if case == "connection close":
+        assert ("connection", "close") in answer_headers
+
+
+def test_an_unknown_model_is_answered_directly_404(host: Host):
+    app = HttpApp(DataPlane(host))
+    [(status, _, body)], paths = asyncio.run(both_ways(app, request(path="/v2/models/nope/infer")))
+    assert paths == ["direct"]
+    assert (status, b"nope" in body) == (404, True)
+
+
+def test_tokens_limits_and_the_body_budget_answer_directly_as_the_asgi_path_does(host: Host):
+    plane = DataPlane(host)
+    guarded = HttpApp(plane, auth_token="s3cret")
+    small = HttpApp(plane, max_request_bytes=64)
+    starved = HttpApp(plane, body_budget=BodyBudget(16))
+
+    async def main() -> list[tuple[int, list[tuple[str, str]]]]:
+        seen = []
+        for app, headers in (
+            (guarded, ()),
+            (guarded, (("Authorization", "Bearer wrong"),)),
+            (guarded, (("Authorization", "Bearer s3cret"),)),
+            (small, ()),
+            (starved, ()),
+        ):
+            [(status, answer_headers, _)], paths = await both_ways(app, request(headers=headers))
+            assert paths == ["direct"]
+            seen.append((status, answer_headers))
+        return seen
+
+    seen = asyncio.run(main())
+    assert [status for status, _ in seen] == [401, 401, 200, 413, 503]
+    assert ("www-authenticate", "Bearer") in seen[0][1]
+    assert ("retry-after", "1") in seen[4][1]
+
+
+def test_an_unexpected_error_is_logged_and_answered_500_directly(
+    host: Host, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    app = HttpApp(DataPlane(host))
+
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the plane broke")
+
+    monkeypatch.setattr(DataPlane, "infer", broken)
+    with caplog.at_level(logging.ERROR, logger="corral.server.http"):
+        [(status, _, body)], paths = asyncio.run(both_ways(app, request()))
+    assert paths == ["direct"]
+    assert status == 500
+    assert b"the plane broke" in body
+    failures = [r for r in caplog.records if "POST /v2/models/mlp/infer failed" in r.message]
+    assert len(failures) == 2  # once per path, each with its traceback
+    assert all(r.exc_info is not None for r in failures)
+
+
+BIG = orjson.dumps(
+    {
+        "inputs": [
+            {
+                "name": "X",
+                "datatype": "FP32",
+                "shape": [4096, 4],
+                "data": np.ones(4 * 4096, np.float32).tolist(),
+            }
+        ]
+    }
+)
+
+# Requests that take the ASGI path: raw bytes.
+ASGI_CASES = {
+    "query string": request(path="/v2/models/mlp/infer?x=1"),
+    "escaped name": request(path="/v2/models/ml%70/infer"),
+    "fragment": request(path="/v2/models/mlp#x/infer"),
+    "version": request(path="/v2/models/mlp/versions/1/infer"),
+    "HTTP/1.0": request(version="1.0"),
+    "request id": request(headers=(("X-Request-ID", "abc-1"),)),
+    "expect": request(headers=(("Expect", "100-continue"),)),
+    "chunked": request(chunked=True),
+    "GET": request(method="GET", body=b""),
+    "large body": request(BIG),
+}
+
+
+@pytest.mark.parametrize("case", list(ASGI_CASES))
+def test_a_request_that_needs_the_asgi_path_takes_it(host: Host, case: str):
+    if case == "large body":
+        assert len(BIG) > DIRECT_BODY_BYTES
+    app = HttpApp(DataPlane(host))
+    [(status, headers, _)], paths = asyncio.run(both_ways(app, ASGI_CASES[case]))
+    assert paths == ["asgi"]
+    assert status == (405 if case in ("GET", "fragment") else 200)
+    if case == "request id":
+        assert ("x-request-id", "abc-1") in headers
+
+
+def test_with_the_access_log_on_the_app_answers_nothing_directly(host: Host):
+    plane = DataPlane(host)
+    assert HttpApp(plane).answers_directly
+    assert not HttpApp(plane, access_log=True).answers_directly
+
+
+def test_requests_pipelined_around_direct_ones_are_answered_in_order(host: Host):
+    app = HttpApp(DataPlane(host))
+    raw = b"".join(
+        (
+            request(),
+            request(method="GET", path="/v2/models/mlp", body=b""),
+            request(PLAIN.replace(b"FP32", b"INT8")),
+            request(headers=(("X-Request-ID", "last"),)),
+        )
+    )
+    answers, paths = asyncio.run(both_ways(app, raw, count=4))
+    assert [status for status, _, _ in answers] == [200, 200, 400, 200]
+    assert b'"platform"' in answers[1][2]
+    assert ("x-request-id", "last") in answers[3][1]
+    assert paths[0] == "direct"  # the rest were pipelined behind it: uvicorn queued them
+
+
+class Gated:
+    """A stand-in app: its direct answers wait for ``gate``; ASGI requests are answered at once."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.started = asyncio.Event()
+        self.paths: list[str] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        self.paths.append("asgi")
+        while (await receive()).get("more_body"):
+            pass
+        headers = [(b"content-type", b"text/plain"), (b"content-length", b"4")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"asgi"})
+
+    async def answer_infer(
+        self, name: str, headers: object, body: bytes, loop: object
+    ) -> tuple[int, bytes, bytes]:
+        self.paths.append("direct")
+        self.started.set()
+        await self.gate.wait()
+        payload = b"direct:" + name.encode()
+        return 200, b"content-type: text/plain\r\ncontent-length: %d\r\n" % len(payload), payload
+
+
+async def _yield_to_the_loop(turns: int = 20) -> None:
+    # Lets every ready callback and task run; no time passes on any clock that matters.
+    for _ in range(turns):
+        await asyncio.sleep(0)
+
+
+def test_a_request_pipelined_behind_a_direct_one_waits_for_its_answer():
+    async def main() -> None:
+        app = Gated()
+        connection = Connection(app)
+        connection.send(request(path="/v2/models/a/infer") + request(path="/v2/models/b/infer"))
+        async with asyncio.timeout(TIMEOUT_S):
+            await app.started.wait()
+        await _yield_to_the_loop()
+        assert app.paths == ["direct"]  # the second waits behind the first
+        assert connection.transport.data == b""
+        app.gate.set()
+        answers = await connection.responses(2)
+        assert [body for _, _, body in answers] == [b"direct:a", b"asgi"]
+        await connection.close()
+
+    asyncio.run(main())
+
+
+def test_a_client_gone_during_a_direct_request_is_written_nothing():
+    async def main() -> None:
+        app = Gated()
+        connection = Connection(app)
+        connection.send(request(path="/v2/models/a/infer"))
+        async with asyncio.timeout(TIMEOUT_S):
+            await app.started.wait()
+        connection.protocol.connection_lost(ConnectionResetError("gone"))
+        app.gate.set()
+        await connection.close()  # waits for the request's task
+        assert connection.transport.data == b""
+
+    asyncio.run(main())
+
+
+def test_the_drain_answers_a_direct_request_and_closes_the_connection_after_it():
+    async def main() -> None:
+        app = Gated()
+        connection = Connection(app)
+        connection.send(request(path="/v2/models/a/infer"))
+        async with asyncio.timeout(TIMEOUT_S):
+            await app.started.wait()
+        connection.protocol.shutdown()
+        app.gate.set()
+        [(status, headers, body)] = await connection.responses(1)
+        assert (status, body) == (200, b"direct:a")
+        assert ("connection", "close") in headers
+        assert connection.transport.closed
+        await connection.close()
+
+    asyncio.run(main())
+
+
+def test_the_drain_answers_a_direct_request_whose_body_is_still_arriving():
+    async def main() -> None:
+        app = Gated()
+        app.gate.set()
+        connection = Connection(app)
+        raw = request(path="/v2/models/a/infer", body=b"0123456789")
+        connection.send(raw[:-4])  # the head and part of the body
+        connection.protocol.shutdown()
+        idle_check = connection.protocol._close_if_idle  # what the drain's timer calls
+        idle_check()
+        assert not connection.transport.closed
+        connection.send(raw[-4:])
+        [(status, headers, body)] = await connection.responses(1)
+        assert (status, body) == (200, b"direct:a")
+        assert ("connection", "close") in headers
+        assert connection.transport.closed
+        await connection.close()
+
+    asyncio.run(main())
+
+
+def test_a_drain_that_runs_out_answers_a_direct_request_503():
+    async def main() -> None:
+        app = Gated()
+        connection = Connection(app)
+        connection.send(request(path="/v2/models/a/infer"))
+        async with asyncio.timeout(TIMEOUT_S):
+            await app.started.wait()
+        assert end_requests_in_flight(connection.state) == 1
+        [(status, headers, body)] = await connection.responses(1)
+        assert status == 503
+        assert b"drain timeout ran out" in body
+        assert ("connection", "close") in headers
+        await connection.close()
+
+    asyncio.run(main())
+
+
+def test_a_direct_request_cancelled_outside_the_drain_is_not_answered():
+    async def main() -> None:
+        app = Gated()
+        connection = Connection(app)
+        connection.send(request(path="/v2/models/a/infer"))
+        async with asyncio.timeout(TIMEOUT_S):
+            await app.started.wait()
+        (task,) = connection.state.tasks
+        task.cancel()
+        await connection.close()
+        assert task.cancelled()
+        assert connection.transport.data == b""
+
+    asyncio.run(main())
+
+
+def test_a_direct_answer_waits_while_the_transport_asks_to_pause_writing():
+    async def main() -> None:
+        app = Gated()
+        connection = Connection(app)
+        connection.send(request(path="/v2/models/a/infer"))
+        async with asyncio.timeout(TIMEOUT_S):
+            await app.started.wait()
+        connection.protocol.pause_writing()
+        app.gate.set()
+        await _yield_to_the_loop()
+        assert connection.transport.data == b""
+        connection.protocol.resume_writing()
+        [(status, _, body)] = await connection.responses(1)
+        assert (status, body) == (200, b"direct:a")
+        await connection.close()
+
+    asyncio.run(main())
+
+
+def test_keep_alive_serves_direct_requests_one_after_another(host: Host):
+    app = HttpApp(DataPlane(host))
+
+    async def main() -> list[str]:
+        recording = Recording(app)
+        connection = Connection(recording)
+        for count in (1, 2, 3):
+            connection.send(request())
+            answers = await connection.responses(count)
+        assert [status for status, _, _ in answers] == [200, 200, 200]
+        assert not connection.transport.closed
+        await connection.close()
+        return recording.paths
+
+    assert asyncio.run(main()) == ["direct"] * 3
