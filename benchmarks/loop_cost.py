@@ -1,21 +1,26 @@
-"""What one JSON inference request costs the event loop: corral's HTTP app against the raw one.
+"""What one JSON inference request costs the event loop: corral serve's against the raw handler's.
 
-``make bench-http`` measures whole servers over sockets, where uvicorn, httptools and the
-kernel cost every server the same and the machine's noise moves the ratio from run to run.
-This script prices only what differs: each ASGI app is called in-process on uvloop, with
-``--concurrency`` requests in flight (as wrk's connections keep them), the same v2 JSON body
-each time, and no socket. It reports, per app, the event-loop thread's CPU per request
-(``time.thread_time``; corral's compute workers run on their own threads and are not in it)
-and the requests answered per second of wall time. The apps run in alternating rounds in one
-process and each figure is the best round's, so that other work on the machine falls on both::
+``make bench-http`` measures whole servers over sockets, where the kernel costs every server
+the same and the machine's noise moves the ratio from run to run. This script prices what
+differs without sockets: each app is driven through its server's HTTP protocol in-process on
+uvloop (a fake transport per connection, ``--concurrency`` keep-alive connections each with
+one request in flight, as wrk's are), the same v2 JSON body each time. It reports, per
+target, the event-loop thread's CPU per request (``time.thread_time``; corral's compute
+workers run on their own threads and are not in it) and the requests answered per second of
+wall time. The targets run in alternating rounds in one process and each figure is the best
+round's, so that other work on the machine falls on all of them alike::
 
     python benchmarks/loop_cost.py [--requests 5000] [--rounds 5] [--concurrency 16]
 
-- ``raw``: ``benchmarks/reference/raw_asgi.py``, the model run inline on the loop;
-- ``corral``: ``corral.server.http.HttpApp`` on a Host serving the same model from a
-  one-model repository (loaded before the first round), its runs on the compute workers.
+- ``raw``: ``benchmarks/reference/raw_asgi.py`` behind uvicorn's httptools protocol, the
+  model run inline on the loop;
+- ``corral``: ``corral.server.http.HttpApp`` behind corral serve's ``EdgeProtocol``, as
+  ``corral serve`` runs it: this request is answered directly (``HttpApp.answer_infer``);
+  the model runs on the compute workers;
+- ``corral-asgi``: the same app and protocol with the direct path off: every request through
+  the ASGI scope, receive and send, as an access log or tracing has it.
 
-Needs corral's server extra (uvicorn[standard] for uvloop, orjson).
+Needs corral's server extra (uvicorn[standard] for uvloop and httptools, orjson).
 """
 
 from __future__ import annotations
@@ -25,67 +30,119 @@ import asyncio
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import orjson
 import uvloop
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
 
 from corral import Host
 from corral.protocol.dataplane import DataPlane
+from corral.server._connections import ConnectionLimits, protocol_for
 from corral.server.http import HttpApp
 from corral.testing import build_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "reference"))
 import raw_asgi  # the reference app: a script beside this one, not a package
 
-App = Callable[
-    [MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
-    Awaitable[None],
-]
 MODEL = "tree"
 BODY = orjson.dumps(
     {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [0.1, 0.2, 0.3, 0.4]}]}
 )
+REQUEST = (
+    b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n"
+    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+) % (MODEL.encode(), len(BODY), BODY)
+LIMITS = ConnectionLimits(8192, 65536, 10.0, 60.0, 10_000)
 
 
-async def _drive(app: App, requests: int, concurrency: int) -> tuple[float, float]:
-    """Wall and loop-thread CPU seconds for ``requests`` answered by ``app``, all 200."""
-    left = requests
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(BODY))]
+class _Transport(asyncio.Transport):
+    """A connection's socket: a response ends each request, which the client then sends again."""
 
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": BODY, "more_body": False}
+    def __init__(self, answered: Any) -> None:
+        super().__init__()
+        self._answered = answered
+        self._pending = b""
+        self.closed = False
 
-    async def client() -> None:
-        nonlocal left
-        while left > 0:
-            left -= 1
-            statuses: list[int] = []
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        # uvicorn writes a response's head and body apart, corral's direct path in one.
+        self._pending += bytes(data)
+        head, _, body = self._pending.partition(b"\r\n\r\n")
+        if not _ or b"content-length: " not in head:
+            return
+        length = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
+        if len(body) < length:
+            return
+        self._pending = b""
+        if not head.startswith(b"HTTP/1.1 200 "):
+            raise RuntimeError(f"the server answered {head.splitlines()[0]!r}, not 200")
+        self._answered(self)
 
-            async def send(message: Any, statuses: list[int] = statuses) -> None:
-                if message["type"] == "http.response.start":
-                    statuses.append(message["status"])
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 40000)}.get(
+            name, default
+        )
 
-            scope = {
-                "type": "http",
-                "method": "POST",
-                "path": f"/v2/models/{MODEL}/infer",
-                "query_string": b"",
-                "headers": list(headers),
-            }
-            await app(scope, receive, send)
-            if statuses != [200]:
-                raise RuntimeError(f"the app answered {statuses}, not [200]")
+    def is_closing(self) -> bool:
+        return self.closed
 
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+async def _drive(
+    protocol_class: Any, app: Any, requests: int, concurrency: int
+) -> tuple[float, float]:
+    """Wall and loop-thread CPU seconds for ``requests`` answered through ``protocol_class``."""
+    loop = asyncio.get_running_loop()
+    config = Config(app, lifespan="off", ws="none", log_config=None, access_log=False)
+    config.load()
+    state = ServerState()
+    done = loop.create_future()
+    sent = 0
+    answered = 0
+    protocols: dict[_Transport, Any] = {}
+
+    def on_answer(transport: _Transport) -> None:
+        nonlocal sent, answered
+        answered += 1
+        if answered == requests and not done.done():
+            done.set_result(None)
+        elif sent < requests:
+            sent += 1
+            loop.call_soon(protocols[transport].data_received, REQUEST)
+
+    for _ in range(concurrency):
+        transport = _Transport(on_answer)
+        protocol = protocol_class(config, state, {}, loop)
+        protocol.connection_made(transport)
+        protocols[transport] = protocol
     wall, cpu = time.perf_counter(), time.thread_time()
-    await asyncio.gather(*(client() for _ in range(concurrency)))
-    return time.perf_counter() - wall, time.thread_time() - cpu
+    for protocol in protocols.values():
+        if sent < requests:
+            sent += 1
+            protocol.data_received(REQUEST)
+    await done
+    figures = time.perf_counter() - wall, time.thread_time() - cpu
+    if any(transport.closed for transport in protocols):
+        raise RuntimeError("the server closed a keep-alive connection")
+    for protocol in protocols.values():
+        protocol.connection_lost(None)
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Measure both apps in alternating rounds and print the table; the exit status."""
+    """Measure the targets in alternating rounds and print the table; the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=5000, help="per app per round")
     parser.add_argument("--rounds", type=int, default=5)
@@ -98,18 +155,25 @@ def main(argv: list[str] | None = None) -> int:
         raw = raw_asgi.RawInferApp(raw_asgi.load_session(model), MODEL)
         with Host(scratch) as host:
             host.load(MODEL)
-            apps: dict[str, App] = {"raw": raw, "corral": HttpApp(DataPlane(host))}
+            app = HttpApp(DataPlane(host))
+            targets: dict[str, tuple[Any, Any]] = {
+                "raw": (HttpToolsProtocol, raw),
+                "corral": (protocol_for(LIMITS, app), app),
+                "corral-asgi": (protocol_for(LIMITS), app),
+            }
             best: dict[str, tuple[float, float]] = {}
-            for round_ in range(args.rounds + 1):  # round 0 warms both up, unrecorded
-                for name, app in apps.items():
-                    figures = uvloop.run(_drive(app, args.requests, args.concurrency))
+            for round_ in range(args.rounds + 1):  # round 0 warms them up, unrecorded
+                for name, (protocol_class, served) in targets.items():
+                    figures = uvloop.run(
+                        _drive(protocol_class, served, args.requests, args.concurrency)
+                    )
                     if round_:
                         best[name] = min(best.get(name, figures), figures, key=_cpu)
-    print(f"{'app':8} {'loop CPU us/request':>20} {'requests/s':>12}")
+    print(f"{'target':12} {'loop CPU us/request':>20} {'requests/s':>12}")
     for name, (wall, cpu) in best.items():
-        print(f"{name:8} {cpu / args.requests * 1e6:>20.1f} {args.requests / wall:>12,.0f}")
-    ratio = best["raw"][1] / best["corral"][1]
-    print(f"raw's loop CPU per request / corral's: {ratio:.2f}")
+        print(f"{name:12} {cpu / args.requests * 1e6:>20.1f} {args.requests / wall:>12,.0f}")
+    for name in ("corral", "corral-asgi"):
+        print(f"raw's loop CPU per request / {name}'s: {best['raw'][1] / best[name][1]:.2f}")
     return 0
 
 
