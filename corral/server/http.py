@@ -279,8 +279,7 @@ class HttpApp:
             coding = _coding(headers)
             if len(body) > self._max_request_bytes:
                 raise _too_large(self._max_request_bytes)
-            with self._bodies.reserve(0) as held:
-                held.grow(len(body))
+            with self._bodies.reserve(len(body)) as held:
                 payload, content_type, extra = await self._answer(
                     name, None, coding, body, held, loop
                 )
