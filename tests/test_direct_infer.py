@@ -394,6 +394,25 @@ class Gated:
         return 200, b"content-type: text/plain\r\ncontent-length: %d\r\n" % len(payload), payload
 
 
+async def held_direct_request() -> tuple[Gated, Connection]:
+    """A connection whose direct request for model "a" is being answered, held at the gate."""
+    app = Gated()
+    connection = Connection(app)
+    connection.send(request(path="/v2/models/a/infer"))
+    async with asyncio.timeout(TIMEOUT_S):
+        await app.started.wait()
+    return app, connection
+
+
+async def answered_then_closed(connection: Connection) -> None:
+    """Check that the held request was answered with ``Connection: close``, then closed."""
+    [(status, headers, body)] = await connection.responses(1)
+    assert (status, body) == (200, b"direct:a")
+    assert ("connection", "close") in headers
+    assert connection.transport.closed
+    await connection.close()
+
+
 async def _yield_to_the_loop(turns: int = 20) -> None:
     # Lets every ready callback and task run; no time passes on any clock that matters.
     for _ in range(turns):
@@ -420,11 +439,7 @@ def test_a_request_pipelined_behind_a_direct_one_waits_for_its_answer():
 
 def test_a_client_gone_during_a_direct_request_is_written_nothing():
     async def main() -> None:
-        app = Gated()
-        connection = Connection(app)
-        connection.send(request(path="/v2/models/a/infer"))
-        async with asyncio.timeout(TIMEOUT_S):
-            await app.started.wait()
+        app, connection = await held_direct_request()
         connection.protocol.connection_lost(ConnectionResetError("gone"))
         app.gate.set()
         await connection.close()  # waits for the request's task
@@ -435,18 +450,10 @@ def test_a_client_gone_during_a_direct_request_is_written_nothing():
 
 def test_the_drain_answers_a_direct_request_and_closes_the_connection_after_it():
     async def main() -> None:
-        app = Gated()
-        connection = Connection(app)
-        connection.send(request(path="/v2/models/a/infer"))
-        async with asyncio.timeout(TIMEOUT_S):
-            await app.started.wait()
+        app, connection = await held_direct_request()
         connection.protocol.shutdown()
         app.gate.set()
-        [(status, headers, body)] = await connection.responses(1)
-        assert (status, body) == (200, b"direct:a")
-        assert ("connection", "close") in headers
-        assert connection.transport.closed
-        await connection.close()
+        await answered_then_closed(connection)
 
     asyncio.run(main())
 
@@ -463,22 +470,14 @@ def test_the_drain_answers_a_direct_request_whose_body_is_still_arriving():
         idle_check()
         assert not connection.transport.closed
         connection.send(raw[-4:])
-        [(status, headers, body)] = await connection.responses(1)
-        assert (status, body) == (200, b"direct:a")
-        assert ("connection", "close") in headers
-        assert connection.transport.closed
-        await connection.close()
+        await answered_then_closed(connection)
 
     asyncio.run(main())
 
 
 def test_a_drain_that_runs_out_answers_a_direct_request_503():
     async def main() -> None:
-        app = Gated()
-        connection = Connection(app)
-        connection.send(request(path="/v2/models/a/infer"))
-        async with asyncio.timeout(TIMEOUT_S):
-            await app.started.wait()
+        _, connection = await held_direct_request()
         assert end_requests_in_flight(connection.state) == 1
         [(status, headers, body)] = await connection.responses(1)
         assert status == 503
@@ -491,11 +490,7 @@ def test_a_drain_that_runs_out_answers_a_direct_request_503():
 
 def test_a_direct_request_cancelled_outside_the_drain_is_not_answered():
     async def main() -> None:
-        app = Gated()
-        connection = Connection(app)
-        connection.send(request(path="/v2/models/a/infer"))
-        async with asyncio.timeout(TIMEOUT_S):
-            await app.started.wait()
+        _, connection = await held_direct_request()
         (task,) = connection.state.tasks
         task.cancel()
         await connection.close()
@@ -507,11 +502,7 @@ def test_a_direct_request_cancelled_outside_the_drain_is_not_answered():
 
 def test_a_direct_answer_waits_while_the_transport_asks_to_pause_writing():
     async def main() -> None:
-        app = Gated()
-        connection = Connection(app)
-        connection.send(request(path="/v2/models/a/infer"))
-        async with asyncio.timeout(TIMEOUT_S):
-            await app.started.wait()
+        app, connection = await held_direct_request()
         connection.protocol.pause_writing()
         app.gate.set()
         await _yield_to_the_loop()
