@@ -4,8 +4,9 @@
 ``HttpApp.answer_infer`` from the parser's callbacks. These tests feed raw HTTP bytes to the
 protocol in-process (a fake transport, no socket) and hold it to three things:
 
-- the answers are byte for byte those of the ASGI path, for good requests and every kind of
-  refusal (the same bytes fed to a protocol without the direct path);
+- the answers are byte for byte those of the ASGI path, for good requests, every kind of
+  refusal and generated nearly-right requests (the same bytes fed to a protocol without the
+  direct path);
 - the requests that need what only the ASGI path does (a query, an escape, a version,
   HTTP/1.0, ``Expect``, a chunked or large body, ``X-Request-ID``) take it;
 - a direct request keeps HTTP's order and the connection's life: what is pipelined behind it
@@ -25,6 +26,8 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
@@ -39,6 +42,7 @@ from corral.server._connections import (
 )
 from corral.server.bodies import BodyBudget
 from corral.server.http import HttpApp
+from tests.strategies import plausible_requests
 
 LIMITS = ConnectionLimits(
     max_url_bytes=8192,
@@ -530,3 +534,34 @@ def test_keep_alive_serves_direct_requests_one_after_another(host: Host):
         return recording.paths
 
     assert asyncio.run(main()) == ["direct"] * 3
+
+
+@given(
+    case=plausible_requests(names=("X", "x"), outputs=("Y", "Z")),
+    coding=st.sampled_from([None, "gzip", "br"]),
+    accept=st.sampled_from([None, "gzip", "identity", "deflate;q=0, gzip"]),
+)
+@settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+def test_nearly_right_requests_get_the_asgi_paths_answers_directly(
+    host: Host, case: tuple[bytes, int | None], coding: str | None, accept: str | None
+):
+    body, header_length = case
+    headers: list[tuple[str, str]] = [
+        ("Content-Type", "application/json" if header_length is None else "application/x")
+    ]
+    if header_length is not None:
+        headers.append(("Inference-Header-Content-Length", str(header_length)))
+    if coding is not None:
+        headers.append(("Content-Encoding", coding))
+        body = gzipped(body) if coding == "gzip" else body
+    if accept is not None:
+        headers.append(("Accept-Encoding", accept))
+    app = HttpApp(DataPlane(host))
+    [(status, _, _)], paths = asyncio.run(both_ways(app, request(body, headers=tuple(headers))))
+    assert paths == ["direct"]
+    assert status < 500
