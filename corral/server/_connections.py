@@ -291,11 +291,14 @@ class EdgeProtocol(HttpToolsProtocol):
         url = self.url
         if not (url.startswith(_INFER_PREFIX) and url.endswith(_INFER_SUFFIX)):
             return None
-        name = url[len(_INFER_PREFIX) : -len(_INFER_SUFFIX)]
-        # The name as the ASGI route would take it: no escapes, query, fragment or folder.
-        if not name or not name.isascii():
+        raw_name = url[len(_INFER_PREFIX) : -len(_INFER_SUFFIX)]
+        if not raw_name or not raw_name.isascii():
             return None
-        if b"/" in name or b"%" in name or b"?" in name or b"#" in name:
+        # The name as the ASGI route would take it: no escapes, query, fragment or folder.
+        # Looked for in a str: CPython's `bytes in bytes` first tries the operand as an int,
+        # raising and clearing a TypeError each time (measured: 2 k instructions a look).
+        name = raw_name.decode("ascii")
+        if "/" in name or "%" in name or "?" in name or "#" in name:
             return None
         parser = self.parser
         if parser.get_method() != b"POST" or parser.get_http_version() != "1.1":
@@ -310,7 +313,7 @@ class EdgeProtocol(HttpToolsProtocol):
                 return None
         if length is None or not length.isdigit() or int(length) > DIRECT_BODY_BYTES:
             return None
-        return name.decode("ascii")
+        return name
 
     def _answer_directly(self, name: str) -> None:
         # The request's body is complete: its cycle stands in for it (uvicorn queues what is
