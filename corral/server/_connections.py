@@ -99,6 +99,10 @@ _NOT_DIRECT = frozenset((b"expect", b"transfer-encoding", b"x-request-id"))
 _DRAIN_RAN_OUT = orjson.dumps(
     {"error": "the server is shutting down and its drain timeout ran out"}
 )
+# Its header lines, as the direct path writes them.
+_DRAIN_RAN_OUT_HEAD = b"content-type: application/json\r\ncontent-length: %d\r\n" % len(
+    _DRAIN_RAN_OUT
+)
 
 
 @dataclass(frozen=True)
@@ -261,8 +265,7 @@ class EdgeProtocol(HttpToolsProtocol):
         if self.direct is not None and upgrade is None and not self._draining:
             self._direct_name = self._direct_route()
             if self._direct_name is not None:
-                self._direct_body = []
-                return
+                return  # its body is kept as it arrives (on_body)
         super().on_headers_complete()
         # The parser reads nothing more after an upgrade request (h2c, say: served as
         # HTTP/1.1): that request ends the connection, as does any during the drain.
@@ -355,7 +358,7 @@ class EdgeProtocol(HttpToolsProtocol):
             if not self._drain_ran_out:
                 raise
             cycle.keep_alive = False
-            status, head, payload = 503, _json_head(len(_DRAIN_RAN_OUT)), _DRAIN_RAN_OUT
+            status, head, payload = 503, _DRAIN_RAN_OUT_HEAD, _DRAIN_RAN_OUT
         if cycle.flow.write_paused and not cycle.disconnected:
             await cycle.flow.drain()
         if cycle.disconnected:
@@ -495,7 +498,3 @@ def protocol_for(limits: ConnectionLimits, direct: DirectApp | None = None) -> t
     without the ASGI path (see the module's doc); None: every request takes that path.
     """
     return type("EdgeProtocol", (EdgeProtocol,), {"limits": limits, "direct": direct})
-
-
-def _json_head(length: int) -> bytes:
-    return b"content-type: application/json\r\ncontent-length: %d\r\n" % length

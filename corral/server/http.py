@@ -804,18 +804,19 @@ def _coding(headers: list[tuple[bytes, bytes]]) -> _Coding:
 def _error_answer(
     error: Exception, method: object, path: object
 ) -> tuple[int, bytes, tuple[tuple[bytes, bytes], ...]]:
-    """The status, JSON body and extra headers that answer ``error``; unexpected ones logged."""
+    """The status, JSON body and extra headers that answer ``error``; unexpected ones logged.
+
+    The status is :func:`_error_status`'s, the one mapping of errors to statuses.
+    """
+    if not isinstance(error, (HttpError, EncodingRefused, BodyBudgetExceeded, CorralError)):
+        logger.error("corral: %s %s failed", method, path, exc_info=error)
+        return 500, encode_error(f"internal error: {error!r}"), ()
+    extra: tuple[tuple[bytes, bytes], ...] = ()
     if isinstance(error, HttpError):
-        return error.status, encode_error(str(error)), error.headers
-    if isinstance(error, EncodingRefused):
-        return error.status, encode_error(str(error)), ()
-    if isinstance(error, BodyBudgetExceeded):
-        retry = (b"retry-after", str(BODY_BUDGET_RETRY_AFTER_S).encode())
-        return 503, encode_error(str(error)), (retry,)
-    if isinstance(error, CorralError):
-        return status_for(STATUS, error) or 500, encode_error(str(error)), ()
-    logger.error("corral: %s %s failed", method, path, exc_info=error)
-    return 500, encode_error(f"internal error: {error!r}"), ()
+        extra = error.headers
+    elif isinstance(error, BodyBudgetExceeded):
+        extra = ((b"retry-after", str(BODY_BUDGET_RETRY_AFTER_S).encode()),)
+    return _error_status(error) or 500, encode_error(str(error)), extra
 
 
 def _head(
