@@ -441,6 +441,44 @@ def test_a_request_pipelined_behind_a_direct_one_waits_for_its_answer():
     asyncio.run(main())
 
 
+GARBAGE = b"\x00\x01 not HTTP at all\r\n\r\n"
+
+
+def test_garbage_behind_a_request_in_progress_ends_the_connection_after_its_answer(
+    caplog: pytest.LogCaptureFixture,
+):
+    async def main() -> None:
+        app, connection = await held_direct_request()
+        with caplog.at_level(logging.WARNING, logger="corral.server._connections"):
+            connection.send(GARBAGE)
+        assert connection.transport.data == b""  # no 400 ahead of the answer in progress
+        app.gate.set()
+        await answered_then_closed(connection)
+
+    asyncio.run(main())
+    [record] = [r for r in caplog.records if "invalid HTTP request" in r.message]
+    assert "answered 400" not in record.message
+    assert "the request before it is answered, then the connection closes" in record.message
+
+
+def test_garbage_on_an_idle_connection_is_answered_400_and_logged_so(
+    caplog: pytest.LogCaptureFixture,
+):
+    async def main() -> list[Response]:
+        connection = Connection(Gated())
+        with caplog.at_level(logging.WARNING, logger="corral.server._connections"):
+            connection.send(GARBAGE)
+        answers = await connection.responses(1)
+        assert connection.transport.closed
+        await connection.close()
+        return answers
+
+    [(status, _, body)] = asyncio.run(main())
+    assert (status, b"not valid HTTP/1.1" in body) == (400, True)
+    [record] = [r for r in caplog.records if "invalid HTTP request" in r.message]
+    assert record.message.endswith("answered 400")
+
+
 def test_a_client_gone_during_a_direct_request_is_written_nothing():
     async def main() -> None:
         app, connection = await held_direct_request()

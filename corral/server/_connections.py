@@ -195,8 +195,8 @@ class EdgeProtocol(HttpToolsProtocol):
         except httptools.HttpParserUpgrade:
             pass  # not WebSocket (refused above): served as HTTP/1.1, then the connection closes
         except httptools.HttpParserError:
-            logger.warning("corral: an invalid HTTP request was received; answered 400")
-            self._answer(400, "the request is not valid HTTP/1.1")
+            done = self._answer(400, "the request is not valid HTTP/1.1")
+            logger.warning("corral: an invalid HTTP request was received; %s", done)
             return
         if self._refusal is None and self._head_in_progress():
             self._refusal = self._too_long_so_far()
@@ -438,10 +438,13 @@ class EdgeProtocol(HttpToolsProtocol):
         if not busy and self._direct_name is None and not self._head_in_progress():
             self.transport.close()
 
-    def _answer(self, status: int, message: str) -> None:
-        """Answer ``status`` with a JSON error and close; just close if a response is running."""
+    def _answer(self, status: int, message: str) -> str:
+        """Answer ``status`` with a JSON error and close; just close if a response is running.
+
+        Returns what was done, as the log should say it.
+        """
         if self.transport.is_closing():
-            return
+            return "the connection was closing already"
         self._cancel_head_timer()
         if self.cycle is not None and not self.cycle.response_complete:
             # A pipelined request's head broke the limits while the one before still runs:
@@ -449,7 +452,7 @@ class EdgeProtocol(HttpToolsProtocol):
             self.cycle.keep_alive = False
             self.pipeline.clear()
             self.flow.pause_reading()
-            return
+            return "the request before it is answered, then the connection closes"
         body = orjson.dumps({"error": message})
         self.transport.write(
             b"".join(
@@ -463,6 +466,7 @@ class EdgeProtocol(HttpToolsProtocol):
             )
         )
         self.transport.close()
+        return f"answered {status}"
 
 
 def _close_one_idle(connections: Iterable[object]) -> bool:
