@@ -468,7 +468,7 @@ def test_a_probed_model_run_apart_says_so_in_its_batching_reason(repo_with_bare_
         assert queue.adaptive
         with scheduler._lock:  # what the queue's runs would have found: shared rows dearer
             queue.apart, queue.shared_row_s, queue.alone_row_s = True, 0.06, 0.03
-        found = "each request runs alone now: shared runs took 60 ms a row, lone runs 30 ms"
+        found = "each request runs alone now: shared runs took 60 CPU ms a row, lone runs 30 ms"
         assert host.status("mlp").versions[0].batching == f"{reason}; {found}"
         assert lease.batching == f"{reason}; {found}"
         lease.release()

@@ -404,32 +404,50 @@ def test_a_queue_learns_its_runs_mean_and_one_worker_keeps_no_worker_back():
 
 
 class CostedVersion(FakeVersion):
-    """A FakeVersion whose runs take ``alone_s`` a row alone and ``shared_s`` a row shared.
+    """A FakeVersion whose runs take ``alone_s`` of CPU a row alone and ``shared_s`` shared.
 
     Taken on a fake clock (:class:`FakeClock`), which each run moves on: the scheduler's
-    measure of a run is then exact, whatever the machine is doing.
+    measure of a run is then exact, whatever the machine is doing. A lone run's wall time is
+    ``alone_wall`` times its CPU time (other threads taking the cores meanwhile).
     """
 
-    def __init__(self, label: str, clock: FakeClock, *, alone_s: float, shared_s: float) -> None:
+    def __init__(
+        self,
+        label: str,
+        clock: FakeClock,
+        *,
+        alone_s: float,
+        shared_s: float,
+        alone_wall: float = 1.0,
+    ) -> None:
         super().__init__(label)
         self.clock = clock
-        self.alone_s, self.shared_s = alone_s, shared_s
+        self.alone_s, self.shared_s, self.alone_wall = alone_s, shared_s, alone_wall
 
     def run_admitted(self, feed: Feed, names: tuple[str, ...]) -> dict[str, np.ndarray]:
         rows = feed["X"].shape[0]
-        self.clock.now += rows * (self.alone_s if rows == 1 else self.shared_s)
+        cpu = rows * (self.alone_s if rows == 1 else self.shared_s)
+        self.clock.cpu += cpu
+        self.clock.now += cpu * (self.alone_wall if rows == 1 else 1.0)
         return super().run_admitted(feed, names)
 
 
 class FakeClock:
-    """The scheduler's ``time`` module, its ``perf_counter`` moved only by the runs."""
+    """The scheduler's ``time`` module: ``perf_counter`` and ``thread_time`` moved by the runs.
+
+    One CPU clock for every thread: the tests' runs do not overlap.
+    """
 
     def __init__(self) -> None:
         self.now = 0.0
+        self.cpu = 0.0
         self.monotonic = time.monotonic  # deadlines and queueing keep real time
 
     def perf_counter(self) -> float:
         return self.now
+
+    def thread_time(self) -> float:
+        return self.cpu
 
 
 def run_rounds(
@@ -474,8 +492,23 @@ def test_a_probed_model_whose_shared_runs_cost_more_per_row_runs_each_request_al
     assert recent.count(1) >= 20
     assert (queue.alone_row_s, queue.shared_row_s) == (1.0, 2.0)
     assert scheduler.sharing(queue) == (
-        "each request runs alone now: shared runs took 2e+03 ms a row, lone runs 1e+03 ms"
+        "each request runs alone now: shared runs took 2e+03 CPU ms a row, lone runs 1e+03 ms"
     )
+
+
+def test_lone_runs_slowed_by_other_threads_do_not_turn_dearer_sharing_back_on(
+    scheduler: Scheduler, clock: FakeClock
+):
+    # Shared rows cost twice the CPU of lone ones; lone runs take three times their CPU time
+    # on the wall clock (the cores busy with other work), which would make sharing look the
+    # cheaper by wall time.
+    model = CostedVersion("m:1", clock, alone_s=1.0, shared_s=2.0, alone_wall=3.0)
+    queue = scheduler.queue(model, ("m", 1), max_rows=64, adaptive=True)
+    rounds = run_rounds(scheduler, queue, model, 8)
+    assert queue.apart
+    assert (queue.alone_row_s, queue.shared_row_s) == (1.0, 2.0)
+    recent = [rows for runs in rounds[-4:] for rows in runs]
+    assert sum(1 for rows in recent if rows > 1) <= 2
 
 
 def test_a_probed_model_whose_shared_runs_pay_keeps_them_and_a_declared_one_always_shares(
