@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -359,7 +360,15 @@ def test_explicit_model_control_serves_only_the_models_loaded(triton_repo: Path,
     client = httpclient.InferenceServerClient(served.http)
     try:
         wait_until(client.is_server_ready, timeout=60)
-        assert "--load-model: 1 of 1 loaded (mlp)" in served.log.read_text()
+        log = served.log.read_text()
+        assert "--load-model: 1 of 1 loaded (mlp)" in log
+        # What the server made before serving, then the model, kept out of later collections.
+        frozen = re.findall(r"corral: (.+?): (\d+) objects kept out of the cyclic GC", log)
+        assert [when for when, _ in frozen] == [
+            "the servers are built",
+            "--load-model's models are loaded",
+        ]
+        assert 10_000 < int(frozen[0][1]) < int(frozen[1][1])
         tensor = InferInput("X", [3, 4], "FP32")
         tensor.set_data_from_numpy(X)
         np.testing.assert_allclose(
