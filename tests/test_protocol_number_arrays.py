@@ -118,6 +118,37 @@ def test_malformed_number_text_is_refused_both_ways(data_text: bytes):
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "data_text",
+    [
+        b"1,[2]",
+        b"1, [2, 3]",
+        b"1 ,\n [2]",
+        b"[1],2",
+        b"[1] , 2",
+        b"[[1]],[2]",
+        b"[1,[2]],[3,4]",
+        b"[[1],2],[[3],4]",
+        b"1[2]",
+        b"[1]2",
+        b"[1][2]",
+        b"[1,2],[3,4],5",
+        b"0,[[1]]",
+    ],
+)
+def test_numbers_beside_arrays_are_cut_only_as_the_document_reads_them(data_text: bytes):
+    # Numbers at two depths: the document path refuses them, so the cut path must not read
+    # them as a flat run of numbers, whatever piece boundary falls where.
+    count = len(re.findall(rb"[-+.\deE]+", data_text))
+    for piece_bytes in (1, 2, 3, 5, 64):
+        with number_arrays(long_bytes=0, piece_bytes=piece_bytes):
+            cut = outcome(body_with("FP32", [count], data_text))
+        with number_arrays(long_bytes=10**12):
+            whole = outcome(body_with("FP32", [count], data_text))
+        assert cut == whole == ("refused", None), (data_text, piece_bytes)
+
+
+@pytest.mark.timeout(30)
 def test_arrays_cut_from_anywhere_but_an_input_decode_as_the_document_says():
     data = b"1, 2"
     # An array of numbers as a parameter is refused; a "data" key twice keeps the last one.
