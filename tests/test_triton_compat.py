@@ -360,9 +360,11 @@ def test_explicit_model_control_serves_only_the_models_loaded(triton_repo: Path,
     client = httpclient.InferenceServerClient(served.http)
     try:
         wait_until(client.is_server_ready, timeout=60)
+        # What the server made before serving, then the model, kept out of later collections:
+        # the second just after readiness, on the event loop once the loading task returns.
+        wait_until(lambda: "--load-model's models are loaded: " in served.log.read_text(), 60)
         log = served.log.read_text()
         assert "--load-model: 1 of 1 loaded (mlp)" in log
-        # What the server made before serving, then the model, kept out of later collections.
         frozen = re.findall(r"corral: (.+?): (\d+) objects kept out of the cyclic GC", log)
         assert [when for when, _ in frozen] == [
             "the servers are built",
