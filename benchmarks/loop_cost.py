@@ -41,7 +41,7 @@ from uvicorn.server import ServerState
 
 from corral import Host
 from corral.protocol.dataplane import DataPlane
-from corral.server._connections import ConnectionLimits, protocol_for
+from corral.server._uvicorn import ConnectionLimits, protocol_for
 from corral.server.http import HttpApp
 from corral.testing import build_model
 

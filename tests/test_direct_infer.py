@@ -33,7 +33,7 @@ from uvicorn.server import ServerState
 
 from corral import Host
 from corral.protocol import DataPlane
-from corral.server._connections import (
+from corral.server._uvicorn import (
     DIRECT_BODY_BYTES,
     ConnectionLimits,
     EdgeProtocol,
@@ -297,7 +297,7 @@ def test_an_unexpected_error_is_logged_and_answered_500_directly(
         raise RuntimeError("the plane broke")
 
     monkeypatch.setattr(DataPlane, "infer", broken)
-    with caplog.at_level(logging.ERROR, logger="corral.server.http"):
+    with caplog.at_level(logging.ERROR, logger="corral.server.responses"):
         [(status, _, body)], paths = asyncio.run(both_ways(app, request()))
     assert paths == ["direct"]
     assert status == 500
@@ -449,7 +449,7 @@ def test_garbage_behind_a_request_in_progress_ends_the_connection_after_its_answ
 ):
     async def main() -> None:
         app, connection = await held_direct_request()
-        with caplog.at_level(logging.WARNING, logger="corral.server._connections"):
+        with caplog.at_level(logging.WARNING, logger="corral.server._uvicorn"):
             connection.send(GARBAGE)
         assert connection.transport.data == b""  # no 400 ahead of the answer in progress
         app.gate.set()
@@ -466,7 +466,7 @@ def test_garbage_on_an_idle_connection_is_answered_400_and_logged_so(
 ):
     async def main() -> list[Response]:
         connection = Connection(Gated())
-        with caplog.at_level(logging.WARNING, logger="corral.server._connections"):
+        with caplog.at_level(logging.WARNING, logger="corral.server._uvicorn"):
             connection.send(GARBAGE)
         answers = await connection.responses(1)
         assert connection.transport.closed

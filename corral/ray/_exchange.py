@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+from corral.server.routes import Family, NoRoute, Route, match
+
 __all__ = ["HttpAnswer", "HttpCall", "call_asgi", "model_in_path"]
 
 Headers = tuple[tuple[bytes, bytes], ...]
@@ -45,16 +47,18 @@ class HttpAnswer:
 
 
 def model_in_path(path: str) -> str | None:
-    """The model a ``/v2/models/{name}/...`` path names, or None for any other path.
+    """The model a ``/v2/models/{name}...`` endpoint's path names, or None for any other path.
 
-    ``/v2/models/stats`` (every model's statistics) names none.
+    ``/v2/models/stats`` (every model's statistics) names none. Taken from the route table
+    (:mod:`corral.server.routes`), whatever the method.
     """
-    parts = path.strip("/").split("/")
-    if len(parts) < 3 or parts[0] != "v2" or parts[1] != "models":
+    try:
+        route: Route | None = match("GET", path)
+    except NoRoute as missing:
+        route = missing.route
+    if route is None or route.endpoint.family is not Family.MODELS:
         return None
-    if len(parts) == 3 and parts[2] == "stats":
-        return None
-    return parts[2] or None
+    return route.model
 
 
 async def call_asgi(app: Asgi, call: HttpCall) -> HttpAnswer:

@@ -23,9 +23,11 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import Response
 
-from corral.ray._exchange import HttpAnswer, HttpCall, model_in_path
+from corral.ray._exchange import HttpAnswer, HttpCall
 from corral.ray._replica import ModelReplica
-from corral.server.http import HttpError, check_token, read_body
+from corral.server.requests import check_token, read_body
+from corral.server.responses import HttpError
+from corral.server.routes import Endpoint, Family, NoRoute, match
 
 __all__ = ["V2Ingress"]
 
@@ -49,11 +51,12 @@ class V2Ingress:
     async def __call__(self, request: Request) -> Response:
         """Answer one HTTP request, forwarding it to a model replica."""
         path: str = request.scope["path"]
+        endpoint, family, name = _routed(request.method, path)
         try:
-            if not path.startswith("/v2/health/"):
+            if family is not Family.HEALTH:
                 if self._auth is not None:
-                    check_token(request.scope, self._auth)
-                _refuse_per_process(path)
+                    check_token(request.scope["headers"], self._auth)
+                _refuse_per_process(path, endpoint, family)
             body = await read_body(request.scope, request.receive, self._max_request_bytes)
         except HttpError as exc:
             return _error(exc.status, str(exc), exc.headers)
@@ -64,7 +67,6 @@ class V2Ingress:
             tuple(request.scope["headers"]),
             body,
         )
-        name = model_in_path(path)
         handle = self._models if name is None else self._models.options(multiplexed_model_id=name)
         try:
             answer: HttpAnswer = await handle.remote(call)
@@ -81,17 +83,32 @@ class V2Ingress:
         return Response(answer.body, status_code=answer.status, headers=headers)
 
 
-def _refuse_per_process(path: str) -> None:
+def _routed(method: str, path: str) -> tuple[Endpoint | None, Family | None, str | None]:
+    """The endpoint, family and model a request names, as far as the route table knows them.
+
+    A request no endpoint answers is forwarded all the same: a replica refuses it in the
+    words ``corral serve`` uses.
+    """
+    try:
+        route = match(method, path)
+    except NoRoute as missing:
+        if missing.route is None:
+            return None, missing.family, None
+        route = missing.route
+    model = route.model if route.endpoint.family is Family.MODELS else None
+    return route.endpoint, route.endpoint.family, model
+
+
+def _refuse_per_process(path: str, endpoint: Endpoint | None, family: Family | None) -> None:
     """Raise :class:`HttpError` 404 for what is one process's view, meaningless on Ray."""
-    parts = path.strip("/").split("/")
-    if parts[:2] == ["v2", "repository"] or parts == ["v2", "models", "stats"]:
+    if family is Family.METRICS:
+        raise HttpError(404, "on Ray Serve, metrics are Ray's: see its metrics export port")
+    if family is Family.REPOSITORY or (endpoint is not None and endpoint.per_process):
         raise HttpError(
             404,
             f"{path} is one process's view and is not served through Ray Serve: "
             "each replica loads the models routed to it",
         )
-    if parts == ["metrics"]:
-        raise HttpError(404, "on Ray Serve, metrics are Ray's: see its metrics export port")
 
 
 def _error(status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> Response:

@@ -23,12 +23,10 @@ import math
 import resource
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import uvicorn
 
 from corral import __version__, _ort
 from corral._errors import DrainTimeout, ModelLoadError
@@ -37,7 +35,7 @@ from corral._runtime import Runtime, RuntimeOptions
 from corral.protocol.control import ControlThreads
 from corral.protocol.dataplane import DataPlane
 from corral.protocol.shm import SharedMemoryRegistry
-from corral.server._connections import ConnectionLimits, end_requests_in_flight, protocol_for
+from corral.server._uvicorn import ConnectionLimits, EdgeServer, protocol_for
 from corral.server.bodies import BodyBudget
 from corral.server.dashboard import DashboardFiles
 from corral.server.http import HttpApp
@@ -71,14 +69,6 @@ class Addresses:
     http_port: int
     #: None when the gRPC server is off.
     grpc_port: int | None
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's server without its signal handling: :func:`serve` owns the signals."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 def run(settings: ServerSettings) -> int:
@@ -137,33 +127,27 @@ async def serve(
         inter_op_threads=settings.inter_op_threads,
         thread_pools=settings.thread_pools,
     )
-    # Off: None, and OpenTelemetry is never imported.
-    tracing = start_tracing(settings.trace_exporter)
-    host = Host(settings.repository, runtime=rt, options=settings.host_options())
-    if tracing is not None:
-        host.observe_loads(tracing.load_done)  # before start: polling may load at once
-    host.start()
-    refused = True  # also if the check raises: the Host and tracing are closed here, once
-    try:
-        refused = not await _check_repository(host, settings)
-    finally:
-        if refused:
-            await asyncio.to_thread(_close_host, host, settings.drain_timeout_s)
-            if tracing is not None:
-                await asyncio.to_thread(tracing.shutdown)
-    if refused:
-        return EXIT_REFUSED
-    # When the drain began: closing the Host gets what is left of the drain timeout.
-    drain_began = asyncio.create_task(_when_set(stop))
-    token = None if settings.auth_token is None else settings.auth_token.get_secret_value()
-    shared_memory = (
-        SharedMemoryRegistry(settings.max_shared_memory_regions)
-        if settings.system_shared_memory
-        else None
-    )
-    sampling: asyncio.Task[None] | None = None
-    metrics_server: _MetricsServer | None = None
-    try:
+    closed = _Closing(settings.drain_timeout_s + settings.drain_notice_s)
+    # Every resource is started below in order and registered here at once, so that they
+    # stop in the reverse order, each once, however far the start got.
+    async with contextlib.AsyncExitStack() as resources:
+        # Off: None, and OpenTelemetry is never imported.
+        tracing = start_tracing(settings.trace_exporter)
+        if tracing is not None:
+            resources.push_async_callback(asyncio.to_thread, tracing.shutdown)  # unsent spans
+        host = Host(settings.repository, runtime=rt, options=settings.host_options())
+        if tracing is not None:
+            host.observe_loads(tracing.load_done)  # before start: polling may load at once
+        host.start()
+        resources.push_async_callback(closed.close_host, host)
+        if not await _check_repository(host, settings):
+            return EXIT_REFUSED
+        closed.count_from(stop)  # closing the Host gets what is left of the drain timeout
+        shared_memory = None
+        if settings.system_shared_memory:
+            shared_memory = SharedMemoryRegistry(settings.max_shared_memory_regions)
+            # Every region unmapped, each once the requests still using it are done.
+            resources.callback(shared_memory.close)
         plane = DataPlane(
             host,
             name=settings.server_name,
@@ -176,65 +160,196 @@ async def serve(
         body_budget = BodyBudget(settings.body_budget_bytes())
         metrics = Metrics(plane, body_budget)
         board = StatusBoard(plane, repository=str(settings.repository))
-        sampling = asyncio.create_task(board.run())
+        resources.callback(asyncio.create_task(board.run()).cancel)
+        metrics_port = None
         if settings.metrics_port is not None:
             metrics_server = await _start_metrics_server(settings, metrics.render)
-        app = HttpApp(
-            plane,
-            metrics=metrics.render if metrics_server is None else None,
-            auth_token=token,
-            max_request_bytes=settings.max_request_bytes,
-            body_budget=body_budget,
-            access_log=settings.access_log,
-            tracing=tracing,
-            status=board,
-            dashboard=DashboardFiles.load(),
-            metrics_port=None if metrics_server is None else metrics_server.port,
-        )
-        limits = connection_limits(settings, open_files)
-        http = _Server(
-            uvicorn.Config(
-                app,
-                host=settings.host,
-                port=settings.http_port,
-                http=protocol_for(limits, app if app.answers_directly else None),
-                # No WebSocket endpoint: the protocol answers an upgrade 400.
-                ws="none",
-                lifespan="off",
-                access_log=False,
-                log_config=None,
-                # A backstop only: _drain_http answers what is left at the drain timeout.
-                timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s) + _DRAIN_MARGIN_S,
-            )
-        )
-        cut = await _serve_both(
+            resources.push_async_callback(metrics_server.stop)  # after the drain: scraped in it
+            metrics_port = metrics_server.port
+        servers = _Servers(plane, settings.drain_timeout_s)
+        resources.push_async_callback(servers.drain)
+        await servers.start(
             settings,
-            plane,
-            http,
-            token,
+            _http_app(settings, plane, body_budget, tracing, board, metrics, metrics_port),
             body_budget,
-            (stop, notice_cut or asyncio.Event()),
-            started,
-            (open_files, limits),
+            connection_limits(settings, open_files),
             tracing,
-            freeze_long_lived,
         )
-    finally:
-        if sampling is not None:
-            sampling.cancel()
-        if metrics_server is not None:
-            await metrics_server.stop()  # after the drain: scraped while it ran
-        if shared_memory is not None:
-            # Every region unmapped, each once the requests still using it are done.
-            shared_memory.close()
-        # The drain timeout counts from the notice's end.
-        left = _drain_left(drain_began, settings.drain_timeout_s + settings.drain_notice_s)
-        status = await asyncio.to_thread(_close_host, host, left)
-        if tracing is not None:
-            await asyncio.to_thread(tracing.shutdown)  # the spans not sent yet
+        if freeze_long_lived:
+            _freeze("the servers are built")
+        addresses = Addresses(settings.host, servers.http_port, servers.grpc_port)
+        _log_summary(settings, host, addresses, open_files, servers.max_connections)
+        if started is not None:
+            started(addresses)
+        await _until_stopped(
+            settings, plane, servers, (stop, notice_cut or asyncio.Event()), freeze_long_lived
+        )
     # Requests answered 503 when the drain ran out released their models: the Host closed
     # cleanly, but the drain did not.
-    return EXIT_DRAIN_INCOMPLETE if cut else status
+    return EXIT_DRAIN_INCOMPLETE if servers.cut else closed.status
+
+
+def _http_app(
+    settings: ServerSettings,
+    plane: DataPlane,
+    body_budget: BodyBudget,
+    tracing: Tracing | None,
+    board: StatusBoard,
+    metrics: Metrics,
+    metrics_port: int | None,
+) -> HttpApp:
+    token = settings.auth_token
+    return HttpApp(
+        plane,
+        metrics=metrics.render if metrics_port is None else None,
+        auth_token=None if token is None else token.get_secret_value(),
+        max_request_bytes=settings.max_request_bytes,
+        body_budget=body_budget,
+        access_log=settings.access_log,
+        tracing=tracing,
+        status=board,
+        dashboard=DashboardFiles.load(),
+        metrics_port=metrics_port,
+    )
+
+
+class _Servers:
+    """The HTTP and gRPC servers: started one after the other, drained together.
+
+    Draining, both stop taking connections at once, then each answers what it has accepted
+    within the drain timeout; gRPC's health service answers NOT_SERVING from then on.
+    """
+
+    def __init__(self, plane: DataPlane, drain_timeout_s: float) -> None:
+        self._plane = plane
+        self._drain_timeout_s = drain_timeout_s
+        #: Set as the drain (or its notice) begins.
+        self.draining = asyncio.Event()
+        self.http: EdgeServer | None = None
+        self.http_port = 0
+        self.max_connections = 0
+        self._grpc: Any = None
+        self.grpc_port: int | None = None
+        #: How many HTTP requests the drain had to cut (answered 503).
+        self.cut = 0
+
+    async def start(
+        self,
+        settings: ServerSettings,
+        app: HttpApp,
+        body_budget: BodyBudget,
+        limits: ConnectionLimits,
+        tracing: Tracing | None,
+    ) -> None:
+        """Start gRPC (unless off), then HTTP; raises :class:`OSError` if either cannot bind."""
+        if settings.grpc_port >= 0:
+            from corral.server.grpc import start_grpc_server
+
+            token = settings.auth_token
+            self._grpc, self.grpc_port = await start_grpc_server(
+                self._plane,
+                settings.host,
+                settings.grpc_port,
+                auth_token=None if token is None else token.get_secret_value(),
+                max_message_bytes=settings.max_request_bytes,
+                body_budget=body_budget,
+                access_log=settings.access_log,
+                draining=self.draining,
+                tracing=tracing,
+            )
+        self.http = EdgeServer(
+            app,
+            settings.host,
+            settings.http_port,
+            protocol_for(limits, app if app.answers_directly else None),
+            # A backstop only: drain() answers what is left at the drain timeout.
+            drain_margin_s=math.ceil(settings.drain_timeout_s) + _DRAIN_MARGIN_S,
+        )
+        self.max_connections = limits.max_connections
+        self.http_port = await self.http.start()
+
+    async def drain(self) -> None:
+        """Stop both from taking connections, and answer what they accepted."""
+        self._plane.stop_reporting_ready()
+        self.draining.set()
+        drains: list[Awaitable[int | None]] = []
+        if self.http is not None:
+            self.http.stop_accepting()
+            drains.append(self.http.drain(self._drain_timeout_s))
+        if self._grpc is not None:
+            drains.append(self._grpc.stop(grace=self._drain_timeout_s))
+            # grpc.aio stops its poller thread once its last server is gone: not kept here
+            # (an exception's traceback may keep this object long after).
+            self._grpc = None
+        drained = await asyncio.gather(*drains, return_exceptions=True)
+        for outcome in drained:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        cut = drained[0] if self.http is not None else 0
+        self.cut = cut if isinstance(cut, int) else 0
+
+
+async def _until_stopped(
+    settings: ServerSettings,
+    plane: DataPlane,
+    servers: _Servers,
+    stop_events: tuple[asyncio.Event, asyncio.Event],
+    freeze: bool,
+) -> None:
+    """Serve until ``stop`` (or the HTTP server ends), loading ``--load-model``'s meanwhile."""
+    stop, notice_cut = stop_events
+    assert servers.http is not None  # started
+    http_task = servers.http.task
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        waiting: set[asyncio.Task[Any]] = {http_task, stopping}
+        if settings.load_model:
+            loading = asyncio.create_task(_load_at_start(plane, settings.load_model))
+            waiting.add(loading)
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            waiting.discard(loading)
+            if loading in done:
+                loading.result()  # the models that failed: the server stops, exit status 1
+                if freeze:
+                    _freeze("--load-model's models are loaded")
+            else:
+                loading.cancel()  # stopped meanwhile; the loads go on their own thread
+        if not stopping.done() and not http_task.done():
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if stopping.done() and settings.drain_notice_s > 0:
+            await _give_notice(
+                plane, servers.draining, (http_task, notice_cut), settings.drain_notice_s
+            )
+    finally:
+        stopping.cancel()
+
+
+class _Closing:
+    """Closes the Host within what is left of the drain timeout; keeps the exit status."""
+
+    def __init__(self, drain_timeout_s: float) -> None:
+        self._drain_timeout_s = drain_timeout_s
+        self._drain_began: asyncio.Task[float] | None = None
+        #: :data:`EXIT_CLEAN`, or :data:`EXIT_DRAIN_INCOMPLETE` once closing found it so.
+        self.status = EXIT_CLEAN
+
+    def count_from(self, stop: asyncio.Event) -> None:
+        """Count the drain timeout from when ``stop`` is set."""
+        self._drain_began = asyncio.create_task(_when_set(stop))
+
+    async def close_host(self, host: Host) -> None:
+        """Close ``host`` on a worker thread within the drain timeout's rest."""
+        self.status = await asyncio.to_thread(_close_host, host, self._left())
+
+    def _left(self) -> float:
+        # So that SIGTERM ends the process within the drain timeout (plus closing), however
+        # long the servers took, and even with loads hung on their storage.
+        began = self._drain_began
+        if began is None or not began.done():
+            if began is not None:
+                began.cancel()  # stopped without a signal (a startup failure): a full drain
+            return self._drain_timeout_s
+        return max(0.0, self._drain_timeout_s - (time.monotonic() - began.result()))
 
 
 def freeze_long_lived(when: str) -> int:
@@ -265,97 +380,34 @@ def freeze_long_lived(when: str) -> int:
     return frozen
 
 
+# serve()'s keyword of the same name hides the function there.
+_freeze = freeze_long_lived
+
+
 async def _when_set(stop: asyncio.Event) -> float:
     await stop.wait()
     return time.monotonic()
 
 
-def _drain_left(drain_began: asyncio.Task[float], drain_timeout_s: float) -> float:
-    """Seconds of the drain timeout left for closing the Host, once the servers drained.
-
-    So that SIGTERM ends the process within the drain timeout (plus closing), however long
-    the servers took, and even with loads hung on their storage.
-    """
-    if not drain_began.done():
-        drain_began.cancel()  # stopped without a signal (a startup failure): a full drain
-        return drain_timeout_s
-    return max(0.0, drain_timeout_s - (time.monotonic() - drain_began.result()))
-
-
-async def _serve_both(
-    settings: ServerSettings,
-    plane: DataPlane,
-    http: _Server,
-    token: str | None,
-    body_budget: BodyBudget,
-    stop_events: tuple[asyncio.Event, asyncio.Event],
-    started: Callable[[Addresses], None] | None,
-    edge: tuple[int, ConnectionLimits],
-    tracing: Tracing | None = None,
-    freeze: bool = False,
-) -> int:
-    """Serve until ``stop``, then drain; returns how many HTTP requests the drain had to cut."""
-    stop, notice_cut = stop_events
-    grpc_server: Any = None
-    grpc_port: int | None = None
-    # Set as the drain begins: gRPC's health service then answers NOT_SERVING.
-    draining = asyncio.Event()
-    if settings.grpc_port >= 0:
-        from corral.server.grpc import start_grpc_server
-
-        grpc_server, grpc_port = await start_grpc_server(
-            plane,
-            settings.host,
-            settings.grpc_port,
-            auth_token=token,
-            max_message_bytes=settings.max_request_bytes,
-            body_budget=body_budget,
-            access_log=settings.access_log,
-            draining=draining,
-            tracing=tracing,
-        )
-    if freeze:
-        freeze_long_lived("the servers are built")
-    http_task = asyncio.create_task(_serve_http(http))
+async def _start_metrics_server(
+    settings: ServerSettings, render: Callable[[], tuple[bytes, str]]
+) -> EdgeServer:
+    """Serve ``GET /metrics`` on ``--metrics-port`` (bound to ``--host``), without the token."""
+    server = EdgeServer(
+        MetricsApp(render),
+        settings.host,
+        settings.metrics_port or 0,
+        None,
+        drain_margin_s=_DRAIN_MARGIN_S,
+        keep_alive_s=math.ceil(settings.idle_timeout_s),
+        what="the metrics server",
+    )
     try:
-        await _until_started(http, http_task)
-        addresses = Addresses(settings.host, _bound_port(http), grpc_port)
-        _log_summary(settings, plane.host, addresses, *edge)
-        if started is not None:
-            started(addresses)
-        stopping = asyncio.create_task(stop.wait())
-        waiting: set[asyncio.Task[Any]] = {http_task, stopping}
-        if settings.load_model:
-            loading = asyncio.create_task(_load_at_start(plane, settings.load_model))
-            waiting.add(loading)
-            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            waiting.discard(loading)
-            if loading in done:
-                loading.result()  # the models that failed: the server stops, exit status 1
-                if freeze:
-                    freeze_long_lived("--load-model's models are loaded")
-            else:
-                loading.cancel()  # stopped meanwhile; the loads go on their own thread
-        if not stopping.done() and not http_task.done():
-            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        if stopping.done() and settings.drain_notice_s > 0:
-            await _give_notice(plane, draining, (http_task, notice_cut), settings.drain_notice_s)
-        stopping.cancel()
-    finally:
-        # Both stop taking connections at once; each answers what it has accepted.
-        plane.stop_reporting_ready()
-        draining.set()
-        http.should_exit = True
-        drains: list[Any] = [_drain_http(http, http_task, settings.drain_timeout_s)]
-        if grpc_server is not None:
-            drains.append(grpc_server.stop(grace=settings.drain_timeout_s))
-        drained = await asyncio.gather(*drains, return_exceptions=True)
-    if http_task.done() and not http_task.cancelled() and http_task.exception() is not None:
-        raise http_task.exception()  # type: ignore[misc]  # checked just above
-    cut = drained[0]
-    if isinstance(cut, BaseException):
-        raise cut
-    return int(cut)
+        port = await server.start()
+    except OSError as exc:  # its port taken: the task has ended
+        raise OSError(f"the metrics server (--metrics-port) could not start: {exc}") from exc
+    logger.info("corral: metrics on http://%s:%d/metrics (no token)", settings.host, port)
+    return server
 
 
 async def _load_at_start(plane: DataPlane, names: tuple[str, ...]) -> None:
@@ -401,98 +453,6 @@ async def _give_notice(
         cut_waiter.cancel()
     if cut.is_set():
         logger.info("corral: a second signal ended the drain notice")
-
-
-@dataclass
-class _MetricsServer:
-    """The server of ``--metrics-port``, running as a task on the event loop."""
-
-    server: _Server
-    task: asyncio.Task[None]
-    port: int
-
-    async def stop(self) -> None:
-        """Stop taking connections, answer what was accepted and free the port."""
-        self.server.should_exit = True
-        await self.task
-
-
-async def _start_metrics_server(
-    settings: ServerSettings, render: Callable[[], tuple[bytes, str]]
-) -> _MetricsServer:
-    """Serve ``GET /metrics`` on ``--metrics-port`` (bound to ``--host``), without the token."""
-    server = _Server(
-        uvicorn.Config(
-            MetricsApp(render),
-            host=settings.host,
-            port=settings.metrics_port or 0,
-            ws="none",
-            lifespan="off",
-            access_log=False,
-            log_config=None,
-            timeout_keep_alive=math.ceil(settings.idle_timeout_s),
-            timeout_graceful_shutdown=_DRAIN_MARGIN_S,
-        )
-    )
-    task = asyncio.create_task(_serve_http(server))
-    try:
-        await _until_started(server, task)
-    except OSError as exc:  # its port taken: the task has ended
-        raise OSError(f"the metrics server (--metrics-port) could not start: {exc}") from exc
-    except BaseException:
-        task.cancel()  # it did not start in time, or serve() was cancelled: nothing left running
-        raise
-    port = _bound_port(server)
-    logger.info("corral: metrics on http://%s:%d/metrics (no token)", settings.host, port)
-    return _MetricsServer(server, task, port)
-
-
-async def _serve_http(http: _Server) -> None:
-    """Run uvicorn's ``serve``, whose startup failure raises :class:`OSError` here.
-
-    When it cannot start (its port taken, say) uvicorn logs why and calls ``sys.exit(3)``: out
-    of a task, that would end the event loop before the Host is closed or gRPC stopped, with
-    the status of a drain that ran out. Raised as an error instead, it goes through the drain
-    and the Host's close, and ``corral serve`` says so and exits 1.
-    """
-    try:
-        await http.serve()
-    except SystemExit as exc:
-        raise OSError(
-            f"the HTTP server could not start on {http.config.host}:{http.config.port} "
-            f"(uvicorn exited {exc.code}; the error it logged above says why)"
-        ) from exc
-
-
-async def _drain_http(http: _Server, task: asyncio.Task[None], timeout: float) -> int:
-    # uvicorn's own graceful timeout cancels requests with a text/plain 500 and an ERROR line
-    # each: at the drain timeout, answer them 503 first, then let uvicorn finish.
-    ended = 0
-    done, _ = await asyncio.wait({task}, timeout=timeout)
-    if not done:
-        ended = end_requests_in_flight(http.server_state)
-        logger.warning("corral: the drain timeout ran out; %d requests answered 503", ended)
-    await task
-    return ended
-
-
-async def _until_started(http: _Server, task: asyncio.Task[None]) -> None:
-    # uvicorn has no started event: look every 5 ms; startup itself takes milliseconds.
-    deadline = time.monotonic() + 30
-    while not http.started:
-        if task.done():
-            task.result()  # raises what made startup fail
-            raise RuntimeError("the HTTP server stopped during startup")
-        if time.monotonic() > deadline:
-            raise TimeoutError("the HTTP server did not start within 30 s")
-        await asyncio.sleep(0.005)
-
-
-def _bound_port(http: _Server) -> int:
-    for server in http.servers:
-        for sock in server.sockets:
-            return int(sock.getsockname()[1])
-    raise RuntimeError("the HTTP server has no listening socket")
 
 
 def raise_open_file_limit() -> int:
@@ -560,7 +520,7 @@ def _log_summary(
     host: Host,
     addresses: Addresses,
     open_files: int,
-    limits: ConnectionLimits,
+    max_connections: int,
 ) -> None:
     stats = host.stats()
     budget = "none" if stats.memory_budget is None else f"{stats.memory_budget:,} bytes"
@@ -579,7 +539,7 @@ def _log_summary(
         host.runtime.options.compute_workers,
         _describe_onnxruntime(host.runtime.options),
         open_files,
-        limits.max_connections,
+        max_connections,
         ", auth on" if settings.auth_token is not None else "",
         ", system shared memory on" if settings.system_shared_memory else "",
     )

@@ -203,7 +203,7 @@ class ServerSettings(BaseSettings):
         description="models to load at start, before /v2/health/ready answers ready; "
         "repeat the flag (or separate with commas) for more; * loads every model",
     )
-    # -- the HTTP server's connections (corral.server._connections) ---------------------
+    # -- the HTTP server's connections (corral.server._uvicorn) ---------------------
     max_url_bytes: int = Field(
         8192,
         gt=0,

@@ -46,7 +46,7 @@ from corral._events import Event, EventKind
 from corral._scheduler import QueueKey, QueueStats
 from corral._status import ModelState, ModelStatus, VersionSettings
 from corral.protocol.dataplane import DataPlane, reported_max_batch_size, run_blocking
-from corral.server.http import version_policy_doc
+from corral.server.documents import version_policy_doc
 from corral.server.metrics import process_threads
 
 __all__ = [

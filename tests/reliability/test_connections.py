@@ -35,7 +35,7 @@ from uvicorn.server import ServerState
 from corral.protocol.proto import grpc_service_pb2 as pb
 from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.server import app
-from corral.server._connections import ConnectionLimits, protocol_for
+from corral.server._uvicorn import ConnectionLimits, protocol_for
 from corral.server.app import EXIT_DRAIN_INCOMPLETE
 from corral.server.http import LOOP_SCOPE_KEY
 from corral.testing import build_mlp

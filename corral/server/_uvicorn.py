@@ -1,6 +1,15 @@
-"""The HTTP server's connections: bounded request heads, timeouts, a cap, a drain that answers.
+"""uvicorn behind one adapter: every use of a uvicorn internal in corral is in this module.
 
-uvicorn's httptools protocol, with what it lacks against a hostile or careless client:
+corral serve runs its HTTP servers on uvicorn, and its connections on a subclass of uvicorn's
+httptools protocol (``HttpToolsProtocol``), which is not a public API: uvicorn may change it in
+any release. So every name of uvicorn's that corral touches is here, listed in
+:data:`UVICORN_INTERNALS` with what corral needs of it; ``tests/test_uvicorn_adapter.py``
+checks each one against the installed uvicorn and fails naming what changed, and
+:func:`check_uvicorn` refuses to start a server on a uvicorn whose classes lack one (a clear
+error at start, never an AttributeError mid-request). ``pyproject.toml`` bounds uvicorn above
+at the newest minor release tested.
+
+What the subclass adds to uvicorn's protocol, against a hostile or careless client:
 
 - the request line and headers are bounded in size (``max_url_bytes`` → 414,
   ``max_header_bytes`` → 431, then the connection is closed), counted as bytes arrive, so an
@@ -18,34 +27,43 @@ uvicorn's httptools protocol, with what it lacks against a hostile or careless c
   ``Connection: close``, and an idle connection is closed only after its socket's pending
   bytes have been read, so a request already sent is not dropped.
 
-And one shortcut: the plainest inference request (``POST /v2/models/{name}/infer``, HTTP/1.1,
-a Content-Length of at most :data:`DIRECT_BODY_BYTES`, nothing pipelined before it, no
-``Expect``, ``Transfer-Encoding`` or ``X-Request-ID``) is answered by the app's
-``answer_infer`` straight from the parser's callbacks: no ASGI scope, receive or send, one
-task and one write for the whole response. For a tiny model those ASGI objects and messages
-were about a fifth of the event loop's time per request (``benchmarks/loop_cost.py``,
-``corral-asgi`` against ``corral``; ``make bench-http`` over sockets). Every other request,
-and every request when the app has an access log or tracing on, goes the ASGI way; the
-answers are the same either way (``tests/test_direct_infer.py``).
+And one shortcut, the direct route: the plainest inference request (``POST
+/v2/models/{name}/infer``, HTTP/1.1, a Content-Length of at most :data:`DIRECT_BODY_BYTES`,
+nothing pipelined before it, no ``Expect``, ``Transfer-Encoding`` or ``X-Request-ID``) is
+answered by the app's ``answer_infer`` straight from the parser's callbacks: no ASGI scope,
+receive or send, one task and one write for the whole response. Every other request, and
+every request when the app has an access log or tracing on, goes the ASGI way; the answers
+are the same either way (``tests/test_direct_infer.py``).
+
+What the direct route pays for its coupling, measured (``benchmarks/README.md``, "uvicorn
+behind one adapter"): over sockets with wrk, the tree model at 16 connections, corral serve
+with the direct route against the same server with every request on uvicorn's plain ASGI
+path: see the figure written there. In-process it was about a fifth of the event loop's time
+per request for a tiny model (``benchmarks/loop_cost.py``, ``corral-asgi`` against
+``corral``).
 
 Every refusal is a JSON ``{"error": ...}`` body naming the limit and its option.
 
 Example::
 
     limits = ConnectionLimits(8192, 65536, 10.0, 5.0, 1000)
-    uvicorn.Config(app, http=protocol_for(limits), ws="none")
+    server = EdgeServer(app, "127.0.0.1", 8000, protocol_for(limits), drain_margin_s=35)
+    port = await server.start()
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import httptools
 import orjson
+import uvicorn
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import (
     STATUS_LINE,
@@ -54,12 +72,18 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 from uvicorn.server import ServerState
 
-from corral.server.http import DECODE_INLINE_BYTES, LOOP_SCOPE_KEY
+from corral.server.http import LOOP_SCOPE_KEY
+from corral.server.requests import DECODE_INLINE_BYTES
+from corral.server.routes import direct_infer_model
 
 __all__ = [
+    "UVICORN_INTERNALS",
     "ConnectionLimits",
     "DirectApp",
     "EdgeProtocol",
+    "EdgeServer",
+    "UvicornChanged",
+    "check_uvicorn",
     "end_requests_in_flight",
     "protocol_for",
 ]
@@ -90,9 +114,6 @@ class DirectApp(Protocol):
         ...
 
 
-# The route answered directly, around the model's name.
-_INFER_PREFIX = b"/v2/models/"
-_INFER_SUFFIX = b"/infer"
 # Headers whose requests take the ASGI path: they need what only it does (100-continue, a
 # chunked body, the request id's echo).
 _NOT_DIRECT = frozenset((b"expect", b"transfer-encoding", b"x-request-id"))
@@ -291,17 +312,8 @@ class EdgeProtocol(HttpToolsProtocol):
 
     def _direct_route(self) -> str | None:
         # The model's name if this request is answered directly (see the module's doc).
-        url = self.url
-        if not (url.startswith(_INFER_PREFIX) and url.endswith(_INFER_SUFFIX)):
-            return None
-        raw_name = url[len(_INFER_PREFIX) : -len(_INFER_SUFFIX)]
-        if not raw_name or not raw_name.isascii():
-            return None
-        # The name as the ASGI route would take it: no escapes, query, fragment or folder.
-        # Looked for in a str: CPython's `bytes in bytes` first tries the operand as an int,
-        # raising and clearing a TypeError each time (measured: 2 k instructions a look).
-        name = raw_name.decode("ascii")
-        if "/" in name or "%" in name or "?" in name or "#" in name:
+        name = direct_infer_model(self.url)
+        if name is None:
             return None
         parser = self.parser
         if parser.get_method() != b"POST" or parser.get_http_version() != "1.1":
@@ -502,3 +514,259 @@ def protocol_for(limits: ConnectionLimits, direct: DirectApp | None = None) -> t
     without the ASGI path (see the module's doc); None: every request takes that path.
     """
     return type("EdgeProtocol", (EdgeProtocol,), {"limits": limits, "direct": direct})
+
+
+# -- the servers -------------------------------------------------------------------------
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server without its signal handling: ``corral serve`` owns the signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class EdgeServer:
+    """One uvicorn server on the running event loop: started, stopped and drained by corral.
+
+    ``protocol``: the connections' class (:func:`protocol_for`), or None for uvicorn's own
+    (the metrics port's server). ``drain_margin_s``: uvicorn's own graceful-shutdown timeout,
+    a backstop past corral's drain (:meth:`drain` answers what is left before it).
+    ``keep_alive_s``: uvicorn's keep-alive timeout, for a server without corral's protocol.
+    """
+
+    def __init__(
+        self,
+        app: Any,
+        host: str,
+        port: int,
+        protocol: type[EdgeProtocol] | None,
+        *,
+        drain_margin_s: int,
+        keep_alive_s: int = 5,
+        what: str = "the HTTP server",
+    ) -> None:
+        check_uvicorn()
+        self._what = what
+        self._server = _Server(
+            uvicorn.Config(
+                app,
+                host=host,
+                port=port,
+                http="auto" if protocol is None else protocol,
+                # No WebSocket endpoint: corral's protocol answers an upgrade 400.
+                ws="none",
+                lifespan="off",
+                access_log=False,
+                log_config=None,
+                timeout_keep_alive=keep_alive_s,
+                timeout_graceful_shutdown=drain_margin_s,
+            )
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def task(self) -> asyncio.Task[None]:
+        """The task serving, once :meth:`start` has returned; it ends when the server stops."""
+        if self._task is None:
+            raise RuntimeError(f"{self._what} has not been started")
+        return self._task
+
+    async def start(self, timeout_s: float = 30.0) -> int:
+        """Bind and start serving; returns the port bound. Raises :class:`OSError` if it cannot.
+
+        uvicorn has no started event: it is looked at every 5 ms (startup takes milliseconds).
+        If it does not start within ``timeout_s``, or this is cancelled, nothing is left running.
+        """
+        self._task = task = asyncio.create_task(self._serve())
+        try:
+            deadline = time.monotonic() + timeout_s
+            while not self._server.started:
+                if task.done():
+                    task.result()  # raises what made startup fail
+                    raise RuntimeError(f"{self._what} stopped during startup")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self._what} did not start within {timeout_s:g} s")
+                await asyncio.sleep(0.005)
+        except BaseException:
+            task.cancel()
+            raise
+        return self.port
+
+    @property
+    def port(self) -> int:
+        """The port the server listens on."""
+        for server in self._server.servers:
+            for sock in server.sockets:
+                return int(sock.getsockname()[1])
+        raise RuntimeError(f"{self._what} has no listening socket")
+
+    def stop_accepting(self) -> None:
+        """Stop taking connections; the requests accepted are answered (see :meth:`drain`)."""
+        self._server.should_exit = True
+
+    async def stop(self) -> None:
+        """Stop taking connections and wait until what was accepted is answered."""
+        self.stop_accepting()
+        await self.task
+
+    async def drain(self, timeout_s: float) -> int:
+        """Stop, answer what was accepted within ``timeout_s``; returns how many were cut.
+
+        uvicorn's own graceful timeout cancels requests with a text/plain 500 and an ERROR
+        line each: at ``timeout_s``, those still running are answered 503 first
+        (:func:`end_requests_in_flight`), then uvicorn finishes.
+        """
+        self.stop_accepting()
+        task = self.task
+        ended = 0
+        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        if not done:
+            ended = end_requests_in_flight(self._server.server_state)
+            logger.warning("corral: the drain timeout ran out; %d requests answered 503", ended)
+        await task
+        return ended
+
+    async def _serve(self) -> None:
+        # When uvicorn cannot start (its port taken, say) it logs why and calls sys.exit(3):
+        # out of a task, that would end the event loop before the Host is closed or gRPC
+        # stopped. Raised as an OSError instead, it goes through the drain and the Host's
+        # close, and corral serve says so and exits 1.
+        try:
+            await self._server.serve()
+        except SystemExit as exc:
+            config = self._server.config
+            raise OSError(
+                f"{self._what} could not start on {config.host}:{config.port} "
+                f"(uvicorn exited {exc.code}; the error it logged above says why)"
+            ) from exc
+
+
+# -- what corral needs of uvicorn ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Internals:
+    """Names of one class or module of uvicorn's that this module uses, and what for."""
+
+    #: The class or module they belong to, dotted from ``uvicorn``.
+    owner: str
+    #: ``method`` (looked up on the class), ``attribute`` (set on an instance by uvicorn),
+    #: ``parameter`` (of the owner's constructor), ``constant`` (of the module).
+    kind: str
+    use: str
+    names: tuple[str, ...]
+
+
+_PROTOCOL = "uvicorn.protocols.http.httptools_impl.HttpToolsProtocol"
+_CYCLE = "uvicorn.protocols.http.httptools_impl.RequestResponseCycle"
+_FLOW = "uvicorn.protocols.http.flow_control.FlowControl"
+_SERVER = "uvicorn.server.Server"
+
+#: Every uvicorn name corral uses beyond ``uvicorn.Config``'s and ``uvicorn.Server``'s
+#: documented arguments; ``tests/test_uvicorn_adapter.py`` checks each on the installed uvicorn.
+UVICORN_INTERNALS: tuple[Internals, ...] = (
+    Internals(
+        _PROTOCOL,
+        "method",
+        "EdgeProtocol extends these callbacks (limits, timers, the direct route)",
+        (
+            *("__init__", "connection_made", "connection_lost", "data_received", "shutdown"),
+            *("on_message_begin", "on_headers_complete", "on_body", "on_message_complete"),
+            *("on_response_complete", "timeout_keep_alive_handler"),
+            *("_unset_keepalive_if_required", "_get_upgrade"),
+        ),
+    ),
+    Internals(
+        _PROTOCOL,
+        "attribute",
+        "EdgeProtocol reads or sets the connection's state",
+        (
+            *("app", "loop", "config", "server_state", "connections", "tasks", "parser"),
+            *("cycle", "pipeline", "flow", "logger", "access_logger", "timeout_keep_alive"),
+            *("timeout_keep_alive_task", "transport", "url", "headers", "scope"),
+        ),
+    ),
+    Internals(
+        _CYCLE,
+        "parameter",
+        "the direct route makes a request's cycle as uvicorn does",
+        (
+            *("scope", "transport", "flow", "logger", "access_logger", "access_log"),
+            *("default_headers", "message_event", "expect_100_continue", "keep_alive"),
+            "on_response",
+        ),
+    ),
+    Internals(
+        _CYCLE,
+        "attribute",
+        "the direct route writes a response and ends its cycle as uvicorn's send does",
+        (
+            *("scope", "flow", "keep_alive", "more_body", "response_started"),
+            *("response_complete", "disconnected", "default_headers", "message_event"),
+            "on_response",
+        ),
+    ),
+    Internals(_FLOW, "attribute", "a direct response waits for a paused writer", ("write_paused",)),
+    Internals(
+        _FLOW, "method", "direct responses wait; refusals stop reads", ("drain", "pause_reading")
+    ),
+    Internals(
+        "uvicorn.protocols.http.httptools_impl",
+        "constant",
+        "the direct route and refusals write uvicorn's status lines",
+        ("STATUS_LINE",),
+    ),
+    Internals(
+        "uvicorn.server.ServerState",
+        "attribute",
+        "the connection cap and the drain walk the open connections and tasks",
+        ("connections", "tasks", "default_headers"),
+    ),
+    Internals(_SERVER, "method", "EdgeServer runs uvicorn's server", ("capture_signals", "serve")),
+    Internals(
+        _SERVER,
+        "attribute",
+        "EdgeServer waits for its start, reads its port, stops and drains it",
+        ("should_exit", "started", "servers", "server_state", "config"),
+    ),
+)
+
+
+class UvicornChanged(RuntimeError):
+    """The installed uvicorn lacks a name corral's HTTP server uses (:data:`UVICORN_INTERNALS`)."""
+
+
+def check_uvicorn() -> None:
+    """Raise :class:`UvicornChanged` naming what is missing if uvicorn's classes changed.
+
+    Checks what can be seen without an instance (methods, constructor parameters,
+    constants); the test checks the instances' attributes too. Cheap: once per server.
+    """
+    import importlib
+    import inspect
+
+    missing = []
+    for internals in UVICORN_INTERNALS:
+        module_name, _, attribute = internals.owner.rpartition(".")
+        if internals.kind == "constant":
+            owner: object = importlib.import_module(internals.owner)
+        else:
+            owner = getattr(importlib.import_module(module_name), attribute, None)
+        if owner is None:
+            missing.append(f"{internals.owner} ({internals.use})")
+            continue
+        for name in internals.names:
+            if internals.kind in ("method", "constant") and not hasattr(owner, name):
+                missing.append(f"{internals.owner}.{name} ({internals.use})")
+            elif internals.kind == "parameter":
+                assert isinstance(owner, type)
+                if name not in inspect.signature(owner).parameters:
+                    missing.append(f"{internals.owner}({name}=...) ({internals.use})")
+    if missing:
+        raise UvicornChanged(
+            f"uvicorn {uvicorn.__version__} lacks what corral's HTTP server uses: "
+            + "; ".join(missing)
+            + ". Install the uvicorn version pyproject.toml allows."
+        )
