@@ -5,8 +5,9 @@ Their codecs live here too but are imported only by them, since each needs its s
 ``http_codec`` (orjson) and ``grpc_codec`` (protobuf, with the generated ``proto`` package).
 """
 
-from corral.protocol.dataplane import EXTENSIONS, PLATFORM, DataPlane
+from corral.protocol.dataplane import EXTENSIONS, DataPlane
 from corral.protocol.datatypes import DATATYPES, datatype_of, numpy_dtype
+from corral.protocol.metadata import PLATFORM
 from corral.protocol.types import (
     BatchStatistics,
     Duration,

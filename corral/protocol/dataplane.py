@@ -27,16 +27,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
-import numpy as np
 import numpy.typing as npt
 
 from corral import __version__
-from corral._config import ModelConfig, TensorConfig
-from corral._counters import RequestStats
 from corral._errors import (
     CorralError,
     DeadlineExceeded,
-    InferenceError,
     InvalidInput,
     InvalidModelName,
     ModelLoadError,
@@ -44,13 +40,12 @@ from corral._errors import (
 )
 from corral._host import Host
 from corral._scheduler import QueueStats, deadline_after
-from corral._served import HostLease
-from corral._signature import Signature, TensorSpec
 from corral._status import HostState, ModelState, ModelStatus
 from corral._trace_hooks import RunTrace
-from corral.protocol.classification import class_count, top_classes
+from corral.protocol.classification import class_count
 from corral.protocol.control import CONTROL_TIMEOUT_S, ControlThreads
-from corral.protocol.datatypes import datatype_of
+from corral.protocol.metadata import model_configuration, model_metadata
+from corral.protocol.outputs import classified, outputs_to_run, tensor_output
 from corral.protocol.parameters import check_parameters
 from corral.protocol.shm import EXTENSION as SHARED_MEMORY_EXTENSION
 from corral.protocol.shm import (
@@ -59,9 +54,8 @@ from corral.protocol.shm import (
     SharedMemoryRegistry,
     SharedMemoryUnsupported,
 )
+from corral.protocol.statistics import statistics_rows
 from corral.protocol.types import (
-    Duration,
-    InferOutput,
     InferRequest,
     InferResponse,
     ModelConfiguration,
@@ -69,19 +63,14 @@ from corral.protocol.types import (
     ModelStatistics,
     RepositoryModel,
     ServerMetadata,
-    TensorConfiguration,
-    TensorMetadata,
 )
 
 __all__ = [
-    "BATCHING_PARAMETER",
     "EXTENSIONS",
     "OMITTED_OUTPUTS",
-    "PLATFORM",
     "READY_LOAD_TIMEOUT_S",
     "UNLOAD_TIMEOUT_S",
     "DataPlane",
-    "reported_max_batch_size",
     "run_blocking",
     "status_for",
 ]
@@ -96,10 +85,6 @@ UNLOAD_TIMEOUT_S = 30.0
 #: 60 s network timeout, so that its ``is_model_ready`` gets an answer, not a timeout.
 READY_LOAD_TIMEOUT_S = 30.0
 
-#: Triton's platform name for ONNX models run by onnxruntime: clients key on it.
-PLATFORM = "onnxruntime_onnx"
-#: The model configuration's parameter that says why a model is batched or not.
-BATCHING_PARAMETER = "corral.batching"
 #: The protocol extensions corral implements, as ``GET /v2`` lists them; ``system_shared_memory``
 #: follows them when the data plane has a shared-memory registry.
 EXTENSIONS = (
@@ -123,24 +108,6 @@ _REPOSITORY_STATES = {
     ModelState.UNLOADED: "UNAVAILABLE",
     ModelState.FAILED: "UNAVAILABLE",
 }
-
-# model_config's data_type names (Triton's TYPE_*), by protocol datatype.
-_CONFIG_TYPES = {
-    "BOOL": "TYPE_BOOL",
-    "UINT8": "TYPE_UINT8",
-    "UINT16": "TYPE_UINT16",
-    "UINT32": "TYPE_UINT32",
-    "UINT64": "TYPE_UINT64",
-    "INT8": "TYPE_INT8",
-    "INT16": "TYPE_INT16",
-    "INT32": "TYPE_INT32",
-    "INT64": "TYPE_INT64",
-    "FP16": "TYPE_FP16",
-    "FP32": "TYPE_FP32",
-    "FP64": "TYPE_FP64",
-    "BYTES": "TYPE_STRING",
-}
-
 
 _Status = TypeVar("_Status")
 _Result = TypeVar("_Result")
@@ -357,46 +324,13 @@ class DataPlane:
         status = await self._control.run(
             f"the status of model {name!r}", self._control_timeout_s, self._host.status, name
         )
-        return ModelMetadata(
-            name=lease.name,
-            versions=tuple(str(v.version) for v in status.versions),
-            platform=PLATFORM,
-            inputs=tuple(_tensor_metadata(spec) for spec in signature.inputs),
-            outputs=tuple(_tensor_metadata(spec) for spec in signature.outputs),
-        )
+        return model_metadata(lease.name, [str(v.version) for v in status.versions], signature)
 
     async def model_config(self, name: str, version: str | None = None) -> ModelConfiguration:
         """A model's configuration, as Triton's ``model_config``; loads the model if need be."""
         self._check_explicit(name)
         with await self._host.acquire_async(name, _version_arg(version)) as lease:
-            signature = lease.session.signature
-            batched = lease.max_batch_size
-            batching = lease.batching
-            config = lease.config
-            window = lease.batch_window_us
-            queue_limit = lease.queue_limit
-            policy = lease.session.policy
-            providers = lease.session.providers
-        max_batch_size = reported_max_batch_size(config, batched)
-        # With max_batch_size > 0, Triton's dims leave out the batch dimension.
-        skip = 1 if max_batch_size else 0
-        return ModelConfiguration(
-            name=lease.name,
-            platform=PLATFORM,
-            backend="onnxruntime",
-            max_batch_size=max_batch_size,
-            inputs=_tensor_configurations(signature.inputs, config.inputs, skip),
-            outputs=_tensor_configurations(signature.outputs, config.outputs, skip),
-            parameters={**dict(config.parameters), BATCHING_PARAMETER: batching},
-            version_policy=config.version_policy,
-            batch_window_us=window if batched else None,
-            max_queue_size=queue_limit,
-            queue_timeout_us=config.queue_timeout_us,
-            queue_timeout_override=config.queue_timeout_override,
-            instance_count=policy.size,
-            instance_kind="KIND_GPU" if "CUDAExecutionProvider" in providers else "KIND_CPU",
-            default_model_filename=config.model_filename,
-        )
+            return model_configuration(lease)
 
     def _model_ready(self, name: str, version: str | None) -> bool:
         status = self._host.status(name)
@@ -463,7 +397,7 @@ class DataPlane:
         try:
             signature = lease.session.signature
             if named or signature.uncarried_outputs:
-                wanted, omitted = _outputs_to_run(signature, request)
+                wanted, omitted = outputs_to_run(signature, request)
             else:
                 wanted, omitted = None, []  # every output, all of them tensors
             # The lease's hold passes to the queued request, which keeps the version until
@@ -472,8 +406,8 @@ class DataPlane:
             queued = True
             results = await pending
             if classes:
-                results = _classified(results, classes, lease)
-            outputs = tuple([_output(out_name, value) for out_name, value in results.items()])
+                results = classified(results, classes, lease)
+            outputs = tuple([tensor_output(out_name, value) for out_name, value in results.items()])
             if regions is not None:
                 outputs = regions.write(outputs)
         except CorralError:
@@ -546,54 +480,16 @@ class DataPlane:
         thousand), so code on an event loop awaits :meth:`model_statistics` instead.
         ``Metrics.render`` calls it on a worker thread.
         """
-        return self._statistics_rows(None, None, queues)
+        if queues is None:
+            queues = self._host.queue_stats()
+        return statistics_rows(self._host.request_stats(), queues)
 
     def _model_statistics(self, name: str | None, version: str | None) -> list[ModelStatistics]:
         if name is not None:
             self._host.status(name)  # ModelNotFound for an unknown model
         wanted = None if version is None else self._host.serving_version(name or "", version)
-        return self._statistics_rows(name, wanted)
-
-    def _statistics_rows(
-        self,
-        name: str | None,
-        wanted: int | None,
-        queues: Mapping[tuple[str, int], QueueStats] | None = None,
-    ) -> list[ModelStatistics]:
-        if queues is None:
-            queues = self._host.queue_stats()
-        counters = self._host.request_stats()
-        keys = set(counters) | set(queues)
-        rows = []
-        for key in sorted(keys):
-            if (name is not None and key[0] != name) or wanted not in (None, key[1]):
-                continue
-            c = counters.get(key, _NO_REQUESTS)
-            queue = queues.get(key)
-            # Triton's compute counts: one per run for each stage, which perf_analyzer checks.
-            runs = queue.runs if queue else 0
-            rows.append(
-                ModelStatistics(
-                    name=key[0],
-                    version=str(key[1]),
-                    last_inference=c.last_inference_ms,
-                    inference_count=c.success_count,
-                    execution_count=runs,
-                    success=Duration(c.success_count, c.success_ns),
-                    fail=Duration(c.fail_count, c.fail_ns),
-                    queue=Duration(
-                        queue.rows if queue else 0, _ns(queue.queue_seconds_sum) if queue else 0
-                    ),
-                    compute_input=Duration(
-                        runs, _ns(queue.compute_input_seconds_sum) if queue else 0
-                    ),
-                    compute_infer=Duration(runs, _ns(queue.compute_seconds_sum) if queue else 0),
-                    compute_output=Duration(
-                        runs, _ns(queue.compute_output_seconds_sum) if queue else 0
-                    ),
-                )
-            )
-        return rows
+        queues = self._host.queue_stats()
+        return statistics_rows(self._host.request_stats(), queues, name, wanted)
 
     async def repository_index(self, *, ready_only: bool = False) -> list[RepositoryModel]:
         """Every model in the repository, one row per version the Host knows of."""
@@ -664,11 +560,6 @@ class DataPlane:
         self._host.count_request(name, version, elapsed, ok=ok)
 
 
-_NO_REQUESTS = RequestStats()
-
-
-#: Request parameters of Triton's that corral cannot honour, and why. Each is refused when
-#: set to anything but its default (0, an empty string, false), which asks for nothing.
 def _failed_to_load(name: str, error: CorralError) -> CorralError:
     # The same type, its message led by Triton's words ("failed to load 'simple', ...").
     prefixed = copy.copy(error)
@@ -686,126 +577,6 @@ def _shared_memory_off(doing: str) -> str:
 def _version_arg(version: str | None) -> str | None:
     # The protocol spells versions as strings; "" means "not given" in some clients.
     return version or None
-
-
-def _ns(seconds: float) -> int:
-    return int(seconds * 1e9)
-
-
-def _tensor_metadata(spec: TensorSpec) -> TensorMetadata:
-    return TensorMetadata(
-        spec.name,
-        _spec_datatype(spec),
-        tuple(d if isinstance(d, int) else -1 for d in spec.shape),
-    )
-
-
-def _spec_datatype(spec: TensorSpec) -> str:
-    if spec.dtype is None:
-        return spec.onnx_type  # a sequence or map: no protocol datatype carries it
-    return datatype_of(spec.dtype)
-
-
-def _tensor_configurations(
-    specs: tuple[TensorSpec, ...], declared: tuple[TensorConfig, ...], skip: int
-) -> tuple[TensorConfiguration, ...]:
-    """The model's tensors, as a config.pbtxt declares them where it does (checked at load)."""
-    by_name = {tensor.name: tensor for tensor in declared}
-    answer = []
-    for spec in specs:
-        tensor = by_name.get(spec.name)
-        if tensor is None:
-            answer.append(_tensor_configuration(spec, skip))
-        else:
-            answer.append(
-                TensorConfiguration(
-                    tensor.name,
-                    tensor.data_type,
-                    tensor.dims,
-                    format=tensor.format,
-                    label_filename=tensor.label_filename,
-                    reshape=tensor.reshape,
-                )
-            )
-    return tuple(answer)
-
-
-def _tensor_configuration(spec: TensorSpec, skip: int) -> TensorConfiguration:
-    datatype = _spec_datatype(spec)
-    dims = tuple(d if isinstance(d, int) else -1 for d in spec.shape)[skip:]
-    return TensorConfiguration(spec.name, _CONFIG_TYPES.get(datatype, datatype), dims)
-
-
-def _outputs_to_run(
-    signature: Signature, request: InferRequest
-) -> tuple[list[str] | None, list[str]]:
-    """The outputs to compute (None: all), and those left out because no tensor carries them.
-
-    A request that names no outputs gets every tensor output; the others (a sequence of
-    maps, as scikit-learn classifiers' ZipMap gives) are not even computed. A request that
-    names one of those is refused.
-    """
-    named = [output.name for output in request.outputs]
-    uncarried = {spec.name: spec for spec in signature.outputs if spec.dtype is None}
-    if not uncarried:
-        return named or None, []
-    if named:
-        for output_name in named:
-            spec = uncarried.get(output_name)
-            if spec is not None:
-                raise InvalidInput(
-                    f"output {output_name!r} is a {spec.onnx_type}, which no tensor of the "
-                    f"protocol can carry; ask for the tensor outputs: {_tensor_names(signature)}",
-                    tensor=output_name,
-                )
-        return named, []
-    wanted = [spec.name for spec in signature.outputs if spec.dtype is not None]
-    if not wanted:
-        described = ", ".join(f"{spec.name!r} ({spec.onnx_type})" for spec in uncarried.values())
-        raise InvalidInput(
-            f"none of the model's outputs is a tensor the protocol can carry: {described}"
-        )
-    return wanted, list(uncarried)
-
-
-def _tensor_names(signature: Signature) -> str:
-    return ", ".join(repr(spec.name) for spec in signature.outputs if spec.dtype is not None)
-
-
-def reported_max_batch_size(config: ModelConfig, batched: int) -> int:
-    """What ``/config`` and the status page report: a config.pbtxt's own, else rows batched."""
-    # A config.pbtxt's: its dims leave out a batch dimension whenever it says the model has
-    # one, even if this Host does not batch (corral.batching says whether it does).
-    return (config.max_batch_size or 0) if config.source == "config.pbtxt" else batched
-
-
-def _classified(
-    results: Mapping[str, Any], classes: Mapping[str, int], lease: HostLease
-) -> dict[str, Any]:
-    """``results`` with each output asked for by class replaced by its top classes."""
-    config = lease.config
-    batched = reported_max_batch_size(config, lease.max_batch_size) > 0
-    labels = {tensor.name: tensor.labels for tensor in config.outputs}
-    answer = dict(results)
-    for name, count in classes.items():
-        value = answer[name]
-        if not isinstance(value, np.ndarray):
-            continue  # _output refuses it, naming it
-        answer[name] = top_classes(name, value, count, batched=batched, labels=labels.get(name, ()))
-    return answer
-
-
-def _output(name: str, value: Any) -> InferOutput:
-    if not isinstance(value, np.ndarray):
-        raise InferenceError(
-            f"output {name!r} is a {type(value).__name__}, not a tensor: the protocol cannot "
-            "carry it; ask only for tensor outputs"
-        )
-    try:
-        datatype = datatype_of(value.dtype)
-    except ValueError as exc:
-        raise InferenceError(f"output {name!r}: {exc}") from exc
-    return InferOutput(name, datatype, tuple(value.shape), value)
 
 
 def _index_rows(model: ModelStatus, ready_only: bool) -> list[RepositoryModel]:
