@@ -528,7 +528,7 @@ class HttpApp:
                 ):
                     raise HttpError(400, 'the index request must be {"ready": true|false}')
                 ready_only = options.get("ready", False)
-            rows = await self._plane.repository_index(ready_only=ready_only)
+            rows = await self._plane.control.repository_index(ready_only=ready_only)
             await _json(send, 200, [_index_doc(row) for row in rows])
         elif len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
             with self._bodies.reserve(0) as held:
@@ -539,10 +539,10 @@ class HttpApp:
                     else:
                         config, files = _load_parameters(rest[1], body)
                     # Held until the load ends: the uploaded bytes are in memory until then.
-                    await self._plane.load(rest[1], config=config, files=files)
+                    await self._plane.control.load(rest[1], config=config, files=files)
                 else:
                     _unload_parameters(rest[1], body)
-                    await self._plane.unload(rest[1])
+                    await self._plane.control.unload(rest[1])
             await _respond(send, 200, b"", _JSON)
         else:
             raise HttpError(404, "no such repository endpoint")
