@@ -1,4 +1,5 @@
-"""The protocol's data plane on a Host: metadata, readiness, inference, statistics, repository."""
+"""The protocol's data plane on a Host: metadata, readiness, inference, statistics; with its model
+control: the repository index, load and unload, and the readiness they leave."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from corral.protocol import (
     DataPlane,
     InferInput,
     InferRequest,
+    ModelControl,
     RequestedOutput,
     TensorConfiguration,
 )
@@ -70,14 +72,15 @@ def test_model_ready_loads_the_model_and_unknown_models_are_not_found(versioned_
 @pytest.mark.timeout(60)
 def test_readiness_requests_at_once_for_a_model_not_loaded_load_it_once(versioned_repo: Path):
     with Host(versioned_repo) as host:
-        plane = DataPlane(host)
+        control = ModelControl(host)
+        plane = DataPlane(host, control=control)
 
         async def ask() -> list[bool]:
             return await asyncio.gather(*(plane.model_ready("mlp") for _ in range(16)))
 
         assert asyncio.run(ask()) == [True] * 16
         assert host.stats().loads == 1  # one load, whichever request started it
-        asyncio.run(plane.unload("mlp"))
+        asyncio.run(control.unload("mlp"))
         assert asyncio.run(ask()) == [False] * 16  # unloaded through the protocol: not loaded
         assert host.stats().loads == 1
 
@@ -194,37 +197,39 @@ def test_statistics_count_successes_failures_and_runs(versioned_repo: Path):
 
 def test_repository_index_load_and_unload(versioned_repo: Path):
     with Host(versioned_repo) as host:
-        plane = DataPlane(host)
-        asyncio.run(plane.load("mlp"))
+        control = ModelControl(host)
+        plane = DataPlane(host, control=control)
+        asyncio.run(control.load("mlp"))
         with pytest.raises(corral.ModelLoadError):
-            asyncio.run(plane.load("broken"))
-        rows = {(r.name, r.version): r for r in asyncio.run(plane.repository_index())}
+            asyncio.run(control.load("broken"))
+        rows = {(r.name, r.version): r for r in asyncio.run(control.repository_index())}
         assert rows[("mlp", "1")].state == "READY"
         assert rows[("tree", "")].state == "UNAVAILABLE"  # never asked for: no versions read
         assert rows[("broken", "1")].state == "UNAVAILABLE"
         assert "could not load" in rows[("broken", "1")].reason
         assert [
-            (r.name, r.version) for r in asyncio.run(plane.repository_index(ready_only=True))
+            (r.name, r.version) for r in asyncio.run(control.repository_index(ready_only=True))
         ] == [("mlp", "1")]
-        asyncio.run(plane.unload("mlp"))
-        assert asyncio.run(plane.repository_index(ready_only=True)) == []
+        asyncio.run(control.unload("mlp"))
+        assert asyncio.run(control.repository_index(ready_only=True)) == []
         # Unloaded through the protocol: readiness does not load it again ...
         assert not asyncio.run(plane.model_ready("mlp"))
         assert host.status("mlp").state is corral.ModelState.UNLOADED
         # ... until it is loaded again, by a request or through the protocol.
         host.infer("mlp", {"X": X})
         assert asyncio.run(plane.model_ready("mlp"))
-        asyncio.run(plane.unload("mlp"))
-        asyncio.run(plane.load("mlp"))
+        asyncio.run(control.unload("mlp"))
+        asyncio.run(control.load("mlp"))
         assert asyncio.run(plane.model_ready("mlp"))
 
 
 @pytest.mark.timeout(60)
 def test_a_failed_model_is_not_ready_and_the_index_says_why(versioned_repo: Path):
     with Host(versioned_repo) as host:
-        plane = DataPlane(host)
+        control = ModelControl(host)
+        plane = DataPlane(host, control=control)
         assert not asyncio.run(plane.model_ready("broken"))
-        (row,) = [r for r in asyncio.run(plane.repository_index()) if r.name == "broken"]
+        (row,) = [r for r in asyncio.run(control.repository_index()) if r.name == "broken"]
         assert (row.state, "could not load" in row.reason) == ("UNAVAILABLE", True)
         assert not asyncio.run(plane.model_ready("broken"))  # the failure, not a second load
 
@@ -271,10 +276,11 @@ def test_the_server_is_not_ready_until_the_models_to_load_at_start_are_loaded(
 
     monkeypatch.setattr(_loader, "Session", held_session)
     with Host(versioned_repo) as host:
-        plane = DataPlane(host, loads_at_start=True, explicit=True)
+        control = ModelControl(host, loads_at_start=True, explicit=True)
+        plane = DataPlane(host, control=control)
         assert not plane.ready()
         failures: list[dict[str, corral.CorralError]] = []
-        loader = threading.Thread(target=lambda: failures.append(plane.preload(["mlp", "nope"])))
+        loader = threading.Thread(target=lambda: failures.append(control.preload(["mlp", "nope"])))
         loader.start()
         try:
             assert entered.wait(30)

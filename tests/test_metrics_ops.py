@@ -26,7 +26,7 @@ from corral._counters import (
     load_failure_reason,
 )
 from corral._scheduler import QueueStats
-from corral.protocol import DataPlane, InferInput, InferRequest
+from corral.protocol import DataPlane, InferInput, InferRequest, ModelControl
 from corral.protocol.control import ControlThreads
 from corral.server.bodies import BodyBudget, BodyBudgetExceeded
 from corral.server.metrics import REFUSAL_REASONS, Metrics
@@ -209,20 +209,17 @@ def test_queue_full_expired_and_cancelled_requests_are_counted(tmp_path: Path):
 
 
 @pytest.mark.timeout(60)
-def test_body_budget_and_control_plane_refusals_are_counted(
-    repo: Path, monkeypatch: pytest.MonkeyPatch
-):
+def test_body_budget_and_control_plane_refusals_are_counted(repo: Path):
     budget = BodyBudget(100)
     with budget.reserve(60), pytest.raises(BodyBudgetExceeded):
         budget.reserve(41)
-    control = ControlThreads(limit=1)
+    threads = ControlThreads(limit=1)
     gate = CallGate()
     with Host(repo) as host:
-        plane = DataPlane(host)
-        monkeypatch.setattr(plane, "_control", control)
+        plane = DataPlane(host, control=ModelControl(host, threads=threads))
 
         async def refused_while_held() -> None:
-            held = asyncio.ensure_future(control.run("a held call", None, gate.hold))
+            held = asyncio.ensure_future(threads.run("a held call", None, gate.hold))
             assert await asyncio.to_thread(gate.reached.wait, 10)
             try:
                 with pytest.raises(corral.Overloaded):

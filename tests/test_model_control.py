@@ -19,7 +19,7 @@ import corral
 from corral import Host
 from corral._errors import ModelConfigError, ModelLoadError
 from corral._overrides import Uploads, check_upload_paths
-from corral.protocol import DataPlane
+from corral.protocol import DataPlane, ModelControl
 from corral.server.http import DECODE_INLINE_BYTES, HttpApp
 from corral.testing import build_linear
 from tests.helpers import add_model, reference_run
@@ -180,6 +180,41 @@ def test_close_removes_the_uploads(repo: Path):
         assert root is not None
         assert os.path.isdir(root)
     assert not os.path.exists(root)
+
+
+# -- the rules the data plane serves by -----------------------------------------------------
+
+
+def test_every_model_is_served_and_readiness_does_not_reload_one_unloaded(host: Host):
+    control = ModelControl(host)
+    assert control.preloaded  # nothing to load at start
+    control.check_served("linear")
+    assert control.readiness_may_load("linear")
+    asyncio.run(control.load("linear"))
+    asyncio.run(control.unload("linear"))
+    assert not control.readiness_may_load("linear")  # unloaded through the protocol
+    assert control.ready_answer("linear")  # seen ready since: readiness may load it again
+    assert control.readiness_may_load("linear")
+    with pytest.raises(corral.InvalidModelName):
+        asyncio.run(control.unload("a/b"))
+    assert control.readiness_may_load("a/b")  # no such model: nothing remembered
+
+
+def test_explicit_control_serves_only_the_models_loaded_through_it(host: Host):
+    control = ModelControl(host, explicit=True, loads_at_start=True)
+    assert not control.preloaded
+    assert control.preload([]) == {}
+    assert control.preloaded
+    with pytest.raises(corral.ModelNotFound, match="under explicit model control"):
+        control.check_served("linear")
+    assert not control.ready_answer("linear")
+    asyncio.run(control.load("linear"))
+    control.check_served("linear")
+    assert control.ready_answer("linear")
+    assert not control.readiness_may_load("linear")  # only load() loads
+    asyncio.run(control.unload("linear"))
+    with pytest.raises(corral.ModelNotFound):
+        control.check_served("linear")
 
 
 # -- HTTP, in process ------------------------------------------------------------------------

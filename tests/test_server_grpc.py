@@ -34,8 +34,7 @@ from tritonclient.utils import InferenceServerException
 import corral
 from corral import Host, ModelState
 from corral._proto import model_config_pb2 as config_pb
-from corral.protocol import grpc_codec
-from corral.protocol.dataplane import PLATFORM, DataPlane
+from corral.protocol import PLATFORM, DataPlane, grpc_codec
 from corral.protocol.proto import grpc_service_pb2 as pb
 from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.protocol.types import InferOutput, InferResponse

@@ -178,7 +178,8 @@ def test_the_internals_are_well_formed():
         assert isinstance(internals, Internals)
         assert internals.kind in kinds, internals
         assert internals.owner.startswith("uvicorn."), internals
-        assert internals.names and internals.use, internals
+        assert internals.names, internals
+        assert internals.use, internals
 
 
 def test_no_other_module_of_corral_imports_uvicorn():

@@ -34,6 +34,7 @@ from corral._host import Host
 from corral._runtime import Runtime, RuntimeOptions
 from corral.protocol.control import ControlThreads
 from corral.protocol.dataplane import DataPlane
+from corral.protocol.model_control import ModelControl
 from corral.protocol.shm import SharedMemoryRegistry
 from corral.server._uvicorn import ConnectionLimits, EdgeServer, protocol_for
 from corral.server.bodies import BodyBudget
@@ -148,12 +149,16 @@ async def serve(
             shared_memory = SharedMemoryRegistry(settings.max_shared_memory_regions)
             # Every region unmapped, each once the requests still using it are done.
             resources.callback(shared_memory.close)
-        plane = DataPlane(
+        control = ModelControl(
             host,
-            name=settings.server_name,
-            ready_load_timeout_s=settings.ready_load_timeout_s,
             explicit=settings.model_control_mode == "explicit",
             loads_at_start=bool(settings.load_model),
+        )
+        plane = DataPlane(
+            host,
+            control=control,
+            name=settings.server_name,
+            ready_load_timeout_s=settings.ready_load_timeout_s,
             shared_memory=shared_memory,
         )
         # One budget for both transports: memory is the process's, whichever way bytes came.
@@ -422,7 +427,7 @@ async def _load_at_start(plane: DataPlane, names: tuple[str, ...]) -> None:
 
     # A daemon thread of its own: a hung load never holds the loop or a shared executor.
     failures = await ControlThreads(1).run(
-        "loading the models of --load-model", None, plane.preload, wanted, progress
+        "loading the models of --load-model", None, plane.control.preload, wanted, progress
     )
     if failures:
         reasons = "; ".join(f"{name!r}: {error}" for name, error in sorted(failures.items()))

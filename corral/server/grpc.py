@@ -1,8 +1,9 @@
 """The Open Inference Protocol over gRPC: a grpc.aio servicer on the data plane.
 
 Each RPC of ``inference.GRPCInferenceService`` decodes its message into
-:mod:`corral.protocol.types`, makes one :class:`~corral.protocol.dataplane.DataPlane` call and
-encodes the answer, both with :mod:`corral.protocol.grpc_codec`. corral's errors become gRPC
+:mod:`corral.protocol.types`, makes one :class:`~corral.protocol.dataplane.DataPlane` call (or,
+for the repository RPCs, one call of its :class:`~corral.protocol.model_control.ModelControl`)
+and encodes the answer, both with :mod:`corral.protocol.grpc_codec`. corral's errors become gRPC
 status codes through one table, :data:`STATUS`.
 
 Example::
@@ -274,6 +275,9 @@ def _code_name(code: Any) -> str:
 class InferenceServicer:
     """``inference.GRPCInferenceService`` on a :class:`DataPlane`: one data plane call per RPC.
 
+    The repository RPCs (index, load, unload) call the plane's model control
+    (:attr:`DataPlane.control`), whose rules the plane serves by.
+
     :func:`start_grpc_server` runs it; to add it to a grpc.aio server of your own::
 
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), server)
@@ -295,6 +299,7 @@ class InferenceServicer:
         access_log: bool = False,
     ) -> None:
         self._plane = plane
+        self._control = plane.control
         self._body_budget = body_budget
         self._tracing = tracing
         self._access_log = access_log
@@ -425,7 +430,7 @@ class InferenceServicer:
     ) -> pb.RepositoryIndexResponse:
         """Every model in the repository, one row per version the server knows of."""
         _one_repository(request.repository_name)
-        rows = await self._plane.repository_index(ready_only=request.ready)
+        rows = await self._control.repository_index(ready_only=request.ready)
         return grpc_codec.encode_repository_index(rows)
 
     @_answers
@@ -435,7 +440,7 @@ class InferenceServicer:
         """Load (or reload) a model from its files now; its load errors are the answer."""
         _one_repository(request.repository_name)
         config, files = _load_parameters(request.model_name, request.parameters)
-        await self._plane.load(request.model_name, config=config, files=files)
+        await self._control.load(request.model_name, config=config, files=files)
         return pb.RepositoryModelLoadResponse()
 
     @_answers
@@ -450,7 +455,7 @@ class InferenceServicer:
             raise _Refused(
                 grpc.StatusCode.UNIMPLEMENTED, f"unload parameters {unknown} are not supported"
             )
-        await self._plane.unload(request.model_name)
+        await self._control.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
     @_answers

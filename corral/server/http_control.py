@@ -81,7 +81,7 @@ class HttpControl:
             if not isinstance(options, dict) or not isinstance(options.get("ready", False), bool):
                 raise HttpError(400, 'the index request must be {"ready": true|false}')
             ready_only = options.get("ready", False)
-        rows = await self._plane.repository_index(ready_only=ready_only)
+        rows = await self._plane.control.repository_index(ready_only=ready_only)
         await respond_json(send, 200, [index_doc(row) for row in rows])
 
     async def _load_or_unload(
@@ -95,10 +95,10 @@ class HttpControl:
                 else:
                     config, files = load_parameters(name, body)
                 # Held until the load ends: the uploaded bytes are in memory until then.
-                await self._plane.load(name, config=config, files=files)
+                await self._plane.control.load(name, config=config, files=files)
             else:
                 unload_parameters(name, body)
-                await self._plane.unload(name)
+                await self._plane.control.unload(name)
         await respond(send, 200, b"", JSON)
 
     async def _register_or_unregister(

@@ -45,7 +45,8 @@ from corral._counters import REQUEST_SECONDS_BUCKETS, LatencyStats, RequestStats
 from corral._events import Event, EventKind
 from corral._scheduler import QueueKey, QueueStats
 from corral._status import ModelState, ModelStatus, VersionSettings
-from corral.protocol.dataplane import DataPlane, reported_max_batch_size, run_blocking
+from corral.protocol.dataplane import DataPlane, run_blocking
+from corral.protocol.metadata import reported_max_batch_size
 from corral.server.documents import version_policy_doc
 from corral.server.metrics import process_threads
 
