@@ -77,6 +77,11 @@ def infer_call(name: str, x: np.ndarray = X, **headers: str) -> HttpCall:
         ("/v2", None),
         ("/metrics", None),
         ("/v1/models/fraud", None),
+        # Taken from the route table: only an endpoint's path names a model.
+        ("/v2/models/fraud/config", "fraud"),
+        ("/v2/models/fraud/nope/more", None),
+        ("/v2/corral/status/models/fraud", None),
+        ("/v2/repository/models/fraud/load", None),
     ],
 )
 def test_model_in_path(path: str, model: str | None):
