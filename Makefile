@@ -17,7 +17,7 @@ COVERAGE_FLOOR := 96.5
 DEMO_REPOSITORY := demo-models
 
 .PHONY: help venv tools lint typecheck test test-min soak serve demo bench bench-quick bench-create \
-	bench-footprint bench-scenarios bench-http bench-ray bench-real proto clean
+	bench-footprint bench-scenarios bench-http bench-edge bench-ray bench-real proto clean
 
 help:
 	@echo "make serve            serve $(DEMO_REPOSITORY)/ (1,000 tiny models) on :8000 (HTTP) and :8001 (gRPC)"
@@ -29,6 +29,7 @@ help:
 	@echo "make bench-footprint  threads, RSS and load time for 100 / 1,000 / 10,000 models"
 	@echo "make bench-scenarios  requests/s: shared and per-thread sessions vs corral, 1 to 32 callers"
 	@echo "make bench-http       requests/s, p50/p99: corral serve vs a raw ASGI and a FastAPI handler (needs wrk)"
+	@echo "make bench-edge       corral serve's HTTP edge: direct route, ASGI only, plain uvicorn (BEFORE=checkout too)"
 	@echo "make bench            corral vs FastAPI, MLServer, Triton, Ray Serve on 1,000 models -> docs/benchmarks.md"
 	@echo "make bench-quick      the same on 50 models, corral and FastAPI only, in under a minute"
 	@echo "make bench-real       real models from PyPI wheels: corral vs FastAPI, MLServer, the ceiling"
@@ -139,6 +140,10 @@ bench-scenarios: $(STAMP)
 
 bench-http: $(STAMP) tools
 	$(BIN)/python benchmarks/http_bench.py
+
+# BEFORE=DIR adds corral serve from another checkout (a git worktree of an earlier commit).
+bench-edge: $(STAMP) tools
+	$(BIN)/python benchmarks/edge_ab.py $(if $(BEFORE),--before $(BEFORE)) --binary
 
 # Each peer installs into its own venv under ~/.cache/corral-bench (CORRAL_BENCH_CACHE).
 bench: $(STAMP) tools
