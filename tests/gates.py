@@ -2,7 +2,8 @@
 
 :class:`RunGate` holds a served version's runs, and with them the compute workers;
 :class:`CallGate` holds a slow operation (a listing, a model's files, a load, a scrape) while
-the test checks that other requests are answered meanwhile.
+the test checks that other requests are answered meanwhile; :class:`BuildGate` holds the
+builds of chosen models' sessions.
 """
 
 from __future__ import annotations
@@ -63,6 +64,31 @@ class CallGate:
         # it must fail on its assertions rather than hang.
         if not self.opened.wait(10):
             raise TimeoutError("the gate was never opened")
+
+
+class BuildGate:
+    """Holds the sessions built for the models named in :attr:`held` until opened.
+
+    Patches Session's constructor (undone with ``monkeypatch``) and lists every session
+    built, as the loader names them (``name:version``), held or not.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.held: set[str] = set()
+        self.started: list[str] = []
+        self.reached = threading.Event()
+        self.opened = threading.Event()
+        build = corral.Session.__init__
+
+        def held_build(session: corral.Session, model: Any, **options: Any) -> None:
+            name = str(options.get("name", ""))
+            self.started.append(name)
+            if name.split(":")[0] in self.held:
+                self.reached.set()
+                assert self.opened.wait(timeout=30), "the build gate was never opened"
+            build(session, model, **options)
+
+        monkeypatch.setattr(corral.Session, "__init__", held_build)
 
 
 def hold_filesystem(
