@@ -18,14 +18,24 @@ import numpy as np
 import pytest
 
 import corral
-from corral import Host, _loader
+from corral import Host, HostLease, _loader
+from corral._served import ServedVersion
 from corral.protocol import DataPlane, ModelStatistics
+
+
+def served_version(lease: HostLease) -> ServedVersion:
+    """The served version a lease holds: what the scheduler queues and runs (``run_admitted``).
+
+    A HostLease keeps it to itself; the tests that hold or watch a version's runs take it
+    here, the one place that knows where it is kept.
+    """
+    return lease._served
 
 
 class RunGate:
     """Holds every scheduled run of one served version until opened; counts runs as they start."""
 
-    def __init__(self, served: Any) -> None:
+    def __init__(self, served: ServedVersion) -> None:
         self.open = threading.Event()
         self.started = threading.Semaphore(0)
         self.rows: list[int] = []
@@ -43,7 +53,7 @@ class RunGate:
 def hold_compute_workers(host: Host) -> tuple[RunGate, list[Future[Any]]]:
     """Occupy every compute worker with a held run of the loaded 'slow' model."""
     with host.acquire("slow") as lease:
-        gate = RunGate(lease._served)
+        gate = RunGate(served_version(lease))
     workers = corral.runtime().options.compute_workers
     blockers = [host.submit("slow", {"X": np.full((1, 4), i, np.float32)}) for i in range(workers)]
     for _ in range(workers):

@@ -19,7 +19,7 @@ from corral import Host, HostLease, ModelState
 from corral._budget import estimate_footprint_bytes, estimate_model_bytes
 from corral._modelfile import ModelFootprint, read_footprint
 from corral.testing import build_linear, build_mlp, build_tree
-from tests.gates import CallGate
+from tests.gates import CallGate, served_version
 from tests.helpers import add_model, build_reshape, reference_run, wait_until
 
 X = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
@@ -442,7 +442,7 @@ def test_a_lease_released_as_it_queues_holds_the_version_until_the_answer(
         host.load("mlp")
         lease = host.lease_if_ready("mlp")
         assert lease is not None
-        session, served = lease.session, lease._served
+        session, served = lease.session, served_version(lease)
         real_run = served.run_admitted
         blocked, unblock = threading.Event(), threading.Event()
 
@@ -500,7 +500,7 @@ def test_a_probed_model_run_apart_says_so_in_its_batching_reason(repo_with_bare_
         assert reason.startswith("batched (probed): ")
         assert "runs alone now" not in reason
         lease = host.acquire("mlp")
-        queue, scheduler = lease._served.queue, host.runtime.scheduler()
+        queue, scheduler = served_version(lease).queue, host.runtime.scheduler()
         assert queue is not None
         assert queue.adaptive
         with scheduler._lock:  # what the queue's runs would have found: shared rows dearer
