@@ -10,14 +10,16 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import corral
 from corral.testing import build_linear, build_mlp, build_tree
-from tests.helpers import add_model, build_slow_loop
+from tests.gates import BuildGate
+from tests.helpers import Pieces, add_model, build_slow_loop
 
 
 @pytest.fixture(autouse=True)
@@ -84,6 +86,30 @@ def repo(tmp_path: Path) -> Path:
     add_model(tmp_path, "mlp", build_mlp(seed=1))
     add_model(tmp_path, "tree", build_tree(seed=2))
     return tmp_path
+
+
+@pytest.fixture
+def make_pieces(repo: Path) -> Iterator[Callable[..., Pieces]]:
+    """A Host's pieces over the common repository (two load workers unless told), closed after."""
+    made: list[Pieces] = []
+
+    def make(**options: Any) -> Pieces:
+        made.append(Pieces.over(repo, **{"load_concurrency": 2, **options}))
+        return made[-1]
+
+    yield make
+    for pieces in made:
+        pieces.close()
+
+
+@pytest.fixture
+def builds(
+    monkeypatch: pytest.MonkeyPatch, make_pieces: Callable[..., Pieces]
+) -> Iterator[BuildGate]:
+    """A :class:`BuildGate` on every session built; opened before the pieces close."""
+    gate = BuildGate(monkeypatch)
+    yield gate
+    gate.opened.set()
 
 
 @pytest.fixture

@@ -2,7 +2,8 @@
 
 :class:`RunGate` holds a served version's runs, and with them the compute workers;
 :class:`CallGate` holds a slow operation (a listing, a model's files, a load, a scrape) while
-the test checks that other requests are answered meanwhile.
+the test checks that other requests are answered meanwhile; :class:`BuildGate` holds the
+builds of chosen models' sessions.
 """
 
 from __future__ import annotations
@@ -17,14 +18,24 @@ import numpy as np
 import pytest
 
 import corral
-from corral import Host, _loader
+from corral import Host, HostLease, _loader
+from corral._served import ServedVersion
 from corral.protocol import DataPlane, ModelStatistics
+
+
+def served_version(lease: HostLease) -> ServedVersion:
+    """The served version a lease holds: what the scheduler queues and runs (``run_admitted``).
+
+    A HostLease keeps it to itself; the tests that hold or watch a version's runs take it
+    here, the one place that knows where it is kept.
+    """
+    return lease._served
 
 
 class RunGate:
     """Holds every scheduled run of one served version until opened; counts runs as they start."""
 
-    def __init__(self, served: Any) -> None:
+    def __init__(self, served: ServedVersion) -> None:
         self.open = threading.Event()
         self.started = threading.Semaphore(0)
         self.rows: list[int] = []
@@ -42,7 +53,7 @@ class RunGate:
 def hold_compute_workers(host: Host) -> tuple[RunGate, list[Future[Any]]]:
     """Occupy every compute worker with a held run of the loaded 'slow' model."""
     with host.acquire("slow") as lease:
-        gate = RunGate(lease._served)
+        gate = RunGate(served_version(lease))
     workers = corral.runtime().options.compute_workers
     blockers = [host.submit("slow", {"X": np.full((1, 4), i, np.float32)}) for i in range(workers)]
     for _ in range(workers):
@@ -63,6 +74,31 @@ class CallGate:
         # it must fail on its assertions rather than hang.
         if not self.opened.wait(10):
             raise TimeoutError("the gate was never opened")
+
+
+class BuildGate:
+    """Holds the sessions built for the models named in :attr:`held` until opened.
+
+    Patches Session's constructor (undone with ``monkeypatch``) and lists every session
+    built, as the loader names them (``name:version``), held or not.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.held: set[str] = set()
+        self.started: list[str] = []
+        self.reached = threading.Event()
+        self.opened = threading.Event()
+        build = corral.Session.__init__
+
+        def held_build(session: corral.Session, model: Any, **options: Any) -> None:
+            name = str(options.get("name", ""))
+            self.started.append(name)
+            if name.split(":")[0] in self.held:
+                self.reached.set()
+                assert self.opened.wait(timeout=30), "the build gate was never opened"
+            build(session, model, **options)
+
+        monkeypatch.setattr(corral.Session, "__init__", held_build)
 
 
 def hold_filesystem(

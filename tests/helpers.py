@@ -17,8 +17,10 @@ import threading
 import time
 import traceback
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import onnx
@@ -27,6 +29,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 import corral
 from corral import _ort
+from corral._counters import HostCounters, RunCounters
+from corral._loader import Loader
+from corral._probe import BatchPlan
+from corral._reload import Reloader
+from corral._scheduler import DEFAULT_QUEUE_LIMIT
+from corral._served import ServedVersion
+from corral._table import ModelTable
 
 # -- repositories ----------------------------------------------------------------------------
 
@@ -193,6 +202,69 @@ def reference_run(model: bytes, feed: dict[str, np.ndarray]) -> list[np.ndarray]
     options = _ort.session_options(arena="off")
     session = _ort.create_session(model, options, ["CPUExecutionProvider"])
     return list(session.run(None, feed))
+
+
+# -- pieces of a Host ------------------------------------------------------------------------
+
+
+def build_served(
+    entry: corral.ModelEntry,
+    version: int = 1,
+    *,
+    size_bytes: int = 1_000,
+    max_rows: int = 0,
+    queue_limit: int = DEFAULT_QUEUE_LIMIT,
+) -> ServedVersion:
+    """A served version of ``entry``'s ``version``, as the Loader builds one, for piece tests.
+
+    Its Session is real (on the process Runtime); nothing probes it: ``max_rows`` rows per
+    batched run, 0 for none. ``size_bytes`` is what a table's budget counts it as.
+    """
+    session = corral.Session(
+        entry.versions[version].path,
+        concurrency=entry.config.concurrency,
+        name=f"{entry.name}:{version}",
+    )
+    reason = "batched (declared): a test's" if max_rows else "not batched: a test's"
+    return ServedVersion(
+        entry.name,
+        version,
+        session,
+        runtime=corral.runtime(),
+        size_bytes=size_bytes,
+        fingerprint=entry.version_fingerprint(version),
+        batching=BatchPlan(max_rows, reason),
+        batch_window_us=0,
+        queue_limit=queue_limit,
+        counters=RunCounters(),
+        config=entry.config,
+    )
+
+
+@dataclass
+class Pieces:
+    """A Host's core pieces wired as :class:`corral.Host` wires them, with no Host around."""
+
+    table: ModelTable
+    loader: Loader
+    reloader: Reloader
+
+    @classmethod
+    def over(cls, root: Path, **options: Any) -> Pieces:
+        """The pieces over the repository at ``root``, with these :class:`HostOptions` fields."""
+        chosen = corral.HostOptions(**options)
+        repository = corral.Repository(root)
+        table = ModelTable(chosen)
+        loader = Loader(repository, corral.runtime(), table, chosen, HostCounters())
+        return cls(table, loader, Reloader(repository, table, loader, chosen))
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Close them in :meth:`Host.close`'s order: requests, polling, loads, versions."""
+        self.table.begin_close()
+        self.reloader.stop(timeout)
+        assert self.loader.close(timeout) == 0, "a load was still running"
+        self.table.drain(self.table.retire_all(), timeout)
+        self.table.finish_close()
 
 
 # -- running and waiting ---------------------------------------------------------------------

@@ -22,7 +22,7 @@ import corral
 from corral import Host
 from corral.protocol import DataPlane, InferInput, InferRequest
 from corral.testing import build_mlp
-from tests.gates import RunGate
+from tests.gates import RunGate, served_version
 from tests.helpers import add_model
 
 pytestmark = pytest.mark.timeout(120)
@@ -132,7 +132,7 @@ def test_execution_count_is_the_number_of_runs(tmp_path: Path):
         for _copy in range(2):  # the first copy, then a fresh one after an unload and a load
             host.load("a")
             with host.acquire("a") as lease:
-                gate = RunGate(lease._served)
+                gate = RunGate(served_version(lease))
             gates.append(gate)
             # The first request's run holds the worker that took it; the rest queue up behind
             # it (or run on another worker) in batches the scheduler chooses: the gate counts.

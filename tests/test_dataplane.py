@@ -22,6 +22,7 @@ from corral.protocol import (
     TensorConfiguration,
 )
 from corral.testing import build_mlp, build_tree
+from tests.gates import served_version
 from tests.helpers import add_model, reference_run
 
 X = np.random.default_rng(5).standard_normal((3, 4)).astype(np.float32)
@@ -125,7 +126,7 @@ def test_a_request_reports_the_version_that_ran_across_a_hot_swap(tmp_path: Path
         plane = DataPlane(host)
         await plane.infer("m", None, request())
         with host.acquire("m") as lease:
-            served = lease._served
+            served = served_version(lease)
         inner = served.run_admitted
 
         def held(feed: dict[str, np.ndarray], names: tuple[str, ...]) -> object:

@@ -19,6 +19,7 @@ from corral import Host, HostLease, ModelState
 from corral._budget import estimate_footprint_bytes, estimate_model_bytes
 from corral._modelfile import ModelFootprint, read_footprint
 from corral.testing import build_linear, build_mlp, build_tree
+from tests.gates import CallGate, served_version
 from tests.helpers import add_model, build_reshape, reference_run, wait_until
 
 X = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
@@ -249,31 +250,67 @@ def run_leased(host: Host) -> dict[str, np.ndarray]:
         return lease.run({"X": X})
 
 
+def admitted_after_an_unload(
+    host: Host, monkeypatch: pytest.MonkeyPatch, admission: str, call: Any
+) -> tuple[corral.Session, Any]:
+    """Run ``call`` with its request held just before the ready version admits it, unload
+    the model meanwhile, then let the request go on: returns that version's session and
+    what ``call`` returned.
+
+    ``admission`` is the session's method the request calls first on the version it found:
+    ``run``, ``admit`` or ``acquire``.
+    """
+    lease = host.lease_if_ready("mlp")
+    assert lease is not None
+    stale = lease.session
+    lease.release()
+    gate, admit = CallGate(), getattr(stale, admission)
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        gate.hold()  # the request has found the version; the unload comes now
+        return admit(*args, **kwargs)
+
+    monkeypatch.setattr(stale, admission, held)
+    answers: list[Any] = []
+    requester = threading.Thread(target=lambda: answers.append(call()))
+    requester.start()
+    try:
+        assert gate.reached.wait(timeout=10), "the request never reached its admission"
+        host.unload("mlp", timeout=30)
+        assert stale.state is corral.SessionState.CLOSED
+    finally:
+        gate.opened.set()
+        requester.join(timeout=30)
+    assert answers, "the request failed: see the thread's exception above"
+    return stale, answers[0]
+
+
 @pytest.mark.timeout(60)
 def test_a_request_that_finds_a_version_just_taken_out_of_service_loads_it_again(
-    repo_with_bare_model: Path,
+    repo_with_bare_model: Path, monkeypatch: pytest.MonkeyPatch
 ):
     # Requests look a ready version up without the Host's lock; the version's session then
     # admits them under its own. Replay the race where eviction closes the version between
-    # the lookup and the admission: each request kind must take the slow path and load the
-    # model again, never fail with SessionClosed.
+    # the lookup and the admission (each request is held at its admission while the model
+    # is unloaded): each request kind must take the slow path and load the model again,
+    # never fail with SessionClosed.
     expected = reference_run(build_mlp(seed=1), {"X": X})[0]
     with Host(repo_with_bare_model) as host:
         host.infer("mlp", {"X": X})
         calls = {
-            "infer": lambda: host.infer("mlp", {"X": X}),
-            "submit": lambda: host.submit("mlp", {"X": X}).result(timeout=30),
-            "infer_async": lambda: asyncio.run(host.infer_async("mlp", {"X": X})),
-            "acquire": lambda: run_leased(host),
+            "infer": ("run", lambda: host.infer("mlp", {"X": X})),
+            "submit": ("admit", lambda: host.submit("mlp", {"X": X}).result(timeout=30)),
+            "infer_async": ("admit", lambda: asyncio.run(host.infer_async("mlp", {"X": X}))),
+            "acquire": ("acquire", lambda: run_leased(host)),
         }
-        for loads, (kind, call) in enumerate(calls.items(), start=2):
-            stale = host._table._ready["mlp"]
-            host.unload("mlp", timeout=30)
-            assert stale.session.state is corral.SessionState.CLOSED
-            host._table._ready["mlp"] = stale  # what a lookup just before the unload saw
-            np.testing.assert_array_equal(call()["Y"], expected, err_msg=kind)
+        for loads, (kind, (admission, call)) in enumerate(calls.items(), start=2):
+            stale, answer = admitted_after_an_unload(host, monkeypatch, admission, call)
+            np.testing.assert_array_equal(answer["Y"], expected, err_msg=kind)
             assert host.stats().loads == loads, kind
-            assert host._table._ready["mlp"] is not stale, kind
+            ready = host.lease_if_ready("mlp")
+            assert ready is not None, kind
+            assert ready.session is not stale, kind
+            ready.release()
 
 
 def test_an_async_request_whose_model_is_unloaded_after_its_load_still_runs(
@@ -405,7 +442,7 @@ def test_a_lease_released_as_it_queues_holds_the_version_until_the_answer(
         host.load("mlp")
         lease = host.lease_if_ready("mlp")
         assert lease is not None
-        session, served = lease.session, lease._served
+        session, served = lease.session, served_version(lease)
         real_run = served.run_admitted
         blocked, unblock = threading.Event(), threading.Event()
 
@@ -463,7 +500,7 @@ def test_a_probed_model_run_apart_says_so_in_its_batching_reason(repo_with_bare_
         assert reason.startswith("batched (probed): ")
         assert "runs alone now" not in reason
         lease = host.acquire("mlp")
-        queue, scheduler = lease._served.queue, host.runtime.scheduler()
+        queue, scheduler = served_version(lease).queue, host.runtime.scheduler()
         assert queue is not None
         assert queue.adaptive
         with scheduler._lock:  # what the queue's runs would have found: shared rows dearer

@@ -31,7 +31,7 @@ from corral.protocol.control import ControlThreads
 from corral.server.bodies import BodyBudget, BodyBudgetExceeded
 from corral.server.metrics import REFUSAL_REASONS, Metrics
 from corral.testing import build_linear, build_mlp
-from tests.gates import CallGate, RunGate, hold_compute_workers
+from tests.gates import CallGate, RunGate, hold_compute_workers, served_version
 from tests.helpers import add_model, wait_until
 
 SERVER_LATENCY = "corral_request_duration_seconds"
@@ -148,7 +148,7 @@ def test_compute_input_and_output_durations_come_from_a_real_batched_run(tmp_pat
         plane = DataPlane(host)
         assert host.preload() == {}
         with host.acquire("a") as lease:
-            gate = RunGate(lease._served)
+            gate = RunGate(served_version(lease))
         gate.open.set()  # a's runs are only counted
         held, blockers = hold_compute_workers(host)
         try:  # every worker is held: a's requests all queue, to be taken together

@@ -38,6 +38,7 @@ from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.protocol.types import MAX_TIMEOUT_US, InferOutput, InferResponse
 from corral.server.grpc import start_grpc_server
 from corral.server.http import HttpApp
+from tests.gates import served_version
 from tests.helpers import add_model, build_identity, run_freeing_frames
 from tests.processes import ServerProcess, start_server, stop_server
 
@@ -298,7 +299,7 @@ def classifier_request(*outputs: str) -> InferRequest:
 
 def test_non_tensor_outputs_are_left_out_and_named_and_never_computed(host: Host):
     with host.acquire("classifier") as lease:
-        served = lease._served
+        served = served_version(lease)
         run = served.run_admitted
         names_run: list[tuple[str, ...]] = []
 

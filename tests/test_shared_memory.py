@@ -38,7 +38,7 @@ from corral.protocol.shm import (
     TooManyRegions,
     pop_reference,
 )
-from tests.gates import RunGate
+from tests.gates import RunGate, served_version
 from tests.helpers import add_model, build_identity, build_slow_loop, wait_until
 from tests.processes import ServerProcess, start_server, stop_server
 
@@ -418,7 +418,7 @@ def test_unregister_during_a_run_leaves_the_output_region_open_until_written(
     with Host(repo) as host:
         plane = DataPlane(host, shared_memory=registry)
         with host.acquire("simple") as lease:
-            gate = RunGate(lease._served)
+            gate = RunGate(served_version(lease))
 
         async def main() -> Any:
             task = asyncio.ensure_future(plane.infer("simple", None, request))

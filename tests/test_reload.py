@@ -1,0 +1,183 @@
+"""Reloader alone: changed and new versions swapped in, bad edits kept out, polling.
+
+The reloader works on a table and loader wired as a Host wires them (``tests.helpers.Pieces``,
+the ``make_pieces`` fixture), with no Host around them. Each changed model file is written
+with another size, so that its fingerprint changes whatever the file system's clock.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import corral
+from corral import SessionState
+from corral._events import EventKind
+from corral._trace_hooks import LoadRecord
+from corral.testing import build_mlp, build_tree
+from tests.helpers import Pieces, add_model, reference_run, wait_until
+
+X = np.ones((2, 4), np.float32)
+#: What "mlp" is changed to: another hidden size, so another file size.
+CHANGED = build_mlp(hidden=8, seed=9)
+
+
+def builds_of(pieces: Pieces) -> list[LoadRecord]:
+    """Every build the loader settles from now on (a reload's builds included)."""
+    records: list[LoadRecord] = []
+    pieces.loader.load_observer = records.append
+    return records
+
+
+def test_a_changed_version_is_swapped_in_while_a_lease_finishes_on_the_old_copy(
+    make_pieces, repo: Path
+):
+    pieces = make_pieces()
+    lease = pieces.loader.lease("mlp", None, timeout=30)
+    old = pieces.table.in_use("mlp")[1]
+    before = lease.run({"X": X})["Y"]
+    add_model(repo, "mlp", CHANGED)
+
+    pieces.reloader.reload("mlp")
+
+    fresh = pieces.table.in_use("mlp")[1]
+    assert fresh is not old
+    assert fresh.fingerprint != old.fingerprint
+    assert pieces.table.stats().reloads == 1
+    assert pieces.table.events.recent()[-1].kind is EventKind.RELOAD
+    np.testing.assert_array_equal(
+        fresh.run({"X": X}, None)["Y"], reference_run(CHANGED, {"X": X})[0]
+    )
+    # The old copy is out of service but drains: the lease finishes on it, then it closes.
+    assert old.session.state is SessionState.CLOSING
+    np.testing.assert_array_equal(lease.run({"X": X})["Y"], before)
+    lease.release()
+    assert old.session.state is SessionState.CLOSED
+    with pieces.loader.lease("mlp", None, timeout=30) as again:
+        assert again.session is fresh.session
+
+
+def test_an_unchanged_model_is_left_as_it_is(make_pieces):
+    pieces = make_pieces()
+    served = pieces.loader.loaded("mlp", None, timeout=30)
+    records = builds_of(pieces)
+    pieces.reloader.reload("mlp")
+    pieces.reloader.refresh()
+    assert pieces.table.in_use("mlp") == {1: served}
+    assert records == []
+    assert pieces.table.stats().reloads == 0
+
+
+def test_a_newer_version_of_a_model_in_use_replaces_the_older(make_pieces, repo: Path):
+    pieces = make_pieces()
+    one = pieces.loader.loaded("mlp", None, timeout=30)
+    add_model(repo, "mlp", build_mlp(seed=5), version=2)
+    pieces.reloader.reload("mlp")
+    (two,) = pieces.table.in_use("mlp").values()
+    assert two.version == 2
+    assert one.session.state is SessionState.CLOSED  # idle: closed at once
+    assert pieces.loader.loaded("mlp", None, timeout=30) is two
+
+
+def test_refresh_rebuilds_only_the_models_that_changed(make_pieces, repo: Path):
+    pieces = make_pieces()
+    mlp = pieces.loader.loaded("mlp", None, timeout=30)
+    tree = pieces.loader.loaded("tree", None, timeout=30)
+    records = builds_of(pieces)
+    add_model(repo, "tree", build_tree(depth=4, seed=3))
+    pieces.reloader.refresh()
+    assert [(record.model, record.error) for record in records] == [("tree", None)]
+    assert pieces.table.in_use("mlp") == {1: mlp}
+    assert pieces.table.in_use("tree")[1] is not tree
+
+
+def test_a_bad_edit_keeps_the_copy_in_use_serving_and_is_reported(make_pieces, repo: Path):
+    pieces = make_pieces()
+    served = pieces.loader.loaded("mlp", None, timeout=30)
+    (repo / "mlp" / "1" / "model.onnx").write_bytes(b"not a model any more")
+
+    for _ in range(2):  # reported once, however often it is checked
+        pieces.reloader.refresh()
+
+    assert pieces.table.in_use("mlp") == {1: served}
+    assert served.session.state is SessionState.READY
+    failure = pieces.table.reload_failure("mlp")
+    assert failure is not None
+    assert "not an ONNX model" in str(failure)
+    assert pieces.table.stats().load_failures == 1
+    assert pieces.loader.prepare("mlp", None).result(timeout=30) is served
+    # Fixed: the next check swaps the good copy in and forgets the failure.
+    add_model(repo, "mlp", CHANGED)
+    pieces.reloader.refresh()
+    assert pieces.table.in_use("mlp")[1] is not served
+    assert pieces.table.reload_failure("mlp") is None
+
+
+def test_a_malformed_model_toml_keeps_the_copy_in_use_serving(make_pieces, repo: Path):
+    pieces = make_pieces()
+    served = pieces.loader.loaded("mlp", None, timeout=30)
+    (repo / "mlp" / "model.toml").write_text("max_batch_size = 'many'\n")
+    pieces.reloader.reload("mlp")
+    assert pieces.table.in_use("mlp") == {1: served}
+    failure = pieces.table.reload_failure("mlp")
+    assert isinstance(failure, corral.ModelConfigError)
+    assert "max_batch_size" in str(failure)
+
+
+def test_a_model_gone_from_the_repository_is_retired_and_forgotten(make_pieces, repo: Path):
+    pieces = make_pieces()
+    served = pieces.loader.loaded("mlp", None, timeout=30)
+    shutil.rmtree(repo / "mlp")
+    pieces.reloader.refresh()
+    assert pieces.table.in_use("mlp") == {}
+    assert pieces.table.cached("mlp") == (None, False)
+    assert served.session.state is SessionState.CLOSED
+    assert pieces.table.stats().unloads == 1
+    with pytest.raises(corral.ModelNotFound):
+        pieces.loader.loaded("mlp", None, timeout=30)
+
+
+@pytest.mark.timeout(60)
+def test_a_reload_that_ends_as_the_table_closes_publishes_nothing(make_pieces, builds, repo: Path):
+    pieces = make_pieces()
+    old = pieces.loader.loaded("mlp", None, timeout=30)
+    builds.held.add("mlp")
+    add_model(repo, "mlp", CHANGED)
+    reloading = threading.Thread(target=pieces.reloader.reload, args=("mlp",))
+    reloading.start()
+    assert builds.reached.wait(timeout=30)
+    assert pieces.table.begin_close() == []  # a reload's build is not a load in flight
+    builds.opened.set()
+    reloading.join(timeout=30)
+    assert not reloading.is_alive()
+    assert pieces.table.in_use("mlp") == {1: old}
+    assert pieces.table.stats().reloads == 0
+    # The copy built for nothing is closed: only the old one is left open.
+    assert corral.runtime().stats().sessions_alive == 1
+
+
+def test_polling_runs_only_between_start_and_stop(make_pieces, repo: Path):
+    def polling() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "corral-host-poll"]
+
+    quiet = make_pieces()
+    quiet.reloader.start()  # no interval: nothing to start
+    assert polling() == []
+
+    pieces = make_pieces(poll_interval_s=0.01)
+    served = pieces.loader.loaded("mlp", None, timeout=30)
+    assert polling() == []  # built, not started
+    pieces.reloader.start()
+    pieces.reloader.start()
+    (poller,) = polling()
+    assert poller.daemon
+    add_model(repo, "mlp", CHANGED)
+    wait_until(lambda: pieces.table.in_use("mlp")[1] is not served)
+    pieces.reloader.stop(timeout=10)
+    assert not poller.is_alive()
+    pieces.reloader.start()  # stopped for good
+    assert polling() == []
