@@ -33,6 +33,11 @@ from corral.server._uvicorn import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+# The owners as UVICORN_INTERNALS names them.
+PROTOCOL = "uvicorn.protocols.http.httptools_impl.HttpToolsProtocol"
+CYCLE = "uvicorn.protocols.http.httptools_impl.RequestResponseCycle"
+FLOW = "uvicorn.protocols.http.flow_control.FlowControl"
+SERVER = "uvicorn.server.Server"
 LIMITS = ConnectionLimits(8192, 65536, 5.0, 30.0, 100)
 
 
@@ -96,11 +101,11 @@ def test_every_instance_attribute_corral_uses_is_set_by_uvicorn():
             b"POST /v2/models/m/ready HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\n"
         )
         objects = {
-            _uvicorn._PROTOCOL: protocol,
-            _uvicorn._CYCLE: protocol.cycle,
-            _uvicorn._FLOW: protocol.flow,
+            PROTOCOL: protocol,
+            CYCLE: protocol.cycle,
+            FLOW: protocol.flow,
             "uvicorn.server.ServerState": protocol.server_state,
-            _uvicorn._SERVER: server,
+            SERVER: server,
         }
         protocol.connection_lost(None)
         for task in list(protocol.tasks):
@@ -110,7 +115,7 @@ def test_every_instance_attribute_corral_uses_is_set_by_uvicorn():
     objects = asyncio.run(asyncio.wait_for(scenario(), 10))
     # Server.servers is set once it starts listening: its attribute is held by the tests
     # that start a server (tests/test_server_app.py); here, every other one.
-    started_only = {(_uvicorn._SERVER, "servers")}
+    started_only = {(SERVER, "servers")}
     missing = [
         f"{owner}.{name}: {internals.use}"
         for internals in UVICORN_INTERNALS
@@ -125,13 +130,13 @@ def test_every_instance_attribute_corral_uses_is_set_by_uvicorn():
 def test_the_listed_classes_are_the_ones_corral_subclasses_and_builds():
     assert issubclass(_uvicorn.EdgeProtocol, httptools_impl.HttpToolsProtocol)
     assert _uvicorn.RequestResponseCycle is httptools_impl.RequestResponseCycle
-    assert "write_paused" in _names(_uvicorn._FLOW, "attribute")
-    assert flow_control.FlowControl.__name__ == _uvicorn._FLOW.rpartition(".")[2]
+    assert "write_paused" in _names(FLOW, "attribute")
+    assert flow_control.FlowControl.__name__ == FLOW.rpartition(".")[2]
 
 
 def test_every_callback_edge_protocol_overrides_is_listed():
     """An override of a method uvicorn no longer calls would silently stop doing its work."""
-    listed = set(_names(_uvicorn._PROTOCOL, "method"))
+    listed = set(_names(PROTOCOL, "method"))
     overridden = {
         name
         for name, value in vars(_uvicorn.EdgeProtocol).items()
@@ -170,6 +175,10 @@ def test_an_edge_server_is_not_built_on_a_changed_uvicorn(monkeypatch: pytest.Mo
     monkeypatch.delattr(httptools_impl, "STATUS_LINE")
     with pytest.raises(UvicornChanged, match="STATUS_LINE"):
         _uvicorn.EdgeServer(_app, "127.0.0.1", 0, protocol_for(LIMITS), drain_margin_s=1)
+
+
+def test_the_owners_named_are_the_internals_owners():
+    assert {PROTOCOL, CYCLE, FLOW, SERVER} <= {i.owner for i in UVICORN_INTERNALS}
 
 
 def test_the_internals_are_well_formed():
