@@ -294,6 +294,24 @@ def positive_seconds(text: str) -> float:
 # -- corral demo ----------------------------------------------------------------------------
 
 
+# -- corral serve's flags: one per setting -------------------------------------------------
+#
+# Made here, not by pydantic-settings' own CLI source. Tried (pydantic-settings 2.16):
+# CliSettingsSource(ServerSettings, root_parser=<serve's parser>, cli_kebab_case=True,
+# cli_implicit_flags=True) makes the same --kebab-case flags, --x/--no-x switches and a
+# repeatable --load-model, takes an optional REPOSITORY (CliPositionalArg) and leaves room for
+# Triton's spellings beside them. It does not serve for three reasons: (1) its help is the
+# field's description followed by "(default: ...)" and a type as metavar ("{int,null}"), with
+# no place for the variable, which each flag's help names (tests/test_serve_flags.py); (2)
+# `corral ray-serve`'s options are a frozen dataclass, RayServeConfig (Ray Serve config files
+# pass it as plain args), whose flags are converted while parsing so that a malformed
+# CORRAL_REPLICAS or --memory-budget 2G is exit status 2 naming it
+# (tests/test_ray_serve_flags.py): it would keep a generator of its own, and there would be
+# two kinds again; (3) flags parsed before the settings are built let Triton's spellings be
+# compared with corral's and refused when they disagree. So one small generator per command,
+# both reading the same declarations (corral._declare), is the one place.
+
+
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per ServerSettings field, ``--<field>``, whose help names ``CORRAL_<FIELD>``."""
     try:
@@ -505,8 +523,10 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _text_to(annotation: object) -> Callable[[str], object]:
-    """How a flag's text becomes a value of ``annotation`` (int, float, or text)."""
+    """How a flag's text becomes a value of ``annotation`` (bool, int, float, or text)."""
     kinds = set(typing.get_args(annotation)) or {annotation}
+    if bool in kinds:
+        return _switch
     if int in kinds and str not in kinds:
         return _whole_number
     if float in kinds:
@@ -519,6 +539,16 @@ def _whole_number(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+
+
+def _switch(text: str) -> bool:
+    # The words pydantic reads for corral serve's switches from their variables.
+    word = text.strip().lower()
+    if word in ("true", "t", "yes", "y", "on", "1"):
+        return True
+    if word in ("false", "f", "no", "n", "off", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"must be true or false, got {text!r}")
 
 
 def _ray_serve(args: argparse.Namespace) -> int:

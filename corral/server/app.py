@@ -131,12 +131,7 @@ async def serve(
     :data:`EXIT_DRAIN_INCOMPLETE`.
     """
     open_files = raise_open_file_limit()
-    rt = Runtime(
-        compute_workers=settings.compute_workers,
-        intra_op_threads=settings.intra_op_threads,
-        inter_op_threads=settings.inter_op_threads,
-        thread_pools=settings.thread_pools,
-    )
+    rt = Runtime.from_options(settings.runtime_options())
     # Off: None, and OpenTelemetry is never imported.
     tracing = start_tracing(settings.trace_exporter)
     host = Host(settings.repository, runtime=rt, options=settings.host_options())
