@@ -17,7 +17,8 @@ import pytest
 pytest.importorskip("ray.serve", reason="the ray extra is not installed")
 
 import corral.ray
-from corral.cli import RAY_SERVE_OPTIONS, _parser, main
+from corral.cli import _parser, main
+from corral.cli_ray import RAY_SERVE_OPTIONS
 from corral.ray import RayServeConfig
 
 # A value other than the default for every option, as text, and what it then holds.
