@@ -22,8 +22,6 @@ import pytest
 
 import corral.server.app
 from corral import HostOptions, Runtime, RuntimeOptions
-from corral._budget import parse_bytes
-from corral._declare import Declared
 from corral._options import HostOptionArgs, edge_options
 from corral.cli import _parser, main
 from corral.server.settings import ServerSettings
@@ -33,7 +31,7 @@ KEPT = [option for option in edge_options() if option.not_offered is not None]
 HOST_FIELDS = {field.name for field in dataclasses.fields(HostOptions)}
 
 
-def sample(option: Declared) -> tuple[str, Any]:
+def sample(option: Any) -> tuple[str, Any]:
     """A value other than the default, as the command line and a variable spell it, and as
     the options then hold it."""
     kinds = set(typing.get_args(option.annotation)) or {option.annotation}
@@ -54,9 +52,10 @@ def sample(option: Declared) -> tuple[str, Any]:
 
 
 def reached(options: HostOptions | RuntimeOptions, name: str) -> Any:
-    value = getattr(options, name)
     # A size may be held as its text (the server's settings) or as bytes (Ray's flags).
-    return parse_bytes(value) if isinstance(value, str) and name == "memory_budget" else value
+    if name == "memory_budget" and isinstance(options, HostOptions):
+        return options.budget_bytes
+    return getattr(options, name)
 
 
 def flags_of(command: str) -> dict[str, argparse.Action]:
@@ -129,7 +128,7 @@ def the_options(settings: Any, name: str) -> HostOptions | RuntimeOptions:
 
 @pytest.mark.parametrize("option", OFFERED, ids=lambda option: option.name)
 def test_serve_makes_a_setting_a_flag_and_a_variable_of_it(
-    option: Declared,
+    option: Any,
     tmp_path: Path,
     served: list[ServerSettings],
     monkeypatch: pytest.MonkeyPatch,
@@ -179,7 +178,7 @@ def launched(monkeypatch: pytest.MonkeyPatch, no_corral_variables: None) -> list
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("option", OFFERED, ids=lambda option: option.name)
 def test_ray_serve_makes_a_config_field_a_flag_and_a_variable_of_it(
-    option: Declared,
+    option: Any,
     tmp_path: Path,
     launched: list[Any],
     monkeypatch: pytest.MonkeyPatch,
