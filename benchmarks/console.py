@@ -10,7 +10,9 @@ from __future__ import annotations
 import importlib.util
 
 # The command line's own helpers, shared so that the scripts read and draw as it does.
-from corral.cli import positive_int, progress_bar, ratio
+from corral.cli import positive_int
+from corral.cli_demo import ratio
+from corral.cli_progress import progress_bar
 
 __all__ = ["has_rich", "positive_int", "positive_ints", "progress_bar", "ratio", "require_rich"]
 

@@ -1,22 +1,29 @@
-"""HostOptions: a Host's options in one frozen, validated object.
+"""HostOptions: a Host's options in one frozen, validated object, each declared once.
 
 The one place their rules live. The Host takes them as keyword arguments or as one object;
 the server's settings, ``corral.ray``'s config and the command line build this same object, so
 that an option means the same and is checked the same way wherever it is given. A bad value
 raises :class:`InvalidOption` naming the option.
+
+Each field is its option's one declaration (``corral._declare``). With the Runtime's
+(:func:`edge_options`), they make the server's settings, ``corral serve``'s flags, the
+``CORRAL_*`` variables, Ray's config and ``corral ray-serve``'s flags.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from corral._budget import Limits, parse_bytes
 from corral._counters import DEFAULT_MODEL_LATENCY_HISTOGRAMS
+from corral._declare import Declared, declared, given_by, option
 from corral._errors import InvalidOption
+from corral._runtime import RuntimeOptions
 from corral._scheduler import DEFAULT_QUEUE_LIMIT
 
 __all__ = [
@@ -24,6 +31,7 @@ __all__ = [
     "DEFAULT_LOAD_TIMEOUT_S",
     "HostOptionArgs",
     "HostOptions",
+    "edge_options",
     "positive_int",
 ]
 
@@ -62,26 +70,47 @@ class HostOptions:
 
     #: Estimated bytes the loaded models may hold: bytes, or a size like ``"2GiB"``; None: no
     #: budget. Read :attr:`budget_bytes` for the number.
-    memory_budget: int | str | None = None
+    memory_budget: int | str | None = option(
+        None, "estimated bytes the loaded models may hold: bytes or a size like 2GiB"
+    )
     #: Most model versions loaded at once; None: no count.
-    max_loaded_models: int | None = None
+    max_loaded_models: int | None = option(None, "most model versions loaded at once")
     #: Loads that run at once, on the Host's load workers (default: cores, at most 4).
-    load_concurrency: int = field(default_factory=_default_load_concurrency)
+    load_concurrency: int = option(
+        help_text="loads that run at once",
+        default_factory=_default_load_concurrency,
+        made_default="the cores, at most 4",
+    )
     #: Seconds one load (reading the model's entry, building its session) may take; past it
     #: the load fails with LoadTimeout, its waiters are answered and its load slot freed.
-    load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
+    load_timeout_s: float = option(
+        DEFAULT_LOAD_TIMEOUT_S,
+        "seconds a load may take; past it the model fails (503) and its slot frees",
+    )
     #: Seconds between checks of the models in use for changed or new versions; None: off.
-    poll_interval_s: float | None = None
+    poll_interval_s: float | None = option(
+        None, "seconds between checks of the models in use for new versions"
+    )
     #: After a failed load, its error is answered at once for ``first`` seconds, doubling
     #: up to ``cap``, unless the model's files change.
-    failure_backoff_s: tuple[float, float] = DEFAULT_FAILURE_BACKOFF_S
+    failure_backoff_s: tuple[float, float] = option(
+        DEFAULT_FAILURE_BACKOFF_S,
+        "seconds a failed load's error is answered at once: (first, cap), doubling",
+        not_offered="a pair of seconds; the server keeps the library's default back-off",
+    )
     #: Batch concurrent requests for one model into one run where the model allows it.
-    batching: bool = True
+    batching: bool = option(True, "batch concurrent requests for a model where it allows")
     #: Requests one model version may have queued; more are refused at once (Overloaded).
-    max_queue_per_model: int = DEFAULT_QUEUE_LIMIT
+    max_queue_per_model: int = option(
+        DEFAULT_QUEUE_LIMIT, "requests a model version may have queued; more get 429 at once"
+    )
     #: Model versions that get a request-latency histogram of their own: the first this
     #: many asked, for the Host's life (each adds 17 series to the metrics); 0: none.
-    model_latency_histograms: int = DEFAULT_MODEL_LATENCY_HISTOGRAMS
+    model_latency_histograms: int = option(
+        DEFAULT_MODEL_LATENCY_HISTOGRAMS,
+        "model versions with a request-latency histogram of their own in /metrics: the "
+        "first this many asked; 0: only the server-wide one",
+    )
     _budget_bytes: int | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
@@ -130,14 +159,7 @@ class HostOptions:
         settings, Ray's config). An attribute that is None leaves an option whose default is
         not None (``load_concurrency``, ``batching`` ...) at that default.
         """
-        given: dict[str, Any] = {}  # each option is checked by __post_init__
-        for option in dataclasses.fields(cls):
-            if not option.init or not hasattr(source, option.name):
-                continue
-            value = getattr(source, option.name)
-            if value is not None or option.default is None:
-                given[option.name] = value
-        return dataclasses.replace(cls(), **given)
+        return dataclasses.replace(cls(), **given_by(cls, source))  # checked by __post_init__
 
     @property
     def budget_bytes(self) -> int | None:
@@ -151,7 +173,11 @@ class HostOptions:
 
 
 class HostOptionArgs(TypedDict, total=False):
-    """:class:`HostOptions`' fields, as keyword arguments of :class:`Host`."""
+    """:class:`HostOptions`' fields, as keyword arguments of :class:`Host`.
+
+    The fields' only copy: a type checker cannot make a TypedDict from a dataclass, so
+    tests/test_options_declared.py fails when the two differ.
+    """
 
     memory_budget: int | str | None
     max_loaded_models: int | None
@@ -162,6 +188,16 @@ class HostOptionArgs(TypedDict, total=False):
     batching: bool
     max_queue_per_model: int
     model_latency_histograms: int
+
+
+@functools.cache
+def edge_options() -> tuple[Declared, ...]:
+    """The Host's options, then the Runtime's, as declared for the edges.
+
+    The server's settings, Ray's config and the command line make a field, a flag and a
+    ``CORRAL_<NAME>`` variable of each one they offer (``not_offered`` says why not).
+    """
+    return declared(HostOptions) + declared(RuntimeOptions)
 
 
 def _is_number(value: object) -> bool:

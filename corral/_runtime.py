@@ -10,15 +10,17 @@ releases every session, also at interpreter exit.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import enum
 import logging
 import os
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from corral import _ort
+from corral._declare import given_by, option
 from corral._errors import DrainTimeout, ModelConfigError, RuntimeClosed, RuntimeConfigError
 from corral._scheduler import Scheduler, deadline_after, time_left
 
@@ -62,23 +64,70 @@ class RuntimeState(enum.Enum):
     CLOSED = "closed"
 
 
+def _cores() -> int:
+    return os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class RuntimeOptions:
-    """A Runtime's options, with defaults filled in. Equal options mean the same Runtime."""
+    """A Runtime's options, with defaults filled in. Equal options mean the same Runtime.
+
+    Each field is the option's one declaration (``corral._declare``): the server's and
+    Ray's settings and flags are made from it. Checked when built
+    (:class:`RuntimeConfigError` naming the option).
+    """
 
     #: Threads in onnxruntime's global intra-op pool (with ``per_session`` pools: each
     #: session's default). Above 1, global pool workers spin between runs and Python cannot
     #: turn that off; for small models 1 is also the fastest.
-    intra_op_threads: int = 1
+    intra_op_threads: int = option(
+        1,
+        "threads one model run uses: the size of onnxruntime's global pool, or with "
+        "--thread-pools per_session each model's default (1 suits many small models; the "
+        "cores suit a few large ones)",
+    )
     #: Threads in the inter-op pool (used only by the parallel execution mode); global, or
     #: each session's with ``per_session`` pools.
-    inter_op_threads: int = 1
+    inter_op_threads: int = option(
+        1,
+        "threads for models with execution_mode = parallel (global, or per session with "
+        "--thread-pools per_session)",
+    )
     #: Threads that run models for the scheduler; also the size ``auto`` gives a pool.
-    compute_workers: int = 1
+    compute_workers: int = option(
+        help_text="threads that run models", default_factory=_cores, made_default="the cores"
+    )
     #: CPU memory pooling; see :data:`ArenaMode`.
-    arena: ArenaMode = "shared"
+    arena: ArenaMode = option(
+        "shared",
+        "how CPU memory is pooled: shared, per_session or off",
+        not_offered="the server and Ray's replicas keep the one shared arena",
+    )
     #: Whose threads run models; see :data:`ThreadPools`.
-    thread_pools: ThreadPools = "global"
+    thread_pools: ThreadPools = option(
+        "global",
+        "global: every model shares onnxruntime's pools; per_session: each model has its "
+        "own (its model.toml may set intra_op_threads)",
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("intra_op_threads", "inter_op_threads", "compute_workers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise RuntimeConfigError(
+                    f"{name} must be a positive integer, got {value!r}", option=name
+                )
+        if self.arena not in _ARENA_MODES:
+            raise RuntimeConfigError(
+                f"arena must be one of {', '.join(map(repr, _ARENA_MODES))}, got {self.arena!r}",
+                option="arena",
+            )
+        if self.thread_pools not in _THREAD_POOLS:
+            raise RuntimeConfigError(
+                f"thread_pools must be one of {', '.join(map(repr, _THREAD_POOLS))}, "
+                f"got {self.thread_pools!r}",
+                option="thread_pools",
+            )
 
     @classmethod
     def resolve(
@@ -90,26 +139,23 @@ class RuntimeOptions:
         thread_pools: str = "global",
     ) -> RuntimeOptions:
         """Fill in defaults and check ranges; bad values raise :class:`RuntimeConfigError`."""
-        values = {
-            "intra_op_threads": 1 if intra_op_threads is None else intra_op_threads,
-            "inter_op_threads": 1 if inter_op_threads is None else inter_op_threads,
-            "compute_workers": (os.cpu_count() or 1)
-            if compute_workers is None
-            else compute_workers,
+        given: dict[str, Any] = {
+            "intra_op_threads": intra_op_threads,
+            "inter_op_threads": inter_op_threads,
+            "compute_workers": compute_workers,
+            "arena": arena,
+            "thread_pools": thread_pools,
         }
-        for name, value in values.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise RuntimeConfigError(f"{name} must be a positive integer, got {value!r}")
-        if arena not in _ARENA_MODES:
-            raise RuntimeConfigError(
-                f"arena must be one of {', '.join(map(repr, _ARENA_MODES))}, got {arena!r}"
-            )
-        if thread_pools not in _THREAD_POOLS:
-            raise RuntimeConfigError(
-                f"thread_pools must be one of {', '.join(map(repr, _THREAD_POOLS))}, "
-                f"got {thread_pools!r}"
-            )
-        return cls(arena=arena, thread_pools=thread_pools, **values)
+        return cls(**{name: value for name, value in given.items() if value is not None})
+
+    @classmethod
+    def taken_from(cls, source: object, **given: Any) -> RuntimeOptions:
+        """The options ``source`` carries as attributes of the same names, then ``given``.
+
+        For the objects that carry the Runtime's options among their own (the server's
+        settings, Ray's config). An attribute that is None leaves its option at the default.
+        """
+        return cls(**{**given_by(cls, source), **given})
 
     def describe(self) -> str:
         """The options as keyword arguments, for messages."""
@@ -242,6 +288,16 @@ class Runtime:
         pass
 
     # -- public ------------------------------------------------------------------------------
+
+    @classmethod
+    def from_options(cls, options: RuntimeOptions) -> Runtime:
+        """The process Runtime with ``options``: as ``Runtime(...)`` with each of them.
+
+        Example::
+
+            rt = corral.Runtime.from_options(settings.runtime_options())
+        """
+        return cls(**dataclasses.asdict(options))
 
     @property
     def options(self) -> RuntimeOptions:

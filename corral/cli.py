@@ -11,45 +11,38 @@
     corral ray-serve REPOSITORY [--address A] [--replicas N] [--memory-budget SIZE]
                                 [--host H] [--port P] [--max-models-per-replica N] ...
 
+This module is the command's argument parsing: ``main`` and the parser, whose ``serve`` and
+``ray-serve`` flags are made from their settings' fields. Each command runs in a module of its
+own: ``cli_serve``, ``cli_ray``, ``cli_demo``, ``cli_models``, ``cli_check``, ``cli_status``.
+
 The command line is an edge: it alone draws progress bars (with rich, from the ``cli``
-extra) and prints; the demo it runs lives in :mod:`corral.demo` and reports progress through
-plain callbacks. Progress goes to stderr, results to stdout, so ``--json`` output can be
-piped. The benchmarks are scripts in the repository's ``benchmarks/``, not commands.
+extra, ``cli_progress``) and prints; the demo it runs lives in :mod:`corral.demo` and reports
+progress through plain callbacks. Progress goes to stderr, results to stdout, so ``--json``
+output can be piped. The benchmarks are scripts in the repository's ``benchmarks/``, not
+commands.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
-import json
+import os
 import sys
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
+from corral._declare import ENV_PREFIX
 from corral._errors import CorralError
+from corral.cli_check import run_check
+from corral.cli_demo import run_demo
+from corral.cli_models import run_models
+from corral.cli_progress import require_rich
+from corral.cli_ray import RAY_SERVE_OPTIONS, run_ray_serve
+from corral.cli_serve import TRITON_SPELLINGS, run_serve, spelled
 from corral.cli_status import add_status_command, run_status
 
-if TYPE_CHECKING:
-    from rich.progress import Progress, TaskID
-    from rich.table import Table
-
-    from corral._host import Host
-    from corral._problems import Problem
-    from corral._status import HostStats, ModelStatus
-    from corral.demo import DemoResult, DemoStep
-
-__all__ = [
-    "RAY_SERVE_OPTIONS",
-    "main",
-    "positive_int",
-    "progress_bar",
-    "ratio",
-    "ray_serve_variables",
-    "version_line",
-]
+__all__ = ["main", "positive_int", "positive_seconds", "version_line"]
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -108,7 +101,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     if command == "serve":  # the flags need the server extra: built only when asked for
         _add_setting_flags(serve)
-    serve.set_defaults(handler=_serve)
+    serve.set_defaults(handler=run_serve)
 
     ray_serve = commands.add_parser(
         "ray-serve",
@@ -128,7 +121,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         for name, convert, default, help_text in RAY_SERVE_OPTIONS:
             _add_ray_serve_flag(ray_serve, name, convert, default, help_text)
         _add_config_flags(ray_serve)
-    ray_serve.set_defaults(handler=_ray_serve)
+    ray_serve.set_defaults(handler=run_ray_serve)
 
     demo = commands.add_parser(
         "demo",
@@ -156,7 +149,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         "--keep", type=Path, metavar="DIR", help="build the models into DIR and keep them"
     )
     demo.add_argument("--json", action="store_true", help="print the raw results as JSON")
-    demo.set_defaults(handler=_demo)
+    demo.set_defaults(handler=run_demo)
 
     models = commands.add_parser(
         "models",
@@ -176,7 +169,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         help="bytes or a size like 512MiB, 2Gi, 2g (default: none)",
     )
     models.add_argument("--json", action="store_true", help="print the statuses as JSON")
-    models.set_defaults(handler=_models)
+    models.set_defaults(handler=run_models)
 
     add_status_command(commands, _status)
 
@@ -201,7 +194,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         help="bytes or a size like 512MiB (default: none)",
     )
     check.add_argument("--json", action="store_true", help="print the problems as JSON")
-    check.set_defaults(handler=_check)
+    check.set_defaults(handler=run_check)
 
     return parser
 
@@ -291,7 +284,26 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-# -- corral demo ----------------------------------------------------------------------------
+def _status(args: argparse.Namespace) -> int:
+    require_rich()
+    return run_status(args)
+
+
+# -- corral serve's flags: one per setting -------------------------------------------------
+#
+# Made here, not by pydantic-settings' own CLI source. Tried (pydantic-settings 2.16):
+# CliSettingsSource(ServerSettings, root_parser=<serve's parser>, cli_kebab_case=True,
+# cli_implicit_flags=True) makes the same --kebab-case flags, --x/--no-x switches, a
+# repeatable --load-model and an optional REPOSITORY (CliPositionalArg), and tolerates
+# Triton's spellings added beside them. It does not serve for two reasons. (1) Its help is the
+# field's description, then "(default: ...)", with the type as metavar ("{int,null}"): the
+# variable each flag's help names (tests/test_serve_flags.py) would have to be written into
+# every description. (2) corral ray-serve's options are a frozen dataclass, RayServeConfig
+# (Ray Serve config files pass it plain args), whose flags are converted while parsing, so
+# that a malformed CORRAL_REPLICAS or --memory-budget 2G is exit status 2 naming it
+# (tests/test_ray_serve_flags.py): pydantic's source cannot make those, so ray-serve would
+# keep a generator of its own beside it. Two generators of ours, each a walk over its class's
+# fields, both made from the same declarations (corral._declare), are the simpler pair.
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
@@ -299,7 +311,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     try:
         from corral.server.settings import ServerSettings
     except ImportError:
-        # _serve says which extra to install, whatever the arguments.
+        # run_serve says which extra to install, whatever the arguments.
         parser.add_argument("arguments", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
         return
     for name, field in ServerSettings.model_fields.items():
@@ -325,110 +337,11 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             "--" + spelling.replace("_", "-"),
             dest=spelling,
             metavar=setting.upper(),
-            help=f"Triton's spelling of {_spelled(setting)}",
+            help=f"Triton's spelling of {spelled(setting)}",
         )
 
 
-#: Triton's spellings of corral serve's options: ``{Triton's option: corral's setting}``.
-TRITON_SPELLINGS = {
-    "model_repository": "repository",
-    "repository_poll_secs": "poll_interval_s",
-    "exit_timeout_secs": "drain_timeout_s",
-    "allow_client_shm": "system_shared_memory",
-}
-
-
-def _spelled(setting: str) -> str:
-    return "REPOSITORY" if setting == "repository" else "--" + setting.replace("_", "-")
-
-
-def _triton_spellings(args: argparse.Namespace, given: dict[str, Any]) -> str | None:
-    """Fold Triton's spellings into ``given``; a problem if both spellings differ."""
-    for spelling, setting in TRITON_SPELLINGS.items():
-        value = getattr(args, spelling, None)
-        if value is None:
-            continue
-        other = given.get(setting)
-        if other is not None and not _same_setting(setting, value, other):
-            return (
-                f"--{spelling.replace('_', '-')} {value} and {_spelled(setting)} {other} "
-                "name the same setting with different values: give one"
-            )
-        given[setting] = value
-    return None
-
-
-def _same_setting(setting: str, one: str, other: str | bool) -> bool:
-    if setting == "repository":
-        return Path(one).resolve() == Path(str(other)).resolve()
-    if isinstance(other, bool):  # corral's --flag / --no-flag against Triton's =true / =false
-        return (
-            one.strip().lower() in ("true", "1", "yes", "on")
-            if other
-            else (one.strip().lower() in ("false", "0", "no", "off"))
-        )
-    try:
-        return float(one) == float(other)
-    except ValueError:
-        return one == other
-
-
-def _serve(args: argparse.Namespace) -> int:
-    needed = {"uvicorn": "server", "orjson": "server", "prometheus_client": "server"}
-    needed |= {"pydantic_settings": "server", "grpc": "grpc"}
-    missing = sorted({extra for module, extra in needed.items() if not _installed(module)})
-    if missing:
-        raise SystemExit(f"corral serve needs: pip install 'corral[{','.join(missing)}]'")
-    import logging
-    import os
-
-    from pydantic import ValidationError
-
-    from corral.server.app import run
-    from corral.server.logs import configure_logging
-    from corral.server.settings import ServerSettings, unknown_variables
-
-    given = {name: getattr(args, name, None) for name in ServerSettings.model_fields}
-    conflict = _triton_spellings(args, given)
-    if conflict is not None:
-        print(f"corral serve: error: {conflict}", file=sys.stderr)
-        return 2
-    try:
-        settings = ServerSettings(**{k: v for k, v in given.items() if v is not None})
-    except ValidationError as exc:
-        print(f"corral serve: error: {_settings_problems(exc)}", file=sys.stderr)
-        return 2
-    from corral.server.tracing import TracingUnavailable, check_tracing
-
-    try:
-        check_tracing(settings.trace_exporter)  # imports OpenTelemetry only when asked for
-    except TracingUnavailable as exc:
-        print(f"corral serve: error: {exc}", file=sys.stderr)
-        return 2
-    configure_logging(
-        level=settings.log_level,
-        log_format=settings.log_format,
-        grpc_level=settings.grpc_log_level,
-        access_log=settings.access_log,
-    )
-    for line in unknown_variables(os.environ):
-        logging.getLogger("corral.cli").warning("corral serve: %s", line)
-    return run(settings)
-
-
-def _settings_problems(error: Any) -> str:
-    """A ValidationError's problems, each named by its flag and its environment variable."""
-    problems = []
-    for problem in error.errors():
-        cause = problem.get("ctx", {}).get("error")
-        field = problem["loc"][0] if problem["loc"] else getattr(cause, "option", None)
-        message = str(cause) if isinstance(cause, CorralError) else problem["msg"]
-        if field is None:
-            problems.append(message)
-        else:
-            flag = "--" + str(field).replace("_", "-")
-            problems.append(f"{flag} (CORRAL_{str(field).upper()}): {message}")
-    return "; ".join(problems)
+# -- corral ray-serve's flags: one per option, each defaulting to its variable ---------------
 
 
 def _before_importing_ray(given: list[str]) -> None:
@@ -436,21 +349,9 @@ def _before_importing_ray(given: list[str]) -> None:
     probe = argparse.ArgumentParser(add_help=False)
     probe.add_argument("--address")
     if probe.parse_known_args(given)[0].address is None:
-        import os
-
         # corral.ray._launch.LOCAL_ENVIRONMENT, which cannot be imported before Ray is.
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-
-
-#: ``corral ray-serve``'s options that are not RayServeConfig fields: (name, how its text
-#: becomes a value, default, help).
-RAY_SERVE_OPTIONS: tuple[tuple[str, Callable[[str], object], object, str], ...] = (
-    ("address", str, None, "Ray cluster to join: auto, HOST:PORT or ray://... (default: local)"),
-    ("host", str, "127.0.0.1", "HTTP address"),
-    ("port", int, 8000, "HTTP port"),
-    ("log_level", str, "info", "error, warning, info, debug"),
-)
 
 
 def _add_ray_serve_flag(
@@ -461,9 +362,7 @@ def _add_ray_serve_flag(
     help_text: str,
 ) -> None:
     """``--<name>``, defaulting to ``CORRAL_<NAME>`` when set (checked here), else ``default``."""
-    import os
-
-    variable = "CORRAL_" + name.upper()
+    variable = ENV_PREFIX + name.upper()
     text = os.environ.get(variable)
     if text is not None:
         try:
@@ -480,21 +379,12 @@ def _add_ray_serve_flag(
     )
 
 
-def ray_serve_variables() -> list[str]:
-    """The ``CORRAL_*`` variables ``corral ray-serve`` reads (needs the ray extra)."""
-    from corral.ray._config import RayServeConfig
-
-    names = [option[0] for option in RAY_SERVE_OPTIONS]
-    names += [field.name for field in dataclasses.fields(RayServeConfig)]
-    return ["CORRAL_" + name.upper() for name in names]
-
-
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per RayServeConfig field, ``--<field>``, with the field's help and type."""
     try:
         from corral.ray._config import RayServeConfig
     except ImportError:
-        # _ray_serve says which extra to install, whatever the arguments.
+        # run_ray_serve says which extra to install, whatever the arguments.
         parser.add_argument("arguments", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
         return
 
@@ -505,8 +395,10 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _text_to(annotation: object) -> Callable[[str], object]:
-    """How a flag's text becomes a value of ``annotation`` (int, float, or text)."""
+    """How a flag's text becomes a value of ``annotation`` (bool, int, float, or text)."""
     kinds = set(typing.get_args(annotation)) or {annotation}
+    if bool in kinds:
+        return _switch
     if int in kinds and str not in kinds:
         return _whole_number
     if float in kinds:
@@ -521,373 +413,14 @@ def _whole_number(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
 
 
-def _ray_serve(args: argparse.Namespace) -> int:
-    if not (_installed("ray") and _installed("uvicorn") and _installed("orjson")):
-        raise SystemExit("corral ray-serve needs: pip install 'corral[ray,server]'")
-    import logging
-
-    from corral.ray import RayServeConfig, serve_on_ray
-
-    config = RayServeConfig(
-        **{field.name: getattr(args, field.name) for field in dataclasses.fields(RayServeConfig)}
-    )
-    repository = args.repository.resolve()
-    if not repository.is_dir():
-        raise ValueError(f"{args.repository} is not a folder")
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    import difflib
-    import os
-
-    known = ray_serve_variables()
-    for variable in sorted(v for v in os.environ if v.startswith("CORRAL_") and v not in known):
-        # Reported, not refused: Kubernetes sets <SERVICE>_PORT-style variables of its own.
-        nearest = difflib.get_close_matches(variable, known, n=1)
-        logging.getLogger("corral.cli").warning(
-            "corral ray-serve: %s names no option of corral ray-serve and is not used%s",
-            variable,
-            f"; did you mean {nearest[0]}?" if nearest else "",
-        )
-
-    def started(url: str) -> None:
-        print(f"corral ray-serve: serving {repository} at {url}", flush=True)
-
-    return serve_on_ray(
-        str(repository),
-        config,
-        address=args.address,
-        host=args.host,
-        port=args.port,
-        started=started,
-    )
-
-
-def _installed(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
-
-
-def _demo(args: argparse.Namespace) -> int:
-    _require_rich()
-    from rich.console import Console
-
-    from corral.demo import IDLE_WINDOW_S, WorkerFailed, run_demo
-
-    # corral.demo's ImportErrors (a missing extra) already say what to install.
-    try:
-        with progress_bar() as progress:
-            display = _DemoDisplay(progress, args.models)
-            result = run_demo(
-                args.models,
-                args.threads,
-                args.requests,
-                folder=args.keep,
-                progress=display,
-                idle_window_s=args.idle_window_s or IDLE_WINDOW_S,
-            )
-    except ImportError as exc:
-        raise SystemExit(str(exc)) from exc
-    except WorkerFailed as exc:
-        # Not a CorralError: the demo's own measuring process broke, not a request to corral.
-        print(f"corral demo: error: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
-    else:
-        Console().print(_demo_table(result))
-    if args.keep is not None:
-        print(f"models kept in {args.keep}", file=sys.stderr)
-    return 0
-
-
-class _DemoDisplay:
-    """Draws run_demo's progress: a bar while building, then a line per worker."""
-
-    def __init__(self, progress: Progress, count: int) -> None:
-        self._progress = progress
-        self._build = progress.add_task(f"building {count} models", total=count)
-        self._workers: dict[str, TaskID] = {}
-
-    def __call__(self, step: DemoStep, done: int, total: int) -> None:
-        if step == "build":
-            self._progress.update(self._build, completed=done)
-        elif step not in self._workers:
-            # No total: the bar pulses, as the worker reports nothing until it ends.
-            self._workers[step] = self._progress.add_task(
-                f"{step}: loading and serving in a worker process", total=None
-            )
-        else:
-            self._progress.update(self._workers[step], total=total, completed=done)
-
-
-def _demo_table(result: DemoResult) -> Table:
-    from rich.table import Table
-
-    ours, theirs = result.corral, result.onnxruntime
-    table = Table(
-        title=(
-            f"{result.models:,} models, {result.threads} threads, "
-            f"{result.requests:,} batch-1 requests"
-        ),
-        caption=(
-            "corral: every session on onnxruntime's global pools; onnxruntime defaults: "
-            f"a thread pool per session. Threads before loading: {ours.threads_before} "
-            f"and {theirs.threads_before}.\nonnxruntime's per-session pools spin, which keeps "
-            "the cores awake for the Python threads' hand-offs: that buys throughput with many "
-            "caller threads, and burns the idle CPU shown in the table."
-        ),
-    )
-    table.add_column("")
-    table.add_column("corral", justify="right")
-    table.add_column("onnxruntime defaults", justify="right")
-    table.add_column("corral / onnxruntime", justify="right")
-    rows: list[tuple[str, float, float, str]] = [
-        ("threads (after load)", ours.threads_after_load, theirs.threads_after_load, "{:,.0f}"),
-        (
-            "RSS per session (KiB)",
-            ours.rss_per_session / 1024,
-            theirs.rss_per_session / 1024,
-            "{:,.1f}",
-        ),
-        ("load time (s)", ours.load_seconds, theirs.load_seconds, "{:,.2f}"),
-        ("throughput (runs/s)", ours.throughput, theirs.throughput, "{:,.0f}"),
-        ("idle CPU (%)", ours.idle_cpu_percent, theirs.idle_cpu_percent, "{:,.1f}"),
-    ]
-    for label, corral_value, onnxruntime_value, number in rows:
-        table.add_row(
-            label,
-            number.format(corral_value),
-            number.format(onnxruntime_value),
-            ratio(corral_value, onnxruntime_value),
-        )
-    return table
-
-
-def ratio(numerator: float, denominator: float) -> str:
-    """``numerator / denominator`` as ``1.23x``; ``-`` when the denominator is 0.
-
-    >>> ratio(3, 1003)
-    '0.003x'
-    """
-    if denominator == 0:
-        return "-"
-    value = numerator / denominator
-    if value >= 10:
-        return f"{value:,.0f}x"
-    if value == 0 or value >= 0.1:
-        return f"{value:.2f}x"
-    # Two significant digits, so that 3 threads against 1,003 does not read as 0.00x.
-    return f"{value:.2g}x"
-
-
-# -- corral models -------------------------------------------------------------------------
-
-
-def _models(args: argparse.Namespace) -> int:
-    _require_rich()
-    from rich.console import Console
-
-    import corral
-
-    budget = args.memory_budget
-    with corral.Host(args.repository, memory_budget=budget) as host:
-        failures: dict[str, corral.CorralError] = {}
-        if args.preload:
-            names = host.repository.names()
-            with progress_bar() as progress:
-                task = progress.add_task(f"loading {len(names)} models", total=len(names))
-
-                def on_loaded(done: int, total: int, name: str) -> None:
-                    progress.update(task, completed=done, description=f"loaded {name}")
-
-                failures = host.preload(names, progress=on_loaded)
-        statuses = host.models()
-        stats = host.stats()
-    if args.json:
-        print(json.dumps([_status_dict(status) for status in statuses], indent=2))
-    else:
-        Console().print(_models_table(statuses, stats))
-    for name, error in sorted(failures.items()):
-        print(f"corral models: {name}: {error}", file=sys.stderr)
-    return 1 if failures else 0
-
-
-def _status_dict(status: ModelStatus) -> dict[str, object]:
-    return {
-        "name": status.name,
-        "state": status.state.value,
-        "failure": status.failure,
-        "versions": [
-            {
-                "version": v.version,
-                "state": v.state.value,
-                "size_bytes": v.size_bytes,
-                "runs": v.runs,
-                "failure": v.failure,
-                "batching": v.batching,
-            }
-            for v in status.versions
-        ],
-    }
-
-
-def _models_table(statuses: list[ModelStatus], stats: HostStats) -> Table:
-    from rich.table import Table
-
-    budget = "no budget" if stats.memory_budget is None else f"{stats.memory_budget:,} bytes"
-    table = Table(
-        title=f"{len(statuses):,} models",
-        caption=(
-            f"{stats.loaded_versions:,} versions loaded, {stats.bytes_used:,} bytes of {budget}"
-        ),
-    )
-    table.add_column("model")
-    table.add_column("state")
-    table.add_column("versions", justify="right")
-    table.add_column("size (KiB)", justify="right")
-    table.add_column("why it failed")
-    for status in statuses:
-        size = sum(v.size_bytes for v in status.versions)
-        versions = ", ".join(f"{v.version} {v.state.value}" for v in status.versions) or "-"
-        failure = status.failure or next((v.failure for v in status.versions if v.failure), "")
-        table.add_row(
-            status.name,
-            status.state.value,
-            versions,
-            f"{size / 1024:,.0f}" if size else "-",
-            failure or "",
-        )
-    return table
-
-
-# -- corral check --------------------------------------------------------------------------
-
-
-def _status(args: argparse.Namespace) -> int:
-    _require_rich()
-    return run_status(args)
-
-
-def _check(args: argparse.Namespace) -> int:
-    import corral
-    from corral._check import find_problems
-
-    with corral.Host(args.repository, memory_budget=args.memory_budget) as host:
-        # find_problems, not Host.check: the problems are printed here, not logged.
-        problems, _ = find_problems(
-            host.repository,
-            memory_budget=host.options.budget_bytes,
-            pool_size=host.runtime.options.compute_workers,
-            read_model_files=True,
-        )
-        loaded: list[dict[str, object]] = []
-        if args.load:
-            _require_rich()
-            problems += _load_each(host, problems, loaded)
-    if args.json:
-        print(json.dumps({"problems": [_problem_dict(p) for p in problems], "loaded": loaded}))
-    else:
-        for problem in problems:
-            print(
-                f"{problem.kind.value}: {problem.path}\n  {problem.message}\n  fix: {problem.fix}"
-            )
-        for row in loaded:
-            print(
-                f"loaded {row['model']} version {row['version']}: {row['size_bytes']:,} bytes "
-                f"(estimated), {row['load_seconds']:.3f} s"
-            )
-        count = len(problems)
-        verdict = "no problems" if not count else f"{count} problem{'s' * (count != 1)}"
-        print(f"corral check: {args.repository}: {verdict}", file=sys.stderr)
-    return 1 if problems else 0
-
-
-def _load_each(
-    host: Host, problems: list[Problem], loaded: list[dict[str, object]]
-) -> list[Problem]:
-    """Load every model the check found no blocker in, one at a time, each then unloaded.
-
-    Appends each load's version, estimated size and time to ``loaded``; returns the failures.
-    """
-    import time
-
-    from corral._problems import Problem, ProblemKind
-
-    blocked = {p.model for p in problems if p.kind is not ProblemKind.NO_MODEL_FILE}
-    names = [name for name in host.repository.names() if name not in blocked]
-    failures: list[Problem] = []
-    with progress_bar() as progress:
-        task = progress.add_task(f"loading {len(names)} models", total=len(names))
-        for name in names:
-            progress.update(task, description=f"loading {name}")
-            began = time.perf_counter()
-            try:
-                host.load(name)
-            except CorralError as exc:
-                failures.append(
-                    Problem(
-                        ProblemKind.LOAD_FAILED,
-                        name,
-                        str(host.repository.root / name),
-                        f"model {name!r} failed to load: {exc}",
-                        "fix what the error names (the model file, or what its settings declare)",
-                    )
-                )
-            else:
-                seconds = time.perf_counter() - began
-                for version in host.status(name).versions:
-                    if version.size_bytes:
-                        loaded.append(
-                            {
-                                "model": name,
-                                "version": version.version,
-                                "size_bytes": version.size_bytes,
-                                "load_seconds": round(seconds, 6),
-                            }
-                        )
-                host.unload(name)  # one model's memory at a time
-            progress.advance(task)
-    return failures
-
-
-def _problem_dict(problem: Problem) -> dict[str, object]:
-    return {
-        "kind": problem.kind.value,
-        "model": problem.model,
-        "path": problem.path,
-        "message": problem.message,
-        "fix": problem.fix,
-    }
-
-
-# -- shared ---------------------------------------------------------------------------------
-
-
-def _require_rich() -> None:
-    if importlib.util.find_spec("rich") is None:
-        raise SystemExit("corral's command line needs rich: pip install 'corral[cli]'")
-
-
-def progress_bar() -> Progress:
-    """A rich progress display on stderr, so that stdout carries only the results."""
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        Progress,
-        SpinnerColumn,
-        TaskProgressColumn,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    return Progress(
-        SpinnerColumn(finished_text="[green]done"),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TaskProgressColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-    )
+def _switch(text: str) -> bool:
+    # The words pydantic reads for corral serve's switches from their variables.
+    word = text.strip().lower()
+    if word in ("true", "t", "yes", "y", "on", "1"):
+        return True
+    if word in ("false", "f", "no", "n", "off", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"must be true or false, got {text!r}")
 
 
 if __name__ == "__main__":

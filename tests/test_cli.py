@@ -20,7 +20,8 @@ import pytest
 
 import corral
 import corral.demo
-from corral.cli import main, ratio
+from corral.cli import main
+from corral.cli_demo import ratio
 from corral.demo import WorkerFailed, build_models, run_worker
 from corral.testing import build_model
 from tests.helpers import add_model

@@ -23,7 +23,8 @@ import pytest
 
 from corral import Host
 from corral._budget import parse_bytes
-from corral.cli import _parser, _triton_spellings
+from corral.cli import _parser
+from corral.cli_serve import _triton_spellings
 from corral.protocol import DataPlane
 from corral.server.http import HttpApp
 from corral.server.metrics import Metrics

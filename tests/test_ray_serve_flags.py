@@ -17,7 +17,8 @@ import pytest
 pytest.importorskip("ray.serve", reason="the ray extra is not installed")
 
 import corral.ray
-from corral.cli import RAY_SERVE_OPTIONS, _parser, main
+from corral.cli import _parser, main
+from corral.cli_ray import RAY_SERVE_OPTIONS
 from corral.ray import RayServeConfig
 
 # A value other than the default for every option, as text, and what it then holds.
@@ -31,6 +32,10 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "memory_budget": ("2Gi", 2 * 1024**3),
     "max_models_per_replica": ("-1", -1),
     "max_loaded_models": ("7", 7),
+    "load_concurrency": ("3", 3),
+    "load_timeout_s": ("45", 45.0),
+    "batching": ("false", False),
+    "model_latency_histograms": ("0", 0),
     "compute_workers": ("2", 2),
     "max_queue_per_model": ("9", 9),
     "poll_interval_s": ("2.5", 2.5),

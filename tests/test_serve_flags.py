@@ -18,7 +18,8 @@ import pytest
 import corral
 import corral.server.app
 from corral import HostOptions
-from corral.cli import TRITON_SPELLINGS, _parser, main
+from corral.cli import _parser, main
+from corral.cli_serve import TRITON_SPELLINGS
 from corral.server.settings import HOST_OPTIONS_NOT_SERVED, ServerSettings
 
 # A value other than the default for every field, as the command line and the environment

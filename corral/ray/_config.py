@@ -9,14 +9,15 @@ that Ray routes to a replica about as many models as its Host can hold.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corral._budget import estimate_footprint_bytes, estimate_model_bytes
 from corral._errors import InvalidOption, ModelLoadError
 from corral._modelfile import read_footprint
-from corral._options import HostOptions, positive_int
+from corral._options import HostOptions, edge_options, positive_int
 from corral._repository import Repository
 from corral._runtime import RuntimeOptions
 
@@ -28,16 +29,52 @@ UNLIMITED = -1
 # Models whose size the routing count is estimated from: spread over the sorted names.
 _SAMPLE = 200
 
-_HOST_DEFAULTS = HostOptions()
+# Defaults that mean something else on a replica than in the server, as the help says them.
+_REPLICA_DEFAULTS = {"compute_workers": "--replica-cpus rounded up"}
 
 
 def _option(default: Any, help_text: str) -> Any:
     return field(default=default, metadata={"help": help_text})
 
 
-@dataclass(frozen=True)
-class RayServeConfig:
+if TYPE_CHECKING:
+    # Made below from the declaration, which a type checker cannot read: Any, so that
+    # RayServeConfig(memory_budget=...) type-checks (HostOptions and RuntimeOptions check the
+    # values), while the replicas read these options through host_options() and
+    # runtime_options(), which are typed.
+    _HostAndRuntimeOptions: Any
+else:
+    # Each replica's Host and Runtime options, one field per declared option (HostOptions'
+    # and RuntimeOptions' fields).
+    _HostAndRuntimeOptions = dataclasses.make_dataclass(
+        "_HostAndRuntimeOptions",
+        [
+            (
+                option.name,
+                option.annotation,
+                _option(
+                    option.default,
+                    "per replica: " + option.described(_REPLICA_DEFAULTS.get(option.name)),
+                ),
+            )
+            for option in edge_options()
+            if option.not_offered is None
+        ],
+        frozen=True,
+        kw_only=True,
+        namespace={"__module__": __name__},
+    )
+
+
+# Keyword-only: the Host's and the Runtime's options left the positional order (memory_budget
+# was the third), so a positional call is refused rather than read into another field.
+@dataclass(frozen=True, kw_only=True)
+class RayServeConfig(_HostAndRuntimeOptions):  # type: ignore[misc]  # Any: made above
     """corral's application on Ray Serve: replicas, their budget and their limits.
+
+    Besides its own fields, it has one for each of the Host's and the Runtime's options
+    (:func:`corral._options.edge_options`: ``memory_budget``, ``max_loaded_models``,
+    ``compute_workers`` ...), for each replica's Host and Runtime.
 
     Example::
 
@@ -50,22 +87,8 @@ class RayServeConfig:
     replica_cpus: float = _option(
         1.0, "CPUs Ray reserves per replica (fractions allowed); also its compute workers"
     )
-    memory_budget: int | str | None = _option(
-        None, "per replica: estimated bytes its Host keeps loaded, like 2GiB"
-    )
     max_models_per_replica: int | None = _option(
         None, "model ids Ray routes to one replica (default: from the budget; -1: no count)"
-    )
-    max_loaded_models: int | None = _option(None, "per replica: most model versions loaded")
-    compute_workers: int | None = _option(
-        None, "per replica: threads that run models (default: --replica-cpus rounded up)"
-    )
-    max_queue_per_model: int = _option(
-        _HOST_DEFAULTS.max_queue_per_model,
-        "per replica: requests a model version may have queued; more get 429",
-    )
-    poll_interval_s: float | None = _option(
-        None, "seconds between checks of the models in use for new versions"
     )
     max_ongoing_requests: int = _option(64, "requests one replica (and the ingress) works on")
     max_queued_requests: int = _option(
@@ -81,15 +104,6 @@ class RayServeConfig:
     drain_timeout_s: float = _option(
         10.0, "seconds a stopping replica waits for its runs before closing anyway"
     )
-    intra_op_threads: int = _option(
-        1, "per replica: threads one model run uses (its global pool, or each model's default)"
-    )
-    inter_op_threads: int = _option(
-        1, "per replica: threads for models with execution_mode = parallel"
-    )
-    thread_pools: str = _option(
-        "global", "per replica: global (models share the pools) or per_session (each its own)"
-    )
 
     def __post_init__(self) -> None:
         for name in (
@@ -100,7 +114,6 @@ class RayServeConfig:
             "max_request_bytes",
         ):
             positive_int(name, getattr(self, name))
-        positive_int("compute_workers", self.compute_workers, optional=True)
         if not _non_negative(self.replica_cpus):
             raise InvalidOption(f"replica_cpus must be >= 0, got {self.replica_cpus!r}")
         if not _non_negative(self.drain_timeout_s):
@@ -117,14 +130,8 @@ class RayServeConfig:
         self.host_options()  # they are defined
 
     def runtime_options(self) -> RuntimeOptions:
-        """The options of each replica's Runtime."""
-        return RuntimeOptions.resolve(
-            self.intra_op_threads,
-            self.inter_op_threads,
-            self.replica_compute_workers,
-            "shared",
-            self.thread_pools,
-        )
+        """The options of each replica's Runtime: its fields of the same names."""
+        return RuntimeOptions.taken_from(self, compute_workers=self.replica_compute_workers)
 
     def host_options(self) -> HostOptions:
         """The options of each replica's Host: its fields of the same names."""
@@ -144,8 +151,9 @@ class RayServeConfig:
     @property
     def replica_compute_workers(self) -> int:
         """Compute threads each replica's Runtime runs."""
-        if self.compute_workers is not None:
-            return self.compute_workers
+        workers: int | None = self.compute_workers
+        if workers is not None:
+            return workers
         return max(1, -int(-self.replica_cpus // 1))
 
 
@@ -163,9 +171,10 @@ def models_per_replica(
     if config.max_models_per_replica is not None:
         return config.max_models_per_replica
     counts: list[int] = []
-    if config.max_loaded_models is not None:
-        counts.append(config.max_loaded_models)
-    budget = config.host_options().budget_bytes
+    options = config.host_options()
+    if options.max_loaded_models is not None:
+        counts.append(options.max_loaded_models)
+    budget = options.budget_bytes
     if budget is not None:
         counts.append(max(1, budget // _mean_model_bytes(repository)))
     return min(counts) if counts else UNLIMITED

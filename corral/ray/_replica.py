@@ -58,13 +58,7 @@ class ModelReplica:
     """
 
     def __init__(self, repository: str, config: RayServeConfig) -> None:
-        options = config.runtime_options()
-        runtime = Runtime(
-            options.intra_op_threads,
-            options.inter_op_threads,
-            options.compute_workers,
-            thread_pools=options.thread_pools,
-        )
+        runtime = Runtime.from_options(config.runtime_options())
         self._host = Host(repository, runtime=runtime, options=config.host_options()).start()
         self._drain_timeout_s = config.drain_timeout_s
         self._app = HttpApp(DataPlane(self._host), max_request_bytes=config.max_request_bytes)

@@ -122,12 +122,7 @@ async def serve(
     :data:`EXIT_DRAIN_INCOMPLETE`.
     """
     open_files = raise_open_file_limit()
-    rt = Runtime(
-        compute_workers=settings.compute_workers,
-        intra_op_threads=settings.intra_op_threads,
-        inter_op_threads=settings.inter_op_threads,
-        thread_pools=settings.thread_pools,
-    )
+    rt = Runtime.from_options(settings.runtime_options())
     closed = _Closing(settings.drain_timeout_s + settings.drain_notice_s)
     # Every resource is started below in order and registered here at once, so that they
     # stop in the reverse order, each once, however far the start got.

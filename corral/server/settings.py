@@ -2,8 +2,13 @@
 
 Every field is an option of ``corral serve``: its flag is ``--<field>`` with dashes and its
 environment variable ``CORRAL_<FIELD>``, both generated from the field (``corral.cli``), so
-that a flag, its variable and its help cannot drift apart. The Host's options are
-:class:`corral.HostOptions`' fields under the same names, checked by HostOptions itself.
+that a flag, its variable and its help cannot drift apart.
+
+The Host's and the Runtime's options are not written here: their fields are made from their
+one declaration, :class:`corral.HostOptions`' and :class:`corral.RuntimeOptions`' fields
+(:func:`corral._options.edge_options`: name, type, default, help), and checked by those
+classes. The server reads them as those objects: :meth:`ServerSettings.host_options` and
+:meth:`ServerSettings.runtime_options`.
 
 Nothing here is read at import: :class:`ServerSettings` reads the environment when it is built
 (``corral serve`` builds it from its arguments, which take precedence over the environment).
@@ -14,13 +19,22 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    Field,
+    SecretStr,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from corral._budget import parse_bytes
-from corral._options import HostOptions
+from corral._declare import ENV_PREFIX, declared
+from corral._options import HostOptions, edge_options
+from corral._runtime import RuntimeOptions
 from corral.protocol.shm import DEFAULT_MAX_REGIONS
 
 __all__ = [
@@ -32,11 +46,9 @@ __all__ = [
     "unknown_variables",
 ]
 
-#: What every setting's environment variable starts with.
-ENV_PREFIX = "CORRAL_"
-#: HostOptions fields the server keeps at their defaults, and why.
+#: HostOptions fields the server keeps at their defaults, and why (from their declaration).
 HOST_OPTIONS_NOT_SERVED = {
-    "failure_backoff_s": "a pair of seconds; the server keeps the library's default back-off",
+    option.name: option.not_offered for option in declared(HostOptions) if option.not_offered
 }
 
 #: The settings that are sizes: bytes, or text like 64MiB, 2Gi, 2g (``corral._budget``'s rules;
@@ -46,11 +58,24 @@ SIZE_FIELDS = ("max_request_bytes", "max_body_bytes_in_flight", "max_url_bytes",
 #: The seconds between polls under ``--model-control-mode poll`` when none is given: Triton's.
 TRITON_POLL_SECS = 15.0
 
-# The Host's options take their defaults from HostOptions itself.
-_HOST_DEFAULTS = HostOptions()
+if TYPE_CHECKING:
+    # Made below from the declaration, which a type checker cannot read: the server reads
+    # these options through host_options() and runtime_options(), which are typed.
+    _HostAndRuntimeOptions = BaseSettings
+else:
+    _HostAndRuntimeOptions = create_model(
+        "_HostAndRuntimeOptions",
+        __base__=BaseSettings,
+        __module__=__name__,
+        **{
+            option.name: (option.annotation, Field(option.default, description=option.described()))
+            for option in edge_options()
+            if option.not_offered is None
+        },
+    )
 
 
-class ServerSettings(BaseSettings):
+class ServerSettings(_HostAndRuntimeOptions):
     """How ``corral serve`` runs; every field also reads ``CORRAL_<FIELD>`` from the environment.
 
     Example::
@@ -60,6 +85,8 @@ class ServerSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
 
+    # The Host's and the Runtime's options are _HostAndRuntimeOptions' fields, made from their
+    # declaration; these are the server's own.
     repository: Path = Field(
         description="the model repository's folder: <name>/<version>/model.onnx or <name>.onnx"
     )
@@ -75,60 +102,7 @@ class ServerSettings(BaseSettings):
         description="serve GET /metrics on this port of its own, without the token, and not "
         "on the HTTP port (Triton's 8002); 0: any free port; none: /metrics on the HTTP port",
     )
-    # -- the Host's options: checked by HostOptions, defaults from it ------------------------
-    memory_budget: int | str | None = Field(
-        _HOST_DEFAULTS.memory_budget,
-        description="estimated bytes the loaded models may hold: bytes or a size like 2GiB",
-    )
-    max_loaded_models: int | None = Field(
-        _HOST_DEFAULTS.max_loaded_models, description="most model versions loaded at once"
-    )
-    load_concurrency: int | None = Field(
-        None, description="loads that run at once (default: the cores, at most 4)"
-    )
-    load_timeout_s: float = Field(
-        _HOST_DEFAULTS.load_timeout_s,
-        description="seconds a load may take; past it the model fails (503) and its slot frees",
-    )
-    poll_interval_s: float | None = Field(
-        _HOST_DEFAULTS.poll_interval_s,
-        description="seconds between checks of the models in use for new versions",
-    )
-    batching: bool = Field(
-        _HOST_DEFAULTS.batching,
-        description="batch concurrent requests for a model where it allows",
-    )
-    max_queue_per_model: int = Field(
-        _HOST_DEFAULTS.max_queue_per_model,
-        description="requests a model version may have queued; more get 429 at once",
-    )
-    model_latency_histograms: int = Field(
-        _HOST_DEFAULTS.model_latency_histograms,
-        description="model versions with a request-latency histogram of their own in "
-        "/metrics: the first this many asked; 0: only the server-wide one",
-    )
-    # -- the Runtime and the server ----------------------------------------------------------
-    compute_workers: int | None = Field(
-        None, gt=0, description="threads that run models (default: the cores)"
-    )
-    intra_op_threads: int = Field(
-        1,
-        gt=0,
-        description="threads one model run uses: the size of onnxruntime's global pool, or "
-        "with --thread-pools per_session each model's default (1 suits many small models; "
-        "the cores suit a few large ones)",
-    )
-    inter_op_threads: int = Field(
-        1,
-        gt=0,
-        description="threads for models with execution_mode = parallel (global, or per "
-        "session with --thread-pools per_session)",
-    )
-    thread_pools: Literal["global", "per_session"] = Field(
-        "global",
-        description="global: every model shares onnxruntime's pools; per_session: each model "
-        "has its own (its model.toml may set intra_op_threads)",
-    )
+    # -- requests, tokens, the drain and the logs --------------------------------------------
     max_request_bytes: int = Field(
         64 * 1024 * 1024,
         gt=0,
@@ -316,8 +290,9 @@ class ServerSettings(BaseSettings):
         return given
 
     @model_validator(mode="after")
-    def _host_options_hold(self) -> ServerSettings:
-        self.host_options()  # raises InvalidOption naming the option
+    def _options_hold(self) -> ServerSettings:
+        self.host_options()  # each raises InvalidOption naming the option
+        self.runtime_options()
         return self
 
     @model_validator(mode="after")
@@ -348,6 +323,10 @@ class ServerSettings(BaseSettings):
     def host_options(self) -> HostOptions:
         """The options of the server's Host: its fields of the same names."""
         return HostOptions.taken_from(self)
+
+    def runtime_options(self) -> RuntimeOptions:
+        """The options of the server's Runtime: its fields of the same names."""
+        return RuntimeOptions.taken_from(self)
 
     @classmethod
     def variable(cls, field: str) -> str:
