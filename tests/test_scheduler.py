@@ -187,7 +187,7 @@ def test_a_hot_model_does_not_starve_the_others(tmp_path: Path):
     add_model(tmp_path, "hot", build_tree(seed=1), toml="max_batch_size = 0\n")
     add_model(tmp_path, "slow", build_mlp(seed=4), toml="max_batch_size = 0\n")
     for i in range(100):
-        add_model(tmp_path, f"cold{i:03d}", build_linear(seed=i))
+        add_model(tmp_path, f"cold{i:03d}", build_linear(seed=i), toml="max_batch_size = 0\n")
     with Host(tmp_path, max_queue_per_model=10_000) as host:
         for name in ["hot", "slow"] + [f"cold{i:03d}" for i in range(100)]:
             host.infer(name, {"X": np.zeros((1, 4), np.float32)})
