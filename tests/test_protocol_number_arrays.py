@@ -1,7 +1,7 @@
 """Long JSON arrays of numbers read straight into numpy decode exactly as the whole document does.
 
 ``decode_request`` cuts a long flat ``data`` array of numbers out of the JSON and reads it a
-piece at a time (``http_codec._NumberArrays``). Here the thresholds are lowered to a few
+piece at a time (``corral.protocol._number_arrays``). Here the thresholds are lowered to a few
 bytes so that every array takes that path, and each body must decode to the same tensors,
 or be refused, as it is with the path turned off.
 """
@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral import InvalidInput
-from corral.protocol import http_codec
+from corral.protocol import _number_arrays
 from corral.protocol.http_codec import decode_request
 from tests.strategies import edge_numbers
 
@@ -33,8 +33,8 @@ NUMERIC = ["FP16", "FP32", "FP64", "INT8", "INT16", "INT32", "INT64", "UINT8", "
 @contextlib.contextmanager
 def number_arrays(*, long_bytes: int, piece_bytes: int = 3) -> Iterator[None]:
     with (
-        mock.patch.object(http_codec, "_LONG_ARRAY_BYTES", long_bytes),
-        mock.patch.object(http_codec, "_PIECE_BYTES", piece_bytes),
+        mock.patch.object(_number_arrays, "_LONG_ARRAY_BYTES", long_bytes),
+        mock.patch.object(_number_arrays, "_PIECE_BYTES", piece_bytes),
     ):
         yield
 
@@ -217,7 +217,7 @@ def test_a_long_nested_array_costs_a_fraction_of_the_parsed_document():
 def assert_costs_a_fraction(body: bytes, count: int) -> None:
     peaks = {}
     for mode, long_bytes in (("cut", 64 * 1024), ("whole", 10**12)):
-        with mock.patch.object(http_codec, "_LONG_ARRAY_BYTES", long_bytes):
+        with mock.patch.object(_number_arrays, "_LONG_ARRAY_BYTES", long_bytes):
             tracemalloc.start()
             try:
                 data = decode_request(body).inputs[0].data
@@ -235,7 +235,7 @@ def test_a_client_cannot_name_a_cut_array():
     count = 3
     body = body_with("FP32", [count], b"1, 2, 3")
     with number_arrays(long_bytes=0):
-        key = http_codec._NumberArrays.cut(body, len(body))
+        key = _number_arrays.NumberArrays.cut(body, len(body))
         assert key is not None
         (placeholder,) = re.findall(rb'"(corral-data-[0-9a-f]+-0)"', key.skeleton)
         forged = (

@@ -1,7 +1,7 @@
 """The plain requests' one-pass decoding gives exactly what the general decoding gives.
 
-``http_codec._plain_request`` decodes the plainest JSON request (FP32 / FP64 inputs, flat
-number arrays, nothing else) in one pass, ``http_codec._plain_binary_request`` the plainest
+``_plain_requests.plain_request`` decodes the plainest JSON request (FP32 / FP64 inputs, flat
+number arrays, nothing else) in one pass, ``_plain_requests.plain_binary_request`` the plainest
 binary one (fixed-size numeric tensors after the JSON, as tritonclient sends them), and both
 leave every other body to the general decoder. These
 tests hold the two equal on plain bodies and on bodies one step away from plain, and check
@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import corral
-from corral.protocol import InferRequest, http_codec
+from corral.protocol import InferRequest, _plain_requests, http_codec
 from corral.protocol.datatypes import numpy_dtype
 from corral.protocol.http_codec import decode_request
 
@@ -91,7 +91,7 @@ TOP_NUDGES: list[tuple[str, Any]] = [
 def _general(body: bytes) -> InferRequest | str:
     """The general decoding's outcome: the one pass switched off."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(http_codec, "_plain_request", lambda document: None)
+        patch.setattr(http_codec, "plain_request", lambda document: None)
         return _outcome(body)
 
 
@@ -134,7 +134,7 @@ def test_a_plain_body_decodes_in_one_pass_to_what_the_general_way_gives(document
         for item in document["inputs"]
     )
     # Taken whenever the values fit their datatype (an overflow goes the general way).
-    assert (http_codec._plain_request(orjson.loads(body)) is not None) == fits
+    assert (_plain_requests.plain_request(orjson.loads(body)) is not None) == fits
     _assert_same(_outcome(body), _general(body))
 
 
@@ -168,7 +168,7 @@ def test_two_inputs_of_one_name_are_refused_as_the_general_way_does():
 
 def test_the_benchmarks_request_takes_the_one_pass():
     document = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [0.1] * 4}]}
-    request = http_codec._plain_request(document)
+    request = _plain_requests.plain_request(document)
     assert request is not None
     (tensor,) = request.inputs
     assert tensor.data.dtype == np.float32
@@ -223,7 +223,7 @@ BINARY_NUDGES: list[tuple[str, Any]] = [
 
 def _general_binary(body: bytes, header_length: int) -> InferRequest | str:
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(http_codec, "_plain_binary_request", lambda document, part: None)
+        patch.setattr(http_codec, "plain_binary_request", lambda document, part: None)
         return _binary_outcome(body, header_length)
 
 
@@ -243,7 +243,9 @@ def test_a_plain_binary_body_decodes_in_one_pass_to_what_the_general_way_gives(
     document, tensors = drawn
     header = orjson.dumps(document)
     body = header + b"".join(tensors)
-    taken = http_codec._plain_binary_request(orjson.loads(header), memoryview(body)[len(header) :])
+    taken = _plain_requests.plain_binary_request(
+        orjson.loads(header), memoryview(body)[len(header) :]
+    )
     assert taken is not None
     fast, general = _binary_outcome(body, len(header)), _general_binary(body, len(header))
     _assert_same(fast, general)

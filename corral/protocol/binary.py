@@ -4,6 +4,8 @@ Elements are packed row-major in little-endian byte order with no padding. A BOO
 is one byte, 0 or 1. A BYTES element is a 4-byte little-endian unsigned length followed by
 that many bytes. The HTTP codec reads these after the JSON header; the gRPC transport reads
 the same layout from ``raw_input_contents`` and writes it to ``raw_output_contents``.
+Over HTTP, the extension's own parameters (:data:`BINARY_DATA_SIZE` and its two siblings)
+say which tensors travel this way.
 """
 
 from __future__ import annotations
@@ -18,7 +20,21 @@ import numpy.typing as npt
 from corral._errors import InvalidInput
 from corral.protocol.datatypes import numpy_dtype
 
-__all__ = ["decode_tensor", "element_count", "encode_tensor"]
+__all__ = [
+    "BINARY_DATA",
+    "BINARY_DATA_OUTPUT",
+    "BINARY_DATA_SIZE",
+    "decode_tensor",
+    "element_count",
+    "encode_tensor",
+]
+
+#: The extension's parameters in HTTP's JSON: on an input or output, the size of its raw
+#: bytes; on a requested output, whether to send it raw; on the request, the default for
+#: every output.
+BINARY_DATA_SIZE = "binary_data_size"
+BINARY_DATA = "binary_data"
+BINARY_DATA_OUTPUT = "binary_data_output"
 
 #: numpy 1.x allows at most 32 dimensions (numpy 2 allows 64); ONNX models stay far below.
 MAX_RANK = 32
