@@ -3,8 +3,11 @@
 A model folder may hold Triton's model configuration instead of a ``model.toml``. It is parsed
 with protobuf's text format against Triton's own messages (``corral/_proto/model_config.proto``,
 every field Triton has), so a file Triton accepts always parses; then each field that is set is
-either honoured (mapped onto :class:`ModelConfig`) or refused with a :class:`ModelConfigError`
-naming it and why. Nothing set in the file is ignored.
+either honoured (mapped onto :class:`ModelConfig`, here) or refused with a
+:class:`ModelConfigError` naming it and why (:mod:`corral._pbtxt_fields`). Nothing set in the
+file is ignored. Its warm-up samples are read by :mod:`corral._pbtxt_warmup`; the tensors it
+declares are held against the model's at load by :mod:`corral._pbtxt_declared`. The load
+imports those two modules' names from here, with :data:`CONFIG_PBTXT` and :func:`parse_pbtxt`.
 
 protobuf is imported here lazily, only when a config.pbtxt exists: the core's imports stay
 onnxruntime and numpy. onnxruntime depends on protobuf, but the generated module needs
@@ -35,23 +38,15 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
-from corral._config import (
-    ModelConfig,
-    ProviderEntry,
-    TensorConfig,
-    VersionPolicy,
-    WarmupInput,
-    WarmupSample,
-)
+from corral._config import ModelConfig, ProviderEntry, TensorConfig, VersionPolicy
 from corral._errors import ModelConfigError
+from corral._pbtxt_declared import check_declared, reshaped_signature, triton_type
+from corral._pbtxt_fields import refuse_unhonoured
+from corral._pbtxt_warmup import ReadWarmup, warmup_feed, warmup_samples
 from corral._providers import MAX_POOL_SIZE
-from corral._signature import Reshape, ReshapedSignature, Signature, TensorSpec
 
 __all__ = [
     "CONFIG_PBTXT",
@@ -69,89 +64,6 @@ CONFIG_PBTXT = "config.pbtxt"
 #: What Triton calls the only platform and backend corral runs.
 PLATFORM = "onnxruntime_onnx"
 BACKEND = "onnxruntime"
-
-# Every leaf corral honours, as a dotted path (repeated fields and maps without an index). A
-# leaf that is set and not listed here is refused, with _WHY's reason or the generic one.
-_HONOURED = frozenset(
-    {
-        "name",
-        "platform",
-        "backend",
-        "max_batch_size",
-        "default_model_filename",
-        "version_policy.latest.num_versions",
-        "version_policy.specific.versions",
-        "input.name",
-        "input.data_type",
-        "input.format",
-        "input.dims",
-        "input.reshape.shape",
-        "output.name",
-        "output.data_type",
-        "output.dims",
-        "output.reshape.shape",
-        "output.label_filename",
-        "dynamic_batching.max_queue_delay_microseconds",
-        "dynamic_batching.preferred_batch_size",
-        "dynamic_batching.default_queue_policy.max_queue_size",
-        "dynamic_batching.default_queue_policy.default_timeout_microseconds",
-        "dynamic_batching.default_queue_policy.allow_timeout_override",
-        "instance_group.name",
-        "instance_group.kind",
-        "instance_group.count",
-        "parameters",
-        "model_warmup.name",
-        "model_warmup.batch_size",
-        "model_warmup.count",
-        "model_warmup.inputs",
-        "optimization.execution_accelerators.cpu_execution_accelerator.name",
-        "optimization.execution_accelerators.gpu_execution_accelerator.name",
-        "optimization.execution_accelerators.cpu_execution_accelerator.parameters",
-        "optimization.execution_accelerators.gpu_execution_accelerator.parameters",
-        "optimization.graph.level",
-    }
-)
-
-# Why a field is refused, by the path of the field or of a message that holds it.
-_WHY = {
-    "runtime": "corral runs every model on onnxruntime itself",
-    "sequence_batching": "corral has no sequence batcher: it serves stateless models only",
-    "ensemble_scheduling": "corral does not run ensembles: serve each model on its own",
-    "batch_input": "corral's batcher does not make batch inputs",
-    "batch_output": "corral's batcher does not scatter batch outputs",
-    "input.optional": "corral passes every input the model declares: none is optional",
-    "input.is_shape_tensor": "shape tensors are a TensorRT feature",
-    "output.is_shape_tensor": "shape tensors are a TensorRT feature",
-    "input.allow_ragged_batch": "corral batches only requests of the same shape",
-    "dynamic_batching.preserve_ordering": "corral answers each request on its own",
-    "dynamic_batching.priority_levels": "corral's queues have no priorities",
-    "dynamic_batching.default_priority_level": "corral's queues have no priorities",
-    "dynamic_batching.priority_queue_policy": "corral's queues have no priorities",
-    "dynamic_batching.default_queue_policy.timeout_action": (
-        "corral answers a request past its queue timeout DeadlineExceeded (REJECT): it does "
-        "not DELAY it"
-    ),
-    "instance_group.gpus": "corral does not place instances on chosen GPUs",
-    "instance_group.rate_limiter": "corral has no rate limiter",
-    "instance_group.secondary_devices": "corral has no secondary devices",
-    "instance_group.profile": "profiles are a TensorRT feature",
-    "instance_group.passive": "every instance corral builds takes requests",
-    "instance_group.host_policy": "corral has no host policies",
-    "optimization": "corral runs onnxruntime with its own session options",
-    "optimization.priority": "corral's queues have no priorities",
-    "optimization.cuda": "CUDA graphs and CUDA stream settings are not passed to onnxruntime",
-    "optimization.input_pinned_memory": "corral does not stage tensors in pinned memory",
-    "optimization.output_pinned_memory": "corral does not stage tensors in pinned memory",
-    "optimization.gather_kernel_buffer_threshold": "corral has no gather kernel",
-    "optimization.eager_batching": "corral's batcher has no eager mode",
-    "cc_model_filenames": "corral picks no file by compute capability",
-    "metric_tags": "corral's metrics carry no per-model tags",
-    "model_operations": "corral loads no custom operation libraries",
-    "model_transaction_policy": "corral answers each request once: no decoupled models",
-    "model_repository_agents": "corral runs no repository agents",
-    "response_cache": "corral has no response cache",
-    "model_metrics": "corral's metrics are not configured per model",
-}
 
 # Triton's onnxruntime backend reads these parameters as settings; corral does not apply them,
 # so taking them as mere labels would drop them silently.
@@ -197,10 +109,6 @@ _ACCELERATORS = {
 }
 
 
-#: Reads ``warmup/<file name>`` in the model's folder: (file name, field, byte limit) → bytes.
-ReadWarmup = Callable[[str, str, int], bytes]
-
-
 def parse_pbtxt(
     text: str,
     *,
@@ -222,9 +130,7 @@ def parse_pbtxt(
     """
     message = _parse(text, source)
     try:
-        for path, value in _set_leaves(message, ""):
-            if _plain(path) not in _HONOURED:
-                raise ModelConfigError(f"{source}: {path} is set ({_short(value)}): {_why(path)}")
+        refuse_unhonoured(message, source)
         return _map(
             message, model_name=model_name, read_labels=read_labels, read_warmup=read_warmup
         )
@@ -293,45 +199,6 @@ def pbtxt_from_json(text: str, *, source: str) -> str:
     return str(text_format.MessageToString(config))
 
 
-def _set_leaves(message: Any, prefix: str) -> Iterator[tuple[str, object]]:
-    """Each leaf value set in ``message``: (dotted path with indexes, value)."""
-    for descriptor, value in message.ListFields():
-        path = f"{prefix}{descriptor.name}"
-        if descriptor.message_type is not None and not _is_map(descriptor):
-            if descriptor.is_repeated:
-                for index, item in enumerate(value):
-                    yield from _set_leaves(item, f"{path}[{index}].")
-            else:
-                yield from _set_leaves(value, f"{path}.")
-            continue
-        yield path, value
-
-
-def _plain(path: str) -> str:
-    """``input[2].dims`` → ``input.dims``."""
-    parts = path.split(".")
-    return ".".join(part.split("[")[0] for part in parts)
-
-
-def _is_map(descriptor: Any) -> bool:
-    message = descriptor.message_type
-    return message is not None and message.GetOptions().map_entry
-
-
-def _why(path: str) -> str:
-    plain = _plain(path)
-    while plain:
-        if plain in _WHY:
-            return _WHY[plain]
-        plain = plain.rpartition(".")[0]
-    return "corral does not honour this field; remove it"
-
-
-def _short(value: object, limit: int = 60) -> str:
-    text = repr(value) if not hasattr(value, "ListFields") else "{...}"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _map(
     message: Any,
     *,
@@ -380,7 +247,9 @@ def _map(
             message.dynamic_batching.default_queue_policy.allow_timeout_override
         ),
         "parameters": _parameters(message.parameters),
-        "warmup_samples": _warmup(message.model_warmup, pb, message.max_batch_size, read_warmup),
+        "warmup_samples": warmup_samples(
+            message.model_warmup, pb, message.max_batch_size, read_warmup
+        ),
     }
     if message.default_model_filename:
         values["model_filename"] = message.default_model_filename
@@ -538,159 +407,6 @@ def _parameters(parameters: Any) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
-#: The largest warm-up data file (``warmup/<input_data_file>``) read.
-MAX_WARMUP_BYTES = 16 * 1024 * 1024
-
-#: Triton's fixed-size types and their numpy dtypes (TYPE_STRING is laid out apart).
-_WARMUP_DTYPES = {
-    "TYPE_BOOL": "bool",
-    "TYPE_UINT8": "uint8",
-    "TYPE_UINT16": "uint16",
-    "TYPE_UINT32": "uint32",
-    "TYPE_UINT64": "uint64",
-    "TYPE_INT8": "int8",
-    "TYPE_INT16": "int16",
-    "TYPE_INT32": "int32",
-    "TYPE_INT64": "int64",
-    "TYPE_FP16": "float16",
-    "TYPE_FP32": "float32",
-    "TYPE_FP64": "float64",
-}
-
-
-def _warmup(
-    samples: Any, pb: Any, max_batch_size: int, read_warmup: ReadWarmup | None
-) -> tuple[WarmupSample, ...]:
-    out = []
-    for index, sample in enumerate(samples):
-        field = f"model_warmup[{index}]"
-        shown = f"{field} ({sample.name!r})" if sample.name else field
-        # Triton: batch_size must be >= 1, and 1 for a model that does not batch.
-        limit = max_batch_size or 1
-        if not 1 <= sample.batch_size <= limit:
-            raise ModelConfigError(
-                f"{shown}.batch_size must be from 1 to {limit} (max_batch_size "
-                f"{max_batch_size}), got {sample.batch_size}"
-            )
-        if not sample.inputs:
-            raise ModelConfigError(f"{shown} has no inputs")
-        rows = sample.batch_size if max_batch_size else None
-        inputs = tuple(
-            _warmup_input(f"{shown}.inputs[{name!r}]", name, value, pb, rows, read_warmup)
-            for name, value in sorted(sample.inputs.items())
-        )
-        out.append(WarmupSample(sample.name, sample.batch_size, sample.count or 1, inputs))
-    return tuple(out)
-
-
-def _warmup_input(
-    field: str, name: str, value: Any, pb: Any, rows: int | None, read_warmup: ReadWarmup | None
-) -> WarmupInput:
-    data_type = pb.DataType.Name(value.data_type)
-    if data_type not in _WARMUP_DTYPES and data_type != "TYPE_STRING":
-        raise ModelConfigError(f"{field}.data_type {data_type} is not a type corral serves")
-    dims = tuple(int(d) for d in value.dims)
-    if any(d < 1 for d in dims):
-        raise ModelConfigError(
-            f"{field}.dims must hold sizes >= 1 (a sample has a fixed shape), got {list(dims)}"
-        )
-    kind = value.WhichOneof("input_data_type")
-    if kind is None:
-        raise ModelConfigError(f"{field} sets none of zero_data, random_data or input_data_file")
-    if kind in ("zero_data", "random_data") and not getattr(value, kind):
-        raise ModelConfigError(f"{field}.{kind} is false: set it true or give another kind")
-    data = b""
-    if kind == "input_data_file":
-        file_name = value.input_data_file
-        if not file_name or file_name in (".", "..") or any(c in file_name for c in "/\\\0"):
-            raise ModelConfigError(
-                f"{field}.input_data_file {file_name!r} must be a plain file name in the "
-                "model folder's warmup/ folder"
-            )
-        if read_warmup is None:
-            raise ModelConfigError(
-                f"{field}.input_data_file: this configuration has no model folder to read from"
-            )
-        data = read_warmup(file_name, f"{field}.input_data_file", MAX_WARMUP_BYTES)
-        elements = _count(((rows,) if rows else ()) + dims)
-        _check_warmup_data(f"{field}.input_data_file {file_name!r}", data, data_type, elements)
-    return WarmupInput(name, data_type, dims, kind, data)
-
-
-def _check_warmup_data(shown: str, data: bytes, data_type: str, elements: int) -> None:
-    """The file must hold exactly ``elements`` values of ``data_type``, as Triton lays them out."""
-    if data_type != "TYPE_STRING":
-        wanted = elements * np.dtype(_WARMUP_DTYPES[data_type]).itemsize
-        if len(data) != wanted:
-            raise ModelConfigError(
-                f"{shown} holds {len(data)} bytes, but {elements} elements of {data_type} "
-                f"take {wanted}"
-            )
-        return
-    offset = 0
-    for element in range(elements):
-        if offset + 4 > len(data):
-            raise ModelConfigError(
-                f"{shown} ends before element {element} of {elements} (each is a 4-byte "
-                "little-endian length, then that many bytes)"
-            )
-        size = int.from_bytes(data[offset : offset + 4], "little")
-        offset += 4 + size
-        if offset > len(data):
-            raise ModelConfigError(
-                f"{shown}: element {element} says {size} bytes, past the file's end"
-            )
-    if offset != len(data):
-        raise ModelConfigError(
-            f"{shown} holds {len(data) - offset} bytes after its {elements} elements"
-        )
-
-
-def warmup_feed(sample: WarmupSample, *, batched: bool) -> dict[str, npt.NDArray[Any]]:
-    """A warm-up sample's inputs as arrays, as Triton makes them.
-
-    Each shape is ``[batch_size] + dims`` when the model batches (``batched``), else ``dims``.
-    ``zero_data``: zeros (empty strings for TYPE_STRING); ``random_data``: uniform values from
-    a fixed seed (floats in [0, 1), integers over their type's range, and, as Triton, empty
-    strings for TYPE_STRING); ``input_data_file``: the file's values in row-major order.
-    """
-    rng = np.random.default_rng(0)
-    feed: dict[str, npt.NDArray[Any]] = {}
-    for item in sample.inputs:
-        shape = ((sample.batch_size,) if batched else ()) + item.dims
-        if item.data_type == "TYPE_STRING":
-            feed[item.name] = _string_array(item, shape)
-            continue
-        dtype = np.dtype(_WARMUP_DTYPES[item.data_type])
-        if item.kind == "input_data_file":
-            feed[item.name] = np.frombuffer(item.data, dtype=dtype).reshape(shape).copy()
-        elif item.kind == "random_data" and dtype.kind == "f":
-            feed[item.name] = rng.random(shape).astype(dtype)
-        elif item.kind == "random_data" and dtype.kind == "b":
-            feed[item.name] = rng.integers(0, 2, shape).astype(dtype)
-        elif item.kind == "random_data":
-            info = np.iinfo(dtype)
-            feed[item.name] = rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
-        else:
-            feed[item.name] = np.zeros(shape, dtype=dtype)
-    return feed
-
-
-def _string_array(item: WarmupInput, shape: tuple[int, ...]) -> npt.NDArray[Any]:
-    values: list[bytes] = []
-    if item.kind == "input_data_file":
-        data, offset = item.data, 0
-        while offset < len(data):
-            size = int.from_bytes(data[offset : offset + 4], "little")
-            values.append(data[offset + 4 : offset + 4 + size])
-            offset += 4 + size
-    else:
-        values = [b""] * _count(shape)
-    array = np.empty(len(values), dtype=object)
-    array[:] = values
-    return array.reshape(shape)
-
-
 def _instances(groups: Any, pb: Any) -> tuple[str | None, bool]:
     """The concurrency policy for the instance groups, and whether they ask for a GPU."""
     if not groups:
@@ -783,138 +499,3 @@ def _providers(accelerators: Any, gpu: bool) -> tuple[ProviderEntry, ...] | None
     # onnxruntime runs on the CPU what the others leave, as Triton's backend does.
     providers.append("CPUExecutionProvider")
     return tuple(providers)
-
-
-# numpy's dtype kinds → Triton's type names, for checking declarations against the model.
-_TRITON_TYPES = {
-    "bool": "TYPE_BOOL",
-    "uint8": "TYPE_UINT8",
-    "uint16": "TYPE_UINT16",
-    "uint32": "TYPE_UINT32",
-    "uint64": "TYPE_UINT64",
-    "int8": "TYPE_INT8",
-    "int16": "TYPE_INT16",
-    "int32": "TYPE_INT32",
-    "int64": "TYPE_INT64",
-    "float16": "TYPE_FP16",
-    "float32": "TYPE_FP32",
-    "float64": "TYPE_FP64",
-    "object": "TYPE_STRING",
-}
-
-
-def triton_type(spec: TensorSpec) -> str | None:
-    """Triton's type name for a model's tensor; None for one no Triton type carries."""
-    return None if spec.dtype is None else _TRITON_TYPES.get(spec.dtype.name)
-
-
-def check_declared(config: ModelConfig, signature: Signature, label: str) -> None:
-    """Check the tensors a config.pbtxt declares against the model; raise ModelConfigError.
-
-    Each declared tensor must be one of the model's, of its type, and of its shape: a
-    declared size where the model has a fixed one must equal it, and a declared size where
-    the model's dimension is dynamic is refused (corral checks requests against the model's
-    own shape, so it could not hold requests to the declared size). With the config's
-    ``max_batch_size`` above 0 the first dimension is the batch's, left out of ``dims`` (as in
-    Triton, whether or not the Host batches). When inputs are declared, every input of the
-    model must be.
-    """
-    max_rows = config.max_batch_size or 0
-    kinds = (
-        ("input", config.inputs, signature.inputs),
-        ("output", config.outputs, signature.outputs),
-    )
-    for kind, declared, specs in kinds:
-        by_name = {spec.name: spec for spec in specs}
-        for tensor in declared:
-            spec = by_name.get(tensor.name)
-            where = f"{label}: config.pbtxt's {kind} {tensor.name!r}"
-            if spec is None:
-                raise ModelConfigError(
-                    f"{where} is not one of the model's {kind}s: "
-                    f"{', '.join(repr(name) for name in by_name)}"
-                )
-            model_type = triton_type(spec)
-            if model_type != tensor.data_type:
-                raise ModelConfigError(
-                    f"{where} is declared {tensor.data_type}, but the model's is "
-                    f"{model_type or spec.onnx_type} ({spec.describe()})"
-                )
-            _check_dims(where, tensor, spec, max_rows)
-        if kind == "input" and declared:
-            missing = [name for name in by_name if name not in {t.name for t in declared}]
-            if missing:
-                raise ModelConfigError(
-                    f"{label}: config.pbtxt declares inputs but not the model's "
-                    f"{', '.join(repr(name) for name in missing)}"
-                )
-
-
-def _check_dims(where: str, tensor: TensorConfig, spec: TensorSpec, max_rows: int) -> None:
-    # With a reshape, the model takes the reshape's shape; the dims are the client's.
-    dims, called = (
-        (tensor.dims, "dims") if tensor.reshape is None else (tensor.reshape, "reshape.shape")
-    )
-    full = ((-1,) if max_rows else ()) + dims
-    shown = f"{called} {list(dims)}" + (" (after the batch dimension)" if max_rows else "")
-    if len(full) != len(spec.shape):
-        raise ModelConfigError(
-            f"{where} has {shown}: {len(full)} dimensions in all, but the model's has "
-            f"{len(spec.shape)} ({spec.describe()})"
-        )
-    for axis, (wanted, have) in enumerate(zip(full, spec.shape, strict=True)):
-        if wanted == -1:
-            continue
-        if not isinstance(have, int):
-            raise ModelConfigError(
-                f"{where} has {shown}, fixing dimension {axis} at {wanted} where the model's "
-                f"is dynamic ({spec.describe()}); corral checks requests against the model's "
-                "own shape, so declare -1 there"
-            )
-        if have != wanted:
-            raise ModelConfigError(
-                f"{where} has {shown}, but the model's dimension {axis} is {have} "
-                f"({spec.describe()})"
-            )
-
-
-def reshaped_signature(config: ModelConfig, signature: Signature) -> ReshapedSignature | None:
-    """The signature clients see when a config.pbtxt reshapes tensors; None if none is.
-
-    Call it after :func:`check_declared` passed: each reshaped tensor's client-side spec has
-    the model's type and the declared ``dims`` (after a dynamic batch dimension when the
-    config's ``max_batch_size`` is above 0).
-    """
-    declared = {t.name: t for t in (*config.inputs, *config.outputs) if t.reshape is not None}
-    if not declared:
-        return None
-    keep_rows = bool(config.max_batch_size)
-
-    def client_side(
-        specs: tuple[TensorSpec, ...],
-    ) -> tuple[tuple[TensorSpec, ...], tuple[Reshape, ...], tuple[Reshape, ...]]:
-        shown: list[TensorSpec] = []
-        to_model: list[Reshape] = []
-        to_client: list[Reshape] = []
-        for spec in specs:
-            tensor = declared.get(spec.name)
-            if tensor is None or tensor.reshape is None:
-                shown.append(spec)
-                continue
-            dims = tuple(None if d == -1 else d for d in tensor.dims)
-            shape = ((spec.shape[0],) if keep_rows else ()) + dims
-            shown.append(TensorSpec(spec.name, spec.dtype, shape, spec.onnx_type))
-            to_model.append((spec.name, tensor.reshape))
-            to_client.append((spec.name, tensor.dims))
-        return tuple(shown), tuple(to_model), tuple(to_client)
-
-    inputs, input_shapes, _ = client_side(signature.inputs)
-    outputs, _, output_shapes = client_side(signature.outputs)
-    return ReshapedSignature(
-        inputs,
-        outputs,
-        model=signature,
-        input_shapes=input_shapes,
-        output_shapes=output_shapes,
-        keep_rows=keep_rows,
-    )

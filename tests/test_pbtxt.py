@@ -14,7 +14,8 @@ import corral
 from corral import Host
 from corral._config import ModelConfig, TensorConfig, VersionPolicy, WarmupInput, WarmupSample
 from corral._errors import ModelConfigError
-from corral._pbtxt import MAX_WARMUP_BYTES, parse_pbtxt, pbtxt_from_json, warmup_feed
+from corral._pbtxt import parse_pbtxt, pbtxt_from_json
+from corral._pbtxt_warmup import MAX_WARMUP_BYTES, warmup_feed
 from corral._repository import MAX_LABELS_BYTES, Repository
 from corral.testing import build_linear
 from tests.gates import hold_compute_workers
