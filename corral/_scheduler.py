@@ -10,6 +10,12 @@ blocking callers on plain threads run inline instead (see ``docs/scheduler.md``)
 Queues are bounded: a full model queue, or a full scheduler, refuses a request at once with
 :class:`Overloaded`. A request whose deadline passes while queued is answered
 :class:`DeadlineExceeded` without running; one whose caller cancelled it never runs.
+
+Here: admission, the compute workers and their turns, one batch's run and its answers, and
+the statistics. A queue and its requests are :mod:`corral._queue`'s; which requests share a
+run, and how a batch runs and splits, :mod:`corral._batching`'s; whether a probed model's
+requests share runs at all, :mod:`corral._run_sharing`'s. The names other modules import
+from here (the queue's types and defaults among them) stay importable from here.
 """
 
 from __future__ import annotations
@@ -23,24 +29,38 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 
+from corral._batching import (
+    UNBATCHED,
+    BatchFailed,
+    inference_error,
+    partition,
+    run_batch,
+    run_each,
+    shape_key,
+    take,
+)
 from corral._counters import BATCH_ROWS_BUCKETS, RunCounters
 from corral._delivery import deliver
-from corral._errors import (
-    CorralError,
-    DeadlineExceeded,
-    InferenceError,
-    InvalidInput,
-    Overloaded,
-    RunCancelled,
-    RuntimeClosed,
+from corral._errors import CorralError, DeadlineExceeded, InferenceError, Overloaded, RuntimeClosed
+from corral._queue import (
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_QUEUE_LIMIT,
+    Figures,
+    ModelQueue,
+    Outputs,
+    QueuedRequest,
+    QueueKey,
+    QueueStats,
+    Runnable,
+    queue_stats,
+    read_figures,
+    running_mean,
 )
-from corral._histogram import Histogram
+from corral._run_sharing import adaptive_cap, measure_sharing
 from corral._trace_hooks import RunRecord, RunTrace
 
 logger = logging.getLogger(__name__)
@@ -59,39 +79,16 @@ __all__ = [
     "time_left",
 ]
 
-Outputs = dict[str, npt.NDArray[Any]]
-#: What names a queue in the statistics: the model's name and version.
-QueueKey = tuple[str, int]
-
-#: Rows per batch when a batchable model's model.toml does not say.
-DEFAULT_MAX_BATCH_SIZE = 64
-#: Requests one model may have queued before new ones are refused.
-DEFAULT_QUEUE_LIMIT = 1024
 #: Requests all models together may have queued.
 DEFAULT_TOTAL_LIMIT = 65536
-# How far down a queue the batch former looks for requests of the same shape.
-_SCAN_LIMIT = 256
 #: A model whose runs take this long or longer, on average, is a long one: while short ones
 #: have requests, one compute worker is kept from long runs (see Scheduler).
 LONG_RUN_S = 0.002
 #: How long after its last short request the scheduler still keeps a worker for short runs:
 #: short requests 10 a second or more keep it; sparser ones leave long runs every worker.
 SHORT_RECENT_S = 0.1
-# The weight of a run's seconds in its queue's running mean.
-_RUN_MEAN_WEIGHT = 0.2
-#: An adaptive queue (a model whose batching corral chose, not its config) runs each request
-#: alone once its shared runs cost this many times the CPU seconds per row of its lone runs or
-#: more, and shares runs again once lone runs cost this many times shared ones. Between the
-#: two it keeps what it does: either costs about the same, and a noisy machine does not
-#: flip it back and forth.
-SHARED_COSTLIER = 1.25
-#: Runs of each kind an adaptive queue measures before it decides.
-ADAPT_MIN_RUNS = 4
-#: While an adaptive queue has not measured both kinds, every this-many-th run is of the kind
-#: it lacks; once decided, every ``ADAPT_RECHECK_EVERY``-th run is of the other kind, to
-#: notice a change (another input shape, a quieter machine).
-_ADAPT_EXPLORE_EVERY = 4
-ADAPT_RECHECK_EVERY = 128
+# Versions whose figures Scheduler.stats copies per hold of the lock (~1 ms).
+_STATS_CHUNK = 256
 
 
 def deadline_after(timeout: float | None) -> float | None:
@@ -110,54 +107,6 @@ def time_left(deadline: float | None) -> float | None:
     return min(threading.TIMEOUT_MAX, max(0.0, deadline - time.monotonic()))
 
 
-@dataclass(frozen=True)
-class QueueStats:
-    """What one model version's queues have seen, for the metrics to read.
-
-    Every figure but ``pending`` only grows, across evictions, unloads and reloads of the
-    version (see ``corral._counters``).
-    """
-
-    #: Requests accepted, refused (queue full), expired while queued, cancelled unrun.
-    accepted: int
-    rejected: int
-    expired: int
-    cancelled: int
-    #: Requests waiting now.
-    pending: int
-    #: Runs, and rows run (a batch of 8 batch-1 requests is 1 run, 8 rows).
-    runs: int
-    rows: int
-    #: Time requests spent queued, and time spent running the model (compute infer), summed.
-    queue_seconds_sum: float
-    compute_seconds_sum: float
-    #: Cumulative counts of runs per batch size ``(rows <= bound, runs)``.
-    batch_rows_buckets: tuple[tuple[int, int], ...]
-    #: Time spent building runs' feeds (copy-in) and splitting their outputs (copy-out).
-    compute_input_seconds_sum: float = 0.0
-    compute_output_seconds_sum: float = 0.0
-    #: Of the requests ``rejected``, those refused because every queue together was full.
-    overloaded: int = 0
-
-
-class Runnable(Protocol):
-    """What a queue's requests run on: one served model version, which admits them.
-
-    Each queued request holds one admission, taken before it was submitted: the runnable
-    stays open (it is not closed under a queued request) until :meth:`dismiss` ends it.
-    """
-
-    @property
-    def label(self) -> str:
-        """The name used in messages (``model:version``)."""
-
-    def run_admitted(self, feed: dict[str, npt.NDArray[Any]], names: tuple[str, ...]) -> Outputs:
-        """Run a checked feed under an admission the caller holds (it is not ended)."""
-
-    def dismiss(self, count: int) -> None:
-        """End ``count`` admissions at once."""
-
-
 class _State(enum.Enum):
     #: Taking requests (workers start with the first one).
     RUNNING = "running"
@@ -165,58 +114,6 @@ class _State(enum.Enum):
     DRAINING = "draining"
     #: Workers have stopped.
     STOPPED = "stopped"
-
-
-@dataclass(eq=False, slots=True)
-class _Request:
-    feed: dict[str, npt.NDArray[Any]]
-    names: tuple[str, ...]
-    rows: int
-    key: tuple[object, ...]
-    deadline: float | None
-    enqueued: float
-    owner: Runnable  # holds this request's admission until it is answered
-    future: Future[Outputs] | asyncio.Future[Outputs]
-    loop: asyncio.AbstractEventLoop | None
-    # The server's tracing, when on: told of the run that answers this request.
-    trace: RunTrace | None
-    # Set once its admission has ended (answered or cancelled): a failed worker answers the
-    # requests it held that are not.
-    answered: bool = False
-
-
-@dataclass(eq=False)
-class ModelQueue:
-    """One model version's queue; every field but the first two guarded by the Scheduler's lock.
-
-    ``adaptive`` is set once, when the queue is made, and never changed: read without it.
-    ``counters`` is shared by every copy of the version (the Host's, for its life): a queue
-    adds to it and never resets it.
-    """
-
-    owner: Runnable
-    key: QueueKey
-    max_rows: int  # 0: never batch
-    window_s: float
-    limit: int
-    pending: deque[_Request] = field(default_factory=deque)
-    in_ready: bool = False
-    counters: RunCounters = field(default_factory=RunCounters)
-    # The running mean of its runs' seconds (0 until its first run): long at LONG_RUN_S.
-    run_s: float = 0.0
-    # Batching chosen by corral (probed), not declared: shared runs are measured against
-    # lone ones and given up where they cost more per row (see SHARED_COSTLIER).
-    adaptive: bool = False
-    # The running means of CPU seconds per row of runs of one request (alone) and of several
-    # (shared), on the compute worker's thread, and how many of each were measured.
-    alone_row_s: float = 0.0
-    alone_runs: int = 0
-    shared_row_s: float = 0.0
-    shared_runs: int = 0
-    # Each request runs alone: shared runs were found to cost more per row.
-    apart: bool = False
-    # Runs started since the queue last ran one of the kind it is short of measuring.
-    since_probe: int = 0
 
 
 class Scheduler:
@@ -301,8 +198,8 @@ class Scheduler:
         queue or the whole scheduler is full, :class:`RuntimeClosed` after shutdown began.
         ``trace``: told of the run that answers the request (:class:`RunTrace`).
         """
-        rows, key = _shape_key(feed) if queue.max_rows else _UNBATCHED
-        request = _Request(
+        rows, key = shape_key(feed) if queue.max_rows else UNBATCHED
+        request = QueuedRequest(
             feed, names, rows, key, deadline, time.monotonic(), queue.owner, future, loop, trace
         )
         with self._lock:
@@ -361,11 +258,13 @@ class Scheduler:
         # under it in one go, 10,000 versions held it ~0.1 s per scrape of /metrics.) Each
         # version's figures are read at one instant; different versions' at nearby ones.
         items = list(counters.items())
-        figures: list[tuple[QueueKey, _Figures]] = []
+        figures: list[tuple[QueueKey, Figures]] = []
         for start in range(0, len(items), _STATS_CHUNK):
             with self._lock:
-                figures.extend((key, _figures(c)) for key, c in items[start : start + _STATS_CHUNK])
-        return {key: _stats(raw, pending.get(key, 0)) for key, raw in figures}
+                figures.extend(
+                    (key, read_figures(c)) for key, c in items[start : start + _STATS_CHUNK]
+                )
+        return {key: queue_stats(raw, pending.get(key, 0)) for key, raw in figures}
 
     def sharing(self, queue: ModelQueue) -> str | None:
         """What an adaptive queue found, in a clause, once it runs each request alone; else None."""
@@ -414,7 +313,7 @@ class Scheduler:
         thread.start()
 
     def _work(self) -> None:
-        in_hand: list[_Request] = []  # taken from their queue, not yet answered
+        in_hand: list[QueuedRequest] = []  # taken from their queue, not yet answered
         wake = threading.Lock()  # held while awake; released by whoever wakes this worker
         wake.acquire()
         try:
@@ -425,7 +324,7 @@ class Scheduler:
             logger.exception("corral: compute worker failed; starting another in its place")
             self._replace_worker(wake, in_hand, exc)
 
-    def _serve(self, wake: threading.Lock, in_hand: list[_Request]) -> None:
+    def _serve(self, wake: threading.Lock, in_hand: list[QueuedRequest]) -> None:
         while True:
             with self._lock:
                 while True:
@@ -435,7 +334,7 @@ class Scheduler:
                     if self._state is not _State.RUNNING and not self._ready:
                         return
                     self._sleep_locked(wake, wait)
-                taken = _take(queue, _adaptive_cap(queue) if queue.adaptive else 0)
+                taken = take(queue, adaptive_cap(queue) if queue.adaptive else 0)
                 in_hand[:] = taken
                 if queue.pending:
                     self._ready.append(queue)  # to the back: round robin across models
@@ -450,7 +349,7 @@ class Scheduler:
             try:
                 # Sorting out who shares the run happens outside the lock, which the event
                 # loops need for every request they submit.
-                batch, leftovers = _partition(taken, queue.max_rows)
+                batch, leftovers = partition(taken, queue.max_rows)
                 if leftovers:
                     self._put_back(queue, leftovers)
                     in_hand[:] = batch
@@ -464,7 +363,7 @@ class Scheduler:
             in_hand.clear()
 
     def _replace_worker(
-        self, wake: threading.Lock, in_hand: list[_Request], cause: Exception
+        self, wake: threading.Lock, in_hand: list[QueuedRequest], cause: Exception
     ) -> None:
         """Start a worker in a failed one's place, and answer the requests it held."""
         with self._lock:
@@ -499,7 +398,7 @@ class Scheduler:
                 # release back, so that the lock is held while awake again.
                 wake.acquire()
 
-    def _put_back(self, queue: ModelQueue, leftovers: list[_Request]) -> None:
+    def _put_back(self, queue: ModelQueue, leftovers: list[QueuedRequest]) -> None:
         """Return requests that could not join a batch to the front of their queue."""
         with self._lock:
             queue.pending.extendleft(reversed(leftovers))
@@ -546,15 +445,15 @@ class Scheduler:
             self._ready.append(queue)
         return None, wait
 
-    def _execute(self, queue: ModelQueue, batch: list[_Request]) -> None:
+    def _execute(self, queue: ModelQueue, batch: list[QueuedRequest]) -> None:
         """Run one batch and answer every request in it exactly once.
 
         Everything here is per request on the busiest path there is (32 callers of a tiny
         model spend more time here than in onnxruntime), so it is one pass per stage.
         """
         now = time.monotonic()
-        live: list[_Request] = []
-        late: list[_Request] = []
+        live: list[QueuedRequest] = []
+        late: list[QueuedRequest] = []
         cancelled = 0
         enqueued_sum = 0.0
         rows = 0
@@ -590,22 +489,22 @@ class Scheduler:
         copy_in = copy_out = 0.0
         adaptive = queue.adaptive
         # An adaptive queue's sharing is judged on the worker's CPU seconds: the wall clock
-        # also counts the threads that took the cores meanwhile (see _measure_sharing).
+        # also counts the threads that took the cores meanwhile (see measure_sharing).
         cpu_at = time.thread_time() if adaptive else 0.0
         started_at = time.perf_counter()
         if live:
             try:
-                results, copy_in, copy_out = _run_batch(queue.owner, live, rows)
-            except _BatchFailed:
+                results, copy_in, copy_out = run_batch(queue.owner, live, rows)
+            except BatchFailed:
                 # One request's values can fail a whole batch (an index out of range, a shape
                 # its rows cannot take): run each request alone, so that only the requests at
                 # fault get the error and the others their outputs.
-                results, errors = _run_each(queue.owner, live)
+                results, errors = run_each(queue.owner, live)
                 runs += len(live)
             except CorralError as exc:
                 error = exc
             except Exception as exc:
-                error = _inference_error(queue.owner, exc)
+                error = inference_error(queue.owner, exc)
         elapsed = time.perf_counter() - started_at
         cpu = time.thread_time() - cpu_at if adaptive else 0.0
         # Counted before answering, so that a caller who has its answer sees it counted.
@@ -614,10 +513,14 @@ class Scheduler:
             counters.expired += len(late)
             counters.cancelled += cancelled
             if live:
-                run_s = queue.run_s
-                queue.run_s = elapsed if not run_s else run_s + _RUN_MEAN_WEIGHT * (elapsed - run_s)
-                if adaptive and rows and runs == 1:
-                    _measure_sharing(queue, len(live) > 1, cpu / rows)
+                queue.run_s = running_mean(queue.run_s, elapsed)
+                if (
+                    adaptive
+                    and rows
+                    and runs == 1
+                    and measure_sharing(queue, len(live) > 1, cpu / rows)
+                ):
+                    _log_sharing(queue)
                 counters.runs += runs
                 counters.rows += rows
                 counters.queue_seconds += now * len(live) - enqueued_sum
@@ -645,7 +548,17 @@ class Scheduler:
                 _answer(live, results, errors)
 
 
-def _claim(request: _Request) -> bool:
+def _log_sharing(queue: ModelQueue) -> None:
+    logger.info(
+        "corral: %s %s: shared runs take %.3g CPU ms a row, lone runs %.3g ms",
+        queue.owner.label,
+        "runs each request alone" if queue.apart else "shares runs again",
+        queue.shared_row_s * 1e3,
+        queue.alone_row_s * 1e3,
+    )
+
+
+def _claim(request: QueuedRequest) -> bool:
     """After a worker failed: True if its answer may still be delivered (not cancelled)."""
     if request.loop is not None:
         return True  # an asyncio future's delivery skips it if cancelled, on its loop
@@ -655,7 +568,7 @@ def _claim(request: _Request) -> bool:
     return future.running() or future.set_running_or_notify_cancel()
 
 
-def _late_after_run(live: list[_Request]) -> list[BaseException | None] | None:
+def _late_after_run(live: list[QueuedRequest]) -> list[BaseException | None] | None:
     """The requests whose deadline passed while their batch ran: their results are dropped."""
     finished = time.monotonic()
     errors: list[BaseException | None] | None = None
@@ -667,220 +580,13 @@ def _late_after_run(live: list[_Request]) -> list[BaseException | None] | None:
     return errors
 
 
-# A request that runs alone: no key, and one row in the statistics (its run is one run).
-_UNBATCHED: tuple[int, tuple[object, ...]] = (1, ())
-
-
-def _shape_key(feed: dict[str, npt.NDArray[Any]]) -> tuple[int, tuple[object, ...]]:
-    """Rows of a request, and what another request must share to join its batch.
-
-    An empty key means the request runs alone: a scalar, inputs that disagree on rows, or
-    no rows at all. An empty request runs alone so that its answer is the one it gets on
-    its own (some models refuse 0 rows), and no other request's depends on it. Rows are
-    exact (0 for an empty request), for the batch's output check and the statistics.
-    The requested outputs are compared separately.
-    """
-    if len(feed) == 1:
-        for name, array in feed.items():
-            shape = array.shape
-            if not shape:
-                return _UNBATCHED
-            if not shape[0]:
-                return 0, ()
-            return shape[0], (name, array.dtype, shape[1:])
-    rows = -1
-    parts: list[object] = []
-    for name, array in feed.items():
-        shape = array.shape
-        if not shape:
-            return _UNBATCHED
-        if rows == -1:
-            rows = shape[0]
-        elif shape[0] != rows:
-            return _UNBATCHED  # inputs disagree on rows: run it alone
-        parts += (name, array.dtype, shape[1:])
-    if rows == -1:
-        return _UNBATCHED  # no inputs
-    return (rows, tuple(parts)) if rows else (0, ())
-
-
-def _adaptive_cap(queue: ModelQueue) -> int:
-    """The most requests an adaptive queue's next run may take (0: no cap); under the lock.
-
-    Counts the run: while one kind of run is unmeasured, every few runs is of that kind;
-    once decided, every :data:`ADAPT_RECHECK_EVERY`-th run is of the kind not chosen. A
-    shared one takes what sharing would take: a smaller batch than sharing makes would
-    measure a cost that sharing does not have.
-    """
-    queue.since_probe += 1
-    if queue.alone_runs < ADAPT_MIN_RUNS or queue.shared_runs < ADAPT_MIN_RUNS:
-        every = _ADAPT_EXPLORE_EVERY
-        probe = 1 if queue.alone_runs < ADAPT_MIN_RUNS else 0
-    else:
-        every = ADAPT_RECHECK_EVERY
-        probe = 0 if queue.apart else 1
-    if queue.since_probe >= every:
-        queue.since_probe = 0
-        return probe
-    return 1 if queue.apart else 0
-
-
-def _measure_sharing(queue: ModelQueue, shared: bool, row_s: float) -> None:
-    """Count an adaptive queue's run (``row_s`` seconds per row), and decide; under the lock.
-
-    ``row_s`` is CPU time on the compute worker's thread, not wall time: on a busy machine a
-    run's wall time grows with whatever else took the cores meanwhile (other workers, request
-    decoding, other processes), and lone runs, measured most often, would look costlier
-    than the shared runs measured at a quieter moment, and turn batching that costs more
-    back on (seen over HTTP: the PP-OCRv4 recogniser shared runs of 5-8 requests at 32
-    connections, at 0.6x its throughput alone). With the Runtime's intra-op pool of one
-    thread (its default) a run is all on this thread; with more, it counts this thread's
-    share of each run, the same way for both kinds.
-    """
-    if shared:
-        mean, queue.shared_runs = queue.shared_row_s, queue.shared_runs + 1
-        queue.shared_row_s = row_s if not mean else mean + _RUN_MEAN_WEIGHT * (row_s - mean)
-    else:
-        mean, queue.alone_runs = queue.alone_row_s, queue.alone_runs + 1
-        queue.alone_row_s = row_s if not mean else mean + _RUN_MEAN_WEIGHT * (row_s - mean)
-    if queue.alone_runs < ADAPT_MIN_RUNS or queue.shared_runs < ADAPT_MIN_RUNS:
-        return
-    apart = (
-        queue.shared_row_s * SHARED_COSTLIER > queue.alone_row_s
-        if queue.apart
-        else queue.shared_row_s >= queue.alone_row_s * SHARED_COSTLIER
-    )
-    if apart != queue.apart:
-        queue.apart = apart
-        logger.info(
-            "corral: %s %s: shared runs take %.3g CPU ms a row, lone runs %.3g ms",
-            queue.owner.label,
-            "runs each request alone" if apart else "shares runs again",
-            queue.shared_row_s * 1e3,
-            queue.alone_row_s * 1e3,
-        )
-
-
-def _take(queue: ModelQueue, cap: int = 0) -> list[_Request]:
-    """Pop the requests the next run may use: one if the model does not batch; ``cap`` at most."""
-    pending = queue.pending
-    if queue.max_rows == 0 or cap == 1:
-        return [pending.popleft()]
-    count = min(len(pending), queue.max_rows, _SCAN_LIMIT, cap or _SCAN_LIMIT)
-    return [pending.popleft() for _ in range(count)]
-
-
-def _partition(taken: list[_Request], max_rows: int) -> tuple[list[_Request], list[_Request]]:
-    """The oldest request and those that can share its run; and the rest, in order."""
-    first = taken[0]
-    if max_rows == 0 or not first.key or first.rows >= max_rows:
-        return [first], taken[1:]  # runs alone (see _shape_key), or a batch on its own
-    batch = [first]
-    leftovers: list[_Request] = []
-    rows = first.rows
-    key, names = first.key, first.names
-    for request in taken[1:]:
-        if (
-            request.key == key
-            and (request.names is names or request.names == names)
-            and rows + request.rows <= max_rows
-        ):
-            batch.append(request)
-            rows += request.rows
-        else:
-            leftovers.append(request)  # another shape, or too big to fit: a later batch
-    return batch, leftovers
-
-
-class _BatchFailed(Exception):
-    """onnxruntime refused a batch of several requests: any one of them may be at fault."""
-
-
-def _run_batch(
-    owner: Runnable, batch: list[_Request], rows: int
-) -> tuple[list[Outputs], float, float]:
-    """Each request's outputs from one run, and the seconds of its copy-in and copy-out.
-
-    Copy-in builds the batch's feed, copy-out splits the outputs back: a lone request needs
-    neither, and is not timed.
-    """
-    first = batch[0]
-    if len(batch) == 1:
-        return [owner.run_admitted(first.feed, first.names)], 0.0, 0.0
-    copy_in = time.perf_counter()
-    feed = {name: np.concatenate([r.feed[name] for r in batch]) for name in first.feed}
-    ran = time.perf_counter()
-    try:
-        outputs = owner.run_admitted(feed, first.names)
-    except RunCancelled:
-        raise  # stopped by close or shutdown: no request's fault, and no time to run again
-    except (InferenceError, InvalidInput) as exc:
-        raise _BatchFailed from exc
-    copy_out = time.perf_counter()
-    results = _split(owner, outputs, batch, rows)
-    return results, ran - copy_in, time.perf_counter() - copy_out
-
-
-def _split(owner: Runnable, outputs: Outputs, batch: list[_Request], rows: int) -> list[Outputs]:
-    """A batch's outputs, split back into each request's rows."""
-    for name, array in outputs.items():
-        if getattr(array, "shape", (None,))[:1] != (rows,):
-            raise InferenceError(
-                f"model {owner.label!r} returned output {name!r} with shape "
-                f"{getattr(array, 'shape', None)} for a batch of {rows} rows: it does not "
-                "keep rows apart; set max_batch_size = 0 in its model.toml"
-            )
-    if rows == len(batch):
-        # One row each, the usual case: numpy makes the per-request views in one C loop.
-        views = [list(array[:, np.newaxis]) for array in outputs.values()]
-        if len(views) == 1:
-            (name,) = outputs
-            return [{name: view} for view in views[0]]
-        return [dict(zip(outputs, row, strict=True)) for row in zip(*views, strict=True)]
-    results: list[Outputs] = []
-    start = 0
-    for request in batch:
-        end = start + request.rows
-        results.append({name: array[start:end] for name, array in outputs.items()})
-        start = end
-    return results
-
-
-def _run_each(
-    owner: Runnable, batch: list[_Request]
-) -> tuple[list[Outputs | None], list[BaseException | None]]:
-    """Run each request of a failed batch alone: its own outputs, or its own error."""
-    results: list[Outputs | None] = []
-    errors: list[BaseException | None] = []
-    for request in batch:
-        try:
-            outputs = owner.run_admitted(request.feed, request.names)
-        except CorralError as exc:
-            results.append(None)
-            errors.append(exc)
-        except Exception as exc:
-            results.append(None)
-            errors.append(_inference_error(owner, exc))
-        else:
-            results.append(outputs)
-            errors.append(None)
-    return results, errors
-
-
-def _inference_error(owner: Runnable, exc: Exception) -> InferenceError:
-    """What a run that raised something other than a corral error answers: caused by it."""
-    error = InferenceError(f"model {owner.label!r} failed: {exc!r}")
-    error.__cause__ = exc
-    return error
-
-
-def _expired(request: _Request, *, queued: bool) -> DeadlineExceeded:
+def _expired(request: QueuedRequest, *, queued: bool) -> DeadlineExceeded:
     where = "while queued" if queued else "while running; its result was discarded"
     return DeadlineExceeded(f"the deadline of a request to {request.owner.label!r} passed {where}")
 
 
 def _answer(
-    requests: list[_Request],
+    requests: list[QueuedRequest],
     results: Sequence[Outputs | None] | None,
     errors: list[BaseException | None] | None,
 ) -> None:
@@ -896,7 +602,7 @@ def _answer(
 
 def _report_run(
     queue: ModelQueue,
-    live: list[_Request],
+    live: list[QueuedRequest],
     rows: int,
     runs: int,
     started: float,
@@ -915,46 +621,3 @@ def _report_run(
     except Exception:
         # A tracing fault must not change an answer: the run's requests are answered as ever.
         logger.exception("corral: the trace of a run of %s failed", queue.owner.label)
-
-
-# Versions whose figures Scheduler.stats copies per hold of the lock (~1 ms).
-_STATS_CHUNK = 256
-# One version's RunCounters as read under the Scheduler's lock, in their field order.
-_Figures = tuple[int, int, int, int, int, int, int, float, float, float, float, Histogram[int]]
-
-
-def _figures(c: RunCounters) -> _Figures:
-    return (
-        c.accepted,
-        c.rejected,
-        c.expired,
-        c.cancelled,
-        c.overloaded,
-        c.runs,
-        c.rows,
-        c.queue_seconds,
-        c.compute_input_seconds,
-        c.compute_infer_seconds,
-        c.compute_output_seconds,
-        c.batch_rows.copy(),
-    )
-
-
-def _stats(figures: _Figures, pending: int) -> QueueStats:
-    accepted, rejected, expired, cancelled, overloaded, runs, rows, *seconds, batch_rows = figures
-    queue_s, input_s, infer_s, output_s = seconds
-    return QueueStats(
-        accepted=accepted,
-        rejected=rejected,
-        expired=expired,
-        cancelled=cancelled,
-        pending=pending,
-        runs=runs,
-        rows=rows,
-        queue_seconds_sum=queue_s,
-        compute_seconds_sum=infer_s,
-        batch_rows_buckets=batch_rows.cumulative(),
-        compute_input_seconds_sum=input_s,
-        compute_output_seconds_sum=output_s,
-        overloaded=overloaded,
-    )

@@ -20,6 +20,7 @@ import pytest
 from corral import DeadlineExceeded, InferenceError, Overloaded, RuntimeClosed
 from corral import _scheduler as scheduler_module
 from corral._counters import RunCounters
+from corral._run_sharing import ADAPT_MIN_RUNS
 from corral._scheduler import ModelQueue, QueueStats, Scheduler
 
 Feed = dict[str, np.ndarray]
@@ -522,7 +523,7 @@ def test_a_probed_model_whose_shared_runs_pay_keeps_them_and_a_declared_one_alwa
     declared_rounds = run_rounds(scheduler, declared_queue, declared, 8)
     assert not paying_queue.apart
     assert scheduler.sharing(paying_queue) is None
-    assert paying_queue.alone_runs >= scheduler_module.ADAPT_MIN_RUNS
+    assert paying_queue.alone_runs >= ADAPT_MIN_RUNS
     assert max(paying_rounds[-1]) > 1
     assert not declared_queue.apart
     assert declared_queue.alone_runs == 0  # not measured: its config declared the batching

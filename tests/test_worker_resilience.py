@@ -163,7 +163,7 @@ def test_a_worker_that_fails_is_logged_and_replaced_and_no_request_hangs(
     workers = corral.runtime().options.compute_workers
     host.submit("mlp", {"X": X}).result(timeout=10)  # the workers have started
     failures = workers + 1  # more than the pool: without replacements none would be left
-    partition = _scheduler._partition
+    partition = _scheduler.partition
     left = [failures]
     lock = threading.Lock()  # guards left
 
@@ -175,7 +175,7 @@ def test_a_worker_that_fails_is_logged_and_replaced_and_no_request_hangs(
             raise RuntimeError("a bug in the worker loop")
         return partition(taken, max_rows)
 
-    monkeypatch.setattr(_scheduler, "_partition", failing)
+    monkeypatch.setattr(_scheduler, "partition", failing)
     with _Records("corral._scheduler", "compute worker failed") as logged:
         for _ in range(failures):
             # One at a time, so that each failure holds exactly this one request.
