@@ -18,23 +18,25 @@ model.toml, a model.onnx) has its symlinks resolved and must stay inside the res
 symlinks that stay inside are fine. An escaping path makes the model unloadable
 (:attr:`ModelEntry.error`) without touching the rest of the repository. Model files are only
 stat'ed here; the only file read is model.toml, and only up to :data:`MAX_CONFIG_BYTES`.
+
+Here: model names, the root and its listing, the overrides a load puts in place, and reading
+one model's folder. Every path check and bounded read is :mod:`corral._confined`'s; the
+entries built, with the fingerprints that tell a change, are :mod:`corral._model_entry`'s
+(:class:`ModelEntry` and :class:`ModelVersion` are importable from here too).
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import re
 import stat
 import threading
-import types
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 from corral._config import ModelConfig
+from corral._confined import Found, Root, locate, only_if, outside_error, read_text, read_warmup
 from corral._errors import (
     InvalidModelName,
     ModelConfigError,
@@ -42,9 +44,10 @@ from corral._errors import (
     ModelNotFound,
     RepositoryError,
 )
+from corral._model_entry import ModelEntry, ModelVersion, Problems, make_entry
 from corral._overrides import ModelOverride
 from corral._pbtxt import CONFIG_PBTXT, parse_pbtxt
-from corral._problems import Problem, ProblemKind
+from corral._problems import ProblemKind
 
 __all__ = [
     "MAX_CONFIG_BYTES",
@@ -108,67 +111,6 @@ def validate_model_name(name: object) -> str:
     raise InvalidModelName(f"a model name must start with a letter or digit, got {shown}")
 
 
-@dataclass(frozen=True)
-class ModelVersion:
-    """One version of a model on disk."""
-
-    #: The version number (the folder's name; 1 for a bare file).
-    version: int
-    #: The model file, symlinks resolved; always inside the repository root.
-    path: Path
-    #: Its size in bytes.
-    size: int
-    #: Its modification time, in nanoseconds.
-    mtime_ns: int
-
-
-@dataclass(frozen=True)
-class ModelEntry:
-    """What the repository holds for one model name, as of one look at the disk.
-
-    An entry is never partly valid: when :attr:`error` is set, the model must not be loaded,
-    whatever :attr:`versions` lists.
-    """
-
-    #: The model's name.
-    name: str
-    #: Every version found on disk, ascending (read-only).
-    versions: Mapping[int, ModelVersion] = field(hash=False)
-    #: The model's configuration; the default when there is no model.toml or it is malformed.
-    config: ModelConfig
-    #: Why the model cannot be loaded, or None. Compared through :attr:`fingerprint`, which
-    #: holds its message (exceptions themselves compare by identity).
-    error: ModelLoadError | None = field(compare=False)
-    #: Changes when a served file, model.toml, the set of versions or the error changes.
-    fingerprint: tuple[object, ...]
-    #: Every problem met reading it, each with its kind and fix: those that make up
-    #: :attr:`error`, and those that do not stop it loading (a version folder without its
-    #: model file).
-    problems: tuple[Problem, ...] = field(default=(), compare=False)
-
-    @property
-    def served_versions(self) -> tuple[int, ...]:
-        """The versions the version policy serves, ascending."""
-        return self.config.version_policy.select(self.versions)
-
-    @property
-    def latest(self) -> int | None:
-        """The newest served version, or None when none is served."""
-        served = self.served_versions
-        return served[-1] if served else None
-
-    def version_fingerprint(self, version: int) -> tuple[object, ...]:
-        """What a loaded copy of ``version`` was built from: its file and the settings used.
-
-        Two copies with equal fingerprints are interchangeable; a reload swaps a copy in use
-        only when its fingerprint changed.
-        """
-        file = self.versions.get(version)
-        # The whole configuration (dataclass equality): a copy built with another batch size,
-        # another declared tensor or another override is not interchangeable either.
-        return (None if file is None else (file.size, file.mtime_ns), self.config)
-
-
 class Listing(NamedTuple):
     """The root folder's models, and the entries it skipped because of their names."""
 
@@ -177,20 +119,6 @@ class Listing(NamedTuple):
     #: Folders and ``.onnx`` files whose names cannot name a model (as found on disk, sorted);
     #: hidden ones (a leading dot) are left out.
     invalid: list[str]
-
-
-class _Root(NamedTuple):
-    """The root's target at one call: paths inside it start with ``prefix``."""
-
-    real: str
-    prefix: str
-
-
-class _Found(NamedTuple):
-    """A path that exists: where it really is, and what it is (None when outside the root)."""
-
-    real: str
-    stat: os.stat_result | None
 
 
 class Repository:
@@ -248,7 +176,7 @@ class Repository:
             return f"Repository({target!r})"
         return f"Repository({self._given!r} -> {target!r})"
 
-    def _resolve(self) -> _Root:
+    def _resolve(self) -> Root:
         """The root's target now (one ``realpath``); a switch is logged once."""
         real = os.path.realpath(self._given)
         with self._target_lock:
@@ -260,7 +188,7 @@ class Repository:
                 real,
                 previous,
             )
-        return _Root(real, real if real.endswith(os.sep) else real + os.sep)
+        return Root(real, real if real.endswith(os.sep) else real + os.sep)
 
     def override(self, name: str) -> ModelOverride | None:
         """The override a load put in place for model ``name``, or None."""
@@ -338,20 +266,20 @@ class Repository:
         folder_path = os.path.join(root.real, name)
         bare_path = folder_path + _BARE_SUFFIX
         try:
-            folder = _only_if(self._locate(root, folder_path), stat.S_ISDIR)
-            bare = _only_if(self._locate(root, bare_path), stat.S_ISREG)
+            folder = only_if(locate(root, folder_path), stat.S_ISDIR)
+            bare = only_if(locate(root, bare_path), stat.S_ISREG)
         except OSError as exc:
             error = ModelLoadError(f"model {name!r}: cannot stat it: {exc}")
-            found = _Problems.one(name, ProblemKind.BAD_LAYOUT, error, folder_path, _FIX_READABLE)
-            return _make_entry(name, {}, ModelConfig(), None, found, layout="unreadable")
+            found = Problems.one(name, ProblemKind.BAD_LAYOUT, error, folder_path, _FIX_READABLE)
+            return make_entry(name, {}, ModelConfig(), None, found, layout="unreadable")
         if folder is not None and bare is not None:
             error = ModelLoadError(
                 f"model {name!r}: both {folder_path}{os.sep} and {bare_path} exist; "
                 f"keep the folder or the file, not both"
             )
             fix = f"remove {folder_path}{os.sep} or {bare_path}"
-            found = _Problems.one(name, ProblemKind.BAD_LAYOUT, error, bare_path, fix)
-            return _make_entry(name, {}, ModelConfig(), None, found, layout="both")
+            found = Problems.one(name, ProblemKind.BAD_LAYOUT, error, bare_path, fix)
+            return make_entry(name, {}, ModelConfig(), None, found, layout="both")
         if folder is not None:
             return self._folder_entry(root, name, folder_path, folder, override)
         if bare is not None:
@@ -361,8 +289,8 @@ class Repository:
                     "to a model folder"
                 )
                 fix = f"move {bare_path} to {os.path.join(folder_path, '1', 'model.onnx')}"
-                found = _Problems.one(name, ProblemKind.BAD_CONFIG_PBTXT, error, bare_path, fix)
-                return _make_entry(name, {}, ModelConfig(), None, found, layout="file")
+                found = Problems.one(name, ProblemKind.BAD_CONFIG_PBTXT, error, bare_path, fix)
+                return make_entry(name, {}, ModelConfig(), None, found, layout="file")
             return self._bare_entry(root, name, bare_path, bare)
         if not os.path.isdir(root.real):
             # Moved away or unmounted: that says nothing of whether the model exists, and a
@@ -401,81 +329,44 @@ class Repository:
             logger.debug("skipping %r in the model repository: cannot stat it", item.name)
         return None
 
-    @staticmethod
-    def _inside(root: _Root, real: str) -> bool:
-        return real == root.real or real.startswith(root.prefix)
-
-    def _locate(self, root: _Root, path: str, *, dangling_ok: bool = True) -> _Found | None:
-        """Where ``path`` really is; None if it does not exist (or dangles inside the root).
-
-        The target of a path that resolves outside the root is never stat'ed. Raises OSError
-        when it cannot be stat'ed for another reason (permissions, a symlink loop), or when
-        it is a dangling symlink and ``dangling_ok`` is false.
-        """
-        try:
-            own = os.lstat(path)
-        except FileNotFoundError:
-            return None
-        if not stat.S_ISLNK(own.st_mode):
-            # Its parent is already resolved, so a non-link is its own real path.
-            return _Found(path, own)
-        real = os.path.realpath(path)
-        if not self._inside(root, real):
-            return _Found(real, None)
-        try:
-            return _Found(real, os.stat(real))
-        except FileNotFoundError:
-            if dangling_ok:
-                return None
-            raise FileNotFoundError(
-                errno.ENOENT, "it is a symlink to a path that does not exist", real
-            ) from None
-
-    @staticmethod
-    def _outside(root: _Root, name: str, path: str, real: str) -> ModelLoadError:
-        return ModelLoadError(
-            f"model {name!r}: {path} resolves outside the repository root "
-            f"{root.real} (to {real}); it is not read"
-        )
-
-    def _bare_entry(self, root: _Root, name: str, path: str, found: _Found) -> ModelEntry:
+    def _bare_entry(self, root: Root, name: str, path: str, found: Found) -> ModelEntry:
         if found.stat is None:
-            error = self._outside(root, name, path, found.real)
-            problems = _Problems.one(name, ProblemKind.BAD_LAYOUT, error, path, _FIX_INSIDE)
-            return _make_entry(name, {}, ModelConfig(), None, problems, layout="file")
+            error = outside_error(root, name, path, found.real)
+            problems = Problems.one(name, ProblemKind.BAD_LAYOUT, error, path, _FIX_INSIDE)
+            return make_entry(name, {}, ModelConfig(), None, problems, layout="file")
         version = ModelVersion(1, Path(found.real), found.stat.st_size, found.stat.st_mtime_ns)
-        return _make_entry(name, {1: version}, ModelConfig(), None, _Problems(name), layout="file")
+        return make_entry(name, {1: version}, ModelConfig(), None, Problems(name), layout="file")
 
     def _uploaded_entry(self, name: str, override: ModelOverride, folder: str) -> ModelEntry:
         # A folder corral wrote itself (corral._overrides.Uploads), read as a model folder
         # confined to itself.
-        root = _Root(folder, folder + os.sep)
+        root = Root(folder, folder + os.sep)
         try:
-            found = _Found(folder, os.stat(folder))
+            found = Found(folder, os.stat(folder))
         except OSError as exc:
             error = ModelLoadError(
                 f"model {name!r}: its uploaded files in {folder} are gone: {exc}"
             )
             fix = "load the model again with its files"
-            problems = _Problems.one(name, ProblemKind.BAD_LAYOUT, error, folder, fix)
-            return _make_entry(name, {}, ModelConfig(), None, problems, layout="uploaded")
+            problems = Problems.one(name, ProblemKind.BAD_LAYOUT, error, folder, fix)
+            return make_entry(name, {}, ModelConfig(), None, problems, layout="uploaded")
         return self._folder_entry(root, name, folder, found, override, layout="uploaded")
 
     def _folder_entry(
         self,
-        root: _Root,
+        root: Root,
         name: str,
         path: str,
-        found: _Found,
+        found: Found,
         override: ModelOverride | None = None,
         *,
         layout: str = "folder",
     ) -> ModelEntry:
         if found.stat is None:
-            error = self._outside(root, name, path, found.real)
-            problems = _Problems.one(name, ProblemKind.BAD_LAYOUT, error, path, _FIX_INSIDE)
-            return _make_entry(name, {}, ModelConfig(), None, problems, layout=layout)
-        problems = _Problems(name)
+            error = outside_error(root, name, path, found.real)
+            problems = Problems.one(name, ProblemKind.BAD_LAYOUT, error, path, _FIX_INSIDE)
+            return make_entry(name, {}, ModelConfig(), None, problems, layout=layout)
+        problems = Problems(name)
         if override is None:
             config, config_stamp = self._read_config(root, name, path, found.real, problems)
         else:
@@ -502,15 +393,15 @@ class Repository:
             )
             fix = f"put the model file in {os.path.join(path, '1', config.model_filename)}"
             problems.add(ProblemKind.NO_VERSION, error, path, fix)
-        return _make_entry(name, versions, config, config_stamp, problems, layout=layout)
+        return make_entry(name, versions, config, config_stamp, problems, layout=layout)
 
     def _read_override(
         self,
-        root: _Root,
+        root: Root,
         name: str,
         real_folder: str,
         override: ModelOverride,
-        problems: _Problems,
+        problems: Problems,
     ) -> tuple[ModelConfig, tuple[object, ...]]:
         """A load's config, read instead of the folder's model.toml and config.pbtxt."""
         source = f"model {name!r}: the load's config"
@@ -524,11 +415,11 @@ class Repository:
 
     def _read_config(
         self,
-        root: _Root,
+        root: Root,
         name: str,
         folder: str,
         real_folder: str,
-        problems: _Problems,
+        problems: Problems,
     ) -> tuple[ModelConfig, tuple[object, ...] | None]:
         toml = self._find_config(root, name, folder, real_folder, _CONFIG_FILE, problems)
         pbtxt = self._find_config(root, name, folder, real_folder, CONFIG_PBTXT, problems)
@@ -552,7 +443,7 @@ class Repository:
         if found is None or found.stat is None:
             return ModelConfig(), stamp  # its problem is already recorded
         try:
-            text = _read_text(found.real, found.stat, source, MAX_CONFIG_BYTES)
+            text = read_text(found.real, found.stat, source, MAX_CONFIG_BYTES)
             if toml is not None:
                 return ModelConfig.from_toml(text, source=source), stamp
             config, files = self._parse_pbtxt(root, source, name, real_folder, text)
@@ -570,20 +461,20 @@ class Repository:
 
     def _find_config(
         self,
-        root: _Root,
+        root: Root,
         name: str,
         folder: str,
         real_folder: str,
         file_name: str,
-        problems: _Problems,
-    ) -> tuple[str, tuple[object, ...], _Found | None] | None:
+        problems: Problems,
+    ) -> tuple[str, tuple[object, ...], Found | None] | None:
         """One settings file: (path shown, stamp, where it is; None if unreadable), or None."""
         source = os.path.join(folder, file_name)
         path = os.path.join(real_folder, file_name)
         try:
             # A dangling link means a config was meant: serving with defaults instead would
             # drop its settings (pinning, providers) without a word.
-            found = self._locate(root, path, dangling_ok=False)
+            found = locate(root, path, dangling_ok=False)
         except OSError as exc:
             unreadable = ModelConfigError(f"{source}: cannot read it: {exc}")
             problems.add(ProblemKind.BAD_LAYOUT, unreadable, source, _FIX_READABLE)
@@ -591,13 +482,13 @@ class Repository:
         if found is None:
             return None
         if found.stat is None:
-            error = self._outside(root, name, source, found.real)
+            error = outside_error(root, name, source, found.real)
             problems.add(ProblemKind.BAD_LAYOUT, error, source, _FIX_INSIDE)
             return source, ("outside", found.real), None
         return source, (found.real, found.stat.st_size, found.stat.st_mtime_ns), found
 
     def _parse_pbtxt(
-        self, root: _Root, source: str, name: str, real_folder: str, text: str
+        self, root: Root, source: str, name: str, real_folder: str, text: str
     ) -> tuple[ModelConfig, list[tuple[object, ...]]]:
         """A config.pbtxt's text as a ModelConfig, and the stamps of the files it read.
 
@@ -612,7 +503,7 @@ class Repository:
             read_labels=lambda path, field: self._read_labels(
                 root, source, real_folder, path, field, files
             ),
-            read_warmup=lambda file_name, field, limit: _read_warmup(
+            read_warmup=lambda file_name, field, limit: read_warmup(
                 source, real_folder, file_name, field, limit, files
             ),
         )
@@ -620,7 +511,7 @@ class Repository:
 
     def _read_labels(
         self,
-        root: _Root,
+        root: Root,
         source: str,
         real_folder: str,
         relative: str,
@@ -632,7 +523,7 @@ class Repository:
         if os.path.isabs(relative) or ".." in relative.replace("\\", "/").split("/"):
             raise ModelConfigError(f"{shown} must be a path inside the model's folder")
         try:
-            found = self._locate(root, os.path.join(real_folder, relative), dangling_ok=False)
+            found = locate(root, os.path.join(real_folder, relative), dangling_ok=False)
         except OSError as exc:
             raise ModelConfigError(f"{shown}: cannot read it: {exc}") from exc
         if found is None:
@@ -640,32 +531,32 @@ class Repository:
         if found.stat is None:
             raise ModelConfigError(f"{shown} resolves outside the repository root")
         stamps.append((found.real, found.stat.st_size, found.stat.st_mtime_ns))
-        text = _read_text(found.real, found.stat, shown, MAX_LABELS_BYTES)
+        text = read_text(found.real, found.stat, shown, MAX_LABELS_BYTES)
         return tuple(text.splitlines())
 
     def _read_version(
         self,
-        root: _Root,
+        root: Root,
         name: str,
         folder: str,
         real_folder: str,
         child: str,
         model_file: str,
-        problems: _Problems,
+        problems: Problems,
     ) -> ModelVersion | None:
         shown = os.path.join(folder, child)
         try:
-            version_dir = self._locate(root, os.path.join(real_folder, child))
+            version_dir = locate(root, os.path.join(real_folder, child))
             if version_dir is None:
                 return None
             if version_dir.stat is None:
-                error = self._outside(root, name, shown, version_dir.real)
+                error = outside_error(root, name, shown, version_dir.real)
                 problems.add(ProblemKind.BAD_LAYOUT, error, shown, _FIX_INSIDE)
                 return None
             if not stat.S_ISDIR(version_dir.stat.st_mode):
                 return None  # a file that happens to have a number for a name
             shown = os.path.join(shown, model_file)
-            model = self._locate(root, os.path.join(version_dir.real, model_file))
+            model = locate(root, os.path.join(version_dir.real, model_file))
         except OSError as exc:
             error = ModelLoadError(f"model {name!r}: cannot stat {shown}: {exc}")
             problems.add(ProblemKind.BAD_LAYOUT, error, shown, _FIX_READABLE)
@@ -681,7 +572,7 @@ class Repository:
             )
             return None
         if model.stat is None:
-            error = self._outside(root, name, shown, model.real)
+            error = outside_error(root, name, shown, model.real)
             problems.add(ProblemKind.BAD_LAYOUT, error, shown, _FIX_INSIDE)
             return None
         if not stat.S_ISREG(model.stat.st_mode):
@@ -691,130 +582,6 @@ class Repository:
         return ModelVersion(
             int(child), Path(model.real), model.stat.st_size, model.stat.st_mtime_ns
         )
-
-
-def _only_if(found: _Found | None, is_kind: Callable[[int], bool]) -> _Found | None:
-    """``found`` if it is of the kind wanted, or resolves outside the root (kind unknown)."""
-    if found is None or found.stat is None or is_kind(found.stat.st_mode):
-        return found
-    return None
-
-
-def _read_bytes(real: str, info: os.stat_result, source: str, limit: int) -> bytes:
-    """A regular file's bytes, at most ``limit`` of them; errors name ``source``."""
-    if not stat.S_ISREG(info.st_mode):
-        raise ModelConfigError(f"{source}: not a regular file")
-    if info.st_size > limit:
-        raise ModelConfigError(
-            f"{source}: {info.st_size} bytes is larger than the {limit}-byte limit"
-        )
-    try:
-        with open(real, "rb") as file:
-            # Read one byte past the limit: the file may have grown since it was stat'ed.
-            data = file.read(limit + 1)
-    except OSError as exc:
-        raise ModelConfigError(f"{source}: cannot read it: {exc}") from exc
-    if len(data) > limit:
-        raise ModelConfigError(f"{source}: larger than the {limit}-byte limit")
-    return data
-
-
-def _read_text(real: str, info: os.stat_result, source: str, limit: int) -> str:
-    data = _read_bytes(real, info, source, limit)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ModelConfigError(f"{source}: not UTF-8 text: {exc}") from exc
-
-
-def _read_warmup(
-    source: str,
-    real_folder: str,
-    file_name: str,
-    field: str,
-    limit: int,
-    stamps: list[tuple[object, ...]],
-) -> bytes:
-    """A warm-up data file, ``warmup/<file_name>`` in the model's folder, as raw bytes.
-
-    Triton's layout: the file lies in the model folder's ``warmup/`` folder. Its real path
-    (symlinks followed) must stay inside the model's folder; it is read up to ``limit`` bytes.
-    """
-    shown = f"{source}: {field} {file_name!r}"
-    real = os.path.realpath(os.path.join(real_folder, "warmup", file_name))
-    folder = os.path.realpath(real_folder)
-    if os.path.commonpath([folder, real]) != folder:
-        raise ModelConfigError(f"{shown} resolves outside the model's folder ({real})")
-    try:
-        info = os.stat(real)
-    except FileNotFoundError:
-        raise ModelConfigError(f"{shown}: no such file in the model's warmup/ folder") from None
-    except OSError as exc:
-        raise ModelConfigError(f"{shown}: cannot read it: {exc}") from exc
-    stamps.append((real, info.st_size, info.st_mtime_ns))
-    return _read_bytes(real, info, shown, limit)
-
-
-def _make_entry(
-    name: str,
-    versions: dict[int, ModelVersion],
-    config: ModelConfig,
-    config_stamp: tuple[object, ...] | None,
-    problems: _Problems,
-    *,
-    layout: str,
-) -> ModelEntry:
-    ordered = {number: versions[number] for number in sorted(versions)}
-    error = _combine(name, problems.errors)
-    served = config.version_policy.select(ordered)
-    fingerprint = (
-        layout,
-        config_stamp,
-        tuple(ordered),
-        tuple((v, str(ordered[v].path), ordered[v].size, ordered[v].mtime_ns) for v in served),
-        None if error is None else f"{type(error).__name__}: {error}",
-    )
-    return ModelEntry(
-        name, types.MappingProxyType(ordered), config, error, fingerprint, tuple(problems.found)
-    )
-
-
-class _Problems:
-    """The problems met reading one model's entry: its errors, and every Problem with a fix."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        #: What makes the model unloadable, combined into ModelEntry.error.
-        self.errors: list[ModelLoadError] = []
-        #: Every problem: those errors, and those that leave the model loadable.
-        self.found: list[Problem] = []
-
-    @classmethod
-    def one(
-        cls, name: str, kind: ProblemKind, error: ModelLoadError, path: str, fix: str
-    ) -> _Problems:
-        problems = cls(name)
-        problems.add(kind, error, path, fix)
-        return problems
-
-    def add(self, kind: ProblemKind, error: ModelLoadError, path: str, fix: str) -> None:
-        """A problem that makes the model unloadable."""
-        self.errors.append(error)
-        self.found.append(Problem(kind, self.name, path, str(error), fix))
-
-    def note(self, kind: ProblemKind, path: str, message: str, fix: str) -> None:
-        """A problem that leaves the model loadable (what is wrong is skipped)."""
-        self.found.append(Problem(kind, self.name, path, message, fix))
-
-
-def _combine(name: str, problems: list[ModelLoadError]) -> ModelLoadError | None:
-    if not problems:
-        return None
-    if len(problems) == 1:
-        return problems[0]
-    return ModelLoadError(
-        f"model {name!r} has {len(problems)} problems: " + "; ".join(str(p) for p in problems)
-    )
 
 
 def _shorten(text: str, limit: int = 60) -> str:

@@ -1,0 +1,148 @@
+"""A model as the repository found it at one look, and the fingerprints that tell a change.
+
+:class:`ModelEntry` holds a model's versions on disk, its configuration, the problems met
+reading it and, when one of them makes it unloadable, its error. Its fingerprint is what
+change detection compares (the reloader, the Host's scan): it changes when a served file, a
+settings file, the set of versions or the error changes; :meth:`ModelEntry.version_fingerprint`
+tells whether a loaded copy of one version is still what the disk holds. The repository
+(:mod:`corral._repository`) builds entries with :func:`make_entry`, gathering what it meets in
+:class:`Problems`.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corral._config import ModelConfig
+from corral._errors import ModelLoadError
+from corral._problems import Problem, ProblemKind
+
+__all__ = ["ModelEntry", "ModelVersion", "Problems", "make_entry"]
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    """One version of a model on disk."""
+
+    #: The version number (the folder's name; 1 for a bare file).
+    version: int
+    #: The model file, symlinks resolved; always inside the repository root.
+    path: Path
+    #: Its size in bytes.
+    size: int
+    #: Its modification time, in nanoseconds.
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """What the repository holds for one model name, as of one look at the disk.
+
+    An entry is never partly valid: when :attr:`error` is set, the model must not be loaded,
+    whatever :attr:`versions` lists.
+    """
+
+    #: The model's name.
+    name: str
+    #: Every version found on disk, ascending (read-only).
+    versions: Mapping[int, ModelVersion] = field(hash=False)
+    #: The model's configuration; the default when there is no model.toml or it is malformed.
+    config: ModelConfig
+    #: Why the model cannot be loaded, or None. Compared through :attr:`fingerprint`, which
+    #: holds its message (exceptions themselves compare by identity).
+    error: ModelLoadError | None = field(compare=False)
+    #: Changes when a served file, model.toml, the set of versions or the error changes.
+    fingerprint: tuple[object, ...]
+    #: Every problem met reading it, each with its kind and fix: those that make up
+    #: :attr:`error`, and those that do not stop it loading (a version folder without its
+    #: model file).
+    problems: tuple[Problem, ...] = field(default=(), compare=False)
+
+    @property
+    def served_versions(self) -> tuple[int, ...]:
+        """The versions the version policy serves, ascending."""
+        return self.config.version_policy.select(self.versions)
+
+    @property
+    def latest(self) -> int | None:
+        """The newest served version, or None when none is served."""
+        served = self.served_versions
+        return served[-1] if served else None
+
+    def version_fingerprint(self, version: int) -> tuple[object, ...]:
+        """What a loaded copy of ``version`` was built from: its file and the settings used.
+
+        Two copies with equal fingerprints are interchangeable; a reload swaps a copy in use
+        only when its fingerprint changed.
+        """
+        file = self.versions.get(version)
+        # The whole configuration (dataclass equality): a copy built with another batch size,
+        # another declared tensor or another override is not interchangeable either.
+        return (None if file is None else (file.size, file.mtime_ns), self.config)
+
+
+def make_entry(
+    name: str,
+    versions: dict[int, ModelVersion],
+    config: ModelConfig,
+    config_stamp: tuple[object, ...] | None,
+    problems: Problems,
+    *,
+    layout: str,
+) -> ModelEntry:
+    """An entry of what was found; ``layout`` (a folder, a file ...) is part of its fingerprint."""
+    ordered = {number: versions[number] for number in sorted(versions)}
+    error = _combine(name, problems.errors)
+    served = config.version_policy.select(ordered)
+    fingerprint = (
+        layout,
+        config_stamp,
+        tuple(ordered),
+        tuple((v, str(ordered[v].path), ordered[v].size, ordered[v].mtime_ns) for v in served),
+        None if error is None else f"{type(error).__name__}: {error}",
+    )
+    return ModelEntry(
+        name, types.MappingProxyType(ordered), config, error, fingerprint, tuple(problems.found)
+    )
+
+
+class Problems:
+    """The problems met reading one model's entry: its errors, and every Problem with a fix."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        #: What makes the model unloadable, combined into ModelEntry.error.
+        self.errors: list[ModelLoadError] = []
+        #: Every problem: those errors, and those that leave the model loadable.
+        self.found: list[Problem] = []
+
+    @classmethod
+    def one(
+        cls, name: str, kind: ProblemKind, error: ModelLoadError, path: str, fix: str
+    ) -> Problems:
+        """The problems of a model with this one problem only, which makes it unloadable."""
+        problems = cls(name)
+        problems.add(kind, error, path, fix)
+        return problems
+
+    def add(self, kind: ProblemKind, error: ModelLoadError, path: str, fix: str) -> None:
+        """A problem that makes the model unloadable."""
+        self.errors.append(error)
+        self.found.append(Problem(kind, self.name, path, str(error), fix))
+
+    def note(self, kind: ProblemKind, path: str, message: str, fix: str) -> None:
+        """A problem that leaves the model loadable (what is wrong is skipped)."""
+        self.found.append(Problem(kind, self.name, path, message, fix))
+
+
+def _combine(name: str, problems: list[ModelLoadError]) -> ModelLoadError | None:
+    if not problems:
+        return None
+    if len(problems) == 1:
+        return problems[0]
+    return ModelLoadError(
+        f"model {name!r} has {len(problems)} problems: " + "; ".join(str(p) for p in problems)
+    )
