@@ -80,16 +80,18 @@ def _servers(
 ) -> dict[str, tuple[list[str], dict[str, str]]]:
     this = HERE.parent
     servers = {
-        "this": _corral(this, None, repository, ports["this"]),
-        "this-edge-asgi": _corral(this, "asgi", repository, ports["this-edge-asgi"]),
-        "this-plain-uvicorn": _corral(this, "plain", repository, ports["this-plain-uvicorn"]),
+        "this": _corral(this, None, repository, ports.get("this", 0)),
+        "this-edge-asgi": _corral(this, "asgi", repository, ports.get("this-edge-asgi", 0)),
+        "this-plain-uvicorn": _corral(
+            this, "plain", repository, ports.get("this-plain-uvicorn", 0)
+        ),
     }
     if before is not None:
-        servers["before"] = _corral(before, None, repository, ports["before"])
+        servers["before"] = _corral(before, None, repository, ports.get("before", 0))
     others = dict.fromkeys(http_bench.SERVERS, 0)
     raw = http_bench.server_commands(repository, _MODEL, {**others, **ports})["raw-asgi"]
     servers["raw-asgi"] = raw
-    return servers
+    return {name: command for name, command in servers.items() if name in ports}
 
 
 @contextlib.contextmanager
@@ -129,6 +131,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         names = ["this", "this-edge-asgi", "this-plain-uvicorn", "raw-asgi"]
         if args.before is not None:
             names.insert(1, "before")
+        if args.targets:
+            names = [name for name in names if name in args.targets]
         ports = {name: http_bench.free_port() for name in names}
         bodies = {}
         for kind, payload in payloads.items():
@@ -223,6 +227,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--duration", type=float, default=4.0, help="seconds per run (4)")
     parser.add_argument("--connections", type=int, default=16, help="wrk connections (16)")
     parser.add_argument("--binary", action="store_true", help="also the binary tensor body")
+    parser.add_argument(
+        "--targets", type=lambda text: text.split(","), help="only these targets, comma-separated"
+    )
     parser.add_argument("--json", type=Path, help="also write every run's figures here")
     return parser
 

@@ -35,12 +35,12 @@ receive or send, one task and one write for the whole response. Every other requ
 every request when the app has an access log or tracing on, goes the ASGI way; the answers
 are the same either way (``tests/test_direct_infer.py``).
 
-What the direct route pays for its coupling, measured (``benchmarks/README.md``, "uvicorn
-behind one adapter"): over sockets with wrk, the tree model at 16 connections, corral serve
-with the direct route against the same server with every request on uvicorn's plain ASGI
-path: see the figure written there. In-process it was about a fifth of the event loop's time
-per request for a tiny model (``benchmarks/loop_cost.py``, ``corral-asgi`` against
-``corral``).
+Whether the coupling pays, measured over sockets (``make bench-edge``: wrk, 16 connections, the
+tree model, 6 alternating rounds, 2026-12-02): the same ``corral serve`` on uvicorn's plain
+httptools protocol answered 0.78x the requests/s of this one with JSON bodies and 0.82x with
+binary ones (12.1k and 11.3k against 15.6k and 13.7k); with corral's protocol but every
+request through ASGI, 0.77x and 0.79x. So the direct route is what the subclass buys, about a
+quarter more requests/s on a tiny model, and the limits themselves cost nothing measurable.
 
 Every refusal is a JSON ``{"error": ...}`` body naming the limit and its option.
 

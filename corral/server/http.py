@@ -365,9 +365,26 @@ class HttpApp:
         # An inference's body decoded, run and its answer encoded: the payload, its content
         # type and its other headers. Both routes in (ASGI, answer_infer) come here.
         header_length, encoding, answer_encoding = coding
-        request = await _decoded(
-            body, encoding, self._max_request_bytes, held, header_length, self._plane.shared_memory
-        )
+        shared_memory = self._plane.shared_memory
+        if encoding is not None:
+            request = await run_blocking(
+                _inflate_and_decode,
+                body,
+                encoding,
+                self._max_request_bytes,
+                held,
+                header_length,
+                shared_memory,
+            )
+        # A tensor in shared memory is copied out while decoding: never on the loop.
+        elif len(body) > DECODE_INLINE_BYTES or (
+            shared_memory is not None and SHM_REGION.encode() in body
+        ):
+            request = await run_blocking(
+                decode_request, body, header_length, shared_memory=shared_memory
+            )
+        else:  # the common case, on the loop: no coroutine of its own on the busiest path
+            request = decode_request(body, header_length, shared_memory=shared_memory)
         del body  # what the tensors do not view is freed before the run
         if exchange is not None and request.id:
             exchange.body_id = request.id  # the log's id, when no header gave one
@@ -386,27 +403,6 @@ class HttpApp:
         if trace is not None:
             trace.encoded()
         return payload, JSON if json_length is None else BINARY, extra
-
-
-async def _decoded(
-    body: bytes,
-    encoding: str | None,
-    limit: int,
-    held: BodyReservation,
-    header_length: int | None,
-    shared_memory: SharedMemoryRegistry | None,
-) -> InferRequest:
-    """An inference request's body decoded: on the loop if small and plain, else on a thread."""
-    if encoding is not None:
-        return await run_blocking(
-            _inflate_and_decode, body, encoding, limit, held, header_length, shared_memory
-        )
-    # A tensor in shared memory is copied out while decoding: never on the loop.
-    if len(body) > DECODE_INLINE_BYTES or (
-        shared_memory is not None and SHM_REGION.encode() in body
-    ):
-        return await run_blocking(decode_request, body, header_length, shared_memory=shared_memory)
-    return decode_request(body, header_length, shared_memory=shared_memory)
 
 
 def _inflate_and_decode(
