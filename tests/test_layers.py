@@ -130,3 +130,17 @@ def test_the_core_imports_no_edge_module():
     edge = ("corral.server", "corral.protocol", "corral.ray", "corral.cli", "corral.demo")
     leaks = {name: sorted(i for i in graph[name] if i.startswith(edge)) for name in core}
     assert {name: found for name, found in leaks.items() if found} == {}
+
+
+#: Past this, a module holds more than one concept: split it by concept, not in halves.
+MAX_MODULE_LINES = 800
+
+
+def test_no_hand_written_module_is_over_800_lines():
+    sizes = {
+        str(path.relative_to(ROOT)): len(path.read_text().splitlines())
+        for path in PACKAGE.rglob("*.py")
+        if not path.stem.endswith(GENERATED)
+    }
+    assert sizes["corral/server/http.py"] > 100  # the walk found the modules
+    assert {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES} == {}
