@@ -14,7 +14,10 @@ def _floors() -> dict[str, str]:
     extras = project["optional-dependencies"]
     floors = {}
     for requirement in [*project["dependencies"], *extras["server"], *extras["grpc"]]:
-        found = re.fullmatch(r"([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?>=([0-9.]+)", requirement)
+        # A floor, and maybe a ceiling below the next untested release (uvicorn's).
+        found = re.fullmatch(
+            r"([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?>=([0-9.]+)(?:,<[0-9.]+)?", requirement
+        )
         assert found, f"{requirement!r} has no plain >= floor"
         floors[found[1].lower()] = found[2]
     return floors
