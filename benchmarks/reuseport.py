@@ -16,7 +16,8 @@ other work falls on all alike; the first group is the baseline of the ratios. Ev
 process's answer is first checked equal to onnxruntime's in-process answer. Server CPU is a
 group's processes' user + system time (``/proc/PID/stat``) over the run, divided by its
 requests; the spread of that CPU over a group's processes shows how evenly the kernel
-balanced them.
+balanced them. wrk's own CPU (``getrusage`` of this script's ended children) is given beside
+it: server and client cores together say how much of the machine a run had.
 
 Models: ``tiny`` (the 4-feature MLP of the issue, JSON body) and ``heavy`` (an MLP of 512
 features and 2,048 hidden units, about 1M multiply-adds a row, binary body)::
@@ -33,6 +34,8 @@ import argparse
 import contextlib
 import json
 import os
+import re
+import resource
 import socket
 import statistics
 import subprocess
@@ -52,7 +55,9 @@ from benchmarks import http_bench  # noqa: E402  (after the path above)
 from benchmarks.http_bench import BenchmarkError, Payload  # noqa: E402
 
 # Runs `corral serve` (argv[2:]) with uvicorn's HTTP socket bound with SO_REUSEPORT on the
-# port argv[1]. Only that port's socket: the metrics port, if any, binds as usual.
+# port argv[1], and a second listening socket of its own on a free port, which it prints:
+# the benchmark checks each process's answers there, where no other process can take the
+# connection. Only the HTTP port's server is changed: the metrics port, if any, binds as usual.
 _LAUNCHER = """
 import socket, sys
 import uvicorn.server
@@ -60,17 +65,22 @@ port = int(sys.argv.pop(1))
 startup = uvicorn.server.Server.startup
 async def shared_port_startup(self, sockets=None):
     if sockets is None and self.config.port == port:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((self.config.host, port))
-        sockets = [sock]
-    await startup(self, sockets)
-    print("CORRAL_REUSEPORT_BOUND", file=sys.stderr, flush=True)
+        shared = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        shared.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        shared.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        shared.bind((self.config.host, port))
+        own = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        own.bind((self.config.host, 0))
+        sockets = [shared, own]
+        await startup(self, sockets)
+        print("CORRAL_REUSEPORT_BOUND", own.getsockname()[1], file=sys.stderr, flush=True)
+    else:
+        await startup(self, sockets)
 uvicorn.server.Server.startup = shared_port_startup
 from corral.cli import main
 sys.exit(main(sys.argv[1:]))
 """
+_BOUND = re.compile(r"^CORRAL_REUSEPORT_BOUND (\d+)$", re.MULTILINE)
 
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
@@ -155,15 +165,19 @@ def start_in_this_session(argv: Sequence[str], log: Path) -> subprocess.Popen[by
 
 def wait_until_bound(
     process: Any, name: str, log: Path, timeout: float = http_bench._STARTUP_TIMEOUT_S
-) -> None:
-    """Wait until the launcher logged that ``process`` listens; fail if it exits first."""
+) -> int:
+    """Wait until the launcher logged that ``process`` listens; its own port.
+
+    Fails if the process exits first, or does not listen within ``timeout``.
+    """
     deadline = time.monotonic() + timeout
-    while "CORRAL_REUSEPORT_BOUND" not in log.read_text(errors="replace"):
+    while (bound := _BOUND.search(log.read_text(errors="replace"))) is None:
         if process.poll() is not None:
             raise BenchmarkError(f"{name} exited with code {process.returncode} during startup")
         if time.monotonic() > deadline:
             raise BenchmarkError(f"{name} did not listen within {timeout:.0f} s")
         time.sleep(0.05)
+    return int(bound.group(1))
 
 
 @contextlib.contextmanager
@@ -173,7 +187,8 @@ def running_group(
     """``processes`` corral serve processes on one port, each with ``workers`` compute workers.
 
     Each is started once the one before it has bound the port (its launcher says so in its
-    log), then every model's answer is checked on connections the kernel spreads over them.
+    log), and every model's answer is checked on each process's own port, then on the
+    shared port, on connections the kernel spreads over them.
     """
     port = free_reuseport_port()
     pids: list[int] = []
@@ -185,15 +200,25 @@ def running_group(
             log = logs / f"{name}-{index}.log"
             process = start_in_this_session(argv, log)
             stack.callback(http_bench._stop_and_report, f"{name}[{index}]", process, log)
-            wait_until_bound(process, f"{name}[{index}]", log)
+            own_port = wait_until_bound(process, f"{name}[{index}]", log)
+            for model in check:
+                path = f"/v2/models/{model.name}/infer"
+                answer = http_bench.http_post(own_port, path, model.payload, timeout=30.0)
+                http_bench.check_answer(f"{name}[{index}] {model.name}", answer, model.expected)
             pids.append(process.pid)
-        # Once all have bound, connections land on any of them: check a few more answers.
+        # Through the shared port, connections land on any of them.
         for model in check:
             for _ in range(4 * processes):
                 answer = http_bench.http_post(port, f"/v2/models/{model.name}/infer", model.payload)
                 http_bench.check_answer(f"{name} {model.name}", answer, model.expected)
         print(f"  {name}: port {port}, pids {pids}, every answer checked", file=sys.stderr)
         yield Group(name, port, tuple(pids))
+
+
+def _children_cpu_seconds() -> float:
+    """User + system CPU time of this process's children that have ended and been waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def load(
@@ -211,9 +236,12 @@ def load(
         duration_s=args.duration,
     )
     before = [cpu_seconds(pid) for pid in group.pids]
+    client_before = _children_cpu_seconds()
     started = time.monotonic()
     figures = http_bench.run_load(command, args.duration)
     elapsed = time.monotonic() - started
+    # wrk is the only child that ends meanwhile: the servers run on.
+    client = _children_cpu_seconds() - client_before
     cpu = [cpu_seconds(pid) - was for pid, was in zip(group.pids, before, strict=True)]
     result = http_bench.run_result(f"{model.name} {group.name}", 0, figures)
     if result["socket_errors"] or result["status_errors"]:
@@ -223,6 +251,7 @@ def load(
         "p50_ms": result["latency_p50_ms"],
         "p99_ms": result["latency_p99_ms"],
         "server_cores": sum(cpu) / elapsed,
+        "client_cores": client / elapsed,
         "cpu_us_per_request": 1e6 * sum(cpu) / max(1, result["requests"]),
         "cpu_share": [c / sum(cpu) if sum(cpu) else 0.0 for c in cpu],
     }
@@ -232,8 +261,8 @@ def report(runs: Sequence[dict[str, Any]], groups: Sequence[str], names: Sequenc
     """The Markdown table: medians over rounds, and each round's ratio to the first group."""
     lines = [
         "| model | processes x workers | req/s (median) | p50 ms | p99 ms | server cores | "
-        f"CPU µs/request | vs {groups[0]} (each round) | CPU share per process |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"wrk cores | CPU µs/request | vs {groups[0]} (each round) | CPU share per process |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for model in names:
         for group in groups:
@@ -251,7 +280,8 @@ def report(runs: Sequence[dict[str, Any]], groups: Sequence[str], names: Sequenc
             lines.append(
                 f"| {model} | {group} | {median('requests_per_s'):,.0f} | "
                 f"{median('p50_ms'):.2f} | {median('p99_ms'):.2f} | "
-                f"{median('server_cores'):.2f} | {median('cpu_us_per_request'):.0f} | "
+                f"{median('server_cores'):.2f} | {median('client_cores'):.2f} | "
+                f"{median('cpu_us_per_request'):.0f} | "
                 f"{' '.join(f'{x:.2f}' for x in ratios)} | {shares} |"
             )
     return "\n".join(lines)

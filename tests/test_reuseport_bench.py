@@ -65,6 +65,7 @@ def _run(model: str, group: str, round_index: int, rate: float, shares: list[flo
         "p50_ms": 1.0,
         "p99_ms": 2.0,
         "server_cores": 1.0,
+        "client_cores": 0.5,
         "cpu_us_per_request": 70.0,
         "cpu_share": shares,
     }
