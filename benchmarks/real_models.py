@@ -15,13 +15,18 @@ other work on this shared machine falls on all of them alike), at each connectio
   it, in its own venv (the one ``bench_peers.py``'s FastAPI peer uses);
 - ``mlserver`` / ``mlserver-batch``: MLServer 1.7.1 with adaptive batching off and on
   (``benchmarks/peers/mlserver.py``), with ``--mlserver``;
+- ``triton`` / ``triton-binary``: NVIDIA Triton with its C++ onnxruntime backend
+  (``benchmarks/peers/triton_ort.py``), JSON and binary bodies, when ``make triton-peer`` has
+  built it (a line says so when it has not). corral, MLServer and Triton then serve the same
+  repository, each model with a complete ``config.pbtxt`` written from its signature
+  (``max_batch_size: 0``; ``--instance-count N`` adds ``instance_group { count: N }``);
 - ``ceiling``: onnxruntime called in this process, no HTTP: the best of one session with
   intra-op threads = cores at batch 1, 8 and 32, and one single-threaded session per core,
   each run from its own thread at batch 1 (onnxruntime releases the GIL).
 
 The servers are driven by wrk (``infer.lua``, closed loop, one fixed body); every answer is
-first checked against onnxruntime's own. CPU seconds per request are the server process
-tree's user + system time over the run divided by its requests. The ceiling also gives
+first checked against onnxruntime's own. CPU seconds per request, for every server, are its
+process tree's user + system time over the run divided by its requests. The ceiling also gives
 each model's per-row cost at batch 1, 8 and 32 on one thread: whether batching pays here.
 
 ``--mixed`` adds the mixed load: one corral serving 1,000 tiny models and one real model;
@@ -70,7 +75,7 @@ if str(HERE.parent) not in sys.path:
 
 from benchmarks import http_bench  # noqa: E402  (after the path above)
 from benchmarks.http_bench import BenchmarkError, Payload  # noqa: E402
-from benchmarks.peers import CACHE, PeerUnavailable, install_venv  # noqa: E402
+from benchmarks.peers import CACHE, PeerUnavailable, install_venv, triton_ort  # noqa: E402
 from benchmarks.peers.local import FASTAPI_PINS  # noqa: E402
 
 RESULTS = HERE / "results"
@@ -538,6 +543,17 @@ def start_mlserver(name: str, repository: Path, work: Path, batch: bool) -> Serv
     return Server(name, started.process, port, started.log)
 
 
+def start_triton(repository: Path, work: Path, home: str) -> Server:
+    """Triton (benchmarks/peers/triton_ort.py) on ``repository``, which has its config.pbtxt."""
+    try:
+        build = triton_ort.find_build(Path(home))
+    except PeerUnavailable as exc:
+        raise BenchmarkError(triton_ort.not_built_line(str(exc))) from exc
+    ports = (http_bench.free_port(), http_bench.free_port(), http_bench.free_port())
+    log = work / "triton.log"
+    return Server("triton", triton_ort.start_triton(build, repository, log, ports), ports[0], log)
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process and its descendants so far."""
     try:
@@ -639,6 +655,10 @@ class Settings:
     mixed: bool = False
     mixed_rate: float = 100.0
     mixed_model: str = "magika"
+    #: Where the Triton peer is built (None: not measured, and its targets are skipped).
+    triton_home: str | None = None
+    #: ``instance_group { count: N }`` in the config.pbtxt corral and Triton share.
+    instance_count: int | None = None
 
 
 @dataclass
@@ -689,6 +709,20 @@ def measure_model(
     started: list[Server] = []
     folder = work / name
     folder.mkdir(parents=True, exist_ok=True)
+    with_triton = any(t.startswith("triton") for t in settings.targets)
+    shared: list[Path] = []
+
+    def shared_repository() -> Path:
+        # corral's, MLServer's and Triton's: written once; with Triton, with config.pbtxt.
+        if not shared:
+            shared.append(_write_repository(folder / "repo", name, onnx, None))
+            if with_triton:
+                try:
+                    triton_ort.write_configs(shared[0], instance_count=settings.instance_count)
+                except PeerUnavailable as exc:
+                    raise BenchmarkError(f"config.pbtxt for {name}: {exc}") from exc
+        return shared[0]
+
     with _servers(started):
         for target in settings.targets:
             if target == "ceiling":
@@ -696,14 +730,18 @@ def measure_model(
                 continue
             try:
                 if target == "corral":
-                    repository = _write_repository(folder / "repo", name, onnx, None)
-                    server = start_corral("corral", repository, folder)
-                elif target == "corral-binary":
-                    corral = next(t.server for t in targets if t.name == "corral")
-                    if corral is None:
-                        raise BenchmarkError("corral-binary needs the corral target first")
-                    targets.append(Target("corral-binary", corral, binary_body))
+                    server = start_corral("corral", shared_repository(), folder)
+                elif target in ("corral-binary", "triton-binary"):
+                    json_target = target.removesuffix("-binary")
+                    sibling = next((t.server for t in targets if t.name == json_target), None)
+                    if sibling is None:
+                        raise BenchmarkError(f"{target} needs the {json_target} target first")
+                    targets.append(Target(target, sibling, binary_body))
                     continue
+                elif target == "triton":
+                    if settings.triton_home is None:
+                        raise BenchmarkError("not measured (--no-triton, or not built)")
+                    server = start_triton(shared_repository(), folder, settings.triton_home)
                 elif target == "corral-tuned":
                     repository = _write_repository(folder / "repo-tuned", name, onnx, model.tuned)
                     server = start_corral("corral-tuned", repository, folder)
@@ -713,8 +751,9 @@ def measure_model(
                     if target == "mlserver-batch" and not model.batchable:
                         skipped[target] = f"{name}'s rows are not its first dimension"
                         continue
-                    repository = _write_repository(folder / "repo", name, onnx, None)
-                    server = start_mlserver(target, repository, folder, target == "mlserver-batch")
+                    server = start_mlserver(
+                        target, shared_repository(), folder, target == "mlserver-batch"
+                    )
                 else:
                     raise BenchmarkError(f"unknown target {target!r}")
                 started.append(server)
@@ -1137,6 +1176,11 @@ def measure(settings: Settings) -> dict[str, Any]:
                 else {}
             ),
             "wheels": sorted({MODELS[name].wheel.pin for name in names}),
+            **(
+                {"triton": triton_ort.find_build(Path(settings.triton_home)).describe()}
+                if settings.triton_home is not None
+                else {}
+            ),
         },
         "settings": vars(settings),
         "models": models,
@@ -1161,6 +1205,17 @@ def _parser() -> argparse.ArgumentParser:
         help="comma-separated (default corral,corral-binary,corral-tuned,fastapi,ceiling)",
     )
     add("--mlserver", action="store_true", help="add mlserver and mlserver-batch to the targets")
+    add(
+        "--no-triton",
+        action="store_true",
+        help="leave Triton out even when it is built (by default triton and triton-binary are "
+        "added to the targets when make triton-peer has built them; not with --quick)",
+    )
+    add(
+        "--instance-count",
+        type=int,
+        help="with Triton: instance_group { count: N } in the config.pbtxt corral and Triton read",
+    )
     add("--connections", help="comma-separated (default 1,8,32,64)")
     add("--rounds", type=int, help="rounds (default 3)")
     add("--duration", type=float, help="seconds per run (default 3)")
@@ -1192,6 +1247,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ).split(",")
     if args.mlserver:
         targets += ["mlserver", "mlserver-batch"]
+    triton_home, triton_note = None, None
+    if not args.no_triton and (not args.quick or any(t.startswith("triton") for t in targets)):
+        triton_home, triton_note = http_bench.triton_home_or_note(["triton-json"])
+    if triton_note is not None:
+        print(triton_note, file=sys.stderr)
+    elif triton_home is not None and not args.targets:
+        targets += ["triton", "triton-binary"]
     models = (args.models or ("magika" if args.quick else ",".join(DEFAULT_MODELS))).split(",")
     unknown = [name for name in models if name not in MODELS] + (
         [args.mixed_model] if args.mixed_model not in MODELS else []
@@ -1210,6 +1272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         mixed=args.mixed,
         mixed_rate=args.mixed_rate,
         mixed_model=args.mixed_model,
+        triton_home=triton_home,
+        instance_count=args.instance_count,
     )
     try:
         document = measure(settings)
@@ -1222,6 +1286,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_report(document))
     print(f"results written to {target}")
     return 0
+
+
+#: corral's targets beside Triton's, loaded alike.
+TRITON_PAIRS = (("corral", "triton"), ("corral-binary", "triton-binary"))
+
+
+def triton_lines(model: dict[str, Any]) -> list[str]:
+    """The corral targets beside Triton's on one model, per body and connections; [] if none.
+
+    The ratios are of the medians over rounds; CPU per request is each server process
+    tree's, in microseconds.
+    """
+    targets = model["targets"]
+    lines = []
+    for corral, triton in TRITON_PAIRS:
+        if corral not in targets or triton not in targets:
+            continue
+        theirs = {row["connections"]: row for row in targets[triton]}
+        for row in targets[corral]:
+            other = theirs.get(row["connections"])
+            if other is None or not other["requests_per_s"]:
+                continue
+            lines.append(
+                f"| {corral} / {triton} | {row['connections']} | "
+                f"{row['requests_per_s'] / other['requests_per_s']:.2f}x | "
+                f"{row['p99_ms']:.1f} / {other['p99_ms']:.1f} | "
+                f"{row['cpu_s_per_request'] * 1e6:,.0f} / {other['cpu_s_per_request'] * 1e6:,.0f} |"
+            )
+    if not lines:
+        return []
+    return [
+        "| corral beside Triton | connections | requests/s ratio | p99 ms | "
+        "server CPU µs/request |",
+        "|---|---:|---:|---:|---:|",
+        *lines,
+    ]
 
 
 def format_report(document: dict[str, Any]) -> str:
@@ -1284,6 +1384,9 @@ def format_report(document: dict[str, Any]) -> str:
                 "CPU ms per row on one thread: "
                 + ", ".join(f"batch {b}: {ms:.2f}" for b, ms in per_row.items())
             )
+        beside = triton_lines(model)
+        if beside:
+            lines += ["", *beside]
         for name, reason in model["skipped"].items():
             lines.append(f"\n{name}: skipped: {reason}")
         lines.append("")
@@ -1316,7 +1419,7 @@ def format_report(document: dict[str, Any]) -> str:
 BEGIN = "<!-- real-models: begin (written by benchmarks/real_models.py render) -->"
 END = "<!-- real-models: end -->"
 PLOT = "benchmarks-real.png"
-_PEERS = ("fastapi", "mlserver", "mlserver-batch")
+_PEERS = ("fastapi", "mlserver", "mlserver-batch", "triton", "triton-binary")
 
 
 def mixed_ratio(mixed: dict[str, Any]) -> float:
