@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,37 +125,48 @@ class TensorSpec:
     dims: tuple[int, ...]
 
 
-_ORT_TYPES = {
-    "tensor(float)": "TYPE_FP32",
-    "tensor(double)": "TYPE_FP64",
-    "tensor(float16)": "TYPE_FP16",
-    "tensor(int8)": "TYPE_INT8",
-    "tensor(int16)": "TYPE_INT16",
-    "tensor(int32)": "TYPE_INT32",
-    "tensor(int64)": "TYPE_INT64",
-    "tensor(uint8)": "TYPE_UINT8",
-    "tensor(bool)": "TYPE_BOOL",
-    "tensor(string)": "TYPE_STRING",
+#: ONNX's element types (``onnx.TensorProto``'s numbers) by Triton's names for them.
+_ONNX_TYPES = {
+    1: "TYPE_FP32",
+    2: "TYPE_UINT8",
+    3: "TYPE_INT8",
+    4: "TYPE_UINT16",
+    5: "TYPE_INT16",
+    6: "TYPE_INT32",
+    7: "TYPE_INT64",
+    8: "TYPE_STRING",
+    9: "TYPE_BOOL",
+    10: "TYPE_FP16",
+    11: "TYPE_FP64",
+    12: "TYPE_UINT32",
+    13: "TYPE_UINT64",
+    16: "TYPE_BF16",
 }
 
 
-def _spec(name: str, ort_type: str, shape: Iterable[object]) -> TensorSpec:
-    if ort_type not in _ORT_TYPES:
-        raise PeerUnavailable(f"{name}: {ort_type} has no Triton type here")
-    dims = tuple(dim if isinstance(dim, int) and dim >= 0 else -1 for dim in shape)
-    return TensorSpec(name, _ORT_TYPES[ort_type], dims)
+def _spec(value: Any) -> TensorSpec:
+    # An onnx ValueInfoProto: a dimension without a fixed value (a name, or nothing) is -1.
+    tensor = value.type.tensor_type
+    if tensor.elem_type not in _ONNX_TYPES:
+        raise PeerUnavailable(
+            f"{value.name}: ONNX element type {tensor.elem_type} has no Triton type"
+        )
+    dims = tuple(dim.dim_value if dim.HasField("dim_value") else -1 for dim in tensor.shape.dim)
+    return TensorSpec(value.name, _ONNX_TYPES[tensor.elem_type], dims)
 
 
 def model_specs(model: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """The inputs and outputs of the ONNX file ``model``, as onnxruntime reads them."""
-    import onnxruntime as ort
+    """The inputs (initializers left out) and outputs of the ONNX file ``model``.
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    Read with the ``onnx`` package, not a session: no thread pool is made or needed.
+    """
+    import onnx
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    initializers = {tensor.name for tensor in graph.initializer}
     return (
-        [_spec(arg.name, arg.type, arg.shape) for arg in session.get_inputs()],
-        [_spec(arg.name, arg.type, arg.shape) for arg in session.get_outputs()],
+        [_spec(value) for value in graph.input if value.name not in initializers],
+        [_spec(value) for value in graph.output],
     )
 
 
