@@ -382,15 +382,12 @@ def test_config_pbtxt_declares_the_models_signature(tmp_path: Path, tree_model: 
     assert triton_ort.write_configs(tmp_path) == []
 
 
-def test_config_pbtxt_reshapes_a_scalar_and_sets_the_instance_count() -> None:
+def test_config_pbtxt_sets_the_instance_count_and_refuses_a_scalar() -> None:
     spec = triton_ort.TensorSpec
-    text = triton_ort.config_pbtxt(
-        "vad",
-        [spec("input", "TYPE_FP32", (-1, 576)), spec("sr", "TYPE_INT64", ())],
-        [spec("output", "TYPE_FP32", (-1, 1))],
-        instance_count=1,
-    )
-    assert '  { name: "sr", data_type: TYPE_INT64, dims: [ 1 ], reshape: { shape: [ ] } }' in text
+    inputs = [spec("input", "TYPE_FP32", (-1, 576)), spec("state", "TYPE_FP32", (2, -1, 128))]
+    outputs = [spec("output", "TYPE_FP32", (-1, 1))]
+    text = triton_ort.config_pbtxt("vad", inputs, outputs, instance_count=1)
+    assert '  { name: "state", data_type: TYPE_FP32, dims: [ 2, -1, 128 ] }' in text
     assert text.endswith("instance_group [ { kind: KIND_CPU, count: 1 } ]\n")
     from corral._pbtxt import parse_pbtxt
 
@@ -398,6 +395,9 @@ def test_config_pbtxt_reshapes_a_scalar_and_sets_the_instance_count() -> None:
         text, source="config.pbtxt", model_name="vad", read_labels=lambda path, field: ()
     )
     assert config.max_batch_size == 0
+    # Triton 2.51 loads no scalar tensor in a model that is not batched (silero-vad's sr).
+    with pytest.raises(triton_ort.PeerUnavailable, match=r"scalar tensor .*\(sr\)"):
+        triton_ort.config_pbtxt("vad", [*inputs, spec("sr", "TYPE_INT64", ())], outputs)
 
 
 def test_write_configs_refuses_a_model_toml(tmp_path: Path, tree_model: bytes) -> None:

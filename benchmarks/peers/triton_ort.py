@@ -171,10 +171,8 @@ def model_specs(model: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
 
 
 def _tensor(spec: TensorSpec) -> str:
-    # Triton has no dims [] for max_batch_size 0: a scalar is [ 1 ] reshaped to [ ].
-    dims = ", ".join(str(dim) for dim in spec.dims) if spec.dims else "1"
-    reshape = "" if spec.dims else ", reshape: { shape: [ ] }"
-    return f'  {{ name: "{spec.name}", data_type: {spec.data_type}, dims: [ {dims} ]{reshape} }}'
+    dims = ", ".join(str(dim) for dim in spec.dims)
+    return f'  {{ name: "{spec.name}", data_type: {spec.data_type}, dims: [ {dims} ] }}'
 
 
 def config_pbtxt(
@@ -186,11 +184,19 @@ def config_pbtxt(
 ) -> str:
     """A complete config.pbtxt that Triton and corral both read the same way.
 
+    Raises :class:`PeerUnavailable` for a scalar input or output: Triton 2.51 refuses one in
+    a model that is not batched ("scalar tensors are not supported"; silero-vad's ``sr``).
+
     ``max_batch_size: 0`` with the model's full shapes: every request runs as sent (Triton
     does not combine requests without ``dynamic_batching``, nor does corral then).
     ``instance_count`` adds ``instance_group [ { kind: KIND_CPU, count: N } ]`` (Triton: N
     instances; corral: a pool of N sessions); None leaves each server's default.
     """
+    scalars = [spec.name for spec in [*inputs, *outputs] if not spec.dims]
+    if scalars:
+        raise PeerUnavailable(
+            f"Triton serves no scalar tensor in a model without batching ({', '.join(scalars)})"
+        )
     lines = [
         f'name: "{name}"',
         'platform: "onnxruntime_onnx"',
