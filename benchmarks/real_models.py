@@ -17,9 +17,10 @@ other work on this shared machine falls on all of them alike), at each connectio
   (``benchmarks/peers/mlserver.py``), with ``--mlserver``;
 - ``triton`` / ``triton-binary``: NVIDIA Triton with its C++ onnxruntime backend
   (``benchmarks/peers/triton_ort.py``), JSON and binary bodies, when ``make triton-peer`` has
-  built it (a line says so when it has not). corral, MLServer and Triton then serve the same
-  repository, each model with a complete ``config.pbtxt`` written from its signature
-  (``max_batch_size: 0``; ``--instance-count N`` adds ``instance_group { count: N }``);
+  built it (a line says so when it has not), on a copy of the model with a complete
+  ``config.pbtxt`` written from its signature (``max_batch_size: 0``; ``--instance-count N``
+  adds ``instance_group { count: N }``); ``corral-pbtxt``: ``corral serve`` of that same
+  folder, config.pbtxt and all (``corral`` keeps its defaults: it may batch, Triton then not);
 - ``ceiling``: onnxruntime called in this process, no HTTP: the best of one session with
   intra-op threads = cores at batch 1, 8 and 32, and one single-threaded session per core,
   each run from its own thread at batch 1 (onnxruntime releases the GIL).
@@ -707,29 +708,29 @@ def measure_model(
     wanted = list(settings.targets)
     skipped: dict[str, str] = {}
     config = None
-    if any(t.startswith("triton") for t in wanted):
+    if any(t.startswith("triton") or t == "corral-pbtxt" for t in wanted):
         try:
             inputs, outputs = triton_ort.model_specs(onnx)
             config = triton_ort.config_pbtxt(
                 name, inputs, outputs, instance_count=settings.instance_count
             )
         except PeerUnavailable as exc:
-            for target in [t for t in wanted if t.startswith("triton")]:
+            for target in [t for t in wanted if t.startswith("triton") or t == "corral-pbtxt"]:
                 skipped[target] = str(exc)
                 wanted.remove(target)
     targets: list[Target] = []
     started: list[Server] = []
     folder = work / name
     folder.mkdir(parents=True, exist_ok=True)
-    shared: list[Path] = []
+    pbtxt: list[Path] = []
 
-    def shared_repository() -> Path:
-        # corral's, MLServer's and Triton's: written once; with Triton, with config.pbtxt.
-        if not shared:
-            shared.append(_write_repository(folder / "repo", name, onnx, None))
-            if config is not None:
-                (shared[0] / name / "config.pbtxt").write_text(config)
-        return shared[0]
+    def pbtxt_repository() -> Path:
+        # Triton's and corral-pbtxt's: the model with its complete config.pbtxt.
+        if not pbtxt:
+            assert config is not None
+            pbtxt.append(_write_repository(folder / "repo-pbtxt", name, onnx, None))
+            (pbtxt[0] / name / "config.pbtxt").write_text(config)
+        return pbtxt[0]
 
     with _servers(started):
         for target in wanted:
@@ -738,7 +739,10 @@ def measure_model(
                 continue
             try:
                 if target == "corral":
-                    server = start_corral("corral", shared_repository(), folder)
+                    repository = _write_repository(folder / "repo", name, onnx, None)
+                    server = start_corral("corral", repository, folder)
+                elif target == "corral-pbtxt":
+                    server = start_corral("corral-pbtxt", pbtxt_repository(), folder)
                 elif target in ("corral-binary", "triton-binary"):
                     json_target = target.removesuffix("-binary")
                     sibling = next((t.server for t in targets if t.name == json_target), None)
@@ -749,7 +753,7 @@ def measure_model(
                 elif target == "triton":
                     if settings.triton_home is None:
                         raise BenchmarkError("not measured (--no-triton, or not built)")
-                    server = start_triton(shared_repository(), folder, settings.triton_home)
+                    server = start_triton(pbtxt_repository(), folder, settings.triton_home)
                 elif target == "corral-tuned":
                     repository = _write_repository(folder / "repo-tuned", name, onnx, model.tuned)
                     server = start_corral("corral-tuned", repository, folder)
@@ -759,9 +763,8 @@ def measure_model(
                     if target == "mlserver-batch" and not model.batchable:
                         skipped[target] = f"{name}'s rows are not its first dimension"
                         continue
-                    server = start_mlserver(
-                        target, shared_repository(), folder, target == "mlserver-batch"
-                    )
+                    repository = _write_repository(folder / "repo", name, onnx, None)
+                    server = start_mlserver(target, repository, folder, target == "mlserver-batch")
                 else:
                     raise BenchmarkError(f"unknown target {target!r}")
                 started.append(server)
@@ -1270,7 +1273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if triton_note is not None:
         print(triton_note, file=sys.stderr)
     elif triton_home is not None and not args.targets:
-        targets += ["triton", "triton-binary"]
+        targets += ["triton", "triton-binary", "corral-pbtxt"]
     models = (args.models or ("magika" if args.quick else ",".join(DEFAULT_MODELS))).split(",")
     unknown = [name for name in models if name not in MODELS] + (
         [args.mixed_model] if args.mixed_model not in MODELS else []
@@ -1306,7 +1309,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 #: corral's targets beside Triton's, loaded alike.
-TRITON_PAIRS = (("corral", "triton"), ("corral-binary", "triton-binary"))
+TRITON_PAIRS = (
+    ("corral", "triton"),
+    ("corral-binary", "triton-binary"),
+    ("corral-pbtxt", "triton"),
+)
 
 
 def triton_lines(model: dict[str, Any]) -> list[str]:
