@@ -101,6 +101,7 @@ TargetName = Literal[
     "triton-json",
     "triton-binary",
     "triton-grpc",
+    "corral-pbtxt",
 ]
 ServerName = Literal["corral", "raw-asgi", "fastapi-sync", "fastapi-async"]
 TARGETS: tuple[TargetName, ...] = get_args(TargetName)
@@ -110,6 +111,7 @@ TRITON_PAIRS: tuple[tuple[str, TargetName, TargetName], ...] = (
     ("wrk JSON", "corral-json", "triton-json"),
     ("wrk binary", "corral-binary", "triton-binary"),
     ("gRPC (Python client)", "corral-grpc", "triton-grpc"),
+    ("wrk JSON, corral on Triton's config.pbtxt", "corral-pbtxt", "triton-json"),
 )
 #: The targets every other is compared with, in the table's column order.
 BASELINES: tuple[TargetName, ...] = ("raw-asgi", "fastapi-sync", "fastapi-async")
@@ -773,18 +775,20 @@ TARGET_SERVERS: dict[str, str] = {
     "triton-json": "triton",
     "triton-binary": "triton",
     "triton-grpc": "triton",
+    "corral-pbtxt": "corral-pbtxt",
 }
 
 
 def wanted_servers(settings: Settings) -> list[str]:
     """The servers the run starts: those of its targets, Triton's only when it is measured.
 
-    Without ``settings.targets``: every one of :data:`SERVERS`, and Triton if measured.
+    Without ``settings.targets``: every one of :data:`SERVERS`, and with Triton measured,
+    Triton and ``corral-pbtxt`` (corral serving Triton's copy of the repository).
     """
     needed = {TARGET_SERVERS[target] for target in settings.targets or TARGETS}
     names: list[str] = [name for name in SERVERS if name in needed]
-    if settings.triton_home is not None and "triton" in needed:
-        names.append("triton")
+    if settings.triton_home is not None:
+        names += [name for name in ("triton", "corral-pbtxt") if name in needed]
     return names
 
 
@@ -864,12 +868,14 @@ def running_servers(
     json_body: Payload,
     logs: Path,
     pids: dict[str, int] | None = None,
+    pbtxt_repository: Path | None = None,
 ) -> Iterator[dict[str, int]]:
     """Start the servers :func:`wanted_servers` names, ``check`` each answer, stop them all.
 
     Yields the ports by server name (and ``grpc``, corral's gRPC port, and ``triton-grpc``,
-    Triton's, when measured); ``pids`` gets each server's process id. Every server is
-    stopped by its own pid on every way out, the failed starts included.
+    Triton's, when measured); ``pids`` gets each server's process id. Triton and
+    ``corral-pbtxt`` serve ``pbtxt_repository``, the model with a complete config.pbtxt.
+    Every server is stopped by its own pid on every way out, the failed starts included.
     """
     wanted = wanted_servers(settings)
     ports: dict[str, int] = {name: free_port() for name in SERVERS}
@@ -885,12 +891,19 @@ def running_servers(
         from benchmarks.peers import triton_ort
 
         assert settings.triton_home is not None
+        assert pbtxt_repository is not None
         build = triton_ort.find_build(Path(settings.triton_home))
         ports["triton"], ports["triton-grpc"] = free_port(), free_port()
         argv = triton_ort.triton_argv(
-            build, repository, ports["triton"], ports["triton-grpc"], free_port()
+            build, pbtxt_repository, ports["triton"], ports["triton-grpc"], free_port()
         )
         commands["triton"] = (argv, dict(os.environ))
+    if "corral-pbtxt" in wanted:
+        assert pbtxt_repository is not None
+        ports["corral-pbtxt"] = free_port()
+        argv, env = server_commands(pbtxt_repository, model_name, {**ports, "grpc": -1})["corral"]
+        argv[argv.index("--http-port") + 1] = str(ports["corral-pbtxt"])
+        commands["corral-pbtxt"] = (argv, env)
     with contextlib.ExitStack() as stack:
         for name, (argv, env) in commands.items():
             log = logs / f"{name}.log"
@@ -968,6 +981,7 @@ class _Runner:
             "corral-json-page": ("corral", "json"),
             "triton-json": ("triton", "json"),
             "triton-binary": ("triton", "binary"),
+            "corral-pbtxt": ("corral-pbtxt", "json"),
         }
         self._grpc = {"corral-grpc": "grpc", "triton-grpc": "triton-grpc"}
 
@@ -1038,13 +1052,19 @@ def measure(settings: Settings, wrk: str, progress: Callable[[str], None]) -> li
         model_path = repository / model_name / "1" / "model.onnx"
         model_path.parent.mkdir(parents=True)
         model_path.write_bytes(build_model(settings.model, n_features=settings.features))
+        pbtxt_repository = None
         if "triton" in wanted_servers(settings):
             from benchmarks.peers import triton_ort
 
-            triton_ort.write_configs(repository)
+            pbtxt_repository = workdir / "repository-pbtxt"
+            copy = pbtxt_repository / model_name / "1" / "model.onnx"
+            copy.parent.mkdir(parents=True)
+            copy.write_bytes(model_path.read_bytes())
+            triton_ort.write_configs(pbtxt_repository)
             progress(
-                "Triton is measured: corral and Triton serve the same repository, with a "
-                "config.pbtxt from the model's signature (max_batch_size 0)"
+                "Triton is measured on a copy of the repository with a config.pbtxt from the "
+                "model's signature (max_batch_size 0), which corral-pbtxt serves too; corral "
+                "keeps its defaults"
             )
         expected = reference_outputs(model_path, features)
         bodies = {}
@@ -1058,7 +1078,14 @@ def measure(settings: Settings, wrk: str, progress: Callable[[str], None]) -> li
         progress("starting the servers")
         pids: dict[str, int] = {}
         with running_servers(
-            settings, repository, model_name, check, payloads["json"], workdir, pids
+            settings,
+            repository,
+            model_name,
+            check,
+            payloads["json"],
+            workdir,
+            pids,
+            pbtxt_repository,
         ) as ports:
             path = f"/v2/models/{model_name}/infer"
             for server in ("corral", "triton"):

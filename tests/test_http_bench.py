@@ -479,8 +479,11 @@ def test_targets_start_only_their_servers() -> None:
     settings = http_bench.Settings(targets=("corral-json", "triton-binary"), triton_home="/t")
     assert http_bench.wanted_servers(settings) == ["corral", "triton"]
     assert http_bench.wanted_servers(http_bench.Settings()) == list(http_bench.SERVERS)
-    unbuilt = http_bench.Settings(targets=("corral-json", "triton-json"))
+    unbuilt = http_bench.Settings(targets=("corral-json", "triton-json", "corral-pbtxt"))
     assert http_bench.wanted_servers(unbuilt) == ["corral"]
+    # corral on Triton's copy of the repository (its config.pbtxt) runs only beside Triton.
+    built = http_bench.Settings(targets=("triton-json", "corral-pbtxt"), triton_home="/t")
+    assert http_bench.wanted_servers(built) == ["triton", "corral-pbtxt"]
 
 
 def test_the_triton_table_pairs_each_load_round_by_round() -> None:
