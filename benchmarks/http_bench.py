@@ -1109,8 +1109,12 @@ def _rounds(
     from benchmarks.peers.triton_ort import process_cpu_seconds
 
     runs: list[RunResult] = []
+    targets = runner.targets()
     for round_index in range(1, settings.rounds + 1):
-        for target in runner.targets():
+        # Each round starts one target later, so that no target always runs right after
+        # the same one (a drain, a burst of background work) or always first.
+        shift = (round_index - 1) % len(targets)
+        for target in targets[shift:] + targets[:shift]:
             pid = pids.get(TARGET_SERVERS[target])
             cpu = None if pid is None else process_cpu_seconds(pid)
             figures = runner.run(target, settings.duration_s)
