@@ -1113,7 +1113,7 @@ def _rounds(
     for round_index in range(1, settings.rounds + 1):
         # Each round starts one target later, so that no target always runs right after
         # the same one (a drain, a burst of background work) or always first.
-        shift = (round_index - 1) % len(targets)
+        shift = (round_index - 1) % max(1, len(targets))
         for target in targets[shift:] + targets[:shift]:
             pid = pids.get(TARGET_SERVERS[target])
             cpu = None if pid is None else process_cpu_seconds(pid)
