@@ -17,7 +17,7 @@ COVERAGE_FLOOR := 96.5
 DEMO_REPOSITORY := demo-models
 
 .PHONY: help venv tools lint typecheck test test-min soak serve demo bench bench-quick bench-create \
-	bench-footprint bench-scenarios bench-http bench-edge bench-ray bench-real proto clean
+	bench-footprint bench-scenarios bench-http bench-edge bench-ray bench-real triton-peer proto clean
 
 help:
 	@echo "make serve            serve $(DEMO_REPOSITORY)/ (1,000 tiny models) on :8000 (HTTP) and :8001 (gRPC)"
@@ -34,6 +34,8 @@ help:
 	@echo "make bench-quick      the same on 50 models, corral and FastAPI only, in under a minute"
 	@echo "make bench-real       real models from PyPI wheels: corral vs FastAPI, MLServer, the ceiling"
 	@echo "make bench-ray        corral serve vs corral ray-serve (2 replicas) on 1,000 models -> docs/scale-out.md"
+	@echo "make triton-peer      build NVIDIA Triton + its C++ onnxruntime backend, the peer of bench-http and"
+	@echo "                      bench-real (MIRROR=folder of the fetched git mirrors; see benchmarks/README.md)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -169,6 +171,14 @@ bench-real: $(STAMP) tools
 		--rounds 2 --duration 30 --json benchmarks/results/real-heavy.json
 	$(BIN)/python benchmarks/real_models.py render benchmarks/results/real-light.json \
 		benchmarks/results/real-heavy.json --out docs
+
+# NVIDIA Triton (tritonserver 2.51 from nvidia-pytriton, with Triton's C++ onnxruntime backend
+# r24.10 compiled here) for bench-http and bench-real, which measure it beside corral when it is
+# built and say so when it is not. Built into $CORRAL_TRITON_HOME (default
+# ~/.cache/corral-bench/triton-ort) from git mirrors of the backend's sources fetched by hand:
+# MIRROR names their folder (scripts/build_triton_peer.sh says which). Not part of make test.
+triton-peer:
+	MIRROR=$(MIRROR) bash scripts/build_triton_peer.sh
 
 # corral alone and on Ray Serve side by side, with Ray Serve's own multiplexing for reference.
 bench-ray: $(STAMP) tools

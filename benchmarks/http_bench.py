@@ -23,13 +23,22 @@ machine falls on all of them alike:
 - ``corral-grpc``: ``ModelInfer`` over gRPC from one Python process, ``--connections``
   asyncio tasks on one grpc.aio channel sending a pre-serialized request (see
   :func:`grpc_load`). Its client is Python, not C: on a small machine it takes CPU from the
-  server, so its figure is a lower bound, not comparable one to one with wrk's.
+  server, so its figure is a lower bound, not comparable one to one with wrk's;
+- ``triton-json``, ``triton-binary``, ``triton-grpc``: NVIDIA Triton with its C++ onnxruntime
+  backend (``benchmarks/peers/triton_ort.py``) loaded exactly as ``corral-json``,
+  ``corral-binary`` and ``corral-grpc``, when it is built (``make triton-peer``; otherwise a
+  line says it is not, and the rest runs). Both servers then serve the same repository, with
+  a complete ``config.pbtxt`` written from the model's signature (``max_batch_size: 0``).
+
+Every run also reads the server process's CPU time (``/proc/<pid>/stat``, every thread)
+before and after: the table gives the server's CPU microseconds per request for every target.
 
 The table gives, per target, the median over rounds of requests/s and of wrk's latency
 p50/p99, and each target's requests/s against the raw handler's and both FastAPI ones', as
 the median of the per-round ratios (each round's targets ran back to back)::
 
     python benchmarks/http_bench.py [--rounds 5] [--duration 5] [--json FILE]
+    python benchmarks/http_bench.py --model mlp --targets corral-json,triton-json --rounds 3
 
 Needs ``wrk`` (Debian's package ``wrk``: ``apt-get install -y wrk``) and corral's dev
 extras (uvicorn[standard], orjson, fastapi, tritonclient[grpc]).
@@ -67,9 +76,13 @@ from typing import Any, Literal, TypedDict, get_args
 import numpy as np
 import orjson
 
-from corral.testing import ModelKind, build_model
-
 HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    # Run as a script: the peers are in the package benchmarks beside this file.
+    sys.path.insert(0, str(HERE.parent))
+
+from corral.testing import ModelKind, build_model  # noqa: E402
+
 REFERENCE_DIR = HERE / "reference"
 LUA_SCRIPT = HERE / "infer.lua"
 
@@ -85,10 +98,21 @@ TargetName = Literal[
     "corral-binary",
     "corral-grpc",
     "corral-json-page",
+    "triton-json",
+    "triton-binary",
+    "triton-grpc",
+    "corral-pbtxt",
 ]
 ServerName = Literal["corral", "raw-asgi", "fastapi-sync", "fastapi-async"]
 TARGETS: tuple[TargetName, ...] = get_args(TargetName)
 SERVERS: tuple[ServerName, ...] = get_args(ServerName)
+#: Triton's targets, measured when it is built, each beside the corral target loaded the same way.
+TRITON_PAIRS: tuple[tuple[str, TargetName, TargetName], ...] = (
+    ("wrk JSON", "corral-json", "triton-json"),
+    ("wrk binary", "corral-binary", "triton-binary"),
+    ("gRPC (Python client)", "corral-grpc", "triton-grpc"),
+    ("wrk JSON, corral on Triton's config.pbtxt", "corral-pbtxt", "triton-json"),
+)
 #: The targets every other is compared with, in the table's column order.
 BASELINES: tuple[TargetName, ...] = ("raw-asgi", "fastapi-sync", "fastapi-async")
 #: What the issue asks of corral's JSON endpoint, measured in one run: its requests/s at
@@ -221,6 +245,9 @@ class RunResult(TypedDict):
     socket_errors: int
     #: Answers that were not 2xx or 3xx (or gRPC calls that failed).
     status_errors: int
+    #: The server process's CPU time (user + system, every thread) over the run, per
+    #: request, in microseconds; None when it was not read.
+    server_cpu_us_per_request: float | None
 
 
 class SummaryRow(TypedDict):
@@ -233,6 +260,8 @@ class SummaryRow(TypedDict):
     requests_per_s_max: float
     latency_p50_ms: float
     latency_p99_ms: float
+    #: Median over rounds of the server's CPU microseconds per request (None: not read).
+    server_cpu_us_per_request: float | None
     #: Per baseline (:data:`BASELINES`): the median over rounds of this target's requests/s
     #: over the baseline's in the same round; None if the baseline was not measured.
     ratios: dict[str, float | None]
@@ -251,8 +280,16 @@ def parse_result(output: str) -> dict[str, Any]:
     raise BenchmarkError(f"the load generator printed no {RESULT_MARKER.strip()} line:\n{tail}")
 
 
-def run_result(target: str, round_index: int, figures: dict[str, Any]) -> RunResult:
-    """A :class:`RunResult` from the figures :func:`parse_result` returns."""
+def run_result(
+    target: str,
+    round_index: int,
+    figures: dict[str, Any],
+    server_cpu_s: float | None = None,
+) -> RunResult:
+    """A :class:`RunResult` from the figures :func:`parse_result` returns.
+
+    ``server_cpu_s``: the server's CPU seconds over the run, if read.
+    """
     duration_s = figures["duration_us"] / 1e6
     latency = figures["latency_us"]
     errors = figures["errors"]
@@ -269,6 +306,11 @@ def run_result(target: str, round_index: int, figures: dict[str, Any]) -> RunRes
         latency_max_ms=latency["max"] / 1000,
         socket_errors=sum(errors[key] for key in ("connect", "read", "write", "timeout")),
         status_errors=errors["status"],
+        server_cpu_us_per_request=(
+            server_cpu_s / figures["requests"] * 1e6
+            if server_cpu_s is not None and figures["requests"]
+            else None
+        ),
     )
 
 
@@ -279,12 +321,7 @@ def summarize(runs: Sequence[RunResult]) -> list[SummaryRow]:
         by_round.setdefault(run["round"], {})[run["target"]] = run["requests_per_s"]
 
     def paired_ratio(target: str, baseline: str) -> float | None:
-        ratios = [
-            rates[target] / rates[baseline]
-            for rates in by_round.values()
-            if target in rates and rates.get(baseline, 0.0) > 0
-        ]
-        return statistics.median(ratios) if ratios else None
+        return _paired_ratio(by_round, target, baseline)
 
     rows: list[SummaryRow] = []
     names: list[str] = [name for name in TARGETS if any(run["target"] == name for run in runs)]
@@ -292,6 +329,7 @@ def summarize(runs: Sequence[RunResult]) -> list[SummaryRow]:
     for name in names:
         mine = [run for run in runs if run["target"] == name]
         rates = [run["requests_per_s"] for run in mine]
+        cpu = [used for run in mine if (used := run.get("server_cpu_us_per_request")) is not None]
         rows.append(
             SummaryRow(
                 target=name,
@@ -301,10 +339,58 @@ def summarize(runs: Sequence[RunResult]) -> list[SummaryRow]:
                 requests_per_s_max=max(rates),
                 latency_p50_ms=statistics.median(run["latency_p50_ms"] for run in mine),
                 latency_p99_ms=statistics.median(run["latency_p99_ms"] for run in mine),
+                server_cpu_us_per_request=statistics.median(cpu) if cpu else None,
                 ratios={baseline: paired_ratio(name, baseline) for baseline in BASELINES},
             )
         )
     return rows
+
+
+def _paired_ratio(
+    by_round: dict[int, dict[str, float]], target: str, baseline: str
+) -> float | None:
+    # The median over rounds of target's requests/s over baseline's in the same round.
+    ratios = [
+        rates[target] / rates[baseline]
+        for rates in by_round.values()
+        if target in rates and rates.get(baseline, 0.0) > 0
+    ]
+    return statistics.median(ratios) if ratios else None
+
+
+def format_triton_table(runs: Sequence[RunResult]) -> str:
+    """The corral targets beside Triton's, per load (:data:`TRITON_PAIRS`); "" without Triton.
+
+    Per side: median requests/s (min - max over rounds), median p99, median server CPU
+    microseconds per request; then corral / Triton, the median of the per-round ratios.
+    """
+    rows = {row["target"]: row for row in summarize(runs)}
+    by_round: dict[int, dict[str, float]] = {}
+    for run in runs:
+        by_round.setdefault(run["round"], {})[run["target"]] = run["requests_per_s"]
+
+    def side(row: SummaryRow) -> str:
+        cpu = row["server_cpu_us_per_request"]
+        return (
+            f"{row['requests_per_s']:,.0f} ({row['requests_per_s_min']:,.0f} - "
+            f"{row['requests_per_s_max']:,.0f}), p99 {row['latency_p99_ms']:.2f} ms, "
+            + ("CPU -" if cpu is None else f"CPU {cpu:.0f} µs/req")
+        )
+
+    lines = []
+    for load, corral, triton in TRITON_PAIRS:
+        if corral not in rows or triton not in rows:
+            continue
+        ratio = _paired_ratio(by_round, corral, triton)
+        shown = "-" if ratio is None else f"**{ratio:.2f}x**"
+        lines.append(f"| {load} | {side(rows[triton])} | {side(rows[corral])} | {shown} |")
+    if not lines:
+        return ""
+    header = [
+        "| load | Triton (C++ onnxruntime backend) | corral | corral / Triton |",
+        "|---|---|---|---:|",
+    ]
+    return "\n".join(header + lines)
 
 
 class GoalCheck(TypedDict):
@@ -347,6 +433,7 @@ def format_table(rows: Sequence[SummaryRow]) -> str:
 
     columns = ["target", "requests/s (median)", "min - max", "p50 ms", "p99 ms"]
     columns += [f"vs {baseline}" for baseline in BASELINES]
+    columns.append("server CPU µs/req")
     lines = ["| " + " | ".join(columns) + " |", "|---" + "|---:" * (len(columns) - 1) + "|"]
     for row in rows:
         cells = [
@@ -356,6 +443,9 @@ def format_table(rows: Sequence[SummaryRow]) -> str:
             f"{row['latency_p50_ms']:.2f}",
             f"{row['latency_p99_ms']:.2f}",
             *(ratio(row["ratios"].get(baseline)) for baseline in BASELINES),
+            "-"
+            if row["server_cpu_us_per_request"] is None
+            else f"{row['server_cpu_us_per_request']:.0f}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -666,6 +756,40 @@ class Settings:
     connections: int = 16
     threads: int = 2
     grpc: bool = True
+    #: The targets to run (empty: every one there is a server for).
+    targets: tuple[str, ...] = ()
+    #: Where the Triton peer is built (:func:`benchmarks.peers.triton_ort.triton_home`);
+    #: None: Triton is not measured.
+    triton_home: str | None = None
+
+
+#: The server each target loads.
+TARGET_SERVERS: dict[str, str] = {
+    "corral-json": "corral",
+    "raw-asgi": "raw-asgi",
+    "fastapi-sync": "fastapi-sync",
+    "fastapi-async": "fastapi-async",
+    "corral-binary": "corral",
+    "corral-grpc": "corral",
+    "corral-json-page": "corral",
+    "triton-json": "triton",
+    "triton-binary": "triton",
+    "triton-grpc": "triton",
+    "corral-pbtxt": "corral-pbtxt",
+}
+
+
+def wanted_servers(settings: Settings) -> list[str]:
+    """The servers the run starts: those of its targets, Triton's only when it is measured.
+
+    Without ``settings.targets``: every one of :data:`SERVERS`, and with Triton measured,
+    Triton and ``corral-pbtxt`` (corral serving Triton's copy of the repository).
+    """
+    needed = {TARGET_SERVERS[target] for target in settings.targets or TARGETS}
+    names: list[str] = [name for name in SERVERS if name in needed]
+    if settings.triton_home is not None:
+        names += [name for name in ("triton", "corral-pbtxt") if name in needed]
+    return names
 
 
 def grpc_available() -> bool:
@@ -743,22 +867,51 @@ def running_servers(
     check: Callable[[str, tuple[int, bytes, int | None]], None],
     json_body: Payload,
     logs: Path,
+    pids: dict[str, int] | None = None,
+    pbtxt_repository: Path | None = None,
 ) -> Iterator[dict[str, int]]:
-    """Start corral and the three references, ``check`` each one's answer, stop them all.
+    """Start the servers :func:`wanted_servers` names, ``check`` each answer, stop them all.
 
-    Yields the ports by server name (and ``grpc``, corral's gRPC port, when measured). Every
-    server is stopped by its own pid on every way out, the failed starts included.
+    Yields the ports by server name (and ``grpc``, corral's gRPC port, and ``triton-grpc``,
+    Triton's, when measured); ``pids`` gets each server's process id. Triton and
+    ``corral-pbtxt`` serve ``pbtxt_repository``, the model with a complete config.pbtxt.
+    Every server is stopped by its own pid on every way out, the failed starts included.
     """
+    wanted = wanted_servers(settings)
     ports: dict[str, int] = {name: free_port() for name in SERVERS}
     if settings.grpc:
         ports["grpc"] = free_port()
     path = f"/v2/models/{model_name}/infer"
+    commands: dict[str, tuple[list[str], dict[str, str]]] = {
+        name: command
+        for name, command in server_commands(repository, model_name, ports).items()
+        if name in wanted
+    }
+    if "triton" in wanted:
+        from benchmarks.peers import triton_ort
+
+        assert settings.triton_home is not None
+        assert pbtxt_repository is not None
+        build = triton_ort.find_build(Path(settings.triton_home))
+        ports["triton"], ports["triton-grpc"] = free_port(), free_port()
+        argv = triton_ort.triton_argv(
+            build, pbtxt_repository, ports["triton"], ports["triton-grpc"], free_port()
+        )
+        commands["triton"] = (argv, dict(os.environ))
+    if "corral-pbtxt" in wanted:
+        assert pbtxt_repository is not None
+        ports["corral-pbtxt"] = free_port()
+        argv, env = server_commands(pbtxt_repository, model_name, {**ports, "grpc": -1})["corral"]
+        argv[argv.index("--http-port") + 1] = str(ports["corral-pbtxt"])
+        commands["corral-pbtxt"] = (argv, env)
     with contextlib.ExitStack() as stack:
-        for name, (argv, env) in server_commands(repository, model_name, ports).items():
+        for name, (argv, env) in commands.items():
             log = logs / f"{name}.log"
             process = start_process(argv, log, env)
             stack.callback(_stop_and_report, name, process, log)
             check(name, wait_until_answers(process, name, ports[name], path, json_body, log))
+            if pids is not None:
+                pids[name] = process.pid
             print(f"  {name}: pid {process.pid}, port {ports[name]}, answers", file=sys.stderr)
         yield ports
 
@@ -826,18 +979,27 @@ class _Runner:
             "fastapi-async": ("fastapi-async", "json"),
             "corral-binary": ("corral", "binary"),
             "corral-json-page": ("corral", "json"),
+            "triton-json": ("triton", "json"),
+            "triton-binary": ("triton", "binary"),
+            "corral-pbtxt": ("corral-pbtxt", "json"),
         }
+        self._grpc = {"corral-grpc": "grpc", "triton-grpc": "triton-grpc"}
 
     def targets(self) -> list[str]:
         """The targets this run measures, in the order each round runs them."""
+        running = set(wanted_servers(self._settings))
         return [
-            t for t in TARGETS if t in self._http or (t == "corral-grpc" and "grpc" in self._ports)
+            t
+            for t in TARGETS
+            if (not self._settings.targets or t in self._settings.targets)
+            and TARGET_SERVERS[t] in running
+            and (t in self._http or self._grpc.get(t, "") in self._ports)
         ]
 
     def run(self, target: str, duration_s: float) -> dict[str, Any]:
         """Load ``target`` for ``duration_s`` seconds; its figures in the wrk script's format."""
-        if target == "corral-grpc":
-            return self._run_grpc(duration_s)
+        if target in self._grpc:
+            return self._run_grpc(target, duration_s)
         server, kind = self._http[target]
         payload, body_file = self._bodies[kind]
         url = f"http://127.0.0.1:{self._ports[server]}/v2/models/{self._model_name}/infer"
@@ -859,10 +1021,10 @@ class _Runner:
             raise BenchmarkError("the status page read nothing while corral-json-page ran")
         return figures
 
-    def _run_grpc(self, duration_s: float) -> dict[str, Any]:
+    def _run_grpc(self, target: str, duration_s: float) -> dict[str, Any]:
         settings = self._settings
         command = [sys.executable, str(Path(__file__).resolve()), "grpc-client"]
-        command += ["--port", str(self._ports["grpc"]), "--model", self._model_name]
+        command += ["--port", str(self._ports[self._grpc[target]]), "--model", self._model_name]
         command += ["--rows", str(settings.rows), "--features", str(settings.features)]
         command += ["--connections", str(settings.connections), "--duration", str(duration_s)]
         figures = run_load(command, duration_s)
@@ -870,14 +1032,17 @@ class _Runner:
         for output, values in self._expected.items():
             if output not in got or not np.allclose(got[output], values.ravel(), rtol=1e-5):
                 raise BenchmarkError(
-                    f"corral over gRPC answered {got.get(output)} for output {output!r}; "
+                    f"{target} answered {got.get(output)} for output {output!r}; "
                     f"onnxruntime gives {values.ravel()}"
                 )
         return figures
 
 
 def measure(settings: Settings, wrk: str, progress: Callable[[str], None]) -> list[RunResult]:
-    """Start the servers, check their answers, run every target ``rounds`` times, interleaved."""
+    """Start the servers, check their answers, run every target ``rounds`` times, interleaved.
+
+    With Triton, every model folder gets a complete config.pbtxt first: both servers read it.
+    """
     model_name = settings.model
     features = make_features(settings.rows, settings.features)
     payloads = {"json": json_payload(features), "binary": binary_payload(features)}
@@ -887,6 +1052,20 @@ def measure(settings: Settings, wrk: str, progress: Callable[[str], None]) -> li
         model_path = repository / model_name / "1" / "model.onnx"
         model_path.parent.mkdir(parents=True)
         model_path.write_bytes(build_model(settings.model, n_features=settings.features))
+        pbtxt_repository = None
+        if "triton" in wanted_servers(settings):
+            from benchmarks.peers import triton_ort
+
+            pbtxt_repository = workdir / "repository-pbtxt"
+            copy = pbtxt_repository / model_name / "1" / "model.onnx"
+            copy.parent.mkdir(parents=True)
+            copy.write_bytes(model_path.read_bytes())
+            triton_ort.write_configs(pbtxt_repository)
+            progress(
+                "Triton is measured on a copy of the repository with a config.pbtxt from the "
+                "model's signature (max_batch_size 0), which corral-pbtxt serves too; corral "
+                "keeps its defaults"
+            )
         expected = reference_outputs(model_path, features)
         bodies = {}
         for kind, payload in payloads.items():
@@ -897,26 +1076,50 @@ def measure(settings: Settings, wrk: str, progress: Callable[[str], None]) -> li
             check_answer(name, answer, expected)
 
         progress("starting the servers")
+        pids: dict[str, int] = {}
         with running_servers(
-            settings, repository, model_name, check, payloads["json"], workdir
+            settings,
+            repository,
+            model_name,
+            check,
+            payloads["json"],
+            workdir,
+            pids,
+            pbtxt_repository,
         ) as ports:
             path = f"/v2/models/{model_name}/infer"
-            check("corral (binary)", http_post(ports["corral"], path, payloads["binary"]))
+            for server in ("corral", "triton"):
+                if server in pids:
+                    answer = http_post(ports[server], path, payloads["binary"])
+                    check(f"{server} (binary)", answer)
             runner = _Runner(settings, wrk, ports, model_name, bodies, expected)
             if settings.warmup_s > 0:
                 progress(f"warming up each target for {settings.warmup_s:g} s")
                 for target in runner.targets():
                     runner.run(target, settings.warmup_s)
-            return _rounds(settings, runner, progress)
+            return _rounds(settings, runner, pids, progress)
 
 
 def _rounds(
-    settings: Settings, runner: _Runner, progress: Callable[[str], None]
+    settings: Settings,
+    runner: _Runner,
+    pids: dict[str, int],
+    progress: Callable[[str], None],
 ) -> list[RunResult]:
+    from benchmarks.peers.triton_ort import process_cpu_seconds
+
     runs: list[RunResult] = []
+    targets = runner.targets()
     for round_index in range(1, settings.rounds + 1):
-        for target in runner.targets():
-            result = run_result(target, round_index, runner.run(target, settings.duration_s))
+        # Each round starts one target later, so that no target always runs right after
+        # the same one (a drain, a burst of background work) or always first.
+        shift = (round_index - 1) % max(1, len(targets))
+        for target in targets[shift:] + targets[:shift]:
+            pid = pids.get(TARGET_SERVERS[target])
+            cpu = None if pid is None else process_cpu_seconds(pid)
+            figures = runner.run(target, settings.duration_s)
+            cpu = None if pid is None or cpu is None else process_cpu_seconds(pid) - cpu
+            result = run_result(target, round_index, figures, cpu)
             if result["status_errors"]:
                 raise BenchmarkError(
                     f"{target}: {result['status_errors']} answers were not 2xx in round "
@@ -928,6 +1131,11 @@ def _rounds(
                 f"round {round_index}/{settings.rounds} {target}: "
                 f"{result['requests_per_s']:,.0f} requests/s, "
                 f"p50 {result['latency_p50_ms']:.2f} ms, p99 {result['latency_p99_ms']:.2f} ms"
+                + (
+                    f", server CPU {result['server_cpu_us_per_request']:.0f} µs/request"
+                    if result["server_cpu_us_per_request"] is not None
+                    else ""
+                )
                 + (f", {errors} socket errors" if errors else "")
             )
     return runs
@@ -942,6 +1150,11 @@ def report(
 ) -> dict[str, Any]:
     """Everything :func:`main` writes with ``--json``: settings, machine, versions, figures."""
     rows = summarize(runs)
+    found = versions(wrk)
+    if settings.triton_home is not None:
+        from benchmarks.peers import triton_ort
+
+        found["triton"] = triton_ort.find_build(Path(settings.triton_home)).describe()
     return {
         "date": started.isoformat(timespec="seconds"),
         "machine": {
@@ -951,7 +1164,7 @@ def report(
             "load_average_before": load_averages[0],
             "load_average_after": load_averages[1],
         },
-        "versions": versions(wrk),
+        "versions": found,
         "settings": asdict(settings),
         "summary": rows,
         "goals": check_targets(rows),
@@ -1001,8 +1214,34 @@ def _parser() -> argparse.ArgumentParser:
     add("--model", choices=("tree", "linear", "mlp"), default="tree", help="model (tree)")
     add("--rows", type=_positive_int, default=1, help="rows per request (1)")
     add("--no-grpc", action="store_true", help="skip corral over gRPC even if it is there")
+    add(
+        "--targets",
+        help=f"comma-separated, of {', '.join(TARGETS)} (default: every one there is a server for)",
+    )
+    add(
+        "--no-triton",
+        action="store_true",
+        help="skip Triton even if it is built (make triton-peer; CORRAL_TRITON_HOME)",
+    )
     add("--json", type=Path, metavar="FILE", help="also write the results here")
     return parser
+
+
+def triton_home_or_note(targets: Sequence[str]) -> tuple[str | None, str | None]:
+    """Where the Triton peer is built; or None, and the line saying why it is not measured.
+
+    No line when ``targets`` name no Triton target.
+    """
+    from benchmarks.peers import PeerUnavailable, triton_ort
+
+    if targets and not any(t.startswith("triton-") for t in targets):
+        return None, None
+    home = triton_ort.triton_home()
+    try:
+        triton_ort.find_build(home)
+    except PeerUnavailable as exc:
+        return None, triton_ort.not_built_line(str(exc))
+    return str(home), None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1023,6 +1262,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             "is missing: gRPC is not measured",
             file=sys.stderr,
         )
+    targets = tuple(args.targets.split(",")) if args.targets else ()
+    unknown = sorted(set(targets) - set(TARGETS))
+    if unknown:
+        print(f"http_bench: unknown target(s) {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    triton_home, triton_note = (None, None) if args.no_triton else triton_home_or_note(targets)
+    if triton_note is not None:
+        print(f"http_bench: {triton_note}", file=sys.stderr)
+        if targets and all(t.startswith("triton-") for t in targets):
+            return 2
     settings = Settings(
         model=args.model,
         rows=args.rows,
@@ -1032,6 +1281,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         connections=args.connections,
         threads=args.threads,
         grpc=grpc,
+        targets=targets,
+        triton_home=triton_home,
     )
     started = datetime.datetime.now(datetime.UTC)
     load_before = os.getloadavg()
@@ -1045,7 +1296,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
     document = report(settings, runs, wrk, started, (load_before, os.getloadavg()))
     print(format_table(document["summary"]))
-    print("\n" + format_verdict(document["goals"]))
+    beside = format_triton_table(runs)
+    if beside:
+        print("\ncorral beside Triton (same run, interleaved):\n" + beside)
+    elif triton_note is not None:
+        print("\n" + triton_note)
+    measured = {row["target"] for row in document["summary"]}
+    goals = [check for check in document["goals"] if check["baseline"] in measured]
+    if goals:
+        print("\n" + format_verdict(goals))
     before, after = (
         document["machine"]["load_average_before"],
         document["machine"]["load_average_after"],

@@ -15,13 +15,19 @@ other work on this shared machine falls on all of them alike), at each connectio
   it, in its own venv (the one ``bench_peers.py``'s FastAPI peer uses);
 - ``mlserver`` / ``mlserver-batch``: MLServer 1.7.1 with adaptive batching off and on
   (``benchmarks/peers/mlserver.py``), with ``--mlserver``;
+- ``triton`` / ``triton-binary``: NVIDIA Triton with its C++ onnxruntime backend
+  (``benchmarks/peers/triton_ort.py``), JSON and binary bodies, when ``make triton-peer`` has
+  built it (a line says so when it has not), on a copy of the model with a complete
+  ``config.pbtxt`` written from its signature (``max_batch_size: 0``; ``--instance-count N``
+  adds ``instance_group { count: N }``); ``corral-pbtxt``: ``corral serve`` of that same
+  folder, config.pbtxt and all (``corral`` keeps its defaults: it may batch, Triton then not);
 - ``ceiling``: onnxruntime called in this process, no HTTP: the best of one session with
   intra-op threads = cores at batch 1, 8 and 32, and one single-threaded session per core,
   each run from its own thread at batch 1 (onnxruntime releases the GIL).
 
 The servers are driven by wrk (``infer.lua``, closed loop, one fixed body); every answer is
-first checked against onnxruntime's own. CPU seconds per request are the server process
-tree's user + system time over the run divided by its requests. The ceiling also gives
+first checked against onnxruntime's own. CPU seconds per request, for every server, are its
+process tree's user + system time over the run divided by its requests. The ceiling also gives
 each model's per-row cost at batch 1, 8 and 32 on one thread: whether batching pays here.
 
 ``--mixed`` adds the mixed load: one corral serving 1,000 tiny models and one real model;
@@ -70,7 +76,7 @@ if str(HERE.parent) not in sys.path:
 
 from benchmarks import http_bench  # noqa: E402  (after the path above)
 from benchmarks.http_bench import BenchmarkError, Payload  # noqa: E402
-from benchmarks.peers import CACHE, PeerUnavailable, install_venv  # noqa: E402
+from benchmarks.peers import CACHE, PeerUnavailable, install_venv, triton_ort  # noqa: E402
 from benchmarks.peers.local import FASTAPI_PINS  # noqa: E402
 
 RESULTS = HERE / "results"
@@ -538,6 +544,17 @@ def start_mlserver(name: str, repository: Path, work: Path, batch: bool) -> Serv
     return Server(name, started.process, port, started.log)
 
 
+def start_triton(repository: Path, work: Path, home: str) -> Server:
+    """Triton (benchmarks/peers/triton_ort.py) on ``repository``, which has its config.pbtxt."""
+    try:
+        build = triton_ort.find_build(Path(home))
+    except PeerUnavailable as exc:
+        raise BenchmarkError(triton_ort.not_built_line(str(exc))) from exc
+    ports = (http_bench.free_port(), http_bench.free_port(), http_bench.free_port())
+    log = work / "triton.log"
+    return Server("triton", triton_ort.start_triton(build, repository, log, ports), ports[0], log)
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process and its descendants so far."""
     try:
@@ -639,6 +656,10 @@ class Settings:
     mixed: bool = False
     mixed_rate: float = 100.0
     mixed_model: str = "magika"
+    #: Where the Triton peer is built (None: not measured, and its targets are skipped).
+    triton_home: str | None = None
+    #: ``instance_group { count: N }`` in the config.pbtxt corral and Triton share.
+    instance_count: int | None = None
 
 
 @dataclass
@@ -684,13 +705,35 @@ def measure_model(
     )
     del reference
     json_body, binary_body = json_payload(feeds), binary_payload(feeds)
+    wanted = list(settings.targets)
     skipped: dict[str, str] = {}
+    config = None
+    if any(t.startswith("triton") or t == "corral-pbtxt" for t in wanted):
+        try:
+            inputs, outputs = triton_ort.model_specs(onnx)
+            config = triton_ort.config_pbtxt(
+                name, inputs, outputs, instance_count=settings.instance_count
+            )
+        except PeerUnavailable as exc:
+            for target in [t for t in wanted if t.startswith("triton") or t == "corral-pbtxt"]:
+                skipped[target] = str(exc)
+                wanted.remove(target)
     targets: list[Target] = []
     started: list[Server] = []
     folder = work / name
     folder.mkdir(parents=True, exist_ok=True)
+    pbtxt: list[Path] = []
+
+    def pbtxt_repository() -> Path:
+        # Triton's and corral-pbtxt's: the model with its complete config.pbtxt.
+        if not pbtxt:
+            assert config is not None
+            pbtxt.append(_write_repository(folder / "repo-pbtxt", name, onnx, None))
+            (pbtxt[0] / name / "config.pbtxt").write_text(config)
+        return pbtxt[0]
+
     with _servers(started):
-        for target in settings.targets:
+        for target in wanted:
             if target == "ceiling":
                 targets.append(Target("ceiling"))
                 continue
@@ -698,12 +741,19 @@ def measure_model(
                 if target == "corral":
                     repository = _write_repository(folder / "repo", name, onnx, None)
                     server = start_corral("corral", repository, folder)
-                elif target == "corral-binary":
-                    corral = next(t.server for t in targets if t.name == "corral")
-                    if corral is None:
-                        raise BenchmarkError("corral-binary needs the corral target first")
-                    targets.append(Target("corral-binary", corral, binary_body))
+                elif target == "corral-pbtxt":
+                    server = start_corral("corral-pbtxt", pbtxt_repository(), folder)
+                elif target in ("corral-binary", "triton-binary"):
+                    json_target = target.removesuffix("-binary")
+                    sibling = next((t.server for t in targets if t.name == json_target), None)
+                    if sibling is None:
+                        raise BenchmarkError(f"{target} needs the {json_target} target first")
+                    targets.append(Target(target, sibling, binary_body))
                     continue
+                elif target == "triton":
+                    if settings.triton_home is None:
+                        raise BenchmarkError("not measured (--no-triton, or not built)")
+                    server = start_triton(pbtxt_repository(), folder, settings.triton_home)
                 elif target == "corral-tuned":
                     repository = _write_repository(folder / "repo-tuned", name, onnx, model.tuned)
                     server = start_corral("corral-tuned", repository, folder)
@@ -721,11 +771,20 @@ def measure_model(
                 targets.append(Target(target, server, json_body))
             except BenchmarkError as exc:
                 skipped[target] = str(exc)
-        for target in targets:
+        for target in list(targets):
             if target.server is None or target.payload is None:
                 continue
             _progress(f"{name}: checking {target.name}'s answer ...")
-            check(target.server, name, target.payload, expected)
+            try:
+                check(target.server, name, target.payload, expected)
+            except BenchmarkError as exc:
+                # A peer that does not serve this model is left out, saying why (in the
+                # report); corral answering wrongly or not at all ends the run.
+                if not target.name.startswith("triton"):
+                    raise
+                skipped[target.name] = str(exc)[-600:]
+                targets.remove(target)
+                continue
             target.body_file = folder / f"{target.name}.body"
             target.body_file.write_bytes(target.payload.body)
         ceiling_rounds: list[dict[str, Any]] = []
@@ -1137,6 +1196,11 @@ def measure(settings: Settings) -> dict[str, Any]:
                 else {}
             ),
             "wheels": sorted({MODELS[name].wheel.pin for name in names}),
+            **(
+                {"triton": triton_ort.find_build(Path(settings.triton_home)).describe()}
+                if settings.triton_home is not None
+                else {}
+            ),
         },
         "settings": vars(settings),
         "models": models,
@@ -1161,6 +1225,17 @@ def _parser() -> argparse.ArgumentParser:
         help="comma-separated (default corral,corral-binary,corral-tuned,fastapi,ceiling)",
     )
     add("--mlserver", action="store_true", help="add mlserver and mlserver-batch to the targets")
+    add(
+        "--no-triton",
+        action="store_true",
+        help="leave Triton out even when it is built (by default triton and triton-binary are "
+        "added to the targets when make triton-peer has built them; not with --quick)",
+    )
+    add(
+        "--instance-count",
+        type=int,
+        help="with Triton: instance_group { count: N } in the config.pbtxt corral and Triton read",
+    )
     add("--connections", help="comma-separated (default 1,8,32,64)")
     add("--rounds", type=int, help="rounds (default 3)")
     add("--duration", type=float, help="seconds per run (default 3)")
@@ -1192,6 +1267,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ).split(",")
     if args.mlserver:
         targets += ["mlserver", "mlserver-batch"]
+    triton_home, triton_note = None, None
+    if not args.no_triton and (not args.quick or any(t.startswith("triton") for t in targets)):
+        triton_home, triton_note = http_bench.triton_home_or_note(["triton-json"])
+    if triton_note is not None:
+        print(triton_note, file=sys.stderr)
+    elif triton_home is not None and not args.targets:
+        targets += ["triton", "triton-binary", "corral-pbtxt"]
     models = (args.models or ("magika" if args.quick else ",".join(DEFAULT_MODELS))).split(",")
     unknown = [name for name in models if name not in MODELS] + (
         [args.mixed_model] if args.mixed_model not in MODELS else []
@@ -1210,6 +1292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         mixed=args.mixed,
         mixed_rate=args.mixed_rate,
         mixed_model=args.mixed_model,
+        triton_home=triton_home,
+        instance_count=args.instance_count,
     )
     try:
         document = measure(settings)
@@ -1222,6 +1306,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_report(document))
     print(f"results written to {target}")
     return 0
+
+
+#: corral's targets beside Triton's, loaded alike.
+TRITON_PAIRS = (
+    ("corral", "triton"),
+    ("corral-binary", "triton-binary"),
+    ("corral-pbtxt", "triton"),
+)
+
+
+def triton_lines(model: dict[str, Any]) -> list[str]:
+    """The corral targets beside Triton's on one model, per body and connections; [] if none.
+
+    The ratios are of the medians over rounds; CPU per request is each server process
+    tree's, in microseconds.
+    """
+    targets = model["targets"]
+    lines = []
+    for corral, triton in TRITON_PAIRS:
+        if corral not in targets or triton not in targets:
+            continue
+        theirs = {row["connections"]: row for row in targets[triton]}
+        for row in targets[corral]:
+            other = theirs.get(row["connections"])
+            if other is None or not other["requests_per_s"]:
+                continue
+            lines.append(
+                f"| {corral} / {triton} | {row['connections']} | "
+                f"{row['requests_per_s'] / other['requests_per_s']:.2f}x | "
+                f"{row['p99_ms']:.1f} / {other['p99_ms']:.1f} | "
+                f"{row['cpu_s_per_request'] * 1e6:,.0f} / {other['cpu_s_per_request'] * 1e6:,.0f} |"
+            )
+    if not lines:
+        return []
+    return [
+        "| corral beside Triton | connections | requests/s ratio | p99 ms | "
+        "server CPU µs/request |",
+        "|---|---:|---:|---:|---:|",
+        *lines,
+    ]
 
 
 def format_report(document: dict[str, Any]) -> str:
@@ -1284,6 +1408,9 @@ def format_report(document: dict[str, Any]) -> str:
                 "CPU ms per row on one thread: "
                 + ", ".join(f"batch {b}: {ms:.2f}" for b, ms in per_row.items())
             )
+        beside = triton_lines(model)
+        if beside:
+            lines += ["", *beside]
         for name, reason in model["skipped"].items():
             lines.append(f"\n{name}: skipped: {reason}")
         lines.append("")
@@ -1316,7 +1443,7 @@ def format_report(document: dict[str, Any]) -> str:
 BEGIN = "<!-- real-models: begin (written by benchmarks/real_models.py render) -->"
 END = "<!-- real-models: end -->"
 PLOT = "benchmarks-real.png"
-_PEERS = ("fastapi", "mlserver", "mlserver-batch")
+_PEERS = ("fastapi", "mlserver", "mlserver-batch", "triton", "triton-binary")
 
 
 def mixed_ratio(mixed: dict[str, Any]) -> float:
@@ -1398,7 +1525,11 @@ def section(document: dict[str, Any]) -> str:
         "`benchmarks/reference/fastapi_real.py`, a `def` endpoint with pydantic models around "
         "the default `InferenceSession`; `mlserver` / `mlserver-batch`: MLServer with an "
         "onnxruntime runtime (one intra-op thread per session), adaptive batching off / on "
-        "(8 rows, 1 ms). The ceiling is onnxruntime in the benchmark's process, no HTTP: the "
+        "(8 rows, 1 ms); `triton` / `triton-binary` (when built, `make triton-peer`): NVIDIA "
+        "Triton 2.51 with its C++ onnxruntime backend r24.10, one global onnxruntime pool of "
+        "one thread, on a copy of the model with a config.pbtxt written from its signature "
+        "(max_batch_size 0), which `corral-pbtxt` serves too. The ceiling is onnxruntime "
+        "in the benchmark's process, no HTTP: the "
         "best of one session with intra-op threads = cores at batch 1, 8 and 32 and one "
         "single-threaded session per core from a thread each, all measured in each round's "
         "first cell; in every other cell the latter alone (it won on every model here), so "

@@ -327,3 +327,191 @@ def test_loop_cost_prices_each_target_per_request_in_process():
         assert int(per_second.replace(",", "")) > 0
     assert "raw's loop CPU per request / corral's:" in done.stdout
     assert "raw's loop CPU per request / corral-asgi's:" in done.stdout
+
+
+# -- the Triton peer (benchmarks/peers/triton_ort.py): its pure parts, no Triton needed ------
+
+triton_ort = load_benchmark("peers/triton_ort.py")
+
+
+def test_proc_stat_is_read_past_a_command_name_with_spaces_and_parentheses() -> None:
+    # Fields 14 and 15 (utime, stime) count from the last ")": a name like "a) (b" must not
+    # shift them.
+    fields = " ".join(str(n) for n in range(3, 53))  # field n holds n
+    assert triton_ort.parse_proc_stat(f"1234 (a) (b c) {fields}") == (14, 15)
+    with pytest.raises(ValueError, match="stat"):
+        triton_ort.parse_proc_stat("1234 no parentheses")
+    with pytest.raises(ValueError, match="short"):
+        triton_ort.parse_proc_stat("1234 (x) S 1 2")
+
+
+def test_process_cpu_seconds_reads_this_process_like_process_time() -> None:
+    import os
+    import time
+
+    seconds = triton_ort.process_cpu_seconds(os.getpid())
+    # Both count every thread's user + system time; /proc's in clock ticks (10 ms).
+    assert seconds == pytest.approx(time.process_time(), abs=0.1)
+
+
+def test_config_pbtxt_declares_the_models_signature(tmp_path: Path, tree_model: bytes) -> None:
+    folder = tmp_path / MODEL
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.onnx").write_bytes(tree_model)
+    assert triton_ort.write_configs(tmp_path) == [MODEL]
+    text = (folder / "config.pbtxt").read_text()
+    assert text == (
+        f'name: "{MODEL}"\n'
+        'platform: "onnxruntime_onnx"\n'
+        "max_batch_size: 0\n"
+        "input [\n"
+        '  { name: "X", data_type: TYPE_FP32, dims: [ -1, 4 ] }\n'
+        "]\n"
+        "output [\n"
+        '  { name: "Y", data_type: TYPE_FP32, dims: [ -1, 1 ] }\n'
+        "]\n"
+    )
+    # corral reads it as Triton does: never batched, its default concurrency.
+    from corral._pbtxt import parse_pbtxt
+
+    config = parse_pbtxt(
+        text, source="config.pbtxt", model_name=MODEL, read_labels=lambda path, field: ()
+    )
+    assert config.max_batch_size == 0
+    # A folder that has one keeps it.
+    assert triton_ort.write_configs(tmp_path) == []
+
+
+def test_config_pbtxt_sets_the_instance_count_and_refuses_a_scalar() -> None:
+    spec = triton_ort.TensorSpec
+    inputs = [spec("input", "TYPE_FP32", (-1, 576)), spec("state", "TYPE_FP32", (2, -1, 128))]
+    outputs = [spec("output", "TYPE_FP32", (-1, 1))]
+    text = triton_ort.config_pbtxt("vad", inputs, outputs, instance_count=1)
+    assert '  { name: "state", data_type: TYPE_FP32, dims: [ 2, -1, 128 ] }' in text
+    assert text.endswith("instance_group [ { kind: KIND_CPU, count: 1 } ]\n")
+    from corral._pbtxt import parse_pbtxt
+
+    config = parse_pbtxt(
+        text, source="config.pbtxt", model_name="vad", read_labels=lambda path, field: ()
+    )
+    assert config.max_batch_size == 0
+    # Triton 2.51 loads no scalar tensor in a model that is not batched (silero-vad's sr).
+    with pytest.raises(triton_ort.PeerUnavailable, match=r"scalar tensor .*\(sr\)"):
+        triton_ort.config_pbtxt("vad", [*inputs, spec("sr", "TYPE_INT64", ())], outputs)
+
+
+def test_write_configs_refuses_a_model_toml(tmp_path: Path, tree_model: bytes) -> None:
+    folder = tmp_path / MODEL
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.onnx").write_bytes(tree_model)
+    (folder / "model.toml").write_text("max_batch_size = 0\n")
+    with pytest.raises(triton_ort.PeerUnavailable, match=r"model\.toml"):
+        triton_ort.write_configs(tmp_path)
+    assert not (folder / "config.pbtxt").exists()
+
+
+def _fake_build(home: Path) -> None:
+    server = home / "venv" / "bin" / "tritonserver"
+    server.parent.mkdir(parents=True)
+    server.write_text("#!/bin/sh\n")
+    server.chmod(0o755)
+    backend = home / "backends" / "onnxruntime" / "libtriton_onnxruntime.so"
+    backend.parent.mkdir(parents=True)
+    backend.write_bytes(b"")
+    stamp = {"server": str(server), "backends": str(home / "backends"), "branch": "r24.10"}
+    (home / triton_ort.STAMP).write_text(json.dumps(stamp))
+
+
+def test_find_build_says_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(triton_ort.HOME_ENV, str(tmp_path))
+    assert triton_ort.triton_home() == tmp_path
+    with pytest.raises(triton_ort.PeerUnavailable, match=r"no corral-triton\.json in"):
+        triton_ort.find_build()
+    _fake_build(tmp_path)
+    build = triton_ort.find_build()
+    assert build.server == tmp_path / "venv" / "bin" / "tritonserver"
+    assert "r24.10" in build.describe()
+    (tmp_path / "backends" / "onnxruntime" / "libtriton_onnxruntime.so").unlink()
+    with pytest.raises(triton_ort.PeerUnavailable, match=r"libtriton_onnxruntime\.so"):
+        triton_ort.find_build()
+
+
+def test_triton_runs_on_loopback_with_complete_configs_and_one_pool(tmp_path: Path) -> None:
+    _fake_build(tmp_path)
+    argv = triton_ort.triton_argv(triton_ort.find_build(tmp_path), tmp_path / "repo", 1, 2, 3)
+    assert argv[0] == str(tmp_path / "venv" / "bin" / "tritonserver")
+    for flag in (
+        f"--model-repository={tmp_path / 'repo'}",
+        "--http-address=127.0.0.1",
+        "--grpc-address=127.0.0.1",
+        "--metrics-address=127.0.0.1",
+        "--http-port=1",
+        "--grpc-port=2",
+        "--metrics-port=3",
+        "--disable-auto-complete-config",
+        "--backend-config=onnxruntime,enable-global-threadpool=1",
+        "--backend-config=onnxruntime,intra_op_thread_count=1",
+        "--backend-config=onnxruntime,inter_op_thread_count=1",
+    ):
+        assert flag in argv
+
+
+def test_without_triton_a_line_says_so_and_a_triton_only_run_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(triton_ort.HOME_ENV, str(tmp_path / "nothing"))
+    home, note = http_bench.triton_home_or_note(())
+    assert home is None
+    assert note is not None
+    assert note.startswith("Triton: not built (no corral-triton.json in")
+    assert "make triton-peer" in note
+    # Targets without Triton's: nothing to say.
+    assert http_bench.triton_home_or_note(["corral-json"]) == (None, None)
+    monkeypatch.setattr(http_bench.shutil, "which", lambda name: "/usr/bin/wrk")
+    assert http_bench.main(["--targets", "triton-json"]) == 2
+    assert "Triton: not built" in capsys.readouterr().err
+    _fake_build(tmp_path / "built")
+    monkeypatch.setenv(triton_ort.HOME_ENV, str(tmp_path / "built"))
+    assert http_bench.triton_home_or_note(["triton-json"]) == (str(tmp_path / "built"), None)
+
+
+def test_targets_start_only_their_servers() -> None:
+    settings = http_bench.Settings(targets=("corral-json", "triton-binary"), triton_home="/t")
+    assert http_bench.wanted_servers(settings) == ["corral", "triton"]
+    assert http_bench.wanted_servers(http_bench.Settings()) == list(http_bench.SERVERS)
+    unbuilt = http_bench.Settings(targets=("corral-json", "triton-json", "corral-pbtxt"))
+    assert http_bench.wanted_servers(unbuilt) == ["corral"]
+    # corral on Triton's copy of the repository (its config.pbtxt) runs only beside Triton.
+    built = http_bench.Settings(targets=("triton-json", "corral-pbtxt"), triton_home="/t")
+    assert http_bench.wanted_servers(built) == ["triton", "corral-pbtxt"]
+
+
+def test_the_triton_table_pairs_each_load_round_by_round() -> None:
+    def run(target: str, round_index: int, rate: float, cpu_s: float) -> Any:
+        figures = {
+            "duration_us": 1_000_000,
+            "requests": int(rate),
+            "bytes": 0,
+            "errors": {"connect": 0, "read": 0, "write": 0, "status": 0, "timeout": 0},
+            "latency_us": {"mean": 1000, "p50": 1000, "p90": 0, "p99": 2000, "max": 0},
+        }
+        return http_bench.run_result(target, round_index, figures, cpu_s)
+
+    runs = [
+        run("corral-json", 1, 600, 0.06),  # 100 µs per request
+        run("triton-json", 1, 1000, 0.04),  # 40 µs
+        run("corral-json", 2, 300, 0.03),  # a noisy round, both slow
+        run("triton-json", 2, 400, 0.016),
+        run("corral-binary", 1, 500, None),
+    ]
+    assert runs[0]["server_cpu_us_per_request"] == pytest.approx(100.0)
+    assert runs[4]["server_cpu_us_per_request"] is None
+    table = http_bench.format_triton_table(runs).splitlines()
+    assert len(table) == 3  # header, rule, JSON only: binary has no Triton side
+    assert table[2].startswith("| wrk JSON | 700 (400 - 1,000), p99 2.00 ms, CPU 40 µs/req | ")
+    assert "450 (300 - 600), p99 2.00 ms, CPU 100 µs/req" in table[2]
+    assert table[2].endswith("| **0.68x** |")  # the median of 0.6 and 0.75
+    assert http_bench.format_triton_table(runs[:1]) == ""
+    rows = {row["target"]: row for row in http_bench.summarize(runs)}
+    assert rows["corral-binary"]["server_cpu_us_per_request"] is None
+    assert http_bench.format_table(list(rows.values())).splitlines()[2].endswith(" | 100 |")

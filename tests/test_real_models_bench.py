@@ -121,3 +121,22 @@ def test_render_replaces_its_own_section_and_keeps_the_rest_of_the_page(tmp_path
     )
     assert text.endswith("\nWhere the time goes: written by hand.\n")
     assert not (tmp_path / "benchmarks-real.png").exists()  # matplotlib's import: seconds
+
+
+@pytest.mark.timeout(60)
+def test_corral_beside_triton_pairs_each_body_at_each_connection_count():
+    real_models = load_benchmark("real_models.py")
+    document = _document(60.0)
+    model = document["models"][0]
+    triton = {"requests_per_s": 50.0, "p50_ms": 6.0, "p99_ms": 12.0, "cpu_s_per_request": 0.008}
+    model["targets"]["triton"] = [{"connections": 8, "errors": 0, **triton}]
+    lines = real_models.triton_lines(model)
+    assert lines[-1] == "| corral / triton | 8 | 1.20x | 9.0 / 12.0 | 10,000 / 8,000 |"
+    assert len(lines) == 3  # header, rule, JSON: corral-binary and triton-binary were not run
+    assert "| corral / triton | 8 | 1.20x |" in real_models.format_report(document)
+    # Triton is a peer in the goals: 60 requests/s is ahead of its 50.
+    assert any(
+        "ahead of every peer in requests/s: yes" in line for line in real_models.goals(document)
+    )
+    del model["targets"]["triton"]
+    assert real_models.triton_lines(model) == []
