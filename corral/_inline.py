@@ -45,7 +45,7 @@ __all__ = ["DEFAULT_INLINE_RUN_US", "LANE_ROWS", "Clock", "InlineLane", "LaneSta
 logger = logging.getLogger(__name__)
 
 #: The Host's ``inline_run_us`` unless given: chosen by measurement (docs/scheduler.md).
-DEFAULT_INLINE_RUN_US = 50
+DEFAULT_INLINE_RUN_US = 0
 #: The sizes measured at load, in rows (a fixed first dimension: its own size only).
 LANE_ROWS = (1, 4, 16, 64)
 #: Seconds a version sent to the workers by an inline run waits before a trial run inline;

@@ -281,7 +281,7 @@ class ServedVersion:
         results: Outputs | None = None
         try:
             # The caller's lease holds the session open for the run, as an admission does.
-            results = self.session.run_admitted(feed, names)
+            results = self.run_admitted(feed, names)
         except CorralError as exc:
             error = exc
         except Exception as exc:

@@ -267,3 +267,15 @@ def test_measuring_at_load_decides_by_policy_bound_and_inputs():
         assert not lane.admits()  # measured past the bound at load: never retried
     finally:
         session.close()
+
+
+def test_the_lane_is_in_the_metrics(hosts: tuple[Host, Host]):
+    pytest.importorskip("prometheus_client")
+    from corral.server.metrics import Metrics
+
+    on, off = hosts
+    for host in hosts:
+        host.load("mlp")
+        host.load("pool")
+    assert b"\ncorral_models_inline 1.0\n" in Metrics(DataPlane(on)).render()[0]
+    assert b"\ncorral_models_inline 0.0\n" in Metrics(DataPlane(off)).render()[0]
