@@ -5,18 +5,27 @@ the same and the machine's noise moves the ratio from run to run. This script pr
 differs without sockets: each app is driven through its server's HTTP protocol in-process on
 uvloop (a fake transport per connection, ``--concurrency`` keep-alive connections each with
 one request in flight, as wrk's are), the same v2 JSON body each time. It reports, per
-target, the event-loop thread's CPU per request (``time.thread_time``; corral's compute
-workers run on their own threads and are not in it) and the requests answered per second of
-wall time. The targets run in alternating rounds in one process and each figure is the best
-round's, so that other work on the machine falls on all of them alike::
+target, the event-loop thread's CPU per request (``time.thread_time``), the whole process's
+(``time.process_time``: corral's compute workers too) and the requests answered per second
+of wall time. The targets run in alternating rounds in one process and each figure is the
+round's with the least process CPU, so that other work on the machine falls on all of them
+alike::
 
     python benchmarks/loop_cost.py [--requests 5000] [--rounds 5] [--concurrency 16]
+        [--model tree|mlp] [--targets raw,corral,corral-asgi] (corral-inline too)
+        [--inline-run-us 50]
+
+Under ``valgrind --tool=callgrind`` (``--rounds 0``: the warm-up round only, at two request
+counts, the difference divided) it counts instructions, which the machine's load does not move.
 
 - ``raw``: ``benchmarks/reference/raw_asgi.py`` behind uvicorn's httptools protocol, the
   model run inline on the loop;
 - ``corral``: ``corral.server.http.HttpApp`` behind corral serve's ``EdgeProtocol``, as
   ``corral serve`` runs it: this request is answered directly (``HttpApp.answer_infer``);
   the model runs on the compute workers;
+- ``corral-inline``: ``corral`` on a Host with the inline lane on (``--inline-run-us``): a
+  model measured under the bound runs on the loop (``corral/_inline.py``); ``corral`` and
+  ``corral-asgi`` have it off;
 - ``corral-asgi``: the same app and protocol with the direct path off: every request through
   the ASGI scope, receive and send, as an access log or tracing has it.
 
@@ -162,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         help="corral-inline's bound (under callgrind, whose runs are ~50x slower: raise it)",
     )
     parser.add_argument(
-        "--targets", default=",".join(TARGETS), help=f"comma-separated, of {', '.join(TARGETS)}"
+        "--targets",
+        default="raw,corral,corral-asgi",
+        help=f"comma-separated, of {', '.join(TARGETS)}",
     )
     args = parser.parse_args(argv)
     wanted = args.targets.split(",")
@@ -197,20 +208,26 @@ def main(argv: list[str] | None = None) -> int:
                     if round_:
                         best[name] = min(best.get(name, figures), figures, key=_process_cpu)
             lane = inline.status(MODEL).versions[0].inline
-            served = inline.queue_stats()[(MODEL, 1)]
-    print(f"corral-inline's lane now: {lane}")
-    print(f"corral-inline: {served.runs:,} runs, {served.rows:,} rows in every round together")
-    print(
-        f"{'target':14} {'loop CPU us/request':>20} {'process CPU us/request':>23} "
-        f"{'requests/s':>11}"
-    )
-    for name, (wall, cpu, process) in best.items():
-        per = 1e6 / args.requests
-        print(f"{name:14} {cpu * per:>20.1f} {process * per:>23.1f} {args.requests / wall:>11,.0f}")
+            counted = inline.queue_stats().get((MODEL, 1))
+            runs, rows = (counted.runs, counted.rows) if counted else (0, 0)
+    per = 1e6 / args.requests
+    print(f"{'target':14} {'loop CPU us/request':>20} {'requests/s':>12}")
+    for name, (wall, cpu, _) in best.items():
+        print(f"{name:14} {cpu * per:>20.1f} {args.requests / wall:>12,.0f}")
+    others = [name for name in best if name != "raw"]
     if "raw" in best:
-        for name in best.keys() - {"raw"}:
+        for name in others:
+            print(f"raw's loop CPU per request / {name}'s: {best['raw'][1] / best[name][1]:.2f}")
+    print(f"\n{'target':14} {'process CPU us/request':>23}  (the compute workers' too)")
+    for name, (_, _, process) in best.items():
+        print(f"{name:14} {process * per:>23.1f}")
+    if "raw" in best:
+        for name in others:
             ratio = best["raw"][2] / best[name][2]
             print(f"raw's process CPU per request / {name}'s: {ratio:.2f}")
+    if "corral-inline" in best:
+        print(f"corral-inline's lane now: {lane}")
+        print(f"corral-inline: {runs:,} runs, {rows:,} rows in every round together")
     return 0
 
 

@@ -103,6 +103,7 @@ class InlineLane:
         "label",
         "limits",
         "monotonic",
+        "never",
     )
 
     def __init__(
@@ -126,6 +127,9 @@ class InlineLane:
         self.clock = clock
         #: What the retries are timed with.
         self.monotonic = monotonic
+        #: Never runs inline (the lane off, or measured past the bound at load): fixed, so
+        #: that the request path asks without a lock.
+        self.never = state is not LaneState.INLINE
         # Guards _state, _reason, _retry_at, _retry_s and _proven: the moves out of the lane
         # and back, and what status reads.
         self._lock = threading.Lock()

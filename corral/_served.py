@@ -248,15 +248,16 @@ class ServedVersion:
         """Run a request on the calling thread if the inline lane takes it; else None.
 
         The caller holds a lease on this version for the run. None (nothing run, nothing
-        counted) unless the version is in the lane, its queue is empty (a queued request is
-        not overtaken) and no input is larger than the sizes measured at load: the caller
-        then queues the request. Otherwise it is checked, run and counted as a queued
-        request that ran alone at once (no queue time), and answered with the same outputs
-        and errors; its run is timed, and a run past the lane's bound sends the version back
-        to the compute workers (:meth:`InlineLane.observe`).
+        counted) unless the version is in the lane and no input is larger than the sizes
+        measured at load: the caller then queues the request. (A request queued before,
+        while the version was out of the lane, may be answered after this one.) Otherwise
+        it is checked, run and counted as a queued request that ran alone at once (no queue
+        time), and answered with the same outputs and errors; its run is timed, and a run
+        past the lane's bound sends the version back to the compute workers
+        (:meth:`InlineLane.observe`).
         """
         lane = self.inline
-        if not lane.admits():
+        if lane.never or not lane.admits():
             return None
         signature = self.session.signature
         feed = signature.prepare_inputs(inputs)
