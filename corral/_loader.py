@@ -42,6 +42,7 @@ from corral._errors import (
     ModelNotFound,
     fresh,
 )
+from corral._inline import measure_lane
 from corral._load_workers import Claim, LoadWorkers
 from corral._options import HostOptions
 from corral._pbtxt import check_declared, reshaped_signature, triton_type, warmup_feed
@@ -298,6 +299,13 @@ class Loader:
                 combine=config.combine_requests,
             )
             logger.info("corral: %s version %s %s", name, version, plan.reason)
+            lane = measure_lane(
+                session.name,
+                session.signature,
+                session.run,
+                bound_us=self._options.inline_run_us,
+                policy=str(session.policy),
+            )
             window = (config.batch_window_us or 0) if plan.max_rows else 0
             return ServedVersion(
                 name,
@@ -311,6 +319,7 @@ class Loader:
                 queue_limit=config.max_queue_size or self._options.max_queue_per_model,
                 counters=self._counters.run_counters((name, version)),
                 config=config,
+                inline=lane,
             )
         except BaseException:
             session.close()

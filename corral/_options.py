@@ -23,6 +23,7 @@ from corral._budget import Limits, parse_bytes
 from corral._counters import DEFAULT_MODEL_LATENCY_HISTOGRAMS
 from corral._declare import Declared, declared, given_by, option
 from corral._errors import InvalidOption
+from corral._inline import DEFAULT_INLINE_RUN_US
 from corral._runtime import RuntimeOptions
 from corral._scheduler import DEFAULT_QUEUE_LIMIT
 
@@ -111,6 +112,14 @@ class HostOptions:
         "model versions with a request-latency histogram of their own in /metrics: the "
         "first this many asked; 0: only the server-wide one",
     )
+    #: Microseconds of CPU a model's run may take for its requests to run on the thread that
+    #: receives them (the inline lane, docs/scheduler.md): measured at load and on every
+    #: inline run, ``shared`` models only; 0: off.
+    inline_run_us: int = option(
+        DEFAULT_INLINE_RUN_US,
+        "microseconds of CPU a shared model's run may take for it to run on the thread that "
+        "receives its requests, measured at load and on every such run; 0: off",
+    )
     _budget_bytes: int | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
@@ -145,6 +154,12 @@ class HostOptions:
             raise InvalidOption(
                 f"model_latency_histograms must be a whole number, 0 or more, got {histograms!r}",
                 option="model_latency_histograms",
+            )
+        inline = self.inline_run_us
+        if isinstance(inline, bool) or not isinstance(inline, int) or inline < 0:
+            raise InvalidOption(
+                f"inline_run_us must be a whole number of microseconds, 0 or more, got {inline!r}",
+                option="inline_run_us",
             )
         if not isinstance(self.batching, bool):
             raise InvalidOption(
@@ -188,6 +203,7 @@ class HostOptionArgs(TypedDict, total=False):
     batching: bool
     max_queue_per_model: int
     model_latency_histograms: int
+    inline_run_us: int
 
 
 @functools.cache

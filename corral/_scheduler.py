@@ -234,6 +234,23 @@ class Scheduler:
             elif queue.window_s and len(pending) == queue.max_rows:
                 self._wake_locked()  # its window's batch just filled: it is due now
 
+    def count_inline(self, queue: ModelQueue, rows: int, seconds: float | None) -> None:
+        """Count a request the inline lane answered itself, as a lone run that waited 0 s.
+
+        ``seconds``: its run's; None for a request whose deadline had passed, which did not
+        run (counted expired, as a queued one would be). See ``corral._inline``.
+        """
+        with self._lock:
+            counters = queue.counters
+            counters.accepted += 1
+            if seconds is None:
+                counters.expired += 1
+                return
+            counters.runs += 1
+            counters.rows += rows
+            counters.compute_infer_seconds += seconds
+            counters.batch_rows.observe(rows)
+
     def _wake_locked(self) -> None:
         if self._sleepers:
             self._sleepers.pop().release()

@@ -20,9 +20,11 @@ from typing import Any
 
 import numpy.typing as npt
 
+from corral._batching import UNBATCHED, inference_error, shape_key
 from corral._config import ModelConfig
 from corral._counters import RunCounters
-from corral._errors import InvalidInput, SessionClosed
+from corral._errors import CorralError, DeadlineExceeded, InvalidInput, SessionClosed
+from corral._inline import InlineLane, LaneState
 from corral._probe import BatchPlan
 from corral._runtime import Runtime
 from corral._scheduler import ModelQueue, QueueKey, Scheduler, deadline_after
@@ -55,6 +57,7 @@ class ServedVersion:
         "counters",
         "dismiss",
         "fingerprint",
+        "inline",
         "key",
         "label",
         "last_used",
@@ -85,6 +88,7 @@ class ServedVersion:
         queue_limit: int,
         counters: RunCounters,
         config: ModelConfig | None = None,
+        inline: InlineLane | None = None,
     ) -> None:
         self.name = name
         self.version = version
@@ -115,6 +119,11 @@ class ServedVersion:
         #: What its queue counts into: the Host's counters of this version, shared by every
         #: copy of it, so that they outlive this one.
         self.counters = counters
+        #: Its place in the inline lane (corral._inline): whether its requests may run on
+        #: the thread that receives them.
+        self.inline = (
+            InlineLane(session.name, LaneState.OFF, "not measured") if inline is None else inline
+        )
         self.last_used: float | None = None
         #: Wall-clock time it was loaded: its age for eviction until its first request.
         self.loaded_at = time.time()
@@ -230,6 +239,66 @@ class ServedVersion:
             self.session.dismiss(1)
             raise
 
+    def run_inline(
+        self,
+        inputs: Mapping[str, Any],
+        outputs: Sequence[str] | None,
+        deadline: float | None,
+    ) -> Outputs | None:
+        """Run a request on the calling thread if the inline lane takes it; else None.
+
+        The caller holds a lease on this version for the run. None (nothing run, nothing
+        counted) unless the version is in the lane and no input is larger than the sizes
+        measured at load: the caller then queues the request. (A request queued before,
+        while the version was out of the lane, may be answered after this one.) Otherwise
+        it is checked, run and counted as a queued request that ran alone at once (no queue
+        time), and answered with the same outputs and errors; its run is timed, and a run
+        past the lane's bound sends the version back to the compute workers
+        (:meth:`InlineLane.observe`).
+        """
+        lane = self.inline
+        if lane.never or not lane.admits():
+            return None
+        signature = self.session.signature
+        feed = signature.prepare_inputs(inputs)
+        if not lane.fits(feed):
+            return None
+        if self.row_limit:
+            self.check_rows(feed)
+        names = signature.output_names(outputs)
+        queue = self._queue or self._make_queue()
+        scheduler = self._scheduler
+        assert scheduler is not None  # set with the queue
+        deadline = self._queue_deadline(deadline)
+        rows = shape_key(feed)[0] if self.max_rows else UNBATCHED[0]
+        if deadline is not None and time.monotonic() > deadline:
+            scheduler.count_inline(queue, rows, None)
+            raise DeadlineExceeded(
+                f"the deadline of a request to {self.label!r} passed before it ran"
+            )
+        self.last_used = time.time()
+        lane_started, started_at = lane.start(), time.perf_counter()
+        error: CorralError | None = None
+        results: Outputs | None = None
+        try:
+            # The caller's lease holds the session open for the run, as an admission does.
+            results = self.run_admitted(feed, names)
+        except CorralError as exc:
+            error = exc
+        except Exception as exc:
+            error = inference_error(self, exc)
+        elapsed = time.perf_counter() - started_at
+        lane.observe(lane_started, rows)
+        scheduler.count_inline(queue, rows, elapsed)
+        if error is not None:
+            raise error
+        if deadline is not None and time.monotonic() > deadline:
+            raise DeadlineExceeded(
+                f"the deadline of a request to {self.label!r} passed while running; its "
+                "result was discarded"
+            )
+        return results
+
     def _queue_deadline(self, deadline: float | None) -> float | None:
         """The deadline a request waits in the queue under: a config.pbtxt's queue policy.
 
@@ -304,6 +373,11 @@ class HostLease:
         return self._served.config
 
     @property
+    def inline(self) -> str:
+        """Whether requests for this version run on the thread that receives them, and why."""
+        return self._served.inline.describe()
+
+    @property
     def batch_window_us(self) -> int:
         """How long a batch of this version waits to fill, in microseconds (0: never)."""
         return self._served.window_us
@@ -337,6 +411,23 @@ class HostLease:
         ``trace`` is told of the run that answers it (the server's tracing).
         """
         return await self.queue(inputs, outputs, deadline_after(timeout), trace)
+
+    def run_inline(
+        self,
+        inputs: Mapping[str, Any],
+        outputs: Sequence[str] | None = None,
+        deadline: float | None = None,
+    ) -> dict[str, npt.NDArray[Any]] | None:
+        """The outputs, run on the calling thread if the inline lane takes the request; else None.
+
+        For an event loop that would queue the request otherwise (:meth:`queue`): a version
+        proven to run in microseconds runs here while it stays under the Host's
+        ``inline_run_us`` (``corral._inline``). None means the lane did not take it and
+        nothing ran: queue it. The lease stays held, and is the run's hold on the version.
+        Raises as a queued request would be answered: :class:`InvalidInput`,
+        :class:`DeadlineExceeded`, :class:`InferenceError` ...
+        """
+        return self._served.run_inline(inputs, outputs, deadline)
 
     def queue(
         self,

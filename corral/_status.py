@@ -98,6 +98,10 @@ class VersionStatus:
     #: While loaded, why its queued requests share runs or not, in one line: ``batched
     #: (probed): ...``, ``batched (declared): ...`` or ``not batched: ...``; else None.
     batching: str | None = None
+    #: While loaded, where its requests run, in one line: ``inline: ...`` (on the thread
+    #: that receives them, while each run stays under the Host's ``inline_run_us``),
+    #: ``workers: ...`` (measured past it) or ``off: ...``; else None (corral._inline).
+    inline: str | None = None
     #: While loaded (or closing), what it runs with; else None: the Host knows it only once
     #: it loads the version.
     settings: VersionSettings | None = None
@@ -139,6 +143,9 @@ class HostStats:
     #: ``load_failures`` by reason, one of ``corral._counters.LOAD_FAILURE_REASONS``; a
     #: reason no load failed for is left out.
     load_failure_reasons: Mapping[str, int] = field(default_factory=dict)
+    #: Versions loaded whose requests run on the thread that receives them now (the inline
+    #: lane: corral._inline).
+    inline_versions: int = 0
 
 
 @dataclass

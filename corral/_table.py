@@ -32,6 +32,7 @@ from corral._errors import (
 )
 from corral._events import EventKind, EventLog
 from corral._histogram import Histogram
+from corral._inline import LaneState
 from corral._options import HostOptions
 from corral._repository import ModelEntry
 from corral._scheduler import deadline_after, time_left
@@ -540,6 +541,9 @@ class ModelTable:
                 load_seconds_sum=counters.load_seconds.total,
                 load_seconds_buckets=counters.load_seconds.cumulative(),
                 load_failure_reasons=dict(counters.load_failure_reasons),
+                inline_versions=sum(
+                    served.inline.state is INLINE for served in self._loaded.values()
+                ),
             )
 
     # -- close -------------------------------------------------------------------------------
@@ -639,6 +643,7 @@ class ModelTable:
 
 
 _CLOSED = SessionState.CLOSED
+INLINE = LaneState.INLINE
 
 
 def _version_status(served: ServedVersion, state: ModelState) -> VersionStatus:
@@ -650,6 +655,7 @@ def _version_status(served: ServedVersion, state: ModelState) -> VersionStatus:
         served.session.uses,
         None,
         served.batching_now(),
+        served.inline.describe(),
         VersionSettings(
             served.config,
             served.max_rows,

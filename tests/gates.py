@@ -19,6 +19,7 @@ import pytest
 
 import corral
 from corral import Host, HostLease, _loader
+from corral._inline import InlineLane, LaneState
 from corral._served import ServedVersion
 from corral.protocol import DataPlane, ModelStatistics
 
@@ -48,6 +49,9 @@ class RunGate:
             return inner(feed, names)
 
         served.run_admitted = held
+        # Held runs are the compute workers': a request the inline lane took would be held
+        # on the event loop that serves the test.
+        served.inline = InlineLane(served.label, LaneState.OFF, "held by a test's RunGate")
 
 
 def hold_compute_workers(host: Host) -> tuple[RunGate, list[Future[Any]]]:

@@ -145,7 +145,7 @@ def test_a_request_reports_the_version_that_ran_across_a_hot_swap(tmp_path: Path
         np.testing.assert_array_equal(held_answer.outputs[0].data, v1)
         np.testing.assert_array_equal(after.outputs[0].data, v2)
 
-    with Host(tmp_path) as host:
+    with Host(tmp_path, inline_run_us=0) as host:  # held on a compute worker, not inline
         try:
             asyncio.run(scenario(host))
         finally:

@@ -36,6 +36,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "load_timeout_s": ("45", 45.0),
     "batching": ("false", False),
     "model_latency_histograms": ("0", 0),
+    "inline_run_us": ("25", 25),
     "compute_workers": ("2", 2),
     "max_queue_per_model": ("9", 9),
     "poll_interval_s": ("2.5", 2.5),

@@ -59,6 +59,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "trace_exporter": ("console", "console"),
     "metrics_port": ("8002", 8002),
     "model_latency_histograms": ("0", 0),
+    "inline_run_us": ("25", 25),
 }
 # Switches: a flag and its --no- form; the sample is the one that is not the default.
 SWITCHES = {"access_log", "batching", "strict", "system_shared_memory"}

@@ -19,7 +19,8 @@ dashboards and alerts written for Triton read corral unchanged:
   building a run's batched inputs; compute output: splitting its outputs back).
 - ``nv_inference_pending_request_count``: requests queued now (a gauge).
 
-corral's own: ``corral_models_loaded``, ``corral_memory_used_bytes``,
+corral's own: ``corral_models_loaded``, ``corral_models_inline`` (versions in the inline
+lane now), ``corral_memory_used_bytes``,
 ``corral_memory_budget_bytes``, ``corral_model_loads_total``, ``corral_model_evictions_total``,
 ``corral_model_unloads_total``, ``corral_model_reloads_total``,
 ``corral_model_load_failures_total{reason}``, ``corral_model_load_seconds`` (a histogram),
@@ -261,6 +262,12 @@ class _HostCollector(Collector):
             "corral_models_loaded",
             "Models with at least one version loaded",
             value=stats.loaded_models,
+        )
+        yield GaugeMetricFamily(
+            "corral_models_inline",
+            "Model versions whose requests run on the thread that receives them now (the "
+            "inline lane: runs measured under inline_run_us)",
+            value=stats.inline_versions,
         )
         yield GaugeMetricFamily(
             "corral_memory_used_bytes",

@@ -425,6 +425,7 @@ class StatusBoard:
                 "runs": version.runs,
                 "failure": version.failure,
                 "batching": version.batching,
+                "inline": version.inline,
                 **_figures_doc(figures.by_version.get((name, version.version), _NO_FIGURES)),
                 "config": _config_doc(name, version.settings, override, runtime_threads),
             }

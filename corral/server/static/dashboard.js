@@ -205,7 +205,7 @@ async function showDetail(name) {
 
 // The settings each loaded version runs with, as a key/value table headed by their source.
 const CONFIG_ROWS = [
-  ["max_batch_size", "max batch size"], ["batching", "batching"],
+  ["max_batch_size", "max batch size"], ["batching", "batching"], ["inline", "inline lane"],
   ["batch_window_us", "batch window µs"], ["max_queue_size", "queue limit"],
   ["queue_timeout_us", "queue timeout µs"], ["queue_timeout_override", "timeout override"],
   ["concurrency", "concurrency"], ["instance_count", "instances"],
@@ -229,7 +229,7 @@ function drawConfig(doc) {
     table.dataset.version = version.version;
     const body = element("tbody");
     for (const [key, label] of CONFIG_ROWS) {
-      const value = key === "batching" ? version.batching : config[key];
+      const value = key === "batching" || key === "inline" ? version[key] : config[key];
       const tr = element("tr");
       tr.dataset.key = key;
       tr.append(element("th", label), element("td", setting(key, value)));

@@ -1,0 +1,364 @@
+"""The inline lane: a model proven to run in microseconds runs on the thread that got its request.
+
+For a model whose run takes a few microseconds, handing a request to a compute worker and its
+answer back to the event loop (two thread wake-ups, a future, ``call_soon_threadsafe``) costs
+more than the run itself. So a model may run on the thread that received the request, under
+the design's bounds (``DESIGN.md``, "the inline lane"):
+
+- only a version whose concurrency policy is ``shared`` (one onnxruntime session, concurrent
+  runs): a pool's or an exclusive session's run may wait for a replica, which would block the
+  loop;
+- only while its measured run time for the request's size stays under a bound (the Host's
+  ``inline_run_us``): :func:`measure_lane` runs generated feeds of 1, 4, 16 and 64 rows at
+  load, and the lane takes the largest size whose every run stayed under the bound;
+- a request larger than the sizes measured (any input with more elements than the largest
+  measured feed's) never runs inline;
+- every inline run is timed again (:meth:`InlineLane.observe`); the first past the bound
+  sends the version back to the compute workers for the rest of its life, and says so (status,
+  metrics, an INFO line).
+
+A run's time is the CPU time of the thread that ran it (``time.thread_time``), not wall time:
+on a busy machine the wall clock also counts whatever took the core meanwhile, which would
+block the loop whether or not the model ran there, and would send a tiny model back to the
+workers at the first preemption (the scheduler's sharing decision reads CPU time for the same
+reason, ``docs/scheduler.md``).
+"""
+
+from __future__ import annotations
+
+import enum
+import gc
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from corral._probe import OTHER_DIM_SIZE, PROBE_SEED
+from corral._signature import Signature
+
+__all__ = ["DEFAULT_INLINE_RUN_US", "LANE_ROWS", "Clock", "InlineLane", "LaneState", "measure_lane"]
+
+logger = logging.getLogger(__name__)
+
+#: The Host's ``inline_run_us`` unless given: chosen by measurement (docs/scheduler.md).
+DEFAULT_INLINE_RUN_US = 0
+#: The sizes measured at load, in rows (a fixed first dimension: its own size only).
+LANE_ROWS = (1, 4, 16, 64)
+#: Seconds a version sent to the workers by an inline run waits before a trial run inline;
+#: doubled, up to RETRY_MAX_S, while trials fail (see InlineLane).
+RETRY_S = 0.1
+RETRY_MAX_S = 60.0
+#: Runs of each size at load, after _WARM_RUNS unmeasured ones; their median must stay under
+#: the bound. A first run past _WARM_FACTOR times the bound ends the measuring there.
+_RUNS_PER_SIZE = 5
+_WARM_RUNS = 3
+_WARM_FACTOR = 20
+#: A thread's first runs of a version, not held to the bound: they are slower (see observe).
+_THREAD_WARM_RUNS = 4
+
+#: Seconds of CPU time the calling thread has used: what a run is measured with.
+Clock = Callable[[], float]
+#: Runs a checked feed with every output on the calling thread (``Session.run``).
+RunFeed = Callable[[Mapping[str, npt.NDArray[Any]]], object]
+
+
+class LaneState(enum.Enum):
+    #: Runs on the thread that receives its requests while each run stays under the bound.
+    INLINE = "inline"
+    #: Measured past the bound, at load or on an inline run: its requests go to the workers
+    #: (after an inline run, until its retry: see :class:`InlineLane`).
+    WORKERS = "workers"
+    #: Never in the lane: the option is off, its policy is not shared, or it cannot be measured.
+    OFF = "off"
+
+
+class InlineLane:
+    """One loaded version's place in the inline lane; shared by the threads that serve it.
+
+    ``limits`` (the most elements each input may bring to run inline) and the bound never
+    change. An inline run past the bound moves the version to WORKERS at once. Its next
+    request after :data:`RETRY_S` runs inline again, as a trial, measured like any inline
+    run: a version that leaves the lane again before one run stayed under the bound waits
+    twice as long for its next trial (up to :data:`RETRY_MAX_S`), so that a model slower
+    than the bound blocks the thread once a minute at most, while a model that only met a
+    noisy moment (the machine's other work counts in a thread's CPU time on a VM) comes back.
+    A version measured past the bound at load never runs inline.
+    """
+
+    __slots__ = (
+        "_exits",
+        "_lock",
+        "_proven",
+        "_reason",
+        "_retry_at",
+        "_retry_s",
+        "_state",
+        "_warm",
+        "bound_s",
+        "clock",
+        "label",
+        "limits",
+        "monotonic",
+        "never",
+    )
+
+    def __init__(
+        self,
+        label: str,
+        state: LaneState,
+        reason: str,
+        *,
+        bound_s: float = 0.0,
+        limits: Mapping[str, int] | None = None,
+        clock: Clock = time.thread_time,
+        monotonic: Clock = time.monotonic,
+    ) -> None:
+        #: The version's name in messages: ``model:version``.
+        self.label = label
+        #: A run past this many seconds (``clock``'s) sends the version to the workers.
+        self.bound_s = bound_s
+        #: The most elements each input may have for a request to run inline.
+        self.limits: Mapping[str, int] = limits or {}
+        #: What runs are measured with: the calling thread's CPU seconds.
+        self.clock = clock
+        #: What the retries are timed with.
+        self.monotonic = monotonic
+        #: Never runs inline (the lane off, or measured past the bound at load): fixed, so
+        #: that the request path asks without a lock.
+        self.never = state is not LaneState.INLINE
+        # Guards _state, _reason, _retry_at, _retry_s and _proven: the moves out of the lane
+        # and back, and what status reads.
+        self._lock = threading.Lock()
+        self._state = state
+        self._reason = reason
+        self._retry_at: float | None = None  # when a version sent to the workers tries again
+        self._retry_s = RETRY_S
+        self._proven = True  # a run stayed under the bound since it (re-)entered the lane
+        self._exits = 0  # inline runs that sent it to the workers, for its life
+        # Per thread: its runs of this version, counted up to _THREAD_WARM_RUNS (its first
+        # runs pay once for what onnxruntime and corral keep per thread: run options, arenas).
+        self._warm = threading.local()
+        if state is LaneState.INLINE:
+            _count_collections()
+
+    @property
+    def state(self) -> LaneState:
+        """Where its requests run now."""
+        with self._lock:
+            return self._state
+
+    @property
+    def exits(self) -> int:
+        """Inline runs past the bound so far: how often it was sent to the workers."""
+        with self._lock:
+            return self._exits
+
+    def admits(self) -> bool:
+        """True if the next request may run on the thread that receives it (a trial's too)."""
+        with self._lock:
+            if self._state is LaneState.INLINE:
+                return True
+            retry_at = self._retry_at
+            if retry_at is None or self.monotonic() < retry_at:
+                return False
+            self._state = LaneState.INLINE
+            self._retry_at = None
+            self._proven = False
+            self._reason = f"back on trial after {self._retry_s:g} s on the compute workers"
+            retry_s = self._retry_s
+        logger.info(
+            "corral: %s re-enters the inline lane, after %g s on the compute workers",
+            self.label,
+            retry_s,
+        )
+        return True
+
+    def describe(self) -> str:
+        """Its state in one line, for the version's status (``inline: ...``)."""
+        with self._lock:
+            return f"{self._state.value}: {self._reason}"
+
+    def fits(self, feed: Mapping[str, npt.NDArray[Any]]) -> bool:
+        """True if no input of ``feed`` is larger than the sizes measured at load."""
+        limits = self.limits
+        for name, array in feed.items():
+            limit = limits.get(name)
+            if limit is None or array.size > limit:
+                return False
+        return True
+
+    def start(self) -> tuple[float, int]:
+        """Before an inline run: what :meth:`observe` takes after it."""
+        return self.clock(), _collections[0]
+
+    def observe(self, started: tuple[float, int], rows: int) -> None:
+        """An inline run of ``rows`` rows began at ``started``; past the bound, leave the lane.
+
+        Some runs are not held to the bound, as the load's first runs of each size are not:
+        a thread's first :data:`_THREAD_WARM_RUNS` runs of this version (a thread's first
+        runs pay once for what is kept per thread: up to ~0.1 ms here), and a run during
+        which Python's garbage collector ran (its pause would have blocked the thread
+        whatever ran on it).
+        """
+        seconds = self.clock() - started[0]
+        warm = self._warm
+        warm_runs = getattr(warm, "runs", 0)
+        if warm_runs < _THREAD_WARM_RUNS:
+            warm.runs = warm_runs + 1
+            return
+        if seconds <= self.bound_s:
+            if not self._proven:  # an unlocked look: a stale True is never read
+                with self._lock:
+                    self._proven = True
+                    self._retry_s = RETRY_S
+            return
+        if _collections[0] != started[1]:
+            return
+        with self._lock:
+            if self._state is not LaneState.INLINE:
+                return
+            if not self._proven:
+                self._retry_s = min(RETRY_MAX_S, self._retry_s * 2)
+            retry_s = self._retry_s
+            self._exits += 1
+            self._state = LaneState.WORKERS
+            self._retry_at = self.monotonic() + retry_s
+            self._reason = reason = (
+                f"a run of {rows} row{'s' if rows != 1 else ''} took {seconds * 1e6:.1f} µs "
+                f"of CPU, over the {self.bound_s * 1e6:.0f} µs bound: its requests go to the "
+                f"compute workers, and one tries the lane again in {retry_s:g} s"
+            )
+        logger.info("corral: %s leaves the inline lane: %s", self.label, reason)
+
+
+# Garbage collections started in this process, counted once a version is in the lane (a
+# gc callback, registered once, under its lock). A list, so that the callback needs no global
+# statement; a collection runs under the interpreter's own lock, one at a time.
+_collections = [0]
+_collections_lock = threading.Lock()  # guards registering the callback, once
+_counting = False
+
+
+def _on_collection(phase: str, info: dict[str, int]) -> None:
+    if phase == "start":
+        _collections[0] += 1
+
+
+def _count_collections() -> None:
+    global _counting
+    with _collections_lock:
+        if not _counting:
+            gc.callbacks.append(_on_collection)
+            _counting = True
+
+
+def measure_lane(
+    label: str,
+    signature: Signature,
+    run: RunFeed,
+    *,
+    bound_us: int,
+    policy: str,
+    clock: Clock = time.thread_time,
+) -> InlineLane:
+    """Measure a loaded version's runs and decide whether it enters the inline lane.
+
+    ``bound_us``: the Host's ``inline_run_us`` (0: the lane is off); ``policy``: the session's
+    concurrency policy (``shared``, ``exclusive``, ``pool:2``); ``run`` runs a feed on the
+    calling thread (a load worker). Raises what ``run`` raises; a version that enters the
+    lane is logged at INFO.
+
+    >>> measure_lane("fraud:1", sig, session.run, bound_us=50, policy="shared").describe()
+    'inline: runs of up to 64 rows took 6.1 µs of CPU (median of 5) at load, under the 50 µs bound'
+    """
+    if bound_us <= 0:
+        return InlineLane(label, LaneState.OFF, "the inline lane is off (inline_run_us = 0)")
+    if policy != "shared":
+        return InlineLane(label, LaneState.OFF, f"its concurrency policy is {policy}, not shared")
+    if _unmeasurable(signature):
+        return InlineLane(
+            label, LaneState.OFF, "its inputs are not all numeric tensors, which it can measure"
+        )
+    bound_s = bound_us / 1e6
+    rng = np.random.default_rng(PROBE_SEED)
+    limits: dict[str, int] | None = None
+    measured_rows, slowest = 0, 0.0
+    for rows in LANE_ROWS if _batch_dimension(signature) else LANE_ROWS[:1]:
+        feed = _feed(signature, rows, rng)
+        # Unmeasured: a session's first runs of a size allocate what later ones reuse. A
+        # first run far past the bound ends it there: a large model pays one run, no more.
+        started = clock()
+        run(feed)
+        took = clock() - started
+        if took <= bound_s * _WARM_FACTOR:
+            for _ in range(_WARM_RUNS - 1):
+                run(feed)
+            runs = []
+            for _ in range(_RUNS_PER_SIZE):
+                started = clock()
+                run(feed)
+                runs.append(clock() - started)
+            took = sorted(runs)[len(runs) // 2]  # the median: one noisy moment decides nothing
+        if took > bound_s:
+            if limits is None:
+                return InlineLane(
+                    label,
+                    LaneState.WORKERS,
+                    f"a run of one request took {took * 1e6:.1f} µs of CPU at load, over the "
+                    f"{bound_us} µs bound",
+                )
+            break
+        limits = {name: array.size for name, array in feed.items()}
+        measured_rows, slowest = feed_rows(feed), took
+    assert limits is not None  # the first size either set them or returned
+    reason = (
+        f"runs of up to {measured_rows} row{'s' if measured_rows != 1 else ''} took "
+        f"{slowest * 1e6:.1f} µs of CPU (median of {_RUNS_PER_SIZE}) at load, under the "
+        f"{bound_us} µs bound"
+    )
+    logger.info(
+        "corral: %s runs inline, on the thread that receives its requests: %s", label, reason
+    )
+    return InlineLane(label, LaneState.INLINE, reason, bound_s=bound_s, limits=limits, clock=clock)
+
+
+def feed_rows(feed: Mapping[str, npt.NDArray[Any]]) -> int:
+    """The rows of a feed: its first input's first dimension (1 for a scalar)."""
+    for array in feed.values():
+        return int(array.shape[0]) if array.shape else 1
+    return 0
+
+
+def _batch_dimension(signature: Signature) -> bool:
+    """True if every input's first dimension is dynamic: feeds of several sizes can be made."""
+    return all(spec.shape and not isinstance(spec.shape[0], int) for spec in signature.inputs)
+
+
+def _unmeasurable(signature: Signature) -> bool:
+    """True if it has no inputs or one that is not a numeric or boolean tensor."""
+    return not signature.inputs or any(
+        spec.dtype is None or spec.dtype.kind not in "fiub" for spec in signature.inputs
+    )
+
+
+def _feed(signature: Signature, rows: int, rng: np.random.Generator) -> dict[str, npt.NDArray[Any]]:
+    """A generated feed of ``rows`` rows; fixed dimensions kept, other dynamic ones 32."""
+    feed: dict[str, npt.NDArray[Any]] = {}
+    for spec in signature.inputs:
+        dtype = spec.dtype
+        assert dtype is not None  # _unmeasurable refused the rest
+        shape = tuple(
+            d if isinstance(d, int) else (rows if axis == 0 else OTHER_DIM_SIZE)
+            for axis, d in enumerate(spec.shape)
+        )
+        if dtype.kind == "f":
+            feed[spec.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind == "b":
+            feed[spec.name] = rng.integers(0, 2, size=shape).astype(np.bool_)
+        else:
+            feed[spec.name] = rng.integers(0, 2, size=shape).astype(dtype)
+    return feed

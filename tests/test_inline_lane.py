@@ -1,0 +1,281 @@
+"""The inline lane (corral._inline): a shared model measured under the bound runs on the thread
+that receives its request, with the answers, errors and statistics of the compute workers; a
+run past the bound sends it back; larger requests, and pool or exclusive models, never run
+there."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import corral
+from corral import Host
+from corral._errors import DeadlineExceeded, InvalidInput
+from corral._inline import LANE_ROWS, RETRY_MAX_S, RETRY_S, InlineLane, LaneState, measure_lane
+from corral.protocol import DataPlane, InferInput, InferRequest, InferResponse
+from corral.testing import build_mlp
+from tests.helpers import add_model, build_slow_loop
+
+# Large enough that any run of the test models stays under it on a loaded machine: the
+# tests below are about where a request runs and what it answers, not about timing.
+GENEROUS_US = 1_000_000
+X = np.random.default_rng(7).standard_normal((3, 4)).astype(np.float32)
+
+
+def _request(x: np.ndarray = X, **options: object) -> InferRequest:
+    return InferRequest(inputs=(InferInput("X", "FP32", x.shape, x),), **options)  # type: ignore[arg-type]
+
+
+def _infer(plane: DataPlane, name: str, request: InferRequest) -> InferResponse:
+    async def main() -> InferResponse:
+        return await asyncio.wait_for(plane.infer(name, None, request), 30)
+
+    return asyncio.run(main())
+
+
+def _workers(host: Host) -> int:
+    """Compute workers started: they start with the first request queued for them."""
+    return host.runtime.scheduler().threads
+
+
+@pytest.fixture
+def hosts(tmp_path: Path) -> Iterator[tuple[Host, Host]]:
+    """Two Hosts of one repository, the lane on and off (on the process's one Runtime)."""
+    add_model(tmp_path, "mlp", build_mlp(seed=1))
+    add_model(tmp_path, "exclusive", build_mlp(seed=1), toml='concurrency = "exclusive"\n')
+    add_model(tmp_path, "pool", build_mlp(seed=1), toml='concurrency = "pool:2"\n')
+    on = Host(tmp_path, inline_run_us=GENEROUS_US)
+    off = Host(tmp_path, inline_run_us=0)
+    try:
+        yield on, off
+    finally:
+        for host in (on, off):
+            host.close()
+
+
+def test_a_shared_model_under_the_bound_runs_inline_and_answers_as_the_workers(
+    hosts: tuple[Host, Host],
+):
+    on, off = hosts
+    planes = DataPlane(on), DataPlane(off)
+    answers = []
+    workers = []
+    for plane in planes:
+        answers.append(
+            [_infer(plane, "mlp", _request(x)) for x in (X, X[:1], np.zeros((0, 4), np.float32))]
+        )
+        workers.append(_workers(on))
+    for inline, queued in zip(*answers, strict=True):
+        assert [o.name for o in inline.outputs] == [o.name for o in queued.outputs]
+        for a, b in zip(inline.outputs, queued.outputs, strict=True):
+            assert a.data.dtype == b.data.dtype
+            np.testing.assert_array_equal(a.data, b.data)
+    # The lane's requests never reached a compute worker; the other Host's did.
+    assert workers[0] == 0
+    assert workers[1] >= 1
+    assert on.status("mlp").versions[0].inline.startswith("inline: runs of up to 64 rows")
+    assert off.status("mlp").versions[0].inline.startswith("off: the inline lane is off")
+    assert on.stats().inline_versions == 1
+    assert off.stats().inline_versions == 0
+    # Counted the same: requests, inferences, executions; no time queued inline.
+    stats = [asyncio.run(plane.model_statistics("mlp"))[0] for plane in planes]
+    for field in ("inference_count", "execution_count"):
+        assert getattr(stats[0], field) == getattr(stats[1], field), field
+    assert stats[0].success.count == stats[1].success.count == 3
+    queues = [host.queue_stats()[("mlp", 1)] for host in hosts]
+    assert [(q.accepted, q.runs, q.rows) for q in queues] == [(3, 3, 4)] * 2
+    assert queues[0].queue_seconds_sum == 0
+    assert queues[0].compute_seconds_sum > 0
+
+
+def test_errors_and_deadlines_are_answered_as_the_workers_answer_them(hosts: tuple[Host, Host]):
+    wrong = np.zeros((2, 5), np.float32)
+    for host in hosts:
+        plane = DataPlane(host)
+        with pytest.raises(InvalidInput) as refused:
+            _infer(plane, "mlp", _request(wrong))
+        assert refused.value.tensor == "X"
+        # A deadline already past when the request would run: refused unrun, counted expired.
+        with pytest.raises(DeadlineExceeded):
+            _infer(plane, "mlp", _request(parameters={"timeout": 1}))
+        assert host.queue_stats()[("mlp", 1)].expired == 1
+        if host is hosts[0]:
+            assert _workers(host) == 0  # both refused on the lane's side
+
+
+def test_a_request_larger_than_the_sizes_measured_goes_to_the_workers(hosts: tuple[Host, Host]):
+    on, _ = hosts
+    plane = DataPlane(on)
+    largest = np.ones((LANE_ROWS[-1], 4), np.float32)
+    _infer(plane, "mlp", _request(largest))
+    assert _workers(on) == 0
+    larger = np.ones((LANE_ROWS[-1] + 1, 4), np.float32)
+    answer = _infer(plane, "mlp", _request(larger))
+    assert _workers(on) >= 1
+    assert answer.outputs[0].data.shape[0] == LANE_ROWS[-1] + 1
+    # The model stays in the lane: the request was only too large for it.
+    assert on.status("mlp").versions[0].inline.startswith("inline:")
+
+
+@pytest.mark.parametrize("name", ["exclusive", "pool"])
+def test_pool_and_exclusive_models_never_run_inline(hosts: tuple[Host, Host], name: str):
+    on, _ = hosts
+    _infer(DataPlane(on), name, _request())
+    assert _workers(on) >= 1
+    policy = "exclusive" if name == "exclusive" else "pool:2"
+    assert on.status(name).versions[0].inline == (
+        f"off: its concurrency policy is {policy}, not shared"
+    )
+
+
+def test_a_run_past_the_bound_sends_the_model_to_the_workers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    # A loop of M additions: the load measures M = 0 or 1 (generated inputs), well under
+    # 20 ms; M = 2,000,000 takes far longer, on the thread that runs it.
+    add_model(tmp_path, "loop", build_slow_loop())
+    caplog.set_level(logging.INFO, logger="corral")
+    with Host(tmp_path, inline_run_us=20_000) as host:
+        host.load("loop")
+        plane = DataPlane(host)
+
+        def run(m: int) -> float:
+            request = InferRequest(
+                inputs=(
+                    InferInput("M", "INT64", (), np.array(m, np.int64)),
+                    InferInput("start", "FP32", (1,), np.array([0.5], np.float32)),
+                )
+            )
+            return float(_infer(plane, "loop", request).outputs[0].data[0])
+
+        assert host.status("loop").versions[0].inline.startswith("inline: runs of up to 1 row")
+        for _ in range(4):  # this thread's first runs: not held to the bound
+            assert run(3) == 3.5
+        assert _workers(host) == 0
+        gc.disable()  # a collection during the slow run would excuse it (see observe)
+        try:
+            assert run(2_000_000) == 2_000_000.5  # answered, inline, past the bound
+        finally:
+            gc.enable()
+        assert _workers(host) == 0
+        status = host.status("loop").versions[0].inline
+        assert status.startswith("workers: a run of 1 row took"), status
+        assert host.stats().inline_versions == 0
+        assert "loop:1 leaves the inline lane" in caplog.text
+        assert run(3) == 3.5
+        assert _workers(host) >= 1  # the next request went to the compute workers
+
+
+class _Clock:
+    """A clock a test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _lane(cpu: _Clock, wall: _Clock) -> InlineLane:
+    lane = InlineLane(
+        "m:1",
+        LaneState.INLINE,
+        "measured",
+        bound_s=50e-6,
+        limits={"X": 4},
+        clock=cpu,
+        monotonic=wall,
+    )
+    for _ in range(4):  # the thread's first runs, which the bound does not hold
+        lane.observe(lane.start(), 1)
+    return lane
+
+
+def _run(lane: InlineLane, cpu: _Clock, seconds: float) -> None:
+    started = lane.start()
+    cpu.now += seconds
+    lane.observe(started, 1)
+
+
+def test_the_lane_leaves_at_the_first_run_past_the_bound_and_retries_with_backoff():
+    cpu, wall = _Clock(), _Clock()
+    lane = _lane(cpu, wall)
+    _run(lane, cpu, 50e-6)  # at the bound: still in
+    assert lane.admits()
+    assert lane.state is LaneState.INLINE
+    _run(lane, cpu, 51e-6)
+    assert lane.state is LaneState.WORKERS
+    assert lane.exits == 1
+    assert not lane.admits()
+    wall.now += RETRY_S
+    assert lane.admits()  # a trial
+    _run(lane, cpu, 80e-6)  # the trial fails: twice as long before the next
+    assert not lane.admits()
+    wall.now += RETRY_S
+    assert not lane.admits()
+    wall.now += RETRY_S
+    assert lane.admits()
+    _run(lane, cpu, 10e-6)  # a run under the bound: the backoff starts over
+    _run(lane, cpu, 60e-6)
+    assert lane.exits == 3
+    assert "again in 0.1 s" in lane.describe()
+    for _ in range(20):  # trials that keep failing wait at most RETRY_MAX_S
+        wall.now += RETRY_MAX_S
+        assert lane.admits()
+        _run(lane, cpu, 1.0)
+    assert f"again in {RETRY_MAX_S:g} s" in lane.describe()
+
+
+def test_the_lane_fits_only_requests_no_larger_than_measured():
+    lane = _lane(_Clock(), _Clock())
+    assert lane.fits({"X": np.zeros((1, 4), np.float32)})
+    assert not lane.fits({"X": np.zeros((2, 4), np.float32)})
+    assert not lane.fits({"Y": np.zeros((1,), np.float32)})
+
+
+def test_measuring_at_load_decides_by_policy_bound_and_inputs():
+    session = corral.Session(build_mlp())
+    try:
+        run = session.run
+        signature = session.signature
+        assert measure_lane("m:1", signature, run, bound_us=0, policy="shared").state is (
+            LaneState.OFF
+        )
+        assert measure_lane("m:1", signature, run, bound_us=50, policy="pool").state is (
+            LaneState.OFF
+        )
+        cpu = _Clock()
+
+        def slow(feed: object) -> object:
+            rows = next(iter(feed.values())).shape[0]  # type: ignore[attr-defined]
+            cpu.now += rows * 10e-6  # 10 µs a row: 1 and 4 rows fit 50 µs, 16 do not
+            return run(feed)  # type: ignore[arg-type]
+
+        lane = measure_lane("m:1", signature, slow, bound_us=50, policy="shared", clock=cpu)
+        assert lane.state is LaneState.INLINE
+        assert lane.limits == {"X": 16}
+        assert "up to 4 rows took 40.0 µs" in lane.describe()
+        lane = measure_lane("m:1", signature, slow, bound_us=5, policy="shared", clock=cpu)
+        assert lane.state is LaneState.WORKERS
+        assert lane.describe().startswith("workers: a run of one request took 10.0 µs")
+        assert not lane.admits()  # measured past the bound at load: never retried
+    finally:
+        session.close()
+
+
+def test_the_lane_is_in_the_metrics(hosts: tuple[Host, Host]):
+    pytest.importorskip("prometheus_client")
+    from corral.server.metrics import Metrics
+
+    on, off = hosts
+    for host in hosts:
+        host.load("mlp")
+        host.load("pool")
+    assert b"\ncorral_models_inline 1.0\n" in Metrics(DataPlane(on)).render()[0]
+    assert b"\ncorral_models_inline 0.0\n" in Metrics(DataPlane(off)).render()[0]
