@@ -162,6 +162,7 @@ class Scheduler:
         queue_limit: int = DEFAULT_QUEUE_LIMIT,
         counters: RunCounters | None = None,
         adaptive: bool = False,
+        slots: int = 0,
     ) -> ModelQueue:
         """A new queue for ``owner``'s requests, reported under ``key``; its owner keeps it.
 
@@ -171,12 +172,23 @@ class Scheduler:
         scheduler's lock; the scheduler keeps no list of its queues. ``adaptive``: the
         batching is corral's choice, not the model's config; requests then share runs only
         while shared runs cost no more per row than lone ones (:data:`SHARED_COSTLIER`).
+        ``slots``: how many runs ``owner`` takes at once (its sessions under ``exclusive`` or
+        ``pool:N``; 0, no bound, under ``shared``); the queue is handed to no more workers
+        than that at once, so its requests run in the order they came and no worker waits
+        for a busy session while other work waits.
         """
         if counters is None:
             counters = RunCounters()
         window_s = batch_window_us / 1e6
         return ModelQueue(
-            owner, key, max_rows, window_s, queue_limit, counters=counters, adaptive=adaptive
+            owner,
+            key,
+            max_rows,
+            window_s,
+            queue_limit,
+            counters=counters,
+            adaptive=adaptive,
+            slots=slots,
         )
 
     def submit(
@@ -336,10 +348,13 @@ class Scheduler:
                     self._sleep_locked(wake, wait)
                 taken = take(queue, adaptive_cap(queue) if queue.adaptive else 0)
                 in_hand[:] = taken
-                if queue.pending:
-                    self._ready.append(queue)  # to the back: round robin across models
-                else:
+                queue.running += 1
+                if not queue.pending:
                     queue.in_ready = False
+                elif queue.slots and queue.running >= queue.slots:
+                    queue.parked = True  # every slot runs: back in turn when a run ends
+                else:
+                    self._ready.append(queue)  # to the back: round robin across models
                 self._total -= len(taken)
                 long = queue.run_s >= LONG_RUN_S
                 if long:
@@ -355,8 +370,14 @@ class Scheduler:
                     in_hand[:] = batch
                 self._execute(queue, batch)
             finally:
-                if long:
-                    with self._lock:
+                with self._lock:
+                    queue.running -= 1
+                    if queue.parked:
+                        # Its oldest requests are next in its queue: this worker, or the
+                        # first one free, takes them in their turn.
+                        queue.parked = False
+                        self._ready.append(queue)
+                    if long:
                         self._long_running -= 1
                         if self._ready:
                             self._wake_locked()  # a long model kept waiting may run now
@@ -405,7 +426,12 @@ class Scheduler:
             self._total += len(leftovers)
             if not queue.in_ready:
                 queue.in_ready = True
+                if queue.slots and queue.running >= queue.slots:
+                    queue.parked = True  # every slot runs: they run when one is free
+                    return
                 self._ready.appendleft(queue)  # still its turn
+            elif queue.parked:
+                return
             self._wake_locked()
 
     def _next_due_locked(self) -> tuple[ModelQueue | None, float | None]:
