@@ -241,9 +241,12 @@ class Scheduler:
             # batch already taken, and pay for their wake-ups on every request.
             if not queue.in_ready:
                 queue.in_ready = True
-                self._ready.append(queue)
-                self._wake_locked()
-            elif queue.window_s and len(pending) == queue.max_rows:
+                if queue.slots and queue.running >= queue.slots:
+                    queue.parked = True  # every slot runs: in turn when one ends (_serve)
+                else:
+                    self._ready.append(queue)
+                    self._wake_locked()
+            elif queue.window_s and len(pending) == queue.max_rows and not queue.parked:
                 self._wake_locked()  # its window's batch just filled: it is due now
 
     def _wake_locked(self) -> None:
