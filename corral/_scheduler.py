@@ -364,6 +364,7 @@ class Scheduler:
                     self._long_running += 1
                 if self._ready:
                     self._wake_locked()  # work is left: pass the wake-up on
+            slot = _Slot(queue)
             try:
                 # Sorting out who shares the run happens outside the lock, which the event
                 # loops need for every request they submit.
@@ -371,15 +372,10 @@ class Scheduler:
                 if leftovers:
                     self._put_back(queue, leftovers)
                     in_hand[:] = batch
-                self._execute(queue, batch)
+                self._execute(slot, batch)
             finally:
                 with self._lock:
-                    queue.running -= 1
-                    if queue.parked:
-                        # Its oldest requests are next in its queue: this worker, or the
-                        # first one free, takes them in their turn.
-                        queue.parked = False
-                        self._ready.append(queue)
+                    self._free_slot_locked(slot)  # if the run failed before it was
                     if long:
                         self._long_running -= 1
                         if self._ready:
@@ -421,6 +417,23 @@ class Scheduler:
                 # A waker took it off the list after the timeout and released it: take the
                 # release back, so that the lock is held while awake again.
                 wake.acquire()
+
+    def _free_slot_locked(self, slot: _Slot) -> None:
+        """A run of the slot's queue ended: a parked queue is in the workers' turns again.
+
+        Called as soon as the model has run, before the answers go out: another worker
+        runs the queue's next requests while this one delivers, as it would have taken
+        them (in their turn) from a free session.
+        """
+        if not slot.held:
+            return
+        slot.held = False
+        queue = slot.queue
+        queue.running -= 1
+        if queue.parked:
+            queue.parked = False
+            self._ready.append(queue)
+            self._wake_locked()
 
     def _put_back(self, queue: ModelQueue, leftovers: list[QueuedRequest]) -> None:
         """Return requests that could not join a batch to the front of their queue."""
@@ -474,12 +487,13 @@ class Scheduler:
             self._ready.append(queue)
         return None, wait
 
-    def _execute(self, queue: ModelQueue, batch: list[QueuedRequest]) -> None:
-        """Run one batch and answer every request in it exactly once.
+    def _execute(self, slot: _Slot, batch: list[QueuedRequest]) -> None:
+        """Run one batch of the slot's queue and answer every request in it exactly once.
 
         Everything here is per request on the busiest path there is (32 callers of a tiny
         model spend more time here than in onnxruntime), so it is one pass per stage.
         """
+        queue = slot.queue
         now = time.monotonic()
         live: list[QueuedRequest] = []
         late: list[QueuedRequest] = []
@@ -538,6 +552,7 @@ class Scheduler:
         cpu = time.thread_time() - cpu_at if adaptive else 0.0
         # Counted before answering, so that a caller who has its answer sees it counted.
         with self._lock:
+            self._free_slot_locked(slot)
             counters = queue.counters
             counters.expired += len(late)
             counters.cancelled += cancelled
@@ -575,6 +590,16 @@ class Scheduler:
                 if traced:
                     _report_run(queue, live, rows, runs, now, errors)
                 _answer(live, results, errors)
+
+
+class _Slot:
+    """One run's place among its queue's slots (:attr:`ModelQueue.slots`), given back once."""
+
+    __slots__ = ("held", "queue")
+
+    def __init__(self, queue: ModelQueue) -> None:
+        self.queue = queue
+        self.held = True  # guarded by the Scheduler's lock
 
 
 def _log_sharing(queue: ModelQueue) -> None:
