@@ -11,7 +11,6 @@ builds of chosen models' sessions.
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -75,10 +74,7 @@ class SessionRuns:
             replicas = tuple(_WatchedReplica(replica, self) for replica in session._replicas)
             session._replicas = replicas
             if session._idle is not None:
-                idle: queue.SimpleQueue[Any] = queue.SimpleQueue()
-                for replica in replicas:
-                    idle.put(replica)
-                session._idle = idle
+                session._idle = list(replicas)
 
     def ran(self, feed: dict[str, Any]) -> None:
         with self._order_lock:

@@ -24,7 +24,7 @@ import corral
 from corral import Host
 from corral.testing import build_mlp
 from tests.gates import SessionRuns, served_version
-from tests.helpers import add_model
+from tests.helpers import add_model, wait_until
 
 CALLERS = 16
 REQUESTS_EACH = 25
@@ -60,12 +60,16 @@ def _watch(host: Host, name: str, *, held: bool = False) -> SessionRuns:
 def test_sixteen_callers_of_one_session_are_served_in_the_order_they_came(
     tmp_path: Path, runtime_of: corral.Runtime, concurrency: str
 ):
-    """The longest wait is at most CALLERS - 1 runs, and at most 3 times the mean plus one.
+    """The longest wait is at most CALLERS - 1 runs: the mean wait of a full queue.
 
     Why that bound: each caller has one request outstanding, so a request finds at most
     CALLERS - 1 others queued or running, and in arrival order it starts after at most
-    those. Under ``shared`` several workers may start the runs they took in either order,
-    which can put one run of each other worker ahead of it: workers - 1 more.
+    those; with all 16 queued, every request waits exactly that, so the longest wait is
+    within 1x the mean of a full queue. (The measured mean is no fixed yardstick: it falls
+    toward 0 whenever the callers cannot keep the queue full, 0.16 to 14 runs on this
+    machine.) Under ``shared`` several workers may start the runs they took in either
+    order, which can put one run of each other worker ahead of it: workers - 1 more.
+    Starved, a request waited 300 runs and more.
     """
     workers = runtime_of.options.compute_workers
     with _host(tmp_path, runtime_of, concurrency) as host:
@@ -91,14 +95,8 @@ def test_sixteen_callers_of_one_session_are_served_in_the_order_they_came(
     started_at = {request: position for position, request in enumerate(runs.order)}
     assert sorted(started_at) == sorted(queued_at)  # each ran once, and nothing else did
     waits = [started_at[request] - queued_at[request] for request in queued_at]
-    longest, mean = max(waits), statistics.fmean(waits)
     bound = CALLERS - 1 + (workers - 1 if concurrency == "shared" else 0)
-    assert longest <= bound, (longest, mean)
-    if concurrency != "shared":
-        # One session is the bottleneck and the callers keep its queue nearly full: the mean
-        # is near CALLERS - 1 (11 to 14 measured), and the longest within a small multiple
-        # of it. Starved, a request waited 300 runs and more while the mean stayed near 11.
-        assert longest <= 3 * mean + 1, (longest, mean)
+    assert max(waits) <= bound, (max(waits), statistics.fmean(waits))
 
 
 @pytest.mark.parametrize(
@@ -132,3 +130,33 @@ def test_a_busy_session_holds_no_other_worker_while_another_model_waits(
         # two, the two workers may start theirs in either order).
         waited = [float(i) for i in range(slots + 1, 2 * slots + 2)]
         assert (runs.order[slots:] if slots == 1 else sorted(runs.order[slots:])) == waited
+
+
+@pytest.mark.parametrize("concurrency", ["exclusive", "pool:1"])
+def test_runs_waiting_for_a_session_get_it_in_the_order_they_asked(
+    mlp_model: bytes, concurrency: str
+):
+    """Blocking callers (Host.infer runs inline) wait for the one session oldest first.
+
+    Before, the sessions sat in a plain queue: whichever waiting thread woke first took one.
+    """
+    waiting = 8
+    with corral.Session(mlp_model, concurrency=concurrency) as session:
+        runs = SessionRuns(session, held=True)
+
+        def run(value: int) -> None:
+            session.run({"X": np.full((1, 4), value, np.float32)})
+
+        threads = [threading.Thread(target=run, args=(0,))]
+        threads[0].start()
+        assert runs.started.acquire(timeout=10)  # the session runs, held
+        for value in range(1, waiting + 1):
+            threads.append(threading.Thread(target=run, args=(value,)))
+            threads[-1].start()
+            # No event can be had from inside the wait for a session: its queue's length.
+            wait_until(lambda value=value: len(session._waiting) == value)
+        runs.open.set()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert not any(thread.is_alive() for thread in threads)
+    assert runs.order == [float(value) for value in range(waiting + 1)]
