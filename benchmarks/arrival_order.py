@@ -13,9 +13,11 @@ so both see the same machine.
 From a checkout::
 
     python benchmarks/arrival_order.py --before 2720941 [--model mlp|magika]
-        [--concurrency pool:1] [--workers 2] [--callers 16] [--caller async|thread]
-        [--seconds 3] [--rounds 3]
+        [--concurrency pool:1] [--batch 0|N|probe] [--workers 2] [--callers 16]
+        [--caller async|thread] [--seconds 3] [--rounds 3] [--http]
 
+``--http``: each side is a ``corral serve`` process (the checkout's compute workers, the
+cores) loaded by wrk at ``--callers`` connections with a v2 JSON body; wrk's latencies.
 ``magika`` is the real CNN from its PyPI wheel (``benchmarks/real_models.py`` fetches it
 into ~/.cache/corral-bench); ``mlp`` a 256-feature MLP built here (about 0.1 ms a run).
 Prints one line per round and side, then the medians of the rounds.
@@ -44,8 +46,11 @@ _HERE = Path(__file__).resolve().parent
 _ROOT = _HERE.parent
 
 
-def prepare(model: str, concurrency: str, folder: Path) -> tuple[Path, Path]:
-    """A repository with the model as ``m`` under ``concurrency``, and a request's feed."""
+def prepare(model: str, concurrency: str, batch: str, folder: Path) -> tuple[Path, Path]:
+    """A repository with the model as ``m`` under ``concurrency``, and a request's feed.
+
+    ``batch``: its model.toml's ``max_batch_size``, or ``probe`` for none (corral probes).
+    """
     version = folder / "repo" / "m" / "1"
     version.mkdir(parents=True)
     if model == "magika":
@@ -63,7 +68,9 @@ def prepare(model: str, concurrency: str, folder: Path) -> tuple[Path, Path]:
         onnx = build_mlp(256, 2048, 8, seed=1)
         feed = {"X": np.ones((1, 256), np.float32)}
     (version / "model.onnx").write_bytes(onnx)
-    toml = f'concurrency = "{concurrency}"\nmax_batch_size = 0\n'
+    toml = f'concurrency = "{concurrency}"\n'
+    if batch != "probe":
+        toml += f"max_batch_size = {int(batch)}\n"
     (folder / "repo" / "m" / "model.toml").write_text(toml)
     np.savez(folder / "feed.npz", **feed)
     return folder / "repo", folder / "feed.npz"
@@ -156,6 +163,62 @@ def _side(path: Path, args: argparse.Namespace, repo: Path, feed: Path) -> dict[
     return result
 
 
+def _http_side(path: Path, args: argparse.Namespace, repo: Path, feed: Path) -> dict[str, Any]:
+    """``corral serve`` of ``path``'s corral on the repository, loaded by wrk over JSON."""
+    sys.path.insert(0, str(_ROOT))
+    from benchmarks import http_bench, real_models
+
+    work = Path(tempfile.mkdtemp(prefix="corral-arrival-http-"))
+    body = work / "body.json"
+    payload = real_models.json_payload(dict(np.load(feed)))
+    body.write_bytes(payload.body)
+    port = http_bench.free_port()
+    argv = [sys.executable, "-c", "import sys; from corral.cli import main; sys.exit(main())"]
+    argv += ["serve", str(repo), "--host", "127.0.0.1", "--http-port", str(port)]
+    argv += ["--grpc-port", "-1", "--log-level", "warning", "--load-model", "*"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env["PYTHONPATH"] = str(path)
+    process = http_bench.start_process(argv, work / "server.log", env)
+    try:
+        _wait_ready(port, process)
+        url = f"http://127.0.0.1:{port}/v2/models/m/infer"
+        command = [http_bench.wrk_path(), "-t2", f"-c{args.callers}", f"-d{round(args.seconds)}s"]
+        command += ["--timeout", "30s", "--latency", "-s", str(http_bench.LUA_SCRIPT), url]
+        command += ["--", str(body), payload.content_type]
+        figures = http_bench.run_load(command, args.seconds)
+    finally:
+        http_bench.stop_process(process)
+    latency = figures["latency_us"]
+    if sum(figures["errors"].values()):
+        raise RuntimeError(f"wrk saw errors: {figures['errors']}")
+    return {
+        "requests_per_s": figures["requests"] / (figures["duration_us"] / 1e6),
+        "mean_ms": latency["mean"] / 1e3,
+        "p50_ms": latency["p50"] / 1e3,
+        "p99_ms": latency["p99"] / 1e3,
+        "max_ms": latency["max"] / 1e3,
+    }
+
+
+def _wait_ready(port: int, process: subprocess.Popen[bytes], limit_s: float = 60.0) -> None:
+    """Until the server says it is ready (its model loaded); bounded."""
+    import http.client
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"corral serve exited with {process.returncode}")
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            connection.request("GET", "/v2/models/m/ready")
+            if connection.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        threading.Event().wait(0.2)
+    raise RuntimeError(f"corral serve was not ready within {limit_s:.0f} s")
+
+
 def _line(side: str, result: dict[str, Any]) -> str:
     return (
         f"{side:<7} {result['requests_per_s']:8.0f} req/s  mean {result['mean_ms']:7.2f} ms  "
@@ -171,11 +234,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     add("--before", default=None, help="git ref of the other side (none: this checkout only)")
     add("--model", choices=("mlp", "magika"), default="mlp")
     add("--concurrency", default="pool:1", help="the model's policy (pool:1)")
+    add("--batch", default="0", help="max_batch_size, or probe: corral's probe decides (0)")
     add("--workers", type=int, default=2, help="compute workers (2)")
     add("--callers", type=int, default=16, help="concurrent callers (16)")
     add("--caller", choices=("async", "thread"), default="async", help="asyncio tasks or threads")
     add("--seconds", type=float, default=3.0, help="seconds per round and side (3)")
     add("--rounds", type=int, default=3, help="rounds (3)")
+    add("--http", action="store_true", help="over HTTP: corral serve loaded by wrk (JSON)")
     add("--child", action="store_true", help=argparse.SUPPRESS)
     add("--repo", help=argparse.SUPPRESS)
     add("--feed", help=argparse.SUPPRESS)
@@ -184,19 +249,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _child(args)
     with tempfile.TemporaryDirectory(prefix="corral-arrival-") as temporary:
         folder = Path(temporary)
-        repo, feed = prepare(args.model, args.concurrency, folder)
+        repo, feed = prepare(args.model, args.concurrency, args.batch, folder)
         sides = {"after": _ROOT}
         if args.before:
             sides = {"before": unpack(args.before, folder), **sides}
         print(
-            f"{args.model}, {args.concurrency}, {args.workers} compute workers, "
-            f"{args.callers} {args.caller} callers, {args.seconds:g} s a round",
+            f"{args.model}, {args.concurrency}, max_batch_size {args.batch}, "
+            f"{args.workers} compute workers, "
+            f"{args.callers} {'wrk connections' if args.http else args.caller + ' callers'}, "
+            f"{args.seconds:g} s a round",
             flush=True,
         )
         results: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
         for round_index in range(args.rounds):
             for side, path in sides.items():
-                result = _side(path, args, repo, feed)
+                measure_side = _http_side if args.http else _side
+                result = measure_side(path, args, repo, feed)
                 results[side].append(result)
                 print(f"round {round_index + 1} " + _line(side, result), flush=True)
         print("medians of the rounds:")
