@@ -131,7 +131,7 @@ class ModelQueue:
     # How many of its runs may be in progress at once (its owner's sessions that can run at
     # once: 1 for exclusive and pool:1); 0: no bound. Fixed when the queue is made.
     slots: int = 0
-    # Its runs in progress now, each on its own compute worker.
+    # Its runs in progress now, each on its own compute worker (counted only with slots).
     running: int = 0
     # Every slot is running and requests are left: out of the ready rotation (in_ready stays
     # set) until one of its runs ends, so that no worker takes a batch only to wait for a

@@ -351,7 +351,10 @@ class Scheduler:
                     self._sleep_locked(wake, wait)
                 taken = take(queue, adaptive_cap(queue) if queue.adaptive else 0)
                 in_hand[:] = taken
-                queue.running += 1
+                slot = None
+                if queue.slots:
+                    queue.running += 1
+                    slot = _Slot(queue)
                 if not queue.pending:
                     queue.in_ready = False
                 elif queue.slots and queue.running >= queue.slots:
@@ -364,7 +367,6 @@ class Scheduler:
                     self._long_running += 1
                 if self._ready:
                     self._wake_locked()  # work is left: pass the wake-up on
-            slot = _Slot(queue)
             try:
                 # Sorting out who shares the run happens outside the lock, which the event
                 # loops need for every request they submit.
@@ -372,14 +374,18 @@ class Scheduler:
                 if leftovers:
                     self._put_back(queue, leftovers)
                     in_hand[:] = batch
-                self._execute(slot, batch)
+                self._execute(queue, batch, slot)
             finally:
-                with self._lock:
-                    self._free_slot_locked(slot)  # if the run failed before it was
-                    if long:
-                        self._long_running -= 1
-                        if self._ready:
-                            self._wake_locked()  # a long model kept waiting may run now
+                # slot.held changes on this thread only: read without the lock, which a
+                # shared model's batches (no slot) need not take again here.
+                if long or (slot is not None and slot.held):
+                    with self._lock:
+                        if slot is not None:
+                            self._free_slot_locked(slot)  # the run failed before it was
+                        if long:
+                            self._long_running -= 1
+                            if self._ready:
+                                self._wake_locked()  # a long model kept waiting may run now
             in_hand.clear()
 
     def _replace_worker(
@@ -487,13 +493,16 @@ class Scheduler:
             self._ready.append(queue)
         return None, wait
 
-    def _execute(self, slot: _Slot, batch: list[QueuedRequest]) -> None:
-        """Run one batch of the slot's queue and answer every request in it exactly once.
+    def _execute(
+        self, queue: ModelQueue, batch: list[QueuedRequest], slot: _Slot | None = None
+    ) -> None:
+        """Run one batch and answer every request in it exactly once.
+
+        ``slot``: the run's place among the queue's slots, given back once the model ran.
 
         Everything here is per request on the busiest path there is (32 callers of a tiny
         model spend more time here than in onnxruntime), so it is one pass per stage.
         """
-        queue = slot.queue
         now = time.monotonic()
         live: list[QueuedRequest] = []
         late: list[QueuedRequest] = []
@@ -552,7 +561,8 @@ class Scheduler:
         cpu = time.thread_time() - cpu_at if adaptive else 0.0
         # Counted before answering, so that a caller who has its answer sees it counted.
         with self._lock:
-            self._free_slot_locked(slot)
+            if slot is not None:
+                self._free_slot_locked(slot)
             counters = queue.counters
             counters.expired += len(late)
             counters.cancelled += cancelled
@@ -593,7 +603,10 @@ class Scheduler:
 
 
 class _Slot:
-    """One run's place among its queue's slots (:attr:`ModelQueue.slots`), given back once."""
+    """One run's place among its queue's slots (:attr:`ModelQueue.slots`), given back once.
+
+    Only for a queue with a bound: a ``shared`` model's runs take no slot.
+    """
 
     __slots__ = ("held", "queue")
 
