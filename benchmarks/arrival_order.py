@@ -46,10 +46,13 @@ _HERE = Path(__file__).resolve().parent
 _ROOT = _HERE.parent
 
 
-def prepare(model: str, concurrency: str, batch: str, folder: Path) -> tuple[Path, Path]:
+def prepare(
+    model: str, concurrency: str, batch: str, folder: Path, *, pbtxt: bool = False
+) -> tuple[Path, Path]:
     """A repository with the model as ``m`` under ``concurrency``, and a request's feed.
 
     ``batch``: its model.toml's ``max_batch_size``, or ``probe`` for none (corral probes).
+    ``pbtxt``: a Triton config.pbtxt instead (``instance_group { count: N }`` for pool:N).
     """
     version = folder / "repo" / "m" / "1"
     version.mkdir(parents=True)
@@ -68,10 +71,18 @@ def prepare(model: str, concurrency: str, batch: str, folder: Path) -> tuple[Pat
         onnx = build_mlp(256, 2048, 8, seed=1)
         feed = {"X": np.ones((1, 256), np.float32)}
     (version / "model.onnx").write_bytes(onnx)
-    toml = f'concurrency = "{concurrency}"\n'
-    if batch != "probe":
-        toml += f"max_batch_size = {int(batch)}\n"
-    (folder / "repo" / "m" / "model.toml").write_text(toml)
+    if pbtxt:
+        # Triton's layout, as the issue's peer runs served it: count 1 is corral's pool:1.
+        count = 1 if concurrency == "pool:1" else int(concurrency.removeprefix("pool:"))
+        config = 'platform: "onnxruntime_onnx"\n'
+        config += f"max_batch_size: {0 if batch == 'probe' else int(batch)}\n"
+        config += f"instance_group [ {{ kind: KIND_CPU, count: {count} }} ]\n"
+        (folder / "repo" / "m" / "config.pbtxt").write_text(config)
+    else:
+        toml = f'concurrency = "{concurrency}"\n'
+        if batch != "probe":
+            toml += f"max_batch_size = {int(batch)}\n"
+        (folder / "repo" / "m" / "model.toml").write_text(toml)
     np.savez(folder / "feed.npz", **feed)
     return folder / "repo", folder / "feed.npz"
 
@@ -235,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add("--model", choices=("mlp", "magika"), default="mlp")
     add("--concurrency", default="pool:1", help="the model's policy (pool:1)")
     add("--batch", default="0", help="max_batch_size, or probe: corral's probe decides (0)")
+    add("--pbtxt", action="store_true", help="a config.pbtxt with instance_group (pool:N only)")
     add("--workers", type=int, default=2, help="compute workers (2)")
     add("--callers", type=int, default=16, help="concurrent callers (16)")
     add("--caller", choices=("async", "thread"), default="async", help="asyncio tasks or threads")
@@ -249,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _child(args)
     with tempfile.TemporaryDirectory(prefix="corral-arrival-") as temporary:
         folder = Path(temporary)
-        repo, feed = prepare(args.model, args.concurrency, args.batch, folder)
+        repo, feed = prepare(args.model, args.concurrency, args.batch, folder, pbtxt=args.pbtxt)
         sides = {"after": _ROOT}
         if args.before:
             sides = {"before": unpack(args.before, folder), **sides}
