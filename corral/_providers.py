@@ -115,6 +115,15 @@ class ConcurrencyPolicy:
         """How many onnxruntime sessions this policy builds."""
         return self.size
 
+    @property
+    def runs_at_once(self) -> int:
+        """How many runs may be in progress at once; 0: no bound (``shared``).
+
+        A run beyond it waits for a session to be free: the scheduler hands a model's queue
+        to no more compute workers than this, so that none waits there.
+        """
+        return 0 if self.kind == "shared" else self.size
+
     def __str__(self) -> str:
         return f"pool:{self.size}" if self.kind == "pool" else self.kind
 

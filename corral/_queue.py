@@ -98,7 +98,8 @@ class QueuedRequest:
 class ModelQueue:
     """One model version's queue; every field but the first two guarded by the Scheduler's lock.
 
-    ``adaptive`` is set once, when the queue is made, and never changed: read without it.
+    ``adaptive`` and ``slots`` are set once, when the queue is made, and never changed: read
+    without it.
     ``counters`` is shared by every copy of the version (the Host's, for its life): a queue
     adds to it and never resets it.
     """
@@ -127,6 +128,15 @@ class ModelQueue:
     apart: bool = False
     # Runs started since the queue last ran one of the kind it is short of measuring.
     since_probe: int = 0
+    # How many of its runs may be in progress at once (its owner's sessions that can run at
+    # once: 1 for exclusive and pool:1); 0: no bound. Fixed when the queue is made.
+    slots: int = 0
+    # Its runs in progress now, each on its own compute worker (counted only with slots).
+    running: int = 0
+    # Every slot is running and requests are left: out of the ready rotation (in_ready stays
+    # set) until one of its runs ends, so that no worker takes a batch only to wait for a
+    # session, behind newer requests and while other models' requests wait.
+    parked: bool = False
 
 
 @dataclass(frozen=True)

@@ -162,6 +162,7 @@ class Scheduler:
         queue_limit: int = DEFAULT_QUEUE_LIMIT,
         counters: RunCounters | None = None,
         adaptive: bool = False,
+        slots: int = 0,
     ) -> ModelQueue:
         """A new queue for ``owner``'s requests, reported under ``key``; its owner keeps it.
 
@@ -171,12 +172,23 @@ class Scheduler:
         scheduler's lock; the scheduler keeps no list of its queues. ``adaptive``: the
         batching is corral's choice, not the model's config; requests then share runs only
         while shared runs cost no more per row than lone ones (:data:`SHARED_COSTLIER`).
+        ``slots``: how many runs ``owner`` takes at once (its sessions under ``exclusive`` or
+        ``pool:N``; 0, no bound, under ``shared``); the queue is handed to no more workers
+        than that at once, so its requests run in the order they came and no worker waits
+        for a busy session while other work waits.
         """
         if counters is None:
             counters = RunCounters()
         window_s = batch_window_us / 1e6
         return ModelQueue(
-            owner, key, max_rows, window_s, queue_limit, counters=counters, adaptive=adaptive
+            owner,
+            key,
+            max_rows,
+            window_s,
+            queue_limit,
+            counters=counters,
+            adaptive=adaptive,
+            slots=slots,
         )
 
     def submit(
@@ -229,9 +241,12 @@ class Scheduler:
             # batch already taken, and pay for their wake-ups on every request.
             if not queue.in_ready:
                 queue.in_ready = True
-                self._ready.append(queue)
-                self._wake_locked()
-            elif queue.window_s and len(pending) == queue.max_rows:
+                if queue.slots and queue.running >= queue.slots:
+                    queue.parked = True  # every slot runs: in turn when one ends (_serve)
+                else:
+                    self._ready.append(queue)
+                    self._wake_locked()
+            elif queue.window_s and len(pending) == queue.max_rows and not queue.parked:
                 self._wake_locked()  # its window's batch just filled: it is due now
 
     def count_inline(self, queue: ModelQueue, rows: int, seconds: float | None) -> None:
@@ -353,10 +368,16 @@ class Scheduler:
                     self._sleep_locked(wake, wait)
                 taken = take(queue, adaptive_cap(queue) if queue.adaptive else 0)
                 in_hand[:] = taken
-                if queue.pending:
-                    self._ready.append(queue)  # to the back: round robin across models
-                else:
+                slot = None
+                if queue.slots:
+                    queue.running += 1
+                    slot = _Slot(queue)
+                if not queue.pending:
                     queue.in_ready = False
+                elif queue.slots and queue.running >= queue.slots:
+                    queue.parked = True  # every slot runs: back in turn when a run ends
+                else:
+                    self._ready.append(queue)  # to the back: round robin across models
                 self._total -= len(taken)
                 long = queue.run_s >= LONG_RUN_S
                 if long:
@@ -370,13 +391,18 @@ class Scheduler:
                 if leftovers:
                     self._put_back(queue, leftovers)
                     in_hand[:] = batch
-                self._execute(queue, batch)
+                self._execute(queue, batch, slot)
             finally:
-                if long:
+                # slot.held changes on this thread only: read without the lock, which a
+                # shared model's batches (no slot) need not take again here.
+                if long or (slot is not None and slot.held):
                     with self._lock:
-                        self._long_running -= 1
-                        if self._ready:
-                            self._wake_locked()  # a long model kept waiting may run now
+                        if slot is not None:
+                            self._free_slot_locked(slot)  # the run failed before it was
+                        if long:
+                            self._long_running -= 1
+                            if self._ready:
+                                self._wake_locked()  # a long model kept waiting may run now
             in_hand.clear()
 
     def _replace_worker(
@@ -415,6 +441,23 @@ class Scheduler:
                 # release back, so that the lock is held while awake again.
                 wake.acquire()
 
+    def _free_slot_locked(self, slot: _Slot) -> None:
+        """A run of the slot's queue ended: a parked queue is in the workers' turns again.
+
+        Called as soon as the model has run, before the answers go out: another worker
+        runs the queue's next requests while this one delivers, as it would have taken
+        them (in their turn) from a free session.
+        """
+        if not slot.held:
+            return
+        slot.held = False
+        queue = slot.queue
+        queue.running -= 1
+        if queue.parked:
+            queue.parked = False
+            self._ready.append(queue)
+            self._wake_locked()
+
     def _put_back(self, queue: ModelQueue, leftovers: list[QueuedRequest]) -> None:
         """Return requests that could not join a batch to the front of their queue."""
         with self._lock:
@@ -422,7 +465,12 @@ class Scheduler:
             self._total += len(leftovers)
             if not queue.in_ready:
                 queue.in_ready = True
+                if queue.slots and queue.running >= queue.slots:
+                    queue.parked = True  # every slot runs: they run when one is free
+                    return
                 self._ready.appendleft(queue)  # still its turn
+            elif queue.parked:
+                return
             self._wake_locked()
 
     def _next_due_locked(self) -> tuple[ModelQueue | None, float | None]:
@@ -462,8 +510,12 @@ class Scheduler:
             self._ready.append(queue)
         return None, wait
 
-    def _execute(self, queue: ModelQueue, batch: list[QueuedRequest]) -> None:
+    def _execute(
+        self, queue: ModelQueue, batch: list[QueuedRequest], slot: _Slot | None = None
+    ) -> None:
         """Run one batch and answer every request in it exactly once.
+
+        ``slot``: the run's place among the queue's slots, given back once the model ran.
 
         Everything here is per request on the busiest path there is (32 callers of a tiny
         model spend more time here than in onnxruntime), so it is one pass per stage.
@@ -526,6 +578,8 @@ class Scheduler:
         cpu = time.thread_time() - cpu_at if adaptive else 0.0
         # Counted before answering, so that a caller who has its answer sees it counted.
         with self._lock:
+            if slot is not None:
+                self._free_slot_locked(slot)
             counters = queue.counters
             counters.expired += len(late)
             counters.cancelled += cancelled
@@ -563,6 +617,19 @@ class Scheduler:
                 if traced:
                     _report_run(queue, live, rows, runs, now, errors)
                 _answer(live, results, errors)
+
+
+class _Slot:
+    """One run's place among its queue's slots (:attr:`ModelQueue.slots`), given back once.
+
+    Only for a queue with a bound: a ``shared`` model's runs take no slot.
+    """
+
+    __slots__ = ("held", "queue")
+
+    def __init__(self, queue: ModelQueue) -> None:
+        self.queue = queue
+        self.held = True  # guarded by the Scheduler's lock
 
 
 def _log_sharing(queue: ModelQueue) -> None:

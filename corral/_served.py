@@ -326,6 +326,7 @@ class ServedVersion:
                     queue_limit=self.queue_limit,
                     counters=self.counters,
                     adaptive=self.adaptive,
+                    slots=self.session.policy.runs_at_once,
                 )
             return self._queue
 

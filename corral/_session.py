@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import enum
 import os
-import queue
 import threading
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -94,8 +94,9 @@ class Session:
         self._policy = resolve_policy(
             concurrency, resolved, pool_size=self._runtime.options.compute_workers
         )
-        # Guards _state, _in_flight, _uses, _active_runs, _cancelled, _replicas, _idle and
-        # _closed_reason. Held for bookkeeping only, never across a run or a model load.
+        # Guards _state, _in_flight, _uses, _active_runs, _cancelled, _replicas, _idle,
+        # _waiting and _closed_reason. Held for bookkeeping only, never across a run or a
+        # model load.
         self._state_lock = threading.Lock()
         # Signalled when the session reaches CLOSED.
         self._closed = threading.Condition(self._state_lock)
@@ -105,7 +106,12 @@ class Session:
         self._active_runs: set[Any] = set()
         self._cancelled = False  # close(cancel=True) began: RunOptions it saw are spent
         self._replicas: tuple[Any, ...] = ()
-        self._idle: queue.SimpleQueue[Any] | None = None
+        # exclusive and pool:N: the onnxruntime sessions free now, and the runs waiting for
+        # one, oldest first: a session that a run gives back goes to the oldest waiting run,
+        # so that runs get the sessions in the order they asked (a plain queue of sessions
+        # let the thread that gave one back take it again, ahead of those waiting).
+        self._idle: list[Any] | None = None
+        self._waiting: deque[_ReplicaWait] = deque()
         self._closed_reason = "closed by close()"
         self._runtime._register(self)
         try:
@@ -127,9 +133,7 @@ class Session:
                 self._state = SessionState.READY
                 self._replicas = replicas
                 if self._policy.kind != "shared":
-                    self._idle = queue.SimpleQueue()
-                    for replica in replicas:
-                        self._idle.put(replica)
+                    self._idle = list(replicas)
             released = self._end_use_locked()
             error = self._closed_error() if released else None
         if error is not None:
@@ -273,20 +277,30 @@ class Session:
                     self._uses += 1  # a lease's runs were counted when it was taken
                 self._in_flight += 1
             self._active_runs.add(run_options)
-            replicas, idle = self._replicas, self._idle
-        try:
+            idle = self._idle
             if idle is None:
-                results = replicas[0].run(names, feed, run_options)
+                replica = self._replicas[0]
+                wait = None
+            elif idle:
+                replica = idle.pop()
+                wait = None
             else:
-                replica = idle.get()
-                try:
-                    results = replica.run(names, feed, run_options)
-                finally:
-                    idle.put(replica)
+                replica = None
+                wait = _ReplicaWait()
+                self._waiting.append(wait)
+        try:
+            if wait is not None:
+                # Until a run ends and hands its session over: no longer than the runs
+                # ahead of this one (a cancelling close stops them too).
+                wait.ready.acquire()
+                replica = wait.replica
+            results = replica.run(names, feed, run_options)
         except Exception as exc:
             raise _ort.run_error(exc, self._name, run_options) from exc
         finally:
             with self._state_lock:
+                if idle is not None:
+                    self._give_back_locked(idle, wait, replica)
                 self._active_runs.discard(run_options)
                 if run_options.terminate:
                     # A cancel set terminate on it, which stays set: this thread needs a new one.
@@ -440,6 +454,21 @@ class Session:
                 f"after {timeout}s; it is released when the last one ends"
             )
 
+    def _give_back_locked(self, idle: list[Any], wait: _ReplicaWait | None, replica: Any) -> None:
+        """A run is done with its onnxruntime session: to the oldest waiting run, else idle."""
+        if replica is None:
+            assert wait is not None  # only a run interrupted while waiting has none
+            replica = wait.replica
+            if replica is None:  # its turn had not come: nothing to give back
+                self._waiting.remove(wait)
+                return
+        if self._waiting:
+            handed = self._waiting.popleft()
+            handed.replica = replica
+            handed.ready.release()
+        else:
+            idle.append(replica)
+
     def _end_use_locked(self, count: int = 1) -> bool:
         """Runs, leases or loads ended. Returns True if that released the session."""
         self._in_flight -= count
@@ -513,6 +542,17 @@ class Lease:
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
+
+
+class _ReplicaWait:
+    """A run waiting for a free onnxruntime session; the run that frees one hands it over."""
+
+    __slots__ = ("ready", "replica")
+
+    def __init__(self) -> None:
+        self.ready = threading.Lock()
+        self.ready.acquire()  # released once replica is set
+        self.replica: Any = None
 
 
 class _RunOptionsCache(threading.local):

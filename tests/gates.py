@@ -1,6 +1,8 @@
 """Gates: hold a test's work at a chosen point until the test opens them, never a sleep.
 
 :class:`RunGate` holds a served version's runs, and with them the compute workers;
+:class:`SessionRuns` watches (and may hold) the runs of a Session's onnxruntime sessions
+themselves, past any wait for a free one;
 :class:`CallGate` holds a slow operation (a listing, a model's files, a load, a scrape) while
 the test checks that other requests are answered meanwhile; :class:`BuildGate` holds the
 builds of chosen models' sessions.
@@ -52,6 +54,50 @@ class RunGate:
         # Held runs are the compute workers': a request the inline lane took would be held
         # on the event loop that serves the test.
         served.inline = InlineLane(served.label, LaneState.OFF, "held by a test's RunGate")
+
+
+class SessionRuns:
+    """Records, in order, the first value of each run's first input as the run starts.
+
+    It stands in for the onnxruntime sessions of ``session`` (a Session's replicas, which a
+    ``pool`` or ``exclusive`` policy lends out one run at a time), so that what it sees is a
+    run that has its session, after any wait for one. ``held``: every run waits for
+    :attr:`open` (bounded), and :attr:`started` counts the runs that reached it. Install it
+    before the session's first run.
+    """
+
+    def __init__(self, session: corral.Session, *, held: bool = False) -> None:
+        self.open = threading.Event()
+        if not held:
+            self.open.set()
+        self.started = threading.Semaphore(0)
+        # Guards order: runs on several workers append to it.
+        self._order_lock = threading.Lock()
+        self.order: list[float] = []
+        with session._state_lock:
+            replicas = tuple(_WatchedReplica(replica, self) for replica in session._replicas)
+            session._replicas = replicas
+            if session._idle is not None:
+                session._idle = list(replicas)
+
+    def ran(self, feed: dict[str, Any]) -> None:
+        with self._order_lock:
+            self.order.append(float(next(iter(feed.values())).flat[0]))
+        self.started.release()
+        if not self.open.wait(timeout=30):
+            raise TimeoutError("the session's gate was never opened")
+
+
+class _WatchedReplica:
+    """One onnxruntime session's stand-in: tells its SessionRuns of each run, then runs it."""
+
+    def __init__(self, inner: Any, runs: SessionRuns) -> None:
+        self._inner = inner
+        self._runs = runs
+
+    def run(self, names: Any, feed: dict[str, Any], options: Any) -> Any:
+        self._runs.ran(feed)
+        return self._inner.run(names, feed, options)
 
 
 def hold_compute_workers(host: Host) -> tuple[RunGate, list[Future[Any]]]:

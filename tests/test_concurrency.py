@@ -33,10 +33,7 @@ class _Tracer:
         wrapped = tuple(_Traced(self, i, r) for i, r in enumerate(session._replicas))
         session._replicas = wrapped
         if session._idle is not None:
-            while not session._idle.empty():
-                session._idle.get_nowait()
-            for replica in wrapped:
-                session._idle.put(replica)
+            session._idle = list(wrapped)
 
     def enter(self, index: int) -> None:
         with self._lock:
