@@ -381,3 +381,34 @@ def build_wheel(out: Path) -> Path:
     )
     assert completed.returncode == 0, completed.stderr
     return out / completed.stdout.strip().splitlines()[-1]
+
+
+class FakeTransport:
+    """What the protocol writes, and whether it closed, paused or resumed reading."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.closed = False
+        self.changed = asyncio.Event()
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+        self.changed.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self.changed.set()
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 40000)}.get(
+            name, default
+        )
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass

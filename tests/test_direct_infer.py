@@ -42,6 +42,7 @@ from corral.server._uvicorn import (
 )
 from corral.server.bodies import BodyBudget
 from corral.server.http import HttpApp
+from tests.helpers import FakeTransport
 from tests.strategies import plausible_requests
 
 LIMITS = ConnectionLimits(
@@ -58,37 +59,6 @@ PLAIN = orjson.dumps(
 )
 
 Response = tuple[int, list[tuple[str, str]], bytes]
-
-
-class FakeTransport:
-    """What the protocol writes, and whether it closed, paused or resumed reading."""
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self.closed = False
-        self.changed = asyncio.Event()
-
-    def write(self, data: bytes) -> None:
-        self.data += data
-        self.changed.set()
-
-    def close(self) -> None:
-        self.closed = True
-        self.changed.set()
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 40000)}.get(
-            name, default
-        )
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
 
 
 def parse(data: bytes) -> list[Response]:

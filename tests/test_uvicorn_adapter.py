@@ -31,6 +31,7 @@ from corral.server._uvicorn import (
     check_uvicorn,
     protocol_for,
 )
+from tests.helpers import FakeTransport
 
 ROOT = Path(__file__).resolve().parents[1]
 # The owners as UVICORN_INTERNALS names them.
@@ -39,34 +40,6 @@ CYCLE = "uvicorn.protocols.http.httptools_impl.RequestResponseCycle"
 FLOW = "uvicorn.protocols.http.flow_control.FlowControl"
 SERVER = "uvicorn.server.Server"
 LIMITS = ConnectionLimits(8192, 65536, 5.0, 30.0, 100)
-
-
-class Transport:
-    """Enough of an asyncio transport for uvicorn's protocol to take a request."""
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.data += data
-
-    def close(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 40000)}.get(
-            name, default
-        )
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
 
 
 async def _app(scope: object, receive: object, send: object) -> None:
@@ -95,7 +68,7 @@ def test_every_instance_attribute_corral_uses_is_set_by_uvicorn():
         config.load()
         server = uvicorn.Server(config)
         protocol = protocol_for(LIMITS)(config, ServerState(), {}, loop)
-        protocol.connection_made(Transport())  # type: ignore[arg-type]
+        protocol.connection_made(FakeTransport())  # type: ignore[arg-type]
         # A head whose body has not come yet: the request's cycle exists, its task waits.
         protocol.data_received(
             b"POST /v2/models/m/ready HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\n"
