@@ -819,8 +819,15 @@ def reference_outputs(model_path: Path, features: np.ndarray[Any, Any]) -> dict[
     """What onnxruntime itself answers for ``features``: every server must agree."""
     import onnxruntime as ort
 
+    from corral import _ort
+
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
+    if _ort.process_pools() is not None:
+        # corral set onnxruntime's global pools in this process (a test process): onnxruntime
+        # then refuses a session with threads of its own.
+        options.use_per_session_threads = False
+    else:
+        options.intra_op_num_threads = 1
     session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
     names = [output.name for output in session.get_outputs()]
     return dict(zip(names, session.run(names, {_INPUT_NAME: features}), strict=True))
