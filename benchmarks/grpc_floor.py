@@ -5,13 +5,15 @@ response whatever it is sent, so what it costs per call is grpc's (its C core, i
 layer, the event loop), not corral's. Load it as ``http_bench.py grpc-client`` loads corral
 and read the process's CPU per request: corral's figure over this one is what corral adds::
 
-    python benchmarks/grpc_floor.py aio|aio-uvloop|aio-handoff|aio-uvloop-handoff|sync PORT
-        [--workers N]
+    python benchmarks/grpc_floor.py MODE PORT [--workers N]
 
 - ``aio``, ``aio-uvloop``: a grpc.aio server on asyncio's loop, or on uvloop (as corral serve);
 - ``...-handoff``: the handler first awaits a no-op on a pool of two threads, the hand-off
   corral's compute workers cost;
-- ``sync``: grpc's threaded server with a pool of ``--workers`` threads.
+- ``sync``: grpc's threaded server with a pool of ``--workers`` threads;
+- ``sync-bridge``: ``sync`` whose handler hands each call to a uvloop loop on its own thread
+  (``run_coroutine_threadsafe``), whose coroutine awaits the no-op on the pool of two: what
+  the threaded server would cost in front of corral's asynchronous data plane.
 
 It binds 127.0.0.1 only, prints ``ready`` once serving, and runs until stopped (SIGTERM).
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import threading
 from concurrent import futures
 from typing import Any
 
@@ -28,7 +31,7 @@ import numpy as np
 
 from corral.protocol.proto import grpc_service_pb2 as pb
 
-MODES = ("aio", "aio-uvloop", "aio-handoff", "aio-uvloop-handoff", "sync")
+MODES = ("aio", "aio-uvloop", "aio-handoff", "aio-uvloop-handoff", "sync", "sync-bridge")
 
 
 def response_bytes() -> bytes:
@@ -55,10 +58,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     answer = response_bytes()
     options = [("grpc.so_reuseport", 0)]
-    if args.mode == "sync":
+    if args.mode.startswith("sync"):
+        loop: asyncio.AbstractEventLoop | None = None
+        if args.mode == "sync-bridge":
+            import uvloop
+
+            loop = uvloop.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="bridge-loop", daemon=True).start()
+        pool = futures.ThreadPoolExecutor(2)
+
+        async def handed_off(request: bytes) -> bytes:
+            await asyncio.get_running_loop().run_in_executor(pool, len, request)
+            return answer
 
         def infer_sync(request: bytes, context: Any) -> bytes:
-            return answer
+            if loop is None:
+                return answer
+            return asyncio.run_coroutine_threadsafe(handed_off(request), loop).result(30)
 
         server = grpc.server(futures.ThreadPoolExecutor(args.workers), options=options)
         server.add_generic_rpc_handlers((_service(infer_sync),))
