@@ -532,6 +532,68 @@ def test_request_parameters_reach_the_infer_request():
     np.testing.assert_array_equal(decoded.inputs[0].data, X)
 
 
+def _plain_request(shape: list[int], raw: bytes, **fields: Any) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="mlp", raw_input_contents=[raw, b"\x01"], **fields)
+    request.inputs.add(name="X", datatype="FP32", shape=shape)
+    request.inputs.add(name="B", datatype="BOOL", shape=[1])
+    return request
+
+
+def test_the_one_pass_decoding_of_plain_requests_is_the_full_decoding(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    plain = [_plain_request([3, 4], X.tobytes()), _plain_request([3, 4], X.tobytes(), id="r")]
+    # Each plain, but for its byte count, its shape or a BOOL byte: refused alike either way.
+    bad = [
+        _plain_request([3, 5], X.tobytes()),
+        _plain_request([-3, 4], X.tobytes()),
+        pb.ModelInferRequest(
+            model_name="mlp",
+            inputs=[pb.ModelInferRequest.InferInputTensor(name="B", datatype="BOOL", shape=[1])],
+            raw_input_contents=[b"\x02"],
+        ),
+    ]
+    fast = [grpc_codec.decode_request(request) for request in plain]
+    fast_errors = []
+    for request in bad:
+        with pytest.raises(corral.InvalidInput) as caught:
+            grpc_codec.decode_request(request)
+        fast_errors.append(str(caught.value))
+    # Not plain: a parameter, a named output, a request parameter.
+    with_parameter = _plain_request([3, 4], X.tobytes())
+    with_parameter.inputs[0].parameters["note"].string_param = "n"
+    with_output = _plain_request([3, 4], X.tobytes())
+    with_output.outputs.add(name="Y")
+    with_timeout = _plain_request([3, 4], X.tobytes())
+    with_timeout.parameters["timeout"].int64_param = 5
+    assert all(grpc_codec._decode_plain(r) is not None for r in plain)
+    assert all(
+        grpc_codec._decode_plain(r) is None for r in (with_parameter, with_output, with_timeout)
+    )
+
+    monkeypatch.setattr(grpc_codec, "_decode_plain", lambda request: None)
+    for request, decoded in zip(plain, fast, strict=True):
+        full = grpc_codec.decode_request(request)
+        assert (full.id, full.outputs, full.parameters) == (
+            decoded.id,
+            decoded.outputs,
+            decoded.parameters,
+        )
+        for mine, theirs in zip(decoded.inputs, full.inputs, strict=True):
+            assert (mine.name, mine.datatype, mine.shape, mine.parameters) == (
+                theirs.name,
+                theirs.datatype,
+                theirs.shape,
+                theirs.parameters,
+            )
+            assert mine.data.dtype == theirs.data.dtype
+            np.testing.assert_array_equal(mine.data, theirs.data)
+    for request, message in zip(bad, fast_errors, strict=True):
+        with pytest.raises(corral.InvalidInput) as caught:
+            grpc_codec.decode_request(request)
+        assert str(caught.value) == message
+
+
 def test_typed_bytes_contents_decode_to_bytes():
     request = pb.ModelInferRequest(model_name="strings")
     tensor = request.inputs.add(name="IN_BYTES", datatype="BYTES", shape=[1, 2])

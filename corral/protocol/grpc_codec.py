@@ -104,6 +104,9 @@ def decode_request(
 
         decoded = decode_request(pb.ModelInferRequest.FromString(data))
     """
+    common = _decode_plain(request)
+    if common is not None:
+        return common
     raw = request.raw_input_contents
     parameters = [_parameters(tensor.parameters) for tensor in request.inputs]
     references = [
@@ -148,6 +151,32 @@ def decode_request(
         id=request.id or None,
         parameters=_request_parameters(request.parameters),
     )
+
+
+def _decode_plain(request: pb.ModelInferRequest) -> InferRequest | None:
+    """The most common request decoded in one pass; None for any other.
+
+    :func:`decode_request` decodes any other in full (and refuses it as it would). Plain:
+    every input in ``raw_input_contents`` (one entry each), none with parameters or typed
+    contents, no outputs named, no request parameters. Each input's bytes are then decoded
+    exactly as the full path decodes them, so its errors are the same.
+    """
+    raw = request.raw_input_contents
+    tensors = list(request.inputs)
+    if (
+        not raw
+        or len(raw) != len(tensors)
+        or request.outputs
+        or request.parameters
+        or any(tensor.parameters or tensor.HasField("contents") for tensor in tensors)
+    ):
+        return None
+    inputs = []
+    for tensor, data in zip(tensors, raw, strict=True):
+        name, datatype, shape = tensor.name, tensor.datatype, tuple(tensor.shape)
+        array = decode_tensor(data, datatype, shape, name=name)
+        inputs.append(InferInput(name, datatype, shape, array, {}))
+    return InferRequest(inputs=tuple(inputs), outputs=(), id=request.id or None, parameters={})
 
 
 def encode_response(response: InferResponse) -> pb.ModelInferResponse:
