@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from corral.server.routes import Family, NoRoute, Route, match
+from corral.server.routes import Family, named_route
 
 __all__ = ["HttpAnswer", "HttpCall", "call_asgi", "model_in_path"]
 
@@ -52,13 +52,8 @@ def model_in_path(path: str) -> str | None:
     ``/v2/models/stats`` (every model's statistics) names none. Taken from the route table
     (:mod:`corral.server.routes`), whatever the method.
     """
-    try:
-        route: Route | None = match("GET", path)
-    except NoRoute as missing:
-        route = missing.route
-    if route is None or route.endpoint.family is not Family.MODELS:
-        return None
-    return route.model
+    route, family = named_route("GET", path)
+    return route.model if route is not None and family is Family.MODELS else None
 
 
 async def call_asgi(app: Asgi, call: HttpCall) -> HttpAnswer:

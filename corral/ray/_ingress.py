@@ -27,7 +27,7 @@ from corral.ray._exchange import HttpAnswer, HttpCall
 from corral.ray._replica import ModelReplica
 from corral.server.requests import check_token, read_body
 from corral.server.responses import HttpError
-from corral.server.routes import Endpoint, Family, NoRoute, match
+from corral.server.routes import Endpoint, Family, named_route
 
 __all__ = ["V2Ingress"]
 
@@ -89,14 +89,10 @@ def _routed(method: str, path: str) -> tuple[Endpoint | None, Family | None, str
     A request no endpoint answers is forwarded all the same: a replica refuses it in the
     words ``corral serve`` uses.
     """
-    try:
-        route = match(method, path)
-    except NoRoute as missing:
-        if missing.route is None:
-            return None, missing.family, None
-        route = missing.route
-    model = route.model if route.endpoint.family is Family.MODELS else None
-    return route.endpoint, route.endpoint.family, model
+    route, family = named_route(method, path)
+    if route is None:
+        return None, family, None
+    return route.endpoint, family, route.model if family is Family.MODELS else None
 
 
 def _refuse_per_process(path: str, endpoint: Endpoint | None, family: Family | None) -> None:

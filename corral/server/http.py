@@ -170,7 +170,10 @@ class HttpApp:
             if name is not None:  # the busiest route, taken before the table
                 if self._auth is not None:
                     check_token(scope["headers"], self._auth)
-                await self._infer_route(Route(Endpoint.INFER, model=name), scope, receive, send)
+                if self._tracing is None:
+                    await self._infer(name, None, scope, receive, send)
+                else:
+                    await self._infer_route(Route(Endpoint.INFER, model=name), scope, receive, send)
                 return
             await self._route(method, scope, receive, send)
         except Exception as exc:

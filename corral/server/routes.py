@@ -34,6 +34,7 @@ __all__ = [
     "direct_infer_model",
     "infer_model",
     "match",
+    "named_route",
 ]
 
 #: The inference route's path around a model's name: ``/v2/models/{name}/infer``.
@@ -192,6 +193,19 @@ def match(method: str, path: str, *, status_page: bool = True) -> Route:
     if rest[:2] == ["corral", "status"] and status_page:
         return _status(method, path, rest[2:])
     raise _unknown(path)
+
+
+def named_route(method: str, path: str) -> tuple[Route | None, Family | None]:
+    """The route a path names even when the method is wrong, and the family of its path.
+
+    For routing a request on without answering it (the Ray ingress picks a replica by it):
+    ``(None, family)`` when no endpoint has the path, the family None when not even that.
+    """
+    try:
+        route = match(method, path)
+    except NoRoute as missing:
+        return missing.route, missing.family
+    return route, route.endpoint.family
 
 
 def _health(method: str, which: str) -> Route:
