@@ -71,9 +71,14 @@ def shape_key(feed: dict[str, npt.NDArray[Any]]) -> tuple[int, tuple[object, ...
 
 
 def take(queue: ModelQueue, cap: int = 0) -> list[QueuedRequest]:
-    """Pop the requests the next run may use: one if the model does not batch; ``cap`` at most."""
+    """Pop the requests the next run may use: ``cap`` at most, and one alone if it runs alone.
+
+    Only the oldest is taken when the model does not batch, or when the oldest runs alone
+    anyway (an empty or unbatchable request, see :func:`shape_key`): the others would only
+    be put back.
+    """
     pending = queue.pending
-    if queue.max_rows == 0 or cap == 1:
+    if queue.max_rows == 0 or cap == 1 or not pending[0].key:
         return [pending.popleft()]
     count = min(len(pending), queue.max_rows, _SCAN_LIMIT, cap or _SCAN_LIMIT)
     return [pending.popleft() for _ in range(count)]

@@ -41,8 +41,12 @@ def adaptive_cap(queue: ModelQueue) -> int:
     Counts the run: while one kind of run is unmeasured, every few runs is of that kind;
     once decided, every :data:`ADAPT_RECHECK_EVERY`-th run is of the kind not chosen. A
     shared one takes what sharing would take: a smaller batch than sharing makes would
-    measure a cost that sharing does not have.
+    measure a cost that sharing does not have. A run whose oldest request runs alone anyway
+    (empty or unbatchable) is not counted: it measures neither kind, and a probe turn spent
+    on it would make the next batch of rows a lone run instead.
     """
+    if not queue.pending[0].key:
+        return 1
     queue.since_probe += 1
     if queue.alone_runs < ADAPT_MIN_RUNS or queue.shared_runs < ADAPT_MIN_RUNS:
         every = _ADAPT_EXPLORE_EVERY

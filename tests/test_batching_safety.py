@@ -189,3 +189,26 @@ def test_empty_requests_run_alone_and_change_no_other_answer(root: Path, transpo
     assert_each_as_alone("mlp", inputs, answers)
     # The non-empty requests share one run; each empty one runs alone.
     assert runs == 1 + rows.count(0)
+
+
+@pytest.mark.timeout(60)
+def test_empty_requests_queued_first_spend_no_turn_of_an_adaptive_queue(root: Path):
+    # The order the gRPC variant above may see: empty requests oldest. An adaptive queue
+    # (the model is probed, not declared) runs every fourth run alone while it measures;
+    # runs of empty requests measure nothing, and must not push that turn onto the batch.
+    rows = [0, 0, 0, 2, 1, 3, 1, 2, 0]
+    inputs = requests_for("mlp", rows)
+    with Host(root) as host:
+        assert host.preload() == {}
+        gate, blockers = hold_compute_workers(host)
+        try:
+            sent = [host.submit("mlp", {"X": x}) for x in inputs]
+        finally:
+            gate.open.set()
+        answers = [future.result(30)["Y"] for future in sent]
+        for blocker in blockers:
+            blocker.result(30)
+        stats = host.queue_stats()[("mlp", 1)]
+    assert_each_as_alone("mlp", inputs, answers)
+    assert stats.rows == sum(rows)
+    assert stats.runs == 1 + rows.count(0)
