@@ -192,8 +192,11 @@ def test_two_replicas_serve_every_model_through_the_v2_ingress(tmp_path: Path, m
             for name in names:
                 response = http.get(f"/v2/models/{name}/stats")
                 assert response.status_code == 200, f"{name}: {response.text}"
-                count = response.json()["model_stats"][0]["inference_count"]
-                if count > 0:
+                # Empty when the replica asked never served the model: Ray may route the
+                # name to the other replica now (each fits about half the repository, and a
+                # model unloaded under the budget leaves its replica's multiplexed ids).
+                stats = response.json()["model_stats"]
+                if stats and stats[0]["inference_count"] > 0:
                     served_by[name] = response.headers["corral-replica"]
     finally:
         code, survivors = shut_down(process)
