@@ -32,6 +32,7 @@ from uvicorn.config import Config
 from uvicorn.server import ServerState
 
 from corral import Host
+from corral._served import ServedVersion
 from corral.protocol import DataPlane
 from corral.server._uvicorn import (
     DIRECT_BODY_BYTES,
@@ -42,7 +43,8 @@ from corral.server._uvicorn import (
 )
 from corral.server.bodies import BodyBudget
 from corral.server.http import HttpApp
-from tests.helpers import FakeTransport
+from corral.testing import build_mlp
+from tests.helpers import FakeTransport, reference_run
 from tests.strategies import plausible_requests
 
 LIMITS = ConnectionLimits(
@@ -122,8 +124,9 @@ class Recording:
 class Connection:
     """One protocol instance on a fake transport, fed bytes as a client sends them."""
 
-    def __init__(self, app: Any, *, direct: bool = True) -> None:
-        self.state = ServerState()
+    def __init__(self, app: Any, *, direct: bool = True, state: ServerState | None = None) -> None:
+        # A server's connections share its state: its connections and its tasks.
+        self.state = state or ServerState()
         config = Config(app, lifespan="off", ws="none", log_config=None)
         config.load()
         cls = protocol_for(LIMITS, app if direct else None)
@@ -347,6 +350,7 @@ class Gated:
         self.gate = asyncio.Event()
         self.started = asyncio.Event()
         self.paths: list[str] = []
+        self.alone: list[bool] = []  # what each direct request was told
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -359,9 +363,10 @@ class Gated:
         await send({"type": "http.response.body", "body": b"asgi"})
 
     async def answer_infer(
-        self, name: str, headers: object, body: bytes, loop: object
+        self, name: str, headers: object, body: bytes, loop: object, alone: bool = True
     ) -> tuple[int, bytes, bytes]:
         self.paths.append("direct")
+        self.alone.append(alone)
         self.started.set()
         await self.gate.wait()
         payload = b"direct:" + name.encode()
@@ -573,3 +578,83 @@ def test_nearly_right_requests_get_the_asgi_paths_answers_directly(
     [(status, _, _)], paths = asyncio.run(both_ways(app, request(body, headers=tuple(headers))))
     assert paths == ["direct"]
     assert status < 500
+
+
+# -- the inline lane takes a request only when it is alone ---------------------------------
+
+
+def test_a_direct_request_is_told_alone_only_when_no_other_of_the_server_is_in_flight():
+    async def main() -> None:
+        app = Gated()
+        first = Connection(app)
+        second = Connection(app, state=first.state)
+        first.send(request(path="/v2/models/a/infer"))
+        async with asyncio.timeout(TIMEOUT_S):
+            await app.started.wait()
+        second.send(request(path="/v2/models/a/infer"))  # while the first is in flight
+        await _yield_to_the_loop()
+        assert app.alone == [True, False]
+        app.gate.set()
+        for connection in (first, second):
+            assert len(await connection.responses(1)) == 1
+        await _yield_to_the_loop()  # the tasks' done callbacks leave the server's set
+        # Two arriving in one turn of the loop: both are counted before either runs.
+        first.send(request(path="/v2/models/a/infer"))
+        second.send(request(path="/v2/models/a/infer"))
+        for connection in (first, second):
+            assert len(await connection.responses(2)) == 2
+        assert app.alone == [True, False, False, False]
+        # And alone again once they are answered.
+        await _yield_to_the_loop()
+        first.send(request(path="/v2/models/a/infer"))
+        assert len(await first.responses(3)) == 3
+        assert app.alone[-1] is True
+        for connection in (first, second):
+            await connection.close()
+
+    asyncio.run(main())
+
+
+def test_the_inline_lane_takes_lone_requests_and_leaves_concurrent_ones_to_the_workers(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+):
+    ran_inline: list[bool] = []
+    run_inline = ServedVersion.run_inline
+
+    def recorded(self: ServedVersion, *args: Any) -> Any:
+        results = run_inline(self, *args)
+        ran_inline.append(results is not None)
+        return results
+
+    monkeypatch.setattr(ServedVersion, "run_inline", recorded)
+    (expected,) = reference_run(build_mlp(seed=1), {"X": X})
+
+    async def main(host: Host) -> None:
+        app = HttpApp(DataPlane(host))
+        connections = [Connection(app)]
+        connections += [Connection(app, state=connections[0].state) for _ in range(3)]
+        lone = connections[0]
+        for count in (1, 2, 3):  # one at a time: each runs on the loop
+            lone.send(request())
+            assert len(await lone.responses(count)) == count
+            await _yield_to_the_loop()
+        assert ran_inline == [True, True, True]
+        for connection in connections:  # four in one turn: the workers take them all
+            connection.send(request())
+        answers = [await c.responses(4 if c is lone else 1) for c in connections]
+        assert ran_inline == [True, True, True]
+        for responses in answers:
+            for status, _, body in responses:
+                assert status == 200, body
+                (output,) = orjson.loads(body)["outputs"]
+                np.testing.assert_array_equal(
+                    np.array(output["data"], np.float32).reshape(output["shape"]), expected
+                )
+        for connection in connections:
+            await connection.close()
+
+    with Host(repo, inline_run_us=1_000_000) as host:
+        host.load("mlp")
+        asyncio.run(main(host))
+        assert host.status("mlp").versions[0].inline.startswith("inline:")
+        assert host.queue_stats()[("mlp", 1)].accepted == 7

@@ -292,12 +292,16 @@ class DataPlane:
         request: InferRequest,
         trace: RunTrace | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
+        inline: bool = True,
     ) -> InferResponse:
         """Run ``request`` on the model and answer it; raises corral's errors.
 
         ``trace``: the server's tracing of this request, told of the run that answers it.
         ``loop``: the running event loop, when the caller has it at hand (it saves a system
-        call per request on Python 3.11).
+        call per request on Python 3.11). ``inline``: False keeps the request off the inline
+        lane (:mod:`corral._inline`) whatever its model's place there; a server passes it
+        when other requests are in flight beside this one, which the compute workers may
+        batch with it.
 
         A request that names no outputs gets the model's tensor outputs; any others (a
         sequence, a map) are not computed, and the response's ``omitted_outputs`` parameter
@@ -345,7 +349,7 @@ class DataPlane:
                 wanted, omitted = None, []  # every output, all of them tensors
             # A model proven to run in microseconds runs here, under the lease (the inline
             # lane, corral._inline); a traced request always takes the workers' run records.
-            results = None if trace is not None else lease.run_inline(feed, wanted, deadline)
+            results = lease.run_inline(feed, wanted, deadline) if inline and trace is None else None
             if results is None:
                 # The lease's hold passes to the queued request, which keeps the version
                 # until it is answered: the outputs need it no more.

@@ -72,7 +72,7 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 from uvicorn.server import ServerState
 
-from corral.server.http import LOOP_SCOPE_KEY
+from corral.server.http import ALONE_SCOPE_KEY, LOOP_SCOPE_KEY
 from corral.server.requests import DECODE_INLINE_BYTES
 from corral.server.routes import direct_infer_model
 
@@ -109,8 +109,12 @@ class DirectApp(Protocol):
         headers: list[tuple[bytes, bytes]],
         body: bytes,
         loop: asyncio.AbstractEventLoop,
+        alone: bool = True,
     ) -> tuple[int, bytes, bytes]:
-        """The status, header lines and body answering ``POST /v2/models/{name}/infer``."""
+        """The status, header lines and body answering ``POST /v2/models/{name}/infer``.
+
+        ``alone``: no other request of the server's is in flight (see :data:`ALONE_SCOPE_KEY`).
+        """
         ...
 
 
@@ -244,6 +248,8 @@ class EdgeProtocol(HttpToolsProtocol):
 
     async def _run_app(self, scope: Any, receive: Any, send: Any) -> None:
         scope[LOOP_SCOPE_KEY] = self.loop  # the loop running this task: the app need not ask
+        # The server's tasks, this one's included: one request per task, on every connection.
+        scope[ALONE_SCOPE_KEY] = len(self.tasks) == 1
         try:
             await self._inner_app(scope, receive, send)
         except asyncio.CancelledError:
@@ -364,7 +370,11 @@ class EdgeProtocol(HttpToolsProtocol):
         app = self.direct
         assert app is not None  # set before any request is taken directly
         try:
-            status, head, payload = await app.answer_infer(name, headers, body, self.loop)
+            # Alone if no other task of the server's (a request each, on any connection) is
+            # in flight: requests that arrived together, on one turn of the loop, are all
+            # counted before the first of them runs here, and go to the compute workers.
+            alone = len(self.tasks) == 1
+            status, head, payload = await app.answer_infer(name, headers, body, self.loop, alone)
         except asyncio.CancelledError:
             # As _run_app: a request cut by the drain's end is answered, other cancels go on.
             if not self._drain_ran_out:

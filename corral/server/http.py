@@ -68,7 +68,14 @@ if TYPE_CHECKING:
     from corral.server.status import StatusBoard
     from corral.server.tracing import RequestTrace, Tracing
 
-__all__ = ["DECODE_INLINE_BYTES", "LOOP_SCOPE_KEY", "STATUS", "HttpApp", "HttpError"]
+__all__ = [
+    "ALONE_SCOPE_KEY",
+    "DECODE_INLINE_BYTES",
+    "LOOP_SCOPE_KEY",
+    "STATUS",
+    "HttpApp",
+    "HttpError",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +83,12 @@ logger = logging.getLogger(__name__)
 #: serve's connections do): the app then need not ask asyncio, which on Python 3.11 makes a
 #: system call (``getpid``) each time. Without it, the app asks.
 LOOP_SCOPE_KEY = "corral.loop"
+#: The scope key under which a server may say whether a request is the only one it has in
+#: flight (corral serve's connections do). Only such a request may take the inline lane: with
+#: others beside it, the compute workers batch them, which costs less CPU a request than a
+#: run each on the loop (``docs/scheduler.md``, "the inline lane"). Without the key, the lane
+#: takes any request its model's place in the lane admits.
+ALONE_SCOPE_KEY = "corral.alone"
 
 # The scope key of a request's HttpExchange, when it has one.
 _EXCHANGE = "corral.exchange"
@@ -194,6 +207,7 @@ class HttpApp:
         headers: list[tuple[bytes, bytes]],
         body: bytes,
         loop: asyncio.AbstractEventLoop,
+        alone: bool = True,
     ) -> tuple[int, bytes, bytes]:
         """Answer ``POST /v2/models/{name}/infer`` whose whole body a server has read already.
 
@@ -205,7 +219,8 @@ class HttpApp:
         Returns the status, the response's header lines (``name: value`` and CRLF each) and
         its body; every error is answered as :meth:`__call__` answers it, never raised (but
         a cancellation). A request with an ``X-Request-ID`` is not for this method: its id
-        is echoed by the ASGI path.
+        is echoed by the ASGI path. ``alone``: whether it is the only request the server has
+        in flight, as :data:`ALONE_SCOPE_KEY` says on the ASGI route.
         """
         try:
             if self._auth is not None:
@@ -215,7 +230,7 @@ class HttpApp:
                 raise too_large(self._max_request_bytes)
             with self._bodies.reserve(len(body)) as held:
                 payload, content_type, extra = await self._answer(
-                    name, None, coding, body, held, loop
+                    name, None, coding, body, held, loop, alone
                 )
             return 200, head(content_type, len(payload), extra), payload
         except Exception as exc:
@@ -350,7 +365,15 @@ class HttpApp:
             body = await read_body(scope, receive, self._max_request_bytes, held)
             exchange = scope[_EXCHANGE] if self._access_log else None
             payload, content_type, extra = await self._answer(
-                name, version, coding, body, held, scope.get(LOOP_SCOPE_KEY), trace, exchange
+                name,
+                version,
+                coding,
+                body,
+                held,
+                scope.get(LOOP_SCOPE_KEY),
+                scope.get(ALONE_SCOPE_KEY, True),
+                trace,
+                exchange,
             )
             await respond(send, 200, payload, content_type, extra)
 
@@ -362,6 +385,7 @@ class HttpApp:
         body: bytes,
         held: BodyReservation,
         loop: asyncio.AbstractEventLoop | None,
+        alone: bool,
         trace: RequestTrace | None = None,
         exchange: HttpExchange | None = None,
     ) -> tuple[bytes, tuple[bytes, bytes], Headers]:
@@ -393,7 +417,7 @@ class HttpApp:
             exchange.body_id = request.id  # the log's id, when no header gave one
         if trace is not None:
             trace.decoded()
-        response = await self._plane.infer(name, version, request, trace, loop)
+        response = await self._plane.infer(name, version, request, trace, loop, alone)
         if trace is not None:
             trace.encoding()
         payload, json_length = encode_response(response, request)
