@@ -295,18 +295,22 @@ class LoadWorkers:
             self._abandoned += 1
             self._changed.notify_all()
             self._fill_slots_locked()
+        activity = running.claim.activity
+        # A file read or a build cannot be interrupted; runs (warm-up, probe) are stopped by
+        # the callbacks below and their thread returns.
+        left = (
+            f"its thread {running.thread.name} is abandoned"
+            if activity == DEFAULT_ACTIVITY
+            else f"its runs are stopped, and its thread {running.thread.name} ends"
+        )
         if running.claim.closing:
             # Cut by the Host closing, not by its own timeout: say so.
-            logger.warning(
-                "corral: the Host closed while a load was still %s: its thread %s is abandoned",
-                running.claim.activity,
-                running.thread.name,
-            )
+            logger.warning("corral: the Host closed while a load was still %s: %s", activity, left)
         else:
             logger.warning(
-                "corral: a load ran past its %ss timeout while %s: its thread %s is abandoned",
+                "corral: a load ran past its %ss timeout while %s: %s",
                 running.claim.timeout_s,
-                running.claim.activity,
-                running.thread.name,
+                activity,
+                left,
             )
         run_callbacks(callbacks)

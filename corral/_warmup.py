@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 
 import numpy as np
@@ -29,6 +30,8 @@ from corral._pbtxt_warmup import MAX_WARMUP_BYTES, warmup_bytes
 from corral._session import Session
 
 __all__ = ["WARMING_UP", "check_warmup_room", "run_warmups"]
+
+logger = logging.getLogger(__name__)
 
 #: What a claim says its load is doing while the warm-up runs (:attr:`Claim.activity`).
 WARMING_UP = "running its warm-up"
@@ -67,7 +70,10 @@ def run_warmups(session: Session, config: ModelConfig, claim: Claim, room: int |
     if config.warmup:
         _warm_up(session, room)
     for sample in config.warmup_samples:
-        claim.set_activity(f"{WARMING_UP} ({_shown(sample)}, {sample.count} run(s))")
+        doing = f"{WARMING_UP} ({_shown(sample)}, {sample.count} run(s))"
+        claim.set_activity(doing)
+        # A warm-up may be long: the log says where a load spends its time.
+        logger.info("corral: %s: %s", session.name, doing)
         _run_warmup_sample(session, sample, batched=bool(config.max_batch_size))
 
 
