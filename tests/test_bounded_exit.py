@@ -13,6 +13,7 @@ import contextlib
 import json
 import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -24,7 +25,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+import corral
+from corral import _ort
 from corral.testing import build_linear
+from tests.gates import SessionRuns
 from tests.helpers import add_model, build_slow_loop, build_slow_to_build
 from tests.processes import ServerProcess, start_server
 
@@ -168,3 +172,65 @@ def test_sighup_drains_like_sigterm_and_leaves_no_uploads(tmp_path: Path):
     assert took < EXIT_BOUND_S, (took, log)
     assert "SIGHUP received, draining" in log, log
     assert list(temporary.glob("corral-uploads-*")) == []
+
+
+def test_still_running_names_a_session_building_and_one_running(
+    linear_model: bytes, monkeypatch: pytest.MonkeyPatch
+):
+    rt = corral.runtime()
+    building = threading.Event()
+    release = threading.Event()
+    create = _ort.create_session
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        building.set()
+        assert release.wait(timeout=30)
+        return create(*args, **kwargs)
+
+    monkeypatch.setattr(_ort, "create_session", held)
+    made: list[corral.Session] = []
+    builder = threading.Thread(
+        target=lambda: made.append(corral.Session(linear_model, name="held:1"))
+    )
+    builder.start()
+    try:
+        assert building.wait(timeout=30)
+        assert rt.still_running() == ("building session 'held:1' (inside onnxruntime)",)
+    finally:
+        release.set()
+        builder.join(timeout=30)
+    (session,) = made
+    with session:
+        runs = SessionRuns(session, held=True)
+        runner = threading.Thread(target=session.run, args=({"X": np.ones((1, 4), np.float32)},))
+        runner.start()
+        try:
+            assert runs.started.acquire(timeout=30)
+            assert rt.still_running() == ("1 run(s) of 'held:1'",)
+        finally:
+            runs.open.set()
+            runner.join(timeout=30)
+        assert rt.still_running() == ()
+
+
+_TIMER_SCRIPT = """
+import logging, sys, threading
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+from corral.server.app import _ExitTimer
+timer = _ExitTimer(0.5, lambda: ["a stuck thing"])
+timer.start("SIGTERM")
+print("started", flush=True)
+threading.Event().wait()  # a drain that never ends: only the timer can end the process
+"""
+
+
+def test_the_exit_timer_ends_a_stuck_process_naming_what_was_left(tmp_path: Path):
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", _TIMER_SCRIPT], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 3, done.stderr  # EXIT_DRAIN_INCOMPLETE, not a signal's death
+    assert time.monotonic() - began < 30
+    assert done.stdout == "started\n"
+    assert "exiting (0.5 s after SIGTERM: the drain timeout and notice, plus 5 s)" in done.stderr
+    assert "without waiting for what is still running: a stuck thing" in done.stderr
