@@ -132,9 +132,10 @@ def run(settings: ServerSettings) -> int:
             loop.add_signal_handler(signum, on_signal, signum)
         status = runner.run(serve(settings, stop, notice_cut=notice_cut, freeze_long_lived=True))
     left = rt.still_running()
-    if left:
+    if left or status == EXIT_DRAIN_INCOMPLETE:
         # Interpreter exit would wait for them (the Runtime's atexit hook), then tear down
-        # onnxruntime under a thread still inside it: leave now.
+        # onnxruntime under a thread still inside it: leave now. An abandoned load with no
+        # session yet (reading its files) may enter onnxruntime during that teardown too.
         exit_now(status, "the Host is closed", left)
     exit_timer.cancel()
     return status
