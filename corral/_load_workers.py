@@ -27,9 +27,12 @@ from collections.abc import Callable
 
 from corral._errors import HostClosed
 
-__all__ = ["Claim", "ClaimState", "LoadWorkers"]
+__all__ = ["DEFAULT_ACTIVITY", "Claim", "ClaimState", "LoadWorkers"]
 
 logger = logging.getLogger(__name__)
+
+#: What a job is doing until it says otherwise: reading files, building the session.
+DEFAULT_ACTIVITY = "reading its files or building its session"
 
 
 class ClaimState(enum.Enum):
@@ -57,10 +60,23 @@ class Claim:
         self.timeout_s = timeout_s
         #: Set when the job is expired because the Host closed, not by its deadline.
         self.closing = False
-        # Guards _state and _callbacks: the job and the watchdog race to finish or expire it.
+        # Guards _state, _callbacks and _activity: the job and the watchdog race to finish or
+        # expire it, and the watchdog reads what the job says it is doing.
         self._state_lock = threading.Lock()
         self._state = ClaimState.RUNNING
         self._callbacks: list[Callable[[], None]] = []
+        self._activity = DEFAULT_ACTIVITY
+
+    @property
+    def activity(self) -> str:
+        """What the job said it is doing last (:meth:`set_activity`), for its expiry's words."""
+        with self._state_lock:
+            return self._activity
+
+    def set_activity(self, activity: str) -> None:
+        """Say what the job is doing now ("running its warm-up"), for the messages if it expires."""
+        with self._state_lock:
+            self._activity = activity
 
     def on_expire(self, callback: Callable[[], None]) -> bool:
         """Run ``callback`` (on the watchdog) if the job expires; False if it already has.
@@ -279,9 +295,22 @@ class LoadWorkers:
             self._abandoned += 1
             self._changed.notify_all()
             self._fill_slots_locked()
-        logger.warning(
-            "corral: a load ran past its %ss timeout: its thread %s is abandoned",
-            running.claim.timeout_s,
-            running.thread.name,
+        activity = running.claim.activity
+        # A file read or a build cannot be interrupted; runs (warm-up, probe) are stopped by
+        # the callbacks below and their thread returns.
+        left = (
+            f"its thread {running.thread.name} is abandoned"
+            if activity == DEFAULT_ACTIVITY
+            else f"its runs are stopped, and its thread {running.thread.name} ends"
         )
+        if running.claim.closing:
+            # Cut by the Host closing, not by its own timeout: say so.
+            logger.warning("corral: the Host closed while a load was still %s: %s", activity, left)
+        else:
+            logger.warning(
+                "corral: a load ran past its %ss timeout while %s: %s",
+                running.claim.timeout_s,
+                activity,
+                left,
+            )
         run_callbacks(callbacks)

@@ -28,10 +28,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-import numpy as np
-
 from corral._check import estimate_version_bytes
-from corral._config import WarmupSample
 from corral._counters import HostCounters
 from corral._errors import (
     CorralError,
@@ -43,9 +40,9 @@ from corral._errors import (
     fresh,
 )
 from corral._inline import measure_lane
-from corral._load_workers import Claim, LoadWorkers
+from corral._load_workers import DEFAULT_ACTIVITY, Claim, LoadWorkers
 from corral._options import HostOptions
-from corral._pbtxt import check_declared, reshaped_signature, triton_type, warmup_feed
+from corral._pbtxt import check_declared, reshaped_signature
 from corral._probe import plan_batching
 from corral._repository import ModelEntry, Repository, validate_model_name
 from corral._runtime import Runtime
@@ -54,6 +51,7 @@ from corral._served import HostLease, Outputs, ServedVersion
 from corral._session import Session
 from corral._table import Key, Lead, ModelTable
 from corral._trace_hooks import LoadObserver, LoadRecord
+from corral._warmup import check_warmup_room, run_warmups
 
 __all__ = ["Loader", "version_number"]
 
@@ -258,15 +256,22 @@ class Loader:
 
     # -- builds ------------------------------------------------------------------------------
 
-    def build(self, name: str, version: int, entry: ModelEntry, size_bytes: int) -> ServedVersion:
+    def build(
+        self, name: str, version: int, entry: ModelEntry, size_bytes: int, claim: Claim
+    ) -> ServedVersion:
         """Build ``version`` of a model into a served version, not yet published.
 
         ``size_bytes`` is its :meth:`estimate`: what the budget counts it as.
-        Creates its Session (and warms it up if its model.toml says so) on the calling
+        Creates its Session (and runs its warm-ups: :mod:`corral._warmup`) on the calling
         thread, and decides whether its requests share runs (``corral._probe``: declared,
-        probed or off); raises :class:`ModelLoadError` (or a subclass) if that fails.
+        probed or off); raises :class:`ModelLoadError` (or a subclass) if that fails. If
+        ``claim`` expires once the session is built, its runs are stopped.
         """
         config = entry.config
+        budget = self._options.budget_bytes
+        room = None if budget is None else budget - size_bytes
+        # Before anything is built: a warm-up's arrays are sized from the config alone.
+        check_warmup_room(config, f"{name}:{version}", room)
         session = Session(
             entry.versions[version].path,
             runtime=self._runtime,
@@ -283,10 +288,8 @@ class Loader:
             reshaped = reshaped_signature(config, session.signature)
             if reshaped is not None:
                 session.reshape_tensors(reshaped)
-            if config.warmup:
-                _warm_up(session)
-            for sample in config.warmup_samples:
-                _run_warmup_sample(session, sample, batched=bool(config.max_batch_size))
+            run_warmups(session, config, claim, room)
+            claim.set_activity("measuring its runs (the batching probe)")
             # After the warm-up: the probe's runs then cost what a loaded model's runs cost.
             plan = plan_batching(
                 session.signature,
@@ -340,7 +343,7 @@ class Loader:
                 return
             try:
                 size = self.estimate(entry, version)
-                served = self.build(name, version, entry, size)
+                served = self.build(name, version, entry, size, claim)
                 if not claim.finish():
                     served.session.close()  # too late: the reload was answered LoadTimeout
                     return
@@ -473,7 +476,7 @@ class Loader:
                 self._table.end_reservation(size)  # expired while it waited for room
                 return
             reserved = size
-            served = self.build(name, version, entry, size)
+            served = self.build(name, version, entry, size, claim)
             if not claim.finish():
                 served.session.close()  # too late: its waiters were answered LoadTimeout
                 return
@@ -596,15 +599,23 @@ def _listing(versions: Any) -> str:
 
 
 def _expiry_error(what: str, claim: Claim) -> LoadTimeout | HostClosed:
-    """What the waiters of an expired job get: the Host closed on it, or its timeout passed."""
+    """What the waiters of an expired job get: the Host closed on it, or its timeout passed.
+
+    Worded after what the job was doing: a warm-up is stopped, and its thread returns; a
+    file read or a session build cannot be interrupted (a hung disk, say): its thread is left.
+    """
+    activity = claim.activity
+    if activity == DEFAULT_ACTIVITY:
+        left = "its thread is abandoned and whatever it builds will be closed"
+        hint = " (is its storage hung?)"
+    else:
+        left = "its runs were stopped and what it built will be closed"
+        hint = ""
     if claim.closing:
-        return HostClosed(
-            f"the Host closed while {what} was still running (is its storage hung?); its "
-            "thread is abandoned and whatever it builds will be closed"
-        )
+        return HostClosed(f"the Host closed while {what} was still {activity}; {left}")
     return LoadTimeout(
-        f"{what} did not finish within load_timeout_s={claim.timeout_s}s (is its storage "
-        "hung?); its thread is abandoned and whatever it builds will be closed"
+        f"{what} did not finish within load_timeout_s={claim.timeout_s}s: it was still "
+        f"{activity}{hint}; {left}"
     )
 
 
@@ -619,47 +630,6 @@ def _load_error(name: str, version: int, exc: BaseException) -> ModelLoadError:
     error = ModelLoadError(f"loading model {name!r} version {version} failed: {exc!r}")
     error.__cause__ = exc
     return error
-
-
-def _warm_up(session: Session) -> None:
-    """Run once on zeros (dynamic dims as 1); a failure fails the load."""
-    feed = {}
-    for spec in session.inputs:
-        if spec.dtype is None:
-            raise ModelLoadError(
-                f"cannot warm up {session.name!r}: input {spec.name!r} is {spec.onnx_type}"
-            )
-        shape = tuple(d if isinstance(d, int) else 1 for d in spec.shape)
-        feed[spec.name] = np.zeros(shape, dtype=spec.dtype)
-    try:
-        session.run(feed)
-    except CorralError as exc:
-        raise ModelLoadError(f"warming up {session.name!r} failed: {exc}") from exc
-
-
-def _run_warmup_sample(session: Session, sample: WarmupSample, *, batched: bool) -> None:
-    """Run a config.pbtxt's warm-up sample ``count`` times; a failure fails the load, naming it."""
-    shown = f"warm-up sample {sample.name!r}" if sample.name else "a warm-up sample"
-    specs = {spec.name: spec for spec in session.signature.inputs}
-    for item in sample.inputs:
-        spec = specs.get(item.name)
-        if spec is None:
-            raise ModelLoadError(
-                f"{session.name!r}: {shown} gives input {item.name!r}, which the model does "
-                f"not have; its inputs are {', '.join(repr(name) for name in specs)}"
-            )
-        # As in Triton, a sample's type is the input's: no cast, even a safe one.
-        if triton_type(spec) != item.data_type:
-            raise ModelLoadError(
-                f"{session.name!r}: {shown} gives input {item.name!r} as {item.data_type}, "
-                f"but the model's is {triton_type(spec) or spec.onnx_type} ({spec.describe()})"
-            )
-    try:
-        feed = warmup_feed(sample, batched=batched)
-        for _ in range(sample.count):
-            session.run(feed)
-    except CorralError as exc:
-        raise ModelLoadError(f"{session.name!r}: {shown} failed: {exc}") from exc
 
 
 def _settle(

@@ -5,6 +5,11 @@ with the rest of the file (:func:`warmup_samples`, called by :mod:`corral._pbtxt
 input's zero, random or file data checked against its type and shape then, so that a bad
 sample fails the configuration, not the load; a load makes each sample's arrays as Triton
 does (:func:`warmup_feed`) and runs them.
+
+A sample is bounded before anything is allocated: its ``count`` by :data:`MAX_WARMUP_COUNT`,
+each input's generated array, and the whole sample, by :data:`MAX_WARMUP_BYTES` (the same limit
+as a data file: a zero or random sample of ``dims: [100000, 100000]`` would otherwise ask for
+40 GB on the load worker); a load checks :func:`warmup_bytes` against the memory budget too.
 """
 
 from __future__ import annotations
@@ -19,13 +24,27 @@ import numpy.typing as npt
 from corral._config import WarmupInput, WarmupSample
 from corral._errors import ModelConfigError
 
-__all__ = ["MAX_WARMUP_BYTES", "ReadWarmup", "warmup_feed", "warmup_samples"]
+__all__ = [
+    "MAX_WARMUP_BYTES",
+    "MAX_WARMUP_COUNT",
+    "ReadWarmup",
+    "warmup_bytes",
+    "warmup_feed",
+    "warmup_samples",
+]
 
 #: Reads ``warmup/<file name>`` in the model's folder: (file name, field, byte limit) → bytes.
 ReadWarmup = Callable[[str, str, int], bytes]
 
-#: The largest warm-up data file (``warmup/<input_data_file>``) read.
+#: The largest warm-up data file (``warmup/<input_data_file>``) read, and the most bytes one
+#: sample's arrays may take once made (zero and random data included).
 MAX_WARMUP_BYTES = 16 * 1024 * 1024
+#: The most runs one sample may ask for (Triton's ``count``, a uint32: 4 billion runs would
+#: hold a load slot until the load timeout stops them).
+MAX_WARMUP_COUNT = 1000
+#: What one TYPE_STRING element costs once made: a pointer in the object array, and the
+#: ``std::string`` onnxruntime copies it into.
+_STRING_ELEMENT_BYTES = 8 + 32
 
 #: Triton's fixed-size types and their numpy dtypes (TYPE_STRING is laid out apart).
 _WARMUP_DTYPES = {
@@ -65,13 +84,39 @@ def warmup_samples(
             )
         if not sample.inputs:
             raise ModelConfigError(f"{shown} has no inputs")
+        if sample.count > MAX_WARMUP_COUNT:
+            raise ModelConfigError(
+                f"{shown}.count {sample.count} is past the limit of {MAX_WARMUP_COUNT} "
+                "warm-up runs per sample"
+            )
         rows = sample.batch_size if max_batch_size else None
         inputs = tuple(
             _warmup_input(f"{shown}.inputs[{name!r}]", name, value, pb, rows, read_warmup)
             for name, value in sorted(sample.inputs.items())
         )
-        out.append(WarmupSample(sample.name, sample.batch_size, sample.count or 1, inputs))
+        checked = WarmupSample(sample.name, sample.batch_size, sample.count or 1, inputs)
+        total = warmup_bytes(checked, batched=bool(max_batch_size))
+        if total > MAX_WARMUP_BYTES:
+            raise ModelConfigError(
+                f"{shown}'s inputs take {total:,} bytes once made, past the "
+                f"{MAX_WARMUP_BYTES:,}-byte limit on a warm-up sample"
+            )
+        out.append(checked)
     return tuple(out)
+
+
+def warmup_bytes(sample: WarmupSample, *, batched: bool) -> int:
+    """The bytes a sample's arrays take once :func:`warmup_feed` makes them; nothing allocated."""
+    rows = (sample.batch_size,) if batched else ()
+    return sum(_input_bytes(item.data_type, rows + item.dims) for item in sample.inputs)
+
+
+def _input_bytes(data_type: str, shape: tuple[int, ...]) -> int:
+    # Python integers: dims are int64 each, and their product must not wrap.
+    elements = math.prod(shape)
+    if data_type == "TYPE_STRING":
+        return elements * _STRING_ELEMENT_BYTES
+    return elements * np.dtype(_WARMUP_DTYPES[data_type]).itemsize
 
 
 def _warmup_input(
@@ -90,6 +135,14 @@ def _warmup_input(
         raise ModelConfigError(f"{field} sets none of zero_data, random_data or input_data_file")
     if kind in ("zero_data", "random_data") and not getattr(value, kind):
         raise ModelConfigError(f"{field}.{kind} is false: set it true or give another kind")
+    made = _input_bytes(data_type, ((rows,) if rows else ()) + dims)
+    if made > MAX_WARMUP_BYTES:
+        # Before the file is read or anything made: the shape alone says it is too large.
+        raise ModelConfigError(
+            f"{field}: {data_type} of shape {list(((rows,) if rows else ()) + dims)} takes "
+            f"{made:,} bytes once made, past the {MAX_WARMUP_BYTES:,}-byte limit on a "
+            "warm-up sample"
+        )
     data = b""
     if kind == "input_data_file":
         file_name = value.input_data_file

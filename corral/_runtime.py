@@ -192,6 +192,8 @@ class _Member(Protocol):
 
     def _alive(self) -> bool: ...
 
+    def _busy(self) -> str | None: ...
+
     def _close_for_runtime(
         self, timeout: float | None, *, cancel: bool, wait: bool = True
     ) -> None: ...
@@ -387,6 +389,17 @@ class Runtime:
             sessions_alive=sum(1 for s in sessions if s._alive()),
             runs_in_flight=sum(s.in_flight for s in sessions),
         )
+
+    def still_running(self) -> tuple[str, ...]:
+        """What its sessions are doing now that no one can stop: being built, or running.
+
+        One line per busy session ("building session 'm:1'", "1 run(s) of 'm:1'"); empty when
+        none is. For a process about to exit without waiting (``corral serve``'s bounded exit),
+        to say what it left behind. Reads state only; waits for nothing.
+        """
+        with self._state_lock:
+            sessions = list(self._sessions)
+        return tuple(busy for busy in (s._busy() for s in sessions) if busy is not None)
 
     def __enter__(self) -> Runtime:
         return self

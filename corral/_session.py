@@ -383,6 +383,15 @@ class Session:
     def _close_for_runtime(self, timeout: float | None, *, cancel: bool, wait: bool = True) -> None:
         self._close(timeout, cancel=cancel, reason="the runtime shut down", wait=wait)
 
+    def _busy(self) -> str | None:
+        with self._state_lock:
+            # No replicas before CLOSED: the constructor is still inside onnxruntime.
+            if not self._replicas and self._state is not SessionState.CLOSED:
+                return f"building session {self._name!r} (inside onnxruntime)"
+            if self._active_runs:
+                return f"{len(self._active_runs)} run(s) of {self._name!r}"
+            return None
+
     def _alive(self) -> bool:
         with self._state_lock:
             return self._state is not SessionState.CLOSED

@@ -1,4 +1,4 @@
-"""The thread-safety contract names only tests that exist."""
+"""The docs: the thread-safety contract names only tests that exist; no merge leftovers."""
 
 from __future__ import annotations
 
@@ -37,3 +37,33 @@ def test_the_contract_lists_every_provider_in_the_table():
     text = (ROOT / "docs" / "thread-safety.md").read_text()
     for provider in PROVIDER_TABLE:
         assert f"| {provider} |" in text, provider
+
+
+# A merge's conflict markers, each at the start of a line: ours, the base (diff3), the
+# divider, theirs. A setext heading underlined with exactly seven '=' would be refused too:
+# underline with another length.
+_CONFLICT_MARKER = re.compile(r"^(?:<{7}(?: |$)|\|{7}(?: |$)|={7}$|>{7}(?: |$))", re.MULTILINE)
+
+
+def conflict_markers(text: str) -> list[int]:
+    """The line numbers (from 1) of the merge-conflict markers in ``text``."""
+    return [text.count("\n", 0, found.start()) + 1 for found in _CONFLICT_MARKER.finditer(text)]
+
+
+def test_no_document_holds_a_merge_conflict_marker():
+    documents = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
+    assert len(documents) >= 10
+    found = {
+        str(path.relative_to(ROOT)): lines
+        for path in documents
+        if (lines := conflict_markers(path.read_text()))
+    }
+    assert not found, f"merge-conflict markers (file: lines): {found}"
+
+
+def test_the_marker_check_finds_each_kind_and_nothing_else():
+    text = (
+        "# Title\n<<<<<<< HEAD\nours\n||||||| base\nold\n=======\ntheirs\n>>>>>>> branch\n"
+        "Heading\n========\n`<<<<<<<` quoted\n a ======= inside\n"
+    )
+    assert conflict_markers(text) == [2, 4, 6, 8]

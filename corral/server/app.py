@@ -1,11 +1,15 @@
 """The wiring behind ``corral serve``: one Host, the HTTP and gRPC servers, signals, drain.
 
 Both servers run on one event loop (uvloop when installed) in the main thread; models run on
-the Runtime's compute workers. SIGTERM or SIGINT stops both servers taking connections,
-answers every request already accepted (for up to ``drain_timeout_s``), closes the Host and
-returns, so that the process exits 0 (:data:`EXIT_CLEAN`); if the drain ran out, or loads hung
-on their storage were abandoned, it exits :data:`EXIT_DRAIN_INCOMPLETE` within the drain timeout
-all the same: hung load threads are daemons, never joined.
+the Runtime's compute workers. SIGTERM, SIGINT or SIGHUP stops both servers taking
+connections, answers every request already accepted (for up to ``drain_timeout_s``), closes
+the Host (removing its uploads) and returns, so that the process exits 0 (:data:`EXIT_CLEAN`);
+if the drain ran out, or loads were abandoned, it exits :data:`EXIT_DRAIN_INCOMPLETE` within the
+drain timeout all the same. The exit is bounded whatever still runs: a session still being
+built inside onnxruntime (which nothing can interrupt) is not waited for: :func:`run` flushes
+the logs, names what it leaves running and ends the process with ``os._exit`` (no interpreter
+teardown under a thread still inside onnxruntime, which could abort), and a timer ends it
+that way anyway once the drain timeout plus :data:`EXIT_MARGIN_S` have passed since the signal.
 
 Example::
 
@@ -20,10 +24,13 @@ import contextlib
 import gc
 import logging
 import math
+import os
 import resource
 import signal
+import sys
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +53,16 @@ from corral.server.settings import ServerSettings
 from corral.server.status import StatusBoard
 from corral.server.tracing import Tracing, start_tracing
 
-__all__ = ["EXIT_CLEAN", "EXIT_DRAIN_INCOMPLETE", "EXIT_REFUSED", "Addresses", "run", "serve"]
+__all__ = [
+    "EXIT_CLEAN",
+    "EXIT_DRAIN_INCOMPLETE",
+    "EXIT_MARGIN_S",
+    "EXIT_REFUSED",
+    "STOP_SIGNALS",
+    "Addresses",
+    "run",
+    "serve",
+]
 
 #: ``corral serve``'s exit status after a clean drain: every request answered, the Host closed.
 EXIT_CLEAN = 0
@@ -60,6 +76,12 @@ logger = logging.getLogger(__name__)
 
 # Seconds past the drain timeout after which uvicorn itself cancels what is left.
 _DRAIN_MARGIN_S = 5
+#: Seconds past the drain timeout (and notice) after the first stop signal by which the
+#: process has ended, whatever it still runs.
+EXIT_MARGIN_S = 5.0
+#: The signals that drain and stop the server; a second one cuts the drain notice short.
+#: SIGHUP too: its default action would end the process at once, leaving uploads behind.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 @dataclass(frozen=True)
@@ -73,11 +95,18 @@ class Addresses:
 
 
 def run(settings: ServerSettings) -> int:
-    """Serve until SIGTERM or SIGINT; returns the process exit code.
+    """Serve until SIGTERM, SIGINT or SIGHUP; returns the process exit code.
 
     :data:`EXIT_CLEAN` after a clean drain, :data:`EXIT_DRAIN_INCOMPLETE` when it ran out or
-    hung loads were abandoned.
+    hung loads were abandoned. It does not return while something still runs that nothing can
+    stop (a session being built inside onnxruntime): it then ends the process itself, with
+    that status, once the logs are flushed (:func:`exit_now`).
     """
+    # The process Runtime, the one serve() gets: what is still running at exit is read here.
+    rt = Runtime.from_options(settings.runtime_options())
+    exit_timer = _ExitTimer(
+        settings.drain_timeout_s + settings.drain_notice_s + EXIT_MARGIN_S, rt.still_running
+    )
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
     try:
         import uvloop
@@ -95,12 +124,75 @@ def run(settings: ServerSettings) -> int:
                 notice_cut.set()
                 return
             logger.info("corral: %s received, draining", signal.Signals(signum).name)
+            exit_timer.start(signal.Signals(signum).name)
             stop.set()
 
         loop = runner.get_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in STOP_SIGNALS:
             loop.add_signal_handler(signum, on_signal, signum)
-        return runner.run(serve(settings, stop, notice_cut=notice_cut, freeze_long_lived=True))
+        status = runner.run(serve(settings, stop, notice_cut=notice_cut, freeze_long_lived=True))
+    left = rt.still_running()
+    if left or status == EXIT_DRAIN_INCOMPLETE:
+        # Interpreter exit would wait for them (the Runtime's atexit hook), then tear down
+        # onnxruntime under a thread still inside it: leave now. An abandoned load with no
+        # session yet (reading its files) may enter onnxruntime during that teardown too.
+        exit_now(status, "the Host is closed", left)
+    exit_timer.cancel()
+    return status
+
+
+class _ExitTimer:
+    """Ends the process ``seconds`` after the first stop signal, whatever still runs then."""
+
+    def __init__(self, seconds: float, still_running: Callable[[], Sequence[str]]) -> None:
+        self._seconds = seconds
+        self._still_running = still_running
+        self._timer: threading.Timer | None = None
+
+    def start(self, signal_name: str) -> None:
+        """Count from now (the first signal: the drain notice's and timeout's start)."""
+        if self._timer is not None:
+            return
+        why = (
+            f"{self._seconds:g} s after {signal_name}: the drain timeout and notice, plus "
+            f"{EXIT_MARGIN_S:g} s"
+        )
+        self._timer = threading.Timer(self._seconds, self._expire, (why,))
+        self._timer.name = "corral-exit-timer"
+        self._timer.daemon = True  # never holds the exit it bounds
+        self._timer.start()
+
+    def cancel(self) -> None:
+        """The process is exiting in time: the timer is not needed."""
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _expire(self, why: str) -> None:
+        exit_now(EXIT_DRAIN_INCOMPLETE, why, self._still_running())
+
+
+def exit_now(status: int, why: str, left: Sequence[str]) -> None:
+    """Flush the logs, name what is left running, and end the process with ``status`` at once.
+
+    ``os._exit``: no atexit hook waits for a thread stuck inside onnxruntime, and no teardown
+    of the interpreter (or of onnxruntime's statics) runs beneath it.
+    """
+    threads = sorted(
+        t.name
+        for t in threading.enumerate()
+        if t is not threading.current_thread() and t.is_alive()
+    )
+    logger.warning(
+        "corral: exiting (%s) without waiting for what is still running: %s; threads: %s",
+        why,
+        "; ".join(left) or "no session busy",
+        ", ".join(threads) or "none",
+    )
+    logging.shutdown()  # flushes and closes every handler: os._exit skips logging's own
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
 
 
 async def serve(
@@ -567,7 +659,7 @@ def _close_host(host: Host, timeout: float) -> int:
         logger.info("corral: stopped")
     if host.loads_abandoned:
         logger.warning(
-            "corral: %d load(s) hung on their storage were abandoned (not joined)",
+            "corral: %d load(s) still running at the close were abandoned (not joined)",
             host.loads_abandoned,
         )
         status = EXIT_DRAIN_INCOMPLETE
