@@ -169,8 +169,12 @@ bench-real: $(STAMP) tools
 		--mixed --rounds 2 --json benchmarks/results/real-light.json
 	$(BIN)/python benchmarks/real_models.py --models ocr-rec,nudenet --mlserver \
 		--rounds 2 --duration 30 --json benchmarks/results/real-heavy.json
+	# Issue 31's starvation case: one session (instance_group { count: 1 }) for 16 callers.
+	$(BIN)/python benchmarks/real_models.py --models magika --instance-count 1 \
+		--targets corral-pbtxt --connections 16 --rounds 3 --duration 5 \
+		--json benchmarks/results/real-one-instance.json
 	$(BIN)/python benchmarks/real_models.py render benchmarks/results/real-light.json \
-		benchmarks/results/real-heavy.json --out docs
+		benchmarks/results/real-heavy.json benchmarks/results/real-one-instance.json --out docs
 
 # NVIDIA Triton (tritonserver 2.51 from nvidia-pytriton, with Triton's C++ onnxruntime backend
 # r24.10 compiled here) for bench-http and bench-real, which measure it beside corral when it is

@@ -868,6 +868,7 @@ def measure_model(
         "json_body_bytes": len(json_body.body),
         "rounds": settings.rounds,
         "duration_s": settings.duration_s,
+        "instance_count": settings.instance_count,
         "targets": {t.name: summarize(t.runs) for t in targets if t.server is not None},
         "load_1min_during": [run["load_1min"] for t in targets for run in t.runs],
         "ceiling": _ceiling_summary(ceiling_rounds),
@@ -1353,8 +1354,12 @@ def format_report(document: dict[str, Any]) -> str:
     lines = []
     for model in document["models"]:
         ceiling = model["ceiling"].get("rows_per_s")
+        instances = model.get("instance_count")
+        pool = (
+            f", `instance_group {{ count: {instances} }}` in the config.pbtxt" if instances else ""
+        )
         lines += [
-            f"#### {model['model']}",
+            f"#### {model['model']}{pool}",
             "",
             f"`{model['member']}` from `{model['wheel']}`; inputs: {model['inputs']}; JSON body "
             f"{model['json_body_bytes']:,} bytes; corral-tuned's model.toml: `{model['tuned']}`; "
