@@ -67,6 +67,7 @@ from corral.protocol.shm import (
 from corral.protocol.types import MAX_TIMEOUT_US
 from corral.server.bodies import BodyBudget, BodyBudgetExceeded, BodyReservation
 from corral.server.grpc_health import add_health_and_reflection
+from corral.server.grpc_limits import GrpcLimits
 from corral.server.logs import REQUEST_ID_HEADER, log_access, new_request_id, request_id_problem
 
 if TYPE_CHECKING:
@@ -569,6 +570,7 @@ async def start_grpc_server(
     access_log: bool = False,
     draining: asyncio.Event | None = None,
     tracing: Tracing | None = None,
+    limits: GrpcLimits | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start a grpc.aio server for ``plane`` on ``host:port``; return it and the bound port.
 
@@ -581,7 +583,9 @@ async def start_grpc_server(
     ``tracing`` (:mod:`corral.server.tracing`). The caller stops the server:
     ``await server.stop(grace)``, after setting ``draining``, which turns the health service
     (:mod:`corral.server.grpc_health`) NOT_SERVING; server reflection lists both services.
-    ``access_log``: a line per inference RPC on ``corral.access``.
+    ``access_log``: a line per inference RPC on ``corral.access``. ``limits``: the
+    connections' cap, idle and handshake timeouts, keep-alive and streams per connection
+    (:class:`~corral.server.grpc_limits.GrpcLimits`; its defaults, without a cap, if None).
 
     Example::
 
@@ -592,6 +596,7 @@ async def start_grpc_server(
         options=[
             ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", max_message_bytes),
+            *(limits or GrpcLimits()).server_options(),
         ],
     )
     # grpc.aio runs the handlers on the loop that starts the server: this one.
