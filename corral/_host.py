@@ -533,9 +533,9 @@ class Host:
         """Tell ``listener`` the model of each event recorded from now on; returns its removal.
 
         Each load, eviction, unload, reload and load failure (not an overload refusal, which
-        changes no model's status), as :meth:`events` lists them. The listener runs on the thread that made the change (a load
-        worker, a request's, the poller), after the model's status shows it: it must be
-        quick and never block.
+        changes no model's status), as :meth:`events` lists them. The listener runs on the
+        thread that made the change (a load worker, a request's, the poller), after the
+        model's status shows it: it must be quick and never block.
         """
         return self._table.events.listeners.add(listener)
 

@@ -31,8 +31,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (  # ty
 
 from corral import Host
 from corral.protocol import DataPlane
-from corral.protocol.proto import grpc_service_pb2 as pb
 from corral.protocol.model_control import ModelControl
+from corral.protocol.proto import grpc_service_pb2 as pb
 from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.server.grpc import start_grpc_server
 from corral.server.grpc_health import add_health_and_reflection

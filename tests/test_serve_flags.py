@@ -58,6 +58,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "grpc_keepalive_timeout_s": ("5", 5.0),
     "grpc_min_ping_interval_s": ("1.5", 1.5),
     "grpc_max_concurrent_streams": ("8", 8),
+    "grpc_max_health_watches": ("9", 9),
     "ready_load_timeout_s": ("2.5", 2.5),
     "server_name": ("triton", "triton"),
     "model_control_mode": ("explicit", "explicit"),

@@ -264,6 +264,7 @@ class _Servers:
                 draining=self.draining,
                 tracing=tracing,
                 limits=rpc_limits,
+                max_health_watches=settings.grpc_max_health_watches,
             )
         self.http = EdgeServer(
             app,

@@ -249,6 +249,12 @@ class ServerSettings(_HostAndRuntimeOptions):
         gt=0,
         description="gRPC calls one connection may have open at once",
     )
+    grpc_max_health_watches: int = Field(
+        1000,
+        gt=0,
+        description="gRPC health Watch streams open at once, all connections together; "
+        "one more gets RESOURCE_EXHAUSTED",
+    )
     # -- Triton's system shared memory extension (corral.protocol.shm) ------------------
     system_shared_memory: bool = Field(
         False,
