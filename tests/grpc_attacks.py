@@ -67,15 +67,20 @@ class IdleConnections:
     opened: list[tuple[socket.socket, float]] = field(default_factory=list)
     #: Connections the server refused at ``connect()`` (reset or refused).
     refused: int = 0
+    #: Connections the server sent bytes to (its SETTINGS) before closing them, as
+    #: :meth:`watch_until_closed` saw: one closed at a connection cap gets none.
+    answered: int = 0
 
     def watch_until_closed(self, timeout: float) -> list[float]:
         """How long each connection lived until the server closed it, all watched at once.
 
-        Bytes the server sends (its SETTINGS, a GOAWAY) are read and dropped; a connection
-        still open at ``timeout`` is left out of the answer.
+        Bytes the server sends (its SETTINGS, a GOAWAY) are read and dropped, and the
+        connections that got any counted in :attr:`answered`; a connection still open at
+        ``timeout`` is left out of the answer.
         """
         waiting = {sock.fileno(): (sock, at) for sock, at in self.opened}
         lifetimes: list[float] = []
+        answered: set[int] = set()
         with selectors.DefaultSelector() as selector:
             for sock, _ in self.opened:
                 selector.register(sock, selectors.EVENT_READ)
@@ -84,13 +89,16 @@ class IdleConnections:
                 for key, _ in selector.select(timeout=max(0.0, deadline - time.monotonic())):
                     sock, at = waiting[key.fd]
                     try:
-                        closed = sock.recv(65536) == b""
+                        closed = not (received := sock.recv(65536))
                     except ConnectionResetError:
-                        closed = True
+                        closed, received = True, b""
+                    if received:
+                        answered.add(key.fd)
                     if closed:
                         del waiting[key.fd]
                         selector.unregister(sock)
                         lifetimes.append(time.monotonic() - at)
+        self.answered = len(answered)
         return lifetimes
 
     def close(self) -> None:

@@ -491,12 +491,13 @@ def raise_open_file_limit() -> int:
 def grpc_limits(settings: ServerSettings, open_files: int) -> GrpcLimits:
     """The gRPC connections' limits: the settings', ``grpc_max_connections`` from the file limit.
 
-    By default gRPC gets a quarter of the descriptors left once :data:`DESCRIPTORS_KEPT` are
-    set aside, at least 16; HTTP's default cap (:func:`connection_limits`) takes the rest.
+    By default gRPC gets a quarter of the descriptors left once :data:`DESCRIPTORS_KEPT` (and
+    with system shared memory on, one per region allowed) are set aside, at least 16; HTTP's
+    default cap (:func:`connection_limits`) takes the rest.
     """
     cap = settings.grpc_max_connections
     if cap is None:
-        cap = max(16, (open_files - DESCRIPTORS_KEPT) // 4)
+        cap = max(16, (open_files - _kept(settings)) // 4)
     return GrpcLimits(
         max_connections=cap,
         idle_timeout_s=settings.grpc_idle_timeout_s,
@@ -511,7 +512,7 @@ def grpc_limits(settings: ServerSettings, open_files: int) -> GrpcLimits:
 def connection_limits(settings: ServerSettings, open_files: int) -> ConnectionLimits:
     """The HTTP connections' limits: the settings', ``max_connections`` from the file limit.
 
-    By default HTTP may hold every descriptor but :data:`DESCRIPTORS_KEPT` and the gRPC
+    By default HTTP may hold every descriptor but those kept (:func:`grpc_limits`) and the gRPC
     connections' cap (:func:`grpc_limits`; none with gRPC off), at least 64; caps given that
     together pass the file limit are logged, since a flood would then meet "Too many open
     files" rather than a cap.
@@ -519,18 +520,20 @@ def connection_limits(settings: ServerSettings, open_files: int) -> ConnectionLi
     grpc_cap = grpc_limits(settings, open_files).max_connections or 0
     if settings.grpc_port < 0:
         grpc_cap = 0
+    kept = _kept(settings)
     max_connections = settings.max_connections
     if max_connections is None:
-        max_connections = max(64, open_files - DESCRIPTORS_KEPT - grpc_cap)
-    if max_connections + grpc_cap + DESCRIPTORS_KEPT > open_files:
+        max_connections = max(64, open_files - kept - grpc_cap)
+    if max_connections + grpc_cap + kept > open_files:
         logger.warning(
             "corral: at most %d HTTP and %d gRPC connections, with %d descriptors kept for "
-            "listening sockets, model files and logs, pass the open-file limit %d: a flood of "
+            "listening sockets, model files, logs and shared-memory regions, pass the "
+            "open-file limit %d: a flood of "
             "connections may meet 'Too many open files' before a cap (lower --max-connections "
             "or --grpc-max-connections, or raise the limit)",
             max_connections,
             grpc_cap,
-            DESCRIPTORS_KEPT,
+            kept,
             open_files,
         )
     return ConnectionLimits(
@@ -540,6 +543,12 @@ def connection_limits(settings: ServerSettings, open_files: int) -> ConnectionLi
         idle_timeout_s=settings.idle_timeout_s,
         max_connections=max_connections,
     )
+
+
+def _kept(settings: ServerSettings) -> int:
+    """The descriptors neither server's connections may take: see :data:`DESCRIPTORS_KEPT`."""
+    regions = settings.max_shared_memory_regions if settings.system_shared_memory else 0
+    return DESCRIPTORS_KEPT + regions  # each region registered holds its file open
 
 
 async def _check_repository(host: Host, settings: ServerSettings) -> bool:
