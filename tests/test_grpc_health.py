@@ -35,7 +35,7 @@ from corral.protocol.model_control import ModelControl
 from corral.protocol.proto import grpc_service_pb2 as pb
 from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.server.grpc import start_grpc_server
-from corral.server.grpc_health import add_health_and_reflection
+from corral.server.grpc_health import HealthServicer, add_health_and_reflection
 from corral.testing import build_mlp
 from tests.helpers import add_model, build_slow_loop, run_freeing_frames
 from tests.processes import ServerProcess, start_server, stop_server
@@ -269,6 +269,8 @@ def test_watch_streams_past_the_bound_are_refused_naming_it(repo: Path):
     assert "2 health Watch streams" in str(answers[3])
     assert "max_health_watches" in str(answers[3])
     assert answers[4] == SERVING  # a stream closed makes room
+    with Host(repo) as host, pytest.raises(ValueError, match="max_watches must be at least 1"):
+        HealthServicer(DataPlane(host), asyncio.Event(), max_watches=0)
 
 
 async def _until(condition: Callable[[], bool]) -> None:
