@@ -6,9 +6,14 @@ failed and why. The model table records those as they happen, where it logs them
 fixed-size ring: the oldest event drops out when it is full, so the log costs the same
 whatever the Host's age. The server's status page and ``corral status`` read it.
 
+Those who must learn of a change as it happens (gRPC health's ``Watch`` streams) listen
+instead of polling: :class:`ChangeListeners` tells each listener the model a change concerns,
+on the thread that made it, once the change is visible.
+
 Example::
 
     log = EventLog()
+    log.listeners.add(print)   # prints 'fraud' as the event below is recorded
     log.record(EventKind.LOAD, "fraud", 2, "loaded in 0.12 s", size_bytes=4096)
     [event.model for event in log.recent()]   # ['fraud']
 """
@@ -16,12 +21,20 @@ Example::
 from __future__ import annotations
 
 import enum
+import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["EVENTS_KEPT", "Event", "EventKind", "EventLog"]
+__all__ = ["EVENTS_KEPT", "ChangeListener", "ChangeListeners", "Event", "EventKind", "EventLog"]
+
+logger = logging.getLogger(__name__)
+
+#: Told that something changed: the model's name, or None for a change that concerns every
+#: model (the server's readiness).
+ChangeListener = Callable[[str | None], None]
 
 #: How many events the log keeps: the newest, once that many happened.
 EVENTS_KEPT = 500
@@ -62,6 +75,42 @@ class Event:
     size_bytes: int = 0
 
 
+class ChangeListeners:
+    """Listeners told of each change, on the thread that made it; safe from any thread.
+
+    A listener runs after the change is visible and with no lock of the changer held; it must
+    be quick and never block (hand the news to an event loop, set an event). One that raises
+    is logged, and the others are still told.
+    """
+
+    def __init__(self) -> None:
+        # Guards _listeners: held to add, remove or copy them, never while one runs.
+        self._listeners_lock = threading.Lock()
+        self._listeners: list[ChangeListener] = []
+
+    def add(self, listener: ChangeListener) -> Callable[[], None]:
+        """Tell ``listener`` of every change from now on; returns what stops that (idempotent)."""
+        with self._listeners_lock:
+            self._listeners.append(listener)
+
+        def remove() -> None:
+            with self._listeners_lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+
+        return remove
+
+    def notify(self, model: str | None) -> None:
+        """Tell every listener that ``model`` (None: every model) changed."""
+        with self._listeners_lock:
+            listeners = tuple(self._listeners)
+        for listener in listeners:
+            try:
+                listener(model)
+            except Exception:  # a listener's fault is not the change's
+                logger.exception("corral: a change listener failed")
+
+
 class EventLog:
     """The newest :data:`EVENTS_KEPT` events, oldest first; safe from any thread."""
 
@@ -72,6 +121,8 @@ class EventLog:
         self._events_lock = threading.Lock()
         self._events: deque[Event] = deque(maxlen=kept)
         self._sequence = 0
+        #: Told of each event's model as it is recorded (but overload refusals').
+        self.listeners = ChangeListeners()
 
     def record(
         self, kind: EventKind, model: str, version: int, detail: str, *, size_bytes: int = 0
@@ -83,6 +134,8 @@ class EventLog:
             self._events.append(
                 Event(self._sequence, now, kind, model, version, detail, size_bytes)
             )
+        if kind is not EventKind.OVERLOAD:  # a refusal changes no model's status
+            self.listeners.notify(model)
 
     def recent(self, after: int = 0) -> list[Event]:
         """The events kept whose sequence is above ``after``, oldest first."""

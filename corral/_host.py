@@ -23,7 +23,7 @@ import numpy.typing as npt
 from corral._check import ProblemWatch
 from corral._counters import HostCounters, LatencyStats, RequestStats
 from corral._errors import CorralError, DrainTimeout, ModelConfigError, SessionClosed, fresh
-from corral._events import Event, EventKind
+from corral._events import ChangeListener, Event, EventKind
 from corral._loader import Loader, version_number
 from corral._options import HostOptionArgs, HostOptions
 from corral._overrides import ModelOverride, Uploads, check_upload_paths
@@ -528,6 +528,16 @@ class Host:
     ) -> None:
         """Add an event the Host cannot see itself to its log (the server's overload refusals)."""
         self._table.events.record(kind, model, version, detail, size_bytes=size_bytes)
+
+    def on_change(self, listener: ChangeListener) -> Callable[[], None]:
+        """Tell ``listener`` the model of each event recorded from now on; returns its removal.
+
+        Each load, eviction, unload, reload and load failure (not an overload refusal, which
+        changes no model's status), as :meth:`events` lists them. The listener runs on the
+        thread that made the change (a load worker, a request's, the poller), after the
+        model's status shows it: it must be quick and never block.
+        """
+        return self._table.events.listeners.add(listener)
 
     @property
     def loads_abandoned(self) -> int:

@@ -3,19 +3,23 @@
 Check answers for the server and each model by name (NOT_FOUND for a name that is none), List
 lists them, reflection lists both services and resolves their descriptors; and once SIGTERM
 began the drain, a Watch stream gets NOT_SERVING while a slow request still holds the drain
-open, and that request is answered. In-process: the health checks need no token.
+open, and that request is answered. In-process: with a token, the server's health needs none and
+a model's does; Watch streams are bounded in number and look at nothing while nothing changes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import signal
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -27,15 +31,18 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (  # ty
 
 from corral import Host
 from corral.protocol import DataPlane
+from corral.protocol.model_control import ModelControl
 from corral.protocol.proto import grpc_service_pb2 as pb
 from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.server.grpc import start_grpc_server
+from corral.server.grpc_health import HealthServicer, add_health_and_reflection
 from corral.testing import build_mlp
 from tests.helpers import add_model, build_slow_loop, run_freeing_frames
 from tests.processes import ServerProcess, start_server, stop_server
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 # Loop iterations of a request that holds the drain open: hundreds of milliseconds a run.
 ITERATIONS = 200_000
 
@@ -151,9 +158,23 @@ def test_watch_says_not_serving_once_the_drain_began(tmp_path: Path):
             served.process.wait(timeout=10)
 
 
+async def _status_or_code(answer: Any) -> object:
+    """A health answer's status, or the code it was refused with."""
+    try:
+        if isinstance(answer, grpc.aio.UnaryStreamCall):
+            return (await asyncio.wait_for(answer.read(), 30)).status
+        return (await answer).status
+    except grpc.aio.AioRpcError as exc:
+        return exc.code()
+
+
 @pytest.mark.timeout(30)
-def test_health_checks_need_no_token_but_inference_does(repo: Path):
-    answers: list[object] = []
+def test_with_a_token_the_servers_health_is_open_and_a_models_needs_the_token(repo: Path):
+    # Issue 32 changed this on purpose: a model's health (Check and Watch) needed no token,
+    # which told anyone which models the server holds and let them open Watch streams.
+    answers: dict[str, object] = {}
+    token = (("authorization", "Bearer s3cret"),)
+    wrong = (("authorization", "Bearer s3cre"),)
 
     async def main() -> None:
         with Host(repo) as host:
@@ -163,18 +184,144 @@ def test_health_checks_need_no_token_but_inference_does(repo: Path):
             try:
                 async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
                     health = health_pb2_grpc.HealthStub(channel)
-                    answer = await health.Check(health_pb2.HealthCheckRequest(service="mlp"))
-                    answers.append(answer.status)
+
+                    def ask(service: str, metadata: Any = None) -> Any:
+                        return health_pb2.HealthCheckRequest(service=service), metadata
+
+                    for name, (request, metadata) in {
+                        "check ''": ask(""),
+                        "check inference": ask("inference.GRPCInferenceService"),
+                        "check mlp": ask("mlp"),
+                        "check nope": ask("nope"),
+                        "check mlp, wrong token": ask("mlp", wrong),
+                        "check mlp, token": ask("mlp", token),
+                    }.items():
+                        answers[name] = await _status_or_code(
+                            health.Check(request, metadata=metadata)
+                        )
+                    for name, (request, metadata) in {
+                        "watch ''": ask(""),
+                        "watch mlp": ask("mlp"),
+                        "watch mlp, token": ask("mlp", token),
+                    }.items():
+                        watch = health.Watch(request, metadata=metadata)
+                        answers[name] = await _status_or_code(watch)
+                        watch.cancel()
                     stub = pb_grpc.GRPCInferenceServiceStub(channel)
                     try:
                         await stub.ModelMetadata(pb.ModelMetadataRequest(name="mlp"))
                     except grpc.aio.AioRpcError as exc:
-                        answers.append(exc.code())
+                        answers["metadata"] = exc.code()
             finally:
                 await server.stop(None)
 
     run_freeing_frames(main)
-    assert answers == [SERVING, grpc.StatusCode.UNAUTHENTICATED]
+    refused = grpc.StatusCode.UNAUTHENTICATED
+    assert answers == {
+        "check ''": SERVING,
+        "check inference": SERVING,
+        "check mlp": refused,
+        "check nope": refused,  # refused before it is looked up: no name is told apart
+        "check mlp, wrong token": refused,
+        "check mlp, token": SERVING,
+        "watch ''": SERVING,
+        "watch mlp": refused,
+        "watch mlp, token": SERVING,
+        "metadata": refused,
+    }
+
+
+@pytest.mark.timeout(30)
+def test_watch_streams_past_the_bound_are_refused_naming_it(repo: Path):
+    answers: list[object] = []
+
+    async def main() -> None:
+        with Host(repo) as host:
+            server = grpc.aio.server()
+            health_service = add_health_and_reflection(
+                server, DataPlane(host), asyncio.Event(), max_watches=2
+            )
+            port = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+            try:
+                async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                    health = health_pb2_grpc.HealthStub(channel)
+                    watches = [
+                        health.Watch(health_pb2.HealthCheckRequest(service=service))
+                        for service in ("", "mlp")
+                    ]
+                    for watch in watches:  # both open: their first answers came
+                        answers.append(await _status_or_code(watch))
+                    third = health.Watch(health_pb2.HealthCheckRequest(service="tree"))
+                    answers.append(await _status_or_code(third))
+                    answers.append(await third.details())
+                    watches[0].cancel()
+                    await _until(lambda: health_service.watching < 2)
+                    again = health.Watch(health_pb2.HealthCheckRequest(service="tree"))
+                    answers.append(await _status_or_code(again))
+                    for watch in (watches[1], again):
+                        watch.cancel()
+            finally:
+                await server.stop(None)
+
+    run_freeing_frames(main)
+    assert answers[:3] == [SERVING, SERVING, grpc.StatusCode.RESOURCE_EXHAUSTED]
+    assert "2 health Watch streams" in str(answers[3])
+    assert "max_health_watches" in str(answers[3])
+    assert answers[4] == SERVING  # a stream closed makes room
+    with Host(repo) as host, pytest.raises(ValueError, match="max_watches must be at least 1"):
+        HealthServicer(DataPlane(host), asyncio.Event(), max_watches=0)
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Let the server's loop run until ``condition`` holds: a cancelled stream's handler ends
+    on the loop, with no event the client could wait for."""
+    for _ in range(3000):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition never held")
+
+
+@pytest.mark.timeout(60)
+def test_watch_is_told_of_loads_and_unloads_and_looks_at_nothing_while_idle(repo: Path):
+    """No polling: while nothing changes, a Watch stream never asks for a status."""
+    looked = threading.Event()
+    told: list[object] = []
+    idle_lookups: list[bool] = []
+
+    async def main() -> None:
+        with Host(repo) as host:
+            plane = DataPlane(host, control=ModelControl(host, explicit=True))
+            served_status = plane.served_status
+
+            def counted(name: str) -> Any:
+                looked.set()
+                return served_status(name)
+
+            plane.served_status = counted  # type: ignore[method-assign]
+            server, port = await start_grpc_server(plane, "127.0.0.1", 0)
+            try:
+                async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                    watch = health_pb2_grpc.HealthStub(channel).Watch(
+                        health_pb2.HealthCheckRequest(service="mlp")
+                    )
+                    told.append(await _status_or_code(watch))  # not loaded: unknown
+                    looked.clear()
+                    # Idle: a stream that polled (every second before) would look here.
+                    idle_lookups.append(await asyncio.to_thread(looked.wait, 3.0))
+                    await plane.control.load("tree")  # another model's change
+                    await plane.control.load("mlp")
+                    told.append(await _status_or_code(watch))
+                    await plane.control.unload("mlp")
+                    told.append(await _status_or_code(watch))
+                    watch.cancel()
+            finally:
+                await server.stop(None)
+
+    run_freeing_frames(main)
+    assert idle_lookups == [False], "the Watch stream looked up a status while nothing changed"
+    assert told == [SERVICE_UNKNOWN, SERVING, SERVICE_UNKNOWN]
 
 
 @pytest.mark.timeout(90)

@@ -70,6 +70,27 @@ def test_the_event_log_keeps_the_newest_and_numbers_them():
         EventLog(kept=0)
 
 
+@pytest.mark.timeout(10)
+def test_event_listeners_are_told_each_status_change_and_one_that_raises_stops_no_other(caplog):
+    log = EventLog()
+    told: list[str | None] = []
+
+    def broken(model: str | None) -> None:
+        raise RuntimeError("a listener's bug")
+
+    log.listeners.add(broken)
+    remove = log.listeners.add(told.append)
+    log.record(EventKind.LOAD, "a", 1, "loaded")
+    log.record(EventKind.OVERLOAD, "a", 1, "refused")  # changes no status: not told
+    log.record(EventKind.UNLOAD, "b", 1, "unloaded")
+    remove()
+    remove()  # idempotent
+    log.record(EventKind.LOAD, "c", 1, "loaded")
+    assert told == ["a", "b"]
+    assert [event.model for event in log.recent()] == ["a", "a", "b", "c"]
+    assert sum("a change listener failed" in r.getMessage() for r in caplog.records) == 3
+
+
 def test_percentile_is_the_bound_of_the_bucket_that_reaches_it():
     counts = [0] * (len(REQUEST_SECONDS_BUCKETS) + 1)
     assert percentile(counts, 0.5) is None

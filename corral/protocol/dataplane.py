@@ -37,6 +37,7 @@ import numpy.typing as npt
 
 from corral import __version__
 from corral._errors import CorralError, DeadlineExceeded, InvalidInput, ModelLoadError
+from corral._events import ChangeListener, ChangeListeners
 from corral._host import Host
 from corral._scheduler import QueueStats, deadline_after
 from corral._status import HostState, ModelState, ModelStatus
@@ -164,6 +165,8 @@ class DataPlane:
         self._ready_load_timeout_s = ready_load_timeout_s
         # Set when the server's drain begins: ready() answers False from then on.
         self._not_ready_notice = threading.Event()
+        # Told when ready() turns False (stop_reporting_ready).
+        self._readiness_listeners = ChangeListeners()
 
     @property
     def host(self) -> Host:
@@ -208,6 +211,28 @@ class DataPlane:
         connections), so that load balancers and probes stop sending first. Idempotent.
         """
         self._not_ready_notice.set()
+        self._readiness_listeners.notify(None)
+
+    def on_change(self, listener: ChangeListener) -> Callable[[], None]:
+        """Tell ``listener`` of each change that may change a health answer; returns its removal.
+
+        A model's name when the Host records an event of it (:meth:`Host.on_change`) or model
+        control loads or unloads it; None when :meth:`ready` may have changed. The listener
+        runs on the thread that made the change, and must be quick and never block. A model
+        that appears in, or leaves, the repository's folder is told of only when something
+        happens to it (its first load, a poll's reload or unload).
+        """
+        removals = [
+            self._host.on_change(listener),
+            self._control.listeners.add(listener),
+            self._readiness_listeners.add(listener),
+        ]
+
+        def remove() -> None:
+            for removal in removals:
+                removal()
+
+        return remove
 
     def served_status(self, name: str) -> ModelStatus:
         """``name``'s status (:meth:`Host.status`), for a model this server serves; blocking.

@@ -33,6 +33,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from corral._errors import CorralError, InvalidModelName, ModelLoadError, ModelNotFound
+from corral._events import ChangeListeners
 from corral._host import Host
 from corral._status import ModelState, ModelStatus
 from corral.protocol.control import CONTROL_TIMEOUT_S, ControlThreads
@@ -94,6 +95,9 @@ class ModelControl:
         self._started = threading.Event()
         if not loads_at_start:
             self._started.set()
+        #: Told of each change to what it serves: a model's name as it is loaded or unloaded
+        #: through it, None once the models to load at start are (the server's readiness).
+        self.listeners = ChangeListeners()
 
     @property
     def threads(self) -> ControlThreads:
@@ -172,6 +176,7 @@ class ModelControl:
             return failures
         finally:
             self._started.set()
+            self.listeners.notify(None)
 
     async def repository_index(self, *, ready_only: bool = False) -> list[RepositoryModel]:
         """Every model in the repository, one row per version the Host knows of."""
@@ -213,6 +218,7 @@ class ModelControl:
             self._unloaded.discard(name)
         with self._explicit_lock:
             self._explicit.add(name)
+        self.listeners.notify(name)
 
     async def unload(self, name: str) -> None:
         """Unload every version of a model; requests in flight finish first.
@@ -224,6 +230,7 @@ class ModelControl:
             self._unloaded.add(name)  # before: a readiness request meanwhile must not reload it
         with self._explicit_lock:
             self._explicit.discard(name)  # before: no new request is let in meanwhile
+        self.listeners.notify(name)
         try:
             await self._threads.run(
                 f"unloading model {name!r}",

@@ -46,6 +46,7 @@ from corral.protocol.shm import SharedMemoryRegistry
 from corral.server._uvicorn import ConnectionLimits, EdgeServer, protocol_for
 from corral.server.bodies import BodyBudget
 from corral.server.dashboard import DashboardFiles
+from corral.server.grpc_limits import GrpcLimits
 from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
 from corral.server.metrics_port import MetricsApp
@@ -82,6 +83,10 @@ EXIT_MARGIN_S = 5.0
 #: The signals that drain and stop the server; a second one cuts the drain notice short.
 #: SIGHUP too: its default action would end the process at once, leaving uploads behind.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: Descriptors neither server's connections may take: the listening sockets, grpc's own
+#: (its poller, its wake-up pipes), the model files loads open (a few per load worker),
+#: the log files and the metrics port's connections.
+DESCRIPTORS_KEPT = 256
 
 
 @dataclass(frozen=True)
@@ -264,13 +269,13 @@ async def serve(
             settings,
             _http_app(settings, plane, body_budget, tracing, board, metrics, metrics_port),
             body_budget,
-            connection_limits(settings, open_files),
+            (connection_limits(settings, open_files), grpc_limits(settings, open_files)),
             tracing,
         )
         if freeze_long_lived:
             _freeze("the servers are built")
         addresses = Addresses(settings.host, servers.http_port, servers.grpc_port)
-        _log_summary(settings, host, addresses, open_files, servers.max_connections)
+        _log_summary(settings, host, addresses, open_files, servers.caps)
         if started is not None:
             started(addresses)
         await _until_stopped(
@@ -319,7 +324,8 @@ class _Servers:
         self.draining = asyncio.Event()
         self.http: EdgeServer | None = None
         self.http_port = 0
-        self.max_connections = 0
+        #: The HTTP and the gRPC connections' caps (gRPC's None when it is off).
+        self.caps: tuple[int, int | None] = (0, None)
         self._grpc: Any = None
         self.grpc_port: int | None = None
         #: How many HTTP requests the drain had to cut (answered 503).
@@ -330,10 +336,11 @@ class _Servers:
         settings: ServerSettings,
         app: HttpApp,
         body_budget: BodyBudget,
-        limits: ConnectionLimits,
+        limits: tuple[ConnectionLimits, GrpcLimits],
         tracing: Tracing | None,
     ) -> None:
         """Start gRPC (unless off), then HTTP; raises :class:`OSError` if either cannot bind."""
+        http_limits, rpc_limits = limits
         if settings.grpc_port >= 0:
             from corral.server.grpc import start_grpc_server
 
@@ -348,16 +355,21 @@ class _Servers:
                 access_log=settings.access_log,
                 draining=self.draining,
                 tracing=tracing,
+                limits=rpc_limits,
+                max_health_watches=settings.grpc_max_health_watches,
             )
         self.http = EdgeServer(
             app,
             settings.host,
             settings.http_port,
-            protocol_for(limits, app if app.answers_directly else None),
+            protocol_for(http_limits, app if app.answers_directly else None),
             # A backstop only: drain() answers what is left at the drain timeout.
             drain_margin_s=math.ceil(settings.drain_timeout_s) + _DRAIN_MARGIN_S,
         )
-        self.max_connections = limits.max_connections
+        self.caps = (
+            http_limits.max_connections,
+            None if self.grpc_port is None else rpc_limits.max_connections,
+        )
         self.http_port = await self.http.start()
 
     async def drain(self) -> None:
@@ -568,12 +580,54 @@ def raise_open_file_limit() -> int:
     return soft
 
 
+def grpc_limits(settings: ServerSettings, open_files: int) -> GrpcLimits:
+    """The gRPC connections' limits: the settings', ``grpc_max_connections`` from the file limit.
+
+    By default gRPC gets a quarter of the descriptors left once :data:`DESCRIPTORS_KEPT` (and
+    with system shared memory on, one per region allowed) are set aside, at least 16; HTTP's
+    default cap (:func:`connection_limits`) takes the rest.
+    """
+    cap = settings.grpc_max_connections
+    if cap is None:
+        cap = max(16, (open_files - _kept(settings)) // 4)
+    return GrpcLimits(
+        max_connections=cap,
+        idle_timeout_s=settings.grpc_idle_timeout_s,
+        handshake_timeout_s=settings.grpc_handshake_timeout_s,
+        keepalive_time_s=settings.grpc_keepalive_time_s,
+        keepalive_timeout_s=settings.grpc_keepalive_timeout_s,
+        min_ping_interval_s=settings.grpc_min_ping_interval_s,
+        max_concurrent_streams=settings.grpc_max_concurrent_streams,
+    )
+
+
 def connection_limits(settings: ServerSettings, open_files: int) -> ConnectionLimits:
-    """The HTTP connections' limits: the settings', ``max_connections`` from the file limit."""
+    """The HTTP connections' limits: the settings', ``max_connections`` from the file limit.
+
+    By default HTTP may hold every descriptor but those kept (:func:`grpc_limits`) and the gRPC
+    connections' cap (:func:`grpc_limits`; none with gRPC off), at least 64; caps given that
+    together pass the file limit are logged, since a flood would then meet "Too many open
+    files" rather than a cap.
+    """
+    grpc_cap = grpc_limits(settings, open_files).max_connections or 0
+    if settings.grpc_port < 0:
+        grpc_cap = 0
+    kept = _kept(settings)
     max_connections = settings.max_connections
     if max_connections is None:
-        # Descriptors kept for the listening sockets, gRPC, model files and logs.
-        max_connections = max(64, open_files - 256)
+        max_connections = max(64, open_files - kept - grpc_cap)
+    if max_connections + grpc_cap + kept > open_files:
+        logger.warning(
+            "corral: at most %d HTTP and %d gRPC connections, with %d descriptors kept for "
+            "listening sockets, model files, logs and shared-memory regions, pass the "
+            "open-file limit %d: a flood of "
+            "connections may meet 'Too many open files' before a cap (lower --max-connections "
+            "or --grpc-max-connections, or raise the limit)",
+            max_connections,
+            grpc_cap,
+            kept,
+            open_files,
+        )
     return ConnectionLimits(
         max_url_bytes=settings.max_url_bytes,
         max_header_bytes=settings.max_header_bytes,
@@ -581,6 +635,12 @@ def connection_limits(settings: ServerSettings, open_files: int) -> ConnectionLi
         idle_timeout_s=settings.idle_timeout_s,
         max_connections=max_connections,
     )
+
+
+def _kept(settings: ServerSettings) -> int:
+    """The descriptors neither server's connections may take: see :data:`DESCRIPTORS_KEPT`."""
+    regions = settings.max_shared_memory_regions if settings.system_shared_memory else 0
+    return DESCRIPTORS_KEPT + regions  # each region registered holds its file open
 
 
 async def _check_repository(host: Host, settings: ServerSettings) -> bool:
@@ -612,7 +672,7 @@ def _log_summary(
     host: Host,
     addresses: Addresses,
     open_files: int,
-    max_connections: int,
+    caps: tuple[int, int | None],
 ) -> None:
     stats = host.stats()
     budget = "none" if stats.memory_budget is None else f"{stats.memory_budget:,} bytes"
@@ -620,7 +680,7 @@ def _log_summary(
     logger.info(
         "corral %s serving %s: %d models in the repository, HTTP on %s:%d, gRPC %s, "
         "memory budget %s, %d compute workers, %s, open-file limit %d, "
-        "at most %d HTTP connections%s%s",
+        "at most %d HTTP%s connections%s%s",
         __version__,
         settings.repository,
         len(host.repository.names()),
@@ -631,7 +691,8 @@ def _log_summary(
         host.runtime.options.compute_workers,
         _describe_onnxruntime(host.runtime.options),
         open_files,
-        max_connections,
+        caps[0],
+        "" if caps[1] is None else f" and {caps[1]} gRPC",
         ", auth on" if settings.auth_token is not None else "",
         ", system shared memory on" if settings.system_shared_memory else "",
     )

@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -66,7 +65,12 @@ from corral.protocol.shm import (
 )
 from corral.protocol.types import MAX_TIMEOUT_US
 from corral.server.bodies import BodyBudget, BodyBudgetExceeded, BodyReservation
-from corral.server.grpc_health import add_health_and_reflection
+from corral.server.grpc_health import (
+    DEFAULT_MAX_WATCHES,
+    add_health_and_reflection,
+    carries_token,
+)
+from corral.server.grpc_limits import GrpcLimits
 from corral.server.logs import REQUEST_ID_HEADER, log_access, new_request_id, request_id_problem
 
 if TYPE_CHECKING:
@@ -117,7 +121,8 @@ STATUS: dict[type[CorralError], grpc.StatusCode] = {
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 _SERVICE = "inference.GRPCInferenceService"
-# Health checks answer without a token, as HTTP's /v2/health/* do.
+# Health checks answer without a token, as HTTP's /v2/health/* do; the health service itself
+# asks for it when the service named is a model (corral.server.grpc_health).
 _OPEN_METHODS = frozenset(
     {
         f"/{_SERVICE}/ServerLive",
@@ -536,19 +541,11 @@ class _BearerAuth(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         """Hand the call on if it may be made, else answer it with UNAUTHENTICATED."""
-        if handler_call_details.method in _OPEN_METHODS or self._carries_token(
-            handler_call_details.invocation_metadata
+        if handler_call_details.method in _OPEN_METHODS or carries_token(
+            handler_call_details.invocation_metadata, self._expected
         ):
             return await continuation(handler_call_details)
         return self._refuse
-
-    def _carries_token(self, metadata: Any) -> bool:
-        for key, value in metadata or ():
-            if key == "authorization":
-                given = value if isinstance(value, bytes) else str(value).encode()
-                if hmac.compare_digest(given, self._expected):
-                    return True
-        return False
 
 
 async def _unauthenticated(request: object, context: _Context) -> None:
@@ -569,19 +566,24 @@ async def start_grpc_server(
     access_log: bool = False,
     draining: asyncio.Event | None = None,
     tracing: Tracing | None = None,
+    limits: GrpcLimits | None = None,
+    max_health_watches: int = DEFAULT_MAX_WATCHES,
 ) -> tuple[grpc.aio.Server, int]:
     """Start a grpc.aio server for ``plane`` on ``host:port``; return it and the bound port.
 
     Binds exactly the address given (port 0: a free port), without SO_REUSEPORT, so that a
     port already taken is an error rather than a shared socket. With ``auth_token`` every RPC
-    but ServerLive, ServerReady and the health checks needs the metadata
-    ``authorization: Bearer <token>``.
+    but ServerLive, ServerReady and the health checks of the server needs the metadata
+    ``authorization: Bearer <token>`` (a model's health check needs it too).
     Messages larger than ``max_message_bytes`` are refused with RESOURCE_EXHAUSTED, as are
     inference requests past ``body_budget`` (see :class:`InferenceServicer`), and traced with
     ``tracing`` (:mod:`corral.server.tracing`). The caller stops the server:
     ``await server.stop(grace)``, after setting ``draining``, which turns the health service
     (:mod:`corral.server.grpc_health`) NOT_SERVING; server reflection lists both services.
-    ``access_log``: a line per inference RPC on ``corral.access``.
+    ``access_log``: a line per inference RPC on ``corral.access``. ``limits``: the
+    connections' cap, idle and handshake timeouts, keep-alive and streams per connection
+    (:class:`~corral.server.grpc_limits.GrpcLimits`; its defaults, without a cap, if None).
+    ``max_health_watches``: the most health Watch streams open at once.
 
     Example::
 
@@ -592,6 +594,7 @@ async def start_grpc_server(
         options=[
             ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", max_message_bytes),
+            *(limits or GrpcLimits()).server_options(),
         ],
     )
     # grpc.aio runs the handlers on the loop that starts the server: this one.
@@ -599,7 +602,13 @@ async def start_grpc_server(
         plane, body_budget, tracing, access_log=access_log, loop=asyncio.get_running_loop()
     )
     _register(servicer, server)
-    add_health_and_reflection(server, plane, draining or asyncio.Event())
+    add_health_and_reflection(
+        server,
+        plane,
+        draining or asyncio.Event(),
+        auth_token=auth_token,
+        max_watches=max_health_watches,
+    )
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)

@@ -205,7 +205,55 @@ class ServerSettings(_HostAndRuntimeOptions):
         None,
         gt=0,
         description="HTTP connections open at once; at the cap an idle one is closed, or "
-        "the new one gets 503 (default: the open-file limit less 256, at least 64)",
+        "the new one gets 503 (default: the open-file limit less 256 and less the gRPC "
+        "connections' cap, at least 64)",
+    )
+    # -- the gRPC server's connections (corral.server.grpc_limits) --------------------
+    grpc_max_connections: int | None = Field(
+        None,
+        gt=0,
+        description="gRPC connections open at once; past it a new one is closed at once "
+        "(default: a quarter of the open-file limit less 256, at least 16)",
+    )
+    grpc_idle_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="seconds a gRPC connection with no call in progress stays open; then "
+        "GOAWAY, and a client's channel reconnects on its next call",
+    )
+    grpc_handshake_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="seconds a new gRPC connection may take to send HTTP/2's preface and "
+        "settings; slower: closed",
+    )
+    grpc_keepalive_time_s: float = Field(
+        60.0,
+        gt=0,
+        description="seconds without traffic after which the server pings a gRPC connection",
+    )
+    grpc_keepalive_timeout_s: float = Field(
+        20.0,
+        gt=0,
+        description="seconds a gRPC client has to answer the server's ping; then the "
+        "connection is closed",
+    )
+    grpc_min_ping_interval_s: float = Field(
+        10.0,
+        gt=0,
+        description="the shortest interval between a gRPC client's pings; a client pinging "
+        "more often is sent GOAWAY (ENHANCE_YOUR_CALM) after two",
+    )
+    grpc_max_concurrent_streams: int = Field(
+        100,
+        gt=0,
+        description="gRPC calls one connection may have open at once",
+    )
+    grpc_max_health_watches: int = Field(
+        1000,
+        gt=0,
+        description="gRPC health Watch streams open at once, all connections together; "
+        "one more gets RESOURCE_EXHAUSTED",
     )
     # -- Triton's system shared memory extension (corral.protocol.shm) ------------------
     system_shared_memory: bool = Field(
