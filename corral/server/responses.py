@@ -36,6 +36,7 @@ from corral._errors import (
     SessionClosed,
     UploadRefused,
 )
+from corral.protocol.costs import RequestTooLarge
 from corral.protocol.dataplane import status_for
 from corral.protocol.http_codec import encode_error
 from corral.protocol.shm import (
@@ -103,6 +104,8 @@ STATUS: dict[type[CorralError], int] = {
     SharedMemoryExists: 400,
     TooManyRegions: 400,
     SharedMemoryUnsupported: 501,
+    # A request whose decoded form passes max_request_bytes, as a body over it.
+    RequestTooLarge: 413,
 }
 
 #: How long a client refused by the body budget is told to wait before retrying, in seconds.
