@@ -32,6 +32,7 @@ import enum
 import itertools
 import math
 import os
+import re
 import threading
 import time
 import urllib.parse
@@ -97,6 +98,8 @@ SORT_COLUMNS = (
 )
 
 _QUERY_PARAMETERS = ("page", "page_size", "sort", "order", "filter")
+# A whole number as a query spells it: ASCII digits, few enough for int() to read.
+_WHOLE_NUMBER = re.compile(r"[0-9]{1,18}")
 
 
 class StatusQueryError(ValueError):
@@ -171,7 +174,9 @@ def _integer(given: dict[str, str], name: str, default: int, low: int, high: int
     text = given.get(name)
     if text is None:
         return default
-    if not text.isdigit() or not low <= int(text) <= high:
+    # Not str.isdigit(): it takes '²', which int() refuses, and other scripts' digits; and
+    # int() refuses more than 4,300 digits.
+    if not _WHOLE_NUMBER.fullmatch(text) or not low <= int(text) <= high:
         raise StatusQueryError(f"{name}={text!r} is not a whole number from {low} to {high}")
     return int(text)
 
