@@ -193,10 +193,13 @@ async def _answer(
         # The error travels on as the abort's __context__; its frames would keep this
         # call's context and request alive, in a cycle, until a garbage collection.
         exc.__traceback__ = None
-        await context.abort(code, str(exc))
+        # Told without the server's folders (the log keeps the whole text).
+        await context.abort(code, servicer._plane.public_text(str(exc)))
     except Exception as exc:
         logger.exception("corral: gRPC %s failed", handler.__name__)
-        await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc!r}")
+        await context.abort(
+            grpc.StatusCode.INTERNAL, servicer._plane.public_text(f"internal error: {exc!r}")
+        )
     raise AssertionError("unreachable: context.abort raises")  # for mypy
 
 

@@ -178,7 +178,9 @@ class HttpApp:
                 return
             await self._route(method, scope, receive, send)
         except Exception as exc:
-            status, body, extra = error_answer(exc, scope.get("method"), scope.get("path"))
+            status, body, extra = error_answer(
+                exc, scope.get("method"), scope.get("path"), self._plane.public_text
+            )
             await respond(send, status, body, JSON, extra)
 
     @property
@@ -220,7 +222,9 @@ class HttpApp:
                 )
             return 200, head(content_type, len(payload), extra), payload
         except Exception as exc:
-            status, error, extra = error_answer(exc, "POST", f"/v2/models/{name}/infer")
+            status, error, extra = error_answer(
+                exc, "POST", f"/v2/models/{name}/infer", self._plane.public_text
+            )
             return status, head(JSON, len(error), extra), error
 
     async def _exchange(self, scope: Scope, receive: Receive, send: Send) -> None:
