@@ -25,6 +25,8 @@ from corral._host import Host
 __all__ = ["public_text"]
 
 # An upload's folder, as corral._overrides.Uploads makes it: <tmp>/corral-uploads-*/<name>.<n>
+# What may follow a path in a message: the end, a space, a quote or punctuation.
+_PATH_ENDS = r"(?=$|[\s'\":,;)\]])"
 _UPLOAD_FOLDER = re.compile(r"/corral-uploads-[^/\s]+/([^/\s]+)\.\d+")
 
 
@@ -36,7 +38,9 @@ def public_text(host: Host, text: str) -> str:
     roots = {str(repository.given), str(repository.root)}
     for root in sorted(roots, key=len, reverse=True):
         if root in text:
-            text = text.replace(root + os.sep, "").replace(root, "the repository")
+            # The root itself, not a sibling that starts with its name (/srv/models2).
+            text = text.replace(root + os.sep, "")
+            text = re.sub(re.escape(root) + _PATH_ENDS, "the repository", text)
     if "corral-uploads-" in text:
         temporary = {tempfile.gettempdir(), os.path.realpath(tempfile.gettempdir())}
         for folder in sorted(temporary, key=len, reverse=True):
