@@ -501,13 +501,10 @@ def _decode_input(
             )
         # Popped: the document no longer holds this input's Python values once converted.
         raw_data = item.pop("data")
-        if allowance is not None and datatype == "BYTES" and count:
-            # The strings are parsed already (charged by _charge_strings); their bytes are new.
-            allowance.charge_bytes(name, count, 0)
         if arrays is not None and arrays.claims(raw_data):
             data = arrays.tensor(raw_data, datatype, shape, count, name=name)
         else:
-            data = json_tensor(raw_data, datatype, shape, count, name=name)
+            data = json_tensor(raw_data, datatype, shape, count, name=name, allowance=allowance)
         del raw_data
         return InferInput(name, datatype, shape, data, parameters), offset
 
