@@ -11,7 +11,9 @@ import asyncio
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import httpx
 import numpy as np
 import orjson
@@ -25,10 +27,12 @@ from corral.protocol.costs import BYTES_ELEMENT_COST, DecodeAllowance, RequestTo
 from corral.protocol.grpc_codec import decode_request as decode_grpc
 from corral.protocol.http_codec import decode_request
 from corral.protocol.proto import grpc_service_pb2 as pb
+from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.protocol.shm import SharedMemoryRegistry
 from corral.server.bodies import BodyBudget
+from corral.server.grpc import start_grpc_server
 from corral.server.http import HttpApp
-from tests.helpers import add_model, build_identity
+from tests.helpers import add_model, build_identity, run_freeing_frames
 from tests.test_shared_memory import ShmObjects, objects  # noqa: F401 - a fixture
 
 COUNT = 100_000
@@ -98,6 +102,20 @@ def test_a_json_document_of_many_strings_is_refused_before_it_is_parsed_naming_i
     request = decode_request(body, allowance=allowance)
     assert request.inputs[1].data.tolist() == [b"a"] * COUNT
     assert allowance.spent >= len(body) + 2 * COUNT * BYTES_ELEMENT_COST
+
+
+@pytest.mark.timeout(30)
+def test_strings_that_no_one_input_holds_are_charged_to_the_request():
+    outputs = [{"name": f"y{index}"} for index in range(COUNT // 10)]
+    for inputs in (
+        [{"name": "few", "datatype": "BYTES", "shape": [1], "data": ["x"]}],
+        [],  # no "data" array at all
+    ):
+        body = orjson.dumps({"inputs": inputs, "outputs": outputs})
+        with pytest.raises(RequestTooLarge) as refused:
+            decode_request(body, allowance=DecodeAllowance(len(body) + 1000, len(body)))
+        assert refused.value.tensor is None
+        assert str(refused.value).startswith("the request is too large decoded: the ")
 
 
 @pytest.mark.timeout(30)
@@ -188,3 +206,41 @@ def test_the_http_app_answers_413_past_the_limit_and_503_past_the_budget(echo: H
     answer = asyncio.run(post(HttpApp(plane, body_budget=budget), body, header_length))
     assert answer.status_code == 200, answer.text
     assert budget.held == 0
+
+
+@pytest.mark.timeout(60)
+def test_grpc_answers_resource_exhausted_past_the_limit_and_past_the_budget(echo: Host):
+    tensor = strings(2000).reshape(1000, 2)
+    message = pb.ModelInferRequest(
+        model_name="echo", raw_input_contents=[encode_tensor(tensor, "BYTES")]
+    )
+    message.inputs.add(name="X", datatype="BYTES", shape=[1000, 2])
+    decoded = message.ByteSize() + 2000 * (BYTES_ELEMENT_COST + 1)
+    cases: list[tuple[dict[str, Any], str | None]] = [
+        ({"max_message_bytes": decoded - 1}, "input 'X' is too large decoded"),
+        ({"body_budget": BodyBudget(decoded - 1)}, "max_body_bytes_in_flight"),
+        ({"body_budget": BodyBudget(decoded)}, None),
+        ({}, None),  # no budget: the message's size counted all the same
+    ]
+
+    async def main() -> None:
+        plane = DataPlane(echo)
+        for options, named in cases:
+            server, port = await start_grpc_server(plane, "127.0.0.1", 0, **options)
+            try:
+                async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                    stub = pb_grpc.GRPCInferenceServiceStub(channel)
+                    if named is None:
+                        response = await stub.ModelInfer(message, timeout=30)
+                        assert response.raw_output_contents[0] == message.raw_input_contents[0]
+                        continue
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        await stub.ModelInfer(message, timeout=30)
+                    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    assert named in (refused.value.details() or "")
+            finally:
+                await server.stop(None)
+            budget = options.get("body_budget")
+            assert budget is None or budget.held == 0
+
+    run_freeing_frames(main)

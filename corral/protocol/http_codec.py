@@ -74,9 +74,11 @@ HEADER_LENGTH = "inference-header-content-length"
 # at most 64 KiB / 3 x 64 bytes (1.4 MB), where counting its quotes would cost ~20 us, about
 # what decoding such a request costs in all (counting a MiB: 0.3 ms, where parsing it: 20).
 _UNCOUNTED_JSON_BYTES = 64 * 1024
-# An input's "name" key (its value, group 1) or the start of a "data" array, in JSON text.
-# Neither can match inside a string, whose quotes are escaped.
-_NAME_OR_DATA = re.compile(rb'"name"\s*:\s*"((?:[^"\\]|\\.)*)"|"data"\s*:\s*\[')
+# In JSON text, a "name" key's value (group 1), or a "data", "outputs" or "parameters" key
+# (group 2). None can match inside a string, whose quotes are escaped.
+_NAME_OR_DATA = re.compile(
+    rb'"name"\s*:\s*"((?:[^"\\]|\\.)*)"|"(data|outputs|parameters)"\s*:\s*[\[{]'
+)
 
 # Up to this many bytes of JSON, a search for "null" tells faster than numpy whether an
 # output holds a NaN or an infinity (it costs about 1 ns a byte, numpy's check about 2 us).
@@ -360,42 +362,49 @@ def _charge_strings(body: bytes, json_length: int, allowance: DecodeAllowance) -
     (:func:`_costliest_input`), since the document is not parsed.
     """
     end = min(max(json_length, 0), len(body))
-    strings = body.count(b'"', 0, end) // 2
+    quotes = body.count(b'"', 0, end)
+    strings = quotes // 2
     cost = strings * JSON_STRING_COST
+    what = f"the {strings} strings of its JSON"
     if allowance.fits(cost):
-        allowance.charge(cost, tensor=None, what=f"the {strings} strings of its JSON")
+        allowance.charge(cost, tensor=None, what=what)
         return
-    name = _costliest_input(body, end)
-    allowance.charge(
-        cost,
-        tensor=name,
-        what=f"the {strings} strings of its JSON"
-        + ("" if name is None else f" (most of them in input {name!r}'s data)"),
-    )
+    name = _costliest_input(body, end, quotes)
+    if name is not None:
+        what += f" (most of them in input {name!r}'s data)"
+    allowance.charge(cost, tensor=name, what=what)
 
 
-def _costliest_input(body: bytes, end: int) -> str | None:
-    """The name of the input whose ``data`` holds the most quotes of ``body[:end]``, if found.
+def _costliest_input(body: bytes, end: int, quotes: int) -> str | None:
+    """The input whose ``data`` holds most of the ``quotes`` of ``body[:end]``, if one does.
 
-    Read from the text, not parsed (parsing is what would cost too much): each ``"data"``
-    array runs to the next one; its input's name is the ``"name"`` key that comes between
-    the previous array and it, or else the first one after it. None if the text has no
-    ``"data"`` array or no name for it.
+    Read from the text, not parsed (parsing is what would cost too much): a ``"data"`` array
+    runs to the next ``"data"``, ``"outputs"`` or ``"parameters"`` key; its input's name is
+    the last ``"name"`` key between the previous array and it, or else the first after it.
+    None when no array holds half the quotes or it has no name: the text names no one input
+    (a crafted document can still mislead it; the refusal stands, only its name is a guess).
     """
-    marks = [(match.start(), match.group(1)) for match in _NAME_OR_DATA.finditer(body, 0, end)]
-    datas = [index for index, (_, name) in enumerate(marks) if name is None]
-    if not datas:
-        return None
-    bounds = [marks[index][0] for index in datas[1:]] + [end]
-    quotes = [
-        body.count(b'"', marks[index][0], bound) for index, bound in zip(datas, bounds, strict=True)
+    marks = [
+        (match.start(), match.group(1), match.group(2))
+        for match in _NAME_OR_DATA.finditer(body, 0, end)
     ]
-    chosen = quotes.index(max(quotes))
-    at = datas[chosen]
-    before = datas[chosen - 1] if chosen else -1
-    after = datas[chosen + 1] if chosen + 1 < len(datas) else len(marks)
-    between = [marks[index][1] for index in range(before + 1, at)]
-    following = [marks[index][1] for index in range(at + 1, after)]
+    regions: list[tuple[int, int]] = []  # (quotes, index of the "data" mark)
+    open_at: tuple[int, int] | None = None  # the "data" array being read: (offset, index)
+    for index, (start, _, key) in enumerate((*marks, (end, None, b"end"))):
+        if key is None:
+            continue
+        if open_at is not None:
+            regions.append((body.count(b'"', open_at[0], start), open_at[1]))
+        open_at = (start, index) if key == b"data" else None
+    if not regions:
+        return None
+    held, at = max(regions)
+    if 2 * held < quotes:
+        return None
+    before = max((index for _, index in regions if index < at), default=-1)
+    after = min((index for _, index in regions if index > at), default=len(marks))
+    between = [name for _, name, _ in marks[before + 1 : at] if name is not None]
+    following = [name for _, name, _ in marks[at + 1 : after] if name is not None]
     found = between[-1] if between else following[0] if following else None
     if found is None:
         return None
