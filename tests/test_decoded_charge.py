@@ -118,6 +118,22 @@ def test_strings_that_no_one_input_holds_are_charged_to_the_request():
         assert str(refused.value).startswith("the request is too large decoded: the ")
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        b'{"inputs": [{"datatype": "BYTES", "shape": [%d], "data": [%s]}]}',  # no name
+        b'{"inputs": [{"name": "bad\\q", "shape": [%d], "data": [%s]}]}',  # not JSON's escape
+    ],
+    ids=["nameless", "bad-escape"],
+)
+@pytest.mark.timeout(30)
+def test_an_input_the_text_cannot_name_is_refused_as_the_request(text: bytes):
+    body = text % (COUNT, b",".join([b'"a"'] * COUNT))
+    with pytest.raises(RequestTooLarge) as refused:
+        decode_request(body, allowance=DecodeAllowance(len(body) + 1000, len(body)))
+    assert refused.value.tensor is None
+
+
 @pytest.mark.timeout(30)
 def test_grpc_raw_and_typed_bytes_are_charged_naming_the_tensor():
     tensor = strings()
