@@ -571,7 +571,7 @@ def test_the_one_pass_decoding_of_plain_requests_is_the_full_decoding(
         grpc_codec._decode_plain(r) is None for r in (with_parameter, with_output, with_timeout)
     )
 
-    monkeypatch.setattr(grpc_codec, "_decode_plain", lambda request: None)
+    monkeypatch.setattr(grpc_codec, "_decode_plain", lambda request, allowance=None: None)
     for request, decoded in zip(plain, fast, strict=True):
         full = grpc_codec.decode_request(request)
         assert (full.id, full.outputs, full.parameters) == (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -414,3 +414,42 @@ def test_an_unexpected_error_is_a_logged_500_that_names_it(host: Host, caplog):
     assert record.exc_info is not None
     assert isinstance(record.exc_info[1], ZeroDivisionError)
     assert call(app, "GET", "/v2/health/live").json() == {"live": True}
+
+
+@pytest.mark.parametrize(
+    "spell",
+    [
+        lambda n: "+" + n,
+        lambda n: n[0] + "_" + n[1:],
+        lambda n: " " + n,
+        lambda n: "\uff11" + n,  # a fullwidth digit one
+        lambda n: "9" * 5000,
+    ],
+    ids=["sign", "underscore", "space", "fullwidth", "5000-digits"],
+)
+def test_a_header_length_int_would_read_loosely_is_refused_with_400(
+    host: Host, spell: Callable[[str], str]
+):
+    # int() takes a sign, underscores, spaces, other scripts' digits, and refuses 4,300+
+    # digits with a ValueError: the header takes ASCII digits only, and says so.
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "X",
+                    "datatype": "FP32",
+                    "shape": [2, 4],
+                    "parameters": {"binary_data_size": X.nbytes},
+                }
+            ]
+        }
+    )
+    response = call(
+        make_app(host),
+        "POST",
+        "/v2/models/mlp/infer",
+        content=header + X.tobytes(),
+        headers=[(b"Inference-Header-Content-Length", spell(str(len(header))).encode())],
+    )
+    assert response.status_code == 400, response.text
+    assert "inference-header-content-length must be" in response.json()["error"]

@@ -234,6 +234,11 @@ def test_the_server_figures_come_from_the_samples(thirty: Path):
         ("pages=2", "unknown query parameter 'pages'"),
         ("page=1&page=2", "'page' is given twice"),
         ("page", "query string cannot be read"),
+        # Digits str.isdigit takes and int() refuses (superscript two), or takes though they
+        # are not ASCII (Arabic-Indic twelve), and more digits than int() reads: 400, not 500.
+        ("page=%C2%B2", "page='²'"),
+        ("page_size=%D9%A1%D9%A2", "page_size='١٢'"),
+        ("page=" + "1" * 5000, "page='111"),
     ],
 )
 @pytest.mark.timeout(30)

@@ -243,6 +243,38 @@ def test_a_compressed_body_that_inflates_past_the_limit_is_refused_413(server: S
     assert status == 200, body
 
 
+def test_a_gzip_body_of_several_members_is_read_whole_and_still_cut_at_the_limit(
+    server: ServerProcess,
+):
+    # RFC 1952: a gzip body is a series of members, as pigz and some proxies send it.
+    body = infer_json()
+    members = b"".join(gzip.compress(body[at : at + 50]) for at in range(0, len(body), 50))
+    assert len(members) > len(gzip.compress(body))  # several members, not one
+    status, _, answer = raw(
+        server, "POST", "/v2/models/mlp/infer", members, **{"Content-Encoding": "gzip"}
+    )
+    assert status == 200, answer
+    (output,) = json.loads(answer)["outputs"]
+    np.testing.assert_allclose(output["data"], expected_mlp().ravel(), rtol=1e-6)
+    # Members that each inflate within the limit, and together past it: refused 413.
+    piece = gzip.compress(b" " * (LIMIT // 4))
+    status, _, answer = raw(
+        server, "POST", "/v2/models/mlp/infer", piece * 5, **{"Content-Encoding": "gzip"}
+    )
+    assert status == 413
+    assert f"inflates from gzip to more than {LIMIT} bytes" in json.loads(answer)["error"]
+    # A member cut short after a whole one is still cut short.
+    status, _, answer = raw(
+        server,
+        "POST",
+        "/v2/models/mlp/infer",
+        gzip.compress(body) + gzip.compress(b" ")[:-4],
+        **{"Content-Encoding": "gzip"},
+    )
+    assert status == 400
+    assert "cut short" in json.loads(answer)["error"]
+
+
 @pytest.mark.parametrize(
     ("headers", "body", "status", "named"),
     [

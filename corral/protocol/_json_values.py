@@ -24,6 +24,7 @@ import numpy.typing as npt
 import orjson
 
 from corral._errors import InvalidInput
+from corral.protocol.costs import DecodeAllowance
 from corral.protocol.datatypes import numpy_dtype
 
 __all__ = [
@@ -142,9 +143,19 @@ def non_finite_token(value: float) -> bytes:
 
 
 def json_tensor(
-    data: object, datatype: str, shape: tuple[int, ...], count: int, *, name: str
+    data: object,
+    datatype: str,
+    shape: tuple[int, ...],
+    count: int,
+    *,
+    name: str,
+    allowance: DecodeAllowance | None = None,
 ) -> npt.NDArray[Any]:
-    """A tensor from JSON ``data``, flat or nested, checked value by value for ``datatype``."""
+    """A tensor from JSON ``data``, flat or nested, checked value by value for ``datatype``.
+
+    With ``allowance``, a BYTES tensor's elements are charged once its strings are checked,
+    before they are made (:class:`~corral.protocol.costs.RequestTooLarge` past the limit).
+    """
     if type(data) is not list:
         raise InvalidInput(
             f'input {name!r}: "data" must be an array; got {json_kind(data)}', tensor=name
@@ -170,6 +181,9 @@ def json_tensor(
 
     if datatype == "BYTES":
         _check_kinds(values, kinds, {str}, "strings", datatype, name)
+        if allowance is not None:
+            # The strings are parsed already (charged before the parse); their bytes are new.
+            allowance.charge_bytes(name, count, 0)
         array = np.empty(count, dtype=object)
         array[:] = [value.encode("utf-8") for value in values]
         return array.reshape(shape)

@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from corral._errors import InvalidInput
+from corral.protocol.costs import DecodeAllowance
 from corral.protocol.datatypes import numpy_dtype
 
 __all__ = [
@@ -81,7 +82,12 @@ def element_count(shape: tuple[int, ...], datatype: str, *, name: str) -> int:
 
 
 def decode_tensor(
-    raw: bytes | memoryview, datatype: str, shape: tuple[int, ...], *, name: str
+    raw: bytes | memoryview,
+    datatype: str,
+    shape: tuple[int, ...],
+    *,
+    name: str,
+    allowance: DecodeAllowance | None = None,
 ) -> npt.NDArray[Any]:
     """Decode one tensor's raw bytes into a numpy array of ``shape``.
 
@@ -92,7 +98,9 @@ def decode_tensor(
 
     Raises :class:`~corral.InvalidInput` naming the tensor when the byte count does not match
     the shape (the message gives both counts), a BOOL byte is neither 0 nor 1, or a BYTES
-    element's length runs past the end.
+    element's length runs past the end. With ``allowance``, a BYTES tensor is charged its
+    decoded cost before its elements are built (:class:`~corral.protocol.costs.RequestTooLarge`
+    past the request's limit).
 
     Example::
 
@@ -101,6 +109,11 @@ def decode_tensor(
     count = element_count(shape, datatype, name=name)
     buffer = _immutable_buffer(raw)
     if datatype == "BYTES":
+        prefixes = _LENGTH_PREFIX * count
+        if allowance is not None and count and prefixes <= len(buffer):
+            # (Fewer bytes than prefixes: refused below as malformed, not as too large.)
+            # Each element's 4-byte length is not kept; its bytes are copied.
+            allowance.charge_bytes(name, count, len(buffer) - prefixes)
         return _decode_bytes(buffer, count, name=name).reshape(shape)
     dtype = numpy_dtype(datatype, tensor=name)
     expected = count * dtype.itemsize

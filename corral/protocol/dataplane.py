@@ -48,6 +48,7 @@ from corral.protocol.metadata import model_configuration, model_metadata
 from corral.protocol.model_control import ModelControl
 from corral.protocol.outputs import classified, outputs_to_run, tensor_output
 from corral.protocol.parameters import check_parameters
+from corral.protocol.paths import public_text
 from corral.protocol.shm import EXTENSION as SHARED_MEMORY_EXTENSION
 from corral.protocol.shm import (
     OutputRegions,
@@ -233,6 +234,14 @@ class DataPlane:
                 removal()
 
         return remove
+
+    def public_text(self, text: str) -> str:
+        """An error's text as a client is told it: the server's folders named relative.
+
+        The repository's absolute path and upload folders are left out
+        (:func:`corral.protocol.paths.public_text`); the log keeps the whole text.
+        """
+        return public_text(self._host, text)
 
     def served_status(self, name: str) -> ModelStatus:
         """``name``'s status (:meth:`Host.status`), for a model this server serves; blocking.

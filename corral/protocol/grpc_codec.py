@@ -33,6 +33,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed wherever
 
 from corral._errors import InvalidInput
 from corral.protocol.binary import decode_tensor, element_count, encode_tensor
+from corral.protocol.costs import DecodeAllowance
 from corral.protocol.datatypes import numpy_dtype
 from corral.protocol.shm import (
     SharedMemoryReference,
@@ -89,7 +90,10 @@ _DATA_TYPES = frozenset(pb.DataType.keys())
 
 
 def decode_request(
-    request: pb.ModelInferRequest, *, shared_memory: SharedMemoryRegistry | None = None
+    request: pb.ModelInferRequest,
+    *,
+    shared_memory: SharedMemoryRegistry | None = None,
+    allowance: DecodeAllowance | None = None,
 ) -> InferRequest:
     """Decode a ``ModelInferRequest`` into corral's :class:`~corral.protocol.InferRequest`.
 
@@ -98,13 +102,16 @@ def decode_request(
     neither (and no entry in ``raw_input_contents``, as tritonclient sends it) and is copied
     out of that region of ``shared_memory``. Parameters may be bool, integer or string; the
     request's ``timeout`` an integer of microseconds up to ``MAX_TIMEOUT_US`` (0: no timeout).
-    Raises :class:`~corral.InvalidInput` naming the tensor that is malformed.
+    Raises :class:`~corral.InvalidInput` naming the tensor that is malformed. With
+    ``allowance``, BYTES tensors and inputs in shared memory are charged what they cost
+    decoded before they are built (:class:`~corral.protocol.costs.RequestTooLarge`, naming
+    the tensor, past the request's limit).
 
     Example::
 
         decoded = decode_request(pb.ModelInferRequest.FromString(data))
     """
-    common = _decode_plain(request)
+    common = _decode_plain(request, allowance)
     if common is not None:
         return common
     raw = request.raw_input_contents
@@ -135,12 +142,14 @@ def decode_request(
     for tensor, params, reference in zip(request.inputs, parameters, references, strict=True):
         shape = tuple(tensor.shape)
         if reference is not None:
-            data = _from_shared_memory(tensor, shape, reference, shared_memory)
+            data = _from_shared_memory(tensor, shape, reference, shared_memory, allowance)
         elif raw:
-            data = decode_tensor(raw[raw_index], tensor.datatype, shape, name=tensor.name)
+            data = decode_tensor(
+                raw[raw_index], tensor.datatype, shape, name=tensor.name, allowance=allowance
+            )
             raw_index += 1
         else:
-            data = _from_contents(tensor, shape)
+            data = _from_contents(tensor, shape, allowance)
         inputs.append(InferInput(tensor.name, tensor.datatype, shape, data, params))
     return InferRequest(
         inputs=tuple(inputs),
@@ -153,7 +162,9 @@ def decode_request(
     )
 
 
-def _decode_plain(request: pb.ModelInferRequest) -> InferRequest | None:
+def _decode_plain(
+    request: pb.ModelInferRequest, allowance: DecodeAllowance | None = None
+) -> InferRequest | None:
     """The most common request decoded in one pass; None for any other.
 
     :func:`decode_request` decodes any other in full (and refuses it as it would). Plain:
@@ -174,7 +185,7 @@ def _decode_plain(request: pb.ModelInferRequest) -> InferRequest | None:
     inputs = []
     for tensor, data in zip(tensors, raw, strict=True):
         name, datatype, shape = tensor.name, tensor.datatype, tuple(tensor.shape)
-        array = decode_tensor(data, datatype, shape, name=name)
+        array = decode_tensor(data, datatype, shape, name=name, allowance=allowance)
         inputs.append(InferInput(name, datatype, shape, array, {}))
     return InferRequest(inputs=tuple(inputs), outputs=(), id=request.id or None, parameters={})
 
@@ -320,6 +331,7 @@ def _from_shared_memory(
     shape: tuple[int, ...],
     reference: SharedMemoryReference,
     shared_memory: SharedMemoryRegistry | None,
+    allowance: DecodeAllowance | None,
 ) -> npt.NDArray[Any]:
     if tensor.HasField("contents"):
         raise InvalidInput(
@@ -327,11 +339,15 @@ def _from_shared_memory(
             "has contents; give one of them",
             tensor=tensor.name,
         )
-    return read_input(shared_memory, reference, tensor.datatype, shape, name=tensor.name)
+    return read_input(
+        shared_memory, reference, tensor.datatype, shape, name=tensor.name, allowance=allowance
+    )
 
 
 def _from_contents(
-    tensor: pb.ModelInferRequest.InferInputTensor, shape: tuple[int, ...]
+    tensor: pb.ModelInferRequest.InferInputTensor,
+    shape: tuple[int, ...],
+    allowance: DecodeAllowance | None,
 ) -> npt.NDArray[Any]:
     name, datatype = tensor.name, tensor.datatype
     count = element_count(shape, datatype, name=name)
@@ -351,6 +367,9 @@ def _from_contents(
             tensor=name,
         )
     if dtype.kind == "O":
+        if allowance is not None:
+            # Each element's bytes are in the message already; a Python object is new.
+            allowance.charge_bytes(name, count, 0)
         data = np.empty(count, dtype=object)
         data[:] = list(values)
     elif dtype.kind in "iu" and dtype.itemsize < 4:

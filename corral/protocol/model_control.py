@@ -29,6 +29,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
@@ -37,6 +38,7 @@ from corral._events import ChangeListeners
 from corral._host import Host
 from corral._status import ModelState, ModelStatus
 from corral.protocol.control import CONTROL_TIMEOUT_S, ControlThreads
+from corral.protocol.paths import public_text
 from corral.protocol.types import RepositoryModel
 
 __all__ = ["UNLOAD_TIMEOUT_S", "ModelControl"]
@@ -188,7 +190,13 @@ class ModelControl:
         rows: list[RepositoryModel] = []
         for model in self._host.models():  # lists the repository's folder
             rows.extend(_index_rows(model, ready_only))
-        return rows
+        # A reason is a failure's text: told to clients without the server's folders.
+        return [
+            dataclasses.replace(row, reason=public_text(self._host, row.reason))
+            if row.reason
+            else row
+            for row in rows
+        ]
 
     async def load(
         self,

@@ -62,6 +62,7 @@ import numpy.typing as npt
 
 from corral._errors import CorralError, InvalidInput, InvalidOption
 from corral.protocol.binary import decode_tensor, element_count, encode_tensor
+from corral.protocol.costs import DecodeAllowance
 from corral.protocol.datatypes import numpy_dtype
 from corral.protocol.types import InferOutput, Parameters, RequestedOutput
 
@@ -521,11 +522,15 @@ def read_input(
     shape: tuple[int, ...],
     *,
     name: str,
+    allowance: DecodeAllowance | None = None,
 ) -> npt.NDArray[Any]:
     """Input ``name``'s tensor, copied out of the region ``reference`` names and decoded.
 
     Its ``shared_memory_byte_size`` must be exactly what ``shape`` of ``datatype`` takes (for
-    BYTES: the serialized elements, each a 4-byte length and its bytes).
+    BYTES: the serialized elements, each a 4-byte length and its bytes). With ``allowance``,
+    the copy is charged before it is made, and a BYTES tensor's elements before they are
+    built (:class:`~corral.protocol.costs.RequestTooLarge` past the request's limit): what
+    a request reads from shared memory costs the server as much as what it sends.
     """
     owner = f"input {name!r}"
     if registry is None:
@@ -542,8 +547,14 @@ def read_input(
                 f"{expected} bytes; {SHM_BYTE_SIZE} is {reference.byte_size}",
                 tensor=name,
             )
+    if allowance is not None:
+        allowance.charge(
+            reference.byte_size,
+            tensor=name,
+            what=f"its {reference.byte_size} bytes copied out of shared memory",
+        )
     raw = registry.read(reference, tensor=owner)
-    return decode_tensor(raw, datatype, shape, name=name)
+    return decode_tensor(raw, datatype, shape, name=name, allowance=allowance)
 
 
 class OutputRegions:

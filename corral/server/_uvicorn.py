@@ -332,7 +332,13 @@ class EdgeProtocol(HttpToolsProtocol):
                 length = value
             elif key in _NOT_DIRECT:
                 return None
-        if length is None or not length.isdigit() or int(length) > DIRECT_BODY_BYTES:
+        # bytes.isdigit() is ASCII digits only; int() refuses 4,300+ of them.
+        if (
+            length is None
+            or not length.isdigit()
+            or len(length) > 18
+            or int(length) > DIRECT_BODY_BYTES
+        ):
             return None
         return name
 

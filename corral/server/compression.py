@@ -36,6 +36,8 @@ __all__ = [
 ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 #: The most bytes inflated at once: the limit is checked after each piece.
 INFLATE_PIECE_BYTES = 1024 * 1024
+# The two bytes that open a gzip member (RFC 1952, ID1 and ID2).
+_GZIP_MAGIC = b"\x1f\x8b"
 #: zlib's level for compressed answers: the fastest, since answers are mostly numbers.
 RESPONSE_COMPRESSION_LEVEL = 1
 
@@ -74,41 +76,48 @@ def request_encoding(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
 def inflate(body: bytes, encoding: str, limit: int, held: BodyReservation | None) -> bytes:
     """``body`` inflated from ``encoding``, refused past ``limit`` inflated bytes.
 
-    Inflates at most :data:`INFLATE_PIECE_BYTES` at a time; with ``held``, the inflated bytes
+    A gzip body may be several members one after another (RFC 1952), inflated in turn as one
+    body. Inflates at most :data:`INFLATE_PIECE_BYTES` at a time; with ``held``, the inflated bytes
     past those it already holds are reserved as they come
     (:class:`~corral.server.bodies.BodyBudgetExceeded` if they do not fit). Raises
     :class:`EncodingRefused`: 413 past ``limit``, 400 for a body that is not valid
     ``encoding`` data or ends before its stream does.
     """
-    inflater = zlib.decompressobj(ENCODINGS[encoding])
     pieces: list[bytes] = []
     size = 0
     pending = body
     try:
-        while not inflater.eof:
-            piece = inflater.decompress(pending, INFLATE_PIECE_BYTES)
-            pending = inflater.unconsumed_tail
-            if not piece and not pending:
-                break  # every byte read and nothing more comes out: cut short (below)
-            size += len(piece)
-            if size > limit:
-                raise EncodingRefused(
-                    413,
-                    f"the request body inflates from {encoding} to more than {limit} bytes "
-                    "(max_request_bytes counts the inflated size)",
-                )
-            if held is not None and size > held.size:
-                held.grow(size - held.size)
-            pieces.append(piece)
+        while True:
+            inflater = zlib.decompressobj(ENCODINGS[encoding])
+            while not inflater.eof:
+                piece = inflater.decompress(pending, INFLATE_PIECE_BYTES)
+                pending = inflater.unconsumed_tail
+                if not piece and not pending:
+                    break  # every byte read and nothing more comes out: cut short (below)
+                size += len(piece)
+                if size > limit:
+                    raise EncodingRefused(
+                        413,
+                        f"the request body inflates from {encoding} to more than {limit} bytes "
+                        "(max_request_bytes counts the inflated size)",
+                    )
+                if held is not None and size > held.size:
+                    held.grow(size - held.size)
+                pieces.append(piece)
+            if not inflater.eof:
+                raise EncodingRefused(400, f"the request body's {encoding} stream is cut short")
+            pending = inflater.unused_data
+            # RFC 1952: a gzip body may hold several members, one after another (pigz
+            # writes them); each is inflated in turn, the limit counting them all.
+            if not (encoding == "gzip" and pending.startswith(_GZIP_MAGIC)):
+                break
     except zlib.error as exc:
         raise EncodingRefused(
             400, f"the request body is not valid {encoding} data: {exc}"
         ) from None
-    if not inflater.eof:
-        raise EncodingRefused(400, f"the request body's {encoding} stream is cut short")
-    if inflater.unused_data:
+    if pending:
         raise EncodingRefused(
-            400, f"the request body has {len(inflater.unused_data)} bytes after its {encoding} data"
+            400, f"the request body has {len(pending)} bytes after its {encoding} data"
         )
     return b"".join(pieces)
 

@@ -53,6 +53,7 @@ from corral._errors import (
     UploadRefused,
 )
 from corral.protocol import grpc_codec
+from corral.protocol.costs import DecodeAllowance, RequestTooLarge
 from corral.protocol.dataplane import DataPlane, run_blocking, status_for
 from corral.protocol.shm import (
     SHM_REGION,
@@ -114,6 +115,8 @@ STATUS: dict[type[CorralError], grpc.StatusCode] = {
     SharedMemoryExists: grpc.StatusCode.ALREADY_EXISTS,
     TooManyRegions: grpc.StatusCode.RESOURCE_EXHAUSTED,
     SharedMemoryUnsupported: grpc.StatusCode.UNIMPLEMENTED,
+    # A request whose decoded form passes max_request_bytes, as gRPC refuses a message over it.
+    RequestTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 #: The largest request message :func:`start_grpc_server` accepts unless told otherwise, as
@@ -184,6 +187,9 @@ async def _answer(
         return await handler(servicer, request, context)
     except _Refused as exc:
         await context.abort(exc.code, str(exc))
+    except BodyBudgetExceeded as exc:
+        # Past the budget while decoding: what a request's decoded tensors cost is held too.
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
     except CorralError as exc:
         code = status_for(STATUS, exc)
         if code is None:
@@ -192,10 +198,13 @@ async def _answer(
         # The error travels on as the abort's __context__; its frames would keep this
         # call's context and request alive, in a cycle, until a garbage collection.
         exc.__traceback__ = None
-        await context.abort(code, str(exc))
+        # Told without the server's folders (the log keeps the whole text).
+        await context.abort(code, servicer._plane.public_text(str(exc)))
     except Exception as exc:
         logger.exception("corral: gRPC %s failed", handler.__name__)
-        await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc!r}")
+        await context.abort(
+            grpc.StatusCode.INTERNAL, servicer._plane.public_text(f"internal error: {exc!r}")
+        )
     raise AssertionError("unreachable: context.abort raises")  # for mypy
 
 
@@ -292,6 +301,9 @@ class InferenceServicer:
     ``ModelInfer`` holds its message's size in it until answered, and is refused with
     RESOURCE_EXHAUSTED when that does not fit. gRPC has read the message whole by then, so
     the budget bounds the requests decoded and run at once, not the messages received.
+    A request is also charged what its BYTES tensors and shared-memory inputs cost decoded
+    (:mod:`corral.protocol.costs`), in the budget and against ``max_request_bytes``, and
+    refused with RESOURCE_EXHAUSTED naming the tensor before it is built past either.
     With ``tracing``, each ``ModelInfer`` gets spans (:mod:`corral.server.tracing`).
     ``loop``: the event loop the server runs its handlers on, when known (it saves the data
     plane a look-up, a system call on Python 3.11, per request); :func:`start_grpc_server`
@@ -306,8 +318,10 @@ class InferenceServicer:
         *,
         access_log: bool = False,
         loop: asyncio.AbstractEventLoop | None = None,
+        max_request_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self._plane = plane
+        self._max_request_bytes = max_request_bytes
         self._loop = loop
         self._control = plane.control
         self._body_budget = body_budget
@@ -358,8 +372,8 @@ class InferenceServicer:
         """Run one inference request; outputs come back as ``raw_output_contents``."""
         if self._tracing is not None:
             return await self._infer_traced(self._tracing, request, context)
-        with self._hold_message(request):
-            return await self._infer(request, context)
+        with self._hold_message(request) as held:
+            return await self._infer(request, context, held)
 
     async def _infer_traced(
         self, tracing: Tracing, request: pb.ModelInferRequest, context: _Context
@@ -367,8 +381,8 @@ class InferenceServicer:
         metadata = context.invocation_metadata()
         trace = tracing.grpc_request(_SERVICE, "ModelInfer", metadata, request.model_name)
         try:
-            with self._hold_message(request):
-                response = await self._infer(request, context, trace)
+            with self._hold_message(request) as held:
+                response = await self._infer(request, context, held, trace)
         except BaseException as exc:
             trace.finish(exc, "rpc.grpc.status_code", _error_code(exc))
             raise
@@ -386,18 +400,30 @@ class InferenceServicer:
             raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from None
 
     async def _infer(
-        self, request: pb.ModelInferRequest, context: _Context, trace: RequestTrace | None = None
+        self,
+        request: pb.ModelInferRequest,
+        context: _Context,
+        held: BodyReservation | None,
+        trace: RequestTrace | None = None,
     ) -> pb.ModelInferResponse:
         shared_memory = self._plane.shared_memory
+        allowance = DecodeAllowance(
+            self._max_request_bytes,
+            held.size if held is not None else request.ByteSize(),
+            None if held is None else held.grow,
+        )
         if shared_memory is not None and any(
             SHM_REGION in tensor.parameters for tensor in request.inputs
         ):
             # Tensors in shared memory are copied out while decoding: not on the event loop.
             decoded = await run_blocking(
-                grpc_codec.decode_request, request, shared_memory=shared_memory
+                grpc_codec.decode_request,
+                request,
+                shared_memory=shared_memory,
+                allowance=allowance,
             )
         else:
-            decoded = grpc_codec.decode_request(request)
+            decoded = grpc_codec.decode_request(request, allowance=allowance)
         remaining = context.time_remaining()
         if remaining is not None and not decoded.parameters.get("timeout"):
             # The client's gRPC deadline becomes the request's timeout (unless it gives one;
@@ -599,7 +625,12 @@ async def start_grpc_server(
     )
     # grpc.aio runs the handlers on the loop that starts the server: this one.
     servicer = InferenceServicer(
-        plane, body_budget, tracing, access_log=access_log, loop=asyncio.get_running_loop()
+        plane,
+        body_budget,
+        tracing,
+        access_log=access_log,
+        loop=asyncio.get_running_loop(),
+        max_request_bytes=max_message_bytes,
     )
     _register(servicer, server)
     add_health_and_reflection(

@@ -28,6 +28,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from corral.protocol.costs import DecodeAllowance
 from corral.protocol.dataplane import DataPlane, run_blocking
 from corral.protocol.http_codec import HEADER_LENGTH, decode_request, encode_error, encode_response
 from corral.protocol.shm import SHM_REGION, SharedMemoryRegistry
@@ -190,7 +191,9 @@ class HttpApp:
                 return
             await self._route(method, scope, receive, send)
         except Exception as exc:
-            status, body, extra = error_answer(exc, scope.get("method"), scope.get("path"))
+            status, body, extra = error_answer(
+                exc, scope.get("method"), scope.get("path"), self._plane.public_text
+            )
             await respond(send, status, body, JSON, extra)
 
     @property
@@ -234,7 +237,9 @@ class HttpApp:
                 )
             return 200, head(content_type, len(payload), extra), payload
         except Exception as exc:
-            status, error, extra = error_answer(exc, "POST", f"/v2/models/{name}/infer")
+            status, error, extra = error_answer(
+                exc, "POST", f"/v2/models/{name}/infer", self._plane.public_text
+            )
             return status, head(JSON, len(error), extra), error
 
     async def _exchange(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -408,10 +413,17 @@ class HttpApp:
             shared_memory is not None and SHM_REGION.encode() in body
         ):
             request = await run_blocking(
-                decode_request, body, header_length, shared_memory=shared_memory
+                decode_request,
+                body,
+                header_length,
+                shared_memory=shared_memory,
+                allowance=DecodeAllowance(self._max_request_bytes, len(body), held.grow),
             )
         else:  # the common case, on the loop: no coroutine of its own on the busiest path
-            request = decode_request(body, header_length, shared_memory=shared_memory)
+            allowance = DecodeAllowance(self._max_request_bytes, len(body), held.grow)
+            request = decode_request(
+                body, header_length, shared_memory=shared_memory, allowance=allowance
+            )
         del body  # what the tensors do not view is freed before the run
         if exchange is not None and request.id:
             exchange.body_id = request.id  # the log's id, when no header gave one
@@ -440,9 +452,9 @@ def _inflate_and_decode(
     header_length: int | None,
     shared_memory: SharedMemoryRegistry | None,
 ) -> InferRequest:
-    return decode_request(
-        inflate(body, encoding, limit, held), header_length, shared_memory=shared_memory
-    )
+    inflated = inflate(body, encoding, limit, held)
+    allowance = DecodeAllowance(limit, len(inflated), held.grow)
+    return decode_request(inflated, header_length, shared_memory=shared_memory, allowance=allowance)
 
 
 async def _compressed(payload: bytes, encoding: str) -> bytes:

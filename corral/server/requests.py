@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 import hmac
+import re
 
 from corral.protocol.http_codec import HEADER_LENGTH
 from corral.server.bodies import BodyReservation
@@ -38,6 +39,9 @@ DECODE_INLINE_BYTES = 64 * 1024
 Coding = tuple[int | None, str | None, str | None]
 
 _ASKS_FOR_TOKEN = ((b"www-authenticate", b"Bearer"),)
+# A header's whole number: ASCII digits only, few enough for int() to read. int() alone also
+# takes a sign, spaces, underscores and other scripts' digits, and refuses 4,300+ digits.
+_WHOLE_NUMBER = re.compile(rb"[0-9]{1,18}")
 
 
 async def read_body(
@@ -114,11 +118,13 @@ def too_large(limit: int) -> HttpError:
 
 
 def int_header(name: str, value: bytes) -> int:
-    """A header's value as a non-negative integer; :class:`HttpError` 400 if it is not one."""
-    try:
-        number = int(value)
-    except ValueError:
-        number = -1
-    if number < 0:
-        raise HttpError(400, f"header {name} must be a non-negative integer, got {value!r}")
-    return number
+    """A header's value as a non-negative integer; :class:`HttpError` 400 if it is not one.
+
+    ASCII digits only, at most 18 of them.
+    """
+    if not _WHOLE_NUMBER.fullmatch(value):
+        shown = value if len(value) <= 40 else value[:40] + b"..."
+        raise HttpError(
+            400, f"header {name} must be a non-negative integer in ASCII digits, got {shown!r}"
+        )
+    return int(value)

@@ -36,6 +36,7 @@ from corral._errors import (
     SessionClosed,
     UploadRefused,
 )
+from corral.protocol.costs import RequestTooLarge
 from corral.protocol.dataplane import status_for
 from corral.protocol.http_codec import encode_error
 from corral.protocol.shm import (
@@ -103,6 +104,8 @@ STATUS: dict[type[CorralError], int] = {
     SharedMemoryExists: 400,
     TooManyRegions: 400,
     SharedMemoryUnsupported: 501,
+    # A request whose decoded form passes max_request_bytes, as a body over it.
+    RequestTooLarge: 413,
 }
 
 #: How long a client refused by the body budget is told to wait before retrying, in seconds.
@@ -131,17 +134,27 @@ def error_status(error: BaseException) -> int | None:
     return 500 if isinstance(error, Exception) else None
 
 
-def error_answer(error: Exception, method: object, path: object) -> tuple[int, bytes, Headers]:
-    """The status, JSON body and extra headers that answer ``error``; unexpected ones logged."""
+def error_answer(
+    error: Exception, method: object, path: object, public: Callable[[str], str] | None = None
+) -> tuple[int, bytes, Headers]:
+    """The status, JSON body and extra headers that answer ``error``; unexpected ones logged.
+
+    ``public`` turns the error's text into what a client may read (the data plane's
+    :meth:`~corral.protocol.DataPlane.public_text`: no server folders); the log keeps it whole.
+    """
     if not isinstance(error, (HttpError, EncodingRefused, BodyBudgetExceeded, CorralError)):
         logger.error("corral: %s %s failed", method, path, exc_info=error)
-        return 500, encode_error(f"internal error: {error!r}"), ()
+        text = f"internal error: {error!r}"
+        return 500, encode_error(text if public is None else public(text)), ()
     extra: Headers = ()
     if isinstance(error, HttpError):
         extra = error.headers
     elif isinstance(error, BodyBudgetExceeded):
         extra = _RETRY_AFTER
-    return error_status(error) or 500, encode_error(str(error)), extra
+    text = str(error)
+    if isinstance(error, CorralError) and public is not None:
+        text = public(text)
+    return error_status(error) or 500, encode_error(text), extra
 
 
 def expect_method(method: str, allowed: str) -> None:

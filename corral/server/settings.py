@@ -107,7 +107,7 @@ class ServerSettings(_HostAndRuntimeOptions):
         64 * 1024 * 1024,
         gt=0,
         description="largest request body or message: bytes or a size like 64MiB; larger ones "
-        "get 413",
+        "get 413, as do those whose BYTES tensors or shared-memory inputs would pass it decoded",
     )
     max_body_bytes_in_flight: int | None = Field(
         None,

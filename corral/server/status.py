@@ -32,11 +32,12 @@ import enum
 import itertools
 import math
 import os
+import re
 import threading
 import time
 import urllib.parse
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +98,8 @@ SORT_COLUMNS = (
 )
 
 _QUERY_PARAMETERS = ("page", "page_size", "sort", "order", "filter")
+# A whole number as a query spells it: ASCII digits, few enough for int() to read.
+_WHOLE_NUMBER = re.compile(r"[0-9]{1,18}")
 
 
 class StatusQueryError(ValueError):
@@ -171,7 +174,9 @@ def _integer(given: dict[str, str], name: str, default: int, low: int, high: int
     text = given.get(name)
     if text is None:
         return default
-    if not text.isdigit() or not low <= int(text) <= high:
+    # Not str.isdigit(): it takes '²', which int() refuses, and other scripts' digits; and
+    # int() refuses more than 4,300 digits.
+    if not _WHOLE_NUMBER.fullmatch(text) or not low <= int(text) <= high:
         raise StatusQueryError(f"{name}={text!r} is not a whole number from {low} to {high}")
     return int(text)
 
@@ -374,7 +379,10 @@ class StatusBoard:
         pages = max(1, math.ceil(len(ordered) / query.page_size))
         start = (query.page - 1) * query.page_size
         # Only the page's rows are built in full: most of 10,000 models have no figures.
-        rows = [_row(status, figures) for status in ordered[start : start + query.page_size]]
+        public = self._plane.public_text
+        rows = [
+            _row(status, figures, public) for status in ordered[start : start + query.page_size]
+        ]
         counts: dict[str, int] = {}
         for status in models:
             counts[status.state.value] = counts.get(status.state.value, 0) + 1
@@ -395,7 +403,8 @@ class StatusBoard:
                 "rows": rows,
             },
             "events": [
-                _event_doc(event) for event in reversed(self._host.events()[-EVENTS_SHOWN:])
+                _event_doc(event, self._plane.public_text)
+                for event in reversed(self._host.events()[-EVENTS_SHOWN:])
             ],
         }
         document["built_s"] = round(time.perf_counter() - began, 4)
@@ -415,7 +424,8 @@ class StatusBoard:
         runtime_threads = host.runtime.options.intra_op_threads
         # A load's config is in place (Triton's model control): no file set the settings.
         override = host.repository.override(name) is not None
-        row = _row(status, figures)
+        public = self._plane.public_text
+        row = _row(status, figures, public)
         row["versions"] = [
             {
                 "version": version.version,
@@ -423,7 +433,7 @@ class StatusBoard:
                 "size_bytes": version.size_bytes,
                 "last_used": version.last_used,
                 "runs": version.runs,
-                "failure": version.failure,
+                "failure": version.failure and public(version.failure),
                 "batching": version.batching,
                 "inline": version.inline,
                 **_figures_doc(figures.by_version.get((name, version.version), _NO_FIGURES)),
@@ -435,12 +445,19 @@ class StatusBoard:
         row["config_note"] = None if loaded else CONFIG_NOTE
         # What the repository check found wrong with it, each with its fix.
         row["problems"] = [
-            {"kind": p.kind.value, "path": p.path, "message": p.message, "fix": p.fix}
+            {
+                "kind": p.kind.value,
+                "path": public(str(p.path)),
+                "message": public(p.message),
+                "fix": public(p.fix),
+            }
             for p in self._host.problems
             if p.model == name
         ]
         row["events"] = [
-            _event_doc(event) for event in reversed(self._host.events()) if event.model == name
+            _event_doc(event, public)
+            for event in reversed(self._host.events())
+            if event.model == name
         ]
         row["window_s"] = figures.window_s
         return row
@@ -590,8 +607,10 @@ def _config_doc(
     }
 
 
-def _row(status: ModelStatus, figures: _Figures) -> dict[str, Any]:
+def _row(status: ModelStatus, figures: _Figures, public: Callable[[str], str]) -> dict[str, Any]:
+    # A failure's text as a client reads it: public() leaves the server's folders out.
     failures = [v.failure for v in status.versions if v.failure]
+    last_error = status.failure or (failures[-1] if failures else None)
     return {
         "name": status.name,
         "state": status.state.value,
@@ -602,7 +621,7 @@ def _row(status: ModelStatus, figures: _Figures) -> dict[str, Any]:
         "size_bytes": sum(v.size_bytes for v in status.versions),
         **_figures_doc(figures.by_model.get(status.name, _NO_FIGURES)),
         "last_used": _last_used(status),
-        "last_error": status.failure or (failures[-1] if failures else None),
+        "last_error": None if last_error is None else public(last_error),
     }
 
 
@@ -688,14 +707,14 @@ def _history(samples: list[Sample], interval: float) -> dict[str, Any]:
     }
 
 
-def _event_doc(event: Event) -> dict[str, Any]:
+def _event_doc(event: Event, public: Callable[[str], str]) -> dict[str, Any]:
     return {
         "sequence": event.sequence,
         "time": event.time,
         "kind": event.kind.value,
         "model": event.model,
         "version": event.version,
-        "detail": event.detail,
+        "detail": event.detail and public(event.detail),
         "size_bytes": event.size_bytes,
     }
 
