@@ -31,6 +31,7 @@ from onnx import TensorProto, helper
 from corral.protocol.proto import grpc_service_pb2 as pb
 from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.testing import build_mlp
+from tests.attacks import open_slow_bodies, read_until_closed, status_of
 from tests.helpers import Figure, add_model
 from tests.processes import ServerProcess, start_server, stop_server
 
@@ -295,3 +296,61 @@ def test_past_the_body_budget_requests_are_refused_at_once_and_none_held_is_lost
         f"5 / 5 HTTP and 1 / 1 gRPC; slowest refusal {max(refused_took) * 1000:.1f} ms",
     )
     figure("requests holding the budget, answered afterwards", "2 / 2")
+
+
+STALLED_TIMEOUT_S = 4.0
+
+
+@pytest.mark.timeout(120)
+def test_a_stalled_body_holds_what_it_sent_and_gives_it_back_with_its_408(
+    tmp_path: Path, figure: Figure
+):
+    # The budget is one largest request. Bodies that announce it and send a byte hold none
+    # of it; one that sent 3 of its 4 MiB holds those 3 until it stops arriving, then its 408
+    # gives them back.
+    repo = tmp_path / "models"
+    add_model(repo, "sum", build_sum())
+    limits = ("--max-request-bytes", "4MiB", "--max-body-bytes-in-flight", "4MiB")
+    timeout = ("--body-timeout-s", str(STALLED_TIMEOUT_S))
+    served = start_server(repo, tmp_path / "serve.log", *limits, *timeout)
+    host, port = served.http.split(":")
+    whole, expected = json_body(4 * MIB)
+    half = json_body(2 * MIB)[0]
+    sockets: list[socket.socket] = []
+    try:
+        with httpx.Client(base_url=f"http://{served.http}", timeout=60) as client:
+            sockets += open_slow_bodies(
+                (host, int(port)), 4, announced=len(whole), path=b"/v2/models/sum/infer"
+            )
+            answered = client.post("/v2/models/sum/infer", content=whole)
+            assert answered.status_code == 200, answered.text[:300]
+            assert answered.json()["outputs"][0]["data"][0] == pytest.approx(expected, rel=1e-6)
+            stalled = hold(served, whole, 3 * MIB)
+            sockets.append(stalled)
+            stopped = time.monotonic()
+            # Once the server has read the 3 MiB, a 2 MiB request no longer fits.
+            while (refused := client.post("/v2/models/sum/infer", content=half)).status_code == 200:
+                assert time.monotonic() - stopped < STALLED_TIMEOUT_S, "the 3 MiB were not held"
+            assert refused.status_code == 503, refused.text[:300]
+            answer = read_until_closed(stalled, 30)
+            cut_after = time.monotonic() - stopped
+            slow_answers = [status_of(read_until_closed(sock, 30)) for sock in sockets[:4]]
+            after = client.post("/v2/models/sum/infer", content=whole)
+    finally:
+        for sock in sockets:
+            sock.close()
+        stop_server(served)
+    figure(
+        "4 bodies announcing the whole budget (4 MiB), 1 byte sent: a 4 MiB request",
+        answered.status_code,
+    )
+    figure(
+        f"a body stalled after 3 of 4 MiB (--body-timeout-s {STALLED_TIMEOUT_S:g})",
+        f"held 3 MiB (2 MiB refused 503), {status_of(answer)} after {cut_after:.2f} s, "
+        f"then a 4 MiB request {after.status_code}",
+    )
+    assert status_of(answer) == 408, answer[:300]
+    assert b"body_timeout_s" in answer
+    assert STALLED_TIMEOUT_S * 0.9 < cut_after < STALLED_TIMEOUT_S + 10
+    assert after.status_code == 200, after.text[:300]
+    assert slow_answers == [408] * 4
