@@ -13,9 +13,14 @@ Example::
 
 from __future__ import annotations
 
+import fcntl
 import socket
+import struct
+import termios
+import time
+from pathlib import Path
 
-__all__ = ["open_slow_bodies", "read_until_closed", "status_of"]
+__all__ = ["open_slow_bodies", "read_until_closed", "status_of", "wait_until_read"]
 
 #: What the slow bodies announce unless told otherwise: corral serve's largest request.
 ANNOUNCED_BYTES = 64 * 1024 * 1024
@@ -66,3 +71,36 @@ def status_of(response: bytes) -> int | None:
     if not response.startswith(b"HTTP/1.1 "):
         return None
     return int(response[9:12])
+
+
+def wait_until_read(sock: socket.socket, timeout: float = 30.0) -> None:
+    """Return once the server has read every byte sent on ``sock`` (Linux, IPv4 loopback).
+
+    ``sendall`` returns once the kernel holds the bytes: this waits until none is left in
+    this socket's send queue nor in the server's receive queue for it (``/proc/net/tcp``),
+    looking every 10 ms; TimeoutError past ``timeout``.
+    """
+    local = _proc_address(sock.getsockname())
+    peer = _proc_address(sock.getpeername())
+    deadline = time.monotonic() + timeout
+    while True:
+        unsent = struct.unpack("i", fcntl.ioctl(sock, termios.TIOCOUTQ, b"\0" * 4))[0]
+        if unsent == 0 and _receive_queue(peer, local) == 0:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the server left bytes unread on {sock.getsockname()}")
+        time.sleep(0.01)
+
+
+def _proc_address(address: tuple[str, int]) -> str:
+    # As /proc/net/tcp writes it: the IPv4 address's bytes in host order, then the port.
+    packed = socket.inet_aton(address[0])
+    return f"{struct.unpack('<I', packed)[0]:08X}:{address[1]:04X}"
+
+
+def _receive_queue(local: str, remote: str) -> int:
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == local and fields[2] == remote:
+            return int(fields[4].split(":")[1], 16)
+    raise LookupError(f"no socket {local} -> {remote} in /proc/net/tcp")

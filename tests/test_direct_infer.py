@@ -51,6 +51,7 @@ LIMITS = ConnectionLimits(
     header_timeout_s=5.0,
     idle_timeout_s=30.0,
     max_connections=100,
+    body_timeout_s=30.0,
 )
 TIMEOUT_S = 10.0
 X = np.random.default_rng(11).standard_normal((2, 4)).astype(np.float32)

@@ -16,13 +16,20 @@ What the subclass adds to uvicorn's protocol, against a hostile or careless clie
   endless URL or header costs at most the limit plus one read (uvicorn and httptools join the
   URL and each header chunk by chunk: unbounded, that costs time quadratic in its length);
 - a request's head must arrive within ``header_timeout_s`` of its first byte (else 408 and
-  close);
+  close); its body may go ``body_timeout_s`` without a byte arriving (else 408 and close,
+  which ends the app's read of it: the body budget holds only bytes that came, and the
+  connection no longer counts as busy);
+- a body whose framing breaks after its head (a bad chunk size) is answered 400 and the
+  connection closed, the log saying why; a ``Transfer-Encoding`` other than ``chunked``
+  (``gzip, chunked``, say) is refused with 400 rather than its coding ignored;
 - a connection with no request in progress is closed after ``idle_timeout_s``, a fresh one
   that sends nothing included (uvicorn arms its keep-alive timer only after a response);
 - at most ``max_connections`` are open: at the cap, an idle connection is closed to make room
   (as nginx reuses keep-alive connections), and with none idle the new one is answered 503
   and closed;
-- a WebSocket upgrade is answered 400 (the protocol has no WebSocket endpoint);
+- a WebSocket upgrade is answered 400 (the protocol has no WebSocket endpoint); any other
+  (h2c, as ``curl --http2`` asks on plain http) is served as HTTP/1.1, its body included
+  (llhttp stops at an upgrade request's head: its body is read by a parser of its own);
 - during the drain, a request that arrives on an open connection is answered with
   ``Connection: close``, and an idle connection is closed only after its socket's pending
   bytes have been read, so a request already sent is not dropped.
@@ -46,7 +53,7 @@ Every refusal is a JSON ``{"error": ...}`` body naming the limit and its option.
 
 Example::
 
-    limits = ConnectionLimits(8192, 65536, 10.0, 5.0, 1000)
+    limits = ConnectionLimits(8192, 65536, 10.0, 5.0, 1000, 30.0)
     server = EdgeServer(app, "127.0.0.1", 8000, protocol_for(limits), drain_margin_s=35)
     port = await server.start()
 """
@@ -140,6 +147,8 @@ class ConnectionLimits:
     idle_timeout_s: float
     #: Connections open at once.
     max_connections: int
+    #: Seconds a request's body may go without a byte arriving: 408 and close past them.
+    body_timeout_s: float
 
 
 class _Refused(Exception):
@@ -180,6 +189,14 @@ class EdgeProtocol(HttpToolsProtocol):
         self._direct_body: list[bytes] = []
         # uvicorn's default headers (date, server) as bytes, and the list they were made of.
         self._defaults: tuple[list[tuple[bytes, bytes]] | None, bytes] = (None, b"")
+        self._body_pending = False  # a request's head is complete and its body is not
+        self._body_seen = 0.0  # the loop's time when bytes last arrived for that body
+        # Armed only when a read leaves a body incomplete: most bodies arrive in one read.
+        self._body_timer: asyncio.TimerHandle | None = None
+        # An upgrade request's body framing (its Content-Length or Transfer-Encoding line)
+        # from its head until llhttp stops there; then the parser reading that body.
+        self._upgrade_framing: bytes | None = None
+        self._upgraded_body: _BodyAfterUpgrade | None = None
 
     # -- the connection ------------------------------------------------------------------
 
@@ -200,25 +217,40 @@ class EdgeProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         """Forget the timers; uvicorn ends the request in progress."""
         self._cancel_head_timer()
+        self._cancel_body_timer()
         self._unset_keepalive_if_required()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         """Feed the parser, counting the bytes of a head still incomplete against its bounds."""
         self._unset_keepalive_if_required()
+        if self._upgraded_body is not None and self._upgraded_body.complete:
+            return  # the upgrade request ends the connection: nothing after it is read
         if self._awaiting_head:
             self._head_bytes += len(data)
         try:
-            self.parser.feed_data(data)
+            if self._upgraded_body is not None:
+                self._upgraded_body.feed(data)
+            else:
+                self.parser.feed_data(data)
         except httptools.HttpParserCallbackError:
             if self._refusal is None:
                 raise  # a callback of uvicorn's failed: not ours to hide
-        except httptools.HttpParserUpgrade:
-            pass  # not WebSocket (refused above): served as HTTP/1.1, then the connection closes
-        except httptools.HttpParserError:
-            done = self._answer(400, "the request is not valid HTTP/1.1")
-            logger.warning("corral: an invalid HTTP request was received; %s", done)
+        except httptools.HttpParserUpgrade as upgrade:
+            # Not WebSocket (refused above): served as HTTP/1.1, then the connection closes.
+            if self._upgrade_framing is not None and not self._read_body_after_upgrade(
+                data[upgrade.args[0] :]
+            ):
+                return
+        except httptools.HttpParserError as error:
+            self._invalid(error)
             return
+        if self._body_pending:
+            self._body_seen = self.loop.time()
+            if self._body_timer is None:
+                self._body_timer = self.loop.call_later(
+                    self.limits.body_timeout_s, self._body_timed_out
+                )
         if self._refusal is None and self._head_in_progress():
             self._refusal = self._too_long_so_far()
             if self._refusal is None and self._head_timer is None:
@@ -278,11 +310,17 @@ class EdgeProtocol(HttpToolsProtocol):
         self._head_begun = False
         if self._refusal is None:
             self._refusal = self._head_refusal(counted)
+            if self._refusal is None and (coding := _transfer_coding_refusal(self.headers)):
+                self._refusal = coding
+                logger.warning("corral: %s; answered 400, connection closed", coding[1])
         upgrade = self._get_upgrade() if self.parser.should_upgrade() else None
         if self._refusal is None and upgrade == b"websocket":
             self._refusal = (400, "this server has no WebSocket endpoint; use HTTP requests")
         if self._refusal is not None:
             raise _Refused
+        self._body_pending = True  # until on_message_complete, in this read most often
+        if upgrade is not None:
+            self._upgrade_framing = _body_framing(self.headers)
         if self.direct is not None and upgrade is None and not self._draining:
             self._direct_name = self._direct_route()
             if self._direct_name is not None:
@@ -302,7 +340,11 @@ class EdgeProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         """Answer a direct request, or uvicorn's; what follows is the next request's head."""
+        if self._upgrade_framing is not None:
+            return  # llhttp stops at an upgrade request's head: its body follows (data_received)
         self._awaiting_head = True
+        self._body_pending = False
+        self._cancel_body_timer()
         if self._direct_name is not None:
             self._answer_directly(self._direct_name)
         elif self._refusal is None:
@@ -395,6 +437,81 @@ class EdgeProtocol(HttpToolsProtocol):
             self.transport.close()
         cycle.on_response()
 
+    # -- bodies --------------------------------------------------------------------------
+
+    def _read_body_after_upgrade(self, rest: bytes) -> bool:
+        # llhttp stopped at the head of an upgrade request with a body: a parser of its own
+        # reads that body, from the bytes after the head on. False if those broke it.
+        framing, self._upgrade_framing = self._upgrade_framing, None
+        assert framing is not None  # the head named the body's framing
+        self._upgraded_body = _BodyAfterUpgrade(self, framing)
+        try:
+            self._upgraded_body.feed(rest)
+        except httptools.HttpParserError as error:
+            self._invalid(error)
+            return False
+        return True
+
+    def _invalid(self, error: httptools.HttpParserError) -> None:
+        # The parser refused the bytes: a head that is not HTTP/1.1, or a body whose framing
+        # broke after its head (the request was begun: the app may be reading its body).
+        if not self._body_pending:
+            done = self._answer(400, f"the request is not valid HTTP/1.1: {error}")
+            logger.warning("corral: an invalid HTTP request was received (%s); %s", error, done)
+            return
+        done = self._end_body(400, f"the request's chunked body is not valid HTTP/1.1: {error}")
+        logger.warning(
+            "corral: a request's body framing broke after its head (%s); %s", error, done
+        )
+
+    def _body_timed_out(self) -> None:
+        self._body_timer = None
+        if not self._body_pending or self.transport.is_closing():
+            return
+        timeout = self.limits.body_timeout_s
+        if self.flow.read_paused:  # the server stopped reading it: the client is not silent
+            self._body_seen = self.loop.time()
+        quiet = self.loop.time() - self._body_seen
+        if quiet < timeout:
+            self._body_timer = self.loop.call_later(timeout - quiet, self._body_timed_out)
+            return
+        done = self._end_body(
+            408, f"the request's body stopped arriving: no byte for {timeout:g} s (body_timeout_s)"
+        )
+        logger.info(
+            "corral: a request's body stopped arriving: no byte for %g s (body_timeout_s); %s",
+            timeout,
+            done,
+        )
+
+    def _cancel_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _end_body(self, status: int, message: str) -> str:
+        """End a request whose body cannot be read to its end: answer ``status`` and close.
+
+        The app reading that body is told the client went away (its reservation of the body
+        budget is given back as it stops) and writes nothing. Returns what was done.
+        """
+        self._body_pending = False
+        self._cancel_body_timer()
+        cycle = self.cycle
+        if self._direct_name is not None or cycle is None or self.pipeline:
+            # No app reads it (the direct route keeps it), or it waits behind another request.
+            self._direct_name = None
+            self._direct_body = []
+            return self._answer(status, message)
+        if cycle.response_started:
+            # Answered (or being answered) without its whole body: nothing more to say.
+            self.transport.close()
+            return "its answer was written already; the connection is closed"
+        cycle.disconnected = True  # the app's read ends; what it sends is not written
+        cycle.message_event.set()
+        self._write_error(status, message)
+        return f"answered {status}"
+
     # -- timers and answers --------------------------------------------------------------
 
     def _head_in_progress(self) -> bool:
@@ -465,6 +582,11 @@ class EdgeProtocol(HttpToolsProtocol):
             self.pipeline.clear()
             self.flow.pause_reading()
             return "the request before it is answered, then the connection closes"
+        self._write_error(status, message)
+        return f"answered {status}"
+
+    def _write_error(self, status: int, message: str) -> None:
+        # A JSON error, then the connection closed.
         body = orjson.dumps({"error": message})
         self.transport.write(
             b"".join(
@@ -478,7 +600,61 @@ class EdgeProtocol(HttpToolsProtocol):
             )
         )
         self.transport.close()
-        return f"answered {status}"
+
+
+class _BodyAfterUpgrade:
+    """The body of an upgrade request served as HTTP/1.1, read by a parser of its own.
+
+    llhttp reads nothing past an upgrade request's head; this parser is given a head of the
+    same framing (``framing``: its Content-Length or Transfer-Encoding line), then the bytes
+    that follow the real one, and hands the body to the connection.
+    """
+
+    def __init__(self, connection: EdgeProtocol, framing: bytes) -> None:
+        self._connection = connection
+        self.complete = False  # the whole body was read
+        self._parser = httptools.HttpRequestParser(self)
+        self._parser.feed_data(b"POST / HTTP/1.1\r\n" + framing + b"\r\n")
+
+    def feed(self, data: bytes) -> None:
+        """Parse ``data``; :class:`httptools.HttpParserError` if the body's framing breaks."""
+        self._parser.feed_data(data)
+
+    def on_body(self, body: bytes) -> None:
+        """A piece of the body, for the request's app."""
+        self._connection.on_body(body)
+
+    def on_message_complete(self) -> None:
+        """The body is whole: the request's app has it all."""
+        self.complete = True
+        self._connection.on_message_complete()
+
+
+def _transfer_coding_refusal(headers: list[tuple[bytes, bytes]]) -> tuple[int, str] | None:
+    # A transfer coding other than chunked would be ignored by the parser (gzip, chunked)
+    # or break it after the head (gzip): refused, by name, before the request begins.
+    for key, value in headers:
+        if key != b"transfer-encoding":
+            continue
+        codings = [coding.strip().lower() for coding in value.split(b",")]
+        if any(coding != b"chunked" for coding in codings):
+            text = value.decode("latin-1")
+            return (
+                400,
+                f"Transfer-Encoding {text!r} is not supported: send the body chunked, or with "
+                "a Content-Length (compress it with Content-Encoding: gzip or deflate)",
+            )
+    return None
+
+
+def _body_framing(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    # The lines of a head that frame its body, or None when it has no body.
+    lines = [
+        key + b": " + value + b"\r\n"
+        for key, value in headers
+        if key == b"transfer-encoding" or (key == b"content-length" and value.strip() != b"0")
+    ]
+    return b"".join(lines) or None
 
 
 def _close_one_idle(connections: Iterable[object]) -> bool:
@@ -708,7 +884,12 @@ UVICORN_INTERNALS: tuple[Internals, ...] = (
             "on_response",
         ),
     ),
-    Internals(_FLOW, "attribute", "a direct response waits for a paused writer", ("write_paused",)),
+    Internals(
+        _FLOW,
+        "attribute",
+        "a direct response waits for a paused writer; a paused reader stops no body's clock",
+        ("write_paused", "read_paused"),
+    ),
     Internals(
         _FLOW, "method", "direct responses wait; refusals stop reads", ("drain", "pause_reading")
     ),

@@ -159,8 +159,8 @@ INFER_HEAD = b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Type: ap
 CHUNKED = b"Transfer-Encoding: chunked\r\n\r\n"
 # (head's last headers and the blank line, body): each must get 400 and a closed connection.
 BROKEN = {
-    "bad chunk size": (CHUNKED, b"5\r\n{\"inp\r\nzz\r\n"),
-    "chunk longer than its size": (CHUNKED, b"2\r\n{\"inputs\r\n0\r\n\r\n"),
+    "bad chunk size": (CHUNKED, b'5\r\n{"inp\r\nzz\r\n'),
+    "chunk longer than its size": (CHUNKED, b'2\r\n{"inputs\r\n0\r\n\r\n'),
     "Transfer-Encoding gzip": (b"Transfer-Encoding: gzip\r\n\r\n", b"\x1f\x8b\x08\x00"),
     "Transfer-Encoding gzip, chunked": (
         b"Transfer-Encoding: gzip, chunked\r\n\r\n",
@@ -210,11 +210,14 @@ def test_body_framing_that_breaks_after_the_head_gets_400_and_closes(
     assert after == 200
     error = _error(answer)
     if case.startswith("Transfer-Encoding"):
-        assert "Transfer-Encoding" in error and "chunked" in error, error
+        assert "Transfer-Encoding" in error, error
+        assert "chunked" in error, error
     else:
         assert "chunk" in error, error
     said = [line for line in new_lines if "corral.server._uvicorn" in line]
-    assert said and "400" in said[0] and ("chunk" in said[0] or "Transfer" in said[0]), new_lines
+    assert said, new_lines
+    assert "400" in said[0], said
+    assert "chunk" in said[0] or "Transfer" in said[0], said
 
 
 # -- an inference POST asking for an h2c upgrade --------------------------------------------
