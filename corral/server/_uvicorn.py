@@ -3,8 +3,9 @@
 corral serve runs its HTTP servers on uvicorn, and its connections on a subclass of uvicorn's
 httptools protocol (``HttpToolsProtocol``), which is not a public API: uvicorn may change it in
 any release. So every name of uvicorn's that corral touches is here, listed in
-:data:`UVICORN_INTERNALS` with what corral needs of it; ``tests/test_uvicorn_adapter.py``
-checks each one against the installed uvicorn and fails naming what changed, and
+:data:`UVICORN_INTERNALS` (``_uvicorn_internals``) with what corral needs of it;
+``tests/test_uvicorn_adapter.py`` checks each one against the installed uvicorn and fails
+naming what changed, and
 :func:`check_uvicorn` refuses to start a server on a uvicorn whose classes lack one (a clear
 error at start, never an AttributeError mid-request). ``pyproject.toml`` bounds uvicorn above
 at the newest minor release tested.
@@ -15,21 +16,17 @@ What the subclass adds to uvicorn's protocol, against a hostile or careless clie
   ``max_header_bytes`` → 431, then the connection is closed), counted as bytes arrive, so an
   endless URL or header costs at most the limit plus one read (uvicorn and httptools join the
   URL and each header chunk by chunk: unbounded, that costs time quadratic in its length);
-- a request's head must arrive within ``header_timeout_s`` of its first byte (else 408 and
-  close); its body may go ``body_timeout_s`` without a byte arriving (else 408 and close,
-  which ends the app's read of it: the body budget holds only bytes that came, and the
-  connection no longer counts as busy);
-- a body whose framing breaks after its head (a bad chunk size) is answered 400 and the
-  connection closed, the log saying why; a ``Transfer-Encoding`` other than ``chunked``
-  (``gzip, chunked``, say) is refused with 400 rather than its coding ignored;
+- a request's head must arrive within ``header_timeout_s`` of its first byte, and its body
+  may go ``body_timeout_s`` without a byte (else 408 and close, the app's read ended);
+- a body whose framing breaks after its head is answered 400 and closed, the log saying
+  why; so is a ``Transfer-Encoding`` other than ``chunked`` (:mod:`~corral.server.framing`);
 - a connection with no request in progress is closed after ``idle_timeout_s``, a fresh one
   that sends nothing included (uvicorn arms its keep-alive timer only after a response);
 - at most ``max_connections`` are open: at the cap, an idle connection is closed to make room
   (as nginx reuses keep-alive connections), and with none idle the new one is answered 503
   and closed;
 - a WebSocket upgrade is answered 400 (the protocol has no WebSocket endpoint); any other
-  (h2c, as ``curl --http2`` asks on plain http) is served as HTTP/1.1, its body included
-  (llhttp stops at an upgrade request's head: its body is read by a parser of its own);
+  (h2c, from ``curl --http2``) is served as HTTP/1.1, its body included;
 - during the drain, a request that arrives on an open connection is answered with
   ``Connection: close``, and an idle connection is closed only after its socket's pending
   bytes have been read, so a request already sent is not dropped.
@@ -79,6 +76,8 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 from uvicorn.server import ServerState
 
+from corral.server._uvicorn_internals import UVICORN_INTERNALS, Internals
+from corral.server.framing import BodyAfterUpgrade, body_framing, transfer_coding_refusal
 from corral.server.http import LOOP_SCOPE_KEY
 from corral.server.requests import DECODE_INLINE_BYTES
 from corral.server.routes import direct_infer_model
@@ -89,6 +88,7 @@ __all__ = [
     "DirectApp",
     "EdgeProtocol",
     "EdgeServer",
+    "Internals",
     "UvicornChanged",
     "check_uvicorn",
     "end_requests_in_flight",
@@ -196,7 +196,7 @@ class EdgeProtocol(HttpToolsProtocol):
         # An upgrade request's body framing (its Content-Length or Transfer-Encoding line)
         # from its head until llhttp stops there; then the parser reading that body.
         self._upgrade_framing: bytes | None = None
-        self._upgraded_body: _BodyAfterUpgrade | None = None
+        self._upgraded_body: BodyAfterUpgrade | None = None
 
     # -- the connection ------------------------------------------------------------------
 
@@ -310,7 +310,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._head_begun = False
         if self._refusal is None:
             self._refusal = self._head_refusal(counted)
-            if self._refusal is None and (coding := _transfer_coding_refusal(self.headers)):
+            if self._refusal is None and (coding := transfer_coding_refusal(self.headers)):
                 self._refusal = coding
                 logger.warning("corral: %s; answered 400, connection closed", coding[1])
         upgrade = self._get_upgrade() if self.parser.should_upgrade() else None
@@ -320,7 +320,7 @@ class EdgeProtocol(HttpToolsProtocol):
             raise _Refused
         self._body_pending = True  # until on_message_complete, in this read most often
         if upgrade is not None:
-            self._upgrade_framing = _body_framing(self.headers)
+            self._upgrade_framing = body_framing(self.headers)
         if self.direct is not None and upgrade is None and not self._draining:
             self._direct_name = self._direct_route()
             if self._direct_name is not None:
@@ -444,7 +444,7 @@ class EdgeProtocol(HttpToolsProtocol):
         # reads that body, from the bytes after the head on. False if those broke it.
         framing, self._upgrade_framing = self._upgrade_framing, None
         assert framing is not None  # the head named the body's framing
-        self._upgraded_body = _BodyAfterUpgrade(self, framing)
+        self._upgraded_body = BodyAfterUpgrade(self, framing)
         try:
             self._upgraded_body.feed(rest)
         except httptools.HttpParserError as error:
@@ -459,10 +459,8 @@ class EdgeProtocol(HttpToolsProtocol):
             done = self._answer(400, f"the request is not valid HTTP/1.1: {error}")
             logger.warning("corral: an invalid HTTP request was received (%s); %s", error, done)
             return
-        done = self._end_body(400, f"the request's chunked body is not valid HTTP/1.1: {error}")
-        logger.warning(
-            "corral: a request's body framing broke after its head (%s); %s", error, done
-        )
+        message = f"the request's chunked body is not valid HTTP/1.1: {error}"
+        logger.warning("corral: %s (after its head); %s", message, self._end_body(400, message))
 
     def _body_timed_out(self) -> None:
         self._body_timer = None
@@ -475,14 +473,8 @@ class EdgeProtocol(HttpToolsProtocol):
         if quiet < timeout:
             self._body_timer = self.loop.call_later(timeout - quiet, self._body_timed_out)
             return
-        done = self._end_body(
-            408, f"the request's body stopped arriving: no byte for {timeout:g} s (body_timeout_s)"
-        )
-        logger.info(
-            "corral: a request's body stopped arriving: no byte for %g s (body_timeout_s); %s",
-            timeout,
-            done,
-        )
+        message = f"the request's body stopped arriving: no byte for {timeout:g} s (body_timeout_s)"
+        logger.info("corral: %s; %s", message, self._end_body(408, message))
 
     def _cancel_body_timer(self) -> None:
         if self._body_timer is not None:
@@ -600,61 +592,6 @@ class EdgeProtocol(HttpToolsProtocol):
             )
         )
         self.transport.close()
-
-
-class _BodyAfterUpgrade:
-    """The body of an upgrade request served as HTTP/1.1, read by a parser of its own.
-
-    llhttp reads nothing past an upgrade request's head; this parser is given a head of the
-    same framing (``framing``: its Content-Length or Transfer-Encoding line), then the bytes
-    that follow the real one, and hands the body to the connection.
-    """
-
-    def __init__(self, connection: EdgeProtocol, framing: bytes) -> None:
-        self._connection = connection
-        self.complete = False  # the whole body was read
-        self._parser = httptools.HttpRequestParser(self)
-        self._parser.feed_data(b"POST / HTTP/1.1\r\n" + framing + b"\r\n")
-
-    def feed(self, data: bytes) -> None:
-        """Parse ``data``; :class:`httptools.HttpParserError` if the body's framing breaks."""
-        self._parser.feed_data(data)
-
-    def on_body(self, body: bytes) -> None:
-        """A piece of the body, for the request's app."""
-        self._connection.on_body(body)
-
-    def on_message_complete(self) -> None:
-        """The body is whole: the request's app has it all."""
-        self.complete = True
-        self._connection.on_message_complete()
-
-
-def _transfer_coding_refusal(headers: list[tuple[bytes, bytes]]) -> tuple[int, str] | None:
-    # A transfer coding other than chunked would be ignored by the parser (gzip, chunked)
-    # or break it after the head (gzip): refused, by name, before the request begins.
-    for key, value in headers:
-        if key != b"transfer-encoding":
-            continue
-        codings = [coding.strip().lower() for coding in value.split(b",")]
-        if any(coding != b"chunked" for coding in codings):
-            text = value.decode("latin-1")
-            return (
-                400,
-                f"Transfer-Encoding {text!r} is not supported: send the body chunked, or with "
-                "a Content-Length (compress it with Content-Encoding: gzip or deflate)",
-            )
-    return None
-
-
-def _body_framing(headers: list[tuple[bytes, bytes]]) -> bytes | None:
-    # The lines of a head that frame its body, or None when it has no body.
-    lines = [
-        key + b": " + value + b"\r\n"
-        for key, value in headers
-        if key == b"transfer-encoding" or (key == b"content-length" and value.strip() != b"0")
-    ]
-    return b"".join(lines) or None
 
 
 def _close_one_idle(connections: Iterable[object]) -> bool:
@@ -820,99 +757,6 @@ class EdgeServer:
 
 
 # -- what corral needs of uvicorn ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Internals:
-    """Names of one class or module of uvicorn's that this module uses, and what for."""
-
-    #: The class or module they belong to, dotted from ``uvicorn``.
-    owner: str
-    #: ``method`` (looked up on the class), ``attribute`` (set on an instance by uvicorn),
-    #: ``parameter`` (of the owner's constructor), ``constant`` (of the module).
-    kind: str
-    use: str
-    names: tuple[str, ...]
-
-
-_PROTOCOL = "uvicorn.protocols.http.httptools_impl.HttpToolsProtocol"
-_CYCLE = "uvicorn.protocols.http.httptools_impl.RequestResponseCycle"
-_FLOW = "uvicorn.protocols.http.flow_control.FlowControl"
-_SERVER = "uvicorn.server.Server"
-
-#: Every uvicorn name corral uses beyond ``uvicorn.Config``'s and ``uvicorn.Server``'s
-#: documented arguments; ``tests/test_uvicorn_adapter.py`` checks each on the installed uvicorn.
-UVICORN_INTERNALS: tuple[Internals, ...] = (
-    Internals(
-        _PROTOCOL,
-        "method",
-        "EdgeProtocol extends these callbacks (limits, timers, the direct route)",
-        (
-            *("__init__", "connection_made", "connection_lost", "data_received", "shutdown"),
-            *("on_message_begin", "on_headers_complete", "on_body", "on_message_complete"),
-            *("on_response_complete", "timeout_keep_alive_handler"),
-            *("_unset_keepalive_if_required", "_get_upgrade"),
-        ),
-    ),
-    Internals(
-        _PROTOCOL,
-        "attribute",
-        "EdgeProtocol reads or sets the connection's state",
-        (
-            *("app", "loop", "config", "server_state", "connections", "tasks", "parser"),
-            *("cycle", "pipeline", "flow", "logger", "access_logger", "timeout_keep_alive"),
-            *("timeout_keep_alive_task", "transport", "url", "headers", "scope"),
-        ),
-    ),
-    Internals(
-        _CYCLE,
-        "parameter",
-        "the direct route makes a request's cycle as uvicorn does",
-        (
-            *("scope", "transport", "flow", "logger", "access_logger", "access_log"),
-            *("default_headers", "message_event", "expect_100_continue", "keep_alive"),
-            "on_response",
-        ),
-    ),
-    Internals(
-        _CYCLE,
-        "attribute",
-        "the direct route writes a response and ends its cycle as uvicorn's send does",
-        (
-            *("scope", "flow", "keep_alive", "more_body", "response_started"),
-            *("response_complete", "disconnected", "default_headers", "message_event"),
-            "on_response",
-        ),
-    ),
-    Internals(
-        _FLOW,
-        "attribute",
-        "a direct response waits for a paused writer; a paused reader stops no body's clock",
-        ("write_paused", "read_paused"),
-    ),
-    Internals(
-        _FLOW, "method", "direct responses wait; refusals stop reads", ("drain", "pause_reading")
-    ),
-    Internals(
-        "uvicorn.protocols.http.httptools_impl",
-        "constant",
-        "the direct route and refusals write uvicorn's status lines",
-        ("STATUS_LINE",),
-    ),
-    Internals(
-        "uvicorn.server.ServerState",
-        "attribute",
-        "the connection cap and the drain walk the open connections and tasks",
-        ("connections", "tasks", "default_headers"),
-    ),
-    Internals(_SERVER, "method", "EdgeServer runs uvicorn's server", ("capture_signals", "serve")),
-    Internals(
-        _SERVER,
-        "attribute",
-        "EdgeServer waits for its start, reads its port, stops and drains it",
-        ("should_exit", "started", "servers", "server_state", "config"),
-    ),
-)
 
 
 class UvicornChanged(RuntimeError):
