@@ -685,3 +685,27 @@ def test_an_h2c_upgrade_with_a_broken_chunked_body_gets_400(host: Host, direct: 
     [(status, _, body)] = asyncio.run(main())
     assert status == 400
     assert "chunk" in orjson.loads(body)["error"]
+
+
+@pytest.mark.timeout(30)
+def test_an_h2c_upgrade_body_in_pieces_is_answered_and_what_follows_is_not_read(host: Host):
+    app = HttpApp(DataPlane(host))
+    head = (
+        b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+        b"Upgrade: h2c\r\nContent-Length: %d\r\n\r\n" % len(PLAIN)
+    )
+
+    async def main() -> list[Response]:
+        connection = Connection(app)
+        connection.send(head)
+        connection.send(PLAIN[:10])
+        connection.send(PLAIN[10:])
+        connection.send(b"GET /v2/health/live HTTP/1.1\r\n\r\n")  # not read: the upgrade ends it
+        answered = await connection.responses(2)
+        await connection.close()
+        return answered
+
+    [(status, headers, body)] = asyncio.run(main())
+    assert status == 200
+    assert ("connection", "close") in headers
+    assert orjson.loads(body)["outputs"][0]["name"] == "Y"
