@@ -77,7 +77,7 @@ async def _per_request_us(protocol_class: type[HttpToolsProtocol], requests: int
 
 
 async def _main(requests: int, rounds: int) -> None:
-    limits = ConnectionLimits(8192, 65536, 10.0, 5.0, 1000)
+    limits = ConnectionLimits(8192, 65536, 10.0, 5.0, 1000, 30.0)
     targets = {"uvicorn httptools": HttpToolsProtocol, "corral edge": protocol_for(limits)}
     results: dict[str, list[float]] = {name: [] for name in targets}
     for _ in range(rounds):

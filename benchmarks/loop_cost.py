@@ -68,7 +68,7 @@ REQUEST = (
 TARGETS = ("raw", "corral", "corral-inline", "corral-asgi")
 #: corral-inline's Host option: the bound a model's runs must stay under to run on the loop.
 INLINE_BOUND_US = 50
-LIMITS = ConnectionLimits(8192, 65536, 10.0, 60.0, 10_000)
+LIMITS = ConnectionLimits(8192, 65536, 10.0, 60.0, 10_000, 30.0)
 
 
 class _Transport(asyncio.Transport):

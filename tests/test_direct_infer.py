@@ -17,6 +17,7 @@ protocol in-process (a fake transport, no socket) and hold it to three things:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import logging
 from collections.abc import Iterator
@@ -53,6 +54,7 @@ LIMITS = ConnectionLimits(
     header_timeout_s=5.0,
     idle_timeout_s=30.0,
     max_connections=100,
+    body_timeout_s=30.0,
 )
 TIMEOUT_S = 10.0
 X = np.random.default_rng(11).standard_normal((2, 4)).astype(np.float32)
@@ -124,12 +126,19 @@ class Recording:
 class Connection:
     """One protocol instance on a fake transport, fed bytes as a client sends them."""
 
-    def __init__(self, app: Any, *, direct: bool = True, state: ServerState | None = None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        *,
+        direct: bool = True,
+        limits: ConnectionLimits = LIMITS,
+        state: ServerState | None = None,
+    ) -> None:
         # A server's connections share its state: its connections and its tasks.
         self.state = state or ServerState()
         config = Config(app, lifespan="off", ws="none", log_config=None)
         config.load()
-        cls = protocol_for(LIMITS, app if direct else None)
+        cls = protocol_for(limits, app if direct else None)
         self.protocol: EdgeProtocol = cls(config, self.state, {}, asyncio.get_running_loop())
         self.transport = FakeTransport()
         self.protocol.connection_made(self.transport)  # type: ignore[arg-type]
@@ -658,3 +667,137 @@ def test_the_inline_lane_takes_lone_requests_and_leaves_concurrent_ones_to_the_w
         asyncio.run(main(host))
         assert host.status("mlp").versions[0].inline.startswith("inline:")
         assert host.queue_stats()[("mlp", 1)].accepted == 7
+
+
+# -- bodies that stop arriving, or break, in process ----------------------------------------
+
+BODY_TIMEOUT_S = 0.2
+QUICK = dataclasses.replace(LIMITS, body_timeout_s=BODY_TIMEOUT_S)
+
+
+async def _until(predicate: Any) -> None:
+    async with asyncio.timeout(TIMEOUT_S):
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "asgi"])
+def test_a_body_that_stops_arriving_gets_408_and_gives_its_budget_back(host: Host, direct: bool):
+    budget = BodyBudget(10**6)
+    app = HttpApp(DataPlane(host), body_budget=budget)
+    head = request(PLAIN)[: -len(PLAIN)]
+
+    async def main() -> tuple[list[Response], int, bool]:
+        connection = Connection(app, direct=direct, limits=QUICK)
+        connection.send(head + PLAIN[:10])
+        if not direct:  # the app reads the body as it comes: it holds what came, no more
+            await _until(lambda: budget.held == 10)
+        held = budget.held
+        answered = await connection.responses(1)
+        await connection.close()
+        return answered, held, connection.transport.closed
+
+    [(status, _, body)], held, closed = asyncio.run(main())
+    assert status == 408
+    assert "body_timeout_s" in orjson.loads(body)["error"]
+    assert closed
+    assert held == (0 if direct else 10)
+    assert budget.held == 0
+
+
+class SlowReader:
+    """An app that reads its body only once ``go`` is set: uvicorn stops reading meanwhile."""
+
+    def __init__(self) -> None:
+        self.go = asyncio.Event()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.go.wait()
+        while (message := await receive())["type"] == "http.request" and message["more_body"]:
+            pass  # a body that stops arriving ends in http.disconnect
+
+
+@pytest.mark.timeout(30)
+def test_a_body_the_server_stopped_reading_is_not_timed_out():
+    head = b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 200000\r\n\r\n"
+
+    async def main() -> tuple[bytes, bool, list[Response]]:
+        app = SlowReader()
+        connection = Connection(app, direct=False, limits=QUICK)
+        connection.send(head + b" " * 70_000)  # past uvicorn's 64 KiB: it pauses reading
+        await asyncio.sleep(3 * BODY_TIMEOUT_S)  # a span of time, not an order of threads
+        paused = bytes(connection.transport.data), connection.protocol.flow.read_paused
+        app.go.set()  # the app reads: the body's clock runs again, and it stopped arriving
+        answered = await connection.responses(1)
+        await connection.close()
+        return *paused, answered
+
+    written, was_paused, [(status, _, _)] = asyncio.run(main())
+    assert was_paused
+    assert written == b""
+    assert status == 408
+
+
+@pytest.mark.timeout(30)
+def test_a_body_that_stops_after_its_request_was_answered_closes_the_connection(host: Host):
+    app = HttpApp(DataPlane(host))
+    # Not found: answered without its body being read; then the body stops.
+    raw = request(PLAIN, path="/nothing")[: -len(PLAIN)] + PLAIN[:10]
+
+    async def main() -> tuple[list[Response], bool]:
+        connection = Connection(app, direct=False, limits=QUICK)
+        connection.send(raw)
+        await _until(lambda: connection.transport.closed)
+        answered = parse(connection.transport.data)
+        await connection.close()
+        return answered, connection.transport.closed
+
+    answered, closed = asyncio.run(main())
+    assert [status for status, _, _ in answered] == [404]
+    assert closed
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "asgi"])
+def test_an_h2c_upgrade_with_a_broken_chunked_body_gets_400(host: Host, direct: bool):
+    app = HttpApp(DataPlane(host))
+    raw = (
+        b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+        b'Upgrade: h2c\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{"inp\r\nzz\r\n'
+    )
+
+    async def main() -> list[Response]:
+        connection = Connection(app, direct=direct)
+        connection.send(raw)
+        answered = await connection.responses(1)
+        await connection.close()
+        return answered
+
+    [(status, _, body)] = asyncio.run(main())
+    assert status == 400
+    assert "chunk" in orjson.loads(body)["error"]
+
+
+@pytest.mark.timeout(30)
+def test_an_h2c_upgrade_body_in_pieces_is_answered_and_what_follows_is_not_read(host: Host):
+    app = HttpApp(DataPlane(host))
+    head = (
+        b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+        b"Upgrade: h2c\r\nContent-Length: %d\r\n\r\n" % len(PLAIN)
+    )
+
+    async def main() -> list[Response]:
+        connection = Connection(app)
+        connection.send(head)
+        connection.send(PLAIN[:10])
+        connection.send(PLAIN[10:])
+        connection.send(b"GET /v2/health/live HTTP/1.1\r\n\r\n")  # not read: the upgrade ends it
+        answered = await connection.responses(2)
+        await connection.close()
+        return answered
+
+    [(status, headers, body)] = asyncio.run(main())
+    assert status == 200
+    assert ("connection", "close") in headers
+    assert orjson.loads(body)["outputs"][0]["name"] == "Y"

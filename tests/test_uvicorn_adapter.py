@@ -39,7 +39,7 @@ PROTOCOL = "uvicorn.protocols.http.httptools_impl.HttpToolsProtocol"
 CYCLE = "uvicorn.protocols.http.httptools_impl.RequestResponseCycle"
 FLOW = "uvicorn.protocols.http.flow_control.FlowControl"
 SERVER = "uvicorn.server.Server"
-LIMITS = ConnectionLimits(8192, 65536, 5.0, 30.0, 100)
+LIMITS = ConnectionLimits(8192, 65536, 5.0, 30.0, 100, 30.0)
 
 
 async def _app(scope: object, receive: object, send: object) -> None:

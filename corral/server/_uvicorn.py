@@ -3,8 +3,9 @@
 corral serve runs its HTTP servers on uvicorn, and its connections on a subclass of uvicorn's
 httptools protocol (``HttpToolsProtocol``), which is not a public API: uvicorn may change it in
 any release. So every name of uvicorn's that corral touches is here, listed in
-:data:`UVICORN_INTERNALS` with what corral needs of it; ``tests/test_uvicorn_adapter.py``
-checks each one against the installed uvicorn and fails naming what changed, and
+:data:`UVICORN_INTERNALS` (``_uvicorn_internals``) with what corral needs of it;
+``tests/test_uvicorn_adapter.py`` checks each one against the installed uvicorn and fails
+naming what changed, and
 :func:`check_uvicorn` refuses to start a server on a uvicorn whose classes lack one (a clear
 error at start, never an AttributeError mid-request). ``pyproject.toml`` bounds uvicorn above
 at the newest minor release tested.
@@ -15,14 +16,17 @@ What the subclass adds to uvicorn's protocol, against a hostile or careless clie
   ``max_header_bytes`` → 431, then the connection is closed), counted as bytes arrive, so an
   endless URL or header costs at most the limit plus one read (uvicorn and httptools join the
   URL and each header chunk by chunk: unbounded, that costs time quadratic in its length);
-- a request's head must arrive within ``header_timeout_s`` of its first byte (else 408 and
-  close);
+- a request's head must arrive within ``header_timeout_s`` of its first byte, and its body
+  may go ``body_timeout_s`` without a byte (else 408 and close, the app's read ended);
+- a body whose framing breaks after its head is answered 400 and closed, the log saying
+  why; so is a ``Transfer-Encoding`` other than ``chunked`` (:mod:`~corral.server.framing`);
 - a connection with no request in progress is closed after ``idle_timeout_s``, a fresh one
   that sends nothing included (uvicorn arms its keep-alive timer only after a response);
 - at most ``max_connections`` are open: at the cap, an idle connection is closed to make room
   (as nginx reuses keep-alive connections), and with none idle the new one is answered 503
   and closed;
-- a WebSocket upgrade is answered 400 (the protocol has no WebSocket endpoint);
+- a WebSocket upgrade is answered 400 (the protocol has no WebSocket endpoint); any other
+  (h2c, from ``curl --http2``) is served as HTTP/1.1, its body included;
 - during the drain, a request that arrives on an open connection is answered with
   ``Connection: close``, and an idle connection is closed only after its socket's pending
   bytes have been read, so a request already sent is not dropped.
@@ -35,18 +39,13 @@ receive or send, one task and one write for the whole response. Every other requ
 every request when the app has an access log or tracing on, goes the ASGI way; the answers
 are the same either way (``tests/test_direct_infer.py``).
 
-Whether the coupling pays, measured over sockets (``make bench-edge``: wrk, 16 connections, the
-tree model, 6 alternating rounds, 2026-12-02): the same ``corral serve`` on uvicorn's plain
-httptools protocol answered 0.78x the requests/s of this one with JSON bodies and 0.82x with
-binary ones (12.1k and 11.3k against 15.6k and 13.7k); with corral's protocol but every
-request through ASGI, 0.77x and 0.79x. So the direct route is what the subclass buys, about a
-quarter more requests/s on a tiny model, and the limits themselves cost nothing measurable.
+Why couple to uvicorn's internals at all: :mod:`corral.server._uvicorn_internals` says, measured.
 
 Every refusal is a JSON ``{"error": ...}`` body naming the limit and its option.
 
 Example::
 
-    limits = ConnectionLimits(8192, 65536, 10.0, 5.0, 1000)
+    limits = ConnectionLimits(8192, 65536, 10.0, 5.0, 1000, 30.0)
     server = EdgeServer(app, "127.0.0.1", 8000, protocol_for(limits), drain_margin_s=35)
     port = await server.start()
 """
@@ -58,8 +57,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import httptools
 import orjson
@@ -72,6 +70,9 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 from uvicorn.server import ServerState
 
+from corral.server._uvicorn_internals import UVICORN_INTERNALS, Internals
+from corral.server.edge_contract import ConnectionLimits, DirectApp
+from corral.server.framing import BodyAfterUpgrade, body_framing, transfer_coding_refusal
 from corral.server.http import ALONE_SCOPE_KEY, LOOP_SCOPE_KEY
 from corral.server.requests import DECODE_INLINE_BYTES
 from corral.server.routes import direct_infer_model
@@ -82,6 +83,7 @@ __all__ = [
     "DirectApp",
     "EdgeProtocol",
     "EdgeServer",
+    "Internals",
     "UvicornChanged",
     "check_uvicorn",
     "end_requests_in_flight",
@@ -100,24 +102,6 @@ DRAIN_READ_GRACE_S = 0.2
 DIRECT_BODY_BYTES = DECODE_INLINE_BYTES
 
 
-class DirectApp(Protocol):
-    """An app that answers an inference request whose body is read (``HttpApp``)."""
-
-    async def answer_infer(
-        self,
-        name: str,
-        headers: list[tuple[bytes, bytes]],
-        body: bytes,
-        loop: asyncio.AbstractEventLoop,
-        alone: bool = True,
-    ) -> tuple[int, bytes, bytes]:
-        """The status, header lines and body answering ``POST /v2/models/{name}/infer``.
-
-        ``alone``: no other request of the server's is in flight (see :data:`ALONE_SCOPE_KEY`).
-        """
-        ...
-
-
 # Headers whose requests take the ASGI path: they need what only it does (100-continue, a
 # chunked body, the request id's echo).
 _NOT_DIRECT = frozenset((b"expect", b"transfer-encoding", b"x-request-id"))
@@ -128,22 +112,6 @@ _DRAIN_RAN_OUT = orjson.dumps(
 _DRAIN_RAN_OUT_HEAD = b"content-type: application/json\r\ncontent-length: %d\r\n" % len(
     _DRAIN_RAN_OUT
 )
-
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    """The bounds every HTTP connection is held to (``ServerSettings`` fields of these names)."""
-
-    #: Longest request target (path and query), in bytes: 414 past it.
-    max_url_bytes: int
-    #: Longest request head (request line and headers), in bytes: 431 past it.
-    max_header_bytes: int
-    #: Seconds from a request's first byte to the end of its headers: 408 past them.
-    header_timeout_s: float
-    #: Seconds a connection with no request in progress stays open.
-    idle_timeout_s: float
-    #: Connections open at once.
-    max_connections: int
 
 
 class _Refused(Exception):
@@ -184,6 +152,14 @@ class EdgeProtocol(HttpToolsProtocol):
         self._direct_body: list[bytes] = []
         # uvicorn's default headers (date, server) as bytes, and the list they were made of.
         self._defaults: tuple[list[tuple[bytes, bytes]] | None, bytes] = (None, b"")
+        self._body_pending = False  # a request's head is complete and its body is not
+        self._body_seen = 0.0  # the loop's time when bytes last arrived for that body
+        # Armed only when a read leaves a body incomplete: most bodies arrive in one read.
+        self._body_timer: asyncio.TimerHandle | None = None
+        # An upgrade request's body framing (its Content-Length or Transfer-Encoding line)
+        # from its head until llhttp stops there; then the parser reading that body.
+        self._upgrade_framing: bytes | None = None
+        self._upgraded_body: BodyAfterUpgrade | None = None
 
     # -- the connection ------------------------------------------------------------------
 
@@ -204,25 +180,40 @@ class EdgeProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         """Forget the timers; uvicorn ends the request in progress."""
         self._cancel_head_timer()
+        self._cancel_body_timer()
         self._unset_keepalive_if_required()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         """Feed the parser, counting the bytes of a head still incomplete against its bounds."""
         self._unset_keepalive_if_required()
+        if self._upgraded_body is not None and self._upgraded_body.complete:
+            return  # the upgrade request ends the connection: nothing after it is read
         if self._awaiting_head:
             self._head_bytes += len(data)
         try:
-            self.parser.feed_data(data)
+            if self._upgraded_body is not None:
+                self._upgraded_body.feed(data)
+            else:
+                self.parser.feed_data(data)
         except httptools.HttpParserCallbackError:
             if self._refusal is None:
                 raise  # a callback of uvicorn's failed: not ours to hide
-        except httptools.HttpParserUpgrade:
-            pass  # not WebSocket (refused above): served as HTTP/1.1, then the connection closes
-        except httptools.HttpParserError:
-            done = self._answer(400, "the request is not valid HTTP/1.1")
-            logger.warning("corral: an invalid HTTP request was received; %s", done)
+        except httptools.HttpParserUpgrade as upgrade:
+            # Not WebSocket (refused above): served as HTTP/1.1, then the connection closes.
+            if self._upgrade_framing is not None and not self._read_body_after_upgrade(
+                data[upgrade.args[0] :]
+            ):
+                return
+        except httptools.HttpParserError as error:
+            self._invalid(error)
             return
+        if self._body_pending:
+            self._body_seen = self.loop.time()
+            if self._body_timer is None:
+                self._body_timer = self.loop.call_later(
+                    self.limits.body_timeout_s, self._body_timed_out
+                )
         if self._refusal is None and self._head_in_progress():
             self._refusal = self._too_long_so_far()
             if self._refusal is None and self._head_timer is None:
@@ -284,11 +275,17 @@ class EdgeProtocol(HttpToolsProtocol):
         self._head_begun = False
         if self._refusal is None:
             self._refusal = self._head_refusal(counted)
+            if self._refusal is None and (coding := transfer_coding_refusal(self.headers)):
+                self._refusal = coding
+                logger.warning("corral: %s; answered 400, connection closed", coding[1])
         upgrade = self._get_upgrade() if self.parser.should_upgrade() else None
         if self._refusal is None and upgrade == b"websocket":
             self._refusal = (400, "this server has no WebSocket endpoint; use HTTP requests")
         if self._refusal is not None:
             raise _Refused
+        self._body_pending = True  # until on_message_complete, in this read most often
+        if upgrade is not None:
+            self._upgrade_framing = body_framing(self.headers)
         if self.direct is not None and upgrade is None and not self._draining:
             self._direct_name = self._direct_route()
             if self._direct_name is not None:
@@ -308,7 +305,11 @@ class EdgeProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         """Answer a direct request, or uvicorn's; what follows is the next request's head."""
+        if self._upgrade_framing is not None:
+            return  # llhttp stops at an upgrade request's head: its body follows (data_received)
         self._awaiting_head = True
+        self._body_pending = False
+        self._cancel_body_timer()
         if self._direct_name is not None:
             self._answer_directly(self._direct_name)
         elif self._refusal is None:
@@ -411,6 +412,73 @@ class EdgeProtocol(HttpToolsProtocol):
             self.transport.close()
         cycle.on_response()
 
+    # -- bodies --------------------------------------------------------------------------
+
+    def _read_body_after_upgrade(self, rest: bytes) -> bool:
+        # llhttp stopped at the head of an upgrade request with a body: a parser of its own
+        # reads that body, from the bytes after the head on. False if those broke it.
+        framing, self._upgrade_framing = self._upgrade_framing, None
+        assert framing is not None  # the head named the body's framing
+        self._upgraded_body = BodyAfterUpgrade(self, framing)
+        try:
+            self._upgraded_body.feed(rest)
+        except httptools.HttpParserError as error:
+            self._invalid(error)
+            return False
+        return True
+
+    def _invalid(self, error: httptools.HttpParserError) -> None:
+        # The parser refused the bytes: a head that is not HTTP/1.1, or a body whose framing
+        # broke after its head (the request was begun: the app may be reading its body).
+        if not self._body_pending:
+            done = self._answer(400, f"the request is not valid HTTP/1.1: {error}")
+            logger.warning("corral: an invalid HTTP request was received (%s); %s", error, done)
+            return
+        message = f"the request's chunked body is not valid HTTP/1.1: {error}"
+        logger.warning("corral: %s (after its head); %s", message, self._end_body(400, message))
+
+    def _body_timed_out(self) -> None:
+        self._body_timer = None
+        if not self._body_pending or self.transport.is_closing():
+            return
+        timeout = self.limits.body_timeout_s
+        if self.flow.read_paused:  # the server stopped reading it: the client is not silent
+            self._body_seen = self.loop.time()
+        quiet = self.loop.time() - self._body_seen
+        if quiet < timeout:
+            self._body_timer = self.loop.call_later(timeout - quiet, self._body_timed_out)
+            return
+        message = f"the request's body stopped arriving: no byte for {timeout:g} s (body_timeout_s)"
+        logger.info("corral: %s; %s", message, self._end_body(408, message))
+
+    def _cancel_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _end_body(self, status: int, message: str) -> str:
+        """End a request whose body cannot be read to its end: answer ``status`` and close.
+
+        The app reading that body is told the client went away (its reservation of the body
+        budget is given back as it stops) and writes nothing. Returns what was done.
+        """
+        self._body_pending = False
+        self._cancel_body_timer()
+        cycle = self.cycle
+        if self._direct_name is not None or cycle is None or self.pipeline:
+            # No app reads it (the direct route keeps it), or it waits behind another request.
+            self._direct_name = None
+            self._direct_body = []
+            return self._answer(status, message)
+        if cycle.response_started:
+            # Answered (or being answered) without its whole body: nothing more to say.
+            self.transport.close()
+            return "its answer was written already; the connection is closed"
+        cycle.disconnected = True  # the app's read ends; what it sends is not written
+        cycle.message_event.set()
+        self._write_error(status, message)
+        return f"answered {status}"
+
     # -- timers and answers --------------------------------------------------------------
 
     def _head_in_progress(self) -> bool:
@@ -481,6 +549,11 @@ class EdgeProtocol(HttpToolsProtocol):
             self.pipeline.clear()
             self.flow.pause_reading()
             return "the request before it is answered, then the connection closes"
+        self._write_error(status, message)
+        return f"answered {status}"
+
+    def _write_error(self, status: int, message: str) -> None:
+        # A JSON error, then the connection closed.
         body = orjson.dumps({"error": message})
         self.transport.write(
             b"".join(
@@ -494,7 +567,6 @@ class EdgeProtocol(HttpToolsProtocol):
             )
         )
         self.transport.close()
-        return f"answered {status}"
 
 
 def _close_one_idle(connections: Iterable[object]) -> bool:
@@ -660,94 +732,6 @@ class EdgeServer:
 
 
 # -- what corral needs of uvicorn ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Internals:
-    """Names of one class or module of uvicorn's that this module uses, and what for."""
-
-    #: The class or module they belong to, dotted from ``uvicorn``.
-    owner: str
-    #: ``method`` (looked up on the class), ``attribute`` (set on an instance by uvicorn),
-    #: ``parameter`` (of the owner's constructor), ``constant`` (of the module).
-    kind: str
-    use: str
-    names: tuple[str, ...]
-
-
-_PROTOCOL = "uvicorn.protocols.http.httptools_impl.HttpToolsProtocol"
-_CYCLE = "uvicorn.protocols.http.httptools_impl.RequestResponseCycle"
-_FLOW = "uvicorn.protocols.http.flow_control.FlowControl"
-_SERVER = "uvicorn.server.Server"
-
-#: Every uvicorn name corral uses beyond ``uvicorn.Config``'s and ``uvicorn.Server``'s
-#: documented arguments; ``tests/test_uvicorn_adapter.py`` checks each on the installed uvicorn.
-UVICORN_INTERNALS: tuple[Internals, ...] = (
-    Internals(
-        _PROTOCOL,
-        "method",
-        "EdgeProtocol extends these callbacks (limits, timers, the direct route)",
-        (
-            *("__init__", "connection_made", "connection_lost", "data_received", "shutdown"),
-            *("on_message_begin", "on_headers_complete", "on_body", "on_message_complete"),
-            *("on_response_complete", "timeout_keep_alive_handler"),
-            *("_unset_keepalive_if_required", "_get_upgrade"),
-        ),
-    ),
-    Internals(
-        _PROTOCOL,
-        "attribute",
-        "EdgeProtocol reads or sets the connection's state",
-        (
-            *("app", "loop", "config", "server_state", "connections", "tasks", "parser"),
-            *("cycle", "pipeline", "flow", "logger", "access_logger", "timeout_keep_alive"),
-            *("timeout_keep_alive_task", "transport", "url", "headers", "scope"),
-        ),
-    ),
-    Internals(
-        _CYCLE,
-        "parameter",
-        "the direct route makes a request's cycle as uvicorn does",
-        (
-            *("scope", "transport", "flow", "logger", "access_logger", "access_log"),
-            *("default_headers", "message_event", "expect_100_continue", "keep_alive"),
-            "on_response",
-        ),
-    ),
-    Internals(
-        _CYCLE,
-        "attribute",
-        "the direct route writes a response and ends its cycle as uvicorn's send does",
-        (
-            *("scope", "flow", "keep_alive", "more_body", "response_started"),
-            *("response_complete", "disconnected", "default_headers", "message_event"),
-            "on_response",
-        ),
-    ),
-    Internals(_FLOW, "attribute", "a direct response waits for a paused writer", ("write_paused",)),
-    Internals(
-        _FLOW, "method", "direct responses wait; refusals stop reads", ("drain", "pause_reading")
-    ),
-    Internals(
-        "uvicorn.protocols.http.httptools_impl",
-        "constant",
-        "the direct route and refusals write uvicorn's status lines",
-        ("STATUS_LINE",),
-    ),
-    Internals(
-        "uvicorn.server.ServerState",
-        "attribute",
-        "the connection cap and the drain walk the open connections and tasks",
-        ("connections", "tasks", "default_headers"),
-    ),
-    Internals(_SERVER, "method", "EdgeServer runs uvicorn's server", ("capture_signals", "serve")),
-    Internals(
-        _SERVER,
-        "attribute",
-        "EdgeServer waits for its start, reads its port, stops and drains it",
-        ("should_exit", "started", "servers", "server_state", "config"),
-    ),
-)
 
 
 class UvicornChanged(RuntimeError):

@@ -634,6 +634,7 @@ def connection_limits(settings: ServerSettings, open_files: int) -> ConnectionLi
         header_timeout_s=settings.header_timeout_s,
         idle_timeout_s=settings.idle_timeout_s,
         max_connections=max_connections,
+        body_timeout_s=settings.body_timeout_s,
     )
 
 

@@ -2,18 +2,21 @@
 
 ``max_request_bytes`` bounds one request; nothing else bounded how many arrive together, so
 a few clients sending large bodies at once could take the process's memory. Every request
-that carries tensors takes its size from one :class:`BodyBudget` before its body is read
-(HTTP: its ``Content-Length``, or chunk by chunk when it has none; gRPC: the message's size)
-and gives it back when its handler returns: after its answer is written, because its
-decoded tensors (and binary inputs, which are views of the body) live until then. A request
-that does not fit is refused at once, with HTTP 503 and ``Retry-After`` or gRPC
-``RESOURCE_EXHAUSTED``, rather than read into memory.
+that carries tensors takes its bytes from one :class:`BodyBudget` (HTTP: as they arrive,
+chunk by chunk; gRPC: the message's size) and gives them back when its handler returns:
+after its answer is written, because its decoded tensors (and binary inputs, which are
+views of the body) live until then. A request that does not fit is refused, with HTTP 503
+and ``Retry-After`` or gRPC ``RESOURCE_EXHAUSTED``, rather than read into memory: at once,
+before its body is read, when the ``Content-Length`` it declares does not fit what is free
+(:meth:`BodyReservation.check_room`), else as soon as its bytes pass the budget. A declared
+length is never reserved: bodies announced and never sent would hold the budget for free.
 
 Example::
 
     budget = BodyBudget(256 * 1024 * 1024)
-    with budget.reserve(content_length) as held:
-        ...  # read, decode, run, answer; held.grow(n) for bytes that were not declared
+    with budget.reserve(0) as held:
+        held.check_room(content_length)  # refused now if it cannot fit
+        ...  # held.grow(len(chunk)) as each chunk arrives; decode, run, answer
 """
 
 from __future__ import annotations
@@ -76,12 +79,13 @@ class BodyBudget:
         reservation.grow(size)
         return reservation
 
-    def _take(self, size: int) -> None:
+    def _take(self, size: int, *, hold: bool = True) -> None:
         with self._held_lock:
             if self._held + size > self._limit:
                 self._refused += 1
                 raise BodyBudgetExceeded(self._limit, self._held, size)
-            self._held += size
+            if hold:
+                self._held += size
 
     def _give_back(self, size: int) -> None:
         with self._held_lock:
@@ -107,6 +111,15 @@ class BodyReservation:
         if size > 0:
             self._budget._take(size)
             self._size += size
+
+    def check_room(self, size: int) -> None:
+        """Raise :class:`BodyBudgetExceeded` unless ``size`` more bytes fit now; holds nothing.
+
+        For a length a request declares: refused before its body is read if it cannot fit,
+        but held only as its bytes arrive (:meth:`grow`).
+        """
+        if size > 0:
+            self._budget._take(size, hold=False)
 
     def release(self) -> None:
         """Give every byte back; a second call does nothing."""

@@ -3,8 +3,9 @@
 No web framework: the routes are few and fixed (:mod:`corral.server.routes` is their table),
 and the infer path is the hot one (measured: a framework's request and response objects cost
 several times what corral's own work does on a tiny model). Bodies are read up to
-``max_request_bytes``, within a server-wide :class:`~corral.server.bodies.BodyBudget` (past
-it: 503 with ``Retry-After`` before the body is read); JSON is orjson; every error is
+``max_request_bytes``, within a server-wide :class:`~corral.server.bodies.BodyBudget` held as
+their bytes arrive (past it: 503 with ``Retry-After``, before the body is read when its
+declared length cannot fit); JSON is orjson; every error is
 ``{"error": "..."}`` with the status of :func:`~corral.server.responses.error_status`.
 Nothing that may read a file or wait for a load runs on the event loop: the data plane does
 that on worker threads, the ``/metrics`` page is rendered on one, and so is the decoding of a

@@ -50,11 +50,13 @@ async def read_body(
     """A request's whole body, refused with 413 past ``limit`` bytes.
 
     A declared Content-Length over the limit is refused before a byte of the body is read.
-    With ``held``, the body's bytes are reserved in its budget first: the declared length
-    before reading, or each chunk as it comes when none is declared (or more than declared
-    arrives); :class:`~corral.server.bodies.BodyBudgetExceeded` if they do not fit.
-    Raises :class:`HttpError`: 413, or 400 for a malformed Content-Length or a client that
-    went away before sending the whole body.
+    With ``held``, the body's bytes are reserved in its budget as they arrive, chunk by
+    chunk: a declared length that does not fit what is free now is refused before a byte
+    is read, but is never reserved ahead of its bytes (a client announcing 64 MiB and
+    sending nothing holds nothing); :class:`~corral.server.bodies.BodyBudgetExceeded` if
+    they do not fit. Raises :class:`HttpError`: 413, or 400 for a malformed Content-Length
+    or a client that went away before sending the whole body (or whose body stopped
+    arriving: the connection answers that 408 itself, ``corral.server._uvicorn``).
     """
     declared = 0
     for key, value in scope["headers"]:
@@ -63,7 +65,7 @@ async def read_body(
             if declared > limit:
                 raise too_large(limit)
     if held is not None:
-        held.grow(declared - held.size)
+        held.check_room(declared - held.size)
     chunks: list[bytes] = []
     size = 0
     while True:

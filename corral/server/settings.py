@@ -114,8 +114,8 @@ class ServerSettings(_HostAndRuntimeOptions):
         gt=0,
         description="request bytes read, decoded and run at once, HTTP and gRPC together, as "
         "bytes or a size like 256MiB "
-        "(default: 4 x max_request_bytes); a request past it gets 503 / RESOURCE_EXHAUSTED "
-        "at once, before its body is read",
+        "(default: 4 x max_request_bytes), held as a body's bytes arrive; a request past it "
+        "gets 503 / RESOURCE_EXHAUSTED, at once when its declared length does not fit",
     )
     auth_token: SecretStr | None = Field(
         None, description="require Authorization: Bearer <token> on all but health endpoints"
@@ -194,6 +194,12 @@ class ServerSettings(_HostAndRuntimeOptions):
         gt=0,
         description="seconds a request's headers may take to arrive from its first byte; "
         "slower: 408 and the connection closed",
+    )
+    body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="seconds a request's body may go without a byte arriving; slower: 408, "
+        "the connection closed and the bytes it held of the body budget given back",
     )
     idle_timeout_s: float = Field(
         5.0,

@@ -5,10 +5,11 @@ that sums its input and a small MLP. A 40 MiB JSON body (and a 40 MiB binary one
 another client calls the MLP in a loop: the server's peak RSS (``VmHWM``, reset through
 ``/proc/<pid>/clear_refs`` just before) may grow by at most 8x the body, and the other client's
 p99 must stay under 500 ms. Then requests hold most of the body budget
-(``--max-body-bytes-in-flight``) by declaring their lengths and sending part of their bodies:
-a request past the budget is refused at once, HTTP 503 with ``Retry-After`` and gRPC
-``RESOURCE_EXHAUSTED``, both naming the setting, while small requests still pass; the held
-requests then finish and are answered with the right sums.
+(``--max-body-bytes-in-flight``) by sending all but the end of their bodies (a body is held
+as its bytes arrive, never as its length declares): a request past the budget is refused,
+HTTP 503 with ``Retry-After`` and gRPC ``RESOURCE_EXHAUSTED``, both naming the setting, while
+small requests still pass; the held requests then finish and are answered with the right
+sums. Last, bodies that stop arriving: they hold what they sent until their 408.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from onnx import TensorProto, helper
 from corral.protocol.proto import grpc_service_pb2 as pb
 from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.testing import build_mlp
+from tests.attacks import open_slow_bodies, read_until_closed, status_of, wait_until_read
 from tests.helpers import Figure, add_model
 from tests.processes import ServerProcess, start_server, stop_server
 
@@ -251,16 +253,17 @@ def finish(sock: socket.socket, body: bytes, sent: int) -> dict[str, object]:
 def test_past_the_body_budget_requests_are_refused_at_once_and_none_held_is_lost(
     server: ServerProcess, figure: Figure
 ):
-    # Two requests declare 30 + 17 MiB and send 64 KiB each: 47 of the 48 MiB are held.
+    # Two requests send all but 64 KiB of 30 + 17 MiB: 47 of the 48 MiB are held.
     held = [json_body(30 * MIB), json_body(17 * MIB)]
-    sent = 64 * 1024
-    sockets = [hold(server, body, sent) for body, _ in held]
+    sent = [len(body) - 64 * 1024 for body, _ in held]
+    sockets = [hold(server, body, n) for (body, _), n in zip(held, sent, strict=True)]
     try:
         refused_took = []
+        for sock in sockets:
+            wait_until_read(sock)  # so no request below races the bytes they hold
         with httpx.Client(base_url=f"http://{server.http}", timeout=60) as client:
-            # The server has read the two requests' headers once a later request is answered.
-            assert client.post("/v2/models/mlp/infer", content=SMALL).status_code == 200
             too_many = json_body(2 * MIB)[0]
+            assert client.post("/v2/models/mlp/infer", content=SMALL).status_code == 200
             for _ in range(5):
                 started = time.monotonic()
                 refused = client.post("/v2/models/sum/infer", content=too_many)
@@ -281,8 +284,8 @@ def test_past_the_body_budget_requests_are_refused_at_once_and_none_held_is_lost
             assert exhausted.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "max_body_bytes_in_flight" in (exhausted.value.details() or "")
         # The held requests finish and are answered in full; then the budget is free again.
-        for (body, expected), sock in zip(held, sockets, strict=True):
-            answer = finish(sock, body, sent)
+        for (body, expected), sock, n in zip(held, sockets, sent, strict=True):
+            answer = finish(sock, body, n)
             assert answer["outputs"][0]["data"][0] == pytest.approx(expected, rel=1e-6)  # type: ignore[index]
         with grpc.insecure_channel(server.grpc) as channel:
             stub = pb_grpc.GRPCInferenceServiceStub(channel)
@@ -295,3 +298,65 @@ def test_past_the_body_budget_requests_are_refused_at_once_and_none_held_is_lost
         f"5 / 5 HTTP and 1 / 1 gRPC; slowest refusal {max(refused_took) * 1000:.1f} ms",
     )
     figure("requests holding the budget, answered afterwards", "2 / 2")
+
+
+STALLED_TIMEOUT_S = 4.0
+
+
+@pytest.mark.timeout(120)
+def test_a_stalled_body_holds_what_it_sent_and_gives_it_back_with_its_408(
+    tmp_path: Path, figure: Figure
+):
+    # The budget is one largest request. Four bodies that announce a quarter of it each (all
+    # of it, were announced lengths reserved) and send a byte hold a byte each; one that sent
+    # 3 of its 3.5 MiB holds those 3 until it stops arriving, then its 408 gives them back.
+    repo = tmp_path / "models"
+    add_model(repo, "sum", build_sum())
+    limits = ("--max-request-bytes", "4MiB", "--max-body-bytes-in-flight", "4MiB")
+    timeout = ("--body-timeout-s", str(STALLED_TIMEOUT_S))
+    served = start_server(repo, tmp_path / "serve.log", *limits, *timeout)
+    host, port = served.http.split(":")
+    # What is left beside the 4 bytes the slow bodies sent.
+    nearly, expected = json_body(4 * MIB - 1024)
+    # Its declared length fits beside those 4 bytes (else it is refused at once).
+    stalling = json_body(3 * MIB + MIB // 2)[0]
+    half = json_body(2 * MIB)[0]
+    sockets: list[socket.socket] = []
+    try:
+        with httpx.Client(base_url=f"http://{served.http}", timeout=60) as client:
+            sockets += open_slow_bodies(
+                (host, int(port)), 4, announced=MIB, path=b"/v2/models/sum/infer"
+            )
+            answered = client.post("/v2/models/sum/infer", content=nearly)
+            assert answered.status_code == 200, answered.text[:300]
+            assert answered.json()["outputs"][0]["data"][0] == pytest.approx(expected, rel=1e-6)
+            stalled = hold(served, stalling, 3 * MIB)
+            sockets.append(stalled)
+            stopped = time.monotonic()
+            wait_until_read(stalled)
+            # The server holds the 3 MiB it read: 2 MiB more do not fit.
+            refused = client.post("/v2/models/sum/infer", content=half)
+            assert refused.status_code == 503, refused.text[:300]
+            answer = read_until_closed(stalled, 30)
+            cut_after = time.monotonic() - stopped
+            slow_answers = [status_of(read_until_closed(sock, 30)) for sock in sockets[:4]]
+            after = client.post("/v2/models/sum/infer", content=nearly)
+    finally:
+        for sock in sockets:
+            sock.close()
+        stop_server(served)
+    figure(
+        "4 bodies announcing 1 MiB each (the whole 4 MiB budget), 1 byte sent: a 4 MiB - 1 KiB "
+        "request",
+        answered.status_code,
+    )
+    figure(
+        f"a body stalled after 3 of 3.5 MiB (--body-timeout-s {STALLED_TIMEOUT_S:g})",
+        f"held 3 MiB (2 MiB refused 503), {status_of(answer)} after {cut_after:.2f} s, "
+        f"then a 4 MiB - 1 KiB request {after.status_code}",
+    )
+    assert status_of(answer) == 408, answer[:300]
+    assert b"body_timeout_s" in answer
+    assert STALLED_TIMEOUT_S * 0.9 < cut_after < STALLED_TIMEOUT_S + 10
+    assert after.status_code == 200, after.text[:300]
+    assert slow_answers == [408] * 4

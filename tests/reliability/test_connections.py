@@ -716,6 +716,7 @@ def test_each_connection_gives_the_app_the_event_loop_running_its_request():
             header_timeout_s=5.0,
             idle_timeout_s=5.0,
             max_connections=10,
+            body_timeout_s=30.0,
         )
         protocol = protocol_for(limits)(config, ServerState(), {}, loop)
         await protocol.app({"type": "http"}, None, None)
