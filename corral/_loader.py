@@ -39,7 +39,7 @@ from corral._errors import (
     ModelNotFound,
     fresh,
 )
-from corral._inline import measure_lane
+from corral._inline import TimedRuns, measure_lane
 from corral._load_workers import DEFAULT_ACTIVITY, Claim, LoadWorkers
 from corral._options import HostOptions
 from corral._pbtxt import check_declared, reshaped_signature
@@ -291,9 +291,11 @@ class Loader:
             run_warmups(session, config, claim, room)
             claim.set_activity("measuring its runs (the batching probe)")
             # After the warm-up: the probe's runs then cost what a loaded model's runs cost.
+            # Timed, so that a model far too slow for the inline lane runs no more for it.
+            timed = TimedRuns(session.run)
             plan = plan_batching(
                 session.signature,
-                session.run,
+                timed,
                 max_batch_size=config.max_batch_size,
                 enabled=self._options.batching,
                 default_rows=DEFAULT_MAX_BATCH_SIZE,
@@ -308,6 +310,7 @@ class Loader:
                 session.run,
                 bound_us=self._options.inline_run_us,
                 policy=str(session.policy),
+                seen_s=timed.fastest_s,
             )
             window = (config.batch_window_us or 0) if plan.max_rows else 0
             return ServedVersion(

@@ -372,7 +372,7 @@ class Gated:
         await send({"type": "http.response.body", "body": b"asgi"})
 
     async def answer_infer(
-        self, name: str, headers: object, body: bytes, loop: object, alone: bool = True
+        self, name: str, headers: object, body: bytes, loop: object, alone: bool = False
     ) -> tuple[int, bytes, bytes]:
         self.paths.append("direct")
         self.alone.append(alone)

@@ -40,7 +40,7 @@ class DirectApp(Protocol):
         headers: list[tuple[bytes, bytes]],
         body: bytes,
         loop: asyncio.AbstractEventLoop,
-        alone: bool = True,
+        alone: bool = False,
     ) -> tuple[int, bytes, bytes]:
         """The status, header lines and body answering ``POST /v2/models/{name}/infer``.
 

@@ -88,8 +88,8 @@ LOOP_SCOPE_KEY = "corral.loop"
 #: The scope key under which a server may say whether a request is the only one it has in
 #: flight (corral serve's connections do). Only such a request may take the inline lane: with
 #: others beside it, the compute workers batch them, which costs less CPU a request than a
-#: run each on the loop (``docs/scheduler.md``, "the inline lane"). Without the key, the lane
-#: takes any request its model's place in the lane admits.
+#: run each on the loop (``docs/scheduler.md``, "the inline lane"). Without the key (another
+#: ASGI server, which cannot say), no request takes the lane.
 ALONE_SCOPE_KEY = "corral.alone"
 
 # The scope key of a request's HttpExchange, when it has one.
@@ -211,7 +211,7 @@ class HttpApp:
         headers: list[tuple[bytes, bytes]],
         body: bytes,
         loop: asyncio.AbstractEventLoop,
-        alone: bool = True,
+        alone: bool = False,
     ) -> tuple[int, bytes, bytes]:
         """Answer ``POST /v2/models/{name}/infer`` whose whole body a server has read already.
 
@@ -377,7 +377,7 @@ class HttpApp:
                 body,
                 held,
                 scope.get(LOOP_SCOPE_KEY),
-                scope.get(ALONE_SCOPE_KEY, True),
+                scope.get(ALONE_SCOPE_KEY, False),
                 trace,
                 exchange,
             )
