@@ -326,7 +326,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
         help_text = f"{field.description} ({variable}{default})"
         if field.annotation is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
-        elif name == "load_model":  # repeatable, as Triton's
+        elif name in ("load_model", "allowed_hosts"):  # repeatable (load_model: as Triton's)
             parser.add_argument(flag, action="append", metavar="NAME", help=help_text)
         else:
             # Values go to ServerSettings as text: it converts and checks them, as it does

@@ -55,6 +55,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "server_name": ("triton", "triton"),
     "model_control_mode": ("explicit", "explicit"),
     "load_model": ("mlp", ("mlp",)),
+    "allowed_hosts": ("models.example", ("models.example",)),
     "max_shared_memory_regions": ("16", 16),
     "trace_exporter": ("console", "console"),
     "metrics_port": ("8002", 8002),
@@ -334,6 +335,8 @@ def test_model_control_modes_and_load_model(
     assert served[-1].load_model == ("a", "b", "c")
     assert main(["serve", str(tmp_path), "--load-model", "*"]) == 0
     assert served[-1].load_model == ("*",)
+    assert main(["serve", str(tmp_path), "--allowed-hosts", "a", "--allowed-hosts=b,c"]) == 0
+    assert served[-1].allowed_hosts == ("a", "b", "c")
     count = len(served)
     assert (
         main(
