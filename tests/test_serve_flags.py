@@ -29,6 +29,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "http_port": ("8123", 8123),
     "grpc_port": ("-1", -1),
     "memory_budget": ("2GiB", "2GiB"),
+    "max_upload_bytes": ("2GiB", "2GiB"),
     "max_loaded_models": ("7", 7),
     "load_concurrency": ("3", 3),
     "load_timeout_s": ("45", 45.0),
