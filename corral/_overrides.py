@@ -17,8 +17,8 @@ separators but the one ``/``, no hidden file); the files are created with ``O_EX
 
 The uploads together hold at most ``max_bytes`` (``HostOptions.max_upload_bytes``): an upload
 past it is refused (:class:`UploadTooLarge`) before a byte is written. :meth:`Uploads.close`
-removes the folder whatever is being written: a write still running when it closes removes
-what it wrote, and the root with it when it is the last.
+removes the folder at once, whatever is being written; a write still running then fails (it
+makes no folder but its version's, inside its own), and removes what is left as it ends.
 
 One model-control operation of a model runs at a time (:class:`ControlTurns`), as Triton's
 do: a load's override is put in place, loaded and the one it replaced removed before the next
@@ -118,12 +118,11 @@ class Uploads:
 
     def __init__(self, max_bytes: int | None = None) -> None:
         self._max_bytes = max_bytes
-        # Guards _root (made once, on the first upload), _count, _closed, _writing and _sizes.
+        # Guards _root (made once, on the first upload), _count, _closed and _sizes.
         self._root_lock = threading.Lock()
         self._root: str | None = None
         self._count = 0
         self._closed = False
-        self._writing = 0  # writes under way: the last to end after close() removes the root
         self._sizes: dict[str, int] = {}  # each upload's folder (written or being written): bytes
 
     @property
@@ -163,7 +162,6 @@ class Uploads:
             root, number = self._root, self._count
             final = os.path.join(root, f"{name}.{number}")
             self._sizes[final] = size
-            self._writing += 1
         try:
             self._write_folder(root, final, name, files)
         except BaseException:
@@ -182,8 +180,12 @@ class Uploads:
         try:
             for path, content in files.items():
                 target = os.path.join(staging, *path.split("/"))
-                # Only under staging, which exists: never the root again once close() took it.
-                os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+                parent = os.path.dirname(target)
+                if parent != staging:
+                    # One level (a version's folder), never its parents: were the root removed
+                    # by close() meanwhile, nothing is made again outside what this made.
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(parent, 0o700)
                 flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                 descriptor = os.open(target, flags, 0o600)
                 with os.fdopen(descriptor, "wb") as file:
@@ -195,10 +197,9 @@ class Uploads:
 
     def _end_write(self, root: str) -> None:
         with self._root_lock:
-            self._writing -= 1
-            last_after_close = self._closed and self._writing == 0
-        if last_after_close:
-            # close() left the root to the writes under way: this one is the last.
+            closed = self._closed
+        if closed:
+            # close() removed the root while this wrote: whatever it wrote there since goes.
             _remove_tree(root)
 
     def remove(self, folder: str | None) -> None:
@@ -214,15 +215,14 @@ class Uploads:
     def close(self) -> None:
         """Delete every upload; later uploads are refused. Idempotent.
 
-        A write under way is not waited for: the last one to end removes the root.
+        A write under way is not waited for (its disk may hang): it removes the root again
+        as it ends.
         """
         with self._root_lock:
             root, self._root, self._closed = self._root, None, True
             self._sizes.clear()
-            writing = self._writing
-        if root is None or writing:
-            return
-        _remove_tree(root)
+        if root is not None:
+            _remove_tree(root)
 
 
 def _remove_tree(root: str) -> None:

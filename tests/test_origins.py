@@ -81,6 +81,7 @@ def test_host_names_and_the_default_by_bind_address():
     assert not LOOPBACK.allows(EVIL)
     assert not LOOPBACK.allows("127.0.0.1.evil.example")
     assert SitePolicy.for_address("0.0.0.0", None).allows(EVIL)
+    assert SitePolicy.for_address("127.0.0.2", None).allows("127.0.0.2:8000")
     listed = SitePolicy.for_address("0.0.0.0", ["models.example", "*.corp.example"])
     assert listed.allows("models.example:80")
     assert listed.allows("a.b.corp.example")

@@ -131,10 +131,11 @@ class SitePolicy:
     def for_address(cls, bind: str, allowed_hosts: Iterable[str] | None) -> SitePolicy:
         """The policy of a server bound to ``bind``: ``allowed_hosts``, else its default.
 
-        The default: :data:`LOOPBACK_NAMES` when ``bind`` is a loopback address, else any name.
+        The default: :data:`LOOPBACK_NAMES` and ``bind`` itself when it is a loopback
+        address (``127.0.0.2``, say), else any name.
         """
         if allowed_hosts is None and is_loopback(bind):
-            allowed_hosts = LOOPBACK_NAMES
+            allowed_hosts = (*LOOPBACK_NAMES, bind)
         return cls(allowed_hosts)
 
     @property
