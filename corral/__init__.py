@@ -40,6 +40,7 @@ from corral._errors import (
     RuntimeConfigError,
     SessionClosed,
     UploadRefused,
+    UploadTooLarge,
 )
 from corral._events import Event, EventKind
 from corral._host import Host
@@ -113,6 +114,7 @@ __all__ = [
     "SessionState",
     "TensorSpec",
     "UploadRefused",
+    "UploadTooLarge",
     "VersionPolicy",
     "VersionSettings",
     "VersionStatus",

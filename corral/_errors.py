@@ -14,6 +14,7 @@
     │   ├── ModelConfigError   its model.toml, config.pbtxt, or a load's config or files are
     │   │   │                  malformed or refused; the message says where and why
     │   │   └── UploadRefused  a load's file: parameters name a path corral will not write
+    │   │       └── UploadTooLarge  they would take the uploads past max_upload_bytes
     │   ├── ModelTooLarge      it alone is larger than the Host's whole memory budget
     │   └── LoadTimeout        its load did not finish within the Host's load timeout
     ├── SessionClosed          a run was asked of a Session after close() began
@@ -57,6 +58,7 @@ __all__ = [
     "RuntimeConfigError",
     "SessionClosed",
     "UploadRefused",
+    "UploadTooLarge",
 ]
 
 
@@ -132,6 +134,10 @@ class UploadRefused(ModelConfigError):
     The message starts with Triton's words for it ("failed to poll from model repository"),
     which its clients match on.
     """
+
+
+class UploadTooLarge(UploadRefused):
+    """A load's files would take what the uploads hold past the Host's ``max_upload_bytes``."""
 
 
 class ModelTooLarge(ModelLoadError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -26,7 +27,7 @@ from corral._errors import CorralError, DrainTimeout, ModelConfigError, SessionC
 from corral._events import ChangeListener, Event, EventKind
 from corral._loader import Loader, version_number
 from corral._options import HostOptionArgs, HostOptions
-from corral._overrides import ModelOverride, Uploads, check_upload_paths
+from corral._overrides import ControlTurns, ModelOverride, Uploads, check_upload_paths
 from corral._pbtxt import pbtxt_from_json
 from corral._problems import Problem, ProblemKind
 from corral._reload import Reloader
@@ -88,7 +89,9 @@ class Host:
             self._repository, self._table, self._loader, self._options, self._problem_watch
         )
         # Files uploaded by load(config=..., files=...): a private folder, made on first use.
-        self._uploads = Uploads()
+        self._uploads = Uploads(self._options.upload_bytes)
+        # One load (or unload that drops an upload) of a model at a time (corral._overrides).
+        self._control_turns = ControlTurns()
         # Guards _override_generation: the last number given to a load's override.
         self._override_lock = threading.Lock()
         self._override_generation = 0
@@ -327,9 +330,24 @@ class Host:
         bytes, ...}``, used instead of the repository's folder (the model need not be in the
         repository). Either stays in place for every later load of the model, lazy or not,
         until a load with others, or without, replaces it; a load that fails puts back what
-        was in place. Raises :class:`ModelConfigError` for a malformed config or file path.
+        was in place. Raises :class:`ModelConfigError` for a malformed config or file path,
+        :class:`UploadTooLarge` past ``max_upload_bytes``. One load of a model runs at a
+        time: a second waits for the first (within ``timeout``; else :class:`DeadlineExceeded`).
         """
         name = validate_model_name(name)
+        deadline = deadline_after(timeout)
+        with self._control_turns.turn(name, time_left(deadline)):
+            self._load_in_turn(name, version, pin, time_left(deadline), config, files)
+
+    def _load_in_turn(
+        self,
+        name: str,
+        version: int | str | None,
+        pin: bool,
+        timeout: float | None,
+        config: str | None,
+        files: Mapping[str, bytes] | None,
+    ) -> None:
         previous = self._repository.override(name)
         override = self._new_override(name, config, files)
         if override is None and previous is None:
@@ -345,10 +363,18 @@ class Host:
             self._load(name, version, pin, timeout)
         except BaseException:
             if self._repository.replace_override(name, previous, expected=override):
-                self._uploads.remove(None if override is None else override.folder)
+                self._remove_upload(name, override)
             raise
-        if previous is not None and previous.folder is not None:
-            self._uploads.remove(previous.folder)
+        self._remove_upload(name, previous)
+
+    def _remove_upload(self, name: str, replaced: ModelOverride | None) -> None:
+        """Delete the folder of an override no longer in place, once no load reads it.
+
+        A request's load may have read it just before it was replaced: the folder goes when
+        the model's load jobs under way are done (at once if none is).
+        """
+        if replaced is not None and replaced.folder is not None:
+            self._loader.when_idle(name, functools.partial(self._uploads.remove, replaced.folder))
 
     def _new_override(
         self, name: str, config: str | None, files: Mapping[str, bytes] | None
@@ -382,16 +408,36 @@ class Host:
             self._table.pin(name)
         # Loaded is enough: no lease, so an unload that comes after this load is not undone
         # by loading again.
-        self._loader.loaded(name, version, timeout, refresh=not in_use)
+        served = self._loader.loaded(name, version, timeout, refresh=not in_use)
+        if not in_use and served.fingerprint != self._repository.entry(name).version_fingerprint(
+            served.version
+        ):
+            # It joined a load a request began from what was in place before (another upload,
+            # or none): build what is in place now, as a reload of a model in use does.
+            self._table.forget_entry(name)
+            self._reloader.reload(name)
+            failure = self._table.reload_failure(name)
+            if failure is not None:
+                raise fresh(failure)
 
     def unpin(self, name: str) -> None:
         """Let a model pinned by :meth:`load` be evicted again (model.toml pins stay)."""
         self._table.unpin(name)
 
     def unload(
-        self, name: str, version: int | str | None = None, *, timeout: float | None = None
+        self,
+        name: str,
+        version: int | str | None = None,
+        *,
+        timeout: float | None = None,
+        drop_upload: bool = False,
     ) -> None:
         """Take a model (or one version) out of service and close it once its leases drain.
+
+        ``drop_upload``: also drop what a load with ``config`` (and ``files``) put in place,
+        its uploaded files deleted: a later load reads the repository's, and a model only
+        uploaded is gone (:class:`ModelNotFound` from then on). Waits for a load of the model
+        under way first, as a load does.
 
         A load of it in flight when the unload begins is waited for, then unloaded too: once
         this returns, nothing of the model that was loaded or loading is left in service
@@ -403,6 +449,26 @@ class Host:
         """
         name = validate_model_name(name)
         wanted = None if version is None else version_number(name, version)
+        if not drop_upload:
+            self._unload(name, wanted, timeout)
+            return
+        deadline = deadline_after(timeout)
+        with self._control_turns.turn(name, time_left(deadline)):
+            # Dropped before the unload, so that no request loads the upload meanwhile; its
+            # folder goes once the loads under way are done.
+            dropped = self._repository.override(name)
+            if dropped is not None and not self._repository.replace_override(
+                name, None, expected=dropped
+            ):
+                dropped = None  # only loads change it, and they wait for this turn
+            if dropped is not None:
+                self._table.forget_entry(name)  # read again: the repository's, or none
+            try:
+                self._unload(name, wanted, time_left(deadline))
+            finally:
+                self._remove_upload(name, dropped)
+
+    def _unload(self, name: str, wanted: int | None, timeout: float | None) -> None:
         deadline = deadline_after(timeout)
         loading = self._table.loading(name, wanted)
         if loading and timeout == 0:

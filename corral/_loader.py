@@ -22,6 +22,7 @@ import contextlib
 import functools
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -85,6 +86,11 @@ class Loader:
         )
         #: Told of every build (the server's tracing); set before serving, then only read.
         self.load_observer: LoadObserver | None = None
+        # Guards _jobs and _when_idle: the load jobs under way per model name (each may read
+        # the model's files), and what waits for a name to have none.
+        self._jobs_lock = threading.Lock()
+        self._jobs: dict[str, int] = {}
+        self._when_idle: dict[str, list[Callable[[], None]]] = {}
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -104,7 +110,7 @@ class Loader:
             name = validate_model_name(name)
             if not refresh and self._from_cache(name, version, outer):
                 return outer
-            self._submit(self._resolve_and_load, name, version, refresh, outer)
+            self._submit(name, self._resolve_and_load, name, version, refresh, outer)
         except CorralError as exc:
             _settle(outer, error=exc)
         return outer
@@ -195,6 +201,8 @@ class Loader:
     ) -> tuple[ModelEntry, Key, bool]:
         """:meth:`resolve`, and whether the entry was read from the repository just now."""
         entry, model_failed = self._table.cached(name)
+        if entry is not None and not self._repository.is_current(entry):
+            entry = None  # read through a load's override that another has replaced since
         if refresh or entry is None or model_failed or not _may_have(entry, version):
             entry, refresh = self.refresh_entry(name), True
         number = _choose(entry, name, version)
@@ -358,7 +366,7 @@ class Loader:
                     raise
 
         try:
-            self._submit(job)
+            self._submit(name, job)
         except CorralError as exc:
             _settle(built, error=exc)
         return built
@@ -532,8 +540,45 @@ class Loader:
 
         loading.add_done_callback(settled)
 
-    def _submit(self, job: Callable[..., None], *args: Any) -> None:
-        self._workers.submit(lambda claim: job(*args, claim))
+    def when_idle(self, name: str, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once no load job of model ``name`` is under way: now if none is.
+
+        For what must wait until no load reads a model's old files (an upload's folder).
+        A waiting callback runs on the thread of the job that ends last.
+        """
+        with self._jobs_lock:
+            if self._jobs.get(name):
+                self._when_idle.setdefault(name, []).append(callback)
+                return
+        callback()
+
+    def _submit(self, name: str, job: Callable[..., None], *args: Any) -> None:
+        # Counted from here to the job's end: when_idle waits for it.
+        with self._jobs_lock:
+            self._jobs[name] = self._jobs.get(name, 0) + 1
+
+        def counted(claim: Claim) -> None:
+            try:
+                job(*args, claim)
+            finally:
+                self._end_job(name)
+
+        try:
+            self._workers.submit(counted)
+        except BaseException:
+            self._end_job(name)
+            raise
+
+    def _end_job(self, name: str) -> None:
+        with self._jobs_lock:
+            left = self._jobs[name] - 1
+            if left:
+                self._jobs[name] = left
+                return
+            del self._jobs[name]
+            waiting = self._when_idle.pop(name, [])
+        for callback in waiting:
+            callback()
 
 
 def version_number(name: str, version: int | str) -> int:

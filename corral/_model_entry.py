@@ -60,6 +60,9 @@ class ModelEntry:
     #: :attr:`error`, and those that do not stop it loading (a version folder without its
     #: model file).
     problems: tuple[Problem, ...] = field(default=(), compare=False)
+    #: The generation of the load's override it was read through (``corral._overrides``),
+    #: or None when there was none.
+    override_generation: int | None = field(default=None, compare=False)
 
     @property
     def served_versions(self) -> tuple[int, ...]:
@@ -80,8 +83,10 @@ class ModelEntry:
         """
         file = self.versions.get(version)
         # The whole configuration (dataclass equality): a copy built with another batch size,
-        # another declared tensor or another override is not interchangeable either.
-        return (None if file is None else (file.size, file.mtime_ns), self.config)
+        # another declared tensor or another override is not interchangeable either. The path
+        # tells two uploads apart even of one size written within one tick of the clock.
+        stamp = None if file is None else (str(file.path), file.size, file.mtime_ns)
+        return (stamp, self.config)
 
 
 def make_entry(
@@ -104,8 +109,17 @@ def make_entry(
         tuple((v, str(ordered[v].path), ordered[v].size, ordered[v].mtime_ns) for v in served),
         None if error is None else f"{type(error).__name__}: {error}",
     )
+    generation = None
+    if config_stamp and config_stamp[0] == "override" and isinstance(config_stamp[1], int):
+        generation = config_stamp[1]
     return ModelEntry(
-        name, types.MappingProxyType(ordered), config, error, fingerprint, tuple(problems.found)
+        name,
+        types.MappingProxyType(ordered),
+        config,
+        error,
+        fingerprint,
+        tuple(problems.found),
+        generation,
     )
 
 

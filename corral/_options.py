@@ -30,6 +30,7 @@ from corral._scheduler import DEFAULT_QUEUE_LIMIT
 __all__ = [
     "DEFAULT_FAILURE_BACKOFF_S",
     "DEFAULT_LOAD_TIMEOUT_S",
+    "DEFAULT_MAX_UPLOAD_BYTES",
     "HostOptionArgs",
     "HostOptions",
     "edge_options",
@@ -40,6 +41,8 @@ __all__ = [
 DEFAULT_FAILURE_BACKOFF_S = (1.0, 60.0)
 #: Seconds a load may take before it is marked failed (LoadTimeout) and its thread abandoned.
 DEFAULT_LOAD_TIMEOUT_S = 300.0
+#: Bytes the files uploaded by loads may hold together, by default: 1 GiB.
+DEFAULT_MAX_UPLOAD_BYTES = 1 << 30
 
 
 def _default_load_concurrency() -> int:
@@ -120,11 +123,21 @@ class HostOptions:
         "microseconds of CPU a shared model's run may take for it to run on the thread that "
         "receives its requests, measured at load and on every such run; 0: off",
     )
+    #: Bytes the files uploaded by loads (Triton's ``file:`` parameters) may hold together on
+    #: disk: bytes, or a size like ``"1GiB"``, held as bytes once checked; None: no cap.
+    max_upload_bytes: int | str | None = option(
+        DEFAULT_MAX_UPLOAD_BYTES,
+        "bytes the files uploaded by loads (file: parameters) may hold together on disk: "
+        "bytes or a size like 1GiB; a load past it gets 413 / RESOURCE_EXHAUSTED",
+    )
     _budget_bytes: int | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         if self.memory_budget is not None:
             object.__setattr__(self, "_budget_bytes", parse_bytes(self.memory_budget))
+        if self.max_upload_bytes is not None:
+            uploads = parse_bytes(self.max_upload_bytes, option="max_upload_bytes")
+            object.__setattr__(self, "max_upload_bytes", uploads)
         positive_int("max_loaded_models", self.max_loaded_models, optional=True)
         positive_int("load_concurrency", self.load_concurrency)
         positive_int("max_queue_per_model", self.max_queue_per_model)
@@ -182,6 +195,12 @@ class HostOptions:
         return self._budget_bytes
 
     @property
+    def upload_bytes(self) -> int | None:
+        """What the uploads may hold, in bytes; None: no cap."""
+        value = self.max_upload_bytes
+        return None if value is None else parse_bytes(value, option="max_upload_bytes")
+
+    @property
     def limits(self) -> Limits:
         """The budget's caps, as the eviction rules take them."""
         return Limits(self._budget_bytes, self.max_loaded_models)
@@ -204,6 +223,7 @@ class HostOptionArgs(TypedDict, total=False):
     max_queue_per_model: int
     model_latency_histograms: int
     inline_run_us: int
+    max_upload_bytes: int | str | None
 
 
 @functools.cache

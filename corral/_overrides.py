@@ -14,22 +14,34 @@ reader sees all of an upload or none of it. Paths are checked before anything is
 ``<version>/<file>`` or ``<file>``, each part a plain name (no ``..``, no absolute path, no
 separators but the one ``/``, no hidden file); the files are created with ``O_EXCL`` and
 ``O_NOFOLLOW`` in folders made here, so no symlink is followed or made.
+
+The uploads together hold at most ``max_bytes`` (``HostOptions.max_upload_bytes``): an upload
+past it is refused (:class:`UploadTooLarge`) before a byte is written. :meth:`Uploads.close`
+removes the folder at once, whatever is being written; a write still running then fails (it
+makes no folder but its version's, inside its own), and removes what is left as it ends.
+
+One model-control operation of a model runs at a time (:class:`ControlTurns`), as Triton's
+do: a load's override is put in place, loaded and the one it replaced removed before the next
+load or unload of that model begins, so no load reads a folder another deleted, and no upload
+is left behind by two loads that raced.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from corral._errors import ModelConfigError, UploadRefused
+from corral._errors import DeadlineExceeded, ModelConfigError, UploadRefused, UploadTooLarge
 
-__all__ = ["ModelOverride", "Uploads", "check_upload_paths"]
+__all__ = ["ControlTurns", "ModelOverride", "Uploads", "check_upload_paths"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,14 +113,17 @@ class Uploads:
     """The private folder that uploaded model files are written to, one sub-folder per upload.
 
     Made with the first upload (never by the constructor), removed by :meth:`close`.
+    ``max_bytes``: what the uploads may hold together; None: no cap.
     """
 
-    def __init__(self) -> None:
-        # Guards _root (made once, on the first upload), _count and _closed.
+    def __init__(self, max_bytes: int | None = None) -> None:
+        self._max_bytes = max_bytes
+        # Guards _root (made once, on the first upload), _count, _closed and _sizes.
         self._root_lock = threading.Lock()
         self._root: str | None = None
         self._count = 0
         self._closed = False
+        self._sizes: dict[str, int] = {}  # each upload's folder (written or being written): bytes
 
     @property
     def root(self) -> str | None:
@@ -116,25 +131,61 @@ class Uploads:
         with self._root_lock:
             return self._root
 
+    @property
+    def held_bytes(self) -> int:
+        """The bytes the uploads kept (and those being written) hold."""
+        with self._root_lock:
+            return sum(self._sizes.values())
+
     def write(self, name: str, files: Mapping[str, bytes]) -> str:
         """Write a checked file set (:func:`check_upload_paths`) as a new model folder.
 
         Returns the folder's path, ``<root>/<name>.<n>``; it appears complete or not at all.
-        Raises :class:`ModelConfigError` if the files cannot be written (the disk is full ...).
+        Raises :class:`UploadTooLarge` past ``max_bytes``, :class:`ModelConfigError` if the
+        files cannot be written (the disk is full ...) or the uploads are closed.
         """
+        size = sum(len(content) for content in files.values())
         with self._root_lock:
             if self._closed:
                 raise ModelConfigError("uploads are closed: the Host is closing")
+            held = sum(self._sizes.values())
+            if self._max_bytes is not None and held + size > self._max_bytes:
+                raise UploadTooLarge(
+                    f"{_POLL_FAILED}: the files of model {name!r} ({size:,} bytes) would make "
+                    f"the uploads hold {held + size:,} bytes, more than max_upload_bytes "
+                    f"({self._max_bytes:,}); unload with drop_upload to remove uploads no "
+                    "longer served"
+                )
             if self._root is None:
                 self._root = os.path.realpath(tempfile.mkdtemp(prefix="corral-uploads-"))
             self._count += 1
             root, number = self._root, self._count
-        final = os.path.join(root, f"{name}.{number}")
-        staging = tempfile.mkdtemp(prefix=".staging-", dir=root)
+            final = os.path.join(root, f"{name}.{number}")
+            self._sizes[final] = size
+        try:
+            self._write_folder(root, final, name, files)
+        except BaseException:
+            with self._root_lock:
+                self._sizes.pop(final, None)
+            raise
+        finally:
+            self._end_write(root)
+        return final
+
+    def _write_folder(self, root: str, final: str, name: str, files: Mapping[str, bytes]) -> None:
+        try:
+            staging = tempfile.mkdtemp(prefix=".staging-", dir=root)
+        except OSError as exc:
+            raise ModelConfigError(f"cannot write the files of model {name!r}: {exc}") from exc
         try:
             for path, content in files.items():
                 target = os.path.join(staging, *path.split("/"))
-                os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+                parent = os.path.dirname(target)
+                if parent != staging:
+                    # One level (a version's folder), never its parents: were the root removed
+                    # by close() meanwhile, nothing is made again outside what this made.
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(parent, 0o700)
                 flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                 descriptor = os.open(target, flags, 0o600)
                 with os.fdopen(descriptor, "wb") as file:
@@ -143,27 +194,82 @@ class Uploads:
         except OSError as exc:
             shutil.rmtree(staging, ignore_errors=True)
             raise ModelConfigError(f"cannot write the files of model {name!r}: {exc}") from exc
-        return final
+
+    def _end_write(self, root: str) -> None:
+        with self._root_lock:
+            closed = self._closed
+        if closed:
+            # close() removed the root while this wrote: whatever it wrote there since goes.
+            _remove_tree(root)
 
     def remove(self, folder: str | None) -> None:
         """Delete an upload's folder that no override uses any more; None: nothing."""
         if folder is None:
             return
-        try:
-            shutil.rmtree(folder)
-        except FileNotFoundError:
-            pass  # already gone with close()
-        except OSError as exc:
-            # Disk space kept until close(); not a reason to fail the load that replaced it.
-            logger.warning("corral: cannot remove the uploaded files in %s: %s", folder, exc)
+        with self._root_lock:
+            self._sizes.pop(folder, None)
+        # A failure is logged: disk space kept until close(), not a reason to fail the load
+        # that replaced it. Gone already (with close()) is fine.
+        _remove_tree(folder)
 
     def close(self) -> None:
-        """Delete every upload; later uploads are refused. Idempotent."""
+        """Delete every upload; later uploads are refused. Idempotent.
+
+        A write under way is not waited for (its disk may hang): it removes the root again
+        as it ends.
+        """
         with self._root_lock:
             root, self._root, self._closed = self._root, None, True
-        if root is None:
-            return
+            self._sizes.clear()
+        if root is not None:
+            _remove_tree(root)
+
+
+def _remove_tree(root: str) -> None:
+    try:
+        # A part removed meanwhile (an upload's own folder, by the load that made it) is
+        # passed over: an error would stop the walk and leave the rest behind.
+        shutil.rmtree(root, onerror=_gone_is_fine)
+    except OSError as exc:
+        logger.warning("corral: cannot remove the uploaded files in %s: %s", root, exc)
+
+
+def _gone_is_fine(function: object, path: str, error: tuple[type[BaseException], Any, Any]) -> None:
+    if not issubclass(error[0], FileNotFoundError):
+        raise OSError(f"cannot remove {path}: {error[1]}")
+
+
+class ControlTurns:
+    """One model-control operation per model name at a time (a load, an unload that drops).
+
+    Held across the operation, loads included, as Triton runs a model's loads and unloads one
+    after another; never taken by requests, and only for the model named. A name's lock is
+    forgotten once nobody holds or waits for it.
+    """
+
+    def __init__(self) -> None:
+        # Guards _turns: each name's lock and how many callers hold or wait for it.
+        self._turns_lock = threading.Lock()
+        self._turns: dict[str, tuple[threading.Lock, list[int]]] = {}
+
+    @contextlib.contextmanager
+    def turn(self, name: str, timeout: float | None) -> Iterator[None]:
+        """Hold ``name``'s turn; :class:`DeadlineExceeded` if not had within ``timeout``."""
+        with self._turns_lock:
+            lock, users = self._turns.setdefault(name, (threading.Lock(), [0]))
+            users[0] += 1
         try:
-            shutil.rmtree(root)
-        except OSError as exc:
-            logger.warning("corral: cannot remove the uploaded files in %s: %s", root, exc)
+            if not lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+                raise DeadlineExceeded(
+                    f"model {name!r}: another load or unload of it was still running after "
+                    f"{timeout}s"
+                )
+            try:
+                yield
+            finally:
+                lock.release()
+        finally:
+            with self._turns_lock:
+                users[0] -= 1
+                if users[0] == 0:
+                    del self._turns[name]

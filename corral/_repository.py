@@ -260,8 +260,26 @@ class Repository:
         """
         validate_model_name(name)
         override = self.override(name)
-        if override is not None and override.folder is not None:
-            return self._uploaded_entry(name, override, override.folder)
+        while override is not None and override.folder is not None:
+            entry = self._uploaded_entry(name, override, override.folder)
+            now = self.override(name)
+            if entry.error is None or now is override:
+                return entry
+            # Replaced while its folder was read (and the folder removed): read what is in
+            # place now instead of answering with the files another load deleted.
+            override = now
+        return self._repository_entry(name, override)
+
+    def is_current(self, entry: ModelEntry) -> bool:
+        """Whether ``entry`` was read through the load's override in place now (or none).
+
+        An entry read through an override another load replaced since may name files that
+        are gone: it is read again before a load uses it.
+        """
+        override = self.override(entry.name)
+        return entry.override_generation == (None if override is None else override.generation)
+
+    def _repository_entry(self, name: str, override: ModelOverride | None) -> ModelEntry:
         root = self._resolve()
         folder_path = os.path.join(root.real, name)
         bare_path = folder_path + _BARE_SUFFIX

@@ -326,7 +326,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
         help_text = f"{field.description} ({variable}{default})"
         if field.annotation is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
-        elif name == "load_model":  # repeatable, as Triton's
+        elif name in ("load_model", "allowed_hosts"):  # repeatable (load_model: as Triton's)
             parser.add_argument(flag, action="append", metavar="NAME", help=help_text)
         else:
             # Values go to ServerSettings as text: it converts and checks them, as it does
@@ -390,7 +390,8 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
 
     hints = typing.get_type_hints(RayServeConfig)
     for field in dataclasses.fields(RayServeConfig):
-        convert = _size if field.name == "memory_budget" else _text_to(hints[field.name])
+        sized = field.name in ("memory_budget", "max_upload_bytes")
+        convert = _size if sized else _text_to(hints[field.name])
         _add_ray_serve_flag(parser, field.name, convert, field.default, field.metadata["help"])
 
 

@@ -39,6 +39,7 @@ def test_public_names_are_pinned():
             "LoadTimeout",
             "ModelTooLarge",
             "UploadRefused",
+            "UploadTooLarge",
             "ModelVersion",
             "Overloaded",
             "Problem",
@@ -80,6 +81,7 @@ def test_every_error_is_a_corral_error():
         corral.ModelNotFound,
         corral.ModelTooLarge,
         corral.UploadRefused,
+        corral.UploadTooLarge,
         corral.LoadTimeout,
         corral.RepositoryError,
         corral.Overloaded,
@@ -102,6 +104,7 @@ def test_every_error_is_a_corral_error():
     assert issubclass(corral.ModelTooLarge, corral.ModelLoadError)
     assert issubclass(corral.LoadTimeout, corral.ModelLoadError)
     assert issubclass(corral.UploadRefused, corral.ModelConfigError)
+    assert issubclass(corral.UploadTooLarge, corral.UploadRefused)
 
 
 def test_import_starts_nothing():

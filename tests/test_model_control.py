@@ -478,7 +478,7 @@ def test_a_folder_that_cannot_be_removed_is_logged_not_raised(
     root = uploads.root
     assert root is not None
 
-    def refuse(path: str) -> None:
+    def refuse(path: str, **options: object) -> None:
         raise PermissionError(13, "Permission denied", path)
 
     with monkeypatch.context() as patch:

@@ -29,6 +29,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "http_port": ("8123", 8123),
     "grpc_port": ("-1", -1),
     "memory_budget": ("2GiB", "2GiB"),
+    "max_upload_bytes": ("2GiB", "2GiB"),
     "max_loaded_models": ("7", 7),
     "load_concurrency": ("3", 3),
     "load_timeout_s": ("45", 45.0),
@@ -64,6 +65,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "server_name": ("triton", "triton"),
     "model_control_mode": ("explicit", "explicit"),
     "load_model": ("mlp", ("mlp",)),
+    "allowed_hosts": ("models.example", ("models.example",)),
     "max_shared_memory_regions": ("16", 16),
     "trace_exporter": ("console", "console"),
     "metrics_port": ("8002", 8002),
@@ -343,6 +345,8 @@ def test_model_control_modes_and_load_model(
     assert served[-1].load_model == ("a", "b", "c")
     assert main(["serve", str(tmp_path), "--load-model", "*"]) == 0
     assert served[-1].load_model == ("*",)
+    assert main(["serve", str(tmp_path), "--allowed-hosts", "a", "--allowed-hosts=b,c"]) == 0
+    assert served[-1].allowed_hosts == ("a", "b", "c")
     count = len(served)
     assert (
         main(

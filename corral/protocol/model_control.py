@@ -228,11 +228,12 @@ class ModelControl:
             self._explicit.add(name)
         self.listeners.notify(name)
 
-    async def unload(self, name: str) -> None:
+    async def unload(self, name: str, *, drop_upload: bool = False) -> None:
         """Unload every version of a model; requests in flight finish first.
 
         Waits at most ``unload_timeout_s`` for a load in flight and for those requests:
-        then :class:`DrainTimeout`, naming the timeout.
+        then :class:`DrainTimeout`, naming the timeout. ``drop_upload``: also drop the config
+        and files a load gave it (:meth:`Host.unload`), so a model only uploaded is gone.
         """
         with self._unloaded_lock:
             self._unloaded.add(name)  # before: a readiness request meanwhile must not reload it
@@ -246,6 +247,7 @@ class ModelControl:
                 self._host.unload,
                 name,
                 timeout=self._unload_timeout_s,
+                drop_upload=drop_upload,
             )
         except (ModelNotFound, InvalidModelName):
             with self._unloaded_lock:

@@ -307,6 +307,7 @@ def _http_app(
         status=board,
         dashboard=DashboardFiles.load(),
         metrics_port=metrics_port,
+        sites=settings.site_policy(),
     )
 
 
@@ -498,7 +499,7 @@ async def _start_metrics_server(
 ) -> EdgeServer:
     """Serve ``GET /metrics`` on ``--metrics-port`` (bound to ``--host``), without the token."""
     server = EdgeServer(
-        MetricsApp(render),
+        MetricsApp(render, settings.site_policy()),
         settings.host,
         settings.metrics_port or 0,
         None,

@@ -51,6 +51,7 @@ from corral._errors import (
     RuntimeClosed,
     SessionClosed,
     UploadRefused,
+    UploadTooLarge,
 )
 from corral.protocol import grpc_codec
 from corral.protocol.costs import DecodeAllowance, RequestTooLarge
@@ -104,6 +105,8 @@ STATUS: dict[type[CorralError], grpc.StatusCode] = {
     # An upload path corral will not write is the client's mistake, but Triton answers it
     # INTERNAL and its clients check for that code (its own code marks it a to-do).
     UploadRefused: grpc.StatusCode.INTERNAL,
+    # Past max_upload_bytes: as a message past its size limit.
+    UploadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
     # As HTTP's 503: a provider this build lacks, a repository folder gone.
     ProviderUnavailable: grpc.StatusCode.UNAVAILABLE,
     RepositoryError: grpc.StatusCode.UNAVAILABLE,
@@ -486,12 +489,20 @@ class InferenceServicer:
         """Unload every version of a model once its requests in flight finish."""
         _one_repository(request.repository_name)
         # tritonclient always sends "unload_dependents"; corral's models have no dependents.
-        unknown = sorted(set(request.parameters) - {"unload_dependents"})
+        unknown = sorted(set(request.parameters) - {"unload_dependents", "drop_upload"})
         if unknown:
             raise _Refused(
                 grpc.StatusCode.UNIMPLEMENTED, f"unload parameters {unknown} are not supported"
             )
-        await self._control.unload(request.model_name)
+        drop = request.parameters.get("drop_upload")
+        if drop is not None and drop.WhichOneof("parameter_choice") != "bool_param":
+            raise _Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"failed to unload {request.model_name!r}: 'drop_upload' must be a bool_param",
+            )
+        await self._control.unload(
+            request.model_name, drop_upload=drop is not None and drop.bool_param
+        )
         return pb.RepositoryModelUnloadResponse()
 
     @_answers

@@ -39,6 +39,7 @@ from corral.server.compression import compress, inflate
 from corral.server.documents import config_doc, metadata_doc, server_doc, stats_doc
 from corral.server.http_control import CONTROL_ENDPOINTS, HttpControl
 from corral.server.logs import HttpExchange
+from corral.server.origins import SitePolicy
 from corral.server.requests import (
     DECODE_INLINE_BYTES,
     Coding,
@@ -114,6 +115,8 @@ class HttpApp:
     ``/v2/corral/status`` (:mod:`corral.server.status`), behind the token; ``dashboard``: the
     status page's files at ``/``, ``/dashboard`` and ``/static/*``, without the token (they
     hold no data; the page asks for the token). None: 404, as for any unknown path.
+    ``sites``: the ``Host`` names answered (:mod:`corral.server.origins`; None: any); a POST
+    from another site's web page is refused whatever they are.
     """
 
     def __init__(
@@ -129,8 +132,10 @@ class HttpApp:
         status: StatusBoard | None = None,
         dashboard: DashboardFiles | None = None,
         metrics_port: int | None = None,
+        sites: SitePolicy | None = None,
     ) -> None:
         self._plane = plane
+        self._sites = sites or SitePolicy(None)
         self._status = status
         self._dashboard = dashboard
         self._access_log = access_log
@@ -183,6 +188,7 @@ class HttpApp:
             method: str = scope["method"]
             name = infer_model(method, scope["path"])
             if name is not None:  # the busiest route, taken before the table
+                self._sites.check_post(scope["headers"])
                 if self._auth is not None:
                     check_token(scope["headers"], self._auth)
                 if self._tracing is None:
@@ -227,6 +233,7 @@ class HttpApp:
         in flight, as :data:`ALONE_SCOPE_KEY` says on the ASGI route.
         """
         try:
+            self._sites.check_post(headers)
             if self._auth is not None:
                 check_token(headers, self._auth)
             coding = request_coding(headers)
@@ -260,6 +267,8 @@ class HttpApp:
     async def _route(self, method: str, scope: Scope, receive: Receive, send: Send) -> None:
         # Every request but the plainest inference one: the status page's files, or the table.
         path: str = scope["path"]
+        if not _names_health(path):  # probes reach the server by any name: no data there
+            self._sites.check_host(scope["headers"])
         if self._dashboard is not None:
             page = self._dashboard.answer(path)
             if page is not None:
@@ -275,6 +284,8 @@ class HttpApp:
             if self._auth is not None and missing.family is not Family.HEALTH:
                 check_token(scope["headers"], self._auth)
             raise
+        if route.endpoint.method == "POST":
+            self._sites.check_post(scope["headers"])
         if self._auth is not None and route.endpoint.needs_token:
             check_token(scope["headers"], self._auth)
         await self._handlers[route.endpoint](route, scope, receive, send)
@@ -443,6 +454,11 @@ class HttpApp:
         if trace is not None:
             trace.encoded()
         return payload, JSON if json_length is None else BINARY, extra
+
+
+def _names_health(path: str) -> bool:
+    # As match() reads a path: /v2/health/... with or without slashes around it.
+    return path.strip("/").startswith("v2/health/")
 
 
 def _inflate_and_decode(

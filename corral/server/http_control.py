@@ -97,8 +97,8 @@ class HttpControl:
                 # Held until the load ends: the uploaded bytes are in memory until then.
                 await self._plane.control.load(name, config=config, files=files)
             else:
-                unload_parameters(name, body)
-                await self._plane.control.unload(name)
+                drop_upload = unload_parameters(name, body)
+                await self._plane.control.unload(name, drop_upload=drop_upload)
         await respond(send, 200, b"", JSON)
 
     async def _register_or_unregister(
@@ -160,15 +160,21 @@ def load_parameters(name: str, body: bytes) -> tuple[str | None, dict[str, bytes
     return config, files or None
 
 
-def unload_parameters(name: str, body: bytes) -> None:
-    """Check an unload's parameters: only Triton's ``unload_dependents`` (no model has any)."""
+def unload_parameters(name: str, body: bytes) -> bool:
+    """An unload's ``drop_upload``: Triton's ``unload_dependents`` (no model has any) and it.
+
+    ``drop_upload`` true also drops the config and files a load gave the model (see
+    ``Host.unload``).
+    """
     what = f"failed to unload {name!r}"
     parameters = _control_parameters(what, body)
-    unknown = sorted(set(parameters) - {"unload_dependents"})
+    unknown = sorted(set(parameters) - {"unload_dependents", "drop_upload"})
     if unknown:
         raise HttpError(400, f"{what}: unload parameters {unknown} are not supported")
-    if not isinstance(parameters.get("unload_dependents", False), bool):
-        raise HttpError(400, f"{what}: 'unload_dependents' must be true or false")
+    for flag in ("unload_dependents", "drop_upload"):
+        if not isinstance(parameters.get(flag, False), bool):
+            raise HttpError(400, f"{what}: {flag!r} must be true or false")
+    return bool(parameters.get("drop_upload", False))
 
 
 def register_parameters(body: bytes) -> tuple[str, int, int]:

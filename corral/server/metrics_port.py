@@ -5,7 +5,9 @@ without the credentials clients use, and a network policy can open that port to 
 monitoring system alone. With ``--metrics-port`` corral does the same: :class:`MetricsApp`
 answers ``GET /metrics`` and nothing else, on that port (bound to ``--host``), from the same
 event loop as the HTTP and gRPC servers; the main HTTP port then answers ``/metrics`` 404,
-naming the metrics port. The page is rendered on a worker thread, never on the loop.
+naming the metrics port. The page is rendered on a worker thread, never on the loop. Its
+``Host`` is held to ``--allowed-hosts`` as the HTTP port's is (:mod:`corral.server.origins`),
+so that a page rebound to the server's address cannot read it.
 
 Example::
 
@@ -20,6 +22,8 @@ from typing import Any
 import orjson
 
 from corral.protocol.dataplane import run_blocking
+from corral.server.origins import SitePolicy
+from corral.server.responses import HttpError
 
 __all__ = ["MetricsApp"]
 
@@ -31,11 +35,14 @@ class MetricsApp:
     """The ASGI application of the metrics port: ``GET /metrics``; 404 or 405 for the rest.
 
     ``render`` returns the exposition and its content type (``Metrics.render``); it is called
-    on a worker thread.
+    on a worker thread. ``sites``: the ``Host`` names answered (None: any).
     """
 
-    def __init__(self, render: Callable[[], tuple[bytes, str]]) -> None:
+    def __init__(
+        self, render: Callable[[], tuple[bytes, str]], sites: SitePolicy | None = None
+    ) -> None:
         self._render = render
+        self._sites = sites or SitePolicy(None)
 
     async def __call__(
         self,
@@ -46,6 +53,11 @@ class MetricsApp:
         """Serve one ASGI connection scope (HTTP only: uvicorn runs it without lifespan)."""
         if scope["type"] != "http":
             return  # a WebSocket upgrade: uvicorn runs this app with ws="none"
+        try:
+            self._sites.check_host(scope["headers"])
+        except HttpError as refused:
+            await _respond(send, refused.status, orjson.dumps({"error": str(refused)}), _JSON)
+            return
         if scope["path"] != "/metrics":
             message = f"only /metrics is served on the metrics port, not {scope['path']!r}"
             await _respond(send, 404, orjson.dumps({"error": message}), _JSON)

@@ -35,6 +35,7 @@ from corral._errors import (
     RuntimeClosed,
     SessionClosed,
     UploadRefused,
+    UploadTooLarge,
 )
 from corral.protocol.costs import RequestTooLarge
 from corral.protocol.dataplane import status_for
@@ -89,6 +90,7 @@ STATUS: dict[type[CorralError], int] = {
     ModelLoadError: 503,
     # The client's mistake, as Triton's HTTP endpoint answers it.
     UploadRefused: 400,
+    UploadTooLarge: 413,
     # A model.toml naming a provider this build lacks, a repository folder gone: the server
     # cannot serve it here and now, as with a failed load.
     ProviderUnavailable: 503,

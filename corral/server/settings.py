@@ -36,6 +36,7 @@ from corral._declare import ENV_PREFIX, declared
 from corral._options import HostOptions, edge_options
 from corral._runtime import RuntimeOptions
 from corral.protocol.shm import DEFAULT_MAX_REGIONS
+from corral.server.origins import SitePolicy
 
 __all__ = [
     "ENV_PREFIX",
@@ -116,6 +117,14 @@ class ServerSettings(_HostAndRuntimeOptions):
         "bytes or a size like 256MiB "
         "(default: 4 x max_request_bytes), held as a body's bytes arrive; a request past it "
         "gets 503 / RESOURCE_EXHAUSTED, at once when its declared length does not fit",
+    )
+    allowed_hosts: Annotated[tuple[str, ...] | None, NoDecode] = Field(
+        None,
+        description="the names HTTP requests may call the server by (their Host header, any "
+        "port): names or addresses, *.example.com for a domain, * for any; another gets 421, "
+        "so that a web page rebound to the server's address cannot read it; repeat the flag "
+        "or separate with commas (default: localhost, 127.0.0.1 and [::1] when --host is "
+        "loopback, else any name; the health checks answer any name)",
     )
     auth_token: SecretStr | None = Field(
         None, description="require Authorization: Bearer <token> on all but health endpoints"
@@ -325,6 +334,19 @@ class ServerSettings(_HostAndRuntimeOptions):
             return tuple(names)
         return value
 
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _host_names(cls, value: object) -> object:
+        # As load_model: one name, names separated by commas, or a list of them.
+        texts = [value] if isinstance(value, str) else value
+        if isinstance(texts, (list, tuple)):
+            names = tuple(n.strip() for text in texts for n in str(text).split(",") if n.strip())
+            if not names:
+                raise ValueError("allowed_hosts names no host: give names, or * for any")
+            SitePolicy(names)  # a ValueError naming an entry that is no host name
+            return names
+        return value
+
     @model_validator(mode="before")
     @classmethod
     def _poll_mode_polls(cls, given: Any) -> Any:
@@ -373,6 +395,10 @@ class ServerSettings(_HostAndRuntimeOptions):
         if self.max_body_bytes_in_flight is not None:
             return self.max_body_bytes_in_flight
         return 4 * self.max_request_bytes
+
+    def site_policy(self) -> SitePolicy:
+        """The ``Host`` names the HTTP and metrics ports answer: ``allowed_hosts`` or default."""
+        return SitePolicy.for_address(self.host, self.allowed_hosts)
 
     def host_options(self) -> HostOptions:
         """The options of the server's Host: its fields of the same names."""

@@ -227,7 +227,7 @@ def hold(server: ServerProcess, body: bytes, sent: int) -> socket.socket:
     host, port = server.http.split(":")
     sock = socket.create_connection((host, int(port)), timeout=60)
     sock.sendall(
-        b"POST /v2/models/sum/infer HTTP/1.1\r\nHost: corral\r\n"
+        b"POST /v2/models/sum/infer HTTP/1.1\r\nHost: localhost\r\n"
         b"Content-Type: application/json\r\n"
         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body[:sent]
     )

@@ -524,7 +524,7 @@ def _slow_body(iterations: int) -> bytes:
 
 def _post(path: bytes, body: bytes) -> bytes:
     return (
-        b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST " + path + b" HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
     )
 
@@ -562,7 +562,7 @@ def test_sigterm_answers_every_request_sent_on_keep_alive_connections(
         + _post(b"/v2/models/mlp/infer", MLP_BODY)
     )
     half = socket.create_connection(address, timeout=30)
-    half.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\n")
+    half.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: localhost\r\n")
     going = threading.Barrier(LOOPING_CLIENTS + 1)
     outcomes: list[str] = []
 

@@ -735,7 +735,7 @@ def test_limits_and_the_token_on_a_real_server(served: tuple[ServerProcess, Path
     started = time.monotonic()
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(
-            b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: corral\r\n"
+            b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: localhost\r\n"
             b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
             b"Content-Length: 1000000000000\r\n\r\n"
         )
