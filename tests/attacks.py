@@ -42,7 +42,7 @@ def open_slow_bodies(
             sock = socket.create_connection(address, timeout=30)
             sockets.append(sock)
             sock.sendall(
-                b"POST " + path + b" HTTP/1.1\r\nHost: corral\r\n"
+                b"POST " + path + b" HTTP/1.1\r\nHost: localhost\r\n"
                 b"Content-Type: application/json\r\n"
                 b"Content-Length: %d\r\n\r\n" % announced + sent
             )

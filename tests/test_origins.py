@@ -202,7 +202,7 @@ class Recording:
         return answer
 
 
-LIMITS = ConnectionLimits(8192, 65536, 10.0, 10.0, 64)
+LIMITS = ConnectionLimits(8192, 65536, 10.0, 10.0, 64, 30.0)
 
 
 async def exchange(port: int, headers: str) -> tuple[int, dict[str, Any]]:

@@ -155,7 +155,9 @@ def test_a_body_that_stops_arriving_frees_its_place_under_the_connection_cap(
 
 # -- body framing that breaks after the head ---------------------------------------------
 
-INFER_HEAD = b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+INFER_HEAD = (
+    b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+)
 CHUNKED = b"Transfer-Encoding: chunked\r\n\r\n"
 # (head's last headers and the blank line, body): each must get 400 and a closed connection.
 BROKEN = {
