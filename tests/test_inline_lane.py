@@ -10,6 +10,7 @@ import gc
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,7 +18,15 @@ import pytest
 import corral
 from corral import Host
 from corral._errors import DeadlineExceeded, InvalidInput
-from corral._inline import LANE_ROWS, RETRY_MAX_S, RETRY_S, InlineLane, LaneState, measure_lane
+from corral._inline import (
+    LANE_ROWS,
+    RETRY_MAX_S,
+    RETRY_S,
+    InlineLane,
+    LaneState,
+    TimedRuns,
+    measure_lane,
+)
 from corral.protocol import DataPlane, InferInput, InferRequest, InferResponse
 from corral.testing import build_mlp
 from tests.helpers import add_model, build_slow_loop
@@ -279,3 +288,33 @@ def test_the_lane_is_in_the_metrics(hosts: tuple[Host, Host]):
         host.load("pool")
     assert b"\ncorral_models_inline 1.0\n" in Metrics(DataPlane(on)).render()[0]
     assert b"\ncorral_models_inline 0.0\n" in Metrics(DataPlane(off)).render()[0]
+
+
+def test_a_model_the_probe_saw_far_past_the_bound_runs_nothing_more_for_the_lane():
+    cpu = _Clock()
+    costs = [3e-3, 2e-3]  # CPU seconds of the probe's runs: 60 and 40 times a 50 µs bound
+    runs: list[int] = []
+
+    def run(feed: Any) -> dict[str, Any]:
+        runs.append(next(iter(feed.values())).shape[0])
+        cpu.now += costs[len(runs) - 1]
+        return {}
+
+    timed = TimedRuns(run, clock=cpu)
+    assert timed.fastest_s is None
+    x = np.zeros((1, 4), np.float32)
+    timed({"X": x})
+    timed({"X": x})
+    assert timed.fastest_s == pytest.approx(2e-3)
+    session = corral.Session(build_mlp())
+    try:
+        lane = measure_lane(
+            "m:1", session.signature, timed, bound_us=50, policy="shared", seen_s=timed.fastest_s
+        )
+    finally:
+        session.close()
+    assert lane.state is LaneState.WORKERS
+    assert lane.describe() == (
+        "workers: a run took 2000.0 µs of CPU at load, far over the 50 µs bound"
+    )
+    assert runs == [1, 1]  # the probe's two, none for the lane
