@@ -7,13 +7,14 @@ run in a fresh interpreter that exits with sessions alive and runs in flight.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +85,34 @@ def start_server(
 def stop_server(served: ServerProcess) -> None:
     """SIGTERM the server and require it to exit 0 within 30 s (killed if it does not)."""
     stop_process(served.process, served.log)
+
+
+@contextlib.contextmanager
+def serving(repo: Path, log: Path, *flags: str) -> Iterator[ServerProcess]:
+    """``corral serve repo`` with ``flags``, stopped (exit 0 required) after, unless it was."""
+    served = start_server(repo, log, *flags)
+    try:
+        yield served
+    finally:
+        if served.process.poll() is None:
+            stop_server(served)
+
+
+def http_address(served: ServerProcess) -> tuple[str, int]:
+    """The server's HTTP host and port, as ``socket.create_connection`` takes them."""
+    host, port = served.http.split(":")
+    return host, int(port)
+
+
+def memory(pid: int) -> dict[str, int]:
+    """A process's resident and peak resident bytes now: ``VmRSS`` and ``VmHWM``."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    found = {}
+    for key in ("VmRSS", "VmHWM"):
+        match = re.search(rf"{key}:\s+(\d+) kB", status)
+        assert match is not None, f"no {key} line"
+        found[key] = int(match[1]) * 1024
+    return found
 
 
 def stop_process(process: subprocess.Popen[bytes], log: Path) -> None:

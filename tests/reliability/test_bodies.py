@@ -34,7 +34,7 @@ from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.testing import build_mlp
 from tests.attacks import open_slow_bodies, read_until_closed, status_of, wait_until_read
 from tests.helpers import Figure, add_model
-from tests.processes import ServerProcess, start_server, stop_server
+from tests.processes import ServerProcess, memory, start_server, stop_server
 
 MIB = 1024 * 1024
 MAX_REQUEST_BYTES = 44 * MIB
@@ -93,13 +93,6 @@ def binary_body(size: int) -> tuple[bytes, int, float]:
         }
     )
     return header + values.tobytes(), len(header), float(values.sum(dtype=np.float64))
-
-
-def memory(pid: int) -> dict[str, int]:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return {
-        key: int(re.search(rf"{key}:\s+(\d+) kB", status)[1]) * 1024 for key in ("VmRSS", "VmHWM")
-    }  # type: ignore[index]
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ HTTP/1.1 with its body.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import select
 import shutil
@@ -31,7 +30,7 @@ from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.testing import build_mlp
 from tests.attacks import open_slow_bodies, read_until_closed, status_of
 from tests.helpers import Figure, add_model
-from tests.processes import ServerProcess, start_server, stop_server
+from tests.processes import ServerProcess, http_address, serving, stop_server
 
 MLP_BODY = json.dumps(
     {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
@@ -43,22 +42,6 @@ def repo(tmp_path: Path) -> Path:
     root = tmp_path / "repository"
     add_model(root, "mlp", build_mlp())
     return root
-
-
-@contextlib.contextmanager
-def serving(repo: Path, log: Path, *flags: str) -> Iterator[ServerProcess]:
-    """``corral serve repo`` with ``flags``, stopped (exit 0 required) after, unless it was."""
-    served = start_server(repo, log, *flags)
-    try:
-        yield served
-    finally:
-        if served.process.poll() is None:
-            stop_server(served)
-
-
-def _address(served: ServerProcess) -> tuple[str, int]:
-    host, port = served.http.split(":")
-    return host, int(port)
 
 
 def _error(response: bytes) -> str:
@@ -94,7 +77,7 @@ def test_slow_bodies_deny_no_inference_and_get_408_within_the_body_timeout(
     with serving(repo, tmp_path / "serve.log", *flags) as server:
         with httpx.Client(base_url=f"http://{server.http}", timeout=30) as client:
             assert client.post("/v2/models/mlp/infer", content=MLP_BODY).status_code == 200
-            sockets = open_slow_bodies(_address(server), SLOW_BODIES)
+            sockets = open_slow_bodies(http_address(server), SLOW_BODIES)
             sent = time.monotonic()
             try:
                 statuses = [
@@ -140,7 +123,7 @@ def test_a_body_that_stops_arriving_frees_its_place_under_the_connection_cap(
     # closed, and new clients are served again.
     flags = ("--max-connections", "2", "--body-timeout-s", "1", "--idle-timeout-s", "30")
     with serving(repo, tmp_path / "serve.log", *flags) as server:
-        sockets = open_slow_bodies(_address(server), 2)
+        sockets = open_slow_bodies(http_address(server), 2)
         try:
             answers = [read_until_closed(sock, 30) for sock in sockets]
         finally:
@@ -191,7 +174,7 @@ def test_body_framing_that_breaks_after_the_head_gets_400_and_closes(
 ):
     headers, body = BROKEN[case]
     logged = framing_server.log.read_text().count("\n")
-    sock = socket.create_connection(_address(framing_server), timeout=30)
+    sock = socket.create_connection(http_address(framing_server), timeout=30)
     try:
         sock.sendall(INFER_HEAD + headers)
         if split:  # the app has begun to wait for the body when its framing breaks
@@ -240,7 +223,7 @@ def test_an_inference_post_asking_for_h2c_is_served_as_http_1_1_with_its_body(
         request += b"%x\r\n" % len(MLP_BODY) + MLP_BODY + b"\r\n0\r\n\r\n"
     else:
         request = INFER_HEAD + H2C + b"Content-Length: %d\r\n\r\n" % len(MLP_BODY) + MLP_BODY
-    sock = socket.create_connection(_address(framing_server), timeout=30)
+    sock = socket.create_connection(http_address(framing_server), timeout=30)
     try:
         sock.sendall(request)
         answer = read_until_closed(sock, 30)

@@ -39,6 +39,7 @@ from corral.server._uvicorn import ConnectionLimits, protocol_for
 from corral.server.app import EXIT_DRAIN_INCOMPLETE
 from corral.server.http import LOOP_SCOPE_KEY
 from corral.testing import build_mlp
+from tests import processes
 from tests.helpers import Figure, add_model, build_slow_loop
 from tests.processes import ServerProcess, start_server, stop_server
 
@@ -56,20 +57,14 @@ def repo(tmp_path: Path) -> Path:
     return root
 
 
-@contextlib.contextmanager
-def serving(repo: Path, tmp_path: Path, *flags: str) -> Iterator[ServerProcess]:
-    """``corral serve repo`` with ``flags``, stopped (exit 0 required) after, unless it was."""
-    served = start_server(repo, tmp_path / "serve.log", *flags)
-    try:
-        yield served
-    finally:
-        if served.process.poll() is None:
-            stop_server(served)
+def serving(
+    repo: Path, tmp_path: Path, *flags: str
+) -> contextlib.AbstractContextManager[ServerProcess]:
+    """``corral serve repo`` with ``flags``, its log in ``tmp_path`` (``processes.serving``)."""
+    return processes.serving(repo, tmp_path / "serve.log", *flags)
 
 
-def _address(served: ServerProcess) -> tuple[str, int]:
-    host, port = served.http.split(":")
-    return host, int(port)
+_address = processes.http_address
 
 
 def _read_all(sock: socket.socket, timeout: float) -> bytes:

@@ -12,7 +12,6 @@ by 465-870 MB before. A BYTES request under the limit is still answered exactly.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from corral.protocol.binary import encode_tensor
 from corral.protocol.proto import grpc_service_pb2 as pb
 from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from tests.helpers import Figure, add_model, build_identity
-from tests.processes import ServerProcess, start_server, stop_server
+from tests.processes import ServerProcess, memory, start_server, stop_server
 
 MIB = 1024 * 1024
 BODY = 8 * MIB
@@ -39,13 +38,6 @@ GROWTH_BOUND = 8 * BODY
 # view each, in an arena that grows by doubling) happens before any handler runs; measured
 # 139 MiB, which corral's charge cannot prevent, only not add to.
 CONTENTS_GROWTH_BOUND = 24 * BODY
-
-
-def memory(pid: int) -> dict[str, int]:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return {
-        key: int(re.search(rf"{key}:\s+(\d+) kB", status)[1]) * 1024 for key in ("VmRSS", "VmHWM")
-    }  # type: ignore[index]
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +30,7 @@ from corral.testing import build_mlp
 from tests.attacks import open_slow_bodies
 from tests.grpc_attacks import open_idle_grpc_connections, raised_file_limit
 from tests.helpers import Figure, add_model, reference_run
-from tests.processes import ServerProcess, start_server, stop_server
+from tests.processes import ServerProcess, serving
 
 pytestmark = pytest.mark.soak
 
@@ -46,16 +46,10 @@ EXPECTED = reference_run(build_mlp(seed=1), {"X": X})[0]
 Attack = Callable[[ServerProcess, threading.Event], int]
 
 
-@contextlib.contextmanager
-def _serving(tmp_path: Path, *flags: str) -> Iterator[ServerProcess]:
+def _serving(tmp_path: Path, *flags: str) -> contextlib.AbstractContextManager[ServerProcess]:
     root = tmp_path / "repository"
     add_model(root, "mlp", build_mlp(seed=1))
-    served = start_server(root, tmp_path / "serve.log", *TIMEOUT_FLAGS, *flags)
-    try:
-        yield served
-    finally:
-        if served.process.poll() is None:
-            stop_server(served)
+    return serving(root, tmp_path / "serve.log", *TIMEOUT_FLAGS, *flags)
 
 
 def _address(spec: str) -> tuple[str, int]:
