@@ -984,3 +984,53 @@ def test_methods_corral_does_not_serve_are_unimplemented_with_the_reason(datatyp
             assert "is not supported" not in str(error.details())
 
     run(datatypes_repo, scenario)
+
+
+# -- KServe's SDK sends binary_data_size on gRPC inputs too --------------------------------
+
+
+def _raw_request(size: object = None, *, raw: bool = True) -> pb.ModelInferRequest:
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    request = pb.ModelInferRequest(model_name="mlp")
+    tensor = request.inputs.add(name="X", datatype="FP32", shape=[2, 4])
+    if size is not None:
+        parameter = tensor.parameters["binary_data_size"]
+        if isinstance(size, bool):
+            parameter.bool_param = size
+        else:
+            parameter.int64_param = int(size)  # type: ignore[call-overload]
+    if raw:
+        request.raw_input_contents.append(x.tobytes())
+    else:
+        tensor.contents.fp32_contents.extend(x.ravel().tolist())
+    return request
+
+
+def test_a_binary_data_size_equal_to_the_raw_length_is_accepted_and_honoured():
+    from corral.protocol.parameters import check_parameters
+
+    decoded = grpc_codec.decode_request(_raw_request(32))
+    (tensor,) = decoded.inputs
+    np.testing.assert_array_equal(tensor.data, np.arange(8, dtype=np.float32).reshape(2, 4))
+    assert "binary_data_size" not in tensor.parameters  # consumed: checked, not passed on
+    check_parameters(decoded)  # nothing left that corral would refuse
+
+
+@pytest.mark.parametrize(
+    ("size", "raw", "words"),
+    [
+        (31, True, "says 31 bytes, but its entry in raw_input_contents has 32"),
+        (True, True, "must be an integer, got True"),
+        (32, False, "but it has no entry there"),
+    ],
+    ids=["contradicts", "not-an-integer", "no-raw-entry"],
+)
+def test_a_binary_data_size_that_contradicts_the_contents_is_refused_naming_it(
+    size: object, raw: bool, words: str
+):
+    with pytest.raises(corral.InvalidInput) as refused:
+        grpc_codec.decode_request(_raw_request(size, raw=raw))
+    assert "input 'X'" in str(refused.value)
+    assert "binary_data_size" in str(refused.value)
+    assert words in str(refused.value)
+    assert refused.value.tensor == "X"

@@ -32,7 +32,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed wherever
     ) from exc
 
 from corral._errors import InvalidInput
-from corral.protocol.binary import decode_tensor, element_count, encode_tensor
+from corral.protocol.binary import BINARY_DATA_SIZE, decode_tensor, element_count, encode_tensor
 from corral.protocol.costs import DecodeAllowance
 from corral.protocol.datatypes import numpy_dtype
 from corral.protocol.shm import (
@@ -141,15 +141,23 @@ def decode_request(
     raw_index = 0
     for tensor, params, reference in zip(request.inputs, parameters, references, strict=True):
         shape = tuple(tensor.shape)
+        size = params.pop(BINARY_DATA_SIZE, None)
         if reference is not None:
             data = _from_shared_memory(tensor, shape, reference, shared_memory, allowance)
         elif raw:
+            _check_binary_data_size(tensor.name, size, len(raw[raw_index]))
             data = decode_tensor(
                 raw[raw_index], tensor.datatype, shape, name=tensor.name, allowance=allowance
             )
             raw_index += 1
         else:
             data = _from_contents(tensor, shape, allowance)
+        if size is not None and (reference is not None or not raw):
+            raise InvalidInput(
+                f"input {tensor.name!r} has the parameter {BINARY_DATA_SIZE!r}, which gives the "
+                "length of its bytes in raw_input_contents, but it has no entry there",
+                tensor=tensor.name,
+            )
         inputs.append(InferInput(tensor.name, tensor.datatype, shape, data, params))
     return InferRequest(
         inputs=tuple(inputs),
@@ -342,6 +350,24 @@ def _from_shared_memory(
     return read_input(
         shared_memory, reference, tensor.datatype, shape, name=tensor.name, allowance=allowance
     )
+
+
+def _check_binary_data_size(name: str, size: object, length: int) -> None:
+    # KServe's SDK sends an input's raw length as this parameter (as over HTTP): accepted when
+    # it says what raw_input_contents holds, refused when it says otherwise.
+    if size is None:
+        return
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise InvalidInput(
+            f"input {name!r}: the parameter {BINARY_DATA_SIZE!r} must be an integer, got {size!r}",
+            tensor=name,
+        )
+    if size != length:
+        raise InvalidInput(
+            f"input {name!r}: the parameter {BINARY_DATA_SIZE!r} says {size} bytes, but its "
+            f"entry in raw_input_contents has {length}",
+            tensor=name,
+        )
 
 
 def _from_contents(
