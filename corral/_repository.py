@@ -9,6 +9,10 @@ The layout is Triton's, so an existing model repository needs no change::
         2/model.onnx        a version is a folder named by a positive integer
       churn.onnx            a bare file is version 1 of the model "churn"
 
+A root that looks like one model's folder instead (a version folder holding its
+``model.onnx``, or a ``config.pbtxt`` or ``model.toml`` at the top) is refused, naming its
+parent: served, its version folders would be models of their own.
+
 The root may be a symlink (the usual ``current -> release-N`` deployment): it is resolved
 again on every listing and every entry read (one ``realpath``), so switching it takes effect
 at the next poll or cold load, and every check below is made against its current target.
@@ -82,6 +86,27 @@ _FIX_READABLE = "make it readable by the server's user"
 _FIX_INSIDE = "keep every file of the model inside the repository (copy it in, not a symlink out)"
 
 
+def _one_models_folder(root: str) -> str | None:
+    """What makes ``root`` look like one model's folder, not a repository; None if nothing.
+
+    That is a version folder with its model file, or a model's config, at the top.
+    In a repository, a model's config is one level down (``<model>/config.pbtxt``) and its
+    files two (``<model>/<version>/model.onnx``): at the root, neither is ever read, so a
+    server given a model's folder would serve its version folders as models of their own.
+    """
+    for config in (CONFIG_PBTXT, "model.toml"):
+        if os.path.isfile(os.path.join(root, config)):
+            return config
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return None  # the listing's own error says what is wrong, on first use
+    for name in sorted(names):
+        if name.isdigit() and os.path.isfile(os.path.join(root, name, "model.onnx")):
+            return f"the version folder {name}/ with its model.onnx"
+    return None
+
+
 def validate_model_name(name: object) -> str:
     """Return ``name`` if it can name a model; else raise InvalidModelName naming the rule broken.
 
@@ -150,6 +175,14 @@ class Repository:
             raise RepositoryError(f"model repository {given!r} does not exist")
         if not os.path.isdir(real):
             raise RepositoryError(f"model repository {given!r} is not a folder")
+        one_model = _one_models_folder(real)
+        if one_model is not None:
+            parent = os.path.dirname(os.path.abspath(given))
+            raise RepositoryError(
+                f"{given!r} looks like one model's folder, not a repository of models: it "
+                f"holds {one_model}; give the folder that holds the model folders instead "
+                f"(its parent, {parent!r}, if that is the repository)"
+            )
         # Absolute, so that a change of the working directory does not move the repository.
         self._given = os.path.abspath(given)
         # Guards _target: the root's target last seen, to log each switch once.

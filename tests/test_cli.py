@@ -376,3 +376,18 @@ def test_version_from_a_fresh_process_goes_to_stdout() -> None:
 
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.startswith(f"corral {corral.__version__} (onnxruntime ")
+
+
+@pytest.mark.parametrize("command", ["serve", "check"])
+def test_serve_and_check_given_one_models_folder_say_so_and_name_its_parent(
+    tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
+):
+    add_model(tmp_path / "models", "magika", build_model("mlp"))
+    argv = [command, str(tmp_path / "models" / "magika")]
+    if command == "serve":
+        argv += ["--http-port", "0", "--grpc-port", "0"]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code != 0
+    assert "looks like one model's folder, not a repository of models" in err
+    assert str(tmp_path / "models") in err

@@ -28,6 +28,7 @@ from corral._repository import (
     Repository,
     validate_model_name,
 )
+from corral.testing import build_mlp
 from tests.helpers import add_model
 
 X = np.ones((2, 4), np.float32)
@@ -801,3 +802,30 @@ def test_a_repository_removed_under_it_is_an_error_not_a_missing_model(
     shutil.rmtree(root)
     with pytest.raises(RepositoryError, match="is gone"):
         repo.entry("m")
+
+
+@pytest.mark.parametrize("marker", ["version", "config.pbtxt", "model.toml"])
+def test_one_models_folder_given_as_the_repository_is_refused_naming_its_parent(
+    tmp_path: Path, marker: str
+):
+    # What a newcomer does: `corral serve models/magika` instead of `corral serve models`.
+    add_model(tmp_path / "models", "magika", build_mlp())
+    folder = tmp_path / "models" / "magika"
+    if marker != "version":
+        (folder / marker).write_text("")
+    with pytest.raises(RepositoryError) as refused:
+        corral.Host(folder)
+    words = str(refused.value)
+    assert "looks like one model's folder, not a repository of models" in words
+    assert repr(str(tmp_path / "models")) in words  # the parent, to give instead
+    if marker == "version":
+        assert "the version folder 1/ with its model.onnx" in words
+    else:
+        assert f"it holds {marker};" in words
+
+
+def test_a_repository_with_a_model_named_like_a_version_is_still_a_repository(tmp_path: Path):
+    add_model(tmp_path, "1", build_mlp())  # <root>/1/1/model.onnx: a model named "1"
+    with corral.Host(tmp_path) as host:
+        out = host.infer("1", {"X": np.ones((1, 4), np.float32)})
+    assert out["Y"].shape == (1, 1)
