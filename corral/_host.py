@@ -31,7 +31,7 @@ from corral._overrides import ControlTurns, ModelOverride, Uploads, check_upload
 from corral._pbtxt import pbtxt_from_json
 from corral._problems import Problem, ProblemKind
 from corral._reload import Reloader
-from corral._repository import Repository, validate_model_name
+from corral._repository import Repository, natural_key, validate_model_name
 from corral._runtime import Runtime, runtime
 from corral._scheduler import QueueKey, QueueStats, deadline_after, time_left
 from corral._served import HostLease, Outputs, ServedVersion
@@ -544,13 +544,18 @@ class Host:
     def models(self) -> list[ModelStatus]:
         """Every model in the repository or known to the Host, with each version's state.
 
+        In natural order of their names (``m2`` before ``m10``: :func:`natural_key`).
+
         A model not loaded (or whose load failed) that the last :meth:`check` found problems
         in has them as its ``failure``, if nothing else failed first.
         """
         names = set(self._repository.names())  # a directory listing
         held, entries = self._table.holdings()
         names |= set(held) | set(entries)
-        statuses = [model_status(name, entries.get(name), held.get(name)) for name in sorted(names)]
+        statuses = [
+            model_status(name, entries.get(name), held.get(name))
+            for name in sorted(names, key=natural_key)
+        ]
         return _with_problems(statuses, self._problem_watch.problems)
 
     def status(self, name: str) -> ModelStatus:

@@ -31,6 +31,7 @@ entries built, with the fingerprints that tell a change, are :mod:`corral._model
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -105,6 +106,24 @@ def _one_models_folder(root: str) -> str | None:
         if name.isdigit() and os.path.isfile(os.path.join(root, name, "model.onnx")):
             return f"the version folder {name}/ with its model.onnx"
     return None
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+@functools.lru_cache(maxsize=1 << 16)  # bounded: names come and go with the repository
+def natural_key(name: str) -> tuple[tuple[tuple[int, int, str], ...], str]:
+    """A model name's sort key in natural order: ``m2`` before ``m10``, as people count.
+
+    Runs of digits compare as numbers, the rest as text; names equal that way (``m01`` and
+    ``m1``) keep their plain order.
+    """
+    parts = tuple(
+        (0, int(part), "") if index % 2 else (1, 0, part)
+        for index, part in enumerate(_DIGITS.split(name))
+        if part
+    )
+    return parts, name
 
 
 def validate_model_name(name: object) -> str:

@@ -180,6 +180,22 @@ def test_pages_sort_and_filter_on_the_server(thirty: Path):
 
 
 @pytest.mark.timeout(60)
+def test_names_sort_as_people_count_them(tmp_path: Path):
+    first = add_model(tmp_path, "m1", build_linear(seed=4))
+    for name in ("m10", "m2", "m11", "model-9", "model-10", "a"):
+        (tmp_path / name / "1").mkdir(parents=True)
+        os.link(first, tmp_path / name / "1" / "model.onnx")
+    with Host(tmp_path) as host:
+        natural = ["a", "m1", "m2", "m10", "m11", "model-9", "model-10"]
+        assert [status.name for status in host.models()] == natural
+        app, _ = app_for(host)
+        doc = call(app, "GET", "/v2/corral/status").json()
+        assert [row["name"] for row in doc["models"]["rows"]] == natural
+        doc = call(app, "GET", "/v2/corral/status?sort=name&order=desc").json()
+        assert [row["name"] for row in doc["models"]["rows"]] == natural[::-1]
+
+
+@pytest.mark.timeout(60)
 def test_sorting_by_a_figure_puts_the_busiest_first_and_models_without_one_last(thirty: Path):
     with Host(thirty) as host:
         app, board = app_for(host)
