@@ -176,4 +176,7 @@ def test_a_metrics_port_already_taken_stops_the_server_saying_so(tmp_path: Path)
             env={k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")},
         )
     assert done.returncode == 1, done.stderr
-    assert "the metrics server (--metrics-port) could not start" in done.stderr
+    # Named by its flag before the server starts (corral.server.app.check_ports_free).
+    assert f"port {port} (--metrics-port) on 127.0.0.1 is in use by another process" in (
+        done.stderr
+    )

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import corral
+from corral.server import app
 from corral.server.app import EXIT_CLEAN, Addresses, serve
 from corral.server.settings import ServerSettings
 
@@ -67,9 +68,11 @@ def test_started_gets_the_bound_addresses_and_a_stop_right_after_drains_cleanly(
 
 
 @pytest.mark.timeout(60)
-def test_a_taken_http_port_raises_an_os_error_naming_it_and_closes_the_host(
-    repo: Path, taken_port: int
+def test_a_port_taken_after_the_check_raises_an_os_error_naming_it_and_closes_the_host(
+    repo: Path, taken_port: int, monkeypatch: pytest.MonkeyPatch
 ):
+    # Taken between check_ports_free and the bind: the servers' own error, and a clean stop.
+    monkeypatch.setattr(app, "_in_use", lambda host, port: False)
     settings = ServerSettings(repository=str(repo), http_port=taken_port, grpc_port=0)
     started: list[Addresses] = []
 
@@ -100,8 +103,31 @@ def test_corral_serve_on_a_taken_port_exits_1_saying_so(repo: Path, taken_port: 
     done = subprocess.run(command, capture_output=True, timeout=50, check=False)
     log = done.stderr.decode()
     assert done.returncode == 1, log
-    assert "address already in use" in log
-    assert f"corral serve: error: the HTTP server could not start on 127.0.0.1:{taken_port}" in log
-    assert "corral: stopped" in log  # the Host was closed
+    assert (
+        f"corral serve: error: port {taken_port} (--http-port) on 127.0.0.1 is in use by "
+        "another process: stop it, or give other ports (0 picks a free one)"
+    ) in log
     assert "Traceback" not in log
     assert "Task was destroyed" not in log
+
+
+@pytest.mark.timeout(60)
+def test_every_taken_port_is_named_by_its_flag_before_anything_loads(
+    repo: Path, taken_port: int, monkeypatch: pytest.MonkeyPatch
+):
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        grpc_port = other.getsockname()[1]
+        settings = ServerSettings(
+            repository=str(repo), http_port=taken_port, grpc_port=grpc_port, load_model=["*"]
+        )
+        built: list[object] = []
+        monkeypatch.setattr(app, "Host", lambda *a, **k: built.append(a))  # never reached
+        with pytest.raises(OSError, match="in use by another process") as refused:
+            asyncio.run(serve(settings, asyncio.Event()))
+    assert str(refused.value) == (
+        f"ports {grpc_port} (--grpc-port) and {taken_port} (--http-port) on 127.0.0.1 are in "
+        "use by another process: stop it, or give other ports (0 picks a free one)"
+    )
+    assert built == []  # nothing was loaded for a server that could not start

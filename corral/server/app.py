@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
 import logging
 import math
 import os
 import resource
 import signal
+import socket
 import sys
 import threading
 import time
@@ -146,6 +148,46 @@ def run(settings: ServerSettings) -> int:
     return status
 
 
+def check_ports_free(settings: ServerSettings) -> None:
+    """Raise :class:`OSError` naming every fixed port another process holds, by its flag.
+
+    Checked before the server starts, so that each port taken is named with the option that
+    sets it (grpc's own bind error names neither, and only the first server's port would be
+    seen). A port taken between this check and the bind still fails the start, in the
+    servers' own words. Port 0 (any free port) is never taken.
+    """
+    wanted = [("--grpc-port", settings.grpc_port), ("--http-port", settings.http_port)]
+    if settings.metrics_port:
+        wanted.append(("--metrics-port", settings.metrics_port))
+    taken = [
+        f"{port} ({flag})" for flag, port in wanted if port > 0 and _in_use(settings.host, port)
+    ]
+    if taken:
+        ports = " and ".join(taken)
+        raise OSError(
+            f"port{'s' if len(taken) > 1 else ''} {ports} on {settings.host} "
+            f"{'are' if len(taken) > 1 else 'is'} in use by another process: stop it, or give "
+            "other ports (0 picks a free one)"
+        )
+
+
+def _in_use(host: str, port: int) -> bool:
+    # Bound as the servers bind (SO_REUSEADDR), so a port only in TIME_WAIT is not "taken".
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except OSError:
+        return False  # the servers' own bind says what is wrong with the address
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
 class _ExitTimer:
     """Ends the process ``seconds`` after the first stop signal, whatever still runs then."""
 
@@ -224,6 +266,7 @@ async def serve(
     # Every resource is started below in order and registered here at once, so that they
     # stop in the reverse order, each once, however far the start got.
     async with contextlib.AsyncExitStack() as resources:
+        check_ports_free(settings)  # before anything loads: say every port taken, by its flag
         # Off: None, and OpenTelemetry is never imported.
         tracing = start_tracing(settings.trace_exporter)
         if tracing is not None:
