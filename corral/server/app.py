@@ -172,7 +172,9 @@ def check_ports_free(settings: ServerSettings) -> None:
 
 
 def _in_use(host: str, port: int) -> bool:
-    # Bound as the servers bind (SO_REUSEADDR), so a port only in TIME_WAIT is not "taken".
+    # Bound as the servers bind (SO_REUSEADDR), so a port only in TIME_WAIT is not "taken";
+    # and with SO_REUSEPORT, so a port shared on purpose (processes behind one port, as
+    # benchmarks/reuseport.py starts them) is not either: a plain holder still refuses it.
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -181,6 +183,8 @@ def _in_use(host: str, port: int) -> bool:
         return False  # the servers' own bind says what is wrong with the address
     with socket.socket(family, kind, proto) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if hasattr(socket, "SO_REUSEPORT"):
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             probe.bind(address)
         except OSError as exc:
