@@ -40,6 +40,7 @@ from corral.server.app import EXIT_DRAIN_INCOMPLETE
 from corral.server.http import LOOP_SCOPE_KEY
 from corral.testing import build_mlp
 from tests import processes
+from tests.attacks import read_until_closed, status_of
 from tests.helpers import Figure, add_model, build_slow_loop
 from tests.processes import ServerProcess, start_server, stop_server
 
@@ -67,30 +68,12 @@ def serving(
 _address = processes.http_address
 
 
-def _read_all(sock: socket.socket, timeout: float) -> bytes:
-    """Everything the server sends until it closes (or ``timeout`` passes)."""
-    sock.settimeout(timeout)
-    out = b""
-    try:
-        while chunk := sock.recv(65536):
-            out += chunk
-    except ConnectionResetError:
-        pass  # what the server wrote before its reset was already read
-    return out
-
-
 def _closed_within(sock: socket.socket, timeout: float) -> bool:
     """Whether the server closes ``sock`` (sending nothing) within ``timeout`` seconds."""
     try:
-        return _read_all(sock, timeout) == b""
+        return read_until_closed(sock, timeout) == b""
     except TimeoutError:
         return False
-
-
-def _status(response: bytes) -> int | None:
-    if not response.startswith(b"HTTP/1.1 "):
-        return None
-    return int(response[9:12])
 
 
 def _body(response: bytes) -> dict[str, object]:
@@ -159,7 +142,7 @@ def _stream_until_refused(address: tuple[str, int], prefix: bytes) -> tuple[int 
             except (BrokenPipeError, ConnectionResetError):
                 break
             sent += len(chunk)
-        return _status(_read_all(sock, 30)), sent
+        return status_of(read_until_closed(sock, 30)), sent
     finally:
         sock.close()
 
@@ -251,13 +234,13 @@ def _slow_head_case(server: ServerProcess, figure: Figure) -> None:
             break
         if select.select([slow], [], [], 0.02)[0]:
             break
-    answer = _read_all(slow, 30)
+    answer = read_until_closed(slow, 30)
     slow_closed = time.monotonic() - started
-    assert _read_all(silent, 30) == b""
+    assert read_until_closed(silent, 30) == b""
     silent_closed = time.monotonic() - opened
     figure("slow head: answered 408 after", f"{slow_closed:.2f} s (timeout 1 s)")
     figure("silent connection closed after", f"{silent_closed:.2f} s (timeout 1 s)")
-    assert _status(answer) == 408, answer
+    assert status_of(answer) == 408, answer
     assert "header_timeout_s" in str(_body(answer)["error"])
     assert 0.9 < slow_closed < 4.0
     assert 0.9 < silent_closed < 4.0
@@ -421,13 +404,13 @@ def _connection_cap_case(server: ServerProcess, figure: Figure) -> None:
         sock.sendall(b"GET /v2/health/live HTTP/1.1\r\n")
     refused = socket.create_connection(address, timeout=30)
     refused.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
-    answer = _read_all(refused, 30)
+    answer = read_until_closed(refused, 30)
     refused.close()
-    assert _status(answer) == 503, answer
+    assert status_of(answer) == 503, answer
     assert "max_connections" in str(_body(answer)["error"])
     for sock in busy:  # the four finish their heads and are answered
         sock.sendall(b"Host: x\r\nConnection: close\r\n\r\n")
-        assert _status(_read_all(sock, 30)) == 200
+        assert status_of(read_until_closed(sock, 30)) == 200
         sock.close()
     idle = [socket.create_connection(address, timeout=30) for _ in range(4)]
     connection = http.client.HTTPConnection(*address, timeout=30)
@@ -482,9 +465,9 @@ def _websocket_case(server: ServerProcess, figure: Figure) -> None:
     for path in (b"/", b"/v2/health/live", b"/v2/models/mlp/infer", b"/metrics"):
         sock = socket.create_connection(_address(server), timeout=30)
         sock.sendall(b"GET " + path + b" HTTP/1.1\r\n" + UPGRADE)
-        answer = _read_all(sock, 30)
+        answer = read_until_closed(sock, 30)
         sock.close()
-        statuses.append(_status(answer))
+        statuses.append(status_of(answer))
         assert "WebSocket" in str(_body(answer)["error"])
     # Another upgrade (curl --http2 asks for h2c) is served as HTTP/1.1, then closed.
     sock = socket.create_connection(_address(server), timeout=30)
@@ -492,13 +475,13 @@ def _websocket_case(server: ServerProcess, figure: Figure) -> None:
         b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
         b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n"
     )
-    h2c = _read_all(sock, 30)
+    h2c = read_until_closed(sock, 30)
     sock.close()
     stop_server(server)
     log = server.log.read_text()
-    figure("WebSocket upgrades on 4 paths", f"{statuses}; h2c upgrade {_status(h2c)}")
+    figure("WebSocket upgrades on 4 paths", f"{statuses}; h2c upgrade {status_of(h2c)}")
     assert statuses == [400] * 4
-    assert _status(h2c) == 200
+    assert status_of(h2c) == 200
     assert b"connection: close" in h2c.lower()
     assert " ERROR " not in log, log
 
@@ -599,10 +582,10 @@ def test_sigterm_answers_every_request_sent_on_keep_alive_connections(
     try:
         half.sendall(b"Content-Type: application/json\r\nContent-Length: ")
         half.sendall(str(len(MLP_BODY)).encode() + b"\r\n\r\n" + MLP_BODY)
-        half_answer = _responses(_read_all(half, 30))
+        half_answer = _responses(read_until_closed(half, 30))
     except ConnectionError:
         half_answer = []  # the server closed it under the half-sent request
-    pipelined_answers = _responses(_read_all(pipelined, 30))
+    pipelined_answers = _responses(read_until_closed(pipelined, 30))
     for thread in threads:
         thread.join(timeout=30)
     code = served.process.wait(timeout=30)
@@ -653,7 +636,7 @@ def _drain_run_out(repo: Path, tmp_path: Path) -> tuple[bytes, float, grpc.Statu
         time.sleep(0.5)  # both requests reach the server and wait on their runs
         signalled = time.monotonic()
         served.process.send_signal(signal.SIGTERM)
-        answer = _read_all(sock, 60)
+        answer = read_until_closed(sock, 60)
         answered = time.monotonic() - signalled
         try:
             future.result()
@@ -680,10 +663,10 @@ def test_a_drain_that_runs_out_answers_503_json_and_unavailable(
     answer, answered, grpc_code, code, exited = _drain_run_out(repo, tmp_path)
     figure(
         f"drain of {DRAIN_S:g} s run out",
-        f"HTTP {_status(answer)} JSON after {answered:.2f} s; gRPC {grpc_code.name}; "
+        f"HTTP {status_of(answer)} JSON after {answered:.2f} s; gRPC {grpc_code.name}; "
         f"exit {code} after {exited:.2f} s",
     )
-    assert _status(answer) == 503, answer
+    assert status_of(answer) == 503, answer
     assert b"content-type: application/json" in answer.lower()
     assert "drain timeout" in str(_body(answer)["error"])
     assert answered < DRAIN_S + 1.0
