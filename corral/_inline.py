@@ -301,24 +301,32 @@ def measure_lane(
     *,
     bound_us: int,
     policy: str,
+    values: str | None,
     clock: Clock = time.thread_time,
     seen_s: float | None = None,
 ) -> InlineLane:
     """Measure a loaded version's runs and decide whether it enters the inline lane.
 
     ``bound_us``: the Host's ``inline_run_us`` (0: the lane is off); ``policy``: the session's
-    concurrency policy (``shared``, ``exclusive``, ``pool:2``); ``run`` runs a feed on the
-    calling thread (a load worker). ``seen_s``: the least CPU seconds a run of it took
+    concurrency policy (``shared``, ``exclusive``, ``pool:2``); ``values``: why its run time
+    may depend on its inputs' values (:func:`corral._value_dependence.value_dependence`), None
+    when its file proves it does not; ``run`` runs a feed on the calling thread (a load
+    worker). ``seen_s``: the least CPU seconds a run of it took
     already (:class:`TimedRuns`, the probe's runs): far past the bound, nothing is run here.
     Raises what ``run`` raises; a version that enters the lane is logged at INFO.
 
-    >>> measure_lane("fraud:1", sig, session.run, bound_us=50, policy="shared").describe()
+    >>> measure_lane("fraud:1", sig, session.run, bound_us=50, policy="shared", values=None
+    ... ).describe()
     'inline: runs of up to 64 rows took 6.1 µs of CPU (median of 5) at load, under the 50 µs bound'
     """
     if bound_us <= 0:
         return InlineLane(label, LaneState.OFF, "the inline lane is off (inline_run_us = 0)")
     if policy != "shared":
         return InlineLane(label, LaneState.OFF, f"its concurrency policy is {policy}, not shared")
+    if values is not None:
+        return InlineLane(
+            label, LaneState.OFF, f"its run time may depend on its inputs' values: {values}"
+        )
     if _unmeasurable(signature):
         return InlineLane(
             label, LaneState.OFF, "its inputs are not all numeric tensors, which it can measure"

@@ -52,6 +52,7 @@ from corral._served import HostLease, Outputs, ServedVersion
 from corral._session import Session
 from corral._table import Key, Lead, ModelTable
 from corral._trace_hooks import LoadObserver, LoadRecord
+from corral._value_dependence import value_dependence
 from corral._warmup import check_warmup_room, run_warmups
 
 __all__ = ["Loader", "version_number"]
@@ -312,12 +313,15 @@ class Loader:
                 combine=config.combine_requests,
             )
             logger.info("corral: %s version %s %s", name, version, plan.reason)
+            inline_run_us = self._options.inline_run_us
             lane = measure_lane(
                 session.name,
                 session.signature,
                 session.run,
-                bound_us=self._options.inline_run_us,
+                bound_us=inline_run_us,
                 policy=str(session.policy),
+                # Read from the file only for the lane: a pass over its headers.
+                values=value_dependence(entry.versions[version].path) if inline_run_us else None,
                 seen_s=timed.fastest_s,
             )
             window = (config.batch_window_us or 0) if plan.max_rows else 0

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.grpc
+import tritonclient.grpc.aio as triton
 
 import corral
 from corral import Host
@@ -27,9 +29,12 @@ from corral._inline import (
     TimedRuns,
     measure_lane,
 )
+from corral._served import ServedVersion
 from corral.protocol import DataPlane, InferInput, InferRequest, InferResponse
+from corral.server.grpc import start_grpc_server
 from corral.testing import build_mlp
-from tests.helpers import add_model, build_slow_loop
+from tests.gates import RunGate, served_version
+from tests.helpers import add_model, build_slow_loop, reference_run, run_freeing_frames, wait_until
 
 # Large enough that any run of the test models stays under it on a loaded machine: the
 # tests below are about where a request runs and what it answers, not about timing.
@@ -143,11 +148,38 @@ def test_pool_and_exclusive_models_never_run_inline(hosts: tuple[Host, Host], na
     )
 
 
+def _run_loop(plane: DataPlane, m: int) -> float:
+    request = InferRequest(
+        inputs=(
+            InferInput("M", "INT64", (), np.array(m, np.int64)),
+            InferInput("start", "FP32", (1,), np.array([0.5], np.float32)),
+        )
+    )
+    return float(_infer(plane, "loop", request).outputs[0].data[0])
+
+
+def test_a_model_whose_run_time_follows_its_values_never_enters_the_lane(tmp_path: Path):
+    # A loop of M additions, M an input: the load would measure M = 0 or 1 and let it in,
+    # and M = 2,000,000 would then hold the thread that receives it for its whole run.
+    add_model(tmp_path, "loop", build_slow_loop())
+    with Host(tmp_path, inline_run_us=GENEROUS_US) as host:
+        host.load("loop")
+        status = host.status("loop").versions[0].inline
+        assert status.startswith("off: its run time may depend on its inputs' values"), status
+        assert "Loop" in status
+        plane = DataPlane(host)
+        assert _run_loop(plane, 3) == 3.5
+        assert _workers(host) >= 1  # on the compute workers, from the first request
+        assert host.stats().inline_versions == 0
+
+
 def test_a_run_past_the_bound_sends_the_model_to_the_workers(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ):
-    # A loop of M additions: the load measures M = 0 or 1 (generated inputs), well under
-    # 20 ms; M = 2,000,000 takes far longer, on the thread that runs it.
+    # The lane's last guard, for a model its file's proof let in wrongly: the loop model,
+    # with the proof told to pass it. The load measures M = 0 or 1 (generated inputs), well
+    # under 20 ms; M = 2,000,000 takes far longer, on the thread that runs it.
+    monkeypatch.setattr("corral._loader.value_dependence", lambda path: None)
     add_model(tmp_path, "loop", build_slow_loop())
     caplog.set_level(logging.INFO, logger="corral")
     with Host(tmp_path, inline_run_us=20_000) as host:
@@ -155,13 +187,7 @@ def test_a_run_past_the_bound_sends_the_model_to_the_workers(
         plane = DataPlane(host)
 
         def run(m: int) -> float:
-            request = InferRequest(
-                inputs=(
-                    InferInput("M", "INT64", (), np.array(m, np.int64)),
-                    InferInput("start", "FP32", (1,), np.array([0.5], np.float32)),
-                )
-            )
-            return float(_infer(plane, "loop", request).outputs[0].data[0])
+            return _run_loop(plane, m)
 
         assert host.status("loop").versions[0].inline.startswith("inline: runs of up to 1 row")
         for _ in range(4):  # this thread's first runs: not held to the bound
@@ -253,12 +279,12 @@ def test_measuring_at_load_decides_by_policy_bound_and_inputs():
     try:
         run = session.run
         signature = session.signature
-        assert measure_lane("m:1", signature, run, bound_us=0, policy="shared").state is (
-            LaneState.OFF
-        )
-        assert measure_lane("m:1", signature, run, bound_us=50, policy="pool").state is (
-            LaneState.OFF
-        )
+        assert measure_lane(
+            "m:1", signature, run, bound_us=0, policy="shared", values=None
+        ).state is (LaneState.OFF)
+        assert measure_lane(
+            "m:1", signature, run, bound_us=50, policy="pool", values=None
+        ).state is (LaneState.OFF)
         cpu = _Clock()
 
         def slow(feed: object) -> object:
@@ -266,11 +292,15 @@ def test_measuring_at_load_decides_by_policy_bound_and_inputs():
             cpu.now += rows * 10e-6  # 10 µs a row: 1 and 4 rows fit 50 µs, 16 do not
             return run(feed)  # type: ignore[arg-type]
 
-        lane = measure_lane("m:1", signature, slow, bound_us=50, policy="shared", clock=cpu)
+        lane = measure_lane(
+            "m:1", signature, slow, bound_us=50, policy="shared", values=None, clock=cpu
+        )
         assert lane.state is LaneState.INLINE
         assert lane.limits == {"X": 16}
         assert "up to 4 rows took 40.0 µs" in lane.describe()
-        lane = measure_lane("m:1", signature, slow, bound_us=5, policy="shared", clock=cpu)
+        lane = measure_lane(
+            "m:1", signature, slow, bound_us=5, policy="shared", values=None, clock=cpu
+        )
         assert lane.state is LaneState.WORKERS
         assert lane.describe().startswith("workers: a run of one request took 10.0 µs")
         assert not lane.admits()  # measured past the bound at load: never retried
@@ -309,7 +339,13 @@ def test_a_model_the_probe_saw_far_past_the_bound_runs_nothing_more_for_the_lane
     session = corral.Session(build_mlp())
     try:
         lane = measure_lane(
-            "m:1", session.signature, timed, bound_us=50, policy="shared", seen_s=timed.fastest_s
+            "m:1",
+            session.signature,
+            timed,
+            bound_us=50,
+            policy="shared",
+            values=None,
+            seen_s=timed.fastest_s,
         )
     finally:
         session.close()
@@ -318,3 +354,58 @@ def test_a_model_the_probe_saw_far_past_the_bound_runs_nothing_more_for_the_lane
         "workers: a run took 2000.0 µs of CPU at load, far over the 50 µs bound"
     )
     assert runs == [1, 1]  # the probe's two, none for the lane
+
+
+@pytest.mark.timeout(60)
+def test_grpc_calls_take_the_lane_alone_and_leave_calls_beside_others_to_the_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # A call alone in flight on the gRPC server runs on its loop; a call made while another is
+    # in flight goes to the compute workers, where it may be batched with the others.
+    add_model(tmp_path, "mlp", build_mlp(seed=1))
+    add_model(tmp_path, "held", build_mlp(seed=2))
+    ran_inline: list[bool] = []
+    run_inline = ServedVersion.run_inline
+
+    def recorded(self: ServedVersion, *args: Any) -> Any:
+        results = run_inline(self, *args)
+        if self.label == "mlp:1":
+            ran_inline.append(results is not None)
+        return results
+
+    monkeypatch.setattr(ServedVersion, "run_inline", recorded)
+    (expected,) = reference_run(build_mlp(seed=1), {"X": X})
+
+    def infer(client: triton.InferenceServerClient, name: str) -> Any:
+        tensor = tritonclient.grpc.InferInput("X", list(X.shape), "FP32")
+        tensor.set_data_from_numpy(X)
+        return client.infer(name, [tensor], client_timeout=30)
+
+    async def main(host: Host) -> None:
+        server, port = await start_grpc_server(DataPlane(host), "127.0.0.1", 0)
+        client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+        try:
+            for count in (1, 2, 3):  # one at a time: each runs on the loop
+                answer = await infer(client, "mlp")
+                np.testing.assert_array_equal(answer.as_numpy("Y"), expected)
+                assert ran_inline == [True] * count
+            with host.acquire("held") as lease:
+                gate = RunGate(served_version(lease))
+            held = asyncio.ensure_future(infer(client, "held"))
+            assert await asyncio.to_thread(gate.started.acquire, True, 10)
+            beside = asyncio.ensure_future(infer(client, "mlp"))
+            await asyncio.to_thread(
+                wait_until, lambda: host.queue_stats()[("mlp", 1)].accepted == 4
+            )
+            gate.open.set()
+            np.testing.assert_array_equal((await beside).as_numpy("Y"), expected)
+            await held
+            assert ran_inline == [True] * 3  # the fourth call never asked the lane
+        finally:
+            await client.close()
+            await server.stop(None)
+
+    with Host(tmp_path, inline_run_us=GENEROUS_US) as host:
+        host.load("mlp")
+        run_freeing_frames(lambda: main(host))
+        assert host.status("mlp").versions[0].inline.startswith("inline:")
