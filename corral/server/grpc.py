@@ -330,6 +330,10 @@ class InferenceServicer:
         self._body_budget = body_budget
         self._tracing = tracing
         self._access_log = access_log
+        # ModelInfer calls begun and not answered. Read and written only on the loop that
+        # runs the handlers (grpc.aio's), so it needs no lock. A call alone in flight may take
+        # the inline lane; calls beside it go to the compute workers, which batch them.
+        self._in_flight = 0
 
     @_answers
     async def ServerLive(
@@ -373,10 +377,14 @@ class InferenceServicer:
         self, request: pb.ModelInferRequest, context: _Context
     ) -> pb.ModelInferResponse:
         """Run one inference request; outputs come back as ``raw_output_contents``."""
-        if self._tracing is not None:
-            return await self._infer_traced(self._tracing, request, context)
-        with self._hold_message(request) as held:
-            return await self._infer(request, context, held)
+        self._in_flight += 1
+        try:
+            if self._tracing is not None:
+                return await self._infer_traced(self._tracing, request, context)
+            with self._hold_message(request) as held:
+                return await self._infer(request, context, held)
+        finally:
+            self._in_flight -= 1
 
     async def _infer_traced(
         self, tracing: Tracing, request: pb.ModelInferRequest, context: _Context
@@ -438,7 +446,12 @@ class InferenceServicer:
         if trace is not None:
             trace.decoded()
         response = await self._plane.infer(
-            request.model_name, request.model_version or None, decoded, trace, self._loop
+            request.model_name,
+            request.model_version or None,
+            decoded,
+            trace,
+            self._loop,
+            self._in_flight == 1,
         )
         if trace is None:
             return grpc_codec.encode_response(response)
