@@ -8,7 +8,10 @@ of them alike. Each run's server CPU (user + system, from ``/proc``) is divided 
 requests it answered::
 
     python benchmarks/inline_ab.py [--rounds 5] [--seconds 4] [--bounds 0,50,200] [--model mlp]
-        [--connections 16]
+        [--connections 16] [--grpc]
+
+``--grpc`` drives ModelInfer over gRPC instead (``http_bench.py grpc-client``: asyncio tasks
+on one grpc.aio channel, the request serialized once), each answer checked the same way.
 
 Prints one line per run, then per variant the median requests/s, p99, and CPU µs a request,
 and each variant's median ratio to the lane off in the same round.
@@ -87,6 +90,18 @@ def _wrk(port: int, body_file: Path, seconds: int, connections: int) -> dict[str
     return result
 
 
+def _grpc(port: int, seconds: int, connections: int) -> dict[str, object]:
+    script = Path(__file__).resolve().parent / "http_bench.py"
+    command = [sys.executable, str(script), "grpc-client", "--port", str(port)]
+    command += ["--model", _MODEL, "--connections", str(connections), "--duration", str(seconds)]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60).stdout
+    line = next(x for x in out.splitlines() if x.startswith(http_bench.RESULT_MARKER))
+    result: dict[str, object] = json.loads(line[len(http_bench.RESULT_MARKER) :])
+    if any(result["errors"].values()):  # type: ignore[attr-defined]
+        raise RuntimeError(f"the gRPC client saw errors on port {port}: {result['errors']}")
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the variants side by side and print the table; the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -96,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", choices=("mlp", "tree"), default="mlp")
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--base-port", type=int, default=18300)
+    parser.add_argument("--grpc", action="store_true", help="drive ModelInfer over gRPC")
     args = parser.parse_args(argv)
     bounds = [int(b) for b in args.bounds.split(",")]
     with tempfile.TemporaryDirectory() as scratch:
@@ -121,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
                 env = {**os.environ, "CORRAL_INLINE_RUN_US": str(bound)}
                 env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
                 command = [sys.executable, "-m", "corral.cli", "serve", str(root / "models")]
-                command += ["--host", "127.0.0.1", "--http-port", str(port), "--grpc-port", "-1"]
+                grpc_port = str(port + 1) if args.grpc else "-1"
+                command += ["--host", "127.0.0.1", "--http-port", str(port)]
+                command += ["--grpc-port", grpc_port]
                 command += ["--log-level", "warning"]
                 servers[bound] = (
                     port,
@@ -143,7 +161,13 @@ def main(argv: list[str] | None = None) -> int:
                 rates = {}
                 for bound, (port, process) in servers.items():
                     cpu = _cpu_seconds(process.pid)
-                    result = _wrk(port, body_file, args.seconds, args.connections)
+                    if args.grpc:
+                        result = _grpc(port + 1, args.seconds, args.connections)
+                        got = np.asarray(result["outputs"]["Y"], np.float32)  # type: ignore[index]
+                        if not np.array_equal(got, np.asarray(expected["Y"]).ravel()):
+                            raise RuntimeError(f"inline_run_us={bound} answered {got} over gRPC")
+                    else:
+                        result = _wrk(port, body_file, args.seconds, args.connections)
                     cpu = _cpu_seconds(process.pid) - cpu
                     requests = int(result["requests"])  # type: ignore[call-overload]
                     rate = requests / (int(result["duration_us"]) / 1e6)  # type: ignore[call-overload]

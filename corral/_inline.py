@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from corral._probe import OTHER_DIM_SIZE, PROBE_SEED
+from corral._errors import InferenceError, InvalidInput, RunCancelled
+from corral._probe import OTHER_DIM_SIZE, PROBE_SEED, one_line
 from corral._signature import Signature
 
 __all__ = [
@@ -53,7 +54,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: The Host's ``inline_run_us`` unless given: chosen by measurement (docs/scheduler.md).
-DEFAULT_INLINE_RUN_US = 0
+DEFAULT_INLINE_RUN_US = 100
 #: The sizes measured at load, in rows (a fixed first dimension: its own size only).
 LANE_ROWS = (1, 4, 16, 64)
 #: Seconds a version sent to the workers by an inline run waits before a trial run inline;
@@ -343,20 +344,20 @@ def measure_lane(
     measured_rows, slowest = 0, 0.0
     for rows in LANE_ROWS if _batch_dimension(signature) else LANE_ROWS[:1]:
         feed = _feed(signature, rows, rng)
-        # Unmeasured: a session's first runs of a size allocate what later ones reuse. A
-        # first run far past the bound ends it there: a large model pays one run, no more.
-        started = clock()
-        run(feed)
-        took = clock() - started
-        if took <= bound_s * _WARM_FACTOR:
-            for _ in range(_WARM_RUNS - 1):
-                run(feed)
-            runs = []
-            for _ in range(_RUNS_PER_SIZE):
-                started = clock()
-                run(feed)
-                runs.append(clock() - started)
-            took = sorted(runs)[len(runs) // 2]  # the median: one noisy moment decides nothing
+        try:
+            took = _median_run(run, feed, bound_s, clock)
+        except RunCancelled:
+            raise  # stopped by a close or a shutdown: says nothing about the model
+        except (InferenceError, InvalidInput) as exc:
+            # Generated inputs a model refuses (a reshape to 5 columns of 32 values) tell
+            # nothing of its run time: the sizes measured so far stand, or none do.
+            if limits is None:
+                return InlineLane(
+                    label,
+                    LaneState.OFF,
+                    f"it fails on the generated inputs it would be measured with: {one_line(exc)}",
+                )
+            break
         if took > bound_s:
             if limits is None:
                 return InlineLane(
@@ -378,6 +379,29 @@ def measure_lane(
         "corral: %s runs inline, on the thread that receives its requests: %s", label, reason
     )
     return InlineLane(label, LaneState.INLINE, reason, bound_s=bound_s, limits=limits, clock=clock)
+
+
+def _median_run(
+    run: RunFeed, feed: Mapping[str, npt.NDArray[Any]], bound_s: float, clock: Clock
+) -> float:
+    """The median CPU seconds of ``feed``'s measured runs, after unmeasured ones.
+
+    A session's first runs of a size allocate what later ones reuse, so they are not
+    measured. A first run far past the bound is the answer: a large model pays one run.
+    """
+    started = clock()
+    run(feed)
+    took = clock() - started
+    if took > bound_s * _WARM_FACTOR:
+        return took
+    for _ in range(_WARM_RUNS - 1):
+        run(feed)
+    runs = []
+    for _ in range(_RUNS_PER_SIZE):
+        started = clock()
+        run(feed)
+        runs.append(clock() - started)
+    return sorted(runs)[len(runs) // 2]  # the median: one noisy moment decides nothing
 
 
 def feed_rows(feed: Mapping[str, npt.NDArray[Any]]) -> int:

@@ -171,7 +171,7 @@ def probe_rows(signature: Signature, run: RunFeed) -> str | None:
     except RunCancelled:
         raise  # stopped by a close or a shutdown: says nothing about the model
     except (InferenceError, InvalidInput) as exc:
-        return f"the model failing on its generated inputs: {_one_line(exc)}"
+        return f"the model failing on its generated inputs: {one_line(exc)}"
     return None
 
 
@@ -226,6 +226,7 @@ def _differs(
     return None
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """An error's text on one line, cut to 300 characters: for a status or a log line."""
     text = " ".join(str(exc).split())
     return text if len(text) <= 300 else text[:297] + "..."

@@ -68,7 +68,9 @@ def root(tmp_path: Path) -> Path:
 @contextlib.asynccontextmanager
 async def serving(root: Path) -> AsyncIterator[Served]:
     async with contextlib.AsyncExitStack() as stack:
-        host = Host(root)
+        # The batching under test: with the inline lane on, the first gRPC call, alone in
+        # flight, would run on the loop before the others arrive (test_inline_lane.py).
+        host = Host(root, inline_run_us=0)
         stack.push_async_callback(asyncio.to_thread, host.close)
         # Loaded first: requests for a loaded model go straight to the compute workers' queues.
         assert await asyncio.to_thread(host.preload) == {}

@@ -19,7 +19,7 @@ import tritonclient.grpc.aio as triton
 
 import corral
 from corral import Host
-from corral._errors import DeadlineExceeded, InvalidInput
+from corral._errors import DeadlineExceeded, InferenceError, InvalidInput
 from corral._inline import (
     LANE_ROWS,
     RETRY_MAX_S,
@@ -34,7 +34,14 @@ from corral.protocol import DataPlane, InferInput, InferRequest, InferResponse
 from corral.server.grpc import start_grpc_server
 from corral.testing import build_mlp
 from tests.gates import RunGate, served_version
-from tests.helpers import add_model, build_slow_loop, reference_run, run_freeing_frames, wait_until
+from tests.helpers import (
+    add_model,
+    build_rows_of_five,
+    build_slow_loop,
+    reference_run,
+    run_freeing_frames,
+    wait_until,
+)
 
 # Large enough that any run of the test models stays under it on a loaded machine: the
 # tests below are about where a request runs and what it answers, not about timing.
@@ -304,8 +311,68 @@ def test_measuring_at_load_decides_by_policy_bound_and_inputs():
         assert lane.state is LaneState.WORKERS
         assert lane.describe().startswith("workers: a run of one request took 10.0 µs")
         assert not lane.admits()  # measured past the bound at load: never retried
+        lane = measure_lane(
+            "m:1", signature, run, bound_us=50, policy="shared", values="its Loop node", clock=cpu
+        )
+        assert lane.describe() == (
+            "off: its run time may depend on its inputs' values: its Loop node"
+        )
     finally:
         session.close()
+
+
+def test_generated_inputs_a_model_refuses_keep_it_out_of_the_lane_and_fail_no_load(
+    tmp_path: Path,
+):
+    session = corral.Session(build_mlp())
+    try:
+        cpu = _Clock()
+
+        def refusing(above: int) -> Any:
+            def run(feed: Any) -> object:
+                if next(iter(feed.values())).shape[0] > above:
+                    raise InferenceError("model 'm:1' failed while running: a reshape")
+                cpu.now += 1e-6
+                return session.run(feed)
+
+            return run
+
+        lane = measure_lane(
+            "m:1",
+            session.signature,
+            refusing(0),
+            bound_us=50,
+            policy="shared",
+            values=None,
+            clock=cpu,
+        )
+        assert lane.describe() == (
+            "off: it fails on the generated inputs it would be measured with: model 'm:1' "
+            "failed while running: a reshape"
+        )
+        # Refused past 4 rows: the sizes measured before stand.
+        lane = measure_lane(
+            "m:1",
+            session.signature,
+            refusing(4),
+            bound_us=50,
+            policy="shared",
+            values=None,
+            clock=cpu,
+        )
+        assert lane.state is LaneState.INLINE
+        assert lane.limits == {"X": 16}
+    finally:
+        session.close()
+    # Through a Host: a model whose generated inputs fail (a reshape to five columns of the
+    # 32 values generated) loads, off the lane, and answers the requests it takes.
+    add_model(tmp_path, "five", build_rows_of_five())
+    with Host(tmp_path, inline_run_us=GENEROUS_US) as host:
+        host.load("five")
+        status = host.status("five").versions[0].inline
+        assert status.startswith("off: it fails on the generated inputs"), status
+        x = np.arange(10, dtype=np.float32).reshape(2, 5)
+        np.testing.assert_array_equal(host.infer("five", {"X": x})["Y"], x)
 
 
 def test_the_lane_is_in_the_metrics(hosts: tuple[Host, Host]):

@@ -134,9 +134,11 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def serving(root: Path, **options: Any) -> AsyncIterator[Served]:
+async def serving(
+    root: Path, host_options: dict[str, Any] | None = None, **options: Any
+) -> AsyncIterator[Served]:
     async with contextlib.AsyncExitStack() as stack:
-        host = Host(root)
+        host = Host(root, **(host_options or {}))
         stack.push_async_callback(asyncio.to_thread, host.close)
         plane = DataPlane(host)
         server, port = await start_grpc_server(plane, "127.0.0.1", 0, **options)
@@ -148,9 +150,14 @@ async def serving(root: Path, **options: Any) -> AsyncIterator[Served]:
         yield Served(host, plane, port, client, pb_grpc.GRPCInferenceServiceStub(channel))
 
 
-def run(root: Path, scenario: Callable[[Served], Awaitable[None]], **options: Any) -> None:
+def run(
+    root: Path,
+    scenario: Callable[[Served], Awaitable[None]],
+    host_options: dict[str, Any] | None = None,
+    **options: Any,
+) -> None:
     async def main() -> None:
-        async with serving(root, **options) as served:
+        async with serving(root, host_options, **options) as served:
             await scenario(served)
 
     run_freeing_frames(main)
@@ -880,7 +887,8 @@ def test_a_request_whose_client_deadline_passes_in_the_queue_never_runs(datatype
         await asyncio.to_thread(wait_until, settled, 30)
         assert s.host.queue_stats()[("mlp", 1)].runs == 0
 
-    run(datatypes_repo, scenario)
+    # The inline lane off: a call alone in flight would run at once on the loop, unqueued.
+    run(datatypes_repo, scenario, {"inline_run_us": 0})
 
 
 @pytest.mark.timeout(60)

@@ -330,9 +330,8 @@ class InferenceServicer:
         self._body_budget = body_budget
         self._tracing = tracing
         self._access_log = access_log
-        # ModelInfer calls begun and not answered. Read and written only on the loop that
-        # runs the handlers (grpc.aio's), so it needs no lock. A call alone in flight may take
-        # the inline lane; calls beside it go to the compute workers, which batch them.
+        # ModelInfer calls begun and not answered; only the handlers' loop (grpc.aio's) reads
+        # and writes it. Calls beside others go to the compute workers, which batch them.
         self._in_flight = 0
 
     @_answers
@@ -445,13 +444,9 @@ class InferenceServicer:
             decoded = dataclasses.replace(decoded, parameters=parameters)
         if trace is not None:
             trace.decoded()
+        alone = self._in_flight == 1  # no other call in flight: it may take the inline lane
         response = await self._plane.infer(
-            request.model_name,
-            request.model_version or None,
-            decoded,
-            trace,
-            self._loop,
-            self._in_flight == 1,
+            request.model_name, request.model_version or None, decoded, trace, self._loop, alone
         )
         if trace is None:
             return grpc_codec.encode_response(response)
