@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ModelKind",
+    "build_layer_norm_cnn",
     "build_linear",
     "build_mlp",
     "build_model",
@@ -105,6 +106,55 @@ def build_mlp(n_features: int = 4, hidden: int = 16, n_outputs: int = 1, *, seed
         "mlp",
         [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, ["N", n_features])],
         [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["N", n_outputs])],
+        initializers,
+    )
+    return _finish(graph)
+
+
+def build_layer_norm_cnn(length: int = 64, channels: int = 16, *, seed: int = 0) -> bytes:
+    """A dense layer, a layer norm as magika's, a convolution: rows independent, not bitwise.
+
+    A row's answer alone and batched differ by float rounding, though no row reads another.
+    Input ``X`` float32 ``[N, length, channels]``, output ``Y`` float32 ``[N, channels]``
+    (a softmax). The layer norm sums over ``length`` (``ReduceSum`` on axis 1) and takes the
+    variance as ``E[x²] - E[x]²``, as magika's exported graph does: onnxruntime sums one row
+    in another order than several, and the variance's cancellation amplifies that rounding.
+    """
+    onnx = _import_onnx()
+    helper, numpy_helper = onnx.helper, onnx.numpy_helper
+    rng = np.random.default_rng(seed)
+    dense = rng.standard_normal((channels, channels)).astype(np.float32) / 4
+    kernel = rng.standard_normal((channels, channels, 3)).astype(np.float32) / 4
+    initializers = [
+        numpy_helper.from_array(dense, "W"),
+        numpy_helper.from_array(kernel, "K"),
+        numpy_helper.from_array(np.array([1], np.int64), "axis"),
+        numpy_helper.from_array(np.array(1 / length, np.float32), "inverse_length"),
+        numpy_helper.from_array(np.array(1e-6, np.float32), "epsilon"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["X", "W"], ["h"]),
+        helper.make_node("ReduceSum", ["h", "axis"], ["sum"], keepdims=1),
+        helper.make_node("Mul", ["h", "h"], ["square"]),
+        helper.make_node("ReduceSum", ["square", "axis"], ["sum_of_squares"], keepdims=1),
+        helper.make_node("Mul", ["sum", "inverse_length"], ["mean"]),
+        helper.make_node("Mul", ["sum_of_squares", "inverse_length"], ["mean_of_squares"]),
+        helper.make_node("Mul", ["mean", "mean"], ["mean_squared"]),
+        helper.make_node("Sub", ["mean_of_squares", "mean_squared"], ["variance"]),
+        helper.make_node("Add", ["variance", "epsilon"], ["variance_e"]),
+        helper.make_node("Sqrt", ["variance_e"], ["deviation"]),
+        helper.make_node("Sub", ["h", "mean"], ["centred"]),
+        helper.make_node("Div", ["centred", "deviation"], ["normed"]),
+        helper.make_node("Transpose", ["normed"], ["channels_first"], perm=[0, 2, 1]),
+        helper.make_node("Conv", ["channels_first", "K"], ["conv"], pads=[1, 1]),
+        helper.make_node("ReduceMax", ["conv"], ["pooled"], axes=[2], keepdims=0),
+        helper.make_node("Softmax", ["pooled"], ["Y"], axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "layer_norm_cnn",
+        [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, ["N", length, channels])],
+        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["N", channels])],
         initializers,
     )
     return _finish(graph)

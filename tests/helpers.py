@@ -446,3 +446,17 @@ class FakeTransport:
 
     def resume_reading(self) -> None:
         pass
+
+
+def build_softmax_over_rows(features: int = 4) -> bytes:
+    """``Y = Softmax(X, axis=0)``: each row's share of the batch, so every row reads the others."""
+    graph = helper.make_graph(
+        [helper.make_node("Softmax", ["X"], ["Y"], axis=0)],
+        "softmax_over_rows",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", features])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", features])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()

@@ -13,9 +13,17 @@ from onnx import TensorProto
 
 import corral
 from corral import Host
-from corral._probe import OTHER_DIM_SIZE, PROBE_ROWS, generate_row, plan_batching, probe_rows
+from corral._probe import (
+    OTHER_DIM_SIZE,
+    PROBE_ROWS,
+    TOLERANCE_ULPS,
+    generate_row,
+    plan_batching,
+    probe_rows,
+    tolerance,
+)
 from corral._signature import Signature, TensorSpec
-from corral.testing import build_linear, build_mlp, build_tree
+from corral.testing import build_layer_norm_cnn, build_linear, build_mlp, build_tree
 from tests.helpers import (
     add_model,
     build_identity,
@@ -23,7 +31,9 @@ from tests.helpers import (
     build_row_coupling,
     build_rows_of_five,
     build_slow_loop,
+    build_softmax_over_rows,
     build_time_major_lstm,
+    load_benchmark,
 )
 
 F32 = np.dtype(np.float32)
@@ -84,19 +94,124 @@ def test_probed_rows_independent_batch_with_the_default_rows():
     assert decided.reason.startswith("batched (probed): ")
 
 
-def test_the_probe_compares_each_row_alone_stacked_and_permuted():
+def test_the_probe_runs_rows_alone_stacked_reordered_and_among_copies():
     seen: list[tuple[int, ...]] = []
 
     def position_dependent(feed: Mapping[str, np.ndarray]) -> dict[str, Any]:
-        # Row i gains i: equal alone (every row is row 0) only for the first row.
+        # Row i gains i: the same row at another position comes back otherwise.
         x = feed["X"]
         seen.append(x.shape)
         return {"Y": x + np.arange(x.shape[0], dtype=np.float32)[:, None]}
 
     assert probe_rows(ROWS, position_dependent) == (
-        "output 'Y' of row 1 differs when stacked with other rows"
+        "output 'Y' of row 2 differs when stacked in another order and count: by 2, more "
+        "than rounding allows (3.66e-05)"
     )
-    assert seen == [(1, 4)] * PROBE_ROWS + [(PROBE_ROWS, 4)]
+    # Alone, stacked, among copies of row 1, then rows 2 and 0.
+    assert seen == [(1, 4)] * PROBE_ROWS + [(PROBE_ROWS, 4), (PROBE_ROWS, 4), (2, 4)]
+
+
+def batch_mean_coupling(weight: float) -> Any:
+    """``Y = X + weight * mean of the batch's rows``: coupled, by as little as ``weight``."""
+
+    def run(feed: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        x = feed["X"]
+        return {"Y": x + np.float32(weight) * x.mean(axis=0, keepdims=True)}
+
+    return run
+
+
+@pytest.mark.parametrize("weight", [1.0, 1e-3, 1e-6])
+def test_a_coupling_however_small_is_refused(weight: float):
+    # 1e-3 of the batch's mean moves a row by ~1e-4 of its values, ten times the rounding
+    # allowed (7.6e-6 of them); 1e-6 moves it by less than that rounding. Both are another
+    # row's content reaching this one, which the run among copies shows bit for bit.
+    assert probe_rows(ROWS, batch_mean_coupling(weight)) == (
+        "output 'Y' of row 1 changes with the other rows of its run (same shape, same "
+        "position, other rows' contents)"
+    )
+
+
+def rounding_noise(ulps: int) -> Any:
+    """Row-independent, but every run of 2 rows rounds its rows ``ulps`` ULPs up."""
+
+    def run(feed: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        x = feed["X"].copy()
+        if x.shape[0] == 2:
+            for _ in range(ulps):
+                x = np.nextafter(x, np.float32(np.inf))
+        return {"Y": x}
+
+    return run
+
+
+def test_rounding_within_the_tolerance_passes_and_beyond_it_is_a_finding():
+    assert TOLERANCE_ULPS == 64
+    assert tolerance(np.dtype(np.float32)) == pytest.approx(64 * 2.0**-23)
+    assert tolerance(np.dtype(np.float64)) == pytest.approx(64 * 2.0**-52)
+    assert tolerance(np.dtype(np.int64)) == tolerance(np.dtype(np.bool_)) == 0.0
+    assert probe_rows(ROWS, rounding_noise(8)) is None
+    found = probe_rows(ROWS, rounding_noise(4096))
+    assert found is not None
+    assert found.startswith("output 'Y' of row 2 differs when stacked in another order and count")
+
+
+def test_integer_and_bool_outputs_compare_exactly():
+    signature = Signature(
+        (TensorSpec("X", F32, ("N", 4), "tensor(float)"),),
+        (
+            TensorSpec("label", np.dtype(np.int64), ("N",), "tensor(int64)"),
+            TensorSpec("flag", np.dtype(np.bool_), ("N",), "tensor(bool)"),
+        ),
+    )
+
+    def labels(shift_alone: int, flip_reordered: bool) -> Any:
+        def run(feed: Mapping[str, np.ndarray]) -> dict[str, Any]:
+            x = feed["X"]
+            label = np.argmax(x, axis=1).astype(np.int64)
+            flag = x[:, 0] > 0
+            if x.shape[0] == 1:
+                label = label + shift_alone
+            if x.shape[0] == 2 and flip_reordered:
+                flag = ~flag
+            return {"label": label, "flag": flag}
+
+        return run
+
+    assert probe_rows(signature, labels(0, False)) is None
+    assert probe_rows(signature, labels(1, False)) == (
+        "output 'label' of row 0 differs when stacked with other rows"
+    )
+    assert probe_rows(signature, labels(0, True)) == (
+        "output 'flag' of row 2 differs when stacked in another order and count"
+    )
+
+
+def test_nan_and_infinities_must_stay_where_they_are():
+    def infinite_when_reordered(feed: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        x = feed["X"].copy()
+        x[:, 0] = np.nan
+        if x.shape[0] == 2:
+            x[:, 1] = np.inf
+        return {"Y": x}
+
+    def nan_everywhere(feed: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        return {"Y": np.full(feed["X"].shape, np.nan, np.float32)}
+
+    assert probe_rows(ROWS, infinite_when_reordered) == (
+        "output 'Y' of row 2 differs when stacked in another order and count"
+    )
+    assert probe_rows(ROWS, nan_everywhere) is None
+
+
+def test_an_output_of_another_dtype_when_stacked_is_a_finding():
+    def wider_when_stacked(feed: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        x = feed["X"]
+        return {"Y": x if x.shape[0] == 1 else x.astype(np.float64)}
+
+    assert probe_rows(ROWS, wider_when_stacked) == (
+        "output 'Y' of row 0 is float64 when stacked with other rows, float32 alone"
+    )
 
 
 def test_a_model_whose_outputs_do_not_have_the_rows_is_not_batched():
@@ -172,6 +287,8 @@ def test_real_models_are_batched_only_where_rows_are_independent(
     add_model(tmp_path, "int8", build_identity(TensorProto.INT8))
     add_model(tmp_path, "lstm", build_time_major_lstm())
     add_model(tmp_path, "coupled", build_row_coupling())
+    add_model(tmp_path, "softmax", build_softmax_over_rows())
+    add_model(tmp_path, "layer_norm", build_layer_norm_cnn())
     add_model(tmp_path, "five", build_rows_of_five())
     add_model(tmp_path, "reshape", build_reshape())
     add_model(tmp_path, "loop", build_slow_loop())
@@ -179,18 +296,17 @@ def test_real_models_are_batched_only_where_rows_are_independent(
     add_model(tmp_path, "mlp_off", build_mlp(seed=3), toml="max_batch_size = 0\n")
     caplog.set_level(logging.INFO, logger="corral._loader")
     with Host(tmp_path) as host:
-        for name in ("tree", "linear", "mlp", "int8"):
+        for name in ("tree", "linear", "mlp", "int8", "layer_norm"):
             rows, reason = batching_of(host, name)
             assert rows == 64, (name, reason)
             assert reason.startswith("batched (probed): "), (name, reason)
-        assert batching_of(host, "lstm") == (
-            0,
-            "not batched: the probe found output 'Y' of row 1 differs when stacked with other rows",
+        coupled = (
+            "not batched: the probe found output 'Y' of row 1 changes with the other rows of "
+            "its run (same shape, same position, other rows' contents)"
         )
-        assert batching_of(host, "coupled") == (
-            0,
-            "not batched: the probe found output 'Y' of row 0 differs when stacked with other rows",
-        )
+        assert batching_of(host, "lstm") == (0, coupled)
+        assert batching_of(host, "coupled") == (0, coupled)
+        assert batching_of(host, "softmax") == (0, coupled)
         rows, reason = batching_of(host, "five")
         assert rows == 0
         assert reason.startswith(
@@ -216,7 +332,7 @@ def test_real_models_are_batched_only_where_rows_are_independent(
             "not batched: max_batch_size = 0 in model.toml",
         )
     logged = [r.getMessage() for r in caplog.records if "batched" in r.getMessage()]
-    assert len(logged) == 11  # one line per load
+    assert len(logged) == 13  # one line per load
     assert "corral: lstm version 1 not batched: the probe found output 'Y'" in "\n".join(logged)
 
 
@@ -241,3 +357,32 @@ def test_batching_off_for_the_host_probes_nothing(tmp_path: Path):
             0,
             "not batched: batching is off for this Host (batching=False)",
         )
+
+
+def test_the_layer_norm_cnn_differs_alone_by_rounding_only(tmp_path: Path):
+    # The stand-in for magika: its rows are independent, yet a row alone comes back
+    # otherwise than in a batch (onnxruntime sums one row in another order), which the exact
+    # probe took for a coupling.
+    add_model(tmp_path, "cnn", build_layer_norm_cnn())
+    with Host(tmp_path, batching=False) as host:
+        host.load("cnn")
+        rows = np.random.default_rng(5).standard_normal((3, 64, 16)).astype(np.float32)
+        alone = np.concatenate([host.infer("cnn", {"X": rows[i : i + 1]})["Y"] for i in range(3)])
+        together = host.infer("cnn", {"X": rows})["Y"]
+    assert not np.array_equal(alone, together)
+    np.testing.assert_allclose(together, alone, rtol=0, atol=1e-6)
+
+
+@pytest.mark.timeout(120)
+def test_magika_from_its_wheel_is_batched(tmp_path: Path):
+    real_models = load_benchmark("real_models.py")
+    try:
+        files, _ = real_models.fetch_models(["magika"])
+    except real_models.ModelsUnavailable as exc:
+        pytest.skip(f"the magika wheel could not be fetched: {exc}")
+    (tmp_path / "magika" / "1").mkdir(parents=True)
+    (tmp_path / "magika" / "1" / "model.onnx").write_bytes(files["magika"].read_bytes())
+    with Host(tmp_path) as host:
+        rows, reason = batching_of(host, "magika")
+    assert rows == 64, reason
+    assert reason.startswith("batched (probed): "), reason
