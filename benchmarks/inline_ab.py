@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         body_file = root / "body.json"
         body_file.write_bytes(body)
         expected = http_bench.reference_outputs(model_path, features)
+        # What http_bench.py grpc-client sends: its own features.
+        expected_grpc = http_bench.reference_outputs(model_path, http_bench.make_features(1, 4))
         servers: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}
         try:
             for index, bound in enumerate(bounds):
@@ -164,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                     if args.grpc:
                         result = _grpc(port + 1, args.seconds, args.connections)
                         got = np.asarray(result["outputs"]["Y"], np.float32)  # type: ignore[index]
-                        if not np.array_equal(got, np.asarray(expected["Y"]).ravel()):
+                        if not np.array_equal(got, np.asarray(expected_grpc["Y"]).ravel()):
                             raise RuntimeError(f"inline_run_us={bound} answered {got} over gRPC")
                     else:
                         result = _wrk(port, body_file, args.seconds, args.connections)
