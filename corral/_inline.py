@@ -9,8 +9,8 @@ the design's bounds (``DESIGN.md``, "the inline lane"):
   runs): a pool's or an exclusive session's run may wait for a replica, which would block the
   loop;
 - only while its measured run time for the request's size stays under a bound (the Host's
-  ``inline_run_us``): :func:`measure_lane` runs generated feeds of 1, 4, 16 and 64 rows at
-  load, and the lane takes the largest size whose every run stayed under the bound;
+  ``inline_run_us``): :func:`measure_lane` runs generated feeds of 1 row, then of 64, 16
+  and 4 rows until one stays under the bound, at load, and the lane takes that size;
 - a request larger than the sizes measured (any input with more elements than the largest
   measured feed's) never runs inline;
 - every inline run is timed again (:meth:`InlineLane.observe`); the first past the bound
@@ -63,8 +63,8 @@ RETRY_S = 0.1
 RETRY_MAX_S = 60.0
 #: Runs of each size at load, after _WARM_RUNS unmeasured ones; their median must stay under
 #: the bound. A first run past _WARM_FACTOR times the bound ends the measuring there.
-_RUNS_PER_SIZE = 5
-_WARM_RUNS = 3
+_RUNS_PER_SIZE = 3
+_WARM_RUNS = 2
 _WARM_FACTOR = 20
 #: A thread's first runs of a version, not held to the bound: they are slower (see observe).
 _THREAD_WARM_RUNS = 4
@@ -318,7 +318,7 @@ def measure_lane(
 
     >>> measure_lane("fraud:1", sig, session.run, bound_us=50, policy="shared", values=None
     ... ).describe()
-    'inline: runs of up to 64 rows took 6.1 µs of CPU (median of 5) at load, under the 50 µs bound'
+    'inline: runs of up to 64 rows took 6.1 µs of CPU (median of 3) at load, under the 50 µs bound'
     """
     if bound_us <= 0:
         return InlineLane(label, LaneState.OFF, "the inline lane is off (inline_run_us = 0)")
@@ -342,7 +342,10 @@ def measure_lane(
     rng = np.random.default_rng(PROBE_SEED)
     limits: dict[str, int] | None = None
     measured_rows, slowest = 0, 0.0
-    for rows in LANE_ROWS if _batch_dimension(signature) else LANE_ROWS[:1]:
+    # One row first, which must fit; then the largest size down, until one fits: a tiny
+    # model, whose every size fits, costs two sizes' runs.
+    sizes = (LANE_ROWS[0], *reversed(LANE_ROWS[1:])) if _batch_dimension(signature) else (1,)
+    for rows in sizes:
         feed = _feed(signature, rows, rng)
         try:
             took = _median_run(run, feed, bound_s, clock)
@@ -350,14 +353,14 @@ def measure_lane(
             raise  # stopped by a close or a shutdown: says nothing about the model
         except (InferenceError, InvalidInput) as exc:
             # Generated inputs a model refuses (a reshape to 5 columns of 32 values) tell
-            # nothing of its run time: the sizes measured so far stand, or none do.
+            # nothing of its run time: a smaller size may still be measured, or none is.
             if limits is None:
                 return InlineLane(
                     label,
                     LaneState.OFF,
                     f"it fails on the generated inputs it would be measured with: {one_line(exc)}",
                 )
-            break
+            continue
         if took > bound_s:
             if limits is None:
                 return InlineLane(
@@ -366,9 +369,11 @@ def measure_lane(
                     f"a run of one request took {took * 1e6:.1f} µs of CPU at load, over the "
                     f"{bound_us} µs bound",
                 )
-            break
+            continue
         limits = {name: array.size for name, array in feed.items()}
         measured_rows, slowest = feed_rows(feed), took
+        if rows != sizes[0]:
+            break
     assert limits is not None  # the first size either set them or returned
     reason = (
         f"runs of up to {measured_rows} row{'s' if measured_rows != 1 else ''} took "
