@@ -17,7 +17,7 @@ from corral._budget import (
     estimate_model_bytes,
 )
 from corral._errors import ModelLoadError
-from corral._modelfile import ModelFootprint, read_footprint
+from corral._modelfile import ModelFootprint, read_footprint, read_model_file
 from corral.testing import build_mlp, build_tree
 
 pytestmark = pytest.mark.timeout(60)
@@ -199,3 +199,53 @@ def test_a_field_of_an_unknown_wire_type_is_refused(tmp_path: Path):
     path.write_bytes(b"\x3f\x00")  # field 7 with wire type 7, which protobuf does not have
     with pytest.raises(ModelLoadError, match="field 7 has wire type 7 at byte 1"):
         read_footprint(path)
+
+
+def _signature_model(ir_version: int) -> bytes:
+    """Inputs of unknown rank, named and unnamed dims, a converter's names, an initializer
+    listed as an input, a sequence output, a scalar: all that onnxruntime reports its way."""
+    weights = numpy_helper.from_array(np.ones(2, np.float32), "W")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Identity", ["X"], ["Y"]),
+            helper.make_node("Add", ["W", "W"], ["Z"]),
+            helper.make_node("SequenceEmpty", [], ["S"], dtype=TensorProto.INT64),
+            helper.make_node("Identity", ["B"], ["C"]),
+        ],
+        "g",
+        [
+            helper.make_tensor_value_info("X", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("W", TensorProto.FLOAT, [2]),
+            helper.make_tensor_value_info("B", TensorProto.BOOL, ["batch", "unk__214", None, 3]),
+        ],
+        [
+            helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["unk__12", None, 3]),
+            helper.make_tensor_value_info("Z", TensorProto.FLOAT, [2]),
+            helper.make_tensor_sequence_value_info("S", TensorProto.INT64, None),
+            helper.make_tensor_value_info("C", TensorProto.BOOL, ["batch", "unk__214", None, 3]),
+        ],
+        [weights],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = ir_version
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize(
+    "model",
+    [_signature_model(8), _signature_model(3), build_tree(), build_mlp()],
+    ids=["odd tensors", "ir 3", "tree (ZipMap)", "mlp"],
+)
+def test_the_signature_read_from_the_file_is_the_one_onnxruntime_reports(
+    tmp_path: Path, model: bytes
+):
+    import onnxruntime
+
+    from corral._signature import Signature
+
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model)
+    session = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"])
+    read = read_model_file(path)
+    assert read.signature == Signature.from_session(session)
+    assert read.footprint == read_footprint(path)
