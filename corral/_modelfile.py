@@ -301,12 +301,13 @@ class _Walker:
                 kind = "tensor" if number == _TYPE_TENSOR else "sparse_tensor"
                 return f"{kind}({element})", dims
             if number in (_TYPE_SEQUENCE, _TYPE_OPTIONAL):
-                inner = "undefined"
+                inner, dims = "undefined", ()
                 for inner_number, inner_wire, inner_at, inner_stop in self._fields(at, stop):
                     if inner_number == 1 and inner_wire == 2:
-                        inner, _ = self._type(inner_at, inner_stop, depth + 1)
-                kind = "seq" if number == _TYPE_SEQUENCE else "optional"
-                return f"{kind}({inner})", ()
+                        inner, dims = self._type(inner_at, inner_stop, depth + 1)
+                if number == _TYPE_SEQUENCE:
+                    return f"seq({inner})", ()
+                return f"optional({inner})", dims  # onnxruntime reports the element's shape
             if number == _TYPE_MAP:
                 key, value = "undefined", "undefined"
                 for inner_number, inner_wire, inner_at, inner_stop in self._fields(at, stop):

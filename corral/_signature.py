@@ -425,9 +425,8 @@ class DeclaredSignature(Signature):
 
 def _check_declared_output(spec: TensorSpec, value: Any) -> None:
     """Raise InferenceError if an output's shape is not the one its config.pbtxt declares."""
-    shape = getattr(value, "shape", None)
-    if shape is None:
-        return  # not an array: not a tensor the protocol carries, nothing declared to hold
+    # An array: a declaration with a Triton type is refused at load for any other output.
+    shape = value.shape
     wrong = len(shape) != len(spec.shape) or not _fixed_dims_match(shape, spec._fixed)
     if wrong:
         raise InferenceError(

@@ -214,6 +214,48 @@ def test_onnxruntimes_made_up_dimension_names_are_not_shown(tmp_path: Path):
         assert "must have rank 3 (float32[?, ?, ?])" in str(caught.value)
 
 
+# -- the mismatches, as corral check lists them -----------------------------------------------
+
+
+def test_each_mismatch_comes_with_the_fix_that_makes_the_declaration_match():
+    from corral._pbtxt import declaration_mismatches, parse_pbtxt
+    from corral._signature import Signature, TensorSpec
+
+    signature = Signature(
+        (TensorSpec.of("x", "tensor(float)", ["N", 3, 48, "W"]),),
+        (TensorSpec.of("labels", "seq(map(int64,tensor(float)))", []),),
+    )
+
+    def mismatches(text: str) -> list[tuple[str, str]]:
+        config = parse_pbtxt(
+            text, source="m/config.pbtxt", model_name="m", read_labels=lambda path, field: ()
+        )
+        return [(m.message, m.fix) for m in declaration_mismatches(config, signature)]
+
+    assert (
+        mismatches(
+            'max_batch_size: 8 input [ { name: "x" data_type: TYPE_FP32 dims: [ 3, 48, 192 ] } ]'
+        )
+        == []
+    )
+    (batched,) = mismatches(
+        'max_batch_size: 8 input [ { name: "x" data_type: TYPE_FP32 dims: [ 8, 3, 48, 192 ] } ]'
+    )
+    assert batched[0].startswith("config.pbtxt's input 'x' has dims [8, 3, 48, 192] (after")
+    assert batched[1] == (
+        "declare dims: [3, 48, -1] (the model's), or sizes that fix only its -1s; with "
+        "max_batch_size above 0, dims leave out the batch dimension"
+    )
+    untyped = mismatches('output [ { name: "labels" data_type: TYPE_FP32 dims: [ -1 ] } ]')[0]
+    assert untyped[0].startswith(
+        "config.pbtxt's output 'labels' is declared TYPE_FP32, but the model's is "
+        "seq(map(int64,tensor(float)))"
+    )
+    assert untyped[1] == (
+        "remove the declaration: no Triton type carries seq(map(int64,tensor(float)))"
+    )
+
+
 # -- a real server, stock clients ------------------------------------------------------------
 
 

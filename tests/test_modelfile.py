@@ -231,21 +231,75 @@ def _signature_model(ir_version: int) -> bytes:
     return model.SerializeToString()
 
 
+def _optional_model() -> bytes:
+    """B = OptionalHasElement(O), O an optional float tensor [N]."""
+    element = helper.make_tensor_type_proto(TensorProto.FLOAT, ["N"])
+    graph = helper.make_graph(
+        [helper.make_node("OptionalHasElement", ["O"], ["B"])],
+        "g",
+        [helper.make_value_info("O", helper.make_optional_type_proto(element))],
+        [helper.make_tensor_value_info("B", TensorProto.BOOL, [])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def _zipmap_model() -> bytes:
+    """Z = ZipMap(X): scikit-learn classifiers' probabilities, a sequence of maps."""
+    probabilities = helper.make_map_type_proto(
+        TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, [])
+    )
+    graph = helper.make_graph(
+        [helper.make_node("ZipMap", ["X"], ["Z"], domain="ai.onnx.ml", classlabels_int64s=[0, 1])],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 2])],
+        [helper.make_value_info("Z", helper.make_sequence_type_proto(probabilities))],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)],
+    )
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
 @pytest.mark.parametrize(
     "model",
-    [_signature_model(8), _signature_model(3), build_tree(), build_mlp()],
-    ids=["odd tensors", "ir 3", "tree (ZipMap)", "mlp"],
+    [
+        _signature_model(8),
+        _signature_model(3),
+        build_tree(),
+        build_mlp(),
+        _optional_model(),
+        _zipmap_model(),
+    ],
+    ids=["odd tensors", "ir 3", "tree", "mlp", "optional", "zipmap"],
 )
 def test_the_signature_read_from_the_file_is_the_one_onnxruntime_reports(
     tmp_path: Path, model: bytes
 ):
-    import onnxruntime
-
+    import corral
+    from corral import _ort
     from corral._signature import Signature
 
     path = tmp_path / "model.onnx"
     path.write_bytes(model)
-    session = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"])
+    corral.runtime().start()  # a plain session on the global pools, as tests/helpers.py makes
+    session = _ort.create_session(
+        model, _ort.session_options(arena="off"), ["CPUExecutionProvider"]
+    )
     read = read_model_file(path)
     assert read.signature == Signature.from_session(session)
     assert read.footprint == read_footprint(path)
+
+
+def test_types_nested_deeper_than_the_limit_are_refused(tmp_path: Path):
+    # Written by hand, as above: a graph input whose type is a sequence of sequences ...
+    nested = b""
+    for _ in range(70):  # TypeProto.sequence_type -> Sequence.elem_type -> TypeProto ...
+        nested = _field(4, _field(1, nested))
+    path = tmp_path / "model.onnx"
+    path.write_bytes(_field(7, _field(11, _field(1, b"S") + _field(2, nested))))
+    with pytest.raises(ModelLoadError, match="types nested more than 64 deep"):
+        read_model_file(path)
