@@ -149,7 +149,8 @@ def read_footprint(path: str | os.PathLike[str]) -> ModelFootprint:
     >>> read_footprint("fraud/1/model.onnx")  # doctest: +SKIP
     ModelFootprint(file_bytes=2140, tensor_bytes=1600, external_bytes=0, nodes=3)
     """
-    return read_model_file(path).footprint
+    footprint, _ = _read(Path(path), with_signature=False)
+    return footprint
 
 
 def read_model_file(path: str | os.PathLike[str]) -> ModelFile:
@@ -160,7 +161,13 @@ def read_model_file(path: str | os.PathLike[str]) -> ModelFile:
     >>> read_model_file("fraud/1/model.onnx").signature.inputs  # doctest: +SKIP
     (TensorSpec(name='X', dtype=dtype('float32'), shape=('N', 4), onnx_type='tensor(float)'),)
     """
-    model = Path(path)
+    footprint, signature = _read(Path(path), with_signature=True)
+    assert signature is not None  # asked for
+    return ModelFile(footprint, signature)
+
+
+def _read(model: Path, *, with_signature: bool) -> tuple[ModelFootprint, Signature | None]:
+    # The signature only when asked: a load's estimate (every load) needs only the footprint.
     try:
         file = model.open("rb")
     except OSError as exc:
@@ -173,14 +180,13 @@ def read_model_file(path: str | os.PathLike[str]) -> ModelFile:
             walker = _Walker(data, model)
             try:
                 walker.model(0, size)
-                signature = walker.signature()
+                signature = walker.signature() if with_signature else None
             except _Malformed as exc:
                 raise ModelLoadError(
                     f"could not load model {model}: it is not an ONNX model ({exc})"
                 ) from exc
     tally = walker.tally
-    footprint = ModelFootprint(size, tally.tensor_bytes, tally.external_bytes, tally.nodes)
-    return ModelFile(footprint, signature)
+    return ModelFootprint(size, tally.tensor_bytes, tally.external_bytes, tally.nodes), signature
 
 
 class _Walker:
