@@ -3,12 +3,15 @@
 :func:`find_problems` lists the root (names that cannot name a model, an empty repository),
 reads each model's entry as a load does (:meth:`Repository.entry`: layout, versions, model.toml
 and config.pbtxt parsed and validated by the same code), resolves its execution providers
-against this onnxruntime build as a load does, and, with a memory budget, estimates each
-served version's size as the load's budget check does (:func:`estimate_version_bytes`, from
-the model file's headers) to find versions larger than the whole budget.
+against this onnxruntime build as a load does, and, when it reads the model files (their
+protobuf headers: :func:`read_model_file`), finds those that are not ONNX, holds a
+config.pbtxt's declared tensors against the file's own inputs and outputs as the load does
+(:func:`declaration_mismatches`: names, types, ranks, sizes that contradict fixed ones), and,
+with a memory budget, estimates each served version's size as the load's budget check does
+(:func:`estimate_version_bytes`) to find versions larger than the whole budget.
 
-What it cannot see without loading: whether the model's tensors match a config.pbtxt's
-declarations, whether it can be batched, whether onnxruntime accepts its graph. ``corral
+What it cannot see without loading: whether it can be batched, whether onnxruntime accepts
+its graph (and the shapes onnxruntime infers for outputs the file leaves dynamic). ``corral
 check --load`` loads every model for that.
 
 :class:`ProblemWatch` keeps the problems of the last check and logs each problem once, when
@@ -25,10 +28,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from corral._budget import estimate_footprint_bytes
-from corral._config import ModelConfig, ProviderEntry
 from corral._errors import ModelLoadError, ModelNotFound, ProviderUnavailable
-from corral._modelfile import read_footprint
-from corral._pbtxt import CONFIG_PBTXT
+from corral._modelfile import ModelFile, read_footprint, read_model_file
+from corral._pbtxt import CONFIG_PBTXT, declaration_mismatches
 from corral._problems import Problem, ProblemKind
 from corral._providers import resolve_policy, resolve_providers
 from corral._repository import ModelEntry, Repository
@@ -37,11 +39,10 @@ __all__ = ["ProblemWatch", "estimate_version_bytes", "find_problems"]
 
 logger = logging.getLogger(__name__)
 
-# What an estimate depends on: the file (path, size, mtime) and the settings that pick the
-# number of sessions.
-_EstimateKey = tuple[str, int, int, str, tuple[ProviderEntry, ...] | None, int]
-# An estimate in bytes, or why the file could not be read.
-_Estimate = int | str
+# A model file as it was read: its path, size and mtime.
+_FileKey = tuple[str, int, int]
+# What the file holds, or why it could not be read.
+_FileFacts = ModelFile | str
 
 
 def estimate_version_bytes(entry: ModelEntry, version: int, *, pool_size: int) -> int:
@@ -63,14 +64,15 @@ def find_problems(
     memory_budget: int | None,
     pool_size: int,
     read_model_files: bool = False,
-    estimates: Mapping[_EstimateKey, _Estimate] | None = None,
-) -> tuple[list[Problem], dict[_EstimateKey, _Estimate]]:
-    """Every problem of ``repository`` now, in model order, and the estimates it made.
+    files: Mapping[_FileKey, _FileFacts] | None = None,
+) -> tuple[list[Problem], dict[_FileKey, _FileFacts]]:
+    """Every problem of ``repository`` now, in model order, and what it read of the files.
 
     Model files are read (their protobuf headers only) when ``memory_budget`` is set, to
-    estimate their sizes, or when ``read_model_files`` is true. ``estimates`` are those of a
-    previous check, reused for files not changed since. Raises :class:`RepositoryError` when
-    the root cannot be listed.
+    estimate their sizes, or when ``read_model_files`` is true: then a file that is not ONNX
+    and a config.pbtxt whose declarations contradict the file are problems too. ``files``
+    are those a previous check read, reused for files not changed since. Raises
+    :class:`RepositoryError` when the root cannot be listed.
     """
     listing = repository.listing()
     root = repository.root
@@ -96,8 +98,8 @@ def find_problems(
                 f"or {os.path.join(root, '<name>.onnx')}",
             )
         )
-    previous = estimates or {}
-    made: dict[_EstimateKey, _Estimate] = {}
+    previous = files or {}
+    made: dict[_FileKey, _FileFacts] = {}
     read_files = read_model_files or memory_budget is not None
     for name in listing.names:
         try:
@@ -113,7 +115,7 @@ def find_problems(
             problems.append(_missing_provider(root, entry, exc))
             continue
         if read_files:
-            problems.extend(_size_problems(entry, memory_budget, pool_size, previous, made))
+            problems.extend(_file_problems(root, entry, memory_budget, pool_size, previous, made))
     return problems, made
 
 
@@ -121,8 +123,9 @@ class ProblemWatch:
     """The problems of a repository as of its last check, each logged once when it appears.
 
     :meth:`check` scans and logs; :meth:`recheck` (the poll's) does the same once a first
-    check was made. Safe from any thread; checks that run at once each scan on their own
-    thread, and the one that ends last sets the problems shown.
+    check was made, reading model files if that check did. Safe from any thread; checks that
+    run at once each scan on their own thread, and the one that ends last sets the problems
+    shown.
     """
 
     def __init__(
@@ -131,11 +134,13 @@ class ProblemWatch:
         self._repository = repository
         self._memory_budget = memory_budget
         self._pool_size = pool_size
-        # Guards _current, _estimates and _watching: bookkeeping only, never held over a scan.
+        # Guards _current, _files, _watching and _read_files: bookkeeping only, never held
+        # over a scan.
         self._problems_lock = threading.Lock()
         self._current: tuple[Problem, ...] = ()
-        self._estimates: dict[_EstimateKey, _Estimate] = {}
+        self._files: dict[_FileKey, _FileFacts] = {}
         self._watching = False
+        self._read_files = False
 
     @property
     def problems(self) -> tuple[Problem, ...]:
@@ -143,24 +148,30 @@ class ProblemWatch:
         with self._problems_lock:
             return self._current
 
-    def check(self) -> tuple[Problem, ...]:
+    def check(self, *, read_model_files: bool | None = None) -> tuple[Problem, ...]:
         """Scan the repository now; log new problems at WARNING and those gone at INFO.
 
-        Raises :class:`RepositoryError` when the root cannot be listed (the problems of the
-        last check stay).
+        Model files are read (:func:`find_problems`) with a memory budget, or with
+        ``read_model_files``; None: as the last check did (False before any). Raises
+        :class:`RepositoryError` when the root cannot be listed (the problems of the last
+        check stay).
         """
         with self._problems_lock:
             self._watching = True
-            estimates = self._estimates
+            if read_model_files is not None:
+                self._read_files = read_model_files
+            read_files = self._read_files
+            files = self._files
         found, made = find_problems(
             self._repository,
             memory_budget=self._memory_budget,
             pool_size=self._pool_size,
-            estimates=estimates,
+            read_model_files=read_files,
+            files=files,
         )
         current = tuple(dict.fromkeys(found))  # one of each, in order
         with self._problems_lock:
-            before, self._current, self._estimates = self._current, current, made
+            before, self._current, self._files = self._current, current, made
         seen = set(before)
         for problem in current:
             if problem not in seen:
@@ -201,35 +212,57 @@ def _missing_provider(root: Path, entry: ModelEntry, error: ProviderUnavailable)
     )
 
 
-def _size_problems(
+def _file_problems(
+    root: Path,
     entry: ModelEntry,
     memory_budget: int | None,
     pool_size: int,
-    previous: Mapping[_EstimateKey, _Estimate],
-    made: dict[_EstimateKey, _Estimate],
+    previous: Mapping[_FileKey, _FileFacts],
+    made: dict[_FileKey, _FileFacts],
 ) -> list[Problem]:
     problems: list[Problem] = []
+    config = entry.config
+    replicas: int | None = None
     for version in entry.served_versions:
         file = entry.versions[version]
-        key = (str(file.path), file.size, file.mtime_ns, *_policy_key(entry.config), pool_size)
-        estimate = previous.get(key)
-        if estimate is None:
+        key = (str(file.path), file.size, file.mtime_ns)
+        facts = previous.get(key)
+        if facts is None:
             try:
-                estimate = estimate_version_bytes(entry, version, pool_size=pool_size)
+                facts = read_model_file(file.path)
             except ModelLoadError as exc:
-                estimate = str(exc)
-        made[key] = estimate
-        if isinstance(estimate, str):
+                facts = str(exc)
+        made[key] = facts
+        if isinstance(facts, str):
             problems.append(
                 Problem(
                     ProblemKind.BAD_MODEL_FILE,
                     entry.name,
                     str(file.path),
-                    f"model {entry.name!r} version {version}: {estimate}",
+                    f"model {entry.name!r} version {version}: {facts}",
                     f"replace {file.path} with a valid ONNX model and its external data files",
                 )
             )
-        elif memory_budget is not None and estimate > memory_budget:
+            continue
+        if config.inputs or config.outputs:
+            settings = _settings_file(root, entry.name)
+            problems.extend(
+                Problem(
+                    ProblemKind.BAD_CONFIG_PBTXT,
+                    entry.name,
+                    settings,
+                    f"model {entry.name!r} version {version}: {mismatch.message}",
+                    mismatch.fix,
+                )
+                for mismatch in declaration_mismatches(config, facts.signature)
+            )
+        if memory_budget is None:
+            continue
+        if replicas is None:
+            providers = resolve_providers(config.providers)
+            replicas = resolve_policy(config.concurrency, providers, pool_size=pool_size).replicas
+        estimate = estimate_footprint_bytes(facts.footprint, replicas)
+        if estimate > memory_budget:
             problems.append(
                 Problem(
                     ProblemKind.TOO_LARGE,
@@ -242,10 +275,6 @@ def _size_problems(
                 )
             )
     return problems
-
-
-def _policy_key(config: ModelConfig) -> tuple[str, tuple[ProviderEntry, ...] | None]:
-    return config.concurrency, config.providers
 
 
 def _settings_file(root: Path, name: str) -> str:

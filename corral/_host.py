@@ -519,7 +519,7 @@ class Host:
         """
         self._reloader.refresh()
 
-    def check(self) -> tuple[Problem, ...]:
+    def check(self, *, read_model_files: bool | None = None) -> tuple[Problem, ...]:
         """Scan the repository for problems now, without loading a model (``corral._check``).
 
         Each new problem is logged once at WARNING with its file and fix; from this call on,
@@ -527,12 +527,18 @@ class Host:
         gone). :meth:`models` then gives the reason of a model with a problem. Raises
         :class:`RepositoryError` when the repository cannot be listed.
 
+        The model files are read (their protobuf headers: a file that is not ONNX, a
+        config.pbtxt that contradicts the model's tensors) with a memory budget, or with
+        ``read_model_files=True``, which the polls then keep; None keeps what the last check
+        did (not to read, before any): a repository in object storage is not downloaded
+        whole to be checked unless asked.
+
         Example::
 
             for problem in host.check():
                 print(problem.kind.value, problem.path, problem.message, problem.fix)
         """
-        return self._problem_watch.check()
+        return self._problem_watch.check(read_model_files=read_model_files)
 
     @property
     def problems(self) -> tuple[Problem, ...]:

@@ -43,7 +43,7 @@ from corral._errors import (
 from corral._inline import TimedRuns, measure_lane
 from corral._load_workers import DEFAULT_ACTIVITY, Claim, LoadWorkers
 from corral._options import HostOptions
-from corral._pbtxt import check_declared, reshaped_signature
+from corral._pbtxt import check_declared, declared_signature
 from corral._probe import plan_batching
 from corral._repository import ModelEntry, Repository, validate_model_name
 from corral._runtime import Runtime
@@ -294,9 +294,9 @@ class Loader:
         try:
             # A config.pbtxt's declarations, before anything runs on the model.
             check_declared(config, session.signature, session.name)
-            reshaped = reshaped_signature(config, session.signature)
-            if reshaped is not None:
-                session.reshape_tensors(reshaped)
+            declared = declared_signature(config, session.signature)
+            if declared is not None:
+                session.declare_tensors(declared)
             run_warmups(session, config, claim, room)
             claim.set_activity("measuring its runs (the batching probe)")
             # After the warm-up: the probe's runs then cost what a loaded model's runs cost.

@@ -1,11 +1,15 @@
-"""What an ONNX model file holds, read without loading it: the budget's inputs.
+"""What an ONNX model file holds, read without loading it: the budget's inputs, the signature.
 
-:func:`read_footprint` walks the model's protobuf wire format (no ``onnx`` package: the core
-imports only onnxruntime and numpy) over a memory map of the file, so that the weights it
-steps over are never read into memory: only the messages' headers are. It counts the graph's
-nodes (subgraphs and functions included), the bytes of its tensors held in the file
-(initializers, sparse initializers, ``Constant`` values) and the bytes of its tensors held in
-external data files, which it finds and sizes with one ``stat`` each.
+:func:`read_model_file` (and :func:`read_footprint`, its footprint alone) walks the model's
+protobuf wire format (no ``onnx`` package: the core imports only onnxruntime and numpy) over a
+memory map of the file, so that the weights it steps over are never read into memory: only the
+messages' headers are. It counts the graph's nodes (subgraphs and functions included), the
+bytes of its tensors held in the file (initializers, sparse initializers, ``Constant`` values)
+and the bytes of its tensors held in external data files, which it finds and sizes with one
+``stat`` each. On the way it reads the main graph's inputs and outputs as onnxruntime reports
+them (an input that is also an initializer is not one, a converter's made-up dimension name is
+none): ``corral check`` holds a config.pbtxt's declarations against them without loading the
+model.
 
 External data must stay inside the model's folder (onnxruntime refuses it otherwise too): a
 reference that is absolute, leads out through ``..`` or a symlink, or names a file that is
@@ -22,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral._errors import ModelLoadError
+from corral._signature import Dim, Signature, TensorSpec
 
-__all__ = ["ModelFootprint", "read_footprint"]
+__all__ = ["ModelFile", "ModelFootprint", "read_footprint", "read_model_file"]
 
 # Bytes per element of TensorProto.DataType; strings (8) and unknown types are sized by the
 # bytes of their payload in the file instead.
@@ -65,6 +70,40 @@ _TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION = 13, 14
 # float_data, int32_data, string_data, int64_data, raw_data, double_data, uint64_data
 _TENSOR_PAYLOADS = frozenset({4, 5, 6, 7, 9, 10, 11})
 _ENTRY_KEY, _ENTRY_VALUE = 1, 2
+_GRAPH_INPUT, _GRAPH_OUTPUT = 11, 12
+_VALUE_INFO_NAME, _VALUE_INFO_TYPE = 1, 2
+# TypeProto's kinds: tensor, sequence, map, sparse tensor, optional.
+_TYPE_TENSOR, _TYPE_SEQUENCE, _TYPE_MAP, _TYPE_SPARSE, _TYPE_OPTIONAL = 1, 4, 5, 8, 9
+_TENSOR_TYPE_ELEMENT, _TENSOR_TYPE_SHAPE = 1, 2
+_SHAPE_DIM, _DIM_VALUE, _DIM_PARAM = 1, 1, 2
+_MAP_KEY, _MAP_VALUE = 1, 2
+
+# TensorProto.DataType -> onnxruntime's name of the element type (``tensor(float)``).
+_ELEMENT_NAMES = {
+    1: "float",
+    2: "uint8",
+    3: "int8",
+    4: "uint16",
+    5: "int16",
+    6: "int32",
+    7: "int64",
+    8: "string",
+    9: "bool",
+    10: "float16",
+    11: "double",
+    12: "uint32",
+    13: "uint64",
+    14: "complex64",
+    15: "complex128",
+    16: "bfloat16",
+    17: "float8e4m3fn",
+    18: "float8e4m3fnuz",
+    19: "float8e5m2",
+    20: "float8e5m2fnuz",
+    21: "uint4",
+    22: "int4",
+    23: "float4e2m1",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +118,15 @@ class ModelFootprint:
     external_bytes: int = 0
     #: Nodes of the graph, its subgraphs and its functions.
     nodes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFile:
+    """What one model file holds: its footprint and its main graph's inputs and outputs."""
+
+    footprint: ModelFootprint
+    #: As onnxruntime reports them once loaded (inputs that are initializers left out).
+    signature: Signature
 
 
 class _Malformed(Exception):
@@ -101,7 +149,25 @@ def read_footprint(path: str | os.PathLike[str]) -> ModelFootprint:
     >>> read_footprint("fraud/1/model.onnx")  # doctest: +SKIP
     ModelFootprint(file_bytes=2140, tensor_bytes=1600, external_bytes=0, nodes=3)
     """
-    model = Path(path)
+    footprint, _ = _read(Path(path), with_signature=False)
+    return footprint
+
+
+def read_model_file(path: str | os.PathLike[str]) -> ModelFile:
+    """Read the footprint and the signature of the ONNX model file at ``path``, in one pass.
+
+    Raises :class:`ModelLoadError` as :func:`read_footprint` does.
+
+    >>> read_model_file("fraud/1/model.onnx").signature.inputs  # doctest: +SKIP
+    (TensorSpec(name='X', dtype=dtype('float32'), shape=('N', 4), onnx_type='tensor(float)'),)
+    """
+    footprint, signature = _read(Path(path), with_signature=True)
+    assert signature is not None  # asked for
+    return ModelFile(footprint, signature)
+
+
+def _read(model: Path, *, with_signature: bool) -> tuple[ModelFootprint, Signature | None]:
+    # The signature only when asked: a load's estimate (every load) needs only the footprint.
     try:
         file = model.open("rb")
     except OSError as exc:
@@ -114,12 +180,13 @@ def read_footprint(path: str | os.PathLike[str]) -> ModelFootprint:
             walker = _Walker(data, model)
             try:
                 walker.model(0, size)
+                signature = walker.signature() if with_signature else None
             except _Malformed as exc:
                 raise ModelLoadError(
                     f"could not load model {model}: it is not an ONNX model ({exc})"
                 ) from exc
     tally = walker.tally
-    return ModelFootprint(size, tally.tensor_bytes, tally.external_bytes, tally.nodes)
+    return ModelFootprint(size, tally.tensor_bytes, tally.external_bytes, tally.nodes), signature
 
 
 class _Walker:
@@ -132,6 +199,10 @@ class _Walker:
         self.tally = _Tally()
         # External files already counted, with the ranges counted: tensors may share a file.
         self._external_seen: set[tuple[str, int, int]] = set()
+        # The main graph's inputs and outputs (where their ValueInfoProto lies), initializers.
+        self._inputs: list[tuple[int, int]] = []
+        self._outputs: list[tuple[int, int]] = []
+        self._initializers: set[str] = set()
 
     def _varint(self, at: int, end: int) -> tuple[int, int]:
         data = self._data
@@ -178,13 +249,13 @@ class _Walker:
             if wire != 2:
                 continue
             if number == _MODEL_GRAPH:
-                self._graph(at, stop, 1)
+                self._graph(at, stop, 1, main=True)
             elif number == _MODEL_FUNCTIONS:
                 for inner, inner_wire, inner_at, inner_stop in self._fields(at, stop):
                     if inner == _FUNCTION_NODE and inner_wire == 2:
                         self._node(inner_at, inner_stop, 1)
 
-    def _graph(self, start: int, end: int, depth: int) -> None:
+    def _graph(self, start: int, end: int, depth: int, *, main: bool = False) -> None:
         if depth > _MAX_DEPTH:
             raise _Malformed(f"subgraphs nested more than {_MAX_DEPTH} deep")
         for number, wire, at, stop in self._fields(start, end):
@@ -193,9 +264,88 @@ class _Walker:
             if number == _GRAPH_NODE:
                 self._node(at, stop, depth)
             elif number == _GRAPH_INITIALIZER:
-                self._tensor(at, stop)
+                name = self._tensor(at, stop)
+                if main:
+                    self._initializers.add(name)
             elif number == _GRAPH_SPARSE_INITIALIZER:
                 self._sparse(at, stop)
+            elif main and number == _GRAPH_INPUT:
+                self._inputs.append((at, stop))
+            elif main and number == _GRAPH_OUTPUT:
+                self._outputs.append((at, stop))
+
+    def signature(self) -> Signature:
+        """The main graph's inputs (those that are not initializers) and outputs."""
+        inputs = (self._value_info(at, stop) for at, stop in self._inputs)
+        return Signature(
+            tuple(spec for spec in inputs if spec.name not in self._initializers),
+            tuple(self._value_info(at, stop) for at, stop in self._outputs),
+        )
+
+    def _text(self, start: int, end: int) -> str:
+        return bytes(self._data[start:end]).decode("utf-8", "replace")
+
+    def _value_info(self, start: int, end: int) -> TensorSpec:
+        name, onnx_type = "", "undefined"
+        dims: tuple[Dim, ...] = ()
+        for number, wire, at, stop in self._fields(start, end):
+            if number == _VALUE_INFO_NAME and wire == 2:
+                name = self._text(at, stop)
+            elif number == _VALUE_INFO_TYPE and wire == 2:
+                onnx_type, dims = self._type(at, stop, 1)
+        return TensorSpec.of(name, onnx_type, dims)
+
+    def _type(self, start: int, end: int, depth: int) -> tuple[str, tuple[Dim, ...]]:
+        """The type as onnxruntime names it (``seq(tensor(float))``), and a tensor's dims."""
+        if depth > _MAX_DEPTH:
+            raise _Malformed(f"types nested more than {_MAX_DEPTH} deep")
+        for number, wire, at, stop in self._fields(start, end):
+            if wire != 2:
+                continue
+            if number in (_TYPE_TENSOR, _TYPE_SPARSE):
+                element, dims = self._tensor_type(at, stop)
+                kind = "tensor" if number == _TYPE_TENSOR else "sparse_tensor"
+                return f"{kind}({element})", dims
+            if number in (_TYPE_SEQUENCE, _TYPE_OPTIONAL):
+                inner, dims = "undefined", ()
+                for inner_number, inner_wire, inner_at, inner_stop in self._fields(at, stop):
+                    if inner_number == 1 and inner_wire == 2:
+                        inner, dims = self._type(inner_at, inner_stop, depth + 1)
+                if number == _TYPE_SEQUENCE:
+                    return f"seq({inner})", ()
+                return f"optional({inner})", dims  # onnxruntime reports the element's shape
+            if number == _TYPE_MAP:
+                key, value = "undefined", "undefined"
+                for inner_number, inner_wire, inner_at, inner_stop in self._fields(at, stop):
+                    if inner_number == _MAP_KEY and inner_wire == 0:
+                        key = _ELEMENT_NAMES.get(inner_at, "undefined")
+                    elif inner_number == _MAP_VALUE and inner_wire == 2:
+                        value, _ = self._type(inner_at, inner_stop, depth + 1)
+                return f"map({key},{value})", ()
+        return "undefined", ()
+
+    def _tensor_type(self, start: int, end: int) -> tuple[str, tuple[Dim, ...]]:
+        element = "undefined"
+        dims: list[Dim] = []
+        for number, wire, at, stop in self._fields(start, end):
+            if number == _TENSOR_TYPE_ELEMENT and wire == 0:
+                element = _ELEMENT_NAMES.get(at, "undefined")
+            elif number == _TENSOR_TYPE_SHAPE and wire == 2:
+                dims = [
+                    self._dim(inner_at, inner_stop)
+                    for inner, inner_wire, inner_at, inner_stop in self._fields(at, stop)
+                    if inner == _SHAPE_DIM and inner_wire == 2
+                ]
+        # No shape: onnxruntime reports none either (as for a scalar).
+        return element, tuple(dims)
+
+    def _dim(self, start: int, end: int) -> Dim:
+        for number, wire, at, stop in self._fields(start, end):
+            if number == _DIM_VALUE and wire == 0:
+                return at if at < 1 << 63 else None  # a negative size: dynamic
+            if number == _DIM_PARAM and wire == 2:
+                return self._text(at, stop) or None
+        return None
 
     def _node(self, start: int, end: int, depth: int) -> None:
         self.tally.nodes += 1
@@ -219,7 +369,8 @@ class _Walker:
             if wire == 2 and number in (_SPARSE_VALUES, _SPARSE_INDICES):
                 self._tensor(at, stop)
 
-    def _tensor(self, start: int, end: int) -> None:
+    def _tensor(self, start: int, end: int) -> str:
+        """Count a tensor's bytes; its name."""
         dims: list[int] = []
         data_type = 0
         external = False
@@ -247,12 +398,13 @@ class _Walker:
                 payload += stop - at
         if external:
             self.tally.external_bytes += self._external(name, entries)
-            return
+            return name
         elements = 1
         for dim in dims:
             elements *= dim
         item = _ITEM_BYTES.get(data_type)
         self.tally.tensor_bytes += payload if item is None else max(elements * item, payload)
+        return name
 
     def _external(self, tensor: str, entries: list[tuple[int, int]]) -> int:
         info: dict[str, str] = {}

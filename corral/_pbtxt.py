@@ -43,17 +43,25 @@ from typing import Any
 
 from corral._config import ModelConfig, ProviderEntry, TensorConfig, VersionPolicy
 from corral._errors import ModelConfigError
-from corral._pbtxt_declared import check_declared, reshaped_signature, triton_type
+from corral._pbtxt_declared import (
+    Mismatch,
+    check_declared,
+    declaration_mismatches,
+    declared_signature,
+    triton_type,
+)
 from corral._pbtxt_fields import refuse_unhonoured
 from corral._pbtxt_warmup import ReadWarmup, warmup_feed, warmup_samples
 from corral._providers import MAX_POOL_SIZE
 
 __all__ = [
     "CONFIG_PBTXT",
+    "Mismatch",
     "check_declared",
+    "declaration_mismatches",
+    "declared_signature",
     "parse_pbtxt",
     "pbtxt_from_json",
-    "reshaped_signature",
     "triton_type",
     "warmup_feed",
 ]

@@ -26,7 +26,7 @@ from corral._providers import (
     resolve_providers,
 )
 from corral._runtime import Runtime, runtime
-from corral._signature import ReshapedSignature, Signature, TensorSpec
+from corral._signature import DeclaredSignature, Signature, TensorSpec
 from corral._tuning import SessionTuning
 
 __all__ = ["Lease", "ModelSource", "Session", "SessionState"]
@@ -124,8 +124,8 @@ class Session:
             self._runtime._unregister(self)
             raise
         self._signature = Signature.from_session(replicas[0])
-        # Set by reshape_tensors before the session is shared, then only read.
-        self._reshaped: ReshapedSignature | None = None
+        # Set by declare_tensors before the session is shared, then only read.
+        self._declared: DeclaredSignature | None = None
         self._providers = tuple(replicas[0].get_providers())
         replicas = tuple(_ort.runner(replica) for replica in replicas)
         with self._state_lock:
@@ -308,25 +308,26 @@ class Session:
                 released = not admitted and self._end_use_locked()
             if released:
                 self._runtime._unregister(self)
-        reshaped = self._reshaped
-        if reshaped is not None:
-            return reshaped.restore_outputs(dict(zip(names, results, strict=True)))
+        declared = self._declared
+        if declared is not None:
+            return declared.restore_outputs(dict(zip(names, results, strict=True)))
         if len(names) == 1:
             return {names[0]: results[0]}
         return dict(zip(names, results, strict=True))
 
-    def reshape_tensors(self, signature: ReshapedSignature) -> None:
-        """Show the model's tensors in other shapes (a config.pbtxt's ``reshape``).
+    def declare_tensors(self, signature: DeclaredSignature) -> None:
+        """Show the model's tensors as a config.pbtxt declares them (``reshape``, narrower dims).
 
         From then on requests are checked against ``signature``'s shapes and reshaped to the
-        model's, and outputs are reshaped back. Call it once, right after construction and
-        before the session is shared with other threads (the Host's loader does, before it
-        publishes the version): it is not synchronised with runs.
+        model's, and outputs are reshaped back and checked against the declared sizes. Call
+        it once, right after construction and before the session is shared with other
+        threads (the Host's loader does, before it publishes the version): it is not
+        synchronised with runs.
         """
-        if self._reshaped is not None:
-            raise RuntimeError(f"session {self._name!r} already reshapes its tensors")
+        if self._declared is not None:
+            raise RuntimeError(f"session {self._name!r} already has declared tensors")
         self._signature = signature
-        self._reshaped = signature
+        self._declared = signature
 
     def acquire(self) -> Lease:
         """Hold the session open: close() waits until the lease is released.

@@ -6,6 +6,7 @@ input first and says which tensor is wrong, what the model expects and what it w
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +16,7 @@ import numpy.typing as npt
 
 from corral._errors import InferenceError, InvalidInput
 
-__all__ = ["Dim", "ReshapedSignature", "Signature", "TensorSpec"]
+__all__ = ["DeclaredSignature", "Dim", "Signature", "TensorSpec"]
 
 #: One dimension: a fixed size, or a name / None for a dynamic one.
 Dim = int | str | None
@@ -76,8 +77,17 @@ class TensorSpec:
     @classmethod
     def from_node_arg(cls, node_arg: Any) -> TensorSpec:
         """Build a spec from an onnxruntime ``NodeArg`` (``session.get_inputs()[i]``)."""
-        shape = tuple(_dim(d) for d in (node_arg.shape or ()))
-        return cls(node_arg.name, _ONNX_TO_NUMPY.get(node_arg.type), shape, node_arg.type)
+        return cls.of(node_arg.name, node_arg.type, node_arg.shape or ())
+
+    @classmethod
+    def of(cls, name: str, onnx_type: str, dims: Sequence[Any]) -> TensorSpec:
+        """A spec from onnxruntime's words: ``tensor(float)``, dims as ints, names or None.
+
+        A negative size, an empty name and a converter's made-up name (``unk__214``) are
+        a dynamic dimension without a name.
+        """
+        shape = tuple(_dim(d) for d in dims)
+        return cls(name, _ONNX_TO_NUMPY.get(onnx_type), shape, onnx_type)
 
     def coerce(self, value: Any) -> npt.NDArray[Any]:
         """Check one input value against this spec and return it as onnxruntime takes it.
@@ -173,10 +183,15 @@ def _fixed_dims_match(shape: tuple[int, ...], fixed: tuple[tuple[int, int], ...]
     return True
 
 
+# The names converters give dimensions they could not name (tf2onnx's ``unk__214``): they
+# mean nothing to a user, so such a dimension is shown as any other unnamed one, ``?``.
+_ANONYMOUS_DIM = re.compile(r"unk__\d+")
+
+
 def _dim(dim: Any) -> Dim:
     if isinstance(dim, int) and dim >= 0:
         return dim
-    if isinstance(dim, str) and dim:
+    if isinstance(dim, str) and dim and not _ANONYMOUS_DIM.fullmatch(dim):
         return dim
     return None
 
@@ -326,16 +341,23 @@ class Signature:
 Reshape = tuple[str, tuple[int, ...]]
 
 
-class ReshapedSignature(Signature):
-    """A signature whose tensors the client sees in other shapes (Triton's ``reshape``).
+class DeclaredSignature(Signature):
+    """A signature whose tensors the client sees as a config.pbtxt declares them.
+
+    Two things a declaration may change, as in Triton: a ``reshape`` (the client sends and
+    gets one shape, the model takes and gives another), and ``dims`` that fix a size where
+    the model's dimension is dynamic (requests must then have that size).
 
     ``inputs`` and ``outputs`` are the client's side: what requests are checked against and
     what metadata reports. :meth:`prepare_inputs` checks a request against them, then
-    reshapes each input named in ``input_shapes`` to the model's shape; :meth:`restore_outputs`
-    reshapes the model's outputs named in ``output_shapes`` to the client's. With
+    reshapes each input named in ``input_shapes`` to the model's shape;
+    :meth:`restore_outputs` reshapes the model's outputs named in ``output_shapes`` to the
+    client's, and checks each output in ``narrowed_outputs`` against its declared sizes (a
+    model that gives another size than its config.pbtxt declares is an
+    :class:`InferenceError`, not an answer that contradicts the metadata). With
     ``keep_rows`` the first dimension is the batch's and is kept as it is on both sides, so
-    that the scheduler stacks and splits rows of reshaped requests as of any others. Only
-    numpy views are made: no data is copied.
+    that the scheduler stacks and splits rows of these requests as of any others. Only numpy
+    views are made: no data is copied.
     """
 
     def __init__(
@@ -347,18 +369,21 @@ class ReshapedSignature(Signature):
         input_shapes: tuple[Reshape, ...],
         output_shapes: tuple[Reshape, ...],
         keep_rows: bool,
+        narrowed_outputs: tuple[TensorSpec, ...] = (),
     ) -> None:
         super().__init__(inputs, outputs)
         object.__setattr__(self, "model", model)
         object.__setattr__(self, "input_shapes", input_shapes)
         object.__setattr__(self, "output_shapes", output_shapes)
         object.__setattr__(self, "keep_rows", keep_rows)
+        object.__setattr__(self, "narrowed_outputs", narrowed_outputs)
 
     # Set in __init__ (the dataclass is frozen, and these are not its fields).
     model: Signature
     input_shapes: tuple[Reshape, ...]
     output_shapes: tuple[Reshape, ...]
     keep_rows: bool
+    narrowed_outputs: tuple[TensorSpec, ...]
 
     def prepare_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Check every input in the client's shapes, then reshape it to the model's."""
@@ -368,10 +393,17 @@ class ReshapedSignature(Signature):
         return feed
 
     def restore_outputs(self, outputs: dict[str, Any]) -> dict[str, Any]:
-        """Reshape the model's outputs (those computed) to the client's shapes, in place."""
+        """Reshape the model's outputs (those computed) to the client's shapes, in place.
+
+        Then check the outputs whose declared dims fix what the model leaves dynamic.
+        """
         for name, shape in self.output_shapes:
             if name in outputs:
                 outputs[name] = self._reshape("output", name, outputs[name], shape)
+        for spec in self.narrowed_outputs:
+            value = outputs.get(spec.name)
+            if value is not None:
+                _check_declared_output(spec, value)
         return outputs
 
     def _reshape(self, kind: str, name: str, value: Any, shape: tuple[int, ...]) -> Any:
@@ -389,3 +421,15 @@ class ReshapedSignature(Signature):
             if kind == "output":
                 raise InferenceError(f"the model's {message}") from None
             raise InvalidInput(message, tensor=name) from None
+
+
+def _check_declared_output(spec: TensorSpec, value: Any) -> None:
+    """Raise InferenceError if an output's shape is not the one its config.pbtxt declares."""
+    # An array: a declaration with a Triton type is refused at load for any other output.
+    shape = value.shape
+    wrong = len(shape) != len(spec.shape) or not _fixed_dims_match(shape, spec._fixed)
+    if wrong:
+        raise InferenceError(
+            f"the model's output {spec.name!r} has shape {list(shape)}, not the "
+            f"{spec.describe()} its config.pbtxt declares"
+        )

@@ -285,7 +285,7 @@ def positive_seconds(text: str) -> float:
 
 
 def _status(args: argparse.Namespace) -> int:
-    require_rich()
+    require_rich("corral status")
     return run_status(args)
 
 

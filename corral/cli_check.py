@@ -2,7 +2,8 @@
 
 The repository is checked without loading a model (``corral._check``); ``--load`` also
 loads each model, one at a time, and reports its estimated size and load time. Problems go
-to stdout, the verdict to stderr; the exit status is 1 on any problem.
+to stdout, the verdict to stderr; the exit status is 1 on any problem (2 for a bad argument,
+or ``--load`` without rich, which the server and cli extras bring).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ def run_check(args: argparse.Namespace) -> int:
     import corral
     from corral._check import find_problems
 
+    if args.load:
+        require_rich("corral check --load")  # before any work, not after the scan
     with corral.Host(args.repository, memory_budget=args.memory_budget) as host:
         # find_problems, not Host.check: the problems are printed here, not logged.
         problems, _ = find_problems(
@@ -37,7 +40,6 @@ def run_check(args: argparse.Namespace) -> int:
         )
         loaded: list[dict[str, object]] = []
         if args.load:
-            require_rich()
             problems += _load_each(host, problems, loaded)
     if args.json:
         print(json.dumps({"problems": [_problem_dict(p) for p in problems], "loaded": loaded}))

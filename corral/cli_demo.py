@@ -25,7 +25,7 @@ __all__ = ["ratio", "run_demo"]
 
 def run_demo(args: argparse.Namespace) -> int:
     """``corral demo``: build the models, run both workers, print the comparison."""
-    require_rich()
+    require_rich("corral demo")
     from rich.console import Console
 
     from corral.demo import IDLE_WINDOW_S, WorkerFailed

@@ -23,7 +23,7 @@ __all__ = ["run_models"]
 
 def run_models(args: argparse.Namespace) -> int:
     """``corral models``: the repository's models and their states; ``--preload`` first."""
-    require_rich()
+    require_rich("corral models")
     from rich.console import Console
 
     import corral

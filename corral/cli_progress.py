@@ -1,24 +1,42 @@
-"""The terminal display the ``corral`` commands share: rich, from the ``cli`` extra.
+"""What the ``corral`` commands share: rich's display, and how they say an extra is missing.
 
-Progress goes to stderr, so that stdout carries only a command's results (``--json`` output
-can be piped).
+rich comes with the ``server`` extra (so that the operator's commands, ``corral status``,
+``models`` and ``check --load``, work where the server is installed) and with ``cli`` (for a
+machine that only runs them). Progress goes to stderr, so that stdout carries only a command's
+results (``--json`` output can be piped). A command whose extra is missing exits with
+:data:`MISSING_EXTRA_STATUS`, naming the ``pip install`` that brings it.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from typing import TYPE_CHECKING
+import sys
+from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-__all__ = ["progress_bar", "require_rich"]
+__all__ = ["MISSING_EXTRA_STATUS", "exit_missing_extra", "progress_bar", "require_rich"]
+
+#: The exit status of a command run without the extra it needs: 2, as a usage error
+#: (argparse's), never 1, which ``corral check`` and ``corral models`` use for the problems
+#: they found.
+MISSING_EXTRA_STATUS = 2
 
 
-def require_rich() -> None:
-    """Exit with the ``pip install`` that brings rich, when it is missing."""
+def exit_missing_extra(message: str) -> NoReturn:
+    """Print ``message`` (what is missing, and the ``pip install`` that brings it), exit 2."""
+    print(message, file=sys.stderr)
+    raise SystemExit(MISSING_EXTRA_STATUS)
+
+
+def require_rich(command: str) -> None:
+    """Exit with the ``pip install`` that brings rich, when it is missing (status 2)."""
     if importlib.util.find_spec("rich") is None:
-        raise SystemExit("corral's command line needs rich: pip install 'corral[cli]'")
+        exit_missing_extra(
+            f"{command} needs rich (which the server and cli extras bring): "
+            "pip install 'corral[cli]'"
+        )
 
 
 def progress_bar() -> Progress:

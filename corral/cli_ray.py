@@ -16,6 +16,7 @@ from collections.abc import Callable
 from importlib.util import find_spec
 
 from corral._declare import ENV_PREFIX
+from corral.cli_progress import exit_missing_extra
 
 __all__ = ["RAY_SERVE_OPTIONS", "ray_serve_variables", "run_ray_serve"]
 
@@ -45,7 +46,9 @@ def run_ray_serve(args: argparse.Namespace) -> int:
     Runs until SIGTERM or SIGINT, which remove the application (and a local Ray node).
     """
     if not all(find_spec(module) for module in ("ray", "uvicorn", "orjson")):
-        raise SystemExit("corral ray-serve needs: pip install 'corral[ray,server]'")
+        exit_missing_extra(
+            "corral ray-serve needs the ray and server extras: pip install 'corral[ray,server]'"
+        )
     import logging
 
     from corral.ray import RayServeConfig, serve_on_ray

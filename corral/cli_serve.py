@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from corral._errors import CorralError
+from corral.cli_progress import exit_missing_extra
 
 __all__ = ["TRITON_SPELLINGS", "run_serve", "spelled"]
 
@@ -74,7 +75,10 @@ def run_serve(args: argparse.Namespace) -> int:
     needed |= {"pydantic_settings": "server", "grpc": "grpc"}
     missing = sorted({extra for module, extra in needed.items() if find_spec(module) is None})
     if missing:
-        raise SystemExit(f"corral serve needs: pip install 'corral[{','.join(missing)}]'")
+        extras = " and ".join(missing) + (" extras" if len(missing) > 1 else " extra")
+        exit_missing_extra(
+            f"corral serve needs the {extras}: pip install 'corral[{','.join(missing)}]'"
+        )
     import logging
     import os
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from onnx import TensorProto, helper
 
 import corral
 from corral._check import find_problems
@@ -206,20 +207,30 @@ def test_check_json_and_a_failed_load_is_a_problem(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
     add_model(tmp_path, "linear", build_linear())
-    # Parsed fine, refused only when the model is there to compare with: a load finds it.
-    add_model(tmp_path, "declared", build_linear())
-    (tmp_path / "declared" / "config.pbtxt").write_text(
-        'name: "declared"\ninput [{ name: "nope", data_type: TYPE_FP32, dims: [4] }]\n'
-    )
+    # A well-formed file of a graph onnxruntime refuses: only a load finds it.
+    add_model(tmp_path, "unknown_op", build_unknown_op())
     assert main(["check", str(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["problems"] == []
     assert main(["check", str(tmp_path), "--load", "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     (problem,) = report["problems"]
     assert problem["kind"] == "load_failed"
-    assert problem["model"] == "declared"
-    assert "nope" in problem["message"]
+    assert problem["model"] == "unknown_op"
+    assert "NoSuchOp" in problem["message"]
     assert [row["model"] for row in report["loaded"]] == ["linear"]
+
+
+def build_unknown_op() -> bytes:
+    """A valid ONNX file whose one node is of an operator no onnxruntime has."""
+    graph = helper.make_graph(
+        [helper.make_node("NoSuchOp", ["X"], ["Y"])],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
 
 
 @pytest.mark.timeout(60)
@@ -350,3 +361,128 @@ def test_checks_at_once_log_each_problem_once(tmp_path: Path, caplog: pytest.Log
     assert len(found) == 8
     assert set(found) == {host.problems}
     assert len(caplog.records) == 1
+
+
+# -- config.pbtxt against the model file, without loading -----------------------------------
+
+
+def build_recogniser() -> bytes:
+    """y = x + x, x and y float[N, 3, 48, W]: a recogniser's shapes, its width dynamic."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 48, "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, 48, "W"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+# Each config.pbtxt body, what check says of it, and the fix it gives.
+DECLARATIONS = {
+    "narrowed": (
+        "max_batch_size: 8\ninput [{ name: 'x' data_type: TYPE_FP32 dims: [3, 48, 192] }]",
+        None,
+        None,
+    ),
+    "renamed": (
+        "max_batch_size: 8\ninput [{ name: 'image' data_type: TYPE_FP32 dims: [3, 48, -1] }]",
+        "config.pbtxt's input 'image' is not one of the model's inputs: 'x'",
+        "name one of the model's inputs, or remove the declaration",
+    ),
+    "retyped": (
+        "max_batch_size: 8\ninput [{ name: 'x' data_type: TYPE_FP16 dims: [3, 48, -1] }]",
+        "config.pbtxt's input 'x' is declared TYPE_FP16, but the model's is TYPE_FP32 "
+        "(float32[N, 3, 48, W])",
+        "declare data_type: TYPE_FP32",
+    ),
+    "contradicted": (
+        "max_batch_size: 8\noutput [{ name: 'y' data_type: TYPE_FP32 dims: [3, 32, 192] }]",
+        "config.pbtxt's output 'y' has dims [3, 32, 192] (after the batch dimension), but the "
+        "model's dimension 2 is 48 (float32[N, 3, 48, W])",
+        "declare dims: [3, 48, -1] (the model's), or sizes that fix only its -1s",
+    ),
+    "unbatched": (
+        "input [{ name: 'x' data_type: TYPE_FP32 dims: [3, 48, 192] }]",
+        "config.pbtxt's input 'x' has dims [3, 48, 192]: 3 dimensions in all, but the model's "
+        "has 4 (float32[N, 3, 48, W])",
+        "declare dims: [-1, 3, 48, -1] (the model's), or sizes that fix only its -1s; or set "
+        "max_batch_size if the model's first dimension is the batch's",
+    ),
+}
+
+
+@pytest.mark.timeout(60)
+def test_check_holds_config_pbtxt_against_the_model_file_without_loading(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    for name, (body, _, _) in DECLARATIONS.items():
+        add_model(tmp_path, name, build_recogniser())
+        (tmp_path / name / "config.pbtxt").write_text(body.replace("'", '"') + "\n")
+    assert main(["check", str(tmp_path), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    found: dict[str, list[dict[str, str]]] = {}
+    for problem in report["problems"]:
+        found.setdefault(problem["model"], []).append(problem)
+    wanted = {name: case for name, case in DECLARATIONS.items() if case[1] is not None}
+    assert set(found) == set(wanted), report["problems"]
+    for name, (_, message, fix) in wanted.items():
+        problem = found[name][0]
+        assert problem["kind"] == "bad_config_pbtxt"
+        assert problem["message"] == f"model {name!r} version 1: {message}"
+        assert problem["fix"] == fix
+        assert problem["path"] == str(tmp_path / name / "config.pbtxt")
+    # Every mismatch is reported, not only the first: the renamed input leaves 'x' undeclared.
+    assert [len(problems) for problems in found.values()] == [
+        2 if name == "renamed" else 1 for name in found
+    ]
+    assert found["renamed"][1]["message"].endswith("declares inputs but not the model's 'x'")
+    with corral.Host(tmp_path) as host:
+        assert host.stats().loads == 0  # none loaded by the check
+        # What check accepts loads, what it refuses fails the load with the same words.
+        host.load("narrowed")
+        for name, (_, message, _) in wanted.items():
+            with pytest.raises(corral.ModelConfigError) as caught:
+                host.load(name)
+            assert message in str(caught.value)
+
+
+@pytest.mark.timeout(90)
+def test_strict_refuses_a_file_that_is_not_onnx_and_a_contradicting_config_without_a_budget(
+    tmp_path: Path,
+):
+    add_model(tmp_path, "good", build_linear())
+    (add_model(tmp_path, "junk", build_linear())).write_bytes(b"\xff\xff\xff not a model")
+    add_model(tmp_path, "contradicted", build_recogniser())
+    (tmp_path / "contradicted" / "config.pbtxt").write_text(
+        DECLARATIONS["contradicted"][0].replace("'", '"') + "\n"
+    )
+    command = [sys.executable, "-m", "corral.cli", "serve", "--http-port", "0"]
+    refused = subprocess.run(
+        [*command, "--grpc-port", "-1", "--strict", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "repository problem (bad_model_file): model 'junk' version 1" in refused.stderr
+    assert "repository problem (bad_config_pbtxt): model 'contradicted' version 1" in (
+        refused.stderr
+    )
+    assert "refusing to start: 2 problem(s)" in refused.stderr
+    assert " serving " not in refused.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_check_that_reads_model_files_keeps_reading_them_at_each_poll(tmp_path: Path):
+    add_model(tmp_path, "linear", build_linear())
+    with corral.Host(tmp_path) as host:
+        assert host.check(read_model_files=True) == ()
+        (tmp_path / "linear" / "1" / "model.onnx").write_bytes(b"\xff not a model")
+        host.refresh()
+        assert [p.kind for p in host.problems] == [ProblemKind.BAD_MODEL_FILE]
+        assert host.check(read_model_files=False) == ()
+        host.refresh()
+        assert host.problems == ()

@@ -26,6 +26,8 @@ from corral.demo import WorkerFailed, build_models, run_worker
 from corral.testing import build_model
 from tests.helpers import add_model
 
+ROOT = Path(__file__).resolve().parent.parent
+
 # onnxruntime's worker takes 50-60 ms to free each default session: a few models suffice.
 N_MODELS = 10
 # Leaves the subprocess's own hard timeout room to report before pytest-timeout fires.
@@ -262,12 +264,46 @@ def test_bad_arguments_exit_non_zero_with_a_message(
     assert message in capsys.readouterr().err
 
 
-def test_missing_rich_says_which_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["demo", "--models", "1"],
+        ["status", "http://127.0.0.1:9"],
+        ["models", "{repo}"],
+        ["check", "{repo}", "--load"],
+    ],
+    ids=["demo", "status", "models", "check --load"],
+)
+def test_missing_rich_exits_2_naming_the_extra(
+    argv: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     # A None entry in sys.modules makes the import machinery treat rich as absent.
     monkeypatch.setitem(sys.modules, "rich", None)
+    add_model(tmp_path, "linear", build_model("mlp", seed=1))
 
-    with pytest.raises(SystemExit, match=r"pip install 'corral\[cli\]'"):
-        main(["demo", "--models", "1"])
+    with pytest.raises(SystemExit) as exited:
+        main([arg.format(repo=tmp_path) for arg in argv])
+
+    # 2, as a usage error: never 1, check's and models' "problems found".
+    assert exited.value.code == 2
+    command = " ".join(["corral", *argv[:1], *(["--load"] if "--load" in argv else [])])
+    assert f"{command} needs rich (which the server and cli extras bring): " in (
+        capsys.readouterr().err
+    )
+
+
+def test_the_server_extra_brings_what_status_and_check_load_draw_with() -> None:
+    # The README and the image install corral[server,grpc]: the operator's commands beside
+    # the server must work there.
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert any(requirement.startswith("rich>=") for requirement in extras["server"])
 
 
 def test_models_preloads_and_lists_a_repository(tmp_path: Path) -> None:
@@ -308,18 +344,22 @@ def test_models_without_preload_loads_nothing(tmp_path: Path) -> None:
         (
             ["pydantic_settings", "corral.server.settings"],
             ["serve", ".", "--http-port", "1"],
-            "corral serve needs: pip install 'corral[server]'",
+            "corral serve needs the server extra: pip install 'corral[server]'",
         ),
-        (["grpc"], ["serve", "."], "corral serve needs: pip install 'corral[grpc]'"),
+        (["grpc"], ["serve", "."], "corral serve needs the grpc extra: pip install 'corral[grpc]'"),
         (
             ["ray", "corral.ray._config"],
             ["ray-serve", ".", "--num-replicas", "2"],
-            "corral ray-serve needs: pip install 'corral[ray,server]'",
+            "corral ray-serve needs the ray and server extras: pip install 'corral[ray,server]'",
         ),
     ],
 )
 def test_a_missing_extra_says_which_to_install_whatever_the_arguments(
-    monkeypatch: pytest.MonkeyPatch, absent: list[str], argv: list[str], message: str
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    absent: list[str],
+    argv: list[str],
+    message: str,
 ) -> None:
     for module in absent:
         monkeypatch.setitem(sys.modules, module, None)  # the import machinery: absent
@@ -327,7 +367,9 @@ def test_a_missing_extra_says_which_to_install_whatever_the_arguments(
     with pytest.raises(SystemExit) as exited:
         main(argv)
 
-    assert exited.value.code == message
+    # 2, as a usage error (argparse's): 1 is what serve answers for a model that failed.
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == message + "\n"
 
 
 @pytest.mark.parametrize(

@@ -15,13 +15,14 @@ import re
 import shlex
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from corral import Host
+from corral import Host, HostOptions
 from corral._budget import parse_bytes
 from corral.cli import _parser
 from corral.cli_serve import _triton_spellings
@@ -195,6 +196,45 @@ def test_the_service_targets_the_container_ports_by_name() -> None:
     assert service["spec"]["selector"] == labels
     named = {port["name"] for port in container["ports"]}
     assert {port["targetPort"] for port in service["spec"]["ports"]} == named
+
+
+def pods() -> list[dict[str, Any]]:
+    """The pod specs the manifests run corral in: the Deployment's and the ServingRuntime's."""
+    return [of_kind("Deployment")["spec"]["template"]["spec"], of_kind("ServingRuntime")["spec"]]
+
+
+def test_the_manifests_run_the_image_the_docs_build() -> None:
+    docs = (ROOT / "docs" / "deploy.md").read_text()
+    (built,) = re.findall(r"docker build -f deploy/Dockerfile -t (\S+) \.", docs)
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+    # corral's version, not :latest, which Kubernetes pulls on every start (and fails to, for
+    # an image built locally).
+    assert built == f"corral:{version}"
+    images = [container["image"] for pod in pods() for container in pod["containers"]]
+    assert images == [built, built]
+    assert f"--stop-timeout 30 {built} serve /models" in docs  # docker run: the same image
+
+
+def test_a_read_only_root_leaves_the_upload_folder_writable() -> None:
+    # Files uploaded by loads are written to tempfile's folder: /tmp, unless TMPDIR says.
+    checked = 0
+    for pod in pods():
+        volumes = {volume["name"]: volume for volume in pod.get("volumes", [])}
+        for container in pod["containers"]:
+            if not container.get("securityContext", {}).get("readOnlyRootFilesystem"):
+                continue
+            checked += 1
+            env = {item["name"]: item.get("value") for item in container.get("env", [])}
+            folder = env.get("TMPDIR") or "/tmp"
+            (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == folder]
+            assert not mount.get("readOnly", False), mount
+            volume = volumes[mount["name"]]
+            assert "emptyDir" in volume, volume
+            # Larger than what corral lets uploads hold, so that corral refuses first.
+            size = parse_bytes(volume["emptyDir"]["sizeLimit"])
+            assert size > parse_bytes(HostOptions().max_upload_bytes or 0)
+    assert checked == 1  # the Deployment's
 
 
 def test_the_grace_period_covers_the_drain_notice_and_the_drain_timeout() -> None:

@@ -17,7 +17,7 @@ from corral._budget import (
     estimate_model_bytes,
 )
 from corral._errors import ModelLoadError
-from corral._modelfile import ModelFootprint, read_footprint
+from corral._modelfile import ModelFootprint, read_footprint, read_model_file
 from corral.testing import build_mlp, build_tree
 
 pytestmark = pytest.mark.timeout(60)
@@ -199,3 +199,107 @@ def test_a_field_of_an_unknown_wire_type_is_refused(tmp_path: Path):
     path.write_bytes(b"\x3f\x00")  # field 7 with wire type 7, which protobuf does not have
     with pytest.raises(ModelLoadError, match="field 7 has wire type 7 at byte 1"):
         read_footprint(path)
+
+
+def _signature_model(ir_version: int) -> bytes:
+    """Inputs of unknown rank, named and unnamed dims, a converter's names, an initializer
+    listed as an input, a sequence output, a scalar: all that onnxruntime reports its way."""
+    weights = numpy_helper.from_array(np.ones(2, np.float32), "W")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Identity", ["X"], ["Y"]),
+            helper.make_node("Add", ["W", "W"], ["Z"]),
+            helper.make_node("SequenceEmpty", [], ["S"], dtype=TensorProto.INT64),
+            helper.make_node("Identity", ["B"], ["C"]),
+        ],
+        "g",
+        [
+            helper.make_tensor_value_info("X", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("W", TensorProto.FLOAT, [2]),
+            helper.make_tensor_value_info("B", TensorProto.BOOL, ["batch", "unk__214", None, 3]),
+        ],
+        [
+            helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["unk__12", None, 3]),
+            helper.make_tensor_value_info("Z", TensorProto.FLOAT, [2]),
+            helper.make_tensor_sequence_value_info("S", TensorProto.INT64, None),
+            helper.make_tensor_value_info("C", TensorProto.BOOL, ["batch", "unk__214", None, 3]),
+        ],
+        [weights],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = ir_version
+    return model.SerializeToString()
+
+
+def _optional_model() -> bytes:
+    """B = OptionalHasElement(O), O an optional float tensor [N]."""
+    element = helper.make_tensor_type_proto(TensorProto.FLOAT, ["N"])
+    graph = helper.make_graph(
+        [helper.make_node("OptionalHasElement", ["O"], ["B"])],
+        "g",
+        [helper.make_value_info("O", helper.make_optional_type_proto(element))],
+        [helper.make_tensor_value_info("B", TensorProto.BOOL, [])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def _zipmap_model() -> bytes:
+    """Z = ZipMap(X): scikit-learn classifiers' probabilities, a sequence of maps."""
+    probabilities = helper.make_map_type_proto(
+        TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, [])
+    )
+    graph = helper.make_graph(
+        [helper.make_node("ZipMap", ["X"], ["Z"], domain="ai.onnx.ml", classlabels_int64s=[0, 1])],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 2])],
+        [helper.make_value_info("Z", helper.make_sequence_type_proto(probabilities))],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)],
+    )
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        _signature_model(8),
+        _signature_model(3),
+        build_tree(),
+        build_mlp(),
+        _optional_model(),
+        _zipmap_model(),
+    ],
+    ids=["odd tensors", "ir 3", "tree", "mlp", "optional", "zipmap"],
+)
+def test_the_signature_read_from_the_file_is_the_one_onnxruntime_reports(
+    tmp_path: Path, model: bytes
+):
+    import corral
+    from corral import _ort
+    from corral._signature import Signature
+
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model)
+    corral.runtime().start()  # a plain session on the global pools, as tests/helpers.py makes
+    session = _ort.create_session(
+        model, _ort.session_options(arena="off"), ["CPUExecutionProvider"]
+    )
+    read = read_model_file(path)
+    assert read.signature == Signature.from_session(session)
+    assert read.footprint == read_footprint(path)
+
+
+def test_types_nested_deeper_than_the_limit_are_refused(tmp_path: Path):
+    # Written by hand, as above: a graph input whose type is a sequence of sequences ...
+    nested = b""
+    for _ in range(70):  # TypeProto.sequence_type -> Sequence.elem_type -> TypeProto ...
+        nested = _field(4, _field(1, nested))
+    path = tmp_path / "model.onnx"
+    path.write_bytes(_field(7, _field(11, _field(1, b"S") + _field(2, nested))))
+    with pytest.raises(ModelLoadError, match="types nested more than 64 deep"):
+        read_model_file(path)

@@ -836,17 +836,6 @@ def test_zero_and_random_strings_are_empty_as_in_triton():
         assert list(feed) == [b"", b"", b""]
 
 
-def test_fixing_a_dimension_the_model_leaves_dynamic_fails_its_load(tmp_path: Path):
-    add_model(tmp_path, "linear", build_linear())  # X is [N, 4], N dynamic
-    (tmp_path / "linear" / "config.pbtxt").write_text(
-        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 3, 4 ] } ]'
-    )
-    with Host(tmp_path) as host, pytest.raises(ModelConfigError) as caught:
-        host.load("linear")
-    assert "fixing dimension 0 at 3 where the model's is dynamic" in str(caught.value)
-    assert "declare -1 there" in str(caught.value)
-
-
 def test_declaring_some_inputs_but_not_all_fails_the_load_naming_the_rest(tmp_path: Path):
     add_model(tmp_path, "twoin", build_reshape())  # inputs X [N] and S [1]
     (tmp_path / "twoin" / "config.pbtxt").write_text(

@@ -698,7 +698,8 @@ async def _check_repository(host: Host, settings: ServerSettings) -> bool:
     Runs before either server binds its port, on a worker thread: the event loop does not
     wait on the disk.
     """
-    problems = await asyncio.to_thread(host.check)
+    # --strict refuses on every problem `corral check` finds: the model files are read too.
+    problems = await asyncio.to_thread(host.check, read_model_files=settings.strict)
     if problems and settings.strict:
         # Each problem was logged at WARNING; at a level that hides them, list them here.
         listed = (

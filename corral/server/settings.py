@@ -172,7 +172,8 @@ class ServerSettings(_HostAndRuntimeOptions):
     strict: bool = Field(
         False,
         description="refuse to start (exit status 2, before binding any port) when the "
-        "repository check finds a problem; each problem is logged with its fix",
+        "repository check finds a problem, any that corral check reports (the model files are "
+        "read for it); each problem is logged with its fix",
     )
     # -- Triton's model control ------------------------------------------------------------
     model_control_mode: Literal["none", "poll", "explicit"] | None = Field(
