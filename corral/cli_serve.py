@@ -75,6 +75,12 @@ def run_serve(args: argparse.Namespace) -> int:
     missing = sorted({extra for module, extra in needed.items() if find_spec(module) is None})
     if missing:
         raise SystemExit(f"corral serve needs: pip install 'corral[{','.join(missing)}]'")
+    from corral.protocol.proto import runtime_problems
+
+    # Before the generated modules are imported: they would refuse with a traceback.
+    problems = runtime_problems()
+    if problems:
+        raise SystemExit("corral serve: " + "; ".join(problems))
     import logging
     import os
 
