@@ -1044,3 +1044,43 @@ def test_a_binary_data_size_that_contradicts_the_contents_is_refused_naming_it(
     assert "binary_data_size" in str(refused.value)
     assert words in str(refused.value)
     assert refused.value.tensor == "X"
+
+
+# -- the binary data extension's choice of output format, over gRPC ------------------------
+
+
+def _with_output_choice(where: str, value: object) -> pb.ModelInferRequest:
+    request = _raw_request()
+    output = request.outputs.add(name="Y")
+    parameters = output.parameters if where == "output" else request.parameters
+    key = "binary_data" if where == "output" else "binary_data_output"
+    if isinstance(value, bool):
+        parameters[key].bool_param = value
+    else:
+        parameters[key].string_param = str(value)
+    return request
+
+
+@pytest.mark.parametrize("where", ["output", "request"])
+def test_asking_over_grpc_for_outputs_as_raw_bytes_is_taken(where: str):
+    # KServe's SDK sends an output's binary_data on either protocol; over gRPC every output is
+    # raw_output_contents anyway.
+    from corral.protocol.parameters import check_parameters
+
+    decoded = grpc_codec.decode_request(_with_output_choice(where, True))
+    (output,) = decoded.outputs
+    assert "binary_data" not in output.parameters
+    check_parameters(decoded)  # nothing left that corral would refuse
+
+
+@pytest.mark.parametrize("where", ["output", "request"])
+@pytest.mark.parametrize("value", [False, "yes"])
+def test_asking_over_grpc_for_outputs_in_typed_contents_is_refused_naming_it(
+    where: str, value: object
+):
+    with pytest.raises(corral.InvalidInput) as refused:
+        grpc_codec.decode_request(_with_output_choice(where, value))
+    key = "'binary_data'" if where == "output" else "'binary_data_output'"
+    assert key in str(refused.value)
+    assert "raw_output_contents" in str(refused.value)
+    assert refused.value.tensor == ("Y" if where == "output" else None)
