@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -78,3 +79,17 @@ def installed(bin_folder: Path) -> dict[str, str]:
         check=True,
     )
     return {entry["name"].lower(): entry["version"] for entry in json.loads(done.stdout)}
+
+
+def newest(name: str) -> str:
+    """The newest release of ``name`` on the package index, as pip sees it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "index", "versions", name],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    found = re.search(rf"^{re.escape(name)} \(([^)]+)\)$", done.stdout, re.MULTILINE)
+    assert found is not None, done.stdout
+    return found[1]
