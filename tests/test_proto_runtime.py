@@ -7,6 +7,7 @@ one line: both versions and the fix.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -115,3 +116,34 @@ def test_a_release_is_read_from_the_leading_numbers():
     assert proto._release("7.36.0rc1") == (7, 36, 0)
     assert proto._release("1.72.2.post1") == (1, 72, 2)
     assert proto._release("unknown") == ()
+
+
+def test_each_runtime_older_than_needed_is_a_problem_and_a_missing_one_is_not(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    installed = {"protobuf": "6.29.9", "grpcio": "1.72.2"}
+
+    def version(name: str) -> str:
+        if name not in installed:
+            raise proto.PackageNotFoundError(name)
+        return installed[name]
+
+    monkeypatch.setattr(proto, "version", version)
+    assert proto.runtime_problems() == [
+        "protobuf 6.29.9 is installed, but corral's generated gRPC code needs protobuf >= "
+        "6.30.0: pip install 'protobuf>=6.30.0'"
+    ]
+    del installed["protobuf"]  # missing: its import fails naming it, not this check
+    assert proto.runtime_problems() == []
+
+
+def test_run_serve_stops_before_any_import_of_the_generated_code(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    from corral import cli_serve
+
+    problem = "protobuf 5.29.5 is installed, but ..."
+    monkeypatch.setattr(proto, "runtime_problems", lambda: [problem])
+    with pytest.raises(SystemExit) as stopped:
+        cli_serve.run_serve(argparse.Namespace())
+    assert stopped.value.code == f"corral serve: {problem}"
