@@ -98,7 +98,8 @@ MIN_VENV := .venv-min
 MIN_TESTS := tests/test_config.py tests/test_session.py tests/test_session_options.py \
 	tests/test_runtime.py tests/test_pbtxt.py tests/test_host.py tests/test_server_http.py \
 	tests/test_server_grpc.py tests/test_grpc_health.py tests/test_serve_flags.py \
-	tests/test_triton_compat.py tests/test_uvicorn_adapter.py tests/test_routes.py
+	tests/test_triton_compat.py tests/test_uvicorn_adapter.py tests/test_routes.py \
+	tests/test_proto_runtime.py
 # Not a floor: --trace-exporter needs the otel extra (whose floor, 1.25, needs protobuf < 5:
 # not installable next to the grpc extra's floor).
 MIN_DESELECT := \

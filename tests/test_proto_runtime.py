@@ -147,3 +147,13 @@ def test_run_serve_stops_before_any_import_of_the_generated_code(
     with pytest.raises(SystemExit) as stopped:
         cli_serve.run_serve(argparse.Namespace())
     assert stopped.value.code == f"corral serve: {problem}"
+
+
+def test_a_repeated_field_is_told_on_protobuf_6_30_which_has_only_labels():
+    from types import SimpleNamespace
+
+    from corral._pbtxt_fields import is_repeated
+
+    # protobuf 6.30's FieldDescriptor: label and its constants, no is_repeated.
+    assert is_repeated(SimpleNamespace(label=3, LABEL_REPEATED=3))
+    assert not is_repeated(SimpleNamespace(label=1, LABEL_REPEATED=3))

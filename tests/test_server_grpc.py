@@ -33,6 +33,7 @@ from tritonclient.utils import InferenceServerException
 
 import corral
 from corral import Host, ModelState
+from corral._pbtxt_fields import is_repeated
 from corral._proto import model_config_pb2 as config_pb
 from corral.protocol import PLATFORM, DataPlane, grpc_codec
 from corral.protocol.proto import grpc_service_pb2 as pb
@@ -214,7 +215,7 @@ def _fields(message: Descriptor) -> dict[str, tuple[int, int, bool, str | None]]
         named = field.message_type or field.enum_type
         return None if named is None else named.full_name
 
-    return {f.name: (f.number, f.type, f.is_repeated, kind(f)) for f in message.fields}
+    return {f.name: (f.number, f.type, is_repeated(f), kind(f)) for f in message.fields}
 
 
 def _messages(message: Descriptor) -> list[Descriptor]:
