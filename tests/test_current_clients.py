@@ -37,6 +37,13 @@ from tests.venvs import (
 #: The model: input X FP32 [-1, 4], output Y FP32 [-1, 3].
 MODEL = build_mlp(n_outputs=3, seed=7)
 X = np.array([[1, 2, 3, 4]], np.float32)
+#: Its Triton configuration, parsed with the protobuf the client's pin leaves.
+CONFIG = """
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [{ name: "X", data_type: TYPE_FP32, dims: [4] }]
+output [{ name: "Y", data_type: TYPE_FP32, dims: [3] }]
+"""
 
 # Each client script takes the HTTP and gRPC addresses, makes its calls and prints one JSON
 # object: {call: Y as a list, or a classification's strings, or an error's text}.
@@ -81,6 +88,9 @@ record("http: priority 2", lambda: h.infer("mlp", [binary], priority=2))
 record("http: custom parameter", lambda: h.infer("mlp", [binary], parameters={"mine": 1}))
 
 g = grpcclient.InferenceServerClient(sys.argv[2])
+# The model's config.pbtxt, read with this venv's protobuf and sent back over both protocols.
+assert h.get_model_config("mlp")["max_batch_size"] == 8
+assert g.get_model_config("mlp").config.max_batch_size == 8
 raw = grpcclient.InferInput("X", [1, 4], "FP32")
 raw.set_data_from_numpy(x)
 record("grpc: raw input, no output named", lambda: g.infer("mlp", [raw]))
@@ -176,7 +186,7 @@ REFUSED = {
     "output binary_data false": "binary_data",
 }
 #: What each venv's versions are reported for.
-REPORTED = ("corral", "tritonclient", "kserve", "protobuf", "grpcio", "grpcio-tools")
+REPORTED = ("corral", "tritonclient", "kserve", "protobuf", "grpcio", "grpcio-health-checking")
 
 
 @pytest.fixture(scope="module")
@@ -202,6 +212,7 @@ def test_the_current_client_installs_beside_corral_and_its_calls_are_answered(
     assert versions[name] == newest(name), f"pip installed {name} {versions[name]}, not the newest"
     (tmp_path / "models" / "mlp" / "1").mkdir(parents=True)
     (tmp_path / "models" / "mlp" / "1" / "model.onnx").write_bytes(MODEL)
+    (tmp_path / "models" / "mlp" / "config.pbtxt").write_text(CONFIG)
     (y,) = reference_run(MODEL, {"X": X})
 
     process, log, http, grpc = serve(bin_folder, tmp_path / "models")
