@@ -200,9 +200,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("client", list(CLIENTS))
 def test_the_current_client_installs_beside_corral_and_its_calls_are_answered(
-    client: str, wheel: Path, tmp_path: Path
+    client: str, wheel: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    bin_folder = make_venv(tmp_path / "venv")
+    bin_folder = make_venv(tmp_path / "venv", request)
     seconds = pip_install(bin_folder, f"{wheel}[server,grpc]", client)
     versions = installed(bin_folder)
     print(f"{client}: installed in {seconds:.0f} s:", {k: versions.get(k) for k in REPORTED})

@@ -94,8 +94,12 @@ def readme_blocks() -> list[tuple[str, str, str]]:
     return BLOCK.findall(README.read_text())
 
 
-def copy_of_the_clone(target: Path) -> Path:
-    """This checkout's files, as a clone of it holds them, copied to ``target``."""
+def copy_of_the_clone(target: Path, request: pytest.FixtureRequest) -> Path:
+    """This checkout's files, as a clone of it holds them, copied to ``target``.
+
+    Removed when ``request``'s test ends, with the venvs and models made in it.
+    """
+    request.addfinalizer(lambda: shutil.rmtree(target))
     listed = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         cwd=ROOT,
@@ -122,8 +126,10 @@ def test_the_quick_start_begins_with_make_serve_then_make_test():
 
 
 @pytest.mark.timeout(400)
-def test_make_serve_then_make_test_run_as_written_in_a_copy_of_the_clone(tmp_path: Path):
-    user = User(copy_of_the_clone(tmp_path / "clone"), tmp_path / "home")
+def test_make_serve_then_make_test_run_as_written_in_a_copy_of_the_clone(
+    tmp_path: Path, request: pytest.FixtureRequest
+):
+    user = User(copy_of_the_clone(tmp_path / "clone", request), tmp_path / "home")
     user.home.mkdir()
     (serve,), (test,) = ([t for w, _, t in readme_blocks() if w == what] for what in MAKES)
     log = tmp_path / "make-serve.log"
@@ -145,10 +151,12 @@ def test_make_serve_then_make_test_run_as_written_in_a_copy_of_the_clone(tmp_pat
 
 
 @pytest.mark.timeout(400)
-def test_the_readme_quick_start_runs_as_written_in_a_fresh_venv(tmp_path: Path) -> None:
-    user = User(copy_of_the_clone(tmp_path / "clone"), tmp_path / "home")
+def test_the_readme_quick_start_runs_as_written_in_a_fresh_venv(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    user = User(copy_of_the_clone(tmp_path / "clone", request), tmp_path / "home")
     user.home.mkdir()
-    user.bin_folder = make_venv(tmp_path / "venv")
+    user.bin_folder = make_venv(tmp_path / "venv", request)
     blocks = [block for block in readme_blocks() if block[0] not in MAKES]
     (command,) = (text.strip() for what, _, text in blocks if what == "server")
     expected = reference_run(build_mlp(), {"X": np.array([[1, 2, 3, 4]], np.float32)})[0]
@@ -191,9 +199,11 @@ def test_the_readme_quick_start_runs_as_written_in_a_fresh_venv(tmp_path: Path) 
 
 
 @pytest.mark.timeout(300)
-def test_the_core_alone_imports_corral_and_runs_a_session(tmp_path: Path) -> None:
+def test_the_core_alone_imports_corral_and_runs_a_session(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     wheel = build_wheel(tmp_path / "wheel")
-    bin_folder = make_venv(tmp_path / "venv")
+    bin_folder = make_venv(tmp_path / "venv", request)
     pip_install(bin_folder, str(wheel), timeout=280)
     model = tmp_path / "core.onnx"
     model.write_bytes(build_mlp(seed=5))

@@ -180,13 +180,15 @@ def triton_input(name: str, array: np.ndarray, datatype: str) -> InferInput:
 
 
 @pytest.mark.timeout(300)
-def test_committed_generated_code_is_what_the_script_writes(tmp_path: Path):
+def test_committed_generated_code_is_what_the_script_writes(
+    tmp_path: Path, request: pytest.FixtureRequest
+):
     # With the generator `make proto` runs: constraints/proto.txt's grpcio-tools, in a venv of
     # its own (it pins protobuf < 7, which this venv need not have).
     unreachable = index_unreachable()
     if unreachable is not None:
         pytest.skip(unreachable)
-    tools = make_venv(tmp_path / "venv")
+    tools = make_venv(tmp_path / "venv", request)
     pip_install(tools, "-r", str(ROOT / "constraints" / "proto.txt"))
     out = tmp_path / "out"
     subprocess.run(

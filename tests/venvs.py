@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -18,6 +19,8 @@ import urllib.error
 import urllib.request
 from functools import cache
 from pathlib import Path
+
+import pytest
 
 #: Where pip looks first, unless PIP_INDEX_URL says otherwise.
 INDEX = "https://pypi.org/simple/"
@@ -35,8 +38,12 @@ def index_unreachable() -> str | None:
     return None
 
 
-def make_venv(root: Path) -> Path:
-    """A fresh venv at ``root`` whose ``bin/pip`` installs into it; its ``bin`` folder."""
+def make_venv(root: Path, request: pytest.FixtureRequest) -> Path:
+    """A fresh venv at ``root`` whose ``bin/pip`` installs into it; its ``bin`` folder.
+
+    It is removed when ``request``'s test ends: hundreds of MB each, in a /tmp shared by all.
+    """
+    request.addfinalizer(lambda: shutil.rmtree(root))
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     pip = root / "bin" / "pip"
     pip.write_text(f'#!/bin/sh\nexec {sys.executable} -m pip --python {root}/bin/python "$@"\n')
