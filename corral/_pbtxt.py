@@ -11,7 +11,7 @@ imports those two modules' names from here, with :data:`CONFIG_PBTXT` and :func:
 
 protobuf is imported here lazily, only when a config.pbtxt exists: the core's imports stay
 onnxruntime and numpy. onnxruntime depends on protobuf, but the generated module needs
-protobuf >= 7.35 (the ``grpc`` extra); an older one is a ModelConfigError saying so.
+protobuf >= 6.30 (the ``grpc`` extra); an older one is a ModelConfigError saying so.
 
 The mapping (``docs/host.md`` has the table):
 
@@ -157,7 +157,7 @@ def _model_config_module(source: str, what: str) -> Any:
         from corral._proto import model_config_pb2
     except Exception as exc:  # ImportError, or protobuf's VersionError for too old a runtime
         raise ModelConfigError(
-            f"{source}: reading {what} needs protobuf >= 7.35 "
+            f"{source}: reading {what} needs protobuf >= 6.30 "
             f"(pip install 'corral[grpc]'): {type(exc).__name__}: {exc}"
         ) from exc
     return model_config_pb2

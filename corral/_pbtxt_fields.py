@@ -14,7 +14,7 @@ from typing import Any
 
 from corral._errors import ModelConfigError
 
-__all__ = ["refuse_unhonoured"]
+__all__ = ["is_repeated", "refuse_unhonoured"]
 
 # Every leaf corral honours, as a dotted path (repeated fields and maps without an index). A
 # leaf that is set and not listed here is refused, with _WHY's reason or the generic one.
@@ -100,12 +100,23 @@ _WHY = {
 }
 
 
+def is_repeated(field: Any) -> bool:
+    """Whether a protobuf field descriptor is repeated, on every protobuf the grpc extra allows.
+
+    protobuf 7 has only ``is_repeated``; 6.30 (the floor, for tritonclient's and KServe's
+    ``protobuf<7``) has only ``label``.
+    """
+    if hasattr(field, "is_repeated"):
+        return bool(field.is_repeated)
+    return bool(field.label == field.LABEL_REPEATED)
+
+
 def _set_leaves(message: Any, prefix: str) -> Iterator[tuple[str, object]]:
     """Each leaf value set in ``message``: (dotted path with indexes, value)."""
     for descriptor, value in message.ListFields():
         path = f"{prefix}{descriptor.name}"
         if descriptor.message_type is not None and not _is_map(descriptor):
-            if descriptor.is_repeated:
+            if is_repeated(descriptor):
                 for index, item in enumerate(value):
                     yield from _set_leaves(item, f"{path}[{index}].")
             else:

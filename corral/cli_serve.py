@@ -79,6 +79,12 @@ def run_serve(args: argparse.Namespace) -> int:
         exit_missing_extra(
             f"corral serve needs the {extras}: pip install 'corral[{','.join(missing)}]'"
         )
+    from corral.protocol.proto import runtime_problems
+
+    # Before the generated modules are imported: they would refuse with a traceback.
+    problems = runtime_problems()
+    if problems:
+        raise SystemExit("corral serve: " + "; ".join(problems))
     import logging
     import os
 

@@ -4,13 +4,14 @@
 the core, so it lives beside the core) and ``corral/protocol/proto/grpc_service.proto`` (the
 gRPC service, which imports the first publicly).
 
-Usage::
+Usage (``make proto`` does the first in a venv with constraints/proto.txt's grpcio-tools)::
 
     python scripts/gen_proto.py            # rewrite the modules beside each .proto
     python scripts/gen_proto.py --out DIR  # write them all to DIR instead (the tests compare)
 
-Runs ``grpc_tools.protoc`` (pinned in the ``dev`` extra, so that output is the same on every
-machine) and then makes these fixes, each checked to apply:
+Runs ``grpc_tools.protoc`` (pinned in constraints/proto.txt, so that output is the same on
+every machine; its version sets the protobuf and grpcio floors of the ``grpc`` extra) and then
+makes these fixes, each checked to apply:
 
 * the modules import each other package-relatively or by their full name (protoc writes a
   top-level ``import grpc_service_pb2`` / ``model_config_pb2``, which only works with the
@@ -87,7 +88,7 @@ _FIXES: tuple[tuple[str, str, str, int | None], ...] = (
 
 
 def _protoc(proto: Path, out: Path, *, grpc: bool) -> None:
-    from grpc_tools import protoc  # a dev dependency: only this script needs it
+    from grpc_tools import protoc  # constraints/proto.txt's: only this script needs it
 
     out.mkdir(parents=True, exist_ok=True)
     arguments = [

@@ -103,9 +103,7 @@ def test_every_yaml_and_json_file_under_deploy_parses() -> None:
 
 def dockerfile_instructions() -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) of the final stage, continuation lines joined."""
-    text = re.sub(r"\\\n\s*", " ", (DEPLOY / "Dockerfile").read_text())
-    lines = [line.strip() for line in text.splitlines()]
-    instructions = [tuple(line.split(None, 1)) for line in lines if line and line[0] != "#"]
+    instructions = dockerfile_instructions_all()
     stages = [i for i, (word, _) in enumerate(instructions) if word == "FROM"]
     return [(word, rest) for word, rest in instructions[stages[-1] :]]
 
@@ -356,3 +354,33 @@ def test_docs_state_the_sizing_rule_these_tests_check() -> None:
         largest = (limit_gib * 1024 * MIB / HEADROOM - BASE_BYTES - bodies) / ESTIMATE_BOUND
         assert int(largest // MIB) == budget_mib
         assert f"| {limit_gib} GiB | {budget_mib:,} MiB" in text
+
+
+def test_the_image_and_the_systemd_recipe_install_as_the_readme_does() -> None:
+    # corral is not on PyPI: each builds the wheel in the checkout with the README's command
+    # and installs that wheel with the serving extras, never `pip install corral`.
+    readme = (DEPLOY.parent / "README.md").read_text()
+    build = "pip wheel --no-deps --wheel-dir dist ."
+    install = re.compile(r'pip install "\$\(ls ([\w/]+)/corral-\*\.whl\)\[server,grpc\]"')
+    assert build in readme
+    assert install.search(readme)
+    runs = [rest for word, rest in dockerfile_instructions_all() if word == "RUN"]
+    assert any(
+        re.fullmatch(r"pip wheel (--no-cache-dir )?--no-deps --wheel-dir /wheels \.", run)
+        for run in runs
+    )
+    assert any(install.search(run.replace("--no-cache-dir ", "")) for run in runs)
+    unit = (DEPLOY / "systemd" / "corral.service").read_text()
+    guide = (DEPLOY.parent / "docs" / "deploy.md").read_text()
+    for text in (unit, guide):
+        assert build in text
+        assert install.search(text)
+    for text in (readme, unit, guide, (DEPLOY / "Dockerfile").read_text()):
+        assert not re.search(r"pip install '?corral\[", text)
+
+
+def dockerfile_instructions_all() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of every stage, continuation lines joined."""
+    text = re.sub(r"\\\n\s*", " ", (DEPLOY / "Dockerfile").read_text())
+    lines = [line.strip() for line in text.splitlines()]
+    return [tuple(line.split(None, 1)) for line in lines if line and line[0] != "#"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import signal
 import threading
@@ -34,8 +35,9 @@ from corral.protocol import DataPlane
 from corral.protocol.model_control import ModelControl
 from corral.protocol.proto import grpc_service_pb2 as pb
 from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
+from corral.server import grpc_health
 from corral.server.grpc import start_grpc_server
-from corral.server.grpc_health import HealthServicer, add_health_and_reflection
+from corral.server.grpc_health import LIST_SERVED, HealthServicer, add_health_and_reflection
 from corral.testing import build_mlp
 from tests.helpers import add_model, build_slow_loop, run_freeing_frames
 from tests.processes import ServerProcess, start_server, stop_server
@@ -81,6 +83,12 @@ def test_check_answers_for_the_server_and_each_model(served: ServerProcess):
             stub.ModelMetadata(pb.ModelMetadataRequest(name="broken"), timeout=30)
         assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
         assert check(channel, "broken") == NOT_SERVING
+        if not LIST_SERVED:  # an older grpcio-health-checking (protobuf < 7): no List
+            with pytest.raises(grpc.RpcError) as unlisted:
+                channel.unary_unary("/grpc.health.v1.Health/List")(b"", timeout=30)
+            assert unlisted.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert "List is not served" in served.log.read_text()
+            return
         listed = health_pb2_grpc.HealthStub(channel).List(
             health_pb2.HealthListRequest(), timeout=30
         )
@@ -370,3 +378,18 @@ def test_during_the_drain_notice_check_says_not_serving_and_requests_are_still_s
         if served.process.poll() is None:
             served.process.kill()
             served.process.wait(timeout=10)
+
+
+def test_a_health_package_without_list_is_said_at_start(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    # grpcio-health-checking before 1.85.1 (beside tritonclient's or KServe's protobuf < 7)
+    # registers no List: the server says so once, at start, rather than leave it to be found.
+    from unittest import mock
+
+    monkeypatch.setattr(grpc_health, "LIST_SERVED", False)
+    with caplog.at_level(logging.WARNING, logger="corral.server.grpc_health"):
+        add_health_and_reflection(mock.Mock(), mock.Mock(), asyncio.Event())
+    (record,) = caplog.records
+    assert "List is not served (UNIMPLEMENTED)" in record.getMessage()
+    assert "protobuf >= 7" in record.getMessage()

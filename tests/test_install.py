@@ -1,15 +1,24 @@
-"""``pip install corral`` as a user does it: the wheel in a fresh venv, then the README.
+"""The README's quick start as a new user runs it: from a clone, then in a venv of theirs.
 
-One venv for the module: first the wheel alone (the core: onnxruntime and numpy), which must
-import corral and run a Session; then the README's quick start, block by block as written,
-with the wheel standing in for ``corral`` in its ``pip install`` lines. Packages come from
-pip's usual sources (PyPI, or the cache ``make venv`` has just filled); bytecode is not
-compiled, to keep the installs short.
+A copy of this checkout (its files as ``git ls-files`` lists them, untracked ones not ignored
+included: what a clone of this work would hold) stands in for the clone. Every block of the
+README marked ``<!-- quickstart... -->`` is run as written, in order, from the copy's root:
 
-The quick start's server binds 127.0.0.1 as written; its ports are set through
-``CORRAL_HTTP_PORT=0`` and ``CORRAL_GRPC_PORT=0`` (so that it cannot collide with another
-server) and the commands after it are pointed at the ports it reports. It is stopped by its
-process id and must exit 0.
+* ``make serve`` builds its venv and the demo repository and serves until it answers an
+  inference; it is then stopped by its process group (make and the server it started);
+* ``make test`` runs with ``MAKEFLAGS=--dry-run``: make resolves the same plan (the venv's
+  bootstrap, lint, type-check, the suite with its coverage floor) and prints it. Running it
+  for real here would run this very suite inside itself;
+* every block after them runs in a fresh venv, first on PATH as an activated venv is, with
+  nothing of corral in it: the README's own commands build the wheel and install it.
+
+The servers bind 127.0.0.1 as written; their ports are set through ``CORRAL_HTTP_PORT=0`` and
+``CORRAL_GRPC_PORT=0`` (so that they cannot collide with another server), and the commands
+after them are pointed at the ports they report. Packages come from pip's usual sources (PyPI,
+or the cache ``make venv`` has just filled); bytecode is not compiled, to keep installs short.
+
+Separately, the wheel alone (the core: onnxruntime and numpy) must import corral and run a
+Session.
 """
 
 from __future__ import annotations
@@ -18,9 +27,11 @@ import json
 import os
 import re
 import shlex
+import shutil
+import signal
 import subprocess
-import sys
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,38 +42,44 @@ from corral.testing import build_mlp
 from tests.helpers import build_wheel, reference_run
 from tests.processes import stop_process
 from tests.test_deploy import dockerfile_instructions
+from tests.venvs import environment, make_venv, pip_install
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-# The quick start's blocks: a marker comment, then a fenced block.
-BLOCK = re.compile(r"<!-- quickstart(: server)? -->\n```(sh|python)\n(.*?)```", re.DOTALL)
+# The quick start's blocks: a marker comment (with what the block is, for the ones that are
+# not run one command after the other), then a fenced block.
+BLOCK = re.compile(r"<!-- quickstart(?:: ([a-z ]+))? -->\n```(sh|python)\n(.*?)```", re.DOTALL)
 
 
 @dataclass
-class Venv:
-    """A fresh venv with the wheel installed, and the folder the user works in."""
+class User:
+    """Where the user works (the clone) and the venv they activated, if any."""
 
-    root: Path
-    wheel: Path
+    clone: Path
     home: Path
-
-    @property
-    def python(self) -> Path:
-        return self.root / "bin" / "python"
+    bin_folder: Path | None = None
 
     def environment(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "PYTHON"))}
-        env["PATH"] = f"{self.root / 'bin'}{os.pathsep}{env['PATH']}"
-        env["VIRTUAL_ENV"] = str(self.root)
-        env["PIP_NO_COMPILE"] = "1"
+        if self.bin_folder is not None:
+            env = environment(self.bin_folder)
+        else:
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "PYTHON"))}
+            env.pop("VIRTUAL_ENV", None)
+        env["HOME"] = str(self.home)
         return env
 
-    def shell(self, script: str, timeout: float = 120) -> str:
-        """Run ``script`` with bash in the user's folder, the venv first on PATH; its stdout."""
+    def shell(
+        self,
+        script: str,
+        timeout: float = 300,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> str:
+        """Run ``script`` with bash in the clone (or ``cwd``); its stdout. Fails on an error."""
         done = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", script],
-            cwd=self.home,
-            env=self.environment(),
+            cwd=cwd or self.clone,
+            env=env or self.environment(),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -72,25 +89,123 @@ class Venv:
         return done.stdout
 
 
-@pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
-    wheel = build_wheel(tmp_path_factory.mktemp("wheel"))
-    root = tmp_path_factory.mktemp("venv")
-    # Without pip of its own (ensurepip takes seconds): `pip` in it is this interpreter's pip
-    # working on the venv's interpreter.
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
-    pip = root / "bin" / "pip"
-    pip.write_text(f'#!/bin/sh\nexec {sys.executable} -m pip --python {root}/bin/python "$@"\n')
-    pip.chmod(0o755)
-    home = tmp_path_factory.mktemp("home")
-    made = Venv(root, wheel, home)
-    made.shell(f"pip install --quiet '{wheel}'", timeout=300)
-    return made
+def readme_blocks() -> list[tuple[str, str, str]]:
+    """The quick start's blocks, in order: (what the marker says, language, text)."""
+    return BLOCK.findall(README.read_text())
+
+
+def copy_of_the_clone(target: Path, request: pytest.FixtureRequest) -> Path:
+    """This checkout's files, as a clone of it holds them, copied to ``target``.
+
+    Removed when ``request``'s test ends, with the venvs and models made in it.
+    """
+    request.addfinalizer(lambda: shutil.rmtree(target))
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    for name in listed.stdout.decode().split("\0"):
+        if name and (ROOT / name).is_file():  # a file deleted but not yet committed is gone
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, target / name)
+    return target
+
+
+def test_the_quick_start_begins_with_make_serve_then_make_test():
+    blocks = readme_blocks()
+    assert [(what, text.split("#")[0].strip()) for what, _, text in blocks[:2]] == [
+        ("make serve", "make serve"),
+        ("make test", "make test"),
+    ]
+    assert "## Quick start" in README.read_text().split("<!-- quickstart")[0]
+    assert [what for what, _, _ in blocks].count("server") == 1
+    assert len(blocks) >= 7
+
+
+@pytest.mark.timeout(400)
+def test_make_serve_then_make_test_run_as_written_in_a_copy_of_the_clone(
+    tmp_path: Path, request: pytest.FixtureRequest
+):
+    user = User(copy_of_the_clone(tmp_path / "clone", request), tmp_path / "home")
+    user.home.mkdir()
+    (serve,), (test,) = ([t for w, _, t in readme_blocks() if w == what] for what in MAKES)
+    log = tmp_path / "make-serve.log"
+    served = start(user, serve.strip(), log, own_group=True)
+    try:
+        document = fetch(f"http://{served.http_address}/v2/models/m00001/infer", INFER)
+        ready = fetch(f"http://{served.http_address}/v2/health/ready")
+    finally:
+        served.stop()
+
+    assert document["outputs"][0]["name"] == "Y"
+    assert ready == {"ready": True}
+    assert (user.clone / "demo-models" / "m01000").is_dir()
+    # make's plan for `make test`, printed, not run: this suite is what it runs.
+    plan = user.shell(test, env=user.environment() | {"MAKEFLAGS": "--dry-run"})
+    assert re.search(r"-m pip install --quiet -e '\.\[dev\]'", plan)
+    assert "mypy --strict corral" in plan
+    assert re.search(r'-m pytest -m "not soak" --cov=corral .*--cov-fail-under=\d', plan, re.DOTALL)
+
+
+@pytest.mark.timeout(400)
+def test_the_readme_quick_start_runs_as_written_in_a_fresh_venv(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    user = User(copy_of_the_clone(tmp_path / "clone", request), tmp_path / "home")
+    user.home.mkdir()
+    user.bin_folder = make_venv(tmp_path / "venv", request)
+    blocks = [block for block in readme_blocks() if block[0] not in MAKES]
+    (command,) = (text.strip() for what, _, text in blocks if what == "server")
+    expected = reference_run(build_mlp(), {"X": np.array([[1, 2, 3, 4]], np.float32)})[0]
+    served = None
+    outputs = []
+    try:
+        for what, language, text in blocks:
+            if what == "server":
+                served = start(user, command, tmp_path / "serve.log", own_group=False)
+            elif language == "python":
+                assert served is not None, "the client runs after the server starts"
+                script = served.pointed(text)
+                outputs.append(user.shell(f"python - <<'PYTHON'\n{script}\nPYTHON\n"))
+            else:
+                outputs.append(user.shell(served.pointed(text) if served else text))
+        # The Docker image's health check, run here against this server.
+        check = json.loads(dict(dockerfile_instructions())["HEALTHCHECK"].split("CMD", 1)[1])
+        assert served is not None
+        user.shell(served.pointed(shlex.join(check)))
+        # Away from the clone, whose corral/ a python started there imports first.
+        where = user.shell("python -c 'import corral; print(corral.__file__)'", cwd=user.home)
+    finally:
+        if served is not None:
+            served.stop()
+
+    # Installed from the wheel the README built, not imported from the clone.
+    assert Path(where.strip()).is_relative_to(tmp_path / "venv")
+    (version,) = [
+        line for out in outputs for line in out.splitlines() if line.startswith("corral ")
+    ]
+    assert version.startswith("corral 0.1.0 (onnxruntime ")
+    answers = [answer for out in outputs for answer in json_documents(out)]
+    (metadata,) = [answer for answer in answers if "inputs" in answer]
+    (inferred,) = [answer for answer in answers if "model_name" in answer]
+    assert metadata["inputs"] == [{"name": "X", "datatype": "FP32", "shape": [-1, 4]}]
+    np.testing.assert_allclose(inferred["outputs"][0]["data"], expected.ravel(), 1e-5)
+    # tritonclient prints the numpy array: [[24.904442]].
+    printed = [float(n) for n in re.findall(r"-?\d+\.\d+(?:e[-+]\d+)?", outputs[-1])]
+    np.testing.assert_allclose(printed, expected.ravel(), 1e-5)
 
 
 @pytest.mark.timeout(300)
-def test_the_core_alone_imports_corral_and_runs_a_session(venv: Venv) -> None:
-    model = venv.home / "core.onnx"
+def test_the_core_alone_imports_corral_and_runs_a_session(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    wheel = build_wheel(tmp_path / "wheel")
+    bin_folder = make_venv(tmp_path / "venv", request)
+    pip_install(bin_folder, str(wheel), timeout=280)
+    model = tmp_path / "core.onnx"
     model.write_bytes(build_mlp(seed=5))
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     script = f"""
@@ -103,54 +218,34 @@ extras = [m for m in ("uvicorn", "grpc", "onnx", "pydantic_settings")
           if importlib.util.find_spec(m)]
 print(json.dumps({{"y": y.tolist(), "extras": extras, "file": corral.__file__}}))
 """
-
-    out = json.loads(venv.shell(f"python - <<'PYTHON'\n{script}\nPYTHON\n"))
+    done = subprocess.run(
+        [str(bin_folder / "python"), "-c", script],
+        cwd=tmp_path,
+        env=environment(bin_folder),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    out = json.loads(done.stdout)
 
     # Installed from the wheel, not imported from this checkout.
-    assert Path(out["file"]).is_relative_to(venv.root)
+    assert Path(out["file"]).is_relative_to(tmp_path / "venv")
     assert out["extras"] == []
     np.testing.assert_allclose(out["y"], reference_run(build_mlp(seed=5), {"X": x})[0], 1e-5)
 
 
-@pytest.mark.timeout(300)
-def test_the_readme_quick_start_runs_as_written(venv: Venv) -> None:
-    blocks = BLOCK.findall(README.read_text())
-    assert [server for server, _, _ in blocks].count(": server") == 1
-    assert len(blocks) >= 5
-    (command,) = (text.strip() for server, _, text in blocks if server)
-    expected = reference_run(build_mlp(), {"X": np.array([[1, 2, 3, 4]], np.float32)})[0]
-    served = None
-    outputs = []
-    try:
-        for server, language, text in blocks:
-            if server:
-                served = start(venv, command)
-            elif language == "python":
-                assert served is not None, "the client runs after the server starts"
-                script = served.pointed(text)
-                outputs.append(venv.shell(f"python - <<'PYTHON'\n{script}\nPYTHON\n"))
-            else:
-                for installed in re.findall(r"'corral\[[a-z,]+\]'", text):
-                    text = text.replace(installed, installed.replace("corral", str(venv.wheel)))
-                outputs.append(venv.shell(served.pointed(text) if served else text))
-        version = venv.shell("corral --version")
-        # The Docker image's health check, run here against this server.
-        check = json.loads(dict(dockerfile_instructions())["HEALTHCHECK"].split("CMD", 1)[1])
-        assert served is not None
-        venv.shell(served.pointed(shlex.join(check)))
-    finally:
-        if served is not None:
-            served.stop()
+#: The two blocks run from the clone, not in the user's venv.
+MAKES = ("make serve", "make test")
+INFER = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
 
-    assert version.startswith("corral 0.1.0 (onnxruntime ")
-    answers = [answer for out in outputs for answer in json_documents(out)]
-    (metadata,) = [answer for answer in answers if "inputs" in answer]
-    (inferred,) = [answer for answer in answers if "model_name" in answer]
-    assert metadata["inputs"] == [{"name": "X", "datatype": "FP32", "shape": [-1, 4]}]
-    np.testing.assert_allclose(inferred["outputs"][0]["data"], expected.ravel(), 1e-5)
-    # tritonclient prints the numpy array: [[24.904442]].
-    printed = [float(n) for n in re.findall(r"-?\d+\.\d+(?:e[-+]\d+)?", outputs[-1])]
-    np.testing.assert_allclose(printed, expected.ravel(), 1e-5)
+
+def fetch(url: str, body: object = None) -> dict[str, object]:
+    """GET ``url`` (POST ``body`` as JSON, if given); the JSON answer ({} for an empty one)."""
+    data = None if body is None else json.dumps(body).encode()
+    with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=30) as answer:
+        text = answer.read()
+    return json.loads(text) if text else {}
 
 
 def json_documents(text: str) -> list[dict[str, object]]:
@@ -165,41 +260,64 @@ def json_documents(text: str) -> list[dict[str, object]]:
 
 @dataclass
 class Served:
-    """The quick start's server: its process, its log and the ports it reported."""
+    """A quick start's server: its process, its log, the ports it reported."""
 
     process: subprocess.Popen[bytes]
     log: Path
     http: int
     grpc: int
+    own_group: bool
+
+    @property
+    def http_address(self) -> str:
+        return f"127.0.0.1:{self.http}"
 
     def pointed(self, text: str) -> str:
         """``text`` with the README's ports 8000 and 8001 replaced by the ones served."""
         return re.sub(r"(?<=:)800([01])\b", lambda m: str((self.http, self.grpc)[int(m[1])]), text)
 
     def stop(self) -> None:
-        stop_process(self.process, self.log)
+        if not self.own_group:
+            stop_process(self.process, self.log)
+            return
+        # make and the server it started, in the group this test made for them: the server
+        # drains and exits 0 (its log says so); make, signalled too, exits without waiting.
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=60)
+        finally:
+            if self.process.poll() is None:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while "corral: stopped" not in self.log.read_text():
+            assert time.monotonic() < deadline, f"the server did not stop:\n{self.log.read_text()}"
+            time.sleep(0.05)
 
 
-def start(venv: Venv, command: str) -> Served:
-    """Start the README's server command in the user's folder; wait for its startup line."""
-    env = venv.environment() | {"CORRAL_HTTP_PORT": "0", "CORRAL_GRPC_PORT": "0"}
-    log = venv.home / "serve.log"
+def start(user: User, command: str, log: Path, *, own_group: bool) -> Served:
+    """Start a README server command in the clone; wait for its startup line."""
+    env = user.environment() | {"CORRAL_HTTP_PORT": "0", "CORRAL_GRPC_PORT": "0"}
     with log.open("wb") as sink:
         process = subprocess.Popen(
             ["bash", "-c", f"exec {command}"],
-            cwd=venv.home,
+            cwd=user.clone,
             env=env,
             stdout=sink,
             stderr=subprocess.STDOUT,
+            start_new_session=own_group,
         )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         found = re.search(r"HTTP on 127\.0\.0\.1:(\d+), gRPC 127\.0\.0\.1:(\d+)", log.read_text())
         if found:
-            return Served(process, log, int(found[1]), int(found[2]))
+            return Served(process, log, int(found[1]), int(found[2]), own_group)
         if process.poll() is not None:
             break
         time.sleep(0.05)
-    process.kill()
+    if own_group:
+        os.killpg(process.pid, signal.SIGKILL)
+    else:
+        process.kill()
     process.wait(timeout=10)
     raise AssertionError(f"{command} did not start:\n{log.read_text()}")

@@ -32,7 +32,14 @@ except ImportError as exc:  # pragma: no cover - the extra is installed wherever
     ) from exc
 
 from corral._errors import InvalidInput
-from corral.protocol.binary import BINARY_DATA_SIZE, decode_tensor, element_count, encode_tensor
+from corral.protocol.binary import (
+    BINARY_DATA,
+    BINARY_DATA_OUTPUT,
+    BINARY_DATA_SIZE,
+    decode_tensor,
+    element_count,
+    encode_tensor,
+)
 from corral.protocol.costs import DecodeAllowance
 from corral.protocol.datatypes import numpy_dtype
 from corral.protocol.shm import (
@@ -162,11 +169,33 @@ def decode_request(
     return InferRequest(
         inputs=tuple(inputs),
         outputs=tuple(
-            RequestedOutput(output.name, parameters=_parameters(output.parameters))
+            RequestedOutput(output.name, parameters=_output_parameters(output))
             for output in request.outputs
         ),
         id=request.id or None,
         parameters=_request_parameters(request.parameters),
+    )
+
+
+def _output_parameters(output: pb.ModelInferRequest.InferRequestedOutputTensor) -> Parameters:
+    parameters = _parameters(output.parameters)
+    _check_raw_output(parameters, BINARY_DATA, f"requested output {output.name!r}", output.name)
+    parameters.pop(BINARY_DATA, None)  # true: what gRPC sends anyway
+    return parameters
+
+
+def _check_raw_output(parameters: Parameters, key: str, owner: str, tensor: str | None) -> None:
+    # The binary data extension's choice, over gRPC (KServe's SDK sends an output's
+    # binary_data on either protocol): every output travels as raw_output_contents, as in
+    # Triton's answers, so true asks for what is sent; false asks for typed contents, which
+    # corral does not send, so it is refused rather than ignored.
+    value = parameters.get(key)
+    if value is None or value is True:
+        return
+    raise InvalidInput(
+        f"{owner} has the parameter {key!r} ({value!r}): over gRPC corral sends every output "
+        "as raw_output_contents (binary), as Triton does; send true or leave it out",
+        tensor=tensor,
     )
 
 
@@ -323,6 +352,7 @@ def encode_repository_index(rows: Sequence[RepositoryModel]) -> pb.RepositoryInd
 
 def _request_parameters(entries: Mapping[str, pb.InferParameter]) -> Parameters:
     parameters = _parameters(entries)
+    _check_raw_output(parameters, BINARY_DATA_OUTPUT, "the request", None)
     timeout = parameters.get("timeout")
     # As over HTTP: a timeout that is not a count of microseconds is the client's mistake,
     # not a deadline that has already passed.

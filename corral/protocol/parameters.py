@@ -8,7 +8,8 @@ that it does not get it.
 
 What is honoured (the codecs take the binary extension's own parameters before this check):
 
-* on the request: ``timeout`` (microseconds, 0: none), ``binary_data_output`` (HTTP) and
+* on the request: ``timeout`` (microseconds, 0: none), ``binary_data_output`` (over gRPC,
+  where every output is raw bytes, only true) and
   ``triton_enable_empty_final_response`` (perf_analyzer sends it): it asks a decoupled model
   to mark its last response; corral's models are not decoupled, so each request's one
   response is its final one, as Triton answers a model that is not decoupled, whatever the
@@ -18,7 +19,9 @@ What is honoured (the codecs take the binary extension's own parameters before t
 * on an input: the system shared memory extension's ``shared_memory_region``,
   ``shared_memory_byte_size`` and ``shared_memory_offset``;
 * on a requested output: ``classification`` (the classification extension) and the same three
-  shared memory parameters.
+  shared memory parameters (and ``binary_data``, the codecs' own: over gRPC only true).
+
+docs/server.md tables what the current tritonclient and KServe SDK send and how each is taken.
 """
 
 from __future__ import annotations
@@ -57,6 +60,10 @@ _WHY = {
     "sequence_start": "corral serves stateless models: sequence batching is not supported",
     "sequence_end": "corral serves stateless models: sequence batching is not supported",
     "priority": "corral has one priority level",
+    "content_type": (
+        "it is a decoding hint of KServe's Python model servers; corral feeds each input to "
+        "the ONNX model by name, as its datatype and shape say"
+    ),
 }
 
 

@@ -31,7 +31,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import logging
 from collections.abc import AsyncIterator, Callable
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import grpc
@@ -49,11 +51,18 @@ from corral.protocol.proto import grpc_service_pb2 as inference_pb
 __all__ = [
     "DEFAULT_MAX_WATCHES",
     "HEALTH_SERVICE",
+    "LIST_SERVED",
     "MAX_LISTED",
     "HealthServicer",
     "add_health_and_reflection",
     "carries_token",
 ]
+
+#: Whether the installed grpcio-health-checking registers ``List`` (1.85.1 and later, which
+#: need protobuf 7: beside a client that pins protobuf < 7, pip installs an older one).
+LIST_SERVED = hasattr(health_pb2, "HealthListRequest")
+
+logger = logging.getLogger(__name__)
 
 #: The health service's full name.
 HEALTH_SERVICE = "grpc.health.v1.Health"
@@ -264,6 +273,13 @@ async def _first_of(*events: asyncio.Event) -> None:
             wait.cancel()
 
 
+def _health_checking_version() -> str:
+    try:
+        return version("grpcio-health-checking")
+    except PackageNotFoundError:  # pragma: no cover - imported above, so installed
+        return "(version unknown)"
+
+
 def _unknown(service: str) -> str:
     return (
         f"unknown service {service!r}: the health service knows '' (the server), "
@@ -285,6 +301,13 @@ def add_health_and_reflection(
     """
     health = HealthServicer(plane, draining, auth_token=auth_token, max_watches=max_watches)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    if not LIST_SERVED:
+        logger.warning(
+            "corral: gRPC health's List is not served (UNIMPLEMENTED): grpcio-health-checking "
+            "%s predates it; 1.85.1 brings it, and needs protobuf >= 7 (Check and Watch, what "
+            "probes use, are served)",
+            _health_checking_version(),
+        )
     reflection.enable_server_reflection(
         (_INFERENCE_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME),
         server,
