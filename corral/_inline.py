@@ -9,8 +9,8 @@ the design's bounds (``DESIGN.md``, "the inline lane"):
   runs): a pool's or an exclusive session's run may wait for a replica, which would block the
   loop;
 - only while its measured run time for the request's size stays under a bound (the Host's
-  ``inline_run_us``): :func:`measure_lane` runs generated feeds of 1 row, then of 64, 16
-  and 4 rows until one stays under the bound, at load, and the lane takes that size;
+  ``inline_run_us``): :func:`measure_lane` runs generated feeds of 64, 16, 4 and 1 rows at
+  load, in that order until one stays under the bound, and the lane takes that size;
 - a request larger than the sizes measured (any input with more elements than the largest
   measured feed's) never runs inline;
 - every inline run is timed again (:meth:`InlineLane.observe`); the first past the bound
@@ -340,11 +340,10 @@ def measure_lane(
             f"a run took {seen_s * 1e6:.1f} µs of CPU at load, far over the {bound_us} µs bound",
         )
     rng = np.random.default_rng(PROBE_SEED)
-    limits: dict[str, int] | None = None
-    measured_rows, slowest = 0, 0.0
-    # One row first, which must fit; then the largest size down, until one fits: a tiny
-    # model, whose every size fits, costs two sizes' runs.
-    sizes = (LANE_ROWS[0], *reversed(LANE_ROWS[1:])) if _batch_dimension(signature) else (1,)
+    # The largest size first, down to the first that stays under the bound: a run's time
+    # grows with its rows, so a tiny model (whose every size fits) costs one size's runs.
+    sizes = tuple(reversed(LANE_ROWS)) if _batch_dimension(signature) else (1,)
+    failure = (LaneState.OFF, "no size was measured")
     for rows in sizes:
         feed = _feed(signature, rows, rng)
         try:
@@ -353,28 +352,25 @@ def measure_lane(
             raise  # stopped by a close or a shutdown: says nothing about the model
         except (InferenceError, InvalidInput) as exc:
             # Generated inputs a model refuses (a reshape to 5 columns of 32 values) tell
-            # nothing of its run time: a smaller size may still be measured, or none is.
-            if limits is None:
-                return InlineLane(
-                    label,
-                    LaneState.OFF,
-                    f"it fails on the generated inputs it would be measured with: {one_line(exc)}",
-                )
+            # nothing of its run time: a smaller size may still be measured.
+            failure = (
+                LaneState.OFF,
+                f"it fails on the generated inputs it would be measured with: {one_line(exc)}",
+            )
             continue
         if took > bound_s:
-            if limits is None:
-                return InlineLane(
-                    label,
-                    LaneState.WORKERS,
-                    f"a run of one request took {took * 1e6:.1f} µs of CPU at load, over the "
-                    f"{bound_us} µs bound",
-                )
+            runs = "one request" if rows == 1 else f"{rows} rows"
+            failure = (
+                LaneState.WORKERS,
+                f"a run of {runs} took {took * 1e6:.1f} µs of CPU at load, over the "
+                f"{bound_us} µs bound",
+            )
             continue
         limits = {name: array.size for name, array in feed.items()}
         measured_rows, slowest = feed_rows(feed), took
-        if rows != sizes[0]:
-            break
-    assert limits is not None  # the first size either set them or returned
+        break
+    else:
+        return InlineLane(label, *failure)
     reason = (
         f"runs of up to {measured_rows} row{'s' if measured_rows != 1 else ''} took "
         f"{slowest * 1e6:.1f} µs of CPU (median of {_RUNS_PER_SIZE}) at load, under the "
