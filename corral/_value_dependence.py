@@ -13,8 +13,8 @@ or None when the proof holds.
 The proof is a walk of the graph, read without loading the model (the same protobuf walk as
 :mod:`corral._modelfile`):
 
-- control flow (``Loop``, ``If``, ``Scan``), and any node that carries a subgraph, is refused:
-  its work depends on what the subgraph does, per value;
+- control flow (``Loop``, ``If``, ``Scan``, ``SequenceMap``: the only ops of the known domains
+  that carry a subgraph) is refused: its work depends on what the subgraph does, per value;
 - ops whose output size follows their input *values* (``NonZero``, ``Unique``,
   ``NonMaxSuppression``, ``Compress``, string splitting, image decoding) are refused;
 - ops that make a shape from a tensor (``Range``, ``Expand``, ``Tile``, ``ConstantOfShape``,
@@ -44,8 +44,7 @@ __all__ = ["value_dependence"]
 _MODEL_GRAPH, _MODEL_FUNCTIONS = 7, 25
 _GRAPH_NODE, _GRAPH_INITIALIZER, _GRAPH_INPUT, _GRAPH_SPARSE_INITIALIZER = 1, 5, 11, 15
 _NODE_INPUT, _NODE_OUTPUT, _NODE_NAME, _NODE_OP_TYPE = 1, 2, 3, 4
-_NODE_ATTRIBUTE, _NODE_DOMAIN = 5, 7
-_ATTRIBUTE_GRAPH, _ATTRIBUTE_GRAPHS = 6, 11
+_NODE_DOMAIN = 7
 _FUNCTION_NAME, _FUNCTION_NODE, _FUNCTION_DOMAIN = 1, 7, 10
 _VALUE_INFO_NAME = 1
 _TENSOR_NAME = 8
@@ -53,7 +52,9 @@ _SPARSE_VALUES = 1
 
 #: The domains whose ops are known here: ONNX's own and its classical-ML set.
 _KNOWN_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml"})
-#: Ops whose work or output size follows their inputs' values, whatever is static.
+#: Ops whose work or output size follows their inputs' values, whatever is static. Every op
+#: of the known domains that carries a subgraph is here, so a node's attributes (which hold
+#: a tree ensemble's thousands of numbers) need not be read.
 _VALUE_SIZED = frozenset(
     {
         "Loop",
@@ -111,7 +112,6 @@ class _Node:
     name: str = ""
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
-    subgraph: bool = False
 
 
 @dataclass
@@ -169,7 +169,7 @@ def _judge(graph: _Graph, local: set[tuple[str, str]]) -> str | None:
         described = f"its {op} node {node.name!r}" if node.name else f"its {op} node"
         if domain not in _KNOWN_DOMAINS:
             return f"{described} is of a domain whose work is unknown"
-        if node.subgraph or node.op_type in _VALUE_SIZED:
+        if node.op_type in _VALUE_SIZED:
             return f"{described} does work that follows its inputs' values"
         if domain == "":
             for position in _SHAPE_INPUTS.get(node.op_type, ()):
@@ -261,9 +261,4 @@ class _Reader(_Walker):
                 node.domain = self._text(at, stop)
             elif number == _NODE_NAME:
                 node.name = self._text(at, stop)
-            elif number == _NODE_ATTRIBUTE:
-                node.subgraph = node.subgraph or any(
-                    inner in (_ATTRIBUTE_GRAPH, _ATTRIBUTE_GRAPHS)
-                    for inner, _, _, _ in self._fields(at, stop)
-                )
         return node
