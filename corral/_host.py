@@ -23,7 +23,15 @@ import numpy.typing as npt
 
 from corral._check import ProblemWatch
 from corral._counters import HostCounters, LatencyStats, RequestStats
-from corral._errors import CorralError, DrainTimeout, ModelConfigError, SessionClosed, fresh
+from corral._errors import (
+    CorralError,
+    DrainTimeout,
+    LoadRequestInvalid,
+    ModelConfigError,
+    ModelInvalid,
+    SessionClosed,
+    fresh,
+)
 from corral._events import ChangeListener, Event, EventKind
 from corral._loader import Loader, version_number
 from corral._options import HostOptionArgs, HostOptions
@@ -330,8 +338,10 @@ class Host:
         bytes, ...}``, used instead of the repository's folder (the model need not be in the
         repository). Either stays in place for every later load of the model, lazy or not,
         until a load with others, or without, replaces it; a load that fails puts back what
-        was in place. Raises :class:`ModelConfigError` for a malformed config or file path,
-        :class:`UploadTooLarge` past ``max_upload_bytes``. One load of a model runs at a
+        was in place. Raises :class:`LoadRequestInvalid` for a malformed config or file path,
+        or a config or files the model cannot be loaded with, :class:`UploadTooLarge` past
+        ``max_upload_bytes``, :class:`ModelInvalid` for a model whose own files cannot be
+        served. One load of a model runs at a
         time: a second waits for the first (within ``timeout``; else :class:`DeadlineExceeded`).
         """
         name = validate_model_name(name)
@@ -361,9 +371,16 @@ class Host:
             )
         try:
             self._load(name, version, pin, timeout)
-        except BaseException:
+        except BaseException as exc:
             if self._repository.replace_override(name, previous, expected=override):
                 self._remove_upload(name, override)
+            refused = isinstance(exc, ModelInvalid) and not isinstance(exc, LoadRequestInvalid)
+            if override is not None and refused:
+                # The model cannot be served with this request's config or files: the
+                # request is at fault, and what was in place is back in place.
+                raise LoadRequestInvalid(
+                    f"model {name!r}: the load's config or files: {exc}"
+                ) from exc
             raise
         self._remove_upload(name, previous)
 
@@ -381,13 +398,13 @@ class Host:
     ) -> ModelOverride | None:
         if config is None:
             if files is not None:
-                raise ModelConfigError(
+                raise LoadRequestInvalid(
                     f"model {name!r}: files ({', '.join(sorted(map(str, files)))}) were given "
                     "without a config: a load's files need the 'config' parameter too"
                 )
             return None
         if not isinstance(config, str):
-            raise ModelConfigError(
+            raise LoadRequestInvalid(
                 f"model {name!r}: the load's config must be JSON text, got {type(config).__name__}"
             )
         text = pbtxt_from_json(config, source=f"model {name!r}: the load's config")
