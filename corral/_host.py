@@ -22,7 +22,7 @@ from typing import Any, Unpack
 import numpy.typing as npt
 
 from corral._check import ProblemWatch
-from corral._counters import HostCounters, LatencyStats, RequestStats
+from corral._counters import HostCounters, LatencyStats, RequestStats, request_failure_reason
 from corral._errors import (
     CorralError,
     DrainTimeout,
@@ -305,13 +305,49 @@ class Host:
         """
         return self._counters.model_request_latency()
 
-    def count_request(self, name: str, version: int, duration_ns: int, *, ok: bool) -> None:
+    def count_request(
+        self, name: str, version: int, duration_ns: int, *, ok: bool, reason: str = "other"
+    ) -> None:
         """Count one answered request to ``name``'s ``version`` that took ``duration_ns``.
 
-        ``ok``: answered with outputs; else with an error. The servers' data plane counts
-        each request here once, so that every per-version figure has one home.
+        ``ok``: answered with outputs; else with an error, for ``reason`` (one of
+        ``corral._counters.REQUEST_FAILURE_REASONS``). The servers' data plane counts each
+        request here once, so that every per-version figure has one home.
         """
-        self._counters.count_request((name, version), duration_ns, ok=ok)
+        self._counters.count_request((name, version), duration_ns, ok=ok, reason=reason)
+
+    def count_failed_request(
+        self, name: str, version: int | str | None, duration_ns: int, error: BaseException
+    ) -> None:
+        """Count a request to ``name`` that failed before a version of it was leased.
+
+        Its load failed, or the request was refused before (a malformed input, say). It is
+        counted for the version it asked for, or the newest the Host last read of the model,
+        with the reason ``error`` gives. Never reads the disk: a request for a model the Host
+        has not read, or for no version it knows, is counted apart (``unattributed_failures``).
+        """
+        reason = request_failure_reason(error)
+        number = None if reason == "unknown_model" else self._known_version(name, version)
+        if number is None:
+            self._counters.count_unattributed_failure(duration_ns, reason)
+        else:
+            self._counters.count_request((name, number), duration_ns, ok=False, reason=reason)
+
+    def unattributed_failures(self) -> dict[str, int]:
+        """Failed requests counted for no model version (an unknown model...), by reason."""
+        return self._counters.unattributed_failures()
+
+    def _known_version(self, name: str, version: int | str | None) -> int | None:
+        entry, _ = self._table.cached(name)
+        if entry is None:
+            return None
+        if version is None:
+            return entry.latest
+        try:
+            number = int(version)
+        except ValueError:
+            return None
+        return number if number in entry.versions else None
 
     # -- explicit control --------------------------------------------------------------------
 

@@ -134,6 +134,7 @@ def test_a_queue_that_refused_requests_adds_an_overload_event():
     host = SimpleNamespace(
         request_stats=dict,
         model_request_latency=dict,
+        unattributed_failures=dict,
         queue_stats=lambda: dict(queues),
         record_event=lambda *args, **_: recorded.append(args),
     )

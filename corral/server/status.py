@@ -204,6 +204,8 @@ class _ModelSnapshot:
     queues: dict[QueueKey, QueueStats]
     #: The versions with a latency histogram of their own (``--model-latency-histograms``).
     latency: dict[QueueKey, LatencyStats]
+    #: Failed requests counted for no model version (an unknown model), so far.
+    unattributed_failures: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +235,8 @@ class _Figures:
     #: A model's versions together: rates and queues summed, the worst p50 and p99, the mean
     #: of their mean batch sizes.
     by_model: dict[str, _ModelFigures]
+    #: Failed requests per second that named no model version the server knows.
+    unattributed_errors_per_s: float = 0.0
 
 
 _NO_WINDOW = _Figures(None, {}, {})
@@ -341,6 +345,7 @@ class StatusBoard:
             host.request_stats(),
             host.queue_stats(),
             host.model_request_latency(),
+            sum(host.unattributed_failures().values()),
         )
         with self._rings_lock:
             previous = self._last_models
@@ -478,8 +483,10 @@ class StatusBoard:
             rate = (new.count - old.count) / seconds
             durations = _counts_between(new, old)
             p50, p99 = _ms(percentile(durations, 0.5)), _ms(percentile(durations, 0.99))
-        # Failures are counted per version only: over the models' window.
+        # Failures are counted per version (a failed load's included), and apart for no
+        # version known: over the models' window.
         errors = sum(f.errors_per_s for f in figures.by_model.values())
+        errors += figures.unattributed_errors_per_s
         return {
             "name": self._plane.server_metadata().name,
             "version": __version__,
@@ -536,7 +543,9 @@ def _model_figures(old: _ModelSnapshot, new: _ModelSnapshot) -> _Figures:
     for (name, _), found in by_version.items():
         versions.setdefault(name, []).append(found)
     by_model = {name: _together(found) for name, found in versions.items()}
-    return _Figures(round(seconds, 1), by_version, by_model)
+    unattributed = new.unattributed_failures - old.unattributed_failures
+    stray = unattributed / seconds if seconds > 0 else 0.0
+    return _Figures(round(seconds, 1), by_version, by_model, stray)
 
 
 def _together(versions: list[_ModelFigures]) -> _ModelFigures:
