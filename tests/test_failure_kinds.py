@@ -129,6 +129,13 @@ def test_over_grpc_the_broken_model_is_failed_precondition_and_a_bad_load_invali
         bad_config = await refused(s.client.load_model("mlp", config="{not json"))
         assert bad_config.status() == "StatusCode.INVALID_ARGUMENT"
         assert "not JSON" in bad_config.message()
+        # JSON, but a config the model refuses: the request's fault too, not the files'.
+        refused_config = '{"input": [{"name": "X", "data_type": "TYPE_INT64", "dims": [-1, 4]}]}'
+        refusal = await refused(s.client.load_model("mlp", config=refused_config))
+        assert refusal.status() == "StatusCode.INVALID_ARGUMENT", refusal
+        assert "the load's config or files" in refusal.message()
+        # And what was in place stays: the model's own files serve.
+        await s.client.infer("mlp", [triton_input("X", X, "FP32")])
         # Storage that may come back: UNAVAILABLE, which clients retry.
         error = corral.ModelLoadError("could not read the model: storage unreachable")
 

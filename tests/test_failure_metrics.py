@@ -196,3 +196,20 @@ def test_the_docs_error_ratio_alert_fires_for_a_broken_model_on_a_real_server(
     assert isinstance(fired, dict)
     assert list(fired.values()) == [pytest.approx(0.25)], fired
     assert list(fired) == [frozenset({("instance", "corral")})]
+
+
+def test_a_failure_before_a_version_is_leased_counts_for_a_version_the_host_knows(repo: Path):
+    with Host(repo) as host:
+        host.load("mlp")  # its entry is read: version 1
+        error = corral.InvalidInput("bad")
+        host.count_failed_request("mlp", None, 10, error)  # the newest: 1
+        host.count_failed_request("mlp", "1", 10, error)
+        host.count_failed_request("mlp", "9", 10, error)  # no such version: apart
+        host.count_failed_request("mlp", "latest", 10, error)  # not a number: apart
+        host.count_failed_request("tree", None, 10, error)  # not read yet: apart
+        host.count_failed_request("nope", None, 10, corral.ModelNotFound("nope"))
+        stats = host.request_stats()
+        apart = host.unattributed_failures()
+    assert stats[("mlp", 1)].failures_by_reason == (("invalid_input", 2),)
+    assert set(stats) == {("mlp", 1)}
+    assert (apart["invalid_input"], apart["unknown_model"]) == (3, 1)
