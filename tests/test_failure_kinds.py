@@ -167,3 +167,21 @@ def test_onnxruntimes_refusals_of_the_bytes_are_invalid_and_the_rest_may_pass(
     error = load_error(raised, b"12345")
     assert type(error) is kind
     assert str(error) == "onnxruntime could not load 5-byte model: FAIL : it broke"
+
+
+def test_a_model_with_several_problems_is_invalid_only_if_each_is():
+    from corral._model_entry import Problems, make_entry
+    from corral._problems import ProblemKind
+
+    def entry(*errors: corral.ModelLoadError) -> corral.ModelLoadError | None:
+        problems = Problems("m")
+        for error in errors:
+            problems.add(ProblemKind.BAD_LAYOUT, error, "m", "fix it")
+        return make_entry("m", {}, corral.ModelConfig(), None, problems, layout="folder").error
+
+    both = entry(corral.ModelInvalid("not ONNX"), corral.ModelConfigError("bad toml"))
+    assert type(both) is corral.ModelInvalid
+    assert str(both) == "model 'm' has 2 problems: not ONNX; bad toml"
+    # One that may pass (a file that could not be read): the whole may pass.
+    mixed = entry(corral.ModelInvalid("not ONNX"), corral.ModelLoadError("cannot stat: EIO"))
+    assert type(mixed) is corral.ModelLoadError

@@ -541,3 +541,21 @@ def test_corral_status_shows_the_interpolated_quantiles_and_names_in_natural_ord
     lines = [line for line in shown.splitlines() if re.match(r"\W*m\d+\s", line)]
     assert [line.split()[1] for line in lines] == ["m1", "m2", "m10"], shown
     assert all("3.75" in line for line in lines), shown
+
+
+@pytest.mark.timeout(60)
+def test_a_models_figures_over_two_versions_take_the_worse_quantile_and_its_bucket(tmp_path: Path):
+    repo = tmp_path / "models"
+    add_model(repo, "two", build_linear(seed=4), version=1)
+    add_model(repo, "two", build_linear(seed=5), version=2)
+    with Host(repo) as host:
+        _, board = app_for(host)
+        board.sample_models()
+        host.count_request("two", 1, 300_000, ok=True)  # 0.3 ms: in (0, 0.5] ms
+        host.count_request("two", 2, 3_000_000, ok=True)  # 3 ms: in (2.5, 5] ms
+        board.sample_models()
+        doc = board.document(StatusQuery.parse(b"sort=p50_ms&order=desc"))
+    (row,) = doc["models"]["rows"]
+    assert row["p50_ms"] == pytest.approx(3.75)  # version 2's: 2.5 + 2.5 * 0.5
+    assert row["p50_bucket_ms"] == pytest.approx([2.5, 5.0])
+    assert row["requests_per_s"] > 0
