@@ -54,8 +54,8 @@ from corral.server.compression import EncodingRefused
 
 __all__ = [
     "BINARY",
-    "BODY_BUDGET_RETRY_AFTER_S",
     "JSON",
+    "RETRY_AFTER_S",
     "STATUS",
     "Headers",
     "HttpError",
@@ -123,9 +123,9 @@ STATUS: dict[type[CorralError], int] = {
 
 #: How long a client answered 503 is told to wait before retrying, in seconds (Retry-After):
 #: refused by the body budget, or a failure that may pass.
-BODY_BUDGET_RETRY_AFTER_S = 1
+RETRY_AFTER_S = 1
 
-_RETRY_AFTER = ((b"retry-after", str(BODY_BUDGET_RETRY_AFTER_S).encode()),)
+_RETRY_AFTER = ((b"retry-after", str(RETRY_AFTER_S).encode()),)
 
 
 class HttpError(Exception):
