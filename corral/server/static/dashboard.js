@@ -88,7 +88,16 @@ function bucketTitle(bucket) {
   return within + ", estimated linearly within it, as Prometheus' histogram_quantile does";
 }
 
-function ms(n) { return (n >= 1 ? num(n, n >= 100 ? 0 : 1) : num(n, 2)) + " ms"; }
+function ms(n) {
+  if (n === 0) return "0 ms";
+  return (n >= 1 ? num(n, n >= 100 ? 0 : 1) : num(n, 2)) + " ms";
+}
+
+// A rate on an axis, short: 0, 2.5, 40, 1.5k, 30k.
+function compact(n) {
+  if (n >= 1000) return num(n / 1000, n >= 10000 ? 0 : 1) + "k";
+  return n === 0 ? "0" : num(n, n >= 10 ? 0 : 1);
+}
 
 function duration(s) {
   const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60);
@@ -125,7 +134,7 @@ function draw(doc) {
   }));
   drawBudget(s);
   const times = doc.history.time;
-  chart($("chart-rate"), times, doc.history.requests_per_s, (v) => num(v) + " req/s");
+  chart($("chart-rate"), times, doc.history.requests_per_s, (v) => compact(v) + " req/s");
   chart($("chart-p99"), times, doc.history.p99_ms, (v) => ms(v));
   chart($("chart-memory"), times, doc.history.memory_used_bytes, bytes);
   drawModels(doc.models);
@@ -158,7 +167,7 @@ function niceTop(n) {
 
 const SVG = "http://www.w3.org/2000/svg";
 // The plot's area inside the chart's viewBox (0 0 360 130): labels to its left and below.
-const PLOT = { left: 64, right: 354, top: 8, bottom: 104 };
+const PLOT = { left: 80, right: 354, top: 8, bottom: 104 };
 
 function svgNode(tag, attributes, text) {
   const node = document.createElementNS(SVG, tag);
