@@ -377,8 +377,8 @@ class Host:
         was in place. Raises :class:`LoadRequestInvalid` for a malformed config or file path,
         or a config or files the model cannot be loaded with, :class:`UploadTooLarge` past
         ``max_upload_bytes``, :class:`ModelInvalid` for a model whose own files cannot be
-        served. One load of a model runs at a
-        time: a second waits for the first (within ``timeout``; else :class:`DeadlineExceeded`).
+        served. One load of a model runs at a time: a second waits for the first (within
+        ``timeout``; else :class:`DeadlineExceeded`).
         """
         name = validate_model_name(name)
         deadline = deadline_after(timeout)
