@@ -289,15 +289,17 @@ def quantile(counts: Sequence[int], fraction: float) -> Quantile | None:
     if total == 0:
         return None
     rank = fraction * total
-    below = 0
-    for index, (upper, count) in enumerate(zip(_BOUNDS, counts, strict=True)):
-        if count and below + count >= rank:
-            lower = _BOUNDS[index - 1] if index else 0.0
-            if math.isinf(upper):
-                return Quantile(lower, lower, upper)
-            return Quantile(lower + (upper - lower) * (rank - below) / count, lower, upper)
-        below += count
-    raise AssertionError("unreachable: the last bucket with a count holds the top rank")
+    # The first bucket with a count that reaches the rank: the last with a count reaches the
+    # whole total, so the walk stops there at the latest.
+    below = index = 0
+    while not counts[index] or below + counts[index] < rank:
+        below += counts[index]
+        index += 1
+    count, upper = counts[index], _BOUNDS[index]
+    lower = _BOUNDS[index - 1] if index else 0.0
+    if math.isinf(upper):
+        return Quantile(lower, lower, upper)
+    return Quantile(lower + (upper - lower) * (rank - below) / count, lower, upper)
 
 
 def _counts_between(new: LatencyStats, old: LatencyStats) -> list[int]:
