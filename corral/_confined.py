@@ -16,7 +16,7 @@ import stat
 from collections.abc import Callable
 from typing import NamedTuple
 
-from corral._errors import ModelConfigError, ModelLoadError
+from corral._errors import ModelConfigError, ModelInvalid
 
 __all__ = [
     "Found",
@@ -75,9 +75,9 @@ def _inside(root: Root, real: str) -> bool:
     return real == root.real or real.startswith(root.prefix)
 
 
-def outside_error(root: Root, name: str, path: str, real: str) -> ModelLoadError:
+def outside_error(root: Root, name: str, path: str, real: str) -> ModelInvalid:
     """The error of model ``name``'s ``path``, which resolves to ``real`` outside ``root``."""
-    return ModelLoadError(
+    return ModelInvalid(
         f"model {name!r}: {path} resolves outside the repository root "
         f"{root.real} (to {real}); it is not read"
     )

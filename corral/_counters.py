@@ -18,8 +18,11 @@ Two kinds of figure, each under the lock of the code that counts it:
   their latency: in one histogram for the whole Host, and in one per version for the first
   ``model_latency_histograms`` versions asked (a bound on the metrics' cardinality).
 
-It also names why a load failed, from a fixed set (:func:`load_failure_reason`), so that a
-metric's ``reason`` label never carries free text.
+It also names why a load failed and why a request failed, each from a fixed set
+(:func:`load_failure_reason`, :func:`request_failure_reason`), so that a metric's ``reason``
+label never carries free text. A request that failed before any version of its model was
+chosen (an unknown model, a malformed name) is counted apart, by reason only
+(:meth:`HostCounters.count_unattributed_failure`): a label per name asked would be unbounded.
 """
 
 from __future__ import annotations
@@ -29,13 +32,24 @@ import time
 from dataclasses import dataclass, field
 
 from corral._errors import (
+    DeadlineExceeded,
+    DrainTimeout,
+    HostClosed,
+    InferenceError,
+    InvalidInput,
     InvalidModelName,
     LoadTimeout,
     ModelConfigError,
+    ModelInvalid,
     ModelLoadError,
     ModelNotFound,
     ModelTooLarge,
+    Overloaded,
     ProviderUnavailable,
+    RepositoryError,
+    RunCancelled,
+    RuntimeClosed,
+    SessionClosed,
 )
 from corral._histogram import Histogram
 
@@ -43,12 +57,14 @@ __all__ = [
     "BATCH_ROWS_BUCKETS",
     "DEFAULT_MODEL_LATENCY_HISTOGRAMS",
     "LOAD_FAILURE_REASONS",
+    "REQUEST_FAILURE_REASONS",
     "REQUEST_SECONDS_BUCKETS",
     "HostCounters",
     "LatencyStats",
     "RequestStats",
     "RunCounters",
     "load_failure_reason",
+    "request_failure_reason",
 ]
 
 #: What names a version's figures: the model's name and version.
@@ -98,6 +114,54 @@ def load_failure_reason(error: BaseException) -> str:
     return "other"
 
 
+# Why a request failed, by error class: the most specific first. Any other is "other".
+_REQUEST_REASON_BY_CLASS: tuple[tuple[type[Exception], str], ...] = (
+    # The request itself: a tensor missing, of the wrong dtype or shape.
+    (InvalidInput, "invalid_input"),
+    # No such model or version, or a name that cannot name one.
+    (ModelNotFound, "unknown_model"),
+    (InvalidModelName, "unknown_model"),
+    # The model cannot load until its files (or the server's options) change.
+    (ModelInvalid, "unloadable"),
+    (ModelTooLarge, "unloadable"),
+    (ProviderUnavailable, "unloadable"),
+    # Its load failed for what may pass: storage, its timeout, no room for now.
+    (ModelLoadError, "load_failed"),
+    # Refused at once: a queue was full.
+    (Overloaded, "overloaded"),
+    # The request's timeout passed.
+    (DeadlineExceeded, "deadline"),
+    # Its run was stopped (shutdown, or the request was cancelled).
+    (RunCancelled, "cancelled"),
+    # onnxruntime failed while running the model.
+    (InferenceError, "inference"),
+    # The server is closing, or the repository is gone.
+    (HostClosed, "unavailable"),
+    (RuntimeClosed, "unavailable"),
+    (SessionClosed, "unavailable"),
+    (DrainTimeout, "unavailable"),
+    (RepositoryError, "unavailable"),
+)
+#: Every ``reason`` a failed request is counted under: a fixed set, never free text.
+REQUEST_FAILURE_REASONS = (
+    *dict.fromkeys(reason for _, reason in _REQUEST_REASON_BY_CLASS),
+    "other",
+)
+_REQUEST_REASON_INDEX = {reason: index for index, reason in enumerate(REQUEST_FAILURE_REASONS)}
+
+
+def request_failure_reason(error: BaseException) -> str:
+    """The ``reason`` a failed request is counted under, one of :data:`REQUEST_FAILURE_REASONS`.
+
+    >>> request_failure_reason(ModelInvalid("not an ONNX model"))
+    'unloadable'
+    """
+    for error_class, reason in _REQUEST_REASON_BY_CLASS:
+        if isinstance(error, error_class):
+            return reason
+    return "other"
+
+
 @dataclass(eq=False, slots=True)
 class RunCounters:
     """What every copy of one version's queue has seen and run; only ever grows.
@@ -138,6 +202,9 @@ class RequestStats:
     fail_ns: int = 0
     #: When the last successful request ended, in milliseconds since the epoch; 0: never.
     last_inference_ms: int = 0
+    #: Of :attr:`fail_count`, ``(reason, count)`` for each reason of
+    #: :data:`REQUEST_FAILURE_REASONS` counted at least once, in that order.
+    failures_by_reason: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -150,6 +217,14 @@ class LatencyStats:
     #: ``(upper bound in seconds, requests at or under it)`` per bucket, cumulative; the
     #: ``+Inf`` bucket is :attr:`count`.
     buckets: tuple[tuple[float, int], ...]
+
+
+def _by_reason(counts: list[int]) -> tuple[tuple[str, int], ...]:
+    return tuple(
+        (reason, count)
+        for reason, count in zip(REQUEST_FAILURE_REASONS, counts, strict=True)
+        if count
+    )
 
 
 def _latency_stats(histogram: Histogram[int]) -> LatencyStats:
@@ -170,6 +245,8 @@ class _RequestCounters:
     fail_ns: int = 0
     last_inference_ms: int = 0
     latency: Histogram[int] | None = None
+    # Failures per reason, indexed as REQUEST_FAILURE_REASONS.
+    fail_reasons: list[int] = field(default_factory=lambda: [0] * len(REQUEST_FAILURE_REASONS))
 
 
 class HostCounters:
@@ -194,6 +271,8 @@ class HostCounters:
         self._runs: dict[Key, RunCounters] = {}
         self._requests: dict[Key, _RequestCounters] = {}
         self._latency: Histogram[int] = Histogram(_REQUEST_NS_BUCKETS)
+        # Failures no model version is named for (unknown model, malformed name), by reason.
+        self._unattributed = [0] * len(REQUEST_FAILURE_REASONS)
         # Versions still to get a histogram of their own: the first ones asked do.
         self._histograms_left = model_latency_histograms
 
@@ -210,8 +289,12 @@ class HostCounters:
         with self._lock:
             return dict(self._runs)
 
-    def count_request(self, key: Key, duration_ns: int, *, ok: bool) -> None:
-        """Count one request to version ``key``: answered with outputs if ``ok``, else failed."""
+    def count_request(self, key: Key, duration_ns: int, *, ok: bool, reason: str = "other") -> None:
+        """Count one request to version ``key``: answered with outputs if ``ok``, else failed.
+
+        ``reason``: why it failed, one of :data:`REQUEST_FAILURE_REASONS`.
+        """
+        index = _REQUEST_REASON_INDEX[reason]  # KeyError for a reason not in the set
         with self._lock:
             counters = self._requests.get(key)
             if counters is None:
@@ -226,6 +309,20 @@ class HostCounters:
             else:
                 counters.fail_count += 1
                 counters.fail_ns += duration_ns
+                counters.fail_reasons[index] += 1
+
+    def count_unattributed_failure(self, duration_ns: int, reason: str) -> None:
+        """Count a failed request that names no model version the Host knows, by ``reason``."""
+        index = _REQUEST_REASON_INDEX[reason]
+        with self._lock:
+            self._latency.observe(duration_ns)
+            self._unattributed[index] += 1
+
+    def unattributed_failures(self) -> dict[str, int]:
+        """The failures :meth:`count_unattributed_failure` counted, by reason (every reason)."""
+        with self._lock:
+            counts = list(self._unattributed)
+        return dict(zip(REQUEST_FAILURE_REASONS, counts, strict=True))
 
     def request_stats(self) -> dict[Key, RequestStats]:
         """Every version's request figures now, by key; versions never asked are left out."""
@@ -233,7 +330,7 @@ class HostCounters:
         # figures of a few hundred versions at a time, and build the RequestStats after.
         with self._lock:
             items = list(self._requests.items())
-        figures: list[tuple[Key, int, int, int, int, int]] = []
+        figures: list[tuple[Key, int, int, int, int, int, tuple[tuple[str, int], ...]]] = []
         for start in range(0, len(items), _READ_CHUNK):
             with self._lock:
                 figures.extend(
@@ -244,10 +341,14 @@ class HostCounters:
                         c.fail_count,
                         c.fail_ns,
                         c.last_inference_ms,
+                        _by_reason(c.fail_reasons) if c.fail_count else (),
                     )
                     for key, c in items[start : start + _READ_CHUNK]
                 )
-        return {key: RequestStats(*counts) for key, *counts in figures}
+        return {
+            key: RequestStats(ok, ok_ns, failed, failed_ns, last, reasons)
+            for key, ok, ok_ns, failed, failed_ns, last, reasons in figures
+        }
 
     def request_latency(self) -> LatencyStats:
         """The latency of every request counted, all versions together."""

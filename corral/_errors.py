@@ -10,11 +10,16 @@
     ├── RepositoryError        the model repository itself is unusable (missing root, not a folder)
     ├── InvalidModelName       a model name that cannot name a model (empty, "..", "/", too long)
     ├── ModelNotFound          no such model, or no such version of it, in the repository
-    ├── ModelLoadError         the model could not be loaded (file, graph, operator, layout)
-    │   ├── ModelConfigError   its model.toml, config.pbtxt, or a load's config or files are
-    │   │   │                  malformed or refused; the message says where and why
-    │   │   └── UploadRefused  a load's file: parameters name a path corral will not write
-    │   │       └── UploadTooLarge  they would take the uploads past max_upload_bytes
+    ├── ModelLoadError         the model could not be loaded; as such, what may pass (a
+    │   │                      storage error, no room in the budget for now)
+    │   ├── ModelInvalid       what is on disk cannot be served as it is (not ONNX, a graph
+    │   │   │                  onnxruntime refuses, a bad layout): it fails again until it changes
+    │   │   └── ModelConfigError  its model.toml, config.pbtxt, or a load's config or files
+    │   │       │                 are malformed or refused; the message says where and why
+    │   │       └── LoadRequestInvalid  a load request's own config or files are refused
+    │   │           └── UploadRefused  a load's file: parameters name a path corral will
+    │   │               │              not write
+    │   │               └── UploadTooLarge  they would take the uploads past max_upload_bytes
     │   ├── ModelTooLarge      it alone is larger than the Host's whole memory budget
     │   └── LoadTimeout        its load did not finish within the Host's load timeout
     ├── SessionClosed          a run was asked of a Session after close() began
@@ -45,8 +50,10 @@ __all__ = [
     "InvalidInput",
     "InvalidModelName",
     "InvalidOption",
+    "LoadRequestInvalid",
     "LoadTimeout",
     "ModelConfigError",
+    "ModelInvalid",
     "ModelLoadError",
     "ModelNotFound",
     "ModelTooLarge",
@@ -115,12 +122,24 @@ class ModelNotFound(CorralError):
 class ModelLoadError(CorralError):
     """The model could not be loaded; the message says why.
 
-    onnxruntime refused it, its files are laid out wrongly or lead outside the repository,
-    or (subclasses) its configuration is malformed or it does not fit the memory budget.
+    Raised as such for what may pass: a file that could not be read (storage unreachable),
+    no room in the memory budget while other models are in use, an unexpected fault. Its
+    subclasses say more: :class:`ModelInvalid` for what is on disk, :class:`ModelTooLarge`,
+    :class:`LoadTimeout`.
     """
 
 
-class ModelConfigError(ModelLoadError):
+class ModelInvalid(ModelLoadError):
+    """What is on disk cannot be served as it is: loading again fails the same way.
+
+    The file is not ONNX, onnxruntime refuses its graph, the model's files are laid out
+    wrongly or lead outside the repository, or (:class:`ModelConfigError`) its settings are
+    refused. The Host keeps the failure until the model's files change; the next request
+    after they do loads again at once.
+    """
+
+
+class ModelConfigError(ModelInvalid):
     """A model's settings or a load's config or files are malformed or refused.
 
     The source is its ``model.toml``, its ``config.pbtxt``, or a load's ``config`` or files;
@@ -128,7 +147,15 @@ class ModelConfigError(ModelLoadError):
     """
 
 
-class UploadRefused(ModelConfigError):
+class LoadRequestInvalid(ModelConfigError):
+    """A load request's own ``config`` or files are malformed or refused.
+
+    Not JSON, not a model configuration, files without a config, or a config or files the
+    model cannot be loaded with: the request is at fault, and nothing it asked for is kept.
+    """
+
+
+class UploadRefused(LoadRequestInvalid):
     """A load's ``file:`` parameters name a path or content corral will not write.
 
     The message starts with Triton's words for it ("failed to poll from model repository"),

@@ -22,8 +22,16 @@ from typing import Any, Unpack
 import numpy.typing as npt
 
 from corral._check import ProblemWatch
-from corral._counters import HostCounters, LatencyStats, RequestStats
-from corral._errors import CorralError, DrainTimeout, ModelConfigError, SessionClosed, fresh
+from corral._counters import HostCounters, LatencyStats, RequestStats, request_failure_reason
+from corral._errors import (
+    CorralError,
+    DrainTimeout,
+    LoadRequestInvalid,
+    ModelConfigError,
+    ModelInvalid,
+    SessionClosed,
+    fresh,
+)
 from corral._events import ChangeListener, Event, EventKind
 from corral._loader import Loader, version_number
 from corral._options import HostOptionArgs, HostOptions
@@ -297,13 +305,49 @@ class Host:
         """
         return self._counters.model_request_latency()
 
-    def count_request(self, name: str, version: int, duration_ns: int, *, ok: bool) -> None:
+    def count_request(
+        self, name: str, version: int, duration_ns: int, *, ok: bool, reason: str = "other"
+    ) -> None:
         """Count one answered request to ``name``'s ``version`` that took ``duration_ns``.
 
-        ``ok``: answered with outputs; else with an error. The servers' data plane counts
-        each request here once, so that every per-version figure has one home.
+        ``ok``: answered with outputs; else with an error, for ``reason`` (one of
+        ``corral._counters.REQUEST_FAILURE_REASONS``). The servers' data plane counts each
+        request here once, so that every per-version figure has one home.
         """
-        self._counters.count_request((name, version), duration_ns, ok=ok)
+        self._counters.count_request((name, version), duration_ns, ok=ok, reason=reason)
+
+    def count_failed_request(
+        self, name: str, version: int | str | None, duration_ns: int, error: BaseException
+    ) -> None:
+        """Count a request to ``name`` that failed before a version of it was leased.
+
+        Its load failed, or the request was refused before (a malformed input, say). It is
+        counted for the version it asked for, or the newest the Host last read of the model,
+        with the reason ``error`` gives. Never reads the disk: a request for a model the Host
+        has not read, or for no version it knows, is counted apart (``unattributed_failures``).
+        """
+        reason = request_failure_reason(error)
+        number = None if reason == "unknown_model" else self._known_version(name, version)
+        if number is None:
+            self._counters.count_unattributed_failure(duration_ns, reason)
+        else:
+            self._counters.count_request((name, number), duration_ns, ok=False, reason=reason)
+
+    def unattributed_failures(self) -> dict[str, int]:
+        """Failed requests counted for no model version (an unknown model...), by reason."""
+        return self._counters.unattributed_failures()
+
+    def _known_version(self, name: str, version: int | str | None) -> int | None:
+        entry, _ = self._table.cached(name)
+        if entry is None:
+            return None
+        if version is None:
+            return entry.latest
+        try:
+            number = int(version)
+        except ValueError:
+            return None
+        return number if number in entry.versions else None
 
     # -- explicit control --------------------------------------------------------------------
 
@@ -330,9 +374,11 @@ class Host:
         bytes, ...}``, used instead of the repository's folder (the model need not be in the
         repository). Either stays in place for every later load of the model, lazy or not,
         until a load with others, or without, replaces it; a load that fails puts back what
-        was in place. Raises :class:`ModelConfigError` for a malformed config or file path,
-        :class:`UploadTooLarge` past ``max_upload_bytes``. One load of a model runs at a
-        time: a second waits for the first (within ``timeout``; else :class:`DeadlineExceeded`).
+        was in place. Raises :class:`LoadRequestInvalid` for a malformed config or file path,
+        or a config or files the model cannot be loaded with, :class:`UploadTooLarge` past
+        ``max_upload_bytes``, :class:`ModelInvalid` for a model whose own files cannot be
+        served. One load of a model runs at a time: a second waits for the first (within
+        ``timeout``; else :class:`DeadlineExceeded`).
         """
         name = validate_model_name(name)
         deadline = deadline_after(timeout)
@@ -361,9 +407,16 @@ class Host:
             )
         try:
             self._load(name, version, pin, timeout)
-        except BaseException:
+        except BaseException as exc:
             if self._repository.replace_override(name, previous, expected=override):
                 self._remove_upload(name, override)
+            refused = isinstance(exc, ModelInvalid) and not isinstance(exc, LoadRequestInvalid)
+            if override is not None and refused:
+                # The model cannot be served with this request's config or files: the
+                # request is at fault, and what was in place is back in place.
+                raise LoadRequestInvalid(
+                    f"model {name!r}: the load's config or files: {exc}"
+                ) from exc
             raise
         self._remove_upload(name, previous)
 
@@ -381,13 +434,13 @@ class Host:
     ) -> ModelOverride | None:
         if config is None:
             if files is not None:
-                raise ModelConfigError(
+                raise LoadRequestInvalid(
                     f"model {name!r}: files ({', '.join(sorted(map(str, files)))}) were given "
                     "without a config: a load's files need the 'config' parameter too"
                 )
             return None
         if not isinstance(config, str):
-            raise ModelConfigError(
+            raise LoadRequestInvalid(
                 f"model {name!r}: the load's config must be JSON text, got {type(config).__name__}"
             )
         text = pbtxt_from_json(config, source=f"model {name!r}: the load's config")

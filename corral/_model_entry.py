@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral._config import ModelConfig
-from corral._errors import ModelLoadError
+from corral._errors import ModelInvalid, ModelLoadError
 from corral._problems import Problem, ProblemKind
 
 __all__ = ["ModelEntry", "ModelVersion", "Problems", "make_entry"]
@@ -157,6 +157,9 @@ def _combine(name: str, problems: list[ModelLoadError]) -> ModelLoadError | None
         return None
     if len(problems) == 1:
         return problems[0]
-    return ModelLoadError(
+    # Invalid when every problem is (what is on disk), else one may pass (a storage error).
+    invalid = all(isinstance(problem, ModelInvalid) for problem in problems)
+    combined = ModelInvalid if invalid else ModelLoadError
+    return combined(
         f"model {name!r} has {len(problems)} problems: " + "; ".join(str(p) for p in problems)
     )

@@ -13,8 +13,8 @@ model.
 
 External data must stay inside the model's folder (onnxruntime refuses it otherwise too): a
 reference that is absolute, leads out through ``..`` or a symlink, or names a file that is
-missing raises :class:`ModelLoadError` naming the tensor and the file, before anything loads.
-A file that is not an ONNX protobuf raises :class:`ModelLoadError` saying where it stops
+missing raises :class:`ModelInvalid` naming the tensor and the file, before anything loads.
+A file that is not an ONNX protobuf raises :class:`ModelInvalid` saying where it stops
 making sense.
 """
 
@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from corral._errors import ModelLoadError
+from corral._errors import ModelInvalid, ModelLoadError
 from corral._signature import Dim, Signature, TensorSpec
 
 __all__ = ["ModelFile", "ModelFootprint", "read_footprint", "read_model_file"]
@@ -143,7 +143,7 @@ class _Tally:
 def read_footprint(path: str | os.PathLike[str]) -> ModelFootprint:
     """Read what the ONNX model file at ``path`` holds, without reading its weights.
 
-    Raises :class:`ModelLoadError` if the file is not an ONNX model, or if its external data
+    Raises :class:`ModelInvalid` if the file is not an ONNX model, or if its external data
     is missing or leads outside the model's folder.
 
     >>> read_footprint("fraud/1/model.onnx")  # doctest: +SKIP
@@ -175,14 +175,14 @@ def _read(model: Path, *, with_signature: bool) -> tuple[ModelFootprint, Signatu
     with file:
         size = os.fstat(file.fileno()).st_size
         if size == 0:
-            raise ModelLoadError(f"could not load model {model}: the file is empty")
+            raise ModelInvalid(f"could not load model {model}: the file is empty")
         with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
             walker = _Walker(data, model)
             try:
                 walker.model(0, size)
                 signature = walker.signature() if with_signature else None
             except _Malformed as exc:
-                raise ModelLoadError(
+                raise ModelInvalid(
                     f"could not load model {model}: it is not an ONNX model ({exc})"
                 ) from exc
     tally = walker.tally
@@ -418,15 +418,15 @@ class _Walker:
         location = info.get("location", "")
         described = f"tensor {tensor!r} of {self._model}: external data {location!r}"
         if not location:
-            raise ModelLoadError(f"{described}: no location")
+            raise ModelInvalid(f"{described}: no location")
         real = os.path.realpath(os.path.join(self._folder, location))
         if os.path.isabs(location) or not real.startswith(self._folder + os.sep):
-            raise ModelLoadError(f"{described} leads outside the model folder {self._folder}")
+            raise ModelInvalid(f"{described} leads outside the model folder {self._folder}")
         try:
             offset = int(info.get("offset", "0"))
             length = int(info["length"]) if "length" in info else None
         except ValueError:
-            raise ModelLoadError(f"{described}: offset or length is not an integer") from None
+            raise ModelInvalid(f"{described}: offset or length is not an integer") from None
         try:
             file_bytes = os.stat(real).st_size
         except OSError as exc:
@@ -434,7 +434,7 @@ class _Walker:
         if length is None:
             length = file_bytes - offset
         if offset < 0 or length < 0 or offset + length > file_bytes:
-            raise ModelLoadError(
+            raise ModelInvalid(
                 f"{described}: offset {offset} and length {length} lie outside its "
                 f"{file_bytes} bytes"
             )

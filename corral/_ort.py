@@ -42,6 +42,7 @@ from corral._errors import (
     InferenceError,
     InvalidInput,
     ModelConfigError,
+    ModelInvalid,
     ModelLoadError,
     RunCancelled,
     RuntimeConfigError,
@@ -306,9 +307,24 @@ def distribution() -> str:
 
 
 def load_error(exc: Exception, model: str | bytes) -> ModelLoadError:
-    """Translate an exception raised while creating a session."""
+    """Translate an exception raised while creating a session.
+
+    :class:`ModelInvalid` for what onnxruntime says of the model's bytes themselves (not a
+    protobuf, an invalid graph, an operator or type it does not implement): building it again
+    fails the same way. Anything else (memory, a device, a file it could not open) may pass.
+    """
     source = f"{len(model)}-byte model" if isinstance(model, bytes) else f"model {model!r}"
-    return ModelLoadError(f"onnxruntime could not load {source}: {_message(exc)}")
+    refused = type(exc).__name__ in _REFUSALS_OF_THE_MODEL
+    kind = ModelInvalid if refused else ModelLoadError
+    return kind(f"onnxruntime could not load {source}: {_message(exc)}")
+
+
+# onnxruntime's exception classes for a model it refuses as it is: INVALID_PROTOBUF (not
+# ONNX), INVALID_GRAPH, NOT_IMPLEMENTED (an unknown operator), INVALID_ARGUMENT, NO_MODEL, and
+# FAIL, which its graph checks raise for a type mismatch or an unsupported opset.
+_REFUSALS_OF_THE_MODEL = frozenset(
+    {"InvalidProtobuf", "InvalidGraph", "NotImplemented", "InvalidArgument", "NoModel", "Fail"}
+)
 
 
 def run_error(exc: Exception, model_name: str, run_options: Any) -> InferenceError | InvalidInput:

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from corral._config import ModelConfig, ProviderEntry, TensorConfig, VersionPolicy
-from corral._errors import ModelConfigError
+from corral._errors import LoadRequestInvalid, ModelConfigError
 from corral._pbtxt_declared import (
     Mismatch,
     check_declared,
@@ -186,7 +186,8 @@ def pbtxt_from_json(text: str, *, source: str) -> str:
     it), then written in the text format, so that it takes the very path a config.pbtxt does
     (:func:`parse_pbtxt`: every field honoured or refused by name).
 
-    Raises :class:`ModelConfigError` naming ``source`` for text that is not such JSON.
+    Raises :class:`LoadRequestInvalid` naming ``source`` for text that is not such JSON
+    (a load request's ``config``).
     """
     model_config_pb2 = _model_config_module(source, "a model configuration")
     from google.protobuf import json_format, text_format
@@ -194,16 +195,16 @@ def pbtxt_from_json(text: str, *, source: str) -> str:
     try:
         document = json.loads(text)
     except ValueError as exc:
-        raise ModelConfigError(f"{source}: not JSON: {exc}") from None
+        raise LoadRequestInvalid(f"{source}: not JSON: {exc}") from None
     if not isinstance(document, dict):
-        raise ModelConfigError(
+        raise LoadRequestInvalid(
             f"{source}: must be a JSON object (a ModelConfig), got {type(document).__name__}"
         )
     config = model_config_pb2.ModelConfig()
     try:
         json_format.ParseDict(document, config, ignore_unknown_fields=False)
     except json_format.ParseError as exc:
-        raise ModelConfigError(f"{source}: not a model configuration: {exc}") from None
+        raise LoadRequestInvalid(f"{source}: not a model configuration: {exc}") from None
     return str(text_format.MessageToString(config))
 
 

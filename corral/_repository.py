@@ -45,6 +45,7 @@ from corral._confined import Found, Root, locate, only_if, outside_error, read_t
 from corral._errors import (
     InvalidModelName,
     ModelConfigError,
+    ModelInvalid,
     ModelLoadError,
     ModelNotFound,
     RepositoryError,
@@ -343,7 +344,7 @@ class Repository:
             found = Problems.one(name, ProblemKind.BAD_LAYOUT, error, folder_path, _FIX_READABLE)
             return make_entry(name, {}, ModelConfig(), None, found, layout="unreadable")
         if folder is not None and bare is not None:
-            error = ModelLoadError(
+            error = ModelInvalid(
                 f"model {name!r}: both {folder_path}{os.sep} and {bare_path} exist; "
                 f"keep the folder or the file, not both"
             )
@@ -446,8 +447,8 @@ class Repository:
             with os.scandir(found.real) as listing:
                 children = [item.name for item in listing if _VERSION_RE.fullmatch(item.name)]
         except OSError as exc:
-            error = ModelLoadError(f"model {name!r}: cannot list {path}: {exc}")
-            problems.add(ProblemKind.BAD_LAYOUT, error, path, _FIX_READABLE)
+            unlisted = ModelLoadError(f"model {name!r}: cannot list {path}: {exc}")
+            problems.add(ProblemKind.BAD_LAYOUT, unlisted, path, _FIX_READABLE)
             children = []
         for child in children:
             version = self._read_version(
@@ -457,7 +458,7 @@ class Repository:
                 versions[version.version] = version
         if not versions and not problems.errors:
             expected = os.path.join(path, "<N>", config.model_filename)
-            error = ModelLoadError(
+            error = ModelInvalid(
                 f"model {name!r}: no version in {path}: expected {expected} "
                 "with N a positive integer"
             )
@@ -628,8 +629,8 @@ class Repository:
             shown = os.path.join(shown, model_file)
             model = locate(root, os.path.join(version_dir.real, model_file))
         except OSError as exc:
-            error = ModelLoadError(f"model {name!r}: cannot stat {shown}: {exc}")
-            problems.add(ProblemKind.BAD_LAYOUT, error, shown, _FIX_READABLE)
+            unread = ModelLoadError(f"model {name!r}: cannot stat {shown}: {exc}")
+            problems.add(ProblemKind.BAD_LAYOUT, unread, shown, _FIX_READABLE)
             return None
         if model is None:
             logger.debug("ignoring %s: no %s in it", os.path.dirname(shown), model_file)
@@ -646,7 +647,7 @@ class Repository:
             problems.add(ProblemKind.BAD_LAYOUT, error, shown, _FIX_INSIDE)
             return None
         if not stat.S_ISREG(model.stat.st_mode):
-            error = ModelLoadError(f"model {name!r}: {shown} is not a regular file")
+            error = ModelInvalid(f"model {name!r}: {shown} is not a regular file")
             problems.add(ProblemKind.BAD_LAYOUT, error, shown, f"make {shown} a model file")
             return None
         return ModelVersion(

@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from corral._config import ModelConfig, WarmupSample
-from corral._errors import CorralError, DrainTimeout, ModelLoadError, ModelTooLarge
+from corral._errors import CorralError, DrainTimeout, ModelInvalid, ModelLoadError, ModelTooLarge
 from corral._load_workers import Claim
 from corral._pbtxt import triton_type, warmup_feed
 from corral._pbtxt_warmup import MAX_WARMUP_BYTES, warmup_bytes
@@ -89,7 +89,7 @@ def _warm_up(session: Session, room: int | None) -> None:
     shapes = {}
     for spec in session.inputs:
         if spec.dtype is None:
-            raise ModelLoadError(
+            raise ModelInvalid(
                 f"cannot warm up {session.name!r}: input {spec.name!r} is {spec.onnx_type}"
             )
         shapes[spec.name] = (tuple(d if isinstance(d, int) else 1 for d in spec.shape), spec.dtype)
@@ -108,7 +108,7 @@ def _warm_up(session: Session, room: int | None) -> None:
     try:
         session.run(feed)
     except CorralError as exc:
-        raise ModelLoadError(f"warming up {session.name!r} failed: {exc}") from exc
+        raise ModelInvalid(f"warming up {session.name!r} failed: {exc}") from exc
 
 
 def _run_warmup_sample(session: Session, sample: WarmupSample, *, batched: bool) -> None:
@@ -118,13 +118,13 @@ def _run_warmup_sample(session: Session, sample: WarmupSample, *, batched: bool)
     for item in sample.inputs:
         spec = specs.get(item.name)
         if spec is None:
-            raise ModelLoadError(
+            raise ModelInvalid(
                 f"{session.name!r}: {shown} gives input {item.name!r}, which the model does "
                 f"not have; its inputs are {', '.join(repr(name) for name in specs)}"
             )
         # As in Triton, a sample's type is the input's: no cast, even a safe one.
         if triton_type(spec) != item.data_type:
-            raise ModelLoadError(
+            raise ModelInvalid(
                 f"{session.name!r}: {shown} gives input {item.name!r} as {item.data_type}, "
                 f"but the model's is {triton_type(spec) or spec.onnx_type} ({spec.describe()})"
             )
@@ -133,7 +133,7 @@ def _run_warmup_sample(session: Session, sample: WarmupSample, *, batched: bool)
         for _ in range(sample.count):
             session.run(feed)
     except CorralError as exc:
-        raise ModelLoadError(f"{session.name!r}: {shown} failed: {exc}") from exc
+        raise ModelInvalid(f"{session.name!r}: {shown} failed: {exc}") from exc
 
 
 def _shown(sample: WarmupSample) -> str:

@@ -183,9 +183,9 @@ def hold_filesystem(
     else:
         snapshot = plane.statistics_snapshot
 
-        def held_snapshot(queues: Any = None) -> list[ModelStatistics]:
+        def held_snapshot(queues: Any = None, counted: Any = None) -> list[ModelStatistics]:
             gate.hold()
-            return snapshot(queues)
+            return snapshot(queues, counted)
 
         monkeypatch.setattr(plane, "statistics_snapshot", held_snapshot)
 

@@ -114,7 +114,12 @@ def test_counters_carry_triton_names_without_total(repo: Path):
 
     for name in TRITON_COUNTERS:
         assert f"# TYPE {name} counter\n" in text
-        assert f'\n{name}{{model="mlp",version="1"}} ' in text
+        # The failures with Triton's reason label too, one sample per reason, 0 included.
+        if name == "nv_inference_request_failure":
+            for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
+                assert f'\n{name}{{model="mlp",version="1",reason="{reason}"}} 0\n' in text
+        else:
+            assert f'\n{name}{{model="mlp",version="1"}} ' in text
         assert f"{name}_total" not in text
     assert f"# TYPE {PENDING} gauge\n" in text
     # corral's own counters follow the Prometheus convention instead.
@@ -213,7 +218,7 @@ def test_label_values_are_escaped(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     )
     with Host(tmp_path) as host:
         plane = DataPlane(host)
-        monkeypatch.setattr(plane, "statistics_snapshot", lambda queues=None: [row])
+        monkeypatch.setattr(plane, "statistics_snapshot", lambda queues=None, counted=None: [row])
         families = parse(Metrics(plane).render()[0])
 
     assert per_model(families["nv_inference_request_duration_us"]) == {(odd, "1"): 5}
@@ -268,7 +273,7 @@ def test_every_model_version_is_rendered(
     rows, queues = fake_statistics(models)
     with Host(tmp_path) as host:
         plane = DataPlane(host)
-        monkeypatch.setattr(plane, "statistics_snapshot", lambda queues=None: rows)
+        monkeypatch.setattr(plane, "statistics_snapshot", lambda queues=None, counted=None: rows)
         monkeypatch.setattr(host, "queue_stats", lambda: queues)
         body, _ = Metrics(plane).render()
 
@@ -284,6 +289,11 @@ def test_every_model_version_is_rendered(
         PENDING: lambda i: i % 3,
     }
     for name, value in expected.items():
-        got = per_model(families[name])
-        assert len(families[name]) == models, name
+        samples = families[name]
+        if name == "nv_inference_request_failure":
+            # One per Triton reason; rows given without reasons count theirs as OTHER.
+            assert len(samples) == 4 * models
+            samples = [s for s in samples if s.labels["reason"] == "OTHER"]
+        got = per_model(samples)
+        assert len(samples) == models, name
         assert got == {(f"model-{i:05d}", str(1 + i % 2)): value(i) for i in range(models)}, name

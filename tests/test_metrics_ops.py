@@ -348,8 +348,9 @@ def test_process_platform_and_gc_families_are_in_the_metrics_own_registry(repo: 
 # -- the scrape's size at 10,000 model versions ------------------------------------------------
 
 #: The page's size at 10,000 counted versions (11-character names), the default 100 per-model
-#: histograms: docs/operations.md documents it (6.9 MB measured; the figure is the bound).
-SCRAPE_BYTES_AT_10000 = 7_000_000
+#: histograms: docs/operations.md documents it (9.5 MB measured since the failures carry
+#: Triton's four reasons, 6.9 MB before; the figure is the bound).
+SCRAPE_BYTES_AT_10000 = 9_600_000
 
 
 @pytest.mark.timeout(120)

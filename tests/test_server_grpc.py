@@ -679,7 +679,9 @@ def test_unknown_models_are_not_found(datatypes_repo: Path):
         (corral.InferenceError, "INTERNAL"),
         (corral.RunCancelled, "INTERNAL"),
         (corral.ModelLoadError, "UNAVAILABLE"),
-        (corral.ModelTooLarge, "UNAVAILABLE"),
+        (corral.ModelTooLarge, "FAILED_PRECONDITION"),
+        (corral.ModelInvalid, "FAILED_PRECONDITION"),
+        (corral.LoadRequestInvalid, "INVALID_ARGUMENT"),
     ],
 )
 def test_each_corral_error_has_its_status(datatypes_repo: Path, error: type[Exception], code: str):
@@ -790,7 +792,7 @@ def test_repository_index_load_and_unload(datatypes_repo: Path):
         assert not await s.client.is_model_ready("tree")
 
         error = await refused(s.client.load_model("broken"))
-        assert error.status() == "StatusCode.UNAVAILABLE"
+        assert error.status() == "StatusCode.FAILED_PRECONDITION"  # not ONNX: until it changes
         assert "broken" in error.message()
         index = await s.client.get_model_repository_index()
         (broken,) = [m for m in index.models if m.name == "broken"]
@@ -800,7 +802,7 @@ def test_repository_index_load_and_unload(datatypes_repo: Path):
         error = await refused(s.client.load_model("nope"))
         assert error.status() == "StatusCode.NOT_FOUND"
         error = await refused(s.client.load_model("tree", config='{"max_batch_sise": 8}'))
-        assert error.status() == "StatusCode.UNAVAILABLE"
+        assert error.status() == "StatusCode.INVALID_ARGUMENT"  # as Triton answers it
         assert "failed to load 'tree'" in error.message()
         assert "max_batch_sise" in error.message()
 

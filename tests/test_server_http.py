@@ -187,6 +187,9 @@ def test_a_request_timeout_gives_504(host: Host):
         (corral.InferenceError("model raised"), 500),
         (corral.HostClosed("closing"), 503),
         (corral.ModelLoadError("cannot load"), 503),
+        (corral.ModelInvalid("not ONNX"), 400),
+        (corral.ModelTooLarge("larger than the whole budget"), 400),
+        (corral.LoadRequestInvalid("config: not JSON"), 400),
     ],
 )
 def test_each_error_class_maps_to_its_status(

@@ -6,6 +6,7 @@ The status page and ``corral status`` in a real browser and process: tests/test_
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import re
 import threading
@@ -24,7 +25,7 @@ from corral._scheduler import QueueStats
 from corral.protocol.dataplane import DataPlane
 from corral.server.dashboard import CONTENT_SECURITY_POLICY, DashboardFiles
 from corral.server.http import HttpApp
-from corral.server.status import MAX_PAGE_SIZE, StatusBoard, StatusQuery, percentile
+from corral.server.status import MAX_PAGE_SIZE, Quantile, StatusBoard, StatusQuery, quantile
 from corral.testing import build_linear
 from tests.helpers import add_model
 
@@ -91,16 +92,25 @@ def test_event_listeners_are_told_each_status_change_and_one_that_raises_stops_n
     assert sum("a change listener failed" in r.getMessage() for r in caplog.records) == 3
 
 
-def test_percentile_is_the_bound_of_the_bucket_that_reaches_it():
+def test_quantiles_are_interpolated_within_their_bucket_as_histogram_quantile_does():
+    """Issue 33, item 8: a 3 ms model's p50 was its bucket's bound, 5.00 ms."""
     counts = [0] * (len(REQUEST_SECONDS_BUCKETS) + 1)
-    assert percentile(counts, 0.5) is None
+    assert quantile(counts, 0.5) is None
     five_ms, ten_ms = REQUEST_SECONDS_BUCKETS.index(0.005), REQUEST_SECONDS_BUCKETS.index(0.01)
-    counts[five_ms], counts[ten_ms] = 98, 2
-    assert percentile(counts, 0.5) == 0.005
-    assert percentile(counts, 0.98) == 0.005
-    assert percentile(counts, 0.99) == 0.01
-    counts[-1] = 100  # above every bound
-    assert percentile(counts, 0.99) == float("inf")
+    counts[five_ms], counts[ten_ms] = 98, 2  # 98 in (2.5, 5] ms, 2 in (5, 10] ms
+    # Prometheus: rank = q * total; linear from the bucket's lower bound by the rank's share.
+    assert quantile(counts, 0.5) == Quantile(0.0025 + 0.0025 * 50 / 98, 0.0025, 0.005)
+    assert quantile(counts, 0.98) == Quantile(0.005, 0.0025, 0.005)
+    assert quantile(counts, 0.99) == Quantile(0.005 + 0.005 * 1 / 2, 0.005, 0.01)
+    counts[0] = 100  # 100 more in the first bucket, (0, 0.5] ms: it starts at 0
+    assert quantile(counts, 0.25) == Quantile(0.0005 * 50 / 100, 0.0, 0.0005)
+    counts[-1] = 1000  # above every bound: the highest bound, as Prometheus answers
+    assert quantile(counts, 0.99) == Quantile(10.0, 10.0, float("inf"))
+    assert quantile(counts, 0.99).document() == {
+        "ms": 10000.0,
+        "lower_ms": 10000.0,
+        "upper_ms": None,
+    }
 
 
 @pytest.mark.timeout(60)
@@ -134,6 +144,7 @@ def test_a_queue_that_refused_requests_adds_an_overload_event():
     host = SimpleNamespace(
         request_stats=dict,
         model_request_latency=dict,
+        unattributed_failures=dict,
         queue_stats=lambda: dict(queues),
         record_event=lambda *args, **_: recorded.append(args),
     )
@@ -210,7 +221,9 @@ def test_sorting_by_a_figure_puts_the_busiest_first_and_models_without_one_last(
         rows = doc["models"]["rows"]
         assert [row["name"] for row in rows[:2]] == ["m00007", "m00003"]
         assert rows[0]["requests_per_s"] > rows[1]["requests_per_s"] > 0
-        assert rows[0]["p99_ms"] == pytest.approx(2.5)  # the 2.5 ms bucket's bound
+        # Within the (1, 2.5] ms bucket, not its bound: 1 + 1.5 * 4.95 / 5.
+        assert rows[0]["p99_ms"] == pytest.approx(2.485)
+        assert rows[0]["p99_bucket_ms"] == pytest.approx([1.0, 2.5])
         doc = call(app, "GET", "/v2/corral/status?sort=p99_ms&order=asc").json()
         names = [row["name"] for row in doc["models"]["rows"]]
         assert names[:2] == ["m00003", "m00007"]  # those with a p99 first, whatever the order
@@ -231,7 +244,8 @@ def test_the_server_figures_come_from_the_samples(thirty: Path):
         server = call(app, "GET", "/v2/corral/status").json()["server"]
         assert server["requests_per_s"] > 0
         assert server["errors_per_s"] > 0
-        assert server["p50_ms"] == pytest.approx(0.5)
+        assert server["p50_ms"] == pytest.approx(0.25)  # in (0, 0.5] ms: rank 1 of 2
+        assert server["p50_bucket_ms"] == pytest.approx([0.0, 0.5])
         assert server["memory_budget_bytes"] == 1_000_000
         assert server["repository"] == "models/"
         history = call(app, "GET", "/v2/corral/status").json()["history"]
@@ -493,3 +507,55 @@ def test_corral_status_says_what_is_wrong(
 
     assert main(args) == 1
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_corral_status_shows_the_interpolated_quantiles_and_names_in_natural_order(tmp_path: Path):
+    """Issue 33, item 8: a 3 ms model showed its bucket's bound; the terminal shows the same."""
+    from rich.console import Console
+
+    from corral.cli_status import render_status
+
+    repo = tmp_path / "models"
+    for name in ("m10", "m2", "m1"):
+        add_model(repo, name, build_linear(seed=4))
+    with Host(repo) as host:
+        _, board = app_for(host)
+        board.sample()
+        board.sample_models()
+        for name in ("m10", "m2", "m1"):
+            for _ in range(4):
+                host.count_request(name, 1, 3_000_000, ok=True)  # 3 ms: in (2.5, 5] ms
+        board.sample()
+        board.sample_models()
+        document = board.document(StatusQuery.parse(b"sort=requests_per_s&order=desc"))
+    rows = document["models"]["rows"]
+    # Equal rates: natural order breaks the tie (m2 before m10).
+    assert [row["name"] for row in rows] == ["m1", "m2", "m10"]
+    assert rows[0]["p50_ms"] == pytest.approx(3.75)  # 2.5 + 2.5 * 2 / 4, not the bound 5
+    assert document["server"]["p50_ms"] == pytest.approx(3.75)
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(render_status(document))
+    shown = console.export_text()
+    assert "p50 3.75 ms" in shown
+    lines = [line for line in shown.splitlines() if re.match(r"\W*m\d+\s", line)]
+    assert [line.split()[1] for line in lines] == ["m1", "m2", "m10"], shown
+    assert all("3.75" in line for line in lines), shown
+
+
+@pytest.mark.timeout(60)
+def test_a_models_figures_over_two_versions_take_the_worse_quantile_and_its_bucket(tmp_path: Path):
+    repo = tmp_path / "models"
+    add_model(repo, "two", build_linear(seed=4), version=1)
+    add_model(repo, "two", build_linear(seed=5), version=2)
+    with Host(repo) as host:
+        _, board = app_for(host)
+        board.sample_models()
+        host.count_request("two", 1, 300_000, ok=True)  # 0.3 ms: in (0, 0.5] ms
+        host.count_request("two", 2, 3_000_000, ok=True)  # 3 ms: in (2.5, 5] ms
+        board.sample_models()
+        doc = board.document(StatusQuery.parse(b"sort=p50_ms&order=desc"))
+    (row,) = doc["models"]["rows"]
+    assert row["p50_ms"] == pytest.approx(3.75)  # version 2's: 2.5 + 2.5 * 0.5
+    assert row["p50_bucket_ms"] == pytest.approx([2.5, 5.0])
+    assert row["requests_per_s"] > 0

@@ -318,3 +318,52 @@ def test_a_screenshot_is_committed_for_the_readme():
     assert shot.exists()
     assert shot.stat().st_size < 300_000
     assert "docs/status-page.png" in (shot.parent.parent / "README.md").read_text()
+
+
+def _infer(server: ServerProcess, model: str, count: int) -> None:
+    body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+    for _ in range(count):
+        request = urllib.request.Request(
+            f"http://{server.http}/v2/models/{model}/infer",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            assert answer.status == 200
+
+
+# "in the bucket from 0.50 ms to 1.0 ms, estimated linearly within it, as Prometheus' ..."
+_BUCKET_TITLE = re.compile(r"in the bucket from ([\d.]+) ms to ([\d.]+) ms, estimated linearly")
+
+
+@pytest.mark.timeout(90)
+def test_quantiles_name_their_bucket_on_hover_and_the_charts_have_a_scale(
+    page: Any, server: ServerProcess
+):
+    """Issue 33, item 8: p50/p99 were bucket bounds with nothing to say so; no chart scale."""
+    _infer(server, "m0002", 40)
+    log_in(page)
+    # The server's figures: sampled every 2 s; the title names the bucket, the value is in it.
+    card = page.locator("#figures .card[data-figure='p50 ms']")
+    expect(card).to_have_attribute("title", _BUCKET_TITLE, timeout=20_000)
+    bucket = _BUCKET_TITLE.search(card.get_attribute("title") or "")
+    assert bucket is not None
+    value = float(card.locator(".value").inner_text())
+    assert float(bucket[1]) <= value <= float(bucket[2])
+    # Each chart has a scale: three y ticks with the unit, the first and last times below.
+    units = {"chart-rate": r" req/s$", "chart-p99": r" ms$", "chart-memory": r" (B|KiB|MiB|GiB)$"}
+    for chart, unit in units.items():
+        ticks = page.locator(f"#{chart} text.tick-y")
+        expect(ticks).to_have_count(3, timeout=20_000)
+        labels = ticks.all_text_contents()  # SVG text has no innerText
+        assert all(re.search(unit, label) for label in labels), (chart, labels)
+        assert labels[0].startswith("0"), labels  # the axis starts at 0
+        expect(page.locator(f"#{chart} text.tick-x")).to_have_count(2)
+    # A model's row: its figures come every 10 s (the model window).
+    page.fill("#filter", "m0002")
+    cell = page.locator("#models tbody tr[data-model='m0002'] td.p99")
+    expect(cell).to_have_attribute("title", _BUCKET_TITLE, timeout=40_000)
+    bucket = _BUCKET_TITLE.search(cell.get_attribute("title") or "")
+    assert bucket is not None
+    assert float(bucket[1]) <= float(cell.inner_text()) <= float(bucket[2])

@@ -36,6 +36,7 @@ from typing import Any, ParamSpec, TypeVar
 import numpy.typing as npt
 
 from corral import __version__
+from corral._counters import RequestStats, request_failure_reason
 from corral._errors import CorralError, DeadlineExceeded, InvalidInput, ModelLoadError
 from corral._events import ChangeListener, ChangeListeners
 from corral._host import Host
@@ -346,34 +347,39 @@ class DataPlane:
         made); the response marks them (:mod:`corral.protocol.shm`).
         """
         started = time.perf_counter_ns()
-        if self._explicit_only:
-            self._control.check_served(name)
-        check_parameters(request)
         named = request.outputs  # most requests name none: what follows is then skipped
-        classes = (
-            {output.name: count for output in named if (count := class_count(output)) is not None}
-            if named
-            else None
-        )
-        feed: dict[str, npt.NDArray[Any]] = {}
-        for tensor in request.inputs:
-            if tensor.name in feed:
-                raise InvalidInput(f"input {tensor.name!r} is given twice", tensor=tensor.name)
-            feed[tensor.name] = tensor.data
-        timeout = request.timeout_s if request.parameters else None
-        deadline = deadline_after(timeout)
-        regions = OutputRegions.hold(self._shared_memory, named) if named else None
-        # One lookup: the version leased is the version that runs and the one reported, even
-        # if a newer one is swapped in meanwhile. A cold model loads on the Host's load
-        # workers; the event loop only awaits.
-        lease = self._host.lease_if_ready(name, version or None)
-        if lease is None:
-            try:
+        regions = None
+        try:
+            if self._explicit_only:
+                self._control.check_served(name)
+            check_parameters(request)
+            classes = (
+                {out.name: count for out in named if (count := class_count(out)) is not None}
+                if named
+                else None
+            )
+            feed: dict[str, npt.NDArray[Any]] = {}
+            for tensor in request.inputs:
+                if tensor.name in feed:
+                    raise InvalidInput(f"input {tensor.name!r} is given twice", tensor=tensor.name)
+                feed[tensor.name] = tensor.data
+            timeout = request.timeout_s if request.parameters else None
+            deadline = deadline_after(timeout)
+            regions = OutputRegions.hold(self._shared_memory, named) if named else None
+            # One lookup: the version leased is the version that runs and the one reported,
+            # even if a newer one is swapped in meanwhile. A cold model loads on the Host's
+            # load workers; the event loop only awaits.
+            lease = self._host.lease_if_ready(name, version or None)
+            if lease is None:
                 lease = await self._host.acquire_async(name, version or None, timeout=timeout)
-            except BaseException:
-                if regions is not None:
-                    regions.release()
-                raise
+        except BaseException as exc:
+            if regions is not None:
+                regions.release()
+            if isinstance(exc, CorralError):
+                # Failed before a version was leased (its load failed, say): counted too.
+                elapsed = time.perf_counter_ns() - started
+                self._host.count_failed_request(name, version or None, elapsed, exc)
+            raise
         queued = False
         try:
             signature = lease.session.signature
@@ -395,8 +401,8 @@ class DataPlane:
             outputs = tuple([tensor_output(out_name, value) for out_name, value in results.items()])
             if regions is not None:
                 outputs = regions.write(outputs)
-        except CorralError:
-            self._count(name, lease.version, started, ok=False)
+        except CorralError as exc:
+            self._count(name, lease.version, started, ok=False, reason=request_failure_reason(exc))
             raise
         finally:
             if not queued:
@@ -455,19 +461,24 @@ class DataPlane:
         )
 
     def statistics_snapshot(
-        self, queues: Mapping[tuple[str, int], QueueStats] | None = None
+        self,
+        queues: Mapping[tuple[str, int], QueueStats] | None = None,
+        counted: Mapping[tuple[str, int], RequestStats] | None = None,
     ) -> list[ModelStatistics]:
         """Every model version's counters now, as :meth:`model_statistics` gives them.
 
-        ``queues``: the Host's queue figures (``Host.queue_stats()``) when the caller has
-        taken them already, so that one snapshot serves both. Reads in-memory snapshots only,
+        ``queues``, ``counted``: the Host's queue and request figures (``Host.queue_stats()``,
+        ``Host.request_stats()``) when the caller has taken them already, so that one
+        snapshot serves both. Reads in-memory snapshots only,
         never a file; but its time grows with the number of versions (milliseconds per
         thousand), so code on an event loop awaits :meth:`model_statistics` instead.
         ``Metrics.render`` calls it on a worker thread.
         """
         if queues is None:
             queues = self._host.queue_stats()
-        return statistics_rows(self._host.request_stats(), queues)
+        if counted is None:
+            counted = self._host.request_stats()
+        return statistics_rows(counted, queues)
 
     def _model_statistics(self, name: str | None, version: str | None) -> list[ModelStatistics]:
         if name is not None:
@@ -476,9 +487,11 @@ class DataPlane:
         queues = self._host.queue_stats()
         return statistics_rows(self._host.request_stats(), queues, name, wanted)
 
-    def _count(self, name: str, version: int, started_ns: int, *, ok: bool) -> None:
+    def _count(
+        self, name: str, version: int, started_ns: int, *, ok: bool, reason: str = "other"
+    ) -> None:
         elapsed = time.perf_counter_ns() - started_ns
-        self._host.count_request(name, version, elapsed, ok=ok)
+        self._host.count_request(name, version, elapsed, ok=ok, reason=reason)
 
 
 def _shared_memory_off(doing: str) -> str:

@@ -43,8 +43,11 @@ from corral._errors import (
     InferenceError,
     InvalidInput,
     InvalidModelName,
+    LoadRequestInvalid,
+    ModelInvalid,
     ModelLoadError,
     ModelNotFound,
+    ModelTooLarge,
     Overloaded,
     ProviderUnavailable,
     RepositoryError,
@@ -99,16 +102,22 @@ STATUS: dict[type[CorralError], grpc.StatusCode] = {
     HostClosed: grpc.StatusCode.UNAVAILABLE,
     RuntimeClosed: grpc.StatusCode.UNAVAILABLE,
     SessionClosed: grpc.StatusCode.UNAVAILABLE,
-    # Triton answers a failed load with INTERNAL; corral says UNAVAILABLE, as its HTTP 503
-    # does: the load is retried after a back-off, or at once when the model's files change.
+    # A load that failed for what may pass (storage, no room for now): as HTTP's 503.
     ModelLoadError: grpc.StatusCode.UNAVAILABLE,
+    # Files that cannot be served as they are, a model larger than the whole budget, a
+    # provider this build lacks: retries fail alike until the files change (Triton: a failed
+    # load INVALID_ARGUMENT, a request to it NOT_FOUND; docs/server.md's error table).
+    ModelInvalid: grpc.StatusCode.FAILED_PRECONDITION,
+    ModelTooLarge: grpc.StatusCode.FAILED_PRECONDITION,
+    ProviderUnavailable: grpc.StatusCode.FAILED_PRECONDITION,
+    # A load request's own config or files refused, as Triton answers it.
+    LoadRequestInvalid: grpc.StatusCode.INVALID_ARGUMENT,
     # An upload path corral will not write is the client's mistake, but Triton answers it
     # INTERNAL and its clients check for that code (its own code marks it a to-do).
     UploadRefused: grpc.StatusCode.INTERNAL,
     # Past max_upload_bytes: as a message past its size limit.
     UploadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    # As HTTP's 503: a provider this build lacks, a repository folder gone.
-    ProviderUnavailable: grpc.StatusCode.UNAVAILABLE,
+    # As HTTP's 503: a repository folder gone.
     RepositoryError: grpc.StatusCode.UNAVAILABLE,
     InferenceError: grpc.StatusCode.INTERNAL,
     # An unload that waited its whole timeout for a hung load or for leases.

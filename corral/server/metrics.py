@@ -10,7 +10,9 @@ the server makes one :class:`Metrics` per data plane.
 Per-model families carry Triton's names and the labels ``model`` and ``version``, so that
 dashboards and alerts written for Triton read corral unchanged:
 
-- ``nv_inference_request_success``, ``nv_inference_request_failure``: requests answered.
+- ``nv_inference_request_success``, ``nv_inference_request_failure``: requests answered;
+  failures with Triton's ``reason`` label too (``REJECTED``, ``CANCELED``, ``BACKEND``,
+  ``OTHER``), every request that failed included, those whose model failed to load too.
 - ``nv_inference_count``: inferences (corral counts each successful request as one).
 - ``nv_inference_exec_count``: model runs; requests batched together share one.
 - ``nv_inference_request_duration_us``, ``nv_inference_queue_duration_us``,
@@ -26,9 +28,12 @@ lane now), ``corral_memory_used_bytes``,
 ``corral_model_load_failures_total{reason}``, ``corral_model_load_seconds`` (a histogram),
 ``corral_request_duration_seconds`` (a histogram, every request) and
 ``corral_model_request_duration_seconds{model,version}`` (one per version, for the first
-``model_latency_histograms`` versions asked), ``corral_requests_refused_total{reason}``,
-``corral_requests_expired_total``, ``corral_requests_cancelled_total``, ``corral_threads``
-and ``corral_repository_problems`` (by ``kind``: what the last repository check found);
+``model_latency_histograms`` versions asked), ``corral_request_failures_total{model,version,
+reason}`` (corral's finer reasons, ``corral._counters.REQUEST_FAILURE_REASONS``; a request
+for no version the Host knows is counted by ``reason`` alone),
+``corral_requests_refused_total{reason}``, ``corral_requests_expired_total``,
+``corral_requests_cancelled_total``, ``corral_threads`` and ``corral_repository_problems``
+(by ``kind``: what the last repository check found);
 and prometheus-client's standard process, platform and garbage-collector families
 (``process_*``, ``python_info``, ``python_gc_*``). Every label is bounded: model names and
 versions the Host has counted, and reasons from fixed sets.
@@ -66,7 +71,12 @@ except ImportError as exc:  # the server extra is optional
         "corral's metrics need prometheus-client: pip install 'corral[server]'"
     ) from exc
 
-from corral._counters import LOAD_FAILURE_REASONS, LatencyStats
+from corral._counters import (
+    LOAD_FAILURE_REASONS,
+    REQUEST_FAILURE_REASONS,
+    LatencyStats,
+    RequestStats,
+)
 from corral._host import Host
 from corral._problems import ProblemKind
 from corral._scheduler import QueueStats
@@ -74,7 +84,7 @@ from corral.protocol.dataplane import DataPlane
 from corral.protocol.types import ModelStatistics
 from corral.server.bodies import BodyBudget
 
-__all__ = ["REFUSAL_REASONS", "Metrics", "process_threads"]
+__all__ = ["REFUSAL_REASONS", "TRITON_FAILURE_REASONS", "Metrics", "process_threads"]
 
 #: Every ``reason`` of ``corral_requests_refused_total``: a fixed set.
 REFUSAL_REASONS = (
@@ -88,6 +98,15 @@ REFUSAL_REASONS = (
     # were waiting on the repository's storage or on loads.
     "control_busy",
 )
+
+#: Triton's ``reason`` of ``nv_inference_request_failure`` for each of corral's, and the order
+#: they are written in: a queue's refusal or timeout is REJECTED, a stopped run CANCELED, a run
+#: onnxruntime failed BACKEND, anything else (a load, the request itself) OTHER.
+TRITON_FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+_TRITON_REASON = {"overloaded": "REJECTED", "deadline": "REJECTED", "cancelled": "CANCELED"}
+_TRITON_REASON["inference"] = "BACKEND"
+
+_FAILURES_FAMILY = "corral_request_failures"
 
 _LATENCY_FAMILY = "corral_model_request_duration_seconds"
 _LATENCY_HELP = (
@@ -188,8 +207,13 @@ class Metrics:
         """
         host = self._plane.host
         queues = host.queue_stats()  # one snapshot for the rows and the gauge
-        rows = self._plane.statistics_snapshot(queues)
-        text = _model_families(rows, queues) + _latency_family(host.model_request_latency())
+        counted = host.request_stats()  # and one for the rows and the failures' reasons
+        rows = self._plane.statistics_snapshot(queues, counted)
+        text = (
+            _model_families(rows, queues, counted)
+            + _failures_family(counted, host.unattributed_failures())
+            + _latency_family(host.model_request_latency())
+        )
         # The request counters from the same queue snapshot: taking another would hold the
         # Scheduler's lock again.
         budget = self._body_budget
@@ -205,8 +229,16 @@ class Metrics:
         return body, CONTENT_TYPE_LATEST
 
 
-def _model_families(rows: list[ModelStatistics], queues: dict[tuple[str, int], QueueStats]) -> str:
-    """Triton's per-model families in the text format, one sample per row in each."""
+def _model_families(
+    rows: list[ModelStatistics],
+    queues: dict[tuple[str, int], QueueStats],
+    requests: dict[tuple[str, int], RequestStats],
+) -> str:
+    """Triton's per-model families in the text format, one sample per row in each.
+
+    ``nv_inference_request_failure`` has one per row and Triton reason, 0 included, as
+    Triton's: a rate over a series that appears with its first failure would miss it.
+    """
     # Rows spell versions as the protocol does (strings); the Host's queues are keyed by number.
     pending = {(name, str(version)): queue.pending for (name, version), queue in queues.items()}
     labels = [f'{{model="{_escape(row.name)}",version="{_escape(row.version)}"}} ' for row in rows]
@@ -225,7 +257,56 @@ def _model_families(rows: list[ModelStatistics], queues: dict[tuple[str, int], Q
     parts: list[str] = []
     for (name, kind, help_text), column in zip(_MODEL_FAMILIES, columns, strict=True):
         parts.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
+        if name == "nv_inference_request_failure":
+            parts.extend(_triton_failures(rows, labels, requests))
+            continue
         parts.extend(f"{name}{label}{value}\n" for label, value in zip(labels, column, strict=True))
+    return "".join(parts)
+
+
+def _triton_failures(
+    rows: list[ModelStatistics], labels: list[str], requests: dict[tuple[str, int], RequestStats]
+) -> list[str]:
+    """``nv_inference_request_failure`` samples: per row, one per Triton reason.
+
+    They sum to the row's failures: any not counted with a reason (none, when the rows and
+    ``requests`` are one snapshot) are OTHER.
+    """
+    lines: list[str] = []
+    for row, label in zip(rows, labels, strict=True):
+        counts = dict.fromkeys(TRITON_FAILURE_REASONS, 0)
+        stats = requests.get((row.name, int(row.version)))
+        for reason, count in stats.failures_by_reason if stats is not None else ():
+            counts[_TRITON_REASON.get(reason, "OTHER")] += count
+        counts["OTHER"] += max(0, row.fail.count - sum(counts.values()))
+        # The row's label without its closing brace and space, then the reason.
+        head = f"nv_inference_request_failure{label[:-2]}"
+        lines.extend(f'{head},reason="{reason}"}} {count}\n' for reason, count in counts.items())
+    return lines
+
+
+def _failures_family(
+    requests: dict[tuple[str, int], RequestStats], unattributed: dict[str, int]
+) -> str:
+    """``corral_request_failures_total``: per version and reason failed at least once.
+
+    Then, by reason alone (every reason, 0 included), the failures counted for no version.
+    """
+    parts = [
+        f"# HELP {_FAILURES_FAMILY}_total Failed inference requests, by model version and "
+        "reason; by reason alone for a request naming no model version the server knows\n"
+        f"# TYPE {_FAILURES_FAMILY}_total counter\n"
+    ]
+    for (name, version), stats in sorted(requests.items()):
+        labels = f'model="{_escape(name)}",version="{version}"'
+        parts.extend(
+            f'{_FAILURES_FAMILY}_total{{{labels},reason="{reason}"}} {count}\n'
+            for reason, count in stats.failures_by_reason
+        )
+    parts.extend(
+        f'{_FAILURES_FAMILY}_total{{reason="{reason}"}} {unattributed.get(reason, 0)}\n'
+        for reason in REQUEST_FAILURE_REASONS
+    )
     return "".join(parts)
 
 

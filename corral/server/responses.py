@@ -27,8 +27,11 @@ from corral._errors import (
     InferenceError,
     InvalidInput,
     InvalidModelName,
+    LoadRequestInvalid,
+    ModelInvalid,
     ModelLoadError,
     ModelNotFound,
+    ModelTooLarge,
     Overloaded,
     ProviderUnavailable,
     RepositoryError,
@@ -51,8 +54,8 @@ from corral.server.compression import EncodingRefused
 
 __all__ = [
     "BINARY",
-    "BODY_BUDGET_RETRY_AFTER_S",
     "JSON",
+    "RETRY_AFTER_S",
     "STATUS",
     "Headers",
     "HttpError",
@@ -87,13 +90,21 @@ STATUS: dict[type[CorralError], int] = {
     ModelNotFound: 404,
     Overloaded: 429,
     InferenceError: 500,
+    # A load that failed for what may pass (a storage error, no room for now, its timeout):
+    # 503, with Retry-After.
     ModelLoadError: 503,
+    # What is on disk cannot be served as it is (not ONNX, a refused model.toml or
+    # config.pbtxt), or the model alone is larger than the whole budget, or its model.toml
+    # names a provider this build lacks: every retry fails alike until its files (or the
+    # server's options) change, so not 503. Triton answers a load that fails so 400 too.
+    ModelInvalid: 400,
+    ModelTooLarge: 400,
+    ProviderUnavailable: 400,
     # The client's mistake, as Triton's HTTP endpoint answers it.
+    LoadRequestInvalid: 400,
     UploadRefused: 400,
     UploadTooLarge: 413,
-    # A model.toml naming a provider this build lacks, a repository folder gone: the server
-    # cannot serve it here and now, as with a failed load.
-    ProviderUnavailable: 503,
+    # A repository folder gone: the server cannot serve it here and now.
     RepositoryError: 503,
     HostClosed: 503,
     RuntimeClosed: 503,
@@ -110,10 +121,11 @@ STATUS: dict[type[CorralError], int] = {
     RequestTooLarge: 413,
 }
 
-#: How long a client refused by the body budget is told to wait before retrying, in seconds.
-BODY_BUDGET_RETRY_AFTER_S = 1
+#: How long a client answered 503 is told to wait before retrying, in seconds (Retry-After):
+#: refused by the body budget, or a failure that may pass.
+RETRY_AFTER_S = 1
 
-_RETRY_AFTER = ((b"retry-after", str(BODY_BUDGET_RETRY_AFTER_S).encode()),)
+_RETRY_AFTER = ((b"retry-after", str(RETRY_AFTER_S).encode()),)
 
 
 class HttpError(Exception):
@@ -149,14 +161,17 @@ def error_answer(
         text = f"internal error: {error!r}"
         return 500, encode_error(text if public is None else public(text)), ()
     extra: Headers = ()
+    status = error_status(error) or 500
     if isinstance(error, HttpError):
         extra = error.headers
-    elif isinstance(error, BodyBudgetExceeded):
+    elif status == 503:
+        # What may pass (the body budget, a load's storage or timeout, a closing server):
+        # when to try again. Every permanent failure has another status.
         extra = _RETRY_AFTER
     text = str(error)
     if isinstance(error, CorralError) and public is not None:
         text = public(text)
-    return error_status(error) or 500, encode_error(text), extra
+    return status, encode_error(text), extra
 
 
 def expect_method(method: str, allowed: str) -> None:

@@ -10,9 +10,11 @@ event loop (each sample taken on a worker thread):
 - every :data:`MODEL_WINDOW_S` seconds, a snapshot of each model version's counters (requests
   answered and failed, the latency histograms of the versions that have one, queue, runs),
   compared with the previous one once, then: each model's requests/s, errors/s, p50/p99 and
-  mean batch size are over that window, and a version whose queue refused requests in it adds
-  an ``overload`` event to the Host's log. This is the O(models) part, on a worker thread; it
-  takes the scheduler's and the counters' locks as a ``/metrics`` scrape does.
+  mean batch size are over that window (p50 and p99 estimated within their histogram bucket
+  as Prometheus' ``histogram_quantile`` does: :func:`quantile`), and a version whose queue
+  refused requests in it adds an ``overload`` event to the Host's log. This is the O(models)
+  part, on a worker thread; it takes the scheduler's and the counters' locks as a
+  ``/metrics`` scrape does.
 
 A status request lists the models (a directory listing and the Host's table), filters, sorts
 and builds one page of rows on a worker thread, never on the event loop; with 10,000 models it
@@ -59,11 +61,12 @@ __all__ = [
     "SAMPLES_KEPT",
     "SAMPLE_S",
     "SORT_COLUMNS",
+    "Quantile",
     "Sample",
     "StatusBoard",
     "StatusQuery",
     "StatusQueryError",
-    "percentile",
+    "quantile",
 ]
 
 #: Seconds between two samples of the server's figures.
@@ -204,16 +207,47 @@ class _ModelSnapshot:
     queues: dict[QueueKey, QueueStats]
     #: The versions with a latency histogram of their own (``--model-latency-histograms``).
     latency: dict[QueueKey, LatencyStats]
+    #: Failed requests counted for no model version (an unknown model), so far.
+    unattributed_failures: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Quantile:
+    """A quantile of a latency histogram, estimated as Prometheus' ``histogram_quantile`` does.
+
+    The histogram only says how many requests fell in each bucket; within the bucket the
+    quantile falls in, requests are taken as spread evenly, so the estimate is linear there.
+    """
+
+    #: The estimate, in seconds.
+    seconds: float
+    #: The bucket it falls in: above ``lower_s``, at most ``upper_s`` (``math.inf`` for the
+    #: bucket above every bound, where the estimate is its lower bound, as Prometheus gives it).
+    lower_s: float
+    upper_s: float
+
+    def document(self) -> dict[str, float | None]:
+        """As the status document gives it: milliseconds, None for an unbounded top."""
+        upper = None if math.isinf(self.upper_s) else self.upper_s * 1000
+        return {"ms": self.seconds * 1000, "lower_ms": self.lower_s * 1000, "upper_ms": upper}
 
 
 @dataclass(frozen=True, slots=True)
 class _ModelFigures:
     requests_per_s: float
     errors_per_s: float
-    p50_ms: float | None
-    p99_ms: float | None
+    p50: Quantile | None
+    p99: Quantile | None
     mean_batch: float | None
     queue: int
+
+    @property
+    def p50_ms(self) -> float | None:
+        return _ms(self.p50)
+
+    @property
+    def p99_ms(self) -> float | None:
+        return _ms(self.p99)
 
 
 _NO_REQUESTS = RequestStats()
@@ -233,28 +267,39 @@ class _Figures:
     #: A model's versions together: rates and queues summed, the worst p50 and p99, the mean
     #: of their mean batch sizes.
     by_model: dict[str, _ModelFigures]
+    #: Failed requests per second that named no model version the server knows.
+    unattributed_errors_per_s: float = 0.0
 
 
 _NO_WINDOW = _Figures(None, {}, {})
 
 
-def percentile(counts: Sequence[int], fraction: float) -> float | None:
-    """The bucket bound (seconds) at or under which ``fraction`` of ``counts`` fall.
+def quantile(counts: Sequence[int], fraction: float) -> Quantile | None:
+    """The ``fraction`` quantile of ``counts``, as Prometheus' ``histogram_quantile`` gives it.
 
     ``counts`` is per bucket of :data:`~corral._counters.REQUEST_SECONDS_BUCKETS`, and a last
-    one for the requests above them (bound: infinity); None when it counts nothing. An upper
-    bound: p99 is "99 % of requests took at most this".
+    one for the requests above them; None when it counts nothing. The bucket the quantile's
+    rank falls in is found, and the estimate is linear within it (the first bucket starts at
+    0); in the bucket above every bound, it is the highest bound.
+
+    >>> quantile([0, 0, 0, 4] + [0] * 11, 0.5).seconds  # 4 requests in (2.5 ms, 5 ms]
+    0.00375
     """
     total = sum(counts)
     if total == 0:
         return None
-    wanted = math.ceil(fraction * total)
-    running = 0
-    for bound, count in zip(_BOUNDS, counts, strict=False):
-        running += count
-        if running >= wanted:
-            return bound
-    return math.inf
+    rank = fraction * total
+    # The first bucket with a count that reaches the rank: the last with a count reaches the
+    # whole total, so the walk stops there at the latest.
+    below = index = 0
+    while not counts[index] or below + counts[index] < rank:
+        below += counts[index]
+        index += 1
+    count, upper = counts[index], _BOUNDS[index]
+    lower = _BOUNDS[index - 1] if index else 0.0
+    if math.isinf(upper):
+        return Quantile(lower, lower, upper)
+    return Quantile(lower + (upper - lower) * (rank - below) / count, lower, upper)
 
 
 def _counts_between(new: LatencyStats, old: LatencyStats) -> list[int]:
@@ -272,10 +317,8 @@ def _per_bucket(stats: LatencyStats) -> list[int]:
     return counts
 
 
-def _ms(seconds: float | None) -> float | None:
-    if seconds is None:
-        return None
-    return None if math.isinf(seconds) else seconds * 1000
+def _ms(estimate: Quantile | None) -> float | None:
+    return None if estimate is None else estimate.seconds * 1000
 
 
 class StatusBoard:
@@ -341,6 +384,7 @@ class StatusBoard:
             host.request_stats(),
             host.queue_stats(),
             host.model_request_latency(),
+            sum(host.unattributed_failures().values()),
         )
         with self._rings_lock:
             previous = self._last_models
@@ -477,9 +521,11 @@ class StatusBoard:
             new, old = latest.latency, first.latency
             rate = (new.count - old.count) / seconds
             durations = _counts_between(new, old)
-            p50, p99 = _ms(percentile(durations, 0.5)), _ms(percentile(durations, 0.99))
-        # Failures are counted per version only: over the models' window.
+            p50, p99 = quantile(durations, 0.5), quantile(durations, 0.99)
+        # Failures are counted per version (a failed load's included), and apart for no
+        # version known: over the models' window.
         errors = sum(f.errors_per_s for f in figures.by_model.values())
+        errors += figures.unattributed_errors_per_s
         return {
             "name": self._plane.server_metadata().name,
             "version": __version__,
@@ -488,8 +534,7 @@ class StatusBoard:
             "repository": self._repository,
             "requests_per_s": rate,
             "errors_per_s": errors,
-            "p50_ms": p50,
-            "p99_ms": p99,
+            **_quantiles_doc(p50, p99),
             "threads": process_threads(),
             "rss_bytes": _rss_bytes(),
             "memory_used_bytes": stats.bytes_used,
@@ -524,7 +569,7 @@ def _model_figures(old: _ModelSnapshot, new: _ModelSnapshot) -> _Figures:
             latency = new.latency.get(key)
             if latency is not None:
                 durations = _counts_between(latency, old.latency.get(key, _NO_LATENCY))
-                p50, p99 = _ms(percentile(durations, 0.5)), _ms(percentile(durations, 0.99))
+                p50, p99 = quantile(durations, 0.5), quantile(durations, 0.99)
         if queue is not None:
             runs = queue.runs - (before_queue.runs if before_queue is not None else 0)
             rows = queue.rows - (before_queue.rows if before_queue is not None else 0)
@@ -536,31 +581,52 @@ def _model_figures(old: _ModelSnapshot, new: _ModelSnapshot) -> _Figures:
     for (name, _), found in by_version.items():
         versions.setdefault(name, []).append(found)
     by_model = {name: _together(found) for name, found in versions.items()}
-    return _Figures(round(seconds, 1), by_version, by_model)
+    unattributed = new.unattributed_failures - old.unattributed_failures
+    stray = unattributed / seconds if seconds > 0 else 0.0
+    return _Figures(round(seconds, 1), by_version, by_model, stray)
 
 
 def _together(versions: list[_ModelFigures]) -> _ModelFigures:
     if len(versions) == 1:
         return versions[0]
-    p50s = [v.p50_ms for v in versions if v.p50_ms is not None]
-    p99s = [v.p99_ms for v in versions if v.p99_ms is not None]
+    p50s = [v.p50 for v in versions if v.p50 is not None]
+    p99s = [v.p99 for v in versions if v.p99 is not None]
     batches = [v.mean_batch for v in versions if v.mean_batch is not None]
     return _ModelFigures(
         sum(v.requests_per_s for v in versions),
         sum(v.errors_per_s for v in versions),
-        max(p50s) if p50s else None,
-        max(p99s) if p99s else None,
+        max(p50s, key=_seconds) if p50s else None,
+        max(p99s, key=_seconds) if p99s else None,
         sum(batches) / len(batches) if batches else None,
         sum(v.queue for v in versions),
     )
+
+
+def _seconds(estimate: Quantile) -> float:
+    return estimate.seconds
+
+
+def _quantiles_doc(p50: Quantile | None, p99: Quantile | None) -> dict[str, Any]:
+    """``p50_ms``, ``p99_ms`` (estimates), and the buckets they fall in (``..._bucket_ms``)."""
+    return {
+        "p50_ms": _ms(p50),
+        "p99_ms": _ms(p99),
+        "p50_bucket_ms": None if p50 is None else _bucket_ms(p50),
+        "p99_bucket_ms": None if p99 is None else _bucket_ms(p99),
+    }
+
+
+def _bucket_ms(estimate: Quantile) -> list[float | None]:
+    """The bucket as ``[lower, upper]`` milliseconds; upper None above every bound."""
+    bounds = estimate.document()
+    return [bounds["lower_ms"], bounds["upper_ms"]]
 
 
 def _figures_doc(figures: _ModelFigures) -> dict[str, Any]:
     return {
         "requests_per_s": figures.requests_per_s,
         "errors_per_s": figures.errors_per_s,
-        "p50_ms": figures.p50_ms,
-        "p99_ms": figures.p99_ms,
+        **_quantiles_doc(figures.p50, figures.p99),
         "mean_batch": figures.mean_batch,
         "queue": figures.queue,
     }
@@ -696,7 +762,7 @@ def _history(samples: list[Sample], interval: float) -> dict[str, Any]:
         times.append(new.time)
         rates.append((new.latency.count - old.latency.count) / seconds)
         durations = _counts_between(new.latency, old.latency)
-        p99s.append(_ms(percentile(durations, 0.99)))
+        p99s.append(_ms(quantile(durations, 0.99)))
         memory.append(new.memory_used_bytes)
     return {
         "interval_s": interval,

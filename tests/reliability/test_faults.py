@@ -276,7 +276,8 @@ def test_a_model_that_cannot_load_gets_a_typed_error_and_the_others_serve(
         assert index.status_code == 200, (case, index.text)
 
     run(root, scenario, **broken.host_options)
-    wanted = {"http 503", "grpc UNAVAILABLE"}
+    # Each fails alike until its file (or the budget) changes: not 503 (issue 33, item 6).
+    wanted = {"http 400", "grpc FAILED_PRECONDITION"}
     got = {f"{a.transport} {a.status}" for a in bad_answers}
     assert got == wanted, f"{case}: requests to the broken model got {statuses(bad_answers)}"
     unnamed = [a.message for a in bad_answers if broken.message not in a.message]
@@ -285,7 +286,7 @@ def test_a_model_that_cannot_load_gets_a_typed_error_and_the_others_serve(
     assert not wrong, f"{case}: other models failed while 'bad' was broken: {wrong[:5]}"
     assert not not_ready, f"{case}: the server was not ready in {not_ready}"
     bad, good = len(bad_answers), len(good_answers)
-    figure("requests to the broken model answered 503 / UNAVAILABLE", f"{bad} / {bad}")
+    figure("requests to the broken model answered 400 / FAILED_PRECONDITION", f"{bad} / {bad}")
     figure("requests to the 3 other models answered correctly", f"{good} / {good}")
     figure("server ready after each round", f"{rounds - len(not_ready)} / {rounds}")
 
@@ -430,19 +431,19 @@ CHANGES = {
         lambda p: _replace(p, b"\x08garbage" * 100),
         during={"old"},
         after={"old"},
-        after_unload={"http 503", "grpc UNAVAILABLE"},
+        after_unload={"http 400", "grpc FAILED_PRECONDITION"},
     ),
     "truncated_in_place": Change(
         _truncate,
         during={"old"},
         after={"old"},
-        after_unload={"http 503", "grpc UNAVAILABLE"},
+        after_unload={"http 400", "grpc FAILED_PRECONDITION"},
     ),
     "model_file_deleted": Change(
         lambda p: p.unlink(),
         during={"old"},
         after={"old"},
-        after_unload={"http 503", "grpc UNAVAILABLE"},
+        after_unload={"http 400", "grpc FAILED_PRECONDITION"},
     ),
     # The model is gone from the repository: unloaded, then unknown.
     "model_folder_deleted": Change(

@@ -226,9 +226,10 @@ def test_symlinks_out_of_the_repository_are_not_followed(tmp_path: Path, case: s
         answers["alias inside the root"] = str(alias.status_code)
 
     run(root, scenario)
-    wanted = {"http": "503", "grpc": "UNAVAILABLE", "alias inside the root": "200"}
+    # Refused for what is on disk: alike until it changes (issue 33, item 6).
+    wanted = {"http": "400", "grpc": "FAILED_PRECONDITION", "alias inside the root": "200"}
     assert answers == wanted, f"{case}: {answers}"
-    figure("escaping link: HTTP / gRPC; link inside the root", "503 / UNAVAILABLE; 200")
+    figure("escaping link: HTTP / gRPC; link inside the root", "400 / FAILED_PRECONDITION; 200")
 
 
 # -- external data that points out of the model folder ---------------------------------------
@@ -291,8 +292,8 @@ def test_external_data_outside_the_model_folder_is_refused(
         assert answers == {"http": "200", "grpc": "OK"}, f"{case}: {answers}"
         figure("external data inside the model folder: served", "HTTP 200 / gRPC OK")
     else:
-        assert answers == {"http": "503", "grpc": "UNAVAILABLE"}, f"{case}: {answers}"
-        figure("refused while loading (ModelLoadError)", "HTTP 503 / gRPC UNAVAILABLE")
+        assert answers == {"http": "400", "grpc": "FAILED_PRECONDITION"}, f"{case}: {answers}"
+        figure("refused while loading (ModelInvalid)", "HTTP 400 / gRPC FAILED_PRECONDITION")
 
 
 # -- no code from model folders --------------------------------------------------------------
@@ -330,8 +331,8 @@ def test_model_toml_cannot_name_code_to_load(tmp_path: Path, case: str, figure: 
         assert stack.host.stats().loads == 0, case
 
     run(root, scenario)
-    assert answers == {"http": "503", "grpc": "UNAVAILABLE"}, f"{case}: {answers}"
-    figure(f"refused ({error.__name__})", "HTTP 503 / gRPC UNAVAILABLE")
+    assert answers == {"http": "400", "grpc": "FAILED_PRECONDITION"}, f"{case}: {answers}"
+    figure(f"refused ({error.__name__})", "HTTP 400 / gRPC FAILED_PRECONDITION")
 
 
 class _Plant:
@@ -388,12 +389,12 @@ def test_no_pickle_or_python_runs_from_a_model_folder(tmp_path: Path, figure: Fi
         with pytest.raises(corral.ModelLoadError):
             await asyncio.to_thread(stack.host.infer, "custom", {"X": X})
         custom = await stack.http.post("/v2/models/custom/infer", json=INFER_BODY)
-        assert custom.status_code == 503, custom.text
+        assert custom.status_code == 400, custom.text
 
     run(root, scenario)
     assert sorted(os.listdir(markers)) == [], "code from a model folder ran"
     figure("pickles unpickled, Python files imported from model folders", "0 / 10")
-    figure("model with a custom (PyOp) node", "refused: ModelLoadError, HTTP 503")
+    figure("model with a custom (PyOp) node", "refused: ModelInvalid, HTTP 400")
 
 
 # -- request size limits ---------------------------------------------------------------------
@@ -691,13 +692,13 @@ def test_http_paths_cannot_leave_the_repository_on_a_real_server(
         path = template.format(outside=quote(str(outside), safe=""))
         status, text = _raw_request(server, "POST", path, json.dumps(INFER_BODY).encode())
         answers[case] = status
-        wanted = (503,) if case == "symlink_out" else (400, 404)
+        wanted = (400,) if case == "symlink_out" else (400, 404)
         assert status in wanted, f"{case}: {path[:80]} got {status}: {text[:300]}"
     log = server.log.read_text()
     assert "loaded outside" not in log, log[-2000:]
     assert "loaded escape_link" not in log, log[-2000:]
     figure(
-        "escaping paths refused (400/404; 503 for a link out)", f"{len(answers)} / {len(RAW_PATHS)}"
+        "escaping paths refused (400/404; 400 for a link out)", f"{len(answers)} / {len(RAW_PATHS)}"
     )
 
 
@@ -719,11 +720,11 @@ def test_grpc_names_cannot_leave_the_repository_on_a_real_server(
                     code = "OK"
                 except grpc.RpcError as exc:
                     code = exc.code().name
-                wanted = "UNAVAILABLE" if name == "escape_link" else "INVALID_ARGUMENT"
+                wanted = "FAILED_PRECONDITION" if name == "escape_link" else "INVALID_ARGUMENT"
                 assert code == wanted, f"{name[:40]!r}: {code}"
                 codes[name[:20]] = code
     figure(
-        "escaping model_name refused (INVALID_ARGUMENT; UNAVAILABLE for a link out)",
+        "escaping model_name refused (INVALID_ARGUMENT; FAILED_PRECONDITION for a link out)",
         f"{2 * len(names)} / {2 * len(names)}",
     )
 

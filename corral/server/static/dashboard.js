@@ -79,6 +79,26 @@ function num(n, digits) {
   return Number(n).toFixed(digits === undefined ? 1 : digits);
 }
 
+// A quantile's hover text: the histogram bucket it falls in, and how it was estimated.
+function bucketTitle(bucket) {
+  if (!bucket) return "";
+  const [lower, upper] = bucket;
+  const within = upper === null ? "above " + ms(lower) + " (the highest bucket bound)"
+    : "in the bucket from " + ms(lower) + " to " + ms(upper);
+  return within + ", estimated linearly within it, as Prometheus' histogram_quantile does";
+}
+
+function ms(n) {
+  if (n === 0) return "0 ms";
+  return (n >= 1 ? num(n, n >= 100 ? 0 : 1) : num(n, 2)) + " ms";
+}
+
+// A rate on an axis, short: 0, 2.5, 40, 1.5k, 30k.
+function compact(n) {
+  if (n >= 1000) return num(n / 1000, n >= 10000 ? 0 : 1) + "k";
+  return n === 0 ? "0" : num(n, n >= 10 ? 0 : 1);
+}
+
 function duration(s) {
   const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60);
   return h ? h + "h " + m + "m" : m + "m " + Math.floor(s % 60) + "s";
@@ -103,16 +123,20 @@ function draw(doc) {
     ["threads", s.threads], ["RSS", bytes(s.rss_bytes)],
     ["loads", s.loads], ["load failures", s.load_failures], ["evictions", s.evictions],
   ];
+  const titles = { "p50 ms": bucketTitle(s.p50_bucket_ms), "p99 ms": bucketTitle(s.p99_bucket_ms) };
   const figures = $("figures");
   figures.replaceChildren(...cards.map(([label, value]) => {
     const card = element("div", undefined, "card");
+    card.dataset.figure = label;
     card.append(element("div", label, "label"), element("div", String(value), "value"));
+    if (titles[label]) card.title = titles[label];
     return card;
   }));
   drawBudget(s);
-  sparkline($("chart-rate"), doc.history.requests_per_s);
-  sparkline($("chart-p99"), doc.history.p99_ms);
-  sparkline($("chart-memory"), doc.history.memory_used_bytes);
+  const times = doc.history.time;
+  chart($("chart-rate"), times, doc.history.requests_per_s, (v) => compact(v) + " req/s");
+  chart($("chart-p99"), times, doc.history.p99_ms, (v) => ms(v));
+  chart($("chart-memory"), times, doc.history.memory_used_bytes, bytes);
   drawModels(doc.models);
   drawEvents(doc.events);
 }
@@ -133,18 +157,49 @@ function drawBudget(s) {
   }
 }
 
-function sparkline(svg, values) {
-  const points = values.map((v, i) => [i, v === null ? 0 : v]);
+// The smallest of 1, 2, 2.5, 5 times a power of ten at or above n: the y axis's top.
+function niceTop(n) {
+  if (!(n > 0)) return 1;
+  const power = Math.pow(10, Math.floor(Math.log10(n)));
+  for (const step of [1, 2, 2.5, 5, 10]) if (step * power >= n) return step * power;
+  return 10 * power;
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+// The plot's area inside the chart's viewBox (0 0 360 130): labels to its left and below.
+const PLOT = { left: 80, right: 354, top: 8, bottom: 104 };
+
+function svgNode(tag, attributes, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attributes)) node.setAttribute(key, value);
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+// A line chart with its scale: three y ticks (0, half, top) labelled with their unit by
+// `label`, and the times of its first and last points below.
+function chart(svg, times, values, label) {
   svg.replaceChildren();
-  if (points.length < 2) return;
-  const top = Math.max(...points.map((p) => p[1])) || 1;
-  const step = 300 / (points.length - 1);
-  const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
-  line.setAttribute("points", points.map(([i, v]) =>
-    (i * step).toFixed(1) + "," + (58 - (v / top) * 56).toFixed(1)).join(" "));
-  const title = document.createElementNS("http://www.w3.org/2000/svg", "title");
-  title.textContent = "last " + num(values[values.length - 1]) + ", top " + num(top);
-  svg.append(title, line);
+  if (values.length < 2) return;
+  const top = niceTop(Math.max(...values.map((v) => (v === null ? 0 : v))));
+  const width = PLOT.right - PLOT.left, height = PLOT.bottom - PLOT.top;
+  const x = (i) => PLOT.left + (i * width) / (values.length - 1);
+  const y = (v) => PLOT.bottom - (v / top) * height;
+  for (const tick of [0, top / 2, top]) {
+    svg.append(svgNode("line", { x1: PLOT.left, x2: PLOT.right, y1: y(tick), y2: y(tick),
+      class: "grid" }));
+    svg.append(svgNode("text", { x: PLOT.left - 4, y: y(tick) + 4, class: "tick tick-y",
+      "text-anchor": "end" }, label(tick)));
+  }
+  const clock = (t) => new Date(t * 1000).toLocaleTimeString();
+  svg.append(svgNode("text", { x: PLOT.left, y: 124, class: "tick tick-x" }, clock(times[0])));
+  svg.append(svgNode("text", { x: PLOT.right, y: 124, class: "tick tick-x", "text-anchor": "end" },
+    clock(times[times.length - 1])));
+  const points = values.map((v, i) => x(i).toFixed(1) + "," + y(v === null ? 0 : v).toFixed(1));
+  svg.append(svgNode("polyline", { points: points.join(" ") }));
+  const last = values[values.length - 1];
+  svg.append(svgNode("title", {}, "last " + (last === null ? "–" : label(last)) + ", scale 0 to " +
+    label(top)));
 }
 
 function drawModels(models) {
@@ -166,7 +221,8 @@ function drawModels(models) {
       element("td", row.name, "name"), element("td", versions),
       element("td", row.state, "state state-" + row.state),
       element("td", bytes(row.size_bytes), "num"), element("td", num(row.requests_per_s), "num"),
-      element("td", num(row.p50_ms, 2), "num"), element("td", num(row.p99_ms, 2), "num"),
+      quantileCell(row.p50_ms, row.p50_bucket_ms, "p50"),
+      quantileCell(row.p99_ms, row.p99_bucket_ms, "p99"),
       element("td", num(row.mean_batch), "num"), element("td", String(row.queue), "num"),
       element("td", row.last_error || "", "error"),
     );
@@ -174,6 +230,12 @@ function drawModels(models) {
     tr.addEventListener("click", () => { openModel = row.name; showDetail(row.name); });
     return tr;
   }));
+}
+
+function quantileCell(value, bucket, which) {
+  const cell = element("td", num(value, 2), "num " + which);
+  if (bucket) cell.title = bucketTitle(bucket);
+  return cell;
 }
 
 function drawEvents(events) {
