@@ -9,8 +9,8 @@ the design's bounds (``DESIGN.md``, "the inline lane"):
   runs): a pool's or an exclusive session's run may wait for a replica, which would block the
   loop;
 - only while its measured run time for the request's size stays under a bound (the Host's
-  ``inline_run_us``): :func:`measure_lane` runs generated feeds of 64, 16, 4 and 1 rows at
-  load, in that order until one stays under the bound, and the lane takes that size;
+  ``inline_run_us``): :func:`measure_lane` runs generated feeds of 1 and 4 rows at load, in
+  that order while they stay under the bound, and the lane takes the largest;
 - a request larger than the sizes measured (any input with more elements than the largest
   measured feed's) never runs inline;
 - every inline run is timed again (:meth:`InlineLane.observe`); the first past the bound
@@ -55,8 +55,12 @@ logger = logging.getLogger(__name__)
 
 #: The Host's ``inline_run_us`` unless given: chosen by measurement (docs/scheduler.md).
 DEFAULT_INLINE_RUN_US = 100
-#: The sizes measured at load, in rows (a fixed first dimension: its own size only).
-LANE_ROWS = (1, 4, 16, 64)
+#: The sizes measured at load, in rows (a fixed first dimension: its own size only). No more
+#: than 4: a run of 64 rows grows onnxruntime's allocations to what 64 rows need, for the
+#: model's life (a tree ensemble's resident memory doubled), while the batching probe's runs
+#: of 3 rows have already paid for about what 4 need. A request of more rows goes to the
+#: compute workers, which batch such requests anyway.
+LANE_ROWS = (1, 4)
 #: Seconds a version sent to the workers by an inline run waits before a trial run inline;
 #: doubled, up to RETRY_MAX_S, while trials fail (see InlineLane).
 RETRY_S = 0.1
@@ -318,7 +322,7 @@ def measure_lane(
 
     >>> measure_lane("fraud:1", sig, session.run, bound_us=50, policy="shared", values=None
     ... ).describe()
-    'inline: runs of up to 64 rows took 6.1 µs of CPU (median of 3) at load, under the 50 µs bound'
+    'inline: runs of up to 4 rows took 6.1 µs of CPU (median of 3) at load, under the 50 µs bound'
     """
     if bound_us <= 0:
         return InlineLane(label, LaneState.OFF, "the inline lane is off (inline_run_us = 0)")
@@ -340,9 +344,11 @@ def measure_lane(
             f"a run took {seen_s * 1e6:.1f} µs of CPU at load, far over the {bound_us} µs bound",
         )
     rng = np.random.default_rng(PROBE_SEED)
-    # The largest size first, down to the first that stays under the bound: a run's time
-    # grows with its rows, so a tiny model (whose every size fits) costs one size's runs.
-    sizes = tuple(reversed(LANE_ROWS)) if _batch_dimension(signature) else (1,)
+    # The smallest size first, up to the last that stays under the bound (LANE_ROWS says
+    # why no size above 4 is run).
+    sizes = LANE_ROWS if _batch_dimension(signature) else (1,)
+    limits: dict[str, int] | None = None
+    measured_rows, slowest = 0, 0.0
     failure = (LaneState.OFF, "no size was measured")
     for rows in sizes:
         feed = _feed(signature, rows, rng)
@@ -352,24 +358,22 @@ def measure_lane(
             raise  # stopped by a close or a shutdown: says nothing about the model
         except (InferenceError, InvalidInput) as exc:
             # Generated inputs a model refuses (a reshape to 5 columns of 32 values) tell
-            # nothing of its run time: a smaller size may still be measured.
+            # nothing of its run time: the sizes measured before stand, or none do.
             failure = (
                 LaneState.OFF,
                 f"it fails on the generated inputs it would be measured with: {one_line(exc)}",
             )
-            continue
+            break
         if took > bound_s:
-            runs = "one request" if rows == 1 else f"{rows} rows"
             failure = (
                 LaneState.WORKERS,
-                f"a run of {runs} took {took * 1e6:.1f} µs of CPU at load, over the "
+                f"a run of one request took {took * 1e6:.1f} µs of CPU at load, over the "
                 f"{bound_us} µs bound",
             )
-            continue
+            break
         limits = {name: array.size for name, array in feed.items()}
         measured_rows, slowest = feed_rows(feed), took
-        break
-    else:
+    if limits is None:  # the first size failed or was over the bound
         return InlineLane(label, *failure)
     reason = (
         f"runs of up to {measured_rows} row{'s' if measured_rows != 1 else ''} took "

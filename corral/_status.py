@@ -91,7 +91,7 @@ class VersionStatus:
     #: Wall-clock time (``time.time()``) of the last request, or None if never used.
     last_used: float | None
     #: Runs, leases and admissions since it was loaded, the load's own included (its warm-up
-    #: runs, the batching probe's, up to 5, and the inline lane's measuring, up to 20, when
+    #: runs, the batching probe's, up to 5, and the inline lane's measuring, up to 10, when
     #: they ran).
     runs: int
     #: Why the last load failed, if it did.

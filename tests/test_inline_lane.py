@@ -100,7 +100,7 @@ def test_a_shared_model_under_the_bound_runs_inline_and_answers_as_the_workers(
     # The lane's requests never reached a compute worker; the other Host's did.
     assert workers[0] == 0
     assert workers[1] >= 1
-    assert on.status("mlp").versions[0].inline.startswith("inline: runs of up to 64 rows")
+    assert on.status("mlp").versions[0].inline.startswith("inline: runs of up to 4 rows")
     assert off.status("mlp").versions[0].inline.startswith("off: the inline lane is off")
     assert on.stats().inline_versions == 1
     assert off.stats().inline_versions == 0

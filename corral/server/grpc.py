@@ -76,6 +76,7 @@ from corral.server.grpc_health import (
     carries_token,
 )
 from corral.server.grpc_limits import GrpcLimits
+from corral.server.grpc_not_served import NOT_SERVED, NotServed
 from corral.server.logs import REQUEST_ID_HEADER, log_access, new_request_id, request_id_problem
 
 if TYPE_CHECKING:
@@ -693,28 +694,9 @@ def _register(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
             response_serializer=response_type.SerializeToString,
         )
     server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(_SERVICE, handlers), _NotServed())
+        (grpc.method_handlers_generic_handler(_SERVICE, handlers), NotServed(_SERVICE))
     )
     server.add_registered_method_handlers(_SERVICE, handlers)
-
-
-#: Triton's RPCs of the service that corral does not serve, and why; any other method of the
-#: service it does not know is answered with :func:`_not_served_message`'s generic reason.
-NOT_SERVED: dict[str, str] = {
-    "ModelStreamInfer": (
-        "corral does not serve ModelStreamInfer (gRPC streaming): it has no sequence batcher "
-        "and no decoupled models, and answers each request on its own; send each request "
-        "with ModelInfer"
-    ),
-    "CudaSharedMemoryStatus": "CUDA shared memory is not supported by corral",
-    "CudaSharedMemoryRegister": "CUDA shared memory is not supported by corral",
-    "CudaSharedMemoryUnregister": "CUDA shared memory is not supported by corral",
-    "TraceSetting": (
-        "corral traces with OpenTelemetry (corral serve --trace-exporter), not Triton's "
-        "trace API: TraceSetting is not supported"
-    ),
-    "LogSettings": "corral's log settings are its command line's: LogSettings is not supported",
-}
 
 
 def _error_code(error: BaseException) -> int | None:
@@ -724,35 +706,6 @@ def _error_code(error: BaseException) -> int | None:
     if isinstance(error, CorralError):
         return int((status_for(STATUS, error) or grpc.StatusCode.INTERNAL).value[0])
     return int(grpc.StatusCode.INTERNAL.value[0]) if isinstance(error, Exception) else None
-
-
-def _not_served_message(method: str) -> str:
-    reason = NOT_SERVED.get(method, f"corral does not implement {method}")
-    return f"{_SERVICE}/{method} is not supported: {reason}"
-
-
-class _NotServed(grpc.GenericRpcHandler):
-    """Answers the service's methods corral does not serve with UNIMPLEMENTED and the reason.
-
-    Without it grpc answers them "Method not found!", which does not say whether the method
-    or the whole server is missing. Consulted after corral's own methods, so a method added
-    to the service is served, not refused.
-    """
-
-    def service(
-        self, handler_call_details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        service, _, method = handler_call_details.method.strip("/").partition("/")
-        if service != _SERVICE:
-            return None
-        message = _not_served_message(method)
-
-        # A streaming handler answers unary and streaming calls alike: it aborts before it
-        # reads the first message, and the bytes need no decoding.
-        async def refuse(requests: Any, context: _Context) -> None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, message)
-
-        return grpc.stream_stream_rpc_method_handler(refuse)
 
 
 def _decode_message(message_type: Any, data: bytes) -> object:
