@@ -27,7 +27,13 @@ Facts this module is built on (checked on onnxruntime 1.31 and 1.32):
   most (:data:`RUN_FAILURE_LOG`).
 - Custom-op domain registration is not safe under concurrent construction (onnxruntime
   issues #22663, #26366, #20089), nor is first-time setup of some providers (#32461);
-  :data:`CONSTRUCTION_LOCK` serializes construction for the providers the table marks.
+  :data:`CONSTRUCTION_LOCK` serializes construction for the providers the table marks, and
+  for every session with custom operator libraries: their registration
+  (``SessionOptions.register_custom_ops_library`` loads the library and adds its domains to
+  the options) and the construction that registers their schemas both run under it.
+- ``register_custom_ops_library`` loads the library at once and raises onnxruntime's
+  ``Fail`` naming the reason (a missing file, "invalid ELF header", no ``RegisterCustomOps``
+  symbol): a library that cannot load fails before any session is built.
 """
 
 from __future__ import annotations
@@ -52,11 +58,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONSTRUCTION_LOCK",
+    "EXTENSIONS_LIBRARY",
     "RUN_FAILURE_LOG",
     "RUN_LOG_SEVERITY",
     "OncePerInterval",
     "ProviderArg",
     "available_providers",
+    "check_custom_op_libraries",
     "check_provider_options",
     "configure_process",
     "create_session",
@@ -65,6 +73,7 @@ __all__ = [
     "new_run_options",
     "onnxruntime",
     "process_pools",
+    "register_custom_op_libraries",
     "run_error",
     "runner",
     "session_options",
@@ -80,9 +89,15 @@ _PROCESS_SETTINGS_LOCK = threading.Lock()
 _pools: tuple[int, int] | None = None
 _env_allocator = False
 
-#: Serializes session construction for providers known to race while constructing (custom-op
-#: domain registration, first-time provider setup). Never held across a run.
+#: Serializes session construction for providers known to race while constructing (first-time
+#: provider setup), and the registration of custom operator libraries with the construction of
+#: the sessions that use them (custom-op domain and schema registration). Never held across a
+#: run.
 CONSTRUCTION_LOCK = threading.Lock()
+
+#: The name that stands for onnxruntime-extensions' library of operators (its
+#: ``get_library_path()``), instead of a path, in model.toml and config.pbtxt.
+EXTENSIONS_LIBRARY = "onnxruntime_extensions"
 
 _TERMINATED_MARK = "terminate flag"
 
@@ -250,6 +265,48 @@ def create_session(model: str | bytes, options: Any, providers: Sequence[Provide
         return ort.InferenceSession(model, options, providers=list(providers), enable_fallback=0)
     except Exception as exc:
         raise load_error(exc, model) from exc
+
+
+def register_custom_op_libraries(options: Any, libraries: Sequence[str], source: str) -> None:
+    """Register each custom operator library with ``options``, in order.
+
+    Each is a path to a library, or :data:`EXTENSIONS_LIBRARY` (onnxruntime-extensions'
+    library, imported now). Raises :class:`ModelLoadError` naming ``source``, the library and
+    the reason when one cannot be found or loaded. The caller holds :data:`CONSTRUCTION_LOCK`.
+    """
+    for library in libraries:
+        path = _library_path(library, source)
+        try:
+            options.register_custom_ops_library(path)
+        except Exception as exc:
+            raise ModelLoadError(
+                f"{source}: custom op library {library!r} failed to load: {_message(exc)}"
+            ) from exc
+
+
+def check_custom_op_libraries(libraries: Sequence[str], source: str) -> None:
+    """Load each custom operator library as a session would, into options then dropped.
+
+    Raises :class:`ModelLoadError` as :func:`register_custom_op_libraries` does. Takes
+    :data:`CONSTRUCTION_LOCK` itself.
+    """
+    options = onnxruntime().SessionOptions()
+    with CONSTRUCTION_LOCK:
+        register_custom_op_libraries(options, libraries, source)
+
+
+def _library_path(library: str, source: str) -> str:
+    if library != EXTENSIONS_LIBRARY:
+        return library
+    try:
+        import onnxruntime_extensions
+    except ImportError as exc:
+        raise ModelLoadError(
+            f"{source}: custom op library {library!r} needs the onnxruntime-extensions "
+            f"package, which is not installed ({exc}): pip install 'corral[extensions]'"
+        ) from exc
+    path: str = onnxruntime_extensions.get_library_path()
+    return path
 
 
 def runner(session: Any) -> Any:

@@ -1,0 +1,295 @@
+"""Custom operator libraries: model.toml's ``custom_op_libraries``, config.pbtxt's
+``model_operations``, onnxruntime-extensions' library by name, and what is refused.
+
+The model is built here with one onnxruntime-extensions operator (``StringUpper`` of the
+``ai.onnx.contrib`` domain): onnxruntime alone cannot load it. A library file inside a model
+folder is a copy of onnxruntime-extensions' own library.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime_extensions
+import pytest
+from onnx import TensorProto, helper
+
+import corral
+from corral import _ort
+from corral._check import find_problems
+from corral._problems import ProblemKind
+from tests.helpers import add_model
+from tests.processes import ServerProcess, start_server, stop_server
+
+pytestmark = pytest.mark.timeout(120)
+
+WORDS = np.array([b"corral", b"Onnx", b"", "\u00e9t\u00e9".encode()], dtype=np.object_)
+# StringUpper changes ASCII letters only; the other bytes of UTF-8 text pass through.
+UPPER = np.array([b"CORRAL", b"ONNX", b"", "\u00e9T\u00e9".encode()], dtype=np.object_)
+# What a session in this process gives back: onnxruntime's strings are str.
+UPPER_TEXT = np.array([word.decode() for word in UPPER], dtype=np.object_)
+LIBRARY_COPY = "libortextensions.so"
+NAMED_TOML = 'custom_op_libraries = ["onnxruntime_extensions"]\n'
+
+PBTXT = """\
+name: "{name}"
+backend: "onnxruntime"
+max_batch_size: 0
+input [{{ name: "X", data_type: TYPE_STRING, dims: [-1] }}]
+output [{{ name: "Y", data_type: TYPE_STRING, dims: [-1] }}]
+model_operations {{ op_library_filename: "{library}" }}
+"""
+
+
+def build_upper() -> bytes:
+    """A model whose one node is onnxruntime-extensions' StringUpper: strings in, upper out."""
+    graph = helper.make_graph(
+        [helper.make_node("StringUpper", ["X"], ["Y"], domain="ai.onnx.contrib")],
+        "upper",
+        [helper.make_tensor_value_info("X", TensorProto.STRING, ["N"])],
+        [helper.make_tensor_value_info("Y", TensorProto.STRING, ["N"])],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.contrib", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def copy_library(folder: Path, name: str = LIBRARY_COPY) -> Path:
+    """onnxruntime-extensions' library, copied into a model's folder."""
+    target = folder / name
+    shutil.copyfile(onnxruntime_extensions.get_library_path(), target)
+    return target
+
+
+def add_pbtxt_model(root: Path, name: str, library: str) -> Path:
+    model = add_model(root, name, build_upper())
+    (root / name / "config.pbtxt").write_text(PBTXT.format(name=name, library=library))
+    return model
+
+
+# -- served over HTTP and gRPC ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("custom_ops")
+    add_model(root, "named", build_upper(), toml=NAMED_TOML)
+    add_pbtxt_model(root, "file", LIBRARY_COPY)
+    copy_library(root / "file")
+    served = start_server(root, tmp_path_factory.mktemp("log") / "serve.log")
+    yield served
+    stop_server(served)
+
+
+@pytest.mark.parametrize("model", ["named", "file"])
+def test_a_model_with_extension_operators_is_served_over_http_and_grpc(
+    server: ServerProcess, model: str
+):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    with httpclient.InferenceServerClient(server.http) as client:
+        for binary in (True, False):
+            tensor = httpclient.InferInput("X", list(WORDS.shape), "BYTES")
+            tensor.set_data_from_numpy(WORDS, binary_data=binary)
+            wanted = httpclient.InferRequestedOutput("Y", binary_data=binary)
+            result = client.infer(model, [tensor], outputs=[wanted])
+            expected = UPPER if binary else UPPER_TEXT  # JSON carries BYTES as text
+            np.testing.assert_array_equal(result.as_numpy("Y"), expected, err_msg=str(binary))
+    with grpcclient.InferenceServerClient(server.grpc) as client:
+        tensor = grpcclient.InferInput("X", list(WORDS.shape), "BYTES")
+        tensor.set_data_from_numpy(WORDS)
+        np.testing.assert_array_equal(client.infer(model, [tensor]).as_numpy("Y"), UPPER)
+
+
+# -- construction from many threads ----------------------------------------------------------
+
+
+def test_sixteen_sessions_built_from_sixteen_threads_at_once_all_run():
+    model = build_upper()
+    barrier = threading.Barrier(16)
+    answers: list[np.ndarray] = []
+    errors: list[BaseException] = []
+    answers_lock = threading.Lock()  # guards answers and errors
+
+    def build() -> None:
+        try:
+            barrier.wait(timeout=30)
+            with corral.Session(model, custom_op_libraries=["onnxruntime_extensions"]) as session:
+                out = session.run({"X": WORDS})["Y"]
+            with answers_lock:
+                answers.append(out)
+        except BaseException as exc:
+            with answers_lock:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=build) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    assert len(answers) == 16
+    for out in answers:
+        np.testing.assert_array_equal(out, UPPER_TEXT)
+
+
+def test_registration_and_construction_wait_for_the_construction_lock():
+    model = build_upper()
+    built = threading.Event()
+
+    def build() -> None:
+        with corral.Session(model, custom_op_libraries=["onnxruntime_extensions"]):
+            built.set()
+
+    with _ort.CONSTRUCTION_LOCK:
+        thread = threading.Thread(target=build)
+        thread.start()
+        # Held here, the lock keeps the build from registering: it cannot finish.
+        assert not built.wait(0.5)
+    assert built.wait(30)
+    thread.join(timeout=30)
+
+
+# -- refused by name -------------------------------------------------------------------------
+
+
+def outside_cases(root: Path, outside: Path) -> dict[str, str]:
+    """Library paths that lead out of a model's folder, each with what to write in model.toml."""
+    copy_library(outside)
+    os.symlink(outside / LIBRARY_COPY, root / "linked" / "liblinked.so")
+    return {
+        "relative": f"../../{outside.name}/{LIBRARY_COPY}",
+        "absolute": str(outside / LIBRARY_COPY),
+        "linked": "liblinked.so",
+    }
+
+
+@pytest.mark.parametrize("case", ["relative", "absolute", "linked"])
+def test_a_library_outside_the_models_folder_is_refused_by_name(tmp_path: Path, case: str):
+    root = tmp_path / "repo"
+    root.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    add_model(root, "linked", build_upper())
+    library = outside_cases(root, outside)[case]
+    (root / "linked" / "model.toml").write_text(f"custom_op_libraries = [{json.dumps(library)}]\n")
+    with corral.Host(root) as host:
+        with pytest.raises(corral.ModelConfigError) as refused:
+            host.infer("linked", {"X": WORDS})
+        assert host.stats().loads == 0
+    message = str(refused.value)
+    assert f"custom op library {library!r} resolves outside the model's folder" in message
+    problems, _ = find_problems(corral.Repository(root), memory_budget=None, pool_size=1)
+    assert [p.kind for p in problems] == [ProblemKind.BAD_MODEL_TOML], problems
+    assert "resolves outside the model's folder" in problems[0].message
+
+
+def test_a_library_that_fails_to_load_is_refused_naming_it_and_why(tmp_path: Path):
+    add_pbtxt_model(tmp_path, "junk", "libjunk.so")
+    (tmp_path / "junk" / "libjunk.so").write_bytes(b"not a shared library, " * 16)
+    with corral.Host(tmp_path) as host, pytest.raises(corral.ModelLoadError) as refused:
+        host.infer("junk", {"X": WORDS})
+    message = str(refused.value)
+    assert "custom op library" in message, message
+    assert "libjunk.so' failed to load" in message, message
+    assert "invalid ELF header" in message, message
+    problems, _ = find_problems(
+        corral.Repository(tmp_path), memory_budget=None, pool_size=1, read_model_files=True
+    )
+    assert [p.kind for p in problems] == [ProblemKind.BAD_CUSTOM_OP_LIBRARY], problems
+    assert "invalid ELF header" in problems[0].message
+    assert problems[0].path.endswith("config.pbtxt")
+
+
+def test_a_missing_library_file_is_refused_naming_it(tmp_path: Path):
+    add_pbtxt_model(tmp_path, "missing", "libnone.so")
+    with corral.Host(tmp_path) as host, pytest.raises(corral.ModelConfigError) as refused:
+        host.infer("missing", {"X": WORDS})
+    assert "custom op library 'libnone.so': no such file in the model's folder" in str(
+        refused.value
+    )
+
+
+def test_without_its_library_the_model_does_not_load(tmp_path: Path):
+    add_model(tmp_path, "plain", build_upper())
+    with corral.Host(tmp_path) as host, pytest.raises(corral.ModelLoadError, match="StringUpper"):
+        host.infer("plain", {"X": WORDS})
+
+
+def test_a_loads_config_may_name_the_extensions_library_but_no_library_file(tmp_path: Path):
+    add_model(tmp_path, "up", build_upper())
+    library = copy_library(tmp_path / "up")
+
+    def config(op_library: str) -> str:
+        return json.dumps(
+            {
+                "name": "up",
+                "backend": "onnxruntime",
+                "model_operations": {"op_library_filename": [op_library]},
+            }
+        )
+
+    with corral.Host(tmp_path) as host:
+        with pytest.raises(corral.ModelConfigError, match=r"a load's config may name only"):
+            host.load("up", config=config(library.name))
+        upload = {"1/model.onnx": build_upper(), "libmine.so": library.read_bytes()}
+        with pytest.raises(corral.ModelConfigError, match=r"'libmine\.so': a load's config"):
+            host.load("up", config=config("libmine.so"), files=upload)
+        host.load("up", config=config("onnxruntime_extensions"))
+        np.testing.assert_array_equal(host.infer("up", {"X": WORDS})["Y"], UPPER_TEXT)
+
+
+# -- settings --------------------------------------------------------------------------------
+
+
+def test_model_toml_and_config_pbtxt_read_the_libraries(tmp_path: Path):
+    add_model(tmp_path, "toml", build_upper(), toml=NAMED_TOML)
+    add_pbtxt_model(tmp_path, "pbtxt", f"ops/{LIBRARY_COPY}")
+    (tmp_path / "pbtxt" / "ops").mkdir()
+    real = copy_library(tmp_path / "pbtxt" / "ops")
+    repository = corral.Repository(tmp_path)
+    assert repository.entry("toml").config.custom_op_libraries == ("onnxruntime_extensions",)
+    assert repository.entry("pbtxt").config.custom_op_libraries == (str(real.resolve()),)
+    with corral.Host(tmp_path) as host:
+        for name in ("toml", "pbtxt"):
+            np.testing.assert_array_equal(host.infer(name, {"X": WORDS})["Y"], UPPER_TEXT)
+
+
+@pytest.mark.parametrize(
+    ("value", "phrase"),
+    [
+        ('"onnxruntime_extensions"', "must be an array of library paths"),
+        ("[1]", "custom_op_libraries[0] must be a path inside the model's folder"),
+        ('[""]', "custom_op_libraries[0] must be a path"),
+        ('["a.so", "a.so"]', "lists a library twice"),
+    ],
+)
+def test_model_toml_refuses_a_malformed_list(value: str, phrase: str):
+    with pytest.raises(corral.ModelConfigError, match=re.escape(phrase)):
+        corral.ModelConfig.from_toml(f"custom_op_libraries = {value}\n", source="m/model.toml")
+
+
+@pytest.mark.parametrize("value", ["libx.so", [1], [""]])
+def test_session_refuses_malformed_libraries(value: Any):
+    with pytest.raises(corral.ModelConfigError, match="custom_op_libraries must"):
+        corral.Session(build_upper(), custom_op_libraries=value)
+
+
+def test_without_the_package_the_named_library_is_refused_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "onnxruntime_extensions", None)
+    with pytest.raises(corral.ModelLoadError, match=r"pip install 'corral\[extensions\]'"):
+        corral.Session(build_upper(), custom_op_libraries=["onnxruntime_extensions"])
