@@ -293,3 +293,64 @@ def test_without_the_package_the_named_library_is_refused_naming_the_extra(
     monkeypatch.setitem(sys.modules, "onnxruntime_extensions", None)
     with pytest.raises(corral.ModelLoadError, match=r"pip install 'corral\[extensions\]'"):
         corral.Session(build_upper(), custom_op_libraries=["onnxruntime_extensions"])
+
+
+def test_the_check_loads_a_library_once_until_it_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    add_model(tmp_path, "named", build_upper(), toml=NAMED_TOML)
+    add_pbtxt_model(tmp_path, "file", LIBRARY_COPY)
+    library = copy_library(tmp_path / "file")
+    loaded: list[str] = []
+    check = _ort.check_custom_op_libraries
+
+    def counted(libraries: Any, source: str) -> None:
+        loaded.extend(libraries)
+        check(libraries, source)
+
+    monkeypatch.setattr(_ort, "check_custom_op_libraries", counted)
+    repository = corral.Repository(tmp_path)
+    problems, files = find_problems(
+        repository, memory_budget=None, pool_size=1, read_model_files=True
+    )
+    assert problems == []
+    assert loaded == [str(library.resolve()), "onnxruntime_extensions"]
+    again, files = find_problems(
+        repository, memory_budget=None, pool_size=1, read_model_files=True, files=files
+    )
+    assert again == []
+    assert len(loaded) == 2  # nothing loaded again
+    # Replaced, not rewritten in place: the first file may still be mapped into this process.
+    junk = tmp_path / "junk.so"
+    junk.write_bytes(b"not a shared library, " * 16)
+    junk.replace(library)
+    changed, _ = find_problems(
+        repository, memory_budget=None, pool_size=1, read_model_files=True, files=files
+    )
+    assert [p.kind for p in changed] == [ProblemKind.BAD_CUSTOM_OP_LIBRARY]
+    assert len(loaded) == 3
+
+
+@pytest.mark.parametrize(
+    ("case", "phrase"),
+    [("folder", "not a regular file"), ("loop", "cannot read it")],
+)
+def test_a_library_that_is_no_file_is_refused_naming_it(tmp_path: Path, case: str, phrase: str):
+    add_pbtxt_model(tmp_path, "odd", "libodd.so")
+    target = tmp_path / "odd" / "libodd.so"
+    if case == "folder":
+        target.mkdir()
+    else:
+        os.symlink(target, target)  # a link to itself: stat fails with ELOOP
+    with corral.Host(tmp_path) as host, pytest.raises(corral.ModelConfigError) as refused:
+        host.infer("odd", {"X": WORDS})
+    assert f"custom op library 'libodd.so': {phrase}" in str(refused.value)
+
+
+def test_a_library_gone_before_the_check_is_reported_as_failing_to_load(tmp_path: Path):
+    from corral._check import _library_key
+
+    gone = str(tmp_path / "gone.so")
+    assert _library_key(gone) == (gone, -1, -1)
+    with pytest.raises(corral.ModelLoadError, match=r"custom op library .*gone\.so' failed"):
+        _ort.check_custom_op_libraries([gone], "model 'm'")
