@@ -80,19 +80,25 @@ def add_pbtxt_model(root: Path, name: str, library: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def served_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A repository of two models that need the extensions: one by name, one by a file."""
     root = tmp_path_factory.mktemp("custom_ops")
     add_model(root, "named", build_upper(), toml=NAMED_TOML)
     add_pbtxt_model(root, "file", LIBRARY_COPY)
     copy_library(root / "file")
-    served = start_server(root, tmp_path_factory.mktemp("log") / "serve.log")
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(served_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    served = start_server(served_root, tmp_path_factory.mktemp("log") / "serve.log")
     yield served
     stop_server(served)
 
 
 @pytest.mark.parametrize("model", ["named", "file"])
 def test_a_model_with_extension_operators_is_served_over_http_and_grpc(
-    server: ServerProcess, model: str
+    server: ServerProcess, served_root: Path, model: str
 ):
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
@@ -109,6 +115,17 @@ def test_a_model_with_extension_operators_is_served_over_http_and_grpc(
         tensor = grpcclient.InferInput("X", list(WORDS.shape), "BYTES")
         tensor.set_data_from_numpy(WORDS)
         np.testing.assert_array_equal(client.infer(model, [tensor]).as_numpy("Y"), UPPER)
+        grpc_config = client.get_model_config(model, as_json=True)["config"]
+    with httpclient.InferenceServerClient(server.http) as client:
+        http_config = client.get_model_config(model)
+    # Reported as Triton reports it: a library file by its real path, the package's by name.
+    wanted = (
+        ["onnxruntime_extensions"]
+        if model == "named"
+        else [str((served_root / "file" / LIBRARY_COPY).resolve())]
+    )
+    assert http_config["model_operations"] == {"op_library_filename": wanted}
+    assert grpc_config["model_operations"] == {"op_library_filename": wanted}
 
 
 # -- construction from many threads ----------------------------------------------------------

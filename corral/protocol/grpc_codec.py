@@ -325,6 +325,7 @@ def encode_model_config(config: ModelConfiguration) -> pb.ModelConfigResponse:
         queue_policy.max_queue_size = config.max_queue_size
         queue_policy.default_timeout_microseconds = config.queue_timeout_us or 0
         queue_policy.allow_timeout_override = config.queue_timeout_override
+    message.model_operations.op_library_filename.extend(config.op_library_filenames)
     return pb.ModelConfigResponse(config=message)
 
 
