@@ -69,6 +69,7 @@ __all__ = [
     "configure_process",
     "create_session",
     "distribution",
+    "extensions_library_path",
     "load_error",
     "new_run_options",
     "onnxruntime",
@@ -98,6 +99,9 @@ CONSTRUCTION_LOCK = threading.Lock()
 #: The name that stands for onnxruntime-extensions' library of operators (its
 #: ``get_library_path()``), instead of a path, in model.toml and config.pbtxt.
 EXTENSIONS_LIBRARY = "onnxruntime_extensions"
+# The package that provides it, and its extension module that is the library.
+_EXTENSIONS_PACKAGE = "onnxruntime_extensions"
+_EXTENSIONS_MODULE = "_extensions_pydll"
 
 _TERMINATED_MARK = "terminate flag"
 
@@ -295,18 +299,36 @@ def check_custom_op_libraries(libraries: Sequence[str], source: str) -> None:
         register_custom_op_libraries(options, libraries, source)
 
 
+def extensions_library_path(source: str) -> str:
+    """The file of onnxruntime-extensions' operator library, found without importing it.
+
+    The package's ``get_library_path()`` names its ``_extensions_pydll`` extension module;
+    this finds the same file from the package's location. Importing the package is avoided:
+    with onnx installed it imports onnx and sets ``PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=
+    python`` in the process's environment (onnxruntime-extensions 0.15), which every process
+    the server starts would inherit. Raises :class:`ModelLoadError` naming ``source`` and
+    the extra to install when the package is missing.
+    """
+    import importlib.machinery
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec(_EXTENSIONS_PACKAGE)
+    folders = [] if spec is None else list(spec.submodule_search_locations or ())
+    for folder in folders:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            candidate = os.path.join(folder, _EXTENSIONS_MODULE + suffix)
+            if os.path.isfile(candidate):
+                return candidate
+    where = "is not installed" if not folders else f"has no {_EXTENSIONS_MODULE} in {folders}"
+    raise ModelLoadError(
+        f"{source}: custom op library {EXTENSIONS_LIBRARY!r} needs the onnxruntime-extensions "
+        f"package, which {where}: pip install 'corral[extensions]'"
+    )
+
+
 def _library_path(library: str, source: str) -> str:
-    if library != EXTENSIONS_LIBRARY:
-        return library
-    try:
-        import onnxruntime_extensions
-    except ImportError as exc:
-        raise ModelLoadError(
-            f"{source}: custom op library {library!r} needs the onnxruntime-extensions "
-            f"package, which is not installed ({exc}): pip install 'corral[extensions]'"
-        ) from exc
-    path: str = onnxruntime_extensions.get_library_path()
-    return path
+    return extensions_library_path(source) if library == EXTENSIONS_LIBRARY else library
 
 
 def runner(session: Any) -> Any:

@@ -12,13 +12,14 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime_extensions
 import pytest
 from onnx import TensorProto, helper
 
@@ -66,7 +67,8 @@ def build_upper() -> bytes:
 def copy_library(folder: Path, name: str = LIBRARY_COPY) -> Path:
     """onnxruntime-extensions' library, copied into a model's folder."""
     target = folder / name
-    shutil.copyfile(onnxruntime_extensions.get_library_path(), target)
+    # Found as corral finds it: importing the package would change this process's environment.
+    shutil.copyfile(_ort.extensions_library_path("test"), target)
     return target
 
 
@@ -305,11 +307,37 @@ def test_session_refuses_malformed_libraries(value: Any):
 def test_without_the_package_the_named_library_is_refused_naming_the_extra(
     monkeypatch: pytest.MonkeyPatch,
 ):
-    import sys
-
-    monkeypatch.setitem(sys.modules, "onnxruntime_extensions", None)
-    with pytest.raises(corral.ModelLoadError, match=r"pip install 'corral\[extensions\]'"):
+    monkeypatch.setattr(_ort, "_EXTENSIONS_PACKAGE", "corral_no_such_package")
+    with pytest.raises(
+        corral.ModelLoadError, match=r"not installed: pip install 'corral\[extensions\]'"
+    ):
         corral.Session(build_upper(), custom_op_libraries=["onnxruntime_extensions"])
+    monkeypatch.setattr(_ort, "_EXTENSIONS_PACKAGE", "corral")  # a package without the module
+    with pytest.raises(corral.ModelLoadError, match=r"has no _extensions_pydll in"):
+        corral.Session(build_upper(), custom_op_libraries=["onnxruntime_extensions"])
+
+
+def test_finding_the_extensions_library_leaves_the_environment_alone(tmp_path: Path):
+    # Importing onnxruntime-extensions (with onnx installed) sets PROTOCOL_BUFFERS_PYTHON_
+    # IMPLEMENTATION=python for the process and its children; corral does not import it.
+    model = tmp_path / "upper.onnx"
+    model.write_bytes(build_upper())
+    script = (
+        "import os, sys, corral\n"
+        "before = dict(os.environ)\n"
+        "s = corral.Session(sys.argv[1], custom_op_libraries=['onnxruntime_extensions'])\n"
+        "s.close()\n"
+        "print(sorted(k for k in os.environ if before.get(k) != os.environ[k]))\n"
+        "print('onnxruntime_extensions' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(model)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.split("\n")[:2] == ["[]", "False"], done.stdout
 
 
 def test_the_check_loads_a_library_once_until_it_changes(
@@ -371,3 +399,26 @@ def test_a_library_gone_before_the_check_is_reported_as_failing_to_load(tmp_path
     assert _library_key(gone) == (gone, -1, -1)
     with pytest.raises(corral.ModelLoadError, match=r"custom op library .*gone\.so' failed"):
         _ort.check_custom_op_libraries([gone], "model 'm'")
+
+
+def test_the_config_documents_report_the_libraries_in_process():
+    from corral.protocol.grpc_codec import encode_model_config
+    from corral.protocol.types import ModelConfiguration
+    from corral.server.documents import config_doc
+
+    libraries = ("/models/m/libops.so", "onnxruntime_extensions")
+    config = ModelConfiguration(
+        name="m",
+        platform="onnxruntime_onnx",
+        backend="onnxruntime",
+        max_batch_size=0,
+        inputs=(),
+        outputs=(),
+        op_library_filenames=libraries,
+    )
+    assert config_doc(config)["model_operations"] == {"op_library_filename": list(libraries)}
+    message = encode_model_config(config).config
+    assert list(message.model_operations.op_library_filename) == list(libraries)
+    plain = ModelConfiguration("m", "onnxruntime_onnx", "onnxruntime", 0, (), ())
+    assert "model_operations" not in config_doc(plain)
+    assert not encode_model_config(plain).config.HasField("model_operations")
