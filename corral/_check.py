@@ -6,7 +6,9 @@ and config.pbtxt parsed and validated by the same code), resolves its execution 
 against this onnxruntime build as a load does, and, when it reads the model files (their
 protobuf headers: :func:`read_model_file`), finds those that are not ONNX, holds a
 config.pbtxt's declared tensors against the file's own inputs and outputs as the load does
-(:func:`declaration_mismatches`: names, types, ranks, sizes that contradict fixed ones), and,
+(:func:`declaration_mismatches`: names, types, ranks, sizes that contradict fixed ones), loads
+each custom operator library a model names into options then dropped (once per library file
+as it is: its outcome is kept with the files read), and,
 with a memory budget, estimates each served version's size as the load's budget check does
 (:func:`estimate_version_bytes`) to find versions larger than the whole budget.
 
@@ -27,6 +29,7 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
+from corral import _ort
 from corral._budget import estimate_footprint_bytes
 from corral._errors import ModelLoadError, ModelNotFound, ProviderUnavailable
 from corral._modelfile import ModelFile, read_footprint, read_model_file
@@ -41,7 +44,8 @@ logger = logging.getLogger(__name__)
 
 # A model file as it was read: its path, size and mtime.
 _FileKey = tuple[str, int, int]
-# What the file holds, or why it could not be read.
+# What the file holds, or why it could not be read (for a custom operator library: "" when
+# it loaded, else why not).
 _FileFacts = ModelFile | str
 
 
@@ -115,6 +119,7 @@ def find_problems(
             problems.append(_missing_provider(root, entry, exc))
             continue
         if read_files:
+            problems.extend(_library_problems(root, entry, previous, made))
             problems.extend(_file_problems(root, entry, memory_budget, pool_size, previous, made))
     return problems, made
 
@@ -210,6 +215,49 @@ def _missing_provider(root: Path, entry: ModelEntry, error: ProviderUnavailable)
         f"model {entry.name!r}: {error}",
         f"install an onnxruntime build that has it, or take it out of the model's {setting}",
     )
+
+
+def _library_problems(
+    root: Path,
+    entry: ModelEntry,
+    previous: Mapping[_FileKey, _FileFacts],
+    made: dict[_FileKey, _FileFacts],
+) -> list[Problem]:
+    problems: list[Problem] = []
+    settings = _settings_file(root, entry.name)
+    for library in entry.config.custom_op_libraries:
+        key = _library_key(library)
+        facts = previous.get(key, made.get(key))
+        if facts is None:
+            try:
+                _ort.check_custom_op_libraries([library], f"model {entry.name!r}")
+                facts = ""
+            except ModelLoadError as exc:
+                facts = str(exc)
+        made[key] = facts
+        if facts:
+            problems.append(
+                Problem(
+                    ProblemKind.BAD_CUSTOM_OP_LIBRARY,
+                    entry.name,
+                    settings,
+                    str(facts),
+                    f"replace {library} with a custom operator library built for this "
+                    "onnxruntime, or take it out of the model's settings",
+                )
+            )
+    return problems
+
+
+def _library_key(library: str) -> _FileKey:
+    """A library's key among the files read: its path, size and mtime as it is now."""
+    if library == _ort.EXTENSIONS_LIBRARY:
+        return (library, 0, 0)
+    try:
+        info = os.stat(library)
+    except OSError:
+        return (library, -1, -1)
+    return (library, info.st_size, info.st_mtime_ns)
 
 
 def _file_problems(

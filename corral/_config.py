@@ -12,10 +12,16 @@ A model folder may hold a ``model.toml`` next to its version folders::
     pinned = true                # never evicted
     warmup = true                # run once on zeros after loading
     version_policy = { latest = 2 }
+    custom_op_libraries = ["onnxruntime_extensions", "lib/libmyops.so"]
 
 ``version_policy`` is ``"latest"``, ``"all"``, ``{ latest = N }`` or ``{ specific = [1, 3] }``;
 Triton's spellings (``{ latest = { num_versions = N } }``, ``{ specific = { versions = [...] } }``,
 ``{ all = {} }``) are accepted too, so an existing repository's policy carries over.
+
+``custom_op_libraries`` (config.pbtxt's ``model_operations { op_library_filename }``) names
+libraries of custom operators registered with each of the model's sessions: a path relative
+to the model's folder (it must stay inside it, symlinks followed: the repository checks it),
+or ``"onnxruntime_extensions"``, the library of the onnxruntime-extensions package.
 
 Every mistake is an error, never a silent default: an unknown key (a typo), a wrong type
 (``true`` is not a number), a negative number. :meth:`ModelConfig.from_toml` raises
@@ -227,6 +233,10 @@ class ModelConfig:
     execution_mode: str | None = None
     #: Threads one run uses; other than the Runtime's needs its per-session thread pools.
     intra_op_threads: int | None = None
+    #: Custom operator libraries registered with the model's sessions, in order: a path
+    #: (relative to the model's folder as written; the repository makes it the library's real
+    #: path once checked inside the folder) or ``"onnxruntime_extensions"``.
+    custom_op_libraries: tuple[str, ...] = ()
     #: Where the settings came from: ``"default"``, ``"model.toml"`` or ``"config.pbtxt"``
     #: (not compared: the same settings from either file are equal).
     source: str = field(default="default", compare=False)
@@ -268,6 +278,7 @@ class ModelConfig:
         _check_bool("warmup", self.warmup)
         _check_bool("combine_requests", self.combine_requests)
         _check_optional_count("queue_timeout_us", self.queue_timeout_us)
+        object.__setattr__(self, "custom_op_libraries", _check_libraries(self.custom_op_libraries))
         _check_bool("queue_timeout_override", self.queue_timeout_override)
         if not isinstance(self.version_policy, VersionPolicy):
             raise _FieldError(
@@ -405,6 +416,22 @@ def _check_optional_count(name: str, value: object) -> None:
 def _check_bool(name: str, value: object) -> None:
     if not isinstance(value, bool):
         raise _FieldError(name, f"must be true or false, got {_describe(value)}")
+
+
+def _check_libraries(value: object) -> tuple[str, ...]:
+    name = "custom_op_libraries"
+    if not isinstance(value, tuple | list):
+        raise _FieldError(name, f"must be an array of library paths, got {_describe(value)}")
+    for index, item in enumerate(value):
+        if not isinstance(item, str) or not item.strip() or "\0" in item:
+            raise _FieldError(
+                f"{name}[{index}]",
+                "must be a path inside the model's folder or 'onnxruntime_extensions', got "
+                f"{_describe(item)}",
+            )
+    if len(set(value)) != len(value):
+        raise _FieldError(name, f"lists a library twice: {list(value)!r}")
+    return tuple(value)
 
 
 def _check_concurrency(value: object) -> str:

@@ -5,7 +5,8 @@ may switch releases). Every path it reads has its symlinks resolved by :func:`lo
 that resolves outside the root is never stat'ed, only reported (:func:`outside_error`), and
 a file is read only when it is a regular file, and only up to a byte limit
 (:func:`read_bytes`, :func:`read_text`). A config.pbtxt's warm-up file is confined to its
-model's folder the same way (:func:`read_warmup`). Nothing here logs or keeps state.
+model's folder the same way (:func:`read_warmup`), and so is a custom operator library
+(:func:`locate_library`: found, never read here). Nothing here logs or keeps state.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = [
     "Found",
     "Root",
     "locate",
+    "locate_library",
     "only_if",
     "outside_error",
     "read_bytes",
@@ -144,3 +146,33 @@ def read_warmup(
         raise ModelConfigError(f"{shown}: cannot read it: {exc}") from exc
     stamps.append((real, info.st_size, info.st_mtime_ns))
     return read_bytes(real, info, shown, limit)
+
+
+def locate_library(
+    source: str, real_folder: str, library: str, stamps: list[tuple[object, ...]]
+) -> str:
+    """The real path of a custom operator library named by a model's settings.
+
+    ``library`` is relative to the model's folder; its real path (symlinks followed) must
+    stay inside that folder and be a regular file. Raises :class:`ModelConfigError` naming
+    ``source`` and the library otherwise. Its stamp is added to ``stamps``: a changed
+    library is a changed model.
+    """
+    shown = f"{source}: custom op library {library!r}"
+    folder = os.path.realpath(real_folder)
+    real = os.path.realpath(os.path.join(folder, library))
+    if os.path.commonpath([folder, real]) != folder or real == folder:
+        raise ModelConfigError(
+            f"{shown} resolves outside the model's folder {folder} (to {real}): a library is "
+            "loaded only from inside the model's folder"
+        )
+    try:
+        info = os.stat(real)
+    except FileNotFoundError:
+        raise ModelConfigError(f"{shown}: no such file in the model's folder") from None
+    except OSError as exc:
+        raise ModelConfigError(f"{shown}: cannot read it: {exc}") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise ModelConfigError(f"{shown}: not a regular file")
+    stamps.append((real, info.st_size, info.st_mtime_ns))
+    return real

@@ -290,6 +290,7 @@ class Loader:
             graph_optimization_level=config.graph_optimization_level,
             execution_mode=config.execution_mode,
             intra_op_threads=config.intra_op_threads,
+            custom_op_libraries=config.custom_op_libraries,
         )
         try:
             # A config.pbtxt's declarations, before anything runs on the model.

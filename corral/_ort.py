@@ -27,7 +27,13 @@ Facts this module is built on (checked on onnxruntime 1.31 and 1.32):
   most (:data:`RUN_FAILURE_LOG`).
 - Custom-op domain registration is not safe under concurrent construction (onnxruntime
   issues #22663, #26366, #20089), nor is first-time setup of some providers (#32461);
-  :data:`CONSTRUCTION_LOCK` serializes construction for the providers the table marks.
+  :data:`CONSTRUCTION_LOCK` serializes construction for the providers the table marks, and
+  for every session with custom operator libraries: their registration
+  (``SessionOptions.register_custom_ops_library`` loads the library and adds its domains to
+  the options) and the construction that registers their schemas both run under it.
+- ``register_custom_ops_library`` loads the library at once and raises onnxruntime's
+  ``Fail`` naming the reason (a missing file, "invalid ELF header", no ``RegisterCustomOps``
+  symbol): a library that cannot load fails before any session is built.
 """
 
 from __future__ import annotations
@@ -53,19 +59,23 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONSTRUCTION_LOCK",
+    "EXTENSIONS_LIBRARY",
     "RUN_FAILURE_LOG",
     "RUN_LOG_SEVERITY",
     "OncePerInterval",
     "ProviderArg",
     "available_providers",
+    "check_custom_op_libraries",
     "check_provider_options",
     "configure_process",
     "create_session",
     "distribution",
+    "extensions_library_path",
     "load_error",
     "new_run_options",
     "onnxruntime",
     "process_pools",
+    "register_custom_op_libraries",
     "run_error",
     "runner",
     "session_options",
@@ -81,9 +91,18 @@ _PROCESS_SETTINGS_LOCK = threading.Lock()
 _pools: tuple[int, int] | None = None
 _env_allocator = False
 
-#: Serializes session construction for providers known to race while constructing (custom-op
-#: domain registration, first-time provider setup). Never held across a run.
+#: Serializes session construction for providers known to race while constructing (first-time
+#: provider setup), and the registration of custom operator libraries with the construction of
+#: the sessions that use them (custom-op domain and schema registration). Never held across a
+#: run.
 CONSTRUCTION_LOCK = threading.Lock()
+
+#: The name that stands for onnxruntime-extensions' library of operators (its
+#: ``get_library_path()``), instead of a path, in model.toml and config.pbtxt.
+EXTENSIONS_LIBRARY = "onnxruntime_extensions"
+# The package that provides it, and its extension module that is the library.
+_EXTENSIONS_PACKAGE = "onnxruntime_extensions"
+_EXTENSIONS_MODULE = "_extensions_pydll"
 
 _TERMINATED_MARK = "terminate flag"
 
@@ -251,6 +270,66 @@ def create_session(model: str | bytes, options: Any, providers: Sequence[Provide
         return ort.InferenceSession(model, options, providers=list(providers), enable_fallback=0)
     except Exception as exc:
         raise load_error(exc, model) from exc
+
+
+def register_custom_op_libraries(options: Any, libraries: Sequence[str], source: str) -> None:
+    """Register each custom operator library with ``options``, in order.
+
+    Each is a path to a library, or :data:`EXTENSIONS_LIBRARY` (onnxruntime-extensions'
+    library, imported now). Raises :class:`ModelLoadError` naming ``source``, the library and
+    the reason when one cannot be found or loaded. The caller holds :data:`CONSTRUCTION_LOCK`.
+    """
+    for library in libraries:
+        path = _library_path(library, source)
+        try:
+            options.register_custom_ops_library(path)
+        except Exception as exc:
+            raise ModelLoadError(
+                f"{source}: custom op library {library!r} failed to load: {_message(exc)}"
+            ) from exc
+
+
+def check_custom_op_libraries(libraries: Sequence[str], source: str) -> None:
+    """Load each custom operator library as a session would, into options then dropped.
+
+    Raises :class:`ModelLoadError` as :func:`register_custom_op_libraries` does. Takes
+    :data:`CONSTRUCTION_LOCK` itself.
+    """
+    options = onnxruntime().SessionOptions()
+    with CONSTRUCTION_LOCK:
+        register_custom_op_libraries(options, libraries, source)
+
+
+def extensions_library_path(source: str) -> str:
+    """The file of onnxruntime-extensions' operator library, found without importing it.
+
+    The package's ``get_library_path()`` names its ``_extensions_pydll`` extension module;
+    this finds the same file from the package's location. Importing the package is avoided:
+    with onnx installed it imports onnx and sets ``PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=
+    python`` in the process's environment (onnxruntime-extensions 0.15), which every process
+    the server starts would inherit. Raises :class:`ModelLoadError` naming ``source`` and
+    the extra to install when the package is missing.
+    """
+    import importlib.machinery
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec(_EXTENSIONS_PACKAGE)
+    folders = [] if spec is None else list(spec.submodule_search_locations or ())
+    for folder in folders:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            candidate = os.path.join(folder, _EXTENSIONS_MODULE + suffix)
+            if os.path.isfile(candidate):
+                return candidate
+    where = "is not installed" if not folders else f"has no {_EXTENSIONS_MODULE} in {folders}"
+    raise ModelLoadError(
+        f"{source}: custom op library {EXTENSIONS_LIBRARY!r} needs the onnxruntime-extensions "
+        f"package, which {where}: pip install 'corral[extensions]'"
+    )
+
+
+def _library_path(library: str, source: str) -> str:
+    return extensions_library_path(source) if library == EXTENSIONS_LIBRARY else library
 
 
 def runner(session: Any) -> Any:

@@ -32,6 +32,8 @@ The mapping (``docs/host.md`` has the table):
 - ``optimization.graph.level`` → ``graph_optimization_level``; the backend's parameters
   ``execution_mode`` and ``intra_op_thread_count`` → ``execution_mode`` and
   ``intra_op_threads`` (still reported among ``parameters``).
+- ``model_operations.op_library_filename`` → ``custom_op_libraries``: each a path inside the
+  model's folder (the repository checks it), or ``onnxruntime_extensions``.
 """
 
 from __future__ import annotations
@@ -256,6 +258,8 @@ def _map(
             message.dynamic_batching.default_queue_policy.allow_timeout_override
         ),
         "parameters": _parameters(message.parameters),
+        # Paths as written; the repository checks each inside the model's folder.
+        "custom_op_libraries": tuple(message.model_operations.op_library_filename),
         "warmup_samples": warmup_samples(
             message.model_warmup, pb, message.max_batch_size, read_warmup
         ),

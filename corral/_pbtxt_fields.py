@@ -55,6 +55,7 @@ _HONOURED = frozenset(
         "optimization.execution_accelerators.cpu_execution_accelerator.parameters",
         "optimization.execution_accelerators.gpu_execution_accelerator.parameters",
         "optimization.graph.level",
+        "model_operations.op_library_filename",
     }
 )
 
@@ -92,7 +93,6 @@ _WHY = {
     "optimization.eager_batching": "corral's batcher has no eager mode",
     "cc_model_filenames": "corral picks no file by compute capability",
     "metric_tags": "corral's metrics carry no per-model tags",
-    "model_operations": "corral loads no custom operation libraries",
     "model_transaction_policy": "corral answers each request once: no decoupled models",
     "model_repository_agents": "corral runs no repository agents",
     "response_cache": "corral has no response cache",

@@ -39,6 +39,10 @@ class ProblemKind(enum.Enum):
     BAD_CONFIG_PBTXT = "bad_config_pbtxt"
     #: An execution provider the settings ask for that this onnxruntime build lacks.
     MISSING_PROVIDER = "missing_provider"
+    #: A custom operator library (model.toml's ``custom_op_libraries``, config.pbtxt's
+    #: ``model_operations``) that onnxruntime cannot load, or onnxruntime-extensions' when
+    #: the package is missing (only when the scan reads model files).
+    BAD_CUSTOM_OP_LIBRARY = "bad_custom_op_library"
     #: A version whose estimated size is larger than the whole memory budget.
     TOO_LARGE = "too_large"
     #: A model that failed to load (only ``corral check --load`` loads models).

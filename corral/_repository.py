@@ -31,6 +31,7 @@ entries built, with the fingerprints that tell a change, are :mod:`corral._model
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -41,7 +42,16 @@ from pathlib import Path
 from typing import NamedTuple
 
 from corral._config import ModelConfig
-from corral._confined import Found, Root, locate, only_if, outside_error, read_text, read_warmup
+from corral._confined import (
+    Found,
+    Root,
+    locate,
+    locate_library,
+    only_if,
+    outside_error,
+    read_text,
+    read_warmup,
+)
 from corral._errors import (
     InvalidModelName,
     ModelConfigError,
@@ -51,6 +61,7 @@ from corral._errors import (
     RepositoryError,
 )
 from corral._model_entry import ModelEntry, ModelVersion, Problems, make_entry
+from corral._ort import EXTENSIONS_LIBRARY
 from corral._overrides import ModelOverride
 from corral._pbtxt import CONFIG_PBTXT, parse_pbtxt
 from corral._problems import ProblemKind
@@ -478,6 +489,7 @@ class Repository:
         source = f"model {name!r}: the load's config"
         try:
             config, files = self._parse_pbtxt(root, source, name, real_folder, override.config_text)
+            _refuse_library_paths(source, config)
         except ModelConfigError as exc:
             fix = "load the model again with a corrected config"
             problems.add(ProblemKind.BAD_CONFIG_PBTXT, exc, real_folder, fix)
@@ -515,9 +527,12 @@ class Repository:
             return ModelConfig(), stamp  # its problem is already recorded
         try:
             text = read_text(found.real, found.stat, source, MAX_CONFIG_BYTES)
+            files: list[tuple[object, ...]] = []
             if toml is not None:
-                return ModelConfig.from_toml(text, source=source), stamp
-            config, files = self._parse_pbtxt(root, source, name, real_folder, text)
+                config = ModelConfig.from_toml(text, source=source)
+            else:
+                config, files = self._parse_pbtxt(root, source, name, real_folder, text)
+            config = _with_libraries_located(source, real_folder, config, files)
         except ModelConfigError as exc:
             if toml is not None:
                 fix = f"correct the field named in {source} (docs/host.md lists its fields)"
@@ -657,3 +672,33 @@ class Repository:
 
 def _shorten(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _with_libraries_located(
+    source: str, real_folder: str, config: ModelConfig, stamps: list[tuple[object, ...]]
+) -> ModelConfig:
+    """``config`` with each custom op library path made its real path inside the model folder."""
+    if not config.custom_op_libraries:
+        return config
+    located = tuple(
+        library
+        if library == EXTENSIONS_LIBRARY
+        else locate_library(source, real_folder, library, stamps)
+        for library in config.custom_op_libraries
+    )
+    return dataclasses.replace(config, custom_op_libraries=located)
+
+
+def _refuse_library_paths(source: str, config: ModelConfig) -> None:
+    """A load's config may name onnxruntime-extensions' library, never a library file.
+
+    Its files come from the client that sent it: loading one would run the client's code.
+    """
+    for library in config.custom_op_libraries:
+        if library != EXTENSIONS_LIBRARY:
+            raise ModelConfigError(
+                f"{source}: model_operations.op_library_filename {library!r}: a load's config "
+                f"may name only {EXTENSIONS_LIBRARY!r}; a library file is loaded only from a "
+                "config.pbtxt or model.toml in the repository, never from a load's config or "
+                "files"
+            )

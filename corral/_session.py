@@ -65,6 +65,12 @@ class Session:
     session options; None keeps its defaults and the Runtime's threads. ``intra_op_threads``
     other than the Runtime's needs ``Runtime(thread_pools="per_session")``.
 
+    ``custom_op_libraries``: libraries of custom operators registered with each onnxruntime
+    session, in order: a path, or ``"onnxruntime_extensions"`` for the onnxruntime-extensions
+    package's library. Their registration and the construction of sessions that use them are
+    serialized (onnxruntime #22663, #26366); one that cannot load raises
+    :class:`ModelLoadError` naming it and the reason.
+
     Example::
 
         with corral.Session("model.onnx") as sess:
@@ -82,8 +88,10 @@ class Session:
         graph_optimization_level: str | None = None,
         execution_mode: str | None = None,
         intra_op_threads: int | None = None,
+        custom_op_libraries: Sequence[str] = (),
     ) -> None:
         source = _read_source(model)
+        self._libraries = _check_libraries(custom_op_libraries)
         try:
             self._tuning = SessionTuning(graph_optimization_level, execution_mode, intra_op_threads)
         except ValueError as exc:
@@ -426,9 +434,12 @@ class Session:
     def _load(self, source: str | bytes, providers: ResolvedProviders) -> tuple[Any, ...]:
         options = self._runtime._session_options(self._tuning.intra_op_threads)
         self._tuning.apply(options, _ort.onnxruntime())
+        if self._libraries:
+            with _ort.CONSTRUCTION_LOCK:
+                _ort.register_custom_op_libraries(options, self._libraries, self._name)
         replicas = []
         for _ in range(self._policy.replicas):
-            if providers.parallel_construction:
+            if providers.parallel_construction and not self._libraries:
                 replicas.append(_ort.create_session(source, options, providers.ort_providers))
             else:
                 with _ort.CONSTRUCTION_LOCK:
@@ -580,6 +591,20 @@ def _read_source(model: object) -> str | bytes:
     if isinstance(model, bytes | bytearray | memoryview):
         return bytes(model)
     raise TypeError(f"model must be a path or the model's bytes, got {type(model).__name__}")
+
+
+def _check_libraries(libraries: object) -> tuple[str, ...]:
+    if isinstance(libraries, str) or not isinstance(libraries, Sequence):
+        raise ModelConfigError(
+            f"custom_op_libraries must be a sequence of library paths, got {libraries!r}"
+        )
+    for library in libraries:
+        if not isinstance(library, str | os.PathLike) or not os.fspath(library):
+            raise ModelConfigError(
+                f"custom_op_libraries must hold library paths or 'onnxruntime_extensions', "
+                f"got {library!r}"
+            )
+    return tuple(os.fsdecode(library) for library in libraries)
 
 
 def _default_name(source: str | bytes) -> str:

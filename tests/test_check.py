@@ -41,6 +41,7 @@ SCANNED: dict[ProblemKind, tuple[str | None, str]] = {
     ProblemKind.BAD_MODEL_TOML: ("typo", "unknown key 'max_batch_sise'"),
     ProblemKind.BAD_CONFIG_PBTXT: ("triton", "platform 'tensorflow_graphdef' is not served"),
     ProblemKind.MISSING_PROVIDER: ("gpu", "'CUDAExecutionProvider' is not in this onnxruntime"),
+    ProblemKind.BAD_CUSTOM_OP_LIBRARY: ("ops", "custom op library"),
     ProblemKind.TOO_LARGE: ("big", "more than the whole memory budget (150,000 bytes)"),
 }
 
@@ -62,6 +63,8 @@ def build_broken(root: Path) -> Path:
         'name: "triton"\nplatform: "tensorflow_graphdef"\n'
     )
     add_model(root, "gpu", model, toml='providers = ["CUDAExecutionProvider"]\n')
+    add_model(root, "ops", model, toml='custom_op_libraries = ["libjunk.so"]\n')
+    (root / "ops" / "libjunk.so").write_bytes(b"not a shared library, " * 16)
     add_model(root, "big", build_linear(n_features=128, n_outputs=128))
     (root / ".git").mkdir()  # hidden: not a problem
     return root
@@ -113,9 +116,18 @@ def test_model_files_are_read_only_with_a_budget_or_when_asked(broken: Path):
     repository = corral.Repository(broken)
     quick, _ = find_problems(repository, memory_budget=None, pool_size=1)
     kinds = {problem.kind for problem in quick}
-    assert kinds == set(SCANNED) - {ProblemKind.BAD_MODEL_FILE, ProblemKind.TOO_LARGE}
+    # Libraries are loaded only when files are read, as model files are.
+    read_only = {
+        ProblemKind.BAD_MODEL_FILE,
+        ProblemKind.TOO_LARGE,
+        ProblemKind.BAD_CUSTOM_OP_LIBRARY,
+    }
+    assert kinds == set(SCANNED) - read_only
     read, _ = find_problems(repository, memory_budget=None, pool_size=1, read_model_files=True)
-    assert {problem.kind for problem in read} == kinds | {ProblemKind.BAD_MODEL_FILE}
+    assert {problem.kind for problem in read} == kinds | {
+        ProblemKind.BAD_MODEL_FILE,
+        ProblemKind.BAD_CUSTOM_OP_LIBRARY,
+    }
 
 
 @pytest.mark.timeout(60)

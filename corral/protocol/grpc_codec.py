@@ -325,6 +325,8 @@ def encode_model_config(config: ModelConfiguration) -> pb.ModelConfigResponse:
         queue_policy.max_queue_size = config.max_queue_size
         queue_policy.default_timeout_microseconds = config.queue_timeout_us or 0
         queue_policy.allow_timeout_override = config.queue_timeout_override
+    if config.op_library_filenames:  # extending by nothing would still set the message
+        message.model_operations.op_library_filename.extend(config.op_library_filenames)
     return pb.ModelConfigResponse(config=message)
 
 

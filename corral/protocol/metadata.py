@@ -94,6 +94,7 @@ def model_configuration(lease: HostLease) -> ModelConfiguration:
         instance_count=lease.session.policy.size,
         instance_kind="KIND_GPU" if "CUDAExecutionProvider" in providers else "KIND_CPU",
         default_model_filename=config.model_filename,
+        op_library_filenames=config.custom_op_libraries,
     )
 
 

@@ -198,6 +198,9 @@ class ModelConfiguration:
     instance_kind: str = "KIND_CPU"
     #: The file each version folder holds.
     default_model_filename: str = "model.onnx"
+    #: The custom operator libraries registered with its sessions (``model_operations``):
+    #: each library file's real path, or ``onnxruntime_extensions``.
+    op_library_filenames: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,6 +83,8 @@ def config_doc(config: ModelConfiguration) -> dict[str, Any]:
         "default_model_filename": config.default_model_filename,
         "parameters": {key: {"string_value": value} for key, value in config.parameters.items()},
     }
+    if config.op_library_filenames:
+        doc["model_operations"] = {"op_library_filename": list(config.op_library_filenames)}
     if config.batch_window_us is not None:
         doc["dynamic_batching"] = {
             "max_queue_delay_microseconds": config.batch_window_us,

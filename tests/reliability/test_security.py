@@ -300,6 +300,11 @@ def test_external_data_outside_the_model_folder_is_refused(
 
 TOMLS = {
     "custom_op_library": ('custom_op_library = "/tmp/libevil.so"\n', corral.ModelConfigError),
+    # The key that exists takes only a library inside the model's folder.
+    "custom_op_libraries_outside": (
+        'custom_op_libraries = ["/tmp/libevil.so"]\n',
+        corral.ModelConfigError,
+    ),
     "session_options_table": (
         '[session_options]\nregister_custom_ops_library = "libevil.so"\n',
         corral.ModelConfigError,
