@@ -13,6 +13,8 @@ without the lanes the second run starts at once, so the check fails within micro
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -229,6 +231,7 @@ def test_waiting_runs_get_the_device_in_the_order_they_asked():
     from corral._device_lanes import DeviceLane, device_lane
 
     lane = DeviceLane(("TestExecutionProvider", 7))
+    assert repr(lane) == "<corral.DeviceLane TestExecutionProvider:7>"
     order: list[int] = []
     lane.acquire()
     queued = [threading.Event() for _ in range(4)]
@@ -252,3 +255,46 @@ def test_waiting_runs_get_the_device_in_the_order_they_asked():
         thread.join(timeout=10)
     assert order == [0, 1, 2, 3]
     assert device_lane(("TestExecutionProvider", 7)) is device_lane(("TestExecutionProvider", 7))
+
+
+class _Interrupted(Exception):
+    pass
+
+
+@pytest.mark.parametrize("handed_over", [False, True])
+def test_a_run_interrupted_while_waiting_leaves_the_line_or_passes_the_device_on(handed_over):
+    """A signal (KeyboardInterrupt, say) while the main thread waits for the device.
+
+    Not handed the device yet, the run leaves the line; handed it just before the signal
+    landed, it passes the device on: either way the device is free once the holder is done.
+    """
+    from corral._device_lanes import DeviceLane
+
+    lane = DeviceLane(("TestExecutionProvider", 8))
+    lane.acquire()  # held by "another run"
+
+    def interrupt(signum: int, frame: object) -> None:
+        if handed_over:
+            lane.release()  # the holder hands the device to the waiting main thread
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        sender = threading.Thread(
+            target=lambda: (
+                wait_until(lambda: len(lane._waiting) == 1),
+                os.kill(os.getpid(), signal.SIGUSR1),
+            )
+        )
+        sender.start()
+        with pytest.raises(_Interrupted):
+            lane.acquire()
+        sender.join(timeout=10)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert not lane._waiting
+    if not handed_over:
+        lane.release()  # the holder is done
+    assert not lane._busy
+    lane.acquire()  # free: taken at once
+    lane.release()
