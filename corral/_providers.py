@@ -3,6 +3,11 @@
 This is the one place where corral records what it knows about each provider. The table
 is mirrored in ``docs/thread-safety.md``; change both together.
 
+A provider whose row says runs on different sessions of one device crash
+(``one_run_per_device``: DirectML, WebGPU) gets a device lane with every policy: one run at a
+time across every session on that device (:mod:`corral._device_lanes`), written ``+device``
+after the per-session rule (``exclusive+device``).
+
 A provider that is not in the table gets the safe side: ``exclusive`` runs and serialized
 construction. Tests exercise every policy on the CPU provider through
 :func:`corral.testing.emulate_provider`, which makes a provider name run on the CPU provider
@@ -18,12 +23,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 from corral import _ort
-from corral._errors import ProviderUnavailable
+from corral._device_lanes import DeviceKey
+from corral._errors import ModelConfigError, ProviderUnavailable
 
 __all__ = [
     "MAX_POOL_SIZE",
     "PROVIDER_TABLE",
     "ConcurrencyPolicy",
+    "DeviceKey",
     "PolicyKind",
     "ProviderTraits",
     "ResolvedProviders",
@@ -54,6 +61,11 @@ class ProviderTraits:
     parallel_construction: bool
     #: Where the row comes from.
     reason: str
+    #: Runs on *different* sessions of one device crash when they overlap: every session on
+    #: the device then shares one lane, one run at a time (``+device``), whatever its policy.
+    one_run_per_device: bool = False
+    #: The provider option that names the device (0 when a session's options give none).
+    device_option: str = "device_id"
 
 
 #: The provider table. Keep ``docs/thread-safety.md`` in step with it.
@@ -68,9 +80,18 @@ PROVIDER_TABLE: dict[str, ProviderTraits] = {
         "shared", False, "plugin custom-op domains race while constructing (#20089, #22663)"
     ),
     "DmlExecutionProvider": ProviderTraits(
-        "pool",
+        "exclusive",
         False,
-        "concurrent Run on one session crashes (#22147); construction stalls (#20713)",
+        "concurrent Run crashes on one session (#22147) and, since 1.18, on different "
+        "sessions of one device (#20713, immich#31469); construction stalls (#20713)",
+        one_run_per_device=True,
+    ),
+    "WebGpuExecutionProvider": ProviderTraits(
+        "exclusive",
+        False,
+        "concurrent Run on two sessions segfaults (#32561)",
+        one_run_per_device=True,
+        device_option="deviceId",
     ),
     "XnnpackExecutionProvider": ProviderTraits(
         "shared", False, "first sessions race on a lazily created allocator (#32461)"
@@ -92,12 +113,18 @@ class ConcurrencyPolicy:
     - ``shared``: one onnxruntime session, any number of concurrent runs.
     - ``exclusive``: one onnxruntime session, one run at a time; others wait their turn.
     - ``pool`` of ``size``: ``size`` onnxruntime sessions; a run borrows an idle one.
+    - ``device``: besides the above, one run at a time across every session on the device
+      (a lane per provider and device id, shared by every model); for providers whose runs on
+      different sessions crash when they overlap (DirectML, WebGPU). Not with ``pool``: its
+      sessions could never run at once, and each would cost a copy of the model.
 
-    Written as ``"shared"``, ``"exclusive"`` or ``"pool:N"``.
+    Written as ``"shared"``, ``"exclusive"`` or ``"pool:N"``, and ``"shared+device"`` or
+    ``"exclusive+device"`` with the device lane.
     """
 
     kind: PolicyKind
     size: int = 1
+    device: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in _STRICTNESS:
@@ -108,6 +135,12 @@ class ConcurrencyPolicy:
             raise ValueError(
                 f"concurrency 'pool:{self.size}' is larger than the maximum, "
                 f"pool:{MAX_POOL_SIZE} (corral's MAX_POOL_SIZE)"
+            )
+        if self.device and self.kind == "pool":
+            raise ValueError(
+                f"concurrency 'pool:{self.size}+device' cannot be: the device runs one run at "
+                "a time, so the pool's sessions would never run at once and each would hold "
+                "a copy of the model; use 'exclusive+device'"
             )
 
     @property
@@ -120,26 +153,34 @@ class ConcurrencyPolicy:
         """How many runs may be in progress at once; 0: no bound (``shared``).
 
         A run beyond it waits for a session to be free: the scheduler hands a model's queue
-        to no more compute workers than this, so that none waits there.
+        to no more compute workers than this, so that none waits there. With the device lane,
+        one (the lane's other runs are the scheduler's to keep apart: see ``Scheduler``).
         """
+        if self.device:
+            return 1
         return 0 if self.kind == "shared" else self.size
 
     def __str__(self) -> str:
-        return f"pool:{self.size}" if self.kind == "pool" else self.kind
+        base = f"pool:{self.size}" if self.kind == "pool" else self.kind
+        return f"{base}+device" if self.device else base
 
     @classmethod
     def parse(cls, spec: str | ConcurrencyPolicy) -> ConcurrencyPolicy | None:
         """Read ``"shared"``, ``"exclusive"`` or ``"pool:N"``; ``"auto"`` gives None.
 
-        Raises ValueError naming the accepted forms, or the bound :data:`MAX_POOL_SIZE`.
+        ``"+device"`` after ``shared`` or ``exclusive`` adds the device lane. Raises
+        ValueError naming the accepted forms, or the bound :data:`MAX_POOL_SIZE`.
         """
         if isinstance(spec, ConcurrencyPolicy):
             return spec
         text = spec.strip().lower() if isinstance(spec, str) else None
         if text == "auto":
             return None
+        device = text is not None and text.endswith("+device")
+        if text is not None and device:
+            text = text.removesuffix("+device").strip()
         if text in ("shared", "exclusive"):
-            return cls(text)  # type: ignore[arg-type]  # narrowed by the membership test
+            return cls(text, device=device)  # type: ignore[arg-type]  # narrowed just above
         if text is not None and text.startswith("pool:"):
             count = text.removeprefix("pool:")
             if count.isascii() and count.isdigit():
@@ -152,10 +193,10 @@ class ConcurrencyPolicy:
                             f"concurrency {shown!r} is larger than the maximum, "
                             f"pool:{MAX_POOL_SIZE} (corral's MAX_POOL_SIZE)"
                         )
-                    return cls("pool", size)
+                    return cls("pool", size, device)
         raise ValueError(
-            "concurrency must be 'auto', 'shared', 'exclusive' or 'pool:N' with "
-            f"1 <= N <= {MAX_POOL_SIZE}, got {spec!r}"
+            "concurrency must be 'auto', 'shared', 'exclusive', 'shared+device', "
+            f"'exclusive+device' or 'pool:N' with 1 <= N <= {MAX_POOL_SIZE}, got {spec!r}"
         )
 
 
@@ -174,6 +215,19 @@ class ResolvedProviders:
     #: The option names asked of each provider given with options (not emulated ones):
     #: each must be among what the session reports it took (``_ort.check_provider_options``).
     options_asked: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    #: Each provider asked for and the device its options name (0 by default), in order.
+    devices: tuple[DeviceKey, ...] = ()
+    #: The devices whose runs must not overlap across sessions (``one_run_per_device``).
+    lane_devices: tuple[DeviceKey, ...] = ()
+
+    def lanes_for(self, policy: ConcurrencyPolicy) -> tuple[DeviceKey, ...]:
+        """The devices whose lanes a session under ``policy`` runs in, sorted; () for none.
+
+        ``+device`` on providers that need no lane (the CPU, say) takes the first provider's.
+        """
+        if not policy.device:
+            return ()
+        return tuple(sorted(set(self.lane_devices or self.devices[:1])))
 
 
 def resolve_providers(providers: Sequence[_ort.ProviderArg] | None) -> ResolvedProviders:
@@ -196,16 +250,21 @@ def resolve_providers(providers: Sequence[_ort.ProviderArg] | None) -> ResolvedP
     names: list[str] = []
     traits: list[ProviderTraits] = []
     options_asked: list[tuple[str, tuple[str, ...]]] = []
+    devices: list[DeviceKey] = []
     for provider in asked:
         name = provider[0] if isinstance(provider, tuple) else provider
         if not isinstance(name, str) or (isinstance(provider, tuple) and len(provider) != 2):
             raise ProviderUnavailable(
                 f"a provider must be a name or (name, options), got {provider!r}"
             )
+        texts: dict[str, str] = {}
         if isinstance(provider, tuple):
-            provider = (name, _option_texts(name, provider[1]))
+            texts = _option_texts(name, provider[1])
+            provider = (name, texts)
         names.append(name)
-        traits.append(PROVIDER_TABLE.get(name, UNKNOWN_PROVIDER))
+        row = PROVIDER_TABLE.get(name, UNKNOWN_PROVIDER)
+        traits.append(row)
+        devices.append((name, _device_id(name, row, texts)))
         if name in emulated:
             provider = name = "CPUExecutionProvider"
         elif name not in available:
@@ -225,7 +284,24 @@ def resolve_providers(providers: Sequence[_ort.ProviderArg] | None) -> ResolvedP
         run_policy=strictest,
         parallel_construction=all(t.parallel_construction for t in traits),
         options_asked=tuple(options_asked),
+        devices=tuple(devices),
+        lane_devices=tuple(
+            device for device, row in zip(devices, traits, strict=True) if row.one_run_per_device
+        ),
     )
+
+
+def _device_id(name: str, row: ProviderTraits, options: dict[str, str]) -> int:
+    """The device a provider's options name (``device_id``, WebGPU's ``deviceId``); else 0."""
+    text = options.get(row.device_option)
+    if text is None:
+        return 0
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= 6):
+        raise ProviderUnavailable(
+            f"the {row.device_option!r} option of {name} must be a device number, got {text!r}"
+        )
+    return int(digits)
 
 
 def _option_texts(name: str, options: object) -> dict[str, str]:
@@ -249,14 +325,29 @@ def resolve_policy(
 
     ``auto`` on a provider whose policy is ``pool`` builds ``pool_size`` sessions (the
     Runtime's compute workers: more copies than workers would never all be busy), at most
-    :data:`MAX_POOL_SIZE`.
+    :data:`MAX_POOL_SIZE`. On a provider whose runs on different sessions of a device crash
+    (``one_run_per_device``), every policy gets the device lane (``+device``): one session
+    cannot leave the lane without putting the device's other sessions at risk. ``pool:N``
+    is refused there (:class:`ModelConfigError`): its sessions could never run at once.
     """
     chosen = ConcurrencyPolicy.parse(spec)
-    if chosen is not None:
-        return chosen
-    if providers.run_policy == "pool":
-        return ConcurrencyPolicy("pool", min(pool_size, MAX_POOL_SIZE))
-    return ConcurrencyPolicy(providers.run_policy)
+    if chosen is None:
+        if providers.run_policy == "pool" and not providers.lane_devices:
+            chosen = ConcurrencyPolicy("pool", min(pool_size, MAX_POOL_SIZE))
+        else:
+            kind = "exclusive" if providers.run_policy == "pool" else providers.run_policy
+            chosen = ConcurrencyPolicy(kind)
+    if providers.lane_devices and not chosen.device:
+        if chosen.kind == "pool":
+            crashing = ", ".join(sorted({name for name, _ in providers.lane_devices}))
+            raise ModelConfigError(
+                f"concurrency {str(chosen)!r} cannot be used on {crashing}: runs on different "
+                "sessions of one device crash when they overlap, so its sessions could never "
+                "run at once and each would hold a copy of the model on the device; use "
+                "'auto' or 'exclusive+device'"
+            )
+        chosen = ConcurrencyPolicy(chosen.kind, device=True)
+    return chosen
 
 
 @contextmanager

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy.typing as npt
 
 from corral._counters import RunCounters
+from corral._device_lanes import DeviceKey
 from corral._histogram import Histogram
 from corral._trace_hooks import RunTrace
 
@@ -98,8 +99,8 @@ class QueuedRequest:
 class ModelQueue:
     """One model version's queue; every field but the first two guarded by the Scheduler's lock.
 
-    ``adaptive`` and ``slots`` are set once, when the queue is made, and never changed: read
-    without it.
+    ``adaptive``, ``slots`` and ``devices`` are set once, when the queue is made, and never
+    changed: read without it.
     ``counters`` is shared by every copy of the version (the Host's, for its life): a queue
     adds to it and never resets it.
     """
@@ -137,6 +138,10 @@ class ModelQueue:
     # set) until one of its runs ends, so that no worker takes a batch only to wait for a
     # session, behind newer requests and while other models' requests wait.
     parked: bool = False
+    # The devices whose lane each of its runs holds (``+device`` policies, DirectML and
+    # WebGPU): while one of them runs another queue's batch, no worker takes this queue's.
+    # Fixed when the queue is made.
+    devices: tuple[DeviceKey, ...] = ()
 
 
 @dataclass(frozen=True)

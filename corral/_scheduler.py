@@ -45,6 +45,7 @@ from corral._batching import (
 )
 from corral._counters import BATCH_ROWS_BUCKETS, RunCounters
 from corral._delivery import deliver
+from corral._device_lanes import DeviceKey
 from corral._errors import CorralError, DeadlineExceeded, InferenceError, Overloaded, RuntimeClosed
 from corral._queue import (
     DEFAULT_MAX_BATCH_SIZE,
@@ -127,13 +128,20 @@ class Scheduler:
     a short model has had a request in the last :data:`SHORT_RECENT_S`, so a worker is always
     free for the short ones; with no short request for that long, long runs take every
     worker. A model is short until its first run is measured.
+
+    A device that runs one run at a time (a queue's ``devices``: DirectML, WebGPU) is one
+    slot shared by every queue on it: while one of them runs, no worker takes a batch of
+    another, which would only wait for the device while other models' requests wait. A run
+    on the device from outside this scheduler (a blocking caller's inline run, another
+    Runtime) can still make a worker wait, for that one run.
     """
 
     def __init__(self, workers: int, *, total_limit: int = DEFAULT_TOTAL_LIMIT) -> None:
         self._workers = workers
         self._total_limit = total_limit
-        # Guards every queue and its counters, _ready, _total, _state, _threads and
-        # _sleepers. Held for bookkeeping only: never across a run, a delivery or a sleep.
+        # Guards every queue and its counters, _ready, _total, _state, _threads,
+        # _sleepers, _long_running, _short_at and _devices_busy. Held for bookkeeping only:
+        # never across a run, a delivery or a sleep.
         self._lock = threading.Lock()
         self._ready: deque[ModelQueue] = deque()  # queues with requests, each at most once
         self._total = 0
@@ -145,6 +153,7 @@ class Scheduler:
         self._sleepers: list[threading.Lock] = []
         self._long_running = 0  # workers in a long model's run
         self._short_at = -math.inf  # time.monotonic() of the last short model's request
+        self._devices_busy: set[DeviceKey] = set()  # devices a worker is running a batch on
 
     @property
     def threads(self) -> int:
@@ -163,6 +172,7 @@ class Scheduler:
         counters: RunCounters | None = None,
         adaptive: bool = False,
         slots: int = 0,
+        devices: tuple[DeviceKey, ...] = (),
     ) -> ModelQueue:
         """A new queue for ``owner``'s requests, reported under ``key``; its owner keeps it.
 
@@ -175,7 +185,9 @@ class Scheduler:
         ``slots``: how many runs ``owner`` takes at once (its sessions under ``exclusive`` or
         ``pool:N``; 0, no bound, under ``shared``); the queue is handed to no more workers
         than that at once, so its requests run in the order they came and no worker waits
-        for a busy session while other work waits.
+        for a busy session while other work waits. ``devices``: the devices whose lane its
+        runs hold (``Session.devices``); a queue is not handed to a worker while another
+        queue's run holds one of them.
         """
         if counters is None:
             counters = RunCounters()
@@ -189,6 +201,7 @@ class Scheduler:
             counters=counters,
             adaptive=adaptive,
             slots=slots,
+            devices=devices,
         )
 
     def submit(
@@ -372,6 +385,8 @@ class Scheduler:
                 if queue.slots:
                     queue.running += 1
                     slot = _Slot(queue)
+                if queue.devices:
+                    self._devices_busy.update(queue.devices)  # freed with the slot
                 if not queue.pending:
                     queue.in_ready = False
                 elif queue.slots and queue.running >= queue.slots:
@@ -457,6 +472,10 @@ class Scheduler:
             queue.parked = False
             self._ready.append(queue)
             self._wake_locked()
+        if queue.devices:
+            self._devices_busy.difference_update(queue.devices)
+            if self._ready:
+                self._wake_locked()  # another model on the device may run now
 
     def _put_back(self, queue: ModelQueue, leftovers: list[QueuedRequest]) -> None:
         """Return requests that could not join a batch to the front of their queue."""
@@ -487,8 +506,13 @@ class Scheduler:
             and now - self._short_at < SHORT_RECENT_S
             and self._state is _State.RUNNING
         )
+        busy = self._devices_busy
         for _ in range(len(self._ready)):
             queue = self._ready.popleft()
+            if busy and queue.devices and not busy.isdisjoint(queue.devices):
+                # Until the device's run ends, which wakes a worker.
+                self._ready.append(queue)
+                continue
             if keep_one and queue.run_s >= LONG_RUN_S:
                 # Until a long run ends (which wakes a worker) or short requests stop.
                 remaining = self._short_at + SHORT_RECENT_S - now
@@ -622,7 +646,8 @@ class Scheduler:
 class _Slot:
     """One run's place among its queue's slots (:attr:`ModelQueue.slots`), given back once.
 
-    Only for a queue with a bound: a ``shared`` model's runs take no slot.
+    Only for a queue with a bound: a ``shared`` model's runs take no slot. A queue on a
+    one-run device has a bound of one; its slot also holds the device (``_devices_busy``).
     """
 
     __slots__ = ("held", "queue")

@@ -327,6 +327,7 @@ class ServedVersion:
                     counters=self.counters,
                     adaptive=self.adaptive,
                     slots=self.session.policy.runs_at_once,
+                    devices=self.session.devices,
                 )
             return self._queue
 

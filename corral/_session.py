@@ -1,7 +1,8 @@
 """Session: one model, safe to create, run and close from any thread.
 
 A Session wraps one or more onnxruntime sessions under a :class:`ConcurrencyPolicy`
-(``shared``, ``exclusive`` or ``pool:N``), checks inputs before onnxruntime sees them, and
+(``shared``, ``exclusive`` or ``pool:N``, and ``+device``: one run at a time across every
+session on its device), checks inputs before onnxruntime sees them, and
 counts what is in flight (runs and leases) so that ``close`` never releases an onnxruntime
 session under a run.
 """
@@ -18,6 +19,7 @@ from typing import Any
 import numpy.typing as npt
 
 from corral import _ort
+from corral._device_lanes import DeviceKey, device_lane, run_on_lanes
 from corral._errors import DrainTimeout, ModelConfigError, RunCancelled, SessionClosed
 from corral._providers import (
     ConcurrencyPolicy,
@@ -102,6 +104,9 @@ class Session:
         self._policy = resolve_policy(
             concurrency, resolved, pool_size=self._runtime.options.compute_workers
         )
+        self._devices = resolved.lanes_for(self._policy)
+        # The device lanes each run holds (sorted: see run_on_lanes); read-only from here.
+        self._lanes = tuple(device_lane(device) for device in self._devices)
         # Guards _state, _in_flight, _uses, _active_runs, _cancelled, _replicas, _idle,
         # _waiting and _closed_reason. Held for bookkeeping only, never across a run or a
         # model load.
@@ -164,6 +169,11 @@ class Session:
     def policy(self) -> ConcurrencyPolicy:
         """The concurrency policy in force (``auto`` resolved)."""
         return self._policy
+
+    @property
+    def devices(self) -> tuple[DeviceKey, ...]:
+        """The devices whose one-run-at-a-time lane each run holds (``+device``); () if none."""
+        return self._devices
 
     @property
     def providers(self) -> tuple[str, ...]:
@@ -302,7 +312,11 @@ class Session:
                 # ahead of this one (a cancelling close stops them too).
                 wait.ready.acquire()
                 replica = wait.replica
-            results = replica.run(names, feed, run_options)
+            if self._lanes:
+                # After the session is ours: a run holds the device only while it runs.
+                results = run_on_lanes(self._lanes, replica, names, feed, run_options)
+            else:
+                results = replica.run(names, feed, run_options)
         except Exception as exc:
             raise _ort.run_error(exc, self._name, run_options) from exc
         finally:

@@ -78,6 +78,9 @@ class VersionSettings:
     providers: tuple[str, ...]
     #: Never evicted: by its configuration or by ``Host.load(pin=True)``.
     pinned: bool
+    #: The devices whose one-run-at-a-time lane its runs hold, as ``"provider:device id"``
+    #: (a ``+device`` policy: DirectML, WebGPU); empty for none.
+    devices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

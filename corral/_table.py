@@ -664,5 +664,6 @@ def _version_status(served: ServedVersion, state: ModelState) -> VersionStatus:
             served.session.policy,
             served.session.providers,
             served.pinned,
+            tuple(f"{name}:{index}" for name, index in served.session.devices),
         ),
     )

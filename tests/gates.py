@@ -2,7 +2,8 @@
 
 :class:`RunGate` holds a served version's runs, and with them the compute workers;
 :class:`SessionRuns` watches (and may hold) the runs of a Session's onnxruntime sessions
-themselves, past any wait for a free one;
+themselves, past any wait for a free one; :class:`DeviceRuns` counts how many runs of several
+Sessions are inside onnxruntime at once, and may hold the first;
 :class:`CallGate` holds a slow operation (a listing, a model's files, a load, a scrape) while
 the test checks that other requests are answered meanwhile; :class:`BuildGate` holds the
 builds of chosen models' sessions.
@@ -98,6 +99,67 @@ class _WatchedReplica:
     def run(self, names: Any, feed: dict[str, Any], options: Any) -> Any:
         self._runs.ran(feed)
         return self._inner.run(names, feed, options)
+
+
+class DeviceRuns:
+    """Counts the runs of several Sessions that are inside onnxruntime at once.
+
+    It stands in for the onnxruntime sessions of every session given, as
+    :class:`SessionRuns` does, so that what it counts is runs past any wait for a session or
+    a device. ``hold_first``: the first run waits for :attr:`open` (bounded) while the test
+    checks what else starts; :attr:`started` counts runs as they start. Install it before
+    the sessions' first runs; leaving its ``with`` block opens the gate, so that a failed
+    check does not leave a run held.
+    """
+
+    def __init__(self, *sessions: corral.Session, hold_first: bool = False) -> None:
+        self.open = threading.Event()
+        if not hold_first:
+            self.open.set()
+        self.started = threading.Semaphore(0)
+        # Guards active, most and runs: runs on several threads count into them.
+        self._count_lock = threading.Lock()
+        self.active = 0  # runs inside onnxruntime now
+        self.most = 0  # the most that were at once
+        self.runs = 0
+        for session in sessions:
+            with session._state_lock:
+                replicas = tuple(_CountedReplica(replica, self) for replica in session._replicas)
+                session._replicas = replicas
+                if session._idle is not None:
+                    session._idle = list(replicas)
+
+    def __enter__(self) -> DeviceRuns:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.open.set()
+
+    def ran(self, run: Callable[[], Any]) -> Any:
+        with self._count_lock:
+            self.active += 1
+            self.most = max(self.most, self.active)
+            self.runs += 1
+            first = self.runs == 1
+        try:
+            self.started.release()
+            if first and not self.open.wait(timeout=30):
+                raise TimeoutError("the device's gate was never opened")
+            return run()
+        finally:
+            with self._count_lock:
+                self.active -= 1
+
+
+class _CountedReplica:
+    """One onnxruntime session's stand-in: its runs are counted by a DeviceRuns."""
+
+    def __init__(self, inner: Any, runs: DeviceRuns) -> None:
+        self._inner = inner
+        self._runs = runs
+
+    def run(self, names: Any, feed: dict[str, Any], options: Any) -> Any:
+        return self._runs.ran(lambda: self._inner.run(names, feed, options))
 
 
 def hold_compute_workers(host: Host) -> tuple[RunGate, list[Future[Any]]]:

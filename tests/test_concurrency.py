@@ -255,9 +255,12 @@ def test_2000_idle_sessions_use_no_cpu():
     assert process_threads() == threads_before
 
 
-def test_pool_sizes_follow_cpu_count_for_auto_pools(mlp_model):
+def test_pool_sizes_follow_cpu_count_for_auto_pools(mlp_model, monkeypatch):
+    from corral._providers import PROVIDER_TABLE, ProviderTraits
     from corral.testing import emulate_provider
 
-    with emulate_provider("DmlExecutionProvider"):
-        session = corral.Session(mlp_model, providers=["DmlExecutionProvider"])
+    row = ProviderTraits("pool", True, "a provider whose sessions each run one at a time")
+    monkeypatch.setitem(PROVIDER_TABLE, "PooledExecutionProvider", row)
+    with emulate_provider("PooledExecutionProvider"):
+        session = corral.Session(mlp_model, providers=["PooledExecutionProvider"])
     assert session.policy.size == (os.cpu_count() or 1)

@@ -295,6 +295,7 @@ def test_pool_is_bounded_by_max_pool_size_and_auto_stays_under_it():
 
     class PoolProviders:
         run_policy = "pool"
+        lane_devices = ()
 
     policy = resolve_policy("auto", PoolProviders(), pool_size=1000)  # type: ignore[arg-type]
     assert policy == ConcurrencyPolicy("pool", MAX_POOL_SIZE)

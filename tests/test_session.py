@@ -11,6 +11,7 @@ from onnx import TensorProto, helper
 
 import corral
 from corral import ConcurrencyPolicy, SessionState, _ort
+from corral._providers import PROVIDER_TABLE, ProviderTraits
 from corral.testing import emulate_provider
 from tests.helpers import build_reshape, reference_run, wait_until
 
@@ -200,17 +201,26 @@ def test_policy_objects_check_their_own_fields():
     [
         ("CPUExecutionProvider", "shared"),
         ("CUDAExecutionProvider", "shared"),
-        ("DmlExecutionProvider", "pool"),
+        ("DmlExecutionProvider", "exclusive+device"),
+        ("WebGpuExecutionProvider", "exclusive+device"),
         ("SomeFutureExecutionProvider", "exclusive"),
     ],
 )
 def test_auto_policy_follows_the_provider_table(mlp_model, provider, expected):
     with emulate_provider(provider):
         session = corral.Session(mlp_model, providers=[provider])
-    assert session.policy.kind == expected
-    if expected == "pool":
-        assert session.policy.size == corral.runtime().options.compute_workers
+    assert str(session.policy) == expected
     assert session.run({"X": X})["Y"].shape == (5, 1)
+
+
+def test_auto_pools_as_many_sessions_as_compute_workers(mlp_model, monkeypatch):
+    # No provider of the table pools today (DirectML did until its runs on different
+    # sessions were found to crash, #20713): a row that does still gets its pool.
+    row = ProviderTraits("pool", True, "a provider whose sessions each run one at a time")
+    monkeypatch.setitem(PROVIDER_TABLE, "PooledExecutionProvider", row)
+    with emulate_provider("PooledExecutionProvider"):
+        session = corral.Session(mlp_model, providers=["PooledExecutionProvider"])
+    assert str(session.policy) == f"pool:{corral.runtime().options.compute_workers}"
 
 
 def test_auto_takes_the_strictest_of_several_providers(mlp_model):
@@ -218,15 +228,16 @@ def test_auto_takes_the_strictest_of_several_providers(mlp_model):
         session = corral.Session(
             mlp_model, providers=["DmlExecutionProvider", "CPUExecutionProvider"]
         )
-    assert session.policy.kind == "pool"
+    assert str(session.policy) == "exclusive+device"
+    assert session.devices == (("DmlExecutionProvider", 0),)
 
 
-def test_an_explicit_policy_overrides_the_table(mlp_model):
+def test_an_explicit_policy_overrides_the_table_but_not_its_device_lane(mlp_model):
     with emulate_provider("DmlExecutionProvider"):
         session = corral.Session(
             mlp_model, providers=["DmlExecutionProvider"], concurrency="shared"
         )
-    assert session.policy.kind == "shared"
+    assert str(session.policy) == "shared+device"
 
 
 class _CountingLock:

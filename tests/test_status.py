@@ -314,6 +314,7 @@ def test_the_model_detail_shows_each_loaded_versions_configuration_and_its_file(
         assert fraud["source"] == "fraud/model.toml"
         assert (fraud["batch_window_us"], fraud["pinned"]) == (700, True)
         assert (fraud["concurrency"], fraud["instance_count"]) == ("pool:2", 2)
+        assert fraud["device_lanes"] == []  # a CPU model holds no device's lane
         triton = config("triton")
         assert triton["source"] == "triton/config.pbtxt"
         assert (triton["max_batch_size"], triton["batch_window_us"]) == (8, 250)

@@ -655,6 +655,7 @@ def _config_doc(
         "queue_timeout_override": config.queue_timeout_override,
         "concurrency": str(settings.concurrency),
         "instance_count": settings.concurrency.size,
+        "device_lanes": list(settings.devices),
         "providers": list(settings.providers),
         "provider_options": {
             entry[0]: dict(entry[1])

@@ -270,7 +270,7 @@ const CONFIG_ROWS = [
   ["max_batch_size", "max batch size"], ["batching", "batching"], ["inline", "inline lane"],
   ["batch_window_us", "batch window µs"], ["max_queue_size", "queue limit"],
   ["queue_timeout_us", "queue timeout µs"], ["queue_timeout_override", "timeout override"],
-  ["concurrency", "concurrency"], ["instance_count", "instances"],
+  ["concurrency", "concurrency"], ["instance_count", "instances"], ["device_lanes", "device lanes"],
   ["providers", "providers"], ["provider_options", "provider options"],
   ["pinned", "pinned"], ["warmup", "warm-up"], ["warmup_samples", "warm-up samples"],
   ["version_policy", "version policy"], ["default_model_filename", "model file"],
