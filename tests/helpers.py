@@ -58,6 +58,15 @@ def add_model(
 # -- models ----------------------------------------------------------------------------------
 
 
+def serialized(graph: onnx.GraphProto) -> bytes:
+    """A checked model of ``graph`` (opset 17, IR 8), as the bytes of its file."""
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    data: bytes = model.SerializeToString()
+    return data
+
+
 def build_slow_loop() -> bytes:
     """A model that adds 1.0 ``M`` times in a Loop: a run as long as a test needs.
 
@@ -95,10 +104,7 @@ def build_slow_loop() -> bytes:
         ],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+    return serialized(graph)
 
 
 def build_slow_to_build(layers: int = 60) -> bytes:
@@ -129,10 +135,7 @@ def build_slow_to_build(layers: int = 60) -> bytes:
             numpy_helper.from_array(np.array([channels, channels, 3, 3], np.int64), "kernel_shape"),
         ],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+    return serialized(graph)
 
 
 def build_reshape(*, allowzero: bool = False) -> bytes:
@@ -162,10 +165,7 @@ def build_identity(element_type: int) -> bytes:
         [helper.make_tensor_value_info("X", element_type, ["N", 2])],
         [helper.make_tensor_value_info("Y", element_type, ["N", 2])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+    return serialized(graph)
 
 
 def build_time_major_lstm(features: int = 3, hidden: int = 4, *, seed: int = 0) -> bytes:
@@ -188,10 +188,7 @@ def build_time_major_lstm(features: int = 3, hidden: int = 4, *, seed: int = 0) 
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["seq", 1, "batch", hidden])],
         [numpy_helper.from_array(array, name) for name, array in weights.items()],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+    return serialized(graph)
 
 
 def build_row_coupling(features: int = 4) -> bytes:
@@ -205,10 +202,7 @@ def build_row_coupling(features: int = 4) -> bytes:
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", features])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", features])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+    return serialized(graph)
 
 
 def build_rows_of_five() -> bytes:
@@ -224,10 +218,7 @@ def build_rows_of_five() -> bytes:
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", 5])],
         [numpy_helper.from_array(np.array([-1, 5], np.int64), "shape")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+    return serialized(graph)
 
 
 def reference_run(model: bytes, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -456,7 +447,4 @@ def build_softmax_over_rows(features: int = 4) -> bytes:
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", features])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", features])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+    return serialized(graph)
