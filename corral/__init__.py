@@ -39,6 +39,7 @@ from corral._errors import (
     RuntimeClosed,
     RuntimeConfigError,
     SessionClosed,
+    StoreUnavailable,
     UploadRefused,
     UploadTooLarge,
 )
@@ -112,6 +113,7 @@ __all__ = [
     "Session",
     "SessionClosed",
     "SessionState",
+    "StoreUnavailable",
     "TensorSpec",
     "UploadRefused",
     "UploadTooLarge",

@@ -65,13 +65,22 @@ class Host:
         options: HostOptions | None = None,
         **option_args: Unpack[HostOptionArgs],
     ) -> None:
-        self._repository = (
-            repository if isinstance(repository, Repository) else Repository(repository)
-        )
-        self._runtime = runtime if runtime is not None else _default_runtime()
         base = HostOptions() if options is None else options
         self._options = dataclasses.replace(base, **option_args) if option_args else base
+        self._repository = (
+            repository
+            if isinstance(repository, Repository)
+            else Repository(
+                repository,
+                cache_dir=self._options.cache_dir,
+                cache_bytes=self._options.cache_bytes_value,
+            )
+        )
+        self._runtime = runtime if runtime is not None else _default_runtime()
         self._table = ModelTable(self._options)
+        if self._repository.store is not None:
+            # Never evict the cached files of a model loaded or loading.
+            self._repository.store.in_use = self._table.busy
         # The request path's one lookup, without a lock or a call (see corral._table).
         self._ready_map = self._table.ready_map
         # Per-version figures for the Host's life: they outlast evictions, unloads, reloads.

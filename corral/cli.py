@@ -390,7 +390,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
 
     hints = typing.get_type_hints(RayServeConfig)
     for field in dataclasses.fields(RayServeConfig):
-        sized = field.name in ("memory_budget", "max_upload_bytes")
+        sized = field.name in ("memory_budget", "max_upload_bytes", "cache_bytes")
         convert = _size if sized else _text_to(hints[field.name])
         _add_ray_serve_flag(parser, field.name, convert, field.default, field.metadata["help"])
 

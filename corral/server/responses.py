@@ -34,6 +34,7 @@ from corral._errors import (
     RepositoryError,
     RuntimeClosed,
     SessionClosed,
+    StoreUnavailable,
     UploadRefused,
     UploadTooLarge,
 )
@@ -99,6 +100,8 @@ STATUS: dict[type[CorralError], int] = {
     RuntimeClosed: 503,
     SessionClosed: 503,
     DeadlineExceeded: 504,
+    # An object store that did not answer a model's fetch in time: retryable (Retry-After).
+    StoreUnavailable: 503,
     # An unload that waited its whole timeout for a hung load or for leases.
     DrainTimeout: 503,
     # Triton's codes for its shared memory extension.
@@ -114,6 +117,9 @@ STATUS: dict[type[CorralError], int] = {
 BODY_BUDGET_RETRY_AFTER_S = 1
 
 _RETRY_AFTER = ((b"retry-after", str(BODY_BUDGET_RETRY_AFTER_S).encode()),)
+#: How long a client whose model could not be fetched from the object store is told to wait.
+STORE_RETRY_AFTER_S = 5
+_STORE_RETRY_AFTER = ((b"retry-after", str(STORE_RETRY_AFTER_S).encode()),)
 
 
 class HttpError(Exception):
@@ -153,6 +159,8 @@ def error_answer(
         extra = error.headers
     elif isinstance(error, BodyBudgetExceeded):
         extra = _RETRY_AFTER
+    elif isinstance(error, StoreUnavailable):
+        extra = _STORE_RETRY_AFTER
     text = str(error)
     if isinstance(error, CorralError) and public is not None:
         text = public(text)
