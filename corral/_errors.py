@@ -160,9 +160,9 @@ class StoreUnavailable(ModelLoadError):
     The message names the repository URL and the reason, never a credential.
     """
 
-    def __init__(self, message: str, *, store: str) -> None:
+    def __init__(self, message: str, *, store: str = "") -> None:
         super().__init__(message)
-        #: The repository URL, as given.
+        #: The repository URL, as given (a copy, :func:`fresh`'s, keeps it too).
         self.store = store
 
 

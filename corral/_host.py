@@ -74,6 +74,9 @@ class Host:
                 repository,
                 cache_dir=self._options.cache_dir,
                 cache_bytes=self._options.cache_bytes_value,
+                # A model's fetch is part of its load: half its deadline, so that a store that
+                # hangs is answered as such (StoreUnavailable), not as a load that hung.
+                fetch_timeout_s=self._options.load_timeout_s / 2,
             )
         )
         self._runtime = runtime if runtime is not None else _default_runtime()

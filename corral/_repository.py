@@ -54,7 +54,7 @@ from corral._model_entry import ModelEntry, ModelVersion, Problems, make_entry
 from corral._overrides import ModelOverride
 from corral._pbtxt import CONFIG_PBTXT, parse_pbtxt
 from corral._problems import ProblemKind
-from corral._store import Store, is_store_url
+from corral._store import DEFAULT_FETCH_TIMEOUT_S, Store, is_store_url
 
 __all__ = [
     "MAX_CONFIG_BYTES",
@@ -195,6 +195,7 @@ class Repository:
         *,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_bytes: int | None = None,
+        fetch_timeout_s: float = DEFAULT_FETCH_TIMEOUT_S,
     ) -> None:
         #: The object store the models come from (``s3://...``), or None: a local folder.
         self.store: Store | None = None
@@ -202,7 +203,7 @@ class Repository:
             # The store's models are read from their copies in the cache folder: listing one
             # at start says at once whether the store can be reached.
             assert isinstance(root, str)  # is_store_url takes only a str
-            self.store = Store(root, cache_dir, cache_bytes=cache_bytes)
+            self.store = Store(root, cache_dir, cache_bytes=cache_bytes, timeout_s=fetch_timeout_s)
             self.store.names()
             root = self.store.cache_dir
         elif cache_dir is not None or cache_bytes is not None:

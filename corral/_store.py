@@ -44,6 +44,7 @@ from corral._errors import (
     ModelNotFound,
     RepositoryError,
     StoreUnavailable,
+    fresh,
 )
 
 if TYPE_CHECKING:
@@ -67,6 +68,8 @@ DEFAULT_FETCH_TIMEOUT_S = 60.0
 _SECRETS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "GOOGLE_SERVICE_ACCOUNT_KEY")
 _MANIFESTS = ".manifests"
 _PARTIAL = ".partial"
+_RETRIES = 2
+_CONNECT = datetime.timedelta(seconds=5)
 _TRITON_ENDPOINT = re.compile(r"[A-Za-z0-9.\-]+:[0-9]{1,5}")
 
 
@@ -219,7 +222,9 @@ class Store:
             if flight is None:
                 flight = self._flights[name] = Future()
         if not leader:
-            flight.result()  # the leader's outcome, its error included
+            error = flight.exception()  # the leader's outcome, waited for
+            if error is not None:
+                raise fresh(error)
             return self._local(name)
         try:
             self._sync(name)
@@ -446,9 +451,12 @@ def _open(url: str, timeout_s: float) -> tuple[Any, str]:
             f"model repository {url!r} is in object storage, which needs obstore: "
             "pip install 'corral[s3]'"
         ) from exc
-    client: ClientConfig = {"timeout": f"{timeout_s:g}s", "connect_timeout": "5s"}
+    # A request (its whole answer read) may take a third of the fetch's deadline, so that two
+    # retries of one that hangs still end within it.
+    attempt = datetime.timedelta(seconds=timeout_s / (_RETRIES + 1))
+    client: ClientConfig = {"timeout": attempt, "connect_timeout": min(attempt, _CONNECT)}
     retry: RetryConfig = {
-        "max_retries": 2,
+        "max_retries": _RETRIES,
         "retry_timeout": datetime.timedelta(seconds=timeout_s),
     }
     path = parsed.path.strip("/")

@@ -20,7 +20,7 @@ import pytest
 
 import corral
 from corral import Host, ModelNotFound, RepositoryError, StoreUnavailable
-from corral._errors import InvalidOption
+from corral._errors import InvalidOption, fresh
 from corral._repository import Repository
 from corral._store import Store, is_store_url
 from corral.testing import build_linear
@@ -218,6 +218,7 @@ def test_a_fetch_from_a_paused_store_fails_within_its_deadline_naming_the_store(
     finally:
         s3server.resume(s3)
     assert caught.value.store == f"s3://{name}/repo"
+    assert fresh(caught.value).store == f"s3://{name}/repo"  # as each waiter gets it
     assert store.stats().failures == 1
     with store.opened("m") as local:  # the store back, the same Store reads it
         assert Path(local, "1", "model.onnx").read_bytes() == MODEL
@@ -306,3 +307,46 @@ def test_credentials_in_the_url_are_refused_without_being_shown(bucket):
     with pytest.raises(RepositoryError, match="credentials do not belong") as caught:
         Store("s3://key:hunter2@b/p")
     assert "hunter2" not in str(caught.value)
+
+
+def test_corral_serve_answers_from_the_store_and_a_503_with_retry_after_while_it_hangs(
+    s3, bucket, tmp_path
+):
+    import httpx
+
+    from tests.processes import start_server, stop_server
+
+    name, client = bucket
+    put_model(client, name, "warm")
+    put_model(client, name, "cold")
+    body = {"inputs": [{"name": "X", "shape": [2, 4], "datatype": "FP32", "data": [1.0] * 8}]}
+    served = start_server(
+        f"s3://{name}/repo",  # type: ignore[arg-type]  # a URL, as the command line takes it
+        tmp_path / "serve.log",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--load-timeout-s",
+        "3",
+    )
+    try:
+        url = f"http://{served.http}/v2/models"
+        assert httpx.post(f"{url}/warm/infer", json=body, timeout=30).status_code == 200
+        assert object_reads(s3, name, "cold") == []
+        s3server.pause(s3)
+        try:
+            started = time.monotonic()
+            answer = httpx.post(f"{url}/cold/infer", json=body, timeout=60)
+            took = time.monotonic() - started
+            # The model already loaded answers while the store hangs.
+            assert httpx.post(f"{url}/warm/infer", json=body, timeout=30).status_code == 200
+        finally:
+            s3server.resume(s3)
+        assert answer.status_code == 503, answer.text
+        assert answer.headers.get("retry-after") == "5", answer.text
+        assert took < 30
+        assert f"s3://{name}/repo" in answer.json()["error"]
+    finally:
+        stop_server(served)
+    log = (tmp_path / "serve.log").read_text()
+    assert f"s3://{name}/repo" in log
+    assert s3server.SECRET not in log
