@@ -204,7 +204,7 @@ class Repository:
             # at start says at once whether the store can be reached.
             assert isinstance(root, str)  # is_store_url takes only a str
             self.store = Store(root, cache_dir, cache_bytes=cache_bytes, timeout_s=fetch_timeout_s)
-            self.store.names()
+            self.store.names(first=True)
             root = self.store.cache_dir
         elif cache_dir is not None or cache_bytes is not None:
             raise InvalidOption(

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_FETCH_TIMEOUT_S",
     "SCHEMES",
+    "START_TIMEOUT_S",
     "Store",
     "StoreStats",
     "is_store_url",
@@ -64,6 +65,8 @@ logger = logging.getLogger(__name__)
 SCHEMES = ("s3", "gs", "az", "abfs", "abfss")
 #: Seconds one model's fetch (its listing and every file) may take by default.
 DEFAULT_FETCH_TIMEOUT_S = 60.0
+#: Seconds the listing at start may take: a store that hangs stops the start within a minute.
+START_TIMEOUT_S = 30.0
 #: The variables whose values are never shown in an error or log line.
 _SECRETS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "GOOGLE_SERVICE_ACCOUNT_KEY")
 _MANIFESTS = ".manifests"
@@ -134,6 +137,9 @@ class Store:
             )
         self.url = url
         self._store, self._prefix = _open(url, timeout_s)
+        # The first listing, at start, gets a deadline of its own: a store that hangs then
+        # must stop the start within a minute, whatever the fetches may take.
+        self._first, _ = _open(url, min(timeout_s, START_TIMEOUT_S))
         if cache_dir is None:
             cache_dir = tempfile.mkdtemp(prefix="corral-store-")
         self.cache_dir = os.path.realpath(os.fspath(cache_dir))
@@ -158,15 +164,17 @@ class Store:
 
     # -- listing -----------------------------------------------------------------------------
 
-    def names(self) -> tuple[list[str], list[str]]:
+    def names(self, *, first: bool = False) -> tuple[list[str], list[str]]:
         """The store's entries under the prefix: (model folders and bare ``.onnx`` names, other).
 
-        Raises :class:`RepositoryError` naming the URL when the store cannot be listed.
+        ``first``: the listing at start, within :data:`START_TIMEOUT_S`. Raises
+        :class:`RepositoryError` naming the URL when the store cannot be listed.
         """
         import obstore
 
+        store = self._first if first else self._store
         try:
-            found = obstore.list_with_delimiter(self._store, self._prefix or None)
+            found = obstore.list_with_delimiter(store, self._prefix or None)
         except Exception as exc:  # obstore's errors have no common base but Exception
             raise RepositoryError(
                 f"cannot list model repository {self.url!r}: {self._reason(exc)}"
@@ -422,10 +430,16 @@ class Store:
     @staticmethod
     def _reason(exc: BaseException) -> str:
         # obstore's text ends with a debug dump of the request: its first line says why.
-        text = str(exc).split("\n", 1)[0].strip() or type(exc).__name__
+        whole = str(exc)
+        text = whole.split("\n", 1)[0].split("<?xml", 1)[0].strip() or type(exc).__name__
+        # The store's own words (S3's <Code> and <Message>) follow on the next lines.
+        code = re.search(r"<Code>([^<]{1,100})</Code>", whole)
+        said = re.search(r"<Message>([^<]{1,300})</Message>", whole)
+        if code is not None:
+            text += f" {code[1]}" + ("" if said is None else f": {said[1]}")
         for variable in _SECRETS:
             secret = os.environ.get(variable)
-            if secret:
+            if secret and len(secret) >= 8:  # a real one is 40 characters; "s" is no secret
                 text = text.replace(secret, "<secret>")
         return text
 

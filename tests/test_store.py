@@ -249,7 +249,8 @@ def test_wrong_credentials_are_a_clear_error_at_start_without_the_secret(tmp_pat
         s3server.stop(server)
     text = str(caught.value)
     assert "s3://models/repo" in text
-    assert "403" in text or "Forbidden" in text or "InvalidAccessKeyId" in text
+    assert "403 Forbidden" in text
+    assert "InvalidAccessKeyId: The AWS Access Key Id you provided does not exist" in text
     assert s3server.SECRET not in text
 
 
