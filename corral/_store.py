@@ -33,6 +33,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -141,7 +142,9 @@ class Store:
         # must stop the start within a minute, whatever the fetches may take.
         self._first, _ = _open(url, min(timeout_s, START_TIMEOUT_S))
         if cache_dir is None:
+            # A folder of its own, removed with the Store (or at exit): nothing to reuse later.
             cache_dir = tempfile.mkdtemp(prefix="corral-store-")
+            weakref.finalize(self, shutil.rmtree, cache_dir, ignore_errors=True)
         self.cache_dir = os.path.realpath(os.fspath(cache_dir))
         os.makedirs(os.path.join(self.cache_dir, _MANIFESTS), exist_ok=True)
         shutil.rmtree(os.path.join(self.cache_dir, _PARTIAL), ignore_errors=True)

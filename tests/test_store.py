@@ -351,3 +351,77 @@ def test_corral_serve_answers_from_the_store_and_a_503_with_retry_after_while_it
     log = (tmp_path / "serve.log").read_text()
     assert f"s3://{name}/repo" in log
     assert s3server.SECRET not in log
+
+
+def test_a_store_refuses_bad_urls_and_sizes_naming_them(bucket):
+    with pytest.raises(InvalidOption, match="cache_bytes"):
+        Store("s3://b/p", cache_bytes=0)
+    with pytest.raises(RepositoryError, match="a query or fragment"):
+        Store("s3://b/p?x=1")
+    with pytest.raises(RepositoryError, match="names no bucket"):
+        Store("s3:///p")
+
+
+def test_a_model_larger_than_the_whole_cache_is_a_load_error_naming_both(s3, bucket, tmp_path):
+    name, client = bucket
+    put_model(client, name, "m")
+    store = Store(f"s3://{name}/repo", tmp_path, cache_bytes=len(MODEL) - 1)
+    with (
+        pytest.raises(corral.ModelLoadError, match=f"holds {len(MODEL)} bytes") as caught,
+        store.opened("m"),
+    ):
+        pass
+    assert not isinstance(caught.value, StoreUnavailable)  # waiting would not help
+    assert store.stats().failures == 1
+
+
+def test_the_default_cache_is_a_folder_of_its_own_removed_with_the_store(s3, bucket):
+    name, client = bucket
+    put_model(client, name, "m")
+    store = Store(f"s3://{name}/repo")
+    folder = Path(store.cache_dir)
+    assert repr(store) == f"Store('s3://{name}/repo', cache {str(folder)!r})"
+    with store.opened("m"):
+        assert (folder / "m" / "1" / "model.onnx").is_file()
+    del store
+    assert not folder.exists()
+
+
+def test_names_that_cannot_name_a_model_are_listed_apart(s3, bucket, tmp_path):
+    name, client = bucket
+    put_model(client, name, "good")
+    put_model(client, name, "bad name")
+    client.put_object(Bucket=name, Key="repo/notes.txt", Body=b"x")
+    listing = Repository(f"s3://{name}/repo", cache_dir=tmp_path).listing()
+    assert listing == (["good"], ["bad name"])
+
+
+def test_a_bare_model_that_becomes_a_folder_is_read_as_the_folder(s3, bucket, tmp_path):
+    name, client = bucket
+    client.put_object(Bucket=name, Key="repo/m.onnx", Body=MODEL)
+    repo = Repository(f"s3://{name}/repo", cache_dir=tmp_path)
+    assert repo.entry("m").versions[1].path == tmp_path / "m.onnx"
+    client.delete_object(Bucket=name, Key="repo/m.onnx")
+    put_model(client, name, "m", 3)
+    entry = repo.entry("m")
+    assert sorted(entry.versions) == [3]
+    assert entry.versions[3].path == tmp_path / "m" / "3" / "model.onnx"
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_a_cache_of_another_repository_is_not_taken_for_this_ones(s3, bucket, tmp_path):
+    name, client = bucket
+    put_model(client, name, "m")
+    with Store(f"s3://{name}/repo", tmp_path).opened("m"):
+        pass
+    other = Store(f"s3://{name}/elsewhere", tmp_path)
+    assert other.stats().models == 0
+
+
+def test_corral_models_lists_a_store(s3, bucket, tmp_path, capsys):
+    from corral.cli import main
+
+    name, client = bucket
+    put_model(client, name, "m")
+    assert main(["models", f"s3://{name}/repo"]) == 0
+    assert "m" in capsys.readouterr().out
