@@ -346,6 +346,10 @@ def test_corral_serve_answers_from_the_store_and_a_503_with_retry_after_while_it
         assert answer.headers.get("retry-after") == "5", answer.text
         assert took < 30
         assert f"s3://{name}/repo" in answer.json()["error"]
+        metrics = httpx.get(f"http://{served.http}/metrics", timeout=30).text
+        assert "corral_store_fetches_total 1.0" in metrics  # "warm"
+        assert "corral_store_fetch_failures_total 1.0" in metrics  # "cold", while paused
+        assert f"corral_store_cache_bytes {float(len(MODEL))}" in metrics
     finally:
         stop_server(served)
     log = (tmp_path / "serve.log").read_text()
