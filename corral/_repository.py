@@ -13,6 +13,10 @@ A root that looks like one model's folder instead (a version folder holding its
 ``model.onnx``, or a ``config.pbtxt`` or ``model.toml`` at the top) is refused, naming its
 parent: served, its version folders would be models of their own.
 
+The root may also be a URL in object storage (``s3://bucket/prefix``): its models are then
+listed from the store and each one's files copied into a local cache folder on first use
+(:mod:`corral._store`), where everything below reads them.
+
 The root may be a symlink (the usual ``current -> release-N`` deployment): it is resolved
 again on every listing and every entry read (one ``realpath``), so switching it takes effect
 at the next poll or cold load, and every check below is made against its current target.
@@ -339,7 +343,9 @@ class Repository:
 
         Raises :class:`InvalidModelName` for a name that cannot name a model,
         :class:`ModelNotFound` when neither ``<root>/<name>/`` nor ``<root>/<name>.onnx``
-        exists, and :class:`RepositoryError` when the root folder itself is gone. Every other
+        exists, and :class:`RepositoryError` when the root folder itself is gone; for a
+        repository in object storage, :class:`StoreUnavailable` when the model's files cannot
+        be fetched within the deadline (:mod:`corral._store`). Every other
         problem (a malformed model.toml, a path leading outside the root, no version at all) is
         reported in :attr:`ModelEntry.error`, never raised.
         """
