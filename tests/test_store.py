@@ -158,6 +158,20 @@ def test_a_model_removed_from_the_store_is_gone_from_the_listing_and_the_cache(
     assert not (tmp_path / "m").exists()
 
 
+def test_a_model_in_use_removed_from_the_store_stops_being_served_after_a_poll(
+    s3, bucket, tmp_path
+):
+    name, client = bucket
+    put_model(client, name, "m")
+    with Host(f"s3://{name}/repo", cache_dir=str(tmp_path)) as host:
+        host.infer("m", {"X": X})
+        client.delete_object(Bucket=name, Key="repo/m/1/model.onnx")
+        host.refresh()
+        with pytest.raises(ModelNotFound):
+            host.infer("m", {"X": X})
+    assert not (tmp_path / "m").exists()
+
+
 def test_concurrent_first_requests_fetch_a_model_once(s3, bucket, tmp_path):
     name, client = bucket
     put_model(client, name, "m")
