@@ -23,7 +23,14 @@ import numpy.typing as npt
 
 from corral._check import ProblemWatch
 from corral._counters import HostCounters, LatencyStats, RequestStats
-from corral._errors import CorralError, DrainTimeout, ModelConfigError, SessionClosed, fresh
+from corral._errors import (
+    CorralError,
+    DrainTimeout,
+    InvalidOption,
+    ModelConfigError,
+    SessionClosed,
+    fresh,
+)
 from corral._events import ChangeListener, Event, EventKind
 from corral._loader import Loader, version_number
 from corral._options import HostOptionArgs, HostOptions
@@ -67,6 +74,13 @@ class Host:
     ) -> None:
         base = HostOptions() if options is None else options
         self._options = dataclasses.replace(base, **option_args) if option_args else base
+        cache = self._options.cache_dir is not None or self._options.cache_bytes is not None
+        if isinstance(repository, Repository) and cache:
+            raise InvalidOption(
+                "cache_dir and cache_bytes are the Repository's when it is made: give them to "
+                "Repository(...), or give the Host the repository's URL",
+                option="cache_dir" if self._options.cache_dir is not None else "cache_bytes",
+            )
         self._repository = (
             repository
             if isinstance(repository, Repository)

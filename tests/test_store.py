@@ -310,6 +310,11 @@ def test_cache_options_are_refused_for_a_local_folder(tmp_path):
         corral.HostOptions(cache_bytes="lots")
 
 
+def test_cache_options_beside_a_repository_object_are_refused(tmp_path):
+    with pytest.raises(InvalidOption, match="cache_dir"):
+        Host(Repository(tmp_path), cache_dir=str(tmp_path / "cache"))
+
+
 def test_only_object_store_urls_go_to_a_store():
     assert is_store_url("s3://b/p")
     assert is_store_url("GS://b")
@@ -340,8 +345,9 @@ def test_corral_serve_answers_from_the_store_and_a_503_with_retry_after_while_it
         tmp_path / "serve.log",
         "--cache-dir",
         str(tmp_path / "cache"),
+        # The fetch's deadline is half of it: 3 s, well before the load's own.
         "--load-timeout-s",
-        "3",
+        "6",
     )
     try:
         url = f"http://{served.http}/v2/models"
