@@ -8,7 +8,8 @@ through fsspec with s3fs and through obstore:
 - fetches ``--fetch`` of the objects one after another (what one model version's fetch does);
 - fetches the same objects concurrently (the library's own batching).
 
-Reports the median over ``--rounds`` rounds of each, in seconds. From a checkout::
+Reports the median over ``--rounds`` rounds of each, in seconds. The dev extra has moto and
+obstore; s3fs is installed by hand (``pip install s3fs``). From a checkout::
 
     python benchmarks/store_bench.py [--models 10000] [--fetch 1000] [--rounds 3] [--json]
 """
