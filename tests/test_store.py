@@ -449,3 +449,19 @@ def test_corral_models_lists_a_store(s3, bucket, tmp_path, capsys):
     put_model(client, name, "m")
     assert main(["models", f"s3://{name}/repo"]) == 0
     assert "m" in capsys.readouterr().out
+
+
+def test_a_model_whose_files_were_evicted_is_fetched_again_when_asked(s3, bucket, tmp_path):
+    name, client = bucket
+    for model in ("a", "b", "c"):
+        put_model(client, name, model)
+    with Host(
+        f"s3://{name}/repo",
+        cache_dir=str(tmp_path),
+        cache_bytes=len(MODEL),
+        max_loaded_models=1,
+    ) as host:
+        for model in ("a", "b", "c", "a"):
+            assert host.infer(model, {"X": X})["Y"].shape == (2, 1), model
+        assert host.repository.store.stats().evictions >= 2
+    assert len(object_reads(s3, name, "a")) == 2
