@@ -36,6 +36,7 @@ from corral._errors import (
     ModelNotFound,
     ModelTooLarge,
     ProviderUnavailable,
+    StoreUnavailable,
 )
 from corral._histogram import Histogram
 
@@ -80,6 +81,7 @@ _REASON_BY_CLASS: tuple[tuple[type[Exception], str], ...] = (
     (ModelNotFound, "not_found"),
     (InvalidModelName, "invalid_name"),
     (ProviderUnavailable, "provider_unavailable"),
+    (StoreUnavailable, "store_unavailable"),
     (ModelLoadError, "invalid_model"),
 )
 #: Every ``reason`` a failed load is counted under: a fixed set, never free text.

@@ -370,6 +370,14 @@ def test_corral_serve_answers_from_the_store_and_a_503_with_retry_after_while_it
         assert "corral_store_fetches_total 1.0" in metrics  # "warm"
         assert "corral_store_fetch_failures_total 1.0" in metrics  # "cold", while paused
         assert f"corral_store_cache_bytes {float(len(MODEL))}" in metrics
+        cache = httpx.get(f"http://{served.http}/v2/corral/status", timeout=30).json()
+        cache = cache["server"]["cache"]
+        assert (cache["url"], cache["bytes"], cache["fetches"], cache["failures"]) == (
+            f"s3://{name}/repo",
+            len(MODEL),
+            1,
+            1,
+        )
     finally:
         stop_server(served)
     log = (tmp_path / "serve.log").read_text()

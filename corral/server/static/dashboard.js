@@ -103,6 +103,13 @@ function draw(doc) {
     ["threads", s.threads], ["RSS", bytes(s.rss_bytes)],
     ["loads", s.loads], ["load failures", s.load_failures], ["evictions", s.evictions],
   ];
+  const c = s.cache;  // a repository in object storage: its local cache
+  if (c) {
+    cards.push(
+      ["cache", bytes(c.bytes) + (c.cache_bytes === null ? "" : " / " + bytes(c.cache_bytes))],
+      ["store fetches", c.fetches + " (" + c.failures + " failed)"], ["cache hits", c.hits],
+    );
+  }
   const figures = $("figures");
   figures.replaceChildren(...cards.map(([label, value]) => {
     const card = element("div", undefined, "card");
