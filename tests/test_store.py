@@ -473,3 +473,33 @@ def test_a_model_whose_files_were_evicted_is_fetched_again_when_asked(s3, bucket
             assert host.infer(model, {"X": X})["Y"].shape == (2, 1), model
         assert host.repository.store.stats().evictions >= 2
     assert len(object_reads(s3, name, "a")) == 2
+
+
+def test_concurrent_readers_of_a_fetch_that_fails_share_its_one_failure(s3, bucket, tmp_path):
+    name, client = bucket
+    put_model(client, name, "m")
+    store = Store(f"s3://{name}/repo", tmp_path, timeout_s=3)
+    callers = 4
+    barrier = threading.Barrier(callers)
+    errors: list[BaseException] = []
+
+    def first() -> None:
+        barrier.wait(timeout=10)
+        try:
+            with store.opened("m"):
+                pass
+        except StoreUnavailable as exc:
+            errors.append(exc)
+
+    s3server.pause(s3)
+    try:
+        threads = [threading.Thread(target=first) for _ in range(callers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        s3server.resume(s3)
+    assert len(errors) == callers
+    assert len({id(error) for error in errors}) == callers  # each its own copy
+    assert store.stats().failures == 1  # one fetch failed, for all of them
