@@ -73,6 +73,7 @@ _SECRETS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "GOOGLE_SERVICE_ACCOUN
 _MANIFESTS = ".manifests"
 _PARTIAL = ".partial"
 _RETRIES = 2
+_PAGE = 1000
 _CONNECT = datetime.timedelta(seconds=5)
 _TRITON_ENDPOINT = re.compile(r"[A-Za-z0-9.\-]+:[0-9]{1,5}")
 
@@ -99,6 +100,8 @@ class StoreStats:
     fetch_seconds: float
     failures: int
     evictions: int
+    #: Listing requests made: one per page of 1,000 keys S3 answers (counted from what came).
+    list_requests: int
 
 
 @dataclass
@@ -160,6 +163,7 @@ class Store:
         self._readers: dict[str, int] = {}
         self._cached: dict[str, _Cached] = self._read_manifests()
         self._hits = self._fetches = self._fetched_bytes = self._failures = self._evictions = 0
+        self._list_requests = 0
         self._fetch_seconds = 0.0
 
     def __repr__(self) -> str:
@@ -184,6 +188,8 @@ class Store:
             ) from exc
         names = [_last(prefix) for prefix in found["common_prefixes"]]
         files = [_last(str(item["path"])) for item in found["objects"]]
+        with self._lock:
+            self._list_requests += _pages(len(names) + len(files))
         return names, files
 
     # -- one model ---------------------------------------------------------------------------
@@ -222,6 +228,7 @@ class Store:
                 fetch_seconds=self._fetch_seconds,
                 failures=self._failures,
                 evictions=self._evictions,
+                list_requests=self._list_requests,
             )
 
     # -- private -----------------------------------------------------------------------------
@@ -268,6 +275,8 @@ class Store:
                 for item in chunk:
                     relative = str(item["path"])[len(key) + 1 :]
                     listed[relative] = (str(item["e_tag"]), int(item["size"]))
+            with self._lock:
+                self._list_requests += _pages(len(listed))
             bare = False
             if not listed:
                 try:
@@ -445,6 +454,11 @@ class Store:
             if secret and len(secret) >= 8:  # a real one is 40 characters; "s" is no secret
                 text = text.replace(secret, "<secret>")
         return text
+
+
+def _pages(keys: int) -> int:
+    """The listing requests that returned ``keys`` keys: S3 answers 1,000 a page."""
+    return max(1, -(-keys // _PAGE))
 
 
 def _last(path: str) -> str:

@@ -503,3 +503,26 @@ def test_concurrent_readers_of_a_fetch_that_fails_share_its_one_failure(s3, buck
     assert len(errors) == callers
     assert len({id(error) for error in errors}) == callers  # each its own copy
     assert store.stats().failures == 1  # one fetch failed, for all of them
+
+
+def test_listing_requests_are_counted_as_the_store_received_them(s3, bucket, tmp_path):
+    name, client = bucket
+    models = 1001  # two pages of the listing
+
+    def put(index: int) -> None:
+        client.put_object(Bucket=name, Key=f"repo/m{index}/1/model.onnx", Body=b"x")
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(put, range(models)))
+
+    def listings() -> int:
+        return len([path for path in s3.requests("GET") if path.startswith(f"/{name}?")])
+
+    before = listings()
+    store = Store(f"s3://{name}/repo", tmp_path)
+    assert len(store.names()[0]) == models
+    with store.opened("m7"):
+        pass
+    assert listings() - before == store.stats().list_requests == 3  # 2 pages, then m7's

@@ -32,7 +32,8 @@ and ``corral_repository_problems`` (by ``kind``: what the last repository check 
 for a repository in object storage, ``corral_store_cache_bytes``, ``corral_store_cache_models``,
 ``corral_store_cache_hits_total``, ``corral_store_fetches_total``,
 ``corral_store_fetched_bytes_total``, ``corral_store_fetch_seconds_total``,
-``corral_store_fetch_failures_total`` and ``corral_store_cache_evictions_total``;
+``corral_store_fetch_failures_total``, ``corral_store_cache_evictions_total`` and
+``corral_store_list_requests_total``;
 and prometheus-client's standard process, platform and garbage-collector families
 (``process_*``, ``python_info``, ``python_gc_*``). Every label is bounded: model names and
 versions the Host has counted, and reasons from fixed sets.
@@ -396,6 +397,12 @@ class _StoreCollector(Collector):
             "corral_store_fetch_failures",
             "Reads of a model that failed (the store unreachable or too slow, a model too large)",
             value=stats.failures,
+        )
+        yield CounterMetricFamily(
+            "corral_store_list_requests",
+            "Listing requests made to the store (at start, for the index, and one or more per "
+            "model read: a poll makes one per model in use)",
+            value=stats.list_requests,
         )
         yield CounterMetricFamily(
             "corral_store_cache_evictions",

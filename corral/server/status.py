@@ -526,6 +526,7 @@ def _cache(host: Host) -> dict[str, object] | None:
         "fetched_bytes": stats.fetched_bytes,
         "failures": stats.failures,
         "evictions": stats.evictions,
+        "list_requests": stats.list_requests,
     }
 
 
