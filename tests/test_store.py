@@ -526,3 +526,16 @@ def test_listing_requests_are_counted_as_the_store_received_them(s3, bucket, tmp
     with store.opened("m7"):
         pass
     assert listings() - before == store.stats().list_requests == 3  # 2 pages, then m7's
+
+
+def test_importing_corral_or_serving_a_folder_does_not_import_the_store_library(tmp_path):
+    script = (
+        "import sys, corral\n"
+        "from corral._repository import Repository\n"
+        f"Repository({str(tmp_path)!r}).names()\n"
+        "assert 'obstore' not in sys.modules, 'obstore imported'\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
