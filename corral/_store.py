@@ -157,9 +157,10 @@ class Store:
         #: Whether a model is loaded or loading (its files are then never evicted); the Host
         #: sets it. Called without any of the Store's locks held.
         self.in_use: Callable[[str], bool] = lambda name: False
-        # Guards _flights, _readers, _cached and the counters below.
-        self._lock = threading.Lock()
-        self._flights: dict[str, Future[None]] = {}
+        # Guards the cache's books: _flights, _readers, _cached and the counters below.
+        self._books_lock = threading.Lock()
+        # A model's fetch in flight, or its eviction (whose result, False, says to fetch again).
+        self._flights: dict[str, Future[bool]] = {}
         self._readers: dict[str, int] = {}
         self._cached: dict[str, _Cached] = self._read_manifests()
         self._hits = self._fetches = self._fetched_bytes = self._failures = self._evictions = 0
@@ -188,7 +189,7 @@ class Store:
             ) from exc
         names = [_last(prefix) for prefix in found["common_prefixes"]]
         files = [_last(str(item["path"])) for item in found["objects"]]
-        with self._lock:
+        with self._books_lock:
             self._list_requests += _pages(len(names) + len(files))
         return names, files
 
@@ -202,20 +203,20 @@ class Store:
         :class:`ModelNotFound` when the store has neither, :class:`StoreUnavailable` when the
         store cannot be read within the fetch deadline.
         """
-        with self._lock:
+        with self._books_lock:
             self._readers[name] = self._readers.get(name, 0) + 1
         try:
             local = self._fetch_once(name)
             yield local
         finally:
-            with self._lock:
+            with self._books_lock:
                 self._readers[name] -= 1
                 if not self._readers[name]:
                     del self._readers[name]
 
     def stats(self) -> StoreStats:
         """The cache's bytes and models, and the fetches' counts, bytes and seconds."""
-        with self._lock:
+        with self._books_lock:
             return StoreStats(
                 url=self.url,
                 cache_dir=self.cache_dir,
@@ -234,25 +235,29 @@ class Store:
     # -- private -----------------------------------------------------------------------------
 
     def _fetch_once(self, name: str) -> str:
-        with self._lock:
-            flight = self._flights.get(name)
-            leader = flight is None
-            if flight is None:
-                flight = self._flights[name] = Future()
-        if not leader:
-            error = flight.exception()  # the leader's outcome, waited for
+        while True:
+            with self._books_lock:
+                flight = self._flights.get(name)
+                leader = flight is None
+                if flight is None:
+                    flight = self._flights[name] = Future()
+            if leader:
+                break
+            error = flight.exception()  # the other flight's outcome, waited for
             if error is not None:
                 raise fresh(error)
-            return self._local(name)
+            if flight.result():
+                return self._local(name)
+            # That was an eviction removing the model's files: fetch them again.
         try:
             self._sync(name)
         except BaseException as exc:
             flight.set_exception(exc)
             raise
         else:
-            flight.set_result(None)
+            flight.set_result(True)
         finally:
-            with self._lock:
+            with self._books_lock:
                 del self._flights[name]
         self._evict(keep=name)
         return self._local(name)
@@ -275,7 +280,7 @@ class Store:
                 for item in chunk:
                     relative = str(item["path"])[len(key) + 1 :]
                     listed[relative] = (str(item["e_tag"]), int(item["size"]))
-            with self._lock:
+            with self._books_lock:
                 self._list_requests += _pages(len(listed))
             bare = False
             if not listed:
@@ -312,17 +317,17 @@ class Store:
             total = sum(size for _, size in listed.values())
             self._write_manifest(name, bare, listed)
         except (ModelNotFound, ModelLoadError):
-            with self._lock:
+            with self._books_lock:
                 self._failures += 1
             raise
         except Exception as exc:
-            with self._lock:
+            with self._books_lock:
                 self._failures += 1
             raise StoreUnavailable(
                 f"model {name!r}: cannot fetch it from {self.url}: {self._reason(exc)}",
                 store=self.url,
             ) from exc
-        with self._lock:
+        with self._books_lock:
             self._cached[name] = _Cached(total, time.monotonic())
             if fetched:
                 self._fetches += 1
@@ -366,7 +371,7 @@ class Store:
     def _evict(self, keep: str) -> None:
         if self.cache_bytes is None:
             return
-        with self._lock:
+        with self._books_lock:
             total = sum(cached.size for cached in self._cached.values())
             if total <= self.cache_bytes:
                 return
@@ -380,12 +385,19 @@ class Store:
                 break
             if self.in_use(name):
                 continue
-            with self._lock:
+            with self._books_lock:
                 if name in self._flights or name in self._readers or name not in self._cached:
                     continue
                 total -= self._cached.pop(name).size
                 self._evictions += 1
+                # Its files are removed outside the lock; a reader waits for this flight.
+                eviction = self._flights[name] = Future()
+            try:
                 self._remove_files(name)
+            finally:
+                eviction.set_result(False)
+                with self._books_lock:
+                    del self._flights[name]
             logger.info("corral: evicted model %r from the cache of %s", name, self.url)
         if total > self.cache_bytes:
             logger.warning(
@@ -396,9 +408,10 @@ class Store:
             )
 
     def _forget(self, name: str) -> None:
-        with self._lock:
-            if self._cached.pop(name, None) is not None:
-                self._remove_files(name)
+        # Called inside the model's own flight: no other reader of its files can start.
+        with self._books_lock:
+            self._cached.pop(name, None)
+        self._remove_files(name)
 
     def _remove_files(self, name: str) -> None:
         shutil.rmtree(os.path.join(self.cache_dir, name), ignore_errors=True)
