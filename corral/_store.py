@@ -279,9 +279,18 @@ class Store:
             for chunk in obstore.list(self._store, key + "/", chunk_size=1000):
                 for item in chunk:
                     relative = str(item["path"])[len(key) + 1 :]
+                    _check_inside(name, relative, self.url)
                     listed[relative] = (str(item["e_tag"]), int(item["size"]))
             with self._books_lock:
                 self._list_requests += _pages(len(listed))
+            # A folder's marker (an empty object "<folder>/", which consoles make) is listed
+            # without its slash: a key that other keys are under is a folder, not a file.
+            folders = {
+                "/".join(parts[:depth])
+                for parts in (relative.split("/") for relative in listed)
+                for depth in range(1, len(parts))
+            }
+            listed = {k: v for k, v in listed.items() if not (v[1] == 0 and k in folders)}
             bare = False
             if not listed:
                 try:
@@ -467,6 +476,16 @@ class Store:
             if secret and len(secret) >= 8:  # a real one is 40 characters; "s" is no secret
                 text = text.replace(secret, "<secret>")
         return text
+
+
+def _check_inside(name: str, relative: str, url: str) -> None:
+    """Refuse a key that would be written outside the model's folder in the cache."""
+    parts = relative.split("/")
+    if "\\" in relative or any(part in ("", ".", "..") for part in parts):
+        raise ModelLoadError(
+            f"model {name!r} in {url}: the object {name}/{relative} cannot be copied into the "
+            "cache: its key has an empty, '.' or '..' part, or a backslash"
+        )
 
 
 def _pages(keys: int) -> int:

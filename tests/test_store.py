@@ -539,3 +539,20 @@ def test_importing_corral_or_serving_a_folder_does_not_import_the_store_library(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_a_key_that_would_leave_the_models_folder_is_refused_and_nothing_written(
+    s3, bucket, tmp_path
+):
+    name, client = bucket
+    put_model(client, name, "m")
+    client.put_object(Bucket=name, Key="repo/m/1/../../../escaped.txt", Body=b"x")
+    client.put_object(Bucket=name, Key="repo/ok/1/", Body=b"")  # a console's folder marker
+    put_model(client, name, "ok")
+    cache = tmp_path / "cache"
+    repo = Repository(f"s3://{name}/repo", cache_dir=cache)
+    # obstore refuses such a key itself while listing; corral would too (_check_inside).
+    with pytest.raises(corral.ModelLoadError, match=r"\.\."):
+        repo.entry("m")
+    assert not any(path.name == "escaped.txt" for path in tmp_path.rglob("*"))
+    assert 1 in repo.entry("ok").versions
