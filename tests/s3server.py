@@ -119,7 +119,7 @@ def running(log: Path) -> Iterator[S3Server]:
         stop(server)
 
 
-def client(server: S3Server):  # type: ignore[no-untyped-def]
+def client(server: S3Server):
     """A boto3 S3 client of the server (boto3 comes with moto)."""
     import boto3
 
