@@ -41,6 +41,7 @@ from corral._errors import (
     RuntimeClosed,
     RuntimeConfigError,
     SessionClosed,
+    StoreUnavailable,
     UploadRefused,
     UploadTooLarge,
 )
@@ -116,6 +117,7 @@ __all__ = [
     "Session",
     "SessionClosed",
     "SessionState",
+    "StoreUnavailable",
     "TensorSpec",
     "UploadRefused",
     "UploadTooLarge",

@@ -50,6 +50,7 @@ from corral._errors import (
     RunCancelled,
     RuntimeClosed,
     SessionClosed,
+    StoreUnavailable,
 )
 from corral._histogram import Histogram
 
@@ -96,6 +97,7 @@ _REASON_BY_CLASS: tuple[tuple[type[Exception], str], ...] = (
     (ModelNotFound, "not_found"),
     (InvalidModelName, "invalid_name"),
     (ProviderUnavailable, "provider_unavailable"),
+    (StoreUnavailable, "store_unavailable"),
     (ModelLoadError, "invalid_model"),
 )
 #: Every ``reason`` a failed load is counted under: a fixed set, never free text.

@@ -21,7 +21,8 @@
     │   │               │              not write
     │   │               └── UploadTooLarge  they would take the uploads past max_upload_bytes
     │   ├── ModelTooLarge      it alone is larger than the Host's whole memory budget
-    │   └── LoadTimeout        its load did not finish within the Host's load timeout
+    │   ├── LoadTimeout        its load did not finish within the Host's load timeout
+    │   └── StoreUnavailable   its files could not be fetched from the object store in time
     ├── SessionClosed          a run was asked of a Session after close() began
     ├── HostClosed             a request was made of a Host after close() began
     ├── InvalidInput           an input tensor is missing, unknown, or of the wrong dtype or shape
@@ -64,6 +65,7 @@ __all__ = [
     "RuntimeClosed",
     "RuntimeConfigError",
     "SessionClosed",
+    "StoreUnavailable",
     "UploadRefused",
     "UploadTooLarge",
 ]
@@ -177,6 +179,18 @@ class LoadTimeout(ModelLoadError):
     The load is marked failed (with the usual back-off) and its thread abandoned: whatever it
     builds, if it ever returns, is closed rather than served.
     """
+
+
+class StoreUnavailable(ModelLoadError):
+    """The object store could not be listed or read within the fetch's deadline; retry later.
+
+    The message names the repository URL and the reason, never a credential.
+    """
+
+    def __init__(self, message: str, *, store: str = "") -> None:
+        super().__init__(message)
+        #: The repository URL, as given (a copy, :func:`fresh`'s, keeps it too).
+        self.store = store
 
 
 class SessionClosed(CorralError):

@@ -26,6 +26,7 @@ from corral._counters import HostCounters, LatencyStats, RequestStats, request_f
 from corral._errors import (
     CorralError,
     DrainTimeout,
+    InvalidOption,
     LoadRequestInvalid,
     ModelConfigError,
     ModelInvalid,
@@ -73,13 +74,32 @@ class Host:
         options: HostOptions | None = None,
         **option_args: Unpack[HostOptionArgs],
     ) -> None:
-        self._repository = (
-            repository if isinstance(repository, Repository) else Repository(repository)
-        )
-        self._runtime = runtime if runtime is not None else _default_runtime()
         base = HostOptions() if options is None else options
         self._options = dataclasses.replace(base, **option_args) if option_args else base
+        cache = self._options.cache_dir is not None or self._options.cache_bytes is not None
+        if isinstance(repository, Repository) and cache:
+            raise InvalidOption(
+                "cache_dir and cache_bytes are the Repository's when it is made: give them to "
+                "Repository(...), or give the Host the repository's URL",
+                option="cache_dir" if self._options.cache_dir is not None else "cache_bytes",
+            )
+        self._repository = (
+            repository
+            if isinstance(repository, Repository)
+            else Repository(
+                repository,
+                cache_dir=self._options.cache_dir,
+                cache_bytes=self._options.cache_bytes_value,
+                # A model's fetch is part of its load: half its deadline, so that a store that
+                # hangs is answered as such (StoreUnavailable), not as a load that hung.
+                fetch_timeout_s=self._options.load_timeout_s / 2,
+            )
+        )
+        self._runtime = runtime if runtime is not None else _default_runtime()
         self._table = ModelTable(self._options)
+        if self._repository.store is not None:
+            # Never evict the cached files of a model loaded or loading.
+            self._repository.store.in_use = self._table.busy
         # The request path's one lookup, without a lock or a call (see corral._table).
         self._ready_map = self._table.ready_map
         # Per-version figures for the Host's life: they outlast evictions, unloads, reloads.

@@ -130,6 +130,20 @@ class HostOptions:
         "bytes the files uploaded by loads (file: parameters) may hold together on disk: "
         "bytes or a size like 1GiB; a load past it gets 413 / RESOURCE_EXHAUSTED",
     )
+    #: The folder a repository in object storage (``s3://...``) is copied into as its models
+    #: are read; None: a new temporary folder. Only for such a repository.
+    cache_dir: str | None = option(
+        None,
+        "the folder an s3:// repository's models are copied into as they are read "
+        "(kept across restarts); default: a new temporary folder",
+    )
+    #: Bytes that folder may hold: bytes, or a size like ``"10GiB"``; the least recently read
+    #: models not in use are removed past it. None: no cap. Only for such a repository.
+    cache_bytes: int | str | None = option(
+        None,
+        "bytes the cache of an s3:// repository may hold: bytes or a size like 10GiB; the "
+        "least recently read models not in use are removed past it",
+    )
     _budget_bytes: int | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
@@ -138,6 +152,15 @@ class HostOptions:
         if self.max_upload_bytes is not None:
             uploads = parse_bytes(self.max_upload_bytes, option="max_upload_bytes")
             object.__setattr__(self, "max_upload_bytes", uploads)
+        if self.cache_bytes is not None:
+            cache = parse_bytes(self.cache_bytes, option="cache_bytes")
+            object.__setattr__(self, "cache_bytes", cache)
+        if self.cache_dir is not None and (
+            not isinstance(self.cache_dir, str) or not self.cache_dir
+        ):
+            raise InvalidOption(
+                f"cache_dir must be a folder's path, got {self.cache_dir!r}", option="cache_dir"
+            )
         positive_int("max_loaded_models", self.max_loaded_models, optional=True)
         positive_int("load_concurrency", self.load_concurrency)
         positive_int("max_queue_per_model", self.max_queue_per_model)
@@ -201,6 +224,12 @@ class HostOptions:
         return None if value is None else parse_bytes(value, option="max_upload_bytes")
 
     @property
+    def cache_bytes_value(self) -> int | None:
+        """What the cache of a repository in object storage may hold, in bytes; None: no cap."""
+        value = self.cache_bytes
+        return None if value is None else parse_bytes(value, option="cache_bytes")
+
+    @property
     def limits(self) -> Limits:
         """The budget's caps, as the eviction rules take them."""
         return Limits(self._budget_bytes, self.max_loaded_models)
@@ -224,6 +253,8 @@ class HostOptionArgs(TypedDict, total=False):
     model_latency_histograms: int
     inline_run_us: int
     max_upload_bytes: int | str | None
+    cache_dir: str | None
+    cache_bytes: int | str | None
 
 
 @functools.cache

@@ -13,6 +13,10 @@ A root that looks like one model's folder instead (a version folder holding its
 ``model.onnx``, or a ``config.pbtxt`` or ``model.toml`` at the top) is refused, naming its
 parent: served, its version folders would be models of their own.
 
+The root may also be a URL in object storage (``s3://bucket/prefix``): its models are then
+listed from the store and each one's files copied into a local cache folder on first use
+(:mod:`corral._store`), where everything below reads them.
+
 The root may be a symlink (the usual ``current -> release-N`` deployment): it is resolved
 again on every listing and every entry read (one ``realpath``), so switching it takes effect
 at the next poll or cold load, and every check below is made against its current target.
@@ -54,6 +58,7 @@ from corral._confined import (
 )
 from corral._errors import (
     InvalidModelName,
+    InvalidOption,
     ModelConfigError,
     ModelInvalid,
     ModelLoadError,
@@ -65,6 +70,7 @@ from corral._ort import EXTENSIONS_LIBRARY
 from corral._overrides import ModelOverride
 from corral._pbtxt import CONFIG_PBTXT, parse_pbtxt
 from corral._problems import ProblemKind
+from corral._store import DEFAULT_FETCH_TIMEOUT_S, Store, is_store_url
 
 __all__ = [
     "MAX_CONFIG_BYTES",
@@ -199,7 +205,29 @@ class Repository:
             path = entry.versions[entry.latest].path
     """
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_bytes: int | None = None,
+        fetch_timeout_s: float = DEFAULT_FETCH_TIMEOUT_S,
+    ) -> None:
+        #: The object store the models come from (``s3://...``), or None: a local folder.
+        self.store: Store | None = None
+        if is_store_url(root):
+            # The store's models are read from their copies in the cache folder: listing one
+            # at start says at once whether the store can be reached.
+            assert isinstance(root, str)  # is_store_url takes only a str
+            self.store = Store(root, cache_dir, cache_bytes=cache_bytes, timeout_s=fetch_timeout_s)
+            self.store.names(first=True)
+            root = self.store.cache_dir
+        elif cache_dir is not None or cache_bytes is not None:
+            raise InvalidOption(
+                f"cache_dir and cache_bytes apply to a repository in object storage "
+                f"(s3://...), not to the folder {os.fspath(root)!r}",
+                option="cache_dir" if cache_dir is not None else "cache_bytes",
+            )
         given = os.fspath(root)
         real = os.path.realpath(given)
         if not os.path.exists(real):
@@ -224,6 +252,11 @@ class Repository:
         self._overrides: dict[str, ModelOverride] = {}
 
     @property
+    def url(self) -> str:
+        """Where the models come from, as given: the store's URL, or the folder."""
+        return self._given if self.store is None else self.store.url
+
+    @property
     def root(self) -> Path:
         """The repository's folder, symlinks resolved now: a switched symlink's new target."""
         return Path(self._resolve().real)
@@ -234,6 +267,8 @@ class Repository:
         return Path(self._given)
 
     def __repr__(self) -> str:
+        if self.store is not None:
+            return f"Repository({self.store.url!r}, cache {self._given!r})"
         with self._target_lock:
             target = self._target
         if target == self._given:
@@ -294,6 +329,8 @@ class Repository:
         with self._overrides_lock:
             found = {name for name, o in self._overrides.items() if o.folder is not None}
         invalid: list[str] = []
+        if self.store is not None:
+            return self._store_listing(found)
         root = self._resolve()
         try:
             with os.scandir(root.real) as listing:
@@ -318,7 +355,9 @@ class Repository:
 
         Raises :class:`InvalidModelName` for a name that cannot name a model,
         :class:`ModelNotFound` when neither ``<root>/<name>/`` nor ``<root>/<name>.onnx``
-        exists, and :class:`RepositoryError` when the root folder itself is gone. Every other
+        exists, and :class:`RepositoryError` when the root folder itself is gone; for a
+        repository in object storage, :class:`StoreUnavailable` when the model's files cannot
+        be fetched within the deadline (:mod:`corral._store`). Every other
         problem (a malformed model.toml, a path leading outside the root, no version at all) is
         reported in :attr:`ModelEntry.error`, never raised.
         """
@@ -332,7 +371,12 @@ class Repository:
             # Replaced while its folder was read (and the folder removed): read what is in
             # place now instead of answering with the files another load deleted.
             override = now
-        return self._repository_entry(name, override)
+        if self.store is None:
+            return self._repository_entry(name, override)
+        # The model's files are copied from the store (or found unchanged in the cache), then
+        # read as a local folder's; kept in the cache while they are read.
+        with self.store.opened(name):
+            return self._repository_entry(name, override)
 
     def is_current(self, entry: ModelEntry) -> bool:
         """Whether ``entry`` was read through the load's override in place now (or none).
@@ -397,6 +441,19 @@ class Repository:
         return entries
 
     # -- private -----------------------------------------------------------------------------
+
+    def _store_listing(self, found: set[str]) -> Listing:
+        assert self.store is not None
+        folders, files = self.store.names()
+        invalid: list[str] = []
+        for item, name in [(f, f) for f in folders] + [
+            (f, f[: -len(_BARE_SUFFIX)]) for f in files if f.endswith(_BARE_SUFFIX)
+        ]:
+            if _NAME_RE.fullmatch(name):
+                found.add(name)
+            elif not item.startswith("."):
+                invalid.append(item)
+        return Listing(sorted(found), sorted(invalid))
 
     @staticmethod
     def _model_name(item: os.DirEntry[str]) -> str | None:

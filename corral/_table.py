@@ -460,6 +460,15 @@ class ModelTable:
         with self._lock:
             return {key[1]: served for key, served in self._loaded.items() if key[0] == name}
 
+    def busy(self, name: str) -> bool:
+        """Whether a version of ``name`` is in service, loading, or retiring: its files in use."""
+        with self._lock:
+            return (
+                any(key[0] == name for key in self._loaded)
+                or any(key[0] == name for key in self._loading)
+                or any(served.name == name for served in self._retiring.values())
+            )
+
     def held(self) -> list[ServedVersion]:
         """Every version in service or retiring (not yet closed)."""
         with self._lock:

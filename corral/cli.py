@@ -34,6 +34,7 @@ from pathlib import Path
 
 from corral._declare import ENV_PREFIX
 from corral._errors import CorralError
+from corral._store import is_store_url
 from corral.cli_check import run_check
 from corral.cli_demo import run_demo
 from corral.cli_models import run_models
@@ -160,7 +161,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "report the ones that fail."
         ),
     )
-    models.add_argument("repository", type=Path, help="the repository's root folder")
+    models.add_argument(
+        "repository", type=_folder_or_url, help="the repository's root folder, or its s3:// URL"
+    )
     models.add_argument("--preload", action="store_true", help="load every model first")
     models.add_argument(
         "--memory-budget",
@@ -185,7 +188,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "estimated size and load time; a failed load is a problem too."
         ),
     )
-    check.add_argument("repository", type=Path, help="the repository's root folder")
+    check.add_argument(
+        "repository", type=_folder_or_url, help="the repository's root folder, or its s3:// URL"
+    )
     check.add_argument("--load", action="store_true", help="also load every model, one at a time")
     check.add_argument(
         "--memory-budget",
@@ -390,9 +395,14 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
 
     hints = typing.get_type_hints(RayServeConfig)
     for field in dataclasses.fields(RayServeConfig):
-        sized = field.name in ("memory_budget", "max_upload_bytes")
+        sized = field.name in ("memory_budget", "max_upload_bytes", "cache_bytes")
         convert = _size if sized else _text_to(hints[field.name])
         _add_ray_serve_flag(parser, field.name, convert, field.default, field.metadata["help"])
+
+
+def _folder_or_url(text: str) -> Path | str:
+    """A repository argument: a URL in object storage as it is, else a folder's path."""
+    return text if is_store_url(text) else Path(text)
 
 
 def _text_to(annotation: object) -> Callable[[str], object]:

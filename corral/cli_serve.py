@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from corral._errors import CorralError
+from corral._store import is_store_url
 from corral.cli_progress import exit_missing_extra
 
 __all__ = ["TRITON_SPELLINGS", "run_serve", "spelled"]
@@ -52,6 +53,8 @@ def _triton_spellings(args: argparse.Namespace, given: dict[str, Any]) -> str | 
 
 def _same_setting(setting: str, one: str, other: str | bool) -> bool:
     if setting == "repository":
+        if is_store_url(one) or is_store_url(other):
+            return one == other
         return Path(one).resolve() == Path(str(other)).resolve()
     if isinstance(other, bool):  # corral's --flag / --no-flag against Triton's =true / =false
         return (

@@ -62,6 +62,7 @@ def test_public_names_are_pinned():
             "Session",
             "SessionClosed",
             "SessionState",
+            "StoreUnavailable",
             "TensorSpec",
             "VersionPolicy",
             "VersionSettings",

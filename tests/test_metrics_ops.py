@@ -279,9 +279,10 @@ def test_every_error_class_maps_to_a_fixed_reason():
     assert load_failure_reason(corral.InvalidModelName("x")) == "invalid_name"
     assert load_failure_reason(corral.ProviderUnavailable("x")) == "provider_unavailable"
     assert load_failure_reason(corral.ModelLoadError("x")) == "invalid_model"
+    assert load_failure_reason(corral.StoreUnavailable("x")) == "store_unavailable"
     assert load_failure_reason(RuntimeError("free text never becomes a label")) == "other"
     assert load_failure_reason(corral.InferenceError("x")) == "other"
-    assert len(set(LOAD_FAILURE_REASONS)) == len(LOAD_FAILURE_REASONS) == 8
+    assert len(set(LOAD_FAILURE_REASONS)) == len(LOAD_FAILURE_REASONS) == 9
 
 
 @pytest.mark.timeout(60)

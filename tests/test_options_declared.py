@@ -45,6 +45,8 @@ def sample(option: Any) -> tuple[str, Any]:
         return str(number), number
     if kinds == {float}:
         return "2.5", 2.5
+    if kinds == {str}:  # a folder's path
+        return "/var/cache/corral", "/var/cache/corral"
     words = [word for word in kinds if isinstance(word, str) and word != option.default]
     if typing.get_origin(option.annotation) is typing.Literal and words:
         return words[0], words[0]

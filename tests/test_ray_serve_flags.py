@@ -31,6 +31,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "replica_cpus": ("0.5", 0.5),
     "memory_budget": ("2Gi", 2 * 1024**3),
     "max_upload_bytes": ("3Gi", 3 * 1024**3),
+    "cache_dir": ("/var/cache/corral", "/var/cache/corral"),
+    "cache_bytes": ("10Gi", 10 * 1024**3),
     "max_models_per_replica": ("-1", -1),
     "max_loaded_models": ("7", 7),
     "load_concurrency": ("3", 3),

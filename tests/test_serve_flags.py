@@ -30,6 +30,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "grpc_port": ("-1", -1),
     "memory_budget": ("2GiB", "2GiB"),
     "max_upload_bytes": ("2GiB", "2GiB"),
+    "cache_dir": ("/var/cache/corral", "/var/cache/corral"),
+    "cache_bytes": ("10GiB", "10GiB"),
     "max_loaded_models": ("7", 7),
     "load_concurrency": ("3", 3),
     "load_timeout_s": ("45", 45.0),

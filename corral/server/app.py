@@ -698,6 +698,10 @@ async def _check_repository(host: Host, settings: ServerSettings) -> bool:
     Runs before either server binds its port, on a worker thread: the event loop does not
     wait on the disk.
     """
+    if host.repository.store is not None and not settings.strict:
+        # A repository in object storage is not downloaded whole to be checked: its models
+        # are fetched on first use, and a model's problems are its load's error then.
+        return True
     # --strict refuses on every problem `corral check` finds: the model files are read too.
     problems = await asyncio.to_thread(host.check, read_model_files=settings.strict)
     if problems and settings.strict:

@@ -34,6 +34,11 @@ for no version the Host knows is counted by ``reason`` alone),
 ``corral_requests_refused_total{reason}``, ``corral_requests_expired_total``,
 ``corral_requests_cancelled_total``, ``corral_threads`` and ``corral_repository_problems``
 (by ``kind``: what the last repository check found);
+for a repository in object storage, ``corral_store_cache_bytes``, ``corral_store_cache_models``,
+``corral_store_cache_hits_total``, ``corral_store_fetches_total``,
+``corral_store_fetched_bytes_total``, ``corral_store_fetch_seconds_total``,
+``corral_store_fetch_failures_total``, ``corral_store_cache_evictions_total`` and
+``corral_store_list_requests_total``;
 and prometheus-client's standard process, platform and garbage-collector families
 (``process_*``, ``python_info``, ``python_gc_*``). Every label is bounded: model names and
 versions the Host has counted, and reasons from fixed sets.
@@ -193,6 +198,7 @@ class Metrics:
         self._registry = CollectorRegistry()
         self._registry.register(_HostCollector(plane.host))
         self._registry.register(_ProblemsCollector(plane.host))
+        self._registry.register(_StoreCollector(plane.host))
         # The standard families (process_*, python_info, python_gc_*), read at each scrape.
         ProcessCollector(registry=self._registry)
         PlatformCollector(registry=self._registry)
@@ -432,6 +438,58 @@ class _ProblemsCollector(Collector):
         for kind, count in counts.items():
             family.add_metric([kind.value], count)
         yield family
+
+
+class _StoreCollector(Collector):
+    """``corral_store_*``: the cache of a repository in object storage; none for a folder."""
+
+    def __init__(self, host: Host) -> None:
+        self._host = host
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the cache's gauges and the fetches' counters, read now."""
+        store = self._host.repository.store
+        if store is None:
+            return
+        stats = store.stats()
+        yield GaugeMetricFamily(
+            "corral_store_cache_bytes", "Bytes of model files in the cache", value=stats.bytes
+        )
+        yield GaugeMetricFamily(
+            "corral_store_cache_models", "Models with files in the cache", value=stats.models
+        )
+        yield CounterMetricFamily(
+            "corral_store_cache_hits",
+            "Reads of a model that found its cached files unchanged in the store",
+            value=stats.hits,
+        )
+        yield CounterMetricFamily(
+            "corral_store_fetches", "Reads of a model that fetched files", value=stats.fetches
+        )
+        yield CounterMetricFamily(
+            "corral_store_fetched_bytes", "Bytes fetched from the store", value=stats.fetched_bytes
+        )
+        yield CounterMetricFamily(
+            "corral_store_fetch_seconds",
+            "Seconds spent in reads of a model that fetched files",
+            value=stats.fetch_seconds,
+        )
+        yield CounterMetricFamily(
+            "corral_store_fetch_failures",
+            "Reads of a model that failed (the store unreachable or too slow, a model too large)",
+            value=stats.failures,
+        )
+        yield CounterMetricFamily(
+            "corral_store_list_requests",
+            "Listing requests made to the store (at start, for the index, and one or more per "
+            "model read: a poll makes one per model in use)",
+            value=stats.list_requests,
+        )
+        yield CounterMetricFamily(
+            "corral_store_cache_evictions",
+            "Models whose files were removed from the cache to stay under cache_bytes",
+            value=stats.evictions,
+        )
 
 
 class _RequestCollector(Collector):

@@ -37,6 +37,7 @@ from corral._errors import (
     RepositoryError,
     RuntimeClosed,
     SessionClosed,
+    StoreUnavailable,
     UploadRefused,
     UploadTooLarge,
 )
@@ -110,6 +111,8 @@ STATUS: dict[type[CorralError], int] = {
     RuntimeClosed: 503,
     SessionClosed: 503,
     DeadlineExceeded: 504,
+    # An object store that did not answer a model's fetch in time: retryable (Retry-After).
+    StoreUnavailable: 503,
     # An unload that waited its whole timeout for a hung load or for leases.
     DrainTimeout: 503,
     # Triton's codes for its shared memory extension.
@@ -126,6 +129,9 @@ STATUS: dict[type[CorralError], int] = {
 RETRY_AFTER_S = 1
 
 _RETRY_AFTER = ((b"retry-after", str(RETRY_AFTER_S).encode()),)
+#: How long a client whose model could not be fetched from the object store is told to wait.
+STORE_RETRY_AFTER_S = 5
+_STORE_RETRY_AFTER = ((b"retry-after", str(STORE_RETRY_AFTER_S).encode()),)
 
 
 class HttpError(Exception):
@@ -164,6 +170,8 @@ def error_answer(
     status = error_status(error) or 500
     if isinstance(error, HttpError):
         extra = error.headers
+    elif isinstance(error, StoreUnavailable):
+        extra = _STORE_RETRY_AFTER
     elif status == 503:
         # What may pass (the body budget, a load's storage or timeout, a closing server):
         # when to try again. Every permanent failure has another status.

@@ -35,6 +35,7 @@ from corral._budget import parse_bytes
 from corral._declare import ENV_PREFIX, declared
 from corral._options import HostOptions, edge_options
 from corral._runtime import RuntimeOptions
+from corral._store import is_store_url
 from corral.protocol.shm import DEFAULT_MAX_REGIONS
 from corral.server.origins import SitePolicy
 
@@ -88,8 +89,9 @@ class ServerSettings(_HostAndRuntimeOptions):
 
     # The Host's and the Runtime's options are _HostAndRuntimeOptions' fields, made from their
     # declaration; these are the server's own.
-    repository: Path = Field(
-        description="the model repository's folder: <name>/<version>/model.onnx or <name>.onnx"
+    repository: Path | str = Field(
+        description="the model repository's folder (<name>/<version>/model.onnx or "
+        "<name>.onnx), or its URL in object storage: s3://bucket/prefix"
     )
     host: str = Field("127.0.0.1", description="the address both servers bind")
     http_port: int = Field(8000, ge=0, le=65535, description="the HTTP port; 0: any free port")
@@ -305,6 +307,14 @@ class ServerSettings(_HostAndRuntimeOptions):
                     "leave the option out to serve without a token"
                 )
         return value
+
+    @field_validator("repository", mode="before")
+    @classmethod
+    def _folder_or_url(cls, value: object) -> object:
+        # A URL stays text (a Path would fold its "//"); anything else is a folder's path.
+        if isinstance(value, str) and is_store_url(value):
+            return value
+        return Path(value) if isinstance(value, str) else value
 
     @field_validator(*SIZE_FIELDS, mode="before")
     @classmethod

@@ -46,6 +46,7 @@ from typing import Any
 from corral import __version__
 from corral._counters import REQUEST_SECONDS_BUCKETS, LatencyStats, RequestStats
 from corral._events import Event, EventKind
+from corral._host import Host
 from corral._scheduler import QueueKey, QueueStats
 from corral._status import ModelState, ModelStatus, VersionSettings
 from corral.protocol.dataplane import DataPlane, run_blocking
@@ -550,7 +551,28 @@ class StatusBoard:
             "evictions": stats.evictions,
             "unloads": stats.unloads,
             "reloads": stats.reloads,
+            "cache": _cache(host),
         }
+
+
+def _cache(host: Host) -> dict[str, object] | None:
+    """The cache of a repository in object storage, as the page shows it; None for a folder."""
+    store = host.repository.store
+    if store is None:
+        return None
+    stats = store.stats()
+    return {
+        "url": stats.url,
+        "bytes": stats.bytes,
+        "cache_bytes": stats.cache_bytes,
+        "models": stats.models,
+        "hits": stats.hits,
+        "fetches": stats.fetches,
+        "fetched_bytes": stats.fetched_bytes,
+        "failures": stats.failures,
+        "evictions": stats.evictions,
+        "list_requests": stats.list_requests,
+    }
 
 
 def _model_figures(old: _ModelSnapshot, new: _ModelSnapshot) -> _Figures:

@@ -124,6 +124,13 @@ function draw(doc) {
     ["loads", s.loads], ["load failures", s.load_failures], ["evictions", s.evictions],
   ];
   const titles = { "p50 ms": bucketTitle(s.p50_bucket_ms), "p99 ms": bucketTitle(s.p99_bucket_ms) };
+  const c = s.cache;  // a repository in object storage: its local cache
+  if (c) {
+    cards.push(
+      ["cache", bytes(c.bytes) + (c.cache_bytes === null ? "" : " / " + bytes(c.cache_bytes))],
+      ["store fetches", c.fetches + " (" + c.failures + " failed)"], ["cache hits", c.hits],
+    );
+  }
   const figures = $("figures");
   figures.replaceChildren(...cards.map(([label, value]) => {
     const card = element("div", undefined, "card");
