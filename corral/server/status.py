@@ -39,12 +39,12 @@ import threading
 import time
 import urllib.parse
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from corral import __version__
-from corral._counters import REQUEST_SECONDS_BUCKETS, LatencyStats, RequestStats
+from corral._counters import LatencyStats, RequestStats
 from corral._events import Event, EventKind
 from corral._host import Host
 from corral._scheduler import QueueKey, QueueStats
@@ -53,6 +53,7 @@ from corral.protocol.dataplane import DataPlane, run_blocking
 from corral.protocol.metadata import reported_max_batch_size
 from corral.server.documents import version_policy_doc
 from corral.server.metrics import process_threads
+from corral.server.quantiles import Quantile, counts_between, quantile
 
 __all__ = [
     "CONFIG_NOTE",
@@ -213,27 +214,6 @@ class _ModelSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
-class Quantile:
-    """A quantile of a latency histogram, estimated as Prometheus' ``histogram_quantile`` does.
-
-    The histogram only says how many requests fell in each bucket; within the bucket the
-    quantile falls in, requests are taken as spread evenly, so the estimate is linear there.
-    """
-
-    #: The estimate, in seconds.
-    seconds: float
-    #: The bucket it falls in: above ``lower_s``, at most ``upper_s`` (``math.inf`` for the
-    #: bucket above every bound, where the estimate is its lower bound, as Prometheus gives it).
-    lower_s: float
-    upper_s: float
-
-    def document(self) -> dict[str, float | None]:
-        """As the status document gives it: milliseconds, None for an unbounded top."""
-        upper = None if math.isinf(self.upper_s) else self.upper_s * 1000
-        return {"ms": self.seconds * 1000, "lower_ms": self.lower_s * 1000, "upper_ms": upper}
-
-
-@dataclass(frozen=True, slots=True)
 class _ModelFigures:
     requests_per_s: float
     errors_per_s: float
@@ -253,8 +233,6 @@ class _ModelFigures:
 
 _NO_REQUESTS = RequestStats()
 _NO_LATENCY = LatencyStats(0, 0.0, ())
-#: The latency buckets' bounds, and the last one's: every request above them.
-_BOUNDS = (*REQUEST_SECONDS_BUCKETS, math.inf)
 _NO_FIGURES = _ModelFigures(0.0, 0.0, None, None, None, 0)
 
 
@@ -273,49 +251,6 @@ class _Figures:
 
 
 _NO_WINDOW = _Figures(None, {}, {})
-
-
-def quantile(counts: Sequence[int], fraction: float) -> Quantile | None:
-    """The ``fraction`` quantile of ``counts``, as Prometheus' ``histogram_quantile`` gives it.
-
-    ``counts`` is per bucket of :data:`~corral._counters.REQUEST_SECONDS_BUCKETS`, and a last
-    one for the requests above them; None when it counts nothing. The bucket the quantile's
-    rank falls in is found, and the estimate is linear within it (the first bucket starts at
-    0); in the bucket above every bound, it is the highest bound.
-
-    >>> quantile([0, 0, 0, 4] + [0] * 11, 0.5).seconds  # 4 requests in (2.5 ms, 5 ms]
-    0.00375
-    """
-    total = sum(counts)
-    if total == 0:
-        return None
-    rank = fraction * total
-    # The first bucket with a count that reaches the rank: the last with a count reaches the
-    # whole total, so the walk stops there at the latest.
-    below = index = 0
-    while not counts[index] or below + counts[index] < rank:
-        below += counts[index]
-        index += 1
-    count, upper = counts[index], _BOUNDS[index]
-    lower = _BOUNDS[index - 1] if index else 0.0
-    if math.isinf(upper):
-        return Quantile(lower, lower, upper)
-    return Quantile(lower + (upper - lower) * (rank - below) / count, lower, upper)
-
-
-def _counts_between(new: LatencyStats, old: LatencyStats) -> list[int]:
-    """Requests per bucket (the last: above every bound) counted between two reads."""
-    return [a - b for a, b in zip(_per_bucket(new), _per_bucket(old), strict=True)]
-
-
-def _per_bucket(stats: LatencyStats) -> list[int]:
-    counts = [0] * len(_BOUNDS)
-    below = 0
-    for index, (_, cumulative) in enumerate(stats.buckets):
-        counts[index] = cumulative - below
-        below = cumulative
-    counts[-1] = stats.count - below
-    return counts
 
 
 def _ms(estimate: Quantile | None) -> float | None:
@@ -521,7 +456,7 @@ class StatusBoard:
             seconds = latest.monotonic - first.monotonic
             new, old = latest.latency, first.latency
             rate = (new.count - old.count) / seconds
-            durations = _counts_between(new, old)
+            durations = counts_between(new, old)
             p50, p99 = quantile(durations, 0.5), quantile(durations, 0.99)
         # Failures are counted per version (a failed load's included), and apart for no
         # version known: over the models' window.
@@ -590,7 +525,7 @@ def _model_figures(old: _ModelSnapshot, new: _ModelSnapshot) -> _Figures:
             errors = (requests.fail_count - before.fail_count) / seconds
             latency = new.latency.get(key)
             if latency is not None:
-                durations = _counts_between(latency, old.latency.get(key, _NO_LATENCY))
+                durations = counts_between(latency, old.latency.get(key, _NO_LATENCY))
                 p50, p99 = quantile(durations, 0.5), quantile(durations, 0.99)
         if queue is not None:
             runs = queue.runs - (before_queue.runs if before_queue is not None else 0)
@@ -784,7 +719,7 @@ def _history(samples: list[Sample], interval: float) -> dict[str, Any]:
             continue
         times.append(new.time)
         rates.append((new.latency.count - old.latency.count) / seconds)
-        durations = _counts_between(new.latency, old.latency)
+        durations = counts_between(new.latency, old.latency)
         p99s.append(_ms(quantile(durations, 0.99)))
         memory.append(new.memory_used_bytes)
     return {
