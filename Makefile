@@ -130,8 +130,9 @@ PYTHONS_TESTS := $(MIN_TESTS) $(CONTRACT_TESTS) tests/test_gc_freeze.py tests/te
 	tests/test_dataplane.py tests/test_direct_infer.py tests/test_shared_memory.py \
 	tests/test_body_budget.py tests/test_metrics.py
 
+# VERSIONS=3.14 tries versions not claimed yet instead.
 test-pythons:
-	$(PYTHON) scripts/test_pythons.py claimed $(PYTHONS_TESTS)
+	$(PYTHON) scripts/test_pythons.py claimed $(if $(VERSIONS),--versions $(VERSIONS)) $(PYTHONS_TESTS)
 
 # A free-threaded CPython (python3.14t, else python3.13t, on the PATH or under pyenv), in
 # .venv-py3.Xt with the core's dependencies only (orjson and grpcio have no free-threaded

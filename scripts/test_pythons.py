@@ -3,6 +3,7 @@
 Usage (``make test-pythons`` and ``make test-ft`` pass the tests)::
 
     python scripts/test_pythons.py claimed TESTS...        # every version pyproject.toml lists
+    python scripts/test_pythons.py claimed --versions 3.13 TESTS...  # one not claimed yet
     python scripts/test_pythons.py free-threaded TESTS...  # python3.14t or python3.13t
 
 ``claimed`` reads the ``Programming Language :: Python :: 3.X`` classifiers of pyproject.toml,
@@ -126,10 +127,10 @@ def pytest(python: Path, tests: list[str], env: dict[str, str] | None = None) ->
     return subprocess.run([*command, *tests], cwd=ROOT, env=env, check=False).returncode == 0
 
 
-def run_claimed(tests: list[str]) -> int:
-    """Every claimed version, one after the other; 0 only if all were found and passed."""
+def run_claimed(tests: list[str], versions: list[str] | None = None) -> int:
+    """Every claimed version (or ``versions``), in turn; 0 only if all were found and passed."""
     results: list[tuple[str, str]] = []
-    for version in claimed_versions(ROOT / "pyproject.toml"):
+    for version in versions or claimed_versions(ROOT / "pyproject.toml"):
         interpreter = find(version, free_threaded=False)
         if interpreter is None:
             results.append((version, f"NOT FOUND: no python{version} on the PATH or in pyenv"))
@@ -138,7 +139,8 @@ def run_claimed(tests: list[str]) -> int:
         python = venv(interpreter, ["-e", ".[dev]"], binary_only=False)
         passed = pytest(python, tests)
         results.append((version, f"{'passed' if passed else 'FAILED'} ({interpreter.path})"))
-    print(f"\n{len(tests)} test files on each version pyproject.toml claims:")
+    asked = "the versions asked" if versions else "each version pyproject.toml claims"
+    print(f"\n{len(tests)} test files on {asked}:")
     for version, result in results:
         print(f"  CPython {version}: {result}")
     return 0 if all(r.startswith("passed") for _, r in results) else 1
@@ -192,10 +194,15 @@ def main() -> int:
     """Parse the arguments and run the mode asked for."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=["claimed", "free-threaded"])
+    parser.add_argument(
+        "--versions",
+        type=lambda text: text.split(","),
+        help="claimed: these 3.X versions, not pyproject.toml's (to try one before claiming it)",
+    )
     parser.add_argument("tests", nargs="+", help="test files or node ids, as pytest takes them")
     args = parser.parse_args()
     if args.mode == "claimed":
-        return run_claimed(args.tests)
+        return run_claimed(args.tests, args.versions)
     return run_free_threaded(args.tests)
 
 
