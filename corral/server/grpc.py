@@ -198,17 +198,33 @@ async def _answer(
         if code is None:
             logger.exception("corral: gRPC %s failed", handler.__name__)
             code = grpc.StatusCode.INTERNAL
-        # The error travels on as the abort's __context__; its frames would keep this
-        # call's context and request alive, in a cycle, until a garbage collection.
-        exc.__traceback__ = None
+        _drop_frames(exc)
         # Told without the server's folders (the log keeps the whole text).
         await context.abort(code, servicer._plane.public_text(str(exc)))
     except Exception as exc:
         logger.exception("corral: gRPC %s failed", handler.__name__)
+        _drop_frames(exc)
         await context.abort(
             grpc.StatusCode.INTERNAL, servicer._plane.public_text(f"internal error: {exc!r}")
         )
     raise AssertionError("unreachable: context.abort raises")  # for mypy
+
+
+def _drop_frames(error: BaseException) -> None:
+    """Clear the tracebacks of ``error`` and of the errors it was raised from or during.
+
+    The error travels on as the abort's ``__context__``. Its frames, and those of its causes
+    (a load's error, re-raised through this call's coroutines), reach this call's context and
+    request, which they would keep alive until a garbage collection, or longer: since Python
+    3.12 a finished frame also keeps the frame that called it, up to the handler's. The log
+    line, written before, has the whole traceback.
+    """
+    seen: set[int] = set()
+    link: BaseException | None = error
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        link.__traceback__ = None
+        link = link.__cause__ or link.__context__
 
 
 def _names_request_id(context: _Context) -> bool:
