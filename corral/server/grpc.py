@@ -215,9 +215,9 @@ def _drop_frames(error: BaseException) -> None:
 
     The error travels on as the abort's ``__context__``. Its frames, and those of its causes
     (a load's error, re-raised through this call's coroutines), reach this call's context and
-    request, which they would keep alive until a garbage collection, or longer: since Python
-    3.12 a finished frame also keeps the frame that called it, up to the handler's. The log
-    line, written before, has the whole traceback.
+    request, which they would keep alive until a garbage collection, or longer: on Python 3.12
+    and 3.13 a load error's cause kept the call's frames, and with them the server, alive
+    past the call (3.11 freed them). The log line, written before, has the whole traceback.
     """
     seen: set[int] = set()
     link: BaseException | None = error
