@@ -52,6 +52,7 @@ from corral._errors import (
     SessionClosed,
     UploadRefused,
     UploadTooLarge,
+    drop_frames,
 )
 from corral.protocol import grpc_codec
 from corral.protocol.costs import DecodeAllowance, RequestTooLarge
@@ -198,33 +199,16 @@ async def _answer(
         if code is None:
             logger.exception("corral: gRPC %s failed", handler.__name__)
             code = grpc.StatusCode.INTERNAL
-        _drop_frames(exc)
+        drop_frames(exc)  # it travels on as the abort's __context__
         # Told without the server's folders (the log keeps the whole text).
         await context.abort(code, servicer._plane.public_text(str(exc)))
     except Exception as exc:
         logger.exception("corral: gRPC %s failed", handler.__name__)
-        _drop_frames(exc)
+        drop_frames(exc)
         await context.abort(
             grpc.StatusCode.INTERNAL, servicer._plane.public_text(f"internal error: {exc!r}")
         )
     raise AssertionError("unreachable: context.abort raises")  # for mypy
-
-
-def _drop_frames(error: BaseException) -> None:
-    """Clear the tracebacks of ``error`` and of the errors it was raised from or during.
-
-    The error travels on as the abort's ``__context__``. Its frames, and those of its causes
-    (a load's error, re-raised through this call's coroutines), reach this call's context and
-    request, which they would keep alive until a garbage collection, or longer: on Python 3.12
-    and 3.13 a load error's cause kept the call's frames, and with them the server, alive
-    past the call (3.11 freed them). The log line, written before, has the whole traceback.
-    """
-    seen: set[int] = set()
-    link: BaseException | None = error
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
-        link.__traceback__ = None
-        link = link.__cause__ or link.__context__
 
 
 def _names_request_id(context: _Context) -> bool:
