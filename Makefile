@@ -16,7 +16,7 @@ COVERAGE_FLOOR := 96.6
 # `make serve` builds this demo repository of 1,000 tiny models once, then serves it.
 DEMO_REPOSITORY := demo-models
 
-.PHONY: help venv tools lint typecheck test test-min soak serve demo bench bench-quick bench-create \
+.PHONY: help venv tools lint typecheck test test-min test-pythons test-ft soak serve demo bench bench-quick bench-create \
 	bench-footprint bench-scenarios bench-http bench-edge bench-ray bench-real triton-peer proto clean
 
 help:
@@ -25,6 +25,8 @@ help:
 	@echo "make test             lint, type-check and run the test suite with coverage"
 	@echo "make soak             the long stress variants (not part of make test)"
 	@echo "make test-min         the core, server and gRPC tests on the lowest versions pyproject allows"
+	@echo "make test-pythons     the core, server and contract tests on every CPython pyproject claims"
+	@echo "make test-ft          the core and contract tests on a free-threaded CPython (3.14t/3.13t), if found"
 	@echo "make bench-create     serialized vs parallel session construction, side by side"
 	@echo "make bench-footprint  threads, RSS and load time for 100 / 1,000 / 10,000 models"
 	@echo "make bench-scenarios  requests/s: shared and per-thread sessions vs corral, 1 to 32 callers"
@@ -114,6 +116,38 @@ test-min:
 	$(MIN_VENV)/bin/python -m pip list 2>/dev/null | grep -Ei '^(onnxruntime|numpy|protobuf|grpcio|uvicorn|orjson|prometheus|pydantic|onnx )'
 	$(MIN_VENV)/bin/python -m pytest -m "not soak" -q $(MIN_TESTS) $(MIN_DESELECT)
 
+# Every CPython the classifiers of pyproject.toml claim, found as python3.X on the PATH or under
+# pyenv, each in its .venv-py3.X with the dev extra: the core, model.toml / config.pbtxt, both
+# servers, the CLI (--version's GIL) and the rows of docs/thread-safety.md's contract that
+# concern them. Left out: Ray (its own cluster, minutes per test), the benchmarks' smoke tests,
+# the browser, perf_analyzer, packaging, deploy and docs checks (none depends on the version
+# of Python running them). Fails when a claimed version is missing or fails. Not part of
+# `make test` (CI has one Python); about 10 minutes per version on 2 busy cores.
+CONTRACT_TESTS := tests/test_concurrency.py tests/test_exit.py tests/test_api.py \
+	tests/test_scheduler.py tests/test_loader.py tests/test_inline_lane.py tests/test_table.py \
+	tests/test_arrival_order.py tests/test_interpreter.py
+PYTHONS_TESTS := $(MIN_TESTS) $(CONTRACT_TESTS) tests/test_gc_freeze.py tests/test_cli.py \
+	tests/test_dataplane.py tests/test_direct_infer.py tests/test_shared_memory.py \
+	tests/test_body_budget.py tests/test_metrics.py
+
+# VERSIONS=3.14 tries versions not claimed yet instead.
+test-pythons:
+	$(PYTHON) scripts/test_pythons.py claimed $(if $(VERSIONS),--versions $(VERSIONS)) $(PYTHONS_TESTS)
+
+# A free-threaded CPython (python3.14t, else python3.13t, on the PATH or under pyenv), in
+# .venv-py3.Xt with the core's dependencies only (orjson and grpcio have no free-threaded
+# wheels: docs/thread-safety.md), and the core's and the contract's tests. Fails if importing
+# corral and its dependencies re-enables the GIL, and fails, saying that nothing was tested,
+# when no such interpreter is found: a test target that ran nothing must not read as a pass.
+# The files below import neither the server nor a client (test_pbtxt.py and test_inline_lane.py
+# do, in some tests).
+FT_TESTS := tests/test_config.py tests/test_session.py tests/test_runtime.py tests/test_host.py \
+	tests/test_concurrency.py tests/test_exit.py tests/test_api.py tests/test_scheduler.py \
+	tests/test_loader.py tests/test_table.py tests/test_arrival_order.py tests/test_interpreter.py
+
+test-ft:
+	$(PYTHON) scripts/test_pythons.py free-threaded $(FT_TESTS)
+
 demo: $(STAMP)
 	$(BIN)/corral demo
 
@@ -199,5 +233,5 @@ bench-ray: $(STAMP) tools
 	$(BIN)/python benchmarks/render_ray.py benchmarks/results/ray.json docs/scale-out.md
 
 clean:
-	rm -rf $(VENV) $(SERVE_VENV) $(MIN_VENV) .pytest_cache .mypy_cache .ruff_cache .coverage htmlcov \
+	rm -rf $(VENV) $(SERVE_VENV) $(MIN_VENV) .venv-py3.* .pytest_cache .mypy_cache .ruff_cache .coverage htmlcov \
 		$(DEMO_REPOSITORY) $(DEMO_REPOSITORY).partial

@@ -250,7 +250,8 @@ class InlineLane:
 
 # Garbage collections started in this process, counted once a version is in the lane (a
 # gc callback, registered once, under its lock). A list, so that the callback needs no global
-# statement; a collection runs under the interpreter's own lock, one at a time.
+# statement. Only the collecting thread writes it, one collection at a time (under the GIL, or
+# with the world stopped on a free-threaded build); the request path only compares it.
 _collections = [0]
 _collections_lock = threading.Lock()  # guards registering the callback, once
 _counting = False

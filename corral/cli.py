@@ -231,17 +231,20 @@ def version_line() -> str:
 
     Example::
 
-        corral 0.1.0 (onnxruntime 1.24.1, numpy 2.3.5, CPython 3.11.14)
-    """
-    import platform
+        corral 0.1.0 (onnxruntime 1.24.1, numpy 2.3.5, CPython 3.11.14, GIL enabled)
 
+    The interpreter's part (:func:`corral._interpreter.describe_interpreter`) is read after
+    onnxruntime and numpy are imported: on a free-threaded build, an import may re-enable the
+    GIL, and the line says what runs, not what started.
+    """
     import numpy
     import onnxruntime
 
-    python = f"{platform.python_implementation()} {platform.python_version()}"
+    from corral._interpreter import describe_interpreter
+
     return (
         f"corral {_corral_version()} (onnxruntime {onnxruntime.__version__}, "
-        f"numpy {numpy.__version__}, {python})"
+        f"numpy {numpy.__version__}, {describe_interpreter()})"
     )
 
 

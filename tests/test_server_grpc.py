@@ -13,7 +13,6 @@ import contextlib
 import logging
 import subprocess
 import sys
-import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -714,9 +713,9 @@ def test_an_unexpected_exception_is_internal_and_logged(
         assert "gRPC ServerMetadata failed" in caplog.text
         for record in caplog.records:
             # The logged traceback holds the call's frames; pytest keeps the record past this
-            # test's teardown, and with it grpc's poller thread.
-            if record.exc_info and record.exc_info[2] is not None:
-                traceback.clear_frames(record.exc_info[2])
+            # test's teardown, and with it grpc's poller thread. Clearing the frames' locals
+            # was enough on Python 3.11, not on 3.12 and 3.13: the record keeps no traceback.
+            record.exc_info = None
 
     run(datatypes_repo, scenario)
 

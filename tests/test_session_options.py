@@ -18,6 +18,7 @@ import pytest
 import corral
 from corral import _ort
 from corral._config import ModelConfig
+from corral._interpreter import describe_interpreter
 from tests.helpers import add_model
 
 SOURCE = "m/model.toml"
@@ -272,6 +273,8 @@ def test_corral_serve_runs_per_session_pools_and_logs_its_onnxruntime(tmp_path: 
         stop_server(served)
     log = served.log.read_text()
     summary = next(line for line in log.splitlines() if " serving " in line)
+    # Which Python serves, and whether its GIL is enabled (the same interpreter as this one).
+    assert f" on {describe_interpreter()}: " in summary
     assert "from onnxruntime with " in summary
     assert "CPUExecutionProvider" in summary
     assert "per_session thread pools of 1 intra-op thread(s)" in summary

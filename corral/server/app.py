@@ -40,6 +40,7 @@ from typing import Any
 from corral import __version__, _ort
 from corral._errors import DrainTimeout, ModelLoadError
 from corral._host import Host
+from corral._interpreter import describe_interpreter
 from corral._runtime import Runtime, RuntimeOptions
 from corral.protocol.control import ControlThreads
 from corral.protocol.dataplane import DataPlane
@@ -732,11 +733,12 @@ def _log_summary(
     budget = "none" if stats.memory_budget is None else f"{stats.memory_budget:,} bytes"
     grpc = "off" if addresses.grpc_port is None else f"{addresses.host}:{addresses.grpc_port}"
     logger.info(
-        "corral %s serving %s: %d models in the repository, HTTP on %s:%d, gRPC %s, "
+        "corral %s serving %s on %s: %d models in the repository, HTTP on %s:%d, gRPC %s, "
         "memory budget %s, %d compute workers, %s, open-file limit %d, "
         "at most %d HTTP%s connections%s%s",
         __version__,
         settings.repository,
+        describe_interpreter(),
         len(host.repository.names()),
         addresses.host,
         addresses.http_port,

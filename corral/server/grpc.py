@@ -55,6 +55,7 @@ from corral._errors import (
     SessionClosed,
     UploadRefused,
     UploadTooLarge,
+    drop_frames,
 )
 from corral.protocol import grpc_codec
 from corral.protocol.costs import DecodeAllowance, RequestTooLarge
@@ -208,13 +209,12 @@ async def _answer(
         if code is None:
             logger.exception("corral: gRPC %s failed", handler.__name__)
             code = grpc.StatusCode.INTERNAL
-        # The error travels on as the abort's __context__; its frames would keep this
-        # call's context and request alive, in a cycle, until a garbage collection.
-        exc.__traceback__ = None
+        drop_frames(exc)  # it travels on as the abort's __context__
         # Told without the server's folders (the log keeps the whole text).
         await context.abort(code, servicer._plane.public_text(str(exc)))
     except Exception as exc:
         logger.exception("corral: gRPC %s failed", handler.__name__)
+        drop_frames(exc)
         await context.abort(
             grpc.StatusCode.INTERNAL, servicer._plane.public_text(f"internal error: {exc!r}")
         )

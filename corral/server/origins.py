@@ -122,7 +122,8 @@ class SitePolicy:
         self._names = frozenset(names)
         self._suffixes = tuple(suffixes)
         # Raw Host values found allowed (no lock: a set's add and lookup are atomic under the
-        # GIL, and a value added twice or missed is only parsed again).
+        # GIL, and on a free-threaded build, which locks each set; a value added twice or
+        # missed is only parsed again).
         self._known: set[bytes] = set()
         #: The names, as an error message lists them.
         self.described = ", ".join([*sorted(names), *(f"*{s}" for s in suffixes)]) or "none"
