@@ -636,3 +636,13 @@ def test_replicas_of_a_store_cache_in_subfolders_they_claimed(s3, bucket, tmp_pa
     folder, claim = replica_module.claim_cache_folder(str(cache))
     os.close(claim)
     assert folder == str(cache / "replica-0")
+
+
+def test_a_models_latest_bytes_from_a_store_that_is_down_name_the_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{s3server.free_port()}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3server.KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3server.SECRET)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    store = Store("s3://models/repo", tmp_path / "cache", timeout_s=3)
+    with pytest.raises(StoreUnavailable, match=r"model 'a': cannot list it in s3://models/repo"):
+        store.latest_bytes("a")
