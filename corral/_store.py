@@ -214,6 +214,40 @@ class Store:
                 if not self._readers[name]:
                     del self._readers[name]
 
+    def latest_bytes(self, name: str) -> int | None:
+        """Bytes of model ``name``'s latest version as the store lists them, fetching nothing.
+
+        The files under its highest-numbered version folder (the model file and any external
+        data), or the bare ``<name>.onnx``; None when the store holds neither. One listing
+        request per 1,000 of the model's files, and one HEAD for a bare model. Raises
+        :class:`StoreUnavailable` naming the URL when the store cannot be read.
+        """
+        import obstore
+
+        key = f"{self._prefix}{name}"
+        try:
+            versions: dict[int, int] = {}
+            listed = 0
+            for chunk in obstore.list(self._store, key + "/", chunk_size=1000):
+                for item in chunk:
+                    listed += 1
+                    version, _, rest = str(item["path"])[len(key) + 1 :].partition("/")
+                    if rest and version.isdigit() and not version.startswith("0"):
+                        versions[int(version)] = versions.get(int(version), 0) + int(item["size"])
+            with self._books_lock:
+                self._list_requests += _pages(listed)
+            if listed:
+                return versions[max(versions)] if versions else None
+            try:
+                return int(obstore.head(self._store, key + ".onnx")["size"])
+            except FileNotFoundError:
+                return None
+        except Exception as exc:
+            raise StoreUnavailable(
+                f"model {name!r}: cannot list it in {self.url}: {self._reason(exc)}",
+                store=self.url,
+            ) from exc
+
     def stats(self) -> StoreStats:
         """The cache's bytes and models, and the fetches' counts, bytes and seconds."""
         with self._books_lock:

@@ -112,12 +112,17 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "with its own Host and memory budget; Ray routes each model to a replica that has "
             "it. Without --address, starts a local Ray node on 127.0.0.1 (no dashboard, no "
             "usage report). SIGTERM or SIGINT removes the application (and the local node) "
-            "and exits 0. The repository must be readable at the same path on every node. "
+            "and exits 0. A repository folder must be readable at the same path on every node; "
+            "an s3:// URL is read by each replica into a cache folder of its own. "
             "Every option --NAME can also be set with the environment variable CORRAL_NAME "
             "(dashes as underscores), as each option's help says; options given here win."
         ),
     )
-    ray_serve.add_argument("repository", type=Path, help="the repository's root folder")
+    ray_serve.add_argument(
+        "repository",
+        type=_folder_or_url,
+        help="the repository's root folder, or its s3:// URL (each replica then caches its models)",
+    )
     if command == "ray-serve":  # the flags import Ray and read CORRAL_*: only when asked for
         for name, convert, default, help_text in RAY_SERVE_OPTIONS:
             _add_ray_serve_flag(ray_serve, name, convert, default, help_text)

@@ -52,13 +52,24 @@ def run_ray_serve(args: argparse.Namespace) -> int:
     import logging
 
     from corral.ray import RayServeConfig, serve_on_ray
+    from corral.ray._config import check_cache_options
 
-    config = RayServeConfig(
-        **{field.name: getattr(args, field.name) for field in dataclasses.fields(RayServeConfig)}
-    )
-    repository = args.repository.resolve()
-    if not repository.is_dir():
-        raise ValueError(f"{args.repository} is not a folder")
+    values = {field.name: getattr(args, field.name) for field in dataclasses.fields(RayServeConfig)}
+    if values["cache_dir"] is not None:
+        # The replicas' working folder is Ray's, not this one's.
+        values["cache_dir"] = os.path.abspath(values["cache_dir"])
+    config = RayServeConfig(**values)
+    repository: str
+    if isinstance(args.repository, str):
+        # In object storage: each replica reads the URL itself (its credentials and endpoint
+        # come from the replica's environment, which a local Ray node inherits from here).
+        repository = args.repository
+    else:
+        folder = args.repository.resolve()
+        if not folder.is_dir():
+            raise ValueError(f"{args.repository} is not a folder")
+        repository = str(folder)
+    check_cache_options(repository, config)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -76,7 +87,7 @@ def run_ray_serve(args: argparse.Namespace) -> int:
         print(f"corral ray-serve: serving {repository} at {url}", flush=True)
 
     return serve_on_ray(
-        str(repository),
+        repository,
         config,
         address=args.address,
         host=args.host,

@@ -14,6 +14,7 @@ import collections
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -80,7 +81,9 @@ def listening_addresses(pid: int) -> set[tuple[str, str]]:
     return found
 
 
-def start(repo: Path, log: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
+def start(
+    repo: Path | str, log: Path, *extra: str, environment: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     command = [
         sys.executable,
@@ -98,6 +101,7 @@ def start(repo: Path, log: Path, *extra: str) -> tuple[subprocess.Popen[bytes], 
         *extra,
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "RAY_"))}
+    env |= environment or {}
     with log.open("wb") as sink:
         # Its own session: Ray's processes are its children, and the group is checked after.
         process = subprocess.Popen(
@@ -217,6 +221,85 @@ def test_two_replicas_serve_every_model_through_the_v2_ingress(tmp_path: Path, m
     beyond = {(name, ip) for name, ip in addresses if ip not in LOOPBACK}
     assert beyond, "Ray's replicas now bind loopback only: update docs/scale-out.md"
     assert all(name.startswith("ray::ServeRepli") and ip == "::" for name, ip in beyond), beyond
+    assert code == 0, log.read_text()[-5000:]
+    assert not survivors, "processes of corral ray-serve's group outlived it"
+
+
+# A handful of models: Ray's start and stop are most of this test's time.
+STORE_MODELS = 6
+
+
+def test_replicas_serve_a_repository_in_object_storage_each_from_a_cache_of_its_own(
+    tmp_path: Path,
+):
+    """`corral ray-serve s3://...`: the repository is in the store only, and no disk is shared.
+
+    Each replica copies the models routed to it from the store (moto's server, its own
+    process) into a subfolder of --cache-dir it claimed for itself.
+    """
+    pytest.importorskip("moto")
+    import httpx
+
+    from tests import s3server
+
+    local = tmp_path / "built"
+    files = build_repository(local, STORE_MODELS)
+    names = [path.parent.parent.name for path in files]
+    rng = np.random.default_rng(11)
+    inputs = {name: rng.standard_normal((2, 4)).astype(np.float32) for name in names}
+    expected = {
+        name: reference_run(path.read_bytes(), {"X": inputs[name]})[0]
+        for name, path in zip(names, files, strict=True)
+    }
+    cache = tmp_path / "cache"
+    with s3server.running(tmp_path / "moto.log") as server:
+        client = s3server.client(server)
+        client.create_bucket(Bucket="fleet")
+        for path in files:
+            key = f"models/{path.relative_to(local).as_posix()}"
+            client.put_object(Bucket="fleet", Key=key, Body=path.read_bytes())
+        shutil.rmtree(local)  # the repository is now in the store and nowhere else
+        log = tmp_path / "ray-serve.log"
+        # A budget, so that each replica sizes its routing count from the store's listing.
+        process, url = start(
+            "s3://fleet/models",
+            log,
+            "--cache-dir",
+            str(cache),
+            "--memory-budget",
+            "1GiB",
+            environment=server.environment(),
+        )
+        failures: list[str] = []
+        replicas: set[str] = set()
+        try:
+            with httpx.Client(base_url=f"http://{url}", timeout=60) as http:
+                for _ in range(ROUNDS):
+                    for name in names:
+                        x = inputs[name]
+                        tensor = {"name": "X", "datatype": "FP32", "shape": [2, 4]}
+                        tensor["data"] = x.ravel().tolist()
+                        response = http.post(f"/v2/models/{name}/infer", json={"inputs": [tensor]})
+                        if response.status_code != 200:
+                            failures.append(f"{name}: {response.status_code} {response.text}")
+                            continue
+                        replicas.add(response.headers["corral-replica"])
+                        [output] = response.json()["outputs"]
+                        answer = np.asarray(output["data"], np.float32).reshape(output["shape"])
+                        np.testing.assert_allclose(answer, expected[name], rtol=1e-5, atol=1e-6)
+        finally:
+            code, survivors = shut_down(process)
+
+    assert not failures, failures
+    assert len(replicas) == REPLICAS, replicas
+    # Each replica cached what it served in its own subfolder; together, every model.
+    folders = sorted(path.name for path in cache.iterdir() if path.is_dir())
+    assert folders == [f"replica-{index}" for index in range(REPLICAS)], folders
+    cached = [
+        {path.stem for path in (cache / folder / ".manifests").glob("*.json")} for folder in folders
+    ]
+    assert all(cached), cached
+    assert set().union(*cached) == set(names), cached
     assert code == 0, log.read_text()[-5000:]
     assert not survivors, "processes of corral ray-serve's group outlived it"
 

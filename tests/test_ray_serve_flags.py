@@ -53,6 +53,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "inter_op_threads": ("3", 3),
     "thread_pools": ("per_session", "per_session"),
 }
+CACHE_OPTIONS = ("cache_dir", "cache_bytes")
 OPTION_NAMES = [option[0] for option in RAY_SERVE_OPTIONS]
 CONFIG_NAMES = [field.name for field in dataclasses.fields(RayServeConfig)]
 
@@ -64,7 +65,9 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     levels: list[str] = []
 
     def serve_on_ray(repository: str, config: RayServeConfig, **options: Any) -> int:
-        calls.append({"config": config, "log_level": levels[-1].lower(), **options})
+        calls.append(
+            {"repository": repository, "config": config, "log_level": levels[-1].lower(), **options}
+        )
         return 0
 
     def basic_config(*, level: str, **_: Any) -> None:
@@ -112,11 +115,23 @@ def test_a_flag_and_its_variable_set_the_same_option(
 ):
     text, expected = SAMPLES[name]
     flag = "--" + name.replace("_", "-")
-    assert main(["ray-serve", str(tmp_path), f"{flag}={text}"]) == 0
+    # The cache's options are a store's only: its URL goes to Ray as it is.
+    repository = "s3://models/prod" if name in CACHE_OPTIONS else str(tmp_path)
+    assert main(["ray-serve", repository, f"{flag}={text}"]) == 0
     monkeypatch.setenv(f"CORRAL_{name.upper()}", text)
-    assert main(["ray-serve", str(tmp_path)]) == 0
+    assert main(["ray-serve", repository]) == 0
     by_flag, by_variable = launched
     assert held(by_flag, name) == held(by_variable, name) == expected
+    assert by_flag["repository"] == by_variable["repository"] == repository
+
+
+@pytest.mark.timeout(30)
+def test_a_relative_cache_dir_reaches_the_replicas_absolute(
+    tmp_path: Path, launched: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.chdir(tmp_path)
+    assert main(["ray-serve", "s3://models/prod", "--cache-dir", "cache"]) == 0
+    assert launched[0]["config"].cache_dir == str(tmp_path / "cache")
 
 
 @pytest.mark.timeout(30)

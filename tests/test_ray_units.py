@@ -508,6 +508,32 @@ def test_ray_serve_refuses_a_repository_that_is_not_a_folder(
     assert "missing is not a folder" in capsys.readouterr().err
 
 
+def test_ray_serve_refuses_cache_options_for_a_folder_before_starting_ray(
+    repo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
+    from corral.cli import main
+
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    assert main(["ray-serve", str(repo), "--cache-bytes", "1GiB"]) == 1
+    assert "cache_bytes applies to a repository in object storage" in capsys.readouterr().err
+
+
+def test_each_replica_claims_a_cache_folder_no_live_one_holds(tmp_path: Path):
+    root = str(tmp_path / "cache")
+    first, first_claim = replica_module.claim_cache_folder(root)
+    second, second_claim = replica_module.claim_cache_folder(root)
+    try:
+        assert (first, second) == (f"{root}/replica-0", f"{root}/replica-1")
+        os.close(first_claim)
+        # Released (a replica stopped or died): the next replica takes it and its cache back.
+        again, first_claim = replica_module.claim_cache_folder(root)
+        assert again == first
+    finally:
+        os.close(first_claim)
+        os.close(second_claim)
+
+
 # -- serve_on_ray, with Ray and Serve stood in for -----------------------------------------------
 
 

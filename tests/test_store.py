@@ -556,3 +556,95 @@ def test_a_key_that_would_leave_the_models_folder_is_refused_and_nothing_written
         repo.entry("m")
     assert not any(path.name == "escaped.txt" for path in tmp_path.rglob("*"))
     assert 1 in repo.entry("ok").versions
+
+
+def test_a_models_latest_bytes_come_from_the_listing_without_fetching(s3, bucket, tmp_path):
+    name, client = bucket
+    put_model(client, name, "two", version=1, body=b"x" * 10)
+    put_model(client, name, "two", version=2, body=b"x" * 30)
+    client.put_object(Bucket=name, Key="repo/two/2/weights.bin", Body=b"w" * 5)
+    client.put_object(Bucket=name, Key="repo/two/config.pbtxt", Body=b"c" * 7)
+    client.put_object(Bucket=name, Key="repo/bare.onnx", Body=b"b" * 12)
+    client.put_object(Bucket=name, Key="repo/empty/config.pbtxt", Body=b"c")
+    store = Store(f"s3://{name}/repo", tmp_path / "cache")
+    before = store.stats().list_requests
+    # The highest version's files, model and external data: not version 1, not the config.
+    assert store.latest_bytes("two") == 35
+    assert store.latest_bytes("bare") == 12
+    assert store.latest_bytes("empty") is None  # no version folder
+    assert store.latest_bytes("missing") is None
+    assert object_reads(s3, name) == []
+    assert store.stats().list_requests - before == 4
+    assert store.stats().fetches == 0
+
+
+def test_ray_sizes_a_stores_routing_count_from_its_listing_without_fetching(s3, bucket):
+    pytest.importorskip("ray.serve")
+    from corral._budget import estimate_model_bytes
+    from corral.ray import RayServeConfig, models_per_replica
+
+    name, client = bucket
+    for model in ("a", "b", "c"):
+        put_model(client, name, model)
+    # A model with no version yet takes no part in the mean.
+    client.put_object(Bucket=name, Key="repo/unversioned/config.pbtxt", Body=b"")
+    repository = Repository(f"s3://{name}/repo")
+    mean = estimate_model_bytes(len(MODEL))
+    assert models_per_replica(repository, RayServeConfig(memory_budget=10 * mean)) == 10
+    # A URL given as it is makes its own Repository: the same count.
+    assert models_per_replica(f"s3://{name}/repo", RayServeConfig(memory_budget=10 * mean)) == 10
+    # Sized from what the store lists: no model was copied into a cache.
+    assert object_reads(s3, name) == []
+    assert repository.store is not None
+    assert repository.store.stats().fetches == 0
+
+
+def test_ray_refuses_cache_options_beside_a_repository_folder(tmp_path):
+    pytest.importorskip("ray.serve")
+    from corral.ray import RayServeConfig, build_app
+
+    for option in ({"cache_dir": str(tmp_path)}, {"cache_bytes": "1GiB"}):
+        with pytest.raises(InvalidOption, match="applies to a repository in object storage"):
+            build_app(tmp_path, RayServeConfig(**option))
+
+
+def test_replicas_of_a_store_cache_in_subfolders_they_claimed(s3, bucket, tmp_path, monkeypatch):
+    pytest.importorskip("ray.serve")
+    from types import SimpleNamespace
+
+    import corral.ray._replica as replica_module
+    from corral.ray import ModelReplica, RayServeConfig
+
+    # Ray's serve functions a replica calls while it is made, stood in for.
+    serve = SimpleNamespace(
+        get_replica_context=lambda: SimpleNamespace(replica_tag="replica"),
+        multiplexed=lambda max_num_models_per_replica: lambda route: route,
+    )
+    monkeypatch.setattr(replica_module, "serve", serve)
+    name, client = bucket
+    put_model(client, name, "a")
+    cache = tmp_path / "cache"
+    config = RayServeConfig(cache_dir=str(cache), compute_workers=1)
+    one = ModelReplica(f"s3://{name}/repo", config)
+    two = ModelReplica(f"s3://{name}/repo", config)
+    try:
+        for replica, folder in ((one, "replica-0"), (two, "replica-1")):
+            assert replica._host.infer("a", {"X": X})["Y"].shape == (2, 1)
+            assert (cache / folder / "a" / "1" / "model.onnx").read_bytes() == MODEL
+    finally:
+        one.__del__()
+        two.__del__()
+    # Both claims ended with their replicas: the next replica here takes replica-0 again.
+    folder, claim = replica_module.claim_cache_folder(str(cache))
+    os.close(claim)
+    assert folder == str(cache / "replica-0")
+
+
+def test_a_models_latest_bytes_from_a_store_that_is_down_name_the_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{s3server.free_port()}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3server.KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3server.SECRET)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    store = Store("s3://models/repo", tmp_path / "cache", timeout_s=3)
+    with pytest.raises(StoreUnavailable, match=r"model 'a': cannot list it in s3://models/repo"):
+        store.latest_bytes("a")

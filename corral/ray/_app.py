@@ -10,7 +10,7 @@ from ray.serve import Application
 from ray.serve.schema import LoggingConfig
 
 from corral._errors import InvalidOption
-from corral.ray._config import RayServeConfig
+from corral.ray._config import RayServeConfig, check_cache_options
 from corral.ray._ingress import V2Ingress
 from corral.ray._replica import ModelReplica
 
@@ -30,14 +30,17 @@ def build_app(
 ) -> Application:
     """The application to hand ``serve.run``: the v2 ingress and ``config.replicas`` replicas.
 
-    ``repository`` must be readable at the same path on every node a replica may run on (a
-    shared volume). Example::
+    ``repository`` is a folder readable at the same path on every node a replica may run on
+    (a shared volume), or a URL in object storage (``s3://bucket/prefix``) that each replica
+    reads into a cache folder of its own (:mod:`corral.ray._replica`): no shared disk.
+    ``cache_dir`` and ``cache_bytes`` apply to a URL only. Example::
 
         serve.run(build_app("/models", RayServeConfig(replicas=4, memory_budget="8GiB")),
                   name="corral", route_prefix="/")
     """
     config = RayServeConfig() if config is None else config
     path = os.fspath(repository)
+    check_cache_options(path, config)
     models = serve.deployment(
         name=MODELS_NAME,
         num_replicas=config.replicas,
@@ -72,5 +75,7 @@ def app(args: dict[str, Any]) -> Application:
     options = dict(args)
     repository = options.pop("repository", None)
     if not isinstance(repository, str) or not repository:
-        raise InvalidOption("corral.ray:app needs args.repository: the repository's path")
+        raise InvalidOption(
+            "corral.ray:app needs args.repository: the repository's path or s3:// URL"
+        )
     return build_app(repository, RayServeConfig.from_mapping(options))

@@ -20,8 +20,9 @@ from corral._modelfile import read_footprint
 from corral._options import HostOptions, edge_options, positive_int
 from corral._repository import Repository
 from corral._runtime import RuntimeOptions
+from corral._store import is_store_url
 
-__all__ = ["UNLIMITED", "RayServeConfig", "models_per_replica"]
+__all__ = ["UNLIMITED", "RayServeConfig", "check_cache_options", "models_per_replica"]
 
 #: Ray's spelling of "no count": every model id a replica has served stays routed to it.
 UNLIMITED = -1
@@ -157,6 +158,22 @@ class RayServeConfig(_HostAndRuntimeOptions):  # type: ignore[misc]  # Any: made
         return max(1, -int(-self.replica_cpus // 1))
 
 
+def check_cache_options(repository: str, config: RayServeConfig) -> None:
+    """Refuse ``cache_dir`` and ``cache_bytes`` for a repository that is not in object storage.
+
+    Checked before any replica starts, rather than by every replica's Host.
+    """
+    if is_store_url(repository):
+        return
+    for name in ("cache_dir", "cache_bytes"):
+        if getattr(config, name) is not None:
+            raise InvalidOption(
+                f"{name} applies to a repository in object storage (s3://...), not to the "
+                f"folder {repository!r}",
+                option=name,
+            )
+
+
 def models_per_replica(
     repository: Repository | str | os.PathLike[str], config: RayServeConfig
 ) -> int:
@@ -166,7 +183,10 @@ def models_per_replica(
     estimated size (:func:`corral._budget.estimate_footprint_bytes`, the Host's own estimate)
     of up to 200 of the repository's
     models, capped by ``max_loaded_models``; else ``max_loaded_models``; else
-    :data:`UNLIMITED`. Never below 1.
+    :data:`UNLIMITED`. Never below 1. For a repository in object storage the sample is sized
+    from what the store lists (:meth:`corral._store.Store.latest_bytes`,
+    :func:`corral._budget.estimate_model_bytes`): a listing request per sampled model, no
+    model fetched.
     """
     if config.max_models_per_replica is not None:
         return config.max_models_per_replica
@@ -185,7 +205,15 @@ def _mean_model_bytes(repository: Repository | str | os.PathLike[str]) -> int:
     names = repo.names()
     step = max(1, len(names) // _SAMPLE)
     sizes: list[int] = []
+    store = repo.store
     for name in names[::step][:_SAMPLE]:
+        if store is not None:
+            # In object storage the sample is sized from the listing: reading each model's
+            # file would fetch every sampled model into this replica's cache at its start.
+            listed = store.latest_bytes(name)
+            if listed is not None:
+                sizes.append(estimate_model_bytes(listed))
+            continue
         entry = repo.entry(name)
         if entry.error is None and entry.latest is not None:
             try:

@@ -13,13 +13,24 @@ unloads that model through :meth:`corral.Host.unload` with no wait: requests hol
 finish on it, and it closes when the last lease ends. Ray never closes a model under a run.
 When the Host evicts a model for room, Ray keeps routing it here, and the next request loads
 it here again: a model stays on one replica either way.
+
+A repository in object storage (``s3://...``) is read by each replica from the store into a
+cache folder of its own, so that replicas share no disk. Without ``cache_dir`` that is a new
+temporary folder per replica process. With it, each replica claims the first subfolder
+``replica-<n>`` of it that no live process holds (:func:`claim_cache_folder`): two Stores must
+never share one folder (each clears its partial downloads at start and evicts files the other
+may be reading), and a replica started again on the machine takes a free one back, with its
+models still cached.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import fcntl
 import functools
 import logging
+import os
 from collections.abc import Awaitable, Callable
 
 from ray import serve
@@ -32,7 +43,7 @@ from corral.ray._config import RayServeConfig, models_per_replica
 from corral.ray._exchange import HttpAnswer, HttpCall, call_asgi
 from corral.server.http import HttpApp
 
-__all__ = ["REPLICA_HEADER", "ModelReplica"]
+__all__ = ["REPLICA_HEADER", "ModelReplica", "claim_cache_folder"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +70,13 @@ class ModelReplica:
 
     def __init__(self, repository: str, config: RayServeConfig) -> None:
         runtime = Runtime.from_options(config.runtime_options())
-        self._host = Host(repository, runtime=runtime, options=config.host_options()).start()
+        options = config.host_options()
+        # The claim on this replica's cache folder, held open for the replica's life.
+        self._cache_claim: int | None = None
+        if options.cache_dir is not None:
+            folder, self._cache_claim = claim_cache_folder(options.cache_dir)
+            options = dataclasses.replace(options, cache_dir=folder)
+        self._host = Host(repository, runtime=runtime, options=options).start()
         self._drain_timeout_s = config.drain_timeout_s
         self._app = HttpApp(DataPlane(self._host), max_request_bytes=config.max_request_bytes)
         self._tag = serve.get_replica_context().replica_tag.encode()
@@ -94,8 +111,14 @@ class ModelReplica:
     def __del__(self) -> None:
         """Close the Host when Ray stops the replica (after its requests have drained)."""
         host: Host | None = getattr(self, "_host", None)  # None when __init__ failed
-        if host is not None:
-            host.close(timeout=self._drain_timeout_s)
+        try:
+            if host is not None:
+                host.close(timeout=self._drain_timeout_s)
+        finally:
+            claim: int | None = getattr(self, "_cache_claim", None)
+            if claim is not None:
+                self._cache_claim = None  # closed once, when called again by the collector
+                os.close(claim)  # the cache folder is free for the next replica here
 
     async def _exists(self, name: str) -> bool:
         if name in self._known:
@@ -113,3 +136,30 @@ class ModelReplica:
     def _evicted(self, name: str) -> None:
         logger.info("corral: Ray routes %s elsewhere now; unloading it when idle", name)
         self._host.unload(name, timeout=0)
+
+
+def claim_cache_folder(root: str) -> tuple[str, int]:
+    """A subfolder of ``root`` for one replica's cache: ``replica-<n>``, the first unclaimed.
+
+    The claim is an exclusive ``flock`` on ``replica-<n>.lock`` beside it, held through the
+    descriptor returned: it ends when that is closed or the process ends, however it ends.
+    Example::
+
+        folder, claim = claim_cache_folder("/var/cache/corral")  # .../replica-0
+        ...
+        os.close(claim)
+    """
+    os.makedirs(root, exist_ok=True)
+    index = 0
+    while True:
+        claim = os.open(os.path.join(root, f"replica-{index}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(claim)  # held by a live replica: try the next
+            index += 1
+            continue
+        except BaseException:
+            os.close(claim)
+            raise
+        return os.path.join(root, f"replica-{index}"), claim
