@@ -194,9 +194,12 @@ def test_ray_serve_makes_a_config_field_a_flag_and_a_variable_of_it(
     assert option.variable in (flag.help or "")
 
     text, expected = sample(option)
-    assert main(["ray-serve", str(tmp_path), f"{flag.option_strings[0]}={text}"]) == 0
+    # The cache options apply only to a repository in object storage, and are refused beside
+    # a folder: they are given with a URL (nothing is read from it before Ray starts).
+    repository = "s3://fleet/models" if option.name.startswith("cache_") else str(tmp_path)
+    assert main(["ray-serve", repository, f"{flag.option_strings[0]}={text}"]) == 0
     monkeypatch.setenv(option.variable, text)
-    assert main(["ray-serve", str(tmp_path)]) == 0
+    assert main(["ray-serve", repository]) == 0
 
     by_flag, by_variable = launched
     assert reached(the_options(by_flag, option.name), option.name) == expected
