@@ -307,21 +307,23 @@ def measure_lane(
     *,
     bound_us: int,
     policy: str,
-    values: str | None,
+    values: Callable[[], str | None],
     clock: Clock = time.thread_time,
     seen_s: float | None = None,
 ) -> InlineLane:
     """Measure a loaded version's runs and decide whether it enters the inline lane.
 
     ``bound_us``: the Host's ``inline_run_us`` (0: the lane is off); ``policy``: the session's
-    concurrency policy (``shared``, ``exclusive``, ``pool:2``); ``values``: why its run time
-    may depend on its inputs' values (:func:`corral._value_dependence.value_dependence`), None
-    when its file proves it does not; ``run`` runs a feed on the calling thread (a load
-    worker). ``seen_s``: the least CPU seconds a run of it took
+    concurrency policy (``shared``, ``exclusive``, ``pool:2``); ``values``: says why its run
+    time may depend on its inputs' values, or None when its file proves it does not
+    (:func:`corral._value_dependence.value_dependence`), called only for a version the cheaper
+    checks have not already kept off the lane; ``run`` runs a feed on the calling thread (a
+    load worker). ``seen_s``: the least CPU seconds a run of it took
     already (:class:`TimedRuns`, the probe's runs): far past the bound, nothing is run here.
     Raises what ``run`` raises; a version that enters the lane is logged at INFO.
 
-    >>> measure_lane("fraud:1", sig, session.run, bound_us=50, policy="shared", values=None
+    >>> measure_lane(
+    ...     "fraud:1", sig, session.run, bound_us=50, policy="shared", values=lambda: None
     ... ).describe()
     'inline: runs of up to 4 rows took 6.1 µs of CPU (median of 3) at load, under the 50 µs bound'
     """
@@ -329,10 +331,6 @@ def measure_lane(
         return InlineLane(label, LaneState.OFF, "the inline lane is off (inline_run_us = 0)")
     if policy != "shared":
         return InlineLane(label, LaneState.OFF, f"its concurrency policy is {policy}, not shared")
-    if values is not None:
-        return InlineLane(
-            label, LaneState.OFF, f"its run time may depend on its inputs' values: {values}"
-        )
     if _unmeasurable(signature):
         return InlineLane(
             label, LaneState.OFF, "its inputs are not all numeric tensors, which it can measure"
@@ -343,6 +341,11 @@ def measure_lane(
             label,
             LaneState.WORKERS,
             f"a run took {seen_s * 1e6:.1f} µs of CPU at load, far over the {bound_us} µs bound",
+        )
+    dependence = values()
+    if dependence is not None:
+        return InlineLane(
+            label, LaneState.OFF, f"its run time may depend on its inputs' values: {dependence}"
         )
     rng = np.random.default_rng(PROBE_SEED)
     # The smallest size first, up to the last that stays under the bound (LANE_ROWS says

@@ -314,15 +314,15 @@ class Loader:
                 combine=config.combine_requests,
             )
             logger.info("corral: %s version %s %s", name, version, plan.reason)
-            inline_run_us = self._options.inline_run_us
+            path = entry.versions[version].path
             lane = measure_lane(
                 session.name,
                 session.signature,
                 session.run,
-                bound_us=inline_run_us,
+                bound_us=self._options.inline_run_us,
                 policy=str(session.policy),
-                # Read from the file only for the lane: a pass over its headers.
-                values=value_dependence(entry.versions[version].path) if inline_run_us else None,
+                # A pass over the file's headers, only for a version that may enter the lane.
+                values=lambda: value_dependence(path),
                 seen_s=timed.fastest_s,
             )
             window = (config.batch_window_us or 0) if plan.max_rows else 0

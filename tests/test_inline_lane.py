@@ -287,10 +287,10 @@ def test_measuring_at_load_decides_by_policy_bound_and_inputs():
         run = session.run
         signature = session.signature
         assert measure_lane(
-            "m:1", signature, run, bound_us=0, policy="shared", values=None
+            "m:1", signature, run, bound_us=0, policy="shared", values=lambda: None
         ).state is (LaneState.OFF)
         assert measure_lane(
-            "m:1", signature, run, bound_us=50, policy="pool", values=None
+            "m:1", signature, run, bound_us=50, policy="pool", values=lambda: None
         ).state is (LaneState.OFF)
         cpu = _Clock()
 
@@ -300,19 +300,25 @@ def test_measuring_at_load_decides_by_policy_bound_and_inputs():
             return run(feed)  # type: ignore[arg-type]
 
         lane = measure_lane(
-            "m:1", signature, slow, bound_us=50, policy="shared", values=None, clock=cpu
+            "m:1", signature, slow, bound_us=50, policy="shared", values=lambda: None, clock=cpu
         )
         assert lane.state is LaneState.INLINE
         assert lane.limits == {"X": 16}
         assert "up to 4 rows took 40.0 µs" in lane.describe()
         lane = measure_lane(
-            "m:1", signature, slow, bound_us=5, policy="shared", values=None, clock=cpu
+            "m:1", signature, slow, bound_us=5, policy="shared", values=lambda: None, clock=cpu
         )
         assert lane.state is LaneState.WORKERS
         assert lane.describe().startswith("workers: a run of one request took 10.0 µs")
         assert not lane.admits()  # measured past the bound at load: never retried
         lane = measure_lane(
-            "m:1", signature, run, bound_us=50, policy="shared", values="its Loop node", clock=cpu
+            "m:1",
+            signature,
+            run,
+            bound_us=50,
+            policy="shared",
+            values=lambda: "its Loop node",
+            clock=cpu,
         )
         assert lane.describe() == (
             "off: its run time may depend on its inputs' values: its Loop node"
@@ -343,7 +349,7 @@ def test_generated_inputs_a_model_refuses_keep_it_out_of_the_lane_and_fail_no_lo
             refusing(0),
             bound_us=50,
             policy="shared",
-            values=None,
+            values=lambda: None,
             clock=cpu,
         )
         assert lane.describe() == (
@@ -357,7 +363,7 @@ def test_generated_inputs_a_model_refuses_keep_it_out_of_the_lane_and_fail_no_lo
             refusing(4),
             bound_us=50,
             policy="shared",
-            values=None,
+            values=lambda: None,
             clock=cpu,
         )
         assert lane.state is LaneState.INLINE
@@ -411,7 +417,7 @@ def test_a_model_the_probe_saw_far_past_the_bound_runs_nothing_more_for_the_lane
             timed,
             bound_us=50,
             policy="shared",
-            values=None,
+            values=lambda: None,
             seen_s=timed.fastest_s,
         )
     finally:
