@@ -248,6 +248,8 @@ class RunResult(TypedDict):
     #: The server process's CPU time (user + system, every thread) over the run, per
     #: request, in microseconds; None when it was not read.
     server_cpu_us_per_request: float | None
+    #: Its user share alone (the process's own work, not the kernel's), per request.
+    server_user_us_per_request: float | None
 
 
 class SummaryRow(TypedDict):
@@ -262,6 +264,8 @@ class SummaryRow(TypedDict):
     latency_p99_ms: float
     #: Median over rounds of the server's CPU microseconds per request (None: not read).
     server_cpu_us_per_request: float | None
+    #: Median over rounds of its user share alone (None: not read).
+    server_user_us_per_request: float | None
     #: Per baseline (:data:`BASELINES`): the median over rounds of this target's requests/s
     #: over the baseline's in the same round; None if the baseline was not measured.
     ratios: dict[str, float | None]
@@ -285,11 +289,14 @@ def run_result(
     round_index: int,
     figures: dict[str, Any],
     server_cpu_s: float | None = None,
+    server_user_s: float | None = None,
 ) -> RunResult:
     """A :class:`RunResult` from the figures :func:`parse_result` returns.
 
-    ``server_cpu_s``: the server's CPU seconds over the run, if read.
+    ``server_cpu_s``: the server's CPU seconds over the run, if read; ``server_user_s``:
+    their user share.
     """
+    requests = figures["requests"]
     duration_s = figures["duration_us"] / 1e6
     latency = figures["latency_us"]
     errors = figures["errors"]
@@ -307,9 +314,10 @@ def run_result(
         socket_errors=sum(errors[key] for key in ("connect", "read", "write", "timeout")),
         status_errors=errors["status"],
         server_cpu_us_per_request=(
-            server_cpu_s / figures["requests"] * 1e6
-            if server_cpu_s is not None and figures["requests"]
-            else None
+            server_cpu_s / requests * 1e6 if server_cpu_s is not None and requests else None
+        ),
+        server_user_us_per_request=(
+            server_user_s / requests * 1e6 if server_user_s is not None and requests else None
         ),
     )
 
@@ -330,6 +338,7 @@ def summarize(runs: Sequence[RunResult]) -> list[SummaryRow]:
         mine = [run for run in runs if run["target"] == name]
         rates = [run["requests_per_s"] for run in mine]
         cpu = [used for run in mine if (used := run.get("server_cpu_us_per_request")) is not None]
+        user = [used for run in mine if (used := run.get("server_user_us_per_request")) is not None]
         rows.append(
             SummaryRow(
                 target=name,
@@ -340,6 +349,7 @@ def summarize(runs: Sequence[RunResult]) -> list[SummaryRow]:
                 latency_p50_ms=statistics.median(run["latency_p50_ms"] for run in mine),
                 latency_p99_ms=statistics.median(run["latency_p99_ms"] for run in mine),
                 server_cpu_us_per_request=statistics.median(cpu) if cpu else None,
+                server_user_us_per_request=statistics.median(user) if user else None,
                 ratios={baseline: paired_ratio(name, baseline) for baseline in BASELINES},
             )
         )
@@ -370,11 +380,12 @@ def format_triton_table(runs: Sequence[RunResult]) -> str:
         by_round.setdefault(run["round"], {})[run["target"]] = run["requests_per_s"]
 
     def side(row: SummaryRow) -> str:
-        cpu = row["server_cpu_us_per_request"]
+        cpu, user = row["server_cpu_us_per_request"], row["server_user_us_per_request"]
         return (
             f"{row['requests_per_s']:,.0f} ({row['requests_per_s_min']:,.0f} - "
             f"{row['requests_per_s_max']:,.0f}), p99 {row['latency_p99_ms']:.2f} ms, "
             + ("CPU -" if cpu is None else f"CPU {cpu:.0f} µs/req")
+            + ("" if user is None else f" ({user:.0f} user)")
         )
 
     lines = []
@@ -1113,7 +1124,7 @@ def _rounds(
     pids: dict[str, int],
     progress: Callable[[str], None],
 ) -> list[RunResult]:
-    from benchmarks.peers.triton_ort import process_cpu_seconds
+    from benchmarks.peers.triton_ort import process_cpu_split
 
     runs: list[RunResult] = []
     targets = runner.targets()
@@ -1123,10 +1134,14 @@ def _rounds(
         shift = (round_index - 1) % max(1, len(targets))
         for target in targets[shift:] + targets[:shift]:
             pid = pids.get(TARGET_SERVERS[target])
-            cpu = None if pid is None else process_cpu_seconds(pid)
+            before = None if pid is None else process_cpu_split(pid)
             figures = runner.run(target, settings.duration_s)
-            cpu = None if pid is None or cpu is None else process_cpu_seconds(pid) - cpu
-            result = run_result(target, round_index, figures, cpu)
+            cpu = user = None
+            if pid is not None and before is not None:
+                after = process_cpu_split(pid)
+                user = after[0] - before[0]
+                cpu = user + after[1] - before[1]
+            result = run_result(target, round_index, figures, cpu, user)
             if result["status_errors"]:
                 raise BenchmarkError(
                     f"{target}: {result['status_errors']} answers were not 2xx in round "

@@ -352,6 +352,10 @@ def test_process_cpu_seconds_reads_this_process_like_process_time() -> None:
     seconds = triton_ort.process_cpu_seconds(os.getpid())
     # Both count every thread's user + system time; /proc's in clock ticks (10 ms).
     assert seconds == pytest.approx(time.process_time(), abs=0.1)
+    user, system = triton_ort.process_cpu_split(os.getpid())
+    times = os.times()
+    assert user == pytest.approx(times.user, abs=0.1)
+    assert system == pytest.approx(times.system, abs=0.1)
 
 
 def test_config_pbtxt_declares_the_models_signature(tmp_path: Path, tree_model: bytes) -> None:
@@ -487,7 +491,7 @@ def test_targets_start_only_their_servers() -> None:
 
 
 def test_the_triton_table_pairs_each_load_round_by_round() -> None:
-    def run(target: str, round_index: int, rate: float, cpu_s: float) -> Any:
+    def run(target: str, round_index: int, rate: float, cpu_s: float | None) -> Any:
         figures = {
             "duration_us": 1_000_000,
             "requests": int(rate),
@@ -495,7 +499,8 @@ def test_the_triton_table_pairs_each_load_round_by_round() -> None:
             "errors": {"connect": 0, "read": 0, "write": 0, "status": 0, "timeout": 0},
             "latency_us": {"mean": 1000, "p50": 1000, "p90": 0, "p99": 2000, "max": 0},
         }
-        return http_bench.run_result(target, round_index, figures, cpu_s)
+        user_s = None if cpu_s is None else cpu_s / 2  # half the CPU in user space
+        return http_bench.run_result(target, round_index, figures, cpu_s, user_s)
 
     runs = [
         run("corral-json", 1, 600, 0.06),  # 100 µs per request
@@ -508,8 +513,10 @@ def test_the_triton_table_pairs_each_load_round_by_round() -> None:
     assert runs[4]["server_cpu_us_per_request"] is None
     table = http_bench.format_triton_table(runs).splitlines()
     assert len(table) == 3  # header, rule, JSON only: binary has no Triton side
-    assert table[2].startswith("| wrk JSON | 700 (400 - 1,000), p99 2.00 ms, CPU 40 µs/req | ")
-    assert "450 (300 - 600), p99 2.00 ms, CPU 100 µs/req" in table[2]
+    assert table[2].startswith(
+        "| wrk JSON | 700 (400 - 1,000), p99 2.00 ms, CPU 40 µs/req (20 user) | "
+    )
+    assert "450 (300 - 600), p99 2.00 ms, CPU 100 µs/req (50 user)" in table[2]
     assert table[2].endswith("| **0.68x** |")  # the median of 0.6 and 0.75
     assert http_bench.format_triton_table(runs[:1]) == ""
     rows = {row["target"]: row for row in http_bench.summarize(runs)}
