@@ -540,7 +540,12 @@ def _open(url: str, timeout_s: float) -> tuple[Any, str]:
             "belong in the URL; give them through the store's usual variables or files"
         )
     if parsed.query or parsed.fragment:
-        raise RepositoryError(f"model repository {url!r}: a query or fragment is not a path")
+        # Not shown: a query is where a signed URL (an Azure SAS, say) keeps its token.
+        raise RepositoryError(
+            f"model repository {parsed.scheme}://{parsed.netloc}{parsed.path}: a query or "
+            "fragment is not a path (it is not shown: it may hold a token)"
+        )
+
     try:
         from obstore.store import S3Store, from_url
     except ImportError as exc:
