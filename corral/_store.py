@@ -36,6 +36,7 @@ import urllib.parse
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -279,7 +280,16 @@ class Store:
                     flight = self._flights[name] = Future()
             if leader:
                 break
-            error = flight.exception()  # the other flight's outcome, waited for
+            # The other fetch ends within its own bound (its deadline, checked between files,
+            # and one file's requests, which obstore gives up within the deadline too).
+            try:
+                error = flight.exception(timeout=2 * self._timeout_s)
+            except FutureTimeout:
+                raise StoreUnavailable(
+                    f"model {name!r}: another caller's fetch of it from {self.url} has taken "
+                    f"longer than {2 * self._timeout_s:g} s",
+                    store=self.url,
+                ) from None
             if error is not None:
                 raise fresh(error)
             if flight.result():
@@ -288,15 +298,28 @@ class Store:
         try:
             self._sync(name)
         except BaseException as exc:
-            flight.set_exception(exc)
-            raise
-        else:
-            flight.set_result(True)
-        finally:
+            # Off the books first, so that a reader woken by the outcome does not find the
+            # finished flight again; then the outcome, which every waiter shares.
             with self._books_lock:
                 del self._flights[name]
+            shared = exc if isinstance(exc, Exception) else self._interrupted(name, exc)
+            flight.set_exception(shared)
+            raise
+        with self._books_lock:
+            del self._flights[name]
+        flight.set_result(True)
         self._evict(keep=name)
         return self._local(name)
+
+    def _interrupted(self, name: str, exc: BaseException) -> StoreUnavailable:
+        # What a caller waiting on a fetch gets when the fetching thread was interrupted: the
+        # interruption (KeyboardInterrupt, SystemExit) was meant for that thread alone.
+        error = StoreUnavailable(
+            f"model {name!r}: its fetch from {self.url} was interrupted ({type(exc).__name__})",
+            store=self.url,
+        )
+        error.__cause__ = exc
+        return error
 
     def _local(self, name: str) -> str:
         manifest = self._manifest(name)
@@ -440,9 +463,9 @@ class Store:
             try:
                 self._remove_files(name)
             finally:
-                eviction.set_result(False)
                 with self._books_lock:
                     del self._flights[name]
+                eviction.set_result(False)
             logger.info("corral: evicted model %r from the cache of %s", name, self.url)
         if total > self.cache_bytes:
             logger.warning(

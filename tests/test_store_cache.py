@@ -5,9 +5,12 @@ tests/test_store.py.
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
-from corral import RepositoryError
+from corral import RepositoryError, StoreUnavailable
 from corral._store import Store
 from corral.testing import build_linear
 from tests.test_store import bucket, put_model, s3
@@ -25,6 +28,94 @@ def test_a_query_in_the_url_is_refused_without_being_shown(bucket):
     with pytest.raises(RepositoryError, match="a query or fragment") as caught:
         Store(f"az://container/models?{token}")
     assert "s3cr3tSignature" not in str(caught.value)
+
+
+def test_a_reader_waiting_on_a_fetch_that_hangs_gives_up_within_its_deadline(
+    s3, bucket, tmp_path, monkeypatch
+):
+    name, client = bucket
+    put_model(client, name, "m")
+    store = Store(f"s3://{name}/repo", tmp_path, timeout_s=0.5)
+    inside, release = threading.Event(), threading.Event()
+    sync = Store._sync
+
+    def hangs(self: Store, model: str) -> None:
+        inside.set()
+        release.wait(timeout=30)  # a fetch stuck past every deadline of its own
+        sync(self, model)
+
+    monkeypatch.setattr(Store, "_sync", hangs)
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            with store.opened("m"):
+                pass
+        except BaseException as exc:
+            errors.append(exc)
+
+    leader = threading.Thread(target=read)
+    leader.start()
+    try:
+        assert inside.wait(timeout=10)
+        started = time.monotonic()
+        waiter = threading.Thread(target=read)
+        waiter.start()
+        waiter.join(timeout=10)
+        assert not waiter.is_alive(), "the second reader waited without bound"
+        assert time.monotonic() - started < 5
+    finally:
+        release.set()
+        leader.join(timeout=30)
+    assert len(errors) == 1
+    assert isinstance(errors[0], StoreUnavailable)
+    assert f"s3://{name}/repo" in str(errors[0])
+
+
+def test_a_reader_waiting_on_an_interrupted_fetch_gets_a_store_error_not_the_interrupt(
+    s3, bucket, tmp_path, monkeypatch
+):
+    name, client = bucket
+    put_model(client, name, "m")
+    store = Store(f"s3://{name}/repo", tmp_path)
+    inside, release = threading.Event(), threading.Event()
+
+    def interrupted(self: Store, model: str) -> None:
+        inside.set()
+        assert release.wait(timeout=30)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Store, "_sync", interrupted)
+    outcome: list[BaseException] = []
+
+    def leader() -> None:
+        try:
+            with store.opened("m"):
+                pass
+        except KeyboardInterrupt as exc:
+            outcome.append(exc)
+
+    def waiter() -> None:
+        try:
+            with store.opened("m"):
+                pass
+        except BaseException as exc:
+            outcome.append(exc)
+
+    first = threading.Thread(target=leader)
+    first.start()
+    assert inside.wait(timeout=10)
+    second = threading.Thread(target=waiter)
+    second.start()
+    # The waiter is in line once the Store counts it as a reader of the model.
+    deadline = time.monotonic() + 10
+    while store._readers.get("m", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    release.set()
+    first.join(timeout=30)
+    second.join(timeout=30)
+    kinds = sorted(type(error).__name__ for error in outcome)
+    assert kinds == ["KeyboardInterrupt", "StoreUnavailable"], outcome
 
 
 def test_a_models_latest_bytes_count_only_the_versions_the_repository_serves(s3, bucket, tmp_path):
