@@ -110,6 +110,8 @@ class StoreStats:
 @dataclass
 class _Cached:
     size: int
+    #: When the model was last read, as time.time() gives it: a restart takes it from the
+    #: manifest's modification time, so both are the wall clock.
     used: float
 
 
@@ -396,7 +398,7 @@ class Store:
                 store=self.url,
             ) from exc
         with self._books_lock:
-            self._cached[name] = _Cached(total, time.monotonic())
+            self._cached[name] = _Cached(total, time.time())
             if fetched:
                 self._fetches += 1
                 self._fetched_bytes += fetched

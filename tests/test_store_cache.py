@@ -13,7 +13,7 @@ import pytest
 from corral import RepositoryError, StoreUnavailable
 from corral._store import Store
 from corral.testing import build_linear
-from tests.test_store import bucket, put_model, s3
+from tests.test_store import MODEL, bucket, put_model, s3
 
 pytest.importorskip("obstore")
 pytest.importorskip("moto")
@@ -116,6 +116,22 @@ def test_a_reader_waiting_on_an_interrupted_fetch_gets_a_store_error_not_the_int
     second.join(timeout=30)
     kinds = sorted(type(error).__name__ for error in outcome)
     assert kinds == ["KeyboardInterrupt", "StoreUnavailable"], outcome
+
+
+def test_after_a_restart_the_least_recently_read_model_is_evicted_first(s3, bucket, tmp_path):
+    name, client = bucket
+    for model in ("a", "b", "c"):
+        put_model(client, name, model)
+    first = Store(f"s3://{name}/repo", tmp_path)
+    for model in ("a", "b"):
+        with first.opened(model):
+            pass
+    again = Store(f"s3://{name}/repo", tmp_path, cache_bytes=2 * len(MODEL))
+    with again.opened("a"):  # read since the restart: "b" is now the least recent
+        pass
+    with again.opened("c"):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["a", "c"]
 
 
 def test_a_models_latest_bytes_count_only_the_versions_the_repository_serves(s3, bucket, tmp_path):
