@@ -340,6 +340,8 @@ class Store:
             for chunk in obstore.list(self._store, key + "/", chunk_size=1000):
                 for item in chunk:
                     relative = str(item["path"])[len(key) + 1 :]
+                    if not relative and not int(item["size"]):
+                        continue  # the model folder's own marker ("<name>/", as consoles make)
                     _check_inside(name, relative, self.url)
                     listed[relative] = (str(item["e_tag"]), int(item["size"]))
             with self._books_lock:

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from corral import RepositoryError, StoreUnavailable
+from corral._repository import Repository
 from corral._store import Store
 from corral.testing import build_linear
 from tests.test_store import MODEL, bucket, put_model, s3
@@ -21,6 +22,17 @@ pytest.importorskip("moto")
 __all__ = ["bucket", "s3"]  # the fixtures, shared with tests/test_store.py
 
 OTHER = build_linear(seed=3)
+
+
+def test_a_models_folder_made_in_a_console_is_read_as_the_folder(s3, bucket, tmp_path):
+    name, client = bucket
+    # The S3 console's "Create folder" leaves an empty object named after the folder.
+    client.put_object(Bucket=name, Key="repo/m/", Body=b"")
+    client.put_object(Bucket=name, Key="repo/m/1/", Body=b"")
+    put_model(client, name, "m")
+    entry = Repository(f"s3://{name}/repo", cache_dir=tmp_path).entry("m")
+    assert entry.error is None
+    assert sorted(entry.versions) == [1]
 
 
 def test_a_query_in_the_url_is_refused_without_being_shown(bucket):
