@@ -8,9 +8,12 @@ request per 1,000 names) and copies one model's files (its config and version fo
 copy as it reads any folder. Nothing is downloaded at start beyond the listing.
 
 Each cached model keeps a manifest (``<cache>/.manifests/<name>.json``: every file's ETag and
-size). A model is read again by listing its prefix: a file whose ETag changed is fetched again
-(written beside, then renamed over the old one), a file gone from the store is removed, and
-an unchanged copy is used as it is, across restarts too. The cache holds at most
+size). A model is read again by listing its prefix: a file whose ETag changed (or whose copy
+is not of the listed size) is fetched again (written beside, put on disk, then renamed over the
+old one), a file gone from the store is removed, and an unchanged copy is used as it is, across
+restarts too. The manifest never vouches for a copy that is not the store's file of that ETag:
+it drops the copies about to change before any is replaced, and names the new ones only once
+they and their renames are on disk. The cache holds at most
 ``cache_bytes``: past it, the least recently read models are removed, never one that is being
 fetched, being read, or that :attr:`Store.in_use` says is loaded or loading.
 
@@ -29,12 +32,13 @@ import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 import time
 import urllib.parse
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -336,24 +340,7 @@ class Store:
         started = time.perf_counter()
         key = f"{self._prefix}{name}"
         try:
-            listed: dict[str, tuple[str, int]] = {}
-            for chunk in obstore.list(self._store, key + "/", chunk_size=1000):
-                for item in chunk:
-                    relative = str(item["path"])[len(key) + 1 :]
-                    if not relative and not int(item["size"]):
-                        continue  # the model folder's own marker ("<name>/", as consoles make)
-                    _check_inside(name, relative, self.url)
-                    listed[relative] = (str(item["e_tag"]), int(item["size"]))
-            with self._books_lock:
-                self._list_requests += _pages(len(listed))
-            # A folder's marker (an empty object "<folder>/", which consoles make) is listed
-            # without its slash: a key that other keys are under is a folder, not a file.
-            folders = {
-                "/".join(parts[:depth])
-                for parts in (relative.split("/") for relative in listed)
-                for depth in range(1, len(parts))
-            }
-            listed = {k: v for k, v in listed.items() if not (v[1] == 0 and k in folders)}
+            listed = self._list_files(name, key)
             bare = False
             if not listed:
                 try:
@@ -368,26 +355,43 @@ class Store:
                 bare = True
             self._check_fits(name, listed)
             old = self._manifest(name) or {}
-            old_files: dict[str, list[Any]] = (
-                old.get("files", {}) if old.get("bare") == bare else {}
-            )
             if old.get("bare") is not None and old.get("bare") != bare:
                 self._remove_files(name)
+                old = {}
+            old_files: dict[str, list[Any]] = old.get("files", {})
             target = os.path.join(self.cache_dir, name + (".onnx" if bare else ""))
+            whole = {
+                relative: [etag, size]
+                for relative, (etag, size) in listed.items()
+                if old_files.get(relative) == [etag, size]
+                and _is_file_of(os.path.join(target, relative) if relative else target, size)
+            }
+            if any(relative not in whole for relative in old_files):
+                # Before any file is replaced or removed, the manifest names only the copies
+                # that stay: one cut short then (an error, a crash) is never taken later for
+                # the store's file of the ETag the old manifest gave it.
+                self._write_manifest(name, bare, whole)
             fetched = 0
-            for relative, (etag, size) in sorted(listed.items()):
-                local = os.path.join(target, relative) if relative else target
-                if old_files.get(relative, [None])[0] == etag and os.path.isfile(local):
+            written: set[str] = set()
+            for relative, (_, size) in sorted(listed.items()):
+                if relative in whole:
                     continue
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the fetch took longer than {self._timeout_s:g} s")
-                path = f"{key}/{relative}" if relative else key + ".onnx"
-                self._get(path, local)
+                local = os.path.join(target, relative) if relative else target
+                self._get(f"{key}/{relative}" if relative else key + ".onnx", local)
+                written.add(os.path.dirname(local))
                 fetched += size
             if not bare:
                 self._drop_unlisted(target, set(listed))
+            # The renames reach the disk before the manifest that names their files does.
+            _sync_folders(written, self.cache_dir)
             total = sum(size for _, size in listed.values())
-            self._write_manifest(name, bare, listed)
+            document = _manifest_document(self.url, bare, listed)
+            if document == old:
+                os.utime(self._manifest_path(name))  # read now: its time orders evictions
+            else:
+                self._write_manifest(name, bare, listed)
         except (ModelNotFound, ModelLoadError):
             with self._books_lock:
                 self._failures += 1
@@ -408,6 +412,31 @@ class Store:
             else:
                 self._hits += 1
 
+    def _list_files(self, name: str, key: str) -> dict[str, tuple[str, int]]:
+        """The model's files in the store: ``{path inside its folder: (ETag, size)}``."""
+        import obstore
+
+        listed: dict[str, tuple[str, int]] = {}
+        keys = 0
+        for chunk in obstore.list(self._store, key + "/", chunk_size=_PAGE):
+            for item in chunk:
+                keys += 1
+                relative = str(item["path"])[len(key) + 1 :]
+                if not relative and not int(item["size"]):
+                    continue  # the model folder's own marker ("<name>/", as consoles make)
+                _check_inside(name, relative, self.url)
+                listed[relative] = (str(item["e_tag"]), int(item["size"]))
+        with self._books_lock:
+            self._list_requests += _pages(keys)
+        # A folder's marker (an empty object "<folder>/", which consoles make) is listed
+        # without its slash: a key that other keys are under is a folder, not a file.
+        folders = {
+            "/".join(parts[:depth])
+            for parts in (relative.split("/") for relative in listed)
+            for depth in range(1, len(parts))
+        }
+        return {k: v for k, v in listed.items() if not (v[1] == 0 and k in folders)}
+
     def _check_fits(self, name: str, listed: dict[str, tuple[str, int]]) -> None:
         total = sum(size for _, size in listed.values())
         if self.cache_bytes is not None and total > self.cache_bytes:
@@ -425,6 +454,8 @@ class Store:
             with os.fdopen(handle, "wb") as file:
                 for chunk in obstore.get(self._store, path):
                     file.write(chunk)
+                file.flush()
+                os.fsync(file.fileno())  # the data on disk before the rename names it
             os.replace(partial, local)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
@@ -503,12 +534,17 @@ class Store:
             return None
         return manifest
 
-    def _write_manifest(self, name: str, bare: bool, listed: dict[str, tuple[str, int]]) -> None:
-        document = {"url": self.url, "bare": bare, "files": {k: list(v) for k, v in listed.items()}}
+    def _write_manifest(
+        self, name: str, bare: bool, files: Mapping[str, tuple[str, int] | list[Any]]
+    ) -> None:
+        """Write the manifest durably: whole (written beside, then renamed) and on disk."""
         path = self._manifest_path(name)
         with open(path + ".tmp", "w", encoding="utf-8") as file:
-            json.dump(document, file)
+            json.dump(_manifest_document(self.url, bare, files), file)
+            file.flush()
+            os.fsync(file.fileno())
         os.replace(path + ".tmp", path)
+        _sync_folder(os.path.dirname(path))
 
     def _read_manifests(self) -> dict[str, _Cached]:
         cached: dict[str, _Cached] = {}
@@ -551,6 +587,44 @@ def _check_inside(name: str, relative: str, url: str) -> None:
         )
 
 
+def _manifest_document(
+    url: str, bare: bool, files: Mapping[str, tuple[str, int] | list[Any]]
+) -> dict[str, Any]:
+    """A model's manifest, as JSON reads it back: ``files`` maps a path to [ETag, size]."""
+    return {"url": url, "bare": bare, "files": {k: list(v) for k, v in files.items()}}
+
+
+def _is_file_of(path: str, size: int) -> bool:
+    """Whether ``path`` is a regular file of ``size`` bytes: a whole copy, as a stat tells."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_size == size
+
+
+def _sync_folders(folders: set[str], top: str) -> None:
+    """Put on disk the entries of ``folders`` and of their parents up to ``top`` (fsync)."""
+    if not folders:
+        return
+    every = {top}
+    for folder in folders:
+        while folder.startswith(top + os.sep) and folder not in every:
+            every.add(folder)
+            folder = os.path.dirname(folder)
+    for folder in sorted(every, key=len, reverse=True):
+        _sync_folder(folder)
+
+
+def _sync_folder(folder: str) -> None:
+    """Put the entries of ``folder`` (a rename into it, say) on disk."""
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
 def _pages(keys: int) -> int:
     """The listing requests that returned ``keys`` keys: S3 answers 1,000 a page."""
     return max(1, -(-keys // _PAGE))
@@ -574,7 +648,6 @@ def _open(url: str, timeout_s: float) -> tuple[Any, str]:
             f"model repository {parsed.scheme}://{parsed.netloc}{parsed.path}: a query or "
             "fragment is not a path (it is not shown: it may hold a token)"
         )
-
     try:
         from obstore.store import S3Store, from_url
     except ImportError as exc:

@@ -5,6 +5,7 @@ tests/test_store.py.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -22,6 +23,78 @@ pytest.importorskip("moto")
 __all__ = ["bucket", "s3"]  # the fixtures, shared with tests/test_store.py
 
 OTHER = build_linear(seed=3)
+
+
+def test_a_refresh_cut_short_leaves_no_file_trusted_for_an_etag_it_does_not_hold(
+    s3, bucket, tmp_path, monkeypatch
+):
+    name, client = bucket
+    put_model(client, name, "m", 1)
+    put_model(client, name, "m", 2)
+    store = Store(f"s3://{name}/repo", tmp_path)
+    with store.opened("m"):
+        pass
+    put_model(client, name, "m", 1, OTHER)
+    put_model(client, name, "m", 2, OTHER)
+    fetch = Store._get
+    calls = []
+
+    def second_fails(self: Store, path: str, local: str) -> None:
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError("the connection dropped")
+        fetch(self, path, local)
+
+    monkeypatch.setattr(Store, "_get", second_fails)
+    with pytest.raises(StoreUnavailable, match="the connection dropped"), store.opened("m"):
+        pass
+    monkeypatch.setattr(Store, "_get", fetch)
+    # Rolled back: the store holds the first copy again, whose ETag the old manifest names.
+    put_model(client, name, "m", 1, MODEL)
+    put_model(client, name, "m", 2, MODEL)
+    for reader in (store, Store(f"s3://{name}/repo", tmp_path)):  # and after a restart
+        with reader.opened("m") as local:
+            for version in (1, 2):
+                assert (tmp_path / "m" / str(version) / "model.onnx").read_bytes() == MODEL
+            assert local == str(tmp_path / "m")
+
+
+def test_a_cached_file_that_is_not_whole_is_fetched_again(s3, bucket, tmp_path):
+    name, client = bucket
+    put_model(client, name, "m")
+    with Store(f"s3://{name}/repo", tmp_path).opened("m"):
+        pass
+    # What a crash can leave of a file whose rename reached the disk before its data.
+    path = tmp_path / "m" / "1" / "model.onnx"
+    path.write_bytes(MODEL[:10])
+    with Store(f"s3://{name}/repo", tmp_path).opened("m"):
+        assert path.read_bytes() == MODEL
+
+
+def test_a_fetched_file_and_its_rename_reach_the_disk_before_the_manifest_names_it(
+    s3, bucket, tmp_path, monkeypatch
+):
+    name, client = bucket
+    put_model(client, name, "m")
+    synced: list[str] = []
+    sync = os.fsync
+
+    def recorded(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        sync(fd)
+
+    store = Store(f"s3://{name}/repo", tmp_path)
+    monkeypatch.setattr(os, "fsync", recorded)
+    with store.opened("m"):
+        pass
+    monkeypatch.setattr(os, "fsync", sync)
+    folder = str(tmp_path / "m" / "1")
+    manifests = str(tmp_path / ".manifests")
+    data = next(i for i, path in enumerate(synced) if path.startswith(str(tmp_path / ".partial")))
+    assert synced.index(folder) > data  # the rename, after the data
+    manifest = max(i for i, path in enumerate(synced) if path.startswith(manifests + os.sep))
+    assert synced.index(folder) < manifest
+    assert synced[-1] == manifests  # the manifest's own rename
 
 
 def test_a_models_folder_made_in_a_console_is_read_as_the_folder(s3, bucket, tmp_path):
