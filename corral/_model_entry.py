@@ -63,6 +63,9 @@ class ModelEntry:
     #: The generation of the load's override it was read through (``corral._overrides``),
     #: or None when there was none.
     override_generation: int | None = field(default=None, compare=False)
+    #: The stamps (real path, size, modification time) of the custom operator library files
+    #: its config names: a copy built with another version of one is not interchangeable.
+    library_stamps: tuple[tuple[object, ...], ...] = field(default=(), compare=False)
 
     @property
     def served_versions(self) -> tuple[int, ...]:
@@ -86,7 +89,8 @@ class ModelEntry:
         # another declared tensor or another override is not interchangeable either. The path
         # tells two uploads apart even of one size written within one tick of the clock.
         stamp = None if file is None else (str(file.path), file.size, file.mtime_ns)
-        return (stamp, self.config)
+        # The config names a library by its path only: its stamp tells a new file there.
+        return (stamp, self.config, self.library_stamps)
 
 
 def make_entry(
@@ -112,6 +116,13 @@ def make_entry(
     generation = None
     if config_stamp and config_stamp[0] == "override" and isinstance(config_stamp[1], int):
         generation = config_stamp[1]
+    # The repository stamps each library file it located (at its real path, which the config
+    # then names) among the config's files.
+    libraries = tuple(
+        stamp
+        for stamp in config_stamp or ()
+        if isinstance(stamp, tuple) and stamp and stamp[0] in config.custom_op_libraries
+    )
     return ModelEntry(
         name,
         types.MappingProxyType(ordered),
@@ -120,6 +131,7 @@ def make_entry(
         fingerprint,
         tuple(problems.found),
         generation,
+        libraries,
     )
 
 

@@ -474,3 +474,29 @@ def test_a_session_registers_the_library_file_its_path_names_now(
             with corral.Session(model, custom_op_libraries=[str(library)]):
                 pass
     assert marks.read_text().split() == ["A", "A", "B", "B"]
+
+
+def test_a_library_replaced_on_disk_is_registered_as_the_new_one_on_reload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    builds = tmp_path / "builds"
+    builds.mkdir()
+    first, second = (build_marking_library(builds, mark) for mark in ("A", "B"))
+    marks = tmp_path / "marks.txt"
+    monkeypatch.setenv("CORRAL_TEST_OP_MARK", str(marks))
+    root = tmp_path / "repo"
+    (root / "m" / "1").mkdir(parents=True)
+    (root / "m" / "1" / "model.onnx").write_bytes(build_linear())
+    (root / "m" / "model.toml").write_text('custom_op_libraries = ["libops.so"]\n')
+    shutil.copy(first, root / "m" / "libops.so")
+    x = np.ones((1, 4), np.float32)
+    with corral.Host(root) as host:
+        host.infer("m", {"X": x})
+        assert marks.read_text().split() == ["A"]
+        # A new release of the library, put in place as deployments and the store's cache do,
+        # while the model's first version still holds the old one.
+        shutil.copy(second, root / "m" / "libops.so.new")
+        os.replace(root / "m" / "libops.so.new", root / "m" / "libops.so")
+        host.refresh()
+        host.infer("m", {"X": x})
+    assert marks.read_text().split() == ["A", "B"]
