@@ -35,6 +35,7 @@ entries built, with the fingerprints that tell a change, are :mod:`corral._model
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -377,6 +378,14 @@ class Repository:
         # read as a local folder's; kept in the cache while they are read.
         with self.store.opened(name):
             return self._repository_entry(name, override)
+
+    def kept(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """Keep model ``name``'s files where :meth:`entry` found them while inside.
+
+        For a repository in object storage: its copy is not evicted from the cache meanwhile
+        (:meth:`corral._store.Store.kept`). For a folder, nothing to do.
+        """
+        return contextlib.nullcontext() if self.store is None else self.store.kept(name)
 
     def is_current(self, entry: ModelEntry) -> bool:
         """Whether ``entry`` was read through the load's override in place now (or none).

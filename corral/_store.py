@@ -212,11 +212,20 @@ class Store:
         :class:`ModelNotFound` when the store has neither, :class:`StoreUnavailable` when the
         store cannot be read within the fetch deadline.
         """
+        with self.kept(name):
+            yield self._fetch_once(name)
+
+    @contextlib.contextmanager
+    def kept(self, name: str) -> Iterator[None]:
+        """Keep model ``name``'s copy in the cache while inside, fetching nothing.
+
+        For a caller that read the model's entry through :meth:`opened` and reads its files
+        after, before the Host counts the model as loading (:attr:`in_use`).
+        """
         with self._books_lock:
             self._readers[name] = self._readers.get(name, 0) + 1
         try:
-            local = self._fetch_once(name)
-            yield local
+            yield
         finally:
             with self._books_lock:
                 self._readers[name] -= 1

@@ -9,9 +9,10 @@ import os
 import threading
 import time
 
+import numpy as np
 import pytest
 
-from corral import RepositoryError, StoreUnavailable
+from corral import Host, RepositoryError, StoreUnavailable
 from corral._repository import Repository
 from corral._store import Store
 from corral.testing import build_linear
@@ -226,3 +227,27 @@ def test_a_models_latest_bytes_count_only_the_versions_the_repository_serves(s3,
     client.put_object(Bucket=name, Key="repo/m/\u0669/model.onnx", Body=b"x" * 99)
     client.put_object(Bucket=name, Key="repo/m/\u00b2/model.onnx", Body=b"x" * 99)
     assert Store(f"s3://{name}/repo", tmp_path).latest_bytes("m") == 10
+
+
+def test_a_model_read_for_a_load_is_not_evicted_before_its_load_begins(s3, bucket, tmp_path):
+    name, client = bucket
+    for model in ("a", "b"):
+        put_model(client, name, model)
+    x = np.ones((2, 4), np.float32)
+    with Host(f"s3://{name}/repo", cache_dir=str(tmp_path), cache_bytes=len(MODEL)) as host:
+        store = host.repository.store
+        assert store is not None
+        table = host._table
+        begin = table.begin
+
+        def another_fetch_first(key, *args, **kwargs):
+            if key[0] == "a" and not table.busy("b"):
+                # Another request's fetch ends in the moment between the load of "a" reading
+                # its entry and its load beginning: the cache holds room for one model.
+                with store.opened("b"):
+                    pass
+            return begin(key, *args, **kwargs)
+
+        table.begin = another_fetch_first
+        assert host.infer("a", {"X": x})["Y"].shape == (2, 1)
+    assert (tmp_path / "a" / "1" / "model.onnx").read_bytes() == MODEL
