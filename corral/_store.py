@@ -73,8 +73,9 @@ SCHEMES = ("s3", "gs", "az", "abfs", "abfss")
 DEFAULT_FETCH_TIMEOUT_S = 60.0
 #: Seconds the listing at start may take: a store that hangs stops the start within a minute.
 START_TIMEOUT_S = 30.0
-#: The variables whose values are never shown in an error or log line.
-_SECRETS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "GOOGLE_SERVICE_ACCOUNT_KEY")
+#: The variables whose values are never shown in an error or log line: every store's keys,
+#: secrets, tokens and signatures (obstore reads AWS_*, AZURE_* and GOOGLE_* variables).
+_SECRET = re.compile(r"(?:AWS|AZURE|GOOGLE)_\w*(?:KEY|SECRET|TOKEN|SAS|PASSWORD)\w*")
 _MANIFESTS = ".manifests"
 _PARTIAL = ".partial"
 _RETRIES = 2
@@ -579,9 +580,9 @@ class Store:
         said = re.search(r"<Message>([^<]{1,300})</Message>", whole)
         if code is not None:
             text += f" {code[1]}" + ("" if said is None else f": {said[1]}")
-        for variable in _SECRETS:
-            secret = os.environ.get(variable)
-            if secret and len(secret) >= 8:  # a real one is 40 characters; "s" is no secret
+        for variable, secret in os.environ.items():
+            # A real one is 40 characters or more; "s" is no secret (and is in every word).
+            if len(secret) >= 8 and _SECRET.fullmatch(variable):
                 text = text.replace(secret, "<secret>")
         return text
 

@@ -251,3 +251,19 @@ def test_a_model_read_for_a_load_is_not_evicted_before_its_load_begins(s3, bucke
         table.begin = another_fetch_first
         assert host.infer("a", {"X": x})["Y"].shape == (2, 1)
     assert (tmp_path / "a" / "1" / "model.onnx").read_bytes() == MODEL
+
+
+@pytest.mark.parametrize(
+    "variable",
+    [
+        "AZURE_STORAGE_ACCOUNT_KEY",
+        "AZURE_STORAGE_SAS_TOKEN",
+        "AZURE_CLIENT_SECRET",
+        "AWS_SESSION_TOKEN",
+    ],
+)
+def test_the_secret_of_any_store_is_blanked_out_of_a_reason(monkeypatch, variable):
+    monkeypatch.setenv(variable, "not-to-be-shown-0123")
+    reason = Store._reason(OSError("signing with not-to-be-shown-0123 failed"))
+    assert "not-to-be-shown-0123" not in reason
+    assert "<secret>" in reason
