@@ -527,9 +527,13 @@ class Store:
         self._remove_files(name)
 
     def _remove_files(self, name: str) -> None:
+        # <name>/ if it is a folder (a file there is the bare copy of the model name[:-5]),
+        # and <name>.onnx if it is a file (a folder there is the model "<name>.onnx"'s).
         shutil.rmtree(os.path.join(self.cache_dir, name), ignore_errors=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(self.cache_dir, name + ".onnx"))
+        bare = os.path.join(self.cache_dir, name + ".onnx")
+        if not os.path.isdir(bare):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(bare)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._manifest_path(name))
 

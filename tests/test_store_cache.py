@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from corral import Host, RepositoryError, StoreUnavailable
+from corral import Host, ModelNotFound, RepositoryError, StoreUnavailable
 from corral._repository import Repository
 from corral._store import Store
 from corral.testing import build_linear
@@ -267,3 +267,17 @@ def test_the_secret_of_any_store_is_blanked_out_of_a_reason(monkeypatch, variabl
     reason = Store._reason(OSError("signing with not-to-be-shown-0123 failed"))
     assert "not-to-be-shown-0123" not in reason
     assert "<secret>" in reason
+
+
+def test_a_model_named_like_another_models_bare_file_is_not_found_without_harm(
+    s3, bucket, tmp_path
+):
+    name, client = bucket
+    put_model(client, name, "foo.onnx")  # a folder model whose name ends in .onnx
+    repo = Repository(f"s3://{name}/repo", cache_dir=tmp_path)
+    assert 1 in repo.entry("foo.onnx").versions
+    # "foo" would be a bare foo.onnx: the store has none, and the cache's foo.onnx is the
+    # folder of the model "foo.onnx".
+    with pytest.raises(ModelNotFound):
+        repo.entry("foo")
+    assert (tmp_path / "foo.onnx" / "1" / "model.onnx").read_bytes() == MODEL
