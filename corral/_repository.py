@@ -221,7 +221,11 @@ class Repository:
             # at start says at once whether the store can be reached.
             assert isinstance(root, str)  # is_store_url takes only a str
             self.store = Store(root, cache_dir, cache_bytes=cache_bytes, timeout_s=fetch_timeout_s)
-            self.store.names(first=True)
+            try:
+                self.store.names(first=True)
+            except BaseException:
+                self.store.close()  # its cache folder is free for the next try at once
+                raise
             root = self.store.cache_dir
         elif cache_dir is not None or cache_bytes is not None:
             raise InvalidOption(

@@ -78,6 +78,7 @@ START_TIMEOUT_S = 30.0
 _SECRET = re.compile(r"(?:AWS|AZURE|GOOGLE)_\w*(?:KEY|SECRET|TOKEN|SAS|PASSWORD)\w*")
 _MANIFESTS = ".manifests"
 _PARTIAL = ".partial"
+_LOCK = ".lock"
 _RETRIES = 2
 _PAGE = 1000
 _CONNECT = datetime.timedelta(seconds=5)
@@ -160,6 +161,11 @@ class Store:
             weakref.finalize(self, shutil.rmtree, cache_dir, ignore_errors=True)
         self.cache_dir = os.path.realpath(os.fspath(cache_dir))
         os.makedirs(os.path.join(self.cache_dir, _MANIFESTS), exist_ok=True)
+        # The folder is this Store's alone until close() (or its collection): another, in this
+        # process or another one, would clear its partial downloads, evict the files it
+        # reads, and write the same manifests.
+        self._claim = _claim_folder(self.cache_dir, url)
+        self._release = weakref.finalize(self, _release_folder, self._claim)
         shutil.rmtree(os.path.join(self.cache_dir, _PARTIAL), ignore_errors=True)
         os.makedirs(os.path.join(self.cache_dir, _PARTIAL), exist_ok=True)
         self.cache_bytes = cache_bytes
@@ -179,6 +185,14 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store({self.url!r}, cache {self.cache_dir!r})"
+
+    def close(self) -> None:
+        """Give up the cache folder, for another Store to use; idempotent.
+
+        The Host that made the Store calls it when it closes; a Store collected gives the
+        folder up too. Nothing may be read through the Store after.
+        """
+        self._release()
 
     # -- listing -----------------------------------------------------------------------------
 
@@ -599,6 +613,35 @@ def _check_inside(name: str, relative: str, url: str) -> None:
             f"model {name!r} in {url}: the object {name}/{relative} cannot be copied into the "
             "cache: its key has an empty, '.' or '..' part, or a backslash"
         )
+
+
+def _claim_folder(folder: str, url: str) -> int:
+    """Claim ``folder`` for one Store: an exclusive ``flock`` on its ``.lock``, held open.
+
+    Raises :class:`RepositoryError` naming the folder when another Store holds it. Where
+    ``flock`` does not exist (Windows) the claim is the descriptor alone: nothing is refused.
+    """
+    claim = os.open(os.path.join(folder, _LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        import fcntl
+    except ImportError:
+        return claim
+    try:
+        fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(claim)
+        raise RepositoryError(
+            f"model repository {url}: its cache folder {folder} is in use by another Store "
+            "(another process, or another Host of this one); give each its own cache folder"
+        ) from None
+    except BaseException:
+        os.close(claim)
+        raise
+    return claim
+
+
+def _release_folder(claim: int) -> None:
+    os.close(claim)  # the flock ends with its descriptor
 
 
 def _manifest_document(

@@ -53,11 +53,13 @@ def test_a_refresh_cut_short_leaves_no_file_trusted_for_an_etag_it_does_not_hold
     # Rolled back: the store holds the first copy again, whose ETag the old manifest names.
     put_model(client, name, "m", 1, MODEL)
     put_model(client, name, "m", 2, MODEL)
-    for reader in (store, Store(f"s3://{name}/repo", tmp_path)):  # and after a restart
-        with reader.opened("m") as local:
-            for version in (1, 2):
-                assert (tmp_path / "m" / str(version) / "model.onnx").read_bytes() == MODEL
-            assert local == str(tmp_path / "m")
+    with store.opened("m"):
+        for version in (1, 2):
+            assert (tmp_path / "m" / str(version) / "model.onnx").read_bytes() == MODEL
+    store.close()
+    with Store(f"s3://{name}/repo", tmp_path).opened("m"):  # and after a restart
+        for version in (1, 2):
+            assert (tmp_path / "m" / str(version) / "model.onnx").read_bytes() == MODEL
 
 
 def test_a_cached_file_that_is_not_whole_is_fetched_again(s3, bucket, tmp_path):
@@ -212,6 +214,7 @@ def test_after_a_restart_the_least_recently_read_model_is_evicted_first(s3, buck
     for model in ("a", "b"):
         with first.opened(model):
             pass
+    first.close()
     again = Store(f"s3://{name}/repo", tmp_path, cache_bytes=2 * len(MODEL))
     with again.opened("a"):  # read since the restart: "b" is now the least recent
         pass
@@ -281,3 +284,24 @@ def test_a_model_named_like_another_models_bare_file_is_not_found_without_harm(
     with pytest.raises(ModelNotFound):
         repo.entry("foo")
     assert (tmp_path / "foo.onnx" / "1" / "model.onnx").read_bytes() == MODEL
+
+
+def test_two_stores_never_share_a_cache_folder(s3, bucket, tmp_path):
+    name, client = bucket
+    put_model(client, name, "m")
+    url = f"s3://{name}/repo"
+    with Host(url, cache_dir=str(tmp_path)) as host:
+        host.infer("m", {"X": np.ones((2, 4), np.float32)})
+        # Another Host (or process) here would clear this one's partial downloads and evict
+        # the files it reads.
+        with pytest.raises(RepositoryError, match="in use by another") as caught:
+            Store(url, tmp_path)
+        assert str(tmp_path) in str(caught.value)
+    # Closed, the Host's Store gives the folder up; a later one reuses the cache.
+    store = Store(url, tmp_path)
+    with store.opened("m"):
+        pass
+    assert store.stats().hits == 1
+    store.close()
+    store.close()  # idempotent
+    Store(url, tmp_path).close()
