@@ -15,7 +15,8 @@ restarts too. The manifest never vouches for a copy that is not the store's file
 it drops the copies about to change before any is replaced, and names the new ones only once
 they and their renames are on disk. The cache holds at most
 ``cache_bytes``: past it, the least recently read models are removed, never one that is being
-fetched, being read, or that :attr:`Store.in_use` says is loaded or loading.
+fetched, being read, kept for a load (:meth:`Store.kept`), or that :attr:`Store.in_use` says is
+loaded or loading. A Store claims its cache folder (an exclusive ``flock``) until it closes.
 
 The library, obstore (the ``s3`` extra), is imported when a Store is made, never by
 ``import corral``. Credentials come from its standard chain (``AWS_*`` variables, instance
