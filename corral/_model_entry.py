@@ -35,6 +35,9 @@ class ModelVersion:
     size: int
     #: Its modification time, in nanoseconds.
     mtime_ns: int
+    #: The files beside it in its version folder (external data among them), each as (path
+    #: inside the folder, size, modification time): new ones are a new copy of the version.
+    beside: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ class ModelEntry:
         # The whole configuration (dataclass equality): a copy built with another batch size,
         # another declared tensor or another override is not interchangeable either. The path
         # tells two uploads apart even of one size written within one tick of the clock.
-        stamp = None if file is None else (str(file.path), file.size, file.mtime_ns)
+        stamp = None if file is None else (str(file.path), file.size, file.mtime_ns, file.beside)
         # The config names a library by its path only: its stamp tells a new file there.
         return (stamp, self.config, self.library_stamps)
 
@@ -110,7 +113,10 @@ def make_entry(
         layout,
         config_stamp,
         tuple(ordered),
-        tuple((v, str(ordered[v].path), ordered[v].size, ordered[v].mtime_ns) for v in served),
+        tuple(
+            (v, str(ordered[v].path), ordered[v].size, ordered[v].mtime_ns, ordered[v].beside)
+            for v in served
+        ),
         None if error is None else f"{type(error).__name__}: {error}",
     )
     generation = None

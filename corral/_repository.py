@@ -50,6 +50,7 @@ from corral._config import ModelConfig
 from corral._confined import (
     Found,
     Root,
+    beside_stamps,
     locate,
     locate_library,
     only_if,
@@ -735,8 +736,10 @@ class Repository:
             error = ModelInvalid(f"model {name!r}: {shown} is not a regular file")
             problems.add(ProblemKind.BAD_LAYOUT, error, shown, f"make {shown} a model file")
             return None
+        # The files beside the model file (its external data) are part of the version.
+        beside = beside_stamps(version_dir.real, model_file)
         return ModelVersion(
-            int(child), Path(model.real), model.stat.st_size, model.stat.st_mtime_ns
+            int(child), Path(model.real), model.stat.st_size, model.stat.st_mtime_ns, beside
         )
 
 
