@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from corral._errors import (
     InvalidOption,
+    ModelInvalid,
     ModelLoadError,
     ModelNotFound,
     RepositoryError,
@@ -460,7 +461,13 @@ class Store:
             for parts in (relative.split("/") for relative in listed)
             for depth in range(1, len(parts))
         }
-        return {k: v for k, v in listed.items() if not (v[1] == 0 and k in folders)}
+        for folder in sorted(folders):
+            if listed.get(folder, ("", 0))[1]:
+                raise ModelInvalid(
+                    f"model {name!r} in {self.url}: {name}/{folder} is both a file and a folder "
+                    "(a key, and the start of others): it cannot be copied into a folder"
+                )
+        return {k: v for k, v in listed.items() if k not in folders}
 
     def _check_fits(self, name: str, listed: dict[str, tuple[str, int]]) -> None:
         total = sum(size for _, size in listed.values())

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from corral import Host, ModelNotFound, RepositoryError, StoreUnavailable
+from corral import Host, ModelInvalid, ModelNotFound, RepositoryError, StoreUnavailable
 from corral._repository import Repository
 from corral._store import Store
 from corral.testing import build_linear
@@ -305,3 +305,16 @@ def test_two_stores_never_share_a_cache_folder(s3, bucket, tmp_path):
     store.close()
     store.close()  # idempotent
     Store(url, tmp_path).close()
+
+
+def test_a_key_that_is_both_a_file_and_a_folder_is_refused_naming_it(s3, bucket, tmp_path):
+    name, client = bucket
+    put_model(client, name, "m")
+    client.put_object(Bucket=name, Key="repo/m/1", Body=b"not a marker")
+    store = Store(f"s3://{name}/repo", tmp_path)
+    with (
+        pytest.raises(ModelInvalid, match="m/1 is both a file and a folder") as caught,
+        store.opened("m"),
+    ):
+        pass
+    assert not isinstance(caught.value, StoreUnavailable)  # waiting would not help
