@@ -16,6 +16,7 @@ from corral import Host, ModelInvalid, ModelNotFound, RepositoryError, StoreUnav
 from corral._repository import Repository
 from corral._store import Store
 from corral.testing import build_linear
+from tests.helpers import wait_until
 from tests.test_store import MODEL, bucket, put_model, s3
 
 pytest.importorskip("obstore")
@@ -195,10 +196,9 @@ def test_a_reader_waiting_on_an_interrupted_fetch_gets_a_store_error_not_the_int
     assert inside.wait(timeout=10)
     second = threading.Thread(target=waiter)
     second.start()
-    # The waiter is in line once the Store counts it as a reader of the model.
-    deadline = time.monotonic() + 10
-    while store._readers.get("m", 0) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    # The waiter is in line once the Store counts it as a reader of the model (no event can
+    # be had inside the Store).
+    wait_until(lambda: store._readers.get("m", 0) == 2)
     release.set()
     first.join(timeout=30)
     second.join(timeout=30)
