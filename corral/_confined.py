@@ -6,7 +6,9 @@ that resolves outside the root is never stat'ed, only reported (:func:`outside_e
 a file is read only when it is a regular file, and only up to a byte limit
 (:func:`read_bytes`, :func:`read_text`). A config.pbtxt's warm-up file is confined to its
 model's folder the same way (:func:`read_warmup`), and so is a custom operator library
-(:func:`locate_library`: found, never read here). Nothing here logs or keeps state.
+(:func:`locate_library`: found, never read here); the files beside a model file (its external
+data among them) are stat'ed to tell a change (:func:`beside_stamps`). Nothing here logs or
+keeps state.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from corral._errors import ModelConfigError, ModelInvalid
 __all__ = [
     "Found",
     "Root",
+    "beside_stamps",
     "locate",
     "locate_library",
     "only_if",
@@ -176,3 +179,28 @@ def locate_library(
         raise ModelConfigError(f"{shown}: not a regular file")
     stamps.append((real, info.st_size, info.st_mtime_ns))
     return real
+
+
+def beside_stamps(folder: str, model_file: str) -> tuple[tuple[str, int, int], ...]:
+    """``(path inside folder, size, modification time)`` of each file under ``folder`` but one.
+
+    The files beside a model file: its external data (which onnxruntime reads from the model
+    file's folder) among them, so that new weights in place of the old, the model file left
+    as it was, are a change. ``model_file`` (its name in ``folder``) is left out; sub-folders
+    are walked, without following links to folders; a file that cannot be stat'ed is stamped
+    with -1.
+    """
+    stamps: list[tuple[str, int, int]] = []
+    for current, _, files in os.walk(folder):
+        for file in files:
+            path = os.path.join(current, file)
+            relative = os.path.relpath(path, folder)
+            if relative == model_file:
+                continue
+            try:
+                info = os.stat(path)
+            except OSError:
+                stamps.append((relative, -1, -1))
+                continue
+            stamps.append((relative, info.st_size, info.st_mtime_ns))
+    return tuple(sorted(stamps))

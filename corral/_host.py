@@ -83,6 +83,8 @@ class Host:
                 "Repository(...), or give the Host the repository's URL",
                 option="cache_dir" if self._options.cache_dir is not None else "cache_bytes",
             )
+        # A Repository made here is closed with the Host; one given is the caller's.
+        self._owns_repository = not isinstance(repository, Repository)
         self._repository = (
             repository
             if isinstance(repository, Repository)
@@ -723,6 +725,8 @@ class Host:
         finally:
             self._table.finish_close()
             self._uploads.close()
+            if self._owns_repository and self._repository.store is not None:
+                self._repository.store.close()  # its cache folder is free for another
 
     def __enter__(self) -> Host:
         return self.start()

@@ -445,21 +445,25 @@ class Loader:
         try:
             if outer.cancelled():
                 return
-            entry, key, read = self._resolve(name, version, refresh)
-            step = self._table.begin(key, entry, newest=version is None, may_lead=read)
-            if step is None:
-                # Not loaded nor loading: read the entry again, so that the load (and its
-                # size estimate) uses the versions and files on disk now.
-                entry, key = self.resolve(name, version, refresh=True)
-                step = self._table.begin(key, entry, newest=version is None)
-            assert step is not None  # may_lead: never None
-            if isinstance(step, Lead):
-                self._load(key, entry, step.future, claim)
-                # After _load the claim is finished or expired for good; expired, its callbacks
-                # answered ``outer`` already (LoadTimeout), and a second answer would raise.
-                if not claim.finish():
-                    return
-                step = step.future
+            # From the entry's read to the end of the load: a store's cache keeps the files the
+            # entry names (before the table counts the model as loading, nothing else does).
+            with self._repository.kept(name):
+                entry, key, read = self._resolve(name, version, refresh)
+                step = self._table.begin(key, entry, newest=version is None, may_lead=read)
+                if step is None:
+                    # Not loaded nor loading: read the entry again, so that the load (and its
+                    # size estimate) uses the versions and files on disk now.
+                    entry, key = self.resolve(name, version, refresh=True)
+                    step = self._table.begin(key, entry, newest=version is None)
+                assert step is not None  # may_lead: never None
+                if isinstance(step, Lead):
+                    self._load(key, entry, step.future, claim)
+                    # After _load the claim is finished or expired for good; expired, its
+                    # callbacks answered ``outer`` already (LoadTimeout), and a second answer
+                    # would raise.
+                    if not claim.finish():
+                        return
+                    step = step.future
             _follow(step, outer)
         except BaseException as exc:
             _settle(outer, error=exc)

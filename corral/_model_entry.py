@@ -35,6 +35,9 @@ class ModelVersion:
     size: int
     #: Its modification time, in nanoseconds.
     mtime_ns: int
+    #: The files beside it in its version folder (external data among them), each as (path
+    #: inside the folder, size, modification time): new ones are a new copy of the version.
+    beside: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,9 @@ class ModelEntry:
     #: The generation of the load's override it was read through (``corral._overrides``),
     #: or None when there was none.
     override_generation: int | None = field(default=None, compare=False)
+    #: The stamps (real path, size, modification time) of the custom operator library files
+    #: its config names: a copy built with another version of one is not interchangeable.
+    library_stamps: tuple[tuple[object, ...], ...] = field(default=(), compare=False)
 
     @property
     def served_versions(self) -> tuple[int, ...]:
@@ -85,8 +91,9 @@ class ModelEntry:
         # The whole configuration (dataclass equality): a copy built with another batch size,
         # another declared tensor or another override is not interchangeable either. The path
         # tells two uploads apart even of one size written within one tick of the clock.
-        stamp = None if file is None else (str(file.path), file.size, file.mtime_ns)
-        return (stamp, self.config)
+        stamp = None if file is None else (str(file.path), file.size, file.mtime_ns, file.beside)
+        # The config names a library by its path only: its stamp tells a new file there.
+        return (stamp, self.config, self.library_stamps)
 
 
 def make_entry(
@@ -106,12 +113,22 @@ def make_entry(
         layout,
         config_stamp,
         tuple(ordered),
-        tuple((v, str(ordered[v].path), ordered[v].size, ordered[v].mtime_ns) for v in served),
+        tuple(
+            (v, str(ordered[v].path), ordered[v].size, ordered[v].mtime_ns, ordered[v].beside)
+            for v in served
+        ),
         None if error is None else f"{type(error).__name__}: {error}",
     )
     generation = None
     if config_stamp and config_stamp[0] == "override" and isinstance(config_stamp[1], int):
         generation = config_stamp[1]
+    # The repository stamps each library file it located (at its real path, which the config
+    # then names) among the config's files.
+    libraries = tuple(
+        stamp
+        for stamp in config_stamp or ()
+        if isinstance(stamp, tuple) and stamp and stamp[0] in config.custom_op_libraries
+    )
     return ModelEntry(
         name,
         types.MappingProxyType(ordered),
@@ -120,6 +137,7 @@ def make_entry(
         fingerprint,
         tuple(problems.found),
         generation,
+        libraries,
     )
 
 

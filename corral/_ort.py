@@ -34,11 +34,21 @@ Facts this module is built on (checked on onnxruntime 1.31 and 1.32):
 - ``register_custom_ops_library`` loads the library at once and raises onnxruntime's
   ``Fail`` naming the reason (a missing file, "invalid ELF header", no ``RegisterCustomOps``
   symbol): a library that cannot load fails before any session is built.
+- It loads the library with ``dlopen``, and glibc's ``dlopen`` hands back a library already
+  loaded under the same path, whatever file that path names now: a library replaced on disk
+  (a new release, a store's refreshed copy) while a session still holds the old one would be
+  registered as the old one, and the new version of the model would run the old operators.
+  So a library is given by its real path, and a version of a file whose path some other file
+  is still loaded under is registered through a copy of its own (:func:`_loadable_path`).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -96,6 +106,12 @@ _env_allocator = False
 #: the sessions that use them (custom-op domain and schema registration). Never held across a
 #: run.
 CONSTRUCTION_LOCK = threading.Lock()
+
+# Guards _library_copies and _library_folder: the copy made of each version of a library file
+# that had to be loaded under a path of its own, and the folder that holds them.
+_LIBRARY_COPIES_LOCK = threading.Lock()
+_library_copies: dict[tuple[int, int, int, int], str] = {}
+_library_folder: str | None = None
 
 #: The name that stands for onnxruntime-extensions' library of operators (its
 #: ``get_library_path()``), instead of a path, in model.toml and config.pbtxt.
@@ -329,7 +345,69 @@ def extensions_library_path(source: str) -> str:
 
 
 def _library_path(library: str, source: str) -> str:
-    return extensions_library_path(source) if library == EXTENSIONS_LIBRARY else library
+    if library == EXTENSIONS_LIBRARY:
+        return extensions_library_path(source)
+    return _loadable_path(os.path.realpath(library))
+
+
+def _loadable_path(path: str) -> str:
+    """The path to load the library file ``path`` (a real path) through, as the file is now.
+
+    ``path`` itself, unless the process has another file mapped under that path (the one it
+    named before a replacement, which ``dlopen`` would hand back): then a copy of this file
+    in a folder of the process's own, made once per version of the file (its device, inode,
+    size and modification time) and removed at exit. A path that cannot be opened is given
+    as it is, for onnxruntime's own error to name it.
+    """
+    global _library_folder
+    try:
+        source = open(path, "rb")  # noqa: SIM115  # closed by the with below; copied from
+    except OSError:
+        return path
+    with source:
+        info = os.fstat(source.fileno())
+        if not _other_file_mapped(path, info.st_dev, info.st_ino):
+            return path
+        version = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+        with _LIBRARY_COPIES_LOCK:
+            copy = _library_copies.get(version)
+            if copy is not None:
+                return copy
+            if _library_folder is None:
+                _library_folder = tempfile.mkdtemp(prefix="corral-op-libraries-")
+                atexit.register(shutil.rmtree, _library_folder, ignore_errors=True)
+            copy = os.path.join(_library_folder, f"{len(_library_copies)}-{os.path.basename(path)}")
+            with open(copy, "wb") as target:
+                shutil.copyfileobj(source, target)
+            _library_copies[version] = copy
+        logger.info(
+            "corral: the custom op library %s changed since it was loaded and the old one is "
+            "still in use: the new one is loaded from its copy %s",
+            path,
+            copy,
+        )
+        return copy
+
+
+def _other_file_mapped(path: str, device: int, inode: int) -> bool:
+    """Whether the process maps a file under ``path`` that is not (``device``, ``inode``).
+
+    Read from ``/proc/self/maps`` (Linux); elsewhere, False.
+    """
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            lines = maps.read().splitlines()
+    except OSError:
+        return False
+    deleted = path + " (deleted)"
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or fields[5] not in (path, deleted):
+            continue
+        major, _, minor = fields[3].partition(":")
+        if int(fields[4]) != inode or os.makedev(int(major, 16), int(minor, 16)) != device:
+            return True
+    return False
 
 
 def runner(session: Any) -> Any:

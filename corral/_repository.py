@@ -35,6 +35,7 @@ entries built, with the fingerprints that tell a change, are :mod:`corral._model
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -49,6 +50,7 @@ from corral._config import ModelConfig
 from corral._confined import (
     Found,
     Root,
+    beside_stamps,
     locate,
     locate_library,
     only_if,
@@ -220,7 +222,11 @@ class Repository:
             # at start says at once whether the store can be reached.
             assert isinstance(root, str)  # is_store_url takes only a str
             self.store = Store(root, cache_dir, cache_bytes=cache_bytes, timeout_s=fetch_timeout_s)
-            self.store.names(first=True)
+            try:
+                self.store.names(first=True)
+            except BaseException:
+                self.store.close()  # its cache folder is free for the next try at once
+                raise
             root = self.store.cache_dir
         elif cache_dir is not None or cache_bytes is not None:
             raise InvalidOption(
@@ -377,6 +383,14 @@ class Repository:
         # read as a local folder's; kept in the cache while they are read.
         with self.store.opened(name):
             return self._repository_entry(name, override)
+
+    def kept(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """Keep model ``name``'s files where :meth:`entry` found them while inside.
+
+        For a repository in object storage: its copy is not evicted from the cache meanwhile
+        (:meth:`corral._store.Store.kept`). For a folder, nothing to do.
+        """
+        return contextlib.nullcontext() if self.store is None else self.store.kept(name)
 
     def is_current(self, entry: ModelEntry) -> bool:
         """Whether ``entry`` was read through the load's override in place now (or none).
@@ -722,8 +736,10 @@ class Repository:
             error = ModelInvalid(f"model {name!r}: {shown} is not a regular file")
             problems.add(ProblemKind.BAD_LAYOUT, error, shown, f"make {shown} a model file")
             return None
+        # The files beside the model file (its external data) are part of the version.
+        beside = beside_stamps(version_dir.real, model_file)
         return ModelVersion(
-            int(child), Path(model.real), model.stat.st_size, model.stat.st_mtime_ns
+            int(child), Path(model.real), model.stat.st_size, model.stat.st_mtime_ns, beside
         )
 
 

@@ -8,11 +8,15 @@ request per 1,000 names) and copies one model's files (its config and version fo
 copy as it reads any folder. Nothing is downloaded at start beyond the listing.
 
 Each cached model keeps a manifest (``<cache>/.manifests/<name>.json``: every file's ETag and
-size). A model is read again by listing its prefix: a file whose ETag changed is fetched again
-(written beside, then renamed over the old one), a file gone from the store is removed, and
-an unchanged copy is used as it is, across restarts too. The cache holds at most
+size). A model is read again by listing its prefix: a file whose ETag changed (or whose copy
+is not of the listed size) is fetched again (written beside, put on disk, then renamed over the
+old one), a file gone from the store is removed, and an unchanged copy is used as it is, across
+restarts too. The manifest never vouches for a copy that is not the store's file of that ETag:
+it drops the copies about to change before any is replaced, and names the new ones only once
+they and their renames are on disk. The cache holds at most
 ``cache_bytes``: past it, the least recently read models are removed, never one that is being
-fetched, being read, or that :attr:`Store.in_use` says is loaded or loading.
+fetched, being read, kept for a load (:meth:`Store.kept`), or that :attr:`Store.in_use` says is
+loaded or loading. A Store claims its cache folder (an exclusive ``flock``) until it closes.
 
 The library, obstore (the ``s3`` extra), is imported when a Store is made, never by
 ``import corral``. Credentials come from its standard chain (``AWS_*`` variables, instance
@@ -29,18 +33,21 @@ import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 import time
 import urllib.parse
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from corral._errors import (
     InvalidOption,
+    ModelInvalid,
     ModelLoadError,
     ModelNotFound,
     RepositoryError,
@@ -68,13 +75,17 @@ SCHEMES = ("s3", "gs", "az", "abfs", "abfss")
 DEFAULT_FETCH_TIMEOUT_S = 60.0
 #: Seconds the listing at start may take: a store that hangs stops the start within a minute.
 START_TIMEOUT_S = 30.0
-#: The variables whose values are never shown in an error or log line.
-_SECRETS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "GOOGLE_SERVICE_ACCOUNT_KEY")
+#: The variables whose values are never shown in an error or log line: every store's keys,
+#: secrets, tokens and signatures (obstore reads AWS_*, AZURE_* and GOOGLE_* variables).
+_SECRET = re.compile(r"(?:AWS|AZURE|GOOGLE)_\w*(?:KEY|SECRET|TOKEN|SAS|PASSWORD)\w*")
 _MANIFESTS = ".manifests"
 _PARTIAL = ".partial"
+_LOCK = ".lock"
 _RETRIES = 2
 _PAGE = 1000
 _CONNECT = datetime.timedelta(seconds=5)
+# A version folder's name, as corral._repository reads one (str.isdigit would take "²").
+_VERSION = re.compile(r"[1-9][0-9]*")
 _TRITON_ENDPOINT = re.compile(r"[A-Za-z0-9.\-]+:[0-9]{1,5}")
 
 
@@ -107,6 +118,8 @@ class StoreStats:
 @dataclass
 class _Cached:
     size: int
+    #: When the model was last read, as time.time() gives it: a restart takes it from the
+    #: manifest's modification time, so both are the wall clock.
     used: float
 
 
@@ -150,6 +163,11 @@ class Store:
             weakref.finalize(self, shutil.rmtree, cache_dir, ignore_errors=True)
         self.cache_dir = os.path.realpath(os.fspath(cache_dir))
         os.makedirs(os.path.join(self.cache_dir, _MANIFESTS), exist_ok=True)
+        # The folder is this Store's alone until close() (or its collection): another, in this
+        # process or another one, would clear its partial downloads, evict the files it
+        # reads, and write the same manifests.
+        self._claim = _claim_folder(self.cache_dir, url)
+        self._release = weakref.finalize(self, _release_folder, self._claim)
         shutil.rmtree(os.path.join(self.cache_dir, _PARTIAL), ignore_errors=True)
         os.makedirs(os.path.join(self.cache_dir, _PARTIAL), exist_ok=True)
         self.cache_bytes = cache_bytes
@@ -169,6 +187,14 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store({self.url!r}, cache {self.cache_dir!r})"
+
+    def close(self) -> None:
+        """Give up the cache folder, for another Store to use; idempotent.
+
+        The Host that made the Store calls it when it closes; a Store collected gives the
+        folder up too. Nothing may be read through the Store after.
+        """
+        self._release()
 
     # -- listing -----------------------------------------------------------------------------
 
@@ -203,11 +229,20 @@ class Store:
         :class:`ModelNotFound` when the store has neither, :class:`StoreUnavailable` when the
         store cannot be read within the fetch deadline.
         """
+        with self.kept(name):
+            yield self._fetch_once(name)
+
+    @contextlib.contextmanager
+    def kept(self, name: str) -> Iterator[None]:
+        """Keep model ``name``'s copy in the cache while inside, fetching nothing.
+
+        For a caller that read the model's entry through :meth:`opened` and reads its files
+        after, before the Host counts the model as loading (:attr:`in_use`).
+        """
         with self._books_lock:
             self._readers[name] = self._readers.get(name, 0) + 1
         try:
-            local = self._fetch_once(name)
-            yield local
+            yield
         finally:
             with self._books_lock:
                 self._readers[name] -= 1
@@ -232,7 +267,7 @@ class Store:
                 for item in chunk:
                     listed += 1
                     version, _, rest = str(item["path"])[len(key) + 1 :].partition("/")
-                    if rest and version.isdigit() and not version.startswith("0"):
+                    if rest and _VERSION.fullmatch(version):
                         versions[int(version)] = versions.get(int(version), 0) + int(item["size"])
             with self._books_lock:
                 self._list_requests += _pages(listed)
@@ -277,7 +312,16 @@ class Store:
                     flight = self._flights[name] = Future()
             if leader:
                 break
-            error = flight.exception()  # the other flight's outcome, waited for
+            # The other fetch ends within its own bound (its deadline, checked between files,
+            # and one file's requests, which obstore gives up within the deadline too).
+            try:
+                error = flight.exception(timeout=2 * self._timeout_s)
+            except FutureTimeout:
+                raise StoreUnavailable(
+                    f"model {name!r}: another caller's fetch of it from {self.url} has taken "
+                    f"longer than {2 * self._timeout_s:g} s",
+                    store=self.url,
+                ) from None
             if error is not None:
                 raise fresh(error)
             if flight.result():
@@ -286,15 +330,28 @@ class Store:
         try:
             self._sync(name)
         except BaseException as exc:
-            flight.set_exception(exc)
-            raise
-        else:
-            flight.set_result(True)
-        finally:
+            # Off the books first, so that a reader woken by the outcome does not find the
+            # finished flight again; then the outcome, which every waiter shares.
             with self._books_lock:
                 del self._flights[name]
+            shared = exc if isinstance(exc, Exception) else self._interrupted(name, exc)
+            flight.set_exception(shared)
+            raise
+        with self._books_lock:
+            del self._flights[name]
+        flight.set_result(True)
         self._evict(keep=name)
         return self._local(name)
+
+    def _interrupted(self, name: str, exc: BaseException) -> StoreUnavailable:
+        # What a caller waiting on a fetch gets when the fetching thread was interrupted: the
+        # interruption (KeyboardInterrupt, SystemExit) was meant for that thread alone.
+        error = StoreUnavailable(
+            f"model {name!r}: its fetch from {self.url} was interrupted ({type(exc).__name__})",
+            store=self.url,
+        )
+        error.__cause__ = exc
+        return error
 
     def _local(self, name: str) -> str:
         manifest = self._manifest(name)
@@ -309,22 +366,7 @@ class Store:
         started = time.perf_counter()
         key = f"{self._prefix}{name}"
         try:
-            listed: dict[str, tuple[str, int]] = {}
-            for chunk in obstore.list(self._store, key + "/", chunk_size=1000):
-                for item in chunk:
-                    relative = str(item["path"])[len(key) + 1 :]
-                    _check_inside(name, relative, self.url)
-                    listed[relative] = (str(item["e_tag"]), int(item["size"]))
-            with self._books_lock:
-                self._list_requests += _pages(len(listed))
-            # A folder's marker (an empty object "<folder>/", which consoles make) is listed
-            # without its slash: a key that other keys are under is a folder, not a file.
-            folders = {
-                "/".join(parts[:depth])
-                for parts in (relative.split("/") for relative in listed)
-                for depth in range(1, len(parts))
-            }
-            listed = {k: v for k, v in listed.items() if not (v[1] == 0 and k in folders)}
+            listed = self._list_files(name, key)
             bare = False
             if not listed:
                 try:
@@ -339,26 +381,43 @@ class Store:
                 bare = True
             self._check_fits(name, listed)
             old = self._manifest(name) or {}
-            old_files: dict[str, list[Any]] = (
-                old.get("files", {}) if old.get("bare") == bare else {}
-            )
             if old.get("bare") is not None and old.get("bare") != bare:
                 self._remove_files(name)
+                old = {}
+            old_files: dict[str, list[Any]] = old.get("files", {})
             target = os.path.join(self.cache_dir, name + (".onnx" if bare else ""))
+            whole = {
+                relative: [etag, size]
+                for relative, (etag, size) in listed.items()
+                if old_files.get(relative) == [etag, size]
+                and _is_file_of(os.path.join(target, relative) if relative else target, size)
+            }
+            if any(relative not in whole for relative in old_files):
+                # Before any file is replaced or removed, the manifest names only the copies
+                # that stay: one cut short then (an error, a crash) is never taken later for
+                # the store's file of the ETag the old manifest gave it.
+                self._write_manifest(name, bare, whole)
             fetched = 0
-            for relative, (etag, size) in sorted(listed.items()):
-                local = os.path.join(target, relative) if relative else target
-                if old_files.get(relative, [None])[0] == etag and os.path.isfile(local):
+            written: set[str] = set()
+            for relative, (_, size) in sorted(listed.items()):
+                if relative in whole:
                     continue
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the fetch took longer than {self._timeout_s:g} s")
-                path = f"{key}/{relative}" if relative else key + ".onnx"
-                self._get(path, local)
+                local = os.path.join(target, relative) if relative else target
+                self._get(f"{key}/{relative}" if relative else key + ".onnx", local)
+                written.add(os.path.dirname(local))
                 fetched += size
             if not bare:
                 self._drop_unlisted(target, set(listed))
+            # The renames reach the disk before the manifest that names their files does.
+            _sync_folders(written, self.cache_dir)
             total = sum(size for _, size in listed.values())
-            self._write_manifest(name, bare, listed)
+            document = _manifest_document(self.url, bare, listed)
+            if document == old:
+                os.utime(self._manifest_path(name))  # read now: its time orders evictions
+            else:
+                self._write_manifest(name, bare, listed)
         except (ModelNotFound, ModelLoadError):
             with self._books_lock:
                 self._failures += 1
@@ -371,13 +430,44 @@ class Store:
                 store=self.url,
             ) from exc
         with self._books_lock:
-            self._cached[name] = _Cached(total, time.monotonic())
+            self._cached[name] = _Cached(total, time.time())
             if fetched:
                 self._fetches += 1
                 self._fetched_bytes += fetched
                 self._fetch_seconds += time.perf_counter() - started
             else:
                 self._hits += 1
+
+    def _list_files(self, name: str, key: str) -> dict[str, tuple[str, int]]:
+        """The model's files in the store: ``{path inside its folder: (ETag, size)}``."""
+        import obstore
+
+        listed: dict[str, tuple[str, int]] = {}
+        keys = 0
+        for chunk in obstore.list(self._store, key + "/", chunk_size=_PAGE):
+            for item in chunk:
+                keys += 1
+                relative = str(item["path"])[len(key) + 1 :]
+                if not relative and not int(item["size"]):
+                    continue  # the model folder's own marker ("<name>/", as consoles make)
+                _check_inside(name, relative, self.url)
+                listed[relative] = (str(item["e_tag"]), int(item["size"]))
+        with self._books_lock:
+            self._list_requests += _pages(keys)
+        # A folder's marker (an empty object "<folder>/", which consoles make) is listed
+        # without its slash: a key that other keys are under is a folder, not a file.
+        folders = {
+            "/".join(parts[:depth])
+            for parts in (relative.split("/") for relative in listed)
+            for depth in range(1, len(parts))
+        }
+        for folder in sorted(folders):
+            if listed.get(folder, ("", 0))[1]:
+                raise ModelInvalid(
+                    f"model {name!r} in {self.url}: {name}/{folder} is both a file and a folder "
+                    "(a key, and the start of others): it cannot be copied into a folder"
+                )
+        return {k: v for k, v in listed.items() if k not in folders}
 
     def _check_fits(self, name: str, listed: dict[str, tuple[str, int]]) -> None:
         total = sum(size for _, size in listed.values())
@@ -396,6 +486,8 @@ class Store:
             with os.fdopen(handle, "wb") as file:
                 for chunk in obstore.get(self._store, path):
                     file.write(chunk)
+                file.flush()
+                os.fsync(file.fileno())  # the data on disk before the rename names it
             os.replace(partial, local)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
@@ -438,9 +530,9 @@ class Store:
             try:
                 self._remove_files(name)
             finally:
-                eviction.set_result(False)
                 with self._books_lock:
                     del self._flights[name]
+                eviction.set_result(False)
             logger.info("corral: evicted model %r from the cache of %s", name, self.url)
         if total > self.cache_bytes:
             logger.warning(
@@ -457,9 +549,13 @@ class Store:
         self._remove_files(name)
 
     def _remove_files(self, name: str) -> None:
+        # <name>/ if it is a folder (a file there is the bare copy of the model name[:-5]),
+        # and <name>.onnx if it is a file (a folder there is the model "<name>.onnx"'s).
         shutil.rmtree(os.path.join(self.cache_dir, name), ignore_errors=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(self.cache_dir, name + ".onnx"))
+        bare = os.path.join(self.cache_dir, name + ".onnx")
+        if not os.path.isdir(bare):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(bare)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._manifest_path(name))
 
@@ -474,12 +570,17 @@ class Store:
             return None
         return manifest
 
-    def _write_manifest(self, name: str, bare: bool, listed: dict[str, tuple[str, int]]) -> None:
-        document = {"url": self.url, "bare": bare, "files": {k: list(v) for k, v in listed.items()}}
+    def _write_manifest(
+        self, name: str, bare: bool, files: Mapping[str, tuple[str, int] | list[Any]]
+    ) -> None:
+        """Write the manifest durably: whole (written beside, then renamed) and on disk."""
         path = self._manifest_path(name)
         with open(path + ".tmp", "w", encoding="utf-8") as file:
-            json.dump(document, file)
+            json.dump(_manifest_document(self.url, bare, files), file)
+            file.flush()
+            os.fsync(file.fileno())
         os.replace(path + ".tmp", path)
+        _sync_folder(os.path.dirname(path))
 
     def _read_manifests(self) -> dict[str, _Cached]:
         cached: dict[str, _Cached] = {}
@@ -505,9 +606,9 @@ class Store:
         said = re.search(r"<Message>([^<]{1,300})</Message>", whole)
         if code is not None:
             text += f" {code[1]}" + ("" if said is None else f": {said[1]}")
-        for variable in _SECRETS:
-            secret = os.environ.get(variable)
-            if secret and len(secret) >= 8:  # a real one is 40 characters; "s" is no secret
+        for variable, secret in os.environ.items():
+            # A real one is 40 characters or more; "s" is no secret (and is in every word).
+            if len(secret) >= 8 and _SECRET.fullmatch(variable):
                 text = text.replace(secret, "<secret>")
         return text
 
@@ -520,6 +621,73 @@ def _check_inside(name: str, relative: str, url: str) -> None:
             f"model {name!r} in {url}: the object {name}/{relative} cannot be copied into the "
             "cache: its key has an empty, '.' or '..' part, or a backslash"
         )
+
+
+def _claim_folder(folder: str, url: str) -> int:
+    """Claim ``folder`` for one Store: an exclusive ``flock`` on its ``.lock``, held open.
+
+    Raises :class:`RepositoryError` naming the folder when another Store holds it. Where
+    ``flock`` does not exist (Windows) the claim is the descriptor alone: nothing is refused.
+    """
+    claim = os.open(os.path.join(folder, _LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        import fcntl
+    except ImportError:
+        return claim
+    try:
+        fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(claim)
+        raise RepositoryError(
+            f"model repository {url}: its cache folder {folder} is in use by another Store "
+            "(another process, or another Host of this one); give each its own cache folder"
+        ) from None
+    except BaseException:
+        os.close(claim)
+        raise
+    return claim
+
+
+def _release_folder(claim: int) -> None:
+    os.close(claim)  # the flock ends with its descriptor
+
+
+def _manifest_document(
+    url: str, bare: bool, files: Mapping[str, tuple[str, int] | list[Any]]
+) -> dict[str, Any]:
+    """A model's manifest, as JSON reads it back: ``files`` maps a path to [ETag, size]."""
+    return {"url": url, "bare": bare, "files": {k: list(v) for k, v in files.items()}}
+
+
+def _is_file_of(path: str, size: int) -> bool:
+    """Whether ``path`` is a regular file of ``size`` bytes: a whole copy, as a stat tells."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_size == size
+
+
+def _sync_folders(folders: set[str], top: str) -> None:
+    """Put on disk the entries of ``folders`` and of their parents up to ``top`` (fsync)."""
+    if not folders:
+        return
+    every = {top}
+    for folder in folders:
+        while folder.startswith(top + os.sep) and folder not in every:
+            every.add(folder)
+            folder = os.path.dirname(folder)
+    for folder in sorted(every, key=len, reverse=True):
+        _sync_folder(folder)
+
+
+def _sync_folder(folder: str) -> None:
+    """Put the entries of ``folder`` (a rename into it, say) on disk."""
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
 
 
 def _pages(keys: int) -> int:
@@ -540,7 +708,11 @@ def _open(url: str, timeout_s: float) -> tuple[Any, str]:
             "belong in the URL; give them through the store's usual variables or files"
         )
     if parsed.query or parsed.fragment:
-        raise RepositoryError(f"model repository {url!r}: a query or fragment is not a path")
+        # Not shown: a query is where a signed URL (an Azure SAS, say) keeps its token.
+        raise RepositoryError(
+            f"model repository {parsed.scheme}://{parsed.netloc}{parsed.path}: a query or "
+            "fragment is not a path (it is not shown: it may hold a token)"
+        )
     try:
         from obstore.store import S3Store, from_url
     except ImportError as exc:

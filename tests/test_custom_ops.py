@@ -27,6 +27,7 @@ import corral
 from corral import _ort
 from corral._check import find_problems
 from corral._problems import ProblemKind
+from corral.testing import build_linear
 from tests.helpers import add_model
 from tests.processes import ServerProcess, start_server, stop_server
 
@@ -422,3 +423,80 @@ def test_the_config_documents_report_the_libraries_in_process():
     plain = ModelConfiguration("m", "onnxruntime_onnx", "onnxruntime", 0, (), ())
     assert "model_operations" not in config_doc(plain)
     assert not encode_model_config(plain).config.HasField("model_operations")
+
+
+# -- a library replaced on disk --------------------------------------------------------------
+
+# A stand-in library: its RegisterCustomOps registers nothing and notes which build it is.
+MARKING_LIBRARY = r"""
+#include <stdio.h>
+#include <stdlib.h>
+void *RegisterCustomOps(void *options, const void *api) {
+    const char *mark = getenv("CORRAL_TEST_OP_MARK");
+    FILE *file = mark ? fopen(mark, "a") : NULL;
+    if (file) { fputs("%s\n", file); fclose(file); }
+    return NULL;
+}
+"""
+
+
+def build_marking_library(folder: Path, mark: str) -> Path:
+    """A shared library whose registration appends ``mark`` to $CORRAL_TEST_OP_MARK."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("needs a C compiler to build a stand-in operator library")
+    source = folder / f"ops{mark}.c"
+    source.write_text(MARKING_LIBRARY % mark)
+    library = folder / f"libops{mark}.so"
+    subprocess.run(
+        [compiler, "-shared", "-fPIC", "-o", str(library), str(source)], check=True, timeout=60
+    )
+    return library
+
+
+def test_a_session_registers_the_library_file_its_path_names_now(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    first, second = (build_marking_library(tmp_path, mark) for mark in ("A", "B"))
+    marks = tmp_path / "marks.txt"
+    monkeypatch.setenv("CORRAL_TEST_OP_MARK", str(marks))
+    library = tmp_path / "libops.so"
+    shutil.copy(first, library)
+    model = build_linear()
+    with corral.Session(model, custom_op_libraries=[str(library)]):
+        with corral.Session(model, custom_op_libraries=[str(library)]):
+            pass  # the same file again: loaded once, by its own path
+        shutil.copy(second, tmp_path / "libops.so.new")
+        os.replace(tmp_path / "libops.so.new", library)
+        # The old library is still loaded (the first session holds it): dlopen of the same
+        # path would hand it back.
+        for _ in range(2):
+            with corral.Session(model, custom_op_libraries=[str(library)]):
+                pass
+    assert marks.read_text().split() == ["A", "A", "B", "B"]
+
+
+def test_a_library_replaced_on_disk_is_registered_as_the_new_one_on_reload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    builds = tmp_path / "builds"
+    builds.mkdir()
+    first, second = (build_marking_library(builds, mark) for mark in ("A", "B"))
+    marks = tmp_path / "marks.txt"
+    monkeypatch.setenv("CORRAL_TEST_OP_MARK", str(marks))
+    root = tmp_path / "repo"
+    (root / "m" / "1").mkdir(parents=True)
+    (root / "m" / "1" / "model.onnx").write_bytes(build_linear())
+    (root / "m" / "model.toml").write_text('custom_op_libraries = ["libops.so"]\n')
+    shutil.copy(first, root / "m" / "libops.so")
+    x = np.ones((1, 4), np.float32)
+    with corral.Host(root) as host:
+        host.infer("m", {"X": x})
+        assert marks.read_text().split() == ["A"]
+        # A new release of the library, put in place as deployments and the store's cache do,
+        # while the model's first version still holds the old one.
+        shutil.copy(second, root / "m" / "libops.so.new")
+        os.replace(root / "m" / "libops.so.new", root / "m" / "libops.so")
+        host.refresh()
+        host.infer("m", {"X": x})
+    assert marks.read_text().split() == ["A", "B"]

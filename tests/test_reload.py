@@ -181,3 +181,45 @@ def test_polling_runs_only_between_start_and_stop(make_pieces, repo: Path):
     assert not poller.is_alive()
     pieces.reloader.start()  # stopped for good
     assert polling() == []
+
+
+def external_weights_model(weight: float) -> tuple[bytes, bytes]:
+    """``Y = X @ W`` (X: float32 [N, 4]) with W (all ``weight``) in the file weights.bin."""
+    import tempfile
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = numpy_helper.from_array(np.full((4, 1), weight, np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"])],
+        "external",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 4])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 1])],
+        [weights],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder, "model.onnx")
+        onnx.save_model(
+            model, str(path), save_as_external_data=True, location="weights.bin", size_threshold=0
+        )
+        return path.read_bytes(), Path(folder, "weights.bin").read_bytes()
+
+
+def test_new_external_weights_alone_are_served_after_a_refresh(tmp_path: Path):
+    version = tmp_path / "m" / "1"
+    version.mkdir(parents=True)
+    model, weights = external_weights_model(1.0)
+    (version / "model.onnx").write_bytes(model)
+    (version / "weights.bin").write_bytes(weights)
+    x = np.ones((1, 4), np.float32)
+    with corral.Host(tmp_path) as host:
+        np.testing.assert_array_equal(host.infer("m", {"X": x})["Y"], [[4.0]])
+        # New weights only, put in place as a deployment (or the object-store cache) does:
+        # the model file that names them is unchanged.
+        _, new_weights = external_weights_model(2.0)
+        (version / "weights.bin.new").write_bytes(new_weights)
+        (version / "weights.bin.new").replace(version / "weights.bin")
+        host.refresh()
+        np.testing.assert_array_equal(host.infer("m", {"X": x})["Y"], [[8.0]])
