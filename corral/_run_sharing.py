@@ -15,6 +15,7 @@ from corral._queue import ModelQueue, running_mean
 __all__ = [
     "ADAPT_MIN_RUNS",
     "ADAPT_RECHECK_EVERY",
+    "RECHECK_RUN_S",
     "SHARED_COSTLIER",
     "adaptive_cap",
     "measure_sharing",
@@ -33,6 +34,11 @@ ADAPT_MIN_RUNS = 4
 #: notice a change (another input shape, a quieter machine).
 _ADAPT_EXPLORE_EVERY = 4
 ADAPT_RECHECK_EVERY = 128
+#: A recheck's shared run, made while each request runs alone, takes as many requests as lone
+#: runs of this many CPU seconds would (two at least). Taking every queued request, as sharing
+#: would, makes one run as long as all of theirs: at 32 callers of a 35 ms model about a
+#: second, which every request in it waits, against one lone run's 35 ms.
+RECHECK_RUN_S = 0.02
 
 
 def adaptive_cap(queue: ModelQueue) -> int:
@@ -40,10 +46,13 @@ def adaptive_cap(queue: ModelQueue) -> int:
 
     Counts the run: while one kind of run is unmeasured, every few runs is of that kind;
     once decided, every :data:`ADAPT_RECHECK_EVERY`-th run is of the kind not chosen. A
-    shared one takes what sharing would take: a smaller batch than sharing makes would
-    measure a cost that sharing does not have. A run whose oldest request runs alone anyway
-    (empty or unbatchable) is not counted: it measures neither kind, and a probe turn spent
-    on it would make the next batch of rows a lone run instead.
+    shared one, while the queue still explores, takes what sharing would take: a smaller
+    batch than sharing makes would measure a cost that sharing does not have. A run whose
+    oldest request runs alone anyway (empty or unbatchable) is not counted: it measures
+    neither kind, and a probe turn spent on it would make the next batch of rows a lone run
+    instead. A recheck while each request
+    runs alone takes a bounded share (:data:`RECHECK_RUN_S`): measured on two requests or a
+    few, shared rows of a model that shares at all cost less than lone ones already.
     """
     if not queue.pending[0].key:
         return 1
@@ -56,6 +65,8 @@ def adaptive_cap(queue: ModelQueue) -> int:
         probe = 0 if queue.apart else 1
     if queue.since_probe >= every:
         queue.since_probe = 0
+        if probe == 0 and queue.apart and queue.alone_row_s > 0:
+            return max(2, int(RECHECK_RUN_S / queue.alone_row_s))
         return probe
     return 1 if queue.apart else 0
 

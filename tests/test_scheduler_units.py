@@ -20,7 +20,7 @@ import pytest
 from corral import DeadlineExceeded, InferenceError, Overloaded, RuntimeClosed
 from corral import _scheduler as scheduler_module
 from corral._counters import RunCounters
-from corral._run_sharing import ADAPT_MIN_RUNS
+from corral._run_sharing import ADAPT_MIN_RUNS, RECHECK_RUN_S
 from corral._scheduler import ModelQueue, QueueStats, Scheduler
 
 Feed = dict[str, np.ndarray]
@@ -495,6 +495,24 @@ def test_a_probed_model_whose_shared_runs_cost_more_per_row_runs_each_request_al
     assert scheduler.sharing(queue) == (
         "each request runs alone now: shared runs took 2e+03 CPU ms a row, lone runs 1e+03 ms"
     )
+
+
+@pytest.mark.parametrize(("alone_s", "cap"), [(1.0, 2), (0.0025, 8)])
+def test_a_recheck_while_requests_run_alone_takes_a_bounded_share_of_the_queue(
+    scheduler: Scheduler, clock: FakeClock, alone_s: float, cap: int
+):
+    # Decided alone, a recheck shares a run with as many requests as lone runs of
+    # RECHECK_RUN_S would take (two at least), not the whole queue: every queued request in
+    # one run made that run, and its requests' waits, as long as all of theirs.
+    model = CostedVersion("m:1", clock, alone_s=alone_s, shared_s=2 * alone_s)
+    queue = scheduler.queue(model, ("m", 1), max_rows=64, adaptive=True)
+    run_rounds(scheduler, queue, model, 8)
+    assert queue.apart
+    assert max(2, int(RECHECK_RUN_S / alone_s)) == cap
+    rounds = run_rounds(scheduler, queue, model, 40)  # 360 runs: rechecks among them
+    shared = [rows for runs in rounds for rows in runs if rows > 1]
+    assert shared  # the rechecks ran: with 8 queued, each takes its cap
+    assert max(shared) == cap
 
 
 def test_lone_runs_slowed_by_other_threads_do_not_turn_dearer_sharing_back_on(
