@@ -38,18 +38,20 @@ from corral._errors import (
     LoadTimeout,
     ModelLoadError,
     ModelNotFound,
+    RunCancelled,
     fresh,
 )
-from corral._inline import TimedRuns, measure_lane
-from corral._load_workers import DEFAULT_ACTIVITY, Claim, LoadWorkers
+from corral._inline import InlineLane, LaneState, TimedRuns, lane_at_load, measure_lane
+from corral._load_workers import DEFAULT_ACTIVITY, MEASURING_ACTIVITY, Claim, LoadWorkers
 from corral._options import HostOptions
 from corral._pbtxt import check_declared, declared_signature
-from corral._probe import plan_batching
+from corral._probe import one_line, plan_batching
 from corral._repository import ModelEntry, Repository, validate_model_name
 from corral._runtime import Runtime
 from corral._scheduler import DEFAULT_MAX_BATCH_SIZE, deadline_after, time_left
 from corral._served import HostLease, Outputs, ServedVersion
 from corral._session import Session
+from corral._status import HostState
 from corral._table import Key, Lead, ModelTable
 from corral._trace_hooks import LoadObserver, LoadRecord
 from corral._value_dependence import value_dependence
@@ -314,14 +316,16 @@ class Loader:
                 combine=config.combine_requests,
             )
             logger.info("corral: %s version %s %s", name, version, plan.reason)
+            # What needs no run is decided here; a version whose runs decide is published
+            # MEASURING, and measure_later measures it off the load's path.
             path = entry.versions[version].path
-            lane = measure_lane(
+            lane = lane_at_load(
                 session.name,
                 session.signature,
-                session.run,
                 bound_us=self._options.inline_run_us,
                 policy=str(session.policy),
-                # A pass over the file's headers, only for a version that may enter the lane.
+                # A pass over the file's headers, only for a version that may enter the lane;
+                # here, so that no job reads the file once its load is done.
                 values=lambda: value_dependence(path),
                 seen_s=timed.fastest_s,
             )
@@ -375,6 +379,56 @@ class Loader:
         except CorralError as exc:
             _settle(built, error=exc)
         return built
+
+    def measure_later(self, served: ServedVersion) -> None:
+        """Measure a published version's runs for the inline lane, in a job on the load workers.
+
+        For a version published MEASURING (:func:`lane_at_load`); any other returns at once.
+        The job comes after the loads queued before it, so that loading every model at start
+        is not slowed by it; until it ends the version's requests go to the compute workers.
+        It holds a lease on the version while it runs it, so its session is not closed under
+        it; its result replaces the MEASURING lane (:meth:`ServedVersion.settle_lane`). It
+        reads no file (the load did), so it is not one of the model's jobs :meth:`when_idle`
+        waits for.
+        """
+        if served.inline.state is not LaneState.MEASURING:
+            return
+        try:
+            self._workers.submit(functools.partial(self._measure, served))
+        except HostClosed as exc:
+            served.settle_lane(_unmeasured(served, f"the Host closed first ({exc})"))
+
+    def _measure(self, served: ServedVersion, claim: Claim) -> None:
+        """A job: :meth:`measure_later`'s measurement."""
+        claim.set_activity(MEASURING_ACTIVITY)
+        lane: InlineLane | None = None
+        try:
+            if self._table.state is not HostState.RUNNING:
+                lane = _unmeasured(served, "the Host began to close first")
+                return
+            lease = served.try_lease()
+            if lease is None:
+                lane = _unmeasured(served, "it was unloaded first")
+                return
+            with lease:
+                session = served.session
+                lane = measure_lane(
+                    session.name,
+                    session.signature,
+                    lease.run,  # through the lease: it runs even once a reload retired it
+                    bound_us=self._options.inline_run_us,
+                    policy=str(session.policy),
+                    values=lambda: None,  # proven by its load (lane_at_load)
+                )
+        except RunCancelled:
+            lane = _unmeasured(served, "its runs were stopped by the Host's close")
+        except Exception as exc:
+            # The version loaded and serves on the workers; only the lane is lost, and said.
+            logger.warning("corral: measuring %s for the inline lane failed: %r", served.label, exc)
+            why = f"measuring it failed: {type(exc).__name__}: {one_line(exc)}"
+            lane = _unmeasured(served, why)
+        finally:
+            served.settle_lane(lane or _unmeasured(served, "its measuring was interrupted"))
 
     def estimate(self, entry: ModelEntry, version: int) -> int:
         """Estimated resident bytes of ``version`` once loaded, under its concurrency policy.
@@ -500,6 +554,7 @@ class Loader:
                 self._table.publish(served, entry, reserved, time.monotonic() - started)
             finally:
                 reserved = 0  # publish ends the reservation, whether it publishes or not
+            self.measure_later(served)
             logger.info(
                 "corral: loaded %s version %s (about %s bytes) in %.3f s",
                 name,
@@ -677,6 +732,11 @@ def _answer_late(future: Future[Any], what: str, claim: Claim) -> None:
     # RuntimeError: the job answered it an instant before it expired; that answer stands.
     with contextlib.suppress(RuntimeError):
         _settle(future, error=_expiry_error(what, claim))
+
+
+def _unmeasured(served: ServedVersion, why: str) -> InlineLane:
+    """The lane of a version whose measuring did not run to its end: off, saying why."""
+    return InlineLane(served.label, LaneState.OFF, f"its runs were not measured: {why}")
 
 
 def _load_error(name: str, version: int, exc: BaseException) -> ModelLoadError:
