@@ -39,6 +39,7 @@ from corral._errors import (
     ModelLoadError,
     ModelNotFound,
     RunCancelled,
+    SessionClosed,
     fresh,
 )
 from corral._inline import InlineLane, LaneState, TimedRuns, lane_at_load, measure_lane
@@ -406,16 +407,19 @@ class Loader:
             if self._table.state is not HostState.RUNNING:
                 lane = _unmeasured(served, "the Host began to close first")
                 return
-            lease = served.try_lease()
-            if lease is None:
+            session = served.session
+            try:
+                lease = session.acquire()
+            except SessionClosed:
                 lane = _unmeasured(served, "it was unloaded first")
                 return
             with lease:
-                session = served.session
                 lane = measure_lane(
                     session.name,
                     session.signature,
-                    lease.run,  # through the lease: it runs even once a reload retired it
+                    # The session's own run (no row limit, as at load), through the lease: it
+                    # runs even once a reload or an unload began to retire it.
+                    lease.run,
                     bound_us=self._options.inline_run_us,
                     policy=str(session.policy),
                     values=lambda: None,  # proven by its load (lane_at_load)
