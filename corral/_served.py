@@ -271,7 +271,7 @@ class ServedVersion:
 
         The caller holds a lease on this version for the run. None (nothing run, nothing
         counted) unless the version is in the lane and no input is larger than the sizes
-        measured at load: the caller then queues the request. (A request queued before,
+        measured after its load: the caller then queues the request. (A request queued before,
         while the version was out of the lane, may be answered after this one.) Otherwise
         it is checked, run and counted as a queued request that ran alone at once (no queue
         time), and answered with the same outputs and errors; its run is timed, and a run
