@@ -38,21 +38,19 @@ from corral._errors import (
     LoadTimeout,
     ModelLoadError,
     ModelNotFound,
-    RunCancelled,
-    SessionClosed,
     fresh,
 )
-from corral._inline import InlineLane, LaneState, TimedRuns, lane_at_load, measure_lane
-from corral._load_workers import DEFAULT_ACTIVITY, MEASURING_ACTIVITY, Claim, LoadWorkers
+from corral._inline import TimedRuns, lane_at_load
+from corral._lane_measuring import LaneMeasurer
+from corral._load_workers import DEFAULT_ACTIVITY, Claim, LoadWorkers
 from corral._options import HostOptions
 from corral._pbtxt import check_declared, declared_signature
-from corral._probe import one_line, plan_batching
+from corral._probe import plan_batching
 from corral._repository import ModelEntry, Repository, validate_model_name
 from corral._runtime import Runtime
 from corral._scheduler import DEFAULT_MAX_BATCH_SIZE, deadline_after, time_left
 from corral._served import HostLease, Outputs, ServedVersion
 from corral._session import Session
-from corral._status import HostState
 from corral._table import Key, Lead, ModelTable
 from corral._trace_hooks import LoadObserver, LoadRecord
 from corral._value_dependence import value_dependence
@@ -95,6 +93,8 @@ class Loader:
         self._jobs_lock = threading.Lock()
         self._jobs: dict[str, int] = {}
         self._when_idle: dict[str, list[Callable[[], None]]] = {}
+        # Measures published versions for the inline lane, in jobs on the same workers.
+        self._measurer = LaneMeasurer(self._workers, table, options.inline_run_us)
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -382,57 +382,12 @@ class Loader:
         return built
 
     def measure_later(self, served: ServedVersion) -> None:
-        """Measure a published version's runs for the inline lane, in a job on the load workers.
+        """Measure a published version's runs for the inline lane, after its load.
 
-        For a version published MEASURING (:func:`lane_at_load`); any other returns at once.
-        The job comes after the loads queued before it, so that loading every model at start
-        is not slowed by it; until it ends the version's requests go to the compute workers.
-        It holds a lease on the version while it runs it, so its session is not closed under
-        it; its result replaces the MEASURING lane (:meth:`ServedVersion.settle_lane`). It
-        reads no file (the load did), so it is not one of the model's jobs :meth:`when_idle`
-        waits for.
+        On the load workers, behind the loads asked for (:class:`LaneMeasurer`); returns at
+        once, and at once too for a version whose lane was decided at load.
         """
-        if served.inline.state is not LaneState.MEASURING:
-            return
-        try:
-            self._workers.submit(functools.partial(self._measure, served))
-        except HostClosed as exc:
-            served.settle_lane(_unmeasured(served, f"the Host closed first ({exc})"))
-
-    def _measure(self, served: ServedVersion, claim: Claim) -> None:
-        """A job: :meth:`measure_later`'s measurement."""
-        claim.set_activity(MEASURING_ACTIVITY)
-        lane: InlineLane | None = None
-        try:
-            if self._table.state is not HostState.RUNNING:
-                lane = _unmeasured(served, "the Host began to close first")
-                return
-            session = served.session
-            try:
-                lease = session.acquire()
-            except SessionClosed:
-                lane = _unmeasured(served, "it was unloaded first")
-                return
-            with lease:
-                lane = measure_lane(
-                    session.name,
-                    session.signature,
-                    # The session's own run (no row limit, as at load), through the lease: it
-                    # runs even once a reload or an unload began to retire it.
-                    lease.run,
-                    bound_us=self._options.inline_run_us,
-                    policy=str(session.policy),
-                    values=lambda: None,  # proven by its load (lane_at_load)
-                )
-        except RunCancelled:
-            lane = _unmeasured(served, "its runs were stopped by the Host's close")
-        except Exception as exc:
-            # The version loaded and serves on the workers; only the lane is lost, and said.
-            logger.warning("corral: measuring %s for the inline lane failed: %r", served.label, exc)
-            why = f"measuring it failed: {type(exc).__name__}: {one_line(exc)}"
-            lane = _unmeasured(served, why)
-        finally:
-            served.settle_lane(lane or _unmeasured(served, "its measuring was interrupted"))
+        self._measurer.later(served)
 
     def estimate(self, entry: ModelEntry, version: int) -> int:
         """Estimated resident bytes of ``version`` once loaded, under its concurrency policy.
@@ -736,11 +691,6 @@ def _answer_late(future: Future[Any], what: str, claim: Claim) -> None:
     # RuntimeError: the job answered it an instant before it expired; that answer stands.
     with contextlib.suppress(RuntimeError):
         _settle(future, error=_expiry_error(what, claim))
-
-
-def _unmeasured(served: ServedVersion, why: str) -> InlineLane:
-    """The lane of a version whose measuring did not run to its end: off, saying why."""
-    return InlineLane(served.label, LaneState.OFF, f"its runs were not measured: {why}")
 
 
 def _load_error(name: str, version: int, exc: BaseException) -> ModelLoadError:

@@ -19,7 +19,7 @@ import tritonclient.grpc
 import tritonclient.grpc.aio as triton
 
 import corral
-from corral import Host
+from corral import Host, _lane_measuring
 from corral._errors import DeadlineExceeded, InferenceError, InvalidInput, RunCancelled
 from corral._inline import (
     LANE_ROWS,
@@ -504,14 +504,14 @@ def test_a_version_serves_on_the_workers_while_its_lane_is_measured(
     # measurement (held here before its first run) replaces the lane.
     add_model(tmp_path, "mlp", build_mlp(seed=1))
     asked, go = threading.Event(), threading.Event()
-    measure_lane = corral._loader.measure_lane
+    measure_lane = _lane_measuring.measure_lane
 
     def held(*args: Any, **kwargs: Any) -> InlineLane:
         asked.set()
         assert go.wait(timeout=30)
         return measure_lane(*args, **kwargs)
 
-    monkeypatch.setattr(corral._loader, "measure_lane", held)
+    monkeypatch.setattr(_lane_measuring, "measure_lane", held)
     (expected,) = reference_run(build_mlp(seed=1), {"X": X})
     with Host(tmp_path, inline_run_us=GENEROUS_US) as host:
         try:
@@ -549,7 +549,7 @@ def test_a_lane_whose_measuring_cannot_end_stays_off_and_says_why(
 
     monkeypatch.setattr(Loader, "measure_later", kept)
     started, go = threading.Event(), threading.Event()
-    measure_lane = corral._loader.measure_lane
+    measure_lane = _lane_measuring.measure_lane
 
     def measuring(label: str, *args: Any, **kwargs: Any) -> InlineLane:
         model = label.split(":")[0]
@@ -562,7 +562,7 @@ def test_a_lane_whose_measuring_cannot_end_stays_off_and_says_why(
             assert go.wait(timeout=30)
         return measure_lane(label, *args, **kwargs)
 
-    monkeypatch.setattr(corral._loader, "measure_lane", measuring)
+    monkeypatch.setattr(_lane_measuring, "measure_lane", measuring)
     caplog.set_level(logging.WARNING, logger="corral")
     host = Host(tmp_path, inline_run_us=GENEROUS_US, load_concurrency=1)
 
