@@ -11,7 +11,7 @@ the design's bounds (``DESIGN.md``, "the inline lane"):
 - only while its measured run time for the request's size stays under a bound (the Host's
   ``inline_run_us``): :func:`measure_lane` runs generated feeds of 1 and 4 rows, in that
   order while they stay under the bound, and the lane takes the largest. It runs on a load
-  worker just after the version is published (:meth:`corral._loader.Loader.measure_later`),
+  worker just after the version is published (:mod:`corral._lane_measuring`),
   not on the load's path: a version is served by the compute workers from the moment it
   loads, and its lane state says ``measuring`` until the measurement replaces it
   (:func:`lane_at_load` decides during the load what needs no run, the file's value proof
