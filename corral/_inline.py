@@ -9,8 +9,13 @@ the design's bounds (``DESIGN.md``, "the inline lane"):
   runs): a pool's or an exclusive session's run may wait for a replica, which would block the
   loop;
 - only while its measured run time for the request's size stays under a bound (the Host's
-  ``inline_run_us``): :func:`measure_lane` runs generated feeds of 1 and 4 rows at load, in
-  that order while they stay under the bound, and the lane takes the largest;
+  ``inline_run_us``): :func:`measure_lane` runs generated feeds of 1 and 4 rows, in that
+  order while they stay under the bound, and the lane takes the largest. It runs on a load
+  worker just after the version is published (:mod:`corral._lane_measuring`),
+  not on the load's path: a version is served by the compute workers from the moment it
+  loads, and its lane state says ``measuring`` until the measurement replaces it
+  (:func:`lane_at_load` decides during the load what needs no run, the file's value proof
+  included, so that nothing reads the file after its load);
 - a request larger than the sizes measured (any input with more elements than the largest
   measured feed's) never runs inline;
 - every inline run is timed again (:meth:`InlineLane.observe`); the first past the bound
@@ -48,6 +53,7 @@ __all__ = [
     "InlineLane",
     "LaneState",
     "TimedRuns",
+    "lane_at_load",
     "measure_lane",
 ]
 
@@ -87,6 +93,9 @@ class LaneState(enum.Enum):
     WORKERS = "workers"
     #: Never in the lane: the option is off, its policy is not shared, or it cannot be measured.
     OFF = "off"
+    #: Loaded, its runs not measured yet (a job on the load workers measures them): its
+    #: requests go to the workers until the measurement replaces this lane.
+    MEASURING = "measuring"
 
 
 class InlineLane:
@@ -300,6 +309,70 @@ class TimedRuns:
         return result
 
 
+def lane_at_load(
+    label: str,
+    signature: Signature,
+    *,
+    bound_us: int,
+    policy: str,
+    values: Callable[[], str | None],
+    seen_s: float | None = None,
+) -> InlineLane:
+    """The lane a version is published with: what needs no run decided now, else MEASURING.
+
+    Arguments as :func:`measure_lane`'s. OFF or WORKERS when the lane is off, the policy is
+    not shared, the inputs cannot be generated, the probe saw a run far past the bound, or
+    ``values`` says its run time may follow its inputs' values (the file is read here, during
+    the load, never after it); otherwise a MEASURING lane (never inline) that
+    :func:`measure_lane`, run after the load, replaces
+    (:meth:`corral._served.ServedVersion.settle_lane`).
+    """
+    decided = _without_runs(
+        label, signature, bound_us=bound_us, policy=policy, values=values, seen_s=seen_s
+    )
+    if decided is not None:
+        return decided
+    return InlineLane(
+        label,
+        LaneState.MEASURING,
+        "its runs are being measured on a load worker; its requests go to the compute "
+        "workers until then",
+    )
+
+
+def _without_runs(
+    label: str,
+    signature: Signature,
+    *,
+    bound_us: int,
+    policy: str,
+    values: Callable[[], str | None],
+    seen_s: float | None,
+) -> InlineLane | None:
+    """The lane decided without running the model, or None when its runs decide."""
+    if bound_us <= 0:
+        return InlineLane(label, LaneState.OFF, "the inline lane is off (inline_run_us = 0)")
+    if policy != "shared":
+        return InlineLane(label, LaneState.OFF, f"its concurrency policy is {policy}, not shared")
+    if _unmeasurable(signature):
+        return InlineLane(
+            label, LaneState.OFF, "its inputs are not all numeric tensors, which it can measure"
+        )
+    bound_s = bound_us / 1e6
+    if seen_s is not None and seen_s > bound_s * _WARM_FACTOR:
+        return InlineLane(
+            label,
+            LaneState.WORKERS,
+            f"a run took {seen_s * 1e6:.1f} µs of CPU at load, far over the {bound_us} µs bound",
+        )
+    dependence = values()
+    if dependence is not None:
+        return InlineLane(
+            label, LaneState.OFF, f"its run time may depend on its inputs' values: {dependence}"
+        )
+    return None
+
+
 def measure_lane(
     label: str,
     signature: Signature,
@@ -327,26 +400,12 @@ def measure_lane(
     ... ).describe()
     'inline: runs of up to 4 rows took 6.1 µs of CPU (median of 3) at load, under the 50 µs bound'
     """
-    if bound_us <= 0:
-        return InlineLane(label, LaneState.OFF, "the inline lane is off (inline_run_us = 0)")
-    if policy != "shared":
-        return InlineLane(label, LaneState.OFF, f"its concurrency policy is {policy}, not shared")
-    if _unmeasurable(signature):
-        return InlineLane(
-            label, LaneState.OFF, "its inputs are not all numeric tensors, which it can measure"
-        )
+    decided = _without_runs(
+        label, signature, bound_us=bound_us, policy=policy, values=values, seen_s=seen_s
+    )
+    if decided is not None:
+        return decided
     bound_s = bound_us / 1e6
-    if seen_s is not None and seen_s > bound_s * _WARM_FACTOR:
-        return InlineLane(
-            label,
-            LaneState.WORKERS,
-            f"a run took {seen_s * 1e6:.1f} µs of CPU at load, far over the {bound_us} µs bound",
-        )
-    dependence = values()
-    if dependence is not None:
-        return InlineLane(
-            label, LaneState.OFF, f"its run time may depend on its inputs' values: {dependence}"
-        )
     rng = np.random.default_rng(PROBE_SEED)
     # The smallest size first, up to the last that stays under the bound (LANE_ROWS says
     # why no size above 4 is run).

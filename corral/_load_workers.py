@@ -33,6 +33,11 @@ logger = logging.getLogger(__name__)
 
 #: What a job is doing until it says otherwise: reading files, building the session.
 DEFAULT_ACTIVITY = "reading its files or building its session"
+#: A published version's measuring for the inline lane (corral._loader.Loader.measure_later):
+#: its runs are not stopped if it expires, as its session serves requests.
+MEASURING_ACTIVITY = "measuring its runs for the inline lane"
+# What a job may be doing when its thread cannot be stopped, only abandoned.
+_UNSTOPPABLE = frozenset({DEFAULT_ACTIVITY, MEASURING_ACTIVITY})
 
 
 class ClaimState(enum.Enum):
@@ -300,7 +305,7 @@ class LoadWorkers:
         # the callbacks below and their thread returns.
         left = (
             f"its thread {running.thread.name} is abandoned"
-            if activity == DEFAULT_ACTIVITY
+            if activity in _UNSTOPPABLE
             else f"its runs are stopped, and its thread {running.thread.name} ends"
         )
         if running.claim.closing:

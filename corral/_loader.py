@@ -40,7 +40,8 @@ from corral._errors import (
     ModelNotFound,
     fresh,
 )
-from corral._inline import TimedRuns, measure_lane
+from corral._inline import TimedRuns, lane_at_load
+from corral._lane_measuring import LaneMeasurer
 from corral._load_workers import DEFAULT_ACTIVITY, Claim, LoadWorkers
 from corral._options import HostOptions
 from corral._pbtxt import check_declared, declared_signature
@@ -92,6 +93,8 @@ class Loader:
         self._jobs_lock = threading.Lock()
         self._jobs: dict[str, int] = {}
         self._when_idle: dict[str, list[Callable[[], None]]] = {}
+        # Measures published versions for the inline lane, in jobs on the same workers.
+        self._measurer = LaneMeasurer(self._workers, table, options.inline_run_us)
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -314,14 +317,16 @@ class Loader:
                 combine=config.combine_requests,
             )
             logger.info("corral: %s version %s %s", name, version, plan.reason)
+            # What needs no run is decided here; a version whose runs decide is published
+            # MEASURING, and measure_later measures it off the load's path.
             path = entry.versions[version].path
-            lane = measure_lane(
+            lane = lane_at_load(
                 session.name,
                 session.signature,
-                session.run,
                 bound_us=self._options.inline_run_us,
                 policy=str(session.policy),
-                # A pass over the file's headers, only for a version that may enter the lane.
+                # A pass over the file's headers, only for a version that may enter the lane;
+                # here, so that no job reads the file once its load is done.
                 values=lambda: value_dependence(path),
                 seen_s=timed.fastest_s,
             )
@@ -375,6 +380,14 @@ class Loader:
         except CorralError as exc:
             _settle(built, error=exc)
         return built
+
+    def measure_later(self, served: ServedVersion) -> None:
+        """Measure a published version's runs for the inline lane, after its load.
+
+        On the load workers, behind the loads asked for (:class:`LaneMeasurer`); returns at
+        once, and at once too for a version whose lane was decided at load.
+        """
+        self._measurer.later(served)
 
     def estimate(self, entry: ModelEntry, version: int) -> int:
         """Estimated resident bytes of ``version`` once loaded, under its concurrency policy.
@@ -504,6 +517,7 @@ class Loader:
                 self._table.publish(served, entry, reserved, time.monotonic() - started)
             finally:
                 reserved = 0  # publish ends the reservation, whether it publishes or not
+            self.measure_later(served)
             logger.info(
                 "corral: loaded %s version %s (about %s bytes) in %.3f s",
                 name,

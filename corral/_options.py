@@ -116,12 +116,12 @@ class HostOptions:
         "first this many asked; 0: only the server-wide one",
     )
     #: Microseconds of CPU a model's run may take for its requests to run on the thread that
-    #: receives them (the inline lane, docs/scheduler.md): measured at load and on every
+    #: receives them (the inline lane, docs/scheduler.md): measured after its load and on every
     #: inline run, ``shared`` models only; 0: off.
     inline_run_us: int = option(
         DEFAULT_INLINE_RUN_US,
         "microseconds of CPU a shared model's run may take for it to run on the thread that "
-        "receives its requests, measured at load and on every such run; 0: off",
+        "receives its requests, measured after its load and on every such run; 0: off",
     )
     #: Bytes the files uploaded by loads (Triton's ``file:`` parameters) may hold together on
     #: disk: bytes, or a size like ``"1GiB"``, held as bytes once checked; None: no cap.

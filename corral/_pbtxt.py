@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -59,6 +61,7 @@ from corral._providers import MAX_POOL_SIZE
 __all__ = [
     "CONFIG_PBTXT",
     "Mismatch",
+    "ParsedConfigs",
     "check_declared",
     "declaration_mismatches",
     "declared_signature",
@@ -148,6 +151,77 @@ def parse_pbtxt(
         if str(exc).startswith(source):
             raise
         raise ModelConfigError(f"{source}: {exc}") from None
+
+
+class ParsedConfigs:
+    """config.pbtxt texts parsed already, kept by their exact text: the same text is parsed once.
+
+    A server reads every model's entry twice at start (the repository check, then the load),
+    and protobuf's text parser is pure Python (~0.2 ms for a small file): the second read
+    takes the first's :class:`ModelConfig` (immutable) instead. The key is the text itself,
+    with its source and the model's name, so a kept result is never stale: changed bytes are
+    another key. A text that names other files (labels, warm-up data) is not kept, as their
+    contents are not in the key; nor is a text that fails (its error is raised afresh). The
+    least recently used are dropped past ``max_chars`` characters of text kept.
+    """
+
+    def __init__(self, max_chars: int = 4 * 1024 * 1024) -> None:
+        self._max_chars = max_chars
+        # Guards _parsed and _chars: the configs kept, least recently used first, and the
+        # characters of their keys.
+        self._lock = threading.Lock()
+        self._parsed: OrderedDict[tuple[str, str, str], ModelConfig] = OrderedDict()
+        self._chars = 0
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._parsed)
+
+    def parse(
+        self,
+        text: str,
+        *,
+        source: str,
+        model_name: str,
+        read_labels: Callable[[str, str], tuple[str, ...]],
+        read_warmup: ReadWarmup | None = None,
+    ) -> ModelConfig:
+        """:func:`parse_pbtxt`, or the config parsed from the same text, source and name."""
+        key = (text, source, model_name)
+        with self._lock:
+            config = self._parsed.get(key)
+            if config is not None:
+                self._parsed.move_to_end(key)
+                return config
+        named: list[str] = []  # other files the text made the parse read
+
+        def labels(path: str, field: str) -> tuple[str, ...]:
+            named.append(path)
+            return read_labels(path, field)
+
+        def warmup(file_name: str, field: str, limit: int) -> bytes:
+            assert read_warmup is not None  # passed on only when given
+            named.append(file_name)
+            return read_warmup(file_name, field, limit)
+
+        config = parse_pbtxt(
+            text,
+            source=source,
+            model_name=model_name,
+            read_labels=labels,
+            read_warmup=None if read_warmup is None else warmup,
+        )
+        if named:
+            return config
+        size = len(text) + len(source) + len(model_name)
+        with self._lock:
+            if key not in self._parsed:
+                self._parsed[key] = config
+                self._chars += size
+                while self._chars > self._max_chars:
+                    (old_text, old_source, old_name), _ = self._parsed.popitem(last=False)
+                    self._chars -= len(old_text) + len(old_source) + len(old_name)
+        return config
 
 
 def _model_config_module(source: str, what: str) -> Any:

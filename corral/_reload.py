@@ -124,6 +124,8 @@ class Reloader:
                 served.session.close_when_idle()
             return
         self._table.drain(retired, timeout=0)
+        for served in fresh.values():
+            self._loader.measure_later(served)
 
     def _poll(self, interval: float) -> None:
         while not self._stop.wait(interval):

@@ -70,7 +70,7 @@ from corral._errors import (
 from corral._model_entry import ModelEntry, ModelVersion, Problems, make_entry
 from corral._ort import EXTENSIONS_LIBRARY
 from corral._overrides import ModelOverride
-from corral._pbtxt import CONFIG_PBTXT, parse_pbtxt
+from corral._pbtxt import CONFIG_PBTXT, ParsedConfigs
 from corral._problems import ProblemKind
 from corral._store import DEFAULT_FETCH_TIMEOUT_S, Store, is_store_url
 
@@ -256,6 +256,8 @@ class Repository:
         # Guards _overrides: each overridden model's ModelOverride.
         self._overrides_lock = threading.Lock()
         self._overrides: dict[str, ModelOverride] = {}
+        # Every config.pbtxt parsed, by its text: the check and the load read each one.
+        self._parsed = ParsedConfigs()
 
     @property
     def url(self) -> str:
@@ -653,7 +655,7 @@ class Repository:
         one's stamp is part of the entry's fingerprint, so that changing one is a change.
         """
         files: list[tuple[object, ...]] = []
-        config = parse_pbtxt(
+        config = self._parsed.parse(
             text,
             source=source,
             model_name=name,

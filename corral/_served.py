@@ -42,11 +42,13 @@ class ServedVersion:
     """One loaded version: its Session, batch settings, queue and place in the budget.
 
     ``pinned`` is written under the Host table's lock; ``last_used`` is stamped by requests
-    without a lock (a single store: eviction only orders by it). Everything else is fixed
-    once the version is published.
+    without a lock (a single store: eviction only orders by it); ``inline`` is replaced
+    once, when its lane's measurement ends (:meth:`settle_lane`), by one reference store
+    that a request reads once. Everything else is fixed once the version is published.
     """
 
     __slots__ = (
+        "_lane_lock",
         "_queue",
         "_queue_lock",
         "_runtime",
@@ -60,6 +62,7 @@ class ServedVersion:
         "inline",
         "key",
         "label",
+        "lane_settled",
         "last_used",
         "loaded_at",
         "max_rows",
@@ -124,6 +127,12 @@ class ServedVersion:
         self.inline = (
             InlineLane(session.name, LaneState.OFF, "not measured") if inline is None else inline
         )
+        # Guards replacing inline: the measurement's one replacement of a MEASURING lane.
+        self._lane_lock = threading.Lock()
+        #: Set once :attr:`inline` is final: at once, or when its measurement ends.
+        self.lane_settled = threading.Event()
+        if self.inline.state is not LaneState.MEASURING:
+            self.lane_settled.set()
         self.last_used: float | None = None
         #: Wall-clock time it was loaded: its age for eviction until its first request.
         self.loaded_at = time.time()
@@ -239,6 +248,19 @@ class ServedVersion:
             self.session.dismiss(1)
             raise
 
+    def settle_lane(self, lane: InlineLane) -> bool:
+        """Replace a MEASURING lane with its measurement's ``lane``; False if already settled.
+
+        The one place :attr:`inline` changes after publishing: a request reads it once, so
+        it runs on the old lane or the new, whole. Sets :attr:`lane_settled` in any case.
+        """
+        with self._lane_lock:
+            replaced = self.inline.state is LaneState.MEASURING
+            if replaced:
+                self.inline = lane
+        self.lane_settled.set()
+        return replaced
+
     def run_inline(
         self,
         inputs: Mapping[str, Any],
@@ -249,7 +271,7 @@ class ServedVersion:
 
         The caller holds a lease on this version for the run. None (nothing run, nothing
         counted) unless the version is in the lane and no input is larger than the sizes
-        measured at load: the caller then queues the request. (A request queued before,
+        measured after its load: the caller then queues the request. (A request queued before,
         while the version was out of the lane, may be answered after this one.) Otherwise
         it is checked, run and counted as a queued request that ran alone at once (no queue
         time), and answered with the same outputs and errors; its run is timed, and a run

@@ -36,6 +36,18 @@ def served_version(lease: HostLease) -> ServedVersion:
     return lease._served
 
 
+def lane_settled(host: corral.Host, name: str) -> ServedVersion:
+    """Load ``name`` if needed, and wait (bounded) until its inline lane is final.
+
+    A version whose runs decide its lane is measured on a load worker after it is published
+    (``corral._loader.Loader.measure_later``); its lane says ``measuring`` until then.
+    """
+    with host.acquire(name, timeout=30) as lease:
+        served = served_version(lease)
+    assert served.lane_settled.wait(timeout=30), f"{name}'s lane was never settled"
+    return served
+
+
 class RunGate:
     """Holds every scheduled run of one served version until opened; counts runs as they start."""
 
@@ -53,7 +65,9 @@ class RunGate:
 
         served.run_admitted = held
         # Held runs are the compute workers': a request the inline lane took would be held
-        # on the event loop that serves the test.
+        # on the event loop that serves the test. Once its measuring (if any) has ended, so
+        # that the measurement does not replace this.
+        assert served.lane_settled.wait(timeout=30)
         served.inline = InlineLane(served.label, LaneState.OFF, "held by a test's RunGate")
 
 

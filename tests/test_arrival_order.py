@@ -52,7 +52,11 @@ def _host(tmp_path: Path, runtime: corral.Runtime, concurrency: str) -> Host:
 
 def _watch(host: Host, name: str, *, held: bool = False) -> SessionRuns:
     with host.acquire(name) as lease:
-        return SessionRuns(served_version(lease).session, held=held)
+        served = served_version(lease)
+        # After its lane's measuring (on a load worker, after the load), whose runs are not
+        # the callers'.
+        assert served.lane_settled.wait(timeout=30)
+        return SessionRuns(served.session, held=held)
 
 
 @pytest.mark.parametrize("concurrency", ["pool:1", "exclusive", "shared"])

@@ -45,6 +45,7 @@ from corral.server._uvicorn import (
 from corral.server.bodies import BodyBudget
 from corral.server.http import HttpApp
 from corral.testing import build_mlp
+from tests.gates import lane_settled
 from tests.helpers import FakeTransport, reference_run
 from tests.strategies import plausible_requests
 
@@ -668,6 +669,7 @@ def test_the_inline_lane_takes_lone_requests_and_leaves_concurrent_ones_to_the_w
 
     with Host(repo, inline_run_us=1_000_000) as host:
         host.load("mlp")
+        lane_settled(host, "mlp")  # measured on a load worker, after the load
         asyncio.run(main(host))
         assert host.status("mlp").versions[0].inline.startswith("inline:")
         assert host.queue_stats()[("mlp", 1)].accepted == 7

@@ -19,7 +19,7 @@ from corral import Host, HostLease, ModelState
 from corral._budget import estimate_footprint_bytes, estimate_model_bytes
 from corral._modelfile import ModelFootprint, read_footprint
 from corral.testing import build_linear, build_mlp, build_tree
-from tests.gates import CallGate, served_version
+from tests.gates import CallGate, lane_settled, served_version
 from tests.helpers import add_model, build_reshape, reference_run, wait_until
 
 X = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
@@ -341,6 +341,8 @@ def test_a_version_unloaded_under_a_lease_reports_unloading_until_it_closes(
     with Host(repo_with_bare_model) as host:
         host.infer("mlp", {"X": X})
         with host.acquire("mlp") as lease:
+            # Its lane's measuring, after the load, holds a lease of its own until it ends.
+            assert served_version(lease).lane_settled.wait(timeout=30)
             host.unload("mlp", timeout=0)  # returns at once; the lease holds the session
             (version,) = host.status("mlp").versions
             assert version.state is ModelState.UNLOADING
@@ -440,6 +442,7 @@ def test_a_lease_released_as_it_queues_holds_the_version_until_the_answer(
     expected = reference_run(build_mlp(seed=1), {"X": X})[0]
     with Host(repo_with_bare_model) as host:
         host.load("mlp")
+        lane_settled(host, "mlp")  # its lane's measuring, after the load, holds it no more
         lease = host.lease_if_ready("mlp")
         assert lease is not None
         session, served = lease.session, served_version(lease)
@@ -477,6 +480,7 @@ def test_a_lease_released_as_it_queues_holds_the_version_until_the_answer(
 def test_a_request_refused_as_its_lease_is_handed_over_ends_the_hold(repo_with_bare_model: Path):
     with Host(repo_with_bare_model) as host:
         host.load("mlp")
+        lane_settled(host, "mlp")  # its lane's measuring, after the load, holds it no more
         lease = host.lease_if_ready("mlp")
         assert lease is not None
         session = lease.session

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,8 @@ import tritonclient.grpc
 import tritonclient.grpc.aio as triton
 
 import corral
-from corral import Host
-from corral._errors import DeadlineExceeded, InferenceError, InvalidInput
+from corral import Host, _lane_measuring
+from corral._errors import DeadlineExceeded, InferenceError, InvalidInput, RunCancelled
 from corral._inline import (
     LANE_ROWS,
     RETRY_MAX_S,
@@ -29,11 +30,12 @@ from corral._inline import (
     TimedRuns,
     measure_lane,
 )
+from corral._loader import Loader
 from corral._served import ServedVersion
 from corral.protocol import DataPlane, InferInput, InferRequest, InferResponse
 from corral.server.grpc import start_grpc_server
 from corral.testing import build_mlp
-from tests.gates import RunGate, served_version
+from tests.gates import RunGate, lane_settled, served_version
 from tests.helpers import (
     add_model,
     build_rows_of_five,
@@ -74,6 +76,9 @@ def hosts(tmp_path: Path) -> Iterator[tuple[Host, Host]]:
     on = Host(tmp_path, inline_run_us=GENEROUS_US)
     off = Host(tmp_path, inline_run_us=0)
     try:
+        for host in (on, off):
+            for name in ("mlp", "exclusive", "pool"):
+                lane_settled(host, name)  # loaded, and measured on a load worker after
         yield on, off
     finally:
         for host in (on, off):
@@ -171,6 +176,7 @@ def test_a_model_whose_run_time_follows_its_values_never_enters_the_lane(tmp_pat
     add_model(tmp_path, "loop", build_slow_loop())
     with Host(tmp_path, inline_run_us=GENEROUS_US) as host:
         host.load("loop")
+        lane_settled(host, "loop")
         status = host.status("loop").versions[0].inline
         assert status.startswith("off: its run time may depend on its inputs' values"), status
         assert "Loop" in status
@@ -191,6 +197,7 @@ def test_a_run_past_the_bound_sends_the_model_to_the_workers(
     caplog.set_level(logging.INFO, logger="corral")
     with Host(tmp_path, inline_run_us=20_000) as host:
         host.load("loop")
+        lane_settled(host, "loop")
         plane = DataPlane(host)
 
         def run(m: int) -> float:
@@ -375,6 +382,7 @@ def test_generated_inputs_a_model_refuses_keep_it_out_of_the_lane_and_fail_no_lo
     add_model(tmp_path, "five", build_rows_of_five())
     with Host(tmp_path, inline_run_us=GENEROUS_US) as host:
         host.load("five")
+        lane_settled(host, "five")
         status = host.status("five").versions[0].inline
         assert status.startswith("off: it fails on the generated inputs"), status
         x = np.arange(10, dtype=np.float32).reshape(2, 5)
@@ -480,5 +488,133 @@ def test_grpc_calls_take_the_lane_alone_and_leave_calls_beside_others_to_the_wor
 
     with Host(tmp_path, inline_run_us=GENEROUS_US) as host:
         host.load("mlp")
+        lane_settled(host, "mlp")
         run_freeing_frames(lambda: main(host))
         assert host.status("mlp").versions[0].inline.startswith("inline:")
+
+
+# -- the lane is measured after the load, on a load worker -----------------------------------
+
+
+def test_a_version_serves_on_the_workers_while_its_lane_is_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # The load publishes the version before its lane's runs are measured: the load does not
+    # wait for them, its status says so, and its requests go to the compute workers until the
+    # measurement (held here before its first run) replaces the lane.
+    add_model(tmp_path, "mlp", build_mlp(seed=1))
+    asked, go = threading.Event(), threading.Event()
+    measure_lane = _lane_measuring.measure_lane
+
+    def held(*args: Any, **kwargs: Any) -> InlineLane:
+        asked.set()
+        assert go.wait(timeout=30)
+        return measure_lane(*args, **kwargs)
+
+    monkeypatch.setattr(_lane_measuring, "measure_lane", held)
+    (expected,) = reference_run(build_mlp(seed=1), {"X": X})
+    with Host(tmp_path, inline_run_us=GENEROUS_US) as host:
+        try:
+            host.load("mlp", timeout=5)  # returns with the measuring still held
+            assert asked.wait(timeout=30)
+            status = host.status("mlp").versions[0].inline
+            assert status == (
+                "measuring: its runs are being measured on a load worker; its requests go to "
+                "the compute workers until then"
+            )
+            assert host.stats().inline_versions == 0
+            answer = _infer(DataPlane(host), "mlp", _request())
+            np.testing.assert_array_equal(answer.outputs[0].data, expected)
+            assert _workers(host) >= 1
+        finally:
+            go.set()
+        served = lane_settled(host, "mlp")
+        assert served.inline.state is LaneState.INLINE
+        assert host.status("mlp").versions[0].inline.startswith("inline: runs of up to 4 rows")
+        assert host.stats().inline_versions == 1
+
+
+def test_a_lane_whose_measuring_cannot_end_stays_off_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    names = ("gone", "broken", "stopped", "held", "queued", "late")
+    for name in names:
+        add_model(tmp_path, name, build_mlp(seed=1))
+    # The measurements are started by hand below, each at the moment it tests.
+    pending: dict[str, tuple[Loader, ServedVersion]] = {}
+    measure_later = Loader.measure_later
+
+    def kept(self: Loader, served: ServedVersion) -> None:
+        pending[served.name] = (self, served)
+
+    monkeypatch.setattr(Loader, "measure_later", kept)
+    started, go = threading.Event(), threading.Event()
+    measure_lane = _lane_measuring.measure_lane
+
+    def measuring(label: str, *args: Any, **kwargs: Any) -> InlineLane:
+        model = label.split(":")[0]
+        if model == "broken":
+            raise MemoryError("no room for the generated inputs")
+        if model == "stopped":
+            raise RunCancelled(f"model {label!r}: its run was stopped")
+        if model == "held":
+            started.set()
+            assert go.wait(timeout=30)
+        return measure_lane(label, *args, **kwargs)
+
+    monkeypatch.setattr(_lane_measuring, "measure_lane", measuring)
+    caplog.set_level(logging.WARNING, logger="corral")
+    host = Host(tmp_path, inline_run_us=GENEROUS_US, load_concurrency=1)
+
+    def measured(name: str) -> str:
+        loader, served = pending[name]
+        measure_later(loader, served)
+        assert served.lane_settled.wait(timeout=30)
+        return served.inline.describe()
+
+    try:
+        for name in names:
+            host.load(name)
+        assert set(pending) == set(names)
+        host.unload("gone")
+        assert measured("gone") == "off: its runs were not measured: it was unloaded first"
+        assert measured("broken") == (
+            "off: its runs were not measured: measuring it failed: MemoryError: no room for "
+            "the generated inputs"
+        )
+        assert "measuring broken:1 for the inline lane failed" in caplog.text
+        assert measured("stopped") == (
+            "off: its runs were not measured: its runs were stopped by the Host's close"
+        )
+        # One measuring holds the only load worker; the next waits behind it, and the Host
+        # begins to close before it starts.
+        loader, served = pending["held"]
+        measure_later(loader, served)
+        assert started.wait(timeout=30)
+        loader, queued = pending["queued"]
+        measure_later(loader, queued)
+        closing = threading.Event()
+        close_loads = loader.close
+
+        def close(timeout: float | None) -> int:
+            closing.set()
+            return close_loads(timeout)
+
+        monkeypatch.setattr(loader, "close", close)
+        closer = threading.Thread(target=host.close)
+        closer.start()
+        assert closing.wait(timeout=30)
+        go.set()
+        closer.join(timeout=30)
+        assert not closer.is_alive()
+        assert queued.lane_settled.wait(timeout=30)
+        assert queued.inline.describe() == (
+            "off: its runs were not measured: the Host began to close first"
+        )
+        assert served.inline.state is LaneState.INLINE  # measured while the close waited
+        assert measured("late").startswith(
+            "off: its runs were not measured: the Host closed first (the Host is closing"
+        )
+    finally:
+        go.set()
+        host.close()

@@ -23,6 +23,7 @@ from corral._loader import Loader, version_number
 from corral._served import ServedVersion
 from corral._trace_hooks import LoadRecord
 from corral.testing import build_mlp
+from tests.gates import served_version
 from tests.helpers import add_model, reference_run, wait_until
 
 X = np.ones((2, 4), np.float32)
@@ -194,6 +195,8 @@ def test_a_lease_holds_its_version_through_a_retire_and_the_next_one_loads_it_ag
     pieces = make_pieces()
     lease = pieces.loader.lease("mlp", None, timeout=30)
     old = lease.session
+    # Its lane's measuring, after the load, holds a lease of its own until it ends.
+    assert served_version(lease).lane_settled.wait(timeout=30)
     pieces.table.drain(pieces.table.retire("mlp"), timeout=0)
     assert old.state is SessionState.CLOSING
     assert lease.run({"X": X})["Y"].shape == (2, 1)  # held: still runs

@@ -131,6 +131,8 @@ def test_a_malformed_model_toml_keeps_the_copy_in_use_serving(make_pieces, repo:
 def test_a_model_gone_from_the_repository_is_retired_and_forgotten(make_pieces, repo: Path):
     pieces = make_pieces()
     served = pieces.loader.loaded("mlp", None, timeout=30)
+    # Its lane's measuring, after the load, holds a lease of its own until it ends.
+    assert served.lane_settled.wait(timeout=30)
     shutil.rmtree(repo / "mlp")
     pieces.reloader.refresh()
     assert pieces.table.in_use("mlp") == {}

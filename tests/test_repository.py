@@ -830,3 +830,91 @@ def test_a_repository_with_a_model_named_like_a_version_is_still_a_repository(tm
     with corral.Host(tmp_path) as host:
         out = host.infer("1", {"X": np.ones((1, 4), np.float32)})
     assert out["Y"].shape == (1, 1)
+
+
+# -- each config.pbtxt text is parsed once --------------------------------------------------
+
+_PBTXT = """name: "m"
+platform: "onnxruntime_onnx"
+max_batch_size: {rows}
+"""
+
+
+def _counting_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    from corral import _pbtxt
+
+    texts: list[str] = []
+    parse = _pbtxt.parse_pbtxt
+
+    def counted(text: str, **kwargs: object) -> ModelConfig:
+        texts.append(text)
+        return parse(text, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_pbtxt, "parse_pbtxt", counted)
+    return texts
+
+
+def test_a_config_pbtxt_read_again_unchanged_is_not_parsed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # A server reads each entry twice at start (the check, then the load): one parse.
+    add_model(tmp_path, "m", build_mlp())
+    config = tmp_path / "m" / "config.pbtxt"
+    config.write_text(_PBTXT.format(rows=8))
+    texts = _counting_parses(monkeypatch)
+    repo = Repository(tmp_path)
+    first, second = repo.entry("m"), repo.entry("m")
+    assert first.error is None
+    assert first.config.max_batch_size == 8
+    assert second.config is first.config
+    assert len(texts) == 1
+    # Other bytes, of the same size and with the same modification time: parsed afresh, as
+    # the text itself is the key (a size or a time would let a stale config through).
+    stamp = config.stat()
+    config.write_text(_PBTXT.format(rows=4))
+    os.utime(config, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert config.stat().st_size == stamp.st_size
+    assert repo.entry("m").config.max_batch_size == 4
+    assert len(texts) == 2
+
+
+def test_a_config_pbtxt_that_names_other_files_or_fails_is_parsed_every_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    add_model(tmp_path, "m", build_mlp())
+    (tmp_path / "m" / "labels.txt").write_text("cat\ndog\n")
+    config = tmp_path / "m" / "config.pbtxt"
+    config.write_text(
+        'name: "m"\noutput [ { name: "Y", data_type: TYPE_FP32, dims: [ -1, 1 ], '
+        'label_filename: "labels.txt" } ]\n'
+    )
+    texts = _counting_parses(monkeypatch)
+    repo = Repository(tmp_path)
+    assert repo.entry("m").config.outputs[0].labels == ("cat", "dog")
+    # The same config text, other labels: what the text names is not in the key.
+    (tmp_path / "m" / "labels.txt").write_text("cow\n")
+    assert repo.entry("m").config.outputs[0].labels == ("cow",)
+    assert len(texts) == 2
+    config.write_text('name: "m"\nmax_batch_size: -1\n')
+    for _ in range(2):
+        error = repo.entry("m").error
+        assert isinstance(error, ModelConfigError)
+        assert "max_batch_size must be >= 0" in str(error)
+    assert len(texts) == 4
+
+
+def test_parsed_configs_keep_the_most_recent_within_their_size():
+    from corral._pbtxt import ParsedConfigs
+
+    def labels(path: str, field: str) -> tuple[str, ...]:
+        raise AssertionError("no label file is named")
+
+    texts = [_PBTXT.format(rows=rows) for rows in (1, 2, 3)]
+    parsed = ParsedConfigs(max_chars=2 * (len(texts[0]) + len("s") + len("m")))
+    configs = [parsed.parse(t, source="s", model_name="m", read_labels=labels) for t in texts]
+    assert len(parsed) == 2  # the first, least recently used, was dropped
+    assert parsed.parse(texts[2], source="s", model_name="m", read_labels=labels) is configs[2]
+    again = parsed.parse(texts[0], source="s", model_name="m", read_labels=labels)
+    assert again is not configs[0]
+    assert again == configs[0]
+    assert len(parsed) == 2

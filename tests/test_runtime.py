@@ -310,3 +310,52 @@ def test_a_cancelling_shutdown_stops_runs_in_flight_and_queued_without_waiting_f
                 future.result(timeout=10)
     finally:
         host.close(timeout=10)
+
+
+# -- which distribution onnxruntime came from ------------------------------------------------
+
+
+def test_the_onnxruntime_distribution_is_found_beside_its_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from importlib import metadata
+    from types import SimpleNamespace
+
+    from corral import _ort
+
+    # The real install: what importlib.metadata's full scan says, found without it.
+    assert _ort.distribution() == ", ".join(
+        sorted(set(metadata.packages_distributions()["onnxruntime"]))
+    )
+    # A site folder of its own: a distribution declaring the package in top_level.txt, one
+    # listing it only in its RECORD, and others that do not provide it.
+    site = tmp_path / "site"
+    (site / "onnxruntime").mkdir(parents=True)
+    (site / "onnxruntime" / "__init__.py").write_text("")
+    dists = {
+        "onnxruntime_gpu-1.0.dist-info": ("onnxruntime-gpu", "onnxruntime\n", None),
+        "ort_nightly-1.0.dist-info": ("ort-nightly", None, "onnxruntime/__init__.py,,\n"),
+        "numpy-1.0.dist-info": ("numpy", "numpy\n", None),
+        "onnxruntime_tools-1.0.dist-info": (
+            "onnxruntime-tools",
+            None,
+            "onnxruntime_tools/__init__.py,,\nx/onnxruntime/__init__.py,,\n",
+        ),
+    }
+    for folder, (name, top_level, record) in dists.items():
+        (site / folder).mkdir()
+        (site / folder / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\n")
+        if top_level is not None:
+            (site / folder / "top_level.txt").write_text(top_level)
+        if record is not None:
+            (site / folder / "RECORD").write_text(record)
+    fake = SimpleNamespace(__file__=str(site / "onnxruntime" / "__init__.py"))
+    monkeypatch.setattr(_ort, "onnxruntime", lambda: fake)
+    assert _ort.distribution() == "onnxruntime-gpu, ort-nightly"
+    (tmp_path / "bare" / "onnxruntime").mkdir(parents=True)  # a build from source
+    fake.__file__ = str(tmp_path / "bare" / "onnxruntime" / "__init__.py")
+    assert _ort.distribution() == "unknown"
+    fake.__file__ = str(tmp_path / "gone" / "onnxruntime" / "__init__.py")
+    assert _ort.distribution() == "unknown"
+    fake.__file__ = None  # a namespace package
+    assert _ort.distribution() == "unknown"
