@@ -296,6 +296,15 @@ class Loader:
             custom_op_libraries=config.custom_op_libraries,
         )
         try:
+            # Built from the files the entry read, or the copy could mix old and new (a model
+            # file read before its new external data): a change meanwhile fails this load,
+            # transiently, and the next request reads the entry again.
+            changed = entry.versions[version].changed()
+            if changed is not None:
+                raise ModelLoadError(
+                    f"model {name!r} version {version} changed on disk while it loaded "
+                    f"({changed}); the next request loads it again"
+                )
             # A config.pbtxt's declarations, before anything runs on the model.
             check_declared(config, session.signature, session.name)
             declared = declared_signature(config, session.signature)

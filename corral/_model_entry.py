@@ -11,12 +11,14 @@ tells whether a loaded copy of one version is still what the disk holds. The rep
 
 from __future__ import annotations
 
+import os
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral._config import ModelConfig
+from corral._confined import beside_stamps
 from corral._errors import ModelInvalid, ModelLoadError
 from corral._problems import Problem, ProblemKind
 
@@ -38,6 +40,24 @@ class ModelVersion:
     #: The files beside it in its version folder (external data among them), each as (path
     #: inside the folder, size, modification time): new ones are a new copy of the version.
     beside: tuple[tuple[str, int, int], ...] = ()
+    #: The version folder :attr:`beside` was read from (its real path); None for a bare
+    #: model file, whose folder (the repository's root) is not read for it.
+    folder: str | None = None
+
+    def changed(self) -> str | None:
+        """What differs on disk now from what was read, in a clause; None if nothing does.
+
+        Stats the model file and walks its version folder again (no file is read).
+        """
+        try:
+            info = os.stat(self.path)
+        except OSError as exc:
+            return f"{self.path} can no longer be read ({exc.strerror})"
+        if (info.st_size, info.st_mtime_ns) != (self.size, self.mtime_ns):
+            return f"{self.path} was replaced"
+        if self.folder is not None and beside_stamps(self.folder, self.path.name) != self.beside:
+            return f"the files beside {self.path.name} in {self.folder} changed"
+        return None
 
 
 @dataclass(frozen=True)

@@ -741,7 +741,12 @@ class Repository:
         # The files beside the model file (its external data) are part of the version.
         beside = beside_stamps(version_dir.real, model_file)
         return ModelVersion(
-            int(child), Path(model.real), model.stat.st_size, model.stat.st_mtime_ns, beside
+            int(child),
+            Path(model.real),
+            model.stat.st_size,
+            model.stat.st_mtime_ns,
+            beside,
+            version_dir.real,
         )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,34 @@ def test_concurrent_requests_for_a_cold_model_share_one_build(make_pieces, build
     assert all(future.result(timeout=30) is served for future in others)
     assert builds.started == ["mlp:1"]
     assert pieces.table.stats().loads == 1
+
+
+@pytest.mark.parametrize("what", ["model file", "file beside it"])
+def test_files_changed_while_a_model_loads_fail_that_load_and_the_next_request_loads_them(
+    make_pieces, builds, repo: Path, what: str
+):
+    # A copy built while its files change may mix them (a model file read before its new
+    # external data): the load is refused, transiently, and the next request reads again.
+    pieces = make_pieces()
+    builds.held.add("mlp")
+    loading = pieces.loader.prepare("mlp", None)
+    assert builds.reached.wait(timeout=30)  # the entry is read; the build has not started
+    folder = repo / "mlp" / "1"
+    if what == "model file":
+        add_model(repo, "mlp", build_mlp(seed=9))  # a new file in place of the one read
+        model = folder / "model.onnx"
+        stamp = model.stat()  # of the same size: its time tells it apart, made sure of here
+        os.utime(model, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 10**9))
+    else:
+        (folder / "weights.bin").write_bytes(b"new external data")
+    builds.opened.set()
+    with pytest.raises(corral.ModelLoadError, match="changed on disk while it loaded"):
+        loading.result(timeout=30)
+    with pieces.loader.lease("mlp", None, timeout=30) as lease:
+        got = lease.run({"X": X})["Y"]
+    seed = 9 if what == "model file" else 1
+    np.testing.assert_array_equal(got, reference_run(build_mlp(seed=seed), {"X": X})[0])
+    assert builds.started == ["mlp:1", "mlp:1"]
 
 
 def test_a_caller_that_stops_waiting_leaves_the_load_to_the_others(make_pieces, builds):
