@@ -301,7 +301,7 @@ class Loader:
             # transiently, and the next request reads the entry again.
             changed = entry.versions[version].changed()
             if changed is not None:
-                raise ModelLoadError(
+                raise _FilesChanged(
                     f"model {name!r} version {version} changed on disk while it loaded "
                     f"({changed}); the next request loads it again"
                 )
@@ -518,7 +518,7 @@ class Loader:
                 self._table.end_reservation(size)  # expired while it waited for room
                 return
             reserved = size
-            served = self.build(name, version, entry, size, claim)
+            served, entry = self._build_unchanged(name, version, entry, size, claim)
             if not claim.finish():
                 served.session.close()  # too late: its waiters were answered LoadTimeout
                 return
@@ -544,6 +544,31 @@ class Loader:
                 _settle(pending, error=error)
             if not isinstance(exc, Exception):
                 raise
+
+    def _build_unchanged(
+        self, name: str, version: int, entry: ModelEntry, reserved: int, claim: Claim
+    ) -> tuple[ServedVersion, ModelEntry]:
+        """:meth:`build`, again from the entry read anew while its files changed under it.
+
+        Up to :data:`BUILDS_ON_CHANGE` builds, each from what the disk holds then, within
+        the ``reserved`` bytes; returns the version and the entry it was built from. Raises
+        :class:`ModelLoadError` (transient) if the files kept changing, or if the version
+        read anew is gone, unloadable or larger than ``reserved``.
+        """
+        for attempt in range(1, BUILDS_ON_CHANGE + 1):
+            try:
+                return self.build(name, version, entry, reserved, claim), entry
+            except _FilesChanged:
+                if attempt == BUILDS_ON_CHANGE:
+                    raise
+                logger.info("corral: %s version %s changed while it loaded; again", name, version)
+                fresh = self.refresh_entry(name)
+                if fresh.error is not None or version not in fresh.versions:
+                    raise
+                if self.estimate(fresh, version) > reserved:
+                    raise
+                entry = fresh
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _expire_load(
         self, key: Key, pending: Future[ServedVersion], what: str, claim: Claim
@@ -704,6 +729,15 @@ def _answer_late(future: Future[Any], what: str, claim: Claim) -> None:
     # RuntimeError: the job answered it an instant before it expired; that answer stands.
     with contextlib.suppress(RuntimeError):
         _settle(future, error=_expiry_error(what, claim))
+
+
+#: Builds a load makes while the version's files change under it (each from the files as
+#: they are then), before it fails transiently: a file touched during one build is read again.
+BUILDS_ON_CHANGE = 3
+
+
+class _FilesChanged(ModelLoadError):
+    """A version's files changed while it was built from them: its copy is not served."""
 
 
 def _load_error(name: str, version: int, exc: BaseException) -> ModelLoadError:

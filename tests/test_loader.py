@@ -20,7 +20,7 @@ import pytest
 
 import corral
 from corral import SessionState
-from corral._loader import Loader, version_number
+from corral._loader import BUILDS_ON_CHANGE, Loader, version_number
 from corral._served import ServedVersion
 from corral._trace_hooks import LoadRecord
 from corral.testing import build_mlp
@@ -87,11 +87,11 @@ def test_concurrent_requests_for_a_cold_model_share_one_build(make_pieces, build
 
 
 @pytest.mark.parametrize("what", ["model file", "file beside it"])
-def test_files_changed_while_a_model_loads_fail_that_load_and_the_next_request_loads_them(
+def test_files_changed_while_a_model_loads_are_read_again_and_the_load_serves_them(
     make_pieces, builds, repo: Path, what: str
 ):
     # A copy built while its files change may mix them (a model file read before its new
-    # external data): the load is refused, transiently, and the next request reads again.
+    # external data): it is not served; the entry is read again and the version built anew.
     pieces = make_pieces()
     builds.held.add("mlp")
     loading = pieces.loader.prepare("mlp", None)
@@ -105,13 +105,38 @@ def test_files_changed_while_a_model_loads_fail_that_load_and_the_next_request_l
     else:
         (folder / "weights.bin").write_bytes(b"new external data")
     builds.opened.set()
-    with pytest.raises(corral.ModelLoadError, match="changed on disk while it loaded"):
-        loading.result(timeout=30)
+    served = loading.result(timeout=30)
+    assert builds.started == ["mlp:1", "mlp:1"]  # built again from the files as they are
+    seed = 9 if what == "model file" else 1
+    got = served.run({"X": X}, None)["Y"]
+    np.testing.assert_array_equal(got, reference_run(build_mlp(seed=seed), {"X": X})[0])
+    assert served.fingerprint == pieces.loader.refresh_entry("mlp").version_fingerprint(1)
+
+
+def test_files_that_keep_changing_while_a_model_loads_fail_it_transiently(
+    make_pieces, monkeypatch: pytest.MonkeyPatch, repo: Path
+):
+    pieces = make_pieces()
+    model = repo / "mlp" / "1" / "model.onnx"
+    build = corral.Session.__init__
+    builds: list[str] = []
+
+    def touching_build(session: corral.Session, path: Any, **options: Any) -> None:
+        builds.append(str(options.get("name")))
+        stamp = model.stat()  # each build's files change under it
+        os.utime(model, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 10**9))
+        build(session, path, **options)
+
+    monkeypatch.setattr(corral.Session, "__init__", touching_build)
+    with pytest.raises(corral.ModelLoadError, match="changed on disk while it loaded") as caught:
+        pieces.loader.prepare("mlp", None).result(timeout=30)
+    assert "model.onnx was replaced" in str(caught.value)
+    assert builds == ["mlp:1"] * BUILDS_ON_CHANGE
+    monkeypatch.setattr(corral.Session, "__init__", build)
+    # Not a fault of the model: once the files hold still, the next request loads them.
     with pieces.loader.lease("mlp", None, timeout=30) as lease:
         got = lease.run({"X": X})["Y"]
-    seed = 9 if what == "model file" else 1
-    np.testing.assert_array_equal(got, reference_run(build_mlp(seed=seed), {"X": X})[0])
-    assert builds.started == ["mlp:1", "mlp:1"]
+    np.testing.assert_array_equal(got, reference_run(build_mlp(seed=1), {"X": X})[0])
 
 
 def test_a_caller_that_stops_waiting_leaves_the_load_to_the_others(make_pieces, builds):
