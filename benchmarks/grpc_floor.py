@@ -13,7 +13,14 @@ and read the process's CPU per request: corral's figure over this one is what co
 - ``sync``: grpc's threaded server with a pool of ``--workers`` threads;
 - ``sync-bridge``: ``sync`` whose handler hands each call to a uvloop loop on its own thread
   (``run_coroutine_threadsafe``), whose coroutine awaits the no-op on the pool of two: what
-  the threaded server would cost in front of corral's asynchronous data plane.
+  the threaded server would cost in front of corral's asynchronous data plane;
+- ``corral-edge``: corral's own gRPC server (``start_grpc_server`` on uvloop: its options,
+  registration, health and reflection services, body budget) in front of a data plane whose
+  ``infer`` answers a fixed one-row answer at once: what corral's gRPC edge (the request
+  parsed and decoded, the servicer, the answer encoded) adds to ``aio-uvloop``, without the
+  model's run or the hand-off to the compute workers;
+- ``corral-edge-handoff``: ``corral-edge`` whose ``infer`` first awaits the no-op on the pool
+  of two. ``corral serve`` itself is the last step: it adds the run and the Host's work.
 
 It binds 127.0.0.1 only, prints ``ready`` once serving, and runs until stopped (SIGTERM).
 """
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import tempfile
 import threading
 from concurrent import futures
 from typing import Any
@@ -31,7 +39,16 @@ import numpy as np
 
 from corral.protocol.proto import grpc_service_pb2 as pb
 
-MODES = ("aio", "aio-uvloop", "aio-handoff", "aio-uvloop-handoff", "sync", "sync-bridge")
+MODES = (
+    "aio",
+    "aio-uvloop",
+    "aio-handoff",
+    "aio-uvloop-handoff",
+    "sync",
+    "sync-bridge",
+    "corral-edge",
+    "corral-edge-handoff",
+)
 
 
 def response_bytes() -> bytes:
@@ -49,6 +66,35 @@ def _service(handler: Any) -> grpc.GenericRpcHandler:
     )
 
 
+async def _serve_corral_edge(port: int, handoff: bool) -> None:
+    """Serve with corral's gRPC server, on a data plane whose ``infer`` answers at once."""
+    from corral import Host
+    from corral.protocol.dataplane import DataPlane
+    from corral.protocol.types import InferOutput, InferResponse
+    from corral.server.bodies import BodyBudget
+    from corral.server.grpc import start_grpc_server
+
+    answer = InferResponse(
+        "mlp", "1", (InferOutput("Y", "FP32", (1, 1), np.array([[0.5]], np.float32)),)
+    )
+    pool = futures.ThreadPoolExecutor(2)
+
+    async def infer(*args: Any) -> InferResponse:
+        if handoff:
+            await asyncio.get_running_loop().run_in_executor(pool, len, b"")
+        return answer
+
+    with tempfile.TemporaryDirectory() as empty, Host(empty) as host:
+        plane = DataPlane(host)
+        plane.infer = infer  # type: ignore[method-assign]  # the stand-in
+        # As corral serve starts it: a body budget, its default limits.
+        server, _ = await start_grpc_server(
+            plane, "127.0.0.1", port, body_budget=BodyBudget(256 * 1024 * 1024)
+        )
+        print("ready", flush=True)
+        await server.wait_for_termination()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Serve in the mode given until stopped; the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -58,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     answer = response_bytes()
     options = [("grpc.so_reuseport", 0)]
+    if args.mode.startswith("corral-edge"):
+        import uvloop
+
+        uvloop.run(_serve_corral_edge(args.port, args.mode.endswith("handoff")))
+        return 0
     if args.mode.startswith("sync"):
         loop: asyncio.AbstractEventLoop | None = None
         if args.mode == "sync-bridge":

@@ -23,7 +23,9 @@ machine falls on all of them alike:
 - ``corral-grpc``: ``ModelInfer`` over gRPC from one Python process, ``--connections``
   asyncio tasks on one grpc.aio channel sending a pre-serialized request (see
   :func:`grpc_load`). Its client is Python, not C: on a small machine it takes CPU from the
-  server, so its figure is a lower bound, not comparable one to one with wrk's;
+  server, so its figure is a lower bound, not comparable one to one with wrk's.
+  ``--grpc-client perf_analyzer`` loads it with Triton's C++ ``perf_analyzer`` instead
+  (tritonclient's wheel; :func:`perf_analyzer_load`), about half the client CPU per call;
 - ``triton-json``, ``triton-binary``, ``triton-grpc``: NVIDIA Triton with its C++ onnxruntime
   backend (``benchmarks/peers/triton_ort.py``) loaded exactly as ``corral-json``,
   ``corral-binary`` and ``corral-grpc``, when it is built (``make triton-peer``; otherwise a
@@ -368,8 +370,11 @@ def _paired_ratio(
     return statistics.median(ratios) if ratios else None
 
 
-def format_triton_table(runs: Sequence[RunResult]) -> str:
+def format_triton_table(runs: Sequence[RunResult], grpc_client: str = "python") -> str:
     """The corral targets beside Triton's, per load (:data:`TRITON_PAIRS`); "" without Triton.
+
+    ``grpc_client``: what loaded the gRPC targets (:attr:`Settings.grpc_client`), named in
+    their row.
 
     Per side: median requests/s (min - max over rounds), median p99, median server CPU
     microseconds per request; then corral / Triton, the median of the per-round ratios.
@@ -392,6 +397,8 @@ def format_triton_table(runs: Sequence[RunResult]) -> str:
     for load, corral, triton in TRITON_PAIRS:
         if corral not in rows or triton not in rows:
             continue
+        if corral == "corral-grpc" and grpc_client != "python":
+            load = f"gRPC ({grpc_client})"
         ratio = _paired_ratio(by_round, corral, triton)
         shown = "-" if ratio is None else f"**{ratio:.2f}x**"
         lines.append(f"| {load} | {side(rows[triton])} | {side(rows[corral])} | {shown} |")
@@ -732,6 +739,93 @@ def grpc_outputs(response: bytes) -> dict[str, np.ndarray[Any, Any]]:
     }
 
 
+def perf_analyzer_environment() -> dict[str, str]:
+    """The environment, with the CUDA runtime wheel's library (perf_analyzer loads it)."""
+    env = dict(os.environ)
+    spec = importlib.util.find_spec("nvidia.cuda_runtime")  # nvidia-cuda-runtime-cu12
+    if spec is not None and spec.submodule_search_locations:
+        libraries = [str(Path(path) / "lib") for path in spec.submodule_search_locations]
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            [*libraries, *filter(None, [env.get("LD_LIBRARY_PATH")])]
+        )
+    return env
+
+
+def inference_count(http_port: int, model: str) -> int:
+    """The model's ``inference_count`` over every version, from ``/v2/models/M/stats``."""
+    url = f"http://127.0.0.1:{http_port}/v2/models/{model}/stats"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        stats = json.loads(response.read())
+    return sum(int(row["inference_count"]) for row in stats["model_stats"])
+
+
+def perf_analyzer_figures(csv_text: str, requests: int) -> dict[str, Any]:
+    """perf_analyzer's ``-f`` CSV as figures in the wrk script's format.
+
+    ``requests``: what the server counted over the whole run (perf_analyzer's warm-up and
+    every window), the count its CPU time is divided by; the duration is the one that count
+    takes at the throughput perf_analyzer measured. It reports no maximum latency: ``max``
+    is its p99. It stops at the first failed call, so a finished run has no errors.
+    """
+    header, row = csv_text.strip().splitlines()[:2]
+    values = dict(zip(header.split(","), row.split(","), strict=True))
+    throughput = float(values["Inferences/Second"])
+    if throughput <= 0 or requests <= 0:
+        raise BenchmarkError(f"perf_analyzer measured nothing: {csv_text.strip()}")
+    p50, p90, p99 = (float(values[f"p{n} latency"]) for n in (50, 90, 99))
+    return {
+        "duration_us": int(requests / throughput * 1e6),
+        "requests": requests,
+        "bytes": 0,
+        "errors": {"connect": 0, "read": 0, "write": 0, "status": 0, "timeout": 0},
+        "latency_us": {"mean": p50, "p50": p50, "p90": p90, "p99": p99, "max": p99},
+    }
+
+
+def perf_analyzer_load(
+    grpc_port: int,
+    http_port: int,
+    model: str,
+    concurrency: int,
+    duration_s: float,
+    shape: tuple[int, int],
+) -> dict[str, Any]:
+    """Load ``model`` over gRPC with Triton's C++ ``perf_analyzer`` for about ``duration_s``.
+
+    Three windows of a third of the duration each, at ``concurrency`` synchronous calls in
+    flight (its threads), sending ``X`` of ``shape`` (the models' dimensions may be
+    dynamic); the requests counted are the server's own count over the run
+    (``http_port``'s statistics), so that CPU per request takes every call it answered.
+    """
+    binary = Path(sys.executable).parent / "perf_analyzer"
+    if not binary.exists():
+        raise BenchmarkError(f"no perf_analyzer at {binary}: tritonclient's wheel brings it")
+    with tempfile.TemporaryDirectory(prefix="corral-perf-analyzer-") as scratch:
+        csv_file = Path(scratch, "figures.csv")
+        command = [str(binary), "-m", model, "-i", "grpc", "-u", f"127.0.0.1:{grpc_port}"]
+        command += ["--concurrency-range", str(concurrency), "-f", str(csv_file)]
+        command += ["--shape", f"{_INPUT_NAME}:{shape[0]},{shape[1]}"]
+        command += ["--measurement-interval", str(max(1, int(duration_s * 1000 / 3)))]
+        # Exactly three windows: no stability asked for, the load only.
+        command += ["--max-trials", "3", "--stability-percentage", "999"]
+        before = inference_count(http_port, model)
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            env=perf_analyzer_environment(),
+            timeout=duration_s * 3 + _RUN_GRACE_S,
+            check=False,
+        )
+        if done.returncode != 0 or not csv_file.exists():
+            raise BenchmarkError(
+                f"perf_analyzer exited with {done.returncode}:\n{done.stdout[-2000:]}"
+                f"{done.stderr[-2000:]}"
+            )
+        requests = inference_count(http_port, model) - before
+        return perf_analyzer_figures(csv_file.read_text(), requests)
+
+
 def _grpc_client_main(argv: Sequence[str]) -> int:
     """``http_bench.py grpc-client``: one gRPC load run, its figures on the marker line."""
     parser = argparse.ArgumentParser(prog="http_bench.py grpc-client")
@@ -767,6 +861,9 @@ class Settings:
     connections: int = 16
     threads: int = 2
     grpc: bool = True
+    #: What loads the gRPC targets: the Python grpc.aio client (:func:`grpc_load`) or
+    #: Triton's ``perf_analyzer`` (:func:`perf_analyzer_load`).
+    grpc_client: Literal["python", "perf_analyzer"] = "python"
     #: The targets to run (empty: every one there is a server for).
     targets: tuple[str, ...] = ()
     #: Where the Triton peer is built (:func:`benchmarks.peers.triton_ort.triton_home`);
@@ -1041,11 +1138,13 @@ class _Runner:
 
     def _run_grpc(self, target: str, duration_s: float) -> dict[str, Any]:
         settings = self._settings
+        port = self._ports[self._grpc[target]]
+        python_duration = duration_s if settings.grpc_client == "python" else 0.0
         command = [sys.executable, str(Path(__file__).resolve()), "grpc-client"]
-        command += ["--port", str(self._ports[self._grpc[target]]), "--model", self._model_name]
+        command += ["--port", str(port), "--model", self._model_name]
         command += ["--rows", str(settings.rows), "--features", str(settings.features)]
-        command += ["--connections", str(settings.connections), "--duration", str(duration_s)]
-        figures = run_load(command, duration_s)
+        command += ["--connections", str(settings.connections)]
+        figures = run_load([*command, "--duration", str(python_duration)], python_duration)
         got = {name: np.asarray(values, np.float32) for name, values in figures["outputs"].items()}
         for output, values in self._expected.items():
             if output not in got or not np.allclose(got[output], values.ravel(), rtol=1e-5):
@@ -1053,7 +1152,18 @@ class _Runner:
                     f"{target} answered {got.get(output)} for output {output!r}; "
                     f"onnxruntime gives {values.ravel()}"
                 )
-        return figures
+        if settings.grpc_client == "python":
+            return figures
+        # The answer checked above (one call, duration 0), perf_analyzer loads the server.
+        http_port = self._ports[TARGET_SERVERS[target]]
+        return perf_analyzer_load(
+            port,
+            http_port,
+            self._model_name,
+            settings.connections,
+            duration_s,
+            (settings.rows, settings.features),
+        )
 
 
 def measure(settings: Settings, wrk: str, progress: Callable[[str], None]) -> list[RunResult]:
@@ -1237,6 +1347,13 @@ def _parser() -> argparse.ArgumentParser:
     add("--rows", type=_positive_int, default=1, help="rows per request (1)")
     add("--no-grpc", action="store_true", help="skip corral over gRPC even if it is there")
     add(
+        "--grpc-client",
+        choices=("python", "perf_analyzer"),
+        default="python",
+        help="what loads the gRPC targets: the Python grpc.aio client (default), or Triton's "
+        "C++ perf_analyzer (tritonclient's wheel), which leaves the server more of the cores",
+    )
+    add(
         "--targets",
         help=f"comma-separated, of {', '.join(TARGETS)} (default: every one there is a server for)",
     )
@@ -1303,6 +1420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         connections=args.connections,
         threads=args.threads,
         grpc=grpc,
+        grpc_client=args.grpc_client,
         targets=targets,
         triton_home=triton_home,
     )
@@ -1318,7 +1436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
     document = report(settings, runs, wrk, started, (load_before, os.getloadavg()))
     print(format_table(document["summary"]))
-    beside = format_triton_table(runs)
+    beside = format_triton_table(runs, settings.grpc_client)
     if beside:
         print("\ncorral beside Triton (same run, interleaved):\n" + beside)
     elif triton_note is not None:

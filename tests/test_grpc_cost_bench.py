@@ -9,6 +9,7 @@ import sys
 
 import grpc
 import numpy as np
+import pytest
 
 from corral.protocol.proto import grpc_service_pb2 as pb
 from tests.helpers import BENCHMARKS, run_benchmark
@@ -30,10 +31,11 @@ def _free_port() -> int:
         return port
 
 
-def test_the_floor_server_answers_model_infer():
+@pytest.mark.parametrize("mode", ["aio-handoff", "corral-edge-handoff"])
+def test_the_floor_server_answers_model_infer(mode: str):
     port = _free_port()
     server = subprocess.Popen(
-        [sys.executable, str(BENCHMARKS / "grpc_floor.py"), "aio-handoff", str(port)],
+        [sys.executable, str(BENCHMARKS / "grpc_floor.py"), mode, str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -46,7 +48,12 @@ def test_the_floor_server_answers_model_infer():
             assert server.stdout.readline().strip() == "ready"
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
-            answer = pb.ModelInferResponse.FromString(infer(b"", timeout=30))
+            request = pb.ModelInferRequest(model_name="mlp")
+            request.inputs.add(name="X", datatype="FP32", shape=[1, 4])
+            request.raw_input_contents.append(np.zeros(4, "<f4").tobytes())
+            answer = pb.ModelInferResponse.FromString(
+                infer(request.SerializeToString(), timeout=30)
+            )
         assert [output.name for output in answer.outputs] == ["Y"]
         assert np.frombuffer(answer.raw_output_contents[0], "<f4").tolist() == [0.5]
     finally:

@@ -522,3 +522,33 @@ def test_the_triton_table_pairs_each_load_round_by_round() -> None:
     rows = {row["target"]: row for row in http_bench.summarize(runs)}
     assert rows["corral-binary"]["server_cpu_us_per_request"] is None
     assert http_bench.format_table(list(rows.values())).splitlines()[2].endswith(" | 100 |")
+
+
+def test_perf_analyzer_figures_take_the_servers_count_and_its_latencies() -> None:
+    csv_text = (
+        "Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,"
+        "Server Compute Input,Server Compute Infer,Server Compute Output,Client Recv,"
+        "p50 latency,p90 latency,p95 latency,p99 latency\n"
+        "16,3078.15,2,4871,241,1,74,1,0,4855,6785,7792,9604\n"
+    )
+    figures = http_bench.perf_analyzer_figures(csv_text, 6000)
+    result = http_bench.run_result("corral-grpc", 1, figures, 2.4)
+    assert result["requests"] == 6000
+    assert result["requests_per_s"] == pytest.approx(3078.15, rel=1e-3)
+    assert result["server_cpu_us_per_request"] == pytest.approx(400.0)
+    assert (result["latency_p50_ms"], result["latency_p99_ms"]) == (4.855, 9.604)
+    assert result["status_errors"] == 0
+    with pytest.raises(http_bench.BenchmarkError, match="measured nothing"):
+        http_bench.perf_analyzer_figures(csv_text, 0)
+
+
+def test_the_triton_table_names_the_grpc_client() -> None:
+    def run(target: str) -> Any:
+        figures = http_bench.perf_analyzer_figures(
+            "Inferences/Second,p50 latency,p90 latency,p99 latency\n1000,1,2,3\n", 1000
+        )
+        return http_bench.run_result(target, 1, figures, 0.1)
+
+    runs = [run("corral-grpc"), run("triton-grpc")]
+    assert "| gRPC (Python client) |" in http_bench.format_triton_table(runs)
+    assert "| gRPC (perf_analyzer) |" in http_bench.format_triton_table(runs, "perf_analyzer")

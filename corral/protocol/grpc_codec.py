@@ -74,6 +74,7 @@ __all__ = [
     "encode_response",
     "encode_server_metadata",
     "encode_statistics",
+    "serialize_response",
 ]
 
 # The typed field of InferTensorContents that carries each datatype; FP16 has none.
@@ -248,6 +249,90 @@ def encode_response(response: InferResponse) -> pb.ModelInferResponse:
         raw = b"" if in_shared_memory(output) else encode_tensor(output.data, output.datatype)
         message.raw_output_contents.append(raw)
     return message
+
+
+def serialize_response(response: InferResponse) -> bytes:
+    """``encode_response(response).SerializeToString()``, byte for byte, built more cheaply.
+
+    Most answers carry no parameters (the response's or its outputs'): their message is
+    written here from the model's name, version and each output's name, datatype and shape,
+    whose encoded bytes are kept (keyed by those values, so a new version or shape gets its
+    own) and reused, then each output's raw bytes. Any other answer is encoded as
+    :func:`encode_response` encodes it.
+
+    Example::
+
+        wire = serialize_response(await plane.infer("fraud", None, request))
+    """
+    if response.parameters or any(output.parameters for output in response.outputs):
+        return encode_response(response).SerializeToString()
+    model_version = response.model_version or ""
+    head = _heads.get((response.model_name, model_version))
+    if head is None:
+        head = _remember(
+            _heads,
+            (response.model_name, model_version),
+            _string_field(1, response.model_name) + _string_field(2, model_version),
+        )
+    parts = [head, _string_field(3, response.id)] if response.id else [head]
+    raws = []
+    for output in response.outputs:
+        key = (output.name, output.datatype, output.shape)
+        tensor = _tensor_heads.get(key)
+        if tensor is None:
+            tensor = _remember(_tensor_heads, key, _output_tensor_field(*key))
+        parts.append(tensor)
+        raw = encode_tensor(output.data, output.datatype)
+        raws.append(_RAW_OUTPUT_TAG + _varint(len(raw)))
+        raws.append(raw)
+    return b"".join(parts + raws)
+
+
+# serialize_response's encoded fields, by the values they encode (never stale: a different
+# model, version, output or shape is a different key). Each stays small: past
+# _MAX_REMEMBERED entries (shapes that vary request by request) it starts over. Only the
+# server's event loop writes them; a race between threads would store equal bytes.
+_heads: dict[tuple[str, str], bytes] = {}
+_tensor_heads: dict[tuple[str, str, tuple[int, ...]], bytes] = {}
+_MAX_REMEMBERED = 1024
+# The wire tags (field number << 3 | 2, length-delimited) serialize_response writes.
+_OUTPUTS_TAG = bytes([5 << 3 | 2])
+_RAW_OUTPUT_TAG = bytes([6 << 3 | 2])
+
+
+def _remember(cache: dict[Any, bytes], key: Any, value: bytes) -> bytes:
+    if len(cache) >= _MAX_REMEMBERED:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+def _varint(value: int) -> bytes:
+    # Protocol buffers' base-128 varint; a negative int64 as its 64-bit two's complement.
+    value = int(value) & 0xFFFFFFFFFFFFFFFF
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _string_field(number: int, text: str) -> bytes:
+    # A proto3 string field; an empty one is not written, as protobuf omits it.
+    if not text:
+        return b""
+    data = text.encode()
+    return bytes([number << 3 | 2]) + _varint(len(data)) + data
+
+
+def _output_tensor_field(name: str, datatype: str, shape: tuple[int, ...]) -> bytes:
+    # One entry of ModelInferResponse.outputs (field 5): name, datatype, packed shape.
+    body = _string_field(1, name) + _string_field(2, datatype)
+    if shape:
+        dims = b"".join(_varint(dim) for dim in shape)
+        body += bytes([3 << 3 | 2]) + _varint(len(dims)) + dims
+    return _OUTPUTS_TAG + _varint(len(body)) + body
 
 
 def encode_server_metadata(meta: ServerMetadata) -> pb.ServerMetadataResponse:
