@@ -56,7 +56,7 @@ from corral._trace_hooks import LoadObserver, LoadRecord
 from corral._value_dependence import value_dependence
 from corral._warmup import check_warmup_room, run_warmups
 
-__all__ = ["Loader", "version_number"]
+__all__ = ["BUILDS_ON_CHANGE", "FilesChanged", "Loader", "version_number"]
 
 logger = logging.getLogger(__name__)
 
@@ -301,7 +301,7 @@ class Loader:
             # transiently, and the next request reads the entry again.
             changed = entry.versions[version].changed()
             if changed is not None:
-                raise _FilesChanged(
+                raise FilesChanged(
                     f"model {name!r} version {version} changed on disk while it loaded "
                     f"({changed}); the next request loads it again"
                 )
@@ -558,7 +558,7 @@ class Loader:
         for attempt in range(1, BUILDS_ON_CHANGE + 1):
             try:
                 return self.build(name, version, entry, reserved, claim), entry
-            except _FilesChanged:
+            except FilesChanged:
                 if attempt == BUILDS_ON_CHANGE:
                     raise
                 logger.info("corral: %s version %s changed while it loaded; again", name, version)
@@ -736,7 +736,7 @@ def _answer_late(future: Future[Any], what: str, claim: Claim) -> None:
 BUILDS_ON_CHANGE = 3
 
 
-class _FilesChanged(ModelLoadError):
+class FilesChanged(ModelLoadError):
     """A version's files changed while it was built from them: its copy is not served."""
 
 

@@ -16,7 +16,7 @@ import threading
 
 from corral._check import ProblemWatch
 from corral._errors import CorralError, HostClosed, ModelNotFound
-from corral._loader import Loader
+from corral._loader import BUILDS_ON_CHANGE, FilesChanged, Loader
 from corral._options import HostOptions
 from corral._repository import Repository
 from corral._served import ServedVersion
@@ -82,8 +82,13 @@ class Reloader:
             if self._problems is not None:
                 self._problems.recheck()
 
-    def reload(self, name: str) -> None:
-        """Load changed or new versions of a model in use, then swap them in at once."""
+    def reload(self, name: str, attempt: int = 1) -> None:
+        """Load changed or new versions of a model in use, then swap them in at once.
+
+        Files that change while they are built from are read again, and built again, up to
+        ``BUILDS_ON_CHANGE`` times in all (``attempt``: this one's number); after that, or on
+        any other failure, the copy in use keeps serving and the failure is noted.
+        """
         try:
             entry = self._repository.entry(name)
         except ModelNotFound:
@@ -116,6 +121,9 @@ class Reloader:
         if failure is not None:
             for served in fresh.values():
                 served.session.close()
+            if isinstance(failure, FilesChanged) and attempt < BUILDS_ON_CHANGE:
+                self.reload(name, attempt + 1)  # from the entry as the disk holds it now
+                return
             self._table.note_reload_failure(name, failure)
             return
         retired = self._table.swap(entry, fresh)

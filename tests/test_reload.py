@@ -7,6 +7,7 @@ with another size, so that its fingerprint changes whatever the file system's cl
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -225,3 +226,38 @@ def test_new_external_weights_alone_are_served_after_a_refresh(tmp_path: Path):
         (version / "weights.bin.new").replace(version / "weights.bin")
         host.refresh()
         np.testing.assert_array_equal(host.infer("m", {"X": x})["Y"], [[8.0]])
+
+
+def _replace(repo: Path, seed: int) -> None:
+    """Put another mlp in place of mlp/1/model.onnx, its time later than the file's before."""
+    model = repo / "mlp" / "1" / "model.onnx"
+    before = model.stat().st_mtime_ns
+    add_model(repo, "mlp", build_mlp(seed=seed))
+    # Of the same size: a later time tells it apart, made sure of here.
+    os.utime(model, ns=(before + 10**9, before + 10**9))
+
+
+def test_a_reload_whose_files_change_under_it_is_built_again_and_serves_them(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+):
+    with corral.Host(repo) as host:
+        host.infer("mlp", {"X": X})  # in use: seed 1
+        _replace(repo, 9)
+        build = corral.Session.__init__
+        builds: list[str] = []
+
+        def changing_build(session: corral.Session, path: object, **options: object) -> None:
+            builds.append(str(options.get("name")))
+            if len(builds) == 1:
+                _replace(repo, 10)  # the reload's first build finds seed 9's entry stale
+            build(session, path, **options)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(corral.Session, "__init__", changing_build)
+        host.load("mlp")  # a reload of the model in use: no error, no mix
+        assert builds == ["mlp:1", "mlp:1"]
+        want = reference_run(build_mlp(seed=10), {"X": X})[0]
+        np.testing.assert_array_equal(host.infer("mlp", {"X": X})["Y"], want)
+        reloads = host.stats().reloads
+        host.refresh()  # what is served is what the disk holds: nothing to reload
+        assert host.stats().reloads == reloads
+        assert builds == ["mlp:1", "mlp:1"]
