@@ -322,9 +322,11 @@ def test_an_async_request_whose_model_is_unloaded_after_its_load_still_runs(
     expected = reference_run(build_mlp(seed=1), {"X": X})[0]
     with Host(repo_with_bare_model) as host:
         acquire = host.acquire_async
+        leases: list[HostLease] = []
 
         async def acquire_then_unload(*args: Any, **kwargs: Any) -> HostLease:
             lease = await acquire(*args, **kwargs)
+            leases.append(lease)
             host.unload("mlp", timeout=0)
             return lease
 
@@ -332,6 +334,8 @@ def test_an_async_request_whose_model_is_unloaded_after_its_load_still_runs(
         answer = asyncio.run(host.infer_async("mlp", {"X": X}))
         np.testing.assert_array_equal(answer["Y"], expected)
         assert host.stats().unloads == 1
+        # The lane's measuring, after the load, holds a lease of its own until it settles.
+        assert served_version(leases[0]).lane_settled.wait(timeout=30)
         assert corral.runtime().stats().sessions_alive == 0
 
 

@@ -47,6 +47,7 @@ from corral.ray import (
 )
 from corral.server.http import HttpApp
 from corral.testing import build_mlp, build_tree
+from tests.gates import served_version
 from tests.helpers import reference_run
 
 X = np.random.default_rng(5).standard_normal((2, 4)).astype(np.float32)
@@ -281,6 +282,8 @@ def test_ray_evicting_a_route_never_closes_a_model_under_a_run(
     host: Host = replica._host
     expected = reference_run(TREE, {"X": X})[0]
     with host.acquire("tree") as lease:  # a run in flight on the model
+        # The lane's measuring, after the load, holds a lease of its own until it settles.
+        assert served_version(lease).lane_settled.wait(timeout=30)
         fake_serve.evict("tree")
         # Out of service for new requests, yet the leased session still runs.
         assert host.status("tree").versions[0].state is ModelState.UNLOADING
