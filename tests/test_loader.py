@@ -292,7 +292,9 @@ def test_a_cold_submit_is_queued_once_its_version_loads(make_pieces):
     refused: Future[Any] = Future()
     pieces.loader.enqueue_when_loaded("nope", None, ({"X": X}, None, None), refused)
     assert isinstance(refused.exception(timeout=30), corral.ModelNotFound)
-    assert pieces.table.in_use("mlp")[1].session.in_flight == 0  # the admission ended
+    served = pieces.table.in_use("mlp")[1]
+    assert served.lane_settled.wait(timeout=30)  # its lane's measuring holds a lease till then
+    assert served.session.in_flight == 0  # the admission ended
 
 
 # -- builds for reloads, timeouts, close -----------------------------------------------------
