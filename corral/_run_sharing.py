@@ -16,17 +16,25 @@ __all__ = [
     "ADAPT_MIN_RUNS",
     "ADAPT_RECHECK_EVERY",
     "RECHECK_RUN_S",
-    "SHARED_COSTLIER",
+    "SHARING_FLIP_MARGIN",
+    "SHARING_PAYS_BELOW",
     "adaptive_cap",
     "measure_sharing",
 ]
 
 #: An adaptive queue (a model whose batching corral chose, not its config) runs each request
-#: alone once its shared runs cost this many times the CPU seconds per row of its lone runs or
-#: more, and shares runs again once lone runs cost this many times shared ones. Between the
-#: two it keeps what it does: either costs about the same, and a noisy machine does not
-#: flip it back and forth.
-SHARED_COSTLIER = 1.25
+#: alone once its shared runs cost this fraction of the CPU seconds per row of its lone runs
+#: or more: sharing must save a fifth of a row's CPU to be kept. A shared run is not free
+#: where it costs about what its rows would alone: its rows run one after the other on one
+#: worker instead of side by side on several, and its callers' next requests come back
+#: together, in waves, with the workers idle between them. Measured over HTTP
+#: (``docs/scheduler.md``): the PP-OCR text-direction classifier, whose shared rows cost
+#: about 0.9 of lone ones, served 1.3x the requests at 8 connections and 1.2x at 32 run
+#: alone, with the cores busier (1.6 against 1.2 of 2).
+SHARING_PAYS_BELOW = 0.8
+#: ... and shares runs again once they cost at most ``SHARING_PAYS_BELOW`` divided by this.
+#: Between the two it keeps what it does: a noisy machine does not flip it back and forth.
+SHARING_FLIP_MARGIN = 1.25
 #: Runs of each kind an adaptive queue measures before it decides.
 ADAPT_MIN_RUNS = 4
 #: While an adaptive queue has not measured both kinds, every this-many-th run is of the kind
@@ -37,8 +45,10 @@ ADAPT_RECHECK_EVERY = 128
 #: A recheck's shared run, made while each request runs alone, takes as many requests as lone
 #: runs of this many CPU seconds would (two at least). Taking every queued request, as sharing
 #: would, makes one run as long as all of theirs: at 32 callers of a 35 ms model about a
-#: second, which every request in it waits, against one lone run's 35 ms.
-RECHECK_RUN_S = 0.02
+#: second, which every request in it waits, against one lone run's 35 ms. And at 20 ms, the
+#: bound before this one, 32 callers of a 1 ms model met a recheck of 21 requests every 128
+#: runs, a sixth of them waiting for it: p90 42 ms against 25 without rechecks.
+RECHECK_RUN_S = 0.005
 
 
 def adaptive_cap(queue: ModelQueue) -> int:
@@ -94,11 +104,11 @@ def measure_sharing(queue: ModelQueue, shared: bool, row_s: float) -> bool:
         queue.alone_row_s = running_mean(queue.alone_row_s, row_s)
     if queue.alone_runs < ADAPT_MIN_RUNS or queue.shared_runs < ADAPT_MIN_RUNS:
         return False
-    apart = (
-        queue.shared_row_s * SHARED_COSTLIER > queue.alone_row_s
-        if queue.apart
-        else queue.shared_row_s >= queue.alone_row_s * SHARED_COSTLIER
-    )
+    ratio = queue.shared_row_s / queue.alone_row_s if queue.alone_row_s > 0 else 1.0
+    if queue.apart:
+        apart = ratio * SHARING_FLIP_MARGIN > SHARING_PAYS_BELOW
+    else:
+        apart = ratio >= SHARING_PAYS_BELOW
     if apart == queue.apart:
         return False
     queue.apart = apart

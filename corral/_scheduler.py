@@ -181,7 +181,8 @@ class Scheduler:
         refused. The queue counts into ``counters`` (default: new ones), under this
         scheduler's lock; the scheduler keeps no list of its queues. ``adaptive``: the
         batching is corral's choice, not the model's config; requests then share runs only
-        while shared runs cost no more per row than lone ones (:data:`SHARED_COSTLIER`).
+        while shared runs save a fifth of a lone row's CPU or more
+        (:data:`corral._run_sharing.SHARING_PAYS_BELOW`).
         ``slots``: how many runs ``owner`` takes at once (its sessions under ``exclusive`` or
         ``pool:N``; 0, no bound, under ``shared``); the queue is handed to no more workers
         than that at once, so its requests run in the order they came and no worker waits

@@ -107,7 +107,7 @@ class ServedVersion:
         #: Why its requests share runs or not, in one line (declared, probed or off).
         self.batching = batching.reason
         #: corral chose the batching (probed): its queue gives shared runs up while they
-        #: cost more per row than lone ones (corral._scheduler.SHARED_COSTLIER).
+        #: save too little per row (corral._run_sharing.SHARING_PAYS_BELOW).
         self.adaptive = batching.adaptive
         self.window_us = batch_window_us
         self.queue_limit = queue_limit

@@ -497,7 +497,7 @@ def test_a_probed_model_whose_shared_runs_cost_more_per_row_runs_each_request_al
     )
 
 
-@pytest.mark.parametrize(("alone_s", "cap"), [(1.0, 2), (0.0025, 8)])
+@pytest.mark.parametrize(("alone_s", "cap"), [(1.0, 2), (0.00125, 4)])
 def test_a_recheck_while_requests_run_alone_takes_a_bounded_share_of_the_queue(
     scheduler: Scheduler, clock: FakeClock, alone_s: float, cap: int
 ):
@@ -548,13 +548,49 @@ def test_a_probed_model_whose_shared_runs_pay_keeps_them_and_a_declared_one_alwa
     assert all(runs == [1, 8] for runs in declared_rounds)
 
 
-def test_a_model_run_apart_shares_runs_again_once_they_pay(scheduler: Scheduler, clock: FakeClock):
+def test_a_probed_model_whose_shared_runs_save_less_than_a_fifth_runs_each_request_alone(
+    scheduler: Scheduler, clock: FakeClock
+):
+    # Shared rows at 0.9 of a lone row's CPU: cheaper, but not by the fifth that pays for
+    # the parallelism a shared run gives up (SHARING_PAYS_BELOW).
+    model = CostedVersion("m:1", clock, alone_s=1.0, shared_s=0.9)
+    queue = scheduler.queue(model, ("m", 1), max_rows=64, adaptive=True)
+    rounds = run_rounds(scheduler, queue, model, 8)
+    assert queue.apart
+    assert (queue.alone_row_s, queue.shared_row_s) == pytest.approx((1.0, 0.9))
+    recent = [rows for runs in rounds[-4:] for rows in runs]
+    assert sum(1 for rows in recent if rows > 1) <= 2
+    assert scheduler.sharing(queue) == (
+        "each request runs alone now: shared runs took 900 CPU ms a row, lone runs 1e+03 ms"
+    )
+
+
+def test_a_probed_model_whose_shared_runs_save_a_little_more_than_a_fifth_keeps_them(
+    scheduler: Scheduler, clock: FakeClock
+):
+    model = CostedVersion("m:1", clock, alone_s=1.0, shared_s=0.75)
+    queue = scheduler.queue(model, ("m", 1), max_rows=64, adaptive=True)
+    rounds = run_rounds(scheduler, queue, model, 8)
+    assert queue.alone_runs >= ADAPT_MIN_RUNS
+    assert not queue.apart
+    assert max(rounds[-1]) > 1
+
+
+@pytest.mark.parametrize(("shared_s", "shares_again"), [(0.3, True), (0.7, False)])
+def test_a_model_run_apart_shares_runs_again_once_they_pay(
+    scheduler: Scheduler, clock: FakeClock, shared_s: float, shares_again: bool
+):
+    # Back to sharing at SHARING_PAYS_BELOW / SHARING_FLIP_MARGIN (0.64 of a lone row) or
+    # less; at 0.7, between the two bounds, it keeps running each request alone.
     model = CostedVersion("m:1", clock, alone_s=1.0, shared_s=2.0)
     queue = scheduler.queue(model, ("m", 1), max_rows=64, adaptive=True)
     run_rounds(scheduler, queue, model, 8)
     assert queue.apart
-    model.shared_s = 0.3  # another input shape, a quieter machine: now batching pays
+    model.shared_s = shared_s  # another input shape, a quieter machine
     # Each recheck (a shared run in ADAPT_RECHECK_EVERY) moves the mean a fifth of the way.
     rounds = run_rounds(scheduler, queue, model, 160)
-    assert not queue.apart
-    assert max(rounds[-1]) > 1
+    assert queue.apart is not shares_again
+    assert (max(rounds[-1]) > 1) is shares_again
+    if not shares_again:
+        # The rechecks saw shared rows turn cheaper than lone ones, not cheap enough.
+        assert 0.7 < queue.shared_row_s < 1.0
