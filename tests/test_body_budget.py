@@ -102,7 +102,9 @@ def test_a_request_past_the_budget_gets_503_before_its_body_is_read(host: Host):
 
 
 @pytest.mark.timeout(30)
-def test_large_bodies_are_decoded_off_the_event_loop(host: Host, monkeypatch: pytest.MonkeyPatch):
+def test_large_json_parts_are_decoded_off_the_event_loop_and_binary_tensors_on_it(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+):
     decoded_on: list[str] = []
     decode = corral.server.http.decode_request
 
@@ -116,13 +118,40 @@ def test_large_bodies_are_decoded_off_the_event_loop(host: Host, monkeypatch: py
     # The same tensor, padded with spaces past the threshold: JSON allows any amount.
     padded = BODY[:-1] + b" " * DECODE_INLINE_BYTES + b"}"
 
-    async def go() -> list[httpx.Response]:
-        return [await post(app, BODY), await post(app, padded)]
+    # A binary tensor past the threshold behind a small JSON part: a view of the body, no
+    # decoding by its size, so decoded on the loop; and one whose JSON part is past it.
+    rows = np.random.default_rng(8).standard_normal((5000, 4)).astype(np.float32)
+    assert rows.nbytes > DECODE_INLINE_BYTES
+    tensor = {"name": "X", "datatype": "FP32", "shape": [5000, 4]}
+    header = orjson.dumps({"inputs": [{**tensor, "parameters": {"binary_data_size": rows.nbytes}}]})
+    long_header = header[:-1] + b" " * DECODE_INLINE_BYTES + b"}"
+    binary = {"content-type": "application/octet-stream"}
 
-    small, large = asyncio.run(go())
+    async def go() -> list[httpx.Response]:
+        return [
+            await post(app, BODY),
+            await post(app, padded),
+            await post(
+                app,
+                header + rows.tobytes(),
+                headers={**binary, "inference-header-content-length": str(len(header))},
+            ),
+            await post(
+                app,
+                long_header + rows.tobytes(),
+                headers={**binary, "inference-header-content-length": str(len(long_header))},
+            ),
+        ]
+
+    small, large, big_binary, long_binary = asyncio.run(go())
     assert (small.status_code, large.status_code) == (200, 200)
     assert small.json()["outputs"] == large.json()["outputs"]
+    assert (big_binary.status_code, long_binary.status_code) == (200, 200)
+    assert big_binary.json()["outputs"] == long_binary.json()["outputs"]
+    expected = host.infer("mlp", {"X": rows})["Y"]
+    answered = big_binary.json()["outputs"][0]
+    assert answered["shape"] == list(expected.shape)
+    np.testing.assert_allclose(answered["data"], expected.ravel(), rtol=1e-6)
     main = threading.main_thread().name
-    assert decoded_on[0] == main, decoded_on
-    assert decoded_on[1] != main, decoded_on
+    assert [thread == main for thread in decoded_on] == [True, False, True, False], decoded_on
     assert budget.held == 0

@@ -9,7 +9,8 @@ declared length cannot fit); JSON is orjson; every error is
 ``{"error": "..."}`` with the status of :func:`~corral.server.responses.error_status`.
 Nothing that may read a file or wait for a load runs on the event loop: the data plane does
 that on worker threads, the ``/metrics`` page is rendered on one, and so is the decoding of a
-body over :data:`DECODE_INLINE_BYTES`.
+body whose JSON part is over :data:`DECODE_INLINE_BYTES` (a binary tensor is a view of the
+body, not decoded: a 110 KB image behind a 200-byte header is decoded on the loop).
 
 The modules around it: :mod:`~corral.server.routes` (which endpoint a request names),
 :mod:`~corral.server.requests` (its body, token and codings), :mod:`~corral.server.responses`
@@ -420,8 +421,9 @@ class HttpApp:
                 header_length,
                 shared_memory,
             )
-        # A tensor in shared memory is copied out while decoding: never on the loop.
-        elif len(body) > DECODE_INLINE_BYTES or (
+        # A tensor in shared memory is copied out while decoding: never on the loop. A
+        # binary tensor is a view of the body: only the JSON part costs to decode.
+        elif (len(body) if header_length is None else header_length) > DECODE_INLINE_BYTES or (
             shared_memory is not None and SHM_REGION.encode() in body
         ):
             request = await run_blocking(

@@ -29,9 +29,10 @@ __all__ = [
     "too_large",
 ]
 
-#: Bodies up to this size are decoded on the event loop; larger ones on a worker thread.
-#: Measured: a hand-off costs about 85 us; decoding 64 KiB of JSON numbers 1.6 ms, 1 MiB
-#: 21 ms, for which every other client's request would wait.
+#: Bodies whose JSON part is up to this size are decoded on the event loop; larger ones on a
+#: worker thread. Measured: a hand-off costs about 85 us; decoding 64 KiB of JSON numbers
+#: 1.6 ms, 1 MiB 21 ms, for which every other client's request would wait. A binary tensor
+#: (the binary tensor extension) is a view of the body, at no cost by its size.
 DECODE_INLINE_BYTES = 64 * 1024
 
 #: An inference request's codings, from its headers: the JSON part's length (binary tensor
