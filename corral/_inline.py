@@ -76,7 +76,8 @@ RETRY_MAX_S = 60.0
 _RUNS_PER_SIZE = 3
 _WARM_RUNS = 2
 _WARM_FACTOR = 20
-#: A thread's first runs of a version, not held to the bound: they are slower (see observe).
+#: A thread's first runs of a version, and its first runs of each trial, not held to the
+#: bound: they are slower (see observe).
 _THREAD_WARM_RUNS = 4
 
 #: Seconds of CPU time the calling thread has used: what a run is measured with.
@@ -104,7 +105,9 @@ class InlineLane:
     ``limits`` (the most elements each input may bring to run inline) and the bound never
     change. An inline run past the bound moves the version to WORKERS at once. Its next
     request after :data:`RETRY_S` runs inline again, as a trial, measured like any inline
-    run: a version that leaves the lane again before one run stayed under the bound waits
+    run but for each thread's first few (as a thread's first runs of the version are not
+    measured: see :meth:`observe`): a version that leaves the lane again before one run
+    stayed under the bound waits
     twice as long for its next trial (up to :data:`RETRY_MAX_S`), so that a model slower
     than the bound blocks the thread once a minute at most, while a model that only met a
     noisy moment (the machine's other work counts in a thread's CPU time on a VM) comes back.
@@ -119,6 +122,7 @@ class InlineLane:
         "_retry_at",
         "_retry_s",
         "_state",
+        "_trial",
         "_warm",
         "bound_s",
         "clock",
@@ -161,8 +165,10 @@ class InlineLane:
         self._retry_s = RETRY_S
         self._proven = True  # a run stayed under the bound since it (re-)entered the lane
         self._exits = 0  # inline runs that sent it to the workers, for its life
-        # Per thread: its runs of this version, counted up to _THREAD_WARM_RUNS (its first
-        # runs pay once for what onnxruntime and corral keep per thread: run options, arenas).
+        # Trials so far: each re-entry into the lane starts the next. Written under _lock.
+        self._trial = 0
+        # Per thread: the trial it last ran in, and its runs of this version in it, counted
+        # up to _THREAD_WARM_RUNS (see observe).
         self._warm = threading.local()
         if state is LaneState.INLINE:
             _count_collections()
@@ -190,6 +196,7 @@ class InlineLane:
             self._state = LaneState.INLINE
             self._retry_at = None
             self._proven = False
+            self._trial += 1
             self._reason = f"back on trial after {self._retry_s:g} s on the compute workers"
             retry_s = self._retry_s
         logger.info(
@@ -221,13 +228,23 @@ class InlineLane:
         """An inline run of ``rows`` rows began at ``started``; past the bound, leave the lane.
 
         Some runs are not held to the bound, as the load's first runs of each size are not:
-        a thread's first :data:`_THREAD_WARM_RUNS` runs of this version (a thread's first
-        runs pay once for what is kept per thread: up to ~0.1 ms here), and a run during
-        which Python's garbage collector ran (its pause would have blocked the thread
-        whatever ran on it).
+
+        - a thread's first :data:`_THREAD_WARM_RUNS` runs of this version (they pay once for
+          what is kept per thread: up to ~0.1 ms here);
+        - as many after each re-entry into the lane, on each thread: a run after the thread
+          went without this model for a while is slow, whatever the model (a 6 µs MLP took
+          35-220 µs of CPU as its first run after 0.1 s without one, 210-250 µs after 0.3 s,
+          on this VM), and the exit itself made that pause. Held to the bound, every trial
+          of a model sent out by one noisy run failed on its first run, and the model stayed
+          on the workers, its trials ever further apart, while its traffic stayed hot;
+        - a run during which Python's garbage collector ran (its pause would have blocked the
+          thread whatever ran on it).
         """
         seconds = self.clock() - started[0]
         warm = self._warm
+        trial = self._trial  # an unlocked look: a stale trial only counts fewer runs warm
+        if getattr(warm, "trial", 0) != trial:
+            warm.trial, warm.runs = trial, 0
         warm_runs = getattr(warm, "runs", 0)
         if warm_runs < _THREAD_WARM_RUNS:
             warm.runs = warm_runs + 1
