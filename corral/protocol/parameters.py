@@ -68,12 +68,15 @@ _WHY = {
 
 
 _REQUEST_OR_DEFAULT_ONLY = REQUEST_PARAMETERS.union(DEFAULT_ONLY_PARAMETERS)
+# Request parameters honoured at any value: a request carrying only these needs no check.
+_HONOURED = REQUEST_PARAMETERS.difference(DEFAULT_ONLY_PARAMETERS)
 
 
 def check_parameters(request: InferRequest) -> None:
     """Raise :class:`InvalidInput` naming the parameters ``request`` carries in vain."""
-    # Most requests carry no parameter at all: each check below is skipped on an empty map.
-    if request.parameters:
+    # Most requests carry no parameter at all, or only binary_data_output (tritonclient's
+    # binary requests): each check below is skipped for them.
+    if request.parameters and not request.parameters.keys() <= _HONOURED:
         for key in DEFAULT_ONLY_PARAMETERS:
             value = request.parameters.get(key)
             if value not in (None, 0, "", False):
