@@ -23,6 +23,7 @@ from corral import Host
 from corral.protocol import DataPlane
 from corral.server.bodies import BodyBudget, BodyBudgetExceeded
 from corral.server.http import DECODE_INLINE_BYTES, HttpApp
+from corral.server.requests import DECODE_INLINE_BINARY_BYTES
 from corral.server.settings import ServerSettings
 
 X = np.random.default_rng(7).standard_normal((2, 4)).astype(np.float32)
@@ -113,7 +114,7 @@ def test_large_json_parts_are_decoded_off_the_event_loop_and_binary_tensors_on_i
         return decode(body, header_length, **options)
 
     monkeypatch.setattr(corral.server.http, "decode_request", recording)
-    budget = BodyBudget(8 * DECODE_INLINE_BYTES)
+    budget = BodyBudget(8 * DECODE_INLINE_BINARY_BYTES)
     app = HttpApp(DataPlane(host), body_budget=budget)
     # The same tensor, padded with spaces past the threshold: JSON allows any amount.
     padded = BODY[:-1] + b" " * DECODE_INLINE_BYTES + b"}"
@@ -126,6 +127,40 @@ def test_large_json_parts_are_decoded_off_the_event_loop_and_binary_tensors_on_i
     header = orjson.dumps({"inputs": [{**tensor, "parameters": {"binary_data_size": rows.nbytes}}]})
     long_header = header[:-1] + b" " * DECODE_INLINE_BYTES + b"}"
     binary = {"content-type": "application/octet-stream"}
+    # Off the loop too: a binary body past DECODE_INLINE_BINARY_BYTES, and one whose JSON
+    # part names a BYTES tensor (its elements are made one by one: 20 ms for 256 KiB of
+    # empty strings), even spelled with an escape.
+    many = np.zeros((DECODE_INLINE_BINARY_BYTES // 16 + 1, 4), np.float32)
+    many_header = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    **tensor,
+                    "shape": list(many.shape),
+                    "parameters": {"binary_data_size": many.nbytes},
+                }
+            ]
+        }
+    )
+    strings = b"\0\0\0\0" * (DECODE_INLINE_BYTES // 4 + 1)
+    count = len(strings) // 4
+
+    def bytes_header(datatype: bytes) -> bytes:
+        document = {
+            "inputs": [
+                {
+                    "name": "X",
+                    "datatype": "DATATYPE",
+                    "shape": [count],
+                    "parameters": {"binary_data_size": len(strings)},
+                }
+            ]
+        }
+        return orjson.dumps(document).replace(b"DATATYPE", datatype)
+
+    def post_binary(head: bytes, tensors: bytes) -> Any:
+        headers = {**binary, "inference-header-content-length": str(len(head))}
+        return post(app, head + tensors, headers=headers)
 
     async def go() -> list[httpx.Response]:
         return [
@@ -141,9 +176,12 @@ def test_large_json_parts_are_decoded_off_the_event_loop_and_binary_tensors_on_i
                 long_header + rows.tobytes(),
                 headers={**binary, "inference-header-content-length": str(len(long_header))},
             ),
+            await post_binary(many_header, many.tobytes()),
+            await post_binary(bytes_header(b"BYTES"), strings),
+            await post_binary(bytes_header(b"BYT\\u0045S"), strings),
         ]
 
-    small, large, big_binary, long_binary = asyncio.run(go())
+    small, large, big_binary, long_binary, many_rows, named, escaped = asyncio.run(go())
     assert (small.status_code, large.status_code) == (200, 200)
     assert small.json()["outputs"] == large.json()["outputs"]
     assert (big_binary.status_code, long_binary.status_code) == (200, 200)
@@ -152,6 +190,12 @@ def test_large_json_parts_are_decoded_off_the_event_loop_and_binary_tensors_on_i
     answered = big_binary.json()["outputs"][0]
     assert answered["shape"] == list(expected.shape)
     np.testing.assert_allclose(answered["data"], expected.ravel(), rtol=1e-6)
+    assert many_rows.status_code == 200
+    assert many_rows.json()["outputs"][0]["shape"] == [many.shape[0], expected.shape[1]]
+    for refused in (named, escaped):  # the model's input is FP32: decoded, then refused
+        assert refused.status_code == 400
+        assert "input 'X'" in refused.json()["error"]
     main = threading.main_thread().name
-    assert [thread == main for thread in decoded_on] == [True, False, True, False], decoded_on
+    on_loop = [thread == main for thread in decoded_on]
+    assert on_loop == [True, False, True, False, False, False, False], decoded_on
     assert budget.held == 0

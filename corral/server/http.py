@@ -9,8 +9,9 @@ declared length cannot fit); JSON is orjson; every error is
 ``{"error": "..."}`` with the status of :func:`~corral.server.responses.error_status`.
 Nothing that may read a file or wait for a load runs on the event loop: the data plane does
 that on worker threads, the ``/metrics`` page is rendered on one, and so is the decoding of a
-body whose JSON part is over :data:`DECODE_INLINE_BYTES` (a binary tensor is a view of the
-body, not decoded: a 110 KB image behind a 200-byte header is decoded on the loop).
+body over :data:`DECODE_INLINE_BYTES`, but for a binary one up to
+:data:`~corral.server.requests.DECODE_INLINE_BINARY_BYTES` whose tensors cost next to
+nothing to decode (a 110 KB image behind a 200-byte JSON part is decoded on the loop).
 
 The modules around it: :mod:`~corral.server.routes` (which endpoint a request names),
 :mod:`~corral.server.requests` (its body, token and codings), :mod:`~corral.server.responses`
@@ -42,6 +43,7 @@ from corral.server.http_control import CONTROL_ENDPOINTS, HttpControl
 from corral.server.logs import HttpExchange
 from corral.server.origins import SitePolicy
 from corral.server.requests import (
+    DECODE_INLINE_BINARY_BYTES,
     DECODE_INLINE_BYTES,
     Coding,
     check_token,
@@ -421,9 +423,8 @@ class HttpApp:
                 header_length,
                 shared_memory,
             )
-        # A tensor in shared memory is copied out while decoding: never on the loop. A
-        # binary tensor is a view of the body: only the JSON part costs to decode.
-        elif (len(body) if header_length is None else header_length) > DECODE_INLINE_BYTES or (
+        # A tensor in shared memory is copied out while decoding: never on the loop.
+        elif not _decodes_on_the_loop(body, header_length) or (
             shared_memory is not None and SHM_REGION.encode() in body
         ):
             request = await run_blocking(
@@ -456,6 +457,22 @@ class HttpApp:
         if trace is not None:
             trace.encoded()
         return payload, JSON if json_length is None else BINARY, extra
+
+
+def _decodes_on_the_loop(body: bytes, header_length: int | None) -> bool:
+    # Whether decoding ``body`` costs less than handing it to a thread: a small body, or a
+    # binary one whose JSON part is small and names no BYTES tensor (the others are views
+    # of the body). The look for BYTES is in the raw text, so a JSON part with any escape
+    # (which could spell it "BYT\u0045S") is taken as naming one.
+    if len(body) <= DECODE_INLINE_BYTES:
+        return True
+    if (
+        header_length is None
+        or len(body) > DECODE_INLINE_BINARY_BYTES
+        or not 0 <= header_length <= DECODE_INLINE_BYTES
+    ):
+        return False
+    return body.find(b"BYTES", 0, header_length) < 0 and body.find(b"\\", 0, header_length) < 0
 
 
 def _names_health(path: str) -> bool:
