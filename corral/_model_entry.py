@@ -12,6 +12,7 @@ tells whether a loaded copy of one version is still what the disk holds. The rep
 from __future__ import annotations
 
 import os
+import re
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,7 +23,11 @@ from corral._confined import beside_stamps
 from corral._errors import ModelInvalid, ModelLoadError
 from corral._problems import Problem, ProblemKind
 
-__all__ = ["ModelEntry", "ModelVersion", "Problems", "make_entry"]
+__all__ = ["VERSION_FOLDER", "ModelEntry", "ModelVersion", "Problems", "make_entry"]
+
+#: A version folder's name: a whole number from 1, ASCII digits only (``str.isdigit`` also
+#: takes "²" and other scripts' digits), as a local repository and a store's listing read it.
+VERSION_FOLDER = re.compile(r"[1-9][0-9]*")
 
 
 @dataclass(frozen=True)

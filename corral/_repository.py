@@ -67,7 +67,13 @@ from corral._errors import (
     ModelNotFound,
     RepositoryError,
 )
-from corral._model_entry import ModelEntry, ModelVersion, Problems, make_entry
+from corral._model_entry import (
+    VERSION_FOLDER,
+    ModelEntry,
+    ModelVersion,
+    Problems,
+    make_entry,
+)
 from corral._ort import EXTENSIONS_LIBRARY
 from corral._overrides import ModelOverride
 from corral._pbtxt import CONFIG_PBTXT, ParsedConfigs
@@ -100,7 +106,6 @@ MAX_LABELS_BYTES = 4 * 1024 * 1024
 _MAX_NAME_LENGTH = 128
 _NAME_RE = re.compile(MODEL_NAME_PATTERN)
 _NAME_CHAR_RE = re.compile(r"[A-Za-z0-9_.\-]")
-_VERSION_RE = re.compile(r"[1-9][0-9]*")
 _BARE_SUFFIX = ".onnx"
 _CONFIG_FILE = "model.toml"
 _FIX_READABLE = "make it readable by the server's user"
@@ -529,7 +534,7 @@ class Repository:
         versions: dict[int, ModelVersion] = {}
         try:
             with os.scandir(found.real) as listing:
-                children = [item.name for item in listing if _VERSION_RE.fullmatch(item.name)]
+                children = [item.name for item in listing if VERSION_FOLDER.fullmatch(item.name)]
         except OSError as exc:
             unlisted = ModelLoadError(f"model {name!r}: cannot list {path}: {exc}")
             problems.add(ProblemKind.BAD_LAYOUT, unlisted, path, _FIX_READABLE)

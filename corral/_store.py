@@ -54,6 +54,7 @@ from corral._errors import (
     StoreUnavailable,
     fresh,
 )
+from corral._model_entry import VERSION_FOLDER
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig
@@ -84,8 +85,6 @@ _LOCK = ".lock"
 _RETRIES = 2
 _PAGE = 1000
 _CONNECT = datetime.timedelta(seconds=5)
-# A version folder's name, as corral._repository reads one (str.isdigit would take "²").
-_VERSION = re.compile(r"[1-9][0-9]*")
 _TRITON_ENDPOINT = re.compile(r"[A-Za-z0-9.\-]+:[0-9]{1,5}")
 
 
@@ -267,7 +266,7 @@ class Store:
                 for item in chunk:
                     listed += 1
                     version, _, rest = str(item["path"])[len(key) + 1 :].partition("/")
-                    if rest and _VERSION.fullmatch(version):
+                    if rest and VERSION_FOLDER.fullmatch(version):
                         versions[int(version)] = versions.get(int(version), 0) + int(item["size"])
             with self._books_lock:
                 self._list_requests += _pages(listed)
