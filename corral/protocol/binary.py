@@ -160,8 +160,10 @@ def encode_tensor(array: npt.NDArray[Any], datatype: str) -> bytes:
             raise ValueError(f"BYTES needs an object or string array; got dtype {array.dtype}")
         return _encode_bytes(array)
     dtype = numpy_dtype(datatype)
-    if _NATIVE_IS_LITTLE and array.dtype == dtype and array.dtype.isnative:
-        return array.tobytes()  # row-major whatever its memory order; most outputs
+    # The datatype's dtype is native: an array equal to it is too, and on a little-endian
+    # machine its bytes are the wire's. Row-major whatever its memory order; most outputs.
+    if _NATIVE_IS_LITTLE and array.dtype == dtype:
+        return array.tobytes()
     if array.dtype.newbyteorder("=") != dtype:
         raise ValueError(f"{datatype} needs a {dtype} array; got dtype {array.dtype}")
     return np.ascontiguousarray(array, dtype=dtype.newbyteorder("<")).tobytes()
