@@ -95,6 +95,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from corral.server.app import run
     from corral.server.logs import configure_logging
+    from corral.server.processes import run_group
     from corral.server.settings import ServerSettings, unknown_variables
 
     given = {name: getattr(args, name, None) for name in ServerSettings.model_fields}
@@ -122,7 +123,8 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     for line in unknown_variables(os.environ):
         logging.getLogger("corral.cli").warning("corral serve: %s", line)
-    return run(settings)
+    # Several processes: this one is their parent, and serves nothing itself.
+    return run(settings) if settings.processes == 1 else run_group(settings)
 
 
 def _settings_problems(error: Any) -> str:

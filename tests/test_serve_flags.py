@@ -17,6 +17,7 @@ import pytest
 
 import corral
 import corral.server.app
+import corral.server.processes
 from corral import HostOptions
 from corral.cli import _parser, main
 from corral.cli_serve import TRITON_SPELLINGS
@@ -71,6 +72,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "max_shared_memory_regions": ("16", 16),
     "trace_exporter": ("console", "console"),
     "metrics_port": ("8002", 8002),
+    "processes": ("3", 3),
     "model_latency_histograms": ("0", 0),
     "inline_run_us": ("25", 25),
 }
@@ -88,6 +90,7 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[ServerSettings]:
         return 0
 
     monkeypatch.setattr(corral.server.app, "run", run)
+    monkeypatch.setattr(corral.server.processes, "run_group", run)
     for variable in ("CORRAL_" + name.upper() for name in ServerSettings.model_fields):
         monkeypatch.delenv(variable, raising=False)
     return captured

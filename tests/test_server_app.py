@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import corral
-from corral.server import app
+from corral.server import app, ports
 from corral.server.app import EXIT_CLEAN, Addresses, serve
 from corral.server.settings import ServerSettings
 
@@ -72,7 +72,7 @@ def test_a_port_taken_after_the_check_raises_an_os_error_naming_it_and_closes_th
     repo: Path, taken_port: int, monkeypatch: pytest.MonkeyPatch
 ):
     # Taken between check_ports_free and the bind: the servers' own error, and a clean stop.
-    monkeypatch.setattr(app, "_in_use", lambda host, port: False)
+    monkeypatch.setattr(ports, "in_use", lambda host, port: False)
     settings = ServerSettings(repository=str(repo), http_port=taken_port, grpc_port=0)
     started: list[Addresses] = []
 

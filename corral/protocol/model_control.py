@@ -41,7 +41,7 @@ from corral.protocol.control import CONTROL_TIMEOUT_S, ControlThreads
 from corral.protocol.paths import public_text
 from corral.protocol.types import RepositoryModel
 
-__all__ = ["UNLOAD_TIMEOUT_S", "ModelControl"]
+__all__ = ["UNLOAD_TIMEOUT_S", "ModelControl", "ModelControlUnsupported"]
 
 #: Seconds an unload through the protocol waits for a load in flight and for leases to end;
 #: past it the caller gets DrainTimeout (the model is left as it was or closes with its last
@@ -49,6 +49,16 @@ __all__ = ["UNLOAD_TIMEOUT_S", "ModelControl"]
 UNLOAD_TIMEOUT_S = 30.0
 
 # Triton's state names for the repository index.
+
+
+class ModelControlUnsupported(CorralError):
+    """A load or unload through the repository API that this server does not do; says why.
+
+    HTTP 501, gRPC UNIMPLEMENTED: the same answer on every retry, until the server's options
+    change (``corral serve --processes N``: a load would reach one process of N).
+    """
+
+
 _REPOSITORY_STATES = {
     ModelState.READY: "READY",
     ModelState.LOADING: "LOADING",
@@ -65,7 +75,8 @@ class ModelControl:
     :meth:`load` or :meth:`preload` are served (others: :class:`ModelNotFound`, and not
     ready). ``loads_at_start``: :attr:`preloaded` is False until :meth:`preload` returns.
     ``threads``: the control plane's threads, to share with another owner (a new set by
-    default).
+    default). ``unsupported``: why :meth:`load` and :meth:`unload` are refused
+    (:class:`ModelControlUnsupported`), None when they are not.
     """
 
     def __init__(
@@ -77,8 +88,10 @@ class ModelControl:
         control_timeout_s: float = CONTROL_TIMEOUT_S,
         unload_timeout_s: float = UNLOAD_TIMEOUT_S,
         threads: ControlThreads | None = None,
+        unsupported: str | None = None,
     ) -> None:
         self._host = host
+        self._unsupported = unsupported
         self._threads = ControlThreads() if threads is None else threads
         self._control_timeout_s = control_timeout_s
         self._unload_timeout_s = unload_timeout_s
@@ -214,8 +227,10 @@ class ModelControl:
         The message of a :class:`ModelNotFound` or :class:`ModelLoadError` starts with
         ``failed to load '<name>': ``, the words Triton's clients match on.
 
-        Bounded by the Host's ``load_timeout_s`` (:class:`LoadTimeout`).
+        Bounded by the Host's ``load_timeout_s`` (:class:`LoadTimeout`). Refused with
+        :class:`ModelControlUnsupported` when the server was built without loads and unloads.
         """
+        self._check_supported("load", name)
         try:
             await self._threads.run(
                 f"loading model {name!r}", None, self._host.load, name, config=config, files=files
@@ -234,7 +249,9 @@ class ModelControl:
         Waits at most ``unload_timeout_s`` for a load in flight and for those requests:
         then :class:`DrainTimeout`, naming the timeout. ``drop_upload``: also drop the config
         and files a load gave it (:meth:`Host.unload`), so a model only uploaded is gone.
+        Refused with :class:`ModelControlUnsupported` as :meth:`load` is.
         """
+        self._check_supported("unload", name)
         with self._unloaded_lock:
             self._unloaded.add(name)  # before: a readiness request meanwhile must not reload it
         with self._explicit_lock:
@@ -253,6 +270,12 @@ class ModelControl:
             with self._unloaded_lock:
                 self._unloaded.discard(name)  # no such model: nothing to remember
             raise
+
+    def _check_supported(self, doing: str, name: str) -> None:
+        if self._unsupported is not None:
+            raise ModelControlUnsupported(
+                f"cannot {doing} model {name!r} through the repository API: {self._unsupported}"
+            )
 
 
 def _failed_to_load(name: str, error: CorralError) -> CorralError:

@@ -55,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
@@ -622,6 +623,8 @@ class EdgeServer:
     (the metrics port's server). ``drain_margin_s``: uvicorn's own graceful-shutdown timeout,
     a backstop past corral's drain (:meth:`drain` answers what is left before it).
     ``keep_alive_s``: uvicorn's keep-alive timeout, for a server without corral's protocol.
+    ``sock``: a socket already bound (``corral serve --processes``), listened on instead of
+    binding ``host:port``.
     """
 
     def __init__(
@@ -634,9 +637,11 @@ class EdgeServer:
         drain_margin_s: int,
         keep_alive_s: int = 5,
         what: str = "the HTTP server",
+        sock: socket.socket | None = None,
     ) -> None:
         check_uvicorn()
         self._what = what
+        self._sock = sock
         self._server = _Server(
             uvicorn.Config(
                 app,
@@ -722,7 +727,7 @@ class EdgeServer:
         # stopped. Raised as an OSError instead, it goes through the drain and the Host's
         # close, and corral serve says so and exits 1.
         try:
-            await self._server.serve()
+            await self._server.serve(sockets=None if self._sock is None else [self._sock])
         except SystemExit as exc:
             config = self._server.config
             raise OSError(

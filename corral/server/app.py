@@ -21,21 +21,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import gc
 import logging
 import math
 import os
 import resource
 import signal
-import socket
 import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corral import __version__, _ort
 from corral._errors import DrainTimeout, ModelLoadError
@@ -53,9 +51,13 @@ from corral.server.grpc_limits import GrpcLimits
 from corral.server.http import HttpApp
 from corral.server.metrics import Metrics
 from corral.server.metrics_port import MetricsApp
+from corral.server.ports import check_ports_free
 from corral.server.settings import ServerSettings
 from corral.server.status import StatusBoard
 from corral.server.tracing import Tracing, start_tracing
+
+if TYPE_CHECKING:
+    from corral.server.group_member import GroupMember
 
 __all__ = [
     "EXIT_CLEAN",
@@ -102,8 +104,11 @@ class Addresses:
     grpc_port: int | None
 
 
-def run(settings: ServerSettings) -> int:
+def run(settings: ServerSettings, member: GroupMember | None = None) -> int:
     """Serve until SIGTERM, SIGINT or SIGHUP; returns the process exit code.
+
+    ``member``: this process is one of ``corral serve --processes N``, whose parent
+    (:func:`corral.server.processes.run_group`) started it.
 
     :data:`EXIT_CLEAN` after a clean drain, :data:`EXIT_DRAIN_INCOMPLETE` when it ran out or
     hung loads were abandoned. It does not return while something still runs that nothing can
@@ -138,7 +143,11 @@ def run(settings: ServerSettings) -> int:
         loop = runner.get_loop()
         for signum in STOP_SIGNALS:
             loop.add_signal_handler(signum, on_signal, signum)
-        status = runner.run(serve(settings, stop, notice_cut=notice_cut, freeze_long_lived=True))
+        if member is not None:  # the parent gone: drained as if it had sent SIGTERM
+            member.watch_parent(loop, lambda: on_signal(signal.SIGTERM))
+        status = runner.run(
+            serve(settings, stop, notice_cut=notice_cut, freeze_long_lived=True, member=member)
+        )
     left = rt.still_running()
     if left or status == EXIT_DRAIN_INCOMPLETE:
         # Interpreter exit would wait for them (the Runtime's atexit hook), then tear down
@@ -147,50 +156,6 @@ def run(settings: ServerSettings) -> int:
         exit_now(status, "the Host is closed", left)
     exit_timer.cancel()
     return status
-
-
-def check_ports_free(settings: ServerSettings) -> None:
-    """Raise :class:`OSError` naming every fixed port another process holds, by its flag.
-
-    Checked before the server starts, so that each port taken is named with the option that
-    sets it (grpc's own bind error names neither, and only the first server's port would be
-    seen). A port taken between this check and the bind still fails the start, in the
-    servers' own words. Port 0 (any free port) is never taken.
-    """
-    wanted = [("--grpc-port", settings.grpc_port), ("--http-port", settings.http_port)]
-    if settings.metrics_port:
-        wanted.append(("--metrics-port", settings.metrics_port))
-    taken = [
-        f"{port} ({flag})" for flag, port in wanted if port > 0 and _in_use(settings.host, port)
-    ]
-    if taken:
-        ports = " and ".join(taken)
-        raise OSError(
-            f"port{'s' if len(taken) > 1 else ''} {ports} on {settings.host} "
-            f"{'are' if len(taken) > 1 else 'is'} in use by another process: stop it, or give "
-            "other ports (0 picks a free one)"
-        )
-
-
-def _in_use(host: str, port: int) -> bool:
-    # Bound as the servers bind (SO_REUSEADDR), so a port only in TIME_WAIT is not "taken";
-    # and with SO_REUSEPORT, so a port shared on purpose (processes behind one port, as
-    # benchmarks/reuseport.py starts them) is not either: a plain holder still refuses it.
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-    except OSError:
-        return False  # the servers' own bind says what is wrong with the address
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if hasattr(socket, "SO_REUSEPORT"):
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        try:
-            probe.bind(address)
-        except OSError as exc:
-            return exc.errno == errno.EADDRINUSE
-    return False
 
 
 class _ExitTimer:
@@ -254,6 +219,7 @@ async def serve(
     started: Callable[[Addresses], None] | None = None,
     notice_cut: asyncio.Event | None = None,
     freeze_long_lived: bool = False,
+    member: GroupMember | None = None,
 ) -> int:
     """Run both servers until ``stop`` is set, then drain and close everything.
 
@@ -262,8 +228,9 @@ async def serve(
     ``notice_cut`` is set first. With ``freeze_long_lived`` (the process is the server's:
     :func:`run` sets it), what exists once the servers are built, and again once
     ``--load-model``'s models are loaded, is kept out of the cyclic GC's later collections
-    (:func:`freeze_long_lived`). Returns the exit status: :data:`EXIT_CLEAN`, or
-    :data:`EXIT_DRAIN_INCOMPLETE`.
+    (:func:`freeze_long_lived`). ``member``: this process is one of ``--processes N``
+    (:mod:`corral.server.processes`), serving on the socket its parent bound. Returns the
+    exit status: :data:`EXIT_CLEAN`, or :data:`EXIT_DRAIN_INCOMPLETE`.
     """
     open_files = raise_open_file_limit()
     rt = Runtime.from_options(settings.runtime_options())
@@ -271,7 +238,8 @@ async def serve(
     # Every resource is started below in order and registered here at once, so that they
     # stop in the reverse order, each once, however far the start got.
     async with contextlib.AsyncExitStack() as resources:
-        check_ports_free(settings)  # before anything loads: say every port taken, by its flag
+        if member is None:  # else its parent checked them, and holds them
+            check_ports_free(settings)  # before anything loads: every port taken, by its flag
         # Off: None, and OpenTelemetry is never imported.
         tracing = start_tracing(settings.trace_exporter)
         if tracing is not None:
@@ -293,6 +261,7 @@ async def serve(
             host,
             explicit=settings.model_control_mode == "explicit",
             loads_at_start=bool(settings.load_model),
+            unsupported=None if member is None else member.control_unsupported,
         )
         plane = DataPlane(
             host,
@@ -313,19 +282,17 @@ async def serve(
             metrics_port = metrics_server.port
         servers = _Servers(plane, settings.drain_timeout_s)
         resources.push_async_callback(servers.drain)
-        await servers.start(
-            settings,
-            _http_app(settings, plane, body_budget, tracing, board, metrics, metrics_port),
-            body_budget,
-            (connection_limits(settings, open_files), grpc_limits(settings, open_files)),
-            tracing,
-        )
+        app = _http_app(settings, plane, body_budget, tracing, board, metrics, metrics_port, member)
+        limits = (connection_limits(settings, open_files), grpc_limits(settings, open_files))
+        await servers.start(settings, app, body_budget, limits, tracing, member)
         if freeze_long_lived:
             _freeze("the servers are built")
         addresses = Addresses(settings.host, servers.http_port, servers.grpc_port)
-        _log_summary(settings, host, addresses, open_files, servers.caps)
+        _log_summary(settings, host, addresses, open_files, servers.caps, member)
         if started is not None:
             started(addresses)
+        if member is not None:
+            member.report_serving(metrics_port)
         await _until_stopped(
             settings, plane, servers, (stop, notice_cut or asyncio.Event()), freeze_long_lived
         )
@@ -342,11 +309,15 @@ def _http_app(
     board: StatusBoard,
     metrics: Metrics,
     metrics_port: int | None,
+    member: GroupMember | None,
 ) -> HttpApp:
     token = settings.auth_token
+    # One process of several serves /metrics on its metrics port only (corral.server.processes).
+    unserved = None if member is None else member.metrics_unserved
     return HttpApp(
         plane,
-        metrics=metrics.render if metrics_port is None else None,
+        metrics=metrics.render if metrics_port is None and unserved is None else None,
+        metrics_unserved=unserved,
         auth_token=None if token is None else token.get_secret_value(),
         max_request_bytes=settings.max_request_bytes,
         body_budget=body_budget,
@@ -387,8 +358,12 @@ class _Servers:
         body_budget: BodyBudget,
         limits: tuple[ConnectionLimits, GrpcLimits],
         tracing: Tracing | None,
+        member: GroupMember | None = None,
     ) -> None:
-        """Start gRPC (unless off), then HTTP; raises :class:`OSError` if either cannot bind."""
+        """Start gRPC (unless off), then HTTP; raises :class:`OSError` if either cannot bind.
+
+        ``member``: HTTP listens on the socket its parent bound, gRPC shares its port.
+        """
         http_limits, rpc_limits = limits
         if settings.grpc_port >= 0:
             from corral.server.grpc import start_grpc_server
@@ -406,6 +381,7 @@ class _Servers:
                 tracing=tracing,
                 limits=rpc_limits,
                 max_health_watches=settings.grpc_max_health_watches,
+                reuse_port=member is not None,
             )
         self.http = EdgeServer(
             app,
@@ -414,6 +390,7 @@ class _Servers:
             protocol_for(http_limits, app if app.answers_directly else None),
             # A backstop only: drain() answers what is left at the drain timeout.
             drain_margin_s=math.ceil(settings.drain_timeout_s) + _DRAIN_MARGIN_S,
+            sock=None if member is None else member.http_socket,
         )
         self.caps = (
             http_limits.max_connections,
@@ -728,6 +705,7 @@ def _log_summary(
     addresses: Addresses,
     open_files: int,
     caps: tuple[int, int | None],
+    member: GroupMember | None,
 ) -> None:
     stats = host.stats()
     budget = "none" if stats.memory_budget is None else f"{stats.memory_budget:,} bytes"
@@ -735,7 +713,7 @@ def _log_summary(
     logger.info(
         "corral %s serving %s on %s: %d models in the repository, HTTP on %s:%d, gRPC %s, "
         "memory budget %s, %d compute workers, %s, open-file limit %d, "
-        "at most %d HTTP%s connections%s%s",
+        "at most %d HTTP%s connections%s%s%s",
         __version__,
         settings.repository,
         describe_interpreter(),
@@ -751,6 +729,7 @@ def _log_summary(
         "" if caps[1] is None else f" and {caps[1]} gRPC",
         ", auth on" if settings.auth_token is not None else "",
         ", system shared memory on" if settings.system_shared_memory else "",
+        "" if member is None else f", as {member.name}",
     )
 
 

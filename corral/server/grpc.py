@@ -59,6 +59,7 @@ from corral._errors import (
 from corral.protocol import grpc_codec
 from corral.protocol.costs import DecodeAllowance, RequestTooLarge
 from corral.protocol.dataplane import DataPlane, run_blocking, status_for
+from corral.protocol.model_control import ModelControlUnsupported
 from corral.protocol.shm import (
     SHM_REGION,
     SharedMemoryExists,
@@ -113,8 +114,7 @@ STATUS: dict[type[CorralError], grpc.StatusCode] = {
     ProviderUnavailable: grpc.StatusCode.FAILED_PRECONDITION,
     # A load request's own config or files refused, as Triton answers it.
     LoadRequestInvalid: grpc.StatusCode.INVALID_ARGUMENT,
-    # An upload path corral will not write is the client's mistake, but Triton answers it
-    # INTERNAL and its clients check for that code (its own code marks it a to-do).
+    # An upload path corral will not write: Triton answers INTERNAL, and its clients check it.
     UploadRefused: grpc.StatusCode.INTERNAL,
     # Past max_upload_bytes: as a message past its size limit.
     UploadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -128,6 +128,7 @@ STATUS: dict[type[CorralError], grpc.StatusCode] = {
     SharedMemoryExists: grpc.StatusCode.ALREADY_EXISTS,
     TooManyRegions: grpc.StatusCode.RESOURCE_EXHAUSTED,
     SharedMemoryUnsupported: grpc.StatusCode.UNIMPLEMENTED,
+    ModelControlUnsupported: grpc.StatusCode.UNIMPLEMENTED,
     # A request whose decoded form passes max_request_bytes, as gRPC refuses a message over it.
     RequestTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
@@ -652,13 +653,14 @@ async def start_grpc_server(
     tracing: Tracing | None = None,
     limits: GrpcLimits | None = None,
     max_health_watches: int = DEFAULT_MAX_WATCHES,
+    reuse_port: bool = False,
 ) -> tuple[grpc.aio.Server, int]:
     """Start a grpc.aio server for ``plane`` on ``host:port``; return it and the bound port.
 
-    Binds exactly the address given (port 0: a free port), without SO_REUSEPORT, so that a
-    port already taken is an error rather than a shared socket. With ``auth_token`` every RPC
-    but ServerLive, ServerReady and the health checks of the server needs the metadata
-    ``authorization: Bearer <token>`` (a model's health check needs it too).
+    Binds exactly the address given (port 0: a free port), without SO_REUSEPORT unless
+    ``reuse_port`` (``--processes N``), so that a taken port is an error. With ``auth_token``
+    every RPC but ServerLive, ServerReady and the health checks of the server needs the
+    metadata ``authorization: Bearer <token>`` (a model's health check needs it too).
     Messages larger than ``max_message_bytes`` are refused with RESOURCE_EXHAUSTED, as are
     inference requests past ``body_budget`` (see :class:`InferenceServicer`), and traced with
     ``tracing`` (:mod:`corral.server.tracing`). The caller stops the server:
@@ -676,7 +678,7 @@ async def start_grpc_server(
     server = grpc.aio.server(
         interceptors=[] if auth_token is None else [_BearerAuth(auth_token)],
         options=[
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", int(reuse_port)),
             ("grpc.max_receive_message_length", max_message_bytes),
             *(limits or GrpcLimits()).server_options(),
         ],

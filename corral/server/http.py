@@ -106,8 +106,8 @@ class HttpApp:
     """The ASGI application: the protocol's endpoints, ``/metrics`` and optional auth.
 
     ``metrics`` renders the Prometheus exposition (``corral.server.metrics.Metrics``), None to
-    answer ``/metrics`` with 404 (naming ``metrics_port``, where they are served then); it is
-    called on a worker thread. ``auth_token``: every path
+    answer ``/metrics`` with 404 (naming ``metrics_port``, where they are served then, or
+    saying ``metrics_unserved``); it is called on a worker thread. ``auth_token``: every path
     but ``/v2/health/*`` then needs ``Authorization: Bearer <token>``. ``body_budget``: the
     bytes of bodies held at once, shared with the gRPC server when both run (default: one of
     4 x ``max_request_bytes`` for this app alone). ``access_log``: one line per request on
@@ -136,6 +136,7 @@ class HttpApp:
         dashboard: DashboardFiles | None = None,
         metrics_port: int | None = None,
         sites: SitePolicy | None = None,
+        metrics_unserved: str | None = None,
     ) -> None:
         self._plane = plane
         self._sites = sites or SitePolicy(None)
@@ -145,7 +146,7 @@ class HttpApp:
         self._tracing = tracing
         self._metrics = metrics
         self._no_metrics = (
-            "metrics are not enabled"
+            metrics_unserved or "metrics are not enabled"
             if metrics_port is None
             else f"metrics are served on port {metrics_port} (--metrics-port), not on this one"
         )

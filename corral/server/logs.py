@@ -131,7 +131,12 @@ class JsonFormatter(logging.Formatter):
 
     An access line adds its fields as keys (:data:`ACCESS_FIELDS`); a record with an exception
     adds ``exception``, its traceback as text. ``time`` is UTC, ISO 8601, to the millisecond.
+    ``process``: the server process's number under ``--processes``, written as ``process``.
     """
+
+    def __init__(self, process: int | None = None) -> None:
+        super().__init__()
+        self._process = process
 
     def format(self, record: logging.LogRecord) -> str:
         """The record as one line of JSON."""
@@ -140,6 +145,8 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname,
             "logger": record.name,
         }
+        if self._process is not None:
+            document["process"] = self._process
         if isinstance(record.msg, AccessLine):
             document["message"] = record.msg.summary()
             document.update(record.msg.fields)
@@ -159,15 +166,26 @@ def _utc(created: float) -> str:
     return f"{seconds}.{int(created % 1 * 1000):03d}Z"
 
 
-def configure_logging(*, level: str, log_format: str, grpc_level: str, access_log: bool) -> None:
+def configure_logging(
+    *, level: str, log_format: str, grpc_level: str, access_log: bool, process: int | None = None
+) -> None:
     """Set up the process's logging: for ``corral serve`` only, at its edge.
 
     ``level`` is the root's (corral's own); grpc's loggers get ``grpc_level``, so that
     ``--log-level debug`` is corral's lines, not grpc's internals; the access logger is at
     INFO when ``access_log`` is on, whatever ``level`` is. Lines go to standard error.
+    ``process``: this server process's number under ``--processes``, on every line.
     """
     handler = logging.StreamHandler()
-    formatter = JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
+    formatter: logging.Formatter
+    if log_format == "json":
+        formatter = JsonFormatter(process)
+    elif process is None:
+        formatter = logging.Formatter(TEXT_FORMAT)
+    else:
+        formatter = logging.Formatter(
+            TEXT_FORMAT.replace("%(name)s", f"[process {process}] %(name)s")
+        )
     handler.setFormatter(formatter)
     logging.basicConfig(level=level.upper(), handlers=[handler])
     logging.getLogger("grpc").setLevel(grpc_level.upper())

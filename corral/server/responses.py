@@ -44,6 +44,7 @@ from corral._errors import (
 from corral.protocol.costs import RequestTooLarge
 from corral.protocol.dataplane import status_for
 from corral.protocol.http_codec import encode_error
+from corral.protocol.model_control import ModelControlUnsupported
 from corral.protocol.shm import (
     SharedMemoryExists,
     SharedMemoryNotFound,
@@ -120,6 +121,7 @@ STATUS: dict[type[CorralError], int] = {
     SharedMemoryExists: 400,
     TooManyRegions: 400,
     SharedMemoryUnsupported: 501,
+    ModelControlUnsupported: 501,
     # A request whose decoded form passes max_request_bytes, as a body over it.
     RequestTooLarge: 413,
 }

@@ -98,6 +98,18 @@ class ServerSettings(_HostAndRuntimeOptions):
     grpc_port: int = Field(
         8001, ge=-1, le=65535, description="the gRPC port; 0: any free port; -1: no gRPC server"
     )
+    processes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="server processes behind the HTTP and gRPC ports (SO_REUSEPORT: the "
+        "kernel spreads connections over them), each with its own event loop, Host and share "
+        "of the memory budget, compute workers, connection caps and body budget; for tiny "
+        "models, whose requests one event loop cannot feed to every core. With more than one: "
+        "no --system-shared-memory, no explicit model control or --cache-dir, the repository "
+        "API's load and unload answer 501, and /metrics is served per process on "
+        "--metrics-port P, P+1, ... only",
+    )
     metrics_port: int | None = Field(
         None,
         ge=0,
@@ -389,6 +401,54 @@ class ServerSettings(_HostAndRuntimeOptions):
         if port and port in (self.http_port, self.grpc_port):
             other = "http_port" if port == self.http_port else "grpc_port"
             raise ValueError(f"metrics_port ({port}) must differ from {other} ({port})")
+        return self
+
+    @model_validator(mode="after")
+    def _one_process_only(self) -> ServerSettings:
+        # What lives in one process and cannot be split over several: refused, by name.
+        if self.processes == 1:
+            return self
+        alone = {
+            "--system-shared-memory": (
+                self.system_shared_memory,
+                "a region registered on one connection would exist in one process only, and "
+                "a request on another connection reaching another would not find it",
+            ),
+            "--model-control-mode explicit": (
+                self.model_control_mode == "explicit",
+                "a model loaded through the repository API would be loaded in one process "
+                "only, and served on some connections and not on others",
+            ),
+            "--cache-dir": (
+                self.host_options().cache_dir is not None,
+                "a cache folder belongs to one process (each claims it); leave it out and "
+                "each process fetches into a temporary folder of its own",
+            ),
+        }
+        refused = [f"{flag}: {why}" for flag, (given, why) in alone.items() if given]
+        if refused:
+            raise ValueError(
+                f"--processes {self.processes} cannot be given with " + "; ".join(refused)
+            )
+        # What is divided among the processes must still serve (corral.server.processes).
+        given = self.max_body_bytes_in_flight
+        if given is not None and given // self.processes < self.max_request_bytes:
+            raise ValueError(
+                f"--max-body-bytes-in-flight {given} divided among --processes "
+                f"{self.processes} is {given // self.processes} bytes a process, less than "
+                f"--max-request-bytes {self.max_request_bytes}: the largest request allowed "
+                "could never run"
+            )
+        last = (self.metrics_port or 0) + self.processes - 1
+        if self.metrics_port and (
+            last > 65535
+            or {self.http_port, self.grpc_port} & set(range(self.metrics_port, last + 1))
+        ):
+            raise ValueError(
+                f"--metrics-port {self.metrics_port} with --processes {self.processes} takes "
+                f"ports {self.metrics_port} to {last}, which must be below 65536 and not "
+                "--http-port or --grpc-port"
+            )
         return self
 
     @model_validator(mode="after")

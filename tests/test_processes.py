@@ -1,0 +1,330 @@
+"""`corral serve --processes N`: N real processes behind one HTTP and one gRPC port.
+
+Each server binds 127.0.0.1 on ports the OS picks and is stopped by SIGTERM to its own
+process id (the parent's); its processes are found by the pids the parent logs.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from corral.cli import main
+from corral.server.processes import process_settings
+from corral.server.settings import ServerSettings
+from corral.testing import build_mlp
+from tests.helpers import add_model, build_slow_loop, reference_run
+from tests.processes import ServerProcess, start_server, stop_server
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.usefixtures("garbage_collected_on_the_main_thread"),
+]
+
+X = np.random.default_rng(5).standard_normal((2, 4)).astype(np.float32)
+_SERVING = re.compile(r"corral: (\d+) processes serve HTTP on \S+, gRPC \S+ \((.*)\)\n")
+
+
+# -- the settings ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ({"system_shared_memory": True}, "--system-shared-memory"),
+        ({"model_control_mode": "explicit"}, "--model-control-mode explicit"),
+        ({"cache_dir": "/tmp/corral-cache"}, "--cache-dir"),
+        ({"max_request_bytes": 100, "max_body_bytes_in_flight": 150}, "--max-request-bytes 100"),
+        ({"metrics_port": 65535}, "65536"),
+        ({"metrics_port": 9000, "http_port": 9001}, "--http-port"),
+    ],
+)
+def test_what_one_process_holds_is_refused_with_several_by_name(
+    tmp_path: Path, given: dict[str, Any], named: str
+):
+    ServerSettings(repository=tmp_path, processes=1, **given)  # alone, each is served
+    with pytest.raises(ValidationError) as raised:
+        ServerSettings(repository=tmp_path, processes=2, **given)
+    assert "--processes 2" in str(raised.value)
+    assert named in str(raised.value)
+
+
+def test_corral_serve_refuses_them_before_starting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    status = main(["serve", str(tmp_path), "--processes", "2", "--system-shared-memory"])
+    assert status == 2
+    error = capsys.readouterr().err
+    assert "--processes 2 cannot be given with --system-shared-memory" in error
+
+
+def test_each_process_gets_its_share_of_what_is_counted_per_server(tmp_path: Path):
+    settings = ServerSettings(
+        repository=tmp_path,
+        processes=3,
+        memory_budget="3GiB",
+        max_loaded_models=10,
+        compute_workers=4,
+        max_connections=300,
+        grpc_max_connections=30,
+        max_request_bytes=1000,
+        max_body_bytes_in_flight=9000,
+        metrics_port=9100,
+    )
+    second = process_settings(settings, 2)
+    assert second.host_options().budget_bytes == 1024**3
+    assert second.host_options().max_loaded_models == 3
+    assert second.runtime_options().compute_workers == 1
+    assert (second.max_connections, second.grpc_max_connections) == (100, 10)
+    assert second.body_budget_bytes() == 3000
+    assert second.metrics_port == 9101
+    # What was not given stays each process's own default; nothing falls below one.
+    alone = process_settings(
+        ServerSettings(repository=tmp_path, processes=3, compute_workers=2, metrics_port=0), 3
+    )
+    assert alone.host_options().budget_bytes is None
+    assert alone.max_connections is None
+    assert alone.runtime_options().compute_workers == 1
+    assert alone.metrics_port == 0
+    assert alone.body_budget_bytes() == 4 * alone.max_request_bytes // 3
+
+
+# -- the processes ----------------------------------------------------------------------------
+
+
+def start_group(repo: Path, log: Path, *flags: str) -> tuple[ServerProcess, dict[int, int]]:
+    """``corral serve --processes 2``; its processes' pids by number, once every one serves."""
+    served = start_server(repo, log, "--processes", "2", *flags)
+    deadline = time.monotonic() + 60
+    while (found := _SERVING.search(log.read_text())) is None:
+        assert served.process.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.02)
+    assert found[1] == "2"
+    pids = {int(n): int(pid) for n, pid in re.findall(r"(\d+): pid (\d+)", found[2])}
+    assert sorted(pids) == [1, 2]
+    return served, pids
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+
+
+def infer_on_a_new_connection(address: str) -> tuple[int, dict[str, Any]]:
+    host, port = address.split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        body = {
+            "inputs": [
+                {"name": "X", "shape": [2, 4], "datatype": "FP32", "data": X.ravel().tolist()}
+            ]
+        }
+        connection.request("POST", "/v2/models/mlp/infer", json.dumps(body))
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def successes(port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    found = re.search(
+        r'^nv_inference_request_success\{model="mlp",version="1"\} (\S+)$', text, re.M
+    )
+    return 0.0 if found is None else float(found[1])
+
+
+def test_both_processes_answer_as_onnxruntime_does_and_count_their_own(tmp_path: Path):
+    repo = tmp_path / "repository"
+    model = build_mlp()
+    add_model(repo, "mlp", model)
+    (expected,) = reference_run(model, {"X": X})
+    served, pids = start_group(repo, tmp_path / "group.log", "--metrics-port", "0")
+    try:
+        log = served.log.read_text()
+        metrics = [int(port) for port in re.findall(r"metrics on port (\d+)", log)]
+        assert len(metrics) == 2
+        asked = 40
+        for _ in range(asked):
+            status, doc = infer_on_a_new_connection(served.http)
+            assert status == 200, doc
+            got = np.array(doc["outputs"][0]["data"], np.float32).reshape(expected.shape)
+            np.testing.assert_allclose(got, expected, rtol=1e-6)
+        counted = [successes(port) for port in metrics]
+        # 40 connections spread by a hash of each: both processes took some (all 40 on one
+        # would happen once in 2**39 runs), and between them, every one.
+        assert all(count > 0 for count in counted), counted
+        assert sum(counted) == asked
+        # The shared port's /metrics would be one process's at random: refused by name.
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://{served.http}/metrics", timeout=30)
+        assert refused.value.code == 404
+        assert "--metrics-port" in refused.value.read().decode()
+    finally:
+        stop_server(served)
+    assert all(gone(pid) for pid in pids.values())
+
+
+def test_the_repository_api_load_and_unload_are_refused_naming_processes(tmp_path: Path):
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    repo = tmp_path / "repository"
+    add_model(repo, "mlp", build_mlp())
+    served, _ = start_group(repo, tmp_path / "control.log")
+    try:
+        for action in ("load", "unload"):
+            request = urllib.request.Request(
+                f"http://{served.http}/v2/repository/models/mlp/{action}", data=b"", method="POST"
+            )
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=30)
+            assert refused.value.code == 501
+            assert "--processes 2" in refused.value.read().decode()
+        with pytest.raises(urllib.error.HTTPError) as no_metrics:
+            urllib.request.urlopen(f"http://{served.http}/metrics", timeout=30)
+        assert "--metrics-port P" in no_metrics.value.read().decode()
+        client = grpcclient.InferenceServerClient(served.grpc)
+        try:
+            with pytest.raises(InferenceServerException) as rpc:
+                client.load_model("mlp")
+            assert rpc.value.status() == "StatusCode.UNIMPLEMENTED"
+            assert "--processes 2" in rpc.value.message()
+            # gRPC is served on the port the processes share.
+            inputs = [grpcclient.InferInput("X", [2, 4], "FP32")]
+            inputs[0].set_data_from_numpy(X)
+            answer = client.infer("mlp", inputs).as_numpy("Y")
+            assert answer is not None
+            np.testing.assert_allclose(answer, reference_run(build_mlp(), {"X": X})[0], rtol=1e-6)
+        finally:
+            client.close()
+    finally:
+        stop_server(served)
+
+
+def test_sigterm_to_the_parent_drains_the_request_in_flight_in_its_process(tmp_path: Path):
+    repo = tmp_path / "repository"
+    add_model(repo, "slow", build_slow_loop())
+    served, pids = start_group(repo, tmp_path / "drain.log", "--drain-timeout-s", "120")
+    body = {
+        "inputs": [
+            {"name": "M", "datatype": "INT64", "shape": [], "data": [1_500_000]},
+            {"name": "start", "datatype": "FP32", "shape": [1], "data": [0.0]},
+        ]
+    }
+    answers: list[tuple[int, dict[str, Any]]] = []
+
+    def ask() -> None:
+        request = urllib.request.Request(
+            f"http://{served.http}/v2/models/slow/infer", data=json.dumps(body).encode()
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            answers.append((response.status, json.loads(response.read())))
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    try:
+        deadline = time.monotonic() + 60
+        while "loaded slow version 1" not in served.log.read_text():
+            assert time.monotonic() < deadline, served.log.read_text()
+            time.sleep(0.02)
+        served.process.send_signal(signal.SIGTERM)
+    finally:
+        asker.join(timeout=90)
+    assert not asker.is_alive()
+    ((status, doc),) = answers
+    assert (status, doc["outputs"][0]["data"]) == (200, [1_500_000.0])
+    assert served.process.wait(timeout=30) == 0, served.log.read_text()
+    log = served.log.read_text()
+    # The parent passed the signal on once to each; each drained and stopped.
+    assert "SIGTERM received, stopping 2 processes" in log
+    for number in pids:
+        assert f"[process {number}] corral.server.app: corral: SIGTERM received, draining" in log
+        assert f"[process {number}] corral.server.app: corral: stopped" in log
+    assert all(gone(pid) for pid in pids.values())
+
+
+def test_a_process_that_dies_ends_the_group_with_status_1(tmp_path: Path):
+    repo = tmp_path / "repository"
+    add_model(repo, "mlp", build_mlp())
+    served, pids = start_group(repo, tmp_path / "died.log")
+    os.kill(pids[2], signal.SIGKILL)
+    try:
+        status = served.process.wait(timeout=60)
+    finally:
+        if served.process.poll() is None:
+            served.process.kill()
+    log = served.log.read_text()
+    assert status == 1, log
+    assert f"process 2 (pid {pids[2]}) ended on its own (exit status -9)" in log
+    assert "[process 1] corral.server.app: corral: stopped" in log
+    assert gone(pids[1])
+
+
+def test_the_processes_drain_and_exit_when_their_parent_is_killed(tmp_path: Path):
+    repo = tmp_path / "repository"
+    add_model(repo, "mlp", build_mlp())
+    served, pids = start_group(repo, tmp_path / "orphans.log")
+    served.process.kill()
+    served.process.wait(timeout=30)
+    deadline = time.monotonic() + 60
+    while not all(gone(pid) for pid in pids.values()):
+        assert time.monotonic() < deadline, served.log.read_text()
+        time.sleep(0.05)
+    log = served.log.read_text()
+    for number in pids:
+        assert (
+            f"[process {number}] corral.server.group_member: corral: the parent process has ended"
+            in log
+        )
+        assert f"[process {number}] corral.server.app: corral: stopped" in log
+
+
+def test_a_port_in_use_is_named_once_before_any_process_starts(tmp_path: Path):
+    repo = tmp_path / "repository"
+    add_model(repo, "mlp", build_mlp())
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        log = tmp_path / "taken.log"
+        command = ["serve", str(repo), "--processes", "2", "--http-port", str(port)]
+        command += ["--grpc-port", "-1"]
+        with log.open("wb") as sink:
+            status = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    "import sys; from corral.cli import main; sys.exit(main())",
+                    *command,
+                ],
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                timeout=60,
+                env={k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")},
+            ).returncode
+    text = log.read_text()
+    assert status == 1, text
+    assert text.count(f"port {port} (--http-port) on 127.0.0.1 is in use") == 1, text
+    assert "[process" not in text
