@@ -104,8 +104,10 @@ TargetName = Literal[
     "triton-binary",
     "triton-grpc",
     "corral-pbtxt",
+    "corral-json-2p",
+    "corral-binary-2p",
 ]
-ServerName = Literal["corral", "raw-asgi", "fastapi-sync", "fastapi-async"]
+ServerName = Literal["corral", "raw-asgi", "fastapi-sync", "fastapi-async", "corral-2p"]
 TARGETS: tuple[TargetName, ...] = get_args(TargetName)
 SERVERS: tuple[ServerName, ...] = get_args(ServerName)
 #: Triton's targets, measured when it is built, each beside the corral target loaded the same way.
@@ -114,6 +116,8 @@ TRITON_PAIRS: tuple[tuple[str, TargetName, TargetName], ...] = (
     ("wrk binary", "corral-binary", "triton-binary"),
     ("gRPC (Python client)", "corral-grpc", "triton-grpc"),
     ("wrk JSON, corral on Triton's config.pbtxt", "corral-pbtxt", "triton-json"),
+    ("wrk JSON, corral --processes 2", "corral-json-2p", "triton-json"),
+    ("wrk binary, corral --processes 2", "corral-binary-2p", "triton-binary"),
 )
 #: The targets every other is compared with, in the table's column order.
 BASELINES: tuple[TargetName, ...] = ("raw-asgi", "fastapi-sync", "fastapi-async")
@@ -884,6 +888,8 @@ TARGET_SERVERS: dict[str, str] = {
     "triton-binary": "triton",
     "triton-grpc": "triton",
     "corral-pbtxt": "corral-pbtxt",
+    "corral-json-2p": "corral-2p",
+    "corral-binary-2p": "corral-2p",
 }
 
 
@@ -963,8 +969,13 @@ def server_commands(
         )
         return command + options.split()
 
+    # Two processes behind the one port, splitting the cores (corral.server.processes).
+    processes = [sys.executable, "-m", "corral.cli", "serve", str(repository), "--processes"]
+    processes += ["2", "--host", "127.0.0.1", "--http-port", str(ports["corral-2p"])]
+    processes += ["--grpc-port", "-1"]
     return {
         "corral": (corral, base_env),
+        "corral-2p": ([*processes, "--log-level", "warning"], base_env),
         "raw-asgi": (uvicorn("raw_asgi:create_app", ports["raw-asgi"]), reference_env),
         "fastapi-sync": (uvicorn("fastapi_app:create_app", ports["fastapi-sync"]), reference_env),
         "fastapi-async": (
@@ -1097,6 +1108,8 @@ class _Runner:
             "triton-json": ("triton", "json"),
             "triton-binary": ("triton", "binary"),
             "corral-pbtxt": ("corral-pbtxt", "json"),
+            "corral-json-2p": ("corral-2p", "json"),
+            "corral-binary-2p": ("corral-2p", "binary"),
         }
         self._grpc = {"corral-grpc": "grpc", "triton-grpc": "triton-grpc"}
 

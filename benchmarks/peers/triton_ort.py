@@ -305,10 +305,32 @@ def process_cpu_seconds(pid: int) -> float:
 
 
 def process_cpu_split(pid: int) -> tuple[float, float]:
-    """User and system CPU seconds of process ``pid`` (all its threads) so far, apart.
+    """User and system CPU seconds of process ``pid`` and its live descendants so far, apart.
 
     The system share is the kernel's work for the process (socket reads and writes, waking
     threads), which a server in C++ pays as much as one in Python; the user share is its own.
+    Descendants count: ``corral serve --processes N`` serves from its children.
     """
-    utime, stime = parse_proc_stat(Path(f"/proc/{pid}/stat").read_text())
-    return utime / _CLOCK_TICKS, stime / _CLOCK_TICKS
+    user = system = 0.0
+    for each in _process_tree(pid):
+        try:
+            utime, stime = parse_proc_stat(Path(f"/proc/{each}/stat").read_text())
+        except FileNotFoundError:  # ended meanwhile
+            continue
+        user += utime / _CLOCK_TICKS
+        system += stime / _CLOCK_TICKS
+    return user, system
+
+
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants now (from ``/proc/PID/task/*/children``)."""
+    found, todo = [], [pid]
+    while todo:
+        each = todo.pop()
+        found.append(each)
+        for task in Path(f"/proc/{each}/task").glob("*/children"):
+            try:
+                todo += [int(child) for child in task.read_text().split()]
+            except FileNotFoundError:
+                continue
+    return found
