@@ -21,6 +21,8 @@ other work on this shared machine falls on all of them alike), at each connectio
   ``config.pbtxt`` written from its signature (``max_batch_size: 0``; ``--instance-count N``
   adds ``instance_group { count: N }``); ``corral-pbtxt``: ``corral serve`` of that same
   folder, config.pbtxt and all (``corral`` keeps its defaults: it may batch, Triton then not);
+- ``corral-2p`` / ``corral-2p-binary``: ``corral serve --processes 2`` on ``corral``'s
+  repository, JSON and binary bodies (two processes behind the port, the cores split);
 - ``ceiling``: onnxruntime called in this process, no HTTP: the best of one session with
   intra-op threads = cores at batch 1, 8 and 32, and one single-threaded session per core,
   each run from its own thread at batch 1 (onnxruntime releases the GIL).
@@ -743,7 +745,10 @@ def measure_model(
                     server = start_corral("corral", repository, folder)
                 elif target == "corral-pbtxt":
                     server = start_corral("corral-pbtxt", pbtxt_repository(), folder)
-                elif target in ("corral-binary", "triton-binary"):
+                elif target == "corral-2p":  # two processes behind the port, the cores split
+                    repository = _write_repository(folder / "repo", name, onnx, None)
+                    server = start_corral(target, repository, folder, ["--processes", "2"])
+                elif target in ("corral-binary", "triton-binary", "corral-2p-binary"):
                     json_target = target.removesuffix("-binary")
                     sibling = next((t.server for t in targets if t.name == json_target), None)
                     if sibling is None:
@@ -815,7 +820,8 @@ def measure_model(
                     assert target.payload is not None
                     assert target.body_file is not None
                     cpu = cpu_seconds(target.server.process.pid)
-                    is_corral = target.name.startswith("corral")
+                    # One process's statistics: not the group's under --processes 2.
+                    is_corral = target.name.startswith("corral") and "-2p" not in target.name
                     stats = corral_stats(target.server.port, name) if is_corral else None
                     result = wrk_load(
                         target.server.url(name),
@@ -1314,6 +1320,8 @@ TRITON_PAIRS = (
     ("corral", "triton"),
     ("corral-binary", "triton-binary"),
     ("corral-pbtxt", "triton"),
+    ("corral-2p", "triton"),
+    ("corral-2p-binary", "triton-binary"),
 )
 
 
