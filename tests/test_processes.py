@@ -65,6 +65,15 @@ def test_what_one_process_holds_is_refused_with_several_by_name(
     assert named in str(raised.value)
 
 
+def test_several_processes_are_refused_where_sockets_sharing_a_port_do_not_share_its_connections(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(sys, "platform", "darwin")
+    ServerSettings(repository=tmp_path)
+    with pytest.raises(ValidationError, match="--processes 2 needs Linux"):
+        ServerSettings(repository=tmp_path, processes=2)
+
+
 def test_corral_serve_refuses_them_before_starting(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):

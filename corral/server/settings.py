@@ -17,6 +17,7 @@ Nothing here is read at import: :class:`ServerSettings` reads the environment wh
 from __future__ import annotations
 
 import difflib
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -426,6 +427,12 @@ class ServerSettings(_HostAndRuntimeOptions):
             ),
         }
         refused = [f"{flag}: {why}" for flag, (given, why) in alone.items() if given]
+        if not sys.platform.startswith("linux"):
+            # Elsewhere (macOS, the BSDs) sockets sharing a port do not share its connections.
+            raise ValueError(
+                f"--processes {self.processes} needs Linux, whose SO_REUSEPORT spreads the "
+                f"connections over the processes; on {sys.platform} one would take them all"
+            )
         if refused:
             raise ValueError(
                 f"--processes {self.processes} cannot be given with " + "; ".join(refused)
