@@ -26,7 +26,10 @@ import pytest
 from pydantic import ValidationError
 
 from corral.cli import main
-from corral.server.processes import process_settings
+from corral.server import processes
+from corral.server.app import EXIT_DRAIN_INCOMPLETE, Addresses
+from corral.server.ports import bind_shared
+from corral.server.processes import process_settings, run_group
 from corral.server.settings import ServerSettings
 from corral.testing import build_mlp
 from tests.helpers import add_model, build_slow_loop, reference_run
@@ -337,3 +340,67 @@ def test_a_port_in_use_is_named_once_before_any_process_starts(tmp_path: Path):
     assert status == 1, text
     assert text.count(f"port {port} (--http-port) on 127.0.0.1 is in use") == 1, text
     assert "[process" not in text
+
+
+# -- the parent's own bounds ------------------------------------------------------------------
+
+
+def _deaf(settings: ServerSettings, member: object) -> None:
+    """A process that ignores SIGTERM, then asks its parent to stop (gone in 60 s anyway)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.alarm(60)
+    os.kill(os.getppid(), signal.SIGTERM)
+    while True:
+        signal.pause()
+
+
+def test_a_process_still_running_past_its_bound_after_the_stop_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    # Its bound: the drain timeout and notice, EXIT_MARGIN_S, then KILL_MARGIN_S.
+    monkeypatch.setattr(processes, "EXIT_MARGIN_S", 0.0)
+    monkeypatch.setattr(processes, "KILL_MARGIN_S", 0.5)
+    settings = ServerSettings(repository=tmp_path, processes=2, drain_timeout_s=0, grpc_port=-1)
+    group = processes._Group(settings, target=_deaf)
+    # As run_group does: the stop signal is the group's (the process sends it once deaf).
+    previous = signal.signal(signal.SIGTERM, group.on_signal)
+    try:
+        (sock,) = bind_shared("127.0.0.1", 0, 1)
+        try:
+            group.start(settings, 1, sock)
+        finally:
+            sock.close()
+        with caplog.at_level("INFO", logger="corral.server.processes"):
+            status = group.wait(Addresses("127.0.0.1", 0, None))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        group.close()
+    assert status == EXIT_DRAIN_INCOMPLETE
+    assert "SIGTERM received, stopping 1 processes" in caplog.text
+    assert "has not exited 0.5 s after the stop: killed" in caplog.text
+
+
+def test_a_metrics_port_of_a_later_process_in_use_is_named_before_any_starts(tmp_path: Path):
+    with socket.socket() as first, socket.socket() as holder:
+        # Two neighbouring ports: the first free for process 1, the next held.
+        first.bind(("127.0.0.1", 0))
+        port = first.getsockname()[1]
+        first.close()
+        try:
+            holder.bind(("127.0.0.1", port + 1))
+        except OSError:
+            pytest.skip(f"port {port + 1} is taken already")
+        holder.listen()
+        settings = ServerSettings(
+            repository=tmp_path, processes=2, metrics_port=port, http_port=0, grpc_port=-1
+        )
+        with pytest.raises(OSError, match=rf"another process holds {port + 1}$"):
+            run_group(settings)
+
+
+def test_a_port_held_without_sharing_cannot_be_bound_for_the_processes():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        with pytest.raises(OSError, match="in use"):
+            bind_shared("127.0.0.1", holder.getsockname()[1], 2)

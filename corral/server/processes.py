@@ -35,6 +35,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -42,6 +43,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from types import FrameType
 from typing import Any
@@ -128,6 +130,7 @@ def run_group(settings: ServerSettings) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        group.close()
         for sock in [*http_sockets, *(grpc_hold or [])]:
             sock.close()
 
@@ -153,17 +156,26 @@ class _Group:
 
     Touched by the parent's main thread only: the signal handler runs there too, between two
     of its steps, and only reads ``_processes`` (no step it interrupts is iterating a view of
-    it while changing it) and sets ``_stop_began``. A process is reaped (joined) only once its
+    it while changing it), sets ``_stop_began`` and wakes the wait through ``_wake``. A process is reaped (joined) only once its
     sentinel said it ended, so a pid signalled is never one reused by another process.
     """
 
-    def __init__(self, settings: ServerSettings) -> None:
+    def __init__(
+        self,
+        settings: ServerSettings,
+        target: Callable[[ServerSettings, GroupMember], None] | None = None,
+    ) -> None:
         self._settings = settings
+        #: What each process runs: :func:`_serve_member` (a test gives another).
+        self._target = target or _serve_member
         self._context = multiprocessing.get_context("spawn")
         self._processes: dict[int, Any] = {}
         self._reports: dict[Connection, int] = {}
         self._serving: dict[int, tuple[int, int | None]] = {}
         self._stop_began: float | None = None
+        # Written to by the signal handler to end the wait it interrupted (_wait_once).
+        self._woken, self._wake = os.pipe()
+        os.set_blocking(self._wake, False)
         #: The worst exit status seen; a process that ended on its own raises it to 1.
         self._status = 0
 
@@ -172,7 +184,7 @@ class _Group:
         read, write = self._context.Pipe(duplex=False)
         member = GroupMember(number, settings.processes, sock, write)
         process = self._context.Process(
-            target=_serve_member,
+            target=self._target,
             args=(settings, member),
             name=f"corral-process-{number}",
             daemon=True,  # should the parent fail, multiprocessing's exit hook ends them
@@ -190,6 +202,11 @@ class _Group:
             self._wait_once(addresses)
         return self._status
 
+    def close(self) -> None:
+        """Close what the group holds itself (its processes are waited for by :meth:`wait`)."""
+        os.close(self._woken)
+        os.close(self._wake)
+
     def _wait_once(self, addresses: Addresses) -> None:
         waiting: dict[Any, Any] = {p.sentinel: n for n, p in self._processes.items()}
         waiting.update(self._reports)
@@ -197,12 +214,16 @@ class _Group:
         if self._stop_began is not None:
             bound = self._exit_bound() + KILL_MARGIN_S
             timeout = max(0.0, self._stop_began + bound - time.monotonic())
-        ready = wait(list(waiting), timeout)
+        # A wait the signal interrupts is taken up again with the same timeout (PEP 475):
+        # the handler writes to _wake, so that the next wait counts from the stop.
+        ready = wait([*waiting, self._woken], timeout)
         if not ready and timeout is not None:
             self._kill_the_rest()
             return
         for handle in ready:
-            if isinstance(handle, Connection):
+            if handle == self._woken:
+                os.read(self._woken, 64)
+            elif isinstance(handle, Connection):
                 self._read_report(handle, addresses)
             else:
                 self._ended(waiting[handle])
@@ -247,6 +268,8 @@ class _Group:
     def _stop(self, why: str) -> None:
         if self._stop_began is None:
             self._stop_began = time.monotonic()
+            with contextlib.suppress(BlockingIOError):  # already woken: once is enough
+                os.write(self._wake, b"\0")
         for process in self._processes.values():
             if process.exitcode is None:
                 process.terminate()  # SIGTERM: it drains
