@@ -8,15 +8,19 @@ run in a fresh interpreter that exits with sessions alive and runs in flight.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # -- corral serve ----------------------------------------------------------------------------
 
@@ -96,6 +100,45 @@ def serving(repo: Path, log: Path, *flags: str) -> Iterator[ServerProcess]:
     finally:
         if served.process.poll() is None:
             stop_server(served)
+
+
+def sigterm_during_a_slow_request(served: ServerProcess) -> tuple[int, dict[str, Any]]:
+    """SIGTERM ``served`` while a request to its model ``slow`` runs; that request's answer.
+
+    ``slow`` is :func:`tests.helpers.build_slow_loop`'s model; the request runs about 3 s on
+    2 cores, and the signal follows its load's log line within milliseconds. Give the server
+    a drain timeout far past that, so that a loaded machine slowing the run cannot turn the
+    answer into the drain's 503.
+    """
+    body = {
+        "inputs": [
+            {"name": "M", "datatype": "INT64", "shape": [], "data": [1_500_000]},
+            {"name": "start", "datatype": "FP32", "shape": [1], "data": [0.0]},
+        ]
+    }
+    answers: list[tuple[int, dict[str, Any]]] = []
+
+    def ask() -> None:
+        request = urllib.request.Request(
+            f"http://{served.http}/v2/models/slow/infer", data=json.dumps(body).encode()
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            answers.append((response.status, json.loads(response.read())))
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    try:
+        # The request is inside the server once its model has loaded for it.
+        deadline = time.monotonic() + 60
+        while "loaded slow version 1" not in served.log.read_text():
+            assert time.monotonic() < deadline, served.log.read_text()
+            time.sleep(0.02)
+        served.process.send_signal(signal.SIGTERM)
+    finally:
+        asker.join(timeout=90)
+    assert not asker.is_alive()
+    (answer,) = answers
+    return answer
 
 
 def http_address(served: ServerProcess) -> tuple[str, int]:

@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -33,7 +32,12 @@ from corral.server.processes import process_settings, run_group
 from corral.server.settings import ServerSettings
 from corral.testing import build_mlp
 from tests.helpers import add_model, build_slow_loop, reference_run
-from tests.processes import ServerProcess, start_server, stop_server
+from tests.processes import (
+    ServerProcess,
+    sigterm_during_a_slow_request,
+    start_server,
+    stop_server,
+)
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -239,33 +243,7 @@ def test_sigterm_to_the_parent_drains_the_request_in_flight_in_its_process(tmp_p
     repo = tmp_path / "repository"
     add_model(repo, "slow", build_slow_loop())
     served, pids = start_group(repo, tmp_path / "drain.log", "--drain-timeout-s", "120")
-    body = {
-        "inputs": [
-            {"name": "M", "datatype": "INT64", "shape": [], "data": [1_500_000]},
-            {"name": "start", "datatype": "FP32", "shape": [1], "data": [0.0]},
-        ]
-    }
-    answers: list[tuple[int, dict[str, Any]]] = []
-
-    def ask() -> None:
-        request = urllib.request.Request(
-            f"http://{served.http}/v2/models/slow/infer", data=json.dumps(body).encode()
-        )
-        with urllib.request.urlopen(request, timeout=60) as response:
-            answers.append((response.status, json.loads(response.read())))
-
-    asker = threading.Thread(target=ask)
-    asker.start()
-    try:
-        deadline = time.monotonic() + 60
-        while "loaded slow version 1" not in served.log.read_text():
-            assert time.monotonic() < deadline, served.log.read_text()
-            time.sleep(0.02)
-        served.process.send_signal(signal.SIGTERM)
-    finally:
-        asker.join(timeout=90)
-    assert not asker.is_alive()
-    ((status, doc),) = answers
+    status, doc = sigterm_during_a_slow_request(served)
     assert (status, doc["outputs"][0]["data"]) == (200, [1_500_000.0])
     assert served.process.wait(timeout=30) == 0, served.log.read_text()
     log = served.log.read_text()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import threading
 import time
 import urllib.request
@@ -22,7 +21,12 @@ from onnx import TensorProto
 
 from corral.testing import build_mlp
 from tests.helpers import add_model, build_identity, build_slow_loop, reference_run
-from tests.processes import ServerProcess, start_server, stop_server
+from tests.processes import (
+    ServerProcess,
+    sigterm_during_a_slow_request,
+    start_server,
+    stop_server,
+)
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -228,40 +232,8 @@ def test_auth_token_from_the_environment(identity_repo: Path, tmp_path: Path):
 def test_sigterm_answers_the_request_in_flight_then_exits_0(tmp_path: Path):
     repo = tmp_path / "repository"
     add_model(repo, "slow", build_slow_loop())
-    # A drain timeout far past the run's length, so that a loaded machine slowing the run
-    # cannot turn the answer this test checks into the drain's 503.
     served = start_server(repo, tmp_path / "drain.log", "--drain-timeout-s", "120")
-    body = {
-        "inputs": [
-            # About 3 s on 2 cores: SIGTERM follows the load's log line within milliseconds.
-            {"name": "M", "datatype": "INT64", "shape": [], "data": [1_500_000]},
-            {"name": "start", "datatype": "FP32", "shape": [1], "data": [0.0]},
-        ]
-    }
-    answers: list[tuple[int, dict[str, Any]]] = []
-
-    def ask() -> None:
-        request = urllib.request.Request(
-            f"http://{served.http}/v2/models/slow/infer",
-            data=json.dumps(body).encode(),
-            method="POST",
-        )
-        with urllib.request.urlopen(request, timeout=60) as response:
-            answers.append((response.status, json.loads(response.read())))
-
-    asker = threading.Thread(target=ask)
-    asker.start()
-    try:
-        # The request is inside the server once its model has loaded for it.
-        deadline = time.monotonic() + 60
-        while "loaded slow version 1" not in served.log.read_text():
-            assert time.monotonic() < deadline, served.log.read_text()
-            time.sleep(0.02)
-        served.process.send_signal(signal.SIGTERM)
-    finally:
-        asker.join(timeout=90)
-    assert not asker.is_alive()
-    ((status, doc),) = answers
+    status, doc = sigterm_during_a_slow_request(served)
     assert status == 200
     assert doc["outputs"][0]["data"] == [1_500_000.0]
     assert served.process.wait(timeout=30) == 0, served.log.read_text()
