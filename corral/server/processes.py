@@ -156,8 +156,9 @@ class _Group:
 
     Touched by the parent's main thread only: the signal handler runs there too, between two
     of its steps, and only reads ``_processes`` (no step it interrupts is iterating a view of
-    it while changing it), sets ``_stop_began`` and wakes the wait through ``_wake``. A process is reaped (joined) only once its
-    sentinel said it ended, so a pid signalled is never one reused by another process.
+    it while changing it), sets ``_stop_began`` and wakes the wait through ``_wake``. A
+    process is reaped (joined) only once its sentinel said it ended, so a pid signalled is
+    never one reused by another process.
     """
 
     def __init__(
