@@ -75,9 +75,9 @@ def process_settings(settings: ServerSettings, number: int) -> ServerSettings:
 
     The memory budget, the models loaded at once, the store's cache bytes, the compute
     workers, the HTTP and gRPC connections' caps given, and the body budget are each divided
-    by ``--processes`` (at least 1; the body budget at least ``--max-request-bytes``, which
-    :func:`run_group` refuses when it was given smaller). The metrics port is ``P + number -
-    1`` (0 stays 0: each picks a free one).
+    by ``--processes`` (at least 1; the body budget at least ``--max-request-bytes``: the
+    settings refuse one given that would be smaller). The metrics port is ``P + number - 1``
+    (0 stays 0: each picks a free one).
     """
     count = settings.processes
     host, runtime = settings.host_options(), settings.runtime_options()
@@ -109,16 +109,29 @@ def run_group(settings: ServerSettings) -> int:
     count = settings.processes
     check_ports_free(settings)
     _check_metrics_ports_free(settings)
-    http_sockets = bind_shared(settings.host, settings.http_port, count)
-    http_port = http_sockets[0].getsockname()[1]
-    # Held, not listened on: it keeps the port for the processes' gRPC servers to share.
-    grpc_hold = (
-        None if settings.grpc_port < 0 else bind_shared(settings.host, settings.grpc_port, 1)
-    )
-    grpc_port = None if grpc_hold is None else grpc_hold[0].getsockname()[1]
-    ports: dict[str, Any] = {"http_port": http_port}
-    if grpc_port is not None:
-        ports["grpc_port"] = grpc_port
+    held = bind_shared(settings.host, settings.http_port, count)
+    try:
+        http_port = held[0].getsockname()[1]
+        ports: dict[str, Any] = {"http_port": http_port}
+        grpc_port = None
+        if settings.grpc_port >= 0:
+            # Held, not listened on: it keeps the port for the processes' gRPC servers.
+            held += bind_shared(settings.host, settings.grpc_port, 1)
+            grpc_port = ports["grpc_port"] = held[-1].getsockname()[1]
+        return _serve_group(
+            settings, held[:count], ports, Addresses(settings.host, http_port, grpc_port)
+        )
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def _serve_group(
+    settings: ServerSettings,
+    http_sockets: list[socket.socket],
+    ports: dict[str, Any],
+    addresses: Addresses,
+) -> int:
     group = _Group(settings)
     # From here a stop signal is the group's, even while its processes start.
     previous = {signum: signal.signal(signum, group.on_signal) for signum in STOP_SIGNALS}
@@ -126,13 +139,11 @@ def run_group(settings: ServerSettings) -> int:
         for number, sock in enumerate(http_sockets, start=1):
             group.start(process_settings(settings, number).model_copy(update=ports), number, sock)
             sock.close()  # the process holds its own copy
-        return group.wait(Addresses(settings.host, http_port, grpc_port))
+        return group.wait(addresses)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         group.close()
-        for sock in [*http_sockets, *(grpc_hold or [])]:
-            sock.close()
 
 
 def _check_metrics_ports_free(settings: ServerSettings) -> None:
@@ -255,7 +266,7 @@ class _Group:
                 code,
             )
             self._status = max(self._status, status)
-            self._stop("process ended")
+            self._stop()
         elif code != 0:
             self._status = max(self._status, status)
 
@@ -264,9 +275,9 @@ class _Group:
         name = signal.Signals(signum).name
         if self._stop_began is None:
             logger.info("corral: %s received, stopping %d processes", name, len(self._processes))
-        self._stop(name)
+        self._stop()
 
-    def _stop(self, why: str) -> None:
+    def _stop(self) -> None:
         if self._stop_began is None:
             self._stop_began = time.monotonic()
             with contextlib.suppress(BlockingIOError):  # already woken: once is enough
