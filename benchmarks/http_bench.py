@@ -30,7 +30,11 @@ machine falls on all of them alike:
   backend (``benchmarks/peers/triton_ort.py``) loaded exactly as ``corral-json``,
   ``corral-binary`` and ``corral-grpc``, when it is built (``make triton-peer``; otherwise a
   line says it is not, and the rest runs). Both servers then serve the same repository, with
-  a complete ``config.pbtxt`` written from the model's signature (``max_batch_size: 0``).
+  a complete ``config.pbtxt`` written from the model's signature (``max_batch_size: 0``);
+- ``corral-json-2p``, ``corral-binary-2p``, ``corral-grpc-2p``: the same loads on ``corral
+  serve --processes 2``. Over gRPC the processes share the calls only as they share the
+  client's connections: the Python client opens one (one process serves it all); Triton's
+  ``perf_analyzer`` opens a connection per six of its clients (three at 16 in flight).
 
 Every run also reads the server process's CPU time (``/proc/<pid>/stat``, every thread)
 before and after: the table gives the server's CPU microseconds per request for every target.
@@ -53,6 +57,7 @@ import asyncio
 import contextlib
 import ctypes
 import datetime
+import functools
 import http.client
 import importlib.metadata
 import importlib.util
@@ -106,6 +111,7 @@ TargetName = Literal[
     "corral-pbtxt",
     "corral-json-2p",
     "corral-binary-2p",
+    "corral-grpc-2p",
 ]
 ServerName = Literal["corral", "raw-asgi", "fastapi-sync", "fastapi-async", "corral-2p"]
 TARGETS: tuple[TargetName, ...] = get_args(TargetName)
@@ -118,6 +124,7 @@ TRITON_PAIRS: tuple[tuple[str, TargetName, TargetName], ...] = (
     ("wrk JSON, corral on Triton's config.pbtxt", "corral-pbtxt", "triton-json"),
     ("wrk JSON, corral --processes 2", "corral-json-2p", "triton-json"),
     ("wrk binary, corral --processes 2", "corral-binary-2p", "triton-binary"),
+    ("gRPC (Python client), corral --processes 2", "corral-grpc-2p", "triton-grpc"),
 )
 #: The targets every other is compared with, in the table's column order.
 BASELINES: tuple[TargetName, ...] = ("raw-asgi", "fastapi-sync", "fastapi-async")
@@ -401,8 +408,8 @@ def format_triton_table(runs: Sequence[RunResult], grpc_client: str = "python") 
     for load, corral, triton in TRITON_PAIRS:
         if corral not in rows or triton not in rows:
             continue
-        if corral == "corral-grpc" and grpc_client != "python":
-            load = f"gRPC ({grpc_client})"
+        if corral.startswith("corral-grpc") and grpc_client != "python":
+            load = load.replace("Python client", grpc_client)
         ratio = _paired_ratio(by_round, corral, triton)
         shown = "-" if ratio is None else f"**{ratio:.2f}x**"
         lines.append(f"| {load} | {side(rows[triton])} | {side(rows[corral])} | {shown} |")
@@ -520,6 +527,21 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def free_port_pair() -> int:
+    """A port P free on 127.0.0.1 now with P + 1 free too (``--processes 2``'s metrics)."""
+    for _ in range(100):
+        port = free_port()
+        if port >= 65535:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise BenchmarkError("found no two free ports in a row on 127.0.0.1 in 100 tries")
 
 
 def _log_tail(log: Path, lines: int = 20) -> str:
@@ -763,6 +785,23 @@ def inference_count(http_port: int, model: str) -> int:
     return sum(int(row["inference_count"]) for row in stats["model_stats"])
 
 
+def metrics_inference_count(metrics_ports: Sequence[int], model: str) -> int:
+    """The model's ``nv_inference_count``, summed over the processes serving these ports."""
+    total = 0
+    for port in metrics_ports:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+            text = response.read().decode()
+        rows = [
+            line
+            for line in text.splitlines()
+            if line.startswith("nv_inference_count{") and f'model="{model}"' in line
+        ]
+        if not rows:
+            raise BenchmarkError(f"/metrics on port {port} has no nv_inference_count of {model}")
+        total += sum(int(float(row.rsplit(" ", 1)[1])) for row in rows)
+    return total
+
+
 def perf_analyzer_figures(csv_text: str, requests: int) -> dict[str, Any]:
     """perf_analyzer's ``-f`` CSV as figures in the wrk script's format.
 
@@ -788,7 +827,7 @@ def perf_analyzer_figures(csv_text: str, requests: int) -> dict[str, Any]:
 
 def perf_analyzer_load(
     grpc_port: int,
-    http_port: int,
+    count: Callable[[str], int],
     model: str,
     concurrency: int,
     duration_s: float,
@@ -799,7 +838,7 @@ def perf_analyzer_load(
     Three windows of a third of the duration each, at ``concurrency`` synchronous calls in
     flight (its threads), sending ``X`` of ``shape`` (the models' dimensions may be
     dynamic); the requests counted are the server's own count over the run
-    (``http_port``'s statistics), so that CPU per request takes every call it answered.
+    (``count(model)``: its statistics), so that CPU per request takes every call it answered.
     """
     binary = Path(sys.executable).parent / "perf_analyzer"
     if not binary.exists():
@@ -812,7 +851,7 @@ def perf_analyzer_load(
         command += ["--measurement-interval", str(max(1, int(duration_s * 1000 / 3)))]
         # Exactly three windows: no stability asked for, the load only.
         command += ["--max-trials", "3", "--stability-percentage", "999"]
-        before = inference_count(http_port, model)
+        before = count(model)
         done = subprocess.run(
             command,
             capture_output=True,
@@ -826,7 +865,7 @@ def perf_analyzer_load(
                 f"perf_analyzer exited with {done.returncode}:\n{done.stdout[-2000:]}"
                 f"{done.stderr[-2000:]}"
             )
-        requests = inference_count(http_port, model) - before
+        requests = count(model) - before
         return perf_analyzer_figures(csv_file.read_text(), requests)
 
 
@@ -890,6 +929,7 @@ TARGET_SERVERS: dict[str, str] = {
     "corral-pbtxt": "corral-pbtxt",
     "corral-json-2p": "corral-2p",
     "corral-binary-2p": "corral-2p",
+    "corral-grpc-2p": "corral-2p",
 }
 
 
@@ -972,7 +1012,9 @@ def server_commands(
     # Two processes behind the one port, splitting the cores (corral.server.processes).
     processes = [sys.executable, "-m", "corral.cli", "serve", str(repository), "--processes"]
     processes += ["2", "--host", "127.0.0.1", "--http-port", str(ports["corral-2p"])]
-    processes += ["--grpc-port", "-1"]
+    processes += ["--grpc-port", str(ports.get("grpc-2p", -1))]
+    # /metrics per process, on this port and the next (perf_analyzer's runs count from them).
+    processes += ["--metrics-port", str(ports.get("metrics-2p", 0))]
     return {
         "corral": (corral, base_env),
         "corral-2p": ([*processes, "--log-level", "warning"], base_env),
@@ -1006,7 +1048,8 @@ def running_servers(
     wanted = wanted_servers(settings)
     ports: dict[str, int] = {name: free_port() for name in SERVERS}
     if settings.grpc:
-        ports["grpc"] = free_port()
+        ports["grpc"], ports["grpc-2p"] = free_port(), free_port()
+    ports["metrics-2p"] = free_port_pair()
     path = f"/v2/models/{model_name}/infer"
     commands: dict[str, tuple[list[str], dict[str, str]]] = {
         name: command
@@ -1111,7 +1154,11 @@ class _Runner:
             "corral-json-2p": ("corral-2p", "json"),
             "corral-binary-2p": ("corral-2p", "binary"),
         }
-        self._grpc = {"corral-grpc": "grpc", "triton-grpc": "triton-grpc"}
+        self._grpc = {
+            "corral-grpc": "grpc",
+            "triton-grpc": "triton-grpc",
+            "corral-grpc-2p": "grpc-2p",
+        }
 
     def targets(self) -> list[str]:
         """The targets this run measures, in the order each round runs them."""
@@ -1168,10 +1215,16 @@ class _Runner:
         if settings.grpc_client == "python":
             return figures
         # The answer checked above (one call, duration 0), perf_analyzer loads the server.
-        http_port = self._ports[TARGET_SERVERS[target]]
+        server = TARGET_SERVERS[target]
+        if server == "corral-2p":
+            # Each process counts its own calls, on its own metrics port.
+            first = self._ports["metrics-2p"]
+            count = functools.partial(metrics_inference_count, (first, first + 1))
+        else:
+            count = functools.partial(inference_count, self._ports[server])
         return perf_analyzer_load(
             port,
-            http_port,
+            count,
             self._model_name,
             settings.connections,
             duration_s,
