@@ -88,6 +88,7 @@ if str(HERE.parent) not in sys.path:
     # Run as a script: the peers are in the package benchmarks beside this file.
     sys.path.insert(0, str(HERE.parent))
 
+from benchmarks.peers import free_port_pair  # noqa: E402
 from corral.testing import ModelKind, build_model  # noqa: E402
 
 REFERENCE_DIR = HERE / "reference"
@@ -529,21 +530,6 @@ def free_port() -> int:
         return port
 
 
-def free_port_pair() -> int:
-    """A port P free on 127.0.0.1 now with P + 1 free too (``--processes 2``'s metrics)."""
-    for _ in range(100):
-        port = free_port()
-        if port >= 65535:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise BenchmarkError("found no two free ports in a row on 127.0.0.1 in 100 tries")
-
-
 def _log_tail(log: Path, lines: int = 20) -> str:
     try:
         text = log.read_text(errors="replace")
@@ -790,16 +776,21 @@ def metrics_inference_count(metrics_ports: Sequence[int], model: str) -> int:
     total = 0
     for port in metrics_ports:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
-            text = response.read().decode()
-        rows = [
-            line
-            for line in text.splitlines()
-            if line.startswith("nv_inference_count{") and f'model="{model}"' in line
-        ]
-        if not rows:
-            raise BenchmarkError(f"/metrics on port {port} has no nv_inference_count of {model}")
-        total += sum(int(float(row.rsplit(" ", 1)[1])) for row in rows)
+            total += inference_count_in_metrics(response.read().decode(), model, port)
     return total
+
+
+def inference_count_in_metrics(text: str, model: str, port: int) -> int:
+    """The model's ``nv_inference_count`` in one ``/metrics`` text (every version of it)."""
+    label = f'model="{model}"'
+    rows = [
+        line
+        for line in text.splitlines()
+        if line.startswith("nv_inference_count{") and label in line.split("}", 1)[0]
+    ]
+    if not rows:
+        raise BenchmarkError(f"/metrics on port {port} has no nv_inference_count of {model!r}")
+    return sum(int(float(row.rsplit(" ", 1)[1])) for row in rows)
 
 
 def perf_analyzer_figures(csv_text: str, requests: int) -> dict[str, Any]:

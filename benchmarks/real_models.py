@@ -534,14 +534,15 @@ def start_fastapi(model: str, onnx: Path, work: Path) -> Server:
 
 def start_mlserver(name: str, repository: Path, work: Path, batch: bool) -> Server:
     """MLServer (benchmarks/peers/mlserver.py), adaptive batching off or on (8 rows, 1 ms)."""
-    from benchmarks.peers.mlserver import MLServerPeer, _free_port_pair
+    from benchmarks.peers import free_port_pair
+    from benchmarks.peers.mlserver import MLServerPeer
 
     peer = MLServerPeer(max_batch_size=8 if batch else 0, max_batch_time_s=0.001 if batch else 0)
     try:
         peer.setup(CACHE)
     except PeerUnavailable as exc:
         raise BenchmarkError(f"{name}: {exc}") from exc
-    port = _free_port_pair()
+    port = free_port_pair()
     started = peer.start(repository, port, work / name)
     return Server(name, started.process, port, started.log)
 

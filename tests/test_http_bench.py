@@ -552,3 +552,18 @@ def test_the_triton_table_names_the_grpc_client() -> None:
     runs = [run("corral-grpc"), run("triton-grpc")]
     assert "| gRPC (Python client) |" in http_bench.format_triton_table(runs)
     assert "| gRPC (perf_analyzer) |" in http_bench.format_triton_table(runs, "perf_analyzer")
+
+
+def test_the_inference_count_in_metrics_sums_the_models_versions_only() -> None:
+    text = "\n".join(
+        [
+            "# TYPE nv_inference_count counter",
+            'nv_inference_count{model="mlp",version="1"} 120',
+            'nv_inference_count{model="mlp",version="2"} 3',
+            'nv_inference_count{model="mlp2",version="1"} 999',
+            'nv_inference_exec_count{model="mlp",version="1"} 40',
+        ]
+    )
+    assert http_bench.inference_count_in_metrics(text, "mlp", 9000) == 123
+    with pytest.raises(http_bench.BenchmarkError, match="port 9001 has no nv_inference_count"):
+        http_bench.inference_count_in_metrics(text, "other", 9001)

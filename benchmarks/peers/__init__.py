@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from subprocess import Popen
 
-__all__ = ["CACHE", "Peer", "PeerUnavailable", "Started", "install_venv"]
+__all__ = ["CACHE", "Peer", "PeerUnavailable", "Started", "free_port_pair", "install_venv"]
 
 #: Where peers' virtual environments live: ``$CORRAL_BENCH_CACHE`` or ~/.cache/corral-bench.
 CACHE = Path(os.environ.get("CORRAL_BENCH_CACHE", Path.home() / ".cache" / "corral-bench"))
@@ -92,3 +93,22 @@ def install_venv(venv: Path, pins: Sequence[str]) -> Path:
             raise PeerUnavailable(f"{' '.join(argv[:4])} ... failed:\n{tail}")
     stamp.write_text(wanted)
     return python
+
+
+def free_port_pair() -> int:
+    """A port ``p`` with ``p`` and ``p + 1`` both free on 127.0.0.1 now.
+
+    For a server that takes two ports in a row from one flag (MLServer's HTTP and gRPC,
+    ``corral serve --processes 2``'s metrics). Raises :class:`RuntimeError` if 100 tries
+    found none.
+    """
+    for _ in range(100):
+        with socket.socket() as first, socket.socket() as second:
+            first.bind(("127.0.0.1", 0))
+            port: int = first.getsockname()[1]
+            try:
+                second.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no two adjacent free ports on 127.0.0.1")

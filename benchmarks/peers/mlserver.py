@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.peers import CACHE, Peer, PeerUnavailable, Started
+from benchmarks.peers import CACHE, Peer, PeerUnavailable, Started, free_port_pair
 
 if TYPE_CHECKING:
     import httpx
@@ -304,20 +303,6 @@ def _log_tail(log: Path, lines: int = 20) -> str:
     return "\n".join(text.strip().splitlines()[-lines:]) or "(empty log)"
 
 
-def _free_port_pair() -> int:
-    """A port ``p`` with ``p`` and ``p + 1`` free on 127.0.0.1 now (HTTP and gRPC)."""
-    for _ in range(100):
-        with socket.socket() as http_socket, socket.socket() as grpc_socket:
-            http_socket.bind(("127.0.0.1", 0))
-            port: int = http_socket.getsockname()[1]
-            try:
-                grpc_socket.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no two adjacent free ports on 127.0.0.1")
-
-
 def _payload(features: np.ndarray[Any, Any]) -> dict[str, Any]:
     return {
         "inputs": [
@@ -485,7 +470,7 @@ def smoke(
         names = [path.parent.parent.name for path in model_files]
         features = np.random.default_rng(0).random((3, 4), dtype=np.float32)
         payload = _payload(features)
-        port = _free_port_pair()
+        port = free_port_pair()
 
         begin = time.monotonic()
         started = peer.start(repository, port, Path(scratch) / "work")
