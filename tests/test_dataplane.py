@@ -263,6 +263,30 @@ def test_a_readiness_request_waits_at_most_its_timeout_for_the_load(
 
 
 @pytest.mark.timeout(60)
+def test_a_held_readiness_is_false_until_released_and_its_release_is_told(
+    versioned_repo: Path,
+):
+    with Host(versioned_repo) as host:
+        plane = DataPlane(host)
+        told: list[str | None] = []
+        plane.on_change(told.append)
+        assert plane.ready()
+        plane.hold_ready()
+        assert not plane.ready()
+        assert plane.ready_held
+        assert told == []  # holding is the caller's to announce: it holds before serving
+        plane.release_ready()
+        assert plane.ready()
+        assert not plane.ready_held
+        assert told == [None]  # every server-wide watcher looks again
+        plane.release_ready()  # idempotent
+        assert plane.ready()
+        plane.hold_ready()
+        plane.stop_reporting_ready()
+        plane.release_ready()
+        assert not plane.ready()  # a release does not undo the drain's notice
+
+
 def test_the_server_is_not_ready_until_the_models_to_load_at_start_are_loaded(
     versioned_repo: Path, monkeypatch: pytest.MonkeyPatch
 ):

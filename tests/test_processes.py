@@ -6,14 +6,18 @@ process id (the parent's); its processes are found by the pids the parent logs.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
+import logging
+import multiprocessing
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -27,6 +31,7 @@ from pydantic import ValidationError
 from corral.cli import main
 from corral.server import processes
 from corral.server.app import EXIT_DRAIN_INCOMPLETE, Addresses
+from corral.server.group_member import EVERY_PROCESS_READY, GroupMember
 from corral.server.ports import bind_shared
 from corral.server.processes import process_settings, run_group
 from corral.server.settings import ServerSettings
@@ -121,6 +126,53 @@ def test_each_process_gets_its_share_of_what_is_counted_per_server(tmp_path: Pat
     assert alone.body_budget_bytes() == 4 * alone.max_request_bytes // 3
 
 
+def test_a_process_hears_once_that_every_process_is_ready(caplog: pytest.LogCaptureFixture):
+    ours, theirs = multiprocessing.Pipe()
+    with socket.socket() as unused:
+        member = GroupMember(1, 2, unused, theirs)
+
+        async def hear() -> list[str]:
+            loop = asyncio.get_running_loop()
+            heard: list[str] = []
+            told = asyncio.Event()
+            member.wait_for_the_group(loop, lambda: (heard.append("ready"), told.set()))
+            ours.send(("something else",))  # not understood: logged, still listening
+            ours.send(EVERY_PROCESS_READY)
+            await asyncio.wait_for(told.wait(), 30)
+            return heard
+
+        with caplog.at_level("ERROR", logger="corral.server.group_member"):
+            assert asyncio.run(hear()) == ["ready"]
+    assert "a message from the parent not understood: ('something else',)" in caplog.text
+    ours.close()
+    theirs.close()
+
+
+def test_a_process_whose_parent_is_gone_stops_listening_for_it():
+    ours, theirs = multiprocessing.Pipe()
+    with socket.socket() as unused:
+        member = GroupMember(1, 2, unused, theirs)
+
+        async def hear() -> bool:
+            loop = asyncio.get_running_loop()
+            removed = asyncio.Event()
+            remove = loop.remove_reader
+
+            def spied(fd: int) -> bool:
+                found = remove(fd)
+                removed.set()
+                return found
+
+            loop.remove_reader = spied  # type: ignore[method-assign]
+            member.wait_for_the_group(loop, lambda: pytest.fail("told ready by no one"))
+            ours.close()  # the parent's end gone: the process reads EOF
+            await asyncio.wait_for(removed.wait(), 30)
+            return remove(theirs.fileno())  # nothing is left to remove
+
+        assert asyncio.run(hear()) is False
+    theirs.close()
+
+
 # -- the processes ----------------------------------------------------------------------------
 
 
@@ -200,6 +252,108 @@ def test_both_processes_answer_as_onnxruntime_does_and_count_their_own(tmp_path:
     finally:
         stop_server(served)
     assert all(gone(pid) for pid in pids.values())
+
+
+def _second_loads_when_told(settings: ServerSettings, member: GroupMember) -> None:
+    """A group's process; process 2 begins its --load-model loads once ``go`` exists."""
+    if member.number == 2:
+        from corral.protocol.model_control import ModelControl
+
+        go = Path(settings.repository).parent / "go"
+        preload = ModelControl.preload
+
+        def late(control: ModelControl, *args: Any, **kwargs: Any) -> Any:
+            deadline = time.monotonic() + 60
+            while not go.exists():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{go} was not made within 60 s")
+                time.sleep(0.01)
+            return preload(control, *args, **kwargs)
+
+        ModelControl.preload = late  # type: ignore[method-assign]
+    processes._serve_member(settings, member)
+
+
+def _ready_status(port: int) -> int:
+    """``/v2/health/ready`` on a new connection: whichever process the kernel gives it."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=30) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _mlp_ready_in_some_index(port: int) -> bool:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v2/repository/index", data=b"{}", method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return any(row.get("state") == "READY" for row in json.loads(answer.read()))
+
+
+def test_no_process_reports_ready_until_every_one_has_loaded_its_models(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    repo = tmp_path / "repository"
+    add_model(repo, "mlp", build_mlp())
+    settings = ServerSettings(
+        repository=repo, processes=2, load_model=["*"], grpc_port=-1, drain_timeout_s=5
+    )
+    group = processes._Group(settings, target=_second_loads_when_told)
+    sockets = bind_shared("127.0.0.1", 0, 2)
+    port = sockets[0].getsockname()[1]
+    seen: dict[str, list[int]] = {}
+    failures: list[BaseException] = []
+    serving = threading.Event()  # the parent has logged that both processes serve
+
+    class Serving(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "2 processes serve HTTP" in record.getMessage():
+                serving.set()
+
+    def probe() -> None:
+        try:
+            deadline = time.monotonic() + 60
+            assert serving.wait(60), "the processes never served"
+            # Process 1 has loaded the model (a connection to it lists it READY) ...
+            while not _mlp_ready_in_some_index(port):
+                assert time.monotonic() < deadline, "process 1 never loaded mlp"
+            # ... and process 2 waits for `go`: whichever process answers, not ready.
+            seen["held"] = [_ready_status(port) for _ in range(20)]
+            (tmp_path / "go").touch()
+            while (statuses := [_ready_status(port) for _ in range(20)]) != [200] * 20:
+                assert time.monotonic() < deadline, f"still not ready everywhere: {statuses}"
+            seen["released"] = statuses
+        except BaseException as exc:
+            failures.append(exc)
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)  # the group's handler: it stops them
+
+    previous = signal.signal(signal.SIGTERM, group.on_signal)
+    prober = threading.Thread(target=probe, name="probe")
+    told = Serving()
+    logging.getLogger("corral.server.processes").addHandler(told)
+    try:
+        for number, sock in enumerate(sockets, start=1):
+            ports = {"http_port": port}
+            group.start(process_settings(settings, number).model_copy(update=ports), number, sock)
+            sock.close()
+        prober.start()
+        with caplog.at_level("INFO", logger="corral.server.processes"):
+            status = group.wait(Addresses("127.0.0.1", port, None))
+    finally:
+        logging.getLogger("corral.server.processes").removeHandler(told)
+        signal.signal(signal.SIGTERM, previous)
+        group.close()
+        for sock in sockets:
+            sock.close()
+        prober.join(60)
+    assert not failures, failures
+    # Before every process had loaded, one in two of these reached process 1, loaded.
+    assert seen["held"] == [503] * 20
+    assert seen["released"] == [200] * 20
+    assert status == 0
+    assert "all 2 processes are ready" in caplog.text
 
 
 def test_the_repository_api_load_and_unload_are_refused_naming_processes(tmp_path: Path):
@@ -356,6 +510,33 @@ def test_a_process_still_running_past_its_bound_after_the_stop_is_killed(
     assert status == EXIT_DRAIN_INCOMPLETE
     assert "SIGTERM received, stopping 1 processes" in caplog.text
     assert "has not exited 0.5 s after the stop: killed" in caplog.text
+
+
+def _garbled(settings: ServerSettings, member: GroupMember) -> None:
+    """A process that says what its parent does not understand, then waits to be stopped."""
+    signal.alarm(60)  # gone in 60 s anyway
+    member.reports.send(("hello",))
+    while True:
+        signal.pause()
+
+
+def test_a_message_not_understood_stops_the_group_with_status_1(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    settings = ServerSettings(repository=tmp_path, processes=2, drain_timeout_s=0, grpc_port=-1)
+    group = processes._Group(settings, target=_garbled)
+    try:
+        (sock,) = bind_shared("127.0.0.1", 0, 1)
+        try:
+            group.start(settings, 1, sock)
+        finally:
+            sock.close()
+        with caplog.at_level("INFO", logger="corral.server.processes"):
+            status = group.wait(Addresses("127.0.0.1", 0, None))
+    finally:
+        group.close()
+    assert status == processes.EXIT_PROCESS_ENDED
+    assert "process 1 sent a message not understood (('hello',)): stopping" in caplog.text
 
 
 def test_a_metrics_port_of_a_later_process_in_use_is_named_before_any_starts(tmp_path: Path):

@@ -167,7 +167,10 @@ class DataPlane:
         self._ready_load_timeout_s = ready_load_timeout_s
         # Set when the server's drain begins: ready() answers False from then on.
         self._not_ready_notice = threading.Event()
-        # Told when ready() turns False (stop_reporting_ready).
+        # Cleared while something outside this process holds readiness (hold_ready).
+        self._released = threading.Event()
+        self._released.set()
+        # Told when ready() may have changed (stop_reporting_ready, release_ready).
         self._readiness_listeners = ChangeListeners()
 
     @property
@@ -200,9 +203,10 @@ class DataPlane:
         """True while the server takes inference requests.
 
         Not before model control's loads at start are done (:meth:`ModelControl.preload`),
-        nor once shutdown or :meth:`stop_reporting_ready` began.
+        nor while :meth:`hold_ready` holds it, nor once shutdown or
+        :meth:`stop_reporting_ready` began.
         """
-        if self._not_ready_notice.is_set():
+        if self._not_ready_notice.is_set() or not self._released.is_set():
             return False
         return self._control.preloaded and self._host.state is HostState.RUNNING
 
@@ -213,6 +217,24 @@ class DataPlane:
         connections), so that load balancers and probes stop sending first. Idempotent.
         """
         self._not_ready_notice.set()
+        self._readiness_listeners.notify(None)
+
+    def hold_ready(self) -> None:
+        """Answer :meth:`ready` False until :meth:`release_ready`, whatever else holds.
+
+        For readiness that waits on something outside this process: one process of
+        ``corral serve --processes N`` is not ready until every one has loaded its models.
+        """
+        self._released.clear()
+
+    @property
+    def ready_held(self) -> bool:
+        """True while :meth:`hold_ready` holds readiness (not yet released)."""
+        return not self._released.is_set()
+
+    def release_ready(self) -> None:
+        """End :meth:`hold_ready`, telling the readiness listeners. Idempotent."""
+        self._released.set()
         self._readiness_listeners.notify(None)
 
     def on_change(self, listener: ChangeListener) -> Callable[[], None]:

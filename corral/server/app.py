@@ -282,6 +282,9 @@ async def serve(
             metrics_port = metrics_server.port
         servers = _Servers(plane, settings.drain_timeout_s)
         resources.push_async_callback(servers.drain)
+        if member is not None:  # not ready until every process of the group is
+            plane.hold_ready()
+            member.wait_for_the_group(asyncio.get_running_loop(), plane.release_ready)
         app = _http_app(settings, plane, body_budget, tracing, board, metrics, metrics_port, member)
         limits = (connection_limits(settings, open_files), grpc_limits(settings, open_files))
         await servers.start(settings, app, body_budget, limits, tracing, member)
@@ -294,7 +297,12 @@ async def serve(
         if member is not None:
             member.report_serving(metrics_port)
         await _until_stopped(
-            settings, plane, servers, (stop, notice_cut or asyncio.Event()), freeze_long_lived
+            settings,
+            plane,
+            servers,
+            (stop, notice_cut or asyncio.Event()),
+            freeze_long_lived,
+            None if member is None else member.report_ready,
         )
     # Requests answered 503 when the drain ran out released their models: the Host closed
     # cleanly, but the drain did not.
@@ -425,8 +433,13 @@ async def _until_stopped(
     servers: _Servers,
     stop_events: tuple[asyncio.Event, asyncio.Event],
     freeze: bool,
+    loaded: Callable[[], None] | None,
 ) -> None:
-    """Serve until ``stop`` (or the HTTP server ends), loading ``--load-model``'s meanwhile."""
+    """Serve until ``stop`` (or the HTTP server ends), loading ``--load-model``'s meanwhile.
+
+    ``loaded`` is called once ``--load-model``'s models are (at once without it), unless the
+    server stops first.
+    """
     stop, notice_cut = stop_events
     assert servers.http is not None  # started
     http_task = servers.http.task
@@ -444,6 +457,8 @@ async def _until_stopped(
                     _freeze("--load-model's models are loaded")
             else:
                 loading.cancel()  # stopped meanwhile; the loads go on their own thread
+        if loaded is not None and not stopping.done() and not http_task.done():
+            loaded()
         if not stopping.done() and not http_task.done():
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         if stopping.done() and settings.drain_notice_s > 0:
@@ -559,7 +574,9 @@ async def _load_at_start(plane: DataPlane, names: tuple[str, ...]) -> None:
         raise ModelLoadError(
             f"--load-model: {len(failures)} model(s) failed to load, so the server stops: {reasons}"
         )
-    logger.info("corral: --load-model: done; the server is ready")
+    # One process of several is ready with the others (corral.server.processes).
+    ready = "ready once every process is" if plane.ready_held else "the server is ready"
+    logger.info("corral: --load-model: done; %s", ready)
 
 
 async def _give_notice(

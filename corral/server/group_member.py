@@ -2,7 +2,12 @@
 
 The parent (:mod:`corral.server.processes`) makes a :class:`GroupMember` for each process it
 starts; :func:`corral.server.app.serve` reads it to listen on the socket the parent bound, to
-refuse what one process of several cannot do, and to tell the parent it serves.
+refuse what one process of several cannot do, to tell the parent it serves and when it is
+ready, and to hear from the parent when every process is: until then none reports ready.
+
+What goes over :attr:`GroupMember.reports`, one pickled tuple a message: from the process,
+``("serving", number, pid, metrics_port)`` then ``("ready", number)``; from the parent,
+``("every process ready",)`` once, when every process has said ``ready``.
 """
 
 from __future__ import annotations
@@ -16,9 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-__all__ = ["GroupMember"]
+__all__ = ["EVERY_PROCESS_READY", "GroupMember"]
 
 logger = logging.getLogger(__name__)
+
+#: What the parent sends each process once every one has reported ready.
+EVERY_PROCESS_READY = ("every process ready",)
 
 
 @dataclass(frozen=True)
@@ -30,7 +38,7 @@ class GroupMember:
     count: int
     #: The HTTP port's socket, bound by the parent with SO_REUSEPORT; the process listens.
     http_socket: socket.socket
-    #: Where the process tells its parent it serves (:meth:`report_serving`).
+    #: Its end of a duplex pipe to the parent (the module's text lists what goes over it).
     reports: Connection
 
     @property
@@ -58,7 +66,31 @@ class GroupMember:
 
     def report_serving(self, metrics_port: int | None) -> None:
         """Tell the parent this process serves (its HTTP and gRPC servers listen)."""
-        self.reports.send((self.number, os.getpid(), metrics_port))
+        self.reports.send(("serving", self.number, os.getpid(), metrics_port))
+
+    def report_ready(self) -> None:
+        """Tell the parent this process has loaded what ``--load-model`` asked (or had none)."""
+        self.reports.send(("ready", self.number))
+
+    def wait_for_the_group(
+        self, loop: asyncio.AbstractEventLoop, ready: Callable[[], None]
+    ) -> None:
+        """Call ``ready`` on ``loop`` once, when the parent says every process is ready."""
+        fileno = self.reports.fileno()
+
+        def heard() -> None:
+            try:
+                message = self.reports.recv()
+            except EOFError:  # the parent is gone: watch_parent drains this process
+                loop.remove_reader(fileno)
+                return
+            if message != EVERY_PROCESS_READY:
+                logger.error("corral: a message from the parent not understood: %r", message)
+                return
+            loop.remove_reader(fileno)
+            ready()
+
+        loop.add_reader(fileno, heard)
 
     def watch_parent(self, loop: asyncio.AbstractEventLoop, gone: Callable[[], None]) -> None:
         """Call ``gone`` on ``loop`` once, when the parent process has ended."""

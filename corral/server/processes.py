@@ -15,6 +15,11 @@ one). Each process gets its share of what is counted per server
 the body budget, the models loaded at once, the store's cache), and the metrics port
 ``P + number - 1``.
 
+Readiness is the group's: each process answers not ready until every one has loaded what
+``--load-model`` asks (or, without it, serves) and the parent has told it so, so that a probe
+through the shared port, whichever process it reaches, never says ready while another
+process would still load a model on its first request.
+
 The parent owns the signals: SIGTERM, SIGINT or SIGHUP is passed on to every process as
 SIGTERM (a second one too, which cuts the drain notice short, as in one process), each
 drains, and the parent exits with the worst status of theirs. A process that ends on its
@@ -55,7 +60,7 @@ from corral.server.app import (
     Addresses,
     run,
 )
-from corral.server.group_member import GroupMember
+from corral.server.group_member import EVERY_PROCESS_READY, GroupMember
 from corral.server.ports import bind_shared, check_ports_free, in_use
 from corral.server.settings import ServerSettings
 
@@ -184,6 +189,7 @@ class _Group:
         self._processes: dict[int, Any] = {}
         self._reports: dict[Connection, int] = {}
         self._serving: dict[int, tuple[int, int | None]] = {}
+        self._ready: set[int] = set()  # the processes that said they are ready
         self._stop_began: float | None = None
         # Written to by the signal handler to end the wait it interrupted (_wait_once).
         self._woken, self._wake = os.pipe()
@@ -193,8 +199,8 @@ class _Group:
 
     def start(self, settings: ServerSettings, number: int, sock: socket.socket) -> None:
         """Start process ``number`` with ``settings``, serving on ``sock``."""
-        read, write = self._context.Pipe(duplex=False)
-        member = GroupMember(number, settings.processes, sock, write)
+        ours, theirs = self._context.Pipe(duplex=True)
+        member = GroupMember(number, settings.processes, sock, theirs)
         process = self._context.Process(
             target=self._target,
             args=(settings, member),
@@ -202,9 +208,9 @@ class _Group:
             daemon=True,  # should the parent fail, multiprocessing's exit hook ends them
         )
         process.start()
-        write.close()
+        theirs.close()
         self._processes[number] = process
-        self._reports[read] = number
+        self._reports[ours] = number
         if self._stop_began is not None:
             process.terminate()  # a signal came while it started: it drains at once
 
@@ -243,14 +249,36 @@ class _Group:
     def _read_report(self, connection: Connection, addresses: Addresses) -> None:
         number = self._reports[connection]
         try:
-            _, pid, metrics_port = connection.recv()
+            message = connection.recv()
         except EOFError:  # it ended before serving, or after: its sentinel says which
             del self._reports[connection]
             connection.close()
             return
-        self._serving[number] = (pid, metrics_port)
-        if len(self._serving) == len(self._processes) == self._settings.processes:
-            _log_serving(addresses, self._serving)
+        kind = message[0] if isinstance(message, tuple) and message else None
+        if kind == "serving":
+            _, _, pid, metrics_port = message
+            self._serving[number] = (pid, metrics_port)
+            if len(self._serving) == len(self._processes) == self._settings.processes:
+                _log_serving(addresses, self._serving)
+        elif kind == "ready":
+            self._ready.add(number)
+            if len(self._ready) == self._settings.processes:
+                self._tell_every_process_ready()
+        else:  # a bug of corral's own: the group cannot be trusted to serve on
+            logger.error(
+                "corral: process %d sent a message not understood (%r): stopping the group",
+                number,
+                message,
+            )
+            self._status = max(self._status, EXIT_PROCESS_ENDED)
+            self._stop()
+
+    def _tell_every_process_ready(self) -> None:
+        for connection in self._reports:
+            # One that has ended is not told: its sentinel, waited for next, ends the group.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                connection.send(EVERY_PROCESS_READY)
+        logger.info("corral: all %d processes are ready", self._settings.processes)
 
     def _ended(self, number: int) -> None:
         process = self._processes.pop(number)
