@@ -21,6 +21,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -477,7 +478,29 @@ def test_a_port_in_use_is_named_once_before_any_process_starts(tmp_path: Path):
 # -- the parent's own bounds ------------------------------------------------------------------
 
 
-def _deaf(settings: ServerSettings, member: object) -> None:
+def _group_of_one(
+    settings: ServerSettings,
+    target: Callable[[ServerSettings, GroupMember], None],
+    caplog: pytest.LogCaptureFixture,
+) -> int:
+    """Process 1 alone, running ``target``, waited for as run_group waits; the exit status."""
+    group = processes._Group(settings, target=target)
+    # As run_group does: a stop signal is the group's.
+    previous = signal.signal(signal.SIGTERM, group.on_signal)
+    try:
+        (sock,) = bind_shared("127.0.0.1", 0, 1)
+        try:
+            group.start(settings, 1, sock)
+        finally:
+            sock.close()
+        with caplog.at_level("INFO", logger="corral.server.processes"):
+            return group.wait(Addresses("127.0.0.1", 0, None))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        group.close()
+
+
+def _deaf(settings: ServerSettings, member: GroupMember) -> None:
     """A process that ignores SIGTERM, then asks its parent to stop (gone in 60 s anyway)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.alarm(60)
@@ -493,20 +516,8 @@ def test_a_process_still_running_past_its_bound_after_the_stop_is_killed(
     monkeypatch.setattr(processes, "EXIT_MARGIN_S", 0.0)
     monkeypatch.setattr(processes, "KILL_MARGIN_S", 0.5)
     settings = ServerSettings(repository=tmp_path, processes=2, drain_timeout_s=0, grpc_port=-1)
-    group = processes._Group(settings, target=_deaf)
-    # As run_group does: the stop signal is the group's (the process sends it once deaf).
-    previous = signal.signal(signal.SIGTERM, group.on_signal)
-    try:
-        (sock,) = bind_shared("127.0.0.1", 0, 1)
-        try:
-            group.start(settings, 1, sock)
-        finally:
-            sock.close()
-        with caplog.at_level("INFO", logger="corral.server.processes"):
-            status = group.wait(Addresses("127.0.0.1", 0, None))
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        group.close()
+    # The process sends the stop signal once deaf.
+    status = _group_of_one(settings, _deaf, caplog)
     assert status == EXIT_DRAIN_INCOMPLETE
     assert "SIGTERM received, stopping 1 processes" in caplog.text
     assert "has not exited 0.5 s after the stop: killed" in caplog.text
@@ -524,17 +535,7 @@ def test_a_message_not_understood_stops_the_group_with_status_1(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ):
     settings = ServerSettings(repository=tmp_path, processes=2, drain_timeout_s=0, grpc_port=-1)
-    group = processes._Group(settings, target=_garbled)
-    try:
-        (sock,) = bind_shared("127.0.0.1", 0, 1)
-        try:
-            group.start(settings, 1, sock)
-        finally:
-            sock.close()
-        with caplog.at_level("INFO", logger="corral.server.processes"):
-            status = group.wait(Addresses("127.0.0.1", 0, None))
-    finally:
-        group.close()
+    status = _group_of_one(settings, _garbled, caplog)
     assert status == processes.EXIT_PROCESS_ENDED
     assert "process 1 sent a message not understood (('hello',)): stopping" in caplog.text
 
