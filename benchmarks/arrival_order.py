@@ -177,7 +177,7 @@ def _side(path: Path, args: argparse.Namespace, repo: Path, feed: Path) -> dict[
 def _http_side(path: Path, args: argparse.Namespace, repo: Path, feed: Path) -> dict[str, Any]:
     """``corral serve`` of ``path``'s corral on the repository, loaded by wrk over JSON."""
     sys.path.insert(0, str(_ROOT))
-    from benchmarks import http_bench, real_models
+    from benchmarks import http_bench, real_models, server_processes
 
     work = Path(tempfile.mkdtemp(prefix="corral-arrival-http-"))
     body = work / "body.json"
@@ -189,7 +189,7 @@ def _http_side(path: Path, args: argparse.Namespace, repo: Path, feed: Path) -> 
     argv += ["--grpc-port", "-1", "--log-level", "warning", "--load-model", "*"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
     env["PYTHONPATH"] = str(path)
-    process = http_bench.start_process(argv, work / "server.log", env)
+    process = server_processes.start_process(argv, work / "server.log", env)
     try:
         _wait_ready(port, process)
         url = f"http://127.0.0.1:{port}/v2/models/m/infer"
@@ -198,7 +198,7 @@ def _http_side(path: Path, args: argparse.Namespace, repo: Path, feed: Path) -> 
         command += ["--", str(body), payload.content_type]
         figures = http_bench.run_load(command, args.seconds)
     finally:
-        http_bench.stop_process(process)
+        server_processes.stop_process(process)
     latency = figures["latency_us"]
     if sum(figures["errors"].values()):
         raise RuntimeError(f"wrk saw errors: {figures['errors']}")

@@ -44,7 +44,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
-from benchmarks import http_bench  # noqa: E402  (after the path above)
+from benchmarks import http_bench, server_processes  # noqa: E402
 from benchmarks.peers import CACHE, Peer, PeerUnavailable, Started  # noqa: E402
 from benchmarks.peers.local import CorralPeer, CorralRayPeer, FastAPIPeer  # noqa: E402
 
@@ -157,7 +157,7 @@ def stop_peer(started: Started) -> None:
     Every peer starts in a session of its own, so its process group id is its pid: helper
     processes that outlive an unorderly stop (Ray's agents, Triton's backend stubs) go too.
     """
-    http_bench.stop_process(started.process, timeout=40)
+    server_processes.stop_process(started.process, timeout=40)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(started.process.pid, signal.SIGKILL)
 

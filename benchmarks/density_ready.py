@@ -44,7 +44,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from benchmarks import http_bench  # noqa: E402
+from benchmarks import http_bench, server_processes  # noqa: E402
 from benchmarks.footprint import build_repository  # noqa: E402
 from benchmarks.peers import PeerUnavailable, triton_ort  # noqa: E402
 
@@ -109,7 +109,7 @@ def _measure(
     name: str, argv: list[str], http: str, count: int, first: Path, log: Path
 ) -> dict[str, Any]:
     started = time.monotonic()
-    process = http_bench.start_process(argv, log, dict(os.environ))
+    process = server_processes.start_process(argv, log, dict(os.environ))
     try:
         while not _all_ready(http, count):
             if process.poll() is not None:
@@ -122,7 +122,7 @@ def _measure(
         _check_answer(http, first)
     finally:
         stopping = time.monotonic()
-        code = http_bench.stop_process(process, _STOP_TIMEOUT_S)
+        code = server_processes.stop_process(process, _STOP_TIMEOUT_S)
         stop_s = time.monotonic() - stopping
     return {
         "server": name,

@@ -43,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
-from benchmarks import http_bench  # noqa: E402  (after the path above)
+from benchmarks import http_bench, server_processes  # noqa: E402
 from benchmarks.http_bench import BenchmarkError, Payload  # noqa: E402
 
 _MODEL = "tree"
@@ -106,8 +106,8 @@ def _running(
     with contextlib.ExitStack() as stack:
         for name, (argv, env) in servers.items():
             log = logs / f"{name}.log"
-            process = http_bench.start_process(argv, log, env)
-            stack.callback(http_bench.stop_process, process)
+            process = server_processes.start_process(argv, log, env)
+            stack.callback(server_processes.stop_process, process)
             answer = http_bench.wait_until_answers(process, name, ports[name], path, payload, log)
             http_bench.check_answer(name, answer, expected)
             print(f"  {name}: pid {process.pid}, port {ports[name]}, answers", file=sys.stderr)

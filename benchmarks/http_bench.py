@@ -55,7 +55,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import datetime
 import functools
 import http.client
@@ -89,6 +88,7 @@ if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
 from benchmarks.peers import free_port_pair  # noqa: E402
+from benchmarks.server_processes import start_process, stop_process  # noqa: E402
 from corral.testing import ModelKind, build_model  # noqa: E402
 
 REFERENCE_DIR = HERE / "reference"
@@ -138,7 +138,6 @@ GOALS: dict[TargetName, float] = {"raw-asgi": 0.75, "fastapi-sync": 4.0}
 
 _INPUT_NAME = "X"
 _STARTUP_TIMEOUT_S = 60.0
-_STOP_TIMEOUT_S = 10.0
 # How much longer than its --duration a load run may take before it is killed.
 _RUN_GRACE_S = 30.0
 _WRK_PACKAGE_HINT = (
@@ -479,47 +478,6 @@ def format_table(rows: Sequence[SummaryRow]) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-# -- processes --------------------------------------------------------------------------------
-
-
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: if this benchmark dies without its finally
-    # blocks (SIGKILL), the kernel sends the server SIGTERM, so that none is left behind.
-    libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
-def start_process(argv: Sequence[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """Start a server in its own session (a terminal's Ctrl-C reaches only this script)."""
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-        )
-
-
-def stop_process(process: subprocess.Popen[bytes], timeout: float = _STOP_TIMEOUT_S) -> int:
-    """SIGTERM ``process`` by its pid and wait; SIGKILL it if it has not exited in ``timeout``."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            print(
-                f"pid {process.pid} did not exit {timeout:.0f} s after SIGTERM: SIGKILL",
-                file=sys.stderr,
-            )
-            process.kill()
-            process.wait()
-    return process.returncode
 
 
 def free_port() -> int:

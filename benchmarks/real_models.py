@@ -76,7 +76,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
-from benchmarks import http_bench  # noqa: E402  (after the path above)
+from benchmarks import http_bench, server_processes  # noqa: E402
 from benchmarks.http_bench import BenchmarkError, Payload  # noqa: E402
 from benchmarks.peers import CACHE, PeerUnavailable, install_venv, triton_ort  # noqa: E402
 from benchmarks.peers.local import FASTAPI_PINS  # noqa: E402
@@ -498,7 +498,7 @@ def start_corral(name: str, repository: Path, work: Path, extra: Sequence[str] =
         *extra,
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-    return Server(name, http_bench.start_process(argv, log, env), port, log)
+    return Server(name, server_processes.start_process(argv, log, env), port, log)
 
 
 def start_fastapi(model: str, onnx: Path, work: Path) -> Server:
@@ -529,7 +529,7 @@ def start_fastapi(model: str, onnx: Path, work: Path) -> Server:
         "warning",
     ]
     env = dict(os.environ, REFERENCE_MODEL_PATH=str(onnx), REFERENCE_MODEL_NAME=model)
-    return Server("fastapi", http_bench.start_process(argv, log, env), port, log)
+    return Server("fastapi", server_processes.start_process(argv, log, env), port, log)
 
 
 def start_mlserver(name: str, repository: Path, work: Path, batch: bool) -> Server:
@@ -686,7 +686,7 @@ def _servers(servers: list[Server]) -> Iterator[list[Server]]:
         yield servers
     finally:
         for server in servers:
-            http_bench.stop_process(server.process, timeout=20)
+            server_processes.stop_process(server.process, timeout=20)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(server.process.pid, 9)
 

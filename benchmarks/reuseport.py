@@ -51,7 +51,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
-from benchmarks import http_bench  # noqa: E402  (after the path above)
+from benchmarks import http_bench, server_processes  # noqa: E402  (after the path above)
 from benchmarks.http_bench import BenchmarkError, Payload  # noqa: E402
 
 # Runs `corral serve` (argv[2:]) with uvicorn's HTTP socket bound with SO_REUSEPORT on the
@@ -145,7 +145,7 @@ def free_reuseport_port() -> int:
 
 
 def start_in_this_session(argv: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
-    """Start a server in this script's session, unlike ``http_bench.start_process``.
+    """Start a server in this script's session, unlike ``server_processes.start_process``.
 
     With the kernel's autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``,
     on by default), each session is one scheduling group with an equal share of the CPU
@@ -159,7 +159,7 @@ def start_in_this_session(argv: Sequence[str], log: Path) -> subprocess.Popen[by
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            preexec_fn=http_bench._die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=server_processes.die_with_parent if sys.platform == "linux" else None,
         )
 
 

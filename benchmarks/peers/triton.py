@@ -61,8 +61,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.http_bench import start_process
 from benchmarks.peers import CACHE, Peer, PeerUnavailable, Started
+from benchmarks.server_processes import start_process
 
 __all__ = ["DEFAULT_MAX_MODELS", "PINS", "TritonPeer"]
 

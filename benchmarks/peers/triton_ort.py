@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.peers import CACHE, PeerUnavailable
+from benchmarks.server_processes import start_process
 
 __all__ = [
     "HOME_ENV",
@@ -267,11 +268,9 @@ def start_triton(
 ) -> subprocess.Popen[bytes]:
     """Start Triton on ``repository`` (HTTP, gRPC, metrics ports); return at once.
 
-    The caller waits until it answers and stops it by its pid (``http_bench.stop_process``).
+    The caller waits until it answers and stops it by its pid (``server_processes.stop_process``).
     It runs in a session of its own and gets SIGTERM if this process dies first.
     """
-    from benchmarks.http_bench import start_process
-
     http_port, grpc_port, metrics_port = ports
     argv = triton_argv(build, repository, http_port, grpc_port, metrics_port)
     return start_process(argv, log, dict(os.environ))
