@@ -149,6 +149,21 @@ def test_a_process_hears_once_that_every_process_is_ready(caplog: pytest.LogCapt
     theirs.close()
 
 
+def test_a_process_whose_parent_is_gone_logs_what_it_could_not_tell(
+    caplog: pytest.LogCaptureFixture,
+):
+    ours, theirs = multiprocessing.Pipe()
+    ours.close()
+    with socket.socket() as unused:
+        member = GroupMember(1, 2, unused, theirs)
+        with caplog.at_level("WARNING", logger="corral.server.group_member"):
+            member.report_serving(None)
+            member.report_ready()
+    theirs.close()
+    assert "the parent process is gone; it was not told ('serving', 1," in caplog.text
+    assert "the parent process is gone; it was not told ('ready', 1)" in caplog.text
+
+
 def test_a_process_whose_parent_is_gone_stops_listening_for_it():
     ours, theirs = multiprocessing.Pipe()
     with socket.socket() as unused:

@@ -66,11 +66,19 @@ class GroupMember:
 
     def report_serving(self, metrics_port: int | None) -> None:
         """Tell the parent this process serves (its HTTP and gRPC servers listen)."""
-        self.reports.send(("serving", self.number, os.getpid(), metrics_port))
+        self._tell(("serving", self.number, os.getpid(), metrics_port))
 
     def report_ready(self) -> None:
         """Tell the parent this process has loaded what ``--load-model`` asked (or had none)."""
-        self.reports.send(("ready", self.number))
+        self._tell(("ready", self.number))
+
+    def _tell(self, message: tuple[object, ...]) -> None:
+        try:
+            self.reports.send(message)
+        except (BrokenPipeError, ConnectionResetError):
+            # The parent is gone: watch_parent's sentinel drains this process, as SIGTERM
+            # would, rather than a raise here ending it with its requests unanswered.
+            logger.warning("corral: the parent process is gone; it was not told %r", message)
 
     def wait_for_the_group(
         self, loop: asyncio.AbstractEventLoop, ready: Callable[[], None]
