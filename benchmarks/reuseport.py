@@ -145,7 +145,7 @@ def free_reuseport_port() -> int:
 
 
 def start_in_this_session(argv: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
-    """Start a server in this script's session, unlike ``server_processes.start_process``.
+    """Start a server in this script's session (``start_process`` gives each its own).
 
     With the kernel's autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``,
     on by default), each session is one scheduling group with an equal share of the CPU
@@ -153,14 +153,7 @@ def start_in_this_session(argv: Sequence[str], log: Path) -> subprocess.Popen[by
     and the other group's, and N processes in N sessions N shares, which alone makes N look
     faster than one on a busy machine. Here wrk and every server share one group.
     """
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            preexec_fn=server_processes.die_with_parent if sys.platform == "linux" else None,
-        )
+    return server_processes.start_process(argv, log, own_session=False)
 
 
 def wait_until_bound(

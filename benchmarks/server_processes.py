@@ -32,8 +32,19 @@ def die_with_parent() -> None:
     libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
-def start_process(argv: Sequence[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """Start a server in its own session (a terminal's Ctrl-C reaches only this script)."""
+def start_process(
+    argv: Sequence[str],
+    log: Path,
+    env: dict[str, str] | None = None,
+    *,
+    own_session: bool = True,
+) -> subprocess.Popen[bytes]:
+    """Start a server writing to ``log``, with ``env`` (None: this process's).
+
+    In a session of its own unless ``own_session`` is false: a terminal's Ctrl-C then reaches
+    only the benchmark. (A session is also a scheduling group of its own under the kernel's
+    autogroup scheduling: ``benchmarks/reuseport.py`` keeps its servers in its own session.)
+    """
     with log.open("wb") as out:
         return subprocess.Popen(
             argv,
@@ -41,7 +52,7 @@ def start_process(argv: Sequence[str], log: Path, env: dict[str, str]) -> subpro
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
-            start_new_session=True,
+            start_new_session=own_session,
             preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
 

@@ -8,11 +8,11 @@ the bench cache, like every other peer.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 from benchmarks.peers import CACHE, Peer, PeerUnavailable, Started, install_venv
+from benchmarks.server_processes import start_process
 
 __all__ = ["CorralPeer", "CorralRayPeer", "FastAPIPeer"]
 
@@ -21,16 +21,7 @@ _REFERENCE = Path(__file__).resolve().parent.parent / "reference"
 
 def _start(argv: list[str], workdir: Path, env: dict[str, str], url: str) -> Started:
     log = workdir / "server.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-    return Started(process, url, log)
+    return Started(start_process(argv, log, env), url, log)
 
 
 class CorralPeer(Peer):

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks.peers import CACHE, Peer, PeerUnavailable, Started, free_port_pair
+from benchmarks.server_processes import stop_process
 
 if TYPE_CHECKING:
     import httpx
@@ -417,16 +418,7 @@ def _stop(process: subprocess.Popen[bytes]) -> int:
         children = psutil.Process(process.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         children = []
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            print(
-                f"mlserver pid {process.pid}: no exit 10 s after SIGTERM: SIGKILL", file=sys.stderr
-            )
-            process.kill()
-            process.wait()
+    stop_process(process, _STOP_TIMEOUT_S)
     # After a clean exit MLServer has stopped its workers already; after SIGKILL they are
     # orphans that no longer exit on their own.
     _, alive = psutil.wait_procs(children, timeout=2.0)
