@@ -322,14 +322,11 @@ def process_cpu_split(pid: int) -> tuple[float, float]:
 
 
 def _process_tree(pid: int) -> list[int]:
-    """``pid`` and its descendants now (from ``/proc/PID/task/*/children``)."""
-    found, todo = [], [pid]
-    while todo:
-        each = todo.pop()
-        found.append(each)
-        for task in Path(f"/proc/{each}/task").glob("*/children"):
-            try:
-                todo += [int(child) for child in task.read_text().split()]
-            except FileNotFoundError:
-                continue
-    return found
+    """``pid`` and its descendants now (psutil's walk, as ``bench_peers.tree_usage`` takes)."""
+    import psutil
+
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        children = []  # ended: its own /proc entry is gone too, and is skipped
+    return [pid, *(child.pid for child in children)]
