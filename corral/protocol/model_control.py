@@ -48,8 +48,6 @@ __all__ = ["UNLOAD_TIMEOUT_S", "ModelControl", "ModelControlUnsupported"]
 #: lease).
 UNLOAD_TIMEOUT_S = 30.0
 
-# Triton's state names for the repository index.
-
 
 class ModelControlUnsupported(CorralError):
     """A load or unload through the repository API that this server does not do; says why.
@@ -59,6 +57,7 @@ class ModelControlUnsupported(CorralError):
     """
 
 
+# Triton's state names for the repository index.
 _REPOSITORY_STATES = {
     ModelState.READY: "READY",
     ModelState.LOADING: "LOADING",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import socket
+from typing import Any
 
 from corral.server.settings import ServerSettings
 
@@ -44,9 +45,7 @@ def in_use(host: str, port: int) -> bool:
     # and with SO_REUSEPORT, so a port shared on purpose (processes behind one port, as
     # benchmarks/reuseport.py starts them) is not either: a plain holder still refuses it.
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
+        family, kind, proto, address = _passive(host, port)
     except OSError:
         return False  # the servers' own bind says what is wrong with the address
     with socket.socket(family, kind, proto) as probe:
@@ -62,9 +61,7 @@ def in_use(host: str, port: int) -> bool:
 
 def bind_shared(host: str, port: int, count: int) -> list[socket.socket]:
     """``count`` sockets bound to ``host:port`` with SO_REUSEPORT (port 0: one free port)."""
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
+    family, kind, proto, address = _passive(host, port)
     bound: list[socket.socket] = []
     try:
         for _ in range(count):
@@ -79,3 +76,11 @@ def bind_shared(host: str, port: int, count: int) -> list[socket.socket]:
             sock.close()
         raise
     return bound
+
+
+def _passive(host: str, port: int) -> tuple[socket.AddressFamily, socket.SocketKind, int, Any]:
+    """The family, type, protocol and address a server binds ``host:port`` with."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    return family, kind, proto, address

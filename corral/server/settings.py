@@ -409,6 +409,12 @@ class ServerSettings(_HostAndRuntimeOptions):
         # What lives in one process and cannot be split over several: refused, by name.
         if self.processes == 1:
             return self
+        if not sys.platform.startswith("linux"):
+            # Elsewhere (macOS, the BSDs) sockets sharing a port do not share its connections.
+            raise ValueError(
+                f"--processes {self.processes} needs Linux, whose SO_REUSEPORT spreads the "
+                f"connections over the processes; on {sys.platform} one would take them all"
+            )
         alone = {
             "--system-shared-memory": (
                 self.system_shared_memory,
@@ -427,12 +433,6 @@ class ServerSettings(_HostAndRuntimeOptions):
             ),
         }
         refused = [f"{flag}: {why}" for flag, (given, why) in alone.items() if given]
-        if not sys.platform.startswith("linux"):
-            # Elsewhere (macOS, the BSDs) sockets sharing a port do not share its connections.
-            raise ValueError(
-                f"--processes {self.processes} needs Linux, whose SO_REUSEPORT spreads the "
-                f"connections over the processes; on {sys.platform} one would take them all"
-            )
         if refused:
             raise ValueError(
                 f"--processes {self.processes} cannot be given with " + "; ".join(refused)
