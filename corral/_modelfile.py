@@ -195,7 +195,8 @@ class _Walker:
     def __init__(self, data: mmap.mmap, model: Path) -> None:
         self._data = data
         self._model = model
-        self._folder = os.path.realpath(model.parent)
+        # The model's folder, symlinks resolved: only a file with external data needs it.
+        self._real_folder: str | None = None
         self.tally = _Tally()
         # External files already counted, with the ranges counted: tensors may share a file.
         self._external_seen: set[tuple[str, int, int]] = set()
@@ -219,18 +220,31 @@ class _Walker:
 
     def _fields(self, start: int, end: int) -> list[tuple[int, int, int, int]]:
         """(field number, wire type, start of value, end of value or the varint) in order."""
+        # Every model load walks its file's headers: a varint of one byte (a key of a field
+        # numbered below 16, a count below 128, the most of them) is read here, not by a call.
+        data = self._data
         fields: list[tuple[int, int, int, int]] = []
         at = start
         while at < end:
-            key, at = self._varint(at, end)
+            key = data[at]
+            if key < 0x80:
+                at += 1
+            else:
+                key, at = self._varint(at, end)
             number, wire = key >> 3, key & 7
             if wire == 0:
-                value, after = self._varint(at, end)
+                if at < end and data[at] < 0x80:
+                    value, after = data[at], at + 1
+                else:
+                    value, after = self._varint(at, end)
                 fields.append((number, wire, value, after))
                 at = after
                 continue
             if wire == 2:
-                length, at = self._varint(at, end)
+                if at < end and data[at] < 0x80:
+                    length, at = data[at], at + 1
+                else:
+                    length, at = self._varint(at, end)
                 stop = at + length
             elif wire == 1:
                 stop = at + 8
@@ -406,6 +420,11 @@ class _Walker:
         self.tally.tensor_bytes += payload if item is None else max(elements * item, payload)
         return name
 
+    def _folder(self) -> str:
+        if self._real_folder is None:
+            self._real_folder = os.path.realpath(self._model.parent)
+        return self._real_folder
+
     def _external(self, tensor: str, entries: list[tuple[int, int]]) -> int:
         info: dict[str, str] = {}
         for start, end in entries:
@@ -419,9 +438,10 @@ class _Walker:
         described = f"tensor {tensor!r} of {self._model}: external data {location!r}"
         if not location:
             raise ModelInvalid(f"{described}: no location")
-        real = os.path.realpath(os.path.join(self._folder, location))
-        if os.path.isabs(location) or not real.startswith(self._folder + os.sep):
-            raise ModelInvalid(f"{described} leads outside the model folder {self._folder}")
+        folder = self._folder()
+        real = os.path.realpath(os.path.join(folder, location))
+        if os.path.isabs(location) or not real.startswith(folder + os.sep):
+            raise ModelInvalid(f"{described} leads outside the model folder {folder}")
         try:
             offset = int(info.get("offset", "0"))
             length = int(info["length"]) if "length" in info else None

@@ -139,6 +139,8 @@ def test_an_external_range_past_the_end_of_its_file_is_refused(tmp_path: Path):
         (b"\xff" * 16, "not an ONNX model"),
         (b"\x3a\x64\x0a", "runs past its message"),  # field 7 (graph), 100 bytes, 1 given
         (b"\x3a" + b"\xff" * 11, "varint runs past"),
+        (b"\x08", "varint runs past"),  # field 1, a varint, and the file ends before it
+        (b"\x3a", "varint runs past"),  # field 7, and the file ends before its length
     ],
 )
 def test_a_file_that_is_not_onnx_is_refused_with_the_reason(
