@@ -191,10 +191,14 @@ def beside_stamps(folder: str, model_file: str) -> tuple[tuple[str, int, int], .
     with -1.
     """
     stamps: list[tuple[str, int, int]] = []
+    # os.walk names each sub-folder as ``folder`` joined with its path inside: that path is
+    # cut from it, not computed by os.path.relpath (two abspaths a file, on every load).
+    prefix = os.path.join(folder, "")
     for current, _, files in os.walk(folder):
+        inside = "" if current == folder else current[len(prefix) :]
         for file in files:
             path = os.path.join(current, file)
-            relative = os.path.relpath(path, folder)
+            relative = os.path.join(inside, file)
             if relative == model_file:
                 continue
             try:
