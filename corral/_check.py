@@ -26,19 +26,27 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from corral import _ort
 from corral._budget import estimate_footprint_bytes
 from corral._errors import ModelLoadError, ModelNotFound, ProviderUnavailable
-from corral._modelfile import ModelFile, read_footprint, read_model_file
+from corral._modelfile import ModelFile, ModelFootprint, read_footprint, read_model_file
 from corral._pbtxt import CONFIG_PBTXT, declaration_mismatches
 from corral._problems import Problem, ProblemKind
 from corral._providers import resolve_policy, resolve_providers
 from corral._repository import ModelEntry, Repository
+from corral._value_dependence import footprint_and_value_dependence
 
-__all__ = ["ProblemWatch", "estimate_version_bytes", "find_problems"]
+__all__ = [
+    "Estimate",
+    "ProblemWatch",
+    "estimate_version_bytes",
+    "estimate_with_proof",
+    "find_problems",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -49,17 +57,57 @@ _FileKey = tuple[str, int, int]
 _FileFacts = ModelFile | str
 
 
-def estimate_version_bytes(entry: ModelEntry, version: int, *, pool_size: int) -> int:
+def estimate_version_bytes(
+    entry: ModelEntry,
+    version: int,
+    *,
+    pool_size: int,
+    read: Callable[[Path], ModelFootprint] = read_footprint,
+) -> int:
     """Estimated resident bytes of ``version`` of ``entry`` once loaded, as the load checks it.
 
     Resolves the providers and the concurrency policy (``pool_size``: the Runtime's compute
-    workers) and reads the model file's headers (:func:`read_footprint`). Raises
+    workers) and reads the model file's headers with ``read`` (:func:`read_footprint`; a
+    load's reads the inline lane's proof in the same pass). Raises
     :class:`ProviderUnavailable` or :class:`ModelLoadError` as the load would.
     """
     providers = resolve_providers(entry.config.providers)
     policy = resolve_policy(entry.config.concurrency, providers, pool_size=pool_size)
-    footprint = read_footprint(entry.versions[version].path)
+    footprint = read(entry.versions[version].path)
     return estimate_footprint_bytes(footprint, policy.replicas)
+
+
+class Estimate(NamedTuple):
+    """What a load reads of a version's model file before building it."""
+
+    #: Its estimated resident bytes once loaded: what the budget counts it as.
+    size_bytes: int
+    #: Why its run time may depend on its inputs' values, or None when its file proves it
+    #: does not (the inline lane's proof, :func:`corral._value_dependence.value_dependence`).
+    values: str | None
+
+
+def estimate_with_proof(
+    entry: ModelEntry, version: int, *, pool_size: int, prove: bool
+) -> Estimate:
+    """:func:`estimate_version_bytes`, and the inline lane's proof read in the same pass.
+
+    ``prove`` false (the lane is off): no proof is read, and its reason says so. Raises as
+    :func:`estimate_version_bytes` does.
+    """
+    if not prove:
+        return Estimate(
+            estimate_version_bytes(entry, version, pool_size=pool_size), "the inline lane is off"
+        )
+    proofs: list[str | None] = []
+
+    def read(path: Path) -> ModelFootprint:
+        footprint, proof = footprint_and_value_dependence(path)
+        proofs.append(proof)
+        return footprint
+
+    size = estimate_version_bytes(entry, version, pool_size=pool_size, read=read)
+    return Estimate(size, proofs[-1])
 
 
 def find_problems(

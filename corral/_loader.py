@@ -29,7 +29,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from corral._check import estimate_version_bytes
+from corral._check import Estimate, estimate_version_bytes, estimate_with_proof
 from corral._counters import HostCounters
 from corral._errors import (
     CorralError,
@@ -53,7 +53,6 @@ from corral._served import HostLease, Outputs, ServedVersion
 from corral._session import Session
 from corral._table import Key, Lead, ModelTable
 from corral._trace_hooks import LoadObserver, LoadRecord
-from corral._value_dependence import value_dependence
 from corral._warmup import check_warmup_room, run_warmups
 
 __all__ = ["BUILDS_ON_CHANGE", "FilesChanged", "Loader", "version_number"]
@@ -269,17 +268,19 @@ class Loader:
     # -- builds ------------------------------------------------------------------------------
 
     def build(
-        self, name: str, version: int, entry: ModelEntry, size_bytes: int, claim: Claim
+        self, name: str, version: int, entry: ModelEntry, estimate: Estimate, claim: Claim
     ) -> ServedVersion:
         """Build ``version`` of a model into a served version, not yet published.
 
-        ``size_bytes`` is its :meth:`estimate`: what the budget counts it as.
+        ``estimate`` is its :meth:`estimate_with_proof`: the bytes the budget counts it as,
+        and the inline lane's proof, read from the files the entry names.
         Creates its Session (and runs its warm-ups: :mod:`corral._warmup`) on the calling
         thread, and decides whether its requests share runs (``corral._probe``: declared,
         probed or off); raises :class:`ModelLoadError` (or a subclass) if that fails. If
         ``claim`` expires once the session is built, its runs are stopped.
         """
         config = entry.config
+        size_bytes = estimate.size_bytes
         budget = self._options.budget_bytes
         room = None if budget is None else budget - size_bytes
         # Before anything is built: a warm-up's arrays are sized from the config alone.
@@ -328,15 +329,14 @@ class Loader:
             logger.info("corral: %s version %s %s", name, version, plan.reason)
             # What needs no run is decided here; a version whose runs decide is published
             # MEASURING, and measure_later measures it off the load's path.
-            path = entry.versions[version].path
             lane = lane_at_load(
                 session.name,
                 session.signature,
                 bound_us=self._options.inline_run_us,
                 policy=str(session.policy),
-                # A pass over the file's headers, only for a version that may enter the lane;
-                # here, so that no job reads the file once its load is done.
-                values=lambda: value_dependence(path),
+                # Read with the estimate, from the files found unchanged above: no job reads
+                # the file once its load is done.
+                values=lambda: estimate.values,
                 seen_s=timed.fastest_s,
             )
             window = (config.batch_window_us or 0) if plan.max_rows else 0
@@ -372,8 +372,8 @@ class Loader:
             if not claim.on_expire(functools.partial(_answer_late, built, what, claim)):
                 return
             try:
-                size = self.estimate(entry, version)
-                served = self.build(name, version, entry, size, claim)
+                estimate = self.estimate_with_proof(entry, version)
+                served = self.build(name, version, entry, estimate, claim)
                 if not claim.finish():
                     served.session.close()  # too late: the reload was answered LoadTimeout
                     return
@@ -408,6 +408,19 @@ class Loader:
         # the load refuses.
         return estimate_version_bytes(
             entry, version, pool_size=self._runtime.options.compute_workers
+        )
+
+    def estimate_with_proof(self, entry: ModelEntry, version: int) -> Estimate:
+        """:meth:`estimate`, and the inline lane's proof read in the same pass over the file.
+
+        The proof (:func:`corral._value_dependence.value_dependence`) only while the lane is
+        on; a build uses it once it has found the files unchanged since the entry's read.
+        """
+        return estimate_with_proof(
+            entry,
+            version,
+            pool_size=self._runtime.options.compute_workers,
+            prove=self._options.inline_run_us > 0,
         )
 
     @property
@@ -510,7 +523,8 @@ class Loader:
             self._expire_load(key, pending, what, claim)
             return
         try:
-            size = self.estimate(entry, version)
+            estimate = self.estimate_with_proof(entry, version)
+            size = estimate.size_bytes
             evicted = self._table.reserve(key, size)
             # Out of the table already: closed as their leases end, even if this load expired.
             self._table.drain(evicted, timeout=0)
@@ -518,7 +532,7 @@ class Loader:
                 self._table.end_reservation(size)  # expired while it waited for room
                 return
             reserved = size
-            served, entry = self._build_unchanged(name, version, entry, size, claim)
+            served, entry = self._build_unchanged(name, version, entry, estimate, claim)
             if not claim.finish():
                 served.session.close()  # too late: its waiters were answered LoadTimeout
                 return
@@ -546,18 +560,19 @@ class Loader:
                 raise
 
     def _build_unchanged(
-        self, name: str, version: int, entry: ModelEntry, reserved: int, claim: Claim
+        self, name: str, version: int, entry: ModelEntry, estimate: Estimate, claim: Claim
     ) -> tuple[ServedVersion, ModelEntry]:
         """:meth:`build`, again from the entry read anew while its files changed under it.
 
         Up to :data:`BUILDS_ON_CHANGE` builds, each from what the disk holds then, within
-        the ``reserved`` bytes; returns the version and the entry it was built from. Raises
-        :class:`ModelLoadError` (transient) if the files kept changing, or if the version
-        read anew is gone, unloadable or larger than ``reserved``.
+        the bytes ``estimate`` reserved; returns the version and the entry it was built from.
+        Raises :class:`ModelLoadError` (transient) if the files kept changing, or if the
+        version read anew is gone, unloadable or larger than what was reserved.
         """
+        reserved = estimate.size_bytes
         for attempt in range(1, BUILDS_ON_CHANGE + 1):
             try:
-                return self.build(name, version, entry, reserved, claim), entry
+                return self.build(name, version, entry, estimate, claim), entry
             except FilesChanged:
                 if attempt == BUILDS_ON_CHANGE:
                     raise
@@ -565,9 +580,11 @@ class Loader:
                 fresh = self.refresh_entry(name)
                 if fresh.error is not None or version not in fresh.versions:
                     raise
-                if self.estimate(fresh, version) > reserved:
+                again = self.estimate_with_proof(fresh, version)
+                if again.size_bytes > reserved:
                     raise
-                entry = fresh
+                # Counted as the bytes reserved, which the table holds for it; its proof anew.
+                entry, estimate = fresh, Estimate(reserved, again.values)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _expire_load(

@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from corral._errors import ModelInvalid, ModelLoadError
 from corral._signature import Dim, Signature, TensorSpec
 
-__all__ = ["ModelFile", "ModelFootprint", "read_footprint", "read_model_file"]
+__all__ = ["ModelFile", "ModelFootprint", "read_footprint", "read_model_file", "walk_model_file"]
 
 # Bytes per element of TensorProto.DataType; strings (8) and unknown types are sized by the
 # bytes of their payload in the file instead.
@@ -149,7 +151,8 @@ def read_footprint(path: str | os.PathLike[str]) -> ModelFootprint:
     >>> read_footprint("fraud/1/model.onnx")  # doctest: +SKIP
     ModelFootprint(file_bytes=2140, tensor_bytes=1600, external_bytes=0, nodes=3)
     """
-    footprint, _ = _read(Path(path), with_signature=False)
+    # The signature only when asked: a load's estimate (every load) needs only the footprint.
+    footprint, _ = walk_model_file(Path(path), _Walker, lambda walker: None)
     return footprint
 
 
@@ -161,13 +164,24 @@ def read_model_file(path: str | os.PathLike[str]) -> ModelFile:
     >>> read_model_file("fraud/1/model.onnx").signature.inputs  # doctest: +SKIP
     (TensorSpec(name='X', dtype=dtype('float32'), shape=('N', 4), onnx_type='tensor(float)'),)
     """
-    footprint, signature = _read(Path(path), with_signature=True)
-    assert signature is not None  # asked for
+    footprint, signature = walk_model_file(Path(path), _Walker, _Walker.signature)
     return ModelFile(footprint, signature)
 
 
-def _read(model: Path, *, with_signature: bool) -> tuple[ModelFootprint, Signature | None]:
-    # The signature only when asked: a load's estimate (every load) needs only the footprint.
+_AnyWalker = TypeVar("_AnyWalker", bound="_Walker")
+_Read = TypeVar("_Read")
+
+
+def walk_model_file(
+    model: Path,
+    walker: Callable[[mmap.mmap, Path], _AnyWalker],
+    then: Callable[[_AnyWalker], _Read],
+) -> tuple[ModelFootprint, _Read]:
+    """One pass of ``walker`` (a :class:`_Walker`) over the file; its footprint, and ``then``.
+
+    ``then`` is called with the walker while the file is still mapped (what it reads
+    lazily, as the signature, is read then). Raises as :func:`read_footprint` does.
+    """
     try:
         file = model.open("rb")
     except OSError as exc:
@@ -177,16 +191,16 @@ def _read(model: Path, *, with_signature: bool) -> tuple[ModelFootprint, Signatu
         if size == 0:
             raise ModelInvalid(f"could not load model {model}: the file is empty")
         with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            walker = _Walker(data, model)
+            walking = walker(data, model)
             try:
-                walker.model(0, size)
-                signature = walker.signature() if with_signature else None
+                walking.model(0, size)
+                read = then(walking)
             except _Malformed as exc:
                 raise ModelInvalid(
                     f"could not load model {model}: it is not an ONNX model ({exc})"
                 ) from exc
-    tally = walker.tally
-    return ModelFootprint(size, tally.tensor_bytes, tally.external_bytes, tally.nodes), signature
+    tally = walking.tally
+    return ModelFootprint(size, tally.tensor_bytes, tally.external_bytes, tally.nodes), read
 
 
 class _Walker:
@@ -204,6 +218,8 @@ class _Walker:
         self._inputs: list[tuple[int, int]] = []
         self._outputs: list[tuple[int, int]] = []
         self._initializers: set[str] = set()
+        # The main graph's sparse initializers, by their values' name (not graph inputs).
+        self._sparse_initializers: set[str] = set()
 
     def _varint(self, at: int, end: int) -> tuple[int, int]:
         data = self._data
@@ -282,7 +298,9 @@ class _Walker:
                 if main:
                     self._initializers.add(name)
             elif number == _GRAPH_SPARSE_INITIALIZER:
-                self._sparse(at, stop)
+                name = self._sparse(at, stop)
+                if main:
+                    self._sparse_initializers.add(name)
             elif main and number == _GRAPH_INPUT:
                 self._inputs.append((at, stop))
             elif main and number == _GRAPH_OUTPUT:
@@ -378,10 +396,15 @@ class _Walker:
             elif number in (_ATTRIBUTE_SPARSE_TENSOR, _ATTRIBUTE_SPARSE_TENSORS):
                 self._sparse(at, stop)
 
-    def _sparse(self, start: int, end: int) -> None:
+    def _sparse(self, start: int, end: int) -> str:
+        """Count a sparse tensor's values and indices; the name of its values."""
+        name = ""
         for number, wire, at, stop in self._fields(start, end):
             if wire == 2 and number in (_SPARSE_VALUES, _SPARSE_INDICES):
-                self._tensor(at, stop)
+                tensor = self._tensor(at, stop)
+                if number == _SPARSE_VALUES:
+                    name = tensor
+        return name
 
     def _tensor(self, start: int, end: int) -> str:
         """Count a tensor's bytes; its name."""

@@ -10,8 +10,9 @@ thread that long. So a model enters the lane only if its file proves that its wo
 bounded by the sizes of its inputs; :func:`value_dependence` says why not, naming the node,
 or None when the proof holds.
 
-The proof is a walk of the graph, read without loading the model (the same protobuf walk as
-:mod:`corral._modelfile`):
+The proof is a walk of the graph, read without loading the model: the pass of
+:mod:`corral._modelfile` that a load makes for its size estimate keeps what the proof reads
+(:func:`footprint_and_value_dependence`), so a load reads its file's headers once. The rules:
 
 - control flow (``Loop``, ``If``, ``Scan``, ``SequenceMap``: the only ops of the known domains
   that carry a subgraph) is refused: its work depends on what the subgraph does, per value;
@@ -36,19 +37,17 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corral._modelfile import _Malformed, _Walker
+from corral._errors import ModelLoadError
+from corral._modelfile import ModelFootprint, _Malformed, _Walker, walk_model_file
 
-__all__ = ["value_dependence"]
+__all__ = ["footprint_and_value_dependence", "value_dependence"]
 
 # Field numbers of onnx.proto (onnx/onnx.proto3), only those read here.
 _MODEL_GRAPH, _MODEL_FUNCTIONS = 7, 25
-_GRAPH_NODE, _GRAPH_INITIALIZER, _GRAPH_INPUT, _GRAPH_SPARSE_INITIALIZER = 1, 5, 11, 15
-_NODE_INPUT, _NODE_OUTPUT, _NODE_NAME, _NODE_OP_TYPE = 1, 2, 3, 4
+_NODE_INPUT, _NODE_OUTPUT, _NODE_NAME, _NODE_OP_TYPE, _NODE_ATTRIBUTE = 1, 2, 3, 4, 5
 _NODE_DOMAIN = 7
 _FUNCTION_NAME, _FUNCTION_NODE, _FUNCTION_DOMAIN = 1, 7, 10
 _VALUE_INFO_NAME = 1
-_TENSOR_NAME = 8
-_SPARSE_VALUES = 1
 
 #: The domains whose ops are known here: ONNX's own and its classical-ML set.
 _KNOWN_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml"})
@@ -138,18 +137,28 @@ def value_dependence(path: str | os.PathLike[str]) -> str | None:
             if size == 0:
                 return "its file is empty"
             with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                reader = _Reader(data, model)
-                graph, functions = reader.read(0, size)
+                walker = _ProvingWalker(data, model)
+                walker.model(0, size)
+                return walker.proof()
     except OSError as exc:
         return f"its file could not be read ({exc.strerror})"
     except _Malformed as exc:
         return f"its file could not be parsed ({exc})"
-    local = {(domain, name) for domain, name, _ in functions}
-    for domain, name, body in functions:
-        reason = _judge(body, local)
-        if reason is not None:
-            return f"in its function {domain + '.' if domain else ''}{name}: {reason}"
-    return _judge(graph, local)
+    except ModelLoadError as exc:  # its external data, which the same pass sizes
+        return f"its file could not be read ({exc})"
+
+
+def footprint_and_value_dependence(
+    path: str | os.PathLike[str],
+) -> tuple[ModelFootprint, str | None]:
+    """:func:`~corral._modelfile.read_footprint` and :func:`value_dependence`, in one pass.
+
+    What a load reads of its model file before building it: the footprint its size estimate
+    needs, and the inline lane's proof. Raises as ``read_footprint`` does (a file that is not
+    ONNX, external data missing or outside the model's folder), not a reason: such a file
+    does not load.
+    """
+    return walk_model_file(Path(path), _ProvingWalker, _ProvingWalker.proof)
 
 
 def _judge(graph: _Graph, local: set[tuple[str, str]]) -> str | None:
@@ -188,70 +197,74 @@ def _judge(graph: _Graph, local: set[tuple[str, str]]) -> str | None:
     return None
 
 
-class _Reader(_Walker):
-    """The graph's nodes and names, read over the file's bytes with :class:`_Walker`'s parser.
+class _ProvingWalker(_Walker):
+    """:class:`_Walker`'s pass over a model file, keeping too what the proof reads.
 
-    Subgraphs are refused, not walked, so the nesting bound of :class:`_Walker` is not needed.
+    Those are the nodes of the main graph and of the model-local functions (at depth 1: a
+    node that carries a subgraph is refused, so the nodes inside one are not kept), and the
+    main graph's inputs and initializers, which :class:`_Walker` finds already.
     """
 
-    def _text(self, start: int, end: int) -> str:
-        return bytes(self._data[start:end]).decode("utf-8", "replace")
+    def __init__(self, data: mmap.mmap, model: Path) -> None:
+        super().__init__(data, model)
+        self._main = _Graph()
+        self._functions: list[tuple[str, str, _Graph]] = []
+        # Where a node at depth 1 is kept: the main graph's, or the function's being read.
+        self._into = self._main
 
-    def read(self, start: int, end: int) -> tuple[_Graph, list[tuple[str, str, _Graph]]]:
-        graph = _Graph()
-        functions: list[tuple[str, str, _Graph]] = []
+    def proof(self) -> str | None:
+        """:func:`value_dependence`'s answer for the file walked (called while it is mapped)."""
+        self._main.initializers = self._initializers | self._sparse_initializers
+        self._main.inputs = {self._name_of(at, stop) for at, stop in self._inputs}
+        local = {(domain, name) for domain, name, _ in self._functions}
+        for domain, name, body in self._functions:
+            reason = _judge(body, local)
+            if reason is not None:
+                return f"in its function {domain + '.' if domain else ''}{name}: {reason}"
+        return _judge(self._main, local)
+
+    def model(self, start: int, end: int) -> None:
         for number, wire, at, stop in self._fields(start, end):
             if wire != 2:
                 continue
             if number == _MODEL_GRAPH:
-                graph = self._graph_of(at, stop)
+                self._into = self._main
+                self._graph(at, stop, 1, main=True)
             elif number == _MODEL_FUNCTIONS:
-                functions.append(self._function(at, stop))
-        return graph, functions
+                self._function(at, stop)
 
-    def _function(self, start: int, end: int) -> tuple[str, str, _Graph]:
-        body = _Graph()
+    def _function(self, start: int, end: int) -> None:
+        body = self._into = _Graph()
         name = domain = ""
         for number, wire, at, stop in self._fields(start, end):
             if wire != 2:
                 continue
             if number == _FUNCTION_NODE:
-                body.nodes.append(self._node_of(at, stop))
+                self._node(at, stop, 1)
             elif number == _FUNCTION_NAME:
                 name = self._text(at, stop)
             elif number == _FUNCTION_DOMAIN:
                 domain = self._text(at, stop)
-        return domain, name, body
+        self._functions.append((domain, name, body))
 
-    def _graph_of(self, start: int, end: int) -> _Graph:
-        graph = _Graph()
+    def _name_of(self, start: int, end: int) -> str:
         for number, wire, at, stop in self._fields(start, end):
-            if wire != 2:
-                continue
-            if number == _GRAPH_NODE:
-                graph.nodes.append(self._node_of(at, stop))
-            elif number == _GRAPH_INITIALIZER:
-                graph.initializers.add(self._name_of(at, stop, _TENSOR_NAME))
-            elif number == _GRAPH_SPARSE_INITIALIZER:
-                for inner, inner_wire, inner_at, inner_stop in self._fields(at, stop):
-                    if inner == _SPARSE_VALUES and inner_wire == 2:
-                        graph.initializers.add(self._name_of(inner_at, inner_stop, _TENSOR_NAME))
-            elif number == _GRAPH_INPUT:
-                graph.inputs.add(self._name_of(at, stop, _VALUE_INFO_NAME))
-        return graph
-
-    def _name_of(self, start: int, end: int, name_field: int) -> str:
-        for number, wire, at, stop in self._fields(start, end):
-            if number == name_field and wire == 2:
+            if number == _VALUE_INFO_NAME and wire == 2:
                 return self._text(at, stop)
         return ""
 
-    def _node_of(self, start: int, end: int) -> _Node:
+    def _node(self, start: int, end: int, depth: int) -> None:
+        if depth != 1:  # inside a subgraph: counted, not kept
+            super()._node(start, end, depth)
+            return
+        self.tally.nodes += 1
         node = _Node()
         for number, wire, at, stop in self._fields(start, end):
             if wire != 2:
                 continue
-            if number == _NODE_INPUT:
+            if number == _NODE_ATTRIBUTE:
+                self._attribute(at, stop, depth)
+            elif number == _NODE_INPUT:
                 node.inputs.append(self._text(at, stop))
             elif number == _NODE_OUTPUT:
                 node.outputs.append(self._text(at, stop))
@@ -261,4 +274,4 @@ class _Reader(_Walker):
                 node.domain = self._text(at, stop)
             elif number == _NODE_NAME:
                 node.name = self._text(at, stop)
-        return node
+        self._into.nodes.append(node)

@@ -31,6 +31,7 @@ from corral._inline import (
     measure_lane,
 )
 from corral._loader import Loader
+from corral._modelfile import read_footprint
 from corral._served import ServedVersion
 from corral.protocol import DataPlane, InferInput, InferRequest, InferResponse
 from corral.server.grpc import start_grpc_server
@@ -192,7 +193,9 @@ def test_a_run_past_the_bound_sends_the_model_to_the_workers(
     # The lane's last guard, for a model its file's proof let in wrongly: the loop model,
     # with the proof told to pass it. The load measures M = 0 or 1 (generated inputs), well
     # under 20 ms; M = 2,000,000 takes far longer, on the thread that runs it.
-    monkeypatch.setattr("corral._loader.value_dependence", lambda path: None)
+    monkeypatch.setattr(
+        "corral._check.footprint_and_value_dependence", lambda path: (read_footprint(path), None)
+    )
     add_model(tmp_path, "loop", build_slow_loop())
     caplog.set_level(logging.INFO, logger="corral")
     with Host(tmp_path, inline_run_us=20_000) as host:

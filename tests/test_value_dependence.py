@@ -12,7 +12,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from corral._value_dependence import value_dependence
+from corral._errors import ModelLoadError
+from corral._modelfile import read_footprint
+from corral._value_dependence import footprint_and_value_dependence, value_dependence
 from corral.testing import build_linear, build_mlp, build_tree
 from tests.helpers import build_slow_loop
 
@@ -120,6 +122,41 @@ def test_a_shape_from_an_initializer_a_request_may_replace_is_named(tmp_path: Pa
     assert value_dependence(_save(tmp_path, replaceable)) == (
         "its Tile node 'tile' makes a shape from 'repeats', which may come from a request's values"
     )
+
+
+def test_a_shape_from_a_sparse_initializer_is_proven(tmp_path: Path):
+    values = numpy_helper.from_array(np.array([1, 2], np.int64), "repeats")
+    indices = numpy_helper.from_array(np.array([0, 1], np.int64), "where")
+    model = _model([helper.make_node("Tile", ["X", "repeats"], ["Y"], name="tile")])
+    model.graph.sparse_initializer.append(helper.make_sparse_tensor(values, indices, [2]))
+    assert value_dependence(_save(tmp_path, model)) is None
+    # Named by no initializer, the same tensor is a request's.
+    del model.graph.sparse_initializer[:]
+    assert value_dependence(_save(tmp_path, model)) == (
+        "its Tile node 'tile' makes a shape from 'repeats', which may come from a request's values"
+    )
+
+
+def _with_function() -> onnx.ModelProto:
+    body = [helper.make_node("NonZero", ["a"], ["b"], name="nz")]
+    function = helper.make_function(
+        "local", "twice", ["a"], ["b"], body, [helper.make_opsetid("", 17)]
+    )
+    return _model([helper.make_node("twice", ["X"], ["Y"], domain="local")], functions=[function])
+
+
+@pytest.mark.parametrize(
+    "build", [build_mlp, build_linear, build_tree, build_slow_loop, _with_function]
+)
+def test_a_loads_one_pass_reads_what_the_two_readers_read(tmp_path: Path, build: object):
+    path = _save(tmp_path, build())  # type: ignore[operator]
+    assert footprint_and_value_dependence(path) == (read_footprint(path), value_dependence(path))
+
+
+def test_a_loads_one_pass_refuses_a_file_that_is_not_onnx(tmp_path: Path):
+    path = _save(tmp_path, b"\xff" * 64)
+    with pytest.raises(ModelLoadError, match="it is not an ONNX model"):
+        footprint_and_value_dependence(path)
 
 
 def test_a_shape_made_from_values_through_other_ops_is_named(tmp_path: Path):
