@@ -36,13 +36,13 @@ from corral import Host
 from corral._served import ServedVersion
 from corral.protocol import DataPlane
 from corral.server._uvicorn import (
-    DIRECT_BODY_BYTES,
     ConnectionLimits,
     EdgeProtocol,
     end_requests_in_flight,
     protocol_for,
 )
 from corral.server.bodies import BodyBudget
+from corral.server.direct_route import DIRECT_BODY_BYTES
 from corral.server.http import HttpApp
 from corral.testing import build_mlp
 from tests.gates import lane_settled
@@ -118,10 +118,13 @@ class Recording:
             self.paths.append("asgi")
         await self.app(scope, receive, send)
 
-    async def answer_infer(self, *args: Any) -> tuple[int, bytes, bytes]:
+    async def answer_infer(self, *args: Any, **kwargs: Any) -> tuple[int, bytes, bytes]:
         self.paths.append("direct")
-        answer: tuple[int, bytes, bytes] = await self.app.answer_infer(*args)
+        answer: tuple[int, bytes, bytes] = await self.app.answer_infer(*args, **kwargs)
         return answer
+
+    def hold_body(self, declared: int) -> Any:
+        return self.app.hold_body(declared)
 
 
 class Connection:
@@ -377,7 +380,13 @@ class Gated:
         await send({"type": "http.response.body", "body": b"asgi"})
 
     async def answer_infer(
-        self, name: str, headers: object, body: bytes, loop: object, alone: bool = False
+        self,
+        name: str,
+        headers: object,
+        body: bytes,
+        loop: object,
+        alone: bool = False,
+        **held: object,
     ) -> tuple[int, bytes, bytes]:
         self.paths.append("direct")
         self.alone.append(alone)

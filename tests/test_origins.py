@@ -196,10 +196,13 @@ class Recording:
         self.ways.append("asgi")
         await self.app(scope, receive, send)
 
-    async def answer_infer(self, *args: Any) -> tuple[int, bytes, bytes]:
+    async def answer_infer(self, *args: Any, **kwargs: Any) -> tuple[int, bytes, bytes]:
         self.ways.append("direct")
-        answer: tuple[int, bytes, bytes] = await self.app.answer_infer(*args)
+        answer: tuple[int, bytes, bytes] = await self.app.answer_infer(*args, **kwargs)
         return answer
+
+    def hold_body(self, declared: int) -> Any:
+        return self.app.hold_body(declared)
 
 
 LIMITS = ConnectionLimits(8192, 65536, 10.0, 10.0, 64, 30.0)

@@ -32,8 +32,9 @@ What the subclass adds to uvicorn's protocol, against a hostile or careless clie
   bytes have been read, so a request already sent is not dropped.
 
 And one shortcut, the direct route: the plainest inference request (``POST
-/v2/models/{name}/infer``, HTTP/1.1, a Content-Length of at most :data:`DIRECT_BODY_BYTES`,
-nothing pipelined before it, no ``Expect``, ``Transfer-Encoding`` or ``X-Request-ID``) is
+/v2/models/{name}/infer``, HTTP/1.1, nothing pipelined before it, a head that
+:func:`~corral.server.direct_route.direct_body` passes: a small body, or a binary one that
+the body budget has room for) is
 answered by the app's ``answer_infer`` straight from the parser's callbacks: no ASGI scope,
 receive or send, one task and one write for the whole response. Every other request, and
 every request when the app has an access log or tracing on, goes the ASGI way; the answers
@@ -72,10 +73,11 @@ from uvicorn.protocols.http.httptools_impl import (
 from uvicorn.server import ServerState
 
 from corral.server._uvicorn_internals import UVICORN_INTERNALS, Internals
+from corral.server.bodies import BodyBudgetExceeded, BodyReservation
+from corral.server.direct_route import direct_body
 from corral.server.edge_contract import ConnectionLimits, DirectApp
 from corral.server.framing import BodyAfterUpgrade, body_framing, transfer_coding_refusal
 from corral.server.http import ALONE_SCOPE_KEY, LOOP_SCOPE_KEY
-from corral.server.requests import DECODE_INLINE_BYTES
 from corral.server.routes import direct_infer_model
 
 __all__ = [
@@ -97,15 +99,6 @@ logger = logging.getLogger(__name__)
 #: its socket are read (one turn of the event loop suffices; this leaves a wide margin).
 DRAIN_READ_GRACE_S = 0.2
 
-#: The largest body of an inference request answered directly; larger ones take the ASGI
-#: path, which reads a body as it comes within the body budget. The app decodes bodies up
-#: to this size on the event loop.
-DIRECT_BODY_BYTES = DECODE_INLINE_BYTES
-
-
-# Headers whose requests take the ASGI path: they need what only it does (100-continue, a
-# chunked body, the request id's echo).
-_NOT_DIRECT = frozenset((b"expect", b"transfer-encoding", b"x-request-id"))
 _DRAIN_RAN_OUT = orjson.dumps(
     {"error": "the server is shutting down and its drain timeout ran out"}
 )
@@ -151,6 +144,10 @@ class EdgeProtocol(HttpToolsProtocol):
         # The model named by a request being answered directly, until its body is complete.
         self._direct_name: str | None = None
         self._direct_body: list[bytes] = []
+        # A large binary body's bytes held in the app's budget as they arrive, and why they
+        # stopped being kept (it ran out); None for a small body, reserved whole at its end.
+        self._direct_held: BodyReservation | None = None
+        self._direct_refused: BodyBudgetExceeded | None = None
         # uvicorn's default headers (date, server) as bytes, and the list they were made of.
         self._defaults: tuple[list[tuple[bytes, bytes]] | None, bytes] = (None, b"")
         self._body_pending = False  # a request's head is complete and its body is not
@@ -179,9 +176,10 @@ class EdgeProtocol(HttpToolsProtocol):
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """Forget the timers; uvicorn ends the request in progress."""
+        """Forget the timers and a direct body's bytes; uvicorn ends the request in progress."""
         self._cancel_head_timer()
         self._cancel_body_timer()
+        self._drop_direct_body()
         self._unset_keepalive_if_required()
         super().connection_lost(exc)
 
@@ -300,6 +298,17 @@ class EdgeProtocol(HttpToolsProtocol):
     def on_body(self, body: bytes) -> None:
         """Kept for a request answered directly; else uvicorn's, unless it was refused."""
         if self._direct_name is not None:
+            held = self._direct_held
+            if held is not None:
+                if self._direct_refused is not None:
+                    return  # the budget ran out: the rest is read and dropped
+                try:
+                    held.grow(len(body))
+                except BodyBudgetExceeded as exc:
+                    self._direct_refused = exc
+                    self._direct_body = []
+                    held.release()  # nothing of it is kept: the request is answered 503
+                    return
             self._direct_body.append(body)
         elif self._refusal is None:
             super().on_body(body)
@@ -328,27 +337,24 @@ class EdgeProtocol(HttpToolsProtocol):
             return None
         if (self.cycle is not None and not self.cycle.response_complete) or self.pipeline:
             return None  # pipelined behind a request in progress: uvicorn queues it
-        length = None
-        for key, value in self.headers:
-            if key == b"content-length":
-                length = value
-            elif key in _NOT_DIRECT:
-                return None
-        # bytes.isdigit() is ASCII digits only; int() refuses 4,300+ of them.
-        if (
-            length is None
-            or not length.isdigit()
-            or len(length) > 18
-            or int(length) > DIRECT_BODY_BYTES
-        ):
+        body = direct_body(self.headers)
+        if body is None:
             return None
-        return name
+        size, held_as_it_arrives = body
+        if not held_as_it_arrives:
+            return name
+        # Past the budget's room now, the ASGI path refuses it before reading it.
+        assert self.direct is not None  # the route is taken only with a direct app
+        self._direct_held = self.direct.hold_body(size)
+        return name if self._direct_held is not None else None
 
     def _answer_directly(self, name: str) -> None:
         # The request's body is complete: its cycle stands in for it (uvicorn queues what is
         # pipelined behind it, marks it disconnected, ends the drain by it), its task answers.
         self._direct_name = None
         chunks, self._direct_body = self._direct_body, []
+        held, self._direct_held = self._direct_held, None
+        refused, self._direct_refused = self._direct_refused, None
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         self.cycle = cycle = RequestResponseCycle(
             scope=self.scope,
@@ -364,7 +370,9 @@ class EdgeProtocol(HttpToolsProtocol):
             on_response=self.on_response_complete,
         )
         cycle.more_body = False
-        task = self.loop.create_task(self._direct_task(cycle, name, self.headers, body))
+        task = self.loop.create_task(
+            self._direct_task(cycle, name, self.headers, body, held, refused)
+        )
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 
@@ -374,6 +382,8 @@ class EdgeProtocol(HttpToolsProtocol):
         name: str,
         headers: list[tuple[bytes, bytes]],
         body: bytes,
+        held: BodyReservation | None = None,
+        refused: BodyBudgetExceeded | None = None,
     ) -> None:
         app = self.direct
         assert app is not None  # set before any request is taken directly
@@ -382,13 +392,18 @@ class EdgeProtocol(HttpToolsProtocol):
             # in flight: requests that arrived together, on one turn of the loop, are all
             # counted before the first of them runs here, and go to the compute workers.
             alone = len(self.tasks) == 1
-            status, head, payload = await app.answer_infer(name, headers, body, self.loop, alone)
+            status, head, payload = await app.answer_infer(
+                name, headers, body, self.loop, alone, held=held, refused=refused
+            )
         except asyncio.CancelledError:
             # As _run_app: a request cut by the drain's end is answered, other cancels go on.
             if not self._drain_ran_out:
                 raise
             cycle.keep_alive = False
             status, head, payload = 503, _DRAIN_RAN_OUT_HEAD, _DRAIN_RAN_OUT
+        finally:
+            if held is not None:
+                held.release()  # the app gave it back; not if cancelled before it began
         if cycle.flow.write_paused and not cycle.disconnected:
             await cycle.flow.drain()
         if cycle.disconnected:
@@ -469,7 +484,7 @@ class EdgeProtocol(HttpToolsProtocol):
         if self._direct_name is not None or cycle is None or self.pipeline:
             # No app reads it (the direct route keeps it), or it waits behind another request.
             self._direct_name = None
-            self._direct_body = []
+            self._drop_direct_body()
             return self._answer(status, message)
         if cycle.response_started:
             # Answered (or being answered) without its whole body: nothing more to say.
@@ -479,6 +494,14 @@ class EdgeProtocol(HttpToolsProtocol):
         cycle.message_event.set()
         self._write_error(status, message)
         return f"answered {status}"
+
+    def _drop_direct_body(self) -> None:
+        # A direct request's body will not be answered: its bytes and their budget go.
+        self._direct_body = []
+        self._direct_refused = None
+        if self._direct_held is not None:
+            self._direct_held.release()
+            self._direct_held = None
 
     # -- timers and answers --------------------------------------------------------------
 

@@ -73,6 +73,14 @@ class BodyBudget:
         with self._held_lock:
             return self._refused
 
+    def fits(self, size: int) -> bool:
+        """Whether ``size`` more bytes fit now; counts nothing, holds nothing.
+
+        For choosing a route only: what is held is decided by :meth:`BodyReservation.grow`.
+        """
+        with self._held_lock:
+            return self._held + size <= self._limit
+
     def reserve(self, size: int) -> BodyReservation:
         """Hold ``size`` bytes, or raise :class:`BodyBudgetExceeded` holding nothing."""
         reservation = BodyReservation(self)

@@ -10,6 +10,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Protocol
 
+from corral.server.bodies import BodyReservation
+
 __all__ = ["ConnectionLimits", "DirectApp"]
 
 
@@ -41,10 +43,22 @@ class DirectApp(Protocol):
         body: bytes,
         loop: asyncio.AbstractEventLoop,
         alone: bool = False,
+        *,
+        held: BodyReservation | None = None,
+        refused: Exception | None = None,
     ) -> tuple[int, bytes, bytes]:
         """The status, header lines and body answering ``POST /v2/models/{name}/infer``.
 
         ``alone``: no other request of the server's is in flight (see
-        :data:`corral.server.http.ALONE_SCOPE_KEY`).
+        :data:`corral.server.http.ALONE_SCOPE_KEY`). ``held``: the body's bytes, reserved as
+        they arrived (:meth:`hold_body`); ``refused``: why its bytes stopped being kept.
+        """
+        ...
+
+    def hold_body(self, declared: int) -> BodyReservation | None:
+        """A reservation (of nothing yet) for a body of ``declared`` bytes, held as it arrives.
+
+        None when the body would be refused (too large, or it does not fit the budget now):
+        the request then takes the ASGI route, which answers that before reading it.
         """
         ...

@@ -222,6 +222,9 @@ class HttpApp:
         body: bytes,
         loop: asyncio.AbstractEventLoop,
         alone: bool = False,
+        *,
+        held: BodyReservation | None = None,
+        refused: Exception | None = None,
     ) -> tuple[int, bytes, bytes]:
         """Answer ``POST /v2/models/{name}/infer`` whose whole body a server has read already.
 
@@ -234,18 +237,23 @@ class HttpApp:
         its body; every error is answered as :meth:`__call__` answers it, never raised (but
         a cancellation). A request with an ``X-Request-ID`` is not for this method: its id
         is echoed by the ASGI path. ``alone``: whether it is the only request the server has
-        in flight, as :data:`ALONE_SCOPE_KEY` says on the ASGI route.
+        in flight, as :data:`ALONE_SCOPE_KEY` says on the ASGI route. ``held``: the body's
+        bytes as the server reserved them while they arrived (:meth:`hold_body`), given back
+        here; ``refused``: the error that ended that (the budget ran out), answered as the
+        ASGI route answers it, after the same checks.
         """
         try:
             self._sites.check_post(headers)
             if self._auth is not None:
                 check_token(headers, self._auth)
             coding = request_coding(headers)
+            if refused is not None:
+                raise refused
             if len(body) > self._max_request_bytes:
                 raise too_large(self._max_request_bytes)
-            with self._bodies.reserve(len(body)) as held:
+            with held if held is not None else self._bodies.reserve(len(body)) as kept:
                 payload, content_type, extra = await self._answer(
-                    name, None, coding, body, held, loop, alone
+                    name, None, coding, body, kept, loop, alone
                 )
             return 200, head(content_type, len(payload), extra), payload
         except Exception as exc:
@@ -253,6 +261,17 @@ class HttpApp:
                 exc, "POST", f"/v2/models/{name}/infer", self._plane.public_text
             )
             return status, head(JSON, len(error), extra), error
+
+    def hold_body(self, declared: int) -> BodyReservation | None:
+        """A reservation of this app's body budget for a body of ``declared`` bytes, or None.
+
+        Empty: the server grows it as the body's bytes arrive, and :meth:`answer_infer` gives
+        it back. None when the ASGI route would refuse the body before reading it (over
+        ``max_request_bytes``, or not fitting the budget now), so that it does, in its words.
+        """
+        if declared > self._max_request_bytes or not self._bodies.fits(declared):
+            return None
+        return self._bodies.reserve(0)
 
     async def _exchange(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The request again, through a send that echoes its id; its access line once answered.
