@@ -29,7 +29,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from corral._check import Estimate, estimate_version_bytes, estimate_with_proof
+from corral._check import Estimate, estimate_with_proof
 from corral._counters import HostCounters
 from corral._errors import (
     CorralError,
@@ -398,23 +398,15 @@ class Loader:
         """
         self._measurer.later(served)
 
-    def estimate(self, entry: ModelEntry, version: int) -> int:
-        """Estimated resident bytes of ``version`` once loaded, under its concurrency policy.
-
-        Reads what its file holds (:func:`read_footprint`: headers only, and a ``stat`` of each
-        external data file), so it runs on a load worker.
-        """
-        # The repository check's own estimate, so that what it calls too large is what
-        # the load refuses.
-        return estimate_version_bytes(
-            entry, version, pool_size=self._runtime.options.compute_workers
-        )
-
     def estimate_with_proof(self, entry: ModelEntry, version: int) -> Estimate:
-        """:meth:`estimate`, and the inline lane's proof read in the same pass over the file.
+        """Estimated resident bytes of ``version`` once loaded, and the inline lane's proof.
 
-        The proof (:func:`corral._value_dependence.value_dependence`) only while the lane is
-        on; a build uses it once it has found the files unchanged since the entry's read.
+        The bytes under its concurrency policy, as the repository check estimates them (so
+        that what it calls too large is what the load refuses); both read in one pass over
+        the file's headers (and a ``stat`` of each external data file), so it runs on a load
+        worker. The proof (:func:`corral._value_dependence.value_dependence`) only while the
+        lane is on; a build uses it once it has found the files unchanged since the entry's
+        read.
         """
         return estimate_with_proof(
             entry,

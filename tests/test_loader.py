@@ -49,7 +49,8 @@ def test_a_cold_model_is_loaded_on_a_worker_published_and_then_answered_from_the
     served = loading.result(timeout=30)
     assert isinstance(served, ServedVersion)
     assert (served.name, served.version) == ("mlp", 1)
-    assert served.size_bytes == pieces.loader.estimate(pieces.loader.resolve("mlp", None)[0], 1)
+    entry = pieces.loader.resolve("mlp", None)[0]
+    assert served.size_bytes == pieces.loader.estimate_with_proof(entry, 1).size_bytes
     assert pieces.table.ready_map["mlp"] is served
     assert pieces.table.stats().loads == 1
     np.testing.assert_array_equal(
@@ -305,7 +306,7 @@ def test_a_build_on_the_workers_is_not_published(make_pieces):
     entry = pieces.loader.refresh_entry("mlp")
     built = pieces.loader.build_on_workers("mlp", 1, entry).result(timeout=30)
     try:
-        assert built.size_bytes == pieces.loader.estimate(entry, 1)
+        assert built.size_bytes == pieces.loader.estimate_with_proof(entry, 1).size_bytes
         assert built.fingerprint == entry.version_fingerprint(1)
         assert pieces.table.in_use("mlp") == {}
         assert "mlp" not in pieces.table.ready_map
@@ -317,7 +318,10 @@ def test_a_build_on_the_workers_is_not_published(make_pieces):
 @pytest.mark.timeout(60)
 def test_a_load_past_its_timeout_is_answered_and_gives_its_room_back(make_pieces, builds):
     probe = make_pieces()
-    sizes = [probe.loader.estimate(probe.loader.refresh_entry(name), 1) for name in ("mlp", "tree")]
+    sizes = [
+        probe.loader.estimate_with_proof(probe.loader.refresh_entry(name), 1).size_bytes
+        for name in ("mlp", "tree")
+    ]
     # Room for one of the two at a time: tree loads only if the hung load's bytes came back.
     pieces = make_pieces(
         memory_budget=max(sizes), load_timeout_s=0.3, failure_backoff_s=(60.0, 60.0)
