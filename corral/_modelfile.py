@@ -151,7 +151,8 @@ def read_footprint(path: str | os.PathLike[str]) -> ModelFootprint:
     >>> read_footprint("fraud/1/model.onnx")  # doctest: +SKIP
     ModelFootprint(file_bytes=2140, tensor_bytes=1600, external_bytes=0, nodes=3)
     """
-    # The signature only when asked: a load's estimate (every load) needs only the footprint.
+    # No signature: the estimates (the check's, a load's with the inline lane off, Ray's)
+    # need the footprint alone.
     footprint, _ = walk_model_file(Path(path), _Walker, lambda walker: None)
     return footprint
 
