@@ -11,6 +11,7 @@ orjson, the server's extra, as they do.
 
 from __future__ import annotations
 
+import array
 import itertools
 import json
 import math
@@ -37,6 +38,7 @@ __all__ = [
     "load_json",
     "non_finite_token",
     "number_array",
+    "number_floats",
 ]
 
 #: The integer datatypes, whose JSON values must be integers in range.
@@ -51,6 +53,8 @@ _INT_RANGE = (-(2**63), 2**64 - 1)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 # Up to this many values, overflow is checked in Python; beyond, by numpy after the cast.
 _FEW_VALUES = 64
+# The Python types of JSON numbers as orjson parses them (a boolean's type is bool, not int).
+_NUMBER_KINDS = frozenset((int, float))
 # How messages name the Python types orjson decodes JSON values to.
 _JSON_KINDS: dict[type, str] = {
     dict: "an object",
@@ -161,6 +165,11 @@ def json_tensor(
             f'input {name!r}: "data" must be an array; got {json_kind(data)}', tensor=name
         )
     values: list[Any] = data
+    if len(values) > _FEW_VALUES and len(values) == count and datatype in FLOAT_OVERFLOW:
+        # The common long case first: a flat array of numbers that fit.
+        floats = number_floats(values, numpy_dtype(datatype), FLOAT_OVERFLOW[datatype])
+        if floats is not None:
+            return floats.reshape(shape)
     kinds = set(map(type, values))
     # Flatten one nesting level at a time in C (itertools), never by recursion: orjson
     # allows 1024 levels, more than Python's default recursion limit.
@@ -242,6 +251,39 @@ def float_array(values: list[Any], dtype: np.dtype[Any], limit: float) -> npt.ND
         return array
     given = np.array(values, dtype=np.float64)
     return None if (np.isinf(array) & np.isfinite(given)).any() else array
+
+
+def number_floats(values: list[Any], dtype: np.dtype[Any], limit: float) -> npt.NDArray[Any] | None:
+    """``values`` as a float array if every one is a number (int or float) that fits ``dtype``.
+
+    None for anything else: a value of another kind (a boolean, a string, null, an array, an
+    object) or a finite one that overflows; the checked way (:func:`json_tensor`) then names
+    it. Equal to :func:`float_array` after a check of the values' kinds, which a long array
+    skips: ``array.array`` reads the values into doubles in C, refusing every kind but
+    numbers and booleans, and only the values that read as 0.0 or 1.0 can be booleans: those
+    are looked at one by one when they are few, else every value's kind is (an image's white
+    or black pixels may be most of its values).
+    """
+    if len(values) <= _FEW_VALUES:
+        if not set(map(type, values)) <= _NUMBER_KINDS:
+            return None
+        return float_array(values, dtype, limit)
+    try:
+        given = np.frombuffer(array.array("d", values), dtype=np.float64)
+    except (TypeError, OverflowError):
+        return None  # a value that is not a number: the checked way names it
+    suspects = np.flatnonzero((given == 0.0) | (given == 1.0))
+    if len(suspects) * 3 < len(values):
+        # Few enough to look at one by one (each costs about three values' scan).
+        if len(suspects) and bool in set(map(type, map(values.__getitem__, suspects.tolist()))):
+            return None
+    elif bool in set(map(type, values)):  # a set: "in map(...)" compares each, slower
+        return None
+    with np.errstate(over="ignore"):
+        floats = given.astype(dtype, copy=False)
+    if np.isfinite(floats).all() or not (np.isinf(floats) & np.isfinite(given)).any():
+        return floats
+    return None
 
 
 def _check_kinds(

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from corral.protocol._json_values import FLOAT_OVERFLOW, float_array
+from corral.protocol._json_values import FLOAT_OVERFLOW, number_floats
 from corral.protocol.binary import BINARY_DATA_OUTPUT, BINARY_DATA_SIZE, MAX_RANK, decode_tensor
 from corral.protocol.datatypes import numpy_dtype
 from corral.protocol.types import InferInput, InferRequest
@@ -26,7 +26,6 @@ __all__ = ["plain_binary_request", "plain_request"]
 # The keys of the plainest request and of each of its inputs (see plain_request).
 _PLAIN_REQUEST_KEYS = frozenset(("inputs", "id"))
 _PLAIN_INPUT_KEYS = frozenset(("name", "datatype", "shape", "data"))
-_PLAIN_NUMBERS = frozenset((float, int))
 
 
 def _plain_shape(raw_shape: object) -> tuple[int, ...] | None:
@@ -72,15 +71,14 @@ def plain_request(document: dict[str, Any]) -> InferRequest | None:
             or (datatype != "FP32" and datatype != "FP64")
             or (shape := _plain_shape(raw_shape)) is None
             or type(data) is not list
-            or not set(map(type, data)) <= _PLAIN_NUMBERS
         ):
             return None
         count = math.prod(shape)
         if count == 0 or count != len(data):
             return None
-        values = float_array(data, numpy_dtype(datatype), FLOAT_OVERFLOW[datatype])
+        values = number_floats(data, numpy_dtype(datatype), FLOAT_OVERFLOW[datatype])
         if values is None:
-            return None  # a value overflows the datatype: the general way names it
+            return None  # not all numbers, or one overflows: the general way names it
         inputs.append(InferInput(name, datatype, shape, values.reshape(shape), {}))
         names.add(name)
     return InferRequest(inputs=tuple(inputs), outputs=(), id=request_id, parameters={})
