@@ -21,7 +21,12 @@ import pytest
 from corral import Host
 from corral.protocol import DataPlane
 from corral.server.bodies import BodyBudget
-from corral.server.direct_route import DIRECT_BINARY_BODY_BYTES, DIRECT_BODY_BYTES, direct_body
+from corral.server.direct_route import (
+    DIRECT_BINARY_BODY_BYTES,
+    DIRECT_BODY_BYTES,
+    DIRECT_JSON_BODY_BYTES,
+    direct_body,
+)
 from corral.server.http import HttpApp
 from tests.test_direct_infer import QUICK, Connection, Recording, both_ways, request
 
@@ -66,13 +71,17 @@ def test_the_heads_that_take_the_direct_route():
     assert len(BODY) > DIRECT_BODY_BYTES
     assert direct_body(small) == (100, False)
     assert direct_body(large + header_length) == (len(BODY), True)
-    # Not binary, compressed, its JSON part's length given twice, too large, or a header
-    # that needs the ASGI path: none of them.
-    assert direct_body(large) is None
+    # A JSON body up to its own bound is held as it arrives too.
+    json_sized = [(b"content-length", str(DIRECT_JSON_BODY_BYTES).encode())]
+    assert direct_body(json_sized) == (DIRECT_JSON_BODY_BYTES, True)
+    # Compressed, its JSON part's length given twice, too large for a binary or a JSON
+    # body, or a header that needs the ASGI path: none of them.
+    assert direct_body([*large, (b"content-encoding", b"gzip")]) is None
     assert direct_body([*large, *header_length, (b"content-encoding", b"gzip")]) is None
     assert direct_body(large + header_length * 2) is None
     too_large = [(b"content-length", str(DIRECT_BINARY_BODY_BYTES + 1).encode())]
     assert direct_body(too_large + header_length) is None
+    assert direct_body([(b"content-length", str(DIRECT_JSON_BODY_BYTES + 1).encode())]) is None
     assert direct_body([*small, (b"x-request-id", b"a")]) is None
     assert direct_body([(b"content-length", b"+10")]) is None
 
@@ -90,6 +99,49 @@ def test_a_large_binary_body_is_answered_directly_with_the_asgi_paths_bytes(host
     [output] = answer["outputs"]
     assert output["shape"][0] == ROWS
     assert budget.held == 0
+
+
+# The same rows as JSON numbers: past DIRECT_BODY_BYTES, within DIRECT_JSON_BODY_BYTES.
+JSON_ROWS = X[:1500]
+JSON_BODY = orjson.dumps(
+    {
+        "inputs": [
+            {
+                "name": "X",
+                "datatype": "FP32",
+                "shape": [1500, 4],
+                "data": JSON_ROWS.ravel().tolist(),
+            }
+        ]
+    }
+)
+
+
+def test_a_json_body_of_numbers_is_answered_directly_held_as_it_arrives(host: Host):
+    assert DIRECT_BODY_BYTES < len(JSON_BODY) <= DIRECT_JSON_BODY_BYTES
+    budget = BodyBudget(10 * len(JSON_BODY))
+    app = HttpApp(DataPlane(host), body_budget=budget)
+    [(status, _, payload)], paths = asyncio.run(both_ways(app, request(JSON_BODY)))
+    assert (paths, status) == (["direct"], 200)
+    [output] = orjson.loads(payload)["outputs"]
+    expected = host.infer("mlp", {"X": JSON_ROWS})["Y"]
+    assert output["shape"] == list(expected.shape)
+    np.testing.assert_allclose(output["data"], expected.ravel(), rtol=1e-6)
+    raw = request(JSON_BODY)
+    head_length = len(raw) - len(JSON_BODY)
+
+    async def main() -> tuple[int, int, int]:
+        recording = Recording(app)
+        connection = Connection(recording)
+        connection.send(raw[: head_length + 20_000])
+        held_midway = budget.held
+        connection.send(raw[head_length + 20_000 :])
+        [(status, _, _)] = await connection.responses(1)
+        await connection.close()
+        assert recording.paths == ["direct"]
+        return held_midway, status, budget.held
+
+    assert asyncio.run(main()) == (20_000, 200, 0)
 
 
 def test_a_large_binary_body_held_in_the_budget_as_it_arrives_and_given_back(host: Host):

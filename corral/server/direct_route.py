@@ -11,14 +11,20 @@ body, the id's echo), and a ``Content-Length`` within these bounds:
   the app's body budget at once (a connection holds at most this much outside the budget);
 - at most :data:`DIRECT_BINARY_BODY_BYTES` for a binary body (``Inference-Header-Content-
   Length`` given once, no ``Content-Encoding``), an image's tensor as tritonclient sends
-  it: its bytes are reserved in the budget as they arrive, as the ASGI path reserves them.
+  it, and at most :data:`DIRECT_JSON_BODY_BYTES` for a JSON one (no ``Content-Encoding``),
+  a small image's tensor as JSON: its bytes are reserved in the budget as they arrive, as
+  the ASGI path reserves them.
 """
 
 from __future__ import annotations
 
-from corral.server.requests import DECODE_INLINE_BINARY_BYTES, DECODE_INLINE_BYTES
+from corral.server.requests import (
+    DECODE_INLINE_BINARY_BYTES,
+    DECODE_INLINE_BYTES,
+    DECODE_INLINE_JSON_BYTES,
+)
 
-__all__ = ["DIRECT_BINARY_BODY_BYTES", "DIRECT_BODY_BYTES", "direct_body"]
+__all__ = ["DIRECT_BINARY_BODY_BYTES", "DIRECT_BODY_BYTES", "DIRECT_JSON_BODY_BYTES", "direct_body"]
 
 #: The largest body of any inference request answered directly; the app decodes bodies up
 #: to this size on the event loop.
@@ -26,6 +32,9 @@ DIRECT_BODY_BYTES = DECODE_INLINE_BYTES
 #: The largest binary body answered directly, its bytes held in the body budget as they
 #: arrive; the app decodes it on the event loop unless its JSON part names BYTES tensors.
 DIRECT_BINARY_BODY_BYTES = DECODE_INLINE_BINARY_BYTES
+#: The largest JSON body answered directly, held as a binary one is; the app decodes it on
+#: the event loop when it is mostly numbers, else on a thread.
+DIRECT_JSON_BODY_BYTES = DECODE_INLINE_JSON_BYTES
 
 # Headers whose requests take the ASGI path: they need what only it does.
 _NOT_DIRECT = frozenset((b"expect", b"transfer-encoding", b"x-request-id"))
@@ -55,6 +64,10 @@ def direct_body(headers: list[tuple[bytes, bytes]]) -> tuple[int, bool] | None:
     size = int(length)
     if size <= DIRECT_BODY_BYTES:
         return size, False
-    if size <= DIRECT_BINARY_BODY_BYTES and header_lengths == 1 and not encoded:
+    if encoded:
+        return None
+    if header_lengths == 1 and size <= DIRECT_BINARY_BODY_BYTES:
+        return size, True
+    if header_lengths == 0 and size <= DIRECT_JSON_BODY_BYTES:
         return size, True
     return None
