@@ -40,6 +40,7 @@ from corral.protocol.shm import SHM_REGION, SharedMemoryRegistry
 from corral.protocol.types import InferRequest
 from corral.server.bodies import BodyBudget, BodyReservation
 from corral.server.compression import compress, inflate
+from corral.server.decode_turns import DecodeTurns
 from corral.server.documents import config_doc, metadata_doc, server_doc, stats_doc
 from corral.server.http_control import CONTROL_ENDPOINTS, HttpControl
 from corral.server.logs import HttpExchange
@@ -158,6 +159,7 @@ class HttpApp:
         self._auth = None if auth_token is None else f"Bearer {auth_token}".encode()
         self._max_request_bytes = max_request_bytes
         self._bodies = body_budget or BodyBudget(4 * max_request_bytes)
+        self._decoding = DecodeTurns()
         control = HttpControl(plane, self._bodies, max_request_bytes)
         # Every endpoint's handler: the route table's endpoints, each answered once here.
         self._handlers: dict[Endpoint, _Handler] = {
@@ -439,7 +441,8 @@ class HttpApp:
         header_length, encoding, answer_encoding = coding
         shared_memory = self._plane.shared_memory
         if encoding is not None:
-            request = await run_blocking(
+            request = await self._decoding.run(
+                len(body),
                 _inflate_and_decode,
                 body,
                 encoding,
@@ -452,7 +455,8 @@ class HttpApp:
         elif not _decodes_on_the_loop(body, header_length) or (
             shared_memory is not None and SHM_REGION.encode() in body
         ):
-            request = await run_blocking(
+            request = await self._decoding.run(
+                len(body),
                 decode_request,
                 body,
                 header_length,
