@@ -23,12 +23,7 @@ from corral import Host
 from corral.protocol import DataPlane
 from corral.server.bodies import BodyBudget, BodyBudgetExceeded
 from corral.server.http import DECODE_INLINE_BYTES, HttpApp
-from corral.server.requests import (
-    DECODE_INLINE_BINARY_BYTES,
-    DECODE_INLINE_JSON_ARRAYS,
-    DECODE_INLINE_JSON_BYTES,
-    DECODE_INLINE_JSON_QUOTES,
-)
+from corral.server.requests import DECODE_INLINE_BINARY_BYTES
 from corral.server.settings import ServerSettings
 
 X = np.random.default_rng(7).standard_normal((2, 4)).astype(np.float32)
@@ -41,6 +36,20 @@ BODY = orjson.dumps(
 def host(repo: Path) -> Iterator[Host]:
     with Host(repo) as h:
         yield h
+
+
+@pytest.fixture
+def decoded_on(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of the thread each body the app decodes is decoded on, in order."""
+    names: list[str] = []
+    decode = corral.server.http.decode_request
+
+    def recording(body: bytes, header_length: int | None, **options: Any) -> Any:
+        names.append(threading.current_thread().name)
+        return decode(body, header_length, **options)
+
+    monkeypatch.setattr(corral.server.http, "decode_request", recording)
+    return names
 
 
 async def post(app: HttpApp, content: Any, **kwargs: Any) -> httpx.Response:
@@ -108,63 +117,13 @@ def test_a_request_past_the_budget_gets_503_before_its_body_is_read(host: Host):
 
 
 @pytest.mark.timeout(30)
-def test_a_json_body_of_numbers_is_decoded_on_the_event_loop_up_to_its_bound(
-    host: Host, monkeypatch: pytest.MonkeyPatch
-):
-    decoded_on: list[str] = []
-    decode = corral.server.http.decode_request
-
-    def recording(body: bytes, header_length: int | None, **options: Any) -> Any:
-        decoded_on.append(threading.current_thread().name)
-        return decode(body, header_length, **options)
-
-    monkeypatch.setattr(corral.server.http, "decode_request", recording)
-    app = HttpApp(DataPlane(host), body_budget=BodyBudget(8 * DECODE_INLINE_JSON_BYTES))
-    rows = np.random.default_rng(9).standard_normal((1500, 4)).astype(np.float32)
-    tensor = {"name": "X", "datatype": "FP32", "shape": [1500, 4]}
-    # Past DECODE_INLINE_BYTES, within DECODE_INLINE_JSON_BYTES: flat numbers on the loop;
-    # the same rows nested (a "[" a row), or beside a parameter of many keys (two quotes a
-    # key), on a thread: such texts cost up to 2.6 times as much a byte.
-    flat = orjson.dumps({"inputs": [{**tensor, "data": rows.ravel().tolist()}]})
-    nested = orjson.dumps({"inputs": [{**tensor, "data": rows.tolist()}]})
-    keys = {f"k{index}": 0 for index in range(DECODE_INLINE_JSON_QUOTES)}
-    keyed = orjson.dumps(
-        {"inputs": [{**tensor, "data": rows.ravel().tolist()}], "parameters": keys}
-    )
-    for body in (flat, nested, keyed):
-        assert DECODE_INLINE_BYTES < len(body) <= DECODE_INLINE_JSON_BYTES
-    assert nested.count(b"[") > DECODE_INLINE_JSON_ARRAYS
-    assert keyed.count(b'"') > DECODE_INLINE_JSON_QUOTES
-
-    async def go() -> list[httpx.Response]:
-        return [await post(app, body) for body in (flat, nested, keyed)]
-
-    flat_answer, nested_answer, keyed_answer = asyncio.run(go())
-    expected = host.infer("mlp", {"X": rows})["Y"]
-    for answer in (flat_answer, nested_answer):
-        assert answer.status_code == 200
-        np.testing.assert_allclose(answer.json()["outputs"][0]["data"], expected.ravel(), rtol=1e-6)
-    assert keyed_answer.status_code in (200, 400)  # decoded either way; its keys may be refused
-    main = threading.main_thread().name
-    assert [thread == main for thread in decoded_on] == [True, False, False], decoded_on
-
-
-@pytest.mark.timeout(30)
 def test_large_json_parts_are_decoded_off_the_event_loop_and_binary_tensors_on_it(
-    host: Host, monkeypatch: pytest.MonkeyPatch
+    host: Host, decoded_on: list[str]
 ):
-    decoded_on: list[str] = []
-    decode = corral.server.http.decode_request
-
-    def recording(body: bytes, header_length: int | None, **options: Any) -> Any:
-        decoded_on.append(threading.current_thread().name)
-        return decode(body, header_length, **options)
-
-    monkeypatch.setattr(corral.server.http, "decode_request", recording)
     budget = BodyBudget(8 * DECODE_INLINE_BINARY_BYTES)
     app = HttpApp(DataPlane(host), body_budget=budget)
-    # The same tensor, padded with spaces past the thresholds: JSON allows any amount.
-    padded = BODY[:-1] + b" " * DECODE_INLINE_JSON_BYTES + b"}"
+    # The same tensor, padded with spaces past the threshold: JSON allows any amount.
+    padded = BODY[:-1] + b" " * DECODE_INLINE_BYTES + b"}"
 
     # A binary tensor past the threshold behind a small JSON part: a view of the body, no
     # decoding by its size, so decoded on the loop; and one whose JSON part is past it.

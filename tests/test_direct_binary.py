@@ -1,7 +1,7 @@
-"""Binary bodies over 64 KiB on the direct route: held in the body budget as they arrive.
+"""Bodies over 64 KiB on the direct route: held in the body budget as they arrive.
 
 An image's tensor, as tritonclient sends it (``Inference-Header-Content-Length``, no
-compression), is answered directly up to ``DIRECT_BINARY_BODY_BYTES``. These tests hold it
+compression) or as JSON, is answered directly up to ``DIRECT_HELD_BODY_BYTES``. These tests hold it
 to what the ASGI path does with the same body: the same answer's bytes; its bytes counted in
 the budget as they arrive and given back however the request ends (answered, timed out, the
 client gone); a declared length that does not fit refused before the body is read (there by
@@ -22,9 +22,8 @@ from corral import Host
 from corral.protocol import DataPlane
 from corral.server.bodies import BodyBudget
 from corral.server.direct_route import (
-    DIRECT_BINARY_BODY_BYTES,
     DIRECT_BODY_BYTES,
-    DIRECT_JSON_BODY_BYTES,
+    DIRECT_HELD_BODY_BYTES,
     direct_body,
 )
 from corral.server.http import HttpApp
@@ -71,17 +70,16 @@ def test_the_heads_that_take_the_direct_route():
     assert len(BODY) > DIRECT_BODY_BYTES
     assert direct_body(small) == (100, False)
     assert direct_body(large + header_length) == (len(BODY), True)
-    # A JSON body up to its own bound is held as it arrives too.
-    json_sized = [(b"content-length", str(DIRECT_JSON_BODY_BYTES).encode())]
-    assert direct_body(json_sized) == (DIRECT_JSON_BODY_BYTES, True)
-    # Compressed, its JSON part's length given twice, too large for a binary or a JSON
-    # body, or a header that needs the ASGI path: none of them.
+    # A JSON body as large is held as it arrives too.
+    assert direct_body(large) == (len(BODY), True)
+    # Compressed, its JSON part's length given twice, too large, or a header that needs
+    # the ASGI path: none of them.
     assert direct_body([*large, (b"content-encoding", b"gzip")]) is None
     assert direct_body([*large, *header_length, (b"content-encoding", b"gzip")]) is None
     assert direct_body(large + header_length * 2) is None
-    too_large = [(b"content-length", str(DIRECT_BINARY_BODY_BYTES + 1).encode())]
+    too_large = [(b"content-length", str(DIRECT_HELD_BODY_BYTES + 1).encode())]
     assert direct_body(too_large + header_length) is None
-    assert direct_body([(b"content-length", str(DIRECT_JSON_BODY_BYTES + 1).encode())]) is None
+    assert direct_body(too_large) is None
     assert direct_body([*small, (b"x-request-id", b"a")]) is None
     assert direct_body([(b"content-length", b"+10")]) is None
 
@@ -101,7 +99,28 @@ def test_a_large_binary_body_is_answered_directly_with_the_asgi_paths_bytes(host
     assert budget.held == 0
 
 
-# The same rows as JSON numbers: past DIRECT_BODY_BYTES, within DIRECT_JSON_BODY_BYTES.
+def held_midway_and_after(
+    app: HttpApp, budget: BodyBudget, raw: bytes, body_length: int, midway: int
+) -> tuple[int, int, int]:
+    """``raw`` sent in two parts, ``midway`` bytes of its body first: what the budget held
+    then, the answer's status, and what it held after the answer. Asserts the direct route."""
+    head_length = len(raw) - body_length
+
+    async def main() -> tuple[int, int, int]:
+        recording = Recording(app)
+        connection = Connection(recording)
+        connection.send(raw[: head_length + midway])
+        held = budget.held
+        connection.send(raw[head_length + midway :])
+        [(status, _, _)] = await connection.responses(1)
+        await connection.close()
+        assert recording.paths == ["direct"]
+        return held, status, budget.held
+
+    return asyncio.run(main())
+
+
+# The same rows as JSON numbers: past DIRECT_BODY_BYTES, within DIRECT_HELD_BODY_BYTES.
 JSON_ROWS = X[:1500]
 JSON_BODY = orjson.dumps(
     {
@@ -118,7 +137,7 @@ JSON_BODY = orjson.dumps(
 
 
 def test_a_json_body_of_numbers_is_answered_directly_held_as_it_arrives(host: Host):
-    assert DIRECT_BODY_BYTES < len(JSON_BODY) <= DIRECT_JSON_BODY_BYTES
+    assert DIRECT_BODY_BYTES < len(JSON_BODY) <= DIRECT_HELD_BODY_BYTES
     budget = BodyBudget(10 * len(JSON_BODY))
     app = HttpApp(DataPlane(host), body_budget=budget)
     [(status, _, payload)], paths = asyncio.run(both_ways(app, request(JSON_BODY)))
@@ -127,41 +146,18 @@ def test_a_json_body_of_numbers_is_answered_directly_held_as_it_arrives(host: Ho
     expected = host.infer("mlp", {"X": JSON_ROWS})["Y"]
     assert output["shape"] == list(expected.shape)
     np.testing.assert_allclose(output["data"], expected.ravel(), rtol=1e-6)
-    raw = request(JSON_BODY)
-    head_length = len(raw) - len(JSON_BODY)
-
-    async def main() -> tuple[int, int, int]:
-        recording = Recording(app)
-        connection = Connection(recording)
-        connection.send(raw[: head_length + 20_000])
-        held_midway = budget.held
-        connection.send(raw[head_length + 20_000 :])
-        [(status, _, _)] = await connection.responses(1)
-        await connection.close()
-        assert recording.paths == ["direct"]
-        return held_midway, status, budget.held
-
-    assert asyncio.run(main()) == (20_000, 200, 0)
+    assert held_midway_and_after(app, budget, request(JSON_BODY), len(JSON_BODY), 20_000) == (
+        20_000,
+        200,
+        0,
+    )
 
 
 def test_a_large_binary_body_held_in_the_budget_as_it_arrives_and_given_back(host: Host):
     budget = BodyBudget(10 * len(BODY))
     app = HttpApp(DataPlane(host), body_budget=budget)
     raw = request(BODY, headers=HEADERS)
-    head_length = len(raw) - len(BODY)
-
-    async def main() -> tuple[int, int, int]:
-        recording = Recording(app)
-        connection = Connection(recording)
-        connection.send(raw[: head_length + 30_000])
-        held_midway = budget.held
-        connection.send(raw[head_length + 30_000 :])
-        [(status, _, _)] = await connection.responses(1)
-        await connection.close()
-        assert recording.paths == ["direct"]
-        return held_midway, status, budget.held
-
-    held_midway, status, held_after = asyncio.run(main())
+    held_midway, status, held_after = held_midway_and_after(app, budget, raw, len(BODY), 30_000)
     assert held_midway == 30_000  # what arrived, no more: the declared length is not held
     assert (status, held_after) == (200, 0)
 
@@ -243,8 +239,8 @@ def test_a_budget_that_runs_out_mid_body_answers_503_and_drops_the_rest(host: Ho
 
 
 def test_a_compressed_or_oversized_binary_body_takes_the_asgi_path(host: Host):
-    app = HttpApp(DataPlane(host), body_budget=BodyBudget(64 * DIRECT_BINARY_BODY_BYTES))
-    many = np.ones((DIRECT_BINARY_BODY_BYTES // 16 + 1, 4), np.float32)
+    app = HttpApp(DataPlane(host), body_budget=BodyBudget(64 * DIRECT_HELD_BODY_BYTES))
+    many = np.ones((DIRECT_HELD_BODY_BYTES // 16 + 1, 4), np.float32)
     oversized, oversized_headers = binary(many)
     [(status, _, _)], paths = asyncio.run(
         both_ways(app, request(oversized, headers=oversized_headers))

@@ -42,7 +42,7 @@ from corral.server._uvicorn import (
     protocol_for,
 )
 from corral.server.bodies import BodyBudget
-from corral.server.direct_route import DIRECT_JSON_BODY_BYTES
+from corral.server.direct_route import DIRECT_HELD_BODY_BYTES
 from corral.server.http import HttpApp
 from corral.testing import build_mlp
 from tests.gates import lane_settled
@@ -303,8 +303,8 @@ BIG = orjson.dumps(
             {
                 "name": "X",
                 "datatype": "FP32",
-                "shape": [12288, 4],
-                "data": np.ones(4 * 12288, np.float32).tolist(),
+                "shape": [70000, 4],
+                "data": np.ones(4 * 70000, np.float32).tolist(),
             }
         ]
     }
@@ -328,7 +328,7 @@ ASGI_CASES = {
 @pytest.mark.parametrize("case", list(ASGI_CASES))
 def test_a_request_that_needs_the_asgi_path_takes_it(host: Host, case: str):
     if case == "large body":
-        assert len(BIG) > DIRECT_JSON_BODY_BYTES
+        assert len(BIG) > DIRECT_HELD_BODY_BYTES
     app = HttpApp(DataPlane(host))
     [(status, headers, _)], paths = asyncio.run(both_ways(app, ASGI_CASES[case]))
     assert paths == ["asgi"]

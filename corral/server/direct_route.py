@@ -9,32 +9,26 @@ body, the id's echo), and a ``Content-Length`` within these bounds:
 
 - at most :data:`DIRECT_BODY_BYTES`: the whole body is kept as it arrives, then reserved in
   the app's body budget at once (a connection holds at most this much outside the budget);
-- at most :data:`DIRECT_BINARY_BODY_BYTES` for a binary body (``Inference-Header-Content-
-  Length`` given once, no ``Content-Encoding``), an image's tensor as tritonclient sends
-  it, and at most :data:`DIRECT_JSON_BODY_BYTES` for a JSON one (no ``Content-Encoding``),
-  a small image's tensor as JSON: its bytes are reserved in the budget as they arrive, as
-  the ASGI path reserves them.
+- at most :data:`DIRECT_HELD_BODY_BYTES` for a body not compressed (no
+  ``Content-Encoding``, ``Inference-Header-Content-Length`` given at most once): an image's
+  tensor as tritonclient sends it, binary or JSON. Its bytes are reserved in the budget as
+  they arrive, as the ASGI path reserves them.
 """
 
 from __future__ import annotations
 
-from corral.server.requests import (
-    DECODE_INLINE_BINARY_BYTES,
-    DECODE_INLINE_BYTES,
-    DECODE_INLINE_JSON_BYTES,
-)
+from corral.server.requests import DECODE_INLINE_BINARY_BYTES, DECODE_INLINE_BYTES
 
-__all__ = ["DIRECT_BINARY_BODY_BYTES", "DIRECT_BODY_BYTES", "DIRECT_JSON_BODY_BYTES", "direct_body"]
+__all__ = ["DIRECT_BODY_BYTES", "DIRECT_HELD_BODY_BYTES", "direct_body"]
 
-#: The largest body of any inference request answered directly; the app decodes bodies up
-#: to this size on the event loop.
+#: The largest body of any inference request answered directly and kept whole before it is
+#: reserved; the app decodes bodies up to this size on the event loop.
 DIRECT_BODY_BYTES = DECODE_INLINE_BYTES
-#: The largest binary body answered directly, its bytes held in the body budget as they
-#: arrive; the app decodes it on the event loop unless its JSON part names BYTES tensors.
-DIRECT_BINARY_BODY_BYTES = DECODE_INLINE_BINARY_BYTES
-#: The largest JSON body answered directly, held as a binary one is; the app decodes it on
-#: the event loop when it is mostly numbers, else on a thread.
-DIRECT_JSON_BODY_BYTES = DECODE_INLINE_JSON_BYTES
+#: The largest body answered directly with its bytes held in the body budget as they
+#: arrive. The app decodes a binary one on the event loop unless its JSON part names BYTES
+#: tensors, a JSON one on a worker thread in its turn (corral.server.decode_turns); either
+#: way the ASGI path's receive, send and scope are saved.
+DIRECT_HELD_BODY_BYTES = DECODE_INLINE_BINARY_BYTES
 
 # Headers whose requests take the ASGI path: they need what only it does.
 _NOT_DIRECT = frozenset((b"expect", b"transfer-encoding", b"x-request-id"))
@@ -64,10 +58,6 @@ def direct_body(headers: list[tuple[bytes, bytes]]) -> tuple[int, bool] | None:
     size = int(length)
     if size <= DIRECT_BODY_BYTES:
         return size, False
-    if encoded:
-        return None
-    if header_lengths == 1 and size <= DIRECT_BINARY_BODY_BYTES:
-        return size, True
-    if header_lengths == 0 and size <= DIRECT_JSON_BODY_BYTES:
+    if size <= DIRECT_HELD_BODY_BYTES and header_lengths <= 1 and not encoded:
         return size, True
     return None

@@ -11,9 +11,8 @@ Nothing that may read a file or wait for a load runs on the event loop: the data
 that on worker threads, the ``/metrics`` page is rendered on one, and so is the decoding of a
 body over :data:`DECODE_INLINE_BYTES`, but for a binary one up to
 :data:`~corral.server.requests.DECODE_INLINE_BINARY_BYTES` whose tensors cost next to
-nothing to decode (a 110 KB image behind a 200-byte JSON part is decoded on the loop), and
-a JSON one up to :data:`~corral.server.requests.DECODE_INLINE_JSON_BYTES` that is mostly
-numbers (a 158 KB text-line crop as JSON is decoded on the loop).
+nothing to decode (a 110 KB image behind a 200-byte JSON part is decoded on the loop).
+Bodies decoded on threads take turns (:mod:`~corral.server.decode_turns`).
 
 The modules around it: :mod:`~corral.server.routes` (which endpoint a request names),
 :mod:`~corral.server.requests` (its body, token and codings), :mod:`~corral.server.responses`
@@ -48,9 +47,6 @@ from corral.server.origins import SitePolicy
 from corral.server.requests import (
     DECODE_INLINE_BINARY_BYTES,
     DECODE_INLINE_BYTES,
-    DECODE_INLINE_JSON_ARRAYS,
-    DECODE_INLINE_JSON_BYTES,
-    DECODE_INLINE_JSON_QUOTES,
     Coding,
     check_token,
     read_body,
@@ -495,14 +491,11 @@ def _decodes_on_the_loop(body: bytes, header_length: int | None) -> bool:
     # (which could spell it "BYT\u0045S") is taken as naming one.
     if len(body) <= DECODE_INLINE_BYTES:
         return True
-    if header_length is None:
-        # Mostly numbers (DECODE_INLINE_JSON_BYTES): few strings, objects and arrays.
-        return (
-            len(body) <= DECODE_INLINE_JSON_BYTES
-            and body.count(b'"') <= DECODE_INLINE_JSON_QUOTES
-            and body.count(b"[") <= DECODE_INLINE_JSON_ARRAYS
-        )
-    if len(body) > DECODE_INLINE_BINARY_BYTES or not 0 <= header_length <= DECODE_INLINE_BYTES:
+    if (
+        header_length is None
+        or len(body) > DECODE_INLINE_BINARY_BYTES
+        or not 0 <= header_length <= DECODE_INLINE_BYTES
+    ):
         return False
     return body.find(b"BYTES", 0, header_length) < 0 and body.find(b"\\", 0, header_length) < 0
 

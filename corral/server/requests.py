@@ -22,9 +22,6 @@ from corral.server.responses import HttpError, Receive, Scope
 __all__ = [
     "DECODE_INLINE_BINARY_BYTES",
     "DECODE_INLINE_BYTES",
-    "DECODE_INLINE_JSON_ARRAYS",
-    "DECODE_INLINE_JSON_BYTES",
-    "DECODE_INLINE_JSON_QUOTES",
     "Coding",
     "check_token",
     "int_header",
@@ -43,22 +40,6 @@ DECODE_INLINE_BYTES = 64 * 1024
 #: (BOOL), so 1 MiB of them costs 4-101 us to decode, against the hand-off's 85. BYTES
 #: elements are made one by one: 20 ms for 256 KiB of empty strings.
 DECODE_INLINE_BINARY_BYTES = 1024 * 1024
-#: A JSON body (no binary part) up to this size is decoded on the event loop too when its
-#: text holds at most DECODE_INLINE_JSON_QUOTES quotes and DECODE_INLINE_JSON_ARRAYS "[":
-#: then it is few objects, strings and arrays, and the rest numbers (or true, false, null).
-#: Measured (2026-12-03), the costliest such text a byte is a flat array of "0," for an
-#: integer tensor, 29-30 ns: 4.7-4.9 ms for 160 KiB, no more than the costliest body of up
-#: to DECODE_INLINE_BYTES (many small outputs: 4.7 ms for 64 KiB) and within the 5 ms a
-#: thread decoding it would hold the GIL before Python made it give the loop a turn
-#: (sys.getswitchinterval()): the loop waits no longer, and the hand-off and the threads'
-#: contention for the GIL are saved (a 158 KB text-line crop: 3.2 against 3.9 ms of CPU a
-#: request). The texts the counts send to a thread cost more a byte: one-element arrays
-#: nested ([[0],[0]]) 45-54 ns, many small inputs or outputs (objects) 51-76 ns.
-DECODE_INLINE_JSON_BYTES = 160 * 1024
-#: See DECODE_INLINE_JSON_BYTES: each object's key, each string, is two quotes.
-DECODE_INLINE_JSON_QUOTES = 256
-#: See DECODE_INLINE_JSON_BYTES: each array, nested or not, opens with one "[".
-DECODE_INLINE_JSON_ARRAYS = 64
 
 #: An inference request's codings, from its headers: the JSON part's length (binary tensor
 #: extension), the body's Content-Encoding and the answer's, each None when not asked for.
