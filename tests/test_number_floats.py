@@ -3,13 +3,14 @@
 ``_json_values.number_floats`` reads a long array into doubles with ``array.array``, which
 refuses every kind of value but numbers and booleans, and looks for booleans only among the
 values that read as 0.0 or 1.0. These tests hold it equal, bit for bit, to the checked way it
-replaces (the values' kinds checked, then ``float_array``), on long and short arrays with a
+replaces (the values' kinds checked, then the cast), on long and short arrays with a
 value of every other kind slipped in, and check that a request holding such a value is still
 refused by name.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 
 import corral
 from corral.protocol import _json_values
-from corral.protocol._json_values import FLOAT_OVERFLOW, float_array, json_tensor, number_floats
+from corral.protocol._json_values import FLOAT_OVERFLOW, json_tensor, number_floats
 from corral.protocol.datatypes import numpy_dtype
 
 FUZZ = settings(max_examples=300, deadline=None, database=None)
@@ -38,10 +39,17 @@ others = st.sampled_from([True, False, None, "1", "", [1.0], [], {}, {"a": 1}])
 
 
 def _checked(values: list[Any], datatype: str) -> np.ndarray | None:
-    """The checked way: every value's kind looked at, then the cast."""
+    """The checked way, written out: every value's kind, then each value's size, then the cast.
+
+    Not float_array, which shares its cast with the code under test.
+    """
     if not set(map(type, values)) <= {int, float}:
         return None
-    return float_array(values, numpy_dtype(datatype), FLOAT_OVERFLOW[datatype])
+    limit = FLOAT_OVERFLOW[datatype]
+    if any(limit <= abs(value) < math.inf for value in values):
+        return None
+    with np.errstate(over="ignore"):
+        return np.array(values, dtype=numpy_dtype(datatype))
 
 
 @st.composite
