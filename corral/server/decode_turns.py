@@ -40,9 +40,11 @@ class DecodeTurns:
     """
 
     def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
-        # Each guards one decoding thread's slot: (bodies up to LONG_DECODE_BYTES, larger).
-        self._turns: tuple[asyncio.Semaphore, asyncio.Semaphore] | None = None
+        # The loop served, and a semaphore guarding each decoding thread's slot: bodies up
+        # to LONG_DECODE_BYTES, larger ones. Made on the first run on a loop.
+        self._turns: (
+            tuple[asyncio.AbstractEventLoop, asyncio.Semaphore, asyncio.Semaphore] | None
+        ) = None
 
     async def run(
         self,
@@ -54,9 +56,10 @@ class DecodeTurns:
     ) -> _Result:
         """``call(*args, **kwargs)`` on a worker thread, once a ``size``-byte body's turn comes."""
         loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._turns is None:
-            self._loop, self._turns = loop, (asyncio.Semaphore(1), asyncio.Semaphore(1))
-        turn = self._turns[size > LONG_DECODE_BYTES]
+        turns = self._turns
+        if turns is None or turns[0] is not loop:
+            turns = self._turns = (loop, asyncio.Semaphore(1), asyncio.Semaphore(1))
+        turn = turns[2] if size > LONG_DECODE_BYTES else turns[1]
         await turn.acquire()
         try:
             context = contextvars.copy_context()  # as asyncio.to_thread passes it on
