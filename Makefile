@@ -112,7 +112,8 @@ test-min:
 	$(PYTHON) -m venv $(MIN_VENV)
 	$(MIN_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(MIN_VENV)/bin/python -m pip install --quiet -c constraints/minimum.txt \
-		-e '.[server,grpc,demo]' pytest pytest-timeout hypothesis httpx 'tritonclient[http,grpc]'
+		-e '.[server,grpc,demo]' pytest pytest-timeout hypothesis httpx 'tritonclient[http,grpc]' \
+		grpcio-health-checking grpcio-reflection
 	$(MIN_VENV)/bin/python -m pip list 2>/dev/null | grep -Ei '^(onnxruntime|numpy|protobuf|grpcio|uvicorn|orjson|prometheus|pydantic|onnx )'
 	$(MIN_VENV)/bin/python -m pytest -m "not soak" -q $(MIN_TESTS) $(MIN_DESELECT)
 

@@ -1,8 +1,10 @@
-"""Regenerate corral's protobuf modules from its two ``.proto`` files.
+"""Regenerate corral's protobuf modules from its ``.proto`` files.
 
 ``corral/_proto/model_config.proto`` (Triton's model configuration: read from config.pbtxt by
-the core, so it lives beside the core) and ``corral/protocol/proto/grpc_service.proto`` (the
-gRPC service, which imports the first publicly).
+the core, so it lives beside the core), ``corral/protocol/proto/grpc_service.proto`` (the
+gRPC service, which imports the first publicly), and beside it ``health.proto`` and
+``reflection.proto`` (gRPC's health service and server reflection, whose messages corral
+carries itself: the packages that ship them need a protobuf newer than the clients allow).
 
 Usage (``make proto`` does the first in a venv with constraints/proto.txt's grpcio-tools)::
 
@@ -20,7 +22,10 @@ makes these fixes, each checked to apply:
   tritonclient (and MLServer, KServe) register the same ``inference.*`` names in the default
   pool, and protobuf refuses a second definition of a name, so without this a process could
   not import both corral's server and a stock client. ``model_config_pb2`` makes the pool;
-  ``grpc_service_pb2`` adds its file to that same pool, since it depends on the first.
+  ``grpc_service_pb2`` adds its file to that same pool, since it depends on the first, and so
+  do ``health_pb2`` and ``reflection_pb2`` (grpcio-health-checking's and grpcio-reflection's
+  copies of the same names sit in the default pool), so that this one pool is everything
+  server reflection describes.
 
 The generated files are never edited by hand: ``tests/test_server_grpc.py`` regenerates them
 and fails if the committed copies differ.
@@ -34,6 +39,8 @@ from pathlib import Path
 
 PROTO_DIR = Path(__file__).resolve().parent.parent / "corral" / "protocol" / "proto"
 PROTO = "grpc_service.proto"
+# Messages only: corral registers their services' handlers itself (corral/server/grpc_health.py).
+MESSAGE_PROTOS = ("health.proto", "reflection.proto")
 CONFIG_PROTO_DIR = Path(__file__).resolve().parent.parent / "corral" / "_proto"
 CONFIG_PROTO = "model_config.proto"
 
@@ -84,6 +91,17 @@ _FIXES: tuple[tuple[str, str, str, int | None], ...] = (
         "from corral._proto.model_config_pb2 import ",
         None,
     ),
+    *(
+        (
+            f"{name}_pb2.py",
+            "DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(",
+            "# corral: model_config_pb2's pool, where server reflection finds every file.\n"
+            "from corral._proto.model_config_pb2 import DESCRIPTOR as _CORRAL_POOL_FILE\n"
+            "DESCRIPTOR = _CORRAL_POOL_FILE.pool.AddSerializedFile(",
+            1,
+        )
+        for name in ("health", "reflection")
+    ),
 )
 
 
@@ -109,18 +127,25 @@ def generate(out: Path | None = None) -> list[Path]:
     """Write every generated module (beside its .proto, or all into ``out``); return them.
 
     ``model_config_pb2.py`` and ``.pyi``; ``grpc_service_pb2.py``, ``.pyi`` and
-    ``_pb2_grpc.py``.
+    ``_pb2_grpc.py``; ``health_pb2.py`` and ``reflection_pb2.py`` with their ``.pyi``.
     """
     config_out = CONFIG_PROTO_DIR if out is None else out
     service_out = PROTO_DIR if out is None else out
     _protoc(CONFIG_PROTO_DIR / CONFIG_PROTO, config_out, grpc=False)
     _protoc(PROTO_DIR / PROTO, service_out, grpc=True)
+    for proto in MESSAGE_PROTOS:
+        _protoc(PROTO_DIR / proto, service_out, grpc=False)
     written_paths = [
         config_out / "model_config_pb2.py",
         config_out / "model_config_pb2.pyi",
         service_out / "grpc_service_pb2.py",
         service_out / "grpc_service_pb2.pyi",
         service_out / "grpc_service_pb2_grpc.py",
+        *(
+            service_out / f"{Path(proto).stem}_pb2{suffix}"
+            for proto in MESSAGE_PROTOS
+            for suffix in (".py", ".pyi")
+        ),
     ]
     by_name = {path.name: path for path in written_paths}
     for name, written, needed, times in _FIXES:

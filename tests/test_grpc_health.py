@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import re
 import signal
 import threading
@@ -35,9 +34,8 @@ from corral.protocol import DataPlane
 from corral.protocol.model_control import ModelControl
 from corral.protocol.proto import grpc_service_pb2 as pb
 from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
-from corral.server import grpc_health
 from corral.server.grpc import start_grpc_server
-from corral.server.grpc_health import LIST_SERVED, HealthServicer, add_health_and_reflection
+from corral.server.grpc_health import HealthServicer, add_health_and_reflection
 from corral.testing import build_mlp
 from tests.helpers import add_model, build_slow_loop, run_freeing_frames
 from tests.processes import ServerProcess, start_server, stop_server
@@ -83,12 +81,6 @@ def test_check_answers_for_the_server_and_each_model(served: ServerProcess):
             stub.ModelMetadata(pb.ModelMetadataRequest(name="broken"), timeout=30)
         assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert check(channel, "broken") == NOT_SERVING
-        if not LIST_SERVED:  # an older grpcio-health-checking (protobuf < 7): no List
-            with pytest.raises(grpc.RpcError) as unlisted:
-                channel.unary_unary("/grpc.health.v1.Health/List")(b"", timeout=30)
-            assert unlisted.value.code() == grpc.StatusCode.UNIMPLEMENTED
-            assert "List is not served" in served.log.read_text()
-            return
         listed = health_pb2_grpc.HealthStub(channel).List(
             health_pb2.HealthListRequest(), timeout=30
         )
@@ -109,7 +101,59 @@ def test_reflection_lists_and_describes_both_services(served: ServerProcess):
         found = database.FindFileContainingSymbol("inference.GRPCInferenceService")
         assert "ModelInfer" in [m.name for m in found.service[0].method]
         health = database.FindFileContainingSymbol("grpc.health.v1.Health")
-        assert "Check" in [m.name for m in health.service[0].method]
+        assert [m.name for m in health.service[0].method] == ["Check", "List", "Watch"]
+        # The reflection service describes itself, and a file by its name comes with the
+        # file it depends on.
+        assert "grpc.reflection.v1alpha.ServerReflection" in services
+        service = database.FindFileByName("grpc_service.proto")
+        assert list(service.dependency) == ["model_config.proto"]
+        assert database.FindFileByName("model_config.proto").message_type
+        with pytest.raises(KeyError):
+            database.FindFileContainingSymbol("inference.NoSuchThing")
+
+
+def test_reflection_answers_every_kind_of_request_on_one_stream():
+    # Straight on the servicer: each kind of request, an unknown one and an error among them,
+    # answered in order on one stream, each naming the request it answers.
+    from corral.protocol.proto import reflection_pb2
+    from corral.server.grpc_reflection import ReflectionServicer
+
+    servicer = ReflectionServicer(["b.Service", "a.Service"])
+    ask = reflection_pb2.ServerReflectionRequest
+    requests = [
+        ask(host="h", list_services=""),
+        ask(file_containing_symbol="grpc.health.v1.HealthCheckRequest"),
+        ask(file_by_filename="nope.proto"),
+        ask(all_extension_numbers_of_type="inference.ModelConfig"),
+        ask(all_extension_numbers_of_type="inference.Nope"),
+        ask(
+            file_containing_extension=reflection_pb2.ExtensionRequest(
+                containing_type="inference.ModelConfig", extension_number=100
+            )
+        ),
+        ask(),
+    ]
+
+    async def answers():
+        async def stream():
+            for request in requests:
+                yield request
+
+        return [answer async for answer in servicer.ServerReflectionInfo(stream(), None)]
+
+    listed, health, missing, numbers, unknown_type, extension, empty = asyncio.run(answers())
+    assert [s.name for s in listed.list_services_response.service] == ["a.Service", "b.Service"]
+    assert listed.valid_host == "h"
+    assert listed.original_request == requests[0]
+    (file,) = health.file_descriptor_response.file_descriptor_proto
+    assert b"grpc.health.v1" in file
+    assert numbers.all_extension_numbers_response.base_type_name == "inference.ModelConfig"
+    assert list(numbers.all_extension_numbers_response.extension_number) == []
+    for answer in (missing, unknown_type, extension, empty):
+        assert answer.error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
+        assert answer.WhichOneof("message_response") == "error_response"
+    assert "nope.proto" in missing.error_response.error_message
+    assert empty.error_response.error_message == "the reflection request asks for nothing"
 
 
 def _slow_request() -> pb.ModelInferRequest:
@@ -378,18 +422,3 @@ def test_during_the_drain_notice_check_says_not_serving_and_requests_are_still_s
         if served.process.poll() is None:
             served.process.kill()
             served.process.wait(timeout=10)
-
-
-def test_a_health_package_without_list_is_said_at_start(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-):
-    # grpcio-health-checking before 1.85.1 (beside tritonclient's or KServe's protobuf < 7)
-    # registers no List: the server says so once, at start, rather than leave it to be found.
-    from unittest import mock
-
-    monkeypatch.setattr(grpc_health, "LIST_SERVED", False)
-    with caplog.at_level(logging.WARNING, logger="corral.server.grpc_health"):
-        add_health_and_reflection(mock.Mock(), mock.Mock(), asyncio.Event())
-    (record,) = caplog.records
-    assert "List is not served (UNIMPLEMENTED)" in record.getMessage()
-    assert "protobuf >= 7" in record.getMessage()

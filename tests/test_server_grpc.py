@@ -211,6 +211,11 @@ def test_committed_generated_code_is_what_the_script_writes(
         "grpc_service_pb2_grpc.py": service,
         "model_config_pb2.py": config,
         "model_config_pb2.pyi": config,
+        **{
+            f"{stem}_pb2{suffix}": service
+            for stem in ("health", "reflection")
+            for suffix in (".py", ".pyi")
+        },
     }
     for name, folder in committed.items():
         assert (out / name).read_bytes() == (folder / name).read_bytes(), (

@@ -31,38 +31,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import logging
 from collections.abc import AsyncIterator, Callable
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import grpc
-from google.protobuf import descriptor_pb2, descriptor_pool
-
-# Neither package ships type information (nor is there a stubs package on PyPI for them).
-from grpc_health.v1 import health_pb2  # type: ignore[import-untyped]
-from grpc_reflection.v1alpha import reflection, reflection_pb2  # type: ignore[import-untyped]
 
 from corral._errors import InvalidModelName, ModelNotFound
 from corral._status import ModelState
 from corral.protocol.dataplane import DataPlane, run_blocking
-from corral.protocol.proto import grpc_service_pb2 as inference_pb
+from corral.protocol.proto import health_pb2
+from corral.server.grpc_reflection import REFLECTION_SERVICE, reflection_handlers
 
 __all__ = [
     "DEFAULT_MAX_WATCHES",
     "HEALTH_SERVICE",
-    "LIST_SERVED",
     "MAX_LISTED",
     "HealthServicer",
     "add_health_and_reflection",
     "carries_token",
 ]
-
-#: Whether the installed grpcio-health-checking registers ``List`` (1.85.1 and later, which
-#: need protobuf 7: beside a client that pins protobuf < 7, pip installs an older one).
-LIST_SERVED = hasattr(health_pb2, "HealthListRequest")
-
-logger = logging.getLogger(__name__)
 
 #: The health service's full name.
 HEALTH_SERVICE = "grpc.health.v1.Health"
@@ -72,9 +59,10 @@ MAX_LISTED = 1000
 DEFAULT_MAX_WATCHES = 1000
 
 _INFERENCE_SERVICE = "inference.GRPCInferenceService"
-_SERVING: int = health_pb2.HealthCheckResponse.SERVING
-_NOT_SERVING: int = health_pb2.HealthCheckResponse.NOT_SERVING
-_SERVICE_UNKNOWN: int = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+_Status = health_pb2.HealthCheckResponse.ServingStatus
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+_SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 
 _Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -149,7 +137,7 @@ class HealthServicer:
             }
         )
 
-    def _statuses(self) -> dict[str, int] | None:
+    def _statuses(self) -> dict[str, _Status] | None:
         names = self._plane.host.repository.names()  # a directory listing
         if len(names) > MAX_LISTED:
             return None
@@ -233,7 +221,7 @@ class HealthServicer:
                 f"server's, '' and {_INFERENCE_SERVICE!r}, needs none)",
             )
 
-    async def _status(self, service: str) -> int:
+    async def _status(self, service: str) -> _Status:
         server_serves = self._plane.ready() and not self._draining.is_set()
         if service in ("", _INFERENCE_SERVICE):
             return _SERVING if server_serves else _NOT_SERVING
@@ -243,7 +231,7 @@ class HealthServicer:
             return model
         return model if server_serves else _NOT_SERVING
 
-    def _model_status(self, name: str) -> int:
+    def _model_status(self, name: str) -> _Status:
         try:
             status = self._plane.served_status(name)
         except (ModelNotFound, InvalidModelName):
@@ -273,13 +261,6 @@ async def _first_of(*events: asyncio.Event) -> None:
             wait.cancel()
 
 
-def _health_checking_version() -> str:
-    try:
-        return version("grpcio-health-checking")
-    except PackageNotFoundError:  # pragma: no cover - imported above, so installed
-        return "(version unknown)"
-
-
 def _unknown(service: str) -> str:
     return (
         f"unknown service {service!r}: the health service knows '' (the server), "
@@ -300,29 +281,20 @@ def add_health_and_reflection(
     ``auth_token`` and ``max_watches``: as :class:`HealthServicer` takes them.
     """
     health = HealthServicer(plane, draining, auth_token=auth_token, max_watches=max_watches)
-    server.add_generic_rpc_handlers((_health_handlers(health),))
-    if not LIST_SERVED:
-        logger.warning(
-            "corral: gRPC health's List is not served (UNIMPLEMENTED): grpcio-health-checking "
-            "%s predates it; 1.85.1 brings it, and needs protobuf >= 7 (Check and Watch, what "
-            "probes use, are served)",
-            _health_checking_version(),
+    server.add_generic_rpc_handlers(
+        (
+            _health_handlers(health),
+            reflection_handlers((_INFERENCE_SERVICE, HEALTH_SERVICE, REFLECTION_SERVICE)),
         )
-    reflection.enable_server_reflection(
-        (_INFERENCE_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME),
-        server,
-        pool=_reflected_pool(),
     )
     return health
 
 
 def _health_handlers(health: HealthServicer) -> grpc.GenericRpcHandler:
-    """The health service's methods, as its generated code makes them, but not registered.
+    """The health service's methods, as generic handlers (not registered by name).
 
-    The generated ``add_HealthServicer_to_server`` also registers them with grpc, and any
-    method registered on a grpc.aio server made every inference call (which is not) cost
-    about 6% more instructions, measured (docs/benchmarks.md). List only where this
-    grpcio-health-checking has its messages (:data:`LIST_SERVED`).
+    Any method registered by name on a grpc.aio server made every inference call (which is
+    not) cost about 6% more instructions, measured (docs/benchmarks.md).
     """
     check, answer = health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
@@ -332,36 +304,10 @@ def _health_handlers(health: HealthServicer) -> grpc.GenericRpcHandler:
         "Watch": grpc.unary_stream_rpc_method_handler(
             health.Watch, check.FromString, answer.SerializeToString
         ),
-    }
-    if LIST_SERVED:
-        handlers["List"] = grpc.unary_unary_rpc_method_handler(
+        "List": grpc.unary_unary_rpc_method_handler(
             health.List,
             health_pb2.HealthListRequest.FromString,
             health_pb2.HealthListResponse.SerializeToString,
-        )
+        ),
+    }
     return grpc.method_handlers_generic_handler(HEALTH_SERVICE, handlers)
-
-
-def _reflected_pool() -> descriptor_pool.DescriptorPool:
-    """A descriptor pool with both services' files, for reflection.
-
-    corral's inference messages live in a pool of their own, not protobuf's default one
-    (where tritonclient's copies of the same names would clash), so reflection is given a
-    pool that holds them and the health and reflection services' files.
-    """
-    pool = descriptor_pool.DescriptorPool()
-    added: set[str] = set()
-
-    def add(file: Any) -> None:
-        if file.name in added:
-            return
-        for dependency in file.dependencies:
-            add(dependency)
-        proto = descriptor_pb2.FileDescriptorProto()
-        file.CopyToProto(proto)
-        pool.Add(proto)
-        added.add(file.name)
-
-    for file in (inference_pb.DESCRIPTOR, health_pb2.DESCRIPTOR, reflection_pb2.DESCRIPTOR):
-        add(file)
-    return pool
