@@ -71,7 +71,13 @@ def environment() -> dict[str, str]:
     return env
 
 
-def measure(served: ServerProcess, mode: str, env: dict[str, str], model: str = "mlp") -> str:
+def measure(
+    served: ServerProcess,
+    mode: str,
+    env: dict[str, str],
+    model: str = "mlp",
+    more: tuple[str, ...] = (),
+) -> str:
     """Run one short perf_analyzer measurement of ``model``; its output, once it succeeded.
 
     No ``--shape``: perf_analyzer takes every shape from the model's configuration, which
@@ -93,6 +99,7 @@ def measure(served: ServerProcess, mode: str, env: dict[str, str], model: str = 
         "--stability-percentage",
         "999",
         *flags,
+        *more,
     ]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
     output = result.stdout + result.stderr
@@ -177,3 +184,31 @@ def test_perf_analyzer_runs_without_shapes_on_models_batched_up_to_rounding(
             measure(served, mode, environment, name)
     finally:
         stop_server(served)
+
+
+@pytest.mark.parametrize("mode", ["http-sync", "grpc-sync"])
+def test_perf_analyzer_with_system_shared_memory_completes(
+    tmp_path: Path, environment: dict[str, str], mode: str
+):
+    # perf_analyzer puts every input and output in regions it registers, and Triton's C++
+    # client reads any parameters on an HTTP output as the binary extension's: corral
+    # answered an output in shared memory with its region in "parameters", and the client
+    # stopped at "attempt to access non-existing object member 'binary_data_size'".
+    add_model(tmp_path / "repo", "mlp", build_mlp(seed=1))
+    served = start_server(
+        tmp_path / "repo", tmp_path / "server.log", "--system-shared-memory", "--access-log"
+    )
+    try:
+        output = measure(
+            served,
+            mode,
+            environment,
+            more=("--shared-memory", "system", "--output-shared-memory-size", "4096"),
+        )
+        runs = statistics(served)["execution_count"]
+    finally:
+        stop_server(served)
+    assert runs > 0, output
+    # Its regions were registered, over the protocol measured.
+    log = served.log.read_text()
+    assert re.search(r"SystemSharedMemoryRegister|systemsharedmemory/region/[^/ ]+/register", log)

@@ -243,11 +243,13 @@ def encode_response(response: InferResponse) -> pb.ModelInferResponse:
     _set_parameters(message.parameters, response.parameters)
     for output in response.outputs:
         tensor = message.outputs.add(name=output.name, datatype=output.datatype, shape=output.shape)
+        if in_shared_memory(output):
+            # Written to the region the request named: it keeps its place, empty and without
+            # parameters, as Triton's does (clients find an output's raw contents by its index).
+            message.raw_output_contents.append(b"")
+            continue
         _set_parameters(tensor.parameters, output.parameters)
-        # An output written to shared memory keeps its place, empty, as Triton's does: clients
-        # find an output's raw contents by its index.
-        raw = b"" if in_shared_memory(output) else encode_tensor(output.data, output.datatype)
-        message.raw_output_contents.append(raw)
+        message.raw_output_contents.append(encode_tensor(output.data, output.datatype))
     return message
 
 

@@ -274,8 +274,10 @@ def encode_response(response: InferResponse, request: InferRequest) -> tuple[byt
         }
         _check_output_shape(output)
         if output.parameters and in_shared_memory(output):
-            # Written to the region the request named: the parameters say where, no data.
-            entry["parameters"] = dict(output.parameters)
+            # Written to the region the request named: its name, datatype and shape only, as
+            # Triton answers it. (Triton's C++ client reads any output's parameters as the
+            # binary extension's, and fails without binary_data_size.)
+            pass
         elif as_binary:
             raw = encode_tensor(output.data, output.datatype)
             binary_chunks.append(raw)
