@@ -18,7 +18,12 @@ The HTTP side holds its connections to a cap, an idle timeout and a header timeo
   a client that pings more often is sent GOAWAY ``ENHANCE_YOUR_CALM`` after two strikes
   (``grpc.http2.min_ping_interval_without_data_ms``, ``grpc.http2.max_ping_strikes``).
 - ``max_concurrent_streams``: calls one connection may have open at once, announced in the
-  server's SETTINGS (``grpc.max_concurrent_streams``); grpc's default is unlimited.
+  server's SETTINGS (``grpc.max_concurrent_streams``); None (the default, as Triton and grpc
+  have it): no cap. A cap is refused to streams a client opens before it has read the
+  server's SETTINGS, with ``RST_STREAM`` (``REFUSED_STREAM``, which tritonclient does not
+  retry): a burst of 500 calls on a new channel lost up to 155 of them at a cap of 100. What
+  the calls hold is bounded elsewhere: their messages by the body budget, their work by the
+  model queues' bounds.
 
 Example::
 
@@ -29,10 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_MAX_CONCURRENT_STREAMS", "GrpcLimits"]
-
-#: Calls one gRPC connection may have open at once unless told otherwise.
-DEFAULT_MAX_CONCURRENT_STREAMS = 100
+__all__ = ["GrpcLimits"]
 # Pings faster than the policy allows before the connection is sent GOAWAY (grpc's default).
 _MAX_PING_STRIKES = 2
 
@@ -55,7 +57,7 @@ class GrpcLimits:
     keepalive_time_s: float = 60.0
     keepalive_timeout_s: float = 20.0
     min_ping_interval_s: float = 10.0
-    max_concurrent_streams: int = DEFAULT_MAX_CONCURRENT_STREAMS
+    max_concurrent_streams: int | None = None
 
     def server_options(self) -> list[tuple[str, int]]:
         """These limits as ``grpc.aio.server(options=...)`` takes them."""
@@ -69,8 +71,9 @@ class GrpcLimits:
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", _ms(self.min_ping_interval_s)),
             ("grpc.http2.max_ping_strikes", _MAX_PING_STRIKES),
-            ("grpc.max_concurrent_streams", self.max_concurrent_streams),
         ]
+        if self.max_concurrent_streams is not None:
+            options.append(("grpc.max_concurrent_streams", self.max_concurrent_streams))
         if self.max_connections is not None:
             options.append(("grpc.max_allowed_incoming_connections", self.max_connections))
         return options

@@ -275,10 +275,11 @@ class ServerSettings(_HostAndRuntimeOptions):
         description="the shortest interval between a gRPC client's pings; a client pinging "
         "more often is sent GOAWAY (ENHANCE_YOUR_CALM) after two",
     )
-    grpc_max_concurrent_streams: int = Field(
-        100,
+    grpc_max_concurrent_streams: int | None = Field(
+        None,
         gt=0,
-        description="gRPC calls one connection may have open at once",
+        description="gRPC calls one connection may have open at once (default: no cap, as "
+        "Triton; a cap refuses the streams of a burst sent before the client read it)",
     )
     grpc_max_health_watches: int = Field(
         1000,
