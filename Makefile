@@ -59,8 +59,8 @@ $(SERVE_STAMP): pyproject.toml | $(SERVE_VENV)/bin/python
 
 # The load generator of the HTTP benchmarks and their smoke test: Debian's wrk, installed
 # when missing (CI runs as root on Debian); libb64, which tritonclient's perf_analyzer
-# needs to start (tests/test_perf_analyzer.py); and the headless browser of the status
-# page's tests (tests/test_status_page.py), driven by Playwright from the dev extra.
+# needs to start (tests/server/test_perf_analyzer.py); and the headless browser of the status
+# page's tests (tests/server/observe/test_status_page.py), driven by Playwright from the dev extra.
 tools:
 	@command -v wrk >/dev/null 2>&1 || { \
 		echo "installing wrk (Debian package wrk)"; \
@@ -97,15 +97,15 @@ soak: $(STAMP)
 # model.toml / config.pbtxt, and both servers. Not part of `make test`; about 3 minutes to
 # install and 2 to run.
 MIN_VENV := .venv-min
-MIN_TESTS := tests/test_config.py tests/test_session.py tests/test_session_options.py \
-	tests/test_runtime.py tests/test_pbtxt.py tests/test_host.py tests/test_server_http.py \
-	tests/test_server_grpc.py tests/test_grpc_health.py tests/test_serve_flags.py \
-	tests/test_triton_compat.py tests/test_uvicorn_adapter.py tests/test_routes.py \
-	tests/test_proto_runtime.py
+MIN_TESTS := tests/core/models/test_config.py tests/core/compute/test_session.py tests/core/compute/test_session_options.py \
+	tests/core/compute/test_runtime.py tests/core/models/test_pbtxt.py tests/core/host/test_host.py tests/server/http/test_server_http.py \
+	tests/server/grpc/test_server_grpc.py tests/server/grpc/test_grpc_health.py tests/server/test_serve_flags.py \
+	tests/server/test_triton_compat.py tests/server/connections/test_uvicorn_adapter.py tests/server/http/test_routes.py \
+	tests/protocol/test_proto_runtime.py
 # Not a floor: --trace-exporter needs the otel extra (whose floor, 1.25, needs protobuf < 5:
 # not installable next to the grpc extra's floor).
 MIN_DESELECT := \
-	--deselect "tests/test_serve_flags.py::test_a_flag_and_its_variable_set_the_same_setting[trace_exporter]"
+	--deselect "tests/server/test_serve_flags.py::test_a_flag_and_its_variable_set_the_same_setting[trace_exporter]"
 
 test-min:
 	rm -rf $(MIN_VENV)
@@ -124,12 +124,12 @@ test-min:
 # the browser, perf_analyzer, packaging, deploy and docs checks (none depends on the version
 # of Python running them). Fails when a claimed version is missing or fails. Not part of
 # `make test` (CI has one Python); about 10 minutes per version on 2 busy cores.
-CONTRACT_TESTS := tests/test_concurrency.py tests/test_exit.py tests/test_api.py \
-	tests/test_scheduler.py tests/test_loader.py tests/test_inline_lane.py tests/test_table.py \
-	tests/test_arrival_order.py tests/test_interpreter.py
-PYTHONS_TESTS := $(MIN_TESTS) $(CONTRACT_TESTS) tests/test_gc_freeze.py tests/test_cli.py \
-	tests/test_dataplane.py tests/test_direct_infer.py tests/test_shared_memory.py \
-	tests/test_body_budget.py tests/test_metrics.py
+CONTRACT_TESTS := tests/core/compute/test_concurrency.py tests/core/compute/test_exit.py tests/test_api.py \
+	tests/core/compute/test_scheduler.py tests/core/host/test_loader.py tests/core/compute/test_inline_lane.py tests/core/host/test_table.py \
+	tests/core/compute/test_arrival_order.py tests/core/base/test_interpreter.py
+PYTHONS_TESTS := $(MIN_TESTS) $(CONTRACT_TESTS) tests/server/test_gc_freeze.py tests/cli/test_cli.py \
+	tests/protocol/test_dataplane.py tests/server/connections/test_direct_infer.py tests/protocol/test_shared_memory.py \
+	tests/server/test_body_budget.py tests/server/observe/test_metrics.py
 
 # VERSIONS=3.14 tries versions not claimed yet instead.
 test-pythons:
@@ -142,9 +142,9 @@ test-pythons:
 # when no such interpreter is found: a test target that ran nothing must not read as a pass.
 # The files below import neither the server nor a client (test_pbtxt.py and test_inline_lane.py
 # do, in some tests).
-FT_TESTS := tests/test_config.py tests/test_session.py tests/test_runtime.py tests/test_host.py \
-	tests/test_concurrency.py tests/test_exit.py tests/test_api.py tests/test_scheduler.py \
-	tests/test_loader.py tests/test_table.py tests/test_arrival_order.py tests/test_interpreter.py
+FT_TESTS := tests/core/models/test_config.py tests/core/compute/test_session.py tests/core/compute/test_runtime.py tests/core/host/test_host.py \
+	tests/core/compute/test_concurrency.py tests/core/compute/test_exit.py tests/test_api.py tests/core/compute/test_scheduler.py \
+	tests/core/host/test_loader.py tests/core/host/test_table.py tests/core/compute/test_arrival_order.py tests/core/base/test_interpreter.py
 
 test-ft:
 	$(PYTHON) scripts/test_pythons.py free-threaded $(FT_TESTS)

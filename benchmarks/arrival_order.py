@@ -184,7 +184,11 @@ def _http_side(path: Path, args: argparse.Namespace, repo: Path, feed: Path) -> 
     payload = real_models.json_payload(dict(np.load(feed)))
     body.write_bytes(payload.body)
     port = http_bench.free_port()
-    argv = [sys.executable, "-c", "import sys; from corral.cli import main; sys.exit(main())"]
+    argv = [
+        sys.executable,
+        "-c",
+        "import sys; from corral.cli import main; sys.exit(main())",
+    ]
     argv += ["serve", str(repo), "--host", "127.0.0.1", "--http-port", str(port)]
     argv += ["--grpc-port", "-1", "--log-level", "warning", "--load-model", "*"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}

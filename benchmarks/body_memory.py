@@ -2,7 +2,7 @@
 
 Each case runs in a fresh interpreter: it builds one body, resets the process's peak RSS
 (``/proc/self/clear_refs``, Linux), decodes the body with corral's HTTP decoder
-(``corral.protocol.http_codec.decode_request``) and reports how far the peak rose above the
+(``corral.protocol.json.codec.decode_request``) and reports how far the peak rose above the
 resident size before decoding, over the body's size. The body itself is not counted: it is
 in memory before decoding starts. The server's end-to-end figure (reading the body too) is
 ``tests/reliability/test_bodies.py``'s.
@@ -29,7 +29,7 @@ CASES = ("json-flat-short", "json-flat-long", "json-nested-short", "binary")
 _WORKER = """
 import gc, json, re, sys
 import numpy as np, orjson
-from corral.protocol.http_codec import decode_request
+from corral.protocol.json.codec import decode_request
 
 def status(key):
     text = open("/proc/self/status").read()

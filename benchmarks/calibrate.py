@@ -4,8 +4,8 @@ For each model (a tiny tree, a 100-tree forest, a CNN, an MLP with inline weight
 64 MiB of external data, a 40,000-node graph, and any real ``.onnx`` files found under
 ``--real`` DIR), a fresh interpreter loads one warm-up ``corral.Session``, then ``copies``
 more, and reports the RSS they added per copy. The table puts that beside
-:func:`corral._modelfile.read_footprint`'s reading of the file and
-:func:`corral._budget.estimate_footprint_bytes`, and the ratio estimate / measured.
+:func:`corral._onnx.modelfile.read_footprint`'s reading of the file and
+:func:`corral._host.budget.estimate_footprint_bytes`, and the ratio estimate / measured.
 ``docs/host.md`` quotes its output.
 
 From a checkout::
@@ -165,8 +165,8 @@ def worker(model: Path, copies: int) -> dict[str, Any]:
     import psutil
 
     import corral
-    from corral._budget import estimate_footprint_bytes
-    from corral._modelfile import read_footprint
+    from corral._host.budget import estimate_footprint_bytes
+    from corral._onnx.modelfile import read_footprint
 
     process = psutil.Process()
     warm = corral.Session(str(model))

@@ -10,9 +10,9 @@ from __future__ import annotations
 import importlib.util
 
 # The command line's own helpers, shared so that the scripts read and draw as it does.
-from corral.cli import positive_int
-from corral.cli_demo import ratio
-from corral.cli_progress import progress_bar
+from corral.cli.commands import positive_int
+from corral.cli.demo import ratio
+from corral.cli.progress import progress_bar
 
 __all__ = ["has_rich", "positive_int", "positive_ints", "progress_bar", "ratio", "require_rich"]
 

@@ -5,7 +5,7 @@ on 127.0.0.1 and loads each in turn with wrk posting the same v2 JSON body (and 
 with ``--binary``), round after round, so that the machine's noise falls on all alike:
 
 - ``this``: ``corral serve`` from this checkout: corral's connection protocol with the direct
-  route for the plainest inference requests (``corral.server._uvicorn``);
+  route for the plainest inference requests (``corral.server.connections.edge``);
 - ``this-edge-asgi``: the same protocol with the direct route off: every request through
   the ASGI app (what the access log or tracing cost aside);
 - ``this-plain-uvicorn``: the same server on uvicorn's own httptools protocol, without
@@ -51,7 +51,7 @@ _MODEL = "tree"
 # corral's protocol without the direct route, "plain" uses uvicorn's own.
 _LAUNCHER = """
 import sys
-import corral.server._uvicorn as edge
+import corral.server.connections.edge as edge
 import corral.server.app as app
 variant = sys.argv.pop(1)
 protocol_for = edge.protocol_for
@@ -59,7 +59,7 @@ if variant == "asgi":
     app.protocol_for = lambda limits, direct=None: protocol_for(limits)
 elif variant == "plain":
     app.protocol_for = lambda limits, direct=None: None
-from corral.cli import main
+from corral.cli.commands import main
 sys.exit(main())
 """
 

@@ -31,7 +31,7 @@ import numpy as np
 from corral import Host
 from corral.protocol.dataplane import DataPlane
 from corral.protocol.proto import grpc_service_pb2 as pb
-from corral.server import grpc as corral_grpc
+from corral.server.grpc import service as corral_grpc
 from corral.testing import build_model
 
 MODEL = "model"

@@ -72,7 +72,7 @@ async def _serve_corral_edge(port: int, handoff: bool) -> None:
     from corral.protocol.dataplane import DataPlane
     from corral.protocol.types import InferOutput, InferResponse
     from corral.server.bodies import BodyBudget
-    from corral.server.grpc import start_grpc_server
+    from corral.server.grpc.service import start_grpc_server
 
     answer = InferResponse(
         "mlp", "1", (InferOutput("Y", "FP32", (1, 1), np.array([[0.5]], np.float32)),)

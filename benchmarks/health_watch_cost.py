@@ -25,7 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-un
 
 from corral import Host
 from corral.protocol import DataPlane
-from corral.server.grpc import start_grpc_server
+from corral.server.grpc.service import start_grpc_server
 from corral.testing import build_mlp
 
 

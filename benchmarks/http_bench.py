@@ -900,7 +900,7 @@ def grpc_available() -> bool:
     try:
         return all(
             importlib.util.find_spec(module) is not None
-            for module in ("corral.server.grpc", "tritonclient.grpc", "grpc")
+            for module in ("corral.server.grpc.service", "tritonclient.grpc", "grpc")
         )
     except ModuleNotFoundError:
         return False
@@ -922,7 +922,7 @@ def reference_outputs(model_path: Path, features: np.ndarray[Any, Any]) -> dict[
     """What onnxruntime itself answers for ``features``: every server must agree."""
     import onnxruntime as ort
 
-    from corral import _ort
+    from corral._onnx import ort as _ort
 
     options = ort.SessionOptions()
     if _ort.process_pools() is not None:
@@ -946,7 +946,15 @@ def server_commands(
         "REFERENCE_MODEL_PATH": str(repository / model_name / "1" / "model.onnx"),
         "REFERENCE_MODEL_NAME": model_name,
     }
-    corral = [sys.executable, "-m", "corral.cli", "serve", str(repository), "--host", "127.0.0.1"]
+    corral = [
+        sys.executable,
+        "-m",
+        "corral.cli",
+        "serve",
+        str(repository),
+        "--host",
+        "127.0.0.1",
+    ]
     corral += ["--http-port", str(ports["corral"]), "--grpc-port", str(ports.get("grpc", -1))]
     corral += ["--log-level", "warning"]
 
@@ -959,7 +967,14 @@ def server_commands(
         return command + options.split()
 
     # Two processes behind the one port, splitting the cores (corral.server.processes).
-    processes = [sys.executable, "-m", "corral.cli", "serve", str(repository), "--processes"]
+    processes = [
+        sys.executable,
+        "-m",
+        "corral.cli",
+        "serve",
+        str(repository),
+        "--processes",
+    ]
     processes += ["2", "--host", "127.0.0.1", "--http-port", str(ports["corral-2p"])]
     processes += ["--grpc-port", str(ports.get("grpc-2p", -1))]
     # /metrics per process, on this port and the next (perf_analyzer's runs count from them).
@@ -1412,8 +1427,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     grpc = not args.no_grpc and grpc_available()
     if not args.no_grpc and not grpc:
         print(
-            "http_bench: corral has no gRPC server (corral/server/grpc.py) or tritonclient[grpc] "
-            "is missing: gRPC is not measured",
+            "http_bench: corral has no gRPC server (corral/server/grpc/service.py) or "
+            "tritonclient[grpc] is missing: gRPC is not measured",
             file=sys.stderr,
         )
     targets = tuple(args.targets.split(",")) if args.targets else ()

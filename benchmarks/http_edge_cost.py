@@ -20,7 +20,8 @@ import uvloop
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from corral.server._uvicorn import ConnectionLimits, protocol_for
+from corral.server.connections.contract import ConnectionLimits
+from corral.server.connections.edge import protocol_for
 
 REQUEST = (
     b"POST /v2/models/tree/infer HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n"

@@ -138,7 +138,13 @@ def main(argv: list[str] | None = None) -> int:
                 port = args.base_port + 2 * index
                 env = {**os.environ, "CORRAL_INLINE_RUN_US": str(bound)}
                 env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
-                command = [sys.executable, "-m", "corral.cli", "serve", str(root / "models")]
+                command = [
+                    sys.executable,
+                    "-m",
+                    "corral.cli",
+                    "serve",
+                    str(root / "models"),
+                ]
                 grpc_port = str(port + 1) if args.grpc else "-1"
                 command += ["--host", "127.0.0.1", "--http-port", str(port)]
                 command += ["--grpc-port", grpc_port]

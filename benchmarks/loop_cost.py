@@ -20,11 +20,11 @@ counts, the difference divided) it counts instructions, which the machine's load
 
 - ``raw``: ``benchmarks/reference/raw_asgi.py`` behind uvicorn's httptools protocol, the
   model run inline on the loop;
-- ``corral``: ``corral.server.http.HttpApp`` behind corral serve's ``EdgeProtocol``, as
+- ``corral``: ``corral.server.http.app.HttpApp`` behind corral serve's ``EdgeProtocol``, as
   ``corral serve`` runs it: this request is answered directly (``HttpApp.answer_infer``);
   the model runs on the compute workers;
 - ``corral-inline``: ``corral`` on a Host with the inline lane on (``--inline-run-us``): a
-  model measured under the bound runs on the loop (``corral/_inline.py``); ``corral`` and
+  model measured under the bound runs on the loop (``corral/_compute/inline.py``); ``corral`` and
   ``corral-asgi`` have it off;
 - ``corral-asgi``: the same app and protocol with the direct path off: every request through
   the ASGI scope, receive and send, as an access log or tracing has it.
@@ -50,8 +50,9 @@ from uvicorn.server import ServerState
 
 from corral import Host
 from corral.protocol.dataplane import DataPlane
-from corral.server._uvicorn import ConnectionLimits, protocol_for
-from corral.server.http import HttpApp
+from corral.server.connections.contract import ConnectionLimits
+from corral.server.connections.edge import protocol_for
+from corral.server.http.app import HttpApp
 from corral.testing import build_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "reference"))

@@ -28,7 +28,7 @@ from contextlib import ExitStack
 
 import corral
 from corral.protocol import DataPlane
-from corral.server.metrics import Metrics
+from corral.server.observe.metrics import Metrics
 
 
 def counted_host(stack: ExitStack, versions: int, histograms: int) -> Metrics:

@@ -6,7 +6,7 @@ it, and a probed tree, linear model or MLP is batched at 64 rows too). Each roun
 model of both with a fresh Host (``Host.preload``), in alternating order so that neither
 side always runs on a warmer process, and reports the median load time per model of each
 side and their difference: the probe's cost. It also times the probe alone
-(``corral._probe.probe_rows``) on each loaded model.
+(``corral._compute.probe.probe_rows``) on each loaded model.
 
 From a checkout::
 
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TypedDict
 
 import corral
-from corral._probe import probe_rows
+from corral._compute.probe import probe_rows
 from corral.testing import ModelKind, build_model
 
 __all__ = ["ProbeCost", "main", "measure_probe_cost"]

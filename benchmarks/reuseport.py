@@ -77,7 +77,7 @@ async def shared_port_startup(self, sockets=None):
     else:
         await startup(self, sockets)
 uvicorn.server.Server.startup = shared_port_startup
-from corral.cli import main
+from corral.cli.commands import main
 sys.exit(main(sys.argv[1:]))
 """
 _BOUND = re.compile(r"^CORRAL_REUSEPORT_BOUND (\d+)$", re.MULTILINE)

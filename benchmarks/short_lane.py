@@ -8,7 +8,7 @@ each, without HTTP (whose event loop would add its own waits):
 - a tiny model (a depth-3 tree) asked once every ``--gap-ms``, alone, then while eight
   asyncio tasks keep a heavy model (an MLP on ``--heavy-rows`` rows, ~10 ms a run) busy;
 - with the scheduler as it is (``lane``), and with the short lane switched off (``no-lane``:
-  :data:`corral._scheduler.SHORT_RECENT_S` set to 0, so long runs take every worker), in
+  :data:`corral._compute.scheduler.SHORT_RECENT_S` set to 0, so long runs take every worker), in
   alternating rounds, side by side.
 
 It prints, per mode and round, the tiny model's p50/p99 alone and loaded, and the heavy
@@ -29,7 +29,7 @@ import numpy as np
 
 import corral
 from corral import Host
-from corral import _scheduler as scheduler_module
+from corral._compute import scheduler as scheduler_module
 from corral.testing import build_mlp, build_tree
 
 

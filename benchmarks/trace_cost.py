@@ -28,7 +28,7 @@ import orjson
 
 from corral import Host
 from corral.protocol import DataPlane
-from corral.server.http import HttpApp
+from corral.server.http.app import HttpApp
 from corral.testing import build_linear
 
 BODY = orjson.dumps(
@@ -46,7 +46,7 @@ def _app(plane: DataPlane, variant: str) -> tuple[Any, Any]:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 
-    from corral.server.tracing import Tracing
+    from corral.server.observe.tracing import Tracing
 
     class Dropped(SpanExporter):
         def export(self, spans: Sequence[Any]) -> SpanExportResult:

@@ -16,12 +16,12 @@ nothing: no threads, no logging setup, no onnxruntime environment until a Runtim
 - The exceptions, rooted at :class:`CorralError`.
 """
 
-from corral._config import ModelConfig, VersionPolicy
-from corral._counters import RequestStats
-from corral._errors import (
+from corral._base import (
     CorralError,
     DeadlineExceeded,
     DrainTimeout,
+    Event,
+    EventKind,
     HostClosed,
     InferenceError,
     InvalidInput,
@@ -35,6 +35,8 @@ from corral._errors import (
     ModelNotFound,
     ModelTooLarge,
     Overloaded,
+    Problem,
+    ProblemKind,
     ProviderUnavailable,
     RepositoryError,
     RunCancelled,
@@ -45,18 +47,22 @@ from corral._errors import (
     UploadRefused,
     UploadTooLarge,
 )
-from corral._events import Event, EventKind
-from corral._host import Host
-from corral._options import HostOptions
-from corral._problems import Problem, ProblemKind
-from corral._providers import PROVIDER_TABLE, ConcurrencyPolicy, ProviderTraits
-from corral._repository import ModelEntry, ModelVersion, Repository
-from corral._runtime import Runtime, RuntimeOptions, RuntimeState, RuntimeStats, runtime
-from corral._scheduler import QueueStats
-from corral._served import HostLease
-from corral._session import Lease, Session, SessionState
-from corral._signature import TensorSpec
-from corral._status import (
+from corral._compute import (
+    Lease,
+    QueueStats,
+    RequestStats,
+    Runtime,
+    RuntimeOptions,
+    RuntimeState,
+    RuntimeStats,
+    Session,
+    SessionState,
+    runtime,
+)
+from corral._host import (
+    Host,
+    HostLease,
+    HostOptions,
     HostState,
     HostStats,
     ModelState,
@@ -64,6 +70,8 @@ from corral._status import (
     VersionSettings,
     VersionStatus,
 )
+from corral._models import ModelConfig, ModelEntry, ModelVersion, Repository, VersionPolicy
+from corral._onnx import PROVIDER_TABLE, ConcurrencyPolicy, ProviderTraits, TensorSpec
 
 __version__ = "0.1.0"
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from corral import _providers
+from corral._onnx import emulate_on_cpu
 
 if TYPE_CHECKING:
     import onnx
@@ -56,7 +56,7 @@ _IR_VERSION = 8
 @contextmanager
 def emulate_provider(name: str) -> Iterator[None]:
     """Run sessions that ask for provider ``name`` on the CPU provider, inside the block."""
-    with _providers.emulate(name):
+    with emulate_on_cpu(name):
         yield
 
 

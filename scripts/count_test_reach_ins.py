@@ -6,11 +6,11 @@ A use is one of:
      Attribute node counts, so host._table._ready is two uses;
   B. a private corral function/class/global reached through its module
      (``http_codec._plain_request``, ``_scheduler._partition``);
-  C. a private name imported from corral (``from corral._loader import _choose``).
-Not counted: importing or naming a corral module, private or not (``from corral._table
-import ModelTable``, ``corral._loader`` itself): the pieces have no other home, and a
+  C. a private name imported from corral (``from corral._host.loader import _choose``).
+Not counted: importing or naming a corral module, private or not (``from corral._host.table
+import ModelTable``, ``corral._host.loader`` itself): the pieces have no other home, and a
 test of ModelTable must import it. Module-level patching (``monkeypatch.setattr(
-corral._loader, "Session", ...)``) is listed apart, as "patches", and not counted.
+corral._host.loader, "Session", ...)``) is listed apart, as "patches", and not counted.
 Not corral, so not counted: ``self._x``/``cls._x`` (the tests' own helper classes) and anything
 reached from a non-corral module (os._exit, prometheus_client.REGISTRY._names_to_collectors),
 and the objects named in NOT_CORRAL below.
@@ -58,7 +58,7 @@ def _is_module(dotted: str) -> bool:
 
 
 def _dotted(node: ast.expr, modules: dict[str, str]) -> str | None:
-    """The module path ``node`` names, if it is a module (``corral._loader``), else None."""
+    """The module path ``node`` names, if it is a module (``corral._host.loader``), else None."""
     if isinstance(node, ast.Name):
         return modules.get(node.id)
     if isinstance(node, ast.Attribute):
@@ -104,7 +104,7 @@ def scan(path: Path) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
                 uses.append((node.lineno, text))  # B: a private name of a corral module
             continue
         if _dotted(node, modules) is not None:
-            continue  # a module itself (corral._loader)
+            continue  # a module itself (corral._host.loader)
         root = _root(node.value)
         if root in NOT_CORRAL or (root in modules and not modules[root].startswith("corral")):
             continue  # not corral's: a test's own object, or a non-corral module's

@@ -27,8 +27,8 @@ makes these fixes, each checked to apply:
   copies of the same names sit in the default pool), so that this one pool is everything
   server reflection describes.
 
-The generated files are never edited by hand: ``tests/test_server_grpc.py`` regenerates them
-and fails if the committed copies differ.
+The generated files are never edited by hand: ``tests/server/grpc/test_server_grpc.py`` regenerates
+them and fails if the committed copies differ.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pathlib import Path
 
 PROTO_DIR = Path(__file__).resolve().parent.parent / "corral" / "protocol" / "proto"
 PROTO = "grpc_service.proto"
-# Messages only: corral registers their services' handlers itself (corral/server/grpc_health.py).
+# Messages only: corral registers their services' handlers itself (corral/server/grpc/health.py).
 MESSAGE_PROTOS = ("health.proto", "reflection.proto")
 CONFIG_PROTO_DIR = Path(__file__).resolve().parent.parent / "corral" / "_proto"
 CONFIG_PROTO = "model_config.proto"

@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 
 import corral
-from corral import Host, HostLease, _loader
-from corral._inline import InlineLane, LaneState
-from corral._served import ServedVersion
+from corral import Host, HostLease
+from corral._compute.inline import InlineLane, LaneState
+from corral._host import loader as _loader
+from corral._host.served import ServedVersion
 from corral.protocol import DataPlane, ModelStatistics
 
 
@@ -40,7 +41,7 @@ def lane_settled(host: corral.Host, name: str) -> ServedVersion:
     """Load ``name`` if needed, and wait (bounded) until its inline lane is final.
 
     A version whose runs decide its lane is measured on a load worker after it is published
-    (``corral._loader.Loader.measure_later``); its lane says ``measuring`` until then.
+    (``corral._host.loader.Loader.measure_later``); its lane says ``measuring`` until then.
     """
     with host.acquire(name, timeout=30) as lease:
         served = served_version(lease)

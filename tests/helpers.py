@@ -28,16 +28,19 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import corral
-from corral import _ort
-from corral._counters import HostCounters, RunCounters
-from corral._loader import Loader
-from corral._probe import BatchPlan
-from corral._reload import Reloader
-from corral._scheduler import DEFAULT_QUEUE_LIMIT
-from corral._served import ServedVersion
-from corral._table import ModelTable
+from corral._compute.counters import HostCounters, RunCounters
+from corral._compute.probe import BatchPlan
+from corral._compute.queue import DEFAULT_QUEUE_LIMIT
+from corral._host.loader import Loader
+from corral._host.reload import Reloader
+from corral._host.served import ServedVersion
+from corral._host.table import ModelTable
+from corral._onnx import ort as _ort
 
 # -- repositories ----------------------------------------------------------------------------
+
+#: The repository's root folder, wherever a test file sits under tests/.
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def add_model(

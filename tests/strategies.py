@@ -1,7 +1,8 @@
 """Hypothesis strategies shared by the fuzz tests: JSON values, v2 request bodies, paths.
 
-``tests/test_protocol_fuzz.py`` fuzzes the codec with them, ``tests/test_server_http_fuzz.py``
-the HTTP endpoints, and ``tests/reliability/test_bad_input.py`` both transports at volume.
+``tests/protocol/test_protocol_fuzz.py`` fuzzes the codec with them,
+``tests/server/http/test_server_http_fuzz.py`` the HTTP endpoints, and
+``tests/reliability/test_bad_input.py`` both transports at volume.
 """
 
 from __future__ import annotations

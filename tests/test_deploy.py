@@ -23,12 +23,12 @@ import httpx
 import pytest
 
 from corral import Host, HostOptions
-from corral._budget import parse_bytes
-from corral.cli import _parser
-from corral.cli_serve import _triton_spellings
+from corral._host.budget import parse_bytes
+from corral.cli.commands import _parser
+from corral.cli.serve import _triton_spellings
 from corral.protocol import DataPlane
-from corral.server.http import HttpApp
-from corral.server.metrics import Metrics
+from corral.server.http.app import HttpApp
+from corral.server.observe.metrics import Metrics
 from corral.server.settings import ServerSettings
 
 yaml = pytest.importorskip("yaml", reason="the dev extra installs pyyaml")

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from corral import Host
 from corral.protocol.dataplane import DataPlane
 from corral.server.bodies import BodyBudget
-from corral.server.metrics import Metrics
+from corral.server.observe.metrics import Metrics
 from corral.testing import build_linear
 from tests.helpers import add_model
 

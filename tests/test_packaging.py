@@ -40,13 +40,18 @@ def test_the_wheel_ships_the_library_and_the_demo_but_no_benchmark(
     names = wheel.namelist()
 
     # What it must ship, so that an empty or broken wheel fails here too.
-    for shipped in ("corral/__init__.py", "corral/cli.py", "corral/demo.py", "corral/testing.py"):
+    for shipped in (
+        "corral/__init__.py",
+        "corral/cli/commands.py",
+        "corral/demo.py",
+        "corral/testing.py",
+    ):
         assert shipped in names
     # PEP 561's marker, or type checkers ignore the annotations of an installed corral.
     assert "corral/py.typed" in names
     # The status page's bundle: `corral serve` answers / with it.
     for page_file in ("index.html", "dashboard.js", "dashboard.css"):
-        assert f"corral/server/static/{page_file}" in names
+        assert f"corral/server/observe/static/{page_file}" in names
     assert not [name for name in names if name.startswith(("benchmarks/", "corral/bench/"))]
     stems = {Path(name).stem for name in names if name.endswith(".py")}
     assert not stems & {"footprint", "scenarios", "create", "bench_peers", "http_bench"}

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from corral._errors import InvalidInput
+from corral._base import InvalidInput
 from corral.protocol.costs import DecodeAllowance
 from corral.protocol.datatypes import numpy_dtype
 

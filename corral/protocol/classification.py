@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from corral._errors import InvalidInput
+from corral._base import InvalidInput
 from corral.protocol.types import RequestedOutput
 
 __all__ = ["CLASSIFICATION", "MAX_ELEMENTS", "class_count", "top_classes"]

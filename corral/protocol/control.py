@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, ParamSpec, TypeVar
 
-from corral._errors import DeadlineExceeded, Overloaded
+from corral._base import DeadlineExceeded, Overloaded
 
 __all__ = ["CONTROL_TIMEOUT_S", "MAX_CONTROL_CALLS", "ControlThreads"]
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from corral._errors import InvalidInput
+from corral._base import InvalidInput
 
 __all__ = ["BYTES_ELEMENT_COST", "JSON_STRING_COST", "DecodeAllowance", "RequestTooLarge"]
 

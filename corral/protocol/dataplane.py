@@ -36,13 +36,17 @@ from typing import Any, ParamSpec, TypeVar
 import numpy.typing as npt
 
 from corral import __version__
-from corral._counters import RequestStats, request_failure_reason
-from corral._errors import CorralError, DeadlineExceeded, InvalidInput, ModelLoadError
-from corral._events import ChangeListener, ChangeListeners
-from corral._host import Host
-from corral._scheduler import QueueStats, deadline_after
-from corral._status import HostState, ModelState, ModelStatus
-from corral._trace_hooks import RunTrace
+from corral._base import (
+    ChangeListener,
+    ChangeListeners,
+    CorralError,
+    DeadlineExceeded,
+    InvalidInput,
+    ModelLoadError,
+    RunTrace,
+)
+from corral._compute import QueueStats, RequestStats, deadline_after, request_failure_reason
+from corral._host import Host, HostState, ModelState, ModelStatus
 from corral.protocol.classification import class_count
 from corral.protocol.control import CONTROL_TIMEOUT_S
 from corral.protocol.metadata import model_configuration, model_metadata
@@ -356,7 +360,7 @@ class DataPlane:
         ``trace``: the server's tracing of this request, told of the run that answers it.
         ``loop``: the running event loop, when the caller has it at hand (it saves a system
         call per request on Python 3.11). ``inline``: False keeps the request off the inline
-        lane (:mod:`corral._inline`) whatever its model's place there; a server passes it
+        lane (:mod:`corral._compute.inline`) whatever its model's place there; a server passes it
         when other requests are in flight beside this one, which the compute workers may
         batch with it.
 
@@ -410,7 +414,7 @@ class DataPlane:
             else:
                 wanted, omitted = None, []  # every output, all of them tensors
             # A model proven to run in microseconds runs here, under the lease (the inline
-            # lane, corral._inline); a traced request always takes the workers' run records.
+            # lane, corral._compute.inline); a traced request always takes the workers' run records.
             results = lease.run_inline(feed, wanted, deadline) if inline and trace is None else None
             if results is None:
                 # The lease's hold passes to the queued request, which keeps the version

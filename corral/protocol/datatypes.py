@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from corral._errors import InvalidInput
+from corral._base import InvalidInput
 
 __all__ = ["DATATYPES", "datatype_of", "itemsize", "numpy_dtype"]
 

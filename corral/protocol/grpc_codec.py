@@ -31,7 +31,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed wherever
         f"corral's gRPC messages need protobuf ({exc}); install it with: pip install 'corral[grpc]'"
     ) from exc
 
-from corral._errors import InvalidInput
+from corral._base import InvalidInput
 from corral.protocol.binary import (
     BINARY_DATA,
     BINARY_DATA_OUTPUT,

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from corral._config import ModelConfig, TensorConfig
-from corral._served import HostLease
-from corral._signature import Signature, TensorSpec
+from corral._host import HostLease
+from corral._models import ModelConfig, TensorConfig
+from corral._onnx import Signature, TensorSpec
 from corral.protocol.datatypes import datatype_of
 from corral.protocol.types import (
     ModelConfiguration,

@@ -2,7 +2,7 @@
 
 Triton's clients manage a server's models through its repository API: the index (every model
 and version, with its state and why it failed), load (with a load's own ``config`` and
-``files``, which the Host keeps until a later load: :mod:`corral._overrides`) and unload.
+``files``, which the Host keeps until a later load: :mod:`corral._models.overrides`) and unload.
 Under explicit model control (``--model-control-mode explicit``) only the models loaded that
 way or at start (``--load-model``, :meth:`ModelControl.preload`) are served.
 
@@ -33,10 +33,14 @@ import dataclasses
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from corral._errors import CorralError, InvalidModelName, ModelLoadError, ModelNotFound
-from corral._events import ChangeListeners
-from corral._host import Host
-from corral._status import ModelState, ModelStatus
+from corral._base import (
+    ChangeListeners,
+    CorralError,
+    InvalidModelName,
+    ModelLoadError,
+    ModelNotFound,
+)
+from corral._host import Host, ModelState, ModelStatus
 from corral.protocol.control import CONTROL_TIMEOUT_S, ControlThreads
 from corral.protocol.paths import public_text
 from corral.protocol.types import RepositoryModel

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from corral._errors import InferenceError, InvalidInput
-from corral._served import HostLease
-from corral._signature import Signature
+from corral._base import InferenceError, InvalidInput
+from corral._host import HostLease
+from corral._onnx import Signature
 from corral.protocol.classification import top_classes
 from corral.protocol.datatypes import datatype_of
 from corral.protocol.metadata import reported_max_batch_size

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from corral._errors import InvalidInput
+from corral._base import InvalidInput
 from corral.protocol.types import InferRequest, Parameters
 
 __all__ = [

@@ -24,8 +24,9 @@ from corral._host import Host
 
 __all__ = ["public_text"]
 
-# An upload's folder, as corral._overrides.Uploads makes it: <tmp>/corral-uploads-*/<name>.<n>
-# What may follow a path in a message: the end, a space, a quote or punctuation.
+# An upload's folder, as corral._host.uploads.Uploads makes it:
+# <tmp>/corral-uploads-*/<name>.<n> What may follow a path in a message: the end, a space, a quote
+# or punctuation.
 _PATH_ENDS = r"(?=$|[\s'\":,;)\]])"
 _UPLOAD_FOLDER = re.compile(r"/corral-uploads-[^/\s]+/([^/\s]+)\.\d+")
 

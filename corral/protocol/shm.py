@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy.typing as npt
 
-from corral._errors import CorralError, InvalidInput, InvalidOption
+from corral._base import CorralError, InvalidInput, InvalidOption
 from corral.protocol.binary import decode_tensor, element_count, encode_tensor
 from corral.protocol.costs import DecodeAllowance
 from corral.protocol.datatypes import numpy_dtype

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from corral._counters import RequestStats
-from corral._scheduler import QueueStats
+from corral._compute import QueueStats, RequestStats
 from corral.protocol.types import Duration, ModelStatistics
 
 __all__ = ["statistics_rows"]

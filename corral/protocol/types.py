@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy.typing as npt
 
-from corral._config import VersionPolicy
+from corral._models import VersionPolicy
 
 __all__ = [
     "MAX_TIMEOUT_US",

@@ -9,7 +9,7 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.schema import LoggingConfig
 
-from corral._errors import InvalidOption
+from corral._base import InvalidOption
 from corral.ray._config import RayServeConfig, check_cache_options
 from corral.ray._ingress import V2Ingress
 from corral.ray._replica import ModelReplica

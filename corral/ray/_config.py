@@ -14,13 +14,17 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from corral._budget import estimate_footprint_bytes, estimate_model_bytes
-from corral._errors import InvalidOption, ModelLoadError
-from corral._modelfile import read_footprint
-from corral._options import HostOptions, edge_options, positive_int
-from corral._repository import Repository
-from corral._runtime import RuntimeOptions
-from corral._store import is_store_url
+from corral._base import InvalidOption, ModelLoadError
+from corral._compute import RuntimeOptions
+from corral._host import (
+    HostOptions,
+    edge_options,
+    estimate_footprint_bytes,
+    estimate_model_bytes,
+    positive_int,
+)
+from corral._models import Repository, is_store_url
+from corral._onnx import read_footprint
 
 __all__ = ["UNLIMITED", "RayServeConfig", "check_cache_options", "models_per_replica"]
 
@@ -74,7 +78,7 @@ class RayServeConfig(_HostAndRuntimeOptions):  # type: ignore[misc]  # Any: made
     """corral's application on Ray Serve: replicas, their budget and their limits.
 
     Besides its own fields, it has one for each of the Host's and the Runtime's options
-    (:func:`corral._options.edge_options`: ``memory_budget``, ``max_loaded_models``,
+    (:func:`corral._host.options.edge_options`: ``memory_budget``, ``max_loaded_models``,
     ``compute_workers`` ...), for each replica's Host and Runtime.
 
     Example::
@@ -180,12 +184,12 @@ def models_per_replica(
     """How many model ids Ray routes to one replica: the count the config gives or implies.
 
     ``max_models_per_replica`` when set; else the memory budget divided by the mean
-    estimated size (:func:`corral._budget.estimate_footprint_bytes`, the Host's own estimate)
+    estimated size (:func:`corral._host.budget.estimate_footprint_bytes`, the Host's own estimate)
     of up to 200 of the repository's
     models, capped by ``max_loaded_models``; else ``max_loaded_models``; else
     :data:`UNLIMITED`. Never below 1. For a repository in object storage the sample is sized
-    from what the store lists (:meth:`corral._store.Store.latest_bytes`,
-    :func:`corral._budget.estimate_model_bytes`): a listing request per sampled model, no
+    from what the store lists (:meth:`corral._models.store.Store.latest_bytes`,
+    :func:`corral._host.budget.estimate_model_bytes`): a listing request per sampled model, no
     model fetched.
     """
     if config.max_models_per_replica is not None:

@@ -3,7 +3,7 @@
 On Ray Serve the ingress receives the HTTP request and a model replica answers it: what
 travels between them is an :class:`HttpCall` and an :class:`HttpAnswer`, small frozen
 records Ray serializes like any other argument. The replica runs the call through the same
-:class:`corral.server.http.HttpApp` that ``corral serve`` runs, so both give the same
+:class:`corral.server.http.app.HttpApp` that ``corral serve`` runs, so both give the same
 answers, errors and statuses. Nothing here imports Ray.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from corral.server.routes import Family, named_route
+from corral.server.http.routes import Family, named_route
 
 __all__ = ["HttpAnswer", "HttpCall", "call_asgi", "model_in_path"]
 
@@ -50,7 +50,7 @@ def model_in_path(path: str) -> str | None:
     """The model a ``/v2/models/{name}...`` endpoint's path names, or None for any other path.
 
     ``/v2/models/stats`` (every model's statistics) names none. Taken from the route table
-    (:mod:`corral.server.routes`), whatever the method.
+    (:mod:`corral.server.http.routes`), whatever the method.
     """
     route, family = named_route("GET", path)
     return route.model if route is not None and family is Family.MODELS else None

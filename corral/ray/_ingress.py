@@ -25,9 +25,9 @@ from starlette.responses import Response
 
 from corral.ray._exchange import HttpAnswer, HttpCall
 from corral.ray._replica import ModelReplica
-from corral.server.requests import check_token, read_body
-from corral.server.responses import HttpError
-from corral.server.routes import Endpoint, Family, named_route
+from corral.server.http.requests import check_token, read_body
+from corral.server.http.responses import HttpError
+from corral.server.http.routes import Endpoint, Family, named_route
 
 __all__ = ["V2Ingress"]
 

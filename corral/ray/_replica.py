@@ -35,13 +35,13 @@ from collections.abc import Awaitable, Callable
 
 from ray import serve
 
-from corral._errors import CorralError
+from corral._base import CorralError
+from corral._compute import Runtime
 from corral._host import Host
-from corral._runtime import Runtime
 from corral.protocol.dataplane import DataPlane
 from corral.ray._config import RayServeConfig, models_per_replica
 from corral.ray._exchange import HttpAnswer, HttpCall, call_asgi
-from corral.server.http import HttpApp
+from corral.server.http.app import HttpApp
 
 __all__ = ["REPLICA_HEADER", "ModelReplica", "claim_cache_folder"]
 

@@ -35,26 +35,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from corral import __version__, _ort
-from corral._errors import DrainTimeout, ModelLoadError
+from corral import __version__
+from corral._base import DrainTimeout, ModelLoadError, describe_interpreter
+from corral._compute import Runtime, RuntimeOptions
 from corral._host import Host
-from corral._interpreter import describe_interpreter
-from corral._runtime import Runtime, RuntimeOptions
+from corral._onnx import ort
 from corral.protocol.control import ControlThreads
 from corral.protocol.dataplane import DataPlane
 from corral.protocol.model_control import ModelControl
 from corral.protocol.shm import SharedMemoryRegistry
-from corral.server._uvicorn import ConnectionLimits, EdgeServer, protocol_for
 from corral.server.bodies import BodyBudget
-from corral.server.dashboard import DashboardFiles
-from corral.server.grpc_limits import GrpcLimits
-from corral.server.http import HttpApp
-from corral.server.metrics import Metrics
-from corral.server.metrics_port import MetricsApp
+from corral.server.connections.contract import ConnectionLimits
+from corral.server.connections.edge import EdgeServer, protocol_for
+from corral.server.grpc.limits import GrpcLimits
+from corral.server.http.app import HttpApp
+from corral.server.http.metrics_port import MetricsApp
+from corral.server.observe.dashboard import DashboardFiles
+from corral.server.observe.metrics import Metrics
+from corral.server.observe.status import StatusBoard
+from corral.server.observe.tracing import Tracing, start_tracing
 from corral.server.ports import check_ports_free
 from corral.server.settings import ServerSettings
-from corral.server.status import StatusBoard
-from corral.server.tracing import Tracing, start_tracing
 
 if TYPE_CHECKING:
     from corral.server.group_member import GroupMember
@@ -374,7 +375,7 @@ class _Servers:
         """
         http_limits, rpc_limits = limits
         if settings.grpc_port >= 0:
-            from corral.server.grpc import start_grpc_server
+            from corral.server.grpc.service import start_grpc_server
 
             token = settings.auth_token
             self._grpc, self.grpc_port = await start_grpc_server(
@@ -752,10 +753,10 @@ def _log_summary(
 
 def _describe_onnxruntime(options: RuntimeOptions) -> str:
     """Which onnxruntime runs the models: its distribution, version, providers and threads."""
-    ort = _ort.onnxruntime()
+    onnxruntime = ort.onnxruntime()
     return (
-        f"onnxruntime {ort.__version__} from {_ort.distribution()} with "
-        f"{', '.join(_ort.available_providers())}, {options.thread_pools} thread pools of "
+        f"onnxruntime {onnxruntime.__version__} from {ort.distribution()} with "
+        f"{', '.join(ort.available_providers())}, {options.thread_pools} thread pools of "
         f"{options.intra_op_threads} intra-op thread(s)"
     )
 

@@ -64,7 +64,7 @@ from corral.server.group_member import EVERY_PROCESS_READY, GroupMember
 from corral.server.ports import bind_shared, check_ports_free, in_use
 from corral.server.settings import ServerSettings
 
-__all__ = ["EXIT_PROCESS_ENDED", "GroupMember", "process_settings", "run_group"]
+__all__ = ["EXIT_PROCESS_ENDED", "process_settings", "run_group"]
 
 logger = logging.getLogger(__name__)
 
@@ -351,7 +351,7 @@ def _log_serving(addresses: Addresses, serving: dict[int, tuple[int, int | None]
 def _serve_member(settings: ServerSettings, member: GroupMember) -> None:
     """A group's process: its logging, then the server (:func:`corral.server.app.run`)."""
     os.setpgid(0, 0)  # a terminal's Ctrl-C reaches the parent, which passes it on once
-    from corral.server.logs import configure_logging
+    from corral.server.observe.logs import configure_logging
 
     configure_logging(
         level=settings.log_level,

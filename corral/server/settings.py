@@ -1,12 +1,12 @@
 """The server's settings: one typed class, read from arguments and ``CORRAL_*`` variables.
 
 Every field is an option of ``corral serve``: its flag is ``--<field>`` with dashes and its
-environment variable ``CORRAL_<FIELD>``, both generated from the field (``corral.cli``), so
+environment variable ``CORRAL_<FIELD>``, both generated from the field (``corral.cli.commands``), so
 that a flag, its variable and its help cannot drift apart.
 
 The Host's and the Runtime's options are not written here: their fields are made from their
 one declaration, :class:`corral.HostOptions`' and :class:`corral.RuntimeOptions`' fields
-(:func:`corral._options.edge_options`: name, type, default, help), and checked by those
+(:func:`corral._host.options.edge_options`: name, type, default, help), and checked by those
 classes. The server reads them as those objects: :meth:`ServerSettings.host_options` and
 :meth:`ServerSettings.runtime_options`.
 
@@ -32,16 +32,14 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from corral._budget import parse_bytes
-from corral._declare import ENV_PREFIX, declared
-from corral._options import HostOptions, edge_options
-from corral._runtime import RuntimeOptions
-from corral._store import is_store_url
+from corral._base import ENV_PREFIX, declared
+from corral._compute import RuntimeOptions
+from corral._host import HostOptions, edge_options, parse_bytes
+from corral._models import is_store_url
 from corral.protocol.shm import DEFAULT_MAX_REGIONS
-from corral.server.origins import SitePolicy
+from corral.server.http.origins import SitePolicy
 
 __all__ = [
-    "ENV_PREFIX",
     "HOST_OPTIONS_NOT_SERVED",
     "SIZE_FIELDS",
     "TRITON_POLL_SECS",
@@ -54,7 +52,7 @@ HOST_OPTIONS_NOT_SERVED = {
     option.name: option.not_offered for option in declared(HostOptions) if option.not_offered
 }
 
-#: The settings that are sizes: bytes, or text like 64MiB, 2Gi, 2g (``corral._budget``'s rules;
+#: The settings that are sizes: bytes, or text like 64MiB, 2Gi, 2g (``corral._host.budget``'s rules;
 #: ``memory_budget`` is checked by HostOptions with the same ones).
 SIZE_FIELDS = ("max_request_bytes", "max_body_bytes_in_flight", "max_url_bytes", "max_header_bytes")
 
@@ -202,7 +200,7 @@ class ServerSettings(_HostAndRuntimeOptions):
         description="models to load at start, before /v2/health/ready answers ready; "
         "repeat the flag (or separate with commas) for more; * loads every model",
     )
-    # -- the HTTP server's connections (corral.server._uvicorn) ---------------------
+    # -- the HTTP server's connections (corral.server.connections.edge) ---------------------
     max_url_bytes: int = Field(
         8192,
         gt=0,
@@ -239,7 +237,7 @@ class ServerSettings(_HostAndRuntimeOptions):
         "the new one gets 503 (default: the open-file limit less 256 and less the gRPC "
         "connections' cap, at least 64)",
     )
-    # -- the gRPC server's connections (corral.server.grpc_limits) --------------------
+    # -- the gRPC server's connections (corral.server.grpc.limits) --------------------
     grpc_max_connections: int | None = Field(
         None,
         gt=0,
@@ -299,7 +297,7 @@ class ServerSettings(_HostAndRuntimeOptions):
         gt=0,
         description="system shared-memory regions registered at once; more are refused",
     )
-    # -- tracing (corral.server.tracing; the otel extra) ----------------------------------
+    # -- tracing (corral.server.observe.tracing; the otel extra) ----------------------------------
     trace_exporter: Literal["none", "otlp", "console"] = Field(
         "none",
         description="trace inference requests, model runs and loads with OpenTelemetry "

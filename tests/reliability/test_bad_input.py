@@ -42,11 +42,11 @@ from corral import Host
 from corral.protocol import DATATYPES, DataPlane, InferRequest
 from corral.protocol.binary import MAX_RANK, decode_tensor, encode_tensor
 from corral.protocol.datatypes import numpy_dtype
-from corral.protocol.http_codec import decode_request
+from corral.protocol.json.codec import decode_request
 from corral.protocol.proto import grpc_service_pb2 as pb
-from corral.server.grpc import start_grpc_server
-from corral.server.http import HttpApp
-from corral.server.metrics import Metrics
+from corral.server.grpc.service import start_grpc_server
+from corral.server.http.app import HttpApp
+from corral.server.observe.metrics import Metrics
 from corral.testing import build_mlp
 from tests.helpers import Figure, add_model, build_identity
 from tests.strategies import (

@@ -199,7 +199,7 @@ def test_body_framing_that_breaks_after_the_head_gets_400_and_closes(
         assert "chunked" in error, error
     else:
         assert "chunk" in error, error
-    said = [line for line in new_lines if "corral.server._uvicorn" in line]
+    said = [line for line in new_lines if "corral.server.connections.edge" in line]
     assert said, new_lines
     assert "400" in said[0], said
     assert "chunk" in said[0] or "Transfer" in said[0], said

@@ -1,6 +1,6 @@
 """The memory budget counts what models really hold, on a real ``corral serve --memory-budget``.
 
-The estimate reads each model file (``corral._modelfile.read_footprint``): its tensors in the
+The estimate reads each model file (``corral._onnx.modelfile.read_footprint``): its tensors in the
 file and in external data files, and its nodes. Models held in external data or made of many
 nodes, which the file's size alone made look tiny, are counted or refused (``ModelTooLarge``,
 400: it fails alike until the file or the budget changes) before anything is loaded; the

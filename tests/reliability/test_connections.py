@@ -35,9 +35,10 @@ from uvicorn.server import ServerState
 from corral.protocol.proto import grpc_service_pb2 as pb
 from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.server import app
-from corral.server._uvicorn import ConnectionLimits, protocol_for
 from corral.server.app import EXIT_DRAIN_INCOMPLETE
-from corral.server.http import LOOP_SCOPE_KEY
+from corral.server.connections.contract import ConnectionLimits
+from corral.server.connections.edge import protocol_for
+from corral.server.http.app import LOOP_SCOPE_KEY
 from corral.testing import build_mlp
 from tests import processes
 from tests.attacks import read_until_closed, status_of

@@ -33,9 +33,9 @@ from corral import Host, ModelState
 from corral.protocol import DataPlane
 from corral.protocol.proto import grpc_service_pb2 as pb
 from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
-from corral.server.grpc import start_grpc_server
-from corral.server.http import HttpApp
-from corral.server.metrics import Metrics
+from corral.server.grpc.service import start_grpc_server
+from corral.server.http.app import HttpApp
+from corral.server.observe.metrics import Metrics
 from corral.testing import build_linear, build_mlp, build_tree
 from tests.helpers import Figure, add_model, build_reshape, reference_run, run_freeing_frames
 

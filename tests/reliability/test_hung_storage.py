@@ -47,9 +47,9 @@ _HOOK = '''
 """Test hook: a model folder holding storage.fifo reads it before its session is built."""
 import os
 
-import corral._loader
+import corral._host.loader
 
-_Session = corral._loader.Session
+_Session = corral._host.loader.Session
 
 
 class _HungStorageSession(_Session):
@@ -61,7 +61,7 @@ class _HungStorageSession(_Session):
         super().__init__(path, *args, **kwargs)
 
 
-corral._loader.Session = _HungStorageSession
+corral._host.loader.Session = _HungStorageSession
 '''
 
 

@@ -36,8 +36,8 @@ from corral import Host
 from corral.protocol import DataPlane
 from corral.protocol.proto import grpc_service_pb2 as pb
 from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
-from corral.server.grpc import start_grpc_server
-from corral.server.http import HttpApp
+from corral.server.grpc.service import start_grpc_server
+from corral.server.http.app import HttpApp
 from tests.helpers import Figure, add_model, build_slow_loop
 
 QUEUE_LIMIT = 4

@@ -2,7 +2,7 @@
 
 onnxruntime writes an ``[E:onnxruntime]`` line to stderr for every failed run unless its
 severity is FATAL; corral runs with that severity and logs failures itself, at most once per
-model per minute (``corral._ort.RUN_FAILURE_LOG``).
+model per minute (``corral._onnx.ort.RUN_FAILURE_LOG``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from corral._ort import OncePerInterval
+from corral._onnx.ort import OncePerInterval
 from tests.helpers import Figure, add_model, build_reshape
 from tests.processes import start_server, stop_server
 

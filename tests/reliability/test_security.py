@@ -38,9 +38,9 @@ from corral import Host
 from corral.protocol import DataPlane
 from corral.protocol.proto import grpc_service_pb2 as pb
 from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
-from corral.server.grpc import start_grpc_server
-from corral.server.http import HttpApp
-from corral.server.metrics import Metrics
+from corral.server.grpc.service import start_grpc_server
+from corral.server.http.app import HttpApp
+from corral.server.observe.metrics import Metrics
 from corral.server.settings import ServerSettings
 from corral.testing import build_mlp
 from tests.helpers import Figure, add_model, reference_run, run_freeing_frames

@@ -9,7 +9,8 @@ exit 0 within the drain timeout.
 The second runs 100 interpreters that exit (falling off the end, sys.exit, non-daemon threads
 still running) with sessions alive and runs in flight, two at a time, each under a hard
 timeout: none may hang or crash. The cases are ``tests/processes.py``'s ``EXIT_CASES``, five
-policies each, four rounds (``tests/test_exit.py`` runs each once; ``make soak`` runs 200).
+policies each, four rounds (``tests/core/compute/test_exit.py`` runs each once; ``make soak`` runs
+200).
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def test_sigterm_answers_every_request_in_flight_over_http_and_grpc(
     assert "SIGTERM received, draining" in log
 
 
-# make soak: make test runs each of these 25 cases once (tests/test_exit.py).
+# make soak: make test runs each of these 25 cases once (tests/core/compute/test_exit.py).
 @pytest.mark.soak
 @pytest.mark.timeout(600)
 def test_one_hundred_exits_with_sessions_alive_and_runs_in_flight_never_hang(figure: Figure):

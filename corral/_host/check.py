@@ -1,0 +1,388 @@
+"""The repository check: every problem a load would meet, found without loading a model.
+
+:func:`find_problems` lists the root (names that cannot name a model, an empty repository),
+reads each model's entry as a load does (:meth:`Repository.entry`: layout, versions, model.toml
+and config.pbtxt parsed and validated by the same code), resolves its execution providers
+against this onnxruntime build as a load does, and, when it reads the model files (their
+protobuf headers: :func:`read_model_file`), finds those that are not ONNX, holds a
+config.pbtxt's declared tensors against the file's own inputs and outputs as the load does
+(:func:`declaration_mismatches`: names, types, ranks, sizes that contradict fixed ones), loads
+each custom operator library a model names into options then dropped (once per library file
+as it is: its outcome is kept with the files read), and,
+with a memory budget, estimates each served version's size as the load's budget check does
+(:func:`estimate_version_bytes`) to find versions larger than the whole budget.
+
+What it cannot see without loading: whether it can be batched, whether onnxruntime accepts
+its graph (and the shapes onnxruntime infers for outputs the file leaves dynamic). ``corral
+check --load`` loads every model for that.
+
+:class:`ProblemWatch` keeps the problems of the last check and logs each problem once, when
+it first appears (again if it goes away and comes back); ``corral serve`` checks at start and
+at every poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import NamedTuple
+
+from corral._base import ModelLoadError, ModelNotFound, Problem, ProblemKind, ProviderUnavailable
+from corral._host.budget import estimate_footprint_bytes
+from corral._models import CONFIG_PBTXT, ModelEntry, Repository, declaration_mismatches
+from corral._onnx import (
+    ModelFile,
+    ModelFootprint,
+    footprint_and_value_dependence,
+    ort,
+    read_footprint,
+    read_model_file,
+    resolve_policy,
+    resolve_providers,
+)
+
+__all__ = [
+    "Estimate",
+    "ProblemWatch",
+    "estimate_version_bytes",
+    "estimate_with_proof",
+    "find_problems",
+]
+
+logger = logging.getLogger(__name__)
+
+# A model file as it was read: its path, size and mtime.
+_FileKey = tuple[str, int, int]
+# What the file holds, or why it could not be read (for a custom operator library: "" when
+# it loaded, else why not).
+_FileFacts = ModelFile | str
+
+
+def estimate_version_bytes(
+    entry: ModelEntry,
+    version: int,
+    *,
+    pool_size: int,
+    read: Callable[[Path], ModelFootprint] = read_footprint,
+) -> int:
+    """Estimated resident bytes of ``version`` of ``entry`` once loaded, as the load checks it.
+
+    Resolves the providers and the concurrency policy (``pool_size``: the Runtime's compute
+    workers) and reads the model file's headers with ``read`` (:func:`read_footprint`; a
+    load's reads the inline lane's proof in the same pass). Raises
+    :class:`ProviderUnavailable` or :class:`ModelLoadError` as the load would.
+    """
+    providers = resolve_providers(entry.config.providers)
+    policy = resolve_policy(entry.config.concurrency, providers, pool_size=pool_size)
+    footprint = read(entry.versions[version].path)
+    return estimate_footprint_bytes(footprint, policy.replicas)
+
+
+class Estimate(NamedTuple):
+    """What a load reads of a version's model file before building it."""
+
+    #: Its estimated resident bytes once loaded: what the budget counts it as.
+    size_bytes: int
+    #: Why its run time may depend on its inputs' values, or None when its file proves it
+    #: does not (the inline lane's proof, :func:`corral._onnx.value_dependence.value_dependence`).
+    values: str | None
+
+
+def estimate_with_proof(
+    entry: ModelEntry, version: int, *, pool_size: int, prove: bool
+) -> Estimate:
+    """:func:`estimate_version_bytes`, and the inline lane's proof read in the same pass.
+
+    ``prove`` false (the lane is off): no proof is read, and its reason says so. Raises as
+    :func:`estimate_version_bytes` does.
+    """
+    if not prove:
+        return Estimate(
+            estimate_version_bytes(entry, version, pool_size=pool_size), "the inline lane is off"
+        )
+    proofs: list[str | None] = []
+
+    def read(path: Path) -> ModelFootprint:
+        footprint, proof = footprint_and_value_dependence(path)
+        proofs.append(proof)
+        return footprint
+
+    size = estimate_version_bytes(entry, version, pool_size=pool_size, read=read)
+    return Estimate(size, proofs[-1])
+
+
+def find_problems(
+    repository: Repository,
+    *,
+    memory_budget: int | None,
+    pool_size: int,
+    read_model_files: bool = False,
+    files: Mapping[_FileKey, _FileFacts] | None = None,
+) -> tuple[list[Problem], dict[_FileKey, _FileFacts]]:
+    """Every problem of ``repository`` now, in model order, and what it read of the files.
+
+    Model files are read (their protobuf headers only) when ``memory_budget`` is set, to
+    estimate their sizes, or when ``read_model_files`` is true: then a file that is not ONNX
+    and a config.pbtxt whose declarations contradict the file are problems too. ``files``
+    are those a previous check read, reused for files not changed since. Raises
+    :class:`RepositoryError` when the root cannot be listed.
+    """
+    listing = repository.listing()
+    root = repository.root
+    problems = [
+        Problem(
+            ProblemKind.INVALID_NAME,
+            None,
+            os.path.join(root, raw),
+            f"{os.path.join(root, raw)} is not served: {raw!r} cannot name a model",
+            "rename it to 1 to 128 ASCII letters, digits, '_', '.' or '-' starting with a "
+            "letter or digit, or move it out of the repository",
+        )
+        for raw in listing.invalid
+    ]
+    if not listing.names:
+        problems.append(
+            Problem(
+                ProblemKind.EMPTY_REPOSITORY,
+                None,
+                str(root),
+                f"model repository {root} holds no model",
+                f"add a model: {os.path.join(root, '<name>', '1', 'model.onnx')} "
+                f"or {os.path.join(root, '<name>.onnx')}",
+            )
+        )
+    previous = files or {}
+    made: dict[_FileKey, _FileFacts] = {}
+    read_files = read_model_files or memory_budget is not None
+    for name in listing.names:
+        try:
+            entry = repository.entry(name)
+        except ModelNotFound:
+            continue  # removed between listing and looking: it is simply gone
+        problems.extend(entry.problems)
+        if entry.error is not None:
+            continue
+        try:
+            resolve_providers(entry.config.providers)
+        except ProviderUnavailable as exc:
+            problems.append(_missing_provider(root, entry, exc))
+            continue
+        if read_files:
+            problems.extend(_library_problems(root, entry, previous, made))
+            problems.extend(_file_problems(root, entry, memory_budget, pool_size, previous, made))
+    return problems, made
+
+
+class ProblemWatch:
+    """The problems of a repository as of its last check, each logged once when it appears.
+
+    :meth:`check` scans and logs; :meth:`recheck` (the poll's) does the same once a first
+    check was made, reading model files if that check did. Safe from any thread; checks that
+    run at once each scan on their own thread, and the one that ends last sets the problems
+    shown.
+    """
+
+    def __init__(
+        self, repository: Repository, *, memory_budget: int | None, pool_size: int
+    ) -> None:
+        self._repository = repository
+        self._memory_budget = memory_budget
+        self._pool_size = pool_size
+        # Guards _current, _files, _watching and _read_files: bookkeeping only, never held
+        # over a scan.
+        self._problems_lock = threading.Lock()
+        self._current: tuple[Problem, ...] = ()
+        self._files: dict[_FileKey, _FileFacts] = {}
+        self._watching = False
+        self._read_files = False
+
+    @property
+    def problems(self) -> tuple[Problem, ...]:
+        """The problems found by the last check (none before the first)."""
+        with self._problems_lock:
+            return self._current
+
+    def check(self, *, read_model_files: bool | None = None) -> tuple[Problem, ...]:
+        """Scan the repository now; log new problems at WARNING and those gone at INFO.
+
+        Model files are read (:func:`find_problems`) with a memory budget, or with
+        ``read_model_files``; None: as the last check did (False before any). Raises
+        :class:`RepositoryError` when the root cannot be listed (the problems of the last
+        check stay).
+        """
+        with self._problems_lock:
+            self._watching = True
+            if read_model_files is not None:
+                self._read_files = read_model_files
+            read_files = self._read_files
+            files = self._files
+        found, made = find_problems(
+            self._repository,
+            memory_budget=self._memory_budget,
+            pool_size=self._pool_size,
+            read_model_files=read_files,
+            files=files,
+        )
+        current = tuple(dict.fromkeys(found))  # one of each, in order
+        with self._problems_lock:
+            before, self._current, self._files = self._current, current, made
+        seen = set(before)
+        for problem in current:
+            if problem not in seen:
+                logger.warning("corral: repository problem %s", _described(problem))
+        now = set(current)
+        for problem in before:
+            if problem not in now:
+                logger.info(
+                    "corral: repository problem (%s) in %s is gone",
+                    problem.kind.value,
+                    problem.path,
+                )
+        return current
+
+    def recheck(self) -> None:
+        """Check again if :meth:`check` was ever called; a no-op otherwise."""
+        with self._problems_lock:
+            watching = self._watching
+        if watching:
+            self.check()
+
+
+def _described(problem: Problem) -> str:
+    """A problem as its log line says it: kind, what is wrong, the file (if not named), fix."""
+    where = "" if problem.path in problem.message else f" (file: {problem.path})"
+    return f"({problem.kind.value}): {problem.message}{where}; fix: {problem.fix}"
+
+
+def _missing_provider(root: Path, entry: ModelEntry, error: ProviderUnavailable) -> Problem:
+    path = _settings_file(root, entry.name)
+    setting = "KIND_GPU or execution_accelerators" if path.endswith(CONFIG_PBTXT) else "providers"
+    return Problem(
+        ProblemKind.MISSING_PROVIDER,
+        entry.name,
+        path,
+        f"model {entry.name!r}: {error}",
+        f"install an onnxruntime build that has it, or take it out of the model's {setting}",
+    )
+
+
+def _library_problems(
+    root: Path,
+    entry: ModelEntry,
+    previous: Mapping[_FileKey, _FileFacts],
+    made: dict[_FileKey, _FileFacts],
+) -> list[Problem]:
+    problems: list[Problem] = []
+    settings = _settings_file(root, entry.name)
+    for library in entry.config.custom_op_libraries:
+        key = _library_key(library)
+        facts = previous.get(key, made.get(key))
+        if facts is None:
+            try:
+                ort.check_custom_op_libraries([library], f"model {entry.name!r}")
+                facts = ""
+            except ModelLoadError as exc:
+                facts = str(exc)
+        made[key] = facts
+        if facts:
+            problems.append(
+                Problem(
+                    ProblemKind.BAD_CUSTOM_OP_LIBRARY,
+                    entry.name,
+                    settings,
+                    str(facts),
+                    f"replace {library} with a custom operator library built for this "
+                    "onnxruntime, or take it out of the model's settings",
+                )
+            )
+    return problems
+
+
+def _library_key(library: str) -> _FileKey:
+    """A library's key among the files read: its path, size and mtime as it is now."""
+    if library == ort.EXTENSIONS_LIBRARY:
+        return (library, 0, 0)
+    try:
+        info = os.stat(library)
+    except OSError:
+        return (library, -1, -1)
+    return (library, info.st_size, info.st_mtime_ns)
+
+
+def _file_problems(
+    root: Path,
+    entry: ModelEntry,
+    memory_budget: int | None,
+    pool_size: int,
+    previous: Mapping[_FileKey, _FileFacts],
+    made: dict[_FileKey, _FileFacts],
+) -> list[Problem]:
+    problems: list[Problem] = []
+    config = entry.config
+    replicas: int | None = None
+    for version in entry.served_versions:
+        file = entry.versions[version]
+        key = (str(file.path), file.size, file.mtime_ns)
+        facts = previous.get(key)
+        if facts is None:
+            try:
+                facts = read_model_file(file.path)
+            except ModelLoadError as exc:
+                facts = str(exc)
+        made[key] = facts
+        if isinstance(facts, str):
+            problems.append(
+                Problem(
+                    ProblemKind.BAD_MODEL_FILE,
+                    entry.name,
+                    str(file.path),
+                    f"model {entry.name!r} version {version}: {facts}",
+                    f"replace {file.path} with a valid ONNX model and its external data files",
+                )
+            )
+            continue
+        if config.inputs or config.outputs:
+            settings = _settings_file(root, entry.name)
+            problems.extend(
+                Problem(
+                    ProblemKind.BAD_CONFIG_PBTXT,
+                    entry.name,
+                    settings,
+                    f"model {entry.name!r} version {version}: {mismatch.message}",
+                    mismatch.fix,
+                )
+                for mismatch in declaration_mismatches(config, facts.signature)
+            )
+        if memory_budget is None:
+            continue
+        if replicas is None:
+            providers = resolve_providers(config.providers)
+            replicas = resolve_policy(config.concurrency, providers, pool_size=pool_size).replicas
+        estimate = estimate_footprint_bytes(facts.footprint, replicas)
+        if estimate > memory_budget:
+            problems.append(
+                Problem(
+                    ProblemKind.TOO_LARGE,
+                    entry.name,
+                    str(file.path),
+                    f"model {entry.name!r} version {version} is estimated at {estimate:,} bytes "
+                    f"once loaded, more than the whole memory budget ({memory_budget:,} bytes)",
+                    f"raise --memory-budget to at least {estimate:,} bytes, or serve a smaller "
+                    "model (or fewer sessions of it: its concurrency)",
+                )
+            )
+    return problems
+
+
+def _settings_file(root: Path, name: str) -> str:
+    """The model's settings file if it has one, else its folder (or its file)."""
+    folder = root / name
+    if not folder.is_dir():
+        return str(root / f"{name}.onnx")
+    for file_name in ("model.toml", CONFIG_PBTXT):
+        if (folder / file_name).is_file():
+            return str(folder / file_name)
+    return str(folder)

@@ -1,0 +1,796 @@
+"""Loader: every cold path's one pool, one load per version however many ask, back-off.
+
+A request for a model that is not loaded asks :meth:`Loader.prepare` for it and gets a future
+of the served version at once; nothing waits on the caller's thread, so an event loop may ask
+too. What must touch the disk (reading the model's entry) or build a session runs on the
+Loader's workers, ``load_concurrency`` of them, shared by every cold path: the blocking and
+asyncio requests, ``submit``, ``preload`` and reloads.
+
+Each job has ``load_timeout_s`` (``corral._base.load_workers``): one that outlasts it (a hung disk
+or mount) is answered :class:`LoadTimeout`, gives back its slot and its reservation, and its
+thread is abandoned; whatever it builds if it ever returns is closed, not published.
+
+The rule that keeps a bounded pool from deadlocking: no job on it ever waits for another
+future. A job that finds its version loading chains its caller's future to that load's; only
+the job that registered a load (its leader) builds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from corral._base import (
+    DEFAULT_ACTIVITY,
+    Claim,
+    CorralError,
+    DeadlineExceeded,
+    HostClosed,
+    LoadObserver,
+    LoadRecord,
+    LoadTimeout,
+    LoadWorkers,
+    ModelLoadError,
+    ModelNotFound,
+    fresh,
+)
+from corral._compute import (
+    DEFAULT_MAX_BATCH_SIZE,
+    HostCounters,
+    Runtime,
+    Session,
+    TimedRuns,
+    deadline_after,
+    lane_at_load,
+    plan_batching,
+    time_left,
+)
+from corral._host.check import Estimate, estimate_with_proof
+from corral._host.lane_measuring import LaneMeasurer
+from corral._host.options import HostOptions
+from corral._host.served import HostLease, Outputs, ServedVersion
+from corral._host.table import Key, Lead, ModelTable
+from corral._host.warmup import check_warmup_room, run_warmups
+from corral._models import (
+    ModelEntry,
+    Repository,
+    check_declared,
+    declared_signature,
+    validate_model_name,
+)
+
+__all__ = ["BUILDS_ON_CHANGE", "FilesChanged", "Loader", "version_number"]
+
+logger = logging.getLogger(__name__)
+
+# A version as a request spells it. Not str.isdigit(): that is also true of '²', which int()
+# refuses, and int() refuses more than 4,300 digits.
+_VERSION_TEXT = re.compile(r"[0-9]{1,18}")
+
+
+class Loader:
+    """Resolves what a request means and loads it, once, on the Host's load workers."""
+
+    def __init__(
+        self,
+        repository: Repository,
+        runtime: Runtime,
+        table: ModelTable,
+        options: HostOptions,
+        counters: HostCounters,
+    ) -> None:
+        self._repository = repository
+        self._runtime = runtime
+        self._table = table
+        self._options = options
+        # The Host's figures per version: each version built counts into its own.
+        self._counters = counters
+        # The load slots; a job past load_timeout_s is abandoned and its slot refilled.
+        self._workers = LoadWorkers(
+            options.load_concurrency, timeout_s=options.load_timeout_s, name="corral-load"
+        )
+        #: Told of every build (the server's tracing); set before serving, then only read.
+        self.load_observer: LoadObserver | None = None
+        # Guards _jobs and _when_idle: the load jobs under way per model name (each may read
+        # the model's files), and what waits for a name to have none.
+        self._jobs_lock = threading.Lock()
+        self._jobs: dict[str, int] = {}
+        self._when_idle: dict[str, list[Callable[[], None]]] = {}
+        # Measures published versions for the inline lane, in jobs on the same workers.
+        self._measurer = LaneMeasurer(self._workers, table, options.inline_run_us)
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def prepare(
+        self, name: str, version: int | str | None, *, refresh: bool = False
+    ) -> Future[ServedVersion]:
+        """A future of the served version a request means, loading it first if needed.
+
+        Returns at once, on any thread: the future holds the version, or the error that a
+        request for it gets (:class:`ModelNotFound`, :class:`InvalidModelName`,
+        :class:`ModelLoadError`, :class:`HostClosed` ...). It is the caller's own: cancelling
+        it stops nobody else's wait. ``refresh`` reads the model's entry from the repository
+        again first, as an explicit load does.
+        """
+        outer: Future[ServedVersion] = Future()
+        try:
+            name = validate_model_name(name)
+            if not refresh and self._from_cache(name, version, outer):
+                return outer
+            self._submit(name, self._resolve_and_load, name, version, refresh, outer)
+        except CorralError as exc:
+            _settle(outer, error=exc)
+        return outer
+
+    def lease(
+        self,
+        name: str,
+        version: int | str | None,
+        timeout: float | None,
+        *,
+        refresh: bool = False,
+    ) -> HostLease:
+        """Hold the version a request means, waiting up to ``timeout`` for it to load.
+
+        Raises the error its load ended with, or :class:`DeadlineExceeded`: the load goes
+        on for whoever asks next.
+        """
+        deadline = deadline_after(timeout)
+        while True:
+            served = self._wait_loaded(name, version, deadline, timeout, refresh)
+            lease = served.try_lease()
+            if lease is not None:
+                return lease
+            refresh = False  # evicted or swapped out since it loaded: ask again
+
+    def loaded(
+        self,
+        name: str,
+        version: int | str | None,
+        timeout: float | None,
+        *,
+        refresh: bool = False,
+    ) -> ServedVersion:
+        """The served version a request means once loaded, waiting up to ``timeout``.
+
+        Holds nothing: it may be evicted or unloaded as soon as this returns. Raises the
+        error its load ended with, or :class:`DeadlineExceeded`.
+        """
+        return self._wait_loaded(name, version, deadline_after(timeout), timeout, refresh)
+
+    def _wait_loaded(
+        self,
+        name: str,
+        version: int | str | None,
+        deadline: float | None,
+        timeout: float | None,
+        refresh: bool,
+    ) -> ServedVersion:
+        loading = self.prepare(name, version, refresh=refresh)
+        try:
+            return loading.result(timeout=time_left(deadline))
+        except FutureTimeout:
+            loading.cancel()
+            raise _still_loading(name, version, timeout) from None
+        except CorralError as exc:
+            raise fresh(exc) from exc.__cause__
+
+    async def lease_async(
+        self, name: str, version: int | str | None, timeout: float | None
+    ) -> HostLease:
+        """:meth:`lease` for asyncio: the event loop waits on nothing but the future."""
+        deadline = deadline_after(timeout)
+        while True:
+            loading = self.prepare(name, version)
+            try:
+                served = await asyncio.wait_for(asyncio.wrap_future(loading), time_left(deadline))
+            except TimeoutError:
+                raise _still_loading(name, version, timeout) from None
+            except CorralError as exc:
+                raise fresh(exc) from exc.__cause__
+            lease = served.try_lease()
+            if lease is not None:
+                return lease
+
+    def resolve(
+        self, name: str, version: int | str | None, *, refresh: bool = False
+    ) -> tuple[ModelEntry, Key]:
+        """The entry and ``(name, version)`` a request means; reads the disk when it must.
+
+        Raises what a request for an unservable model or version gets. A version whose last
+        load failed is forgotten here when its files changed since, so that it loads at once.
+        """
+        entry, key, _ = self._resolve(name, version, refresh)
+        return entry, key
+
+    def _resolve(
+        self, name: str, version: int | str | None, refresh: bool
+    ) -> tuple[ModelEntry, Key, bool]:
+        """:meth:`resolve`, and whether the entry was read from the repository just now."""
+        entry, model_failed = self._table.cached(name)
+        if entry is not None and not self._repository.is_current(entry):
+            entry = None  # read through a load's override that another has replaced since
+        if refresh or entry is None or model_failed or not _may_have(entry, version):
+            entry, refresh = self.refresh_entry(name), True
+        number = _choose(entry, name, version)
+        failed_from = self._table.failure_fingerprint((name, number))
+        if failed_from is not None:
+            if not refresh:
+                entry, refresh = self.refresh_entry(name), True
+                number = _choose(entry, name, version)
+            if entry.version_fingerprint(number) != failed_from:
+                self._table.forget_failure((name, number), failed_from)
+        return entry, (name, number), refresh
+
+    def refresh_entry(self, name: str) -> ModelEntry:
+        """Read a model's entry from the repository again (file reads) and keep it."""
+        entry = self._repository.entry(name)
+        self._table.store_entry(entry)
+        return entry
+
+    def enqueue_when_loaded(
+        self,
+        name: str,
+        version: int | str | None,
+        request: tuple[Mapping[str, Any], Sequence[str] | None, float | None],
+        answer: Future[Outputs],
+    ) -> None:
+        """For a cold ``submit``: queue ``request`` once its version loads, or answer the error.
+
+        ``request`` is (inputs, outputs, deadline). Nothing waits: the load's completion
+        queues the request on the compute workers, which answer it.
+        """
+        loading = self.prepare(name, version)
+        loading.add_done_callback(
+            functools.partial(self._enqueue_loaded, name, version, request, answer)
+        )
+
+    def _enqueue_loaded(
+        self,
+        name: str,
+        version: int | str | None,
+        request: tuple[Mapping[str, Any], Sequence[str] | None, float | None],
+        answer: Future[Outputs],
+        loading: Future[ServedVersion],
+    ) -> None:
+        try:
+            error = loading.exception()
+            if error is not None:
+                raise fresh(error)
+            served = loading.result()
+            if not served.try_admit():
+                self.enqueue_when_loaded(name, version, request, answer)  # evicted since: again
+                return
+            inputs, outputs, deadline = request
+            served.enqueue(inputs, outputs, answer, None, deadline)
+        except BaseException as exc:
+            # A done-callback's exception would be logged and lost: it is the answer.
+            _settle(answer, error=exc)
+            if not isinstance(exc, Exception):
+                raise
+
+    # -- builds ------------------------------------------------------------------------------
+
+    def build(
+        self, name: str, version: int, entry: ModelEntry, estimate: Estimate, claim: Claim
+    ) -> ServedVersion:
+        """Build ``version`` of a model into a served version, not yet published.
+
+        ``estimate`` is its :meth:`estimate_with_proof`: the bytes the budget counts it as,
+        and the inline lane's proof, read from the files the entry names.
+        Creates its Session (and runs its warm-ups: :mod:`corral._host.warmup`) on the calling
+        thread, and decides whether its requests share runs (``corral._compute.probe``: declared,
+        probed or off); raises :class:`ModelLoadError` (or a subclass) if that fails. If
+        ``claim`` expires once the session is built, its runs are stopped.
+        """
+        config = entry.config
+        size_bytes = estimate.size_bytes
+        budget = self._options.budget_bytes
+        room = None if budget is None else budget - size_bytes
+        # Before anything is built: a warm-up's arrays are sized from the config alone.
+        check_warmup_room(config, f"{name}:{version}", room)
+        session = Session(
+            entry.versions[version].path,
+            runtime=self._runtime,
+            providers=config.providers,
+            concurrency=config.concurrency,
+            name=f"{name}:{version}",
+            graph_optimization_level=config.graph_optimization_level,
+            execution_mode=config.execution_mode,
+            intra_op_threads=config.intra_op_threads,
+            custom_op_libraries=config.custom_op_libraries,
+        )
+        try:
+            # Built from the files the entry read, or the copy could mix old and new (a model
+            # file read before its new external data): a change meanwhile fails this load,
+            # transiently, and the next request reads the entry again.
+            changed = entry.versions[version].changed()
+            if changed is not None:
+                raise FilesChanged(
+                    f"model {name!r} version {version} changed on disk while it loaded "
+                    f"({changed}); the next request loads it again"
+                )
+            # A config.pbtxt's declarations, before anything runs on the model.
+            check_declared(config, session.signature, session.name)
+            declared = declared_signature(config, session.signature)
+            if declared is not None:
+                session.declare_tensors(declared)
+            run_warmups(session, config, claim, room)
+            claim.set_activity("measuring its runs (the batching probe)")
+            # After the warm-up: the probe's runs then cost what a loaded model's runs cost.
+            # Timed, so that a model far too slow for the inline lane runs no more for it.
+            timed = TimedRuns(session.run)
+            plan = plan_batching(
+                session.signature,
+                timed,
+                max_batch_size=config.max_batch_size,
+                enabled=self._options.batching,
+                default_rows=DEFAULT_MAX_BATCH_SIZE,
+                label=session.name,
+                source=config.source,
+                combine=config.combine_requests,
+            )
+            logger.info("corral: %s version %s %s", name, version, plan.reason)
+            # What needs no run is decided here; a version whose runs decide is published
+            # MEASURING, and measure_later measures it off the load's path.
+            lane = lane_at_load(
+                session.name,
+                session.signature,
+                bound_us=self._options.inline_run_us,
+                policy=str(session.policy),
+                # Read with the estimate, from the files found unchanged above: no job reads
+                # the file once its load is done.
+                values=lambda: estimate.values,
+                seen_s=timed.fastest_s,
+            )
+            window = (config.batch_window_us or 0) if plan.max_rows else 0
+            return ServedVersion(
+                name,
+                version,
+                session,
+                runtime=self._runtime,
+                size_bytes=size_bytes,
+                fingerprint=entry.version_fingerprint(version),
+                batching=plan,
+                batch_window_us=window,
+                queue_limit=config.max_queue_size or self._options.max_queue_per_model,
+                counters=self._counters.run_counters((name, version)),
+                config=config,
+                inline=lane,
+            )
+        except BaseException:
+            session.close()
+            raise
+
+    def build_on_workers(self, name: str, version: int, entry: ModelEntry) -> Future[ServedVersion]:
+        """:meth:`build` on the load workers; for reloads, whose caller waits for it.
+
+        A build past ``load_timeout_s`` answers :class:`LoadTimeout`; what it builds if it
+        ever returns is closed.
+        """
+        built: Future[ServedVersion] = Future()
+
+        def job(claim: Claim) -> None:
+            self._observe(name, version, built)
+            what = f"building model {name!r} version {version}"
+            if not claim.on_expire(functools.partial(_answer_late, built, what, claim)):
+                return
+            try:
+                estimate = self.estimate_with_proof(entry, version)
+                served = self.build(name, version, entry, estimate, claim)
+                if not claim.finish():
+                    served.session.close()  # too late: the reload was answered LoadTimeout
+                    return
+                _settle(built, result=served)
+            except BaseException as exc:
+                if claim.finish():
+                    _settle(built, error=exc)
+                if not isinstance(exc, Exception):
+                    raise
+
+        try:
+            self._submit(name, job)
+        except CorralError as exc:
+            _settle(built, error=exc)
+        return built
+
+    def measure_later(self, served: ServedVersion) -> None:
+        """Measure a published version's runs for the inline lane, after its load.
+
+        On the load workers, behind the loads asked for (:class:`LaneMeasurer`); returns at
+        once, and at once too for a version whose lane was decided at load.
+        """
+        self._measurer.later(served)
+
+    def estimate_with_proof(self, entry: ModelEntry, version: int) -> Estimate:
+        """Estimated resident bytes of ``version`` once loaded, and the inline lane's proof.
+
+        The bytes under its concurrency policy, as the repository check estimates them (so
+        that what it calls too large is what the load refuses); both read in one pass over
+        the file's headers (and a ``stat`` of each external data file), so it runs on a load
+        worker. The proof (:func:`corral._onnx.value_dependence.value_dependence`) only while the
+        lane is on; a build uses it once it has found the files unchanged since the entry's
+        read.
+        """
+        return estimate_with_proof(
+            entry,
+            version,
+            pool_size=self._runtime.options.compute_workers,
+            prove=self._options.inline_run_us > 0,
+        )
+
+    @property
+    def abandoned(self) -> int:
+        """Load threads stuck now in a load that ran past ``load_timeout_s``."""
+        return self._workers.abandoned
+
+    def close(self, timeout: float | None) -> int:
+        """Take no more jobs; wait up to ``timeout`` for the jobs running to end.
+
+        They end soon, as the table is closing; one still running after ``timeout`` (a load
+        hung on its disk) is abandoned: its daemon thread is not joined, and it closes what it
+        builds. Returns how many were left running.
+        """
+        return self._workers.close(timeout)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _from_cache(
+        self, name: str, version: int | str | None, outer: Future[ServedVersion]
+    ) -> bool:
+        """Settle or chain ``outer`` from the entry already read, if that says enough.
+
+        The usual cold request: the model's entry is known and its version has not failed,
+        so the disk need not be read: join the load in flight, or lead a new one.
+        """
+        entry, model_failed = self._table.cached(name)
+        if entry is None or model_failed or entry.error is not None:
+            return False
+        number = entry.latest if version is None else _number_or_none(version)
+        if number is None or number not in entry.served_versions:
+            return False  # the job reads the disk and raises the precise error
+        key = (name, number)
+        if self._table.failure_fingerprint(key) is not None:
+            return False  # the job checks whether its files changed since
+        step = self._table.begin(key, entry, newest=version is None, may_lead=False)
+        if step is None:
+            # A new load: it starts from the repository as it is now, not from this entry
+            # (a newer version may have been published since, or these files replaced).
+            return False
+        assert not isinstance(step, Lead)
+        _follow(step, outer)
+        return True
+
+    def _resolve_and_load(
+        self,
+        name: str,
+        version: int | str | None,
+        refresh: bool,
+        outer: Future[ServedVersion],
+        claim: Claim,
+    ) -> None:
+        """A job: read the entry, then join or lead the version's load (leading it here)."""
+        which = f"model {name!r}" if version is None else f"model {name!r} version {version}"
+        if not claim.on_expire(functools.partial(_answer_late, outer, f"loading {which}", claim)):
+            return
+        try:
+            if outer.cancelled():
+                return
+            # From the entry's read to the end of the load: a store's cache keeps the files the
+            # entry names (before the table counts the model as loading, nothing else does).
+            with self._repository.kept(name):
+                entry, key, read = self._resolve(name, version, refresh)
+                step = self._table.begin(key, entry, newest=version is None, may_lead=read)
+                if step is None:
+                    # Not loaded nor loading: read the entry again, so that the load (and its
+                    # size estimate) uses the versions and files on disk now.
+                    entry, key = self.resolve(name, version, refresh=True)
+                    step = self._table.begin(key, entry, newest=version is None)
+                assert step is not None  # may_lead: never None
+                if isinstance(step, Lead):
+                    self._load(key, entry, step.future, claim)
+                    # After _load the claim is finished or expired for good; expired, its
+                    # callbacks answered ``outer`` already (LoadTimeout), and a second answer
+                    # would raise.
+                    if not claim.finish():
+                        return
+                    step = step.future
+            _follow(step, outer)
+        except BaseException as exc:
+            _settle(outer, error=exc)
+            if not isinstance(exc, Exception):
+                raise
+
+    def _load(
+        self, key: Key, entry: ModelEntry, pending: Future[ServedVersion], claim: Claim
+    ) -> None:
+        """Load one version and publish it: the leader of a single-flight load runs this.
+
+        If ``claim`` expires first, its callbacks fail the load (:class:`LoadTimeout`, with
+        its back-off) and end its reservation; this thread then only closes what it built.
+        """
+        name, version = key
+        self._observe(name, version, pending)
+        started = time.monotonic()
+        reserved = 0
+        served: ServedVersion | None = None
+        what = f"loading model {name!r} version {version}"
+        if not claim.on_expire(functools.partial(self._expire_load, key, pending, what, claim)):
+            self._expire_load(key, pending, what, claim)
+            return
+        try:
+            estimate = self.estimate_with_proof(entry, version)
+            size = estimate.size_bytes
+            evicted = self._table.reserve(key, size)
+            # Out of the table already: closed as their leases end, even if this load expired.
+            self._table.drain(evicted, timeout=0)
+            if not claim.on_expire(functools.partial(self._table.end_reservation, size)):
+                self._table.end_reservation(size)  # expired while it waited for room
+                return
+            reserved = size
+            served, entry = self._build_unchanged(name, version, entry, estimate, claim)
+            if not claim.finish():
+                served.session.close()  # too late: its waiters were answered LoadTimeout
+                return
+            try:
+                self._table.publish(served, entry, reserved, time.monotonic() - started)
+            finally:
+                reserved = 0  # publish ends the reservation, whether it publishes or not
+            self.measure_later(served)
+            logger.info(
+                "corral: loaded %s version %s (about %s bytes) in %.3f s",
+                name,
+                version,
+                f"{size:,}",
+                time.monotonic() - started,
+            )
+            _settle(pending, result=served)
+        except BaseException as exc:
+            error = exc if isinstance(exc, CorralError) else _load_error(name, version, exc)
+            if served is not None:
+                served.session.close()
+            if claim.finish():  # else it expired: its callbacks ended the load already
+                self._table.abandon(key, reserved, error)
+                _settle(pending, error=error)
+            if not isinstance(exc, Exception):
+                raise
+
+    def _build_unchanged(
+        self, name: str, version: int, entry: ModelEntry, estimate: Estimate, claim: Claim
+    ) -> tuple[ServedVersion, ModelEntry]:
+        """:meth:`build`, again from the entry read anew while its files changed under it.
+
+        Up to :data:`BUILDS_ON_CHANGE` builds, each from what the disk holds then, within
+        the bytes ``estimate`` reserved; returns the version and the entry it was built from.
+        Raises :class:`ModelLoadError` (transient) if the files kept changing, or if the
+        version read anew is gone, unloadable or larger than what was reserved.
+        """
+        reserved = estimate.size_bytes
+        for attempt in range(1, BUILDS_ON_CHANGE + 1):
+            try:
+                return self.build(name, version, entry, estimate, claim), entry
+            except FilesChanged:
+                if attempt == BUILDS_ON_CHANGE:
+                    raise
+                logger.info("corral: %s version %s changed while it loaded; again", name, version)
+                fresh = self.refresh_entry(name)
+                if fresh.error is not None or version not in fresh.versions:
+                    raise
+                again = self.estimate_with_proof(fresh, version)
+                if again.size_bytes > reserved:
+                    raise
+                # Counted as the bytes reserved, which the table holds for it; its proof anew.
+                entry, estimate = fresh, Estimate(reserved, again.values)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _expire_load(
+        self, key: Key, pending: Future[ServedVersion], what: str, claim: Claim
+    ) -> None:
+        """Fail a load that ran past its timeout: back-off, waiters answered at once."""
+        error = _expiry_error(what, claim)
+        self._table.expire_load(key, pending, error)
+        _answer_late(pending, what, claim)
+
+    def _observe(self, name: str, version: int, loading: Future[ServedVersion]) -> None:
+        """Tell the :attr:`load_observer`, if any, of this load once ``loading`` settles."""
+        observer = self.load_observer
+        if observer is None:
+            return
+        started = time.monotonic()
+
+        def settled(done: Future[ServedVersion]) -> None:
+            ended = time.monotonic()
+            error = None if done.cancelled() else done.exception()
+            size = None if error is not None or done.cancelled() else done.result().size_bytes
+            try:
+                observer(LoadRecord(name, version, size, started, ended, error))
+            except Exception:
+                # A tracing fault must not fail a load: logged, and the load stands as it went.
+                logger.exception("corral: the load observer failed on %s:%s", name, version)
+
+        loading.add_done_callback(settled)
+
+    def when_idle(self, name: str, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once no load job of model ``name`` is under way: now if none is.
+
+        For what must wait until no load reads a model's old files (an upload's folder).
+        A waiting callback runs on the thread of the job that ends last.
+        """
+        with self._jobs_lock:
+            if self._jobs.get(name):
+                self._when_idle.setdefault(name, []).append(callback)
+                return
+        callback()
+
+    def _submit(self, name: str, job: Callable[..., None], *args: Any) -> None:
+        # Counted from here to the job's end: when_idle waits for it.
+        with self._jobs_lock:
+            self._jobs[name] = self._jobs.get(name, 0) + 1
+
+        def counted(claim: Claim) -> None:
+            try:
+                job(*args, claim)
+            finally:
+                self._end_job(name)
+
+        try:
+            self._workers.submit(counted)
+        except BaseException:
+            self._end_job(name)
+            raise
+
+    def _end_job(self, name: str) -> None:
+        with self._jobs_lock:
+            left = self._jobs[name] - 1
+            if left:
+                self._jobs[name] = left
+                return
+            del self._jobs[name]
+            waiting = self._when_idle.pop(name, [])
+        for callback in waiting:
+            callback()
+
+
+def version_number(name: str, version: int | str) -> int:
+    """The version a request names, as a number; :class:`ModelNotFound` if it names none."""
+    number = _number_or_none(version)
+    if number is None:
+        # Triton's words for a version that is not a number, which its examples match on.
+        raise ModelNotFound(
+            f"Request for unknown model: {name!r} version {version!r} is not found: failed to "
+            f"get model version from specified version string {str(version)!r} (versions are "
+            "positive integers)"
+        )
+    return number
+
+
+def _number_or_none(version: int | str) -> int | None:
+    if isinstance(version, int) and not isinstance(version, bool) and version > 0:
+        return version
+    if isinstance(version, str) and _VERSION_TEXT.fullmatch(version) and int(version) > 0:
+        return int(version)
+    return None
+
+
+def _may_have(entry: ModelEntry, version: int | str | None) -> bool:
+    """Whether the entry could serve ``version`` without a fresh look at the disk."""
+    if version is None:
+        return True
+    number = _number_or_none(version)
+    return number is None or number in entry.versions  # a malformed version fails as it is
+
+
+def _choose(entry: ModelEntry, name: str, version: int | str | None) -> int:
+    """The version number a request means in ``entry``; raises if it cannot be served."""
+    if entry.error is not None:
+        raise fresh(entry.error)
+    if version is None:
+        if entry.latest is None:
+            raise ModelNotFound(
+                f"Request for unknown model: {name!r} has no available versions: found "
+                f"{_listing(entry.versions)} under version policy {entry.config.version_policy}"
+            )
+        return entry.latest
+    number = version_number(name, version)
+    if number not in entry.versions:
+        raise ModelNotFound(
+            f"Request for unknown model: {name!r} version {number} is not found; versions: "
+            f"{_listing(entry.versions)}"
+        )
+    if number not in entry.served_versions:
+        raise ModelNotFound(
+            f"Request for unknown model: {name!r} version {number} is not found: it is not "
+            f"served under version policy {entry.config.version_policy}; served: "
+            f"{_listing(entry.served_versions)}"
+        )
+    return number
+
+
+def _still_loading(name: str, version: int | str | None, timeout: float | None) -> DeadlineExceeded:
+    which = f"model {name!r}" if version is None else f"model {name!r} version {version}"
+    return DeadlineExceeded(f"{which} was still loading after {timeout}s")
+
+
+def _listing(versions: Any) -> str:
+    numbers = sorted(versions)
+    return ", ".join(map(str, numbers)) if numbers else "none"
+
+
+def _expiry_error(what: str, claim: Claim) -> LoadTimeout | HostClosed:
+    """What the waiters of an expired job get: the Host closed on it, or its timeout passed.
+
+    Worded after what the job was doing: a warm-up is stopped, and its thread returns; a
+    file read or a session build cannot be interrupted (a hung disk, say): its thread is left.
+    """
+    activity = claim.activity
+    if activity == DEFAULT_ACTIVITY:
+        left = "its thread is abandoned and whatever it builds will be closed"
+        hint = " (is its storage hung?)"
+    else:
+        left = "its runs were stopped and what it built will be closed"
+        hint = ""
+    if claim.closing:
+        return HostClosed(f"the Host closed while {what} was still {activity}; {left}")
+    return LoadTimeout(
+        f"{what} did not finish within load_timeout_s={claim.timeout_s}s: it was still "
+        f"{activity}{hint}; {left}"
+    )
+
+
+def _answer_late(future: Future[Any], what: str, claim: Claim) -> None:
+    """Answer ``future`` for an expired job, unless it was answered meanwhile."""
+    # RuntimeError: the job answered it an instant before it expired; that answer stands.
+    with contextlib.suppress(RuntimeError):
+        _settle(future, error=_expiry_error(what, claim))
+
+
+#: Builds a load makes while the version's files change under it (each from the files as
+#: they are then), before it fails transiently: a file touched during one build is read again.
+BUILDS_ON_CHANGE = 3
+
+
+class FilesChanged(ModelLoadError):
+    """A version's files changed while it was built from them: its copy is not served."""
+
+
+def _load_error(name: str, version: int, exc: BaseException) -> ModelLoadError:
+    error = ModelLoadError(f"loading model {name!r} version {version} failed: {exc!r}")
+    error.__cause__ = exc
+    return error
+
+
+def _settle(
+    future: Future[Any], *, result: object = None, error: BaseException | None = None
+) -> None:
+    """Give ``future`` its result or error, unless its caller cancelled it meanwhile."""
+    if not future.set_running_or_notify_cancel():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def _follow(step: ServedVersion | Future[ServedVersion], outer: Future[ServedVersion]) -> None:
+    """Settle ``outer`` with a served version, or once the load it joined ends."""
+    if isinstance(step, ServedVersion):
+        _settle(outer, result=step)
+    else:
+        step.add_done_callback(lambda done: _copy(done, outer))
+
+
+def _copy(source: Future[ServedVersion], outer: Future[ServedVersion]) -> None:
+    error = source.exception()
+    if error is not None:
+        _settle(outer, error=error)
+    else:
+        _settle(outer, result=source.result())

@@ -1,0 +1,272 @@
+"""HostOptions: a Host's options in one frozen, validated object, each declared once.
+
+The one place their rules live. The Host takes them as keyword arguments or as one object;
+the server's settings, ``corral.ray``'s config and the command line build this same object, so
+that an option means the same and is checked the same way wherever it is given. A bad value
+raises :class:`InvalidOption` naming the option.
+
+Each field is its option's one declaration (``corral._base.declare``). With the Runtime's
+(:func:`edge_options`), they make the server's settings, ``corral serve``'s flags, the
+``CORRAL_*`` variables, Ray's config and ``corral ray-serve``'s flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+from corral._base import Declared, InvalidOption, declared, given_by, option
+from corral._compute import (
+    DEFAULT_INLINE_RUN_US,
+    DEFAULT_MODEL_LATENCY_HISTOGRAMS,
+    DEFAULT_QUEUE_LIMIT,
+    RuntimeOptions,
+)
+from corral._host.budget import Limits, parse_bytes
+
+__all__ = [
+    "DEFAULT_FAILURE_BACKOFF_S",
+    "DEFAULT_LOAD_TIMEOUT_S",
+    "DEFAULT_MAX_UPLOAD_BYTES",
+    "HostOptionArgs",
+    "HostOptions",
+    "edge_options",
+    "positive_int",
+]
+
+#: Seconds a failed load is not retried: the first wait, and the cap it doubles up to.
+DEFAULT_FAILURE_BACKOFF_S = (1.0, 60.0)
+#: Seconds a load may take before it is marked failed (LoadTimeout) and its thread abandoned.
+DEFAULT_LOAD_TIMEOUT_S = 300.0
+#: Bytes the files uploaded by loads may hold together, by default: 1 GiB.
+DEFAULT_MAX_UPLOAD_BYTES = 1 << 30
+
+
+def _default_load_concurrency() -> int:
+    return min(4, os.cpu_count() or 1)
+
+
+def positive_int(option: str, value: object, *, optional: bool = False) -> int | None:
+    """``value`` if it is a positive integer (or None when ``optional``); else InvalidOption.
+
+    >>> positive_int("replicas", 2)
+    2
+    """
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidOption(f"{option} must be a positive integer, got {value!r}", option=option)
+    return value
+
+
+@dataclass(frozen=True)
+class HostOptions:
+    """How a :class:`corral.Host` loads, keeps and queues models; checked when built.
+
+    Example::
+
+        options = HostOptions(memory_budget="2GiB", poll_interval_s=5)
+        host = corral.Host("models/", options=options)
+    """
+
+    #: Estimated bytes the loaded models may hold: bytes, or a size like ``"2GiB"``; None: no
+    #: budget. Read :attr:`budget_bytes` for the number.
+    memory_budget: int | str | None = option(
+        None, "estimated bytes the loaded models may hold: bytes or a size like 2GiB"
+    )
+    #: Most model versions loaded at once; None: no count.
+    max_loaded_models: int | None = option(None, "most model versions loaded at once")
+    #: Loads that run at once, on the Host's load workers (default: cores, at most 4).
+    load_concurrency: int = option(
+        help_text="loads that run at once",
+        default_factory=_default_load_concurrency,
+        made_default="the cores, at most 4",
+    )
+    #: Seconds one load (reading the model's entry, building its session) may take; past it
+    #: the load fails with LoadTimeout, its waiters are answered and its load slot freed.
+    load_timeout_s: float = option(
+        DEFAULT_LOAD_TIMEOUT_S,
+        "seconds a load may take; past it the model fails (503) and its slot frees",
+    )
+    #: Seconds between checks of the models in use for changed or new versions; None: off.
+    poll_interval_s: float | None = option(
+        None, "seconds between checks of the models in use for new versions"
+    )
+    #: After a failed load, its error is answered at once for ``first`` seconds, doubling
+    #: up to ``cap``, unless the model's files change.
+    failure_backoff_s: tuple[float, float] = option(
+        DEFAULT_FAILURE_BACKOFF_S,
+        "seconds a failed load's error is answered at once: (first, cap), doubling",
+        not_offered="a pair of seconds; the server keeps the library's default back-off",
+    )
+    #: Batch concurrent requests for one model into one run where the model allows it.
+    batching: bool = option(True, "batch concurrent requests for a model where it allows")
+    #: Requests one model version may have queued; more are refused at once (Overloaded).
+    max_queue_per_model: int = option(
+        DEFAULT_QUEUE_LIMIT, "requests a model version may have queued; more get 429 at once"
+    )
+    #: Model versions that get a request-latency histogram of their own: the first this
+    #: many asked, for the Host's life (each adds 17 series to the metrics); 0: none.
+    model_latency_histograms: int = option(
+        DEFAULT_MODEL_LATENCY_HISTOGRAMS,
+        "model versions with a request-latency histogram of their own in /metrics: the "
+        "first this many asked; 0: only the server-wide one",
+    )
+    #: Microseconds of CPU a model's run may take for its requests to run on the thread that
+    #: receives them (the inline lane, docs/scheduler.md): measured after its load and on every
+    #: inline run, ``shared`` models only; 0: off.
+    inline_run_us: int = option(
+        DEFAULT_INLINE_RUN_US,
+        "microseconds of CPU a shared model's run may take for it to run on the thread that "
+        "receives its requests, measured after its load and on every such run; 0: off",
+    )
+    #: Bytes the files uploaded by loads (Triton's ``file:`` parameters) may hold together on
+    #: disk: bytes, or a size like ``"1GiB"``, held as bytes once checked; None: no cap.
+    max_upload_bytes: int | str | None = option(
+        DEFAULT_MAX_UPLOAD_BYTES,
+        "bytes the files uploaded by loads (file: parameters) may hold together on disk: "
+        "bytes or a size like 1GiB; a load past it gets 413 / RESOURCE_EXHAUSTED",
+    )
+    #: The folder a repository in object storage (``s3://...``) is copied into as its models
+    #: are read; None: a new temporary folder. Only for such a repository.
+    cache_dir: str | None = option(
+        None,
+        "the folder an s3:// repository's models are copied into as they are read "
+        "(kept across restarts); default: a new temporary folder",
+    )
+    #: Bytes that folder may hold: bytes, or a size like ``"10GiB"``; the least recently read
+    #: models not in use are removed past it. None: no cap. Only for such a repository.
+    cache_bytes: int | str | None = option(
+        None,
+        "bytes the cache of an s3:// repository may hold: bytes or a size like 10GiB; the "
+        "least recently read models not in use are removed past it",
+    )
+    _budget_bytes: int | None = field(init=False, repr=False, compare=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.memory_budget is not None:
+            object.__setattr__(self, "_budget_bytes", parse_bytes(self.memory_budget))
+        if self.max_upload_bytes is not None:
+            uploads = parse_bytes(self.max_upload_bytes, option="max_upload_bytes")
+            object.__setattr__(self, "max_upload_bytes", uploads)
+        if self.cache_bytes is not None:
+            cache = parse_bytes(self.cache_bytes, option="cache_bytes")
+            object.__setattr__(self, "cache_bytes", cache)
+        if self.cache_dir is not None and (
+            not isinstance(self.cache_dir, str) or not self.cache_dir
+        ):
+            raise InvalidOption(
+                f"cache_dir must be a folder's path, got {self.cache_dir!r}", option="cache_dir"
+            )
+        positive_int("max_loaded_models", self.max_loaded_models, optional=True)
+        positive_int("load_concurrency", self.load_concurrency)
+        positive_int("max_queue_per_model", self.max_queue_per_model)
+        load_timeout = self.load_timeout_s
+        if not (_is_number(load_timeout) and 0 < load_timeout < math.inf):
+            raise InvalidOption(
+                f"load_timeout_s must be a positive number of seconds, got {load_timeout!r}",
+                option="load_timeout_s",
+            )
+        poll = self.poll_interval_s
+        if poll is not None and not (_is_number(poll) and 0 < poll < math.inf):
+            raise InvalidOption(
+                f"poll_interval_s must be a positive number of seconds, got {poll!r}"
+            )
+        backoff = self.failure_backoff_s
+        if not (
+            isinstance(backoff, tuple)
+            and len(backoff) == 2
+            and all(_is_number(part) for part in backoff)
+            and 0 <= backoff[0] <= backoff[1] < math.inf
+        ):
+            raise InvalidOption(
+                f"failure_backoff_s must be (first, cap) with 0 <= first <= cap, got {backoff!r}"
+            )
+        histograms = self.model_latency_histograms
+        if isinstance(histograms, bool) or not isinstance(histograms, int) or histograms < 0:
+            raise InvalidOption(
+                f"model_latency_histograms must be a whole number, 0 or more, got {histograms!r}",
+                option="model_latency_histograms",
+            )
+        inline = self.inline_run_us
+        if isinstance(inline, bool) or not isinstance(inline, int) or inline < 0:
+            raise InvalidOption(
+                f"inline_run_us must be a whole number of microseconds, 0 or more, got {inline!r}",
+                option="inline_run_us",
+            )
+        if not isinstance(self.batching, bool):
+            raise InvalidOption(
+                f"batching must be True or False, got {self.batching!r}", option="batching"
+            )
+
+    @classmethod
+    def taken_from(cls, source: object) -> HostOptions:
+        """The options ``source`` carries as attributes of the same names; the rest default.
+
+        For the objects that carry the Host's options among their own (the server's
+        settings, Ray's config). An attribute that is None leaves an option whose default is
+        not None (``load_concurrency``, ``batching`` ...) at that default.
+        """
+        return dataclasses.replace(cls(), **given_by(cls, source))  # checked by __post_init__
+
+    @property
+    def budget_bytes(self) -> int | None:
+        """The memory budget in bytes; None: no budget."""
+        return self._budget_bytes
+
+    @property
+    def upload_bytes(self) -> int | None:
+        """What the uploads may hold, in bytes; None: no cap."""
+        value = self.max_upload_bytes
+        return None if value is None else parse_bytes(value, option="max_upload_bytes")
+
+    @property
+    def cache_bytes_value(self) -> int | None:
+        """What the cache of a repository in object storage may hold, in bytes; None: no cap."""
+        value = self.cache_bytes
+        return None if value is None else parse_bytes(value, option="cache_bytes")
+
+    @property
+    def limits(self) -> Limits:
+        """The budget's caps, as the eviction rules take them."""
+        return Limits(self._budget_bytes, self.max_loaded_models)
+
+
+class HostOptionArgs(TypedDict, total=False):
+    """:class:`HostOptions`' fields, as keyword arguments of :class:`Host`.
+
+    The fields' only copy: a type checker cannot make a TypedDict from a dataclass, so
+    tests/core/host/test_options_declared.py fails when the two differ.
+    """
+
+    memory_budget: int | str | None
+    max_loaded_models: int | None
+    load_concurrency: int
+    load_timeout_s: float
+    poll_interval_s: float | None
+    failure_backoff_s: tuple[float, float]
+    batching: bool
+    max_queue_per_model: int
+    model_latency_histograms: int
+    inline_run_us: int
+    max_upload_bytes: int | str | None
+    cache_dir: str | None
+    cache_bytes: int | str | None
+
+
+@functools.cache
+def edge_options() -> tuple[Declared, ...]:
+    """The Host's options, then the Runtime's, as declared for the edges.
+
+    The server's settings, Ray's config and the command line make a field, a flag and a
+    ``CORRAL_<NAME>`` variable of each one they offer (``not_offered`` says why not).
+    """
+    return declared(HostOptions) + declared(RuntimeOptions)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

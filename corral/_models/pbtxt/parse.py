@@ -1,0 +1,575 @@
+"""Triton's ``config.pbtxt``: read it, and map it onto corral's :class:`ModelConfig`.
+
+A model folder may hold Triton's model configuration instead of a ``model.toml``. It is parsed
+with protobuf's text format against Triton's own messages (``corral/_proto/model_config.proto``,
+every field Triton has), so a file Triton accepts always parses; then each field that is set is
+either honoured (mapped onto :class:`ModelConfig`, here) or refused with a
+:class:`ModelConfigError` naming it and why (:mod:`corral._models.pbtxt.fields`). Nothing set in the
+file is ignored. Its warm-up samples are read by :mod:`corral._models.pbtxt.warmup`; the tensors it
+declares are held against the model's at load by :mod:`corral._models.pbtxt.declared`. The load
+imports those two modules' names from here, with :data:`CONFIG_PBTXT` and :func:`parse_pbtxt`.
+
+protobuf is imported here lazily, only when a config.pbtxt exists: the core's imports stay
+onnxruntime and numpy. onnxruntime depends on protobuf, but the generated module needs
+protobuf >= 6.30 (the ``grpc`` extra); an older one is a ModelConfigError saying so.
+
+The mapping (``docs/host.md`` has the table):
+
+- ``name`` must be the folder's name; ``platform`` ``onnxruntime_onnx`` / ``backend``
+  ``onnxruntime`` only (or neither).
+- ``max_batch_size`` → ``max_batch_size`` (0: never batched); with it above 0 the declared
+  ``dims`` leave out the batch dimension, as in Triton.
+- ``dynamic_batching.max_queue_delay_microseconds`` → ``batch_window_us``; without
+  ``dynamic_batching`` requests are not held to fill a batch (a window of 0), as Triton does
+  not combine them. ``default_queue_policy``: ``max_queue_size`` → ``max_queue_size``,
+  ``default_timeout_microseconds`` and ``allow_timeout_override`` → the queue's timeout.
+- ``instance_group`` (``KIND_CPU`` / ``KIND_AUTO``): the counts summed → ``pool:N``.
+- ``version_policy``, ``default_model_filename``, ``parameters``, ``label_filename``,
+  ``input``/``output`` (name, data_type, dims, format, reshape), ``model_warmup`` (zero, random
+  or file data: :func:`warmup_feed`), ``optimization.execution_accelerators`` naming
+  ``openvino`` (CPU) or ``tensorrt`` / ``cuda`` (GPU) → providers, their parameters →
+  provider options (TensorRT's under onnxruntime's names, as Triton's backend maps them).
+- ``optimization.graph.level`` → ``graph_optimization_level``; the backend's parameters
+  ``execution_mode`` and ``intra_op_thread_count`` → ``execution_mode`` and
+  ``intra_op_threads`` (still reported among ``parameters``).
+- ``model_operations.op_library_filename`` → ``custom_op_libraries``: each a path inside the
+  model's folder (the repository checks it), or ``onnxruntime_extensions``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from corral._base import LoadRequestInvalid, ModelConfigError
+from corral._models.config import ModelConfig, ProviderEntry, TensorConfig, VersionPolicy
+from corral._models.pbtxt.fields import refuse_unhonoured
+from corral._models.pbtxt.warmup import ReadWarmup, warmup_samples
+from corral._onnx import MAX_POOL_SIZE
+
+__all__ = [
+    "CONFIG_PBTXT",
+    "ParsedConfigs",
+    "parse_pbtxt",
+    "pbtxt_from_json",
+]
+
+#: The file name Triton reads in a model folder.
+CONFIG_PBTXT = "config.pbtxt"
+
+#: What Triton calls the only platform and backend corral runs.
+PLATFORM = "onnxruntime_onnx"
+BACKEND = "onnxruntime"
+
+# Triton's onnxruntime backend reads these parameters as settings; corral does not apply them,
+# so taking them as mere labels would drop them silently.
+_BACKEND_PARAMETERS = frozenset(
+    {
+        "inter_op_thread_count",
+        "enable_mem_arena",
+        "enable_mem_pattern",
+        "memory.enable_memory_arena_shrinkage",
+        "session.use_device_allocator_for_initializers",
+        "cudnn_conv_algo_search",
+        "gpu_mem_limit",
+        "arena_extend_strategy",
+        "do_copy_in_default_stream",
+        "use_global_thread_pool",
+        "enable_dynamic_shapes",
+        "share_weights_between_sessions",
+        "allow_incomplete_outputs",
+    }
+)
+
+#: The backend's parameters corral applies (``_session_parameters``); kept in ``parameters`` too.
+_SESSION_PARAMETERS = ("execution_mode", "intra_op_thread_count")
+
+#: Triton's ``optimization.graph.level`` → model.toml's ``graph_optimization_level`` (0, the
+#: default, leaves onnxruntime's: all optimizations).
+_GRAPH_LEVELS = {-1: "basic", 1: "extended", 2: "disable"}
+
+#: Triton's TensorRT accelerator parameters whose onnxruntime option has another name; the
+#: others are onnxruntime's own names already. ``precision_mode`` is translated apart.
+_TENSORRT_OPTIONS = {
+    "max_workspace_size_bytes": "trt_max_workspace_size",
+    "int8_calibration_table_name": "trt_int8_calibration_table_name",
+    "int8_use_native_calibration_table": "trt_int8_use_native_calibration_table",
+}
+_PRECISION_MODES = {"FP32": (), "FP16": ("trt_fp16_enable",), "INT8": ("trt_int8_enable",)}
+
+#: Triton's accelerator names and the onnxruntime providers they stand for.
+_ACCELERATORS = {
+    ("cpu_execution_accelerator", "openvino"): "OpenVINOExecutionProvider",
+    ("gpu_execution_accelerator", "tensorrt"): "TensorrtExecutionProvider",
+    ("gpu_execution_accelerator", "cuda"): "CUDAExecutionProvider",
+}
+
+
+def parse_pbtxt(
+    text: str,
+    *,
+    source: str,
+    model_name: str,
+    read_labels: Callable[[str, str], tuple[str, ...]],
+    read_warmup: ReadWarmup | None = None,
+) -> ModelConfig:
+    """Parse a config.pbtxt and map it onto a :class:`ModelConfig`.
+
+    ``source`` (the file's path) is named in every error; ``model_name`` is the folder's name,
+    which ``name`` must equal; ``read_labels(relative_path, field)`` reads a label file from the
+    model's folder (the repository's, so that nothing outside the root is read);
+    ``read_warmup(file_name, field, limit)`` reads a warm-up sample's ``input_data_file`` from
+    the model folder's ``warmup/`` folder (None: such a file is refused).
+
+    Raises :class:`ModelConfigError` for a parse error (with its line and column), an unknown
+    field, or a field corral cannot honour (naming it and why).
+    """
+    message = _parse(text, source)
+    try:
+        refuse_unhonoured(message, source)
+        return _map(
+            message, model_name=model_name, read_labels=read_labels, read_warmup=read_warmup
+        )
+    except ModelConfigError as exc:
+        if str(exc).startswith(source):
+            raise
+        raise ModelConfigError(f"{source}: {exc}") from None
+
+
+class ParsedConfigs:
+    """config.pbtxt texts parsed already, kept by their exact text: the same text is parsed once.
+
+    A server reads every model's entry twice at start (the repository check, then the load),
+    and protobuf's text parser is pure Python (~0.2 ms for a small file): the second read
+    takes the first's :class:`ModelConfig` (immutable) instead. The key is the text itself,
+    with its source and the model's name, so a kept result is never stale: changed bytes are
+    another key. A text that names other files (labels, warm-up data) is not kept, as their
+    contents are not in the key; nor is a text that fails (its error is raised afresh). The
+    least recently used are dropped past ``max_chars`` characters of text kept.
+    """
+
+    def __init__(self, max_chars: int = 4 * 1024 * 1024) -> None:
+        self._max_chars = max_chars
+        # Guards _parsed and _chars: the configs kept, least recently used first, and the
+        # characters of their keys.
+        self._lock = threading.Lock()
+        self._parsed: OrderedDict[tuple[str, str, str], ModelConfig] = OrderedDict()
+        self._chars = 0
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._parsed)
+
+    def parse(
+        self,
+        text: str,
+        *,
+        source: str,
+        model_name: str,
+        read_labels: Callable[[str, str], tuple[str, ...]],
+        read_warmup: ReadWarmup | None = None,
+    ) -> ModelConfig:
+        """:func:`parse_pbtxt`, or the config parsed from the same text, source and name."""
+        key = (text, source, model_name)
+        with self._lock:
+            config = self._parsed.get(key)
+            if config is not None:
+                self._parsed.move_to_end(key)
+                return config
+        named: list[str] = []  # other files the text made the parse read
+
+        def labels(path: str, field: str) -> tuple[str, ...]:
+            named.append(path)
+            return read_labels(path, field)
+
+        def warmup(file_name: str, field: str, limit: int) -> bytes:
+            assert read_warmup is not None  # passed on only when given
+            named.append(file_name)
+            return read_warmup(file_name, field, limit)
+
+        config = parse_pbtxt(
+            text,
+            source=source,
+            model_name=model_name,
+            read_labels=labels,
+            read_warmup=None if read_warmup is None else warmup,
+        )
+        if named:
+            return config
+        size = len(text) + len(source) + len(model_name)
+        with self._lock:
+            if key not in self._parsed:
+                self._parsed[key] = config
+                self._chars += size
+                while self._chars > self._max_chars:
+                    (old_text, old_source, old_name), _ = self._parsed.popitem(last=False)
+                    self._chars -= len(old_text) + len(old_source) + len(old_name)
+        return config
+
+
+def _model_config_module(source: str, what: str) -> Any:
+    """The generated ``model_config_pb2``, imported only when needed (protobuf is lazy)."""
+    try:
+        # What the callers import next, so that a protobuf lacking any of it is named here.
+        from google.protobuf import json_format, text_format  # noqa: F401
+
+        from corral._proto import model_config_pb2
+    except Exception as exc:  # ImportError, or protobuf's VersionError for too old a runtime
+        raise ModelConfigError(
+            f"{source}: reading {what} needs protobuf >= 6.30 "
+            f"(pip install 'corral[grpc]'): {type(exc).__name__}: {exc}"
+        ) from exc
+    return model_config_pb2
+
+
+def _parse(text: str, source: str) -> Any:
+    model_config_pb2 = _model_config_module(source, "a config.pbtxt")
+    from google.protobuf import text_format
+
+    config = model_config_pb2.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as exc:
+        line, column = exc.GetLine(), exc.GetColumn()
+        where = f"line {line}, column {column}" if line is not None else "parse error"
+        detail = str(exc).split(" : ", 1)[-1]
+        raise ModelConfigError(f"{source}: {where}: {detail}") from None
+    return config
+
+
+def pbtxt_from_json(text: str, *, source: str) -> str:
+    """A model configuration given as JSON (Triton's load ``config`` parameter), as pbtxt text.
+
+    The JSON is parsed into Triton's ``ModelConfig`` message with protobuf's ``json_format``
+    (field names as in the .proto or in lowerCamelCase; an unknown field is an error naming
+    it), then written in the text format, so that it takes the very path a config.pbtxt does
+    (:func:`parse_pbtxt`: every field honoured or refused by name).
+
+    Raises :class:`LoadRequestInvalid` naming ``source`` for text that is not such JSON
+    (a load request's ``config``).
+    """
+    model_config_pb2 = _model_config_module(source, "a model configuration")
+    from google.protobuf import json_format, text_format
+
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise LoadRequestInvalid(f"{source}: not JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise LoadRequestInvalid(
+            f"{source}: must be a JSON object (a ModelConfig), got {type(document).__name__}"
+        )
+    config = model_config_pb2.ModelConfig()
+    try:
+        json_format.ParseDict(document, config, ignore_unknown_fields=False)
+    except json_format.ParseError as exc:
+        raise LoadRequestInvalid(f"{source}: not a model configuration: {exc}") from None
+    return str(text_format.MessageToString(config))
+
+
+def _map(
+    message: Any,
+    *,
+    model_name: str,
+    read_labels: Callable[[str, str], tuple[str, ...]],
+    read_warmup: ReadWarmup | None,
+) -> ModelConfig:
+    from corral._proto import model_config_pb2 as pb
+
+    if message.name and message.name != model_name:
+        raise ModelConfigError(
+            f"name is {message.name!r}, but the model's folder is {model_name!r}: they must match"
+        )
+    if message.platform and message.platform != PLATFORM:
+        raise ModelConfigError(
+            f"platform {message.platform!r} is not served: corral runs ONNX models on "
+            f"onnxruntime only (platform {PLATFORM!r})"
+        )
+    if message.backend and message.backend != BACKEND:
+        raise ModelConfigError(
+            f"backend {message.backend!r} is not served: corral runs ONNX models on "
+            f"onnxruntime only (backend {BACKEND!r})"
+        )
+    if message.max_batch_size < 0:
+        raise ModelConfigError(f"max_batch_size must be >= 0, got {message.max_batch_size}")
+    batching = message.HasField("dynamic_batching")
+    window = message.dynamic_batching.max_queue_delay_microseconds if batching else 0
+    queue_size = message.dynamic_batching.default_queue_policy.max_queue_size
+    _check_preferred(message.dynamic_batching.preferred_batch_size, message.max_batch_size)
+    values: dict[str, Any] = {
+        "source": "config.pbtxt",
+        "max_batch_size": message.max_batch_size,
+        # Triton combines requests only with dynamic_batching; without it none is held.
+        "batch_window_us": window,
+        "combine_requests": batching,
+        "version_policy": _version_policy(message.version_policy, pb),
+        "inputs": tuple(_input(i, tensor, pb) for i, tensor in enumerate(message.input)),
+        "outputs": tuple(
+            _output(i, tensor, pb, read_labels) for i, tensor in enumerate(message.output)
+        ),
+        "max_queue_size": queue_size or None,
+        "queue_timeout_us": (
+            message.dynamic_batching.default_queue_policy.default_timeout_microseconds or None
+        ),
+        "queue_timeout_override": (
+            message.dynamic_batching.default_queue_policy.allow_timeout_override
+        ),
+        "parameters": _parameters(message.parameters),
+        # Paths as written; the repository checks each inside the model's folder.
+        "custom_op_libraries": tuple(message.model_operations.op_library_filename),
+        "warmup_samples": warmup_samples(
+            message.model_warmup, pb, message.max_batch_size, read_warmup
+        ),
+    }
+    if message.default_model_filename:
+        values["model_filename"] = message.default_model_filename
+    concurrency, gpu = _instances(message.instance_group, pb)
+    if concurrency is not None:
+        values["concurrency"] = concurrency
+    providers = _providers(message.optimization.execution_accelerators, gpu)
+    if providers is not None:
+        values["providers"] = providers
+    level = message.optimization.graph.level
+    if level:
+        if level not in _GRAPH_LEVELS:
+            raise ModelConfigError(
+                f"optimization.graph.level {level} is not one of Triton's: -1 (basic), 0 (the "
+                "default: all), 1 (basic and extended), 2 (none)"
+            )
+        values["graph_optimization_level"] = _GRAPH_LEVELS[level]
+    values.update(_session_parameters(message.parameters))
+    try:
+        return ModelConfig(**values)
+    except ValueError as exc:
+        raise ModelConfigError(str(exc)) from None
+
+
+def _check_preferred(sizes: Any, max_batch_size: int) -> None:
+    """Accept ``preferred_batch_size`` only where corral's batcher already does what it asks.
+
+    Triton runs a batch as soon as it reaches a preferred size, and cuts a longer queue at
+    the largest one reached; corral runs a batch when it fills ``max_batch_size`` or the
+    window closes, taking every compatible row queued up to ``max_batch_size``. The two agree
+    only when the one preferred size is ``max_batch_size``; capping runs at a smaller size
+    would not be Triton's batching either (it forms batches past it when the delay expires).
+    """
+    for index, size in enumerate(sizes):
+        if size != max_batch_size:
+            raise ModelConfigError(
+                f"dynamic_batching.preferred_batch_size[{index}] is {size}: corral's batcher "
+                f"runs a batch when it fills max_batch_size ({max_batch_size}) or the window "
+                "closes, and cannot stop at a smaller preferred size; remove it, or prefer "
+                "only max_batch_size"
+            )
+
+
+def _version_policy(policy: Any, pb: Any) -> VersionPolicy:
+    choice = policy.WhichOneof("policy_choice")
+    if choice is None:
+        return VersionPolicy("latest", 1)
+    if choice == "all":
+        return VersionPolicy("all")
+    if choice == "latest":
+        count = policy.latest.num_versions
+        if count < 1:
+            raise ModelConfigError(f"version_policy.latest.num_versions must be >= 1, got {count}")
+        return VersionPolicy("latest", count)
+    versions = tuple(policy.specific.versions)
+    if not versions or any(v < 1 for v in versions):
+        raise ModelConfigError(
+            f"version_policy.specific.versions must list versions >= 1, got {list(versions)}"
+        )
+    return VersionPolicy("specific", versions=versions)
+
+
+def _dims(field: str, dims: Any) -> tuple[int, ...]:
+    checked = tuple(int(d) for d in dims)
+    for d in checked:
+        if d < -1 or d == 0:
+            raise ModelConfigError(f"{field} must hold sizes >= 1 or -1 (any), got {list(checked)}")
+    return checked
+
+
+def _tensor_basics(kind: str, index: int, tensor: Any, pb: Any) -> tuple[str, str, tuple[int, ...]]:
+    field = f"{kind}[{index}]"
+    if not tensor.name:
+        raise ModelConfigError(f"{field}.name is missing")
+    data_type = pb.DataType.Name(tensor.data_type)
+    if data_type in ("TYPE_INVALID", "TYPE_BF16"):
+        raise ModelConfigError(
+            f"{field}.data_type {data_type} ({tensor.name!r}) is not a type corral serves"
+        )
+    return tensor.name, data_type, _dims(f"{field}.dims", tensor.dims)
+
+
+def _input(index: int, tensor: Any, pb: Any) -> TensorConfig:
+    name, data_type, dims = _tensor_basics("input", index, tensor, pb)
+    return TensorConfig(
+        name,
+        data_type,
+        dims,
+        format=pb.ModelInput.Format.Name(tensor.format),
+        reshape=_reshape(f"input[{index}]", tensor, dims),
+    )
+
+
+def _reshape(field: str, tensor: Any, dims: tuple[int, ...]) -> tuple[int, ...] | None:
+    """A tensor's ``reshape.shape``, checked against its ``dims``; None without a reshape.
+
+    The element counts must agree whatever size a variable (-1) dimension takes: each side
+    has at most one -1, both or neither, and the fixed sizes multiply to the same count.
+    """
+    if not tensor.HasField("reshape"):
+        return None
+    shape = _dims(f"{field}.reshape.shape", tensor.reshape.shape)
+    for side, sizes in (("dims", dims), ("reshape.shape", shape)):
+        if sizes.count(-1) > 1:
+            raise ModelConfigError(
+                f"{field}.{side} {list(sizes)} has more than one variable (-1) dimension: "
+                "corral reshapes with at most one, which must match one on the other side"
+            )
+    if dims.count(-1) != shape.count(-1) or _count(dims) != _count(shape):
+        raise ModelConfigError(
+            f"{field}.reshape.shape {list(shape)} does not hold as many elements as its dims "
+            f"{list(dims)} ({tensor.name!r}): a reshape keeps the element count"
+        )
+    return shape
+
+
+def _count(sizes: tuple[int, ...]) -> int:
+    count = 1
+    for size in sizes:
+        if size != -1:
+            count *= size
+    return count
+
+
+def _output(
+    index: int, tensor: Any, pb: Any, read_labels: Callable[[str, str], tuple[str, ...]]
+) -> TensorConfig:
+    name, data_type, dims = _tensor_basics("output", index, tensor, pb)
+    labels: tuple[str, ...] = ()
+    if tensor.label_filename:
+        labels = read_labels(tensor.label_filename, f"output[{index}].label_filename")
+    return TensorConfig(
+        name,
+        data_type,
+        dims,
+        label_filename=tensor.label_filename,
+        labels=labels,
+        reshape=_reshape(f"output[{index}]", tensor, dims),
+    )
+
+
+def _parameters(parameters: Any) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for key in sorted(parameters):
+        if key in _BACKEND_PARAMETERS:
+            raise ModelConfigError(
+                f"parameters[{key!r}] is a setting of Triton's onnxruntime backend, which "
+                "corral does not apply; remove it"
+            )
+        if key.startswith("corral."):
+            raise ModelConfigError(
+                f"parameters[{key!r}]: names starting with 'corral.' are corral's own, in answers"
+            )
+        pairs.append((key, parameters[key].string_value))
+    return tuple(pairs)
+
+
+def _instances(groups: Any, pb: Any) -> tuple[str | None, bool]:
+    """The concurrency policy for the instance groups, and whether they ask for a GPU."""
+    if not groups:
+        return None, False
+    total = 0
+    gpu = False
+    for index, group in enumerate(groups):
+        kind = pb.ModelInstanceGroup.Kind.Name(group.kind)
+        if kind == "KIND_MODEL":
+            raise ModelConfigError(
+                f"instance_group[{index}].kind KIND_MODEL: corral places instances itself"
+            )
+        gpu = gpu or kind == "KIND_GPU"
+        if group.count < 0:
+            raise ModelConfigError(f"instance_group[{index}].count must be >= 0, got {group.count}")
+        # Triton's default: one instance when count is left out.
+        total += group.count or 1
+    if total > MAX_POOL_SIZE:
+        raise ModelConfigError(
+            f"instance_group asks for {total} instances; corral builds at most "
+            f"{MAX_POOL_SIZE} (pool:{MAX_POOL_SIZE}, MAX_POOL_SIZE)"
+        )
+    return f"pool:{total}", gpu
+
+
+def _session_parameters(parameters: Any) -> dict[str, Any]:
+    """The backend's ``execution_mode`` ("0"/"1") and ``intra_op_thread_count`` ("0": cores)."""
+    values: dict[str, Any] = {}
+    if "execution_mode" in parameters:
+        mode = parameters["execution_mode"].string_value
+        if mode not in ("0", "1"):
+            raise ModelConfigError(
+                f"parameters['execution_mode'] must be '0' (sequential) or '1' (parallel), "
+                f"got {mode!r}"
+            )
+        values["execution_mode"] = "parallel" if mode == "1" else "sequential"
+    if "intra_op_thread_count" in parameters:
+        count = parameters["intra_op_thread_count"].string_value
+        if not (count.isascii() and count.isdigit() and len(count) <= 4):
+            raise ModelConfigError(
+                f"parameters['intra_op_thread_count'] must be a count of threads (0: the "
+                f"cores), got {count!r}"
+            )
+        values["intra_op_threads"] = int(count) or (os.cpu_count() or 1)
+    return values
+
+
+def _accelerator_options(kind: str, index: int, accelerator: Any) -> tuple[tuple[str, str], ...]:
+    """An accelerator's parameters as its provider's options, under onnxruntime's names."""
+    options: dict[str, str] = {}
+    for key in sorted(accelerator.parameters):
+        value = accelerator.parameters[key]
+        if accelerator.name != "tensorrt":
+            options[key] = value
+        elif key == "precision_mode":
+            if value not in _PRECISION_MODES:
+                raise ModelConfigError(
+                    f"optimization.execution_accelerators.{kind}[{index}].parameters"
+                    f"['precision_mode'] must be FP32, FP16 or INT8, got {value!r}"
+                )
+            options.update(dict.fromkeys(_PRECISION_MODES[value], "1"))
+        else:
+            options[_TENSORRT_OPTIONS.get(key, key)] = value
+    return tuple(sorted(options.items()))
+
+
+def _providers(accelerators: Any, gpu: bool) -> tuple[ProviderEntry, ...] | None:
+    providers: list[ProviderEntry] = []
+    for kind in ("gpu_execution_accelerator", "cpu_execution_accelerator"):
+        for index, accelerator in enumerate(getattr(accelerators, kind)):
+            provider = _ACCELERATORS.get((kind, accelerator.name))
+            if provider is None:
+                known = ", ".join(name for k, name in _ACCELERATORS if k == kind)
+                raise ModelConfigError(
+                    f"optimization.execution_accelerators.{kind}[{index}].name "
+                    f"{accelerator.name!r} is not one corral maps to a provider ({known})"
+                )
+            if kind == "gpu_execution_accelerator" and not gpu:
+                raise ModelConfigError(
+                    f"optimization.execution_accelerators.{kind}[{index}] needs an "
+                    "instance_group of kind KIND_GPU"
+                )
+            options = _accelerator_options(kind, index, accelerator)
+            providers.append((provider, options) if options else provider)
+    names = [entry if isinstance(entry, str) else entry[0] for entry in providers]
+    if gpu and "CUDAExecutionProvider" not in names:
+        providers.append("CUDAExecutionProvider")
+    if not providers:
+        return None
+    # onnxruntime runs on the CPU what the others leave, as Triton's backend does.
+    providers.append("CPUExecutionProvider")
+    return tuple(providers)

@@ -1,0 +1,142 @@
+"""``corral serve``: its settings from the flags and the ``CORRAL_*`` variables, then the server.
+
+The flags themselves are made by the parser (``corral.cli.commands``) from the settings' fields;
+this module takes the parsed arguments, folds Triton's spellings of the same settings into them
+(refusing two spellings that disagree), builds :class:`corral.server.settings.ServerSettings`
+and runs the server. A setting refused is named by its flag and its variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+from corral._base import CorralError
+from corral._models import is_store_url
+from corral.cli.progress import exit_missing_extra
+
+__all__ = ["TRITON_SPELLINGS", "run_serve", "spelled"]
+
+
+#: Triton's spellings of corral serve's options: ``{Triton's option: corral's setting}``.
+TRITON_SPELLINGS = {
+    "model_repository": "repository",
+    "repository_poll_secs": "poll_interval_s",
+    "exit_timeout_secs": "drain_timeout_s",
+    "allow_client_shm": "system_shared_memory",
+}
+
+
+def spelled(setting: str) -> str:
+    """How ``corral serve`` spells ``setting`` on its command line."""
+    return "REPOSITORY" if setting == "repository" else "--" + setting.replace("_", "-")
+
+
+def _triton_spellings(args: argparse.Namespace, given: dict[str, Any]) -> str | None:
+    """Fold Triton's spellings into ``given``; a problem if both spellings differ."""
+    for spelling, setting in TRITON_SPELLINGS.items():
+        value = getattr(args, spelling, None)
+        if value is None:
+            continue
+        other = given.get(setting)
+        if other is not None and not _same_setting(setting, value, other):
+            return (
+                f"--{spelling.replace('_', '-')} {value} and {spelled(setting)} {other} "
+                "name the same setting with different values: give one"
+            )
+        given[setting] = value
+    return None
+
+
+def _same_setting(setting: str, one: str, other: str | bool) -> bool:
+    if setting == "repository":
+        if is_store_url(one) or is_store_url(other):
+            return one == other
+        return Path(one).resolve() == Path(str(other)).resolve()
+    if isinstance(other, bool):  # corral's --flag / --no-flag against Triton's =true / =false
+        return (
+            one.strip().lower() in ("true", "1", "yes", "on")
+            if other
+            else (one.strip().lower() in ("false", "0", "no", "off"))
+        )
+    try:
+        return float(one) == float(other)
+    except ValueError:
+        return one == other
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """``corral serve``: settings from the flags and ``CORRAL_*``, then serve until stopped.
+
+    A setting refused, or Triton's spelling of one disagreeing with corral's, is exit
+    status 2 naming the flag and its variable, before anything starts.
+    """
+    needed = {"uvicorn": "server", "orjson": "server", "prometheus_client": "server"}
+    needed |= {"pydantic_settings": "server", "grpc": "grpc"}
+    missing = sorted({extra for module, extra in needed.items() if find_spec(module) is None})
+    if missing:
+        extras = " and ".join(missing) + (" extras" if len(missing) > 1 else " extra")
+        exit_missing_extra(
+            f"corral serve needs the {extras}: pip install 'corral[{','.join(missing)}]'"
+        )
+    from corral.protocol.proto import runtime_problems
+
+    # Before the generated modules are imported: they would refuse with a traceback.
+    problems = runtime_problems()
+    if problems:
+        raise SystemExit("corral serve: " + "; ".join(problems))
+    import logging
+    import os
+
+    from pydantic import ValidationError
+
+    from corral.server.app import run
+    from corral.server.observe.logs import configure_logging
+    from corral.server.processes import run_group
+    from corral.server.settings import ServerSettings, unknown_variables
+
+    given = {name: getattr(args, name, None) for name in ServerSettings.model_fields}
+    conflict = _triton_spellings(args, given)
+    if conflict is not None:
+        print(f"corral serve: error: {conflict}", file=sys.stderr)
+        return 2
+    try:
+        settings = ServerSettings(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as exc:
+        print(f"corral serve: error: {_settings_problems(exc)}", file=sys.stderr)
+        return 2
+    from corral.server.observe.tracing import TracingUnavailable, check_tracing
+
+    try:
+        check_tracing(settings.trace_exporter)  # imports OpenTelemetry only when asked for
+    except TracingUnavailable as exc:
+        print(f"corral serve: error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(
+        level=settings.log_level,
+        log_format=settings.log_format,
+        grpc_level=settings.grpc_log_level,
+        access_log=settings.access_log,
+    )
+    for line in unknown_variables(os.environ):
+        logging.getLogger("corral.cli").warning("corral serve: %s", line)
+    # Several processes: this one is their parent, and serves nothing itself.
+    return run(settings) if settings.processes == 1 else run_group(settings)
+
+
+def _settings_problems(error: Any) -> str:
+    """A ValidationError's problems, each named by its flag and its environment variable."""
+    problems = []
+    for problem in error.errors():
+        cause = problem.get("ctx", {}).get("error")
+        field = problem["loc"][0] if problem["loc"] else getattr(cause, "option", None)
+        message = str(cause) if isinstance(cause, CorralError) else problem["msg"]
+        if field is None:
+            problems.append(message)
+        else:
+            flag = "--" + str(field).replace("_", "-")
+            problems.append(f"{flag} (CORRAL_{str(field).upper()}): {message}")
+    return "; ".join(problems)

@@ -1,0 +1,280 @@
+"""Provider options and session options: from model.toml and Session to onnxruntime, read back.
+
+Every value is read back from the onnxruntime session corral built (its ``session_options``
+and ``get_provider_options()``), not from corral's own record of it. The per-session thread
+pools need a process whose global pools were never set, so those tests run in a subprocess.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import corral
+from corral._base.interpreter import describe_interpreter
+from corral._models.config import ModelConfig
+from corral._onnx import ort as _ort
+from tests.helpers import add_model
+
+SOURCE = "m/model.toml"
+
+
+def _onnxruntime_session(session: corral.Session) -> Any:
+    return session._replicas[0]  # the binding's session: what runs
+
+
+def _config_error(text: str) -> str:
+    with pytest.raises(corral.ModelConfigError) as info:
+        ModelConfig.from_toml(text, source=SOURCE)
+    return str(info.value)
+
+
+def test_providers_take_tables_of_options_as_text_next_to_plain_names():
+    config = ModelConfig.from_toml(
+        "providers = [\n"
+        '  { name = "TensorrtExecutionProvider", trt_fp16_enable = true, '
+        'trt_max_workspace_size = 2147483648, trt_engine_cache_path = "/cache" },\n'
+        '  { name = "CUDAExecutionProvider", device_id = 1 },\n'
+        '  "CPUExecutionProvider",\n]',
+        source=SOURCE,
+    )
+    assert config.providers == (
+        (
+            "TensorrtExecutionProvider",
+            (
+                ("trt_engine_cache_path", "/cache"),
+                ("trt_fp16_enable", "1"),
+                ("trt_max_workspace_size", "2147483648"),
+            ),
+        ),
+        ("CUDAExecutionProvider", (("device_id", "1"),)),
+        "CPUExecutionProvider",
+    )
+    hash(config)  # still a frozen, hashable config
+    # A table with no options is the plain name.
+    plain = ModelConfig.from_toml('providers = [{ name = "CPUExecutionProvider" }]', source=SOURCE)
+    assert plain.providers == ("CPUExecutionProvider",)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("providers = [{ device_id = 1 }]", "providers[0].name must be a provider name"),
+        ('providers = [{ name = "" }]', "providers[0].name must be a provider name"),
+        (
+            'providers = ["CPUExecutionProvider", { name = "CUDAExecutionProvider", x = [1] }]',
+            "providers[1].x must be a string, number or boolean",
+        ),
+        (
+            'providers = [{ name = "CUDAExecutionProvider", x = { y = 1 } }]',
+            "providers[0].x must be",
+        ),
+        (
+            'providers = [{ name = "CPUExecutionProvider" }, "CPUExecutionProvider"]',
+            "lists a provider twice",
+        ),
+        ('graph_optimization_level = "max"', "graph_optimization_level must be one of"),
+        ("graph_optimization_level = 99", "graph_optimization_level must be one of"),
+        ('execution_mode = "async"', "execution_mode must be one of 'sequential', 'parallel'"),
+        ("intra_op_threads = 0", "intra_op_threads must be an integer >= 1"),
+        ("intra_op_threads = true", "intra_op_threads must be an integer >= 1"),
+    ],
+)
+def test_a_wrong_option_names_its_field(text, fragment):
+    message = _config_error(text)
+    assert message.startswith(f"{SOURCE}: "), message
+    assert fragment in message, message
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("level", "ort_level"),
+    [("disable", "ORT_DISABLE_ALL"), ("basic", "ORT_ENABLE_BASIC"), ("all", "ORT_ENABLE_ALL")],
+)
+def test_session_options_reach_onnxruntime(mlp_model, level, ort_level):
+    with corral.Session(
+        mlp_model, graph_optimization_level=level, execution_mode="parallel"
+    ) as session:
+        options = _onnxruntime_session(session).session_options
+        assert options.graph_optimization_level.name == ort_level
+        assert options.execution_mode.name == "ORT_PARALLEL"
+        assert session.run({"X": np.ones((2, 4), np.float32)})
+
+
+@pytest.mark.timeout(30)
+def test_without_options_onnxruntime_keeps_its_defaults(mlp_model):
+    with corral.Session(mlp_model) as session:
+        options = _onnxruntime_session(session).session_options
+        assert options.graph_optimization_level.name == "ORT_ENABLE_ALL"
+        assert options.execution_mode.name == "ORT_SEQUENTIAL"
+
+
+@pytest.mark.timeout(30)
+def test_a_provider_option_onnxruntime_drops_is_refused_by_name(mlp_model):
+    # onnxruntime's CPU provider takes no options and drops unknown ones without a word.
+    with pytest.raises(corral.ModelConfigError) as info:
+        corral.Session(mlp_model, providers=[("CPUExecutionProvider", {"device_id": 1})])
+    message = str(info.value)
+    assert "'device_id' of CPUExecutionProvider" in message
+    assert "it takes: none" in message
+    assert corral.runtime().stats().sessions_alive == 0
+
+
+@pytest.mark.timeout(30)
+def test_an_unknown_provider_with_options_is_refused_before_onnxruntime(mlp_model):
+    with pytest.raises(corral.ProviderUnavailable, match="'NoSuchExecutionProvider'"):
+        corral.Session(mlp_model, providers=[("NoSuchExecutionProvider", {"device_id": 1})])
+
+
+@pytest.mark.timeout(30)
+def test_malformed_provider_options_are_refused_naming_the_provider(mlp_model):
+    bad: Any = ("CPUExecutionProvider", 5)  # options that are neither a mapping nor pairs
+    with pytest.raises(corral.ProviderUnavailable, match="options of CPUExecutionProvider must"):
+        corral.Session(mlp_model, providers=[bad])
+
+
+def test_boolean_provider_options_go_to_onnxruntime_as_1_or_0():
+    from corral._onnx.providers import resolve_providers
+
+    resolved = resolve_providers([("CPUExecutionProvider", {"a": True, "b": False, "c": 2})])
+    assert resolved.ort_providers == (("CPUExecutionProvider", {"a": "1", "b": "0", "c": "2"}),)
+    assert resolved.options_asked == (("CPUExecutionProvider", ("a", "b", "c")),)
+
+
+class _ReportingSession:
+    """Stands for a session on a GPU provider: reports the options it took."""
+
+    def get_provider_options(self) -> dict[str, dict[str, str]]:
+        return {"CUDAExecutionProvider": {"device_id": "1", "gpu_mem_limit": "1024"}}
+
+
+def test_options_the_session_reports_taking_pass_and_others_are_named():
+    session = _ReportingSession()
+    _ort.check_provider_options(session, [("CUDAExecutionProvider", ("device_id",))], "m:1")
+    with pytest.raises(corral.ModelConfigError) as info:
+        _ort.check_provider_options(
+            session, [("CUDAExecutionProvider", ("device_id", "device_idx"))], "m:1"
+        )
+    message = str(info.value)
+    assert "'device_idx' of CUDAExecutionProvider" in message
+    assert "it takes: device_id, gpu_mem_limit" in message
+
+
+@pytest.mark.timeout(30)
+def test_a_thread_count_other_than_the_global_pools_is_refused_naming_the_mode(mlp_model):
+    pool = corral.runtime().options.intra_op_threads
+    with corral.Session(mlp_model, intra_op_threads=pool):  # the pool's own size: no change
+        pass
+    with pytest.raises(corral.ModelConfigError) as info:
+        corral.Session(mlp_model, intra_op_threads=pool + 1)
+    message = str(info.value)
+    assert f"intra_op_threads = {pool + 1}" in message
+    assert "thread_pools='per_session'" in message
+    assert "--thread-pools per_session" in message
+
+
+@pytest.mark.timeout(60)
+def test_model_toml_options_reach_the_session_a_host_loads(tmp_path: Path, mlp_model):
+    add_model(
+        tmp_path,
+        "big",
+        mlp_model,
+        toml='graph_optimization_level = "extended"\nexecution_mode = "parallel"\n',
+    )
+    add_model(
+        tmp_path, "typo", mlp_model, toml='providers = [{ name = "CPUExecutionProvider", x = 1 }]'
+    )
+    with corral.Host(tmp_path).start() as host:
+        with host.acquire("big") as lease:
+            options = _onnxruntime_session(lease.session).session_options
+            assert options.graph_optimization_level.name == "ORT_ENABLE_EXTENDED"
+            assert options.execution_mode.name == "ORT_PARALLEL"
+        with pytest.raises(corral.ModelConfigError, match="'x' of CPUExecutionProvider"):
+            host.acquire("typo")
+
+
+_PER_SESSION = """
+import corral, numpy as np
+from corral.testing import build_mlp
+rt = corral.Runtime(intra_op_threads=1, inter_op_threads=1, thread_pools="per_session")
+own = corral.Session(build_mlp(), runtime=rt, intra_op_threads=2)
+default = corral.Session(build_mlp(), runtime=rt)
+own.run({"X": np.ones((2, 4), np.float32)})
+for session in (own, default):
+    options = session._replicas[0].session_options
+    print(options.intra_op_num_threads, options.use_per_session_threads)
+print(rt.stats().threads)
+rt.shutdown()
+try:
+    corral.Runtime(thread_pools="sometimes")
+except corral.RuntimeConfigError as exc:
+    print("refused:", exc)
+"""
+
+_PER_SESSION_AFTER_GLOBAL = """
+import corral
+from corral.testing import build_mlp
+corral.Session(build_mlp())  # the default Runtime sets the global pools
+corral.runtime().shutdown()
+try:
+    corral.Runtime(thread_pools="per_session")
+except corral.RuntimeConfigError as exc:
+    print("refused:", exc)
+"""
+
+
+def _run_script(script: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.timeout(90)
+def test_per_session_pools_give_each_model_its_own_thread_count():
+    lines = _run_script(_PER_SESSION).splitlines()
+    assert lines[0] == "2 True"  # asked for 2
+    assert lines[1] == "1 True"  # the Runtime's intra_op_threads as each session's default
+    assert lines[2] == "0"  # no compute workers were started and no global pool exists
+    assert lines[3].startswith("refused: thread_pools must be one of 'global', 'per_session'")
+
+
+@pytest.mark.timeout(90)
+def test_per_session_pools_are_refused_once_the_global_pools_exist():
+    out = _run_script(_PER_SESSION_AFTER_GLOBAL)
+    assert "refused:" in out
+    assert "thread_pools='per_session'" in out
+
+
+@pytest.mark.timeout(120)
+def test_corral_serve_runs_per_session_pools_and_logs_its_onnxruntime(tmp_path: Path, mlp_model):
+    import json
+    import urllib.request
+
+    from tests.processes import start_server, stop_server
+
+    repo = tmp_path / "repo"
+    add_model(repo, "big", mlp_model, toml="intra_op_threads = 2\n")
+    served = start_server(repo, tmp_path / "serve.log", "--thread-pools", "per_session")
+    try:
+        body = {"inputs": [{"name": "X", "shape": [1, 4], "datatype": "FP32", "data": [1] * 4}]}
+        request = urllib.request.Request(
+            f"http://{served.http}/v2/models/big/infer", data=json.dumps(body).encode()
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert json.loads(response.read())["outputs"][0]["shape"] == [1, 1]
+    finally:
+        stop_server(served)
+    log = served.log.read_text()
+    summary = next(line for line in log.splitlines() if " serving " in line)
+    # Which Python serves, and whether its GIL is enabled (the same interpreter as this one).
+    assert f" on {describe_interpreter()}: " in summary
+    assert "from onnxruntime with " in summary
+    assert "CPUExecutionProvider" in summary
+    assert "per_session thread pools of 1 intra-op thread(s)" in summary

@@ -1,0 +1,682 @@
+"""corral.ray's parts without a Ray cluster: the exchange, the config, the ingress, a replica.
+
+Ray itself is replaced at its interface: the replica's ``serve`` functions (replica context,
+multiplexing, the request's model id) by a stand-in, the ingress's deployment handle by one
+that calls a replica directly. What Ray does with them is `tests/ray/test_ray_serve.py`'s part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+pytest.importorskip("ray.serve", reason="the ray extra is not installed")
+
+from ray.exceptions import RayError
+from ray.serve.exceptions import BackPressureError
+from starlette.requests import Request
+
+import corral
+import corral.ray._replica as replica_module
+from corral import Host, ModelState
+from corral._host.budget import estimate_footprint_bytes, estimate_model_bytes
+from corral._onnx.modelfile import read_footprint
+from corral.protocol import DataPlane
+from corral.ray import (
+    UNLIMITED,
+    HttpAnswer,
+    HttpCall,
+    ModelReplica,
+    RayServeConfig,
+    V2Ingress,
+    app,
+    build_app,
+    call_asgi,
+    model_in_path,
+    models_per_replica,
+)
+from corral.server.http.app import HttpApp
+from corral.testing import build_mlp, build_tree
+from tests.gates import served_version
+from tests.helpers import reference_run
+
+X = np.random.default_rng(5).standard_normal((2, 4)).astype(np.float32)
+TREE = build_tree(seed=2)
+
+
+def infer_call(name: str, x: np.ndarray = X, **headers: str) -> HttpCall:
+    tensor = {"name": "X", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}
+    body = orjson.dumps({"inputs": [tensor]})
+    header_list = [(b"content-type", b"application/json")]
+    header_list += [(k.encode(), v.encode()) for k, v in headers.items()]
+    return HttpCall("POST", f"/v2/models/{name}/infer", b"", tuple(header_list), body)
+
+
+# -- the exchange ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "model"),
+    [
+        ("/v2/models/fraud/infer", "fraud"),
+        ("/v2/models/fraud", "fraud"),
+        ("/v2/models/fraud/versions/2/ready", "fraud"),
+        ("/v2/models/stats", None),
+        ("/v2/models/", None),
+        ("/v2/models", None),
+        ("/v2/health/ready", None),
+        ("/v2", None),
+        ("/metrics", None),
+        ("/v1/models/fraud", None),
+        # Taken from the route table: only an endpoint's path names a model.
+        ("/v2/models/fraud/config", "fraud"),
+        ("/v2/models/fraud/nope/more", None),
+        ("/v2/corral/status/models/fraud", None),
+        ("/v2/repository/models/fraud/load", None),
+    ],
+)
+def test_model_in_path(path: str, model: str | None):
+    assert model_in_path(path) == model
+
+
+def test_call_asgi_answers_as_the_http_app_does_over_a_transport(repo: Path):
+    with Host(repo) as host:
+        http_app = HttpApp(DataPlane(host))
+        calls = [
+            infer_call("tree"),
+            infer_call("nope"),
+            HttpCall("GET", "/v2/models/mlp", b"", (), b""),
+            HttpCall("DELETE", "/v2/models/mlp", b"", (), b""),
+        ]
+
+        async def both(call: HttpCall) -> tuple[HttpAnswer, httpx.Response]:
+            direct = await call_asgi(http_app, call)
+            transport = httpx.ASGITransport(app=http_app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://c") as client:
+                over = await client.request(
+                    call.method, call.path, content=call.body, headers=list(call.headers)
+                )
+            return direct, over
+
+        for call in calls:
+            direct, over = asyncio.run(both(call))
+            assert direct.status == over.status_code, call.path
+            assert direct.body == over.content, call.path
+            assert dict(direct.headers)[b"content-type"] == over.headers["content-type"].encode()
+        answer = asyncio.run(call_asgi(http_app, calls[0]))
+        outputs = orjson.loads(answer.body)["outputs"][0]
+        expected = reference_run(TREE, {"X": X})[0]
+        np.testing.assert_allclose(np.array(outputs["data"]).reshape(outputs["shape"]), expected)
+
+
+def test_call_asgi_refuses_an_app_that_never_answers():
+    async def silent(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+
+    with pytest.raises(RuntimeError, match="sent no response to GET /v2"):
+        asyncio.run(call_asgi(silent, HttpCall("GET", "/v2", b"", (), b"")))
+
+
+# -- the config ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"replicas": 0}, "replicas must be a positive integer"),
+        ({"max_ongoing_requests": -1}, "max_ongoing_requests must be a positive integer"),
+        ({"ingress_replicas": 1.5}, "ingress_replicas must be a positive integer"),
+        ({"replica_cpus": -0.5}, "replica_cpus must be >= 0"),
+        ({"drain_timeout_s": float("nan")}, "drain_timeout_s must be >= 0"),
+        ({"max_models_per_replica": 0}, "max_models_per_replica must be a positive integer or -1"),
+        ({"max_loaded_models": 0}, "max_loaded_models must be a positive integer"),
+        ({"compute_workers": True}, "compute_workers must be a positive integer"),
+        ({"memory_budget": "lots"}, "is not a size"),
+        ({"max_request_bytes": 0}, "max_request_bytes must be a positive integer"),
+        ({"max_queue_per_model": 0}, "max_queue_per_model must be a positive integer"),
+    ],
+)
+def test_config_refuses_bad_values_by_name(options: dict[str, Any], message: str):
+    with pytest.raises(ValueError, match=message):
+        RayServeConfig(**options)
+
+
+def test_config_from_a_mapping_names_unknown_keys():
+    assert RayServeConfig.from_mapping({"replicas": 3}).replicas == 3
+    with pytest.raises(ValueError, match="unknown option\\(s\\) budget, replica; known: "):
+        RayServeConfig.from_mapping({"replica": 3, "budget": "1GiB"})
+
+
+@pytest.mark.parametrize(
+    ("cpus", "workers", "expected"),
+    [(1.0, None, 1), (0.5, None, 1), (2.5, None, 3), (0, None, 1), (1.0, 4, 4)],
+)
+def test_compute_workers_follow_the_cpus_ray_reserves(
+    cpus: float, workers: int | None, expected: int
+):
+    config = RayServeConfig(replica_cpus=cpus, compute_workers=workers)
+    assert config.replica_compute_workers == expected
+
+
+def test_the_routing_count_follows_the_budget(repo: Path):
+    paths = [repo / name / "1" / "model.onnx" for name in ("mlp", "tree")]
+    mean = sum(estimate_footprint_bytes(read_footprint(path)) for path in paths) // 2
+    assert models_per_replica(repo, RayServeConfig(memory_budget=10 * mean)) == 10
+    assert models_per_replica(repo, RayServeConfig(memory_budget=10 * mean + mean - 1)) == 10
+    # A budget below one model still routes one model: the Host then says it is too large.
+    assert models_per_replica(repo, RayServeConfig(memory_budget=1)) == 1
+    both = RayServeConfig(memory_budget=10 * mean, max_loaded_models=4)
+    assert models_per_replica(repo, both) == 4
+    assert models_per_replica(repo, RayServeConfig(max_loaded_models=7)) == 7
+    assert models_per_replica(repo, RayServeConfig(max_models_per_replica=3)) == 3
+    assert models_per_replica(repo, RayServeConfig()) == UNLIMITED
+
+
+def test_the_routing_count_of_an_empty_repository_is_finite(tmp_path: Path):
+    size = estimate_model_bytes(0)
+    assert models_per_replica(tmp_path, RayServeConfig(memory_budget=5 * size)) == 5
+
+
+def test_the_application_and_its_builder(repo: Path):
+    application = build_app(repo, RayServeConfig(replicas=3))
+    assert type(application).__name__ == "Application"
+    assert type(app({"repository": str(repo), "replicas": 2})).__name__ == "Application"
+    with pytest.raises(ValueError, match=r"needs args\.repository"):
+        app({"replicas": 2})
+    with pytest.raises(ValueError, match="unknown option\\(s\\) replica"):
+        app({"repository": str(repo), "replica": 2})
+
+
+# -- a replica, with Ray's serve functions stood in for ----------------------------------------
+
+
+class FakeServe:
+    """What ModelReplica asks of ``ray.serve``: its context, multiplexing, the model id."""
+
+    def __init__(self) -> None:
+        self.model_id = ""
+        self.counts: list[int] = []
+        # The routing entries the "cache" holds, by model, as Ray's multiplexer keeps them.
+        self.routed: dict[str, Any] = {}
+
+    def get_replica_context(self) -> SimpleNamespace:
+        return SimpleNamespace(replica_tag="replica-1")
+
+    def get_multiplexed_model_id(self) -> str:
+        return self.model_id
+
+    def multiplexed(
+        self, max_num_models_per_replica: int
+    ) -> Callable[[Callable[[str], Awaitable[Any]]], Callable[[str], Awaitable[Any]]]:
+        self.counts.append(max_num_models_per_replica)
+
+        def decorate(load: Callable[[str], Awaitable[Any]]) -> Callable[[str], Awaitable[Any]]:
+            async def cached(name: str) -> Any:
+                if name not in self.routed:
+                    self.routed[name] = await load(name)
+                return self.routed[name]
+
+            return cached
+
+        return decorate
+
+    def evict(self, name: str) -> None:
+        """What Ray's multiplexer does to an entry it pushes out."""
+        entry = self.routed.pop(name)
+        entry.__del__()
+
+
+@pytest.fixture
+def fake_serve(monkeypatch: pytest.MonkeyPatch) -> FakeServe:
+    fake = FakeServe()
+    monkeypatch.setattr(replica_module, "serve", fake)
+    return fake
+
+
+@pytest.fixture
+def replica(repo: Path, fake_serve: FakeServe) -> Iterator[ModelReplica]:
+    config = RayServeConfig(compute_workers=os.cpu_count() or 1, max_models_per_replica=5)
+    made = ModelReplica(str(repo), config)
+    yield made
+    made.__del__()
+
+
+def forward(replica: ModelReplica, fake: FakeServe, call: HttpCall) -> HttpAnswer:
+    fake.model_id = model_in_path(call.path) or ""
+    return asyncio.run(replica(call))
+
+
+def test_a_replica_answers_routes_known_models_and_names_itself(
+    replica: ModelReplica, fake_serve: FakeServe
+):
+    assert fake_serve.counts == [5]
+    answer = forward(replica, fake_serve, infer_call("tree"))
+    assert answer.status == 200
+    assert (b"corral-replica", b"replica-1") in answer.headers
+    assert list(fake_serve.routed) == ["tree"]
+    missing = forward(replica, fake_serve, infer_call("nope"))
+    assert missing.status == 404
+    assert b"Request for unknown model: 'nope' is not found" in missing.body
+    bad = forward(replica, fake_serve, infer_call("..%2Fetc"))
+    assert bad.status == 400
+    health = forward(replica, fake_serve, HttpCall("GET", "/v2/health/ready", b"", (), b""))
+    assert health.status == 200
+    # Unknown names get no route: they would crowd Ray's count.
+    assert list(fake_serve.routed) == ["tree"]
+
+
+def test_ray_evicting_a_route_never_closes_a_model_under_a_run(
+    replica: ModelReplica, fake_serve: FakeServe
+):
+    assert forward(replica, fake_serve, infer_call("tree")).status == 200
+    host: Host = replica._host
+    expected = reference_run(TREE, {"X": X})[0]
+    with host.acquire("tree") as lease:  # a run in flight on the model
+        # The lane's measuring, after the load, holds a lease of its own until it settles.
+        assert served_version(lease).lane_settled.wait(timeout=30)
+        fake_serve.evict("tree")
+        # Out of service for new requests, yet the leased session still runs.
+        assert host.status("tree").versions[0].state is ModelState.UNLOADING
+        np.testing.assert_allclose(lease.run({"X": X})["Y"], expected, rtol=1e-6)
+        assert corral.runtime().stats().sessions_alive == 1
+    # Closed once the last lease ended.
+    assert host.status("tree").versions[0].state is ModelState.UNLOADED
+    assert corral.runtime().stats().sessions_alive == 0
+    # The next request loads it again and routes it here again.
+    assert forward(replica, fake_serve, infer_call("tree")).status == 200
+    assert host.status("tree").versions[0].state is ModelState.READY
+    assert list(fake_serve.routed) == ["tree"]
+
+
+def test_concurrent_requests_while_ray_evicts_routes_from_its_executor(
+    replica: ModelReplica, fake_serve: FakeServe
+):
+    """Ray runs requests as tasks on the replica's loop and evicts from its default executor."""
+    models = {"tree": TREE, "mlp": build_mlp(seed=1)}
+    inputs = [np.full((1, 4), i / 10, dtype=np.float32) for i in range(120)]
+
+    async def one(index: int) -> None:
+        name = "tree" if index % 2 else "mlp"
+        call = infer_call(name, inputs[index])
+        # The model id is per request in Ray (a context variable); set per task here.
+        fake_serve.model_id = name
+        answer = await replica(call)
+        assert answer.status == 200, (index, answer.body)
+        output = orjson.loads(answer.body)["outputs"][0]
+        expected = reference_run(models[name], {"X": inputs[index]})[0]
+        got = np.array(output["data"], dtype=np.float32).reshape(output["shape"])
+        np.testing.assert_allclose(got, expected, rtol=1e-5, err_msg=f"request {index}")
+
+    async def evict_repeatedly(rounds: int) -> int:
+        loop = asyncio.get_running_loop()
+        evicted = 0
+        for _ in range(rounds):
+            for name in list(fake_serve.routed):
+                entry = fake_serve.routed.pop(name)
+                await loop.run_in_executor(None, entry.__del__)
+                evicted += 1
+            await asyncio.sleep(0)
+        return evicted
+
+    async def main() -> int:
+        evictions = asyncio.create_task(evict_repeatedly(40))
+        await asyncio.gather(*(one(i) for i in range(len(inputs))))
+        return await evictions
+
+    assert asyncio.run(main()) > 0
+    assert replica._host.stats().unloads > 0
+
+
+def test_stopping_a_replica_closes_its_host(replica: ModelReplica, fake_serve: FakeServe):
+    assert forward(replica, fake_serve, infer_call("mlp")).status == 200
+    replica.__del__()
+    assert replica._host.state.value == "closed"
+    replica.__del__()  # twice is harmless
+
+
+# -- the ingress, with a handle that calls a replica directly ----------------------------------
+
+
+class DirectHandle:
+    """A deployment handle stand-in: records the model id, answers through ``answer``."""
+
+    def __init__(self, answer: Callable[[HttpCall], Awaitable[HttpAnswer]]) -> None:
+        self._answer = answer
+        self.model_ids: list[str | None] = []
+        self._model_id: str | None = None
+
+    def options(self, *, multiplexed_model_id: str) -> DirectHandle:
+        routed = DirectHandle(self._answer)
+        routed.model_ids = self.model_ids
+        routed._model_id = multiplexed_model_id
+        return routed
+
+    async def remote(self, call: HttpCall) -> HttpAnswer:
+        self.model_ids.append(self._model_id)
+        return await self._answer(call)
+
+
+def ingress_request(
+    ingress: V2Ingress, method: str, path: str, body: bytes = b"", **headers: str
+) -> tuple[int, dict[str, str], bytes]:
+    async def go() -> tuple[int, dict[str, str], bytes]:
+        scope = {
+            "type": "http",
+            "method": method,
+            "path": path,
+            "query_string": b"",
+            "headers": [(k.encode(), v.encode()) for k, v in headers.items()],
+        }
+        sent = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent
+            if sent:
+                return {"type": "http.disconnect"}
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        response = await ingress(Request(scope, receive))
+        return response.status_code, dict(response.headers), bytes(response.body)
+
+    return asyncio.run(go())
+
+
+def test_the_ingress_routes_models_and_forwards_the_rest(repo: Path):
+    with Host(repo) as host:
+        http_app = HttpApp(DataPlane(host))
+
+        async def answer(call: HttpCall) -> HttpAnswer:
+            return await call_asgi(http_app, call)
+
+        handle = DirectHandle(answer)
+        ingress = V2Ingress(handle, None, 1024)  # type: ignore[arg-type]
+        body = infer_call("tree").body
+        status, headers, content = ingress_request(ingress, "POST", "/v2/models/tree/infer", body)
+        assert status == 200, content
+        assert headers["content-type"] == "application/json"
+        assert headers["content-length"] == str(len(content))
+        assert ingress_request(ingress, "GET", "/v2/health/live")[0] == 200
+        assert ingress_request(ingress, "GET", "/v2")[0] == 200
+        assert handle.model_ids == ["tree", None, None]
+        big = ingress_request(ingress, "POST", "/v2/models/tree/infer", b"x" * 2000)
+        assert big[0] == 413
+        declared = ingress_request(
+            ingress, "POST", "/v2/models/tree/infer", b"{}", **{"content-length": "5000"}
+        )
+        assert declared[0] == 413
+        for path in ("/v2/repository/index", "/v2/models/stats", "/metrics"):
+            status, _, content = ingress_request(ingress, "POST", path)
+            assert status == 404, path
+            assert b"Ray" in content, path
+        assert handle.model_ids == ["tree", None, None]
+
+
+def test_the_ingress_checks_the_token_before_forwarding():
+    async def never(call: HttpCall) -> HttpAnswer:
+        raise AssertionError(f"forwarded {call.path} without a valid token")
+
+    async def health(call: HttpCall) -> HttpAnswer:
+        return HttpAnswer(200, (), b"{}")
+
+    ingress = V2Ingress(DirectHandle(never), "s3cret", 1024)  # type: ignore[arg-type]
+    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "s3cret"}):
+        status, response_headers, _ = ingress_request(ingress, "GET", "/v2/models/m", **headers)
+        assert status == 401, headers
+        assert response_headers["www-authenticate"] == "Bearer"
+    open_ingress = V2Ingress(DirectHandle(health), "s3cret", 1024)  # type: ignore[arg-type]
+    assert ingress_request(open_ingress, "GET", "/v2/health/ready")[0] == 200
+    authorized = {"authorization": "Bearer s3cret"}
+    assert ingress_request(open_ingress, "GET", "/v2/models/m", **authorized)[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [(BackPressureError(num_queued_requests=9, max_queued_requests=8), 429), (RayError(), 503)],
+    ids=["back-pressure", "replica-gone"],
+)
+def test_ray_errors_become_statuses(error: Exception, status: int):
+    async def fail(call: HttpCall) -> HttpAnswer:
+        raise error
+
+    ingress = V2Ingress(DirectHandle(fail), None, 1024)  # type: ignore[arg-type]
+    answer = ingress_request(ingress, "POST", "/v2/models/m/infer", b"{}")
+    assert answer[0] == status
+    assert orjson.loads(answer[2])["error"]
+
+
+# -- the command line, up to where Ray would start ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--max-models-per-replica", "0"], "max_models_per_replica must be a positive"),
+        (["--replica-cpus", "-1"], "replica_cpus must be >= 0"),
+    ],
+    ids=["routing-count", "cpus"],
+)
+def test_ray_serve_refuses_bad_options_before_starting_ray(
+    repo: Path,
+    arguments: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+):
+    from corral.cli import main
+
+    # The command sets these for Ray; restore them after.
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    assert main(["ray-serve", str(repo), *arguments]) == 1
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("budget", "message"), [("lots", "is not a size"), ("2G", "is ambiguous")])
+def test_ray_serve_refuses_a_bad_budget_by_its_flag_before_starting_ray(
+    repo: Path,
+    budget: str,
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+):
+    from corral.cli import main
+
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    with pytest.raises(SystemExit) as exited:
+        main(["ray-serve", str(repo), "--memory-budget", budget])
+    assert exited.value.code == 2
+    assert f"argument --memory-budget: size {budget!r} {message}" in capsys.readouterr().err
+
+
+def test_ray_serve_refuses_a_repository_that_is_not_a_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
+    from corral.cli import main
+
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    assert main(["ray-serve", str(tmp_path / "missing")]) == 1
+    assert "missing is not a folder" in capsys.readouterr().err
+
+
+def test_ray_serve_refuses_cache_options_for_a_folder_before_starting_ray(
+    repo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
+    from corral.cli import main
+
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    assert main(["ray-serve", str(repo), "--cache-bytes", "1GiB"]) == 1
+    assert "cache_bytes applies to a repository in object storage" in capsys.readouterr().err
+
+
+def test_each_replica_claims_a_cache_folder_no_live_one_holds(tmp_path: Path):
+    root = str(tmp_path / "cache")
+    first, first_claim = replica_module.claim_cache_folder(root)
+    second, second_claim = replica_module.claim_cache_folder(root)
+    try:
+        assert (first, second) == (f"{root}/replica-0", f"{root}/replica-1")
+        os.close(first_claim)
+        # Released (a replica stopped or died): the next replica takes it and its cache back.
+        again, first_claim = replica_module.claim_cache_folder(root)
+        assert again == first
+    finally:
+        os.close(first_claim)
+        os.close(second_claim)
+
+
+# -- serve_on_ray, with Ray and Serve stood in for -----------------------------------------------
+
+
+class FakeCluster:
+    """Records what serve_on_ray asks of ``ray`` and ``ray.serve``, in order."""
+
+    def __init__(self, *, signal_during_init: bool = False, init_error: bool = False) -> None:
+        self.calls: list[str] = []
+        self._signal_during_init = signal_during_init
+        self._init_error = init_error
+
+    # ray
+    def init(self, *, address: str, logging_level: int, **options: Any) -> None:
+        self.calls.append(f"ray.init({address}, dashboard={options.get('include_dashboard')})")
+        if self._init_error:
+            raise ConnectionError(f"no Ray cluster at {address}")
+        if self._signal_during_init:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def shutdown(self) -> None:
+        self.calls.append("ray.shutdown")
+
+
+class FakeServeApi:
+    def __init__(self, cluster: FakeCluster) -> None:
+        self._calls = cluster.calls
+
+    def start(self, *, http_options: dict[str, Any]) -> None:
+        self._calls.append(f"serve.start({http_options['host']}:{http_options['port']})")
+
+    def run(self, application: Any, *, name: str, route_prefix: str) -> None:
+        self._calls.append(f"serve.run({name}, {route_prefix})")
+
+    def shutdown(self) -> None:
+        self._calls.append("serve.shutdown")
+
+    def delete(self, name: str) -> None:
+        self._calls.append(f"serve.delete({name})")
+
+
+@pytest.fixture
+def own_handlers() -> Iterator[Callable[..., None]]:
+    """A SIGTERM/SIGINT handler of the test's, to check serve_on_ray puts it back."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise AssertionError(f"signal {signum} reached the test's own handler")
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    for signum in saved:
+        signal.signal(signum, handler)
+    yield handler
+    for signum, previous in saved.items():
+        signal.signal(signum, previous)
+
+
+def launch(
+    monkeypatch: pytest.MonkeyPatch, repo: Path, cluster: FakeCluster, **options: Any
+) -> tuple[int, list[str]]:
+    import corral.ray._launch as launch_module
+
+    monkeypatch.setattr(launch_module, "ray", cluster)
+    monkeypatch.setattr(launch_module, "serve", FakeServeApi(cluster))
+    urls: list[str] = []
+
+    def started(url: str) -> None:
+        urls.append(url)
+        os.kill(os.getpid(), signal.SIGTERM)  # what a stop from outside does
+
+    code = launch_module.serve_on_ray(
+        str(repo), RayServeConfig(), port=8123, started=started, **options
+    )
+    return code, urls
+
+
+def test_serve_on_ray_starts_a_local_node_and_takes_it_down_on_sigterm(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, own_handlers: Callable[..., None]
+):
+    cluster = FakeCluster()
+    code, urls = launch(monkeypatch, repo, cluster)
+    assert code == 0
+    assert urls == ["http://127.0.0.1:8123"]
+    assert cluster.calls == [
+        "ray.init(local, dashboard=False)",
+        "serve.start(127.0.0.1:8123)",
+        "serve.run(corral, /)",
+        "serve.shutdown",
+        "ray.shutdown",
+    ]
+    assert signal.getsignal(signal.SIGTERM) is own_handlers
+    assert signal.getsignal(signal.SIGINT) is own_handlers
+
+
+def test_serve_on_ray_on_a_cluster_deletes_only_its_application(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, own_handlers: Callable[..., None]
+):
+    cluster = FakeCluster()
+    code, _ = launch(monkeypatch, repo, cluster, address="auto")
+    assert code == 0
+    assert cluster.calls == [
+        "ray.init(auto, dashboard=None)",
+        "serve.start(127.0.0.1:8123)",
+        "serve.run(corral, /)",
+        "serve.delete(corral)",
+        "ray.shutdown",
+    ]
+    assert signal.getsignal(signal.SIGTERM) is own_handlers
+
+
+def test_a_signal_while_ray_starts_deploys_nothing_and_stops_ray(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, own_handlers: Callable[..., None]
+):
+    cluster = FakeCluster(signal_during_init=True)
+    code, urls = launch(monkeypatch, repo, cluster)
+    assert code == 0
+    assert urls == []
+    assert cluster.calls == ["ray.init(local, dashboard=False)", "serve.shutdown", "ray.shutdown"]
+    assert signal.getsignal(signal.SIGTERM) is own_handlers
+
+
+def test_a_failed_ray_init_is_raised_and_the_handlers_are_put_back(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, own_handlers: Callable[..., None]
+):
+    cluster = FakeCluster(init_error=True)
+    with pytest.raises(ConnectionError, match="no Ray cluster at ray://nowhere:10001"):
+        launch(monkeypatch, repo, cluster, address="ray://nowhere:10001")
+    assert cluster.calls == ["ray.init(ray://nowhere:10001, dashboard=None)"]
+    assert signal.getsignal(signal.SIGTERM) is own_handlers
+    assert signal.getsignal(signal.SIGINT) is own_handlers
+
+
+def test_ray_serve_has_a_flag_for_every_field_of_its_config():
+    import argparse
+    import dataclasses
+
+    from corral.cli.commands import _parser
+
+    commands = next(
+        action
+        for action in _parser("ray-serve")._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    flags = {action.dest for action in commands.choices["ray-serve"]._actions}
+    assert {f.name for f in dataclasses.fields(RayServeConfig)} <= flags
