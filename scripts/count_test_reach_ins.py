@@ -1,4 +1,4 @@
-"""Count the tests' uses of corral privates: they should only go down (issue 30, item 7).
+"""Count the tests' uses of corral privates: they only go down (tests/test_reach_ins.py).
 
 A use is one of:
   A. an attribute ``x._name`` (one leading underscore, not a dunder) read or written on a

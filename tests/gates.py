@@ -90,11 +90,7 @@ class SessionRuns:
         # Guards order: runs on several workers append to it.
         self._order_lock = threading.Lock()
         self.order: list[float] = []
-        with session._state_lock:
-            replicas = tuple(_WatchedReplica(replica, self) for replica in session._replicas)
-            session._replicas = replicas
-            if session._idle is not None:
-                session._idle = list(replicas)
+        session.instrument(lambda replica: _WatchedReplica(replica, self))
 
     def ran(self, feed: dict[str, Any]) -> None:
         with self._order_lock:
@@ -138,11 +134,7 @@ class DeviceRuns:
         self.most = 0  # the most that were at once
         self.runs = 0
         for session in sessions:
-            with session._state_lock:
-                replicas = tuple(_CountedReplica(replica, self) for replica in session._replicas)
-                session._replicas = replicas
-                if session._idle is not None:
-                    session._idle = list(replicas)
+            session.instrument(lambda replica: _CountedReplica(replica, self))
 
     def __enter__(self) -> DeviceRuns:
         return self

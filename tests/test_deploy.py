@@ -24,7 +24,7 @@ import pytest
 
 from corral import Host, HostOptions
 from corral._host.budget import parse_bytes
-from corral.cli.commands import _parser
+from corral.cli.commands import command_parser
 from corral.cli.serve import _triton_spellings
 from corral.protocol import DataPlane
 from corral.server.http.app import HttpApp
@@ -46,7 +46,7 @@ HEADROOM = 1.1
 def serve_settings(argv: list[str]) -> ServerSettings:
     """What ``corral argv`` would serve with: parsed and checked as ``corral serve`` does."""
     assert argv[0] == "serve", argv
-    args = _parser("serve").parse_args(argv)  # exits (status 2) on an unknown flag
+    args = command_parser("serve").parse_args(argv)  # exits (status 2) on an unknown flag
     given = {name: getattr(args, name, None) for name in ServerSettings.model_fields}
     assert _triton_spellings(args, given) is None
     return ServerSettings(**{k: v for k, v in given.items() if v is not None})

@@ -13,7 +13,7 @@ import enum
 import os
 import threading
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy.typing as npt
@@ -216,6 +216,38 @@ class Session:
         """Runs, leases and admissions taken since the session was loaded."""
         with self._state_lock:
             return self._uses
+
+    @property
+    def replicas(self) -> int:
+        """The onnxruntime sessions it runs on (its policy's size); 0 once closed."""
+        with self._state_lock:
+            return len(self._replicas)
+
+    @property
+    def waiting_runs(self) -> int:
+        """Runs waiting for one of its onnxruntime sessions to be free (pool, exclusive)."""
+        with self._state_lock:
+            return len(self._waiting)
+
+    def instrument(self, wrap: Callable[[Any], Any]) -> None:
+        """Run through ``wrap(replica)`` in place of each of its onnxruntime sessions.
+
+        For tests and profilers that watch runs as onnxruntime gets them: what ``wrap``
+        returns must have the ``run`` of onnxruntime's ``InferenceSession``, and is called as
+        it would be, from any thread. Takes effect for the runs that take a session after
+        it; a session already closed has none to wrap. Raises :class:`RuntimeError` while a
+        run holds one of a pool's sessions (it would hand back the unwrapped one).
+        """
+        with self._state_lock:
+            if self._idle is not None and len(self._idle) != len(self._replicas):
+                raise RuntimeError(
+                    f"session {self._name!r}: instrument it while no run holds one of its "
+                    "onnxruntime sessions"
+                )
+            replicas = tuple(wrap(replica) for replica in self._replicas)
+            self._replicas = replicas
+            if self._idle is not None:
+                self._idle = list(replicas)
 
     def run(
         self, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None

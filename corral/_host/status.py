@@ -149,6 +149,8 @@ class HostStats:
     #: Versions loaded whose requests run on the thread that receives them now (the inline
     #: lane: corral._compute.inline).
     inline_versions: int = 0
+    #: Estimated bytes set aside for the loads under way, beside ``bytes_used``.
+    bytes_reserved: int = 0
 
 
 @dataclass

@@ -551,6 +551,7 @@ class ModelTable:
                 inline_versions=sum(
                     served.inline.state is INLINE for served in self._loaded.values()
                 ),
+                bytes_reserved=self._bytes_reserved,
             )
 
     # -- close -------------------------------------------------------------------------------

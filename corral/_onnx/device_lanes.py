@@ -47,6 +47,18 @@ class DeviceLane:
     def __repr__(self) -> str:
         return f"<corral.DeviceLane {self.key[0]}:{self.key[1]}>"
 
+    @property
+    def busy(self) -> bool:
+        """Whether a run holds the device now."""
+        with self._turn_lock:
+            return self._busy
+
+    @property
+    def waiting(self) -> int:
+        """Runs waiting for the device now."""
+        with self._turn_lock:
+            return len(self._waiting)
+
     def acquire(self) -> None:
         """Wait for the device: no longer than the runs ahead of this one on it."""
         with self._turn_lock:

@@ -42,7 +42,7 @@ from corral.cli.ray_serve import RAY_SERVE_OPTIONS, run_ray_serve
 from corral.cli.serve import TRITON_SPELLINGS, run_serve, spelled
 from corral.cli.status import add_status_command, run_status
 
-__all__ = ["main", "positive_int", "positive_seconds", "version_line"]
+__all__ = ["command_parser", "main", "positive_int", "positive_seconds", "version_line"]
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     command = next((word for word in given if not word.startswith("-")), None)
     if command == "ray-serve":
         _before_importing_ray(given)
-    args = _parser(command).parse_args(given)
+    args = command_parser(command).parse_args(given)
     handler: Handler = args.handler
     try:
         return handler(args)
@@ -75,7 +75,12 @@ def main(argv: list[str] | None = None) -> int:
 # -- arguments ------------------------------------------------------------------------------
 
 
-def _parser(command: str | None = None) -> argparse.ArgumentParser:
+def command_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``corral`` command's parser, with ``command``'s subcommand only (None: all of them).
+
+    Each flag of ``serve`` and ``ray-serve`` is made from a settings field; the tests and
+    ``docs/`` read the flags from here.
+    """
     parser = argparse.ArgumentParser(
         prog="corral", description="Serve thousands of ONNX models from one Python process."
     )

@@ -99,6 +99,11 @@ class ModelReplica:
             "any number of" if count < 0 else count,
         )
 
+    @property
+    def host(self) -> Host:
+        """The replica's Host: its models, budget and figures."""
+        return self._host
+
     async def __call__(self, call: HttpCall) -> HttpAnswer:
         """Answer one forwarded request; a model's request registers the model's route."""
         name = serve.get_multiplexed_model_id()

@@ -111,10 +111,10 @@ def test_the_installed_runtimes_fit():
 
 
 def test_a_release_is_read_from_the_leading_numbers():
-    assert proto._release("6.33.6") == (6, 33, 6)
-    assert proto._release("7.36.0rc1") == (7, 36, 0)
-    assert proto._release("1.72.2.post1") == (1, 72, 2)
-    assert proto._release("unknown") == ()
+    assert proto.release("6.33.6") == (6, 33, 6)
+    assert proto.release("7.36.0rc1") == (7, 36, 0)
+    assert proto.release("1.72.2.post1") == (1, 72, 2)
+    assert proto.release("unknown") == ()
 
 
 def test_each_runtime_older_than_needed_is_a_problem_and_a_missing_one_is_not(

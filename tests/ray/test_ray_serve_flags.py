@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("ray.serve", reason="the ray extra is not installed")
 
 import corral.ray
-from corral.cli.commands import _parser, main
+from corral.cli.commands import command_parser, main
 from corral.cli.ray_serve import RAY_SERVE_OPTIONS
 from corral.ray import RayServeConfig
 
@@ -86,7 +86,7 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 def ray_serve_flags() -> dict[str, argparse.Action]:
     commands = next(
         action
-        for action in _parser("ray-serve")._actions
+        for action in command_parser("ray-serve")._actions
         if isinstance(action, argparse._SubParsersAction)
     )
     parser = commands.choices["ray-serve"]

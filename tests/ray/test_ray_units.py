@@ -279,7 +279,7 @@ def test_ray_evicting_a_route_never_closes_a_model_under_a_run(
     replica: ModelReplica, fake_serve: FakeServe
 ):
     assert forward(replica, fake_serve, infer_call("tree")).status == 200
-    host: Host = replica._host
+    host: Host = replica.host
     expected = reference_run(TREE, {"X": X})[0]
     with host.acquire("tree") as lease:  # a run in flight on the model
         # The lane's measuring, after the load, holds a lease of its own until it settles.
@@ -334,13 +334,13 @@ def test_concurrent_requests_while_ray_evicts_routes_from_its_executor(
         return await evictions
 
     assert asyncio.run(main()) > 0
-    assert replica._host.stats().unloads > 0
+    assert replica.host.stats().unloads > 0
 
 
 def test_stopping_a_replica_closes_its_host(replica: ModelReplica, fake_serve: FakeServe):
     assert forward(replica, fake_serve, infer_call("mlp")).status == 200
     replica.__del__()
-    assert replica._host.state.value == "closed"
+    assert replica.host.state.value == "closed"
     replica.__del__()  # twice is harmless
 
 
@@ -671,11 +671,11 @@ def test_ray_serve_has_a_flag_for_every_field_of_its_config():
     import argparse
     import dataclasses
 
-    from corral.cli.commands import _parser
+    from corral.cli.commands import command_parser
 
     commands = next(
         action
-        for action in _parser("ray-serve")._actions
+        for action in command_parser("ray-serve")._actions
         if isinstance(action, argparse._SubParsersAction)
     )
     flags = {action.dest for action in commands.choices["ray-serve"]._actions}

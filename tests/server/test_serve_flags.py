@@ -19,7 +19,7 @@ import corral
 import corral.server.app
 import corral.server.processes
 from corral import HostOptions
-from corral.cli.commands import _parser, main
+from corral.cli.commands import command_parser, main
 from corral.cli.serve import TRITON_SPELLINGS
 from corral.server.settings import HOST_OPTIONS_NOT_SERVED, ServerSettings
 
@@ -99,7 +99,7 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[ServerSettings]:
 def serve_flags() -> dict[str, argparse.Action]:
     commands = next(
         action
-        for action in _parser("serve")._actions
+        for action in command_parser("serve")._actions
         if isinstance(action, argparse._SubParsersAction)
     )
     serve = commands.choices["serve"]

@@ -22,7 +22,7 @@ from importlib.metadata import PackageNotFoundError, version
 NEEDED = {"protobuf": (6, 30, 0), "grpcio": (1, 72, 2)}
 
 
-def _release(text: str) -> tuple[int, ...]:
+def release(text: str) -> tuple[int, ...]:
     """The leading release numbers of a version string: ``"6.33.6"`` -> ``(6, 33, 6)``."""
     found = re.match(r"\d+(?:\.\d+)*", text)
     return tuple(int(part) for part in found[0].split(".")) if found else ()
@@ -40,7 +40,7 @@ def runtime_problems() -> list[str]:
             installed = version(package)
         except PackageNotFoundError:
             continue
-        if _release(installed) < needed:
+        if release(installed) < needed:
             floor = ".".join(map(str, needed))
             problems.append(
                 f"{package} {installed} is installed, but corral's generated gRPC code needs "

@@ -208,6 +208,11 @@ class HttpApp:
             await respond(send, status, body, JSON, extra)
 
     @property
+    def plane(self) -> DataPlane:
+        """The data plane every endpoint answers from."""
+        return self._plane
+
+    @property
     def answers_directly(self) -> bool:
         """Whether a server may hand an inference request to :meth:`answer_infer`.
 

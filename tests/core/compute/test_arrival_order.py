@@ -158,7 +158,7 @@ def test_runs_waiting_for_a_session_get_it_in_the_order_they_asked(
             threads.append(threading.Thread(target=run, args=(value,)))
             threads[-1].start()
             # No event can be had from inside the wait for a session: its queue's length.
-            wait_until(lambda value=value: len(session._waiting) == value)
+            wait_until(lambda value=value: session.waiting_runs == value)
         runs.open.set()
         for thread in threads:
             thread.join(timeout=30)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -30,10 +31,8 @@ class _Tracer:
         self._total = 0
         self.entered = threading.Semaphore(0)
         self._hold = hold
-        wrapped = tuple(_Traced(self, i, r) for i, r in enumerate(session._replicas))
-        session._replicas = wrapped
-        if session._idle is not None:
-            session._idle = list(wrapped)
+        count = itertools.count()
+        session.instrument(lambda replica: _Traced(self, next(count), replica))
 
     def enter(self, index: int) -> None:
         with self._lock:

@@ -180,7 +180,7 @@ def test_policies_parse_and_build_their_replicas(mlp_model, spec, kind, size):
     session = corral.Session(mlp_model, concurrency=spec)
     assert session.policy == ConcurrencyPolicy(kind, size)
     assert str(session.policy) == spec
-    assert len(session._replicas) == size
+    assert session.replicas == size
     np.testing.assert_array_equal(session.run({"X": X})["Y"], reference_run(mlp_model, {"X": X})[0])
 
 
@@ -316,7 +316,7 @@ def test_close_times_out_then_releases_when_the_lease_ends(mlp_model):
             session.close(timeout=0.01)
         assert session.state is SessionState.CLOSING
     assert session.state is SessionState.CLOSED
-    assert session._replicas == ()
+    assert session.replicas == 0
 
 
 def test_cancelling_close_stops_a_run_in_flight(slow_model):

@@ -110,7 +110,7 @@ def test_a_failure_that_may_pass_answers_503_with_retry_after(
 
     with Host(repo) as host:
         app = make_app(host)
-        monkeypatch.setattr(app._plane, "infer", failing)
+        monkeypatch.setattr(app.plane, "infer", failing)
         answer = call(app, "POST", "/v2/models/mlp/infer", json=infer_body(X))
     assert answer.status_code == 503
     assert answer.headers["retry-after"] == "1"

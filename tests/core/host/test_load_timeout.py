@@ -81,7 +81,7 @@ def test_a_hung_load_fails_with_load_timeout_and_frees_its_slot(
         assert status.state is ModelState.FAILED
         assert "load_timeout_s" in (status.versions[0].failure or "")
         # Its reservation was given back, and it is not loading any more.
-        assert host._table._bytes_reserved == 0
+        assert host.stats().bytes_reserved == 0
         assert ModelState.LOADING not in {v.state for v in host.status("hung_a").versions}
         # The back-off answers at once, without a second load.
         started = time.monotonic()
@@ -343,7 +343,7 @@ def test_a_load_that_expires_waiting_for_room_closes_what_it_evicted(repo: Path,
         lease.release()
         wait_until(lambda: host.loads_abandoned == 0)
         assert host.stats().loaded_versions == 0
-        assert host._table._bytes_reserved == 0
+        assert host.stats().bytes_reserved == 0
         wait_until(lambda: corral.runtime().stats().sessions_alive == 0)
         assert host.infer("mlp", {"X": X})["Y"].shape == (2, 1)
     # The request was answered once: no second answer tried (and logged) when the load returned.

@@ -23,7 +23,7 @@ import pytest
 import corral.server.app
 from corral import HostOptions, Runtime, RuntimeOptions
 from corral._host.options import HostOptionArgs, edge_options
-from corral.cli.commands import _parser, main
+from corral.cli.commands import command_parser, main
 from corral.server.settings import ServerSettings
 
 OFFERED = [option for option in edge_options() if option.not_offered is None]
@@ -63,7 +63,7 @@ def reached(options: HostOptions | RuntimeOptions, name: str) -> Any:
 def flags_of(command: str) -> dict[str, argparse.Action]:
     commands = next(
         action
-        for action in _parser(command)._actions
+        for action in command_parser(command)._actions
         if isinstance(action, argparse._SubParsersAction)
     )
     return {action.dest: action for action in commands.choices[command]._actions}

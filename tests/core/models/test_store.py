@@ -629,7 +629,7 @@ def test_replicas_of_a_store_cache_in_subfolders_they_claimed(s3, bucket, tmp_pa
     two = ModelReplica(f"s3://{name}/repo", config)
     try:
         for replica, folder in ((one, "replica-0"), (two, "replica-1")):
-            assert replica._host.infer("a", {"X": X})["Y"].shape == (2, 1)
+            assert replica.host.infer("a", {"X": X})["Y"].shape == (2, 1)
             assert (cache / folder / "a" / "1" / "model.onnx").read_bytes() == MODEL
     finally:
         one.__del__()

@@ -249,7 +249,7 @@ def test_waiting_runs_get_the_device_in_the_order_they_asked():
         threads.append(thread)
         assert queued[index].wait(10)
         # In line once the lane counts it (a wait inside acquire, no event to be had there).
-        wait_until(lambda count=index + 1: len(lane._waiting) == count)
+        wait_until(lambda count=index + 1: lane.waiting == count)
     lane.release()
     for thread in threads:
         thread.join(timeout=10)
@@ -282,7 +282,7 @@ def test_a_run_interrupted_while_waiting_leaves_the_line_or_passes_the_device_on
     try:
         sender = threading.Thread(
             target=lambda: (
-                wait_until(lambda: len(lane._waiting) == 1),
+                wait_until(lambda: lane.waiting == 1),
                 os.kill(os.getpid(), signal.SIGUSR1),
             )
         )
@@ -292,9 +292,9 @@ def test_a_run_interrupted_while_waiting_leaves_the_line_or_passes_the_device_on
         sender.join(timeout=10)
     finally:
         signal.signal(signal.SIGUSR1, previous)
-    assert not lane._waiting
+    assert not lane.waiting
     if not handed_over:
         lane.release()  # the holder is done
-    assert not lane._busy
+    assert not lane.busy
     lane.acquire()  # free: taken at once
     lane.release()

@@ -199,7 +199,7 @@ def test_each_error_class_maps_to_its_status(
         raise error
 
     app = make_app(host)
-    monkeypatch.setattr(app._plane, "infer", failing)
+    monkeypatch.setattr(app.plane, "infer", failing)
     response = call(app, "POST", "/v2/models/mlp/infer", json=infer_body())
     assert (response.status_code, response.json()) == (status, {"error": str(error)})
 
