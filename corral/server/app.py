@@ -46,7 +46,8 @@ from corral.protocol.model_control import ModelControl
 from corral.protocol.shm import SharedMemoryRegistry
 from corral.server.bodies import BodyBudget
 from corral.server.connections.contract import ConnectionLimits
-from corral.server.connections.edge import EdgeServer, protocol_for
+from corral.server.connections.edge import protocol_for
+from corral.server.connections.server import EdgeServer
 from corral.server.grpc.limits import GrpcLimits
 from corral.server.http.app import HttpApp
 from corral.server.http.metrics_port import MetricsApp

@@ -1,11 +1,11 @@
-"""Every uvicorn name corral's HTTP edge uses, and what for: the adapter's contract as data.
+"""Every uvicorn name corral's HTTP edge uses, and what for: the adapter's contract, and its check.
 
-``corral.server.connections.edge`` is the one module that touches uvicorn; what it touches of
-uvicorn's classes beyond their documented arguments is listed here, one
-:class:`Internals` per class or module and kind of name. ``_uvicorn.check_uvicorn`` checks
-the list against the installed uvicorn before a server starts, and
-``tests/server/connections/test_uvicorn_adapter.py`` checks it (instances' attributes too) in the
-test run. Plain data: this module imports nothing of uvicorn's.
+``corral/server/connections/`` is the one folder that touches uvicorn; what it touches of
+uvicorn's classes beyond their documented arguments is listed here, one :class:`Internals`
+per class or module and kind of name. :func:`check_uvicorn` checks the list against the
+installed uvicorn before a server starts, and
+``tests/server/connections/test_uvicorn_adapter.py`` checks it (instances' attributes too) in
+the test run. uvicorn is imported only by the check, when it runs.
 
 Whether the coupling pays, measured over sockets (``make bench-edge``: wrk, 16 connections, the
 tree model, 6 alternating rounds, 2026-12-02): the same ``corral serve`` on uvicorn's plain
@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["UVICORN_INTERNALS", "Internals"]
+__all__ = ["UVICORN_INTERNALS", "Internals", "UvicornChanged", "check_uvicorn"]
 
 
 @dataclass(frozen=True)
 class Internals:
-    """Names of one class or module of uvicorn's that ``_uvicorn`` uses, and what for."""
+    """Names of one class or module of uvicorn's that corral's edge uses, and what for."""
 
     #: The class or module they belong to, dotted from ``uvicorn``.
     owner: str
@@ -115,3 +115,43 @@ UVICORN_INTERNALS: tuple[Internals, ...] = (
         ("should_exit", "started", "servers", "server_state", "config"),
     ),
 )
+
+
+class UvicornChanged(RuntimeError):
+    """The installed uvicorn lacks a name corral's HTTP server uses (:data:`UVICORN_INTERNALS`)."""
+
+
+def check_uvicorn() -> None:
+    """Raise :class:`UvicornChanged` naming what is missing if uvicorn's classes changed.
+
+    Checks what can be seen without an instance (methods, constructor parameters,
+    constants); the test checks the instances' attributes too. Cheap: once per server.
+    """
+    import importlib
+    import inspect
+
+    import uvicorn
+
+    missing = []
+    for internals in UVICORN_INTERNALS:
+        module_name, _, attribute = internals.owner.rpartition(".")
+        if internals.kind == "constant":
+            owner: object = importlib.import_module(internals.owner)
+        else:
+            owner = getattr(importlib.import_module(module_name), attribute, None)
+        if owner is None:
+            missing.append(f"{internals.owner} ({internals.use})")
+            continue
+        for name in internals.names:
+            if internals.kind in ("method", "constant") and not hasattr(owner, name):
+                missing.append(f"{internals.owner}.{name} ({internals.use})")
+            elif internals.kind == "parameter":
+                assert isinstance(owner, type)
+                if name not in inspect.signature(owner).parameters:
+                    missing.append(f"{internals.owner}({name}=...) ({internals.use})")
+    if missing:
+        raise UvicornChanged(
+            f"uvicorn {uvicorn.__version__} lacks what corral's HTTP server uses: "
+            + "; ".join(missing)
+            + ". Install the uvicorn version pyproject.toml allows."
+        )

@@ -502,7 +502,7 @@ def test_the_drain_answers_a_direct_request_whose_body_is_still_arriving():
         raw = request(path="/v2/models/a/infer", body=b"0123456789")
         connection.send(raw[:-4])  # the head and part of the body
         connection.protocol.shutdown()
-        idle_check = connection.protocol._close_if_idle  # what the drain's timer calls
+        idle_check = connection.protocol.close_if_idle  # what the drain's timer calls
         idle_check()
         assert not connection.transport.closed
         connection.send(raw[-4:])

@@ -21,7 +21,8 @@ import pytest
 from corral import Host, ModelState
 from corral.protocol import DataPlane
 from corral.server.connections.contract import ConnectionLimits
-from corral.server.connections.edge import EdgeServer, protocol_for
+from corral.server.connections.edge import protocol_for
+from corral.server.connections.server import EdgeServer
 from corral.server.http.app import HttpApp
 from corral.server.http.metrics_port import MetricsApp
 from corral.server.http.origins import SitePolicy, host_name, is_loopback
