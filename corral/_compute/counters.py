@@ -269,7 +269,7 @@ class HostCounters:
         # Guards _runs (the map, not the counters in it: the Scheduler's lock guards those),
         # _requests with the counters in it, the latency histograms and how many versions
         # have one. Held for bookkeeping only.
-        self._lock = threading.Lock()
+        self._counters_lock = threading.Lock()
         self._runs: dict[Key, RunCounters] = {}
         self._requests: dict[Key, _RequestCounters] = {}
         self._latency: Histogram[int] = Histogram(_REQUEST_NS_BUCKETS)
@@ -280,7 +280,7 @@ class HostCounters:
 
     def run_counters(self, key: Key) -> RunCounters:
         """The run counters of version ``key``, made on first use: the same object every time."""
-        with self._lock:
+        with self._counters_lock:
             counters = self._runs.get(key)
             if counters is None:
                 counters = self._runs[key] = RunCounters()
@@ -288,7 +288,7 @@ class HostCounters:
 
     def all_run_counters(self) -> dict[Key, RunCounters]:
         """Every version's run counters by key (a new map; read them under their lock)."""
-        with self._lock:
+        with self._counters_lock:
             return dict(self._runs)
 
     def count_request(self, key: Key, duration_ns: int, *, ok: bool, reason: str = "other") -> None:
@@ -297,7 +297,7 @@ class HostCounters:
         ``reason``: why it failed, one of :data:`REQUEST_FAILURE_REASONS`.
         """
         index = _REQUEST_REASON_INDEX[reason]  # KeyError for a reason not in the set
-        with self._lock:
+        with self._counters_lock:
             counters = self._requests.get(key)
             if counters is None:
                 counters = self._requests[key] = self._new_request_counters()
@@ -316,13 +316,13 @@ class HostCounters:
     def count_unattributed_failure(self, duration_ns: int, reason: str) -> None:
         """Count a failed request that names no model version the Host knows, by ``reason``."""
         index = _REQUEST_REASON_INDEX[reason]
-        with self._lock:
+        with self._counters_lock:
             self._latency.observe(duration_ns)
             self._unattributed[index] += 1
 
     def unattributed_failures(self) -> dict[str, int]:
         """The failures :meth:`count_unattributed_failure` counted, by reason (every reason)."""
-        with self._lock:
+        with self._counters_lock:
             counts = list(self._unattributed)
         return dict(zip(REQUEST_FAILURE_REASONS, counts, strict=True))
 
@@ -330,11 +330,11 @@ class HostCounters:
         """Every version's request figures now, by key; versions never asked are left out."""
         # Every request's count waits for this lock, on an event loop: hold it to copy the
         # figures of a few hundred versions at a time, and build the RequestStats after.
-        with self._lock:
+        with self._counters_lock:
             items = list(self._requests.items())
         figures: list[tuple[Key, int, int, int, int, int, tuple[tuple[str, int], ...]]] = []
         for start in range(0, len(items), _READ_CHUNK):
-            with self._lock:
+            with self._counters_lock:
                 figures.extend(
                     (
                         key,
@@ -354,12 +354,12 @@ class HostCounters:
 
     def request_latency(self) -> LatencyStats:
         """The latency of every request counted, all versions together."""
-        with self._lock:
+        with self._counters_lock:
             return _latency_stats(self._latency)
 
     def model_request_latency(self) -> dict[Key, LatencyStats]:
         """The latency of each version's requests, for the versions that have a histogram."""
-        with self._lock:
+        with self._counters_lock:
             return {
                 key: _latency_stats(c.latency)
                 for key, c in self._requests.items()

@@ -116,12 +116,12 @@ class InlineLane:
 
     __slots__ = (
         "_exits",
-        "_lock",
         "_proven",
         "_reason",
         "_retry_at",
         "_retry_s",
         "_state",
+        "_state_lock",
         "_trial",
         "_warm",
         "bound_s",
@@ -158,7 +158,7 @@ class InlineLane:
         self.never = state is not LaneState.INLINE
         # Guards _state, _reason, _retry_at, _retry_s and _proven: the moves out of the lane
         # and back, and what status reads.
-        self._lock = threading.Lock()
+        self._state_lock = threading.Lock()
         self._state = state
         self._reason = reason
         self._retry_at: float | None = None  # when a version sent to the workers tries again
@@ -176,18 +176,18 @@ class InlineLane:
     @property
     def state(self) -> LaneState:
         """Where its requests run now."""
-        with self._lock:
+        with self._state_lock:
             return self._state
 
     @property
     def exits(self) -> int:
         """Inline runs past the bound so far: how often it was sent to the workers."""
-        with self._lock:
+        with self._state_lock:
             return self._exits
 
     def admits(self) -> bool:
         """True if the next request may run on the thread that receives it (a trial's too)."""
-        with self._lock:
+        with self._state_lock:
             if self._state is LaneState.INLINE:
                 return True
             retry_at = self._retry_at
@@ -208,7 +208,7 @@ class InlineLane:
 
     def describe(self) -> str:
         """Its state in one line, for the version's status (``inline: ...``)."""
-        with self._lock:
+        with self._state_lock:
             return f"{self._state.value}: {self._reason}"
 
     def fits(self, feed: Mapping[str, npt.NDArray[Any]]) -> bool:
@@ -251,13 +251,13 @@ class InlineLane:
             return
         if seconds <= self.bound_s:
             if not self._proven:  # an unlocked look: a stale True is never read
-                with self._lock:
+                with self._state_lock:
                     self._proven = True
                     self._retry_s = RETRY_S
             return
         if _collections[0] != started[1]:
             return
-        with self._lock:
+        with self._state_lock:
             if self._state is not LaneState.INLINE:
                 return
             if not self._proven:

@@ -142,7 +142,7 @@ class Scheduler:
         # Guards every queue and its counters, _ready, _total, _state, _threads,
         # _sleepers, _long_running, _short_at and _devices_busy. Held for bookkeeping only:
         # never across a run, a delivery or a sleep.
-        self._lock = threading.Lock()
+        self._queues_lock = threading.Lock()
         self._ready: deque[ModelQueue] = deque()  # queues with requests, each at most once
         self._total = 0
         self._state = _State.RUNNING
@@ -158,7 +158,7 @@ class Scheduler:
     @property
     def threads(self) -> int:
         """Compute threads started."""
-        with self._lock:
+        with self._queues_lock:
             return len(self._threads)
 
     def queue(
@@ -228,7 +228,7 @@ class Scheduler:
         request = QueuedRequest(
             feed, names, rows, key, deadline, time.monotonic(), queue.owner, future, loop, trace
         )
-        with self._lock:
+        with self._queues_lock:
             if self._state is not _State.RUNNING:
                 raise RuntimeClosed("the runtime is shutting down and takes no new requests")
             pending = queue.pending
@@ -269,7 +269,7 @@ class Scheduler:
         ``seconds``: its run's; None for a request whose deadline had passed, which did not
         run (counted expired, as a queued one would be). See ``corral._compute.inline``.
         """
-        with self._lock:
+        with self._queues_lock:
             counters = queue.counters
             counters.accepted += 1
             if seconds is None:
@@ -296,7 +296,7 @@ class Scheduler:
         every Host on it: a Host asks for its own counters and queues.
         """
         pending: dict[QueueKey, int] = {}
-        with self._lock:
+        with self._queues_lock:
             for queue in live:
                 pending[queue.key] = pending.get(queue.key, 0) + len(queue.pending)
         # Every submit and every worker waits for this lock: hold it to copy the raw figures
@@ -306,7 +306,7 @@ class Scheduler:
         items = list(counters.items())
         figures: list[tuple[QueueKey, Figures]] = []
         for start in range(0, len(items), _STATS_CHUNK):
-            with self._lock:
+            with self._queues_lock:
                 figures.extend(
                     (key, read_figures(c)) for key, c in items[start : start + _STATS_CHUNK]
                 )
@@ -314,7 +314,7 @@ class Scheduler:
 
     def sharing(self, queue: ModelQueue) -> str | None:
         """What an adaptive queue found, in a clause, once it runs each request alone; else None."""
-        with self._lock:
+        with self._queues_lock:
             if not queue.apart:
                 return None
             shared_ms, alone_ms = queue.shared_row_s * 1e3, queue.alone_row_s * 1e3
@@ -328,7 +328,7 @@ class Scheduler:
 
         Returns False if workers were still busy after ``timeout`` seconds.
         """
-        with self._lock:
+        with self._queues_lock:
             if self._state is _State.RUNNING:
                 self._state = _State.DRAINING
             while self._sleepers:
@@ -340,11 +340,11 @@ class Scheduler:
             for thread in threads:
                 thread.join(time_left(deadline))
             joined += threads
-            with self._lock:  # a worker that failed meanwhile has a replacement to join
+            with self._queues_lock:  # a worker that failed meanwhile has a replacement to join
                 threads = [thread for thread in self._threads if thread not in joined]
         stopped = not any(thread.is_alive() for thread in joined)
         if stopped:
-            with self._lock:
+            with self._queues_lock:
                 self._state = _State.STOPPED
         return stopped
 
@@ -372,7 +372,7 @@ class Scheduler:
 
     def _serve(self, wake: threading.Lock, in_hand: list[QueuedRequest]) -> None:
         while True:
-            with self._lock:
+            with self._queues_lock:
                 while True:
                     queue, wait = self._next_due_locked()
                     if queue is not None:
@@ -412,7 +412,7 @@ class Scheduler:
                 # slot.held changes on this thread only: read without the lock, which a
                 # shared model's batches (no slot) need not take again here.
                 if long or (slot is not None and slot.held):
-                    with self._lock:
+                    with self._queues_lock:
                         if slot is not None:
                             self._free_slot_locked(slot)  # the run failed before it was
                         if long:
@@ -425,7 +425,7 @@ class Scheduler:
         self, wake: threading.Lock, in_hand: list[QueuedRequest], cause: Exception
     ) -> None:
         """Start a worker in a failed one's place, and answer the requests it held."""
-        with self._lock:
+        with self._queues_lock:
             if wake in self._sleepers:
                 self._sleepers.remove(wake)  # a waker must not wake a worker that is gone
             this = threading.current_thread()
@@ -444,11 +444,11 @@ class Scheduler:
     def _sleep_locked(self, wake: threading.Lock, timeout: float | None) -> None:
         """Release the lock until woken or ``timeout`` seconds pass; then hold it again."""
         self._sleepers.append(wake)
-        self._lock.release()
+        self._queues_lock.release()
         try:
             woken = wake.acquire(timeout=-1 if timeout is None else timeout)
         finally:
-            self._lock.acquire()
+            self._queues_lock.acquire()
         if not woken:
             try:
                 self._sleepers.remove(wake)
@@ -480,7 +480,7 @@ class Scheduler:
 
     def _put_back(self, queue: ModelQueue, leftovers: list[QueuedRequest]) -> None:
         """Return requests that could not join a batch to the front of their queue."""
-        with self._lock:
+        with self._queues_lock:
             queue.pending.extendleft(reversed(leftovers))
             self._total += len(leftovers)
             if not queue.in_ready:
@@ -602,7 +602,7 @@ class Scheduler:
         elapsed = time.perf_counter() - started_at
         cpu = time.thread_time() - cpu_at if adaptive else 0.0
         # Counted before answering, so that a caller who has its answer sees it counted.
-        with self._lock:
+        with self._queues_lock:
             if slot is not None:
                 self._free_slot_locked(slot)
             counters = queue.counters

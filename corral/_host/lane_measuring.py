@@ -53,7 +53,7 @@ class LaneMeasurer:
         self._inline_run_us = inline_run_us
         # Guards _waiting and _queued: the versions whose lane waits to be measured, oldest
         # first, and whether a job to measure them is queued or running.
-        self._lock = threading.Lock()
+        self._waiting_lock = threading.Lock()
         self._waiting: collections.deque[ServedVersion] = collections.deque()
         self._queued = False
 
@@ -61,7 +61,7 @@ class LaneMeasurer:
         """Measure ``served`` in its turn, if its lane is ``measuring``; returns at once."""
         if served.inline.state is not LaneState.MEASURING:
             return
-        with self._lock:
+        with self._waiting_lock:
             self._waiting.append(served)
             if self._queued:
                 return  # the job queued or running takes it in its turn
@@ -73,7 +73,7 @@ class LaneMeasurer:
         try:
             self._workers.submit(self._measure_some)
         except HostClosed as exc:
-            with self._lock:
+            with self._waiting_lock:
                 waiting = list(self._waiting)
                 self._waiting.clear()
                 self._queued = False
@@ -85,18 +85,18 @@ class LaneMeasurer:
         claim.set_activity(MEASURING_ACTIVITY)
         try:
             for _ in range(MEASURED_PER_JOB):
-                with self._lock:
+                with self._waiting_lock:
                     if not self._waiting:
                         self._queued = False
                         return
                     served = self._waiting.popleft()
                 self._measure(served)
-            with self._lock:
+            with self._waiting_lock:
                 if not self._waiting:
                     self._queued = False
                     return
         except BaseException:
-            with self._lock:
+            with self._waiting_lock:
                 self._queued = False  # the next version asked for queues a job again
             raise
         self._queue_job()  # more wait: behind the loads asked for meanwhile

@@ -44,7 +44,7 @@ class Reloader:
         self._loader = loader
         self._interval = options.poll_interval_s
         # Guards _poller and _stopped: start() and stop() may race.
-        self._lock = threading.Lock()
+        self._poller_lock = threading.Lock()
         self._poller: threading.Thread | None = None
         self._stopped = False
         self._stop = threading.Event()
@@ -53,7 +53,7 @@ class Reloader:
         """Start polling, if an interval was set; idempotent, and a no-op once stopped."""
         if self._interval is None or self._poller is not None:
             return
-        with self._lock:
+        with self._poller_lock:
             if self._poller is not None or self._stopped:
                 return
             self._poller = threading.Thread(
@@ -63,7 +63,7 @@ class Reloader:
 
     def stop(self, timeout: float | None) -> None:
         """Stop polling and wait up to ``timeout`` for a check in progress to end."""
-        with self._lock:
+        with self._poller_lock:
             self._stopped = True
             poller = self._poller
         self._stop.set()

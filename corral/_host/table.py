@@ -109,7 +109,7 @@ class ModelTable:
         # Guards everything below: the state, every map, the byte and version counts, the
         # counters. Admission of loads and close() take it. Never held across a load, a run
         # or a file read; a Session's lock may be taken under it, never the other way round.
-        self._lock = threading.Lock()
+        self._table_lock = threading.Lock()
         self._state = HostState.RUNNING
         self._loaded: dict[Key, ServedVersion] = {}  # in load order
         # name -> its newest served version, when loaded: the request path's one lookup.
@@ -128,7 +128,7 @@ class ModelTable:
         self._counters = _Counters()
         # Signalled when room may have grown (a load ends, an unload, an unpin) while a load
         # waits for room; shares _lock.
-        self._room = threading.Condition(self._lock)
+        self._room = threading.Condition(self._table_lock)
         self._room_waiters = 0
         #: What happened, newest last: recorded after each change, off the lock.
         self.events = EventLog()
@@ -147,31 +147,31 @@ class ModelTable:
     @property
     def state(self) -> HostState:
         """The Host's :class:`HostState`."""
-        with self._lock:
+        with self._table_lock:
             return self._state
 
     @property
     def room_waiters(self) -> int:
         """Loads waiting now for room in the budget."""
-        with self._lock:
+        with self._table_lock:
             return self._room_waiters
 
     def check_running(self) -> None:
         """Raise :class:`HostClosed` unless the Host is running."""
-        with self._lock:
+        with self._table_lock:
             self._check_running_locked()
 
     # -- entries and failures ----------------------------------------------------------------
 
     def cached(self, name: str) -> tuple[ModelEntry | None, bool]:
         """The entry last read for ``name``, and whether the model itself failed."""
-        with self._lock:
+        with self._table_lock:
             return self._entries.get(name), (name, 0) in self._failures
 
     def store_entry(self, entry: ModelEntry) -> None:
         """Keep an entry just read from the repository; record or clear its model failure."""
         name = entry.name
-        with self._lock:
+        with self._table_lock:
             self._entries[name] = entry
             self._ready.pop(name, None)
             failure = self._failures.get((name, 0))
@@ -183,19 +183,19 @@ class ModelTable:
 
     def forget_entry(self, name: str) -> None:
         """Drop a model's cached entry (it left the repository)."""
-        with self._lock:
+        with self._table_lock:
             self._entries.pop(name, None)
             self._ready.pop(name, None)
 
     def failure_fingerprint(self, key: Key) -> tuple[object, ...] | None:
         """What the failed load of ``key`` was built from; None if its last load did not fail."""
-        with self._lock:
+        with self._table_lock:
             failure = self._failures.get(key)
             return None if failure is None else failure.fingerprint
 
     def forget_failure(self, key: Key, fingerprint: tuple[object, ...]) -> None:
         """Forget a version's failure if it is still the one of ``fingerprint`` (files changed)."""
-        with self._lock:
+        with self._table_lock:
             failure = self._failures.get(key)
             if failure is not None and failure.fingerprint == fingerprint:
                 del self._failures[key]
@@ -213,7 +213,7 @@ class ModelTable:
         now. Raises the kept error of a failed load until its back-off passes, and
         :class:`HostClosed` once closing.
         """
-        with self._lock:
+        with self._table_lock:
             self._check_running_locked()
             served = self._loaded.get(key)
             if served is not None:
@@ -249,7 +249,7 @@ class ModelTable:
                 f"whole memory budget of {budget:,} bytes"
             )
         give_up = time.monotonic() + ROOM_WAIT_S
-        with self._lock:
+        with self._table_lock:
             while True:
                 self._check_running_locked()
                 chosen, worth_waiting = choose_victims(
@@ -303,7 +303,7 @@ class ModelTable:
         nothing) if the Host began closing meanwhile.
         """
         key = served.key
-        with self._lock:
+        with self._table_lock:
             self._end_reservation_locked(reserved)
             if self._state is not HostState.RUNNING:
                 self._loading.pop(key, None)
@@ -331,7 +331,7 @@ class ModelTable:
         failed = (
             error if isinstance(error, ModelLoadError) and not isinstance(error, NoRoom) else None
         )
-        with self._lock:
+        with self._table_lock:
             self._end_reservation_locked(reserved)
             self._loading.pop(key, None)
             if failed is not None:
@@ -346,7 +346,7 @@ class ModelTable:
         As :meth:`abandon` does for a failure (its back-off starts), but without its
         reservation, which the load's own undo ends (:meth:`end_reservation`).
         """
-        with self._lock:
+        with self._table_lock:
             if self._loading.get(key) is not pending:
                 return
             del self._loading[key]
@@ -356,14 +356,14 @@ class ModelTable:
 
     def end_reservation(self, reserved: int) -> None:
         """Give back bytes a load reserved and will not publish (it ran past its timeout)."""
-        with self._lock:
+        with self._table_lock:
             self._end_reservation_locked(reserved)
 
     # -- explicit control and reloads --------------------------------------------------------
 
     def loading(self, name: str, version: int | None = None) -> list[Future[ServedVersion]]:
         """The loads of a model (or of one version) in flight now."""
-        with self._lock:
+        with self._table_lock:
             return [
                 future
                 for (loading, number), future in self._loading.items()
@@ -372,7 +372,7 @@ class ModelTable:
 
     def retire(self, name: str, version: int | None = None) -> list[ServedVersion]:
         """Take a model (or one version) out of service (an unload); returns what was retired."""
-        with self._lock:
+        with self._table_lock:
             keys = [k for k in self._loaded if k[0] == name and version in (None, k[1])]
             retired = [self._loaded.pop(k) for k in keys]
             self._ready.pop(name, None)
@@ -405,7 +405,7 @@ class ModelTable:
         """
         name, served_numbers = entry.name, set(entry.served_versions)
         retired: list[ServedVersion] = []
-        with self._lock:
+        with self._table_lock:
             if self._state is not HostState.RUNNING:
                 return None
             for version, served in fresh_versions.items():
@@ -437,7 +437,7 @@ class ModelTable:
 
     def note_reload_failure(self, name: str, error: CorralError) -> None:
         """A reload of a model in use failed: it keeps serving its copy; the error is kept."""
-        with self._lock:
+        with self._table_lock:
             previous = self._reload_failures.get(name)
             self._reload_failures[name] = error
             if previous is not None and str(previous) == str(error):
@@ -450,17 +450,17 @@ class ModelTable:
 
     def reload_failure(self, name: str) -> CorralError | None:
         """The error of the last failed reload of ``name``, while its old copy serves."""
-        with self._lock:
+        with self._table_lock:
             return self._reload_failures.get(name)
 
     def in_use(self, name: str) -> dict[int, ServedVersion]:
         """The versions of ``name`` in service now, by number."""
-        with self._lock:
+        with self._table_lock:
             return {key[1]: served for key, served in self._loaded.items() if key[0] == name}
 
     def busy(self, name: str) -> bool:
         """Whether a version of ``name`` is in service, loading, or retiring: its files in use."""
-        with self._lock:
+        with self._table_lock:
             return (
                 any(key[0] == name for key in self._loaded)
                 or any(key[0] == name for key in self._loading)
@@ -469,17 +469,17 @@ class ModelTable:
 
     def held(self) -> list[ServedVersion]:
         """Every version in service or retiring (not yet closed)."""
-        with self._lock:
+        with self._table_lock:
             return [*self._loaded.values(), *self._retiring.values()]
 
     def names_to_check(self) -> list[str]:
         """The models a refresh looks at: those in service or whose last load failed."""
-        with self._lock:
+        with self._table_lock:
             return sorted({key[0] for key in self._loaded} | {key[0] for key in self._failures})
 
     def pin(self, name: str) -> None:
         """Never evict ``name`` until :meth:`unpin`."""
-        with self._lock:
+        with self._table_lock:
             self._pinned.add(name)
             for key, served in self._loaded.items():
                 if key[0] == name:
@@ -487,7 +487,7 @@ class ModelTable:
 
     def unpin(self, name: str) -> None:
         """Let ``name`` be evicted again, unless its model.toml pins it."""
-        with self._lock:
+        with self._table_lock:
             self._pinned.discard(name)
             entry = self._entries.get(name)
             by_config = entry is not None and entry.config.pinned
@@ -507,7 +507,7 @@ class ModelTable:
         def of(name: str) -> Holdings:
             return held.setdefault(name, Holdings())
 
-        with self._lock:
+        with self._table_lock:
             self._prune_retiring_locked()
             for served in self._loaded.values():
                 if only in (None, served.name):
@@ -531,7 +531,7 @@ class ModelTable:
 
     def stats(self) -> HostStats:
         """Counters and gauges, as one snapshot."""
-        with self._lock:
+        with self._table_lock:
             counters = self._counters
             return HostStats(
                 state=self._state,
@@ -558,7 +558,7 @@ class ModelTable:
 
     def begin_close(self) -> list[Future[ServedVersion]] | None:
         """Refuse new requests; returns the loads in flight, or None if already closing."""
-        with self._lock:
+        with self._table_lock:
             if self._state is not HostState.RUNNING:
                 return None
             self._state = HostState.CLOSING
@@ -568,7 +568,7 @@ class ModelTable:
 
     def retire_all(self) -> list[ServedVersion]:
         """Take every version out of service, for close()."""
-        with self._lock:
+        with self._table_lock:
             retired = list(self._loaded.values())
             self._loaded.clear()
             self._ready.clear()
@@ -579,7 +579,7 @@ class ModelTable:
 
     def finish_close(self) -> None:
         """Mark the Host CLOSED."""
-        with self._lock:
+        with self._table_lock:
             self._state = HostState.CLOSED
 
     def drain(self, retired: Sequence[ServedVersion], timeout: float | None) -> None:
@@ -597,7 +597,7 @@ class ModelTable:
                 served.session.close(timeout=time_left(deadline))
             except DrainTimeout:
                 still_busy += 1
-        with self._lock:
+        with self._table_lock:
             self._prune_retiring_locked()
         if still_busy:
             raise DrainTimeout(

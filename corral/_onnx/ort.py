@@ -157,7 +157,7 @@ class OncePerInterval:
         self._max_keys = max_keys
         self._clock = clock
         # Guards _last: key -> (time of the last event let through, events kept quiet since).
-        self._lock = threading.Lock()
+        self._last_lock = threading.Lock()
         self._last: dict[str, tuple[float, int]] = {}
 
     def allow(self, key: str) -> int | None:
@@ -167,7 +167,7 @@ class OncePerInterval:
         were kept quiet since the last let through.
         """
         now = self._clock()
-        with self._lock:
+        with self._last_lock:
             last = self._last.get(key)
             if last is not None and now - last[0] < self._interval_s:
                 self._last[key] = (last[0], last[1] + 1)

@@ -156,12 +156,12 @@ class ParsedConfigs:
         self._max_chars = max_chars
         # Guards _parsed and _chars: the configs kept, least recently used first, and the
         # characters of their keys.
-        self._lock = threading.Lock()
+        self._cache_lock = threading.Lock()
         self._parsed: OrderedDict[tuple[str, str, str], ModelConfig] = OrderedDict()
         self._chars = 0
 
     def __len__(self) -> int:
-        with self._lock:
+        with self._cache_lock:
             return len(self._parsed)
 
     def parse(
@@ -175,7 +175,7 @@ class ParsedConfigs:
     ) -> ModelConfig:
         """:func:`parse_pbtxt`, or the config parsed from the same text, source and name."""
         key = (text, source, model_name)
-        with self._lock:
+        with self._cache_lock:
             config = self._parsed.get(key)
             if config is not None:
                 self._parsed.move_to_end(key)
@@ -201,7 +201,7 @@ class ParsedConfigs:
         if named:
             return config
         size = len(text) + len(source) + len(model_name)
-        with self._lock:
+        with self._cache_lock:
             if key not in self._parsed:
                 self._parsed[key] = config
                 self._chars += size

@@ -511,7 +511,7 @@ def test_a_probed_model_run_apart_says_so_in_its_batching_reason(repo_with_bare_
         queue, scheduler = served_version(lease).queue, host.runtime.scheduler()
         assert queue is not None
         assert queue.adaptive
-        with scheduler._lock:  # what the queue's runs would have found: shared rows dearer
+        with scheduler._queues_lock:  # what the queue's runs would have found: shared rows dearer
             queue.apart, queue.shared_row_s, queue.alone_row_s = True, 0.06, 0.03
         found = "each request runs alone now: shared runs took 60 CPU ms a row, lone runs 30 ms"
         assert host.status("mlp").versions[0].batching == f"{reason}; {found}"
