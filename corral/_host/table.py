@@ -127,7 +127,7 @@ class ModelTable:
         self._loads_reserved = 0
         self._counters = _Counters()
         # Signalled when room may have grown (a load ends, an unload, an unpin) while a load
-        # waits for room; shares _lock.
+        # waits for room; shares _table_lock.
         self._room = threading.Condition(self._table_lock)
         self._room_waiters = 0
         #: What happened, newest last: recorded after each change, off the lock.

@@ -13,10 +13,10 @@
 
 This module is the command's argument parsing: ``main`` and the parser, whose ``serve`` and
 ``ray-serve`` flags are made from their settings' fields. Each command runs in a module of its
-own: ``cli_serve``, ``cli_ray``, ``cli_demo``, ``cli_models``, ``cli_check``, ``cli_status``.
+own in this folder: ``serve``, ``ray_serve``, ``demo``, ``models``, ``check``, ``status``.
 
 The command line is an edge: it alone draws progress bars (with rich, from the ``cli``
-extra, ``cli_progress``) and prints; the demo it runs lives in :mod:`corral.demo` and reports
+extra, ``progress``) and prints; the demo it runs lives in :mod:`corral.demo` and reports
 progress through plain callbacks. Progress goes to stderr, results to stdout, so ``--json``
 output can be piped. The benchmarks are scripts in the repository's ``benchmarks/``, not
 commands.

@@ -5,7 +5,7 @@ Triton's repository API and explicit model control).
 
 Imports only numpy and corral's core; the HTTP and gRPC servers in ``corral.server`` build on it.
 Their codecs live here too but are imported only by them, since each needs its server's extra:
-``http_codec`` (orjson) and ``grpc_codec`` (protobuf, with the generated ``proto`` package).
+``json/`` (orjson) and ``grpc_codec`` (protobuf, with the generated ``proto`` package).
 """
 
 from corral.protocol.dataplane import EXTENSIONS, DataPlane
