@@ -184,6 +184,49 @@ def test_policies_parse_and_build_their_replicas(mlp_model, spec, kind, size):
     np.testing.assert_array_equal(session.run({"X": X})["Y"], reference_run(mlp_model, {"X": X})[0])
 
 
+def test_instrument_wraps_every_replica_and_is_refused_while_a_pool_session_is_held(mlp_model):
+    session = corral.Session(mlp_model, concurrency="pool:2")
+    seen: list[int] = []
+
+    class Counted:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def run(self, names, feed, options):
+            seen.append(id(self))
+            return self.inner.run(names, feed, options)
+
+    session.instrument(Counted)
+    assert session.replicas == 2
+    for _ in range(4):
+        session.run({"X": X})
+    assert len(seen) == 4  # every run went through a wrapper
+    with session.acquire():  # a lease holds no replica: still allowed
+        session.instrument(lambda replica: replica)
+    held = threading.Event()
+    release = threading.Event()
+
+    class Holding(Counted):
+        def run(self, names, feed, options):
+            held.set()
+            assert release.wait(10)
+            return self.inner.run(names, feed, options)
+
+    session.instrument(Holding)
+    runner = threading.Thread(target=session.run, args=({"X": X},))
+    runner.start()
+    try:
+        assert held.wait(10)
+        with pytest.raises(RuntimeError, match="while no run holds"):
+            session.instrument(Counted)
+    finally:
+        release.set()
+        runner.join(timeout=10)
+    assert session.waiting_runs == 0
+    session.close()
+    assert session.replicas == 0
+
+
 @pytest.mark.parametrize("spec", ["pool:0", "pool:x", "pool", "many", ""])
 def test_bad_policies_are_refused(mlp_model, spec):
     with pytest.raises(ValueError, match="concurrency must be"):
