@@ -1,0 +1,3 @@
+pub mod plain;
+pub mod text;
+pub mod encode;
