@@ -1,0 +1,823 @@
+//! HTTP/1.1 connections: the Python edge's limits (`corral/server/_uvicorn.py`'s
+//! `EdgeProtocol`, same statuses and texts), the native route for plain inference requests,
+//! and the bridge for everything else.
+//!
+//! One task per connection, one request at a time: a pipelined request waits in the buffer
+//! until the one before it is answered, so answers go out in order.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::timeout_at;
+
+use crate::bridge::{self, BodySource};
+use crate::chunked::Chunked;
+use crate::encode::http_refusal;
+use crate::plain::decode_http;
+use crate::shared::{Answer, CatchUnwind, Held, Pending, Protocol, Shared, Slot, Stats};
+use crate::text::{fmt_g, py_repr_latin1};
+
+/// How long a connection idle at the drain's start stays open to read a request already
+/// sent (`DRAIN_READ_GRACE_S`).
+const DRAIN_READ_GRACE: Duration = Duration::from_millis(200);
+const READ_CHUNK: usize = 16 * 1024;
+
+/// A request head, its parts as ranges of the head's bytes.
+#[derive(Debug, Default)]
+pub struct Head {
+    /// Bytes of the head, its final CRLF included.
+    pub len: usize,
+    pub method: std::ops::Range<usize>,
+    pub target: std::ops::Range<usize>,
+    /// 0 for HTTP/1.0, 1 for HTTP/1.1.
+    pub version: u8,
+    pub headers: Vec<(std::ops::Range<usize>, std::ops::Range<usize>)>,
+}
+
+/// What reading a head found.
+#[derive(Debug)]
+pub enum Parsed {
+    Complete(Head),
+    Partial,
+    Invalid(String),
+}
+
+fn offset(base: &[u8], part: &[u8]) -> std::ops::Range<usize> {
+    let start = part.as_ptr() as usize - base.as_ptr() as usize;
+    start..start + part.len()
+}
+
+/// Parses a request head at the start of `buf`.
+pub fn parse_head(buf: &[u8]) -> Parsed {
+    let mut few = [httparse::EMPTY_HEADER; 48];
+    let mut request = httparse::Request::new(&mut few);
+    match request.parse(buf) {
+        Ok(status) => complete(buf, &request, status),
+        Err(httparse::Error::TooManyHeaders) => {
+            // Rare: as many headers as the head's bytes allow.
+            let mut many = vec![httparse::EMPTY_HEADER; buf.len() / 3 + 1];
+            let mut request = httparse::Request::new(&mut many);
+            match request.parse(buf) {
+                Ok(status) => complete(buf, &request, status),
+                Err(error) => Parsed::Invalid(describe(error)),
+            }
+        }
+        Err(error) => Parsed::Invalid(describe(error)),
+    }
+}
+
+fn describe(error: httparse::Error) -> String {
+    match error {
+        httparse::Error::Token => "Invalid token in the request head".to_string(),
+        httparse::Error::Version => "Invalid HTTP version".to_string(),
+        httparse::Error::HeaderName => "Invalid header name".to_string(),
+        httparse::Error::HeaderValue => "Invalid header value char".to_string(),
+        httparse::Error::NewLine => "Invalid new line in the request head".to_string(),
+        httparse::Error::Status => "Invalid status".to_string(),
+        httparse::Error::TooManyHeaders => "Too many headers".to_string(),
+    }
+}
+
+fn complete(buf: &[u8], request: &httparse::Request<'_, '_>, status: httparse::Status<usize>) -> Parsed {
+    let httparse::Status::Complete(len) = status else {
+        return Parsed::Partial;
+    };
+    let (Some(method), Some(target), Some(version)) =
+        (request.method, request.path, request.version)
+    else {
+        return Parsed::Invalid("Invalid request line".to_string());
+    };
+    Parsed::Complete(Head {
+        len,
+        method: offset(buf, method.as_bytes()),
+        target: offset(buf, target.as_bytes()),
+        version,
+        headers: request
+            .headers
+            .iter()
+            .map(|h| (offset(buf, h.name.as_bytes()), offset(buf, h.value)))
+            .collect(),
+    })
+}
+
+/// A head's framing and connection semantics, read once.
+#[derive(Debug, Default)]
+pub struct Facts {
+    pub content_length: Option<u64>,
+    pub chunked: bool,
+    pub keep_alive: bool,
+    pub websocket: bool,
+    pub upgrade: bool,
+}
+
+/// How a head is refused before its request begins: status and message.
+pub type Refusal = (u16, String);
+
+fn lower(bytes: &[u8]) -> Vec<u8> {
+    bytes.to_ascii_lowercase()
+}
+
+fn tokens(value: &[u8]) -> impl Iterator<Item = Vec<u8>> + '_ {
+    value.split(|&b| b == b',').map(|t| lower(t.trim_ascii()))
+}
+
+/// Checks a complete head against the limits and the protocol, in the Python edge's order.
+/// `counted`: the bytes received while it was awaited.
+pub fn check_head(
+    buf: &[u8],
+    head: &Head,
+    counted: usize,
+    max_url_bytes: usize,
+    max_header_bytes: usize,
+) -> Result<Facts, Refusal> {
+    let target = &buf[head.target.clone()];
+    if target.len() > max_url_bytes {
+        return Err(url_too_long(max_url_bytes));
+    }
+    if counted > max_header_bytes {
+        let exact: usize = target.len()
+            + head
+                .headers
+                .iter()
+                .map(|(n, v)| n.len() + v.len() + 4)
+                .sum::<usize>();
+        if exact > max_header_bytes {
+            return Err(headers_too_long(max_header_bytes));
+        }
+    }
+    let mut facts = Facts {
+        keep_alive: head.version == 1,
+        ..Facts::default()
+    };
+    let mut connection: Vec<Vec<u8>> = Vec::new();
+    let mut upgrade_value: Option<Vec<u8>> = None;
+    let mut te = false;
+    for (name, value) in &head.headers {
+        let name = &buf[name.clone()];
+        let value = &buf[value.clone()];
+        if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            if tokens(value).any(|coding| coding != b"chunked") {
+                return Err((
+                    400,
+                    format!(
+                        "Transfer-Encoding {} is not supported: send the body chunked, or with a \
+                         Content-Length (compress it with Content-Encoding: gzip or deflate)",
+                        py_repr_latin1(value)
+                    ),
+                ));
+            }
+            te = true;
+        } else if name.eq_ignore_ascii_case(b"content-length") {
+            if value.is_empty() || !value.iter().all(u8::is_ascii_digit) || value.len() > 18 {
+                return Err(invalid("Invalid character in Content-Length"));
+            }
+            let length: u64 = std::str::from_utf8(value)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| invalid("Invalid character in Content-Length"))?;
+            if facts.content_length.is_some_and(|other| other != length) {
+                return Err(invalid("Duplicate Content-Length"));
+            }
+            facts.content_length = Some(length);
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            // uvicorn reads the last Connection header's tokens for an upgrade; llhttp all
+            // of them for keep-alive.
+            connection = tokens(value).collect();
+            for token in &connection {
+                if token == b"close" {
+                    facts.keep_alive = false;
+                } else if token == b"keep-alive" && head.version == 0 {
+                    facts.keep_alive = true;
+                }
+            }
+        } else if name.eq_ignore_ascii_case(b"upgrade") {
+            upgrade_value = Some(lower(value));
+        }
+    }
+    if te {
+        if facts.content_length.is_some() {
+            return Err(invalid("Content-Length can't be present with Transfer-Encoding"));
+        }
+        facts.chunked = true;
+    }
+    if let Some(upgrade) = upgrade_value {
+        if connection.iter().any(|t| t == b"upgrade") {
+            facts.upgrade = true;
+            facts.websocket = upgrade == b"websocket";
+        }
+    }
+    if facts.websocket {
+        return Err((
+            400,
+            "this server has no WebSocket endpoint; use HTTP requests".to_string(),
+        ));
+    }
+    Ok(facts)
+}
+
+fn invalid(reason: &str) -> Refusal {
+    (400, format!("the request is not valid HTTP/1.1: {reason}"))
+}
+
+fn url_too_long(limit: usize) -> Refusal {
+    (
+        414,
+        format!("the request's URL is longer than {limit} bytes (max_url_bytes)"),
+    )
+}
+
+fn headers_too_long(limit: usize) -> Refusal {
+    (
+        431,
+        format!("the request's headers are longer than {limit} bytes (max_header_bytes)"),
+    )
+}
+
+/// Limits broken by a head still incomplete: its URL so far, then every byte so far.
+pub fn check_partial(buf: &[u8], max_url_bytes: usize, max_header_bytes: usize) -> Option<Refusal> {
+    // Leading empty lines are skipped as the parser skips them.
+    let start = buf.iter().position(|&b| b != b'\r' && b != b'\n').unwrap_or(buf.len());
+    let line = &buf[start..];
+    if let Some(space) = line.iter().position(|&b| b == b' ') {
+        let rest = &line[space + 1..];
+        let url = rest
+            .iter()
+            .position(|&b| b == b' ' || b == b'\r' || b == b'\n')
+            .map_or(rest, |end| &rest[..end]);
+        if url.len() > max_url_bytes {
+            return Some(url_too_long(max_url_bytes));
+        }
+    }
+    if buf.len() > max_header_bytes {
+        return Some(headers_too_long(max_header_bytes));
+    }
+    None
+}
+
+/// The model and version of a native inference target, if it is one.
+pub fn infer_target(target: &[u8]) -> Option<(&str, Option<&str>)> {
+    let middle = target
+        .strip_prefix(b"/v2/models/")?
+        .strip_suffix(b"/infer")?;
+    let middle = std::str::from_utf8(middle).ok()?;
+    let plain = |part: &str| {
+        !part.is_empty()
+            && part
+                .bytes()
+                .all(|b| b.is_ascii() && !matches!(b, b'/' | b'%' | b'?' | b'#'))
+    };
+    match middle.split_once('/') {
+        None => plain(middle).then_some((middle, None)),
+        Some((name, rest)) => {
+            let version = rest.strip_prefix("versions/")?;
+            (plain(name) && plain(version)).then_some((name, Some(version)))
+        }
+    }
+}
+
+/// Why a head may not take the native route (None: it may, with these values).
+pub struct Native<'a> {
+    pub model: &'a str,
+    pub version: Option<&'a str>,
+    pub content_length: usize,
+    pub header_length: Option<usize>,
+}
+
+/// Whether a head takes the native route (see the crate's README for the list).
+pub fn native_route<'a>(
+    buf: &'a [u8],
+    head: &Head,
+    facts: &Facts,
+    shared: &Shared,
+) -> Option<Native<'a>> {
+    let config = &shared.config;
+    if !config.native_infer || head.version != 1 || facts.upgrade || facts.chunked {
+        return None;
+    }
+    if &buf[head.method.clone()] != b"POST" {
+        return None;
+    }
+    let (model, version) = infer_target(&buf[head.target.clone()])?;
+    let content_length = usize::try_from(facts.content_length?).ok()?;
+    if content_length > config.native_body_bytes || content_length > config.max_request_bytes {
+        return None;
+    }
+    let mut header_length = None;
+    let mut header_lengths = 0;
+    let mut authorized = config.auth.is_none();
+    for (name, value) in &head.headers {
+        let name = &buf[name.clone()];
+        let value = &buf[value.clone()];
+        match name.len() {
+            4 if name.eq_ignore_ascii_case(b"host") => {
+                if !config.hosts.allows(value) {
+                    return None;
+                }
+            }
+            6 if name.eq_ignore_ascii_case(b"expect") || name.eq_ignore_ascii_case(b"origin") => {
+                return None
+            }
+            7 if name.eq_ignore_ascii_case(b"referer") => return None,
+            12 if name.eq_ignore_ascii_case(b"x-request-id")
+                || name.eq_ignore_ascii_case(b"content-type") =>
+            {
+                if name.eq_ignore_ascii_case(b"x-request-id") || crate::hosts::is_text_plain(value)
+                {
+                    return None;
+                }
+            }
+            13 if name.eq_ignore_ascii_case(b"authorization") => {
+                if let Some(expected) = &config.auth {
+                    if crate::hosts::constant_time_eq(value, expected) {
+                        authorized = true;
+                    }
+                }
+            }
+            14 if name.eq_ignore_ascii_case(b"sec-fetch-site") => return None,
+            15 if name.eq_ignore_ascii_case(b"accept-encoding") => {
+                if !value.trim_ascii().eq_ignore_ascii_case(b"identity") {
+                    return None;
+                }
+            }
+            16 if name.eq_ignore_ascii_case(b"content-encoding") => return None,
+            17 if name.eq_ignore_ascii_case(b"transfer-encoding") => return None,
+            31 if name.eq_ignore_ascii_case(b"inference-header-content-length") => {
+                header_lengths += 1;
+                if value.is_empty() || value.len() > 18 || !value.iter().all(u8::is_ascii_digit) {
+                    return None;
+                }
+                header_length = std::str::from_utf8(value).ok()?.parse().ok();
+            }
+            _ => {}
+        }
+    }
+    if !authorized || header_lengths > 1 {
+        return None;
+    }
+    Some(Native {
+        model,
+        version,
+        content_length,
+        header_length,
+    })
+}
+
+/// How a connection's turn ended.
+enum Next {
+    /// The next request (the connection stays open).
+    Continue,
+    /// The connection closes.
+    Close,
+}
+
+struct Connection {
+    stream: TcpStream,
+    peer: SocketAddr,
+    buf: BytesMut,
+    shared: Arc<Shared>,
+    slot: Arc<Slot>,
+}
+
+/// Serves one accepted connection to its end. `refused`: the cap's 503, written once the
+/// client sends its first bytes (as the Python edge does).
+pub async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    slot: Arc<Slot>,
+    refused: Option<String>,
+) {
+    let _ = stream.set_nodelay(true);
+    let mut connection = Connection {
+        stream,
+        peer,
+        buf: BytesMut::with_capacity(READ_CHUNK),
+        shared,
+        slot,
+    };
+    let mut refused = refused;
+    loop {
+        if connection.buf.is_empty() && !connection.await_request().await {
+            break;
+        }
+        if let Some(message) = refused.take() {
+            connection.refuse(503, &message).await;
+            break;
+        }
+        match connection.one_request().await {
+            Next::Continue => continue,
+            Next::Close => break,
+        }
+    }
+    let _ = connection.stream.shutdown().await;
+}
+
+impl Connection {
+    fn config(&self) -> &crate::shared::Config {
+        &self.shared.config
+    }
+
+    /// Reads into the buffer; Ok(0) at the end of the stream.
+    async fn read_more(&mut self) -> std::io::Result<usize> {
+        if self.buf.capacity() - self.buf.len() < 1024 {
+            self.buf.reserve(READ_CHUNK);
+        }
+        let n = self.stream.read_buf(&mut self.buf).await?;
+        Stats::add(&self.shared.stats.bytes_in, n);
+        Ok(n)
+    }
+
+    async fn write(&mut self, bytes: &[u8]) -> bool {
+        Stats::add(&self.shared.stats.bytes_out, bytes.len());
+        self.stream.write_all(bytes).await.is_ok()
+    }
+
+    async fn refuse(&mut self, status: u16, message: &str) {
+        let answer = http_refusal(status, message);
+        self.write(&answer).await;
+    }
+
+    /// Waits for a request's first byte, idle: false if the connection should close (idle
+    /// timeout, closed for room or by the drain, the client left).
+    async fn await_request(&mut self) -> bool {
+        let shared = Arc::clone(&self.shared);
+        let slot = Arc::clone(&self.slot);
+        slot.idle.store(true, std::sync::atomic::Ordering::SeqCst);
+        let idle = self.config().idle_timeout;
+        let result = loop {
+            if shared.draining.is_raised() || shared.stopping.is_raised() {
+                // A request may already wait in the socket: read it, else close.
+                break matches!(
+                    tokio::time::timeout(DRAIN_READ_GRACE, self.read_more()).await,
+                    Ok(Ok(n)) if n > 0
+                );
+            }
+            tokio::select! {
+                read = tokio::time::timeout(idle, self.read_more()) => {
+                    break matches!(read, Ok(Ok(n)) if n > 0);
+                }
+                () = slot.close.notified() => {
+                    if !shared.draining.is_raised() {
+                        break false; // closed to make room for a new connection
+                    }
+                }
+                () = shared.draining.wait() => {}
+            }
+        };
+        slot.idle.store(false, std::sync::atomic::Ordering::SeqCst);
+        result
+    }
+
+    /// Reads and answers one request whose first bytes are in the buffer.
+    async fn one_request(&mut self) -> Next {
+        let (max_url, max_header) = (self.config().max_url_bytes, self.config().max_header_bytes);
+        let deadline = tokio::time::Instant::now() + self.config().header_timeout;
+        let received = Instant::now();
+        let head = loop {
+            match parse_head(&self.buf) {
+                Parsed::Complete(head) => break head,
+                Parsed::Invalid(error) => {
+                    self.refuse(400, &format!("the request is not valid HTTP/1.1: {error}"))
+                        .await;
+                    return Next::Close;
+                }
+                Parsed::Partial => {
+                    if let Some((status, message)) = check_partial(&self.buf, max_url, max_header) {
+                        self.refuse(status, &message).await;
+                        return Next::Close;
+                    }
+                    match timeout_at(deadline, self.read_more()).await {
+                        Ok(Ok(n)) if n > 0 => {}
+                        Ok(_) => return Next::Close,
+                        Err(_) => {
+                            let timeout = fmt_g(self.config().header_timeout_s);
+                            self.refuse(
+                                408,
+                                &format!(
+                                    "the request's headers did not arrive within {timeout} s \
+                                     (header_timeout_s)"
+                                ),
+                            )
+                            .await;
+                            return Next::Close;
+                        }
+                    }
+                }
+            }
+        };
+        let counted = self.buf.len();
+        let facts = match check_head(&self.buf, &head, counted, max_url, max_header) {
+            Ok(facts) => facts,
+            Err((status, message)) => {
+                self.refuse(status, &message).await;
+                return Next::Close;
+            }
+        };
+        let shared = Arc::clone(&self.shared);
+        let native = native_route(&self.buf, &head, &facts, &shared).map(|n| {
+            (
+                n.model.to_string(),
+                n.version.map(str::to_string),
+                n.content_length,
+                n.header_length,
+            )
+        });
+        if let Some((model, version, length, header_length)) = native {
+            return self
+                .native(head, facts, model, version, length, header_length, received)
+                .await;
+        }
+        let head_bytes = self.buf.split_to(head.len).freeze();
+        self.bridge(head, head_bytes, &facts, None).await
+    }
+
+    /// A native request: its body read and held in the budget, decoded, handed to Python.
+    #[allow(clippy::too_many_arguments)]
+    async fn native(
+        &mut self,
+        head: Head,
+        facts: Facts,
+        model: String,
+        version: Option<String>,
+        length: usize,
+        header_length: Option<usize>,
+        received: Instant,
+    ) -> Next {
+        let shared = Arc::clone(&self.shared);
+        let total = head.len + length;
+        let mut held = Held::new(Arc::clone(&shared.budget));
+        let mut kept = shared.budget.fits(length);
+        if kept {
+            kept = held.grow(self.buf.len().min(total) - head.len.min(self.buf.len()));
+        }
+        while self.buf.len() < total {
+            let before = self.buf.len();
+            match tokio::time::timeout(self.config().body_timeout, self.read_more()).await {
+                Ok(Ok(n)) if n > 0 => {}
+                Ok(_) => return Next::Close,
+                Err(_) => {
+                    let timeout = fmt_g(self.config().body_timeout_s);
+                    self.refuse(
+                        408,
+                        &format!(
+                            "the request's body stopped arriving: no byte for {timeout} s \
+                             (body_timeout_s)"
+                        ),
+                    )
+                    .await;
+                    return Next::Close;
+                }
+            }
+            let arrived = self.buf.len().min(total) - before.min(total);
+            if kept && !held.grow(arrived) {
+                kept = false; // the budget ran out: the bridge answers it
+            }
+        }
+        let request = self.buf.split_to(total).freeze();
+        if !kept {
+            drop(held);
+            let head_bytes = request.slice(..head.len);
+            return self
+                .bridge(head, head_bytes, &facts, Some(request.slice(total - length..)))
+                .await;
+        }
+        let body = request.slice(head.len..);
+        let decoded = {
+            let shared = Arc::clone(&shared);
+            let model = model.clone();
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+                shared.maybe_panic(&model);
+                decode_http(&body, header_length)
+            }))
+        };
+        let decoded = match decoded {
+            Ok(decoded) => decoded,
+            Err(_) => {
+                Stats::add(&shared.stats.panics, 1);
+                return self
+                    .answer_error(500, "internal error: the edge failed on this request", &facts)
+                    .await;
+            }
+        };
+        let Some(plain) = decoded else {
+            drop(held);
+            let head_bytes = request.slice(..head.len);
+            let body = request.slice(head.len..);
+            return self.bridge(head, head_bytes, &facts, Some(body)).await;
+        };
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let pending = Pending {
+            model,
+            version,
+            protocol: Protocol::Http,
+            request: plain,
+            timeout_us: None,
+            received,
+            reply,
+            held,
+        };
+        if let Err(refused) = shared.queue.push(pending) {
+            drop(refused);
+            Stats::add(&shared.stats.refused_pending, 1);
+            let message = format!(
+                "the server has {} requests waiting for Python, its limit (max_pending); \
+                 try again later",
+                shared.queue.limit()
+            );
+            return self.answer_error(429, &message, &facts).await;
+        }
+        Stats::add(&shared.stats.native, 1);
+        let answered = tokio::select! {
+            answer = answer => answer.ok(),
+            () = shared.cut.wait() => None,
+        };
+        match answered {
+            Some(Answer::Http {
+                status,
+                lines,
+                body,
+            }) => {
+                let keep_alive = facts.keep_alive && !shared.draining.is_raised();
+                let mut out = Vec::with_capacity(128 + lines.len() + body.len());
+                out.extend_from_slice(&crate::text::status_line(status));
+                shared.dates.push_defaults(&mut out);
+                out.extend_from_slice(&lines);
+                out.extend_from_slice(if keep_alive {
+                    b"\r\n"
+                } else {
+                    b"connection: close\r\n\r\n"
+                });
+                out.extend_from_slice(&body);
+                if !self.write(&out).await || !keep_alive {
+                    return Next::Close;
+                }
+                Next::Continue
+            }
+            _ => {
+                // The drain ran out (or the answer was lost): answered 503, as the Python
+                // edge answers a request its drain cuts.
+                Stats::add(&shared.stats.cut, 1);
+                let body = crate::text::error_body(
+                    "the server is shutting down and its drain timeout ran out",
+                );
+                let mut lines = Vec::new();
+                lines.extend_from_slice(b"content-type: application/json\r\ncontent-length: ");
+                lines.extend_from_slice(itoa::Buffer::new().format(body.len()).as_bytes());
+                lines.extend_from_slice(b"\r\n");
+                let mut out = crate::text::status_line(503);
+                shared.dates.push_defaults(&mut out);
+                out.extend_from_slice(&lines);
+                out.extend_from_slice(b"connection: close\r\n\r\n");
+                out.extend_from_slice(&body);
+                self.write(&out).await;
+                Next::Close
+            }
+        }
+    }
+
+    /// An error answered by the edge itself on a request it read whole (a JSON error with
+    /// the default headers, as the Python direct route answers errors).
+    async fn answer_error(&mut self, status: u16, message: &str, facts: &Facts) -> Next {
+        let body = crate::text::error_body(message);
+        let keep_alive = facts.keep_alive && !self.shared.draining.is_raised();
+        let out = crate::encode::http_response(
+            status,
+            &self.shared.dates,
+            crate::encode::JSON,
+            b"",
+            &body,
+            keep_alive,
+        );
+        if !self.write(&out).await || !keep_alive {
+            return Next::Close;
+        }
+        Next::Continue
+    }
+
+    /// Forwards a request to the Python edge and relays its answer. `body`: the whole body
+    /// when it was read already; else it is read from the connection by its framing.
+    async fn bridge(&mut self, head: Head, head_bytes: Bytes, facts: &Facts, body: Option<Bytes>) -> Next {
+        let shared = Arc::clone(&self.shared);
+        Stats::add(&shared.stats.bridged, 1);
+        let is_head = &head_bytes[head.method.clone()] == b"HEAD";
+        let forwarded = bridge::forwarded_head(&head_bytes, &head, self.peer);
+        let source = match body {
+            Some(body) => BodySource::Whole(body),
+            None if facts.chunked => BodySource::Chunked(Chunked::default()),
+            None => BodySource::Length(facts.content_length.unwrap_or(0)),
+        };
+        let keep_alive = facts.keep_alive && !facts.upgrade;
+        let outcome = CatchUnwind(Box::pin(bridge::exchange(
+            &shared,
+            &mut self.stream,
+            &mut self.buf,
+            forwarded,
+            source,
+            is_head,
+        )))
+        .await;
+        match outcome {
+            Ok(bridge::Outcome::Done { close }) => {
+                if close || !keep_alive || shared.draining.is_raised() {
+                    Next::Close
+                } else {
+                    Next::Continue
+                }
+            }
+            Ok(bridge::Outcome::Unreachable(message)) => {
+                self.answer_error(503, &message, &Facts::default()).await;
+                Next::Close
+            }
+            Ok(bridge::Outcome::Cut) => {
+                Stats::add(&shared.stats.cut, 1);
+                self.answer_error(
+                    503,
+                    "the server is shutting down and its drain timeout ran out",
+                    &Facts::default(),
+                )
+                .await;
+                Next::Close
+            }
+            Ok(bridge::Outcome::Broken) => Next::Close,
+            Err(_) => {
+                Stats::add(&shared.stats.panics, 1);
+                self.answer_error(500, "internal error: the edge failed on this request", &Facts::default())
+                    .await;
+                Next::Close
+            }
+        }
+    }
+}
+
+/// Registers a new connection against the cap: its slot, and the 503 refusing it when the
+/// cap is reached and no idle connection could be closed to make room.
+pub fn admit(shared: &Shared) -> (u64, Arc<Slot>, Option<String>) {
+    let slot = Arc::new(Slot::default());
+    let id = shared
+        .next_slot
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut slots = shared.slots.lock();
+    let open = slots.len();
+    let mut refused = None;
+    if open >= shared.config.max_connections {
+        let idle = slots
+            .iter()
+            .find(|(_, other)| other.idle.swap(false, std::sync::atomic::Ordering::SeqCst));
+        match idle {
+            Some((_, other)) => other.close.notify_one(),
+            None => {
+                refused = Some(format!(
+                    "the server has {open} connections open, its limit (max_connections); try \
+                     again later"
+                ));
+            }
+        }
+    }
+    slots.push((id, Arc::clone(&slot)));
+    (id, slot, refused)
+}
+
+/// Forgets a closed connection.
+pub fn release(shared: &Shared, id: u64) {
+    shared.slots.lock().retain(|(other, _)| *other != id);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets() {
+        assert_eq!(infer_target(b"/v2/models/m/infer"), Some(("m", None)));
+        assert_eq!(
+            infer_target(b"/v2/models/m/versions/2/infer"),
+            Some(("m", Some("2")))
+        );
+        assert_eq!(infer_target(b"/v2/models/m/x/infer"), None);
+        assert_eq!(infer_target(b"/v2/models//infer"), None);
+        assert_eq!(infer_target(b"/v2/models/a%20/infer"), None);
+        assert_eq!(infer_target(b"/v2/models/m/infer?x"), None);
+    }
+
+    #[test]
+    fn heads() {
+        let raw = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}";
+        let Parsed::Complete(head) = parse_head(raw) else {
+            panic!("complete");
+        };
+        assert_eq!(head.len, raw.len() - 2);
+        let facts = check_head(raw, &head, raw.len(), 8192, 65536).unwrap_or_default();
+        assert_eq!(facts.content_length, Some(2));
+        assert!(facts.keep_alive);
+        let te = b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n";
+        let Parsed::Complete(head) = parse_head(te) else {
+            panic!("complete");
+        };
+        let refusal = check_head(te, &head, te.len(), 8192, 65536).err();
+        assert_eq!(refusal.map(|r| r.0), Some(400));
+    }
+}

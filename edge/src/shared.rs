@@ -1,0 +1,377 @@
+//! What every connection and the Python side share: the limits, the byte budget, the
+//! pending calls' queue, the counters, the open connections and the drain's signals.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use tokio::sync::{oneshot, Notify};
+
+use crate::hosts::HostPolicy;
+use crate::plain::PlainRequest;
+
+/// A byte budget shared by everything that holds request bodies (atomics, no lock).
+#[derive(Debug)]
+pub struct Budget {
+    held: AtomicUsize,
+    limit: usize,
+}
+
+impl Budget {
+    pub fn new(limit: usize) -> Self {
+        Self {
+            held: AtomicUsize::new(0),
+            limit,
+        }
+    }
+
+    /// Reserves `n` bytes if they fit now.
+    pub fn try_grow(&self, n: usize) -> bool {
+        let mut held = self.held.load(Ordering::Relaxed);
+        loop {
+            let Some(next) = held.checked_add(n).filter(|next| *next <= self.limit) else {
+                return false;
+            };
+            match self
+                .held
+                .compare_exchange_weak(held, next, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(actual) => held = actual,
+            }
+        }
+    }
+
+    /// Whether `n` more bytes fit now (nothing reserved).
+    pub fn fits(&self, n: usize) -> bool {
+        self.held
+            .load(Ordering::Relaxed)
+            .checked_add(n)
+            .is_some_and(|next| next <= self.limit)
+    }
+
+    /// Gives back `n` bytes (never below zero).
+    pub fn give_back(&self, n: usize) {
+        let mut held = self.held.load(Ordering::Relaxed);
+        loop {
+            let next = held.saturating_sub(n);
+            match self
+                .held
+                .compare_exchange_weak(held, next, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(actual) => held = actual,
+            }
+        }
+    }
+
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+}
+
+/// Bytes held in a budget, given back once when dropped.
+#[derive(Debug)]
+pub struct Held {
+    budget: Arc<Budget>,
+    size: usize,
+}
+
+impl Held {
+    pub fn new(budget: Arc<Budget>) -> Self {
+        Self { budget, size: 0 }
+    }
+
+    /// Grows the reservation by `n`; false (and unchanged) if that does not fit.
+    pub fn grow(&mut self, n: usize) -> bool {
+        if self.budget.try_grow(n) {
+            self.size += n;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.budget.give_back(self.size);
+    }
+}
+
+/// Every bound the edge holds connections and requests to.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub native_infer: bool,
+    pub auth: Option<Vec<u8>>,
+    pub hosts: HostPolicy,
+    pub max_url_bytes: usize,
+    pub max_header_bytes: usize,
+    pub header_timeout: Duration,
+    pub header_timeout_s: f64,
+    pub idle_timeout: Duration,
+    pub max_connections: usize,
+    pub body_timeout: Duration,
+    pub body_timeout_s: f64,
+    pub max_request_bytes: usize,
+    pub native_body_bytes: usize,
+    pub max_pending: usize,
+    pub http_bridge: Option<String>,
+    pub grpc_bridge: Option<String>,
+    pub grpc_max_connections: Option<usize>,
+    pub grpc_idle_timeout: Duration,
+    pub grpc_handshake_timeout: Duration,
+    pub grpc_keepalive_time: Duration,
+    pub grpc_keepalive_timeout: Duration,
+    pub grpc_max_concurrent_streams: Option<u32>,
+    pub grpc_max_message_bytes: usize,
+}
+
+/// Which protocol a call came by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Http,
+    Grpc,
+}
+
+/// An answer to a call, made by Python (or by the edge for a dropped call).
+#[derive(Debug)]
+pub enum Answer {
+    /// Header lines after the defaults (content-type, content-length, extra), and the body.
+    Http {
+        status: u16,
+        lines: Vec<u8>,
+        body: Vec<u8>,
+    },
+    /// `code` 0 with a serialized ModelInferResponse; else a status and its message.
+    Grpc {
+        code: u32,
+        message: String,
+        body: Option<Vec<u8>>,
+    },
+}
+
+/// Where a call's answer goes: the connection waiting for it.
+pub type Reply = oneshot::Sender<Answer>;
+
+/// A call handed off and not yet taken by Python.
+#[derive(Debug)]
+pub struct Pending {
+    pub model: String,
+    pub version: Option<String>,
+    pub protocol: Protocol,
+    pub request: PlainRequest,
+    pub timeout_us: Option<u64>,
+    pub received: Instant,
+    pub reply: Reply,
+    pub held: Held,
+}
+
+/// The pending calls: the edge's threads push, Python's `take` drains them all at once.
+pub struct Queue {
+    /// The calls in arrival order, and whether the edge stopped (wakes every taker).
+    state: Mutex<(VecDeque<Pending>, bool)>,
+    ready: Condvar,
+    limit: usize,
+}
+
+impl Queue {
+    pub fn new(limit: usize) -> Self {
+        Self {
+            state: Mutex::new((VecDeque::new(), false)),
+            ready: Condvar::new(),
+            limit,
+        }
+    }
+
+    /// Hands a call off; gives it back if `max_pending` calls wait already.
+    pub fn push(&self, call: Pending) -> Result<(), Pending> {
+        let mut state = self.state.lock();
+        if state.0.len() >= self.limit {
+            return Err(call);
+        }
+        state.0.push_back(call);
+        drop(state);
+        self.ready.notify_one();
+        Ok(())
+    }
+
+    /// Every pending call, waiting up to `timeout` for the first.
+    pub fn take(&self, timeout: Duration) -> Vec<Pending> {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.state.lock();
+        while state.0.is_empty() && !state.1 {
+            if self.ready.wait_until(&mut state, deadline).timed_out() {
+                break;
+            }
+        }
+        state.0.drain(..).collect()
+    }
+
+    /// Removes every pending call (the drain ran out, or the edge stops).
+    pub fn clear(&self) -> Vec<Pending> {
+        self.state.lock().0.drain(..).collect()
+    }
+
+    /// Wakes every taker for good (the edge stopped).
+    pub fn close(&self) {
+        self.state.lock().1 = true;
+        self.ready.notify_all();
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+}
+
+/// Counters (`Edge.stats()`); they only go up, but for the connections open.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub http_open: AtomicU64,
+    pub grpc_open: AtomicU64,
+    pub native: AtomicU64,
+    pub bridged: AtomicU64,
+    pub refused_pending: AtomicU64,
+    pub panics: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub cut: AtomicU64,
+}
+
+impl Stats {
+    pub fn add(counter: &AtomicU64, n: usize) {
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+/// An open HTTP connection as the cap and the drain see it.
+#[derive(Debug, Default)]
+pub struct Slot {
+    /// Waiting for a request's first byte (an idle connection may be closed for room).
+    pub idle: AtomicBool,
+    /// Told to close when idle (for room, or by the drain).
+    pub close: Notify,
+}
+
+/// One-way signals that wake every waiter, also those that begin to wait afterwards.
+#[derive(Debug, Default)]
+pub struct Signal {
+    raised: AtomicBool,
+    notify: Notify,
+}
+
+impl Signal {
+    pub fn raise(&self) {
+        self.raised.store(true, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    pub fn is_raised(&self) -> bool {
+        self.raised.load(Ordering::SeqCst)
+    }
+
+    /// Completes once raised.
+    pub async fn wait(&self) {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_raised() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// A model name whose native requests panic (a test hook: `corral_edge._panic_on_model`).
+pub static PANIC_MODEL: Mutex<Option<String>> = Mutex::new(None);
+
+/// The state one Edge's threads share.
+pub struct Shared {
+    pub config: Config,
+    pub budget: Arc<Budget>,
+    pub queue: Queue,
+    pub stats: Stats,
+    pub dates: crate::text::DateCache,
+    /// Open HTTP connections (for the cap and the drain), by id.
+    pub slots: Mutex<Vec<(u64, Arc<Slot>)>>,
+    pub next_slot: AtomicU64,
+    /// The drain began: answers say `Connection: close`, idle connections close.
+    pub draining: Signal,
+    /// The drain ran out: what is still waiting is answered 503 / UNAVAILABLE.
+    pub cut: Signal,
+    /// The edge stops: every connection ends now.
+    pub stopping: Signal,
+    /// Open gRPC connections.
+    pub grpc_open: AtomicUsize,
+    /// The HTTP bridge's idle connections.
+    pub http_pool: Mutex<Vec<(tokio::net::UnixStream, Instant)>>,
+}
+
+impl Shared {
+    pub fn new(config: Config, budget: Arc<Budget>) -> Self {
+        let max_pending = config.max_pending;
+        Self {
+            config,
+            budget,
+            queue: Queue::new(max_pending),
+            stats: Stats::default(),
+            dates: crate::text::DateCache::default(),
+            slots: Mutex::new(Vec::new()),
+            next_slot: AtomicU64::new(0),
+            draining: Signal::default(),
+            cut: Signal::default(),
+            stopping: Signal::default(),
+            grpc_open: AtomicUsize::new(0),
+            http_pool: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Panics if `model` is the test hook's (see `_panic_on_model`).
+    pub fn maybe_panic(&self, model: &str) {
+        let armed = PANIC_MODEL.lock().as_deref() == Some(model);
+        if armed {
+            panic!("the test hook's panic for model {model:?}");
+        }
+    }
+}
+
+/// The message of a caught panic's payload.
+pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        (*text).to_string()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "a panic".to_string()
+    }
+}
+
+/// A future whose panic is caught and returned as an error (one request's panic answers that
+/// request, and the connection and the process go on).
+pub struct CatchUnwind<F>(pub F);
+
+impl<F: std::future::Future + Unpin> std::future::Future for CatchUnwind<F> {
+    type Output = Result<F::Output, String>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let inner = &mut self.0;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            std::pin::Pin::new(inner).poll(cx)
+        })) {
+            Ok(std::task::Poll::Ready(value)) => std::task::Poll::Ready(Ok(value)),
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Err(payload) => std::task::Poll::Ready(Err(panic_text(payload.as_ref()))),
+        }
+    }
+}
