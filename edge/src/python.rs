@@ -223,14 +223,17 @@ fn http_answer(status: u16, headers: &[(Vec<u8>, Vec<u8>)], body: Vec<u8>) -> An
     }
 }
 
-/// An output's bytes, read through the buffer protocol, checked against its datatype.
+/// An output's bytes, read through the buffer protocol (no Python call for the common
+/// element types), checked against its datatype.
 fn output_bytes(array: &Bound<'_, PyAny>, datatype: OutputType, name: &str) -> PyResult<Vec<u8>> {
+    use pyo3::buffer::{PyBuffer, PyUntypedBuffer};
     let py = array.py();
-    let view = py.import("builtins")?.getattr("memoryview")?.call1((array,))?;
-    let format: String = view.getattr("format")?.extract()?;
-    let itemsize: usize = view.getattr("itemsize")?.extract()?;
-    let contiguous: bool = view.getattr("c_contiguous")?.extract()?;
+    let Ok(buffer) = PyUntypedBuffer::get(array) else {
+        return via_memoryview(array, datatype, name);
+    };
+    let format = buffer.format().to_string_lossy().into_owned();
     let code = format.trim_start_matches(['<', '=', '@']);
+    let itemsize = buffer.item_size();
     let fits = itemsize == datatype.itemsize()
         && match datatype {
             OutputType::Bool => code == "?",
@@ -252,18 +255,59 @@ fn output_bytes(array: &Bound<'_, PyAny>, datatype: OutputType, name: &str) -> P
             datatype.name()
         )));
     }
-    if !contiguous {
+    if !buffer.is_c_contiguous() {
         return Err(PyValueError::new_err(format!(
             "output {name:?}: the array must be C-contiguous"
         )));
     }
-    let nbytes: usize = view.getattr("nbytes")?.extract()?;
-    if nbytes == 0 {
+    if buffer.len_bytes() == 0 {
         return Ok(Vec::new());
     }
-    let flat = view.call_method1("cast", ("B",))?;
-    let buffer = pyo3::buffer::PyBuffer::<u8>::get(&flat)?;
-    buffer.to_vec(py)
+    // Copied as the element type the buffer declares (the platform is little-endian, the
+    // wire's order), through a typed view; FP16 has no Rust type: its bytes, as a memoryview.
+    fn typed<T: pyo3::buffer::Element + bytemuck::Pod>(
+        py: Python<'_>,
+        buffer: PyUntypedBuffer,
+    ) -> PyResult<Vec<u8>> {
+        let typed: PyBuffer<T> = buffer.into_typed()?;
+        let values = typed.to_vec(py)?;
+        Ok(bytemuck::cast_slice::<T, u8>(&values).to_vec())
+    }
+    match (code, itemsize) {
+        ("f", 4) => typed::<f32>(py, buffer),
+        ("d", 8) => typed::<f64>(py, buffer),
+        ("B", 1) => typed::<u8>(py, buffer),
+        ("b", 1) => typed::<i8>(py, buffer),
+        (_, 2) if code != "e" && code.chars().all(|c| c.is_ascii_lowercase()) => typed::<i16>(py, buffer),
+        (_, 2) if code != "e" => typed::<u16>(py, buffer),
+        (_, 4) if code.chars().all(|c| c.is_ascii_lowercase()) => typed::<i32>(py, buffer),
+        (_, 4) => typed::<u32>(py, buffer),
+        (_, 8) if code.chars().all(|c| c.is_ascii_lowercase()) => typed::<i64>(py, buffer),
+        (_, 8) => typed::<u64>(py, buffer),
+        _ => {
+            drop(buffer);
+            let view = py.import("builtins")?.getattr("memoryview")?.call1((array,))?;
+            let flat = view.call_method1("cast", ("B",))?;
+            PyBuffer::<u8>::get(&flat)?.to_vec(py)
+        }
+    }
+}
+
+/// What `output_bytes` does for a buffer PyO3 does not read (a 0-d array: no shape).
+fn via_memoryview(array: &Bound<'_, PyAny>, datatype: OutputType, name: &str) -> PyResult<Vec<u8>> {
+    let py = array.py();
+    let view = py.import("builtins")?.getattr("memoryview")?.call1((array,))?;
+    let format: String = view.getattr("format")?.extract()?;
+    let itemsize: usize = view.getattr("itemsize")?.extract()?;
+    if itemsize != datatype.itemsize() {
+        return Err(PyValueError::new_err(format!(
+            "output {name:?}: {} needs an array of that element type; got format {format:?} \
+             of {itemsize} bytes",
+            datatype.name()
+        )));
+    }
+    let bytes = view.call_method0("tobytes")?;
+    Ok(bytes.extract::<Vec<u8>>()?)
 }
 
 type OutputTuple<'py> = (String, String, Vec<i64>, Bound<'py, PyAny>);
