@@ -178,6 +178,7 @@ class Taker:
         self.groups = 0
         self.calls = 0
         self.paused = threading.Event()
+        self._holding = threading.Event()  # the loop saw `paused` and takes nothing
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -187,9 +188,13 @@ class Taker:
     def _run(self) -> None:
         while not self._stop.is_set():
             if self.paused.is_set():
+                self._holding.set()
                 time.sleep(0.005)
                 continue
-            for group in self.edge.take(0.05):
+            self._holding.clear()
+            groups = self.edge.take(0.05)
+            while groups:
+                group = groups.pop(0)
                 self.groups += 1
                 self.calls += len(group.calls)
                 handler = self.handlers.get(group.model, answer_group)
@@ -203,6 +208,16 @@ class Taker:
                                 call.answer_http(500, [(b"content-type", b"application/json")], body)
                             else:
                                 call.answer_grpc(13, repr(exc))
+                # Nothing here keeps a call: one a handler left unanswered is dropped now.
+                del group
+
+    def pause(self) -> None:
+        """Stop taking calls; returns once the loop holds (no take() in progress)."""
+        self.paused.set()
+        assert self._holding.wait(10)
+
+    def resume(self) -> None:
+        self.paused.clear()
 
     def stop(self) -> None:
         self._stop.set()
