@@ -54,7 +54,9 @@ pub enum Outcome {
 pub fn forwarded_head(raw: &[u8], head: &Head, peer: SocketAddr) -> Vec<u8> {
     let raw = &raw[..head.len];
     let mut out = Vec::with_capacity(raw.len() + 48);
-    let mut lines = raw.split_inclusive(|&b| b == b'\n').skip_while(|line| line.trim_ascii().is_empty());
+    let mut lines = raw
+        .split_inclusive(|&b| b == b'\n')
+        .skip_while(|line| line.trim_ascii().is_empty());
     if let Some(request_line) = lines.next() {
         out.extend_from_slice(request_line);
     }
@@ -190,9 +192,11 @@ impl Answer {
 
 async fn connect(shared: &Shared) -> Result<(UnixStream, bool), String> {
     let Some(path) = shared.config.http_bridge.as_deref() else {
-        return Err("this request is not served by the native edge, and no HTTP bridge to \
+        return Err(
+            "this request is not served by the native edge, and no HTTP bridge to \
                     the Python edge is configured (http_bridge)"
-            .to_string());
+                .to_string(),
+        );
     };
     {
         let mut pool = shared.http_pool.lock();
@@ -202,9 +206,12 @@ async fn connect(shared: &Shared) -> Result<(UnixStream, bool), String> {
             }
         }
     }
-    UnixStream::connect(path).await.map(|s| (s, false)).map_err(|error| {
-        format!("the Python edge's HTTP bridge at {path} cannot be reached: {error}")
-    })
+    UnixStream::connect(path)
+        .await
+        .map(|s| (s, false))
+        .map_err(|error| {
+            format!("the Python edge's HTTP bridge at {path} cannot be reached: {error}")
+        })
 }
 
 fn give_back(shared: &Shared, stream: UnixStream) {

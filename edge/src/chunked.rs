@@ -5,7 +5,9 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     /// Reading a chunk's size (`digits` read so far; the value is in `Chunked::size`).
-    Size { digits: u32 },
+    Size {
+        digits: u32,
+    },
     /// After the size: an extension, until CR.
     Extension,
     /// CR of the size line seen: LF expected.

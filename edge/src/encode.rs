@@ -55,7 +55,7 @@ impl Output<'_> {
         }
         let size = self.datatype.itemsize();
         let elements = self.data.len() / size;
-        if self.data.len() % size != 0 || count != elements as i128 {
+        if !self.data.len().is_multiple_of(size) || count != elements as i128 {
             let dims: Vec<String> = self.shape.iter().map(ToString::to_string).collect();
             return Err(format!(
                 "output '{}': shape [{}] does not fit its {} elements",
@@ -97,7 +97,8 @@ pub fn http_body(
     outputs: &[Output<'_>],
     asked: &Asked,
 ) -> Result<(Vec<u8>, Option<usize>), String> {
-    let mut json = Vec::with_capacity(128 + outputs.iter().map(|o| o.data.len() * 3).sum::<usize>());
+    let mut json =
+        Vec::with_capacity(128 + outputs.iter().map(|o| o.data.len() * 3).sum::<usize>());
     json.extend_from_slice(b"{\"model_name\":");
     push_json_string(&mut json, model_name);
     if let Some(version) = model_version {
@@ -452,11 +453,33 @@ mod tests {
     #[test]
     fn floats_as_orjson() {
         assert_eq!(
-            f64s(&[1.0, 0.1, 1e16, 1e15, 123456789.0, 1.5e-7, 1e-5, 1e-6, -0.0, 5e-324]),
+            f64s(&[
+                1.0,
+                0.1,
+                1e16,
+                1e15,
+                123456789.0,
+                1.5e-7,
+                1e-5,
+                1e-6,
+                -0.0,
+                5e-324
+            ]),
             "1.0,0.1,1e+16,1000000000000000.0,123456789.0,1.5e-7,0.00001,1e-6,-0.0,5e-324"
         );
         assert_eq!(
-            f32s(&[1.0, 0.1, 1e13, 1e12, 123456790.0, 1e-7, 1e-6, 1.25e-6, 3.4e38, f32::NAN]),
+            f32s(&[
+                1.0,
+                0.1,
+                1e13,
+                1e12,
+                123456790.0,
+                1e-7,
+                1e-6,
+                1.25e-6,
+                3.4e38,
+                f32::NAN
+            ]),
             "1.0,0.1,1e+13,1000000000000.0,123456790.0,1e-7,0.000001,0.00000125,3.4e+38,NaN"
         );
         assert_eq!(f16_to_f32(0x3c00), 1.0);

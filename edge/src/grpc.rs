@@ -175,7 +175,9 @@ impl Body for GrpcBody {
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Full { data, .. } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            Kind::Full { data, .. } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
             Kind::Relay(incoming) => incoming.size_hint(),
         }
     }
@@ -281,9 +283,11 @@ impl Bridge {
 
     async fn sender(&self) -> Result<hyper::client::conn::http2::SendRequest<Forwarded>, String> {
         let Some(path) = self.path.as_deref() else {
-            return Err("this call is not served by the native edge, and no gRPC bridge to the \
+            return Err(
+                "this call is not served by the native edge, and no gRPC bridge to the \
                         Python edge is configured (grpc_bridge)"
-                .to_string());
+                    .to_string(),
+            );
         };
         let mut slot = self.sender.lock().await;
         if let Some(sender) = slot.as_ref() {
@@ -291,9 +295,12 @@ impl Bridge {
                 return Ok(sender.clone());
             }
         }
-        let unreachable =
-            |error: &dyn std::fmt::Display| format!("the Python edge's gRPC bridge at {path} cannot be reached: {error}");
-        let stream = UnixStream::connect(path).await.map_err(|e| unreachable(&e))?;
+        let unreachable = |error: &dyn std::fmt::Display| {
+            format!("the Python edge's gRPC bridge at {path} cannot be reached: {error}")
+        };
+        let stream = UnixStream::connect(path)
+            .await
+            .map_err(|e| unreachable(&e))?;
         let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .initial_stream_window_size(1 << 20)
@@ -371,7 +378,11 @@ impl AsyncRead for Rewind {
 }
 
 impl tokio::io::AsyncWrite for Rewind {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
@@ -429,12 +440,22 @@ pub async fn accept(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
-async fn serve(mut stream: TcpStream, peer: std::net::SocketAddr, shared: Arc<Shared>, bridge: Arc<Bridge>) {
+async fn serve(
+    mut stream: TcpStream,
+    peer: std::net::SocketAddr,
+    shared: Arc<Shared>,
+    bridge: Arc<Bridge>,
+) {
     let _ = stream.set_nodelay(true);
     let config = &shared.config;
     // The handshake: the client's preface within grpc_handshake_timeout of the accept.
     let mut preface = vec![0u8; PREFACE.len()];
-    match tokio::time::timeout(config.grpc_handshake_timeout, stream.read_exact(&mut preface)).await {
+    match tokio::time::timeout(
+        config.grpc_handshake_timeout,
+        stream.read_exact(&mut preface),
+    )
+    .await
+    {
         Ok(Ok(_)) if preface == PREFACE => {}
         _ => return,
     }
@@ -456,10 +477,15 @@ async fn serve(mut stream: TcpStream, peer: std::net::SocketAddr, shared: Arc<Sh
             let bridge = Arc::clone(&bridge);
             async move {
                 let stats = Arc::clone(&shared);
-                let handled = CatchUnwind(Box::pin(handle(request, shared, bridge, peer, guard))).await;
+                let handled =
+                    CatchUnwind(Box::pin(handle(request, shared, bridge, peer, guard))).await;
                 Ok::<_, Infallible>(handled.unwrap_or_else(|_| {
                     Stats::add(&stats.stats.panics, 1);
-                    status_response(INTERNAL, "internal error: the edge failed on this call", None)
+                    status_response(
+                        INTERNAL,
+                        "internal error: the edge failed on this call",
+                        None,
+                    )
                 }))
             }
         })
@@ -555,7 +581,12 @@ async fn read_message(mut body: Incoming, shared: &Shared) -> Read {
                 }
                 collected.extend_from_slice(&data);
                 if expected.is_none() && collected.len() >= 5 {
-                    let length = u32::from_be_bytes([collected[1], collected[2], collected[3], collected[4]]) as usize;
+                    let length = u32::from_be_bytes([
+                        collected[1],
+                        collected[2],
+                        collected[3],
+                        collected[4],
+                    ]) as usize;
                     let max = shared.config.grpc_max_message_bytes;
                     if length > max {
                         return Read::Refuse(
@@ -610,7 +641,19 @@ async fn handle(
     let received = Instant::now();
     if !native_headers(&request, &shared) {
         let (parts, body) = request.into_parts();
-        return relay(&shared, &bridge, parts, Forwarded { prefix: None, trailers: None, rest: Some(body) }, peer, guard).await;
+        return relay(
+            &shared,
+            &bridge,
+            parts,
+            Forwarded {
+                prefix: None,
+                trailers: None,
+                rest: Some(body),
+            },
+            peer,
+            guard,
+        )
+        .await;
     }
     let timeout = request
         .headers()
@@ -621,7 +664,11 @@ async fn handle(
         Read::Message(message, held) => (message, held),
         Read::Refuse(code, text) => return status_response(code, &text, Some(guard)),
         Read::Bridge(prefix, trailers, rest) => {
-            let body = Forwarded { prefix: Some(prefix), trailers, rest };
+            let body = Forwarded {
+                prefix: Some(prefix),
+                trailers,
+                rest,
+            };
             return relay(&shared, &bridge, parts, body, peer, guard).await;
         }
     };
@@ -635,7 +682,11 @@ async fn handle(
         framed.extend_from_slice(&[0]);
         framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
         framed.extend_from_slice(&message);
-        let body = Forwarded { prefix: Some(framed.freeze()), trailers: None, rest: None };
+        let body = Forwarded {
+            prefix: Some(framed.freeze()),
+            trailers: None,
+            rest: None,
+        };
         return relay(&shared, &bridge, parts, body, peer, guard).await;
     };
     shared.maybe_panic(&call.model);
@@ -664,9 +715,15 @@ async fn handle(
         () = shared.cut.wait() => None,
     };
     match answered {
-        Some(Answer::Grpc { code: 0, body: Some(body), .. }) => message_response(body, Some(guard)),
+        Some(Answer::Grpc {
+            code: 0,
+            body: Some(body),
+            ..
+        }) => message_response(body, Some(guard)),
         Some(Answer::Grpc { code, message, .. }) => status_response(code, &message, Some(guard)),
-        Some(Answer::Http { .. }) => status_response(INTERNAL, "an HTTP answer to a gRPC call", Some(guard)),
+        Some(Answer::Http { .. }) => {
+            status_response(INTERNAL, "an HTTP answer to a gRPC call", Some(guard))
+        }
         None => {
             Stats::add(&shared.stats.cut, 1);
             status_response(
@@ -697,7 +754,13 @@ async fn relay(
     match forwarded {
         Ok(response) => {
             let (parts, incoming) = response.into_parts();
-            Response::from_parts(parts, GrpcBody { kind: Kind::Relay(incoming), _guard: Some(guard) })
+            Response::from_parts(
+                parts,
+                GrpcBody {
+                    kind: Kind::Relay(incoming),
+                    _guard: Some(guard),
+                },
+            )
         }
         Err(message) => status_response(UNAVAILABLE, &message, Some(guard)),
     }

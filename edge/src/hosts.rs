@@ -41,7 +41,11 @@ pub fn host_name(value: &str) -> Option<String> {
             None => &value,
         }
     };
-    if name.is_empty() || name.chars().any(|c| " /\\@?#[]".contains(c) || (c as u32) < 33) {
+    if name.is_empty()
+        || name
+            .chars()
+            .any(|c| " /\\@?#[]".contains(c) || (c as u32) < 33)
+    {
         return None;
     }
     Some(name.to_string())
@@ -67,7 +71,9 @@ impl HostPolicy {
             if stripped == "*" {
                 policy.any = true;
             } else if stripped.starts_with("*.") {
-                policy.suffixes.push(stripped.to_lowercase()[1..].to_string());
+                policy
+                    .suffixes
+                    .push(stripped.to_lowercase()[1..].to_string());
             } else {
                 match host_name(entry) {
                     Some(name) => policy.names.push(name),
@@ -76,6 +82,14 @@ impl HostPolicy {
             }
         }
         Ok(policy)
+    }
+
+    /// The policy that answers every name.
+    pub fn default_any() -> Self {
+        Self {
+            any: true,
+            ..Self::default()
+        }
     }
 
     /// Whether every name is answered.

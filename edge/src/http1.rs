@@ -82,7 +82,11 @@ fn describe(error: httparse::Error) -> String {
     }
 }
 
-fn complete(buf: &[u8], request: &httparse::Request<'_, '_>, status: httparse::Status<usize>) -> Parsed {
+fn complete(
+    buf: &[u8],
+    request: &httparse::Request<'_, '_>,
+    status: httparse::Status<usize>,
+) -> Parsed {
     let httparse::Status::Complete(len) = status else {
         return Parsed::Partial;
     };
@@ -200,7 +204,9 @@ pub fn check_head(
     }
     if te {
         if facts.content_length.is_some() {
-            return Err(invalid("Content-Length can't be present with Transfer-Encoding"));
+            return Err(invalid(
+                "Content-Length can't be present with Transfer-Encoding",
+            ));
         }
         facts.chunked = true;
     }
@@ -240,7 +246,10 @@ fn headers_too_long(limit: usize) -> Refusal {
 /// Limits broken by a head still incomplete: its URL so far, then every byte so far.
 pub fn check_partial(buf: &[u8], max_url_bytes: usize, max_header_bytes: usize) -> Option<Refusal> {
     // Leading empty lines are skipped as the parser skips them.
-    let start = buf.iter().position(|&b| b != b'\r' && b != b'\n').unwrap_or(buf.len());
+    let start = buf
+        .iter()
+        .position(|&b| b != b'\r' && b != b'\n')
+        .unwrap_or(buf.len());
     let line = &buf[start..];
     if let Some(space) = line.iter().position(|&b| b == b' ') {
         let rest = &line[space + 1..];
@@ -312,47 +321,36 @@ pub fn native_route<'a>(
     for (name, value) in &head.headers {
         let name = &buf[name.clone()];
         let value = &buf[value.clone()];
-        match name.len() {
-            4 if name.eq_ignore_ascii_case(b"host") => {
-                if !config.hosts.allows(value) {
-                    return None;
-                }
-            }
-            6 if name.eq_ignore_ascii_case(b"expect") || name.eq_ignore_ascii_case(b"origin") => {
-                return None
-            }
-            7 if name.eq_ignore_ascii_case(b"referer") => return None,
-            12 if name.eq_ignore_ascii_case(b"x-request-id")
-                || name.eq_ignore_ascii_case(b"content-type") =>
-            {
-                if name.eq_ignore_ascii_case(b"x-request-id") || crate::hosts::is_text_plain(value)
-                {
-                    return None;
-                }
+        let refused = match name.len() {
+            4 if name.eq_ignore_ascii_case(b"host") => !config.hosts.allows(value),
+            6 => name.eq_ignore_ascii_case(b"expect") || name.eq_ignore_ascii_case(b"origin"),
+            7 => name.eq_ignore_ascii_case(b"referer"),
+            12 => {
+                name.eq_ignore_ascii_case(b"x-request-id")
+                    || (name.eq_ignore_ascii_case(b"content-type")
+                        && crate::hosts::is_text_plain(value))
             }
             13 if name.eq_ignore_ascii_case(b"authorization") => {
                 if let Some(expected) = &config.auth {
-                    if crate::hosts::constant_time_eq(value, expected) {
-                        authorized = true;
-                    }
+                    authorized |= crate::hosts::constant_time_eq(value, expected);
                 }
+                false
             }
-            14 if name.eq_ignore_ascii_case(b"sec-fetch-site") => return None,
+            14 => name.eq_ignore_ascii_case(b"sec-fetch-site"),
             15 if name.eq_ignore_ascii_case(b"accept-encoding") => {
-                if !value.trim_ascii().eq_ignore_ascii_case(b"identity") {
-                    return None;
-                }
+                !value.trim_ascii().eq_ignore_ascii_case(b"identity")
             }
-            16 if name.eq_ignore_ascii_case(b"content-encoding") => return None,
-            17 if name.eq_ignore_ascii_case(b"transfer-encoding") => return None,
+            16 => name.eq_ignore_ascii_case(b"content-encoding"),
+            17 => name.eq_ignore_ascii_case(b"transfer-encoding"),
             31 if name.eq_ignore_ascii_case(b"inference-header-content-length") => {
                 header_lengths += 1;
-                if value.is_empty() || value.len() > 18 || !value.iter().all(u8::is_ascii_digit) {
-                    return None;
-                }
-                header_length = std::str::from_utf8(value).ok()?.parse().ok();
+                header_length = whole_number(value);
+                header_length.is_none()
             }
-            _ => {}
+            _ => false,
+        };
+        if refused {
+            return None;
         }
     }
     if !authorized || header_lengths > 1 {
@@ -364,6 +362,14 @@ pub fn native_route<'a>(
         content_length,
         header_length,
     })
+}
+
+/// A header's whole number as corral's `int_header` reads it: 1 to 18 ASCII digits.
+fn whole_number(value: &[u8]) -> Option<usize> {
+    if value.is_empty() || value.len() > 18 || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(value).ok()?.parse().ok()
 }
 
 /// How a connection's turn ended.
@@ -582,7 +588,12 @@ impl Connection {
             drop(held);
             let head_bytes = request.slice(..head.len);
             return self
-                .bridge(head, head_bytes, &facts, Some(request.slice(total - length..)))
+                .bridge(
+                    head,
+                    head_bytes,
+                    &facts,
+                    Some(request.slice(total - length..)),
+                )
                 .await;
         }
         let body = request.slice(head.len..);
@@ -599,7 +610,11 @@ impl Connection {
             Err(_) => {
                 Stats::add(&shared.stats.panics, 1);
                 return self
-                    .answer_error(500, "internal error: the edge failed on this request", &facts)
+                    .answer_error(
+                        500,
+                        "internal error: the edge failed on this request",
+                        &facts,
+                    )
                     .await;
             }
         };
@@ -700,7 +715,13 @@ impl Connection {
 
     /// Forwards a request to the Python edge and relays its answer. `body`: the whole body
     /// when it was read already; else it is read from the connection by its framing.
-    async fn bridge(&mut self, head: Head, head_bytes: Bytes, facts: &Facts, body: Option<Bytes>) -> Next {
+    async fn bridge(
+        &mut self,
+        head: Head,
+        head_bytes: Bytes,
+        facts: &Facts,
+        body: Option<Bytes>,
+    ) -> Next {
         let shared = Arc::clone(&self.shared);
         Stats::add(&shared.stats.bridged, 1);
         let is_head = &head_bytes[head.method.clone()] == b"HEAD";
@@ -745,8 +766,12 @@ impl Connection {
             Ok(bridge::Outcome::Broken) => Next::Close,
             Err(_) => {
                 Stats::add(&shared.stats.panics, 1);
-                self.answer_error(500, "internal error: the edge failed on this request", &Facts::default())
-                    .await;
+                self.answer_error(
+                    500,
+                    "internal error: the edge failed on this request",
+                    &Facts::default(),
+                )
+                .await;
                 Next::Close
             }
         }

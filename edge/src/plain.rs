@@ -99,7 +99,7 @@ impl Storage {
     /// into words (numpy's and onnxruntime's kernels want aligned elements, as the Python
     /// decoder's copy of a misaligned tensor says).
     pub fn from_body(body: Bytes, itemsize: usize) -> Self {
-        if (body.as_ptr() as usize) % itemsize == 0 {
+        if (body.as_ptr() as usize).is_multiple_of(itemsize) {
             return Self::Shared(body);
         }
         let mut words = vec![0u64; body.len().div_ceil(8)];
@@ -530,7 +530,10 @@ fn input(reader: &mut Reader<'_>, binary: bool) -> Read<RawInput> {
         "name" => once(&mut name, reader.string()),
         "datatype" => {
             let text = reader.key()?;
-            once(&mut datatype, DataType::parse(text.as_bytes()).ok_or(NotPlain))
+            once(
+                &mut datatype,
+                DataType::parse(text.as_bytes()).ok_or(NotPlain),
+            )
         }
         "shape" => once(&mut shape, reader.shape()),
         "data" if !binary => {
@@ -639,7 +642,11 @@ fn decode_http_inner(body: &Bytes, header_length: Option<usize>) -> Read<PlainRe
     let mut parameters = None;
     reader.object(|reader, key| match key {
         "id" => {
-            let value = if reader.null() { Ok(None) } else { reader.string().map(Some) };
+            let value = if reader.null() {
+                Ok(None)
+            } else {
+                reader.string().map(Some)
+            };
             once(&mut id, value)
         }
         "inputs" => {

@@ -60,7 +60,11 @@ impl PyBudget {
     }
 
     fn __repr__(&self) -> String {
-        format!("Budget(held={}, limit={})", self.inner.held(), self.inner.limit())
+        format!(
+            "Budget(held={}, limit={})",
+            self.inner.held(),
+            self.inner.limit()
+        )
     }
 }
 
@@ -186,7 +190,11 @@ impl Drop for Call {
                 body: None,
             }
         } else {
-            http_answer(500, &[(b"content-type".to_vec(), b"application/json".to_vec())], crate::text::error_body(DROPPED))
+            http_answer(
+                500,
+                &[(b"content-type".to_vec(), b"application/json".to_vec())],
+                crate::text::error_body(DROPPED),
+            )
         };
         self.finish(answer);
     }
@@ -211,7 +219,10 @@ fn http_answer(status: u16, headers: &[(Vec<u8>, Vec<u8>)], body: Vec<u8>) -> An
         }
     }
     if !has_length {
-        push(b"content-length", itoa::Buffer::new().format(body.len()).as_bytes());
+        push(
+            b"content-length",
+            itoa::Buffer::new().format(body.len()).as_bytes(),
+        );
     }
     for (name, value) in rest {
         push(name, value);
@@ -278,7 +289,9 @@ fn output_bytes(array: &Bound<'_, PyAny>, datatype: OutputType, name: &str) -> P
         ("d", 8) => typed::<f64>(py, buffer),
         ("B", 1) => typed::<u8>(py, buffer),
         ("b", 1) => typed::<i8>(py, buffer),
-        (_, 2) if code != "e" && code.chars().all(|c| c.is_ascii_lowercase()) => typed::<i16>(py, buffer),
+        (_, 2) if code != "e" && code.chars().all(|c| c.is_ascii_lowercase()) => {
+            typed::<i16>(py, buffer)
+        }
         (_, 2) if code != "e" => typed::<u16>(py, buffer),
         (_, 4) if code.chars().all(|c| c.is_ascii_lowercase()) => typed::<i32>(py, buffer),
         (_, 4) => typed::<u32>(py, buffer),
@@ -286,7 +299,10 @@ fn output_bytes(array: &Bound<'_, PyAny>, datatype: OutputType, name: &str) -> P
         (_, 8) => typed::<u64>(py, buffer),
         _ => {
             drop(buffer);
-            let view = py.import("builtins")?.getattr("memoryview")?.call1((array,))?;
+            let view = py
+                .import("builtins")?
+                .getattr("memoryview")?
+                .call1((array,))?;
             let flat = view.call_method1("cast", ("B",))?;
             PyBuffer::<u8>::get(&flat)?.to_vec(py)
         }
@@ -296,7 +312,10 @@ fn output_bytes(array: &Bound<'_, PyAny>, datatype: OutputType, name: &str) -> P
 /// What `output_bytes` does for a buffer PyO3 does not read (a 0-d array: no shape).
 fn via_memoryview(array: &Bound<'_, PyAny>, datatype: OutputType, name: &str) -> PyResult<Vec<u8>> {
     let py = array.py();
-    let view = py.import("builtins")?.getattr("memoryview")?.call1((array,))?;
+    let view = py
+        .import("builtins")?
+        .getattr("memoryview")?
+        .call1((array,))?;
     let format: String = view.getattr("format")?.extract()?;
     let itemsize: usize = view.getattr("itemsize")?.extract()?;
     if itemsize != datatype.itemsize() {
@@ -307,7 +326,7 @@ fn via_memoryview(array: &Bound<'_, PyAny>, datatype: OutputType, name: &str) ->
         )));
     }
     let bytes = view.call_method0("tobytes")?;
-    Ok(bytes.extract::<Vec<u8>>()?)
+    bytes.extract::<Vec<u8>>()
 }
 
 type OutputTuple<'py> = (String, String, Vec<i64>, Bound<'py, PyAny>);
@@ -336,7 +355,12 @@ impl Call {
                      with answer_http or answer_grpc"
                 )));
             };
-            owned.push((name.as_str(), kind, shape.as_slice(), output_bytes(array, kind, name)?));
+            owned.push((
+                name.as_str(),
+                kind,
+                shape.as_slice(),
+                output_bytes(array, kind, name)?,
+            ));
         }
         let asked = self
             .open
@@ -408,7 +432,9 @@ impl Call {
         body: Vec<u8>,
     ) -> PyResult<()> {
         if self.is_grpc {
-            return Err(PyValueError::new_err("answer_http answers an HTTP call; this one is gRPC"));
+            return Err(PyValueError::new_err(
+                "answer_http answers an HTTP call; this one is gRPC",
+            ));
         }
         let answer = http_answer(status, &headers, body);
         if py.detach(|| self.finish(answer)) {
@@ -428,7 +454,9 @@ impl Call {
         response: Option<Vec<u8>>,
     ) -> PyResult<()> {
         if !self.is_grpc {
-            return Err(PyValueError::new_err("answer_grpc answers a gRPC call; this one is HTTP"));
+            return Err(PyValueError::new_err(
+                "answer_grpc answers a gRPC call; this one is HTTP",
+            ));
         }
         let answer = Answer::Grpc {
             code,
@@ -502,7 +530,9 @@ fn make_call<'py>(
         outputs.append((name, *binary))?;
     }
     let since = pending.received.saturating_duration_since(base.0);
-    let received_ns = base.1.saturating_add(u64::try_from(since.as_nanos()).unwrap_or(u64::MAX));
+    let received_ns = base
+        .1
+        .saturating_add(u64::try_from(since.as_nanos()).unwrap_or(u64::MAX));
     let is_grpc = pending.protocol == Protocol::Grpc;
     Bound::new(
         py,
@@ -544,7 +574,9 @@ pub struct Edge {
 fn adopt(fd: i32) -> PyResult<std::net::TcpListener> {
     use std::os::fd::BorrowedFd;
     if fd < 0 {
-        return Err(PyValueError::new_err(format!("{fd} is not a file descriptor")));
+        return Err(PyValueError::new_err(format!(
+            "{fd} is not a file descriptor"
+        )));
     }
     // SAFETY: the caller passes the fileno of a socket it keeps open for the duration of
     // this call (the API's contract: Python made the socket and holds it); the fd is only
@@ -554,9 +586,9 @@ fn adopt(fd: i32) -> PyResult<std::net::TcpListener> {
         .try_clone_to_owned()
         .map_err(|e| PyValueError::new_err(format!("file descriptor {fd}: {e}")))?;
     let listener = std::net::TcpListener::from(owned);
-    listener
-        .local_addr()
-        .map_err(|e| PyValueError::new_err(format!("file descriptor {fd} is not a TCP socket: {e}")))?;
+    listener.local_addr().map_err(|e| {
+        PyValueError::new_err(format!("file descriptor {fd} is not a TCP socket: {e}"))
+    })?;
     listener
         .set_nonblocking(true)
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -564,8 +596,9 @@ fn adopt(fd: i32) -> PyResult<std::net::TcpListener> {
 }
 
 fn seconds(value: f64, name: &str) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(value)
-        .map_err(|_| PyValueError::new_err(format!("{name} must be a non-negative number of seconds")))
+    Duration::try_from_secs_f64(value).map_err(|_| {
+        PyValueError::new_err(format!("{name} must be a non-negative number of seconds"))
+    })
 }
 
 #[pymethods]
@@ -755,7 +788,10 @@ impl Edge {
         let dict = PyDict::new(py);
         let read = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         dict.set_item("http_connections", self.shared.slots.lock().len())?;
-        dict.set_item("grpc_connections", self.shared.grpc_open.load(Ordering::Relaxed))?;
+        dict.set_item(
+            "grpc_connections",
+            self.shared.grpc_open.load(Ordering::Relaxed),
+        )?;
         dict.set_item("requests_native", read(&stats.native))?;
         dict.set_item("requests_bridged", read(&stats.bridged))?;
         dict.set_item("refused_pending", read(&stats.refused_pending))?;
@@ -808,7 +844,12 @@ fn _decode_http<'py>(
     let inputs = PyList::empty(py);
     for tensor in request.inputs {
         let data = PyBytes::new(py, tensor.data.as_bytes());
-        inputs.append((tensor.name, tensor.datatype.name(), PyTuple::new(py, &tensor.shape)?, data))?;
+        inputs.append((
+            tensor.name,
+            tensor.datatype.name(),
+            PyTuple::new(py, &tensor.shape)?,
+            data,
+        ))?;
     }
     dict.set_item("inputs", inputs)?;
     dict.set_item("outputs", request.outputs)?;
@@ -832,7 +873,12 @@ fn _encode_http<'py>(
     for (name, datatype, shape, array) in &outputs {
         let kind = OutputType::parse(datatype)
             .ok_or_else(|| PyValueError::new_err(format!("datatype {datatype}")))?;
-        owned.push((name.clone(), kind, shape.clone(), output_bytes(array, kind, name)?));
+        owned.push((
+            name.clone(),
+            kind,
+            shape.clone(),
+            output_bytes(array, kind, name)?,
+        ));
     }
     let views: Vec<Output<'_>> = owned
         .iter()
@@ -865,7 +911,12 @@ fn _encode_grpc<'py>(
     for (name, datatype, shape, array) in &outputs {
         let kind = OutputType::parse(datatype)
             .ok_or_else(|| PyValueError::new_err(format!("datatype {datatype}")))?;
-        owned.push((name.clone(), kind, shape.clone(), output_bytes(array, kind, name)?));
+        owned.push((
+            name.clone(),
+            kind,
+            shape.clone(),
+            output_bytes(array, kind, name)?,
+        ));
     }
     let views: Vec<Output<'_>> = owned
         .iter()
@@ -907,7 +958,12 @@ fn _decode_grpc<'py>(py: Python<'py>, message: Vec<u8>) -> PyResult<Option<Bound
     let inputs = PyList::empty(py);
     for tensor in call.request.inputs {
         let data = PyBytes::new(py, tensor.data.as_bytes());
-        inputs.append((tensor.name, tensor.datatype.name(), PyTuple::new(py, &tensor.shape)?, data))?;
+        inputs.append((
+            tensor.name,
+            tensor.datatype.name(),
+            PyTuple::new(py, &tensor.shape)?,
+            data,
+        ))?;
     }
     dict.set_item("inputs", inputs)?;
     dict.set_item("outputs", call.request.outputs)?;

@@ -133,6 +133,37 @@ pub struct Config {
     pub grpc_max_message_bytes: usize,
 }
 
+impl Default for Config {
+    /// The bounds `corral serve` uses by default, no bridges (for tests and tools).
+    fn default() -> Self {
+        Self {
+            native_infer: true,
+            auth: None,
+            hosts: HostPolicy::default_any(),
+            max_url_bytes: 8192,
+            max_header_bytes: 65536,
+            header_timeout: Duration::from_secs(10),
+            header_timeout_s: 10.0,
+            idle_timeout: Duration::from_secs(5),
+            max_connections: 1000,
+            body_timeout: Duration::from_secs(30),
+            body_timeout_s: 30.0,
+            max_request_bytes: 64 << 20,
+            native_body_bytes: 1 << 20,
+            max_pending: 4096,
+            http_bridge: None,
+            grpc_bridge: None,
+            grpc_max_connections: None,
+            grpc_idle_timeout: Duration::from_secs(60),
+            grpc_handshake_timeout: Duration::from_secs(10),
+            grpc_keepalive_time: Duration::from_secs(60),
+            grpc_keepalive_timeout: Duration::from_secs(20),
+            grpc_max_concurrent_streams: None,
+            grpc_max_message_bytes: 64 << 20,
+        }
+    }
+}
+
 /// Which protocol a call came by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Protocol {
@@ -191,6 +222,7 @@ impl Queue {
     }
 
     /// Hands a call off; gives it back if `max_pending` calls wait already.
+    #[allow(clippy::result_large_err)] // handed straight back to the caller, never stored
     pub fn push(&self, call: Pending) -> Result<(), Pending> {
         let mut state = self.state.lock();
         if state.0.len() >= self.limit {

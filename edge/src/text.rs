@@ -283,7 +283,10 @@ mod tests {
     fn json_escapes_as_orjson() {
         let mut out = Vec::new();
         push_json_string(&mut out, "\u{8}\t\n\u{c}\r\u{b}\u{1b}\"\\/\u{7f}é");
-        assert_eq!(out, b"\"\\b\\t\\n\\f\\r\\u000b\\u001b\\\"\\\\/\x7f\xc3\xa9\"");
+        assert_eq!(
+            out,
+            b"\"\\b\\t\\n\\f\\r\\u000b\\u001b\\\"\\\\/\x7f\xc3\xa9\""
+        );
     }
 
     #[test]
