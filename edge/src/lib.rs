@@ -9,6 +9,7 @@ pub mod grpc;
 pub mod hosts;
 pub mod http1;
 pub mod plain;
+#[cfg(feature = "python")]
 mod python;
 pub mod server;
 pub mod shared;
