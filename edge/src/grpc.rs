@@ -503,16 +503,20 @@ async fn serve(
     tokio::pin!(connection);
     let idle = config.grpc_idle_timeout;
     let mut shutting = false;
+    let mut check_at = Instant::now() + idle;
     loop {
-        let idle_at = *state.last_change.lock() + idle;
         tokio::select! {
             _ = connection.as_mut() => return,
-            () = tokio::time::sleep_until(idle_at.into()), if !shutting => {
-                let quiet = state.last_change.lock().elapsed();
-                if state.active.load(Ordering::SeqCst) == 0 && quiet >= idle {
+            () = tokio::time::sleep_until(check_at.into()), if !shutting => {
+                let last_change = *state.last_change.lock();
+                if state.active.load(Ordering::SeqCst) > 0 {
+                    check_at = Instant::now() + idle; // a call is open: not idle
+                } else if last_change.elapsed() >= idle {
                     // No call for idle_timeout: GOAWAY, as grpc core's max_connection_idle.
                     connection.as_mut().graceful_shutdown();
                     shutting = true;
+                } else {
+                    check_at = last_change + idle;
                 }
             }
             () = shared.draining.wait(), if !shutting => {

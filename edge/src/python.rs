@@ -370,26 +370,33 @@ impl Call {
             .unwrap_or_default();
         let id = self.id.clone();
         let is_grpc = self.is_grpc;
-        let answer = py.detach(|| {
-            let views: Vec<Output<'_>> = owned
-                .iter()
-                .map(|(name, datatype, shape, data)| Output {
-                    name,
-                    datatype: *datatype,
-                    shape,
-                    data,
-                })
-                .collect();
-            if is_grpc {
-                crate::encode::grpc_message(model_name, model_version, id.as_deref(), &views).map(
-                    |body| Answer::Grpc {
-                        code: 0,
-                        message: String::new(),
-                        body: Some(body),
-                    },
-                )
-            } else {
-                crate::encode::http_body(model_name, model_version, id.as_deref(), &views, &asked)
+        // One release of the GIL for the encoding and the send: the arrays were read above.
+        let sent = py.detach(|| {
+            {
+                let views: Vec<Output<'_>> = owned
+                    .iter()
+                    .map(|(name, datatype, shape, data)| Output {
+                        name,
+                        datatype: *datatype,
+                        shape,
+                        data,
+                    })
+                    .collect();
+                if is_grpc {
+                    crate::encode::grpc_message(model_name, model_version, id.as_deref(), &views)
+                        .map(|body| Answer::Grpc {
+                            code: 0,
+                            message: String::new(),
+                            body: Some(body),
+                        })
+                } else {
+                    crate::encode::http_body(
+                        model_name,
+                        model_version,
+                        id.as_deref(),
+                        &views,
+                        &asked,
+                    )
                     .map(|(body, json_length)| {
                         let mut lines = Vec::with_capacity(128);
                         lines.extend_from_slice(b"content-type: ");
@@ -412,13 +419,14 @@ impl Call {
                             body,
                         }
                     })
+                }
             }
+            .map(|answer| self.finish(answer))
         });
-        let answer = answer.map_err(PyValueError::new_err)?;
-        if py.detach(|| self.finish(answer)) {
-            Ok(())
-        } else {
-            Err(Self::answered_already())
+        match sent {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Self::answered_already()),
+            Err(message) => Err(PyValueError::new_err(message)),
         }
     }
 

@@ -649,3 +649,36 @@ def test_budget_is_shared_and_given_back(server: Server) -> None:
     status, headers, _ = read_response(sock)
     assert status == 200 and "x-bridge" not in headers
     assert budget.held == 0
+
+
+def _frames(sock: socket.socket, wait: float) -> list[int]:
+    """The types of the HTTP/2 frames read until a GOAWAY (or a close, or ``wait`` passes)."""
+    sock.settimeout(wait)
+    data = bytearray()
+    types: list[int] = []
+    try:
+        while 7 not in types:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+            while len(data) >= 9 and len(data) >= 9 + int.from_bytes(data[:3], "big"):
+                types.append(data[3])
+                del data[: 9 + int.from_bytes(data[:3], "big")]
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return types
+
+
+def test_grpc_handshake_and_idle_timeouts(bridges: Bridges) -> None:
+    with running(bridges, grpc_handshake_timeout_s=0.3, grpc_idle_timeout_s=0.5) as server:
+        silent = socket.create_connection(("127.0.0.1", server.grpc_port))
+        started = time.monotonic()
+        assert closed(silent, 5)
+        assert time.monotonic() - started < 3
+        idle = socket.create_connection(("127.0.0.1", server.grpc_port))
+        idle.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+        started = time.monotonic()
+        types = _frames(idle, 5)
+        assert 7 in types  # GOAWAY once idle
+        assert 0.3 < time.monotonic() - started < 4
