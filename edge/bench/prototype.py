@@ -66,6 +66,20 @@ def onnx_handler():
     return handle
 
 
+def _thread_times() -> dict[int, tuple[str, float]]:
+    """Each thread's name (its comm) and CPU seconds, from /proc/self/task."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    times = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        times[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / ticks)
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=int, default=10)
@@ -86,6 +100,7 @@ def main() -> None:
     subprocess.run(["wrk", "-t1", "-c4", "-d1s", "-s", str(script), url], capture_output=True, check=True)
     process = psutil.Process(os.getpid())
     before = process.cpu_times()
+    threads_before = _thread_times()
     groups_before, calls_before = server.taker.groups, server.taker.calls
     started = time.perf_counter()
     result = subprocess.run(
@@ -95,6 +110,7 @@ def main() -> None:
     )
     elapsed = time.perf_counter() - started
     after = process.cpu_times()
+    threads_after = _thread_times()
     groups = server.taker.groups - groups_before
     calls = server.taker.calls - calls_before
     stats = server.edge.stats()
@@ -108,6 +124,12 @@ def main() -> None:
     print(f"server CPU us/request {cpu / requests * 1e6:.1f}  (user {(after.user - before.user) / requests * 1e6:.1f}, "
           f"system {(after.system - before.system) / requests * 1e6:.1f})")
     print(f"calls per group       {calls / max(groups, 1):.2f}  ({groups} groups)")
+    by_name: dict[str, float] = {}
+    for tid, (name, spent) in threads_after.items():
+        spent -= threads_before.get(tid, (name, 0.0))[1]
+        by_name[name] = by_name.get(name, 0.0) + spent
+    shown = ", ".join(f"{name} {spent / requests * 1e6:.1f}" for name, spent in sorted(by_name.items(), key=lambda kv: -kv[1]) if spent > 0)
+    print(f"CPU us/request by thread  {shown}")
     print(f"non-2xx               {errors.group(1) if errors else 0}")
     print(f"edge stats            {stats}")
 
