@@ -682,3 +682,75 @@ def test_grpc_handshake_and_idle_timeouts(bridges: Bridges) -> None:
         types = _frames(idle, 5)
         assert 7 in types  # GOAWAY once idle
         assert 0.3 < time.monotonic() - started < 4
+
+
+def test_token_and_host_checks_route_to_the_bridge(bridges: Bridges) -> None:
+    with running(bridges, auth=b"Bearer s3cret", allowed_hosts=["localhost", "*.example.com"]) as server:
+        sock = connect(server.http_port)
+        cases = [
+            (b"", True),
+            (b"Authorization: Bearer wrong\r\n", True),
+            (b"Authorization: Bearer s3cret\r\n", False),
+            (b"Authorization: Bearer s3cret\r\nHost: evil.com\r\n", True),
+            (b"Authorization: Bearer s3cret\r\nHost: a.example.com:8000\r\n", False),
+            (b"Authorization: Bearer s3cret\r\nContent-Type: Text/Plain; charset=utf-8\r\n", True),
+            (b"Authorization: Bearer s3cret\r\nOrigin: http://localhost\r\n", True),
+            (b"Authorization: Bearer s3cret\r\nAccept-Encoding: gzip\r\n", True),
+            (b"Authorization: Bearer s3cret\r\nAccept-Encoding: identity\r\n", False),
+            (b"Authorization: Bearer s3cret\r\nX-Request-ID: abc\r\n", True),
+        ]
+        for extra, bridged in cases:
+            raw = infer_request(extra=extra)
+            if b"Host: " in extra:
+                raw = raw.replace(b"Host: localhost\r\n", b"", 1)
+            sock.sendall(raw)
+            status, headers, _ = read_response(sock)
+            assert status == 200 and ("x-bridge" in headers) == bridged, extra
+
+
+def test_broken_chunked_body_is_answered_by_the_bridge_and_closed(server: Server) -> None:
+    sock = connect(server.http_port)
+    sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n")
+    status, _, _ = read_response(sock)
+    assert status == 400
+    assert closed(sock)
+
+
+def test_drain_sends_goaway_to_grpc_and_stop_is_idempotent(bridges: Bridges) -> None:
+    server = Server(bridges).start()
+    try:
+        idle = socket.create_connection(("127.0.0.1", server.grpc_port))
+        idle.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+        time.sleep(0.1)
+        result: list[int] = []
+        drainer = threading.Thread(target=lambda: result.append(server.edge.drain(1.0)))
+        drainer.start()
+        assert 7 in _frames(idle, 5)
+        idle.close()
+        drainer.join(10)
+        assert result == [0]
+    finally:
+        server.stop()
+        server.edge.stop()  # again: nothing happens
+    assert server.edge.take(0.01) == []
+
+
+def test_grpc_max_pending(bridges: Bridges) -> None:
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    with running(bridges, max_pending=1) as server:
+        server.taker.pause()
+        first = connect(server.http_port)
+        first.sendall(infer_request())
+        deadline = time.monotonic() + 5
+        while server.edge.stats()["requests_native"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+        x = grpcclient.InferInput("X", list(X.shape), "FP32")
+        x.set_data_from_numpy(X)
+        with pytest.raises(InferenceServerException, match="max_pending") as refused:
+            client.infer("tiny", [x])
+        assert refused.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        server.taker.resume()
+        assert read_response(first)[0] == 200
