@@ -4,7 +4,6 @@
 //! The edge's own threads never take the GIL: Python objects are made only in `take()`
 //! (called by Python) and read only in the methods Python calls.
 
-use std::collections::HashMap;
 use std::os::raw::c_int;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -200,6 +199,30 @@ impl Drop for Call {
     }
 }
 
+/// The answer `encode_response`'s body makes, with the direct route's header lines.
+fn http_infer_answer(body: Vec<u8>, json_length: Option<usize>) -> Answer {
+    let mut lines = Vec::with_capacity(128);
+    lines.extend_from_slice(b"content-type: ");
+    lines.extend_from_slice(if json_length.is_some() {
+        crate::encode::BINARY
+    } else {
+        crate::encode::JSON
+    });
+    lines.extend_from_slice(b"\r\ncontent-length: ");
+    lines.extend_from_slice(itoa::Buffer::new().format(body.len()).as_bytes());
+    lines.extend_from_slice(b"\r\n");
+    if let Some(length) = json_length {
+        lines.extend_from_slice(b"inference-header-content-length: ");
+        lines.extend_from_slice(itoa::Buffer::new().format(length).as_bytes());
+        lines.extend_from_slice(b"\r\n");
+    }
+    Answer::Http {
+        status: 200,
+        lines,
+        body,
+    }
+}
+
 fn http_answer(status: u16, headers: &[(Vec<u8>, Vec<u8>)], body: Vec<u8>) -> Answer {
     let mut lines = Vec::with_capacity(96);
     let mut push = |name: &[u8], value: &[u8]| {
@@ -329,6 +352,9 @@ fn via_memoryview(array: &Bound<'_, PyAny>, datatype: OutputType, name: &str) ->
     bytes.extract::<Vec<u8>>()
 }
 
+/// An output read from Python: name, shape, element type, bytes.
+type ReadOutput = (String, Vec<i64>, OutputType, Vec<u8>);
+
 type OutputTuple<'py> = (String, String, Vec<i64>, Bound<'py, PyAny>);
 
 #[pymethods]
@@ -344,90 +370,71 @@ impl Call {
         model_version: Option<&str>,
         outputs: Vec<OutputTuple<'_>>,
     ) -> PyResult<()> {
-        if self.open.lock().is_none() {
+        // Taken at once, so that a second answer from another thread fails; put back if the
+        // outputs cannot be encoded (the call stays open for answer_http / answer_grpc).
+        let Some(open) = self.open.lock().take() else {
             return Err(Self::answered_already());
-        }
-        let mut owned = Vec::with_capacity(outputs.len());
-        for (name, datatype, shape, array) in &outputs {
-            let Some(kind) = OutputType::parse(datatype) else {
-                return Err(PyValueError::new_err(format!(
-                    "output {name:?}: datatype {datatype:?} is not encoded natively; answer \
-                     with answer_http or answer_grpc"
-                )));
-            };
-            owned.push((
-                name.as_str(),
-                kind,
-                shape.as_slice(),
-                output_bytes(array, kind, name)?,
-            ));
-        }
-        let asked = self
-            .open
-            .lock()
-            .as_ref()
-            .map(|open| open.asked.clone())
-            .unwrap_or_default();
-        let id = self.id.clone();
+        };
+        let read = || -> PyResult<Vec<ReadOutput>> {
+            let mut read = Vec::with_capacity(outputs.len());
+            for (name, datatype, shape, array) in outputs {
+                let Some(kind) = OutputType::parse(&datatype) else {
+                    return Err(PyValueError::new_err(format!(
+                        "output {name:?}: datatype {datatype:?} is not encoded natively; \
+                         answer with answer_http or answer_grpc"
+                    )));
+                };
+                let data = output_bytes(&array, kind, &name)?;
+                read.push((name, shape, kind, data));
+            }
+            Ok(read)
+        };
+        let read = match read() {
+            Ok(read) => read,
+            Err(error) => {
+                *self.open.lock() = Some(open);
+                return Err(error);
+            }
+        };
+        let id = self.id.as_deref();
         let is_grpc = self.is_grpc;
         // One release of the GIL for the encoding and the send: the arrays were read above.
         let sent = py.detach(|| {
-            {
-                let views: Vec<Output<'_>> = owned
-                    .iter()
-                    .map(|(name, datatype, shape, data)| Output {
-                        name,
-                        datatype: *datatype,
-                        shape,
-                        data,
-                    })
-                    .collect();
-                if is_grpc {
-                    crate::encode::grpc_message(model_name, model_version, id.as_deref(), &views)
-                        .map(|body| Answer::Grpc {
-                            code: 0,
-                            message: String::new(),
-                            body: Some(body),
-                        })
-                } else {
-                    crate::encode::http_body(
-                        model_name,
-                        model_version,
-                        id.as_deref(),
-                        &views,
-                        &asked,
-                    )
-                    .map(|(body, json_length)| {
-                        let mut lines = Vec::with_capacity(128);
-                        lines.extend_from_slice(b"content-type: ");
-                        lines.extend_from_slice(if json_length.is_some() {
-                            crate::encode::BINARY
-                        } else {
-                            crate::encode::JSON
-                        });
-                        lines.extend_from_slice(b"\r\ncontent-length: ");
-                        lines.extend_from_slice(itoa::Buffer::new().format(body.len()).as_bytes());
-                        lines.extend_from_slice(b"\r\n");
-                        if let Some(length) = json_length {
-                            lines.extend_from_slice(b"inference-header-content-length: ");
-                            lines.extend_from_slice(itoa::Buffer::new().format(length).as_bytes());
-                            lines.extend_from_slice(b"\r\n");
-                        }
-                        Answer::Http {
-                            status: 200,
-                            lines,
-                            body,
-                        }
-                    })
+            let views: Vec<Output<'_>> = read
+                .iter()
+                .map(|(name, shape, datatype, data)| Output {
+                    name,
+                    datatype: *datatype,
+                    shape,
+                    data,
+                })
+                .collect();
+            let answer = if is_grpc {
+                crate::encode::grpc_message(model_name, model_version, id, &views).map(|body| {
+                    Answer::Grpc {
+                        code: 0,
+                        message: String::new(),
+                        body: Some(body),
+                    }
+                })
+            } else {
+                crate::encode::http_body(model_name, model_version, id, &views, &open.asked)
+                    .map(|(body, json_length)| http_infer_answer(body, json_length))
+            };
+            match answer {
+                Ok(answer) => {
+                    self.in_flight.fetch_sub(1, Ordering::SeqCst);
+                    // A client that went away dropped its end: nothing to do.
+                    let _ = open.reply.send(answer);
+                    Ok(())
                 }
+                Err(message) => Err((message, open)),
             }
-            .map(|answer| self.finish(answer))
         });
-        match sent {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(Self::answered_already()),
-            Err(message) => Err(PyValueError::new_err(message)),
-        }
+        sent.map_err(|(message, open)| {
+            *self.open.lock() = Some(open);
+            PyValueError::new_err(message)
+        })
     }
 
     /// Sends an HTTP answer Python made: status, header lines in order (content-length is
@@ -739,14 +746,20 @@ impl Edge {
         }
         let before = self.in_flight.fetch_add(pending.len(), Ordering::SeqCst);
         let alone = pending.len() == 1 && before == 0;
+        // Few model versions in one round: a list searched in order keeps their first
+        // arrival's order, without hashing each call's names.
         let mut order: Vec<(String, Option<String>, Bound<'py, PyList>)> = Vec::new();
-        let mut index: HashMap<(String, Option<String>), usize> = HashMap::new();
         for call in pending {
-            let key = (call.model.clone(), call.version.clone());
-            let at = *index.entry(key).or_insert_with(|| {
-                order.push((call.model.clone(), call.version.clone(), PyList::empty(py)));
-                order.len() - 1
-            });
+            let at = order
+                .iter()
+                .position(|(model, version, _)| *model == call.model && *version == call.version);
+            let at = match at {
+                Some(at) => at,
+                None => {
+                    order.push((call.model.clone(), call.version.clone(), PyList::empty(py)));
+                    order.len() - 1
+                }
+            };
             let made = make_call(py, call, self.base, &self.in_flight)?;
             order[at].2.append(made)?;
         }
