@@ -66,7 +66,7 @@ def onnx_handler():
     return handle
 
 
-def _thread_times() -> dict[int, tuple[str, float]]:
+def _thread_times() -> dict[int, tuple[str, float, float]]:
     """Each thread's name (its comm) and CPU seconds, from /proc/self/task."""
     ticks = os.sysconf("SC_CLK_TCK")
     times = {}
@@ -76,7 +76,7 @@ def _thread_times() -> dict[int, tuple[str, float]]:
             fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        times[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / ticks)
+        times[int(task.name)] = (name, int(fields[11]) / ticks, int(fields[12]) / ticks)
     return times
 
 
@@ -124,11 +124,16 @@ def main() -> None:
     print(f"server CPU us/request {cpu / requests * 1e6:.1f}  (user {(after.user - before.user) / requests * 1e6:.1f}, "
           f"system {(after.system - before.system) / requests * 1e6:.1f})")
     print(f"calls per group       {calls / max(groups, 1):.2f}  ({groups} groups)")
-    by_name: dict[str, float] = {}
-    for tid, (name, spent) in threads_after.items():
-        spent -= threads_before.get(tid, (name, 0.0))[1]
-        by_name[name] = by_name.get(name, 0.0) + spent
-    shown = ", ".join(f"{name} {spent / requests * 1e6:.1f}" for name, spent in sorted(by_name.items(), key=lambda kv: -kv[1]) if spent > 0)
+    by_name: dict[str, tuple[float, float]] = {}
+    for tid, (name, user, system) in threads_after.items():
+        _, user_before, system_before = threads_before.get(tid, (name, 0.0, 0.0))
+        total = by_name.get(name, (0.0, 0.0))
+        by_name[name] = (total[0] + user - user_before, total[1] + system - system_before)
+    shown = ", ".join(
+        f"{name} {(u + s) / requests * 1e6:.1f} (user {u / requests * 1e6:.1f})"
+        for name, (u, s) in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))
+        if u + s > 0
+    )
     print(f"CPU us/request by thread  {shown}")
     print(f"non-2xx               {errors.group(1) if errors else 0}")
     print(f"edge stats            {stats}")

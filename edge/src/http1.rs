@@ -647,11 +647,11 @@ impl Connection {
         }
         Stats::add(&shared.stats.native, 1);
         let answered = tokio::select! {
-            answer = answer => answer.ok(),
-            () = shared.cut.wait() => None,
+            answer = answer => answer.map_err(|_| shared.cut.is_raised()),
+            () = shared.cut.wait() => Err(true),
         };
         match answered {
-            Some(Answer::Http {
+            Ok(Answer::Http {
                 status,
                 lines,
                 body,
@@ -672,9 +672,14 @@ impl Connection {
                 }
                 Next::Continue
             }
-            _ => {
-                // The drain ran out (or the answer was lost): answered 503, as the Python
-                // edge answers a request its drain cuts.
+            Ok(Answer::Grpc { .. }) | Err(false) => {
+                // Lost on its way to Python (the edge stops, or take() failed): answered as
+                // a call Python dropped.
+                self.answer_error(500, crate::shared::DROPPED, &facts).await
+            }
+            Err(true) => {
+                // The drain ran out: answered 503, as the Python edge answers a request its
+                // drain cuts.
                 Stats::add(&shared.stats.cut, 1);
                 let body = crate::text::error_body(
                     "the server is shutting down and its drain timeout ran out",

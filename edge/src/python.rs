@@ -21,7 +21,7 @@ use crate::hosts::HostPolicy;
 use crate::plain::{decode_http, Storage};
 use crate::shared::{Answer, Budget, Config, Held, Pending, Protocol, Reply, Shared};
 
-const DROPPED: &str = "the server dropped this request without an answer";
+use crate::shared::DROPPED;
 
 /// A thread-safe byte budget (atomics) shared by everything that holds request bodies.
 #[pyclass(name = "Budget", module = "corral_edge", frozen)]

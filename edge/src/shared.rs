@@ -188,6 +188,9 @@ pub enum Answer {
     },
 }
 
+/// The answer to a call that never got one from Python.
+pub const DROPPED: &str = "the server dropped this request without an answer";
+
 /// Where a call's answer goes: the connection waiting for it.
 pub type Reply = oneshot::Sender<Answer>;
 
