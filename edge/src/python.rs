@@ -170,8 +170,11 @@ impl Call {
             return false;
         };
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        // The body's bytes are given back before the answer can reach the client.
+        let Open { reply, _held, .. } = open;
+        drop(_held);
         // A client that went away dropped its end: nothing to do.
-        let _ = open.reply.send(answer);
+        let _ = reply.send(answer);
         true
     }
 
@@ -424,8 +427,11 @@ impl Call {
             match answer {
                 Ok(answer) => {
                     self.in_flight.fetch_sub(1, Ordering::SeqCst);
+                    // The body's bytes are given back before the answer can reach the client.
+                    let Open { reply, _held, .. } = open;
+                    drop(_held);
                     // A client that went away dropped its end: nothing to do.
-                    let _ = open.reply.send(answer);
+                    let _ = reply.send(answer);
                     Ok(())
                 }
                 Err(message) => Err((message, open)),
