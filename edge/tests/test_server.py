@@ -754,3 +754,25 @@ def test_grpc_max_pending(bridges: Bridges) -> None:
         assert refused.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
         server.taker.resume()
         assert read_response(first)[0] == 200
+
+
+def test_large_bodies_both_ways(server: Server) -> None:
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{server.http_port}", connection_timeout=30, network_timeout=30)
+    rows = np.random.default_rng(1).standard_normal((40000, 4)).astype(np.float32)  # 640 KB
+    # Binary: 640 KB of tensor; JSON: 10,000 rows, under native_body_bytes (1 MiB) as text.
+    for binary, count in ((True, 40000), (False, 10000)):
+        x = httpclient.InferInput("X", [count, 4], "FP32")
+        x.set_data_from_numpy(rows[:count], binary_data=binary)
+        result = client.infer("tiny", [x], outputs=[httpclient.InferRequestedOutput("Y", binary_data=binary)])
+        np.testing.assert_allclose(result.as_numpy("Y"), rows[:count] @ W, rtol=1e-5, atol=1e-5)
+    assert server.edge.stats()["requests_native"] == 2
+    # Past native_body_bytes (1 MiB): the bridge takes it whole, and relays a large answer.
+    sock = connect(server.http_port)
+    payload = bytes(range(256)) * 8192  # 2 MiB
+    sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(payload) + payload)
+    status, _, body = read_response(sock)
+    assert status == 200 and json.loads(body)["body"].encode("latin-1") == payload
+    sock.sendall(infer_request())
+    assert read_response(sock)[0] == 200
