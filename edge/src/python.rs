@@ -150,8 +150,7 @@ pub struct Call {
     id: Option<String>,
     #[pyo3(get)]
     inputs: Py<PyList>,
-    #[pyo3(get)]
-    outputs: Py<PyList>,
+    requested: Vec<(String, Option<bool>)>,
     #[pyo3(get)]
     binary_data_output: bool,
     #[pyo3(get)]
@@ -491,6 +490,12 @@ impl Call {
         }
     }
 
+    /// The requested outputs, `(name, binary_data)`; empty when none is named.
+    #[getter]
+    fn outputs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, &self.requested)
+    }
+
     #[getter]
     fn answered(&self) -> bool {
         self.open.lock().is_none()
@@ -546,10 +551,6 @@ fn make_call<'py>(
             },
         )?)?;
     }
-    let outputs = PyList::empty(py);
-    for (name, binary) in &request.outputs {
-        outputs.append((name, *binary))?;
-    }
     let since = pending.received.saturating_duration_since(base.0);
     let received_ns = base
         .1
@@ -561,7 +562,7 @@ fn make_call<'py>(
             protocol: if is_grpc { "grpc" } else { "http" },
             id: request.id,
             inputs: inputs.unbind(),
-            outputs: outputs.unbind(),
+            requested: request.outputs.clone(),
             binary_data_output: request.binary_data_output,
             timeout_us: pending.timeout_us,
             received_ns,
@@ -744,8 +745,12 @@ impl Edge {
     /// `timeout_s` for the first (the GIL released); [] on timeout.
     fn take<'py>(&self, py: Python<'py>, timeout_s: f64) -> PyResult<Bound<'py, PyList>> {
         let timeout = Duration::try_from_secs_f64(timeout_s.max(0.0)).unwrap_or(Duration::MAX / 4);
-        let shared = Arc::clone(&self.shared);
-        let pending = py.detach(move || shared.queue.take(timeout));
+        // Calls waiting already are taken at once; the GIL is released only to wait.
+        let mut pending = self.shared.queue.try_take();
+        if pending.is_empty() {
+            let shared = Arc::clone(&self.shared);
+            pending = py.detach(move || shared.queue.take(timeout));
+        }
         let groups = PyList::empty(py);
         if pending.is_empty() {
             return Ok(groups);

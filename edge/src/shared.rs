@@ -249,6 +249,15 @@ impl Queue {
         state.0.drain(..).collect()
     }
 
+    /// Every pending call, without waiting (none: empty).
+    pub fn try_take(&self) -> Vec<Pending> {
+        let mut state = self.state.lock();
+        if state.0.is_empty() {
+            return Vec::new();
+        }
+        state.0.drain(..).collect()
+    }
+
     /// Removes every pending call (the drain ran out, or the edge stops).
     pub fn clear(&self) -> Vec<Pending> {
         self.state.lock().0.drain(..).collect()
