@@ -407,6 +407,15 @@ impl tokio::io::AsyncWrite for Rewind {
     }
 }
 
+/// Counts an open gRPC connection until its task ends, however it ends.
+struct Open(Arc<Shared>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.grpc_open.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Accepts gRPC connections until the drain (or the stop) begins.
 pub async fn accept(listener: TcpListener, shared: Arc<Shared>) {
     let bridge = Arc::new(Bridge::new(shared.config.grpc_bridge.clone()));
@@ -430,12 +439,12 @@ pub async fn accept(listener: TcpListener, shared: Arc<Shared>) {
         let shared = Arc::clone(&shared);
         let bridge = Arc::clone(&bridge);
         tokio::spawn(async move {
+            let _place = Open(Arc::clone(&shared));
             let stopping = Arc::clone(&shared);
             tokio::select! {
                 () = serve(stream, peer, Arc::clone(&shared), bridge) => {}
                 () = stopping.stopping.wait() => {}
             }
-            shared.grpc_open.fetch_sub(1, Ordering::SeqCst);
         });
     }
 }

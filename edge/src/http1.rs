@@ -414,9 +414,23 @@ pub async fn serve(
             connection.refuse(503, &message).await;
             break;
         }
-        match connection.one_request().await {
-            Next::Continue => continue,
-            Next::Close => break,
+        // A panic in one request's handling answers that request 500 and ends the
+        // connection (its place in the stream is lost); the process and the others go on.
+        let outcome = CatchUnwind(Box::pin(connection.one_request())).await;
+        match outcome {
+            Ok(Next::Continue) => continue,
+            Ok(Next::Close) => break,
+            Err(_) => {
+                Stats::add(&connection.shared.stats.panics, 1);
+                connection
+                    .answer_error(
+                        500,
+                        "internal error: the edge failed on this request",
+                        &Facts::default(),
+                    )
+                    .await;
+                break;
+            }
         }
     }
     let _ = connection.stream.shutdown().await;
@@ -814,6 +828,18 @@ pub fn admit(shared: &Shared) -> (u64, Arc<Slot>, Option<String>) {
 /// Forgets a closed connection.
 pub fn release(shared: &Shared, id: u64) {
     shared.slots.lock().retain(|(other, _)| *other != id);
+}
+
+/// Releases a connection's place when its task ends, however it ends.
+pub struct Admitted {
+    pub shared: Arc<Shared>,
+    pub id: u64,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        release(&self.shared, self.id);
+    }
 }
 
 #[cfg(test)]

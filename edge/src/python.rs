@@ -103,6 +103,8 @@ impl Tensor {
 
     /// The buffer protocol: a read-only view of the tensor's bytes (format "B", one
     /// dimension); the view keeps the tensor, so its bytes, alive.
+    // SAFETY: PyO3 declares __getbuffer__ unsafe: Python calls it with a valid, writable
+    // Py_buffer to fill, which is all the body below relies on (see its own SAFETY note).
     unsafe fn __getbuffer__(
         slf: Bound<'_, Self>,
         view: *mut ffi::Py_buffer,
