@@ -66,6 +66,15 @@ def onnx_handler():
     return handle
 
 
+def _io() -> dict[str, int]:
+    """This process's I/O counters: syscr and syscw count read and write system calls."""
+    fields = {}
+    for line in Path("/proc/self/io").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = int(value)
+    return fields
+
+
 def _thread_times() -> dict[int, tuple[str, float, float]]:
     """Each thread's name (its comm) and CPU seconds, from /proc/self/task."""
     ticks = os.sysconf("SC_CLK_TCK")
@@ -101,6 +110,7 @@ def main() -> None:
     process = psutil.Process(os.getpid())
     before = process.cpu_times()
     threads_before = _thread_times()
+    io_before = _io()
     groups_before, calls_before = server.taker.groups, server.taker.calls
     started = time.perf_counter()
     result = subprocess.run(
@@ -111,6 +121,7 @@ def main() -> None:
     elapsed = time.perf_counter() - started
     after = process.cpu_times()
     threads_after = _thread_times()
+    io_after = _io()
     groups = server.taker.groups - groups_before
     calls = server.taker.calls - calls_before
     stats = server.edge.stats()
@@ -135,6 +146,8 @@ def main() -> None:
         if u + s > 0
     )
     print(f"CPU us/request by thread  {shown}")
+    print(f"syscalls/request      read-like {(io_after['syscr'] - io_before['syscr']) / requests:.2f}, "
+          f"write-like {(io_after['syscw'] - io_before['syscw']) / requests:.2f}")
     print(f"non-2xx               {errors.group(1) if errors else 0}")
     print(f"edge stats            {stats}")
 
