@@ -155,6 +155,9 @@ class Bridges:
             self._grpc_loop.call_soon_threadsafe(self._grpc_stop.set)
         for thread in self._threads:
             thread.join(10)
+        import shutil
+
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def answer_group(group: Any) -> None:
