@@ -55,6 +55,8 @@ class Call:
     @property
     def answered(self) -> bool: ...
     def answer(
+        # outputs: (name, datatype, shape, array); array a numpy array of the datatype's
+        # native dtype, or a C-contiguous buffer of its element type.
         self,
         model_name: str,
         model_version: str | None,

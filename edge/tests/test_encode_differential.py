@@ -58,7 +58,11 @@ def _case(rng: random.Random):
         shape = tuple(rng.choice([0, 1, 2, 3, 4]) if rng.random() < 0.05 else rng.choice([1, 2, 3, 4])
                       for _ in range(rng.choice([0, 1, 2, 3])))
         name = rng.choice(["Y", "out", "é", "a\"b\\c", "\x01\n", f"o{index}"]) + str(index)
-        outputs.append((name, datatype, shape, _array(rng, datatype, shape)))
+        array = _array(rng, datatype, shape)
+        if len(shape) > 1 and rng.random() < 0.2:
+            array = array.T  # not C-contiguous: written row-major all the same
+            shape = array.shape
+        outputs.append((name, datatype, shape, array))
     requested = []
     for name, *_ in outputs:
         if rng.random() < 0.3:
