@@ -80,7 +80,8 @@ async def echo_app(scope: dict[str, Any], receive: Callable[..., Any], send: Cal
 class Bridges:
     """uvicorn and grpc.aio stubs on Unix sockets, each on a thread of its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_alive_s: float = 30) -> None:
+        self.keep_alive_s = keep_alive_s
         self.folder = tempfile.mkdtemp(prefix="corral-edge-")
         self.http_path = os.path.join(self.folder, "http.sock")
         self.grpc_path = os.path.join(self.folder, "grpc.sock")
@@ -93,7 +94,11 @@ class Bridges:
         import uvicorn
 
         config = uvicorn.Config(
-            echo_app, uds=self.http_path, log_level="warning", lifespan="off", timeout_keep_alive=30
+            echo_app,
+            uds=self.http_path,
+            log_level="warning",
+            lifespan="off",
+            timeout_keep_alive=self.keep_alive_s,
         )
         self._uvicorn = uvicorn.Server(config)
         thread = threading.Thread(target=self._uvicorn.run, daemon=True)

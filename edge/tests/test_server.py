@@ -776,3 +776,21 @@ def test_large_bodies_both_ways(server: Server) -> None:
     assert status == 200 and json.loads(body)["body"].encode("latin-1") == payload
     sock.sendall(infer_request())
     assert read_response(sock)[0] == 200
+
+
+def test_bridge_connections_closed_by_python_are_replaced() -> None:
+    stubs = Bridges(keep_alive_s=0.5)  # closes idle bridge connections before the pool drops them
+    stubs.start()
+    try:
+        with running(stubs) as server:
+            sock = connect(server.http_port)
+            for _ in range(3):
+                sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+                status, headers, _ = read_response(sock)
+                assert status == 200 and headers["x-bridge"] == "1"
+                time.sleep(1.0)
+            body = json.dumps({"inputs": [{"name": "X", "datatype": "INT8", "shape": [1], "data": [1]}]}).encode()
+            sock.sendall(infer_request(body))  # bridged with its body read whole: sent again if need be
+            assert read_response(sock)[0] == 200
+    finally:
+        stubs.stop()
