@@ -435,7 +435,7 @@ pub async fn accept(listener: TcpListener, shared: Arc<Shared>) {
             }
         }
         shared.grpc_open.fetch_add(1, Ordering::SeqCst);
-        Stats::add(&shared.stats.grpc_open, 1);
+        Stats::add(&shared.stats.grpc_accepted, 1);
         let shared = Arc::clone(&shared);
         let bridge = Arc::clone(&bridge);
         tokio::spawn(async move {
@@ -576,7 +576,7 @@ enum Read {
 }
 
 async fn read_message(mut body: Incoming, shared: &Shared) -> Read {
-    use http_body_util_lite::next_frame;
+    use frames::next_frame;
     let mut collected = BytesMut::new();
     let mut held = Held::new(Arc::clone(&shared.budget));
     let mut kept = true;
@@ -636,7 +636,7 @@ async fn read_message(mut body: Incoming, shared: &Shared) -> Read {
 }
 
 /// The next frame of a body (what http-body-util's `BodyExt::frame` does, without the crate).
-mod http_body_util_lite {
+mod frames {
     use super::*;
 
     pub async fn next_frame(body: &mut Incoming) -> Option<Result<Frame<Bytes>, hyper::Error>> {

@@ -274,11 +274,12 @@ impl Queue {
     }
 }
 
-/// Counters (`Edge.stats()`); they only go up, but for the connections open.
+/// Counters (`Edge.stats()`); they only go up. (The connections open are counted by
+/// `Shared::slots` and `Shared::grpc_open`.)
 #[derive(Debug, Default)]
 pub struct Stats {
-    pub http_open: AtomicU64,
-    pub grpc_open: AtomicU64,
+    /// gRPC connections accepted.
+    pub grpc_accepted: AtomicU64,
     pub native: AtomicU64,
     pub bridged: AtomicU64,
     pub refused_pending: AtomicU64,
