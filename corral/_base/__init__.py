@@ -8,7 +8,7 @@ inside it (tests/test_layers.py).
 """
 
 from corral._base.declare import ENV_PREFIX, Declared, declared, given_by, option
-from corral._base.delivery import deliver
+from corral._base.delivery import Receiver, deliver
 from corral._base.errors import (
     CorralError,
     DeadlineExceeded,
@@ -79,6 +79,7 @@ __all__ = [
     "Problem",
     "ProblemKind",
     "ProviderUnavailable",
+    "Receiver",
     "RepositoryError",
     "RunCancelled",
     "RunRecord",

@@ -3,7 +3,10 @@
 A compute worker answers a batch of requests at once. A blocking caller's
 ``concurrent.futures.Future`` is settled on the worker's thread; an asyncio caller's future
 may only be settled on its own loop, so the answers for each loop go there in one
-``call_soon_threadsafe``, not one per request: 32 answers cost one wake-up.
+``call_soon_threadsafe``, not one per request: 32 answers cost one wake-up. A
+:class:`Receiver` (a transport that answers from any thread: the native edge) takes every
+answer of its requests in the batch in one call, on the worker's thread, with the tokens it
+queued them with: no future, no event loop.
 """
 
 from __future__ import annotations
@@ -14,21 +17,38 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-__all__ = ["Waiting", "deliver"]
+__all__ = ["Receiver", "Waiting", "deliver"]
 
 logger = logging.getLogger(__name__)
+
+
+class Receiver(Protocol):
+    """Takes the answers of the requests that wait on it, a batch's at once.
+
+    Called on the compute worker that ran them; it must be quick and must not raise (what it
+    raises is logged, and its requests count as answered).
+    """
+
+    def receive(
+        self,
+        tokens: Sequence[object],
+        results: Sequence[object],
+        errors: Sequence[BaseException | None] | None,
+    ) -> None:
+        """Each token's result, or else its error (``errors`` None: none has one)."""
+        ...
 
 
 class Waiting(Protocol):
     """A request waiting for its answer: its future, and the loop that future belongs to."""
 
     @property
-    def future(self) -> Future[Any] | asyncio.Future[Any]:
-        """Where its answer goes."""
+    def future(self) -> Future[Any] | asyncio.Future[Any] | object:
+        """Where its answer goes: a future, or its :class:`Receiver`'s token."""
 
     @property
-    def loop(self) -> asyncio.AbstractEventLoop | None:
-        """The asyncio loop of ``future``; None for a ``concurrent.futures.Future``."""
+    def loop(self) -> asyncio.AbstractEventLoop | Receiver | None:
+        """The loop of its asyncio future or the receiver of its token; None: a thread's."""
 
 
 def deliver(
@@ -40,7 +60,8 @@ def deliver(
 
     ``results`` None means every request has an error; ``errors`` None means none has. A
     request whose caller cancelled it meanwhile is skipped, and so are the requests of an
-    event loop that has closed (their answers are dropped, logged at debug level).
+    event loop that has closed (their answers are dropped, logged at debug level). The
+    requests of a :class:`Receiver` are given to it at once, on this thread.
     """
     if results is None:
         results = [None] * len(waiting)  # errors has them all
@@ -50,7 +71,8 @@ def deliver(
         futures = [request.future for request in waiting]
         _settle_on(loop, futures, results, errors)
         return
-    by_loop: dict[asyncio.AbstractEventLoop, tuple[list[Any], list[object], list[Any]]] = {}
+    by_loop: dict[asyncio.AbstractEventLoop | Receiver, tuple[list[Any], list[object], list[Any]]]
+    by_loop = {}
     for index, request in enumerate(waiting):
         error = None if errors is None else errors[index]
         if request.loop is None:
@@ -65,12 +87,19 @@ def deliver(
 
 
 def _settle_on(
-    loop: asyncio.AbstractEventLoop,
+    loop: asyncio.AbstractEventLoop | Receiver,
     futures: list[Any],
     results: Sequence[object],
     errors: Sequence[BaseException | None] | None,
 ) -> None:
     """Hand ``futures``' answers to ``loop``; drop them if it has closed meanwhile."""
+    if not isinstance(loop, asyncio.AbstractEventLoop):
+        try:
+            loop.receive(futures, results, errors)
+        except Exception:
+            # A receiver's fault must not kill the worker or the other deliveries.
+            logger.exception("corral: a receiver of %d answer(s) failed", len(futures))
+        return
     try:
         loop.call_soon_threadsafe(_settle_all, futures, results, errors)
     except RuntimeError:

@@ -8,7 +8,7 @@ This is the folder's face: the layers above import these names from here, never 
 inside it (tests/test_layers.py).
 """
 
-from corral._compute.batching import UNBATCHED, inference_error, shape_key
+from corral._compute.batching import UNBATCHED, inference_error, shape_key, split_rows, stack
 from corral._compute.counters import (
     DEFAULT_MODEL_LATENCY_HISTOGRAMS,
     LOAD_FAILURE_REASONS,
@@ -85,5 +85,7 @@ __all__ = [
     "request_failure_reason",
     "runtime",
     "shape_key",
+    "split_rows",
+    "stack",
     "time_left",
 ]

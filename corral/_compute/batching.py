@@ -27,6 +27,8 @@ __all__ = [
     "run_batch",
     "run_each",
     "shape_key",
+    "split_rows",
+    "stack",
     "take",
 ]
 
@@ -124,7 +126,7 @@ def run_batch(
     if len(batch) == 1:
         return [owner.run_admitted(first.feed, first.names)], 0.0, 0.0
     copy_in = time.perf_counter()
-    feed = {name: np.concatenate([r.feed[name] for r in batch]) for name in first.feed}
+    feed = stack([request.feed for request in batch])
     ran = time.perf_counter()
     try:
         outputs = owner.run_admitted(feed, first.names)
@@ -133,14 +135,17 @@ def run_batch(
     except (InferenceError, InvalidInput) as exc:
         raise BatchFailed from exc
     copy_out = time.perf_counter()
-    results = _split(owner, outputs, batch, rows)
+    results = split_rows(owner, outputs, [request.rows for request in batch], rows)
     return results, ran - copy_in, time.perf_counter() - copy_out
 
 
-def _split(
-    owner: Runnable, outputs: Outputs, batch: list[QueuedRequest], rows: int
-) -> list[Outputs]:
-    """A batch's outputs, split back into each request's rows."""
+def stack(feeds: list[dict[str, npt.NDArray[Any]]]) -> dict[str, npt.NDArray[Any]]:
+    """One feed of the rows of ``feeds``, in order (they share a shape key)."""
+    return {name: np.concatenate([feed[name] for feed in feeds]) for name in feeds[0]}
+
+
+def split_rows(owner: Runnable, outputs: Outputs, counts: list[int], rows: int) -> list[Outputs]:
+    """A batch's outputs, split back into each request's rows (``counts``, ``rows`` in all)."""
     for name, array in outputs.items():
         if getattr(array, "shape", (None,))[:1] != (rows,):
             raise InferenceError(
@@ -148,7 +153,7 @@ def _split(
                 f"{getattr(array, 'shape', None)} for a batch of {rows} rows: it does not "
                 "keep rows apart; set max_batch_size = 0 in its model.toml"
             )
-    if rows == len(batch):
+    if rows == len(counts):
         # One row each, the usual case: numpy makes the per-request views in one C loop.
         views = [list(array[:, np.newaxis]) for array in outputs.values()]
         if len(views) == 1:
@@ -157,8 +162,8 @@ def _split(
         return [dict(zip(outputs, row, strict=True)) for row in zip(*views, strict=True)]
     results: list[Outputs] = []
     start = 0
-    for request in batch:
-        end = start + request.rows
+    for count in counts:
+        end = start + count
         results.append({name: array[start:end] for name, array in outputs.items()})
         start = end
     return results

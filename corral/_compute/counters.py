@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from corral._base import (
@@ -312,6 +313,22 @@ class HostCounters:
                 counters.fail_count += 1
                 counters.fail_ns += duration_ns
                 counters.fail_reasons[index] += 1
+
+    def count_answered(self, key: Key, durations_ns: Sequence[int]) -> None:
+        """Count requests to version ``key`` answered with outputs, at once (a batch's)."""
+        now_ms = int(time.time() * 1000)
+        with self._counters_lock:
+            counters = self._requests.get(key)
+            if counters is None:
+                counters = self._requests[key] = self._new_request_counters()
+            latency = counters.latency
+            for duration_ns in durations_ns:
+                self._latency.observe(duration_ns)
+                if latency is not None:
+                    latency.observe(duration_ns)
+            counters.success_count += len(durations_ns)
+            counters.success_ns += sum(durations_ns)
+            counters.last_inference_ms = now_ms
 
     def count_unattributed_failure(self, duration_ns: int, reason: str) -> None:
         """Count a failed request that names no model version the Host knows, by ``reason``."""

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import numpy.typing as npt
 
-from corral._base import Histogram, RunTrace
+from corral._base import Histogram, Receiver, RunTrace
 from corral._compute.counters import RunCounters
 from corral._onnx import DeviceKey
 
@@ -85,8 +85,9 @@ class QueuedRequest:
     deadline: float | None
     enqueued: float
     owner: Runnable  # holds this request's admission until it is answered
-    future: Future[Outputs] | asyncio.Future[Outputs]
-    loop: asyncio.AbstractEventLoop | None
+    # Its future, or the token its receiver knows it by (corral._base.delivery).
+    future: Future[Outputs] | asyncio.Future[Outputs] | object
+    loop: asyncio.AbstractEventLoop | Receiver | None
     # The server's tracing, when on: told of the run that answers this request.
     trace: RunTrace | None
     # Set once its admission has ended (answered or cancelled): a failed worker answers the

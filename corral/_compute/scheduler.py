@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, cast
 
 import numpy.typing as npt
 
@@ -38,6 +38,7 @@ from corral._base import (
     DeadlineExceeded,
     InferenceError,
     Overloaded,
+    Receiver,
     RunRecord,
     RuntimeClosed,
     RunTrace,
@@ -72,6 +73,10 @@ from corral._compute.run_sharing import adaptive_cap, measure_sharing
 from corral._onnx import DeviceKey
 
 logger = logging.getLogger(__name__)
+
+#: A checked request for :meth:`Scheduler.submit_many`: its feed, the outputs it names, its
+#: deadline, and the token its receiver knows it by.
+ReadyRequest = tuple[dict[str, npt.NDArray[Any]], tuple[str, ...], float | None, object]
 
 __all__ = [
     "DEFAULT_TOTAL_LIMIT",
@@ -229,39 +234,108 @@ class Scheduler:
             feed, names, rows, key, deadline, time.monotonic(), queue.owner, future, loop, trace
         )
         with self._queues_lock:
-            if self._state is not _State.RUNNING:
-                raise RuntimeClosed("the runtime is shutting down and takes no new requests")
-            pending = queue.pending
-            if len(pending) >= queue.limit:
-                queue.counters.rejected += 1
-                raise Overloaded(
-                    f"model {queue.owner.label!r} has {len(pending)} requests queued, its "
-                    f"limit; try again later"
+            refusal = self._refusal_locked(queue)
+            if refusal is not None:
+                raise refusal
+            self._accept_locked(queue, request)
+            self._ready_locked(queue, len(queue.pending) - 1)
+
+    def submit_many(
+        self,
+        queue: ModelQueue,
+        requests: Sequence[
+            tuple[dict[str, npt.NDArray[Any]], tuple[str, ...], float | None, object]
+        ],
+        receiver: Receiver,
+    ) -> list[CorralError | None]:
+        """Queue several checked requests of one queue at once; ``receiver`` takes their answers.
+
+        Each request is ``(feed, names, deadline, token)``, as :meth:`submit` takes them,
+        answered through ``receiver`` with its ``token`` (a batch's answers in one call, on
+        the worker). The queue's owner must hold an admission for each. One taking of the
+        lock for them all, and one wake-up. Returns, for each request, None if it was queued,
+        else what refused it (:class:`Overloaded` past the queue's or the scheduler's bound,
+        :class:`RuntimeClosed`), whose admission then stays with the caller.
+        """
+        now = time.monotonic()
+        batched = queue.max_rows
+        made = []
+        for feed, names, deadline, token in requests:
+            rows, key = shape_key(feed) if batched else UNBATCHED
+            made.append(
+                QueuedRequest(
+                    feed, names, rows, key, deadline, now, queue.owner, token, receiver, None
                 )
-            if self._total >= self._total_limit:
-                queue.counters.rejected += 1
-                queue.counters.overloaded += 1
-                raise Overloaded(
-                    f"{self._total} requests are queued across all models, the limit; "
-                    "try again later"
-                )
-            pending.append(request)
-            queue.counters.accepted += 1
-            self._total += 1
-            if queue.run_s < LONG_RUN_S:
-                self._short_at = request.enqueued
-            # One worker is woken when a queue gets work; it wakes another if it leaves work
-            # behind (see _work). Waking one per request would wake workers that find the
-            # batch already taken, and pay for their wake-ups on every request.
-            if not queue.in_ready:
-                queue.in_ready = True
-                if queue.slots and queue.running >= queue.slots:
-                    queue.parked = True  # every slot runs: in turn when one ends (_serve)
-                else:
-                    self._ready.append(queue)
-                    self._wake_locked()
-            elif queue.window_s and len(pending) == queue.max_rows and not queue.parked:
-                self._wake_locked()  # its window's batch just filled: it is due now
+            )
+        refusals: list[CorralError | None] = []
+        with self._queues_lock:
+            before = len(queue.pending)
+            for request in made:
+                refusal = self._refusal_locked(queue)
+                if refusal is None:
+                    self._accept_locked(queue, request)
+                refusals.append(refusal)
+            if len(queue.pending) > before:
+                self._ready_locked(queue, before)
+        return refusals
+
+    def _refusal_locked(self, queue: ModelQueue) -> CorralError | None:
+        # Why a request to ``queue`` is refused now, counted; None: it may be queued.
+        if self._state is not _State.RUNNING:
+            return RuntimeClosed("the runtime is shutting down and takes no new requests")
+        pending = queue.pending
+        if len(pending) >= queue.limit:
+            queue.counters.rejected += 1
+            return Overloaded(
+                f"model {queue.owner.label!r} has {len(pending)} requests queued, its "
+                f"limit; try again later"
+            )
+        if self._total >= self._total_limit:
+            queue.counters.rejected += 1
+            queue.counters.overloaded += 1
+            return Overloaded(
+                f"{self._total} requests are queued across all models, the limit; try again later"
+            )
+        return None
+
+    def _accept_locked(self, queue: ModelQueue, request: QueuedRequest) -> None:
+        queue.pending.append(request)
+        queue.counters.accepted += 1
+        self._total += 1
+        if queue.run_s < LONG_RUN_S:
+            self._short_at = request.enqueued
+
+    def _ready_locked(self, queue: ModelQueue, before: int) -> None:
+        # The queue got work (it had ``before`` requests): one worker is woken when a queue
+        # gets work; it wakes another if it leaves work behind (see _work). Waking one per
+        # request would wake workers that find the batch already taken, and pay for their
+        # wake-ups on every request.
+        if not queue.in_ready:
+            queue.in_ready = True
+            if queue.slots and queue.running >= queue.slots:
+                queue.parked = True  # every slot runs: in turn when one ends (_serve)
+            else:
+                self._ready.append(queue)
+                self._wake_locked()
+        elif queue.window_s and before < queue.max_rows <= len(queue.pending) and not queue.parked:
+            self._wake_locked()  # its window's batch just filled: it is due now
+
+    def count_inline_run(
+        self, queue: ModelQueue, requests: int, rows: int, seconds: float, expired: int = 0
+    ) -> None:
+        """Count one inline run of ``requests`` requests' ``rows`` rows (a group's, batched).
+
+        ``expired``: requests of the group whose deadline had passed, which did not run.
+        """
+        with self._queues_lock:
+            counters = queue.counters
+            counters.accepted += requests + expired
+            counters.expired += expired
+            if requests:
+                counters.runs += 1
+                counters.rows += rows
+                counters.compute_infer_seconds += seconds
+                counters.batch_rows.observe(rows)
 
     def count_inline(self, queue: ModelQueue, rows: int, seconds: float | None) -> None:
         """Count a request the inline lane answered itself, as a lone run that waited 0 s.
@@ -556,11 +630,13 @@ class Scheduler:
         for request in batch:
             future = request.future
             if request.loop is None:
-                started = future.set_running_or_notify_cancel()  # type: ignore[union-attr]
-            else:
+                started = cast(Future[Outputs], future).set_running_or_notify_cancel()
+            elif isinstance(future, asyncio.Future):
                 # An asyncio future is cancelled on its loop's thread; a cancel that lands
                 # after this check still wins there: the delivery drops the result.
                 started = not future.cancelled()
+            else:
+                started = True  # a receiver's token: nothing cancels it
             if not started:
                 cancelled += 1
                 request.answered = True

@@ -455,12 +455,12 @@ class Session:
         with self._state_lock:
             return self._state is not SessionState.CLOSED
 
-    def _admit_under(self, lease: Lease) -> None:
+    def _admit_under(self, lease: Lease, count: int = 1) -> None:
         with self._state_lock:
             if lease._released:
                 raise SessionClosed(f"the lease on session {self._name!r} was released")
-            self._in_flight += 1
-            self._uses += 1
+            self._in_flight += count
+            self._uses += count
 
     def _hand_over_lease(self, lease: Lease) -> None:
         # The lease's count in _in_flight passes, unchanged, to one admission.
@@ -584,15 +584,15 @@ class Lease:
         """
         return self.session._run(inputs, outputs, self)
 
-    def admit(self) -> None:
-        """Count one more request in flight on the session this lease holds open.
+    def admit(self, count: int = 1) -> None:
+        """Count ``count`` more requests in flight on the session this lease holds open.
 
         Like :meth:`Session.admit`, but succeeds through CLOSING, which the lease holds the
         session open through: a request made under a lease runs even if the session was
-        retired since. End it with :meth:`Session.dismiss`. Raises :class:`SessionClosed`
+        retired since. End them with :meth:`Session.dismiss`. Raises :class:`SessionClosed`
         if the lease was already released.
         """
-        self.session._admit_under(self)
+        self.session._admit_under(self, count)
 
     def hand_over(self) -> None:
         """End the lease by passing its hold on the session to one request it queues.

@@ -350,6 +350,10 @@ class Host:
         """
         self._counters.count_request((name, version), duration_ns, ok=ok, reason=reason)
 
+    def count_answered(self, name: str, version: int, durations_ns: Sequence[int]) -> None:
+        """:meth:`count_request` for several requests answered with outputs, at once."""
+        self._counters.count_answered((name, version), durations_ns)
+
     def count_failed_request(
         self, name: str, version: int | str | None, duration_ns: int, error: BaseException
     ) -> None:

@@ -16,11 +16,18 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy.typing as npt
 
-from corral._base import CorralError, DeadlineExceeded, InvalidInput, RunTrace, SessionClosed
+from corral._base import (
+    CorralError,
+    DeadlineExceeded,
+    InvalidInput,
+    Receiver,
+    RunTrace,
+    SessionClosed,
+)
 from corral._compute import (
     UNBATCHED,
     BatchPlan,
@@ -36,6 +43,8 @@ from corral._compute import (
     deadline_after,
     inference_error,
     shape_key,
+    split_rows,
+    stack,
 )
 from corral._models import ModelConfig
 
@@ -44,6 +53,18 @@ __all__ = ["HostLease", "Outputs", "ServedVersion"]
 Outputs = dict[str, npt.NDArray[Any]]
 #: A request's answer: a thread's Future, or an asyncio Future with the loop it belongs to.
 AnyFuture = Future[Outputs] | asyncio.Future[Outputs]
+
+
+class _Checked(NamedTuple):
+    """A request of a group, checked for an inline run (:meth:`ServedVersion.run_inline_group`)."""
+
+    #: Its place in the group.
+    place: int
+    feed: dict[str, npt.NDArray[Any]]
+    names: tuple[str, ...]
+    deadline: float | None
+    rows: int
+    key: tuple[object, ...]
 
 
 class ServedVersion:
@@ -256,6 +277,46 @@ class ServedVersion:
             self.session.dismiss(1)
             raise
 
+    def enqueue_many(
+        self,
+        requests: Sequence[tuple[Mapping[str, Any], Sequence[str] | None, float | None, object]],
+        receiver: Receiver,
+    ) -> list[CorralError | None]:
+        """Check requests and queue them at once, under an admission each the caller holds.
+
+        Each is ``(inputs, outputs, deadline, token)``; their answers go to ``receiver``
+        with their tokens (:meth:`Scheduler.submit_many`). Returns, for each, None if it was
+        queued, else the error that refused it (bad input, a full queue), whose admission
+        is ended here.
+        """
+        signature = self.session.signature
+        checked: list[tuple[dict[str, npt.NDArray[Any]], tuple[str, ...], float | None, object]]
+        checked = []
+        refusals: list[CorralError | None] = [None] * len(requests)
+        places = []
+        for index, (inputs, outputs, deadline, token) in enumerate(requests):
+            try:
+                feed = signature.prepare_inputs(inputs)
+                if self.row_limit:
+                    self.check_rows(feed)
+                names = signature.output_names(outputs)
+            except CorralError as exc:
+                refusals[index] = exc
+                continue
+            checked.append((feed, names, self._queue_deadline(deadline), token))
+            places.append(index)
+        if checked:
+            queue = self._queue or self._make_queue()
+            scheduler = self._scheduler
+            assert scheduler is not None  # set with the queue
+            queued = scheduler.submit_many(queue, checked, receiver)
+            for index, refusal in zip(places, queued, strict=True):
+                refusals[index] = refusal
+        refused = len(requests) - refusals.count(None)
+        if refused:
+            self.session.dismiss(refused)
+        return refusals
+
     def settle_lane(self, lane: InlineLane) -> bool:
         """Replace a MEASURING lane with its measurement's ``lane``; False if already settled.
 
@@ -328,6 +389,122 @@ class ServedVersion:
                 "result was discarded"
             )
         return results
+
+    def run_inline_group(
+        self,
+        requests: Sequence[tuple[Mapping[str, Any], Sequence[str] | None, float | None]],
+        max_runs: int,
+    ) -> list[Outputs | CorralError | None] | None:
+        """Run a group of requests on the calling thread if the inline lane takes it; else None.
+
+        The inline lane for a group a transport gathered (the native edge's), under the
+        lane's rules (``corral._compute.inline``): requests that share a shape and the
+        outputs they name run together, with no more elements in a run than the sizes
+        measured after the load (a version whose batching is proven or declared, and whose
+        requests share runs now; else each runs alone), at most ``max_runs`` runs. Each run
+        is timed as an inline run is (a run past the bound sends the version back to the
+        compute workers) and counted as a batch that waited 0 s. Returns each request's
+        outputs or error, or None for one not run (the lane left meanwhile, ``max_runs``
+        spent, or its batch failed, which the workers run request by request): the caller
+        queues those. None when the lane takes no request (nothing run, nothing counted).
+        The caller holds a lease on this version for the runs.
+        """
+        lane = self.inline
+        if lane.never or not lane.admits():
+            return None
+        signature = self.session.signature
+        outcomes: list[Outputs | CorralError | None] = [None] * len(requests)
+        checked: list[_Checked] = []
+        for index, (inputs, outputs, deadline) in enumerate(requests):
+            try:
+                feed = signature.prepare_inputs(inputs)
+                if self.row_limit:
+                    self.check_rows(feed)
+                names = signature.output_names(outputs)
+            except CorralError as exc:
+                outcomes[index] = exc
+                continue
+            if not lane.fits(feed):
+                return None  # larger than the sizes measured: the workers run the group
+            rows, key = shape_key(feed) if self.max_rows else UNBATCHED
+            checked.append(_Checked(index, feed, names, self._queue_deadline(deadline), rows, key))
+        queue = self._queue or self._make_queue()
+        scheduler = self._scheduler
+        assert scheduler is not None  # set with the queue
+        share = self.max_rows > 0 and not queue.apart
+        position = runs = 0
+        while position < len(checked) and runs < max_runs:
+            run = self._next_inline_run(checked, position, share)
+            position += len(run)
+            now = time.monotonic()
+            live = [r for r in run if r.deadline is None or now <= r.deadline]
+            for late in run:
+                if late.deadline is not None and now > late.deadline:
+                    outcomes[late.place] = DeadlineExceeded(
+                        f"the deadline of a request to {self.label!r} passed before it ran"
+                    )
+            rows = sum(r.rows for r in live)
+            if not live:
+                scheduler.count_inline_run(queue, 0, 0, 0.0, expired=len(run))
+                continue
+            feed = live[0].feed if len(live) == 1 else stack([r.feed for r in live])
+            self.last_used = time.time()
+            lane_started, started_at = lane.start(), time.perf_counter()
+            error: CorralError | None = None
+            try:
+                # The caller's lease holds the session open for the run, as an admission does.
+                results = self.run_admitted(feed, live[0].names)
+            except CorralError as exc:
+                error = exc
+            except Exception as exc:
+                error = inference_error(self, exc)
+            elapsed = time.perf_counter() - started_at
+            lane.observe(lane_started, rows)
+            scheduler.count_inline_run(queue, len(live), rows, elapsed, len(run) - len(live))
+            runs += 1
+            if error is not None and len(live) > 1:
+                break  # any one of them may be at fault: the workers run them one by one
+            if error is not None:
+                outcomes[live[0].place] = error
+            else:
+                split = (
+                    [results]
+                    if len(live) == 1
+                    else split_rows(self, results, [r.rows for r in live], rows)
+                )
+                finished = time.monotonic()
+                for request, result in zip(live, split, strict=True):
+                    if request.deadline is not None and finished > request.deadline:
+                        outcomes[request.place] = DeadlineExceeded(
+                            f"the deadline of a request to {self.label!r} passed while "
+                            "running; its result was discarded"
+                        )
+                    else:
+                        outcomes[request.place] = result
+            if lane.state is not LaneState.INLINE:
+                break  # it left the lane: the rest go to the workers
+        return outcomes
+
+    def _next_inline_run(self, checked: list[_Checked], start: int, share: bool) -> list[_Checked]:
+        """The requests from ``start`` on that share one inline run (one, unless ``share``)."""
+        first = checked[start]
+        run = [first]
+        if not share or not first.key:
+            return run
+        limits = self.inline.limits
+        sizes = {name: array.size for name, array in first.feed.items()}
+        rows = first.rows
+        for request in checked[start + 1 :]:
+            if request.key != first.key or request.names != first.names:
+                break
+            if rows + request.rows > self.max_rows:
+                break
+            grown = {name: size + request.feed[name].size for name, size in sizes.items()}
+            if any(size > limits.get(name, 0) for name, size in grown.items()):
+                break  # more than the lane measured: the next run takes it
+            run.append(request)
+            sizes, rows = grown, rows + request.rows
+        return run
 
     def _queue_deadline(self, deadline: float | None) -> float | None:
         """The deadline a request waits in the queue under: a config.pbtxt's queue policy.
@@ -498,13 +675,52 @@ class HostLease:
         outputs: Sequence[str] | None = None,
         *,
         timeout: float | None = None,
+        deadline: float | None = None,
     ) -> Future[dict[str, npt.NDArray[Any]]]:
-        """Like :meth:`infer_async`, answered through a ``concurrent.futures.Future``."""
-        deadline = deadline_after(timeout)
+        """Like :meth:`infer_async`, answered through a ``concurrent.futures.Future``.
+
+        ``deadline``: a ``time.monotonic()`` time by which the request must have started, in
+        place of ``timeout``. Each request submitted holds the version until it is answered,
+        beside the lease: one lease may submit a whole group of requests. The future's
+        callbacks run on the compute worker that answers it.
+        """
+        if deadline is None:
+            deadline = deadline_after(timeout)
         self._lease.admit()
         future: Future[Outputs] = Future()
         self._served.enqueue(inputs, outputs, future, None, deadline)
         return future
+
+    def run_inline_group(
+        self,
+        requests: Sequence[tuple[Mapping[str, Any], Sequence[str] | None, float | None]],
+        max_runs: int,
+    ) -> list[dict[str, npt.NDArray[Any]] | CorralError | None] | None:
+        """Run a group of requests on the calling thread, batched, if the inline lane takes it.
+
+        Each request is ``(inputs, outputs, deadline)``. Returns each one's outputs or error,
+        or None for one not run (queue it with :meth:`submit_group`); None when the lane
+        takes none (``ServedVersion.run_inline_group`` has the rules). The lease is the
+        runs' hold on the version.
+        """
+        return self._served.run_inline_group(requests, max_runs)
+
+    def submit_group(
+        self,
+        requests: Sequence[tuple[Mapping[str, Any], Sequence[str] | None, float | None, object]],
+        receiver: Receiver,
+    ) -> list[CorralError | None]:
+        """Queue a group of requests on this lease's version at once; ``receiver`` answers them.
+
+        Each request is ``(inputs, outputs, deadline, token)`` (``deadline`` a
+        ``time.monotonic()`` time by which it must have started, or None); ``receiver``
+        takes their answers with their tokens, a batch's in one call, on the compute worker
+        (:class:`~corral._base.delivery.Receiver`). Each request queued holds the version
+        until it is answered, beside the lease. Returns, for each, None if it was queued,
+        else the error that refused it (bad input, a full queue, the version closed).
+        """
+        self._lease.admit(len(requests))
+        return self._served.enqueue_many(requests, receiver)
 
     def release(self) -> None:
         """Let the version be evicted or closed again; idempotent."""
