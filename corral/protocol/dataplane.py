@@ -28,10 +28,12 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar, cast
 
 import numpy.typing as npt
 
@@ -41,12 +43,13 @@ from corral._base import (
     ChangeListeners,
     CorralError,
     DeadlineExceeded,
+    InferenceError,
     InvalidInput,
     ModelLoadError,
     RunTrace,
 )
 from corral._compute import QueueStats, RequestStats, deadline_after, request_failure_reason
-from corral._host import Host, HostState, ModelState, ModelStatus
+from corral._host import Host, HostLease, HostState, ModelState, ModelStatus
 from corral.protocol.classification import class_count
 from corral.protocol.control import CONTROL_TIMEOUT_S
 from corral.protocol.metadata import model_configuration, model_metadata
@@ -76,6 +79,7 @@ __all__ = [
     "OMITTED_OUTPUTS",
     "READY_LOAD_TIMEOUT_S",
     "DataPlane",
+    "GroupedRequest",
     "run_blocking",
     "status_for",
 ]
@@ -132,6 +136,41 @@ async def run_blocking(
         models = await run_blocking(host.models)
     """
     return await asyncio.to_thread(call, *args, **kwargs)
+
+
+logger = logging.getLogger(__name__)
+
+#: A run's outputs, by name.
+Outputs = dict[str, npt.NDArray[Any]]
+#: The most inline runs a group takes on the thread that hands it over: each is held to the
+#: lane's bound, so a group holds that thread for at most this many times the bound; what is
+#: left goes to the compute workers.
+INLINE_RUNS_PER_GROUP = 4
+
+
+@dataclass(slots=True)
+class GroupedRequest:
+    """One request of a group gathered for one model version (:meth:`DataPlane.infer_group`).
+
+    Its inputs already decoded to arrays (distinct names, the transport checked), and no
+    parameters but what the transport answers itself (binary outputs).
+    """
+
+    inputs: dict[str, npt.NDArray[Any]]
+    #: The outputs named, () for the model's every tensor output.
+    outputs: tuple[str, ...]
+    id: str | None
+    #: A ``time.monotonic()`` time by which it must have started, or None.
+    deadline: float | None
+    #: When it arrived, on ``time.perf_counter_ns()``'s clock: its time is counted from here.
+    started_ns: int
+    #: The transport's own handle on it (a native edge's call).
+    token: object
+
+
+#: How :meth:`DataPlane.infer_group` answers: requests of one group, each with its response
+#: or its error, in one call (a batch's, or those refused at once).
+GroupAnswers = Callable[[Sequence[GroupedRequest], Sequence["InferResponse | CorralError"]], None]
 
 
 class DataPlane:
@@ -444,6 +483,103 @@ class DataPlane:
             parameters={OMITTED_OUTPUTS: ",".join(omitted)} if omitted else {},
         )
 
+    def infer_group(
+        self,
+        name: str,
+        version: str | None,
+        requests: Sequence[GroupedRequest],
+        answer: GroupAnswers,
+    ) -> list[GroupedRequest]:
+        """Answer a group of requests for one model version, taken at once; for native edges.
+
+        The same decisions as :meth:`infer` makes for each request (model control's rules,
+        the version's checks, its queue's bound and deadline, the batching proof, the inline
+        lane, the statistics), taken for the whole group at once where they are the group's:
+        one lookup of the version and one lease for the lot. A version in the inline lane runs
+        the group on this thread, batched within the sizes the lane measured
+        (:meth:`HostLease.run_inline_group`, at most :data:`INLINE_RUNS_PER_GROUP` runs);
+        the rest is queued for the compute workers with one admission and one taking of the
+        scheduler's lock (:meth:`HostLease.submit_group`). ``answer`` is called with the
+        requests answered and their outcomes: each batch's on the compute worker that ran it,
+        the inline runs' and the refusals on this thread. Returns the requests it did not
+        take, for the transport to send the general way (:meth:`infer`): all of them when the
+        version is not loaded now (the general way loads it) or the model has outputs no
+        tensor carries (the general way names them). Never blocks.
+        """
+        try:
+            if self._explicit_only:
+                self._control.check_served(name)
+            lease = self._host.lease_if_ready(name, version or None)
+        except CorralError as exc:
+            for request in requests:
+                elapsed = time.perf_counter_ns() - request.started_ns
+                self._host.count_failed_request(name, version or None, elapsed, exc)
+            answer(requests, [exc] * len(requests))
+            return []
+        if lease is None:
+            return list(requests)
+        try:
+            if lease.session.signature.uncarried_outputs:
+                return list(requests)
+            queued = self._inline_group(lease, requests, answer)
+            refusals: list[CorralError | None] = []
+            if queued:
+                receiver = _GroupReceiver(self, lease.name, lease.version, answer)
+                wanted = [
+                    (request.inputs, request.outputs or None, request.deadline, request)
+                    for request in queued
+                ]
+                try:
+                    refusals = lease.submit_group(wanted, receiver)
+                except CorralError as exc:  # the lease was released meanwhile: none queued
+                    refusals = [exc] * len(queued)
+        finally:
+            lease.release()  # each request queued holds the version on its own
+        refused = [(r, e) for r, e in zip(queued, refusals, strict=True) if e is not None]
+        if refused:
+            for request, error in refused:
+                reason = request_failure_reason(error)
+                self._count(lease.name, lease.version, request.started_ns, ok=False, reason=reason)
+            answer([request for request, _ in refused], [error for _, error in refused])
+        return []
+
+    def _inline_group(
+        self, lease: HostLease, requests: Sequence[GroupedRequest], answer: GroupAnswers
+    ) -> Sequence[GroupedRequest]:
+        # The group's requests the inline lane answers, answered; the others, to queue.
+        wanted = [(r.inputs, r.outputs or None, r.deadline) for r in requests]
+        outcomes = lease.run_inline_group(wanted, INLINE_RUNS_PER_GROUP)
+        if outcomes is None:
+            return requests
+        answered: list[GroupedRequest] = []
+        answers: list[InferResponse | CorralError] = []
+        durations: list[int] = []
+        left: list[GroupedRequest] = []
+        now = time.perf_counter_ns()
+        for request, ran in zip(requests, outcomes, strict=True):
+            if ran is None:
+                left.append(request)
+                continue
+            outcome: InferResponse | CorralError
+            if isinstance(ran, CorralError):
+                outcome = ran
+            else:
+                try:
+                    outcome = _response(lease.name, lease.version, request, ran)
+                    durations.append(now - request.started_ns)
+                except CorralError as exc:
+                    outcome = exc
+            if isinstance(outcome, CorralError):
+                reason = request_failure_reason(outcome)
+                self._count(lease.name, lease.version, request.started_ns, ok=False, reason=reason)
+            answered.append(request)
+            answers.append(outcome)
+        if durations:
+            self._host.count_answered(lease.name, lease.version, durations)
+        if answered:
+            answer(answered, answers)
+        return left
+
     # -- system shared memory ---------------------------------------------------------------
 
     def shared_memory_status(self, name: str | None = None) -> list[RegionStatus]:
@@ -530,3 +666,60 @@ def _shared_memory_off(doing: str) -> str:
 def _version_arg(version: str | None) -> str | None:
     # The protocol spells versions as strings; "" means "not given" in some clients.
     return version or None
+
+
+def _response(name: str, version: int, request: GroupedRequest, results: Outputs) -> InferResponse:
+    """A grouped request's response; :class:`InferenceError` for an output that is no tensor."""
+    outputs = tuple([tensor_output(out, value) for out, value in results.items()])
+    return InferResponse(name, str(version), outputs, request.id)
+
+
+class _GroupReceiver:
+    """Answers a group's requests as their batches are run (a scheduler's receiver).
+
+    Counts each batch's answered requests at once, then hands the batch to the transport's
+    ``answer``. On the compute worker that ran the batch.
+    """
+
+    __slots__ = ("_answer", "_name", "_plane", "_version")
+
+    def __init__(self, plane: DataPlane, name: str, version: int, answer: GroupAnswers) -> None:
+        self._plane = plane
+        self._name = name
+        self._version = version
+        self._answer = answer
+
+    def receive(
+        self,
+        tokens: Sequence[object],
+        results: Sequence[object],
+        errors: Sequence[BaseException | None] | None,
+    ) -> None:
+        """Count and answer one batch's requests (see the class)."""
+        name, version = self._name, self._version
+        requests: list[GroupedRequest] = []
+        outcomes: list[InferResponse | CorralError] = []
+        answered: list[int] = []
+        now = time.perf_counter_ns()
+        for index, token in enumerate(tokens):
+            assert isinstance(token, GroupedRequest)  # what infer_group queued
+            error = None if errors is None else errors[index]
+            if error is None:
+                try:
+                    result = cast(Outputs, results[index])  # a run's outputs, by name
+                    outcomes.append(_response(name, version, token, result))
+                    answered.append(now - token.started_ns)
+                    requests.append(token)
+                    continue
+                except CorralError as exc:
+                    error = exc
+            if not isinstance(error, CorralError):  # not corral's: a bug, answered as such
+                logger.error("corral: a grouped request of %r failed", name, exc_info=error)
+                error = InferenceError(f"internal error: {error!r}")
+            reason = request_failure_reason(error)
+            self._plane._count(name, version, token.started_ns, ok=False, reason=reason)
+            outcomes.append(error)
+            requests.append(token)
+        if answered:
+            self._plane.host.count_answered(name, version, answered)
+        self._answer(requests, outcomes)
