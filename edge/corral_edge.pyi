@@ -64,6 +64,8 @@ class Call:
     ) -> None: ...
     def answer_http(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None: ...
     def answer_grpc(self, code: int, message: str, response: bytes | None = None) -> None: ...
+    def bridge(self) -> None:
+        """Hand the request, as it came, to the Python edge, which answers it."""
 
 class Group:
     """The calls of one model version taken in one round, in arrival order."""
@@ -135,3 +137,12 @@ def _encode_grpc(
 def _host_name(value: str) -> str | None: ...
 def _allows(allowed_hosts: list[str] | None, host: bytes) -> bool: ...
 def _panic_on_model(model: str | None) -> None: ...
+
+def answer_all(
+    answers: list[tuple[Call, str, str | None, list[tuple[str, str, tuple[int, ...], Buffer]]]],
+) -> list[int]:
+    """Answer many calls as Call.answer does, with one release of the GIL for them all.
+
+    Returns the indexes of the calls left open because an output could not be encoded;
+    a call answered already is skipped.
+    """

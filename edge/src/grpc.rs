@@ -47,12 +47,16 @@ pub struct PlainCall {
 }
 
 /// Decodes a ModelInferRequest when it is plain (as `grpc_codec._decode_plain` takes it,
-/// and narrower): no request parameters, each input a fixed-size numeric tensor with no
+/// and narrower): no request parameters but one that changes no answer
+/// ([`answer_unchanged`]), each input a fixed-size numeric tensor with no
 /// parameters or typed contents, one `raw_input_contents` entry each of its exact size,
 /// requested outputs by name only. None: the bridge.
 pub fn decode_plain(message: Bytes) -> Option<PlainCall> {
     let request = pb::ModelInferRequest::decode(message).ok()?;
-    if !request.parameters.is_empty()
+    if !request
+        .parameters
+        .iter()
+        .all(|(key, value)| answer_unchanged(key, value))
         || request.raw_input_contents.is_empty()
         || request.raw_input_contents.len() != request.inputs.len()
     {
@@ -99,6 +103,18 @@ pub fn decode_plain(message: Bytes) -> Option<PlainCall> {
             binary_data_output: false,
         },
     })
+}
+
+/// Whether a request parameter leaves the answer as it would be without it:
+/// `triton_enable_empty_final_response` (perf_analyzer sends it), which asks a decoupled model
+/// to mark its last response; corral's models are not decoupled, so the one response is the
+/// final one whatever its value, as `corral.protocol.parameters` takes it.
+fn answer_unchanged(key: &str, value: &pb::InferParameter) -> bool {
+    key == "triton_enable_empty_final_response"
+        && matches!(
+            value.parameter_choice,
+            Some(pb::infer_parameter::ParameterChoice::BoolParam(_))
+        )
 }
 
 /// The `grpc-timeout` header in microseconds.
@@ -691,16 +707,7 @@ async fn handle(
     };
     let Some(call) = plain else {
         drop(held);
-        let mut framed = BytesMut::with_capacity(message.len() + 5);
-        framed.extend_from_slice(&[0]);
-        framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
-        framed.extend_from_slice(&message);
-        let body = Forwarded {
-            prefix: Some(framed.freeze()),
-            trailers: None,
-            rest: None,
-        };
-        return relay(&shared, &bridge, parts, body, peer, guard).await;
+        return relay(&shared, &bridge, parts, framed(&message), peer, guard).await;
     };
     shared.maybe_panic(&call.model);
     let (reply, answer) = tokio::sync::oneshot::channel();
@@ -737,6 +744,8 @@ async fn handle(
         Some(Answer::Http { .. }) => {
             status_response(INTERNAL, "an HTTP answer to a gRPC call", Some(guard))
         }
+        // Python sends it the general way: the message as it came, to its gRPC server.
+        Some(Answer::Bridge) => relay(&shared, &bridge, parts, framed(&message), peer, guard).await,
         None => {
             Stats::add(&shared.stats.cut, 1);
             status_response(
@@ -745,6 +754,19 @@ async fn handle(
                 Some(guard),
             )
         }
+    }
+}
+
+/// A message read whole, framed again as it came (uncompressed), for the bridge.
+fn framed(message: &Bytes) -> Forwarded {
+    let mut framed = BytesMut::with_capacity(message.len() + 5);
+    framed.extend_from_slice(&[0]);
+    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    framed.extend_from_slice(message);
+    Forwarded {
+        prefix: Some(framed.freeze()),
+        trailers: None,
+        rest: None,
     }
 }
 

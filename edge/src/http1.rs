@@ -686,6 +686,12 @@ impl Connection {
                 }
                 Next::Continue
             }
+            Ok(Answer::Bridge) => {
+                // Python sends it the general way: the request as it came, to its edge.
+                let head_bytes = request.slice(..head.len);
+                let body = request.slice(head.len..);
+                self.bridge(head, head_bytes, &facts, Some(body)).await
+            }
             Ok(Answer::Grpc { .. }) | Err(false) => {
                 // Lost on its way to Python (the edge stops, or take() failed): answered as
                 // a call Python dropped.

@@ -413,6 +413,119 @@ type ReadOutput = (String, Vec<i64>, OutputType, Vec<u8>);
 
 type OutputTuple<'py> = (String, String, Vec<i64>, Bound<'py, PyAny>);
 
+/// The arrays of `outputs` read under the GIL, each with its name, shape and datatype.
+fn read_outputs(outputs: Vec<OutputTuple<'_>>) -> PyResult<Vec<ReadOutput>> {
+    let mut read = Vec::with_capacity(outputs.len());
+    for (name, datatype, shape, array) in outputs {
+        let Some(kind) = OutputType::parse(&datatype) else {
+            return Err(PyValueError::new_err(format!(
+                "output {name:?}: datatype {datatype:?} is not encoded natively; \
+                 answer with answer_http or answer_grpc"
+            )));
+        };
+        let data = output_bytes(&array, kind, &name)?;
+        read.push((name, shape, kind, data));
+    }
+    Ok(read)
+}
+
+impl Call {
+    /// Encodes outputs read already and sends them, without the GIL; gives the call's open
+    /// part back with the reason when they cannot be encoded.
+    fn send_outputs(
+        &self,
+        model_name: &str,
+        model_version: Option<&str>,
+        read: &[ReadOutput],
+        open: Open,
+    ) -> Result<(), (String, Open)> {
+        let views: Vec<Output<'_>> = read
+            .iter()
+            .map(|(name, shape, datatype, data)| Output {
+                name,
+                datatype: *datatype,
+                shape,
+                data,
+            })
+            .collect();
+        let id = self.id.as_deref();
+        let answer = if self.is_grpc {
+            crate::encode::grpc_message(model_name, model_version, id, &views).map(|body| {
+                Answer::Grpc {
+                    code: 0,
+                    message: String::new(),
+                    body: Some(body),
+                }
+            })
+        } else {
+            crate::encode::http_body(model_name, model_version, id, &views, &open.asked)
+                .map(|(body, json_length)| http_infer_answer(body, json_length))
+        };
+        match answer {
+            Ok(answer) => {
+                self.in_flight.fetch_sub(1, Ordering::SeqCst);
+                // The body's bytes are given back before the answer can reach the client.
+                let Open { reply, _held, .. } = open;
+                drop(_held);
+                // A client that went away dropped its end: nothing to do.
+                let _ = reply.send(answer);
+                Ok(())
+            }
+            Err(message) => Err((message, open)),
+        }
+    }
+}
+
+/// One call's answer for `answer_all`: the call, the model's name and version, the outputs.
+type CallAnswer<'py> = (
+    Bound<'py, Call>,
+    String,
+    Option<String>,
+    Vec<OutputTuple<'py>>,
+);
+
+/// Answers many calls with their outputs at once, as `Call.answer` answers each, with one
+/// release of the GIL for all their encodings and sends (a batch's answers, from the compute
+/// worker that ran it). Returns the indexes of the calls left open because an output could
+/// not be encoded (for `answer_http` / `answer_grpc`); a call answered already is skipped.
+#[pyfunction]
+fn answer_all(py: Python<'_>, answers: Vec<CallAnswer<'_>>) -> Vec<usize> {
+    let mut ready = Vec::with_capacity(answers.len());
+    let mut left = Vec::new();
+    for (index, (call, model_name, model_version, outputs)) in answers.into_iter().enumerate() {
+        let call = call.unbind();
+        let Some(open) = call.get().open.lock().take() else {
+            continue; // answered already (the drain's answer, say)
+        };
+        match read_outputs(outputs) {
+            Ok(read) => ready.push((index, call, model_name, model_version, read, open)),
+            Err(_) => {
+                *call.get().open.lock() = Some(open);
+                left.push(index);
+            }
+        }
+    }
+    // The calls come back out of the closure: their references are dropped with the GIL.
+    let (failed, _calls) = py.detach(|| {
+        let mut failed = Vec::new();
+        let mut calls = Vec::with_capacity(ready.len());
+        for (index, call, model_name, model_version, read, open) in ready {
+            let sent = call
+                .get()
+                .send_outputs(&model_name, model_version.as_deref(), &read, open);
+            if let Err((_, open)) = sent {
+                *call.get().open.lock() = Some(open);
+                failed.push(index);
+            }
+            calls.push(call);
+        }
+        (failed, calls)
+    });
+    left.extend(failed);
+    left.sort_unstable();
+    left
+}
+
 #[pymethods]
 impl Call {
     /// Encodes `outputs` and sends them: HTTP JSON (binary where asked) exactly as corral's
@@ -431,65 +544,15 @@ impl Call {
         let Some(open) = self.open.lock().take() else {
             return Err(Self::answered_already());
         };
-        let read = || -> PyResult<Vec<ReadOutput>> {
-            let mut read = Vec::with_capacity(outputs.len());
-            for (name, datatype, shape, array) in outputs {
-                let Some(kind) = OutputType::parse(&datatype) else {
-                    return Err(PyValueError::new_err(format!(
-                        "output {name:?}: datatype {datatype:?} is not encoded natively; \
-                         answer with answer_http or answer_grpc"
-                    )));
-                };
-                let data = output_bytes(&array, kind, &name)?;
-                read.push((name, shape, kind, data));
-            }
-            Ok(read)
-        };
-        let read = match read() {
+        let read = match read_outputs(outputs) {
             Ok(read) => read,
             Err(error) => {
                 *self.open.lock() = Some(open);
                 return Err(error);
             }
         };
-        let id = self.id.as_deref();
-        let is_grpc = self.is_grpc;
         // One release of the GIL for the encoding and the send: the arrays were read above.
-        let sent = py.detach(|| {
-            let views: Vec<Output<'_>> = read
-                .iter()
-                .map(|(name, shape, datatype, data)| Output {
-                    name,
-                    datatype: *datatype,
-                    shape,
-                    data,
-                })
-                .collect();
-            let answer = if is_grpc {
-                crate::encode::grpc_message(model_name, model_version, id, &views).map(|body| {
-                    Answer::Grpc {
-                        code: 0,
-                        message: String::new(),
-                        body: Some(body),
-                    }
-                })
-            } else {
-                crate::encode::http_body(model_name, model_version, id, &views, &open.asked)
-                    .map(|(body, json_length)| http_infer_answer(body, json_length))
-            };
-            match answer {
-                Ok(answer) => {
-                    self.in_flight.fetch_sub(1, Ordering::SeqCst);
-                    // The body's bytes are given back before the answer can reach the client.
-                    let Open { reply, _held, .. } = open;
-                    drop(_held);
-                    // A client that went away dropped its end: nothing to do.
-                    let _ = reply.send(answer);
-                    Ok(())
-                }
-                Err(message) => Err((message, open)),
-            }
-        });
+        let sent = py.detach(|| self.send_outputs(model_name, model_version, &read, open));
         sent.map_err(|(message, open)| {
             *self.open.lock() = Some(open);
             PyValueError::new_err(message)
@@ -538,6 +601,17 @@ impl Call {
             body: response,
         };
         if py.detach(|| self.finish(answer)) {
+            Ok(())
+        } else {
+            Err(Self::answered_already())
+        }
+    }
+
+    /// Hands the request to the Python edge as it came (head and body, or the gRPC message),
+    /// which answers it in its own words: for what only the general way does (a model to load
+    /// first, an answer only Python's encoder makes).
+    fn bridge(&self, py: Python<'_>) -> PyResult<()> {
+        if py.detach(|| self.finish(Answer::Bridge)) {
             Ok(())
         } else {
             Err(Self::answered_already())
@@ -1071,6 +1145,7 @@ fn corral_edge(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Group>()?;
     module.add_class::<Call>()?;
     module.add_class::<Tensor>()?;
+    module.add_function(wrap_pyfunction!(answer_all, module)?)?;
     module.add_function(wrap_pyfunction!(_decode_http, module)?)?;
     module.add_function(wrap_pyfunction!(_encode_http, module)?)?;
     module.add_function(wrap_pyfunction!(_encode_grpc, module)?)?;

@@ -186,6 +186,9 @@ pub enum Answer {
         message: String,
         body: Option<Vec<u8>>,
     },
+    /// No answer from Python: the request goes to the Python edge as it came, which answers
+    /// it (a model to load first, an answer only Python's encoder makes).
+    Bridge,
 }
 
 /// The answer to a call that never got one from Python.
