@@ -19,6 +19,7 @@ use prost::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 
+use crate::pings::PingPolice;
 use crate::plain::{element_count, DataType, PlainRequest, Storage, Tensor};
 use crate::shared::{Answer, CatchUnwind, Held, Pending, Protocol, Shared, Stats};
 
@@ -369,10 +370,26 @@ struct ConnectionState {
     last_change: Mutex<Instant>,
 }
 
-/// The first bytes read (the preface), given back to hyper before the rest of the stream.
+/// The connection as hyper sees it: the first bytes read (the preface) given back before the
+/// rest of the stream, and the bytes both ways watched by the ping policy.
 struct Rewind {
     prefix: Option<Bytes>,
     inner: TcpStream,
+    police: PingPolice,
+    /// The client pinged too often: its GOAWAY was sent (when it could be), and the
+    /// connection reads as ended and takes no more writes.
+    ended: bool,
+}
+
+impl Rewind {
+    fn new(prefix: Bytes, inner: TcpStream, min_ping_interval: Duration) -> Self {
+        Self {
+            prefix: Some(prefix),
+            inner,
+            police: PingPolice::new(min_ping_interval),
+            ended: false,
+        }
+    }
 }
 
 impl AsyncRead for Rewind {
@@ -381,6 +398,9 @@ impl AsyncRead for Rewind {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        if self.ended {
+            return Poll::Ready(Ok(())); // the end of the stream
+        }
         if let Some(mut prefix) = self.prefix.take() {
             let n = prefix.len().min(buf.remaining());
             buf.put_slice(&prefix.split_to(n));
@@ -389,7 +409,25 @@ impl AsyncRead for Rewind {
             }
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) {
+            let this = &mut *self;
+            if this
+                .police
+                .received(&buf.filled()[before..], Instant::now())
+            {
+                // Too many pings: hyper gets none of these bytes but the end of the stream,
+                // and the client the GOAWAY grpc core would send (if the server's bytes are
+                // between frames; a write cut mid-frame leaves only the close).
+                buf.set_filled(before);
+                this.ended = true;
+                if let Some(goaway) = this.police.goaway() {
+                    let _ = this.inner.try_write(&goaway);
+                }
+            }
+        }
+        polled
     }
 }
 
@@ -399,7 +437,14 @@ impl tokio::io::AsyncWrite for Rewind {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        if self.ended {
+            return Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into()));
+        }
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = polled {
+            self.police.sent(&buf[..n]);
+        }
+        polled
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -415,7 +460,21 @@ impl tokio::io::AsyncWrite for Rewind {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        if self.ended {
+            return Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into()));
+        }
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(mut n)) = polled {
+            for slice in bufs {
+                let taken = n.min(slice.len());
+                self.police.sent(&slice[..taken]);
+                n -= taken;
+                if n == 0 {
+                    break;
+                }
+            }
+        }
+        polled
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -484,10 +543,11 @@ async fn serve(
         Ok(Ok(_)) if preface == PREFACE => {}
         _ => return,
     }
-    let io = TokioIo::new(Rewind {
-        prefix: Some(Bytes::from(preface)),
-        inner: stream,
-    });
+    let io = TokioIo::new(Rewind::new(
+        Bytes::from(preface),
+        stream,
+        config.grpc_min_ping_interval,
+    ));
     let state = Arc::new(ConnectionState {
         active: AtomicUsize::new(0),
         last_change: Mutex::new(Instant::now()),
@@ -529,6 +589,8 @@ async fn serve(
     let idle = config.grpc_idle_timeout;
     let mut shutting = false;
     let mut check_at = Instant::now() + idle;
+    // Set once an idle connection was sent its GOAWAY: it is closed then, if no call opened.
+    let mut idle_close: Option<Instant> = None;
     loop {
         tokio::select! {
             _ = connection.as_mut() => return,
@@ -540,15 +602,35 @@ async fn serve(
                     // No call for idle_timeout: GOAWAY, as grpc core's max_connection_idle.
                     connection.as_mut().graceful_shutdown();
                     shutting = true;
+                    idle_close = Some(Instant::now() + IDLE_GOAWAY_GRACE);
                 } else {
                     check_at = last_change + idle;
                 }
+            }
+            () = sleep_until_some(idle_close) => {
+                // hyper's graceful close waits for the client's answer to a PING; a client
+                // that says nothing (a dead peer, a raw socket) would hold the connection.
+                if state.active.load(Ordering::SeqCst) == 0 {
+                    return;
+                }
+                idle_close = Some(Instant::now() + IDLE_GOAWAY_GRACE);
             }
             () = shared.draining.wait(), if !shutting => {
                 connection.as_mut().graceful_shutdown();
                 shutting = true;
             }
         }
+    }
+}
+
+/// How long an idle connection sent its GOAWAY may take to close before the edge closes it.
+const IDLE_GOAWAY_GRACE: Duration = Duration::from_secs(5);
+
+/// Completes at `at`; never when `at` is None.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -8,6 +8,7 @@ pub mod encode;
 pub mod grpc;
 pub mod hosts;
 pub mod http1;
+pub mod pings;
 pub mod plain;
 #[cfg(feature = "python")]
 mod python;
