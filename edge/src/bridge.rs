@@ -256,7 +256,7 @@ pub async fn exchange(
         close: false,
         begun: false,
         is_head,
-        draining: shared.draining.is_raised(),
+        draining: false,
     };
     // Bytes sent past `initial`: once there are any, the request cannot be sent again.
     let mut replayable = true;
@@ -308,6 +308,9 @@ pub async fn exchange(
                         return Outcome::Broken;
                     }
                     out.clear();
+                    // The drain ends the client's connection after this answer, unless its
+                    // next request has arrived already (a request received is answered).
+                    answer.draining = shared.draining.is_raised() && buf.is_empty();
                     if answer.feed(&mut input, &mut out).is_err() {
                         return Outcome::Broken;
                     }

@@ -18,7 +18,9 @@ use crate::bridge::{self, BodySource};
 use crate::chunked::Chunked;
 use crate::encode::http_refusal;
 use crate::plain::decode_http;
-use crate::shared::{Answer, CatchUnwind, Held, Pending, Protocol, Shared, Slot, Stats};
+use crate::shared::{
+    Answer, CatchUnwind, Held, Pending, Protocol, Shared, Slot, Stats, INFO, WARNING,
+};
 use crate::text::{fmt_g, py_repr_latin1};
 
 /// How long a connection idle at the drain's start stays open to read a request already
@@ -388,15 +390,30 @@ struct Connection {
     slot: Arc<Slot>,
 }
 
-/// Serves one accepted connection to its end. `refused`: the cap's 503, written once the
-/// client sends its first bytes (as the Python edge does).
+/// What woke a connection waiting for its next request.
+enum Woke {
+    RoomAsked,
+    Drain,
+}
+
+/// Serves one accepted connection to its end. `at_cap`: the connections open before it, when
+/// that was the cap: room is made, or the cap's 503 is written once the client sends its
+/// first bytes (as the Python edge does).
 pub async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
-    shared: Arc<Shared>,
+    place: Admitted,
     slot: Arc<Slot>,
-    refused: Option<String>,
+    at_cap: Option<usize>,
 ) {
+    let shared = Arc::clone(&place.shared);
+    let refused = match at_cap {
+        Some(open) if !make_room(&shared, &slot).await => Some(format!(
+            "the server has {open} connections open, its limit (max_connections); try again \
+             later"
+        )),
+        _ => None,
+    };
     let _ = stream.set_nodelay(true);
     let mut connection = Connection {
         stream,
@@ -433,6 +450,9 @@ pub async fn serve(
             }
         }
     }
+    // Its place under the cap is given back before the client can see the close, so that a
+    // connection the client opens next finds it free.
+    drop(place);
     let _ = connection.stream.shutdown().await;
 }
 
@@ -456,6 +476,13 @@ impl Connection {
         self.stream.write_all(bytes).await.is_ok()
     }
 
+    /// Whether the connection stays open after this request's answer: its client asked so,
+    /// and the drain has not begun, or the next request had arrived already when it began (a
+    /// request received is answered; the last one received says `Connection: close`).
+    fn keeps_open(&self, facts: &Facts) -> bool {
+        facts.keep_alive && (!self.shared.draining.is_raised() || !self.buf.is_empty())
+    }
+
     async fn refuse(&mut self, status: u16, message: &str) {
         let answer = http_refusal(status, message);
         self.write(&answer).await;
@@ -476,16 +503,27 @@ impl Connection {
                     Ok(Ok(n)) if n > 0
                 );
             }
-            tokio::select! {
+            let woke = tokio::select! {
                 read = tokio::time::timeout(idle, self.read_more()) => {
                     break matches!(read, Ok(Ok(n)) if n > 0);
                 }
-                () = slot.close.notified() => {
-                    if !shared.draining.is_raised() {
-                        break false; // closed to make room for a new connection
-                    }
+                () = slot.room_asked.notified() => Woke::RoomAsked,
+                () = slot.close.notified() => Woke::Drain,
+                () = shared.draining.wait() => Woke::Drain,
+            };
+            if matches!(woke, Woke::RoomAsked) {
+                // Idle unless a request's bytes arrived unread: then it stays, and the one
+                // asking looks elsewhere.
+                let verdict = slot.verdict_lock.lock().take();
+                let read = self.stream.try_read_buf(&mut self.buf);
+                let stays = matches!(read, Ok(n) if n > 0);
+                if let Ok(n) = read {
+                    Stats::add(&shared.stats.bytes_in, n);
                 }
-                () = shared.draining.wait() => {}
+                if let Some(verdict) = verdict {
+                    let _ = verdict.send(!stays);
+                }
+                break stays;
             }
         };
         slot.idle.store(false, std::sync::atomic::Ordering::SeqCst);
@@ -501,6 +539,14 @@ impl Connection {
             match parse_head(&self.buf) {
                 Parsed::Complete(head) => break head,
                 Parsed::Invalid(error) => {
+                    // Said before the answer is written: in the log before the client's next step.
+                    self.shared.say(
+                        WARNING,
+                        format!(
+                            "an invalid HTTP request was received ({error}); answered 400, \
+                             connection closed"
+                        ),
+                    );
                     self.refuse(400, &format!("the request is not valid HTTP/1.1: {error}"))
                         .await;
                     return Next::Close;
@@ -533,6 +579,13 @@ impl Connection {
         let facts = match check_head(&self.buf, &head, counted, max_url, max_header) {
             Ok(facts) => facts,
             Err((status, message)) => {
+                if status == 400 {
+                    // The protocol refused (its framing, an upgrade): the Python edge logs these.
+                    self.shared.say(
+                        WARNING,
+                        format!("{message}; answered 400, connection closed"),
+                    );
+                }
                 self.refuse(status, &message).await;
                 return Next::Close;
             }
@@ -581,14 +634,12 @@ impl Connection {
                 Ok(_) => return Next::Close,
                 Err(_) => {
                     let timeout = fmt_g(self.config().body_timeout_s);
-                    self.refuse(
-                        408,
-                        &format!(
-                            "the request's body stopped arriving: no byte for {timeout} s \
-                             (body_timeout_s)"
-                        ),
-                    )
-                    .await;
+                    let message = format!(
+                        "the request's body stopped arriving: no byte for {timeout} s \
+                         (body_timeout_s)"
+                    );
+                    self.shared.say(INFO, format!("{message}; answered 408"));
+                    self.refuse(408, &message).await;
                     return Next::Close;
                 }
             }
@@ -670,7 +721,7 @@ impl Connection {
                 lines,
                 body,
             }) => {
-                let keep_alive = facts.keep_alive && !shared.draining.is_raised();
+                let keep_alive = self.keeps_open(&facts);
                 let mut out = Vec::with_capacity(128 + lines.len() + body.len());
                 out.extend_from_slice(&crate::text::status_line(status));
                 shared.dates.push_defaults(&mut out);
@@ -723,7 +774,7 @@ impl Connection {
     /// the default headers, as the Python direct route answers errors).
     async fn answer_error(&mut self, status: u16, message: &str, facts: &Facts) -> Next {
         let body = crate::text::error_body(message);
-        let keep_alive = facts.keep_alive && !self.shared.draining.is_raised();
+        let keep_alive = self.keeps_open(facts);
         let out = crate::encode::http_response(
             status,
             &self.shared.dates,
@@ -768,7 +819,7 @@ impl Connection {
         .await;
         match outcome {
             Ok(bridge::Outcome::Done { close }) => {
-                if close || !keep_alive || shared.draining.is_raised() {
+                if close || !keep_alive || !self.keeps_open(facts) {
                     Next::Close
                 } else {
                     Next::Continue
@@ -803,32 +854,57 @@ impl Connection {
     }
 }
 
-/// Registers a new connection against the cap: its slot, and the 503 refusing it when the
-/// cap is reached and no idle connection could be closed to make room.
-pub fn admit(shared: &Shared) -> (u64, Arc<Slot>, Option<String>) {
+/// Registers a new connection: its id, its slot, and the connections open before it when
+/// that is the cap already (then it needs [`make_room`], or is refused).
+pub fn admit(shared: &Shared) -> (u64, Arc<Slot>, Option<usize>) {
+    // A new connection is idle until its first request begins, as the Python edge counts it:
+    // past the cap, one that has sent nothing yet may be closed to make room.
     let slot = Arc::new(Slot::default());
+    slot.idle.store(true, std::sync::atomic::Ordering::SeqCst);
     let id = shared
         .next_slot
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut slots = shared.slots.lock();
     let open = slots.len();
-    let mut refused = None;
-    if open >= shared.config.max_connections {
-        let idle = slots
+    slots.push((id, Arc::clone(&slot)));
+    (
+        id,
+        slot,
+        (open >= shared.config.max_connections).then_some(open),
+    )
+}
+
+/// How long a connection asked to close for room has to say whether it did.
+const ROOM_VERDICT_WAIT: Duration = Duration::from_secs(1);
+
+/// Closes an idle connection to make room for `own` (as nginx reuses keep-alive connections):
+/// each idle one is asked in turn, and closes unless a request of its own arrived meanwhile.
+/// False when none would close: the new connection is then answered 503.
+pub async fn make_room(shared: &Shared, own: &Arc<Slot>) -> bool {
+    let tries = shared.slots.lock().len();
+    for _ in 0..tries {
+        let victim = shared
+            .slots
+            .lock()
             .iter()
-            .find(|(_, other)| other.idle.swap(false, std::sync::atomic::Ordering::SeqCst));
-        match idle {
-            Some((_, other)) => other.close.notify_one(),
-            None => {
-                refused = Some(format!(
-                    "the server has {open} connections open, its limit (max_connections); try \
-                     again later"
-                ));
-            }
+            .find(|(_, other)| {
+                !Arc::ptr_eq(other, own)
+                    && other.idle.swap(false, std::sync::atomic::Ordering::SeqCst)
+            })
+            .map(|(_, other)| Arc::clone(other));
+        let Some(victim) = victim else {
+            return false;
+        };
+        let (verdict, said) = tokio::sync::oneshot::channel();
+        *victim.verdict_lock.lock() = Some(verdict);
+        victim.room_asked.notify_one();
+        // It closed, or ended before it could say (its place is free either way); else it
+        // had a request, or said nothing in time, and the next idle one is asked.
+        if let Ok(Ok(true) | Err(_)) = tokio::time::timeout(ROOM_VERDICT_WAIT, said).await {
+            return true;
         }
     }
-    slots.push((id, Arc::clone(&slot)));
-    (id, slot, refused)
+    false
 }
 
 /// Forgets a closed connection.

@@ -760,7 +760,7 @@ impl Edge {
         idle_timeout_s, max_connections, body_timeout_s, max_request_bytes,
         native_body_bytes=1<<20, max_pending=4096, grpc_max_connections, grpc_idle_timeout_s,
         grpc_handshake_timeout_s, grpc_keepalive_time_s, grpc_keepalive_timeout_s,
-        grpc_max_concurrent_streams, grpc_max_message_bytes,
+        grpc_min_ping_interval_s=10.0, grpc_max_concurrent_streams, grpc_max_message_bytes,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -788,6 +788,7 @@ impl Edge {
         grpc_handshake_timeout_s: f64,
         grpc_keepalive_time_s: f64,
         grpc_keepalive_timeout_s: f64,
+        grpc_min_ping_interval_s: f64,
         grpc_max_concurrent_streams: Option<u32>,
         grpc_max_message_bytes: usize,
     ) -> PyResult<Self> {
@@ -814,6 +815,7 @@ impl Edge {
             grpc_handshake_timeout: seconds(grpc_handshake_timeout_s, "grpc_handshake_timeout_s")?,
             grpc_keepalive_time: seconds(grpc_keepalive_time_s, "grpc_keepalive_time_s")?,
             grpc_keepalive_timeout: seconds(grpc_keepalive_timeout_s, "grpc_keepalive_timeout_s")?,
+            grpc_min_ping_interval: seconds(grpc_min_ping_interval_s, "grpc_min_ping_interval_s")?,
             grpc_max_concurrent_streams,
             grpc_max_message_bytes,
         };
@@ -913,6 +915,12 @@ impl Edge {
         Ok(groups)
     }
 
+    /// What the edge has to say in corral's log since this was last called: (level, text)
+    /// pairs, oldest first, the levels Python's logging levels.
+    fn notices(&self) -> Vec<(u8, String)> {
+        self.shared.notices.take()
+    }
+
     /// Calls taken by Python and not yet answered.
     #[getter]
     fn in_flight(&self) -> usize {
@@ -959,6 +967,7 @@ impl Edge {
         dict.set_item("bytes_in", read(&stats.bytes_in))?;
         dict.set_item("bytes_out", read(&stats.bytes_out))?;
         dict.set_item("cut", read(&stats.cut))?;
+        dict.set_item("notices_dropped", read(&self.shared.notices.dropped))?;
         dict.set_item("in_flight", self.in_flight.load(Ordering::SeqCst))?;
         Ok(dict)
     }

@@ -27,13 +27,13 @@ pub async fn accept_http(listener: TcpListener, shared: Arc<Shared>) {
         let (id, slot, refused) = http1::admit(&shared);
         let shared = Arc::clone(&shared);
         tokio::spawn(async move {
-            let _place = http1::Admitted {
+            let place = http1::Admitted {
                 shared: Arc::clone(&shared),
                 id,
             };
             let stopping = Arc::clone(&shared);
             tokio::select! {
-                () = http1::serve(stream, peer, Arc::clone(&shared), slot, refused) => {}
+                () = http1::serve(stream, peer, place, slot, refused) => {}
                 () = stopping.stopping.wait() => {}
             }
         });

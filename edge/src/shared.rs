@@ -129,6 +129,8 @@ pub struct Config {
     pub grpc_handshake_timeout: Duration,
     pub grpc_keepalive_time: Duration,
     pub grpc_keepalive_timeout: Duration,
+    /// A client's pings may come this often; see `pings`.
+    pub grpc_min_ping_interval: Duration,
     pub grpc_max_concurrent_streams: Option<u32>,
     pub grpc_max_message_bytes: usize,
 }
@@ -158,6 +160,7 @@ impl Default for Config {
             grpc_handshake_timeout: Duration::from_secs(10),
             grpc_keepalive_time: Duration::from_secs(60),
             grpc_keepalive_timeout: Duration::from_secs(20),
+            grpc_min_ping_interval: Duration::from_secs(10),
             grpc_max_concurrent_streams: None,
             grpc_max_message_bytes: 64 << 20,
         }
@@ -212,8 +215,9 @@ pub struct Pending {
 
 /// The pending calls: the edge's threads push, Python's `take` drains them all at once.
 pub struct Queue {
-    /// The calls in arrival order, and whether the edge stopped (wakes every taker).
-    state: Mutex<(VecDeque<Pending>, bool)>,
+    /// The calls in arrival order, whether the edge stopped (wakes every taker), and
+    /// whether a taker was nudged (a notice waits: `take` returns, maybe with no call).
+    state: Mutex<(VecDeque<Pending>, bool, bool)>,
     ready: Condvar,
     limit: usize,
 }
@@ -221,7 +225,7 @@ pub struct Queue {
 impl Queue {
     pub fn new(limit: usize) -> Self {
         Self {
-            state: Mutex::new((VecDeque::new(), false)),
+            state: Mutex::new((VecDeque::new(), false, false)),
             ready: Condvar::new(),
             limit,
         }
@@ -244,11 +248,12 @@ impl Queue {
     pub fn take(&self, timeout: Duration) -> Vec<Pending> {
         let deadline = Instant::now() + timeout;
         let mut state = self.state.lock();
-        while state.0.is_empty() && !state.1 {
+        while state.0.is_empty() && !state.1 && !state.2 {
             if self.ready.wait_until(&mut state, deadline).timed_out() {
                 break;
             }
         }
+        state.2 = false;
         state.0.drain(..).collect()
     }
 
@@ -264,6 +269,12 @@ impl Queue {
     /// Removes every pending call (the drain ran out, or the edge stops).
     pub fn clear(&self) -> Vec<Pending> {
         self.state.lock().0.drain(..).collect()
+    }
+
+    /// Wakes a taker now, with or without calls (a notice waits to be logged).
+    pub fn nudge(&self) {
+        self.state.lock().2 = true;
+        self.ready.notify_one();
     }
 
     /// Wakes every taker for good (the edge stopped).
@@ -298,13 +309,51 @@ impl Stats {
     }
 }
 
+/// Python's logging levels, for [`Notices`].
+pub const INFO: u8 = 20;
+pub const WARNING: u8 = 30;
+/// Notices kept until Python takes them; past this they are counted, not kept.
+const NOTICES_KEPT: usize = 1024;
+
+/// What the edge has to say in corral's log, in the Python edge's words: (level, text),
+/// taken by the dispatcher (`Edge.notices()`) each time it takes calls.
+#[derive(Debug, Default)]
+pub struct Notices {
+    /// The notices not yet taken, oldest first.
+    said_lock: Mutex<VecDeque<(u8, String)>>,
+    /// Notices dropped because `NOTICES_KEPT` were waiting.
+    pub dropped: AtomicU64,
+}
+
+impl Notices {
+    /// Keeps a notice for Python's log (counts it as dropped if too many wait).
+    pub fn say(&self, level: u8, text: String) {
+        let mut said = self.said_lock.lock();
+        if said.len() >= NOTICES_KEPT {
+            drop(said);
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        said.push_back((level, text));
+    }
+
+    /// Every notice kept, oldest first; none are kept after.
+    pub fn take(&self) -> Vec<(u8, String)> {
+        self.said_lock.lock().drain(..).collect()
+    }
+}
+
 /// An open HTTP connection as the cap and the drain see it.
 #[derive(Debug, Default)]
 pub struct Slot {
     /// Waiting for a request's first byte (an idle connection may be closed for room).
     pub idle: AtomicBool,
-    /// Told to close when idle (for room, or by the drain).
+    /// Told to close when idle, by the drain.
     pub close: Notify,
+    /// Asked to close for room by a connection past the cap (see `http1::make_room`).
+    pub room_asked: Notify,
+    /// Where the asked connection says whether it closed (true) or had a request (false).
+    pub verdict_lock: Mutex<Option<oneshot::Sender<bool>>>,
 }
 
 /// One-way signals that wake every waiter, also those that begin to wait afterwards.
@@ -347,6 +396,7 @@ pub struct Shared {
     pub budget: Arc<Budget>,
     pub queue: Queue,
     pub stats: Stats,
+    pub notices: Notices,
     pub dates: crate::text::DateCache,
     /// Open HTTP connections (for the cap and the drain), by id.
     pub slots: Mutex<Vec<(u64, Arc<Slot>)>>,
@@ -371,6 +421,7 @@ impl Shared {
             budget,
             queue: Queue::new(max_pending),
             stats: Stats::default(),
+            notices: Notices::default(),
             dates: crate::text::DateCache::default(),
             slots: Mutex::new(Vec::new()),
             next_slot: AtomicU64::new(0),
@@ -380,6 +431,13 @@ impl Shared {
             grpc_open: AtomicUsize::new(0),
             http_pool: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Keeps a notice for corral's log and wakes the dispatcher to log it now, rather than
+    /// when the next call or the take's timeout wakes it.
+    pub fn say(&self, level: u8, text: String) {
+        self.notices.say(level, text);
+        self.queue.nudge();
     }
 
     /// Panics if `model` is the test hook's (see `_panic_on_model`).
