@@ -217,7 +217,7 @@ pub struct Pending {
 pub struct Queue {
     /// The calls in arrival order, whether the edge stopped (wakes every taker), and
     /// whether a taker was nudged (a notice waits: `take` returns, maybe with no call).
-    state: Mutex<(VecDeque<Pending>, bool, bool)>,
+    pending_lock: Mutex<(VecDeque<Pending>, bool, bool)>,
     ready: Condvar,
     limit: usize,
 }
@@ -225,7 +225,7 @@ pub struct Queue {
 impl Queue {
     pub fn new(limit: usize) -> Self {
         Self {
-            state: Mutex::new((VecDeque::new(), false, false)),
+            pending_lock: Mutex::new((VecDeque::new(), false, false)),
             ready: Condvar::new(),
             limit,
         }
@@ -234,7 +234,7 @@ impl Queue {
     /// Hands a call off; gives it back if `max_pending` calls wait already.
     #[allow(clippy::result_large_err)] // handed straight back to the caller, never stored
     pub fn push(&self, call: Pending) -> Result<(), Pending> {
-        let mut state = self.state.lock();
+        let mut state = self.pending_lock.lock();
         if state.0.len() >= self.limit {
             return Err(call);
         }
@@ -247,7 +247,7 @@ impl Queue {
     /// Every pending call, waiting up to `timeout` for the first.
     pub fn take(&self, timeout: Duration) -> Vec<Pending> {
         let deadline = Instant::now() + timeout;
-        let mut state = self.state.lock();
+        let mut state = self.pending_lock.lock();
         while state.0.is_empty() && !state.1 && !state.2 {
             if self.ready.wait_until(&mut state, deadline).timed_out() {
                 break;
@@ -259,7 +259,7 @@ impl Queue {
 
     /// Every pending call, without waiting (none: empty).
     pub fn try_take(&self) -> Vec<Pending> {
-        let mut state = self.state.lock();
+        let mut state = self.pending_lock.lock();
         if state.0.is_empty() {
             return Vec::new();
         }
@@ -268,18 +268,18 @@ impl Queue {
 
     /// Removes every pending call (the drain ran out, or the edge stops).
     pub fn clear(&self) -> Vec<Pending> {
-        self.state.lock().0.drain(..).collect()
+        self.pending_lock.lock().0.drain(..).collect()
     }
 
     /// Wakes a taker now, with or without calls (a notice waits to be logged).
     pub fn nudge(&self) {
-        self.state.lock().2 = true;
+        self.pending_lock.lock().2 = true;
         self.ready.notify_one();
     }
 
     /// Wakes every taker for good (the edge stopped).
     pub fn close(&self) {
-        self.state.lock().1 = true;
+        self.pending_lock.lock().1 = true;
         self.ready.notify_all();
     }
 

@@ -155,13 +155,14 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 
 /// The current time's `date` header line as uvicorn writes it, remade once a second.
 pub struct DateCache {
-    inner: parking_lot::Mutex<(u64, Vec<u8>)>,
+    /// The second last formatted, and its lines.
+    line_lock: parking_lot::Mutex<(u64, Vec<u8>)>,
 }
 
 impl Default for DateCache {
     fn default() -> Self {
         Self {
-            inner: parking_lot::Mutex::new((u64::MAX, Vec::new())),
+            line_lock: parking_lot::Mutex::new((u64::MAX, Vec::new())),
         }
     }
 }
@@ -173,7 +174,7 @@ impl DateCache {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        let mut cached = self.inner.lock();
+        let mut cached = self.line_lock.lock();
         if cached.0 != now {
             let mut lines = Vec::with_capacity(64);
             lines.extend_from_slice(b"date: ");
