@@ -44,7 +44,8 @@ def start_server(
 ) -> ServerProcess:
     """Start ``corral serve repo`` with ``extra`` flags, logging to ``log``; wait for its ports.
 
-    ``CORRAL_*`` variables of this process are not passed on: only ``environment``'s are.
+    ``CORRAL_*`` variables of this process are not passed on, except ``CORRAL_EDGE`` (the
+    suite's choice of edge, ``make test`` runs it on each): only ``environment``'s are.
     ``preexec_fn`` runs in the child before it starts (to lower its resource limits, say).
     """
     command = [
@@ -61,7 +62,7 @@ def start_server(
         "10",
         *extra,
     ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_") or k == "CORRAL_EDGE"}
     env.update(environment or {})
     with log.open("wb") as sink:
         process = subprocess.Popen(
@@ -84,6 +85,17 @@ def start_server(
     process.kill()
     process.wait(timeout=10)
     raise AssertionError(f"corral serve did not start:\n{log.read_text()}")
+
+
+def logged(served: ServerProcess, since: int, wanted: Callable[[str], bool]) -> list[str]:
+    """The server's log lines after the first ``since`` that ``wanted`` accepts; waits up to
+    10 s for one (the native edge's notices reach the log from its dispatcher thread)."""
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [line for line in served.log.read_text().splitlines()[since:] if wanted(line)]
+        if lines or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.02)
 
 
 def stop_server(served: ServerProcess) -> None:

@@ -53,6 +53,14 @@ ALLOWED |= {
     "server.connections": frozenset({"server.bodies", "server.http"}),
     "server.grpc": _CORE_AND_FACE | {"protocol", "server.bodies", "server.observe"},
 }
+ALLOWED["server.native"] = _CORE_AND_FACE | {
+    "protocol",
+    "server.bodies",
+    "server.observe",
+    "server.http",
+    "server.grpc",
+    "server.connections",
+}
 ALLOWED["server"] = _CORE_AND_FACE | {"protocol"} | {k for k in ALLOWED if k.startswith("server.")}
 ALLOWED["ray"] = ALLOWED["server"] | {"server"}
 ALLOWED["cli"] = ALLOWED["ray"] | {"ray"}

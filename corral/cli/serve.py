@@ -115,6 +115,13 @@ def run_serve(args: argparse.Namespace) -> int:
     except TracingUnavailable as exc:
         print(f"corral serve: error: {exc}", file=sys.stderr)
         return 2
+    if settings.edge == "native":
+        from corral.server.native.edge import native_edge_problem
+
+        problem = native_edge_problem()
+        if problem is not None:
+            print(f"corral serve: error: --edge native: {problem}", file=sys.stderr)
+            return 2
     configure_logging(
         level=settings.log_level,
         log_format=settings.log_format,

@@ -105,7 +105,7 @@ def render_status(document: dict[str, Any]) -> Group:
     models = document["models"]
     head = Text.assemble(
         (f"{server['name']} {server['version']}", "bold"),
-        f"  {server['repository']}  up {server['uptime_s']:.0f} s  ",
+        f"  {server['repository']}  {server['edge']} edge  up {server['uptime_s']:.0f} s  ",
         f"{_number(server['requests_per_s'])} req/s  {_number(server['errors_per_s'])} err/s  ",
         f"p50 {_number(server['p50_ms'], 2)} ms  p99 {_number(server['p99_ms'], 2)} ms  ",
         f"threads {server['threads']}  RSS {_bytes(server['rss_bytes'])}  ",

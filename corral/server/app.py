@@ -27,10 +27,11 @@ import math
 import os
 import resource
 import signal
+import socket
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,18 +45,19 @@ from corral.protocol.control import ControlThreads
 from corral.protocol.dataplane import DataPlane
 from corral.protocol.model_control import ModelControl
 from corral.protocol.shm import SharedMemoryRegistry
-from corral.server.bodies import BodyBudget
+from corral.server.bodies import BodyBudget, BudgetCounter
 from corral.server.connections.contract import ConnectionLimits
 from corral.server.connections.edge import protocol_for
 from corral.server.connections.server import EdgeServer
 from corral.server.grpc.limits import GrpcLimits
 from corral.server.http.app import HttpApp
 from corral.server.http.metrics_port import MetricsApp
+from corral.server.native.edge import BridgeSockets, NativeEdge, chosen_edge, load_corral_edge
 from corral.server.observe.dashboard import DashboardFiles
 from corral.server.observe.metrics import Metrics
 from corral.server.observe.status import StatusBoard
 from corral.server.observe.tracing import Tracing, start_tracing
-from corral.server.ports import check_ports_free
+from corral.server.ports import check_ports_free, listening
 from corral.server.settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -272,17 +274,22 @@ async def serve(
             ready_load_timeout_s=settings.ready_load_timeout_s,
             shared_memory=shared_memory,
         )
-        # One budget for both transports: memory is the process's, whichever way bytes came.
-        body_budget = BodyBudget(settings.body_budget_bytes())
-        metrics = Metrics(plane, body_budget)
-        board = StatusBoard(plane, repository=str(settings.repository))
+        edge = chosen_edge(settings.edge)
+        # One budget for both transports: memory is the process's, whichever way bytes came,
+        # and whichever edge read them (the native edge counts in its own, shared here).
+        shared = (
+            None if edge == "python" else load_corral_edge().Budget(settings.body_budget_bytes())
+        )
+        body_budget = BodyBudget(settings.body_budget_bytes(), shared)
+        servers = _Servers(plane, settings.drain_timeout_s, shared)
+        metrics = Metrics(plane, body_budget, servers.edge_report)
+        board = StatusBoard(plane, repository=str(settings.repository), edge=edge)
         resources.callback(asyncio.create_task(board.run()).cancel)
         metrics_port = None
         if settings.metrics_port is not None:
             metrics_server = await _start_metrics_server(settings, metrics.render)
             resources.push_async_callback(metrics_server.stop)  # after the drain: scraped in it
             metrics_port = metrics_server.port
-        servers = _Servers(plane, settings.drain_timeout_s)
         resources.push_async_callback(servers.drain)
         if member is not None:  # not ready until every process of the group is
             plane.hold_ready()
@@ -293,7 +300,7 @@ async def serve(
         if freeze_long_lived:
             _freeze("the servers are built")
         addresses = Addresses(settings.host, servers.http_port, servers.grpc_port)
-        _log_summary(settings, host, addresses, open_files, servers.caps, member)
+        _log_summary(settings, host, addresses, open_files, servers, member)
         if started is not None:
             started(addresses)
         if member is not None:
@@ -340,6 +347,14 @@ def _http_app(
     )
 
 
+def _listening(what: str, host: str, port: int, shared: bool = False) -> socket.socket:
+    """The native edge's socket for ``what``; a bind error in the Python edge's words."""
+    try:
+        return listening(host, port, shared=shared)
+    except OSError as exc:
+        raise OSError(f"{what} could not start on {host}:{port} ({exc.strerror or exc})") from exc
+
+
 class _Servers:
     """The HTTP and gRPC servers: started one after the other, drained together.
 
@@ -347,9 +362,16 @@ class _Servers:
     within the drain timeout; gRPC's health service answers NOT_SERVING from then on.
     """
 
-    def __init__(self, plane: DataPlane, drain_timeout_s: float) -> None:
+    def __init__(
+        self, plane: DataPlane, drain_timeout_s: float, native: BudgetCounter | None = None
+    ) -> None:
         self._plane = plane
         self._drain_timeout_s = drain_timeout_s
+        # The native edge's budget when it serves (then the servers below are its bridges).
+        self._native_budget = native
+        #: The native edge, once started; None with the Python edge alone.
+        self.native: NativeEdge | None = None
+        self._bridges: BridgeSockets | None = None
         #: Set as the drain (or its notice) begins.
         self.draining = asyncio.Event()
         self.http: EdgeServer | None = None
@@ -375,13 +397,16 @@ class _Servers:
         ``member``: HTTP listens on the socket its parent bound, gRPC shares its port.
         """
         http_limits, rpc_limits = limits
+        native = self._native_budget is not None
+        if native:
+            self._bridges = bridges = BridgeSockets.make()
         if settings.grpc_port >= 0:
             from corral.server.grpc.service import start_grpc_server
 
             token = settings.auth_token
             self._grpc, self.grpc_port = await start_grpc_server(
                 self._plane,
-                settings.host,
+                f"unix:{bridges.grpc_path}" if native else settings.host,
                 settings.grpc_port,
                 auth_token=None if token is None else token.get_secret_value(),
                 max_message_bytes=settings.max_request_bytes,
@@ -391,33 +416,103 @@ class _Servers:
                 tracing=tracing,
                 limits=rpc_limits,
                 max_health_watches=settings.grpc_max_health_watches,
-                reuse_port=member is not None,
+                reuse_port=member is not None and not native,
             )
+        if native:
+            sock: socket.socket | None = bridges.http
+        else:
+            sock = None if member is None else member.http_socket
         self.http = EdgeServer(
             app,
             settings.host,
             settings.http_port,
-            protocol_for(http_limits, app if app.answers_directly else None),
+            protocol_for(http_limits, app if app.answers_directly else None, bridged=native),
             # A backstop only: drain() answers what is left at the drain timeout.
             drain_margin_s=math.ceil(settings.drain_timeout_s) + _DRAIN_MARGIN_S,
-            sock=None if member is None else member.http_socket,
+            sock=sock,
         )
         self.caps = (
             http_limits.max_connections,
             None if self.grpc_port is None else rpc_limits.max_connections,
         )
         self.http_port = await self.http.start()
+        if native:
+            assert self._native_budget is not None  # native
+            token = settings.auth_token
+            self.native = NativeEdge(
+                self._plane,
+                self._native_budget,
+                native_infer=app.answers_directly,
+                auth_token=None if token is None else token.get_secret_value(),
+                allowed_hosts=settings.site_policy().entries,
+                threads=settings.edge_threads,
+                limits=limits,
+                max_request_bytes=settings.max_request_bytes,
+            )
+            with contextlib.ExitStack() as ports:  # the edge serves on its own copies
+                if member is None:
+                    http = ports.enter_context(
+                        _listening("the HTTP server", settings.host, settings.http_port)
+                    )
+                else:
+                    http = member.http_socket
+                    http.listen(socket.SOMAXCONN)
+                grpc = None
+                if self.grpc_port is not None:
+                    grpc = _listening(
+                        "the gRPC server", settings.host, settings.grpc_port, member is not None
+                    )
+                    ports.enter_context(grpc)
+                self.native.start(http, grpc, bridges)
+                self.http_port = int(http.getsockname()[1])
+                self.grpc_port = None if grpc is None else int(grpc.getsockname()[1])
+
+    @property
+    def edge(self) -> str:
+        """The edge that owns the sockets: ``native`` or ``python``."""
+        return "python" if self._native_budget is None else "native"
+
+    def edge_report(self) -> tuple[str, Mapping[str, int]]:
+        """Which edge serves, and the native edge's counters ({} for the Python edge)."""
+        return self.edge, {} if self.native is None else self.native.stats()
 
     async def drain(self) -> None:
-        """Stop both from taking connections, and answer what they accepted."""
+        """Stop both from taking connections, and answer what they accepted.
+
+        With the native edge, it drains first (the Python edge behind it still answers the
+        requests it bridges), then the Python edge, then the edge stops; the bridges' folder
+        goes last.
+        """
+        try:
+            await self._drain()
+        finally:
+            if self.native is not None:
+                await self.native.stop()
+            if self._bridges is not None:
+                self._bridges.remove()
+
+    async def _drain(self) -> None:
         self._plane.stop_reporting_ready()
         self.draining.set()
         drains: list[Awaitable[int | None]] = []
+        timeout_s = self._drain_timeout_s
+        cut = 0
+        if self.native is not None:
+            # The native edge first: the Python edge behind it answers its bridged requests
+            # (and takes new bridge connections) until the native edge has answered the last.
+            logger.info(
+                "corral: Shutting down: the native edge answers the requests it received "
+                "(drain timeout %g s)",
+                timeout_s,
+            )
+            started = time.monotonic()
+            cut = await self.native.drain(timeout_s)
+            timeout_s = max(0.0, timeout_s - (time.monotonic() - started))
         if self.http is not None:
             self.http.stop_accepting()
-            drains.append(self.http.drain(self._drain_timeout_s))
+            drains.append(self.http.drain(timeout_s))
         if self._grpc is not None:
-            drains.append(self._grpc.stop(grace=self._drain_timeout_s))
+            drains.append(self._grpc.stop(grace=timeout_s))
             # grpc.aio stops its poller thread once its last server is gone: not kept here
             # (an exception's traceback may keep this object long after).
             self._grpc = None
@@ -425,8 +520,7 @@ class _Servers:
         for outcome in drained:
             if isinstance(outcome, BaseException):
                 raise outcome
-        cut = drained[0] if self.http is not None else 0
-        self.cut = cut if isinstance(cut, int) else 0
+        self.cut = cut + sum(outcome for outcome in drained if isinstance(outcome, int))
 
 
 async def _until_stopped(
@@ -723,14 +817,16 @@ def _log_summary(
     host: Host,
     addresses: Addresses,
     open_files: int,
-    caps: tuple[int, int | None],
+    servers: _Servers,
     member: GroupMember | None,
 ) -> None:
+    caps = servers.caps
     stats = host.stats()
     budget = "none" if stats.memory_budget is None else f"{stats.memory_budget:,} bytes"
     grpc = "off" if addresses.grpc_port is None else f"{addresses.host}:{addresses.grpc_port}"
     logger.info(
-        "corral %s serving %s on %s: %d models in the repository, HTTP on %s:%d, gRPC %s, "
+        "corral %s serving %s on %s: %d models in the repository, HTTP on %s:%d, gRPC %s "
+        "(the %s edge), "
         "memory budget %s, %d compute workers, %s, open-file limit %d, "
         "at most %d HTTP%s connections%s%s%s",
         __version__,
@@ -740,6 +836,7 @@ def _log_summary(
         addresses.host,
         addresses.http_port,
         grpc,
+        "native" if servers.edge == "native" else "Python",
         budget,
         host.runtime.options.compute_workers,
         _describe_onnxruntime(host.runtime.options),

@@ -23,8 +23,36 @@ from __future__ import annotations
 
 import threading
 from types import TracebackType
+from typing import Protocol
 
-__all__ = ["BodyBudget", "BodyBudgetExceeded", "BodyReservation"]
+__all__ = ["BodyBudget", "BodyBudgetExceeded", "BodyReservation", "BudgetCounter"]
+
+
+class BudgetCounter(Protocol):
+    """A count of bytes shared with another holder of request bodies: the native edge's.
+
+    ``corral_edge.Budget`` is one: the edge holds the bodies it reads in it, and a
+    :class:`BodyBudget` made on it counts the Python edge's in the same bytes, so the budget
+    is one whichever edge read them. Thread-safe (atomics).
+    """
+
+    @property
+    def limit(self) -> int:
+        """The most bytes held at once."""
+        ...
+
+    @property
+    def held(self) -> int:
+        """The bytes held now."""
+        ...
+
+    def try_grow(self, n: int) -> bool:
+        """Hold ``n`` more bytes if they fit; whether they did."""
+        ...
+
+    def give_back(self, n: int) -> None:
+        """Give back ``n`` bytes held."""
+        ...
 
 
 class BodyBudgetExceeded(Exception):
@@ -45,12 +73,19 @@ class BodyBudgetExceeded(Exception):
 
 
 class BodyBudget:
-    """A count of request bytes held at once, refused past ``limit``. Thread-safe."""
+    """A count of request bytes held at once, refused past ``limit``. Thread-safe.
 
-    def __init__(self, limit: int) -> None:
+    ``shared``: count in that :class:`BudgetCounter` (the native edge's), whose limit must be
+    ``limit``, instead of a count of this budget's own.
+    """
+
+    def __init__(self, limit: int, shared: BudgetCounter | None = None) -> None:
         if type(limit) is not int or limit <= 0:
             raise ValueError(f"a body budget must be a positive number of bytes, got {limit!r}")
+        if shared is not None and shared.limit != limit:
+            raise ValueError(f"the shared count's limit is {shared.limit}, not {limit}")
         self._limit = limit
+        self._shared = shared
         # Guards _held (HTTP and gRPC reserve on the event loop, a Ray replica on its own)
         # and _refused, the reservations refused so far.
         self._held_lock = threading.Lock()
@@ -65,7 +100,7 @@ class BodyBudget:
     @property
     def held(self) -> int:
         """The bytes held now."""
-        return self._held
+        return self._held if self._shared is None else self._shared.held
 
     @property
     def refused(self) -> int:
@@ -78,8 +113,7 @@ class BodyBudget:
 
         For choosing a route only: what is held is decided by :meth:`BodyReservation.grow`.
         """
-        with self._held_lock:
-            return self._held + size <= self._limit
+        return self.held + size <= self._limit
 
     def reserve(self, size: int) -> BodyReservation:
         """Hold ``size`` bytes, or raise :class:`BodyBudgetExceeded` holding nothing."""
@@ -88,6 +122,13 @@ class BodyBudget:
         return reservation
 
     def _take(self, size: int, *, hold: bool = True) -> None:
+        shared = self._shared
+        if shared is not None:
+            if shared.try_grow(size) if hold else shared.held + size <= self._limit:
+                return
+            with self._held_lock:
+                self._refused += 1
+            raise BodyBudgetExceeded(self._limit, shared.held, size)
         with self._held_lock:
             if self._held + size > self._limit:
                 self._refused += 1
@@ -96,6 +137,9 @@ class BodyBudget:
                 self._held += size
 
     def _give_back(self, size: int) -> None:
+        if self._shared is not None:
+            self._shared.give_back(size)
+            return
         with self._held_lock:
             self._held -= size
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from corral.server.settings import ServerSettings
 
-__all__ = ["bind_shared", "check_ports_free", "in_use"]
+__all__ = ["bind_shared", "check_ports_free", "in_use", "listening"]
 
 
 def check_ports_free(settings: ServerSettings) -> None:
@@ -84,3 +84,28 @@ def _passive(host: str, port: int) -> tuple[socket.AddressFamily, socket.SocketK
         host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
     return family, kind, proto, address
+
+
+def listening(host: str, port: int, *, shared: bool = False) -> socket.socket:
+    """A TCP socket bound to ``host:port`` as the servers bind (SO_REUSEADDR), listening.
+
+    ``shared``: with SO_REUSEPORT, as a ``--processes`` group shares its ports. For the native
+    edge, which serves on the socket (corral.server.native). Raises :class:`OSError`.
+    """
+    if shared:
+        (sock,) = bind_shared(host, port, 1)
+    else:
+        family, kind, proto, address = _passive(host, port)
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+        except BaseException:
+            sock.close()
+            raise
+    try:
+        sock.listen(socket.SOMAXCONN)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

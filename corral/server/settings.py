@@ -109,6 +109,20 @@ class ServerSettings(_HostAndRuntimeOptions):
         "API's load and unload answer 501, and /metrics is served per process on "
         "--metrics-port P, P+1, ... only",
     )
+    edge: Literal["auto", "native", "python"] = Field(
+        "auto",
+        description="who owns the sockets: native (corral_edge: HTTP and gRPC parsed in "
+        "Rust, plain inference requests handed to Python in groups, the rest forwarded to the "
+        "Python edge in this process), python (uvicorn and grpc.aio alone), or auto: native "
+        "when corral_edge is installed",
+    )
+    edge_threads: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="the native edge's threads (sockets, parsing, encoding); Python's own "
+        "threads run the models",
+    )
     metrics_port: int | None = Field(
         None,
         ge=0,

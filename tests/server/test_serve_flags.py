@@ -29,6 +29,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "host": ("0.0.0.0", "0.0.0.0"),
     "http_port": ("8123", 8123),
     "grpc_port": ("-1", -1),
+    "edge": ("python", "python"),
+    "edge_threads": ("2", 2),
     "memory_budget": ("2GiB", "2GiB"),
     "max_upload_bytes": ("2GiB", "2GiB"),
     "cache_dir": ("/var/cache/corral", "/var/cache/corral"),

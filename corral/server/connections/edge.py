@@ -90,6 +90,9 @@ class EdgeProtocol(HttpToolsProtocol):
     limits: ClassVar[ConnectionLimits]
     #: The app answering direct requests, or None: every request then takes the ASGI path.
     direct: ClassVar[DirectApp | None] = None
+    #: The connections are the native edge's (its bridge): a request's client is the one its
+    #: ``x-corral-peer`` header names, a header no client's request keeps (the edge strips it).
+    bridged: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -199,6 +202,8 @@ class EdgeProtocol(HttpToolsProtocol):
             self.transport.close()
 
     async def _run_app(self, scope: Any, receive: Any, send: Any) -> None:
+        if self.bridged:
+            _take_peer(scope)
         scope[LOOP_SCOPE_KEY] = self.loop  # the loop running this task: the app need not ask
         # The server's tasks, this one's included: one request per task, on every connection.
         scope[ALONE_SCOPE_KEY] = len(self.tasks) == 1
@@ -368,6 +373,18 @@ class EdgeProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
+def _take_peer(scope: Any) -> None:
+    # The client the native edge names (ip:port, [ip6]:port), taken out of the headers.
+    headers = scope["headers"]
+    for index, (key, value) in enumerate(headers):
+        if key == b"x-corral-peer":
+            del headers[index]
+            host, _, port = value.decode("latin-1").rpartition(":")
+            if port.isdigit():
+                scope["client"] = (host.strip("[]"), int(port))
+            return
+
+
 def _close_one_idle(connections: Iterable[object]) -> bool:
     # An idle connection is one waiting for its next request: its keep-alive timer is armed.
     for connection in connections:
@@ -394,10 +411,15 @@ def end_requests_in_flight(server_state: ServerState) -> int:
     return len(tasks)
 
 
-def protocol_for(limits: ConnectionLimits, direct: DirectApp | None = None) -> type[EdgeProtocol]:
+def protocol_for(
+    limits: ConnectionLimits, direct: DirectApp | None = None, *, bridged: bool = False
+) -> type[EdgeProtocol]:
     """The protocol class uvicorn builds for each connection, held to ``limits``.
 
     ``direct``: the app whose ``answer_infer`` then answers the plainest inference requests
     without the ASGI path (see the module's doc); None: every request takes that path.
+    ``bridged``: the connections come from the native edge (the bridge's Unix socket), whose
+    ``x-corral-peer`` header says which client sent each request.
     """
-    return type("EdgeProtocol", (EdgeProtocol,), {"limits": limits, "direct": direct})
+    attributes = {"limits": limits, "direct": direct, "bridged": bridged}
+    return type("EdgeProtocol", (EdgeProtocol,), attributes)

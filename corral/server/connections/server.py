@@ -115,6 +115,8 @@ class EdgeServer:
         """The port the server listens on."""
         for server in self._server.servers:
             for sock in server.sockets:
+                if sock.family == socket.AF_UNIX:
+                    return 0  # the native edge's bridge: a socket file, no port
                 return int(sock.getsockname()[1])
         raise RuntimeError(f"{self._what} has no listening socket")
 

@@ -299,9 +299,30 @@ async def _exchange(
                     "bytes": nbytes,
                     "duration_ms": round((time.perf_counter_ns() - started_ns) / 1e6, 3),
                     "request_id": request_id,
-                    "client": context.peer(),
+                    "client": _client(context),
                 }
             )
+
+
+#: The metadata key the native edge adds to a call it forwards: the client's ``ip:port``.
+PEER_KEY = "x-corral-peer"
+
+
+def _client(context: _Context) -> str:
+    """The call's client as grpc names peers (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``).
+
+    A call forwarded by the native edge comes over its Unix bridge socket (a ``unix:`` peer,
+    which only the edge can reach); the edge names the client in ``x-corral-peer``, and
+    strips that key from what clients send.
+    """
+    peer = str(context.peer())
+    if not peer.startswith("unix:"):
+        return peer
+    for key, value in context.invocation_metadata() or ():
+        if key == PEER_KEY:
+            address = value if isinstance(value, str) else value.decode("latin-1")
+            return ("ipv6:" if address.startswith("[") else "ipv4:") + address
+    return peer
 
 
 def _code_name(code: Any) -> str:
@@ -661,7 +682,8 @@ async def start_grpc_server(
 ) -> tuple[grpc.aio.Server, int]:
     """Start a grpc.aio server for ``plane`` on ``host:port``; return it and the bound port.
 
-    Binds exactly the address given (port 0: a free port), without SO_REUSEPORT unless
+    Binds exactly the address given (port 0: a free port; ``host`` ``unix:PATH``: that Unix
+    socket, the native edge's bridge, and ``port`` is not read), without SO_REUSEPORT unless
     ``reuse_port`` (``--processes N``), so that a taken port is an error. With ``auth_token``
     every RPC but ServerLive, ServerReady and the health checks of the server needs the
     metadata ``authorization: Bearer <token>`` (a model's health check needs it too).
@@ -704,7 +726,12 @@ async def start_grpc_server(
         auth_token=auth_token,
         max_watches=max_health_watches,
     )
-    address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+    if host.startswith("unix:"):
+        address = host  # the native edge's bridge: a Unix socket, no port
+    else:
+        address = (
+            f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+        )
     try:
         bound = server.add_insecure_port(address)
     except RuntimeError as exc:

@@ -144,6 +144,13 @@ class SitePolicy:
         """Whether every ``Host`` is answered."""
         return self._any
 
+    @property
+    def entries(self) -> list[str] | None:
+        """The names answered, as an allow-list writes them (``*.x`` for suffixes); None: any."""
+        if self._any:
+            return None
+        return [*sorted(self._names), *(f"*{suffix}" for suffix in self._suffixes)]
+
     def allows(self, host: str) -> bool:
         """Whether a ``Host`` header's value names the server."""
         if self._any:

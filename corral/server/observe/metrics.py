@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 try:
     from prometheus_client import (
@@ -190,7 +190,12 @@ class Metrics:
         body, content_type = metrics.render()   # the response to GET /metrics
     """
 
-    def __init__(self, plane: DataPlane, body_budget: BodyBudget | None = None) -> None:
+    def __init__(
+        self,
+        plane: DataPlane,
+        body_budget: BodyBudget | None = None,
+        edge: EdgeReport | None = None,
+    ) -> None:
         self._plane = plane
         self._body_budget = body_budget
         # This server's own registry: the process-wide default one is never touched. It
@@ -199,6 +204,8 @@ class Metrics:
         self._registry.register(_HostCollector(plane.host))
         self._registry.register(_ProblemsCollector(plane.host))
         self._registry.register(_StoreCollector(plane.host))
+        if edge is not None:
+            self._registry.register(_EdgeCollector(edge))
         # The standard families (process_*, python_info, python_gc_*), read at each scrape.
         ProcessCollector(registry=self._registry)
         PlatformCollector(registry=self._registry)
@@ -438,6 +445,53 @@ class _ProblemsCollector(Collector):
         for kind, count in counts.items():
             family.add_metric([kind.value], count)
         yield family
+
+
+#: Which edge serves (``native`` or ``python``), and the native edge's counters now
+#: (``corral_edge.Edge.stats()``; empty for the Python edge).
+EdgeReport = Callable[[], tuple[str, Mapping[str, int]]]
+
+
+class _EdgeCollector(Collector):
+    """``corral_edge_*``: which edge serves, and the native edge's own counters."""
+
+    def __init__(self, report: EdgeReport) -> None:
+        self._report = report
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield ``corral_edge_info{edge}`` and, for the native edge, its counters."""
+        edge, stats = self._report()
+        info = GaugeMetricFamily(
+            "corral_edge_info", "The edge that owns the sockets: native or python", labels=["edge"]
+        )
+        info.add_metric([edge], 1)
+        yield info
+        if not stats:
+            return
+        requests = CounterMetricFamily(
+            "corral_edge_requests",
+            "Requests the native edge answered itself through the data plane (native) or "
+            "forwarded to the Python edge (bridged)",
+            labels=["route"],
+        )
+        requests.add_metric(["native"], stats.get("requests_native", 0))
+        requests.add_metric(["bridged"], stats.get("requests_bridged", 0))
+        yield requests
+        yield CounterMetricFamily(
+            "corral_edge_refused_pending",
+            "Requests the native edge refused because max_pending waited for Python already",
+            value=stats.get("refused_pending", 0),
+        )
+        yield CounterMetricFamily(
+            "corral_edge_panics",
+            "Requests the native edge answered 500 / INTERNAL because it failed on them",
+            value=stats.get("panics", 0),
+        )
+        yield GaugeMetricFamily(
+            "corral_edge_calls_in_flight",
+            "Requests handed to Python by the native edge and not answered yet",
+            value=stats.get("in_flight", 0),
+        )
 
 
 class _StoreCollector(Collector):

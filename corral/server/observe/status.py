@@ -256,8 +256,9 @@ def _ms(estimate: Quantile | None) -> float | None:
 class StatusBoard:
     """The status page's figures: the rings of samples, and the documents built from them.
 
-    ``repository``: what the page shows as the repository (the path served). Safe from any
-    thread; :meth:`run` fills the rings until cancelled.
+    ``repository``: what the page shows as the repository (the path served); ``edge``: the
+    edge that owns the sockets (``native`` or ``python``). Safe from any thread; :meth:`run`
+    fills the rings until cancelled.
     """
 
     def __init__(
@@ -265,12 +266,14 @@ class StatusBoard:
         plane: DataPlane,
         *,
         repository: str,
+        edge: str = "python",
         sample_s: float = SAMPLE_S,
         model_window_s: float = MODEL_WINDOW_S,
     ) -> None:
         self._plane = plane
         self._host = plane.host
         self._repository = repository
+        self._edge = edge
         self._sample_s = sample_s
         self._model_window_s = model_window_s
         self._started = time.monotonic()
@@ -464,6 +467,7 @@ class StatusBoard:
             "state": stats.state.value,
             "uptime_s": round(time.monotonic() - self._started, 1),
             "repository": self._repository,
+            "edge": self._edge,
             "requests_per_s": rate,
             "errors_per_s": errors,
             **_quantiles_doc(p50, p99),

@@ -250,6 +250,7 @@ def test_the_server_figures_come_from_the_samples(thirty: Path):
         assert server["p50_bucket_ms"] == pytest.approx([0.0, 0.5])
         assert server["memory_budget_bytes"] == 1_000_000
         assert server["repository"] == "models/"
+        assert server["edge"] == "python"  # the board's default: the edge it was told
         history = call(app, "GET", "/v2/corral/status").json()["history"]
         assert len(history["requests_per_s"]) == 1  # one interval between two samples
 

@@ -114,7 +114,8 @@ function element(tag, text, className) {
 function draw(doc) {
   const s = doc.server;
   $("server-line").textContent =
-    s.name + " " + s.version + " · " + s.repository + " · up " + duration(s.uptime_s);
+    s.name + " " + s.version + " · " + s.repository + " · " + s.edge + " edge · up " +
+    duration(s.uptime_s);
   const cards = [
     ["requests/s", num(s.requests_per_s)], ["errors/s", num(s.errors_per_s)],
     ["p50 ms", num(s.p50_ms, 2)], ["p99 ms", num(s.p99_ms, 2)],

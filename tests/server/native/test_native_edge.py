@@ -1,0 +1,331 @@
+"""The native edge in corral's server: ``corral.server.native`` with a real ``corral_edge``.
+
+In-process servers (``corral.server.app.serve`` on a thread of its own, 127.0.0.1, ports the OS
+picks), so the dispatcher's Python runs under coverage; the behaviour both edges share is also
+tested through ``corral serve`` by the reliability and server suites, which ``make test`` runs
+on each edge. Skipped when ``corral_edge`` is not installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from corral.server.app import Addresses, serve
+from corral.server.native.dispatch import Dispatcher
+from corral.server.native.edge import NativeEdgeUnavailable, chosen_edge
+from corral.server.settings import ServerSettings
+from corral.testing import build_mlp
+from tests.helpers import add_model, reference_run, serialized
+
+corral_edge = pytest.importorskip("corral_edge")
+
+MLP = build_mlp(seed=1)
+
+
+def build_cast_to_string() -> bytes:
+    """Y = X as strings: a numeric input (native) whose output is BYTES (encoded by corral)."""
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["X"], ["Y"], to=TensorProto.STRING)],
+        "cast_to_string",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 2])],
+        [helper.make_tensor_value_info("Y", TensorProto.STRING, ["N", 2])],
+    )
+    return serialized(graph)
+
+
+class _Running:
+    """``serve`` on a thread with its own event loop, stopped by :meth:`stop`."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self._settings = settings
+        self._started = threading.Event()
+        self._addresses: list[Addresses] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self.exit_code: int | None = None
+        self._thread = threading.Thread(target=self._main, daemon=True)
+        self._thread.start()
+        if not self._started.wait(60):
+            raise AssertionError("the server did not start within 60 s")
+
+    def _main(self) -> None:
+        async def run() -> int:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+
+            def started(addresses: Addresses) -> None:
+                self._addresses.append(addresses)
+                self._started.set()
+
+            try:
+                return await serve(self._settings, self._stop, started=started)
+            finally:
+                self._started.set()
+
+        self.exit_code = asyncio.run(run())
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self._addresses[0].http_port}"
+
+    @property
+    def grpc(self) -> str:
+        return f"127.0.0.1:{self._addresses[0].grpc_port}"
+
+    def stop(self) -> int | None:
+        assert self._loop is not None
+        assert self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(60)
+        assert not self._thread.is_alive(), "the server did not stop within 60 s"
+        return self.exit_code
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("native-repository")
+    add_model(root, "mlp", MLP)
+    add_model(root, "strings", build_cast_to_string())
+    return root
+
+
+def _serving(repository: Path, edge: str) -> Iterator[_Running]:
+    running = _Running(
+        ServerSettings(repository=str(repository), http_port=0, grpc_port=0, edge=edge)
+    )
+    try:
+        yield running
+    finally:
+        assert running.stop() == 0
+
+
+@pytest.fixture
+def native(repository: Path) -> Iterator[_Running]:
+    yield from _serving(repository, "native")
+
+
+@pytest.fixture
+def python(repository: Path) -> Iterator[_Running]:
+    yield from _serving(repository, "python")
+
+
+#: httpx asks for gzip answers by default, which the native edge leaves to the Python edge.
+PLAIN = {"accept-encoding": "identity"}
+
+
+def _body(rows: np.ndarray) -> dict[str, Any]:
+    return {
+        "inputs": [
+            {
+                "name": "X",
+                "datatype": "FP32",
+                "shape": list(rows.shape),
+                "data": rows.ravel().tolist(),
+            }
+        ]
+    }
+
+
+def _metrics(server: _Running) -> str:
+    with urllib.request.urlopen(f"{server.http}/metrics", timeout=30) as answer:
+        return str(answer.read().decode())
+
+
+def _native_requests(server: _Running) -> float:
+    for line in _metrics(server).splitlines():
+        if line.startswith('corral_edge_requests_total{route="native"}'):
+            return float(line.split()[-1])
+    raise AssertionError('no corral_edge_requests_total{route="native"} in /metrics')
+
+
+@pytest.mark.timeout(120)
+def test_concurrent_requests_are_grouped_and_each_gets_its_own_outputs(native: _Running):
+    with httpx.Client(
+        base_url=native.http, headers=PLAIN, timeout=30
+    ) as client:  # loads the model first
+        assert client.post("/v2/models/mlp/infer", json=_body(np.ones((1, 4), "f4"))).is_success
+    before = _native_requests(native)
+    rng = np.random.default_rng(7)
+    feeds = [rng.standard_normal((1 + i % 3, 4)).astype(np.float32) for i in range(64)]
+
+    def ask(rows: np.ndarray) -> np.ndarray:
+        with httpx.Client(base_url=native.http, headers=PLAIN, timeout=30) as client:
+            answer = client.post("/v2/models/mlp/infer", json=_body(rows))
+        assert answer.status_code == 200, answer.text
+        (output,) = answer.json()["outputs"]
+        return np.asarray(output["data"], np.float32).reshape(output["shape"])
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(ask, feeds))
+    for rows, answer in zip(feeds, answers, strict=True):
+        (expected,) = reference_run(MLP, {"X": rows})
+        np.testing.assert_allclose(answer, expected, rtol=1e-5, atol=1e-6)
+    # Every one was answered by the native path, not the bridge.
+    assert _native_requests(native) - before == len(feeds)
+
+
+REFUSED = {
+    "a wrong datatype": {
+        "inputs": [{"name": "X", "datatype": "FP64", "shape": [1, 4], "data": [1, 2, 3, 4]}]
+    },
+    "a wrong shape": {
+        "inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]
+    },
+    "an unknown input": {
+        "inputs": [{"name": "Z", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]
+    },
+    "an unknown output": {
+        "inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}],
+        "outputs": [{"name": "nope"}],
+    },
+}
+
+
+def _answers(server: _Running) -> dict[str, Any]:
+    """What ``server`` answers: its status page's edge, a BYTES output, each refusal."""
+    seen: dict[str, Any] = {}
+    with httpx.Client(base_url=server.http, headers=PLAIN, timeout=30) as client:
+        seen["edge"] = client.get("/v2/corral/status").json()["server"]["edge"]
+        strings = _body(np.array([[1.5, -2.0]], "f4"))
+        client.post("/v2/models/strings/infer", json=strings)  # loaded, then served natively
+        client.post("/v2/models/mlp/infer", json=_body(np.ones((1, 4), "f4")))
+        for case, body in {"strings": strings, **REFUSED}.items():
+            model = "strings" if case == "strings" else "mlp"
+            answer = client.post(f"/v2/models/{model}/infer", content=json.dumps(body))
+            seen[case] = (answer.status_code, answer.headers["content-type"], answer.json())
+    seen["info"] = [line for line in _metrics(server).splitlines() if "corral_edge_info{" in line]
+    return seen
+
+
+@pytest.mark.timeout(120)
+def test_both_edges_answer_alike_and_say_which_serves(native: _Running, python: _Running):
+    before = _native_requests(native)
+    native_seen, python_seen = _answers(native), _answers(python)
+    assert native_seen["edge"] == "native"
+    assert python_seen["edge"] == "python"
+    assert native_seen["info"] == ['corral_edge_info{edge="native"} 1.0']
+    assert python_seen["info"] == ['corral_edge_info{edge="python"} 1.0']
+    for case in ("strings", *REFUSED):
+        assert native_seen[case] == python_seen[case], case
+    assert native_seen["strings"][0] == 200
+    assert native_seen["strings"][2]["outputs"][0]["datatype"] == "BYTES"
+    for case in REFUSED:
+        assert native_seen[case][0] == 400, native_seen[case]
+    # The BYTES answers and the refusals were the native path's (the first of each model's
+    # requests may be bridged: a model not loaded yet is loaded the general way).
+    assert _native_requests(native) - before >= 1 + len(REFUSED)
+
+
+@pytest.mark.timeout(60)
+def test_grpc_inference_is_native_and_metadata_is_bridged(native: _Running):
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    client = grpcclient.InferenceServerClient(native.grpc)
+    try:
+        assert client.is_server_ready()
+        assert client.get_model_metadata("mlp").name == "mlp"
+        rows = np.arange(8, dtype=np.float32).reshape(2, 4)
+        infer_input = grpcclient.InferInput("X", [2, 4], "FP32")
+        infer_input.set_data_from_numpy(rows)
+        before = _native_requests(native)
+        result = client.infer("mlp", [infer_input])
+        (expected,) = reference_run(MLP, {"X": rows})
+        np.testing.assert_allclose(result.as_numpy("Y"), expected, rtol=1e-5, atol=1e-6)
+        assert _native_requests(native) - before == 1
+    finally:
+        client.close()
+
+
+# -- the dispatcher alone, with a stand-in edge -----------------------------------------------
+
+
+class _Tensor(bytes):
+    """A stand-in for ``corral_edge.Tensor``: bytes (the buffer protocol) and its facts."""
+
+    name, datatype, shape = "X", "FP32", (1, 4)
+
+
+class _Call(SimpleNamespace):
+    def answer_http(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.answered = True
+        self.sent = (status, body)
+
+
+class _Edge:
+    def __init__(self, groups: list[Any]) -> None:
+        self._groups = groups
+        self.taken = threading.Event()
+
+    def take(self, timeout_s: float) -> list[Any]:
+        if self._groups:
+            groups, self._groups = self._groups, []
+            return groups
+        self.taken.set()
+        threading.Event().wait(timeout_s)
+        return []
+
+    def notices(self) -> list[tuple[int, str]]:
+        return [(30, "a notice from the edge")]
+
+
+class _FailingPlane:
+    def infer_group(self, *args: Any) -> list[Any]:
+        raise ZeroDivisionError("a bug in the data plane")
+
+    def public_text(self, text: str) -> str:
+        return text
+
+
+@pytest.mark.timeout(30)
+def test_a_group_that_fails_answers_every_open_call_500(caplog: pytest.LogCaptureFixture):
+    calls = [
+        _Call(
+            protocol="http",
+            answered=False,
+            inputs=[_Tensor(np.ones(4, "f4").tobytes())],
+            timeout_us=None,
+            received_ns=0,
+            outputs=[],
+            id=None,
+        )
+        for _ in range(3)
+    ]
+    edge = _Edge([SimpleNamespace(model="mlp", version=None, calls=calls)])
+    dispatcher = Dispatcher(edge, _FailingPlane(), lambda ready: [])  # type: ignore[arg-type]
+    dispatcher.start()
+    try:
+        assert edge.taken.wait(10)
+    finally:
+        dispatcher.stop()
+    for call in calls:
+        status, body = call.sent
+        assert status == 500
+        assert "internal error" in json.loads(body)["error"]
+        assert "ZeroDivisionError" in json.loads(body)["error"]
+    assert "the native edge's group of 'mlp' failed" in caplog.text
+    assert "a notice from the edge" in caplog.text
+
+
+def test_the_edge_chosen_for_each_setting(monkeypatch: pytest.MonkeyPatch):
+    assert chosen_edge("python") == "python"
+    assert chosen_edge("auto") == "native"
+    assert chosen_edge("native") == "native"
+    monkeypatch.setattr(
+        "corral.server.native.edge.load_corral_edge",
+        lambda: (_ for _ in ()).throw(ImportError("No module named 'corral_edge'")),
+    )
+    assert chosen_edge("auto") == "python"
+    with pytest.raises(NativeEdgeUnavailable, match=r"--edge native: corral_edge is not installed"):
+        chosen_edge("native")
