@@ -267,16 +267,20 @@ pub async fn exchange(
             Ok(connection) => connection,
             Err(message) => return Outcome::Unreachable(message),
         };
+        // Whether the body is still forwarded: the Python edge may answer before it has read
+        // the whole body (a refusal) and close; its answer is then read and relayed all the
+        // same, and the client's connection closes after it.
+        let mut forwarding = true;
         if bridge.write_all(&initial).await.is_err() {
             if pooled && tries < 3 {
                 continue 'connection;
             }
-            return Outcome::Unreachable(bridge_failed(shared));
+            forwarding = false;
         }
         let mut input = BytesMut::with_capacity(16 * 1024);
         let mut out = Vec::with_capacity(16 * 1024);
         loop {
-            let reading_client = !body_done && !broken;
+            let reading_client = forwarding && !body_done && !broken;
             tokio::select! {
                 read = tokio::time::timeout(BODY_BACKSTOP + shared.config.body_timeout, client.read_buf(buf)), if reading_client => {
                     match read {
@@ -287,7 +291,7 @@ pub async fn exchange(
                             broken = bad;
                             replayable = false;
                             if bridge.write_all(&part).await.is_err() {
-                                return Outcome::Broken;
+                                forwarding = false; // its answer, if any, is read next
                             }
                         }
                         _ => return Outcome::Broken, // the client left, or stopped sending
@@ -322,8 +326,8 @@ pub async fn exchange(
                         }
                     }
                     if matches!(answer.state, Relay::Done) {
-                        let close = answer.close || !body_done || broken;
-                        if !answer.close && body_done && input.is_empty() {
+                        let close = answer.close || !body_done || broken || !forwarding;
+                        if !close && input.is_empty() {
                             give_back(shared, bridge);
                         }
                         return Outcome::Done { close };

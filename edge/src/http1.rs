@@ -27,6 +27,10 @@ use crate::text::{fmt_g, py_repr_latin1};
 /// sent (`DRAIN_READ_GRACE_S`).
 const DRAIN_READ_GRACE: Duration = Duration::from_millis(200);
 const READ_CHUNK: usize = 16 * 1024;
+/// After the last answer, how long what the client still sends is read and dropped before the
+/// socket closes: closing with unread bytes sends a reset, which can destroy the answer in
+/// the client's buffers before it reads it (a refusal written while its body still arrives).
+const LINGER: Duration = Duration::from_secs(2);
 
 /// A request head, its parts as ranges of the head's bytes.
 #[derive(Debug, Default)]
@@ -454,6 +458,17 @@ pub async fn serve(
     // connection the client opens next finds it free.
     drop(place);
     let _ = connection.stream.shutdown().await;
+    // A lingering close: the client's leftover bytes are read and dropped until it closes
+    // too (its next read sees the end), LINGER passes, or the drain begins (which waits for
+    // answers, not for clients to close).
+    let mut sink = vec![0u8; READ_CHUNK];
+    let shared = Arc::clone(&connection.shared);
+    let linger =
+        async { while matches!(connection.stream.read(&mut sink).await, Ok(n) if n > 0) {} };
+    tokio::select! {
+        _ = tokio::time::timeout(LINGER, linger) => {}
+        () = shared.draining.wait() => {}
+    }
 }
 
 impl Connection {

@@ -815,3 +815,55 @@ def test_python_wakes_soon_after_a_call_arrives(bridges: Bridges) -> None:
     # received_ns is on time.monotonic_ns()'s clock, and the taker is woken by the call, not
     # by a poll: the median is tens of microseconds on an idle machine (bound loose for CI).
     assert 0 < delays[len(delays) // 2] < 5_000_000, delays[len(delays) // 2]
+
+
+def test_an_answer_the_bridge_sends_before_reading_the_body_is_relayed(tmp_path: Any) -> None:
+    # A Python edge that refuses a request from its head alone (the body budget) answers and
+    # closes without reading the body: the client still gets that answer, then the close.
+    path = str(tmp_path / "refusing.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen()
+
+    def refuse_each() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(65536)
+            body = b'{"error": "refused from the head"}'
+            conn.sendall(
+                b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+                b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+            )
+            conn.close()
+
+    thread = threading.Thread(target=refuse_each, daemon=True)
+    thread.start()
+    refusing = Bridges()
+    refusing.http_path = path
+    refusing.grpc_path = str(tmp_path / "none-grpc.sock")
+    try:
+        with running(refusing) as server:
+            sock = connect(server.http_port)
+            size = 8 << 20  # past the native limit: bridged, far more than the socket buffers
+            sock.sendall(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\ncontent-length: " + str(size).encode() + b"\r\n\r\n")
+
+            def send_body() -> None:
+                try:
+                    sock.sendall(b"\0" * size)
+                except OSError:
+                    pass  # the edge may close once the answer is relayed and the linger ends
+
+            sender = threading.Thread(target=send_body, daemon=True)
+            sender.start()
+            status, headers, body = read_response(sock)
+            sender.join(30)
+            assert status == 503
+            assert json.loads(body) == {"error": "refused from the head"}
+            assert headers["connection"] == "close"
+    finally:
+        listener.close()
