@@ -104,8 +104,12 @@ class BridgeSockets:
 
     @classmethod
     def make(cls) -> BridgeSockets:
-        """A fresh folder (0700) with the HTTP bridge's socket bound and listening."""
-        folder = tempfile.mkdtemp(prefix="corral-bridge-")
+        """A fresh folder (0700) with the HTTP bridge's socket bound and listening.
+
+        In the temporary folder (``TMPDIR``), or in ``/tmp`` when that one's path is too long
+        for a Unix socket's address (108 bytes on Linux; said in the log).
+        """
+        folder = tempfile.mkdtemp(prefix="corral-bridge-", dir=_bridge_parent())
         try:
             http = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             http.bind(os.path.join(folder, "http.sock"))
@@ -124,6 +128,31 @@ class BridgeSockets:
         """Close the HTTP socket and delete the folder; idempotent."""
         self.http.close()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+#: The longest Unix socket path (``sun_path`` holds 108 bytes on Linux, with the final NUL).
+_MAX_SOCKET_PATH = 107
+#: The longest path a bridge socket gets under its parent: "/corral-bridge-XXXXXXXX/grpc.sock".
+_BRIDGE_SUFFIX = len("/corral-bridge-") + 8 + len("/grpc.sock")
+
+
+def _bridge_parent() -> str:
+    # Where the bridges' folder goes: the temporary folder if its sockets' paths fit.
+    parent = tempfile.gettempdir()
+    if len(os.fsencode(parent)) + _BRIDGE_SUFFIX <= _MAX_SOCKET_PATH:
+        return parent
+    if os.path.isdir("/tmp") and os.access("/tmp", os.W_OK | os.X_OK):
+        logger.info(
+            "corral: the native edge's bridge sockets are in /tmp: the temporary folder %s "
+            "is too long a path for a Unix socket",
+            parent,
+        )
+        return "/tmp"
+    raise OSError(
+        f"the native edge's bridge sockets cannot be made: the temporary folder {parent} is "
+        f"too long a path for a Unix socket ({_MAX_SOCKET_PATH} bytes with the socket's "
+        "name) and /tmp is not writable; set TMPDIR to a shorter folder, or --edge python"
+    )
 
 
 class NativeEdge:

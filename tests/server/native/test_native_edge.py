@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
+import tempfile
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -25,7 +28,7 @@ from onnx import TensorProto, helper
 
 from corral.server.app import Addresses, serve
 from corral.server.native.dispatch import Dispatcher
-from corral.server.native.edge import NativeEdgeUnavailable, chosen_edge
+from corral.server.native.edge import BridgeSockets, NativeEdgeUnavailable, chosen_edge
 from corral.server.settings import ServerSettings
 from corral.testing import build_mlp
 from tests.helpers import add_model, reference_run, serialized
@@ -329,3 +332,28 @@ def test_the_edge_chosen_for_each_setting(monkeypatch: pytest.MonkeyPatch):
     assert chosen_edge("auto") == "python"
     with pytest.raises(NativeEdgeUnavailable, match=r"--edge native: corral_edge is not installed"):
         chosen_edge("native")
+
+
+def test_bridge_sockets_leave_a_temporary_folder_too_long_for_a_unix_socket(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    with caplog.at_level(logging.INFO, logger="corral.server.native.edge"):
+        bridges = BridgeSockets.make()
+    try:
+        assert bridges.folder.startswith("/tmp/corral-bridge-")
+        assert len(bridges.grpc_path) <= 107
+        assert f"the temporary folder {deep} is too long a path" in caplog.text
+    finally:
+        bridges.remove()
+    assert not os.path.exists(bridges.folder)
+    short = tmp_path / "t"
+    short.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(short))
+    bridges = BridgeSockets.make()
+    try:
+        assert bridges.folder.startswith(f"{short}/corral-bridge-")
+    finally:
+        bridges.remove()
