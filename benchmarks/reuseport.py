@@ -190,6 +190,7 @@ def running_group(
             argv = [sys.executable, "-c", _LAUNCHER, str(port), "serve", str(repository)]
             argv += ["--host", "127.0.0.1", "--http-port", str(port), "--grpc-port", "-1"]
             argv += ["--compute-workers", str(workers), "--log-level", "warning"]
+            argv += ["--edge", "python"]  # the launcher binds uvicorn's socket: the Python edge
             log = logs / f"{name}-{index}.log"
             process = start_in_this_session(argv, log)
             stack.callback(http_bench._stop_and_report, f"{name}[{index}]", process, log)

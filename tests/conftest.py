@@ -21,6 +21,9 @@ from corral.testing import build_linear, build_mlp, build_tree
 from tests.gates import BuildGate
 from tests.helpers import Pieces, add_model, build_slow_loop
 
+# The figures tests record, printed at the end of the run (also under pytest-xdist).
+pytest_plugins = ["tests.figures"]
+
 
 @pytest.fixture(autouse=True)
 def fresh_runtime(no_leaked_threads: None) -> Iterator[None]:

@@ -66,6 +66,12 @@ class User:
             env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "PYTHON"))}
             env.pop("VIRTUAL_ENV", None)
         env["HOME"] = str(self.home)
+        # The user's Rust toolchain stays theirs (rustup finds it from HOME unless told), and
+        # the native edge's crates, built once by this checkout, are cargo's cache here.
+        for variable, default in (("RUSTUP_HOME", ".rustup"), ("CARGO_HOME", ".cargo")):
+            if variable not in env and (Path.home() / default).is_dir():
+                env[variable] = str(Path.home() / default)
+        env.setdefault("CARGO_TARGET_DIR", str(ROOT / "edge" / "target"))
         return env
 
     def shell(
