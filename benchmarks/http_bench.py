@@ -113,8 +113,13 @@ TargetName = Literal[
     "corral-json-2p",
     "corral-binary-2p",
     "corral-grpc-2p",
+    "native-json",
+    "native-binary",
+    "native-grpc",
 ]
-ServerName = Literal["corral", "raw-asgi", "fastapi-sync", "fastapi-async", "corral-2p"]
+ServerName = Literal[
+    "corral", "raw-asgi", "fastapi-sync", "fastapi-async", "corral-2p", "corral-native"
+]
 TARGETS: tuple[TargetName, ...] = get_args(TargetName)
 SERVERS: tuple[ServerName, ...] = get_args(ServerName)
 #: Triton's targets, measured when it is built, each beside the corral target loaded the same way.
@@ -126,6 +131,9 @@ TRITON_PAIRS: tuple[tuple[str, TargetName, TargetName], ...] = (
     ("wrk JSON, corral --processes 2", "corral-json-2p", "triton-json"),
     ("wrk binary, corral --processes 2", "corral-binary-2p", "triton-binary"),
     ("gRPC (Python client), corral --processes 2", "corral-grpc-2p", "triton-grpc"),
+    ("wrk JSON, corral's native edge", "native-json", "triton-json"),
+    ("wrk binary, corral's native edge", "native-binary", "triton-binary"),
+    ("gRPC (Python client), corral's native edge", "native-grpc", "triton-grpc"),
 )
 #: The targets every other is compared with, in the table's column order.
 BASELINES: tuple[TargetName, ...] = ("raw-asgi", "fastapi-sync", "fastapi-async")
@@ -408,7 +416,7 @@ def format_triton_table(runs: Sequence[RunResult], grpc_client: str = "python") 
     for load, corral, triton in TRITON_PAIRS:
         if corral not in rows or triton not in rows:
             continue
-        if corral.startswith("corral-grpc") and grpc_client != "python":
+        if corral.endswith("grpc") and grpc_client != "python":
             load = load.replace("Python client", grpc_client)
         ratio = _paired_ratio(by_round, corral, triton)
         shown = "-" if ratio is None else f"**{ratio:.2f}x**"
@@ -879,6 +887,9 @@ TARGET_SERVERS: dict[str, str] = {
     "corral-json-2p": "corral-2p",
     "corral-binary-2p": "corral-2p",
     "corral-grpc-2p": "corral-2p",
+    "native-json": "corral-native",
+    "native-binary": "corral-native",
+    "native-grpc": "corral-native",
 }
 
 
@@ -889,6 +900,8 @@ def wanted_servers(settings: Settings) -> list[str]:
     Triton and ``corral-pbtxt`` (corral serving Triton's copy of the repository).
     """
     needed = {TARGET_SERVERS[target] for target in settings.targets or TARGETS}
+    if importlib.util.find_spec("corral_edge") is None:
+        needed.discard("corral-native")  # the native edge is not installed: not measured
     names: list[str] = [name for name in SERVERS if name in needed]
     if settings.triton_home is not None:
         names += [name for name in ("triton", "corral-pbtxt") if name in needed]
@@ -957,6 +970,12 @@ def server_commands(
     ]
     corral += ["--http-port", str(ports["corral"]), "--grpc-port", str(ports.get("grpc", -1))]
     corral += ["--log-level", "warning"]
+    # The native edge (corral_edge, when installed) on ports of its own; `corral` is the
+    # Python edge, whatever --edge auto would pick.
+    native = [*corral, "--edge", "native"]
+    native[native.index("--http-port") + 1] = str(ports["corral-native"])
+    native[native.index("--grpc-port") + 1] = str(ports.get("grpc-native", -1))
+    corral += ["--edge", "python"]
 
     def uvicorn(factory: str, port: int) -> list[str]:
         command = [sys.executable, "-m", "uvicorn", factory, "--factory"]
@@ -981,7 +1000,8 @@ def server_commands(
     processes += ["--metrics-port", str(ports.get("metrics-2p", 0))]
     return {
         "corral": (corral, base_env),
-        "corral-2p": ([*processes, "--log-level", "warning"], base_env),
+        "corral-2p": ([*processes, "--edge", "python", "--log-level", "warning"], base_env),
+        "corral-native": (native, base_env),
         "raw-asgi": (uvicorn("raw_asgi:create_app", ports["raw-asgi"]), reference_env),
         "fastapi-sync": (uvicorn("fastapi_app:create_app", ports["fastapi-sync"]), reference_env),
         "fastapi-async": (
@@ -1013,6 +1033,7 @@ def running_servers(
     ports: dict[str, int] = {name: free_port() for name in SERVERS}
     if settings.grpc:
         ports["grpc"], ports["grpc-2p"] = free_port(), free_port()
+        ports["grpc-native"] = free_port()
     ports["metrics-2p"] = free_port_pair()
     path = f"/v2/models/{model_name}/infer"
     commands: dict[str, tuple[list[str], dict[str, str]]] = {
@@ -1117,11 +1138,14 @@ class _Runner:
             "corral-pbtxt": ("corral-pbtxt", "json"),
             "corral-json-2p": ("corral-2p", "json"),
             "corral-binary-2p": ("corral-2p", "binary"),
+            "native-json": ("corral-native", "json"),
+            "native-binary": ("corral-native", "binary"),
         }
         self._grpc = {
             "corral-grpc": "grpc",
             "triton-grpc": "triton-grpc",
             "corral-grpc-2p": "grpc-2p",
+            "native-grpc": "grpc-native",
         }
 
     def targets(self) -> list[str]:

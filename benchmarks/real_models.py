@@ -53,6 +53,7 @@ import contextlib
 import datetime
 import http.client
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -741,15 +742,25 @@ def measure_model(
                 targets.append(Target("ceiling"))
                 continue
             try:
-                if target == "corral":
+                if target == "corral":  # the Python edge, whatever --edge auto would pick
                     repository = _write_repository(folder / "repo", name, onnx, None)
-                    server = start_corral("corral", repository, folder)
+                    server = start_corral("corral", repository, folder, ["--edge", "python"])
+                elif target == "corral-native":  # the native edge (corral_edge)
+                    if importlib.util.find_spec("corral_edge") is None:
+                        raise BenchmarkError("not measured: corral_edge is not installed")
+                    repository = _write_repository(folder / "repo", name, onnx, None)
+                    server = start_corral(target, repository, folder, ["--edge", "native"])
                 elif target == "corral-pbtxt":
                     server = start_corral("corral-pbtxt", pbtxt_repository(), folder)
                 elif target == "corral-2p":  # two processes behind the port, the cores split
                     repository = _write_repository(folder / "repo", name, onnx, None)
                     server = start_corral(target, repository, folder, ["--processes", "2"])
-                elif target in ("corral-binary", "triton-binary", "corral-2p-binary"):
+                elif target in (
+                    "corral-binary",
+                    "triton-binary",
+                    "corral-2p-binary",
+                    "corral-native-binary",
+                ):
                     json_target = target.removesuffix("-binary")
                     sibling = next((t.server for t in targets if t.name == json_target), None)
                     if sibling is None:
@@ -1230,7 +1241,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     add(
         "--targets",
-        help="comma-separated (default corral,corral-binary,corral-tuned,fastapi,ceiling)",
+        help="comma-separated (default corral,corral-binary,corral-tuned,fastapi,ceiling, and "
+        "corral-native,corral-native-binary when corral_edge is installed)",
     )
     add("--mlserver", action="store_true", help="add mlserver and mlserver-batch to the targets")
     add(
@@ -1273,6 +1285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.targets
         or ("corral,ceiling" if args.quick else "corral,corral-binary,corral-tuned,fastapi,ceiling")
     ).split(",")
+    if not args.targets and not args.quick and importlib.util.find_spec("corral_edge"):
+        targets += ["corral-native", "corral-native-binary"]  # the native edge, when built
     if args.mlserver:
         targets += ["mlserver", "mlserver-batch"]
     triton_home, triton_note = None, None
@@ -1323,6 +1337,8 @@ TRITON_PAIRS = (
     ("corral-pbtxt", "triton"),
     ("corral-2p", "triton"),
     ("corral-2p-binary", "triton-binary"),
+    ("corral-native", "triton"),
+    ("corral-native-binary", "triton-binary"),
 )
 
 
