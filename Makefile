@@ -16,7 +16,7 @@ COVERAGE_FLOOR := 96.72
 # `make serve` builds this demo repository of 1,000 tiny models once, then serves it.
 DEMO_REPOSITORY := demo-models
 
-.PHONY: help venv tools lint typecheck test test-min test-pythons test-ft soak serve demo bench bench-quick bench-create \
+.PHONY: help venv tools edge edge-check lint typecheck test test-min test-pythons test-ft soak serve demo bench bench-quick bench-create \
 	bench-footprint bench-scenarios bench-http bench-edge bench-ray bench-real triton-peer proto clean
 
 help:
@@ -57,6 +57,37 @@ $(SERVE_STAMP): pyproject.toml | $(SERVE_VENV)/bin/python
 	$(SERVE_VENV)/bin/python -m pip install --quiet -e '.[server,grpc,demo]'
 	touch $(SERVE_STAMP)
 
+# The native edge (edge/: Rust, PyO3, built by maturin from crates.io), installed into a venv
+# when cargo is present; without it corral serves and tests with the Python edge, and says so.
+# The stamp follows the crate's sources, so an edit rebuilds it (cargo builds incrementally).
+EDGE_SOURCES := $(wildcard edge/Cargo.toml edge/Cargo.lock edge/build.rs edge/pyproject.toml \
+	edge/corral_edge.pyi edge/src/*.rs edge/proto/*.proto)
+define install_edge
+	@if command -v cargo >/dev/null 2>&1; then \
+		echo "building the native edge (edge/, Rust; about 1.5 minutes the first time)"; \
+		$(1)/bin/python -m pip install --quiet ./edge && touch $(2); \
+	else \
+		echo "cargo not found: the native edge (edge/) is not built; corral serves with the Python edge"; \
+	fi
+endef
+
+$(VENV)/.installed-edge: $(STAMP) $(EDGE_SOURCES)
+	$(call install_edge,$(VENV),$@)
+
+$(SERVE_VENV)/.installed-edge: $(SERVE_STAMP) $(EDGE_SOURCES)
+	$(call install_edge,$(SERVE_VENV),$@)
+
+edge: $(VENV)/.installed-edge
+
+# The crate's own checks, when cargo is present: format, clippy, its unit and socket tests.
+edge-check:
+	@if command -v cargo >/dev/null 2>&1; then \
+		cd edge && cargo fmt --check && cargo clippy --quiet --all-targets -- -D warnings \
+			&& cargo test --quiet; \
+	else \
+		echo "cargo not found: the native edge's own checks are not run"; \
+	fi
+
 # The load generator of the HTTP benchmarks and their smoke test: Debian's wrk, installed
 # when missing (CI runs as root on Debian); libb64, which tritonclient's perf_analyzer
 # needs to start (tests/server/test_perf_analyzer.py); and the headless browser of the status
@@ -85,9 +116,30 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict corral
 
-test: lint typecheck tools
-	$(BIN)/python -m pytest -m "not soak" --cov=corral --cov-report=term \
-		--cov-fail-under=$(COVERAGE_FLOOR)
+# The suite serves with the native edge when it is built (--edge auto), and runs the tests of
+# the edges' shared behaviour again on the Python edge (CORRAL_EDGE=python), so both edges
+# pass them; without cargo, once, on the Python edge, saying the native edge was not tested.
+# Coverage adds both runs up (each edge's code is measured where it serves); without the
+# native edge, its Python side (server/native/, which needs it) is left out of the floor. The runs are
+# spread over the cores by pytest-xdist (PYTEST_WORKERS), a test file to a worker.
+EDGE_TESTS := tests/server tests/reliability/test_connections.py \
+	tests/reliability/test_grpc_connections.py tests/reliability/test_body_edges.py \
+	tests/reliability/test_bodies.py tests/reliability/test_security.py
+PYTEST_WORKERS ?= auto
+PYTEST := $(BIN)/python -m pytest -m "not soak" -n $(PYTEST_WORKERS) --dist loadfile
+
+test: lint typecheck tools edge edge-check
+	$(PYTEST) --cov=corral --cov-report=
+	@if $(BIN)/python -c "import corral_edge" 2>/dev/null; then \
+		echo "the suite ran on the native edge; now the edge tests on the Python edge"; \
+		CORRAL_EDGE=python $(PYTEST) -q --cov=corral --cov-append --cov-report= $(EDGE_TESTS) && \
+		$(BIN)/python -m pytest -q edge/tests && \
+		$(BIN)/python -m coverage report --fail-under=$(COVERAGE_FLOOR); \
+	else \
+		echo "corral_edge is not installed: the native edge was not tested (install cargo)"; \
+		$(BIN)/python -m coverage report --fail-under=$(COVERAGE_FLOOR) \
+			--omit='*/corral/server/native/*'; \
+	fi
 
 soak: $(STAMP)
 	$(BIN)/python -m pytest -m soak
@@ -157,7 +209,7 @@ $(DEMO_REPOSITORY): | $(SERVE_STAMP)
 	$(SERVE_VENV)/bin/python benchmarks/footprint.py repository $(DEMO_REPOSITORY).partial --count 1000
 	mv $(DEMO_REPOSITORY).partial $(DEMO_REPOSITORY)
 
-serve: $(SERVE_STAMP) | $(DEMO_REPOSITORY)
+serve: $(SERVE_STAMP) $(SERVE_VENV)/.installed-edge | $(DEMO_REPOSITORY)
 	$(SERVE_VENV)/bin/corral serve $(DEMO_REPOSITORY)
 
 # Regenerate corral/protocol/proto and corral/_proto from their .proto (the generated files are

@@ -174,3 +174,38 @@ def test_a_full_queue_refuses_what_does_not_fit_and_a_passed_deadline_expires(re
         assert sum(isinstance(o, InferResponse) for o in outcomes.values()) == 2
         (expired,) = late.wait(1).values()
         assert isinstance(expired, (corral.DeadlineExceeded, corral.Overloaded))
+
+
+def test_in_the_inline_lane_a_passed_deadline_expires_and_the_rest_run(repo: Path):
+    with Host(repo) as host:
+        plane = DataPlane(host)
+        served = lane_settled(host, "mlp")
+        assert served.inline.state.value == "inline"
+        late = group(ROWS[:2], deadline=time.monotonic() - 1)
+        on_time = group(ROWS[2:4])
+        for index, request in enumerate(on_time):
+            request.token = 2 + index
+        answers = Answers()
+        assert plane.infer_group("mlp", None, late + on_time, answers) == []
+        outcomes = answers.wait(4)
+        assert all(isinstance(outcomes[i], corral.DeadlineExceeded) for i in (0, 1))
+        assert "passed before it ran" in str(outcomes[0])
+        (expected,) = reference_run(corral.testing.build_mlp(seed=1), {"X": ROWS[2:4]})
+        for index in (2, 3):
+            np.testing.assert_allclose(
+                outputs_of(outcomes[index]), expected[index - 2 : index - 1], 1e-5
+            )
+
+
+def test_in_the_inline_lane_each_request_of_a_shared_run_gets_its_own_rows(repo: Path):
+    with Host(repo) as host:
+        plane = DataPlane(host)
+        served = lane_settled(host, "mlp")
+        assert served.inline.state.value == "inline"
+        requests = group(ROWS[:3])
+        requests[1].inputs = {"X": np.full((1, 4), np.nan, np.float32)}  # runs; its rows are NaN
+        answers = Answers()
+        plane.infer_group("mlp", None, requests, answers)
+        outcomes = answers.wait(3)
+        assert all(isinstance(o, InferResponse) for o in outcomes.values())
+        assert np.isnan(outputs_of(outcomes[1])).all()

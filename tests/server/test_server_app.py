@@ -44,6 +44,7 @@ def test_started_gets_the_bound_addresses_and_a_stop_right_after_drains_cleanly(
     settings = ServerSettings(repository=str(repo), http_port=0, grpc_port=-1)
     seen: list[Addresses] = []
     answers: list[bytes] = []
+    asking: list[asyncio.Task[None]] = []  # held: the loop keeps only a weak reference
 
     async def scenario() -> int:
         stop = asyncio.Event()
@@ -54,7 +55,9 @@ def test_started_gets_the_bound_addresses_and_a_stop_right_after_drains_cleanly(
 
         def started(addresses: Addresses) -> None:
             seen.append(addresses)
-            asyncio.get_running_loop().create_task(ask_then_stop(addresses.http_port))
+            asking.append(
+                asyncio.get_running_loop().create_task(ask_then_stop(addresses.http_port))
+            )
 
         return await serve(settings, stop, started=started)
 

@@ -26,12 +26,14 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from corral._base import InferenceError, InvalidInput
+from corral.protocol.types import InferOutput, InferResponse
 from corral.server.app import Addresses, serve
 from corral.server.native.dispatch import Dispatcher
 from corral.server.native.edge import BridgeSockets, NativeEdgeUnavailable, chosen_edge
 from corral.server.settings import ServerSettings
 from corral.testing import build_mlp
-from tests.helpers import add_model, reference_run, serialized
+from tests.helpers import add_model, reference_run, serialized, wait_until
 
 corral_edge = pytest.importorskip("corral_edge")
 
@@ -357,3 +359,114 @@ def test_bridge_sockets_leave_a_temporary_folder_too_long_for_a_unix_socket(
         assert bridges.folder.startswith(f"{short}/corral-bridge-")
     finally:
         bridges.remove()
+
+
+class _Recording(SimpleNamespace):
+    """A stand-in call that records how it was answered (or bridged)."""
+
+    def bridge(self) -> None:
+        self.how = ("bridged",)
+
+    def answer_http(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        if self.fails is not None:
+            raise self.fails
+        self.how = ("http", status, dict(headers), body)
+
+    def answer_grpc(self, code: int, message: str, response: bytes | None = None) -> None:
+        if self.fails is not None:
+            raise self.fails
+        self.how = ("grpc", code, message, response)
+
+
+def _recording(protocol: str, datatype: str = "FP32", **extra: Any) -> _Recording:
+    tensor = _Tensor(np.ones(4, "f4").tobytes())
+    tensor.datatype = datatype
+    facts = {"timeout_us": None, "received_ns": 0, "outputs": [], "id": None, "fails": None}
+    facts["binary_data_output"] = False
+    return _Recording(protocol=protocol, answered=False, inputs=[tensor], how=None, **facts | extra)
+
+
+class _Plane:
+    """A data plane whose group answers are given: an InferResponse or an error per call."""
+
+    def __init__(self, outcomes: list[Any], leave: int = 0) -> None:
+        self._outcomes = outcomes
+        self._leave = leave
+
+    def infer_group(self, model: str, version: Any, requests: list[Any], answer: Any) -> list[Any]:
+        taken = list(requests)[self._leave :]
+        answer(taken, self._outcomes[: len(taken)])
+        return list(requests)[: self._leave]
+
+    def public_text(self, text: str) -> str:
+        return text
+
+
+def _response(datatype: str = "BYTES") -> InferResponse:
+    data = np.array([[b"1.5", b"-2"]], dtype=object) if datatype == "BYTES" else np.ones((1, 2))
+    return InferResponse("m", "1", (InferOutput("Y", datatype, (1, 2), data),))
+
+
+def test_the_dispatcher_answers_in_each_protocols_words_and_bridges_the_rest(
+    caplog: pytest.LogCaptureFixture,
+):
+    unviewable = _recording("http", datatype="BYTES")  # no buffer view: the general way
+    left = _recording("http")  # the plane did not take it (a model to load): bridged
+    json_answer = _recording("http")
+    binary_answer = _recording("http", binary_data_output=True, outputs=[("Y", True)], id="r")
+    grpc_answer = _recording("grpc")
+    refused_http = _recording("http")
+    refused_grpc = _recording("grpc")
+    internal_grpc = _recording("grpc")
+    answered_already = _recording("http", fails=RuntimeError("answered"))
+    broken = _recording("http", fails=ValueError("a bug"))
+    calls = [unviewable, left, json_answer, binary_answer, grpc_answer]
+    calls += [refused_http, refused_grpc, internal_grpc, answered_already, broken]
+    outcomes = [_response(), _response(), _response()]
+    outcomes += [InvalidInput("input 'X': wrong shape")] * 2 + [ZeroDivisionError("x")]
+    outcomes += [_response(), _response()]
+    outcomes = [
+        o if not isinstance(o, ZeroDivisionError) else InferenceError("boom") for o in outcomes
+    ]
+    plane = _Plane(outcomes, leave=1)
+    # The edge encodes none of them here: each is encoded by corral's own encoders.
+    everything = Dispatcher(_Edge([]), plane, lambda ready: list(range(len(ready))))  # type: ignore[arg-type]
+    group = SimpleNamespace(model="m", version="1", calls=calls)
+    with caplog.at_level(logging.ERROR):
+        everything.dispatch(group)
+    assert unviewable.how == ("bridged",)
+    assert left.how == ("bridged",)
+    status, headers, body = json_answer.how[1:]
+    assert (status, headers[b"content-type"]) == (200, b"application/json")
+    assert json.loads(body)["outputs"][0]["data"] == ["1.5", "-2"]
+    status, headers, body = binary_answer.how[1:]
+    assert status == 200
+    assert headers[b"content-type"] == b"application/octet-stream"
+    assert int(headers[b"inference-header-content-length"]) < len(body)
+    assert grpc_answer.how[:3] == ("grpc", 0, "")
+    assert refused_http.how[1] == 400
+    assert "wrong shape" in json.loads(refused_http.how[3])["error"]
+    assert refused_grpc.how[:3] == ("grpc", 3, "input 'X': wrong shape")  # INVALID_ARGUMENT
+    assert internal_grpc.how[:2] == ("grpc", 13)  # INTERNAL
+    assert broken.how is None
+    assert "answering a request of 'm' failed" in caplog.text
+
+
+class _StoppedEdge:
+    def take(self, timeout_s: float) -> list[Any]:
+        raise RuntimeError("the edge stopped")
+
+    def notices(self) -> list[tuple[int, str]]:
+        return []
+
+
+@pytest.mark.timeout(30)
+def test_the_dispatcher_ends_when_the_edge_stops():
+    dispatcher = Dispatcher(_StoppedEdge(), _FailingPlane(), lambda ready: [])  # type: ignore[arg-type]
+    dispatcher.start()
+
+    def ended() -> bool:
+        return not any(t.name == "corral-edge-dispatch" for t in threading.enumerate())
+
+    wait_until(ended)  # by itself: stop() was never called
+    dispatcher.stop()  # and stop() after it ended returns at once
