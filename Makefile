@@ -121,15 +121,17 @@ typecheck: $(STAMP)
 # pass them; without cargo, once, on the Python edge, saying the native edge was not tested.
 # Coverage adds both runs up (each edge's code is measured where it serves); without the
 # native edge, its Python side (server/native/, which needs it) is left out of the floor. The runs are
-# spread over the cores by pytest-xdist (PYTEST_WORKERS), a test file to a worker.
+# spread over the cores by pytest-xdist (PYTEST_WORKERS), a test file to a worker; the tests
+# that measure time against the machine's capacity (marked serial) run alone after them.
 EDGE_TESTS := tests/server tests/reliability/test_connections.py \
 	tests/reliability/test_grpc_connections.py tests/reliability/test_body_edges.py \
 	tests/reliability/test_bodies.py tests/reliability/test_security.py
 PYTEST_WORKERS ?= auto
-PYTEST := $(BIN)/python -m pytest -m "not soak" -n $(PYTEST_WORKERS) --dist loadfile
+PYTEST := $(BIN)/python -m pytest -m "not soak and not serial" -n $(PYTEST_WORKERS) --dist loadfile
 
 test: lint typecheck tools edge edge-check
 	$(PYTEST) --cov=corral --cov-report=
+	$(BIN)/python -m pytest -m "serial and not soak" -q --cov=corral --cov-append --cov-report=
 	@if $(BIN)/python -c "import corral_edge" 2>/dev/null; then \
 		echo "the suite ran on the native edge; now the edge tests on the Python edge"; \
 		CORRAL_EDGE=python $(PYTEST) -q --cov=corral --cov-append --cov-report= $(EDGE_TESTS) && \

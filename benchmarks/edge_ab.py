@@ -56,9 +56,9 @@ import corral.server.app as app
 variant = sys.argv.pop(1)
 protocol_for = edge.protocol_for
 if variant == "asgi":
-    app.protocol_for = lambda limits, direct=None: protocol_for(limits)
+    app.protocol_for = lambda limits, direct=None, **_: protocol_for(limits)
 elif variant == "plain":
-    app.protocol_for = lambda limits, direct=None: None
+    app.protocol_for = lambda limits, direct=None, **_: None
 from corral.cli.commands import main
 sys.exit(main())
 """
@@ -71,7 +71,9 @@ def _corral(
     argv += ["-c", _LAUNCHER, variant] if variant else ["-m", "corral.cli"]
     argv += ["serve", str(repository), "--http-port", str(port), "--grpc-port", "-1"]
     argv += ["--host", "127.0.0.1", "--log-level", "warning"]
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    # The Python edge, which this benchmark compares (a checkout from before the native
+    # edge reads the variable as no setting of its own, and says so).
+    env = {**os.environ, "PYTHONPATH": str(checkout), "CORRAL_EDGE": "python"}
     return argv, env
 
 

@@ -182,6 +182,7 @@ async def grpc_sender(host: Host, iterations: int) -> AsyncIterator[Send]:
 SENDERS = {"http": http_sender, "grpc": grpc_sender}
 
 
+@pytest.mark.serial  # its bound is the capacity it measured: no other test may share the cores
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     "seconds",
