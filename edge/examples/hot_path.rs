@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use corral_edge::encode::{http_body, Asked, Output, OutputType};
-use corral_edge::http1::{check_head, parse_head, Parsed};
+use corral_edge::head::{parse_head, Parsed};
+use corral_edge::http1::check_head;
 use corral_edge::plain::{decode_http, DataType};
 
 fn main() {

@@ -16,7 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 
 use crate::chunked::Chunked;
-use crate::http1::Head;
+use crate::head::Head;
 use crate::shared::{Shared, Stats};
 
 /// Pooled bridge connections older than this are not reused (uvicorn's keep-alive timeout

@@ -6,6 +6,7 @@ pub mod bridge;
 pub mod chunked;
 pub mod encode;
 pub mod grpc;
+pub mod head;
 pub mod hosts;
 pub mod http1;
 pub mod pings;

@@ -3,7 +3,8 @@
 #![no_main]
 
 use corral_edge::chunked::Chunked;
-use corral_edge::http1::{check_head, check_partial, infer_target, parse_head, Parsed};
+use corral_edge::head::{parse_head, Parsed};
+use corral_edge::http1::{check_head, check_partial, infer_target};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
