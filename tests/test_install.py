@@ -153,7 +153,8 @@ def test_make_serve_then_make_test_run_as_written_in_a_copy_of_the_clone(
     plan = user.shell(test, env=user.environment() | {"MAKEFLAGS": "--dry-run"})
     assert re.search(r"-m pip install --quiet -e '\.\[dev\]'", plan)
     assert "mypy --strict corral" in plan
-    assert re.search(r'-m pytest -m "not soak and not serial" -n auto --dist loadfile --cov=corral', plan)
+    suite = r'-m pytest -m "not soak and not serial" -n auto --dist loadfile --cov=corral'
+    assert re.search(suite, plan)
     assert re.search(r"-m coverage report --fail-under=\d", plan)
 
 
