@@ -374,3 +374,20 @@ def test_model_control_modes_and_load_model(
     assert main(["serve", str(tmp_path), "--load-model", "*", "--load-model", "a"]) == 2
     assert "load_model '*' loads every model" in capsys.readouterr().err
     assert len(served) == count
+
+
+def test_edge_native_without_corral_edge_exits_2_saying_how_to_install_it(
+    tmp_path: Path,
+    served: list[ServerSettings],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+):
+    monkeypatch.setattr(
+        "corral.server.native.edge.native_edge_problem",
+        lambda: "corral_edge is not installed (No module named 'corral_edge'): pip install ./edge",
+    )
+    assert main(["serve", str(tmp_path), "--edge", "native"]) == 2
+    assert served == []  # nothing served
+    error = capsys.readouterr().err
+    assert "corral serve: error: --edge native: corral_edge is not installed" in error
+    assert "pip install ./edge" in error

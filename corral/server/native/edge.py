@@ -112,9 +112,14 @@ class BridgeSockets:
         folder = tempfile.mkdtemp(prefix="corral-bridge-", dir=_bridge_parent())
         try:
             http = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        try:
             http.bind(os.path.join(folder, "http.sock"))
             http.listen(socket.SOMAXCONN)
         except BaseException:
+            http.close()
             shutil.rmtree(folder, ignore_errors=True)
             raise
         return cls(folder, http, os.path.join(folder, "grpc.sock"))

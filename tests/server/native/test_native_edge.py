@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import os
+import socket
 import tempfile
 import threading
 import urllib.request
@@ -470,3 +471,18 @@ def test_the_dispatcher_ends_when_the_edge_stops():
 
     wait_until(ended)  # by itself: stop() was never called
     dispatcher.stop()  # and stop() after it ended returns at once
+
+
+def test_a_bridge_socket_that_cannot_be_bound_leaves_no_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    class Unbindable(socket.socket):
+        def bind(self, address: Any) -> None:
+            raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(socket, "socket", Unbindable)
+    with pytest.raises(PermissionError):
+        BridgeSockets.make()
+    assert list(tmp_path.iterdir()) == []  # the folder made for it is gone
