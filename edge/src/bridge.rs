@@ -93,7 +93,9 @@ struct Answer {
     /// A byte of the answer went to the client.
     begun: bool,
     is_head: bool,
-    draining: bool,
+    /// The edge ends the client's connection after this answer whatever the Python edge
+    /// said: its head, relayed, says `connection: close`.
+    ends_connection: bool,
 }
 
 impl Answer {
@@ -137,8 +139,8 @@ impl Answer {
                         out.extend_from_slice(&head);
                         continue; // an interim answer: the final one follows
                     }
-                    if self.draining && !close {
-                        // The drain ends this connection: the answer says so.
+                    if self.ends_connection && !close {
+                        // The edge ends this connection: the answer says so.
                         out.extend_from_slice(&head[..head.len() - 2]);
                         out.extend_from_slice(b"connection: close\r\n\r\n");
                         close = true;
@@ -256,7 +258,7 @@ pub async fn exchange(
         close: false,
         begun: false,
         is_head,
-        draining: false,
+        ends_connection: false,
     };
     // Bytes sent past `initial`: once there are any, the request cannot be sent again.
     let mut replayable = true;
@@ -312,9 +314,14 @@ pub async fn exchange(
                         return Outcome::Broken;
                     }
                     out.clear();
-                    // The drain ends the client's connection after this answer, unless its
-                    // next request has arrived already (a request received is answered).
-                    answer.draining = shared.draining.is_raised() && buf.is_empty();
+                    // The client's connection ends after this answer when the drain began (unless
+                    // its next request has arrived already: a request received is answered), or
+                    // when the request's body is not all read (answered before it, a refusal):
+                    // a client reusing the connection would find it closed.
+                    answer.ends_connection = (shared.draining.is_raised() && buf.is_empty())
+                        || !body_done
+                        || broken
+                        || !forwarding;
                     if answer.feed(&mut input, &mut out).is_err() {
                         return Outcome::Broken;
                     }

@@ -836,8 +836,10 @@ def test_an_answer_the_bridge_sends_before_reading_the_body_is_relayed(tmp_path:
                 head += conn.recv(65536)
             body = b'{"error": "refused from the head"}'
             conn.sendall(
+                # No `connection: close`: the edge, which ends the connection because the
+                # body was not all read, must say so itself (a client would reuse it).
                 b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-                b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+                b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
             )
             conn.close()
 
