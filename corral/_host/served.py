@@ -247,6 +247,20 @@ class ServedVersion:
                     tensor=tensor,
                 )
 
+    def _checked_request(
+        self, inputs: Mapping[str, Any], outputs: Sequence[str] | None
+    ) -> tuple[dict[str, npt.NDArray[Any]], tuple[str, ...]]:
+        """A request's feed and output names, checked as every queued request is checked.
+
+        The signature's inputs, the rows against :attr:`row_limit`, the outputs named.
+        Raises the :class:`CorralError` that refuses it.
+        """
+        signature = self.session.signature
+        feed = signature.prepare_inputs(inputs)
+        if self.row_limit:
+            self.check_rows(feed)
+        return feed, signature.output_names(outputs)
+
     def enqueue(
         self,
         inputs: Mapping[str, Any],
@@ -263,11 +277,7 @@ class ServedVersion:
         ``trace`` is told of the run that answers it (:class:`~corral._base.trace_hooks.RunTrace`).
         """
         try:
-            signature = self.session.signature
-            feed = signature.prepare_inputs(inputs)
-            if self.row_limit:
-                self.check_rows(feed)
-            names = signature.output_names(outputs)
+            feed, names = self._checked_request(inputs, outputs)
             queue = self._queue or self._make_queue()
             scheduler = self._scheduler
             assert scheduler is not None  # set with the queue
@@ -289,17 +299,13 @@ class ServedVersion:
         queued, else the error that refused it (bad input, a full queue), whose admission
         is ended here.
         """
-        signature = self.session.signature
         checked: list[tuple[dict[str, npt.NDArray[Any]], tuple[str, ...], float | None, object]]
         checked = []
         refusals: list[CorralError | None] = [None] * len(requests)
         places = []
         for index, (inputs, outputs, deadline, token) in enumerate(requests):
             try:
-                feed = signature.prepare_inputs(inputs)
-                if self.row_limit:
-                    self.check_rows(feed)
-                names = signature.output_names(outputs)
+                feed, names = self._checked_request(inputs, outputs)
             except CorralError as exc:
                 refusals[index] = exc
                 continue
@@ -412,15 +418,11 @@ class ServedVersion:
         lane = self.inline
         if lane.never or not lane.admits():
             return None
-        signature = self.session.signature
         outcomes: list[Outputs | CorralError | None] = [None] * len(requests)
         checked: list[_Checked] = []
         for index, (inputs, outputs, deadline) in enumerate(requests):
             try:
-                feed = signature.prepare_inputs(inputs)
-                if self.row_limit:
-                    self.check_rows(feed)
-                names = signature.output_names(outputs)
+                feed, names = self._checked_request(inputs, outputs)
             except CorralError as exc:
                 outcomes[index] = exc
                 continue
