@@ -413,6 +413,35 @@ type ReadOutput = (String, Vec<i64>, OutputType, Vec<u8>);
 
 type OutputTuple<'py> = (String, String, Vec<i64>, Bound<'py, PyAny>);
 
+/// The encoders' views of outputs read from Python.
+fn output_views(read: &[ReadOutput]) -> Vec<Output<'_>> {
+    read.iter()
+        .map(|(name, shape, datatype, data)| Output {
+            name,
+            datatype: *datatype,
+            shape,
+            data,
+        })
+        .collect()
+}
+
+/// Outputs given as (name, datatype, shape, array), read (for the differential tests).
+fn read_output_tuples(outputs: &[OutputTuple<'_>]) -> PyResult<Vec<ReadOutput>> {
+    outputs
+        .iter()
+        .map(|(name, datatype, shape, array)| {
+            let kind = OutputType::parse(datatype)
+                .ok_or_else(|| PyValueError::new_err(format!("datatype {datatype}")))?;
+            Ok((
+                name.clone(),
+                shape.clone(),
+                kind,
+                output_bytes(array, kind, name)?,
+            ))
+        })
+        .collect()
+}
+
 /// The arrays of `outputs` read under the GIL, each with its name, shape and datatype.
 fn read_outputs(outputs: Vec<OutputTuple<'_>>) -> PyResult<Vec<ReadOutput>> {
     let mut read = Vec::with_capacity(outputs.len());
@@ -439,15 +468,7 @@ impl Call {
         read: &[ReadOutput],
         open: Open,
     ) -> Result<(), (String, Open)> {
-        let views: Vec<Output<'_>> = read
-            .iter()
-            .map(|(name, shape, datatype, data)| Output {
-                name,
-                datatype: *datatype,
-                shape,
-                data,
-            })
-            .collect();
+        let views = output_views(read);
         let id = self.id.as_deref();
         let answer = if self.is_grpc {
             crate::encode::grpc_message(model_name, model_version, id, &views).map(|body| {
@@ -1038,26 +1059,8 @@ fn _encode_http<'py>(
     requested: Vec<(String, Option<bool>)>,
     binary_data_output: bool,
 ) -> PyResult<(Bound<'py, PyBytes>, Option<usize>)> {
-    let mut owned = Vec::new();
-    for (name, datatype, shape, array) in &outputs {
-        let kind = OutputType::parse(datatype)
-            .ok_or_else(|| PyValueError::new_err(format!("datatype {datatype}")))?;
-        owned.push((
-            name.clone(),
-            kind,
-            shape.clone(),
-            output_bytes(array, kind, name)?,
-        ));
-    }
-    let views: Vec<Output<'_>> = owned
-        .iter()
-        .map(|(name, datatype, shape, data)| Output {
-            name,
-            datatype: *datatype,
-            shape,
-            data,
-        })
-        .collect();
+    let read = read_output_tuples(&outputs)?;
+    let views = output_views(&read);
     let asked = Asked {
         outputs: requested,
         binary_data_output,
@@ -1076,26 +1079,8 @@ fn _encode_grpc<'py>(
     id: Option<&str>,
     outputs: Vec<OutputTuple<'py>>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let mut owned = Vec::new();
-    for (name, datatype, shape, array) in &outputs {
-        let kind = OutputType::parse(datatype)
-            .ok_or_else(|| PyValueError::new_err(format!("datatype {datatype}")))?;
-        owned.push((
-            name.clone(),
-            kind,
-            shape.clone(),
-            output_bytes(array, kind, name)?,
-        ));
-    }
-    let views: Vec<Output<'_>> = owned
-        .iter()
-        .map(|(name, datatype, shape, data)| Output {
-            name,
-            datatype: *datatype,
-            shape,
-            data,
-        })
-        .collect();
+    let read = read_output_tuples(&outputs)?;
+    let views = output_views(&read);
     let body = crate::encode::grpc_message(model_name, model_version, id, &views)
         .map_err(PyValueError::new_err)?;
     Ok(PyBytes::new(py, &body))
