@@ -171,6 +171,19 @@ def build_identity(element_type: int) -> bytes:
     return serialized(graph)
 
 
+def build_cast_to_string(element_type: int = TensorProto.INT64) -> bytes:
+    """Y = Cast(X, STRING) for an X of ``element_type`` and shape [N, 2]: a BYTES output."""
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["X"], ["Y"], to=TensorProto.STRING)],
+        "to_text",
+        [helper.make_tensor_value_info("X", element_type, ["N", 2])],
+        [helper.make_tensor_value_info("Y", TensorProto.STRING, ["N", 2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
 def build_time_major_lstm(features: int = 3, hidden: int = 4, *, seed: int = 0) -> bytes:
     """An ONNX LSTM with the default layout 0: ``X`` float32 ``[seq, batch, features]``.
 

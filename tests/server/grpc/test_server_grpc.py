@@ -41,7 +41,14 @@ from corral.protocol.types import InferOutput, InferResponse
 from corral.server.grpc.service import start_grpc_server
 from corral.testing import build_linear, build_mlp
 from tests.gates import CallGate, answered_while_held, hold_compute_workers, hold_filesystem
-from tests.helpers import ROOT, add_model, reference_run, run_freeing_frames, wait_until
+from tests.helpers import (
+    ROOT,
+    add_model,
+    build_cast_to_string,
+    reference_run,
+    run_freeing_frames,
+    wait_until,
+)
 from tests.venvs import environment, index_unreachable, make_venv, pip_install
 
 X = np.random.default_rng(7).standard_normal((3, 4)).astype(np.float32)
@@ -74,19 +81,6 @@ def build_identity_per_datatype(datatypes: dict[str, int]) -> bytes:
         "identity",
         [helper.make_tensor_value_info(f"IN_{dt}", t, ["N", 3]) for dt, t in datatypes.items()],
         [helper.make_tensor_value_info(f"OUT_{dt}", t, ["N", 3]) for dt, t in datatypes.items()],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model.SerializeToString()
-
-
-def build_cast_to_string() -> bytes:
-    """Y = Cast(X, STRING) for an INT64 X of shape [N, 2]: a model whose output is BYTES."""
-    graph = helper.make_graph(
-        [helper.make_node("Cast", ["X"], ["Y"], to=TensorProto.STRING)],
-        "to_text",
-        [helper.make_tensor_value_info("X", TensorProto.INT64, ["N", 2])],
-        [helper.make_tensor_value_info("Y", TensorProto.STRING, ["N", 2])],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from corral._base import InferenceError, InvalidInput
 from corral.protocol.types import InferOutput, InferResponse
@@ -34,22 +34,11 @@ from corral.server.native.dispatch import Dispatcher
 from corral.server.native.edge import BridgeSockets, NativeEdgeUnavailable, chosen_edge
 from corral.server.settings import ServerSettings
 from corral.testing import build_mlp
-from tests.helpers import add_model, reference_run, serialized, wait_until
+from tests.helpers import add_model, build_cast_to_string, reference_run, wait_until
 
 corral_edge = pytest.importorskip("corral_edge")
 
 MLP = build_mlp(seed=1)
-
-
-def build_cast_to_string() -> bytes:
-    """Y = X as strings: a numeric input (native) whose output is BYTES (encoded by corral)."""
-    graph = helper.make_graph(
-        [helper.make_node("Cast", ["X"], ["Y"], to=TensorProto.STRING)],
-        "cast_to_string",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 2])],
-        [helper.make_tensor_value_info("Y", TensorProto.STRING, ["N", 2])],
-    )
-    return serialized(graph)
 
 
 class _Running:
@@ -104,7 +93,7 @@ class _Running:
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("native-repository")
     add_model(root, "mlp", MLP)
-    add_model(root, "strings", build_cast_to_string())
+    add_model(root, "strings", build_cast_to_string(TensorProto.FLOAT))  # JSON FP32: native
     return root
 
 
