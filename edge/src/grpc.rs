@@ -665,7 +665,7 @@ fn native_headers(request: &Request<Incoming>, shared: &Shared) -> bool {
 
 /// What a native candidate's body read gave.
 enum Read {
-    /// The whole message (flag 0) and nothing after it.
+    /// The whole message as it came (flag 0, its 5-byte prefix kept) and nothing after it.
     Message(Bytes, Held),
     /// Not for the native route: these bytes (and trailers) were read, the rest follows.
     Bridge(Bytes, Option<HeaderMap>, Option<Incoming>),
@@ -675,7 +675,10 @@ enum Read {
 
 async fn read_message(mut body: Incoming, shared: &Shared) -> Read {
     use frames::next_frame;
-    let mut collected = BytesMut::new();
+    // A Vec, not a BytesMut: once the prefix gives the message's length, its room is taken
+    // in one fallible reservation (no doubling that leaves freed copies in the allocator's
+    // arenas, no abort where the system cannot commit it), and it becomes Bytes unchanged.
+    let mut collected: Vec<u8> = Vec::new();
     let mut held = Held::new(Arc::clone(&shared.budget));
     let mut kept = true;
     let mut expected: Option<usize> = None;
@@ -709,27 +712,31 @@ async fn read_message(mut body: Incoming, shared: &Shared) -> Read {
                         );
                     }
                     if collected[0] != 0 {
-                        return Read::Bridge(collected.freeze(), None, Some(body));
+                        return Read::Bridge(Bytes::from(collected), None, Some(body));
                     }
                     expected = Some(length + 5);
+                    let room = (length + 5).saturating_sub(collected.len());
+                    if collected.try_reserve_exact(room).is_err() {
+                        return Read::Refuse(
+                            RESOURCE_EXHAUSTED,
+                            format!("the server cannot hold a message of {length} bytes now"),
+                        );
+                    }
                 }
                 if expected.is_some_and(|e| collected.len() > e) || !kept {
-                    return Read::Bridge(collected.freeze(), None, Some(body));
+                    return Read::Bridge(Bytes::from(collected), None, Some(body));
                 }
             }
             Err(frame) => {
                 // Trailers from the client: unusual; the bridge carries them.
                 let trailers = frame.into_trailers().ok();
-                return Read::Bridge(collected.freeze(), trailers, None);
+                return Read::Bridge(Bytes::from(collected), trailers, None);
             }
         }
     }
     match expected {
-        Some(length) if collected.len() == length => {
-            let mut message = collected.freeze();
-            Read::Message(message.split_off(5), held)
-        }
-        _ => Read::Bridge(collected.freeze(), None, None),
+        Some(length) if collected.len() == length => Read::Message(Bytes::from(collected), held),
+        _ => Read::Bridge(Bytes::from(collected), None, None),
     }
 }
 
@@ -771,8 +778,10 @@ async fn handle(
         .get("grpc-timeout")
         .and_then(|v| timeout_us(v.as_bytes()));
     let (parts, body) = request.into_parts();
-    let (message, held) = match read_message(body, &shared).await {
-        Read::Message(message, held) => (message, held),
+    // The message as it came, prefix and all: the bridge forwards this one buffer, so the
+    // edge never holds a second copy of a large message while Python reads it.
+    let (framed, held) = match read_message(body, &shared).await {
+        Read::Message(framed, held) => (framed, held),
         Read::Refuse(code, text) => return status_response(code, &text, Some(guard)),
         Read::Bridge(prefix, trailers, rest) => {
             let body = Forwarded {
@@ -783,13 +792,9 @@ async fn handle(
             return relay(&shared, &bridge, parts, body, peer, guard).await;
         }
     };
-    let plain = {
-        let message = message.clone();
-        decode_plain(message)
-    };
-    let Some(call) = plain else {
+    let Some(call) = decode_plain(framed.slice(5..)) else {
         drop(held);
-        return relay(&shared, &bridge, parts, framed(&message), peer, guard).await;
+        return relay(&shared, &bridge, parts, whole(framed), peer, guard).await;
     };
     shared.maybe_panic(&call.model);
     let (reply, answer) = tokio::sync::oneshot::channel();
@@ -827,7 +832,7 @@ async fn handle(
             status_response(INTERNAL, "an HTTP answer to a gRPC call", Some(guard))
         }
         // Python sends it the general way: the message as it came, to its gRPC server.
-        Some(Answer::Bridge) => relay(&shared, &bridge, parts, framed(&message), peer, guard).await,
+        Some(Answer::Bridge) => relay(&shared, &bridge, parts, whole(framed), peer, guard).await,
         None => {
             Stats::add(&shared.stats.cut, 1);
             status_response(
@@ -839,14 +844,10 @@ async fn handle(
     }
 }
 
-/// A message read whole, framed again as it came (uncompressed), for the bridge.
-fn framed(message: &Bytes) -> Forwarded {
-    let mut framed = BytesMut::with_capacity(message.len() + 5);
-    framed.extend_from_slice(&[0]);
-    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
-    framed.extend_from_slice(message);
+/// A message read whole, as it came (uncompressed, its prefix kept), for the bridge.
+fn whole(framed: Bytes) -> Forwarded {
     Forwarded {
-        prefix: Some(framed.freeze()),
+        prefix: Some(framed),
         trailers: None,
         rest: None,
     }
