@@ -11,7 +11,7 @@ import re
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -273,6 +273,11 @@ def test_the_queue_limit_option_refuses_at_once_past_it(tmp_path: Path):
             )
         return float(found[1]) if found else 0.0
 
+    def running_on_the_worker() -> int:
+        status_url = f"http://{served.http}/v2/corral/status"
+        with urllib.request.urlopen(status_url, timeout=30) as response:
+            return int(json.loads(response.read())["server"]["runs_in_flight"])
+
     answers: dict[str, tuple[int, bytes]] = {}
 
     def ask(key: str, iterations: int) -> threading.Thread:
@@ -280,19 +285,23 @@ def test_the_queue_limit_option_refuses_at_once_past_it(tmp_path: Path):
         thread.start()
         return thread
 
+    def wait_for(what: str, holds: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 60
+        while not holds():
+            assert running.is_alive(), f"the long run ended before {what}"
+            assert time.monotonic() < deadline, f"{what}: {served.log.read_text()}"
+            time.sleep(0.01)
+
     try:
         assert post(1)[0] == 200  # loaded, so the next requests queue on its one worker
         # About 4 s of Loop on 2 cores (the test waits for it to end): far longer than the few
-        # metrics polls between its start and the refusal below.
+        # polls between its start and the refusal below.
         running = ask("running", 2_000_000)
-        deadline = time.monotonic() + 60
-        queued: threading.Thread | None = None
-        while queued is None or pending() < 1:
-            assert time.monotonic() < deadline, served.log.read_text()
-            # Once the first has left the queue for the worker, the second takes its place.
-            if queued is None and pending() == 0 and running.is_alive():
-                queued = ask("queued", 1)
-            time.sleep(0.01)
+        # In order, each proven before the next: the long run holds the one worker, a second
+        # request waits in the queue, and only then does a third find the queue full.
+        wait_for("the long run holds the worker", lambda: running_on_the_worker() == 1)
+        queued = ask("queued", 1)
+        wait_for("the second request is queued", lambda: pending() >= 1)
         status, refusal = post(1)  # the queue holds its one request: refused at once
         for thread in (running, queued):
             thread.join(timeout=90)
