@@ -33,8 +33,9 @@ GENERATED = ("_pb2", "_pb2_grpc")
 CORE = ("_base", "_onnx", "_compute", "_models", "_host")
 
 #: Each layer and the layers below it that it may import (its own always). A module's layer is
-#: its folder under corral/, but for the public modules beside the face (``corral``) and the
-#: server's body budget, which every transport shares (``server.bodies``).
+#: its folder under corral/, but for the public modules beside the face (``corral``), the
+#: server's body budget and its token policy, which every transport shares
+#: (``server.bodies``, ``server.tokens``).
 ALLOWED: dict[str, frozenset[str]] = {
     "_proto": frozenset(),
     "_base": frozenset(),
@@ -48,14 +49,18 @@ _CORE_AND_FACE = frozenset({*CORE, "_proto", "corral"})
 ALLOWED |= {
     "protocol": _CORE_AND_FACE,
     "server.bodies": frozenset(),
+    "server.tokens": frozenset(),
     "server.observe": _CORE_AND_FACE | {"protocol", "server.bodies"},
-    "server.http": _CORE_AND_FACE | {"protocol", "server.bodies", "server.observe"},
+    "server.http": _CORE_AND_FACE
+    | {"protocol", "server.bodies", "server.tokens", "server.observe"},
     "server.connections": frozenset({"server.bodies", "server.http"}),
-    "server.grpc": _CORE_AND_FACE | {"protocol", "server.bodies", "server.observe"},
+    "server.grpc": _CORE_AND_FACE
+    | {"protocol", "server.bodies", "server.tokens", "server.observe"},
 }
 ALLOWED["server.native"] = _CORE_AND_FACE | {
     "protocol",
     "server.bodies",
+    "server.tokens",
     "server.observe",
     "server.http",
     "server.grpc",

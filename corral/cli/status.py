@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 import urllib.error
 import urllib.parse
@@ -33,6 +34,8 @@ __all__ = [
 
 #: Seconds between two redraws with ``--watch``.
 WATCH_S = 2.0
+#: Where `corral status` finds its token when --token is not given.
+TOKEN_VARIABLE = "CORRAL_STATUS_TOKEN"
 #: How long one request to the server may take, in seconds.
 TIMEOUT_S = 10.0
 
@@ -52,7 +55,12 @@ def add_status_command(commands: Any, handler_for: Any) -> None:
         ),
     )
     status.add_argument("url", help="the server's HTTP address, e.g. http://127.0.0.1:8000")
-    status.add_argument("--token", help="the server's --auth-token, if it has one")
+    status.add_argument(
+        "--token",
+        default=os.environ.get(TOKEN_VARIABLE),
+        help="a token of the server's statistics scope: its --statistics-tokens, else its "
+        f"--auth-token ({TOKEN_VARIABLE}, which keeps it off the command line)",
+    )
     status.add_argument("--watch", action="store_true", help=f"redraw every {WATCH_S:g} s")
     status.add_argument(
         "--top", type=int, default=20, metavar="N", help="models shown (default: 20, at most 500)"
@@ -78,7 +86,8 @@ def fetch_status(url: str, token: str | None, top: int) -> dict[str, Any]:
     except urllib.error.HTTPError as exc:
         if exc.code == 401:
             raise StatusUnavailable(
-                f"{url} needs a token: pass the server's --auth-token as --token"
+                f"{url} needs a token: pass a token of its statistics scope (its "
+                f"--statistics-tokens, else its --auth-token) as --token or {TOKEN_VARIABLE}"
                 if token is None
                 else f"{url} refused the token given with --token"
             ) from None

@@ -28,6 +28,7 @@ from corral.ray._replica import ModelReplica
 from corral.server.http.requests import check_token, read_body
 from corral.server.http.responses import HttpError
 from corral.server.http.routes import Endpoint, Family, named_route
+from corral.server.tokens import TokenPolicy
 
 __all__ = ["V2Ingress"]
 
@@ -45,7 +46,8 @@ class V2Ingress:
         self, models: DeploymentHandle[ModelReplica], auth_token: str | None, max_request_bytes: int
     ) -> None:
         self._models = models
-        self._auth = None if auth_token is None else f"Bearer {auth_token}".encode()
+        # One token for every scope: the ingress has no scoped tokens (corral.server.tokens).
+        self._tokens = TokenPolicy.build(auth_token, {})
         self._max_request_bytes = max_request_bytes
 
     async def __call__(self, request: Request) -> Response:
@@ -54,8 +56,9 @@ class V2Ingress:
         endpoint, family, name = _routed(request.method, path)
         try:
             if family is not Family.HEALTH:
-                if self._auth is not None:
-                    check_token(request.scope["headers"], self._auth)
+                if self._tokens.any_closed:
+                    scope = None if endpoint is None else endpoint.scope
+                    check_token(request.scope["headers"], self._tokens, scope)
                 _refuse_per_process(path, endpoint, family)
             body = await read_body(request.scope, request.receive, self._max_request_bytes)
         except HttpError as exc:

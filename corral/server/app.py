@@ -59,6 +59,7 @@ from corral.server.observe.status import StatusBoard
 from corral.server.observe.tracing import Tracing, start_tracing
 from corral.server.ports import check_ports_free, listening
 from corral.server.settings import ServerSettings
+from corral.server.tokens import TokenPolicy, TokenScope
 
 if TYPE_CHECKING:
     from corral.server.group_member import GroupMember
@@ -328,14 +329,13 @@ def _http_app(
     metrics_port: int | None,
     member: GroupMember | None,
 ) -> HttpApp:
-    token = settings.auth_token
     # One process of several serves /metrics on its metrics port only (corral.server.processes).
     unserved = None if member is None else member.metrics_unserved
     return HttpApp(
         plane,
         metrics=metrics.render if metrics_port is None and unserved is None else None,
         metrics_unserved=unserved,
-        auth_token=None if token is None else token.get_secret_value(),
+        tokens=settings.token_policy(),
         max_request_bytes=settings.max_request_bytes,
         body_budget=body_budget,
         access_log=settings.access_log,
@@ -403,12 +403,11 @@ class _Servers:
         if settings.grpc_port >= 0:
             from corral.server.grpc.service import start_grpc_server
 
-            token = settings.auth_token
             self._grpc, self.grpc_port = await start_grpc_server(
                 self._plane,
                 f"unix:{bridges.grpc_path}" if native else settings.host,
                 settings.grpc_port,
-                auth_token=None if token is None else token.get_secret_value(),
+                tokens=settings.token_policy(),
                 max_message_bytes=settings.max_request_bytes,
                 body_budget=body_budget,
                 access_log=settings.access_log,
@@ -438,12 +437,11 @@ class _Servers:
         self.http_port = await self.http.start()
         if native:
             assert self._native_budget is not None  # native
-            token = settings.auth_token
             self.native = NativeEdge(
                 self._plane,
                 self._native_budget,
                 native_infer=app.answers_directly,
-                auth_token=None if token is None else token.get_secret_value(),
+                inference_tokens=settings.token_policy().accepted(TokenScope.INFERENCE),
                 allowed_hosts=settings.site_policy().entries,
                 threads=settings.edge_threads,
                 limits=limits,
@@ -843,10 +841,16 @@ def _log_summary(
         open_files,
         caps[0],
         "" if caps[1] is None else f" and {caps[1]} gRPC",
-        ", auth on" if settings.auth_token is not None else "",
+        _tokens_said(settings.token_policy()),
         ", system shared memory on" if settings.system_shared_memory else "",
         "" if member is None else f", as {member.name}",
     )
+
+
+def _tokens_said(policy: TokenPolicy) -> str:
+    """The start line's words for the tokens: the scopes they close, never a token."""
+    said = policy.describe()
+    return f", {said}" if said else ""
 
 
 def _describe_onnxruntime(options: RuntimeOptions) -> str:

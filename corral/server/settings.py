@@ -38,6 +38,7 @@ from corral._host import HostOptions, edge_options, parse_bytes
 from corral._models import is_store_url
 from corral.protocol.shm import DEFAULT_MAX_REGIONS
 from corral.server.http.origins import SitePolicy
+from corral.server.tokens import TokenPolicy, TokenScope, parse_tokens
 
 __all__ = [
     "HOST_OPTIONS_NOT_SERVED",
@@ -154,7 +155,34 @@ class ServerSettings(_HostAndRuntimeOptions):
         "loopback, else any name; the health checks answer any name)",
     )
     auth_token: SecretStr | None = Field(
-        None, description="require Authorization: Bearer <token> on all but health endpoints"
+        None,
+        description="require Authorization: Bearer <token> on all but the server's health "
+        "checks, in every scope not given tokens of its own (--inference-tokens ...)",
+    )
+    inference_tokens: SecretStr | None = Field(
+        None,
+        description="the tokens that open inference, separated by commas, or open "
+        "(default: --auth-token)",
+    )
+    metadata_tokens: SecretStr | None = Field(
+        None,
+        description="the tokens that open server and model metadata, configuration and "
+        "readiness, separated by commas, or open (default: --auth-token)",
+    )
+    model_control_tokens: SecretStr | None = Field(
+        None,
+        description="the tokens that open the repository index, load and unload, separated "
+        "by commas, or open (default: --auth-token)",
+    )
+    shared_memory_tokens: SecretStr | None = Field(
+        None,
+        description="the tokens that open the shared-memory registrations, separated by "
+        "commas, or open (default: --auth-token)",
+    )
+    statistics_tokens: SecretStr | None = Field(
+        None,
+        description="the tokens that open statistics, /metrics on the HTTP port and the "
+        "status page's document, separated by commas, or open (default: --auth-token)",
     )
     drain_timeout_s: float = Field(
         30.0, ge=0, description="seconds SIGTERM waits for requests in flight before closing"
@@ -333,6 +361,23 @@ class ServerSettings(_HostAndRuntimeOptions):
                     "leave the option out to serve without a token"
                 )
         return value
+
+    @field_validator(*(scope.option for scope in TokenScope))
+    @classmethod
+    def _usable_tokens(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        if value is not None:
+            parse_tokens(value.get_secret_value(), str(info.field_name))
+        return value
+
+    def token_policy(self) -> TokenPolicy:
+        """Which tokens open which scope (:mod:`corral.server.tokens`)."""
+        scoped: dict[TokenScope, tuple[str, ...] | None] = {}
+        for scope in TokenScope:
+            given: SecretStr | None = getattr(self, scope.option)
+            if given is not None:
+                scoped[scope] = parse_tokens(given.get_secret_value(), scope.option)
+        token = self.auth_token
+        return TokenPolicy.build(None if token is None else token.get_secret_value(), scoped)
 
     @field_validator("repository", mode="before")
     @classmethod

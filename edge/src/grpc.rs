@@ -656,10 +656,10 @@ fn native_headers(request: &Request<Incoming>, shared: &Shared) -> bool {
     }
     match &config.auth {
         None => true,
-        Some(expected) => headers
+        Some(accepted) => headers
             .get_all("authorization")
             .iter()
-            .any(|v| crate::hosts::constant_time_eq(v.as_bytes(), expected)),
+            .any(|v| crate::hosts::one_of(v.as_bytes(), accepted)),
     }
 }
 

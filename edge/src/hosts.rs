@@ -129,6 +129,14 @@ pub fn is_text_plain(value: &[u8]) -> bool {
     media.eq_ignore_ascii_case(b"text/plain")
 }
 
+/// Whether `value` is one of `accepted`: each compared in constant time, and all of them
+/// compared, so that the time taken does not tell which one matched.
+pub fn one_of(value: &[u8], accepted: &[Vec<u8>]) -> bool {
+    accepted.iter().fold(false, |found, candidate| {
+        found | constant_time_eq(value, candidate)
+    })
+}
+
 /// Compares two byte strings in time that depends only on their lengths.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
@@ -161,5 +169,15 @@ mod tests {
         assert!(!policy.allows(b"evil.com"));
         assert!(is_text_plain(b" Text/Plain ; charset=utf-8"));
         assert!(!is_text_plain(b"application/json"));
+    }
+
+    #[test]
+    fn tokens() {
+        let accepted = vec![b"Bearer a".to_vec(), b"Bearer bc".to_vec()];
+        assert!(one_of(b"Bearer a", &accepted));
+        assert!(one_of(b"Bearer bc", &accepted));
+        assert!(!one_of(b"Bearer b", &accepted));
+        assert!(!one_of(b"Bearer a ", &accepted));
+        assert!(!one_of(b"Bearer a", &[]));
     }
 }

@@ -256,8 +256,8 @@ pub fn native_route<'a>(
                         && crate::hosts::is_text_plain(value))
             }
             13 if name.eq_ignore_ascii_case(b"authorization") => {
-                if let Some(expected) = &config.auth {
-                    authorized |= crate::hosts::constant_time_eq(value, expected);
+                if let Some(accepted) = &config.auth {
+                    authorized |= crate::hosts::one_of(value, accepted);
                 }
                 false
             }

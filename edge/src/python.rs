@@ -793,7 +793,7 @@ impl Edge {
         budget: &PyBudget,
         threads: usize,
         native_infer: bool,
-        auth: Option<Vec<u8>>,
+        auth: Option<Vec<Vec<u8>>>,
         allowed_hosts: Option<Vec<String>>,
         max_url_bytes: usize,
         max_header_bytes: usize,

@@ -109,7 +109,8 @@ impl Drop for Held {
 #[derive(Clone, Debug)]
 pub struct Config {
     pub native_infer: bool,
-    pub auth: Option<Vec<u8>>,
+    /// The `Authorization` values that open inference; None: open.
+    pub auth: Option<Vec<Vec<u8>>>,
     pub hosts: HostPolicy,
     pub max_url_bytes: usize,
     pub max_header_bytes: usize,

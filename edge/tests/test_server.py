@@ -685,12 +685,15 @@ def test_grpc_handshake_and_idle_timeouts(bridges: Bridges) -> None:
 
 
 def test_token_and_host_checks_route_to_the_bridge(bridges: Bridges) -> None:
-    with running(bridges, auth=b"Bearer s3cret", allowed_hosts=["localhost", "*.example.com"]) as server:
+    tokens = [b"Bearer s3cret", b"Bearer other"]
+    with running(bridges, auth=tokens, allowed_hosts=["localhost", "*.example.com"]) as server:
         sock = connect(server.http_port)
         cases = [
             (b"", True),
             (b"Authorization: Bearer wrong\r\n", True),
             (b"Authorization: Bearer s3cret\r\n", False),
+            (b"Authorization: Bearer other\r\n", False),
+            (b"Authorization: Bearer s3cre\r\n", True),
             (b"Authorization: Bearer s3cret\r\nHost: evil.com\r\n", True),
             (b"Authorization: Bearer s3cret\r\nHost: a.example.com:8000\r\n", False),
             (b"Authorization: Bearer s3cret\r\nContent-Type: Text/Plain; charset=utf-8\r\n", True),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
 import corral
 import corral.server.app
@@ -47,6 +48,11 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "max_request_bytes": ("4096", 4096),
     "max_body_bytes_in_flight": ("536870912", 536870912),
     "auth_token": ("s3cret", "s3cret"),
+    "inference_tokens": ("a,b", "a,b"),
+    "metadata_tokens": ("open", "open"),
+    "model_control_tokens": ("admin", "admin"),
+    "shared_memory_tokens": ("admin,other", "admin,other"),
+    "statistics_tokens": ("stats", "stats"),
     "drain_timeout_s": ("1.5", 1.5),
     "drain_notice_s": ("5", 5.0),
     "log_level": ("DEBUG", "debug"),
@@ -110,7 +116,7 @@ def serve_flags() -> dict[str, argparse.Action]:
 
 def value(settings: ServerSettings, name: str) -> Any:
     held = getattr(settings, name)
-    return held.get_secret_value() if name == "auth_token" else held
+    return held.get_secret_value() if isinstance(held, SecretStr) else held
 
 
 def test_every_field_is_a_flag_whose_help_names_its_variable():

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -41,6 +40,7 @@ from corral._host import ModelState
 from corral.protocol.dataplane import DataPlane, run_blocking
 from corral.protocol.proto import health_pb2
 from corral.server.grpc.reflection import REFLECTION_SERVICE, reflection_handlers
+from corral.server.tokens import TokenPolicy, TokenScope
 
 __all__ = [
     "DEFAULT_MAX_WATCHES",
@@ -48,7 +48,7 @@ __all__ = [
     "MAX_LISTED",
     "HealthServicer",
     "add_health_and_reflection",
-    "carries_token",
+    "authorization_values",
 ]
 
 #: The health service's full name.
@@ -70,9 +70,10 @@ _Context = grpc.aio.ServicerContext[Any, Any]
 class HealthServicer:
     """``grpc.health.v1.Health`` on a data plane; ``draining`` is set when the drain begins.
 
-    ``auth_token``: a model's health needs ``authorization: Bearer <token>``; the server's
-    does not. ``max_watches``: the most Watch streams open at once. Runs on the event loop
-    that serves it, which is the only one that touches its Watch streams' bookkeeping.
+    ``tokens``: a model's health needs ``authorization: Bearer <token>`` with a token of
+    the metadata scope (:mod:`corral.server.tokens`); the server's does not.
+    ``max_watches``: the most Watch streams open at once. Runs on the event loop that serves
+    it, which is the only one that touches its Watch streams' bookkeeping.
     """
 
     def __init__(
@@ -80,14 +81,14 @@ class HealthServicer:
         plane: DataPlane,
         draining: asyncio.Event,
         *,
-        auth_token: str | None = None,
+        tokens: TokenPolicy | None = None,
         max_watches: int = DEFAULT_MAX_WATCHES,
     ) -> None:
         if max_watches < 1:
             raise ValueError(f"max_watches must be at least 1, got {max_watches}")
         self._plane = plane
         self._draining = draining
-        self._expected = None if auth_token is None else f"Bearer {auth_token}".encode()
+        self._tokens = tokens or TokenPolicy.open()
         self._max_watches = max_watches
         # Loop-only, no lock: each open Watch stream's wake-up event, by the service it
         # watches, and how many are open. Listening to the data plane's changes only while a
@@ -212,13 +213,15 @@ class HealthServicer:
             event.set()
 
     async def _authorize(self, service: str, context: _Context) -> None:
-        if self._expected is None or service in ("", _INFERENCE_SERVICE):
+        if service in ("", _INFERENCE_SERVICE):
             return
-        if not carries_token(context.invocation_metadata(), self._expected):
+        given = authorization_values(context.invocation_metadata())
+        if not self._tokens.allows(TokenScope.METADATA, given):
             await context.abort(
                 grpc.StatusCode.UNAUTHENTICATED,
-                "a model's health needs the metadata authorization: Bearer <token> (the "
-                f"server's, '' and {_INFERENCE_SERVICE!r}, needs none)",
+                "a model's health needs the metadata authorization: Bearer <token> with a "
+                f"token of the metadata scope (the server's, '' and {_INFERENCE_SERVICE!r}, "
+                "needs none)",
             )
 
     async def _status(self, service: str) -> _Status:
@@ -241,14 +244,13 @@ class HealthServicer:
         return _SERVING
 
 
-def carries_token(metadata: Any, expected: bytes) -> bool:
-    """Whether a call's ``metadata`` has ``authorization`` equal to ``expected`` (constant time)."""
-    for key, value in metadata or ():
-        if key == "authorization":
-            given = value if isinstance(value, bytes) else str(value).encode()
-            if hmac.compare_digest(given, expected):
-                return True
-    return False
+def authorization_values(metadata: Any) -> list[bytes]:
+    """The ``authorization`` values of a call's ``metadata``, as bytes."""
+    return [
+        value if isinstance(value, bytes) else str(value).encode()
+        for key, value in metadata or ()
+        if key == "authorization"
+    ]
 
 
 async def _first_of(*events: asyncio.Event) -> None:
@@ -273,14 +275,14 @@ def add_health_and_reflection(
     plane: DataPlane,
     draining: asyncio.Event,
     *,
-    auth_token: str | None = None,
+    tokens: TokenPolicy | None = None,
     max_watches: int = DEFAULT_MAX_WATCHES,
 ) -> HealthServicer:
     """Add the health service and server reflection (of both services) to ``server``.
 
-    ``auth_token`` and ``max_watches``: as :class:`HealthServicer` takes them.
+    ``tokens`` and ``max_watches``: as :class:`HealthServicer` takes them.
     """
-    health = HealthServicer(plane, draining, auth_token=auth_token, max_watches=max_watches)
+    health = HealthServicer(plane, draining, tokens=tokens, max_watches=max_watches)
     server.add_generic_rpc_handlers(
         (
             _health_handlers(health),

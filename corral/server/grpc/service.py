@@ -74,16 +74,18 @@ from corral.server.bodies import BodyBudget, BodyBudgetExceeded, BodyReservation
 from corral.server.grpc.health import (
     DEFAULT_MAX_WATCHES,
     add_health_and_reflection,
-    carries_token,
+    authorization_values,
 )
 from corral.server.grpc.limits import GrpcLimits
 from corral.server.grpc.not_served import NotServed
+from corral.server.grpc.reflection import REFLECTION_SERVICE
 from corral.server.observe.logs import (
     REQUEST_ID_HEADER,
     log_access,
     new_request_id,
     request_id_problem,
 )
+from corral.server.tokens import TokenPolicy, TokenScope
 
 if TYPE_CHECKING:
     from corral.server.observe.tracing import RequestTrace, Tracing
@@ -152,6 +154,30 @@ _OPEN_METHODS = frozenset(
         "/grpc.health.v1.Health/Watch",
     }
 )
+
+# The scope whose tokens open each method (corral.server.tokens); a method missing here and
+# from _OPEN_METHODS is answered UNIMPLEMENTED, to a caller some scope is open to.
+_METHOD_SCOPES = {
+    f"/{_SERVICE}/{method}": scope
+    for scope, methods in (
+        (TokenScope.INFERENCE, ("ModelInfer", "ModelStreamInfer")),
+        (TokenScope.METADATA, ("ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig")),
+        (TokenScope.STATISTICS, ("ModelStatistics",)),
+        (
+            TokenScope.MODEL_CONTROL,
+            ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload"),
+        ),
+        (
+            TokenScope.SHARED_MEMORY,
+            tuple(
+                f"{kind}SharedMemory{verb}"
+                for kind in ("System", "Cuda")
+                for verb in ("Status", "Register", "Unregister")
+            ),
+        ),
+    )
+    for method in methods
+} | {f"/{REFLECTION_SERVICE}/ServerReflectionInfo": TokenScope.METADATA}
 
 _Context = grpc.aio.ServicerContext[Any, Any]
 _Request = TypeVar("_Request")
@@ -635,13 +661,15 @@ class InferenceServicer:
 
 
 class _BearerAuth(grpc.aio.ServerInterceptor):
-    """Refuses every RPC but the health checks unless it carries ``authorization: Bearer <t>``."""
+    """Refuses an RPC but the health checks unless it carries a token of the method's scope."""
 
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
-        self._refuse: grpc.RpcMethodHandler[Any, Any] = grpc.unary_unary_rpc_method_handler(
-            _unauthenticated
-        )
+    def __init__(self, tokens: TokenPolicy) -> None:
+        self._tokens = tokens
+        # One refusal a scope, each naming it (and the one for an unknown method).
+        self._refusals: dict[TokenScope | None, grpc.RpcMethodHandler[Any, Any]] = {
+            scope: grpc.unary_unary_rpc_method_handler(_unauthenticated(scope))
+            for scope in (*TokenScope, None)
+        }
 
     async def intercept_service(
         self,
@@ -651,18 +679,28 @@ class _BearerAuth(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         """Hand the call on if it may be made, else answer it with UNAUTHENTICATED."""
-        if handler_call_details.method in _OPEN_METHODS or carries_token(
-            handler_call_details.invocation_metadata, self._expected
-        ):
+        method = handler_call_details.method
+        if method in _OPEN_METHODS:
             return await continuation(handler_call_details)
-        return self._refuse
+        given = authorization_values(handler_call_details.invocation_metadata)
+        scope = _METHOD_SCOPES.get(method)
+        if self._tokens.allows(scope, given) if scope else self._tokens.allows_some(given):
+            return await continuation(handler_call_details)
+        return self._refusals[scope]
 
 
-async def _unauthenticated(request: object, context: _Context) -> None:
-    await context.abort(
-        grpc.StatusCode.UNAUTHENTICATED,
-        "this server needs the metadata authorization: Bearer <token>",
-    )
+def _unauthenticated(
+    scope: TokenScope | None,
+) -> Callable[[object, _Context], Awaitable[None]]:
+    needed = "a token of this server" if scope is None else f"a token of its {scope.value} scope"
+
+    async def refuse(request: object, context: _Context) -> None:
+        await context.abort(
+            grpc.StatusCode.UNAUTHENTICATED,
+            f"this server needs the metadata authorization: Bearer <token> with {needed}",
+        )
+
+    return refuse
 
 
 async def start_grpc_server(
@@ -671,6 +709,7 @@ async def start_grpc_server(
     port: int,
     *,
     auth_token: str | None = None,
+    tokens: TokenPolicy | None = None,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     body_budget: BodyBudget | None = None,
     access_log: bool = False,
@@ -686,7 +725,8 @@ async def start_grpc_server(
     socket, the native edge's bridge, and ``port`` is not read), without SO_REUSEPORT unless
     ``reuse_port`` (``--processes N``), so that a taken port is an error. With ``auth_token``
     every RPC but ServerLive, ServerReady and the health checks of the server needs the
-    metadata ``authorization: Bearer <token>`` (a model's health check needs it too).
+    metadata ``authorization: Bearer <token>`` (a model's health check needs it too); with
+    ``tokens`` instead, a token of the method's scope (:mod:`corral.server.tokens`).
     Messages larger than ``max_message_bytes`` are refused with RESOURCE_EXHAUSTED, as are
     inference requests past ``body_budget`` (see :class:`InferenceServicer`), and traced with
     ``tracing`` (:mod:`corral.server.observe.tracing`). The caller stops the server:
@@ -701,8 +741,11 @@ async def start_grpc_server(
 
         server, port = await start_grpc_server(plane, "127.0.0.1", 0, auth_token="s3cret")
     """
+    if tokens is not None and auth_token is not None:
+        raise ValueError("give start_grpc_server auth_token or tokens, not both")
+    policy = tokens if tokens is not None else TokenPolicy.build(auth_token, {})
     server = grpc.aio.server(
-        interceptors=[] if auth_token is None else [_BearerAuth(auth_token)],
+        interceptors=[_BearerAuth(policy)] if policy.any_closed else [],
         options=[
             ("grpc.so_reuseport", int(reuse_port)),
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -723,7 +766,7 @@ async def start_grpc_server(
         server,
         plane,
         draining or asyncio.Event(),
-        auth_token=auth_token,
+        tokens=policy,
         max_watches=max_health_watches,
     )
     if host.startswith("unix:"):

@@ -70,6 +70,7 @@ from corral.server.http.responses import (
 )
 from corral.server.http.routes import Endpoint, Family, NoRoute, Route, infer_model, match
 from corral.server.observe.logs import HttpExchange
+from corral.server.tokens import TokenPolicy, TokenScope
 
 if TYPE_CHECKING:
     from corral.server.observe.dashboard import DashboardFiles
@@ -107,7 +108,8 @@ class HttpApp:
     ``metrics`` renders the Prometheus exposition (``corral.server.observe.metrics.Metrics``), None
     to answer ``/metrics`` with 404 (naming ``metrics_port``, where they are served then, or
     saying ``metrics_unserved``); it is called on a worker thread. ``auth_token``: every path
-    but ``/v2/health/*`` then needs ``Authorization: Bearer <token>``. ``body_budget``: the
+    but ``/v2/health/*`` then needs ``Authorization: Bearer <token>``; ``tokens``, instead:
+    each endpoint needs a token of its scope (:mod:`corral.server.tokens`). ``body_budget``: the
     bytes of bodies held at once, shared with the gRPC server when both run (default: one of
     4 x ``max_request_bytes`` for this app alone). ``access_log``: one line per request on
     ``corral.access`` (:mod:`corral.server.observe.logs`), each answer with an ``X-Request-ID``. An
@@ -127,6 +129,7 @@ class HttpApp:
         *,
         metrics: Callable[[], tuple[bytes, str]] | None = None,
         auth_token: str | None = None,
+        tokens: TokenPolicy | None = None,
         max_request_bytes: int = 64 * 1024 * 1024,
         body_budget: BodyBudget | None = None,
         access_log: bool = False,
@@ -149,7 +152,11 @@ class HttpApp:
             if metrics_port is None
             else f"metrics are served on port {metrics_port} (--metrics-port), not on this one"
         )
-        self._auth = None if auth_token is None else f"Bearer {auth_token}".encode()
+        if tokens is not None and auth_token is not None:
+            raise ValueError("give HttpApp auth_token or tokens, not both")
+        self._tokens = tokens if tokens is not None else TokenPolicy.build(auth_token, {})
+        # Checked on every request: no token anywhere costs one test of this flag.
+        self._auth = self._tokens.any_closed
         self._max_request_bytes = max_request_bytes
         self._bodies = body_budget or BodyBudget(4 * max_request_bytes)
         self._decoding = DecodeTurns()
@@ -193,8 +200,8 @@ class HttpApp:
             name = infer_model(method, scope["path"])
             if name is not None:  # the busiest route, taken before the table
                 self._sites.check_post(scope["headers"])
-                if self._auth is not None:
-                    check_token(scope["headers"], self._auth)
+                if self._auth:
+                    check_token(scope["headers"], self._tokens, TokenScope.INFERENCE)
                 if self._tracing is None:
                     await self._infer(name, None, scope, receive, send)
                 else:
@@ -249,8 +256,8 @@ class HttpApp:
         """
         try:
             self._sites.check_post(headers)
-            if self._auth is not None:
-                check_token(headers, self._auth)
+            if self._auth:
+                check_token(headers, self._tokens, TokenScope.INFERENCE)
             coding = request_coding(headers)
             if refused is not None:
                 raise refused
@@ -309,13 +316,13 @@ class HttpApp:
             route = match(method, path, status_page=self._status is not None)
         except NoRoute as missing:
             # Only the health checks' own refusals are answered to a client without the token.
-            if self._auth is not None and missing.family is not Family.HEALTH:
-                check_token(scope["headers"], self._auth)
+            if self._auth and missing.family is not Family.HEALTH:
+                check_token(scope["headers"], self._tokens, None)
             raise
         if route.endpoint.method == "POST":
             self._sites.check_post(scope["headers"])
-        if self._auth is not None and route.endpoint.needs_token:
-            check_token(scope["headers"], self._auth)
+        if self._auth and route.endpoint.scope is not None:
+            check_token(scope["headers"], self._tokens, route.endpoint.scope)
         await self._handlers[route.endpoint](route, scope, receive, send)
 
     async def _server_metadata(

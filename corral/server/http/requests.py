@@ -5,19 +5,19 @@ requests with the same words.
 
 Example::
 
-    check_token(scope["headers"], b"Bearer s3cret")
+    check_token(scope["headers"], TokenPolicy.build("s3cret", {}), TokenScope.INFERENCE)
     body = await read_body(scope, receive, limit=64 * 1024 * 1024)
 """
 
 from __future__ import annotations
 
-import hmac
 import re
 
 from corral.protocol.json.codec import HEADER_LENGTH
 from corral.server.bodies import BodyReservation
 from corral.server.http.compression import request_encoding, response_encoding
 from corral.server.http.responses import HttpError, Receive, Scope
+from corral.server.tokens import TokenPolicy, TokenScope
 
 __all__ = [
     "DECODE_INLINE_BINARY_BYTES",
@@ -90,17 +90,29 @@ async def read_body(
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def check_token(headers: list[tuple[bytes, bytes]], expected: bytes) -> None:
-    """Raise :class:`HttpError` 401 unless the request's Authorization header is ``expected``.
+def check_token(
+    headers: list[tuple[bytes, bytes]], policy: TokenPolicy, scope: TokenScope | None
+) -> None:
+    """Raise :class:`HttpError` 401 unless the request's Authorization header opens ``scope``.
 
-    ``headers`` are the request's, names lowercase; ``expected`` is the whole header value,
-    ``b"Bearer <token>"``; compared in constant time.
+    ``headers`` are the request's, names lowercase; ``policy`` says which ``Bearer <token>``
+    values open which scope (:mod:`corral.server.tokens`; compared in constant time).
+    ``scope`` None: a path no endpoint answers, told apart from a refusal only to a caller
+    some scope is open to. The refusal names the scope, never a token.
     """
-    for key, value in headers:
-        if key == b"authorization" and hmac.compare_digest(value, expected):
+    values = [value for key, value in headers if key == b"authorization"]
+    if scope is None:
+        if policy.allows_some(values):
             return
+        needed = "a token of this server"
+    else:
+        if policy.allows(scope, values):
+            return
+        needed = f"a token of its {scope.value} scope"
     raise HttpError(
-        401, "this server needs the header Authorization: Bearer <token>", _ASKS_FOR_TOKEN
+        401,
+        f"this server needs the header Authorization: Bearer <token> with {needed}",
+        _ASKS_FOR_TOKEN,
     )
 
 

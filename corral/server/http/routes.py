@@ -23,6 +23,7 @@ import enum
 from dataclasses import dataclass
 
 from corral.server.http.responses import HttpError
+from corral.server.tokens import TokenScope
 
 __all__ = [
     "INFER_PREFIX",
@@ -92,14 +93,31 @@ class Endpoint(enum.Enum):
         self.family = family
 
     @property
-    def needs_token(self) -> bool:
-        """Whether a server with a token asks for it here: everywhere but the health checks."""
-        return self.family is not Family.HEALTH
+    def scope(self) -> TokenScope | None:
+        """The scope whose tokens open it (:mod:`corral.server.tokens`); None: no token."""
+        return _SCOPES.get(self, _FAMILY_SCOPES.get(self.family))
 
     @property
     def per_process(self) -> bool:
         """Whether the endpoint is one process's view, which means nothing for a cluster."""
         return self.family in (Family.REPOSITORY, Family.METRICS) or self is Endpoint.ALL_STATS
+
+
+#: The scope of each family's endpoints, but for the endpoints of :data:`_SCOPES`.
+_FAMILY_SCOPES = {
+    Family.SERVER: TokenScope.METADATA,
+    Family.MODELS: TokenScope.METADATA,
+    Family.REPOSITORY: TokenScope.MODEL_CONTROL,
+    Family.SHARED_MEMORY: TokenScope.SHARED_MEMORY,
+    Family.STATUS: TokenScope.STATISTICS,
+    Family.METRICS: TokenScope.STATISTICS,
+}
+#: The endpoints whose scope is not their family's.
+_SCOPES = {
+    Endpoint.INFER: TokenScope.INFERENCE,
+    Endpoint.MODEL_STATS: TokenScope.STATISTICS,
+    Endpoint.ALL_STATS: TokenScope.STATISTICS,
+}
 
 
 #: The shared memory kinds a path may name: Triton's system and CUDA shared memory.

@@ -173,7 +173,7 @@ class NativeEdge:
         budget: BudgetCounter,
         *,
         native_infer: bool,
-        auth_token: str | None,
+        inference_tokens: tuple[bytes, ...] | None,
         allowed_hosts: list[str] | None,
         threads: int,
         limits: tuple[ConnectionLimits, GrpcLimits],
@@ -182,7 +182,9 @@ class NativeEdge:
         self._plane = plane
         self._budget = budget
         self._native_infer = native_infer
-        self._auth = None if auth_token is None else f"Bearer {auth_token}".encode()
+        # The Authorization values that open inference (None: open); a request without one
+        # is forwarded, and the Python edge refuses it in its words.
+        self._auth = None if inference_tokens is None else list(inference_tokens)
         self._allowed_hosts = allowed_hosts
         self._threads = threads
         self._limits = limits

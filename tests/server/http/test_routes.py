@@ -156,7 +156,7 @@ def test_the_status_page_routes_exist_only_where_the_page_is_served():
 
 
 def test_only_the_health_checks_are_open_and_only_process_views_are_per_process():
-    open_ = {endpoint for endpoint in Endpoint if not endpoint.needs_token}
+    open_ = {endpoint for endpoint in Endpoint if endpoint.scope is None}
     assert open_ == {Endpoint.LIVE, Endpoint.READY}
     per_process = {endpoint for endpoint in Endpoint if endpoint.per_process}
     assert per_process == {
