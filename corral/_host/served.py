@@ -493,19 +493,23 @@ class ServedVersion:
         run = [first]
         if not share or not first.key:
             return run
-        limits = self.inline.limits
-        sizes = {name: array.size for name, array in first.feed.items()}
+        lane = self.inline
+        # Stacked, the requests' inputs grow along their first axis only (they share a key).
+        shapes = {name: array.shape for name, array in first.feed.items()}
         rows = first.rows
         for request in checked[start + 1 :]:
             if request.key != first.key or request.names != first.names:
                 break
             if rows + request.rows > self.max_rows:
                 break
-            grown = {name: size + request.feed[name].size for name, size in sizes.items()}
-            if any(size > limits.get(name, 0) for name, size in grown.items()):
-                break  # more than the lane measured: the next run takes it
+            grown = {
+                name: (shape[0] + request.feed[name].shape[0], *shape[1:])
+                for name, shape in shapes.items()
+            }
+            if not all(lane.within(name, shape) for name, shape in grown.items()):
+                break  # larger than the lane measured: the next run takes it
             run.append(request)
-            sizes, rows = grown, rows + request.rows
+            shapes, rows = grown, rows + request.rows
         return run
 
     def _queue_deadline(self, deadline: float | None) -> float | None:
