@@ -238,6 +238,29 @@ def test_the_measured_elements_in_another_shape_go_to_the_workers(
         assert host.queue_stats()[(name, 1)].accepted == 3
 
 
+@pytest.mark.timeout(120)
+def test_a_group_with_a_request_in_another_shape_goes_to_the_workers(tmp_path: Path):
+    # The native edge's groups take the lane through run_inline_group: the same per-axis bound.
+    add_model(tmp_path, "gram", _build_gram())
+    rng = np.random.default_rng(5)
+    within = {"X": rng.standard_normal((1, 1, 32)).astype(np.float32)}
+    reshaped = {"X": rng.standard_normal((1, 1, 4096)).astype(np.float32)}
+    with Host(tmp_path, inline_run_us=GENEROUS_US) as host:
+        lane_settled(host, "gram")
+        with host.acquire("gram") as lease:
+            served = served_version(lease)
+            runs = served.run_inline_group([(within, None, None), (within, None, None)], 4)
+            assert runs is not None  # run here
+            assert len(runs) == 2
+            for outcome in runs:
+                assert isinstance(outcome, dict)
+                np.testing.assert_allclose(outcome["Y"], _gram(within["X"]), rtol=1e-4)
+            assert served.run_inline_group([(within, None, None), (reshaped, None, None)], 4) is (
+                None  # nothing run here: the caller queues the group for the workers
+            )
+        assert host.queue_stats()[("gram", 1)].accepted == 2
+
+
 def test_a_shape_made_from_a_requests_sizes_keeps_the_model_off_the_lane(tmp_path: Path):
     add_model(tmp_path, "widened", _build_widened())
     with Host(tmp_path, inline_run_us=GENEROUS_US) as host:
