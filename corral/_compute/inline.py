@@ -16,8 +16,12 @@ the design's bounds (``DESIGN.md``, "the inline lane"):
   loads, and its lane state says ``measuring`` until the measurement replaces it
   (:func:`lane_at_load` decides during the load what needs no run, the file's value proof
   included, so that nothing reads the file after its load);
-- a request larger than the sizes measured (any input with more elements than the largest
-  measured feed's) never runs inline;
+- a request larger than the shapes measured never runs inline: each input's rank must be the
+  measured feed's and each of its dimensions no larger than the largest measured along that
+  axis. The element count alone is not a bound: a model measured at ``[4, 32, 32]`` may do
+  work that grows with one dimension's square (``X`` transposed times ``X``), and a
+  ``[1, 1, 4096]`` request of the same 4,096 elements then runs 16 times the measured
+  product's size, for milliseconds, on the thread that received it;
 - every inline run is timed again (:meth:`InlineLane.observe`); the first past the bound
   sends the version back to the compute workers for the rest of its life, and says so (status,
   metrics, an INFO line).
@@ -102,7 +106,7 @@ class LaneState(enum.Enum):
 class InlineLane:
     """One loaded version's place in the inline lane; shared by the threads that serve it.
 
-    ``limits`` (the most elements each input may bring to run inline) and the bound never
+    ``limits`` (the largest shape each input may have to run inline) and the bound never
     change. An inline run past the bound moves the version to WORKERS at once. Its next
     request after :data:`RETRY_S` runs inline again, as a trial, measured like any inline
     run but for each thread's first few (as a thread's first runs of the version are not
@@ -139,7 +143,7 @@ class InlineLane:
         reason: str,
         *,
         bound_s: float = 0.0,
-        limits: Mapping[str, int] | None = None,
+        limits: Mapping[str, tuple[int, ...]] | None = None,
         clock: Clock = time.thread_time,
         monotonic: Clock = time.monotonic,
     ) -> None:
@@ -147,8 +151,9 @@ class InlineLane:
         self.label = label
         #: A run past this many seconds (``clock``'s) sends the version to the workers.
         self.bound_s = bound_s
-        #: The most elements each input may have for a request to run inline.
-        self.limits: Mapping[str, int] = limits or {}
+        #: The largest shape each input may have for a request to run inline: per axis, the
+        #: largest size measured at load (the rank is the measured feed's).
+        self.limits: Mapping[str, tuple[int, ...]] = limits or {}
         #: What runs are measured with: the calling thread's CPU seconds.
         self.clock = clock
         #: What the retries are timed with.
@@ -212,13 +217,22 @@ class InlineLane:
             return f"{self._state.value}: {self._reason}"
 
     def fits(self, feed: Mapping[str, npt.NDArray[Any]]) -> bool:
-        """True if no input of ``feed`` is larger than the sizes measured at load."""
-        limits = self.limits
-        for name, array in feed.items():
-            limit = limits.get(name)
-            if limit is None or array.size > limit:
-                return False
-        return True
+        """True if every input of ``feed`` is within the shapes measured at load, axis by axis."""
+        return all(self.within(name, array.shape) for name, array in feed.items())
+
+    def within(self, name: str, shape: tuple[int, ...]) -> bool:
+        """True if input ``name`` of ``shape`` is within its measured shape, axis by axis.
+
+        Of the measured rank, each dimension no larger than the one measured: not an element
+        count, whose one bound lets a request trade one dimension for another (see the
+        module's text).
+        """
+        limit = self.limits.get(name)
+        return (
+            limit is not None
+            and len(shape) == len(limit)
+            and all(size <= most for size, most in zip(shape, limit, strict=True))
+        )
 
     def start(self) -> tuple[float, int]:
         """Before an inline run: what :meth:`observe` takes after it."""
@@ -427,7 +441,7 @@ def measure_lane(
     # The smallest size first, up to the last that stays under the bound (LANE_ROWS says
     # why no size above 4 is run).
     sizes = LANE_ROWS if _batch_dimension(signature) else (1,)
-    limits: dict[str, int] | None = None
+    limits: dict[str, tuple[int, ...]] | None = None
     measured_rows, slowest = 0, 0.0
     failure = (LaneState.OFF, "no size was measured")
     for rows in sizes:
@@ -451,7 +465,7 @@ def measure_lane(
                 f"{bound_us} µs bound",
             )
             break
-        limits = {name: array.size for name, array in feed.items()}
+        limits = {name: array.shape for name, array in feed.items()}
         measured_rows, slowest = feed_rows(feed), took
     if limits is None:  # the first size failed or was over the bound
         return InlineLane(label, *failure)

@@ -345,7 +345,7 @@ class ServedVersion:
         """Run a request on the calling thread if the inline lane takes it; else None.
 
         The caller holds a lease on this version for the run. None (nothing run, nothing
-        counted) unless the version is in the lane and no input is larger than the sizes
+        counted) unless the version is in the lane and no input is larger than the shapes
         measured after its load: the caller then queues the request. (A request queued before,
         while the version was out of the lane, may be answered after this one.) Otherwise
         it is checked, run and counted as a queued request that ran alone at once (no queue
@@ -405,8 +405,8 @@ class ServedVersion:
 
         The inline lane for a group a transport gathered (the native edge's), under the
         lane's rules (``corral._compute.inline``): requests that share a shape and the
-        outputs they name run together, with no more elements in a run than the sizes
-        measured after the load (a version whose batching is proven or declared, and whose
+        outputs they name run together, each run's inputs within the shapes measured after
+        the load, axis by axis (a version whose batching is proven or declared, and whose
         requests share runs now; else each runs alone), at most ``max_runs`` runs. Each run
         is timed as an inline run is (a run past the bound sends the version back to the
         compute workers) and counted as a batch that waited 0 s. Returns each request's
@@ -427,7 +427,7 @@ class ServedVersion:
                 outcomes[index] = exc
                 continue
             if not lane.fits(feed):
-                return None  # larger than the sizes measured: the workers run the group
+                return None  # larger than the shapes measured: the workers run the group
             rows, key = shape_key(feed) if self.max_rows else UNBATCHED
             checked.append(_Checked(index, feed, names, self._queue_deadline(deadline), rows, key))
         queue = self._queue or self._make_queue()
@@ -493,19 +493,23 @@ class ServedVersion:
         run = [first]
         if not share or not first.key:
             return run
-        limits = self.inline.limits
-        sizes = {name: array.size for name, array in first.feed.items()}
+        lane = self.inline
+        # Stacked, the requests' inputs grow along their first axis only (they share a key).
+        shapes = {name: array.shape for name, array in first.feed.items()}
         rows = first.rows
         for request in checked[start + 1 :]:
             if request.key != first.key or request.names != first.names:
                 break
             if rows + request.rows > self.max_rows:
                 break
-            grown = {name: size + request.feed[name].size for name, size in sizes.items()}
-            if any(size > limits.get(name, 0) for name, size in grown.items()):
-                break  # more than the lane measured: the next run takes it
+            grown = {
+                name: (shape[0] + request.feed[name].shape[0], *shape[1:])
+                for name, shape in shapes.items()
+            }
+            if not all(lane.within(name, shape) for name, shape in grown.items()):
+                break  # larger than the lane measured: the next run takes it
             run.append(request)
-            sizes, rows = grown, rows + request.rows
+            shapes, rows = grown, rows + request.rows
         return run
 
     def _queue_deadline(self, deadline: float | None) -> float | None:

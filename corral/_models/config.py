@@ -23,6 +23,10 @@ libraries of custom operators registered with each of the model's sessions: a pa
 to the model's folder (it must stay inside it, symlinks followed: the repository checks it),
 or ``"onnxruntime_extensions"``, the library of the onnxruntime-extensions package.
 
+``providers``' options are checked when the repository reads the settings, against what each
+option names (:mod:`corral._models.provider_options`): an option corral does not know is
+refused, and one that names a file must name it inside the model's folder.
+
 Every mistake is an error, never a silent default: an unknown key (a typo), a wrong type
 (``true`` is not a number), a negative number. :meth:`ModelConfig.from_toml` raises
 :class:`ModelConfigError` naming the file, the field and what is wrong.

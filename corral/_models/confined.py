@@ -5,8 +5,9 @@ may switch releases). Every path it reads has its symlinks resolved by :func:`lo
 that resolves outside the root is never stat'ed, only reported (:func:`outside_error`), and
 a file is read only when it is a regular file, and only up to a byte limit
 (:func:`read_bytes`, :func:`read_text`). A config.pbtxt's warm-up file is confined to its
-model's folder the same way (:func:`read_warmup`), and so is a custom operator library
-(:func:`locate_library`: found, never read here); the files beside a model file (its external
+model's folder the same way (:func:`read_warmup`), and so are a custom operator library or a
+provider's (:func:`locate_library`: found, never read here) and a provider's other paths
+(:func:`locate_inside`); the files beside a model file (its external
 data among them) are stat'ed to tell a change (:func:`beside_stamps`). Nothing here logs or
 keeps state.
 """
@@ -26,6 +27,7 @@ __all__ = [
     "Root",
     "beside_stamps",
     "locate",
+    "locate_inside",
     "locate_library",
     "only_if",
     "outside_error",
@@ -152,16 +154,21 @@ def read_warmup(
 
 
 def locate_library(
-    source: str, real_folder: str, library: str, stamps: list[tuple[object, ...]]
+    source: str,
+    real_folder: str,
+    library: str,
+    stamps: list[tuple[object, ...]],
+    *,
+    shown: str | None = None,
 ) -> str:
-    """The real path of a custom operator library named by a model's settings.
+    """The real path of a library named by a model's settings (custom operators, a provider's).
 
     ``library`` is relative to the model's folder; its real path (symlinks followed) must
     stay inside that folder and be a regular file. Raises :class:`ModelConfigError` naming
-    ``source`` and the library otherwise. Its stamp is added to ``stamps``: a changed
-    library is a changed model.
+    ``source`` and the library (or ``shown``, what names it) otherwise. Its stamp is added to
+    ``stamps``: a changed library is a changed model.
     """
-    shown = f"{source}: custom op library {library!r}"
+    shown = f"{source}: custom op library {library!r}" if shown is None else shown
     folder = os.path.realpath(real_folder)
     real = os.path.realpath(os.path.join(folder, library))
     if os.path.commonpath([folder, real]) != folder or real == folder:
@@ -178,6 +185,24 @@ def locate_library(
     if not stat.S_ISREG(info.st_mode):
         raise ModelConfigError(f"{shown}: not a regular file")
     stamps.append((real, info.st_size, info.st_mtime_ns))
+    return real
+
+
+def locate_inside(shown: str, real_folder: str, path: str) -> str:
+    """The real path of a file or folder named by a model's settings, inside the model's folder.
+
+    For what a provider reads or writes (a cache folder, a profile): ``path`` is relative to
+    the model's folder, and its real path (symlinks followed, as far as they exist) must stay
+    inside that folder; it need not exist yet. Raises :class:`ModelConfigError` starting with
+    ``shown`` otherwise.
+    """
+    folder = os.path.realpath(real_folder)
+    real = os.path.realpath(os.path.join(folder, path))
+    if os.path.commonpath([folder, real]) != folder:
+        raise ModelConfigError(
+            f"{shown} resolves outside the model's folder {folder} (to {real}): a "
+            "provider opens files only inside the model's folder"
+        )
     return real
 
 

@@ -77,6 +77,7 @@ from corral._models.model_entry import (
 )
 from corral._models.overrides import ModelOverride
 from corral._models.pbtxt.parse import CONFIG_PBTXT, ParsedConfigs
+from corral._models.provider_options import locate_provider_paths, refuse_provider_paths
 from corral._models.store import DEFAULT_FETCH_TIMEOUT_S, Store, is_store_url
 from corral._onnx import EXTENSIONS_LIBRARY
 
@@ -566,6 +567,7 @@ class Repository:
         try:
             config, files = self._parse_pbtxt(root, source, name, real_folder, override.config_text)
             _refuse_library_paths(source, config)
+            refuse_provider_paths(source, config)
         except ModelConfigError as exc:
             fix = "load the model again with a corrected config"
             problems.add(ProblemKind.BAD_CONFIG_PBTXT, exc, real_folder, fix)
@@ -609,6 +611,7 @@ class Repository:
             else:
                 config, files = self._parse_pbtxt(root, source, name, real_folder, text)
             config = _with_libraries_located(source, real_folder, config, files)
+            config = locate_provider_paths(source, real_folder, config, files)
         except ModelConfigError as exc:
             if toml is not None:
                 fix = f"correct the field named in {source} (docs/host.md lists its fields)"

@@ -1,7 +1,8 @@
 """The onnxruntime and ONNX-file boundary, on :mod:`corral._base`.
 
 onnxruntime's calls (:mod:`corral._onnx.ort`, the one place they are made), execution
-providers and their device lanes, model signatures, session tuning, and the model-file reader.
+providers, their device lanes and the options a model's settings may give them, model
+signatures, session tuning, and the model-file reader.
 
 This is the folder's face: the layers above import these names from here, never a module
 inside it (tests/test_layers.py).
@@ -11,6 +12,7 @@ from corral._onnx import ort
 from corral._onnx.device_lanes import DeviceKey, device_lane, run_on_lanes
 from corral._onnx.modelfile import ModelFile, ModelFootprint, read_footprint, read_model_file
 from corral._onnx.ort import EXTENSIONS_LIBRARY
+from corral._onnx.provider_options import PROVIDER_OPTIONS, OptionKind, ProviderOption
 from corral._onnx.providers import (
     MAX_POOL_SIZE,
     PROVIDER_TABLE,
@@ -28,6 +30,7 @@ from corral._onnx.value_dependence import footprint_and_value_dependence
 __all__ = [
     "EXTENSIONS_LIBRARY",
     "MAX_POOL_SIZE",
+    "PROVIDER_OPTIONS",
     "PROVIDER_TABLE",
     "ConcurrencyPolicy",
     "DeclaredSignature",
@@ -35,6 +38,8 @@ __all__ = [
     "Dim",
     "ModelFile",
     "ModelFootprint",
+    "OptionKind",
+    "ProviderOption",
     "ProviderTraits",
     "Reshape",
     "ResolvedProviders",

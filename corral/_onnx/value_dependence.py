@@ -20,8 +20,14 @@ The proof is a walk of the graph, read without loading the model: the pass of
   ``NonMaxSuppression``, ``Compress``, string splitting, image decoding) are refused;
 - ops that make a shape from a tensor (``Range``, ``Expand``, ``Tile``, ``ConstantOfShape``,
   ``Resize``, ``Pad``, ``OneHot``, ...) are accepted only when that tensor is *static*: an
-  initializer the request cannot replace, a ``Constant``, a ``Shape`` or ``Size`` of any
-  tensor (a function of sizes alone), or what deterministic ops make of those alone;
+  initializer the request cannot replace, a ``Constant``, or what deterministic ops make of
+  those alone (a ``Shape`` or ``Size`` of a static tensor among them);
+- a ``Shape`` or ``Size`` of a tensor a request shapes is not static: the lane bounds a
+  request by the shapes measured, axis by axis, but a shape made from a request's sizes may
+  grow faster than any of them (``Expand`` to ``[d, d]`` from the last dimension ``d``: a
+  ``[1, 1, 4096]`` request of the 4,096 elements measured at ``[4, 32, 32]`` makes 16 M
+  elements where the measured one made 1,024), or shrink as they grow (``Range`` up to
+  ``64 - d``); so such a shape keeps the model off the lane, named as what it is;
 - ops outside the standard domains (``ai.onnx``, ``ai.onnx.ml``) are refused: nothing is
   known of their work; model-local functions are walked like the graph, their inputs taken as
   not static.
@@ -89,7 +95,8 @@ _SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
     "HannWindow": (0,),
     "HammingWindow": (0,),
 }
-#: Ops whose outputs are functions of their inputs' sizes alone: static whatever they read.
+#: Ops whose outputs are functions of their inputs' sizes alone: static only if what they
+#: read is, and otherwise the request's sizes (see the module's text).
 _SIZE_ONLY = frozenset({"Shape", "Size"})
 #: Ops whose outputs differ from run to run: never static.
 _RANDOM = frozenset(
@@ -168,6 +175,9 @@ def _judge(graph: _Graph, local: set[tuple[str, str]]) -> str | None:
     replace, those also listed as the graph's inputs.
     """
     static = graph.initializers - graph.inputs
+    # Tensors made from a request's sizes (a Shape or Size of a tensor not static), and what
+    # flows from them: not static, and named as such when they make a shape.
+    sized: set[str] = set()
     for node in graph.nodes:
         domain = "" if node.domain == "ai.onnx" else node.domain
         if (domain, node.op_type) in local:
@@ -184,16 +194,23 @@ def _judge(graph: _Graph, local: set[tuple[str, str]]) -> str | None:
             for position in _SHAPE_INPUTS.get(node.op_type, ()):
                 if position < len(node.inputs):
                     tensor = node.inputs[position]
+                    if tensor in sized:
+                        return (
+                            f"{described} makes a shape from {tensor!r}, which follows a "
+                            "request's input sizes (through a Shape or Size node): its work "
+                            "may grow faster than the sizes measured"
+                        )
                     if tensor and tensor not in static:
                         return (
                             f"{described} makes a shape from {tensor!r}, which may come from "
                             "a request's values"
                         )
-        if node.op_type in _SIZE_ONLY and domain == "":
-            static.update(node.outputs)
-        elif node.op_type not in _RANDOM and all(t in static for t in node.inputs if t):
+        inputs = [t for t in node.inputs if t]
+        if node.op_type not in _RANDOM and all(t in static for t in inputs):
             # Constant (no inputs) and whatever deterministic ops make of static tensors.
             static.update(node.outputs)
+        elif (node.op_type in _SIZE_ONLY and domain == "") or any(t in sized for t in inputs):
+            sized.update(node.outputs)
     return None
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc
 import tritonclient.grpc.aio as triton
+from onnx import TensorProto, helper
 
 import corral
 from corral import Host
@@ -151,6 +152,132 @@ def test_a_request_larger_than_the_sizes_measured_goes_to_the_workers(hosts: tup
     assert on.status("mlp").versions[0].inline.startswith("inline:")
 
 
+def _build_gram() -> bytes:
+    """Y = Xᵀ·X for each row of X [n, a, b]: its work grows with a·b², not with X's elements."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Transpose", ["X"], ["XT"], perm=[0, 2, 1]),
+            helper.make_node("MatMul", ["XT", "X"], ["Y"]),
+        ],
+        "gram",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", "a", "b"])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["n", "b", "b"])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def _build_widened() -> bytes:
+    """X [n, a, b] expanded to [n, b, b] by a shape made from Shape(X) (issue 47's finding)."""
+    last = helper.make_tensor("last", TensorProto.INT64, [1], [-1])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Shape", ["X"], ["sizes"]),
+            helper.make_node("Gather", ["sizes", "last"], ["b"]),
+            helper.make_node("Concat", ["b", "b"], ["square"], axis=0),
+            helper.make_node("Expand", ["X", "square"], ["wide"], name="widen"),
+            helper.make_node("ReduceSum", ["wide"], ["Y"], keepdims=0),
+        ],
+        "widened",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", "a", "b"])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [])],
+        [last],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def _gram(x: np.ndarray) -> np.ndarray:
+    return np.asarray(np.matmul(x.transpose(0, 2, 1), x))
+
+
+def _widened(x: np.ndarray) -> np.ndarray:
+    return np.asarray(np.broadcast_to(x, (x.shape[0], x.shape[2], x.shape[2])).sum())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("name", "build", "reference"),
+    [
+        ("gram", _build_gram, _gram),
+        ("widened", _build_widened, _widened),
+    ],
+)
+def test_the_measured_elements_in_another_shape_go_to_the_workers(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    build: Any,
+    reference: Any,
+):
+    # Issue 47: measured at [4, 32, 32], a [1, 1, 4096] request brings no more elements but
+    # does 16 times the work (its last dimension squared), and ran on the event loop for
+    # 17-19 ms. The lane's bound is per dimension: the file's proof is told to pass the
+    # widened model here (its Shape(X) keeps it off the lane otherwise: the next test), so
+    # that this one shows the bound alone.
+    monkeypatch.setattr(
+        "corral._host.check.footprint_and_value_dependence",
+        lambda path: (read_footprint(path), None),
+    )
+    add_model(tmp_path, name, build())
+    with Host(tmp_path, inline_run_us=GENEROUS_US) as host:
+        served = lane_settled(host, name)
+        assert served.inline.state is LaneState.INLINE
+        assert served.inline.limits == {"X": (4, 32, 32)}
+        plane = DataPlane(host)
+        rng = np.random.default_rng(3)
+        within = rng.standard_normal((2, 1, 32)).astype(np.float32)
+        answer = _infer(plane, name, _request(within))
+        np.testing.assert_allclose(answer.outputs[0].data, reference(within), rtol=1e-4)
+        assert _workers(host) == 0  # within the measured shape, axis by axis: inline
+        reshaped = rng.standard_normal((1, 1, 4096)).astype(np.float32)
+        answer = _infer(plane, name, _request(reshaped))
+        np.testing.assert_allclose(answer.outputs[0].data, reference(reshaped), rtol=1e-3)
+        assert _workers(host) >= 1  # 4,096 elements as measured, one dimension past: workers
+        # The model stays in the lane: the request was only too large for it.
+        assert served.inline.state is LaneState.INLINE
+        _infer(plane, name, _request(within))
+        assert host.queue_stats()[(name, 1)].accepted == 3
+
+
+@pytest.mark.timeout(120)
+def test_a_group_with_a_request_in_another_shape_goes_to_the_workers(tmp_path: Path):
+    # The native edge's groups take the lane through run_inline_group: the same per-axis bound.
+    add_model(tmp_path, "gram", _build_gram())
+    rng = np.random.default_rng(5)
+    within = {"X": rng.standard_normal((1, 1, 32)).astype(np.float32)}
+    reshaped = {"X": rng.standard_normal((1, 1, 4096)).astype(np.float32)}
+    with Host(tmp_path, inline_run_us=GENEROUS_US) as host:
+        lane_settled(host, "gram")
+        with host.acquire("gram") as lease:
+            served = served_version(lease)
+            runs = served.run_inline_group([(within, None, None), (within, None, None)], 4)
+            assert runs is not None  # run here
+            assert len(runs) == 2
+            for outcome in runs:
+                assert isinstance(outcome, dict)
+                np.testing.assert_allclose(outcome["Y"], _gram(within["X"]), rtol=1e-4)
+            assert served.run_inline_group([(within, None, None), (reshaped, None, None)], 4) is (
+                None  # nothing run here: the caller queues the group for the workers
+            )
+        assert host.queue_stats()[("gram", 1)].accepted == 2
+
+
+def test_a_shape_made_from_a_requests_sizes_keeps_the_model_off_the_lane(tmp_path: Path):
+    add_model(tmp_path, "widened", _build_widened())
+    with Host(tmp_path, inline_run_us=GENEROUS_US) as host:
+        lane_settled(host, "widened")
+        status = host.status("widened").versions[0].inline
+        assert status == (
+            "off: its run time may depend on its inputs' values: its Expand node 'widen' makes "
+            "a shape from 'square', which follows a request's input sizes (through a Shape or "
+            "Size node): its work may grow faster than the sizes measured"
+        )
+        x = np.ones((4, 32, 32), np.float32)
+        answer = _infer(DataPlane(host), "widened", _request(x))
+        assert float(answer.outputs[0].data) == 4 * 32 * 32
+        assert _workers(host) >= 1  # even the measured shape: on the compute workers
+        assert host.stats().inline_versions == 0
+
+
 @pytest.mark.parametrize("name", ["exclusive", "pool"])
 def test_pool_and_exclusive_models_never_run_inline(hosts: tuple[Host, Host], name: str):
     on, _ = hosts
@@ -242,7 +369,7 @@ def _lane(cpu: _Clock, wall: _Clock) -> InlineLane:
         LaneState.INLINE,
         "measured",
         bound_s=50e-6,
-        limits={"X": 4},
+        limits={"X": (1, 4)},
         clock=cpu,
         monotonic=wall,
     )
@@ -332,8 +459,13 @@ def test_a_trial_is_not_failed_by_the_slow_first_runs_after_a_pause():
 def test_the_lane_fits_only_requests_no_larger_than_measured():
     lane = _lane(_Clock(), _Clock())
     assert lane.fits({"X": np.zeros((1, 4), np.float32)})
+    assert lane.fits({"X": np.zeros((1, 3), np.float32)})
     assert not lane.fits({"X": np.zeros((2, 4), np.float32)})
     assert not lane.fits({"Y": np.zeros((1,), np.float32)})
+    # No more elements than measured, but one dimension past its own or another rank.
+    assert not lane.fits({"X": np.zeros((1, 1, 4), np.float32)})
+    assert not lane.fits({"X": np.zeros((4,), np.float32)})
+    assert not lane.fits({"X": np.zeros((0, 5), np.float32)})
 
 
 def test_measuring_at_load_decides_by_policy_bound_and_inputs():
@@ -358,7 +490,7 @@ def test_measuring_at_load_decides_by_policy_bound_and_inputs():
             "m:1", signature, slow, bound_us=50, policy="shared", values=lambda: None, clock=cpu
         )
         assert lane.state is LaneState.INLINE
-        assert lane.limits == {"X": 16}
+        assert lane.limits == {"X": (4, 4)}
         assert "up to 4 rows took 40.0 µs" in lane.describe()
         lane = measure_lane(
             "m:1", signature, slow, bound_us=5, policy="shared", values=lambda: None, clock=cpu
@@ -422,7 +554,7 @@ def test_generated_inputs_a_model_refuses_keep_it_out_of_the_lane_and_fail_no_lo
             clock=cpu,
         )
         assert lane.state is LaneState.INLINE
-        assert lane.limits == {"X": 16}
+        assert lane.limits == {"X": (4, 4)}
     finally:
         session.close()
     # Through a Host: a model whose generated inputs fail (a reshape to five columns of the

@@ -96,19 +96,38 @@ def test_a_shape_made_from_a_requests_values_is_named(tmp_path: Path):
     )
 
 
-def test_shapes_made_from_constants_and_from_other_tensors_shapes_are_proven(tmp_path: Path):
+def test_shapes_made_from_constants_and_from_static_tensors_shapes_are_proven(tmp_path: Path):
     nodes = [
-        helper.make_node("Shape", ["X"], ["shape"]),  # a function of X's size alone
-        helper.make_node("Expand", ["X", "shape"], ["expanded"]),
         _const("two", [1, 2]),
         helper.make_node("Mul", ["two", "two"], ["repeats"]),  # static: made of static tensors
-        helper.make_node("Tile", ["expanded", "repeats"], ["tiled"]),
-        helper.make_node("Concat", ["shape", "two"], ["six"], axis=0),
-        helper.make_node("ConstantOfShape", ["six"], ["zeros"]),
+        helper.make_node("Tile", ["X", "repeats"], ["tiled"]),
+        helper.make_node("Shape", ["two"], ["shape"]),  # the shape of a static tensor
+        helper.make_node("Concat", ["shape", "two"], ["three"], axis=0),
+        helper.make_node("ConstantOfShape", ["three"], ["zeros"]),
         helper.make_node("ReduceSum", ["zeros"], ["z"], keepdims=0),
         helper.make_node("Add", ["tiled", "z"], ["Y"]),
     ]
     assert value_dependence(_save(tmp_path, _model(nodes))) is None
+
+
+@pytest.mark.parametrize("size_op", ["Shape", "Size"])
+def test_a_shape_made_from_a_requests_sizes_is_named(tmp_path: Path, size_op: str):
+    # Expand to [d, d] from X's last dimension d: X's elements do not bound the work, as
+    # the last dimension may grow while the others shrink (issue 47's finding).
+    nodes = [
+        helper.make_node(size_op, ["X"], ["sizes"]),
+        _const("last", [-1]),
+        helper.make_node("Gather", ["sizes", "last"], ["d"])
+        if size_op == "Shape"
+        else helper.make_node("Reshape", ["sizes", "one"], ["d"]),
+        helper.make_node("Concat", ["d", "d"], ["square"], axis=0),
+        helper.make_node("Expand", ["X", "square"], ["Y"], name="widen"),
+    ]
+    one = numpy_helper.from_array(np.array([1], np.int64), "one")
+    assert value_dependence(_save(tmp_path, _model(nodes, initializers=[one]))) == (
+        "its Expand node 'widen' makes a shape from 'square', which follows a request's input "
+        "sizes (through a Shape or Size node): its work may grow faster than the sizes measured"
+    )
 
 
 def test_a_shape_from_an_initializer_a_request_may_replace_is_named(tmp_path: Path):
