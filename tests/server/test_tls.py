@@ -36,6 +36,7 @@ from onnx import TensorProto
 
 import corral.server.app
 import corral.server.processes
+import corral.server.tls
 from corral.cli.commands import main
 from corral.server.native.edge import NativeEdgeUnavailable, chosen_edge, edge_label
 from corral.server.settings import ServerSettings
@@ -333,6 +334,56 @@ def test_a_file_that_cannot_serve_is_named_with_what_is_wrong(
         read_material(files)
 
 
+def test_a_pem_block_openssl_cannot_read_is_named(pki: Pki, tmp_path: Path):
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n")
+    with pytest.raises(TlsFileError, match=r"--tls-cert-file \S+garbage\.pem with --tls-key-file"):
+        read_material(TlsFiles(garbage, pki.first.server_key))
+    with pytest.raises(TlsFileError, match=r"--tls-client-ca-file \S+garbage\.pem: OpenSSL cannot"):
+        read_material(TlsFiles(pki.first.server_cert, pki.first.server_key, garbage))
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (PermissionError(13, "Permission denied"), "not readable by this user (Permission denied)"),
+        (OSError(5, "Input/output error"), "cannot be read (Input/output error)"),
+    ],
+)
+def test_a_file_the_server_cannot_read_is_named(
+    pki: Pki, monkeypatch: pytest.MonkeyPatch, error: OSError, expected: str
+):
+    # Run as root here, a mode cannot make a file unreadable: the read itself fails instead.
+    original = Path.read_bytes
+
+    def read_bytes(path: Path) -> bytes:
+        if path == pki.first.server_key:
+            raise error
+        return original(path)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    with pytest.raises(
+        TlsFileError, match=re.escape(f"--tls-key-file {pki.first.server_key}: {expected}")
+    ):
+        read_material(TlsFiles(pki.first.server_cert, pki.first.server_key))
+
+
+def test_files_replaced_while_read_are_refused_not_mixed(
+    pki: Pki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    files = TlsFiles(*(Path(flag) for flag in _served_files(tmp_path, pki.first)[1::2]))
+    original = corral.server.tls._server_context
+
+    def then_replaced(files: TlsFiles, pems: Any) -> ssl.SSLContext:
+        context = original(files, pems)
+        _swap(tmp_path, pki.second)  # a copy landing between the two reads
+        return context
+
+    monkeypatch.setattr(corral.server.tls, "_server_context", then_replaced)
+    with pytest.raises(TlsFileError, match="changed while they were read"):
+        read_material(files)
+
+
 def test_a_key_or_a_client_ca_without_the_certificate_is_refused(pki: Pki, tmp_path: Path):
     with pytest.raises(ValueError, match="tls_cert_file is given without tls_key_file"):
         ServerSettings(repository=tmp_path, tls_cert_file=pki.first.server_cert)
@@ -395,6 +446,9 @@ def test_tritons_grpc_tls_flags_mean_the_same(
     assert plain.tls_client_ca_file is None
     assert mtls.tls_client_ca_file == first.ca
     assert root_unused.tls_client_ca_file is None
+    # --grpc-use-ssl=false without a certificate: plain text, as Triton serves it.
+    assert main(["serve", str(tmp_path), "--grpc-use-ssl", "false"]) == 0
+    assert served[-1].tls_cert_file is None
     assert "--grpc-root-cert" in caplog.text
     assert "is not used" in caplog.text
 
@@ -408,6 +462,13 @@ def test_tritons_grpc_tls_flags_mean_the_same(
         (["--grpc-use-ssl", "false", "CERTS"], "--grpc-use-ssl=false, but a certificate"),
         (["--edge", "native", "CERTS"], "--edge native: the native edge does not terminate TLS"),
         (["--tls-cert-file", "CERT", "--tls-key-file", "STRAY"], "is not the key of"),
+        (
+            [
+                *("CERTS", "--grpc-use-ssl-mutual", "true", "--grpc-root-cert", "CA"),
+                *("--tls-client-ca-file", "CERT"),
+            ],
+            "name the same setting with different values",
+        ),
     ],
 )
 def test_a_tls_command_line_that_cannot_serve_exits_2_saying_why(
@@ -422,7 +483,11 @@ def test_a_tls_command_line_that_cannot_serve_exits_2_saying_why(
     certs += ["--grpc-server-key", str(pki.first.server_key)]
     spelled: list[str] = []
     for flag in flags:
-        named = {"CERT": str(pki.first.server_cert), "STRAY": str(pki.stray_key)}
+        named = {
+            "CERT": str(pki.first.server_cert),
+            "STRAY": str(pki.stray_key),
+            "CA": str(pki.first.ca),
+        }
         spelled += certs if flag == "CERTS" else [named.get(flag, flag)]
     assert main(["serve", str(tmp_path), *spelled]) == 2
     assert served == []
@@ -508,6 +573,45 @@ def test_a_reloaded_client_ca_decides_new_https_handshakes(pki: Pki, tmp_path: P
 
     # Before: the first CA's client only; after: the second's only.
     assert asyncio.run(scenario()) == [True, False, False, True]
+
+
+@pytest.mark.timeout(60)
+def test_serve_reads_the_files_itself_when_not_given_them(repo: Path, pki: Pki):
+    """corral.server.app.serve, as an embedding program calls it: TLS from the settings alone."""
+    settings = ServerSettings(
+        repository=str(repo),
+        http_port=0,
+        grpc_port=-1,
+        edge="python",
+        tls_cert_file=pki.first.server_cert,
+        tls_key_file=pki.first.server_key,
+    )
+    answers: list[bytes] = []
+    asking: list[asyncio.Task[None]] = []  # held: the loop keeps only a weak reference
+
+    async def scenario() -> int:
+        stop = asyncio.Event()
+
+        async def ask_then_stop(port: int) -> None:
+            try:
+                context = _client_context(pki.first.ca)
+                reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+                writer.write(b"GET /v2/health/live HTTP/1.1\r\nhost: 127.0.0.1\r\n")
+                writer.write(b"connection: close\r\n\r\n")
+                answers.append(await asyncio.wait_for(reader.read(), 10))
+                writer.close()
+            finally:
+                stop.set()
+
+        def started(addresses: corral.server.app.Addresses) -> None:
+            loop = asyncio.get_running_loop()
+            asking.append(loop.create_task(ask_then_stop(addresses.http_port)))
+
+        return await corral.server.app.serve(settings, stop, started=started)
+
+    assert asyncio.run(scenario()) == corral.server.app.EXIT_CLEAN
+    (answer,) = answers
+    assert answer.startswith(b"HTTP/1.1 200 ")
 
 
 # -- a real server: tritonclient, curl, plain text, SIGHUP -----------------------------------------
