@@ -614,6 +614,44 @@ def test_serve_reads_the_files_itself_when_not_given_them(repo: Path, pki: Pki):
     assert answer.startswith(b"HTTP/1.1 200 ")
 
 
+class _FakeProcess:
+    """What the group's signal handler touches of a process: its pid, exit code, terminate."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.exitcode: int | None = None
+        self.terminated = False
+
+    def terminate(self) -> None:
+        self.terminated = True
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_a_groups_parent_stops_on_sighup_without_tls_and_passes_it_on_with_tls(
+    pki: Pki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tls: bool
+):
+    files = {"tls_cert_file": pki.first.server_cert, "tls_key_file": pki.first.server_key}
+    settings = ServerSettings(repository=tmp_path, processes=2, **(files if tls else {}))
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(corral.server.processes.os, "kill", lambda *sent_to: sent.append(sent_to))
+    group = corral.server.processes._Group(settings)
+    try:
+        processes = {1: _FakeProcess(101), 2: _FakeProcess(102)}
+        group._processes.update(processes)  # stand-ins: the handler reads pid and exitcode
+        group.on_signal(signal.SIGHUP, None)
+        if tls:  # each process is told to reload; none is stopped
+            assert sent == [(101, signal.SIGHUP), (102, signal.SIGHUP)]
+            assert not any(process.terminated for process in processes.values())
+            assert group._stop_began is None
+        else:  # the drain, as for SIGTERM
+            assert sent == []
+            assert all(process.terminated for process in processes.values())
+            assert group._stop_began is not None
+    finally:
+        group._processes.clear()
+        group.close()
+
+
 # -- a real server: tritonclient, curl, plain text, SIGHUP -----------------------------------------
 
 
