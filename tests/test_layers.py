@@ -82,7 +82,14 @@ def layer_of(module: str) -> str:
     if not parts or parts[0] in ("testing", "demo"):
         return "corral"
     if parts[0] == "server":
-        if len(parts) == 1 or parts[1] in ("app", "settings", "processes", "ports", "group_member"):
+        if len(parts) == 1 or parts[1] in (
+            "app",
+            "settings",
+            "processes",
+            "ports",
+            "group_member",
+            "tls",
+        ):
             return "server"
         return f"server.{parts[1]}"
     return parts[0]

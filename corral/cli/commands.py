@@ -39,7 +39,7 @@ from corral.cli.demo import run_demo
 from corral.cli.models import run_models
 from corral.cli.progress import require_rich
 from corral.cli.ray_serve import RAY_SERVE_OPTIONS, run_ray_serve
-from corral.cli.serve import TRITON_SPELLINGS, run_serve, spelled
+from corral.cli.serve import TRITON_SPELLINGS, TRITON_TLS_OPTIONS, run_serve, spelled
 from corral.cli.status import add_status_command, run_status
 
 __all__ = ["command_parser", "main", "positive_int", "positive_seconds", "version_line"]
@@ -356,6 +356,8 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             metavar=setting.upper(),
             help=f"Triton's spelling of {spelled(setting)}",
         )
+    for spelling, help_text in TRITON_TLS_OPTIONS.items():
+        parser.add_argument("--" + spelling.replace("_", "-"), dest=spelling, help=help_text)
 
 
 # -- corral ray-serve's flags: one per option, each defaulting to its variable ---------------

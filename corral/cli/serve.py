@@ -18,7 +18,7 @@ from corral._base import CorralError
 from corral._models import is_store_url
 from corral.cli.progress import exit_missing_extra
 
-__all__ = ["TRITON_SPELLINGS", "run_serve", "spelled"]
+__all__ = ["TRITON_SPELLINGS", "TRITON_TLS_OPTIONS", "run_serve", "spelled"]
 
 
 #: Triton's spellings of corral serve's options: ``{Triton's option: corral's setting}``.
@@ -27,6 +27,19 @@ TRITON_SPELLINGS = {
     "repository_poll_secs": "poll_interval_s",
     "exit_timeout_secs": "drain_timeout_s",
     "allow_client_shm": "system_shared_memory",
+    "grpc_server_cert": "tls_cert_file",
+    "grpc_server_key": "tls_key_file",
+}
+
+#: Triton's gRPC TLS switches and its client CA, which mean something only together:
+#: ``{Triton's option: its help}``. corral's one TLS serves both ports (``_triton_tls``).
+TRITON_TLS_OPTIONS = {
+    "grpc_use_ssl": "Triton's switch of TLS (true or false); TLS is on in corral when "
+    "--tls-cert-file (--grpc-server-cert) is given, on HTTP and gRPC both",
+    "grpc_use_ssl_mutual": "Triton's switch of mTLS (true or false): with true, "
+    "--grpc-root-cert is --tls-client-ca-file",
+    "grpc_root_cert": "Triton's client CA: --tls-client-ca-file when --grpc-use-ssl-mutual "
+    "is true; without it, not used (as by Triton)",
 }
 
 
@@ -48,6 +61,66 @@ def _triton_spellings(args: argparse.Namespace, given: dict[str, Any]) -> str | 
                 "name the same setting with different values: give one"
             )
         given[setting] = value
+    return None
+
+
+def _triton_tls(args: argparse.Namespace, given: dict[str, Any]) -> tuple[str | None, list[str]]:
+    """Fold Triton's TLS switches into ``given``: a problem or None, and notes to log.
+
+    ``--grpc-use-ssl`` and ``--grpc-use-ssl-mutual`` are checked against the files given, so
+    that a Triton command line never serves differently here: ``--grpc-use-ssl=false`` with
+    a certificate would serve TLS, and is refused. ``--grpc-root-cert`` is the client CA only
+    with ``--grpc-use-ssl-mutual=true``; without it Triton does not use it, nor does corral.
+    """
+    switches: dict[str, bool | None] = {}
+    for option in ("grpc_use_ssl", "grpc_use_ssl_mutual"):
+        text = getattr(args, option, None)
+        if text is None:
+            switches[option] = None
+            continue
+        value = _switch(text)
+        if value is None:
+            flag = "--" + option.replace("_", "-")
+            return f"{flag} {text!r}: give true or false", []
+        switches[option] = value
+    use_ssl, mutual = switches["grpc_use_ssl"], switches["grpc_use_ssl_mutual"]
+    root = getattr(args, "grpc_root_cert", None)
+    notes = []
+    if root is not None:
+        if mutual:
+            other = given.get("tls_client_ca_file")
+            if other is not None and not _same_setting("tls_client_ca_file", root, other):
+                return (
+                    f"--grpc-root-cert {root} and --tls-client-ca-file {other} name the same "
+                    "setting with different values: give one"
+                ), []
+            given["tls_client_ca_file"] = root
+        else:
+            notes.append(
+                f"--grpc-root-cert {root} is not used: Triton uses it only with "
+                "--grpc-use-ssl-mutual=true, and so does corral"
+            )
+    if mutual and given.get("tls_client_ca_file") is None:
+        return "--grpc-use-ssl-mutual=true needs --grpc-root-cert (--tls-client-ca-file)", []
+    if (use_ssl or mutual) and given.get("tls_cert_file") is None:
+        return (
+            "--grpc-use-ssl=true needs --grpc-server-cert and --grpc-server-key "
+            "(--tls-cert-file and --tls-key-file)"
+        ), []
+    if use_ssl is False and (mutual or given.get("tls_cert_file") is not None):
+        return (
+            "--grpc-use-ssl=false, but a certificate or --grpc-use-ssl-mutual=true is given, "
+            "which would serve TLS: leave out one or the other"
+        ), []
+    return None, notes
+
+
+def _switch(text: str) -> bool | None:
+    word = text.strip().lower()
+    if word in ("true", "1", "yes", "on"):
+        return True
+    if word in ("false", "0", "no", "off"):
+        return False
     return None
 
 
@@ -100,6 +173,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
     given = {name: getattr(args, name, None) for name in ServerSettings.model_fields}
     conflict = _triton_spellings(args, given)
+    notes: list[str] = []
+    if conflict is None:
+        conflict, notes = _triton_tls(args, given)
     if conflict is not None:
         print(f"corral serve: error: {conflict}", file=sys.stderr)
         return 2
@@ -118,7 +194,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if settings.edge == "native":
         from corral.server.native.edge import native_edge_problem
 
-        problem = native_edge_problem()
+        tls = settings.tls_cert_file is not None
+        problem = native_edge_problem(tls=True) if tls else native_edge_problem()
         if problem is not None:
             print(f"corral serve: error: --edge native: {problem}", file=sys.stderr)
             return 2
@@ -130,6 +207,15 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     for line in unknown_variables(os.environ):
         logging.getLogger("corral.cli").warning("corral serve: %s", line)
+    for note in notes:
+        logging.getLogger("corral.cli").warning("corral serve: %s", note)
+    from corral.server.tls import ServerTls, TlsFileError
+
+    try:
+        ServerTls.from_settings(settings)  # each process of a group reads them again
+    except TlsFileError as exc:
+        print(f"corral serve: error: {exc}", file=sys.stderr)
+        return 2
     # Several processes: this one is their parent, and serves nothing itself.
     return run(settings) if settings.processes == 1 else run_group(settings)
 

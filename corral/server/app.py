@@ -1,7 +1,8 @@
 """The wiring behind ``corral serve``: one Host, the HTTP and gRPC servers, signals, drain.
 
 Both servers run on one event loop (uvloop when installed) in the main thread; models run on
-the Runtime's compute workers. SIGTERM, SIGINT or SIGHUP stops both servers taking
+the Runtime's compute workers. SIGTERM, SIGINT or SIGHUP (SIGHUP only without TLS: with
+``--tls-cert-file`` it reloads the TLS files, :mod:`corral.server.tls`) stops both servers taking
 connections, answers every request already accepted (for up to ``drain_timeout_s``), closes
 the Host (removing its uploads) and returns, so that the process exits 0 (:data:`EXIT_CLEAN`);
 if the drain ran out, or loads were abandoned, it exits :data:`EXIT_DRAIN_INCOMPLETE` within the
@@ -52,13 +53,20 @@ from corral.server.connections.server import EdgeServer
 from corral.server.grpc.limits import GrpcLimits
 from corral.server.http.app import HttpApp
 from corral.server.http.metrics_port import MetricsApp
-from corral.server.native.edge import BridgeSockets, NativeEdge, chosen_edge, load_corral_edge
+from corral.server.native.edge import (
+    BridgeSockets,
+    NativeEdge,
+    chosen_edge,
+    edge_label,
+    load_corral_edge,
+)
 from corral.server.observe.dashboard import DashboardFiles
 from corral.server.observe.metrics import Metrics
 from corral.server.observe.status import StatusBoard
 from corral.server.observe.tracing import Tracing, start_tracing
 from corral.server.ports import check_ports_free, listening
 from corral.server.settings import ServerSettings
+from corral.server.tls import ServerTls
 from corral.server.tokens import TokenPolicy, TokenScope
 
 if TYPE_CHECKING:
@@ -69,6 +77,7 @@ __all__ = [
     "EXIT_DRAIN_INCOMPLETE",
     "EXIT_MARGIN_S",
     "EXIT_REFUSED",
+    "RELOAD_SIGNAL",
     "STOP_SIGNALS",
     "Addresses",
     "run",
@@ -92,7 +101,10 @@ _DRAIN_MARGIN_S = 5
 EXIT_MARGIN_S = 5.0
 #: The signals that drain and stop the server; a second one cuts the drain notice short.
 #: SIGHUP too: its default action would end the process at once, leaving uploads behind.
+#: With TLS, SIGHUP reloads the TLS files instead (:data:`RELOAD_SIGNAL`).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: With ``--tls-cert-file``: the signal that reads the TLS files again (:meth:`ServerTls.reload`).
+RELOAD_SIGNAL = signal.SIGHUP
 #: Descriptors neither server's connections may take: the listening sockets, grpc's own
 #: (its poller, its wake-up pipes), the model files loads open (a few per load worker),
 #: the log files and the metrics port's connections.
@@ -112,6 +124,10 @@ class Addresses:
 def run(settings: ServerSettings, member: GroupMember | None = None) -> int:
     """Serve until SIGTERM, SIGINT or SIGHUP; returns the process exit code.
 
+    With TLS (``--tls-cert-file``), SIGHUP reads the TLS files again instead of stopping;
+    raises :class:`~corral.server.tls.TlsFileError` naming a TLS file that cannot serve, before
+    anything starts.
+
     ``member``: this process is one of ``corral serve --processes N``, whose parent
     (:func:`corral.server.processes.run_group`) started it.
 
@@ -120,6 +136,7 @@ def run(settings: ServerSettings, member: GroupMember | None = None) -> int:
     stop (a session being built inside onnxruntime): it then ends the process itself, with
     that status, once the logs are flushed (:func:`exit_now`).
     """
+    tls = ServerTls.from_settings(settings)  # before the loop: it reads the files
     # The process Runtime, the one serve() gets: what is still running at exit is read here.
     rt = Runtime.from_options(settings.runtime_options())
     exit_timer = _ExitTimer(
@@ -147,11 +164,29 @@ def run(settings: ServerSettings, member: GroupMember | None = None) -> int:
 
         loop = runner.get_loop()
         for signum in STOP_SIGNALS:
-            loop.add_signal_handler(signum, on_signal, signum)
+            if tls is None or signum != RELOAD_SIGNAL:
+                loop.add_signal_handler(signum, on_signal, signum)
+        reloads: set[asyncio.Task[bool]] = set()  # held until done: the loop keeps weak ones
+        if tls is not None:
+
+            def on_reload() -> None:
+                logger.info("corral: SIGHUP received, reading the TLS files again")
+                task = loop.create_task(tls.reload())
+                reloads.add(task)
+                task.add_done_callback(reloads.discard)
+
+            loop.add_signal_handler(RELOAD_SIGNAL, on_reload)
         if member is not None:  # the parent gone: drained as if it had sent SIGTERM
             member.watch_parent(loop, lambda: on_signal(signal.SIGTERM))
         status = runner.run(
-            serve(settings, stop, notice_cut=notice_cut, freeze_long_lived=True, member=member)
+            serve(
+                settings,
+                stop,
+                notice_cut=notice_cut,
+                freeze_long_lived=True,
+                member=member,
+                tls=tls,
+            )
         )
     left = rt.still_running()
     if left or status == EXIT_DRAIN_INCOMPLETE:
@@ -225,6 +260,7 @@ async def serve(
     notice_cut: asyncio.Event | None = None,
     freeze_long_lived: bool = False,
     member: GroupMember | None = None,
+    tls: ServerTls | None = None,
 ) -> int:
     """Run both servers until ``stop`` is set, then drain and close everything.
 
@@ -234,9 +270,13 @@ async def serve(
     :func:`run` sets it), what exists once the servers are built, and again once
     ``--load-model``'s models are loaded, is kept out of the cyclic GC's later collections
     (:func:`freeze_long_lived`). ``member``: this process is one of ``--processes N``
-    (:mod:`corral.server.processes`), serving on the socket its parent bound. Returns the
-    exit status: :data:`EXIT_CLEAN`, or :data:`EXIT_DRAIN_INCOMPLETE`.
+    (:mod:`corral.server.processes`), serving on the socket its parent bound. ``tls``: the
+    TLS material to serve with (:func:`run` reads it, to reload it on SIGHUP); read here from
+    the settings' files when they name some and it is None. Returns the exit status:
+    :data:`EXIT_CLEAN`, or :data:`EXIT_DRAIN_INCOMPLETE`.
     """
+    if tls is None:
+        tls = await asyncio.to_thread(ServerTls.from_settings, settings)
     open_files = raise_open_file_limit()
     rt = Runtime.from_options(settings.runtime_options())
     closed = _Closing(settings.drain_timeout_s + settings.drain_notice_s)
@@ -275,7 +315,7 @@ async def serve(
             ready_load_timeout_s=settings.ready_load_timeout_s,
             shared_memory=shared_memory,
         )
-        edge = chosen_edge(settings.edge)
+        edge = chosen_edge(settings.edge, tls=tls is not None)
         # One budget for both transports: memory is the process's, whichever way bytes came,
         # and whichever edge read them (the native edge counts in its own, shared here).
         shared = (
@@ -284,11 +324,13 @@ async def serve(
         body_budget = BodyBudget(settings.body_budget_bytes(), shared)
         servers = _Servers(plane, settings.drain_timeout_s, shared)
         metrics = Metrics(plane, body_budget, servers.edge_report)
-        board = StatusBoard(plane, repository=str(settings.repository), edge=edge)
+        board = StatusBoard(
+            plane, repository=str(settings.repository), edge=edge_label(edge, tls=tls is not None)
+        )
         resources.callback(asyncio.create_task(board.run()).cancel)
         metrics_port = None
         if settings.metrics_port is not None:
-            metrics_server = await _start_metrics_server(settings, metrics.render)
+            metrics_server = await _start_metrics_server(settings, metrics.render, tls)
             resources.push_async_callback(metrics_server.stop)  # after the drain: scraped in it
             metrics_port = metrics_server.port
         resources.push_async_callback(servers.drain)
@@ -297,11 +339,11 @@ async def serve(
             member.wait_for_the_group(asyncio.get_running_loop(), plane.release_ready)
         app = _http_app(settings, plane, body_budget, tracing, board, metrics, metrics_port, member)
         limits = (connection_limits(settings, open_files), grpc_limits(settings, open_files))
-        await servers.start(settings, app, body_budget, limits, tracing, member)
+        await servers.start(settings, app, body_budget, limits, tracing, member, tls)
         if freeze_long_lived:
             _freeze("the servers are built")
         addresses = Addresses(settings.host, servers.http_port, servers.grpc_port)
-        _log_summary(settings, host, addresses, open_files, servers, member)
+        _log_summary(settings, host, addresses, open_files, servers, member, tls)
         if started is not None:
             started(addresses)
         if member is not None:
@@ -391,10 +433,12 @@ class _Servers:
         limits: tuple[ConnectionLimits, GrpcLimits],
         tracing: Tracing | None,
         member: GroupMember | None = None,
+        tls: ServerTls | None = None,
     ) -> None:
         """Start gRPC (unless off), then HTTP; raises :class:`OSError` if either cannot bind.
 
         ``member``: HTTP listens on the socket its parent bound, gRPC shares its port.
+        ``tls``: both serve TLS with it (the Python edge only: the native edge is not chosen).
         """
         http_limits, rpc_limits = limits
         native = self._native_budget is not None
@@ -416,6 +460,7 @@ class _Servers:
                 limits=rpc_limits,
                 max_health_watches=settings.grpc_max_health_watches,
                 reuse_port=member is not None and not native,
+                credentials=None if tls is None else tls.grpc_credentials(),
             )
         if native:
             sock: socket.socket | None = bridges.http
@@ -429,6 +474,7 @@ class _Servers:
             # A backstop only: drain() answers what is left at the drain timeout.
             drain_margin_s=math.ceil(settings.drain_timeout_s) + _DRAIN_MARGIN_S,
             sock=sock,
+            ssl_context=None if tls is None else tls.http_context,
         )
         self.caps = (
             http_limits.max_connections,
@@ -629,9 +675,12 @@ async def _when_set(stop: asyncio.Event) -> float:
 
 
 async def _start_metrics_server(
-    settings: ServerSettings, render: Callable[[], tuple[bytes, str]]
+    settings: ServerSettings, render: Callable[[], tuple[bytes, str]], tls: ServerTls | None
 ) -> EdgeServer:
-    """Serve ``GET /metrics`` on ``--metrics-port`` (bound to ``--host``), without the token."""
+    """Serve ``GET /metrics`` on ``--metrics-port`` (bound to ``--host``), without the token.
+
+    With ``tls``, over the same TLS as the other ports (client certificates too, with mTLS).
+    """
     server = EdgeServer(
         MetricsApp(render, settings.site_policy()),
         settings.host,
@@ -640,12 +689,14 @@ async def _start_metrics_server(
         drain_margin_s=_DRAIN_MARGIN_S,
         keep_alive_s=math.ceil(settings.idle_timeout_s),
         what="the metrics server",
+        ssl_context=None if tls is None else tls.http_context,
     )
     try:
         port = await server.start()
     except OSError as exc:  # its port taken: the task has ended
         raise OSError(f"the metrics server (--metrics-port) could not start: {exc}") from exc
-    logger.info("corral: metrics on http://%s:%d/metrics (no token)", settings.host, port)
+    scheme = "http" if tls is None else "https"
+    logger.info("corral: metrics on %s://%s:%d/metrics (no token)", scheme, settings.host, port)
     return server
 
 
@@ -817,6 +868,7 @@ def _log_summary(
     open_files: int,
     servers: _Servers,
     member: GroupMember | None,
+    tls: ServerTls | None,
 ) -> None:
     caps = servers.caps
     stats = host.stats()
@@ -824,7 +876,7 @@ def _log_summary(
     grpc = "off" if addresses.grpc_port is None else f"{addresses.host}:{addresses.grpc_port}"
     logger.info(
         "corral %s serving %s on %s: %d models in the repository, HTTP on %s:%d, gRPC %s "
-        "(the %s edge), "
+        "(the %s edge%s), "
         "memory budget %s, %d compute workers, %s, open-file limit %d, "
         "at most %d HTTP%s connections%s%s%s",
         __version__,
@@ -835,6 +887,7 @@ def _log_summary(
         addresses.http_port,
         grpc,
         "native" if servers.edge == "native" else "Python",
+        "" if tls is None else f": TLS is served by the Python edge; {tls.describe()}",
         budget,
         host.runtime.options.compute_workers,
         _describe_onnxruntime(host.runtime.options),

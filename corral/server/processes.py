@@ -22,11 +22,13 @@ process would still load a model on its first request.
 
 The parent owns the signals: SIGTERM, SIGINT or SIGHUP is passed on to every process as
 SIGTERM (a second one too, which cuts the drain notice short, as in one process), each
-drains, and the parent exits with the worst status of theirs. A process that ends on its
-own ends the group: the others are stopped and the parent exits 1 (or that process's
-status, if worse), for the orchestrator to restart the whole server. A process whose parent
-is gone (killed) drains and exits as if it had been sent SIGTERM. The processes run in a
-process group of their own, so that a terminal's Ctrl-C reaches the parent alone.
+drains (with TLS, SIGHUP is passed on as SIGHUP instead, and each process reads its TLS
+files again, :mod:`corral.server.tls`), and the parent exits with the worst status of
+theirs. A process that ends on its own ends the group: the others are stopped and the
+parent exits 1 (or that process's status, if worse), for the orchestrator to restart the
+whole server. A process whose parent is gone (killed) drains and exits as if it had been
+sent SIGTERM. The processes run in a process group of their own, so that a terminal's
+Ctrl-C reaches the parent alone.
 
 What cannot be split is refused by name when the settings are read
 (:class:`~corral.server.settings.ServerSettings`); what each process serves alone is
@@ -56,6 +58,7 @@ from typing import Any
 from corral.server.app import (
     EXIT_DRAIN_INCOMPLETE,
     EXIT_MARGIN_S,
+    RELOAD_SIGNAL,
     STOP_SIGNALS,
     Addresses,
     run,
@@ -299,8 +302,19 @@ class _Group:
             self._status = max(self._status, status)
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
-        """A stop signal (on the main thread, between its steps): passed on to each process."""
+        """A stop signal (on the main thread, between its steps): passed on to each process.
+
+        With TLS, SIGHUP is no stop signal: each process is sent it, and reloads its files.
+        """
         name = signal.Signals(signum).name
+        if signum == RELOAD_SIGNAL and self._settings.tls_cert_file is not None:
+            logger.info(
+                "corral: %s received, passed on to %d processes", name, len(self._processes)
+            )
+            for process in self._processes.values():
+                if process.exitcode is None and process.pid is not None:
+                    os.kill(process.pid, RELOAD_SIGNAL)
+            return
         if self._stop_began is None:
             logger.info("corral: %s received, stopping %d processes", name, len(self._processes))
         self._stop()

@@ -131,6 +131,22 @@ class ServerSettings(_HostAndRuntimeOptions):
         description="serve GET /metrics on this port of its own, without the token, and not "
         "on the HTTP port (Triton's 8002); 0: any free port; none: /metrics on the HTTP port",
     )
+    # -- TLS (corral.server.tls) ----------------------------------------------------------
+    tls_cert_file: Path | None = Field(
+        None,
+        description="serve HTTP, gRPC and the metrics port over TLS with this PEM certificate "
+        "(its chain after it), with tls_key_file; SIGHUP reads both again (Triton's "
+        "--grpc-server-cert; TLS is served by the Python edge)",
+    )
+    tls_key_file: Path | None = Field(
+        None,
+        description="the unencrypted PEM private key of tls_cert_file (Triton's --grpc-server-key)",
+    )
+    tls_client_ca_file: Path | None = Field(
+        None,
+        description="mTLS: clients must present a certificate signed by a CA of this PEM "
+        "bundle, on every port (Triton's --grpc-root-cert with --grpc-use-ssl-mutual)",
+    )
     # -- requests, tokens, the drain and the logs --------------------------------------------
     max_request_bytes: int = Field(
         64 * 1024 * 1024,
@@ -451,6 +467,23 @@ class ServerSettings(_HostAndRuntimeOptions):
     def _options_hold(self) -> ServerSettings:
         self.host_options()  # each raises InvalidOption naming the option
         self.runtime_options()
+        return self
+
+    @model_validator(mode="after")
+    def _tls_files_together(self) -> ServerSettings:
+        # A key without its certificate (or a CA without either) would serve plain text.
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            given, missing = (
+                ("tls_cert_file", "tls_key_file")
+                if self.tls_key_file is None
+                else ("tls_key_file", "tls_cert_file")
+            )
+            raise ValueError(f"{given} is given without {missing}: TLS needs both")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError(
+                "tls_client_ca_file is given without tls_cert_file and tls_key_file: "
+                "client certificates are checked only over TLS"
+            )
         return self
 
     @model_validator(mode="after")

@@ -21,7 +21,7 @@ import corral.server.app
 import corral.server.processes
 from corral import HostOptions
 from corral.cli.commands import command_parser, main
-from corral.cli.serve import TRITON_SPELLINGS
+from corral.cli.serve import TRITON_SPELLINGS, TRITON_TLS_OPTIONS
 from corral.server.settings import HOST_OPTIONS_NOT_SERVED, ServerSettings
 
 # A value other than the default for every field, as the command line and the environment
@@ -86,6 +86,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
 }
 # Switches: a flag and its --no- form; the sample is the one that is not the default.
 SWITCHES = {"access_log", "batching", "strict", "system_shared_memory"}
+# Files read at start, each valid only with the others: tests/server/test_tls.py gives them.
+TLS_FIELDS = {"tls_cert_file", "tls_key_file", "tls_client_ca_file"}
 
 
 @pytest.fixture
@@ -121,9 +123,10 @@ def value(settings: ServerSettings, name: str) -> Any:
 
 def test_every_field_is_a_flag_whose_help_names_its_variable():
     flags = serve_flags()
-    assert set(flags) == set(ServerSettings.model_fields) | set(TRITON_SPELLINGS)
+    triton = set(TRITON_SPELLINGS) | set(TRITON_TLS_OPTIONS)
+    assert set(flags) == set(ServerSettings.model_fields) | triton
     for name, action in flags.items():
-        if name in TRITON_SPELLINGS:
+        if name in triton:
             continue
         variable = f"CORRAL_{name.upper()}"
         assert variable in (action.help or ""), name
@@ -131,7 +134,9 @@ def test_every_field_is_a_flag_whose_help_names_its_variable():
             assert action.option_strings[0] == "--" + name.replace("_", "-")
 
 
-@pytest.mark.parametrize("name", sorted(set(ServerSettings.model_fields) - {"repository"}))
+@pytest.mark.parametrize(
+    "name", sorted(set(ServerSettings.model_fields) - {"repository"} - TLS_FIELDS)
+)
 def test_a_flag_and_its_variable_set_the_same_setting(
     name: str, tmp_path: Path, served: list[ServerSettings], monkeypatch: pytest.MonkeyPatch
 ):
@@ -160,7 +165,8 @@ def test_the_repository_comes_from_its_variable_too(
 
 
 def test_samples_cover_every_field():
-    assert set(SAMPLES) | {"repository"} | SWITCHES == set(ServerSettings.model_fields)
+    covered = set(SAMPLES) | {"repository"} | SWITCHES | TLS_FIELDS
+    assert covered == set(ServerSettings.model_fields)
 
 
 def test_a_bad_value_names_its_flag_and_variable(

@@ -40,6 +40,7 @@ _PROTOCOL = "uvicorn.protocols.http.httptools_impl.HttpToolsProtocol"
 _CYCLE = "uvicorn.protocols.http.httptools_impl.RequestResponseCycle"
 _FLOW = "uvicorn.protocols.http.flow_control.FlowControl"
 _SERVER = "uvicorn.server.Server"
+_CONFIG = "uvicorn.config.Config"
 
 #: Every uvicorn name corral uses beyond ``uvicorn.Config``'s and ``uvicorn.Server``'s
 #: documented arguments; ``tests/server/connections/test_uvicorn_adapter.py`` checks each on the
@@ -108,6 +109,18 @@ UVICORN_INTERNALS: tuple[Internals, ...] = (
         ("connections", "tasks", "default_headers"),
     ),
     Internals(_SERVER, "method", "EdgeServer runs uvicorn's server", ("capture_signals", "serve")),
+    Internals(
+        _CONFIG,
+        "method",
+        "EdgeServer loads a Config itself to give it corral's reloaded TLS context",
+        ("load",),
+    ),
+    Internals(
+        _CONFIG,
+        "attribute",
+        "EdgeServer sets the context uvicorn's server listens with (TLS)",
+        ("ssl", "loaded"),
+    ),
     Internals(
         _SERVER,
         "attribute",

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -47,7 +48,8 @@ class EdgeServer:
     a backstop past corral's drain (:meth:`drain` answers what is left before it).
     ``keep_alive_s``: uvicorn's keep-alive timeout, for a server without corral's protocol.
     ``sock``: a socket already bound (``corral serve --processes``), listened on instead of
-    binding ``host:port``.
+    binding ``host:port``. ``ssl_context``: serve TLS with it (:mod:`corral.server.tls` keeps
+    it current); a plain-text client's first bytes fail its handshake and close it.
     """
 
     def __init__(
@@ -61,25 +63,31 @@ class EdgeServer:
         keep_alive_s: int = 5,
         what: str = "the HTTP server",
         sock: socket.socket | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         check_uvicorn()
         self._what = what
         self._sock = sock
-        self._server = _Server(
-            uvicorn.Config(
-                app,
-                host=host,
-                port=port,
-                http="auto" if protocol is None else protocol,
-                # No WebSocket endpoint: corral's protocol answers an upgrade 400.
-                ws="none",
-                lifespan="off",
-                access_log=False,
-                log_config=None,
-                timeout_keep_alive=keep_alive_s,
-                timeout_graceful_shutdown=drain_margin_s,
-            )
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            http="auto" if protocol is None else protocol,
+            # No WebSocket endpoint: corral's protocol answers an upgrade 400.
+            ws="none",
+            lifespan="off",
+            access_log=False,
+            log_config=None,
+            timeout_keep_alive=keep_alive_s,
+            timeout_graceful_shutdown=drain_margin_s,
         )
+        if ssl_context is not None:
+            # uvicorn's Config makes a context from file paths only, and makes it again on
+            # each load: loaded here, and its context replaced by the one whose material
+            # corral reloads (uvicorn.Server.serve loads a Config only once).
+            config.load()
+            config.ssl = ssl_context
+        self._server = _Server(config)
         self._task: asyncio.Task[None] | None = None
 
     @property

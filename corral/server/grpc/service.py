@@ -718,6 +718,7 @@ async def start_grpc_server(
     limits: GrpcLimits | None = None,
     max_health_watches: int = DEFAULT_MAX_WATCHES,
     reuse_port: bool = False,
+    credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start a grpc.aio server for ``plane`` on ``host:port``; return it and the bound port.
 
@@ -735,7 +736,8 @@ async def start_grpc_server(
     ``access_log``: a line per inference RPC on ``corral.access``. ``limits``: the
     connections' cap, idle and handshake timeouts, keep-alive and streams per connection
     (:class:`~corral.server.grpc.limits.GrpcLimits`; its defaults, without a cap, if None).
-    ``max_health_watches``: the most health Watch streams open at once.
+    ``max_health_watches``: the most health Watch streams open at once. ``credentials``:
+    serve TLS with them (:meth:`corral.server.tls.ServerTls.grpc_credentials`), else plain text.
 
     Example::
 
@@ -776,7 +778,10 @@ async def start_grpc_server(
             f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
         )
     try:
-        bound = server.add_insecure_port(address)
+        if credentials is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, credentials)
     except RuntimeError as exc:
         raise OSError(f"the gRPC server could not bind {address}: {exc}") from exc
     await server.start()

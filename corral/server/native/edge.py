@@ -21,7 +21,9 @@ they follow a request through the Python edge. :meth:`drain` drains the edge and
 edge together; the cut requests of both are counted.
 
 ``corral_edge`` is optional: :func:`native_edge_problem` says why it cannot run here, and
-``--edge auto`` then serves with the Python edge alone.
+``--edge auto`` then serves with the Python edge alone; it does not terminate TLS, so with
+``--tls-cert-file`` ``--edge auto`` serves with the Python edge too, and says so
+(:func:`edge_label`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ __all__ = [
     "NativeEdge",
     "NativeEdgeUnavailable",
     "chosen_edge",
+    "edge_label",
     "load_corral_edge",
     "native_edge_problem",
 ]
@@ -65,14 +68,16 @@ class NativeEdgeUnavailable(RuntimeError):
     """``--edge native`` was asked for, and ``corral_edge`` cannot run here (the text says why)."""
 
 
-def chosen_edge(edge: str) -> Literal["native", "python"]:
+def chosen_edge(edge: str, *, tls: bool = False) -> Literal["native", "python"]:
     """The edge that serves for ``--edge`` ``edge``: ``auto`` takes the native one if it can.
 
-    Raises :class:`NativeEdgeUnavailable` for ``native`` when ``corral_edge`` is missing.
+    With ``tls`` (``--tls-cert-file``) the Python edge serves: the native edge does not
+    terminate TLS. Raises :class:`NativeEdgeUnavailable` for ``native`` when ``corral_edge``
+    is missing or TLS is asked for.
     """
     if edge == "python":
         return "python"
-    problem = native_edge_problem()
+    problem = native_edge_problem(tls=tls)
     if problem is None:
         return "native"
     if edge == "native":
@@ -80,8 +85,20 @@ def chosen_edge(edge: str) -> Literal["native", "python"]:
     return "python"
 
 
-def native_edge_problem() -> str | None:
-    """Why the native edge cannot run here (``corral_edge`` missing), or None if it can."""
+def edge_label(edge: str, *, tls: bool) -> str:
+    """How the start line and the status page name the edge ``edge`` serving, and why."""
+    if tls:
+        return f"{edge} (TLS is served by the Python edge)"
+    return edge
+
+
+def native_edge_problem(*, tls: bool = False) -> str | None:
+    """Why the native edge cannot serve here (``corral_edge`` missing, or TLS), or None."""
+    if tls:
+        return (
+            "the native edge does not terminate TLS, and --tls-cert-file is given: serve "
+            "with --edge auto or --edge python, which serve TLS on the Python edge"
+        )
     try:
         load_corral_edge()
     except ImportError as exc:

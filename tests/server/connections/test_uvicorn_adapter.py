@@ -78,6 +78,7 @@ def test_every_instance_attribute_corral_uses_is_set_by_uvicorn():
             FLOW: protocol.flow,
             "uvicorn.server.ServerState": protocol.server_state,
             SERVER: server,
+            "uvicorn.config.Config": config,
         }
         protocol.connection_lost(None)
         for task in list(protocol.tasks):
