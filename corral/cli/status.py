@@ -13,12 +13,15 @@ Example::
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
+import ssl
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "StatusUnavailable",
     "add_status_command",
+    "client_tls",
     "fetch_status",
     "render_status",
     "run_status",
@@ -61,6 +65,20 @@ def add_status_command(commands: Any, handler_for: Any) -> None:
         help="a token of the server's statistics scope: its --statistics-tokens, else its "
         f"--auth-token ({TOKEN_VARIABLE}, which keeps it off the command line)",
     )
+    status.add_argument(
+        "--ca-file",
+        type=Path,
+        help="for https://: the PEM bundle of the CA that signed the server's certificate "
+        "(default: the system's)",
+    )
+    status.add_argument(
+        "--cert-file",
+        type=Path,
+        help="for a server with --tls-client-ca-file (mTLS): this client's PEM certificate",
+    )
+    status.add_argument(
+        "--key-file", type=Path, help="the PEM key of --cert-file (default: in that file)"
+    )
     status.add_argument("--watch", action="store_true", help=f"redraw every {WATCH_S:g} s")
     status.add_argument(
         "--top", type=int, default=20, metavar="N", help="models shown (default: 20, at most 500)"
@@ -69,8 +87,14 @@ def add_status_command(commands: Any, handler_for: Any) -> None:
     status.set_defaults(handler=handler_for)
 
 
-def fetch_status(url: str, token: str | None, top: int) -> dict[str, Any]:
-    """The server's status document, its ``top`` busiest models on the page."""
+def fetch_status(
+    url: str, token: str | None, top: int, tls: ssl.SSLContext | None = None
+) -> dict[str, Any]:
+    """The server's status document, its ``top`` busiest models on the page.
+
+    ``tls``: how an ``https://`` server is verified (and this client shown, for mTLS);
+    None: the system's CAs.
+    """
     if not url.startswith(("http://", "https://")):
         raise StatusUnavailable(f"{url!r} is not an http:// or https:// address")
     query = urllib.parse.urlencode(
@@ -80,7 +104,7 @@ def fetch_status(url: str, token: str | None, top: int) -> dict[str, Any]:
     if token is not None:
         request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=tls) as answer:
             document: dict[str, Any] = json.loads(answer.read())
             return document
     except urllib.error.HTTPError as exc:
@@ -94,6 +118,11 @@ def fetch_status(url: str, token: str | None, top: int) -> dict[str, Any]:
         raise StatusUnavailable(f"{url} answered {exc.code}: {_error_text(exc)}") from None
     except urllib.error.URLError as exc:
         raise StatusUnavailable(f"cannot reach {url}: {exc.reason}") from None
+    except (http.client.HTTPException, OSError) as exc:
+        # A TLS 1.3 server that wants a client certificate says so by closing the connection
+        # after the handshake: the request then finds it closed.
+        hint = " (an mTLS server needs --cert-file)" if url.startswith("https://") else ""
+        raise StatusUnavailable(f"cannot reach {url}: {exc}{hint}") from None
 
 
 def _error_text(exc: urllib.error.HTTPError) -> str:
@@ -114,7 +143,7 @@ def render_status(document: dict[str, Any]) -> Group:
     models = document["models"]
     head = Text.assemble(
         (f"{server['name']} {server['version']}", "bold"),
-        f"  {server['repository']}  {server['edge']} edge  up {server['uptime_s']:.0f} s  ",
+        f"  {server['repository']}  edge: {server['edge']}  up {server['uptime_s']:.0f} s  ",
         f"{_number(server['requests_per_s'])} req/s  {_number(server['errors_per_s'])} err/s  ",
         f"p50 {_number(server['p50_ms'], 2)} ms  p99 {_number(server['p99_ms'], 2)} ms  ",
         f"threads {server['threads']}  RSS {_bytes(server['rss_bytes'])}  ",
@@ -166,19 +195,42 @@ def run_status(args: argparse.Namespace) -> int:
 
     if not 1 <= args.top <= 500:
         raise ValueError(f"--top must be from 1 to 500, not {args.top}")
+    tls = client_tls(args.ca_file, args.cert_file, args.key_file)
     if args.json:
         if args.watch:
             raise ValueError("--json prints the status once: it does not go with --watch")
-        print(json.dumps(fetch_status(args.url, args.token, args.top), indent=2))
+        print(json.dumps(fetch_status(args.url, args.token, args.top, tls), indent=2))
         return 0
     console = Console()
     if not args.watch:
-        console.print(render_status(fetch_status(args.url, args.token, args.top)))
+        console.print(render_status(fetch_status(args.url, args.token, args.top, tls)))
         return 0
     with Live(console=console, auto_refresh=False) as live:
         while True:
-            live.update(render_status(fetch_status(args.url, args.token, args.top)), refresh=True)
+            document = fetch_status(args.url, args.token, args.top, tls)
+            live.update(render_status(document), refresh=True)
             time.sleep(WATCH_S)
+
+
+def client_tls(ca: Path | None, cert: Path | None, key: Path | None) -> ssl.SSLContext | None:
+    """The TLS context ``--ca-file``, ``--cert-file`` and ``--key-file`` make; None for none.
+
+    Raises :class:`StatusUnavailable` naming the file that cannot be read or used.
+    """
+    if ca is None and cert is None and key is None:
+        return None
+    if key is not None and cert is None:
+        raise StatusUnavailable("--key-file needs --cert-file")
+    try:
+        context = ssl.create_default_context(cafile=None if ca is None else str(ca))
+    except (OSError, ssl.SSLError) as exc:
+        raise StatusUnavailable(f"--ca-file {ca}: {exc}") from None
+    if cert is not None:
+        try:
+            context.load_cert_chain(str(cert), None if key is None else str(key))
+        except (OSError, ssl.SSLError) as exc:
+            raise StatusUnavailable(f"--cert-file {cert} / --key-file {key}: {exc}") from None
+    return context
 
 
 def _number(value: float | None, digits: int = 1) -> str:

@@ -21,6 +21,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -839,6 +840,36 @@ def test_mtls_refuses_a_client_without_a_certificate_of_its_ca(
     mine = ["--cert", str(pki.first.client_cert), "--key", str(pki.first.client_key)]
     accepted = _curl("--fail", *ca, *mine, url)
     assert accepted.returncode == 0, accepted.stderr
+
+
+def test_corral_status_reads_an_mtls_server_with_its_ca_and_certificate(
+    mtls_server: ServerProcess, pki: Pki
+):
+    status = [sys.executable, "-m", "corral.cli", "status", f"https://{mtls_server.http}"]
+    mine = ["--ca-file", str(pki.first.ca), "--cert-file", str(pki.first.client_cert)]
+    mine += ["--key-file", str(pki.first.client_key)]
+    shown = subprocess.run([*status, *mine], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "edge: python (TLS is" in shown.stdout, shown.stdout
+    document = subprocess.run(
+        [*status, *mine, "--json"], capture_output=True, text=True, timeout=60
+    )
+    assert json.loads(document.stdout)["server"]["edge"].startswith("python (TLS")
+    # Without a client certificate, and without the CA: refused, saying why.
+    anonymous = [*status, "--ca-file", str(pki.first.ca)]
+    for command in (anonymous, status):
+        refused = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert refused.returncode != 0
+        assert "cannot reach" in refused.stderr, refused.stderr
+    lone_key = [*status, "--key-file", str(pki.first.client_key)]
+    refused = subprocess.run(lone_key, capture_output=True, text=True, timeout=60)
+    assert "--key-file needs --cert-file" in refused.stderr, refused.stderr
+    missing_ca = [*status, "--ca-file", str(pki.first.ca) + ".missing"]
+    refused = subprocess.run(missing_ca, capture_output=True, text=True, timeout=60)
+    assert "--ca-file" in refused.stderr, refused.stderr
+    wrong_key = [*status, *mine[:4], "--key-file", str(pki.stray_key)]
+    refused = subprocess.run(wrong_key, capture_output=True, text=True, timeout=60)
+    assert "--cert-file" in refused.stderr, refused.stderr
 
 
 def test_mtls_on_grpc_and_http_with_tritonclient(mtls_server: ServerProcess, pki: Pki):
