@@ -41,11 +41,13 @@ def test_a_refresh_cut_short_leaves_no_file_trusted_for_an_etag_it_does_not_hold
     fetch = Store._get
     calls = []
 
-    def second_fails(self: Store, path: str, local: str) -> None:
+    def second_fails(
+        self: Store, model: str, path: str, listed: tuple[str, int], local: str
+    ) -> None:
         calls.append(path)
         if len(calls) == 2:
             raise OSError("the connection dropped")
-        fetch(self, path, local)
+        fetch(self, model, path, listed, local)
 
     monkeypatch.setattr(Store, "_get", second_fails)
     with pytest.raises(StoreUnavailable, match="the connection dropped"), store.opened("m"):
