@@ -317,6 +317,34 @@ class Store:
                 if not self._readers[name]:
                     del self._readers[name]
 
+    def holds(self, name: str) -> bool:
+        """Whether the store has model ``name``: a key under ``<name>/``, or ``<name>.onnx``.
+
+        Fetches nothing: one listing request, and a HEAD when it finds no folder. Raises
+        :class:`StoreUnavailable` naming the URL when the store cannot be read.
+        """
+        import obstore
+        from obstore.exceptions import InvalidPathError
+
+        key = f"{self._prefix}{name}"
+        try:
+            with self._books_lock:
+                self._list_requests += 1
+            for chunk in obstore.list(self._store, key + "/", chunk_size=1):
+                if len(chunk):
+                    return True
+            obstore.head(self._store, key + ".onnx")
+            return True
+        except FileNotFoundError:
+            return False
+        except InvalidPathError:
+            return True  # a key under <name>/ that is no path: something of the model's is there
+        except Exception as exc:
+            raise StoreUnavailable(
+                f"model {name!r}: cannot list it in {self.url}: {self._reason(exc)}",
+                store=self.url,
+            ) from exc
+
     def latest_bytes(self, name: str) -> int | None:
         """Bytes of model ``name``'s latest version as the store lists them, fetching nothing.
 
