@@ -411,7 +411,8 @@ class Host:
         ``files`` (only with ``config``): the model folder's files, ``{"1/model.onnx":
         bytes, ...}``, used instead of the repository's folder (the model need not be in the
         repository). Either stays in place for every later load of the model, lazy or not,
-        until a load with others, or without, replaces it; a load that fails puts back what
+        until a load with others, or without, replaces it, or an unload drops it
+        (:meth:`unload`); a load that fails puts back what
         was in place. Raises :class:`LoadRequestInvalid` for a malformed config or file path,
         or a config or files the model cannot be loaded with, :class:`UploadTooLarge` past
         ``max_upload_bytes``, :class:`ModelInvalid` for a model whose own files cannot be
