@@ -240,15 +240,17 @@ def test_corral_serve_refuses_models_that_can_never_load_from_its_store_with_4xx
     put_model(client, name, "long")
     client.put_object(Bucket=name, Key="repo/long/1/" + "L" * 300, Body=b"x")
     put_model(client, name, "big", body=MODEL + b"\0" * 4000)
+    put_model(client, name, "N" * 1000)
     served = _serve(f"s3://{name}/repo", tmp_path, "--cache-bytes", str(len(MODEL) + 2000))
     grpc_client = grpcclient.InferenceServerClient(served.grpc)
     try:
         url = f"http://{served.http}/v2"
         assert httpx.post(f"{url}/models/good/infer", json=INFER, timeout=30).status_code == 200
-        for model, named in (
-            ("dots", "repo/dots/1/../../x.onnx"),
-            ("long", "long/1/LLLL"),
-            ("big", "more than the whole cache"),
+        for model, named, code in (
+            ("dots", "repo/dots/1/../../x.onnx", "FAILED_PRECONDITION"),
+            ("long", "long/1/LLLL", "FAILED_PRECONDITION"),
+            ("big", "more than the whole cache", "FAILED_PRECONDITION"),
+            ("N" * 1000, "at most 128 characters", "INVALID_ARGUMENT"),  # a name it cannot be
         ):
             for answer in (
                 httpx.post(f"{url}/models/{model}/infer", json=INFER, timeout=30),
@@ -259,7 +261,7 @@ def test_corral_serve_refuses_models_that_can_never_load_from_its_store_with_4xx
                 assert named in answer.json()["error"], (model, answer.text)
             with pytest.raises(InferenceServerException) as refused:
                 grpc_client.load_model(model)
-            assert refused.value.status() == "StatusCode.FAILED_PRECONDITION", model
+            assert refused.value.status() == f"StatusCode.{code}", model
             assert named in refused.value.message(), model
         assert httpx.post(f"{url}/models/good/infer", json=INFER, timeout=30).status_code == 200
     finally:
