@@ -22,7 +22,8 @@ Each file is read as listed: asked for with its listed ETag, and for no more tha
 its listed size. What can never be copied from the store as it is, is refused for its model
 alone, by name, nothing of it kept in the cache: a key that is no path (an empty, ``.`` or
 ``..`` part) or that has a part longer than the cache's file system takes, an object larger or
-smaller than listed (:class:`ModelInvalid`), a model larger than the whole cache
+smaller than listed (:class:`ModelInvalid`; the files the manifest does not name are removed),
+a model larger than the whole cache
 (:class:`ModelTooLarge`). A key that is no path beside the models (``repo/../x``) names no
 model: the listing goes past it (:meth:`Store.names`).
 
@@ -518,9 +519,7 @@ class Store:
         except ModelInvalid:
             with self._books_lock:
                 self._failures += 1
-            # Whatever of it this fetch wrote goes too: the model cannot load from this store
-            # as it is, so no copy of it is kept (nor counted) in the cache.
-            self._forget(name)
+            self._drop_unvouched(name)
             raise
         except (ModelNotFound, ModelLoadError):
             with self._books_lock:
@@ -688,6 +687,33 @@ class Store:
                 total,
                 self.cache_bytes,
             )
+
+    def _drop_unvouched(self, name: str) -> None:
+        """Remove the files of model ``name`` that its manifest does not name.
+
+        After a fetch refused part way (an object larger than listed, say): the files it
+        wrote before are no copy the cache counts or vouches for. Those the manifest names
+        stay, counted, for a load that may be reading them. Called inside the model's flight.
+        """
+        manifest = self._manifest(name) or {}
+        files: dict[str, list[Any]] = manifest.get("files", {})
+        vouched = set(files)
+        with self._books_lock:
+            cached = self._cached.pop(name, _Cached(0, time.time()))
+            if vouched:  # counted as what the manifest names, read when it was read last
+                cached.size = sum(int(entry[1]) for entry in files.values())
+                self._cached[name] = cached
+        target = os.path.join(self.cache_dir, name)
+        if manifest.get("bare"):
+            # Its one file, which the manifest stopped naming before a new one was fetched.
+            if "" not in vouched and os.path.isfile(target + ".onnx"):
+                os.unlink(target + ".onnx")
+            return
+        if not os.path.isdir(target):
+            return
+        self._drop_unlisted(target, vouched)
+        if not os.listdir(target):
+            os.rmdir(target)
 
     def _forget(self, name: str) -> None:
         # Called inside the model's own flight: no other reader of its files can start.

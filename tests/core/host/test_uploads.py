@@ -254,9 +254,16 @@ def test_a_plain_unload_of_a_model_only_uploaded_gives_its_bytes_back(repo: Path
         assert host.uploads.held_bytes == 0
 
 
-def test_a_plain_unload_of_a_repository_model_keeps_what_a_load_put_in_place(repo: Path):
+@pytest.mark.parametrize("layout", ["folder", "bare file"])
+def test_a_plain_unload_of_a_repository_model_keeps_what_a_load_put_in_place(
+    repo: Path, layout: str
+):
+    if layout == "bare file":
+        (repo / "linear").rename(repo / "moved")
+        (repo / "linear.onnx").write_bytes(build_linear(seed=1))
     size = len(UPLOADS[3])
     with Host(repo, max_upload_bytes=size) as host:
+        assert host.repository.holds("linear")
         host.load("linear", config="{}", files={"1/model.onnx": UPLOADS[3]})
         host.unload("linear")  # the next request loads the upload again, not the repository's
         np.testing.assert_array_equal(host.infer("linear", {"X": X})["Y"], ANSWERS[3])

@@ -277,3 +277,54 @@ def test_the_longest_part_is_the_file_systems_or_255_when_it_will_not_say(tmp_pa
 
     monkeypatch.setattr(os, "pathconf", unanswered)
     assert store_module._longest_part(str(tmp_path)) == 255
+
+
+@pytest.mark.timeout(60)
+def test_a_refusal_part_way_keeps_the_copy_the_manifest_names_and_drops_the_rest(
+    s3, bucket, tmp_path
+):
+    name, client = bucket
+    put_model(client, name, "m")
+    cache = tmp_path / "cache"
+    store = Store(f"s3://{name}/repo", cache)
+    with store.opened("m"):
+        pass
+    client.put_object(Bucket=name, Key="repo/m/1/labels.txt", Body=b"a\n")  # fetched first
+    put_model(client, name, "m", 2, body=BIG)
+    listed = store._list_files
+
+    def lying_of_one(model: str, key: str) -> dict[str, tuple[str, int]]:
+        found = listed(model, key)
+        return found | {"2/model.onnx": (found["2/model.onnx"][0], 284)}
+
+    store._list_files = lying_of_one  # type: ignore[method-assign]
+    with pytest.raises(ModelInvalid, match=r"2/model\.onnx"), store.opened("m"):
+        pass
+    # The unchanged copy stays, counted and named by the manifest; what came before the
+    # refusal (labels.txt) goes with it.
+    assert _cache_files(cache) == [".manifests/m.json", "m/1/model.onnx"]
+    assert store.stats().bytes == len(MODEL)
+
+
+@pytest.mark.timeout(60)
+def test_a_bare_model_larger_than_listed_leaves_no_copy(s3, bucket, tmp_path, monkeypatch):
+    import obstore
+
+    name, client = bucket
+    client.put_object(Bucket=name, Key="repo/b.onnx", Body=MODEL)
+    cache = tmp_path / "cache"
+    store = Store(f"s3://{name}/repo", cache)
+    with store.opened("b"):
+        pass
+    client.put_object(Bucket=name, Key="repo/b.onnx", Body=BIG)
+    head = obstore.head
+
+    def lying_head(*args: Any, **kwargs: Any) -> Any:
+        return head(*args, **kwargs) | {"size": len(MODEL)}
+
+    monkeypatch.setattr(obstore, "head", lying_head)
+    for _ in range(2):  # the old copy goes with the first refusal; the second finds none
+        with pytest.raises(ModelInvalid, match=f"holds {len(BIG)} bytes"), store.opened("b"):
+            pass
+        assert _cache_files(cache) == [".manifests/b.json"]
+        assert (store.stats().bytes, store.stats().models) == (0, 0)
