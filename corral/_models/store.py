@@ -331,9 +331,8 @@ class Store:
         try:
             with self._books_lock:
                 self._list_requests += 1
-            for chunk in obstore.list(self._store, key + "/", chunk_size=1):
-                if len(chunk):
-                    return True
+            if any(len(chunk) for chunk in obstore.list(self._store, key + "/", chunk_size=1)):
+                return True
             obstore.head(self._store, key + ".onnx")
             return True
         except FileNotFoundError:

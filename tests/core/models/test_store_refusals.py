@@ -328,3 +328,49 @@ def test_a_bare_model_larger_than_listed_leaves_no_copy(s3, bucket, tmp_path, mo
             pass
         assert _cache_files(cache) == [".manifests/b.json"]
         assert (store.stats().bytes, store.stats().models) == (0, 0)
+
+
+@pytest.mark.timeout(60)
+def test_an_empty_file_and_one_listed_without_an_etag_are_copied_whole(s3, bucket, tmp_path):
+    name, client = bucket
+    put_model(client, name, "m")
+    client.put_object(Bucket=name, Key="repo/m/1/empty.bin", Body=b"")
+    store = Store(f"s3://{name}/repo", tmp_path / "cache")
+    listed = store._list_files
+
+    def without_etags(model: str, key: str) -> dict[str, tuple[str, int]]:
+        return {path: ("", size) for path, (_, size) in listed(model, key).items()}
+
+    store._list_files = without_etags  # type: ignore[method-assign]
+    with store.opened("m") as local:
+        assert Path(local, "1", "model.onnx").read_bytes() == MODEL
+        assert Path(local, "1", "empty.bin").read_bytes() == b""
+
+
+@pytest.mark.timeout(60)
+def test_a_body_cut_short_is_a_store_error_that_passes(s3, bucket, tmp_path, monkeypatch):
+    import obstore
+
+    name, client = bucket
+    put_model(client, name, "m")
+    cache = tmp_path / "cache"
+    store = Store(f"s3://{name}/repo", cache)
+
+    class Answer:
+        def __init__(self) -> None:
+            self.meta = {"size": len(MODEL)}
+
+        def stream(self, min_chunk_size: int) -> Any:
+            yield MODEL[:10]
+
+    get = obstore.get
+    monkeypatch.setattr(obstore, "get", lambda *args, **kwargs: Answer())
+    with (
+        pytest.raises(StoreUnavailable, match=f"10 of its {len(MODEL)} bytes came"),
+        store.opened("m"),
+    ):
+        pass
+    assert _cache_files(cache) == []
+    monkeypatch.setattr(obstore, "get", get)
+    with store.opened("m") as local:
+        assert Path(local, "1", "model.onnx").read_bytes() == MODEL
