@@ -183,18 +183,14 @@ class UploadControl:
 
         Dropped before the unload, so that no request loads the upload meanwhile; its folder
         goes once the loads under way are done, whether the unload succeeds or not.
-        ``only_if_uploaded_alone``: drop it only if it has files and the repository does not
-        hold the model (:meth:`Repository.holds`, which may raise :class:`StoreUnavailable`:
-        then nothing is dropped nor unloaded); else only ``unload``.
+        ``only_if_uploaded_alone``: drop it only if the repository does not hold the model
+        (:meth:`Repository.holds`, which may raise :class:`StoreUnavailable`: then nothing is
+        dropped nor unloaded); else only ``unload``.
         """
         deadline = deadline_after(timeout)
         with self._turns.turn(name, time_left(deadline)):
             dropped = self._repository.override(name)
-            if (
-                dropped is not None
-                and only_if_uploaded_alone
-                and (dropped.folder is None or self._repository.holds(name))
-            ):
+            if dropped is not None and only_if_uploaded_alone and self._repository.holds(name):
                 dropped = None  # the repository's model: what a load put in place stays
             if dropped is not None and not self._repository.replace_override(
                 name, None, expected=dropped

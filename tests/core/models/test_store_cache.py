@@ -357,3 +357,25 @@ def test_an_unload_gives_back_an_upload_only_where_the_store_lacks_the_model(s3,
         wait_until(lambda: host.uploads.held_bytes == len(OTHER))
         assert host.repository.override("up") is None
         assert host.repository.override("m") is not None  # the store's model keeps its upload
+
+
+@pytest.mark.timeout(60)
+def test_an_unload_that_cannot_tell_whether_the_store_holds_the_model_drops_nothing(
+    s3, bucket, tmp_path
+):
+    name, client = bucket
+    put_model(client, name, "m")
+    cache = str(tmp_path / "cache")
+    with Host(f"s3://{name}/repo", cache_dir=cache, load_timeout_s=2) as host:
+        host.load("up", config="{}", files={"1/model.onnx": OTHER})
+        s3server.pause(s3)
+        try:
+            with pytest.raises(
+                StoreUnavailable, match=f"model 'up': cannot list it in s3://{name}"
+            ):
+                host.unload("up")
+        finally:
+            s3server.resume(s3)
+        assert host.repository.override("up") is not None
+        assert host.uploads.held_bytes == len(OTHER)
+        assert host.infer("up", {"X": np.ones((2, 4), np.float32)})["Y"].shape == (2, 1)
