@@ -374,3 +374,11 @@ def test_a_body_cut_short_is_a_store_error_that_passes(s3, bucket, tmp_path, mon
     monkeypatch.setattr(obstore, "get", get)
     with store.opened("m") as local:
         assert Path(local, "1", "model.onnx").read_bytes() == MODEL
+
+
+def test_a_stray_key_is_named_from_obstores_words_or_its_first_line():
+    said = 'Encountered object with invalid path: Error parsing Path "repo/a \\"b\\"/../x": ...'
+    assert store_module._stray_key(ValueError(said)) == 'repo/a \\"b\\"/../x'
+    assert store_module._stray_key(ValueError("something else\ndebug dump")) == "something else"
+    assert store_module._shortened("short") == "'short'"
+    assert store_module._shortened("L" * 100) == repr("L" * 77 + "...")
