@@ -35,8 +35,8 @@ class S3Server:
     def requests(self, method: str = "GET") -> list[str]:
         """The paths of the ``method`` requests the server has logged so far."""
         text = self.log.read_text(errors="replace")
-        # A status other than 2xx colours the line: an escape code may come first.
-        return re.findall(rf'"(?:\x1b\[[0-9;]*m)?{method} (\S+) HTTP/1\.[01]', text)
+        # A status other than 2xx colours the line: escape codes may come first (a 206 has two).
+        return re.findall(rf'"(?:\x1b\[[0-9;]*m)*{method} (\S+) HTTP/1\.[01]', text)
 
     def environment(self) -> dict[str, str]:
         """The variables that point an S3 client at this server."""

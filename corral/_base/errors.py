@@ -20,7 +20,8 @@
     │   │           └── UploadRefused  a load's file: parameters name a path corral will
     │   │               │              not write
     │   │               └── UploadTooLarge  they would take the uploads past max_upload_bytes
-    │   ├── ModelTooLarge      it alone is larger than the Host's whole memory budget
+    │   ├── ModelTooLarge      it alone is larger than the Host's whole memory budget (or
+    │   │                      than the whole cache of the object store it comes from)
     │   ├── LoadTimeout        its load did not finish within the Host's load timeout
     │   └── StoreUnavailable   its files could not be fetched from the object store in time
     ├── SessionClosed          a run was asked of a Session after close() began
@@ -170,7 +171,11 @@ class UploadTooLarge(UploadRefused):
 
 
 class ModelTooLarge(ModelLoadError):
-    """The model alone is larger than the whole memory budget, so no eviction can fit it."""
+    """The model alone is larger than the whole memory budget, so no eviction can fit it.
+
+    Or, for a repository in object storage, its files are larger than the whole local cache
+    (``cache_bytes``): no eviction there can fit them either.
+    """
 
 
 class LoadTimeout(ModelLoadError):

@@ -411,7 +411,8 @@ class Host:
         ``files`` (only with ``config``): the model folder's files, ``{"1/model.onnx":
         bytes, ...}``, used instead of the repository's folder (the model need not be in the
         repository). Either stays in place for every later load of the model, lazy or not,
-        until a load with others, or without, replaces it; a load that fails puts back what
+        until a load with others, or without, replaces it, or an unload drops it
+        (:meth:`unload`); a load that fails puts back what
         was in place. Raises :class:`LoadRequestInvalid` for a malformed config or file path,
         or a config or files the model cannot be loaded with, :class:`UploadTooLarge` past
         ``max_upload_bytes``, :class:`ModelInvalid` for a model whose own files cannot be
@@ -463,7 +464,11 @@ class Host:
         ``drop_upload``: also drop what a load with ``config`` (and ``files``) put in place,
         its uploaded files deleted: a later load reads the repository's, and a model only
         uploaded is gone (:class:`ModelNotFound` from then on). Waits for a load of the model
-        under way first, as a load does.
+        under way first, as a load does. Without it, an unload of the whole model drops its
+        uploaded files all the same when the repository does not hold the model (they would
+        be read by nothing but a load of the same upload again), so that they count no more
+        towards ``max_upload_bytes``; a model of the repository keeps what a load put in
+        place, for its next load.
 
         A load of it in flight when the unload begins is waited for, then unloaded too: once
         this returns, nothing of the model that was loaded or loading is left in service
@@ -475,10 +480,15 @@ class Host:
         """
         name = validate_model_name(name)
         wanted = None if version is None else version_number(name, version)
-        if not drop_upload:
+        if not drop_upload and (wanted is not None or not self._uploads.has_files(name)):
             self._unload(name, wanted, timeout)
             return
-        self._uploads.drop(name, timeout, lambda left: self._unload(name, wanted, left))
+        self._uploads.drop(
+            name,
+            timeout,
+            lambda left: self._unload(name, wanted, left),
+            only_if_uploaded_alone=not drop_upload,
+        )
 
     def _unload(self, name: str, wanted: int | None, timeout: float | None) -> None:
         deadline = deadline_after(timeout)

@@ -166,17 +166,32 @@ class UploadControl:
                 raise
             self._remove_when_unread(name, previous)
 
+    def has_files(self, name: str) -> bool:
+        """Whether a load put uploaded files in place for model ``name`` (read without a turn)."""
+        override = self._repository.override(name)
+        return override is not None and override.folder is not None
+
     def drop(
-        self, name: str, timeout: float | None, unload: Callable[[float | None], None]
+        self,
+        name: str,
+        timeout: float | None,
+        unload: Callable[[float | None], None],
+        *,
+        only_if_uploaded_alone: bool = False,
     ) -> None:
         """In ``name``'s turn, take out what a load put in place, then ``unload`` the model.
 
         Dropped before the unload, so that no request loads the upload meanwhile; its folder
         goes once the loads under way are done, whether the unload succeeds or not.
+        ``only_if_uploaded_alone``: drop it only if the repository does not hold the model
+        (:meth:`Repository.holds`, which may raise :class:`StoreUnavailable`: then nothing is
+        dropped nor unloaded); else only ``unload``.
         """
         deadline = deadline_after(timeout)
         with self._turns.turn(name, time_left(deadline)):
             dropped = self._repository.override(name)
+            if dropped is not None and only_if_uploaded_alone and self._repository.holds(name):
+                dropped = None  # the repository's model: what a load put in place stays
             if dropped is not None and not self._repository.replace_override(
                 name, None, expected=dropped
             ):

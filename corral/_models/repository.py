@@ -390,6 +390,19 @@ class Repository:
         with self.store.opened(name):
             return self._repository_entry(name, override)
 
+    def holds(self, name: str) -> bool:
+        """Whether the repository itself has model ``name`` (a folder or a bare file).
+
+        Uploads (a load's override) aside, and whether or not it can be served: one ``lstat``
+        of each for a folder, a listing request (and a HEAD) for object storage, whose
+        :class:`StoreUnavailable` it raises (:meth:`corral._models.store.Store.holds`).
+        """
+        validate_model_name(name)
+        if self.store is not None:
+            return self.store.holds(name)
+        folder = os.path.join(self._resolve().real, name)
+        return os.path.lexists(folder) or os.path.lexists(folder + _BARE_SUFFIX)
+
     def kept(self, name: str) -> contextlib.AbstractContextManager[None]:
         """Keep model ``name``'s files where :meth:`entry` found them while inside.
 

@@ -18,6 +18,15 @@ they and their renames are on disk. The cache holds at most
 fetched, being read, kept for a load (:meth:`Store.kept`), or that :attr:`Store.in_use` says is
 loaded or loading. A Store claims its cache folder (an exclusive ``flock``) until it closes.
 
+Each file is read as listed: asked for with its listed ETag, and for no more than one byte past
+its listed size. What can never be copied from the store as it is, is refused for its model
+alone, by name, nothing of it kept in the cache: a key that is no path (an empty, ``.`` or
+``..`` part) or that has a part longer than the cache's file system takes, an object larger or
+smaller than listed (:class:`ModelInvalid`; the files the manifest does not name are removed),
+a model larger than the whole cache
+(:class:`ModelTooLarge`). A key that is no path beside the models (``repo/../x``) names no
+model: the listing goes past it (:meth:`Store.names`).
+
 The library, obstore (the ``s3`` extra), is imported when a Store is made, never by
 ``import corral``. Credentials come from its standard chain (``AWS_*`` variables, instance
 metadata, web identity); ``AWS_ENDPOINT_URL`` points it at an S3-compatible store. A failure to
@@ -50,6 +59,7 @@ from corral._base import (
     ModelInvalid,
     ModelLoadError,
     ModelNotFound,
+    ModelTooLarge,
     RepositoryError,
     StoreUnavailable,
     fresh,
@@ -57,6 +67,7 @@ from corral._base import (
 from corral._models.model_entry import VERSION_FOLDER
 
 if TYPE_CHECKING:
+    from obstore import GetOptions
     from obstore.store import ClientConfig, RetryConfig
 
 __all__ = [
@@ -84,6 +95,8 @@ _PARTIAL = ".partial"
 _LOCK = ".lock"
 _RETRIES = 2
 _PAGE = 1000
+# The least a read of an object hands over at once: at most this past its listed size is read.
+_CHUNK = 1 << 20
 _CONNECT = datetime.timedelta(seconds=5)
 _TRITON_ENDPOINT = re.compile(r"[A-Za-z0-9.\-]+:[0-9]{1,5}")
 
@@ -174,12 +187,14 @@ class Store:
         #: Whether a model is loaded or loading (its files are then never evicted); the Host
         #: sets it. Called without any of the Store's locks held.
         self.in_use: Callable[[str], bool] = lambda name: False
-        # Guards the cache's books: _flights, _readers, _cached and the counters below.
+        # Guards the cache's books: _flights, _readers, _cached, _stray_keys and the counters.
         self._books_lock = threading.Lock()
         # A model's fetch in flight, or its eviction (whose result, False, says to fetch again).
         self._flights: dict[str, Future[bool]] = {}
         self._readers: dict[str, int] = {}
         self._cached: dict[str, _Cached] = self._read_manifests()
+        # Keys under the prefix that are no path, each logged once (see names()).
+        self._stray_keys: set[str] = set()
         self._hits = self._fetches = self._fetched_bytes = self._failures = self._evictions = 0
         self._list_requests = 0
         self._fetch_seconds = 0.0
@@ -204,10 +219,13 @@ class Store:
         :class:`RepositoryError` naming the URL when the store cannot be listed.
         """
         import obstore
+        from obstore.exceptions import InvalidPathError
 
         store = self._first if first else self._store
         try:
             found = obstore.list_with_delimiter(store, self._prefix or None)
+        except InvalidPathError as exc:
+            return self._names_past_stray_keys(store, exc)
         except Exception as exc:  # obstore's errors have no common base but Exception
             raise RepositoryError(
                 f"cannot list model repository {self.url!r}: {self._reason(exc)}"
@@ -218,6 +236,56 @@ class Store:
             self._list_requests += _pages(len(names) + len(files))
         return names, files
 
+    def _names_past_stray_keys(self, store: Any, error: Exception) -> tuple[list[str], list[str]]:
+        """:meth:`names` when a key under the prefix is no path (``repo/../x``, ``repo//x``).
+
+        obstore refuses a whole page of a listing for one such key. One whose first part is
+        empty, ``.`` or ``..`` sorts before every name a model may have (they start with a
+        letter or digit), so the keys after ``<prefix>0`` are listed instead, every one
+        (not one per model folder): a page per 1,000 files rather than per 1,000 names, while
+        the stray key is there. A key that is no path inside a model's folder as well refuses
+        this listing (a page that holds it cannot be read, nor the keys before it there):
+        :class:`RepositoryError` naming both.
+        """
+        import obstore
+
+        stray = _stray_key(error)
+        with self._books_lock:
+            new = stray not in self._stray_keys
+            self._stray_keys.add(stray)
+        if new:
+            logger.warning(
+                "corral: model repository %s holds the key %r, which is not a path (an empty, "
+                "'.' or '..' part): it names no model; the models are listed past it, a page "
+                "per 1,000 files instead of per 1,000 names, until it is removed",
+                self.url,
+                stray,
+            )
+        folders: set[str] = set()
+        files: list[str] = []
+        keys = 0
+        try:
+            for chunk in obstore.list(
+                store, self._prefix or None, offset=self._prefix + "0", chunk_size=_PAGE
+            ):
+                for item in chunk:
+                    keys += 1
+                    first, below, _ = str(item["path"])[len(self._prefix) :].partition("/")
+                    if below:
+                        folders.add(first)
+                    else:
+                        files.append(first)
+        except Exception as exc:
+            raise RepositoryError(
+                f"cannot list model repository {self.url!r}: {self._reason(exc)}; this "
+                f"listing was made past the key {stray!r}, which is no path either: remove "
+                "both (a page of a listing that holds such a key cannot be read)"
+            ) from exc
+        finally:
+            with self._books_lock:
+                self._list_requests += 1 + _pages(keys)
+        return sorted(folders), [file for file in files if file not in folders]
+
     # -- one model ---------------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -226,7 +294,9 @@ class Store:
 
         Yields ``<cache>/<name>`` (a folder, or a ``.onnx`` file for a bare model). Raises
         :class:`ModelNotFound` when the store has neither, :class:`StoreUnavailable` when the
-        store cannot be read within the fetch deadline.
+        store cannot be read within the fetch deadline (or a file changed while it was read),
+        :class:`ModelInvalid` or :class:`ModelTooLarge` when the model can never be copied from
+        the store as it is (see the module docstring).
         """
         with self.kept(name):
             yield self._fetch_once(name)
@@ -247,6 +317,33 @@ class Store:
                 self._readers[name] -= 1
                 if not self._readers[name]:
                     del self._readers[name]
+
+    def holds(self, name: str) -> bool:
+        """Whether the store has model ``name``: a key under ``<name>/``, or ``<name>.onnx``.
+
+        Fetches nothing: one listing request, and a HEAD when it finds no folder. Raises
+        :class:`StoreUnavailable` naming the URL when the store cannot be read.
+        """
+        import obstore
+        from obstore.exceptions import InvalidPathError
+
+        key = f"{self._prefix}{name}"
+        try:
+            with self._books_lock:
+                self._list_requests += 1
+            if any(len(chunk) for chunk in obstore.list(self._store, key + "/", chunk_size=1)):
+                return True
+            obstore.head(self._store, key + ".onnx")
+            return True
+        except FileNotFoundError:
+            return False
+        except InvalidPathError:
+            return True  # a key under <name>/ that is no path: something of the model's is there
+        except Exception as exc:
+            raise StoreUnavailable(
+                f"model {name!r}: cannot list it in {self.url}: {self._reason(exc)}",
+                store=self.url,
+            ) from exc
 
     def latest_bytes(self, name: str) -> int | None:
         """Bytes of model ``name``'s latest version as the store lists them, fetching nothing.
@@ -404,7 +501,8 @@ class Store:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the fetch took longer than {self._timeout_s:g} s")
                 local = os.path.join(target, relative) if relative else target
-                self._get(f"{key}/{relative}" if relative else key + ".onnx", local)
+                path = f"{key}/{relative}" if relative else key + ".onnx"
+                self._get(name, path, listed[relative], local)
                 written.add(os.path.dirname(local))
                 fetched += size
             if not bare:
@@ -417,6 +515,11 @@ class Store:
                 os.utime(self._manifest_path(name))  # read now: its time orders evictions
             else:
                 self._write_manifest(name, bare, listed)
+        except ModelInvalid:
+            with self._books_lock:
+                self._failures += 1
+            self._drop_unvouched(name)
+            raise
         except (ModelNotFound, ModelLoadError):
             with self._books_lock:
                 self._failures += 1
@@ -440,19 +543,30 @@ class Store:
     def _list_files(self, name: str, key: str) -> dict[str, tuple[str, int]]:
         """The model's files in the store: ``{path inside its folder: (ETag, size)}``."""
         import obstore
+        from obstore.exceptions import InvalidPathError
 
         listed: dict[str, tuple[str, int]] = {}
         keys = 0
-        for chunk in obstore.list(self._store, key + "/", chunk_size=_PAGE):
-            for item in chunk:
-                keys += 1
-                relative = str(item["path"])[len(key) + 1 :]
-                if not relative and not int(item["size"]):
-                    continue  # the model folder's own marker ("<name>/", as consoles make)
-                _check_inside(name, relative, self.url)
-                listed[relative] = (str(item["e_tag"]), int(item["size"]))
-        with self._books_lock:
-            self._list_requests += _pages(keys)
+        longest = _longest_part(self.cache_dir)
+        try:
+            for chunk in obstore.list(self._store, key + "/", chunk_size=_PAGE):
+                for item in chunk:
+                    keys += 1
+                    relative = str(item["path"])[len(key) + 1 :]
+                    if not relative and not int(item["size"]):
+                        continue  # the model folder's own marker ("<name>/", as consoles make)
+                    _check_inside(name, relative, self.url, longest)
+                    listed[relative] = (str(item["e_tag"]), int(item["size"]))
+        except InvalidPathError as exc:
+            # obstore refuses the page that holds such a key: the model cannot be copied
+            # until the key is gone, however often it is asked for.
+            raise ModelInvalid(
+                f"model {name!r} in {self.url}: the object {_stray_key(exc)!r} cannot be "
+                "copied into the cache: its key has an empty, '.' or '..' part"
+            ) from exc
+        finally:
+            with self._books_lock:
+                self._list_requests += _pages(keys)
         # A folder's marker (an empty object "<folder>/", which consoles make) is listed
         # without its slash: a key that other keys are under is a folder, not a file.
         folders = {
@@ -471,20 +585,46 @@ class Store:
     def _check_fits(self, name: str, listed: dict[str, tuple[str, int]]) -> None:
         total = sum(size for _, size in listed.values())
         if self.cache_bytes is not None and total > self.cache_bytes:
-            raise ModelLoadError(
+            # No eviction can make room: it fails alike until the model or the cache changes.
+            raise ModelTooLarge(
                 f"model {name!r} in {self.url} holds {total} bytes, more than the whole cache "
                 f"(cache_bytes={self.cache_bytes})"
             )
 
-    def _get(self, path: str, local: str) -> None:
+    def _get(self, name: str, path: str, listed: tuple[str, int], local: str) -> None:
+        """Copy the object ``path`` to ``local``: the one of the listed (ETag, size), whole.
+
+        Asked for with the listed ETag (an object replaced since answers 412, a
+        :class:`StoreUnavailable` once the caller wraps it: the next read lists it again) and
+        for one byte past the listed size, and read no further than that: an object larger
+        (or smaller) than listed is :class:`ModelInvalid` naming its key and both sizes, its
+        partial copy removed.
+        """
         import obstore
 
+        etag, size = listed
+        options: GetOptions = {}
+        if etag:
+            options["if_match"] = etag
+        if size:
+            options["range"] = (0, size + 1)  # an empty object has no byte to ask for
         os.makedirs(os.path.dirname(local), exist_ok=True)
         handle, partial = tempfile.mkstemp(dir=os.path.join(self.cache_dir, _PARTIAL))
         try:
             with os.fdopen(handle, "wb") as file:
-                for chunk in obstore.get(self._store, path):
+                answer = obstore.get(self._store, path, options=options)
+                said = int(answer.meta["size"])
+                if said != size:
+                    raise self._not_as_listed(name, path, size, f"holds {said} bytes")
+                got = 0
+                for chunk in answer.stream(min_chunk_size=_CHUNK):
+                    got += len(chunk)
+                    if got > size:
+                        # Its answer's headers agreed with the listing, its body does not.
+                        raise self._not_as_listed(name, path, size, f"sent over {size} bytes")
                     file.write(chunk)
+                if got < size:
+                    raise ConnectionError(f"{path}: {got} of its {size} bytes came, then none")
                 file.flush()
                 os.fsync(file.fileno())  # the data on disk before the rename names it
             os.replace(partial, local)
@@ -492,6 +632,12 @@ class Store:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(partial)
             raise
+
+    def _not_as_listed(self, name: str, path: str, size: int, found: str) -> ModelInvalid:
+        return ModelInvalid(
+            f"model {name!r} in {self.url}: the object {path!r} {found}, but the store lists "
+            f"it (of the same ETag) as {size} bytes: refused, nothing of it kept in the cache"
+        )
 
     def _drop_unlisted(self, target: str, listed: set[str]) -> None:
         for folder, _, files in os.walk(target, topdown=False):
@@ -540,6 +686,33 @@ class Store:
                 total,
                 self.cache_bytes,
             )
+
+    def _drop_unvouched(self, name: str) -> None:
+        """Remove the files of model ``name`` that its manifest does not name.
+
+        After a fetch refused part way (an object larger than listed, say): the files it
+        wrote before are no copy the cache counts or vouches for. Those the manifest names
+        stay, counted, for a load that may be reading them. Called inside the model's flight.
+        """
+        manifest = self._manifest(name) or {}
+        files: dict[str, list[Any]] = manifest.get("files", {})
+        vouched = set(files)
+        with self._books_lock:
+            cached = self._cached.pop(name, _Cached(0, time.time()))
+            if vouched:  # counted as what the manifest names, read when it was read last
+                cached.size = sum(int(entry[1]) for entry in files.values())
+                self._cached[name] = cached
+        target = os.path.join(self.cache_dir, name)
+        if manifest.get("bare"):
+            # Its one file, which the manifest stopped naming before a new one was fetched.
+            if "" not in vouched and os.path.isfile(target + ".onnx"):
+                os.unlink(target + ".onnx")
+            return
+        if not os.path.isdir(target):
+            return
+        self._drop_unlisted(target, vouched)
+        if not os.listdir(target):
+            os.rmdir(target)
 
     def _forget(self, name: str) -> None:
         # Called inside the model's own flight: no other reader of its files can start.
@@ -612,14 +785,43 @@ class Store:
         return text
 
 
-def _check_inside(name: str, relative: str, url: str) -> None:
-    """Refuse a key that would be written outside the model's folder in the cache."""
+def _check_inside(name: str, relative: str, url: str, longest: int) -> None:
+    """Refuse a key that would be written outside the model's folder in the cache.
+
+    Or that the cache's file system cannot name: a part longer than ``longest`` bytes.
+    """
     parts = relative.split("/")
     if "\\" in relative or any(part in ("", ".", "..") for part in parts):
-        raise ModelLoadError(
+        raise ModelInvalid(
             f"model {name!r} in {url}: the object {name}/{relative} cannot be copied into the "
             "cache: its key has an empty, '.' or '..' part, or a backslash"
         )
+    for part in parts:
+        if len(os.fsencode(part)) > longest:
+            raise ModelInvalid(
+                f"model {name!r} in {url}: the object {_shortened(f'{name}/{relative}')} cannot be "
+                f"copied into the cache: its part {_shortened(part)} is "
+                f"{len(os.fsencode(part))} bytes, more than the {longest} a file name may have "
+                "there"
+            )
+
+
+def _longest_part(folder: str) -> int:
+    """The longest file name, in bytes, ``folder``'s file system takes (255 if it won't say)."""
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (AttributeError, OSError, ValueError):  # no pathconf (Windows), or no answer
+        return 255
+
+
+def _shortened(text: str, limit: int = 80) -> str:
+    return repr(text) if len(text) <= limit else repr(text[: limit - 3] + "...")
+
+
+def _stray_key(error: Exception) -> str:
+    """The key an obstore ``InvalidPathError`` names (``Error parsing Path "<key>"``)."""
+    found = re.search(r'Error parsing Path "((?:[^"\\]|\\.){0,1100})"', str(error))
+    return found[1] if found else str(error).split("\n", 1)[0]
 
 
 def _claim_folder(folder: str, url: str) -> int:

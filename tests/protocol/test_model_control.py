@@ -112,8 +112,9 @@ def test_uploaded_files_serve_a_model_the_repository_does_not_have(host: Host):
         host.infer("fresh", {"X": X})["Y"], reference_run(second, {"X": X})[0]
     )
     assert not os.path.exists(folder)
-    # Evicted and loaded again: read from the upload, not from the repository.
-    host.unload("fresh")
+    # Out of service and loaded again: read from the upload, not from the repository (an
+    # unload of one version keeps the upload; one of the whole model would drop it).
+    host.unload("fresh", 2)
     with host.acquire("fresh") as lease:
         assert lease.version == 2
 

@@ -4,8 +4,9 @@ Threads released together by a barrier hammer one model with every model-control
 (loads with files, unloads, plain loads) and with requests; afterwards the uploads folder
 holds exactly the folders the overrides in place use (no stale copy), and no operation was
 answered with a failure to read a folder another operation deleted. An unload with
-``drop_upload`` removes an uploaded model without a restart; ``max_upload_bytes`` caps what
-the uploads hold; closing removes them whatever loads are running.
+``drop_upload`` removes an uploaded model without a restart, and so does a plain unload of a
+model the repository does not hold; ``max_upload_bytes`` caps what the uploads hold; closing
+removes them whatever loads are running.
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ def test_a_load_that_joins_a_requests_load_of_the_old_upload_serves_its_own(
     host: Host, monkeypatch: pytest.MonkeyPatch
 ):
     host.load("up", config="{}", files={"1/model.onnx": UPLOADS[2]})
-    host.unload("up")  # the upload stays in place: the next request loads it again
+    host.unload("up", 1)  # one version's: the upload stays, the next request loads it again
     gate = BuildGate(monkeypatch)
     gate.held.add("up")
     joined = threading.Event()
@@ -221,7 +222,7 @@ def test_an_unload_with_drop_upload_removes_an_uploaded_model(host: Host):
     host.load("linear", config="{}", files={"1/model.onnx": UPLOADS[3]})
     np.testing.assert_array_equal(host.infer("linear", {"X": X})["Y"], ANSWERS[3])
     assert len(uploads_left(host)) == 2
-    host.unload("up")  # a plain unload keeps the upload: the next request loads it again
+    host.unload("up", 1)  # one version's unload keeps the upload: the next request loads it
     np.testing.assert_array_equal(host.infer("up", {"X": X})["Y"], ANSWERS[2])
     host.unload("up", drop_upload=True)
     with pytest.raises(ModelNotFound):
@@ -233,6 +234,48 @@ def test_an_unload_with_drop_upload_removes_an_uploaded_model(host: Host):
     repository_answer = reference_run(build_linear(seed=1), {"X": X})[0]
     np.testing.assert_array_equal(host.infer("linear", {"X": X})["Y"], repository_answer)
     assert host.uploads.held_bytes == 0
+
+
+def test_a_plain_unload_of_a_model_only_uploaded_gives_its_bytes_back(repo: Path):
+    size = len(UPLOADS[2])
+    with Host(repo, max_upload_bytes=size + size // 2) as host:
+        host.load("up", config="{}", files={"1/model.onnx": UPLOADS[2]})
+        assert host.uploads.held_bytes == size
+        host.unload("up")
+        wait_until(lambda: uploads_left(host) == set())
+        assert host.uploads.held_bytes == 0
+        with pytest.raises(ModelNotFound):
+            host.infer("up", {"X": X})
+        # Had the bytes stayed held, this one would pass max_upload_bytes.
+        assert post(host, "/v2/repository/models/more/load", upload_body(UPLOADS[3])).is_success
+        np.testing.assert_array_equal(host.infer("more", {"X": X})["Y"], ANSWERS[3])
+        assert post(host, "/v2/repository/models/more/unload", {}).status_code == 200
+        wait_until(lambda: uploads_left(host) == set())
+        assert host.uploads.held_bytes == 0
+
+
+@pytest.mark.parametrize("layout", ["folder", "bare file"])
+def test_a_plain_unload_of_a_repository_model_keeps_what_a_load_put_in_place(
+    repo: Path, layout: str
+):
+    if layout == "bare file":
+        (repo / "linear").rename(repo / "moved")
+        (repo / "linear.onnx").write_bytes(build_linear(seed=1))
+    size = len(UPLOADS[3])
+    with Host(repo, max_upload_bytes=size) as host:
+        assert host.repository.holds("linear")
+        host.load("linear", config="{}", files={"1/model.onnx": UPLOADS[3]})
+        host.unload("linear")  # the next request loads the upload again, not the repository's
+        np.testing.assert_array_equal(host.infer("linear", {"X": X})["Y"], ANSWERS[3])
+        assert host.uploads.held_bytes == size
+        assert len(uploads_left(host)) == 1
+
+
+def test_a_plain_unload_of_a_model_given_only_a_config_unloads_it(host: Host):
+    host.load("linear", config='{"max_batch_size": 0}')
+    host.unload("linear")
+    assert host.repository.override("linear") is not None  # no files: nothing to give back
+    assert host.infer("linear", {"X": X})["Y"].shape == (2, 1)
 
 
 def test_http_unload_takes_drop_upload(host: Host):

@@ -16,6 +16,7 @@ from corral import Host, ModelInvalid, ModelNotFound, RepositoryError, StoreUnav
 from corral._models.repository import Repository
 from corral._models.store import Store
 from corral.testing import build_linear
+from tests import s3server
 from tests.core.models.test_store import MODEL, bucket, put_model, s3
 from tests.helpers import wait_until
 
@@ -41,11 +42,13 @@ def test_a_refresh_cut_short_leaves_no_file_trusted_for_an_etag_it_does_not_hold
     fetch = Store._get
     calls = []
 
-    def second_fails(self: Store, path: str, local: str) -> None:
+    def second_fails(
+        self: Store, model: str, path: str, listed: tuple[str, int], local: str
+    ) -> None:
         calls.append(path)
         if len(calls) == 2:
             raise OSError("the connection dropped")
-        fetch(self, path, local)
+        fetch(self, model, path, listed, local)
 
     monkeypatch.setattr(Store, "_get", second_fails)
     with pytest.raises(StoreUnavailable, match="the connection dropped"), store.opened("m"):
@@ -318,3 +321,61 @@ def test_a_key_that_is_both_a_file_and_a_folder_is_refused_naming_it(s3, bucket,
     ):
         pass
     assert not isinstance(caught.value, StoreUnavailable)  # waiting would not help
+
+
+def test_whether_a_store_holds_a_model_is_told_without_fetching_it(s3, bucket, tmp_path):
+    name, client = bucket
+    put_model(client, name, "folder")
+    client.put_object(Bucket=name, Key="repo/bare.onnx", Body=MODEL)
+    client.put_object(Bucket=name, Key="repo/stray/1/../x.onnx", Body=b"x")
+    store = Store(f"s3://{name}/repo", tmp_path / "cache")
+    assert store.holds("folder")
+    assert store.holds("bare")
+    assert store.holds("stray")  # a key that is no path under it: something of it is there
+    assert not store.holds("none")
+    assert store.stats().fetches == 0
+    assert not any((tmp_path / "cache").glob("*/*"))
+
+
+def test_whether_a_store_that_is_down_holds_a_model_is_a_store_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{s3server.free_port()}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3server.KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3server.SECRET)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    store = Store("s3://models/repo", tmp_path / "cache", timeout_s=3)
+    with pytest.raises(StoreUnavailable, match=r"model 'a': cannot list it in s3://models/repo"):
+        store.holds("a")
+
+
+def test_an_unload_gives_back_an_upload_only_where_the_store_lacks_the_model(s3, bucket, tmp_path):
+    name, client = bucket
+    put_model(client, name, "m")
+    with Host(f"s3://{name}/repo", cache_dir=str(tmp_path / "cache")) as host:
+        for model in ("m", "up"):
+            host.load(model, config="{}", files={"1/model.onnx": OTHER})
+            host.unload(model)
+        wait_until(lambda: host.uploads.held_bytes == len(OTHER))
+        assert host.repository.override("up") is None
+        assert host.repository.override("m") is not None  # the store's model keeps its upload
+
+
+@pytest.mark.timeout(60)
+def test_an_unload_that_cannot_tell_whether_the_store_holds_the_model_drops_nothing(
+    s3, bucket, tmp_path
+):
+    name, client = bucket
+    put_model(client, name, "m")
+    cache = str(tmp_path / "cache")
+    with Host(f"s3://{name}/repo", cache_dir=cache, load_timeout_s=2) as host:
+        host.load("up", config="{}", files={"1/model.onnx": OTHER})
+        s3server.pause(s3)
+        try:
+            with pytest.raises(
+                StoreUnavailable, match=f"model 'up': cannot list it in s3://{name}"
+            ):
+                host.unload("up")
+        finally:
+            s3server.resume(s3)
+        assert host.repository.override("up") is not None
+        assert host.uploads.held_bytes == len(OTHER)
+        assert host.infer("up", {"X": np.ones((2, 4), np.float32)})["Y"].shape == (2, 1)
