@@ -19,9 +19,10 @@ use prost::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 
+use crate::pace::{slow_text, Pace};
 use crate::pings::PingPolice;
 use crate::plain::{element_count, DataType, PlainRequest, Storage, Tensor};
-use crate::shared::{Answer, CatchUnwind, Held, Pending, Protocol, Shared, Stats};
+use crate::shared::{Answer, CatchUnwind, Held, Pending, Protocol, Shared, Stats, INFO};
 
 /// The messages generated from `proto/grpc_service.proto`.
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
@@ -34,6 +35,7 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const UNAVAILABLE: u32 = 14;
 const INTERNAL: u32 = 13;
 const RESOURCE_EXHAUSTED: u32 = 8;
+const DEADLINE_EXCEEDED: u32 = 4;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -682,14 +684,29 @@ async fn read_message(mut body: Incoming, shared: &Shared) -> Read {
     let mut held = Held::new(Arc::clone(&shared.budget));
     let mut kept = true;
     let mut expected: Option<usize> = None;
+    // The message is held to the HTTP body's progress rules: trickled, it would hold what it
+    // sent of the budget for as long as it kept trickling.
+    let mut pace = Pace::new(&shared.config, Instant::now());
     loop {
-        let frame = match next_frame(&mut body).await {
-            None => break,
-            Some(Ok(frame)) => frame,
-            Some(Err(_)) => return Read::Refuse(INTERNAL, "the call's stream broke".to_string()),
+        let next = tokio::time::timeout_at(pace.deadline().into(), next_frame(&mut body)).await;
+        let frame = match next {
+            Err(_) => match pace.check(Instant::now()) {
+                Ok(()) => continue,
+                Err(slow) => {
+                    let text = slow_text(&slow, &shared.config);
+                    shared.say(INFO, format!("{text}; answered DEADLINE_EXCEEDED"));
+                    return Read::Refuse(DEADLINE_EXCEEDED, text);
+                }
+            },
+            Ok(None) => break,
+            Ok(Some(Ok(frame))) => frame,
+            Ok(Some(Err(_))) => {
+                return Read::Refuse(INTERNAL, "the call's stream broke".to_string())
+            }
         };
         match frame.into_data() {
             Ok(data) => {
+                pace.arrived(data.len(), Instant::now());
                 if kept && !held.grow(data.len()) {
                     kept = false;
                 }

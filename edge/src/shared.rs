@@ -119,6 +119,8 @@ pub struct Config {
     pub max_connections: usize,
     pub body_timeout: Duration,
     pub body_timeout_s: f64,
+    /// Bytes per second a body must bring over each `body_timeout` window; see `pace`.
+    pub body_min_rate_bytes_s: u64,
     pub max_request_bytes: usize,
     pub native_body_bytes: usize,
     pub max_pending: usize,
@@ -150,6 +152,7 @@ impl Default for Config {
             max_connections: 1000,
             body_timeout: Duration::from_secs(30),
             body_timeout_s: 30.0,
+            body_min_rate_bytes_s: 1024,
             max_request_bytes: 64 << 20,
             native_body_bytes: 1 << 20,
             max_pending: 4096,
