@@ -263,8 +263,10 @@ class ServerSettings(_HostAndRuntimeOptions):
     grpc_max_connections: int | None = Field(
         None,
         gt=0,
-        description="gRPC connections open at once; past it a new one is closed at once "
-        "(default: a quarter of the open-file limit less 256, at least 16)",
+        description="gRPC connections open at once; at the cap the native edge closes the "
+        "oldest idle one (GOAWAY) to make room, else (every one busy, or the Python edge) the "
+        "new one is closed at once (default: a quarter of the open-file limit less 256, at "
+        "least 16)",
     )
     grpc_idle_timeout_s: float = Field(
         60.0,

@@ -359,6 +359,30 @@ pub struct Slot {
     pub verdict_lock: Mutex<Option<oneshot::Sender<bool>>>,
 }
 
+/// An open gRPC connection as the cap sees it (see `grpc::make_room`).
+#[derive(Debug)]
+pub struct GrpcPlace {
+    /// Calls in flight on it: one with any is never closed for room.
+    pub active: AtomicUsize,
+    /// When it was accepted or its last call ended: the oldest idle one is closed first.
+    pub last_change: Mutex<Instant>,
+    /// Asked to close for room already (each is asked once).
+    pub room_asked: AtomicBool,
+    /// Wakes it to close for room: GOAWAY if it has no call by then.
+    pub close_for_room: Notify,
+}
+
+impl GrpcPlace {
+    pub fn new(now: Instant) -> Self {
+        Self {
+            active: AtomicUsize::new(0),
+            last_change: Mutex::new(now),
+            room_asked: AtomicBool::new(false),
+            close_for_room: Notify::new(),
+        }
+    }
+}
+
 /// One-way signals that wake every waiter, also those that begin to wait afterwards.
 #[derive(Debug, Default)]
 pub struct Signal {
@@ -412,6 +436,8 @@ pub struct Shared {
     pub stopping: Signal,
     /// Open gRPC connections.
     pub grpc_open: AtomicUsize,
+    /// The open gRPC connections' places, by id (for the cap: see `grpc::make_room`).
+    pub grpc_places: Mutex<Vec<(u64, Arc<GrpcPlace>)>>,
     /// The HTTP bridge's idle connections.
     pub http_pool: Mutex<Vec<(tokio::net::UnixStream, Instant)>>,
 }
@@ -432,6 +458,7 @@ impl Shared {
             cut: Signal::default(),
             stopping: Signal::default(),
             grpc_open: AtomicUsize::new(0),
+            grpc_places: Mutex::new(Vec::new()),
             http_pool: Mutex::new(Vec::new()),
         }
     }
