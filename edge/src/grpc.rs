@@ -494,7 +494,8 @@ fn room_slack(max: usize) -> usize {
 }
 
 /// At the cap, asks the oldest idle connection (no call in flight, not asked before) to close
-/// for a new one, as the HTTP side closes an idle connection at its cap: a handful of idle
+/// for a new one, one that never made a call before one that did (a client between two calls
+/// is idle too, and a burst of fresh idle connections would otherwise be newer than it), as the HTTP side closes an idle connection at its cap: a handful of idle
 /// clients cannot keep new ones out. False when every connection has a call in flight (or
 /// was asked already): the new one is then closed at once.
 ///
@@ -508,7 +509,12 @@ fn make_room(shared: &Shared) -> bool {
         .filter(|(_, place)| {
             place.active.load(Ordering::SeqCst) == 0 && !place.room_asked.load(Ordering::SeqCst)
         })
-        .min_by_key(|(_, place)| *place.last_change.lock());
+        .min_by_key(|(_, place)| {
+            (
+                place.called.load(Ordering::SeqCst),
+                *place.last_change.lock(),
+            )
+        });
     let Some((_, victim)) = victim else {
         return false;
     };
@@ -587,6 +593,7 @@ async fn serve(
         let shared = Arc::clone(&shared);
         hyper::service::service_fn(move |request: Request<Incoming>| {
             state.active.fetch_add(1, Ordering::SeqCst);
+            state.called.store(true, Ordering::SeqCst);
             let guard = StreamGuard(Arc::clone(&state));
             let shared = Arc::clone(&shared);
             let bridge = Arc::clone(&bridge);
@@ -954,15 +961,21 @@ mod tests {
             place
         };
         let busy_oldest = place(0, 900, 1);
+        let called_oldest = place(3, 800, 0);
+        called_oldest.called.store(true, Ordering::SeqCst);
         let idle_old = place(1, 500, 0);
         let idle_new = place(2, 100, 0);
         assert!(make_room(&shared));
         assert!(idle_old.room_asked.load(Ordering::SeqCst));
         assert!(!busy_oldest.room_asked.load(Ordering::SeqCst));
         assert!(!idle_new.room_asked.load(Ordering::SeqCst));
-        // Asked once: the next one asked is the newer idle one, then none is left.
+        // Asked once: the next one asked is the newer idle one, then the one that made
+        // calls (older than both), then none is left.
         assert!(make_room(&shared));
         assert!(idle_new.room_asked.load(Ordering::SeqCst));
+        assert!(!called_oldest.room_asked.load(Ordering::SeqCst));
+        assert!(make_room(&shared));
+        assert!(called_oldest.room_asked.load(Ordering::SeqCst));
         assert!(!make_room(&shared));
         assert!(!busy_oldest.room_asked.load(Ordering::SeqCst));
         assert_eq!(room_slack(4), 1);

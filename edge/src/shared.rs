@@ -366,6 +366,8 @@ pub struct GrpcPlace {
     pub active: AtomicUsize,
     /// When it was accepted or its last call ended: the oldest idle one is closed first.
     pub last_change: Mutex<Instant>,
+    /// A call was made on it: one that never made any is closed for room first.
+    pub called: AtomicBool,
     /// Asked to close for room already (each is asked once).
     pub room_asked: AtomicBool,
     /// Wakes it to close for room: GOAWAY if it has no call by then.
@@ -377,6 +379,7 @@ impl GrpcPlace {
         Self {
             active: AtomicUsize::new(0),
             last_change: Mutex::new(now),
+            called: AtomicBool::new(false),
             room_asked: AtomicBool::new(false),
             close_for_room: Notify::new(),
         }
