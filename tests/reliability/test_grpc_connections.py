@@ -9,9 +9,7 @@ streams per connection, and a ping policy. The attack (``tests.grpc_attacks``) i
 from __future__ import annotations
 
 import http.client
-import importlib.util
 import json
-import os
 import resource
 import socket
 import struct
@@ -38,7 +36,7 @@ from tests.grpc_attacks import (
     read_frames,
 )
 from tests.helpers import Figure, add_model
-from tests.processes import ServerProcess, start_server, stop_server
+from tests.processes import ServerProcess, native_edge, start_server, stop_server
 
 MLP_BODY = json.dumps(
     {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
@@ -162,14 +160,6 @@ def test_1000_idle_grpc_connections_under_a_1024_file_limit_starve_neither_http_
         assert 0 < idle.answered <= 192
     assert max(lifetimes) < GRPC_IDLE_TIMEOUT_S + 25
     assert "Too many open files" not in served.log.read_text()
-
-
-def native_edge() -> bool:
-    """Whether the servers these tests start run the native edge (``CORRAL_EDGE``, auto)."""
-    choice = os.environ.get("CORRAL_EDGE", "auto")
-    return choice == "native" or (
-        choice == "auto" and importlib.util.find_spec("corral_edge") is not None
-    )
 
 
 def _server_frames(sock: socket.socket, until: int, timeout: float) -> list[tuple[int, int, bytes]]:
