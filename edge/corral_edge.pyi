@@ -99,6 +99,7 @@ class Edge:
         max_connections: int,
         body_timeout_s: float,
         max_request_bytes: int,
+        body_min_rate_bytes_s: int = 1024,
         native_body_bytes: int = 1 << 20,
         max_pending: int = 4096,
         grpc_max_connections: int | None,

@@ -13,14 +13,22 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import socket
 import struct
 import termios
+import threading
 import time
 from pathlib import Path
 
-__all__ = ["open_slow_bodies", "read_until_closed", "status_of", "wait_until_read"]
+__all__ = [
+    "Trickler",
+    "open_slow_bodies",
+    "read_until_closed",
+    "status_of",
+    "wait_until_read",
+]
 
 #: What the slow bodies announce unless told otherwise: corral serve's largest request.
 ANNOUNCED_BYTES = 64 * 1024 * 1024
@@ -104,3 +112,111 @@ def _receive_queue(local: str, remote: str) -> int:
         if fields[1] == local and fields[2] == remote:
             return int(fields[4].split(":")[1], 16)
     raise LookupError(f"no socket {local} -> {remote} in /proc/net/tcp")
+
+
+class Trickler:
+    """Bodies that arrive one byte at a time: ``count`` connections each POST to ``path``
+    a body (chunked, or with a Content-Length of ``announced``) whose first ``first`` bytes
+    come at once, then one byte every ``every`` seconds on a thread of its own until the
+    server ends the connection or :meth:`stop`. A byte now and then is never silence.
+
+    ``answers`` holds, per connection, what the server wrote before it closed it (None until
+    then); ``closed_after`` the seconds from the first bytes to that close.
+    """
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        count: int,
+        *,
+        first: int,
+        every: float = 0.2,
+        chunked: bool = True,
+        announced: int = 0,
+        path: bytes = b"/v2/models/mlp/infer",
+    ) -> None:
+        self._address = address
+        self._count = count
+        self._first = first
+        self._every = every
+        self._chunked = chunked
+        self._announced = announced
+        self._path = path
+        self._stop = threading.Event()
+        self.sockets: list[socket.socket] = []
+        self.answers: list[bytes | None] = [None] * count
+        self.closed_after: list[float | None] = [None] * count
+        self.started = 0.0
+        self._thread = threading.Thread(target=self._trickle, name="trickler")
+
+    def __enter__(self) -> Trickler:
+        framing = (
+            b"Transfer-Encoding: chunked\r\n"
+            if self._chunked
+            else b"Content-Length: %d\r\n" % self._announced
+        )
+        body = b" " * self._first
+        if self._chunked:
+            body = b"%x\r\n" % self._first + body + b"\r\n"
+        try:
+            for _ in range(self._count):
+                sock = socket.create_connection(self._address, timeout=30)
+                self.sockets.append(sock)
+                sock.sendall(
+                    b"POST " + self._path + b" HTTP/1.1\r\nHost: localhost\r\n"
+                    b"Content-Type: application/json\r\n" + framing + b"\r\n" + body
+                )
+            self.started = time.monotonic()
+            self._thread.start()
+        except BaseException:
+            self._close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop trickling and close every connection; safe to call twice."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        self._close()
+
+    def all_closed(self) -> bool:
+        """Whether the server has ended every connection."""
+        return all(after is not None for after in self.closed_after)
+
+    def _close(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+
+    def _trickle(self) -> None:
+        byte = b"1\r\n \r\n" if self._chunked else b" "
+        for sock in self.sockets:
+            sock.setblocking(False)
+        received = [b""] * self._count
+        while not self._stop.wait(self._every):
+            for index, sock in enumerate(self.sockets):
+                if self.closed_after[index] is not None:
+                    continue
+                ended = False
+                try:
+                    while chunk := sock.recv(65536):
+                        received[index] += chunk
+                    ended = True  # the server closed it
+                except BlockingIOError:
+                    pass
+                except ConnectionResetError:
+                    ended = True
+                if not ended:
+                    # A full buffer is the server not reading; a reset, its end (read next).
+                    with contextlib.suppress(
+                        BlockingIOError, BrokenPipeError, ConnectionResetError
+                    ):
+                        sock.send(byte)
+                if ended:
+                    self.answers[index] = received[index]
+                    self.closed_after[index] = time.monotonic() - self.started
+            if self.all_closed():
+                return

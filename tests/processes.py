@@ -8,6 +8,7 @@ run in a fresh interpreter that exits with sessions alive and runs in flight.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -33,6 +34,15 @@ class ServerProcess:
     http: str
     grpc: str
     log: Path
+
+
+def native_edge() -> bool:
+    """Whether the servers :func:`start_server` starts run the native edge (``CORRAL_EDGE``,
+    ``auto`` unless set: native when ``corral_edge`` is installed)."""
+    choice = os.environ.get("CORRAL_EDGE", "auto")
+    return choice == "native" or (
+        choice == "auto" and importlib.util.find_spec("corral_edge") is not None
+    )
 
 
 def start_server(

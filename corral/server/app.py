@@ -823,6 +823,7 @@ def connection_limits(settings: ServerSettings, open_files: int) -> ConnectionLi
         idle_timeout_s=settings.idle_timeout_s,
         max_connections=max_connections,
         body_timeout_s=settings.body_timeout_s,
+        body_min_rate_bytes_s=settings.body_min_rate_bytes_s,
     )
 
 

@@ -282,6 +282,14 @@ class ServerSettings(_HostAndRuntimeOptions):
         description="seconds a request's body may go without a byte arriving; slower: 408, "
         "the connection closed and the bytes it held of the body budget given back",
     )
+    body_min_rate_bytes_s: int = Field(
+        1024,
+        ge=0,
+        description="bytes per second a request's body must keep, measured over each "
+        "body_timeout_s from its head (as Apache's mod_reqtimeout MinRate); slower: 408 and "
+        "its bytes given back, so a trickled body holds the body budget at most two "
+        "body_timeout_s; 0: only silence is cut",
+    )
     idle_timeout_s: float = Field(
         5.0,
         gt=0,
@@ -299,8 +307,10 @@ class ServerSettings(_HostAndRuntimeOptions):
     grpc_max_connections: int | None = Field(
         None,
         gt=0,
-        description="gRPC connections open at once; past it a new one is closed at once "
-        "(default: a quarter of the open-file limit less 256, at least 16)",
+        description="gRPC connections open at once; at the cap the native edge closes the "
+        "oldest idle one (GOAWAY) to make room, else (every one busy, or the Python edge) the "
+        "new one is closed at once (default: a quarter of the open-file limit less 256, at "
+        "least 16)",
     )
     grpc_idle_timeout_s: float = Field(
         60.0,

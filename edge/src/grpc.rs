@@ -4,7 +4,7 @@
 
 use std::convert::Infallible;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -14,14 +14,14 @@ use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use parking_lot::Mutex;
 use prost::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 
+use crate::pace::{slow_text, Pace};
 use crate::pings::PingPolice;
 use crate::plain::{element_count, DataType, PlainRequest, Storage, Tensor};
-use crate::shared::{Answer, CatchUnwind, Held, Pending, Protocol, Shared, Stats};
+use crate::shared::{Answer, CatchUnwind, GrpcPlace, Held, Pending, Protocol, Shared, Stats, INFO};
 
 /// The messages generated from `proto/grpc_service.proto`.
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
@@ -34,6 +34,7 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const UNAVAILABLE: u32 = 14;
 const INTERNAL: u32 = 13;
 const RESOURCE_EXHAUSTED: u32 = 8;
+const DEADLINE_EXCEEDED: u32 = 4;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -139,7 +140,7 @@ pub fn timeout_us(value: &[u8]) -> Option<u64> {
 // -- response bodies ------------------------------------------------------------------------
 
 /// Counts a stream open on its connection until its answer's body is dropped.
-struct StreamGuard(Arc<ConnectionState>);
+struct StreamGuard(Arc<GrpcPlace>);
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
@@ -364,12 +365,6 @@ impl Bridge {
 
 // -- connections ------------------------------------------------------------------------------
 
-/// One connection's streams, for its idle timeout.
-struct ConnectionState {
-    active: AtomicUsize,
-    last_change: Mutex<Instant>,
-}
-
 /// The connection as hyper sees it: the first bytes read (the preface) given back before the
 /// rest of the stream, and the bytes both ways watched by the ping policy.
 struct Rewind {
@@ -482,18 +477,56 @@ impl tokio::io::AsyncWrite for Rewind {
     }
 }
 
-/// Counts an open gRPC connection until its task ends, however it ends.
-struct Open(Arc<Shared>);
+/// Counts an open gRPC connection, and keeps its place, until its task ends, however it ends.
+struct Open(Arc<Shared>, u64);
 
 impl Drop for Open {
     fn drop(&mut self) {
+        self.0.grpc_places.lock().retain(|(id, _)| *id != self.1);
         self.0.grpc_open.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// How many connections past the cap may be open while those asked for room close: a burst
+/// of new connections cannot take more descriptors than the cap and this.
+fn room_slack(max: usize) -> usize {
+    (max / 8).max(1)
+}
+
+/// At the cap, asks the oldest idle connection (no call in flight, not asked before) to close
+/// for a new one, one that never made a call before one that did (a client between two calls
+/// is idle too, and a burst of fresh idle connections would otherwise be newer than it), as the HTTP side closes an idle connection at its cap: a handful of idle
+/// clients cannot keep new ones out. False when every connection has a call in flight (or
+/// was asked already): the new one is then closed at once.
+///
+/// The new connection is admitted at once; the asked one sends GOAWAY and closes within
+/// `ROOM_GRACE` unless a call opened on it meanwhile, so the connections open pass the cap
+/// by at most those closing, and never by more than `room_slack`.
+fn make_room(shared: &Shared) -> bool {
+    let places = shared.grpc_places.lock();
+    let victim = places
+        .iter()
+        .filter(|(_, place)| {
+            place.active.load(Ordering::SeqCst) == 0 && !place.room_asked.load(Ordering::SeqCst)
+        })
+        .min_by_key(|(_, place)| {
+            (
+                place.called.load(Ordering::SeqCst),
+                *place.last_change.lock(),
+            )
+        });
+    let Some((_, victim)) = victim else {
+        return false;
+    };
+    victim.room_asked.store(true, Ordering::SeqCst);
+    victim.close_for_room.notify_one();
+    true
 }
 
 /// Accepts gRPC connections until the drain (or the stop) begins.
 pub async fn accept(listener: TcpListener, shared: Arc<Shared>) {
     let bridge = Arc::new(Bridge::new(shared.config.grpc_bridge.clone()));
+    let mut next_id: u64 = 0;
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -504,20 +537,25 @@ pub async fn accept(listener: TcpListener, shared: Arc<Shared>) {
             continue;
         };
         if let Some(max) = shared.config.grpc_max_connections {
-            if shared.grpc_open.load(Ordering::SeqCst) >= max {
+            let open = shared.grpc_open.load(Ordering::SeqCst);
+            if open >= max && (open >= max + room_slack(max) || !make_room(&shared)) {
                 drop(stream); // closed at once, as grpc core does past its cap
                 continue;
             }
         }
         shared.grpc_open.fetch_add(1, Ordering::SeqCst);
         Stats::add(&shared.stats.grpc_accepted, 1);
+        let id = next_id;
+        next_id += 1;
+        let place = Arc::new(GrpcPlace::new(Instant::now()));
+        shared.grpc_places.lock().push((id, Arc::clone(&place)));
         let shared = Arc::clone(&shared);
         let bridge = Arc::clone(&bridge);
         tokio::spawn(async move {
-            let _place = Open(Arc::clone(&shared));
+            let _open = Open(Arc::clone(&shared), id);
             let stopping = Arc::clone(&shared);
             tokio::select! {
-                () = serve(stream, peer, Arc::clone(&shared), bridge) => {}
+                () = serve(stream, peer, Arc::clone(&shared), bridge, place) => {}
                 () = stopping.stopping.wait() => {}
             }
         });
@@ -529,34 +567,33 @@ async fn serve(
     peer: std::net::SocketAddr,
     shared: Arc<Shared>,
     bridge: Arc<Bridge>,
+    state: Arc<GrpcPlace>,
 ) {
     let _ = stream.set_nodelay(true);
     let config = &shared.config;
-    // The handshake: the client's preface within grpc_handshake_timeout of the accept.
+    // The handshake: the client's preface within grpc_handshake_timeout of the accept. A
+    // connection asked to close for room before it is done has no call: it just closes.
     let mut preface = vec![0u8; PREFACE.len()];
-    match tokio::time::timeout(
-        config.grpc_handshake_timeout,
-        stream.read_exact(&mut preface),
-    )
-    .await
-    {
-        Ok(Ok(_)) if preface == PREFACE => {}
-        _ => return,
+    tokio::select! {
+        read = tokio::time::timeout(config.grpc_handshake_timeout, stream.read_exact(&mut preface)) => {
+            match read {
+                Ok(Ok(_)) if preface == PREFACE => {}
+                _ => return,
+            }
+        }
+        () = state.close_for_room.notified() => return,
     }
     let io = TokioIo::new(Rewind::new(
         Bytes::from(preface),
         stream,
         config.grpc_min_ping_interval,
     ));
-    let state = Arc::new(ConnectionState {
-        active: AtomicUsize::new(0),
-        last_change: Mutex::new(Instant::now()),
-    });
     let service = {
         let state = Arc::clone(&state);
         let shared = Arc::clone(&shared);
         hyper::service::service_fn(move |request: Request<Incoming>| {
             state.active.fetch_add(1, Ordering::SeqCst);
+            state.called.store(true, Ordering::SeqCst);
             let guard = StreamGuard(Arc::clone(&state));
             let shared = Arc::clone(&shared);
             let bridge = Arc::clone(&bridge);
@@ -607,6 +644,13 @@ async fn serve(
                     check_at = last_change + idle;
                 }
             }
+            () = state.close_for_room.notified(), if !shutting => {
+                // Asked for room at the cap: GOAWAY, and closed soon unless a call came in
+                // meanwhile (then it closes once its calls end, as a drained connection).
+                connection.as_mut().graceful_shutdown();
+                shutting = true;
+                idle_close = Some(Instant::now() + ROOM_GRACE);
+            }
             () = sleep_until_some(idle_close) => {
                 // hyper's graceful close waits for the client's answer to a PING; a client
                 // that says nothing (a dead peer, a raw socket) would hold the connection.
@@ -625,6 +669,8 @@ async fn serve(
 
 /// How long an idle connection sent its GOAWAY may take to close before the edge closes it.
 const IDLE_GOAWAY_GRACE: Duration = Duration::from_secs(5);
+/// The same for a connection closed to make room at the cap: short, as the room is wanted now.
+const ROOM_GRACE: Duration = Duration::from_millis(500);
 
 /// Completes at `at`; never when `at` is None.
 async fn sleep_until_some(at: Option<Instant>) {
@@ -682,14 +728,29 @@ async fn read_message(mut body: Incoming, shared: &Shared) -> Read {
     let mut held = Held::new(Arc::clone(&shared.budget));
     let mut kept = true;
     let mut expected: Option<usize> = None;
+    // The message is held to the HTTP body's progress rules: trickled, it would hold what it
+    // sent of the budget for as long as it kept trickling.
+    let mut pace = Pace::new(&shared.config, Instant::now());
     loop {
-        let frame = match next_frame(&mut body).await {
-            None => break,
-            Some(Ok(frame)) => frame,
-            Some(Err(_)) => return Read::Refuse(INTERNAL, "the call's stream broke".to_string()),
+        let next = tokio::time::timeout_at(pace.deadline().into(), next_frame(&mut body)).await;
+        let frame = match next {
+            Err(_) => match pace.check(Instant::now()) {
+                Ok(()) => continue,
+                Err(slow) => {
+                    let text = slow_text(&slow, &shared.config);
+                    shared.say(INFO, format!("{text}; answered DEADLINE_EXCEEDED"));
+                    return Read::Refuse(DEADLINE_EXCEEDED, text);
+                }
+            },
+            Ok(None) => break,
+            Ok(Some(Ok(frame))) => frame,
+            Ok(Some(Err(_))) => {
+                return Read::Refuse(INTERNAL, "the call's stream broke".to_string())
+            }
         };
         match frame.into_data() {
             Ok(data) => {
+                pace.arrived(data.len(), Instant::now());
                 if kept && !held.grow(data.len()) {
                     kept = false;
                 }
@@ -887,6 +948,39 @@ async fn relay(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shared::Config;
+
+    #[test]
+    fn room_is_made_by_the_oldest_idle_connection_only() {
+        let shared = Shared::new(Config::default(), Arc::new(crate::shared::Budget::new(1)));
+        let start = Instant::now();
+        let place = |id: u64, ago_ms: u64, calls: usize| {
+            let place = Arc::new(GrpcPlace::new(start - Duration::from_millis(ago_ms)));
+            place.active.store(calls, Ordering::SeqCst);
+            shared.grpc_places.lock().push((id, Arc::clone(&place)));
+            place
+        };
+        let busy_oldest = place(0, 900, 1);
+        let called_oldest = place(3, 800, 0);
+        called_oldest.called.store(true, Ordering::SeqCst);
+        let idle_old = place(1, 500, 0);
+        let idle_new = place(2, 100, 0);
+        assert!(make_room(&shared));
+        assert!(idle_old.room_asked.load(Ordering::SeqCst));
+        assert!(!busy_oldest.room_asked.load(Ordering::SeqCst));
+        assert!(!idle_new.room_asked.load(Ordering::SeqCst));
+        // Asked once: the next one asked is the newer idle one, then the one that made
+        // calls (older than both), then none is left.
+        assert!(make_room(&shared));
+        assert!(idle_new.room_asked.load(Ordering::SeqCst));
+        assert!(!called_oldest.room_asked.load(Ordering::SeqCst));
+        assert!(make_room(&shared));
+        assert!(called_oldest.room_asked.load(Ordering::SeqCst));
+        assert!(!make_room(&shared));
+        assert!(!busy_oldest.room_asked.load(Ordering::SeqCst));
+        assert_eq!(room_slack(4), 1);
+        assert_eq!(room_slack(192), 24);
+    }
 
     #[test]
     fn timeouts() {

@@ -18,6 +18,7 @@ use crate::bridge::{self, BodySource};
 use crate::chunked::Chunked;
 use crate::encode::http_refusal;
 use crate::head::{parse_head, Head, Parsed};
+use crate::pace::{slow_text, Pace};
 use crate::plain::decode_http;
 use crate::shared::{
     Answer, CatchUnwind, Held, Pending, Protocol, Shared, Slot, Stats, INFO, WARNING,
@@ -561,23 +562,29 @@ impl Connection {
         if kept {
             kept = held.grow(self.buf.len().min(total) - head.len.min(self.buf.len()));
         }
+        let mut pace = Pace::new(self.config(), Instant::now());
+        pace.arrived(
+            self.buf.len().min(total) - head.len.min(self.buf.len()),
+            Instant::now(),
+        );
         while self.buf.len() < total {
             let before = self.buf.len();
-            match tokio::time::timeout(self.config().body_timeout, self.read_more()).await {
+            match timeout_at(pace.deadline().into(), self.read_more()).await {
                 Ok(Ok(n)) if n > 0 => {}
                 Ok(_) => return Next::Close,
                 Err(_) => {
-                    let timeout = fmt_g(self.config().body_timeout_s);
-                    let message = format!(
-                        "the request's body stopped arriving: no byte for {timeout} s \
-                         (body_timeout_s)"
-                    );
-                    self.shared.say(INFO, format!("{message}; answered 408"));
-                    self.refuse(408, &message).await;
-                    return Next::Close;
+                    if let Err(slow) = pace.check(Instant::now()) {
+                        // Cut by silence or by rate: `held` gives its bytes back as it drops.
+                        let message = slow_text(&slow, self.config());
+                        self.shared.say(INFO, format!("{message}; answered 408"));
+                        self.refuse(408, &message).await;
+                        return Next::Close;
+                    }
+                    continue;
                 }
             }
             let arrived = self.buf.len().min(total) - before.min(total);
+            pace.arrived(arrived, Instant::now());
             if kept && !held.grow(arrived) {
                 kept = false; // the budget ran out: the bridge answers it
             }

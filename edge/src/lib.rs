@@ -9,6 +9,7 @@ pub mod grpc;
 pub mod head;
 pub mod hosts;
 pub mod http1;
+pub mod pace;
 pub mod pings;
 pub mod plain;
 #[cfg(feature = "python")]

@@ -120,6 +120,8 @@ pub struct Config {
     pub max_connections: usize,
     pub body_timeout: Duration,
     pub body_timeout_s: f64,
+    /// Bytes per second a body must bring over each `body_timeout` window; see `pace`.
+    pub body_min_rate_bytes_s: u64,
     pub max_request_bytes: usize,
     pub native_body_bytes: usize,
     pub max_pending: usize,
@@ -151,6 +153,7 @@ impl Default for Config {
             max_connections: 1000,
             body_timeout: Duration::from_secs(30),
             body_timeout_s: 30.0,
+            body_min_rate_bytes_s: 1024,
             max_request_bytes: 64 << 20,
             native_body_bytes: 1 << 20,
             max_pending: 4096,
@@ -357,6 +360,33 @@ pub struct Slot {
     pub verdict_lock: Mutex<Option<oneshot::Sender<bool>>>,
 }
 
+/// An open gRPC connection as the cap sees it (see `grpc::make_room`).
+#[derive(Debug)]
+pub struct GrpcPlace {
+    /// Calls in flight on it: one with any is never closed for room.
+    pub active: AtomicUsize,
+    /// When it was accepted or its last call ended: the oldest idle one is closed first.
+    pub last_change: Mutex<Instant>,
+    /// A call was made on it: one that never made any is closed for room first.
+    pub called: AtomicBool,
+    /// Asked to close for room already (each is asked once).
+    pub room_asked: AtomicBool,
+    /// Wakes it to close for room: GOAWAY if it has no call by then.
+    pub close_for_room: Notify,
+}
+
+impl GrpcPlace {
+    pub fn new(now: Instant) -> Self {
+        Self {
+            active: AtomicUsize::new(0),
+            last_change: Mutex::new(now),
+            called: AtomicBool::new(false),
+            room_asked: AtomicBool::new(false),
+            close_for_room: Notify::new(),
+        }
+    }
+}
+
 /// One-way signals that wake every waiter, also those that begin to wait afterwards.
 #[derive(Debug, Default)]
 pub struct Signal {
@@ -410,6 +440,8 @@ pub struct Shared {
     pub stopping: Signal,
     /// Open gRPC connections.
     pub grpc_open: AtomicUsize,
+    /// The open gRPC connections' places, by id (for the cap: see `grpc::make_room`).
+    pub grpc_places: Mutex<Vec<(u64, Arc<GrpcPlace>)>>,
     /// The HTTP bridge's idle connections.
     pub http_pool: Mutex<Vec<(tokio::net::UnixStream, Instant)>>,
 }
@@ -430,6 +462,7 @@ impl Shared {
             cut: Signal::default(),
             stopping: Signal::default(),
             grpc_open: AtomicUsize::new(0),
+            grpc_places: Mutex::new(Vec::new()),
             http_pool: Mutex::new(Vec::new()),
         }
     }

@@ -36,7 +36,7 @@ from tests.grpc_attacks import (
     read_frames,
 )
 from tests.helpers import Figure, add_model
-from tests.processes import ServerProcess, start_server, stop_server
+from tests.processes import ServerProcess, native_edge, start_server, stop_server
 
 MLP_BODY = json.dumps(
     {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
@@ -151,8 +151,13 @@ def test_1000_idle_grpc_connections_under_a_1024_file_limit_starve_neither_http_
     figure("a gRPC inference after them", f"{after * 1e3:.0f} ms on a new channel")
     assert status == 200
     assert idle.refused + len(lifetimes) == IDLE
-    # The cap held: past it, connections were closed before the server said a word.
-    assert 0 < idle.answered <= 192
+    if native_edge():
+        # At the cap the oldest idle connection is closed to make room (GOAWAY) for the new
+        # one, which is served: more than the cap are answered, none starved of descriptors.
+        assert idle.answered > 192
+    else:
+        # grpc core's cap: past it, connections were closed before the server said a word.
+        assert 0 < idle.answered <= 192
     assert max(lifetimes) < GRPC_IDLE_TIMEOUT_S + 25
     assert "Too many open files" not in served.log.read_text()
 

@@ -63,6 +63,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "header_timeout_s": ("2.5", 2.5),
     "idle_timeout_s": ("7.5", 7.5),
     "body_timeout_s": ("12.5", 12.5),
+    "body_min_rate_bytes_s": ("512", 512),
     "max_connections": ("100", 100),
     "grpc_max_connections": ("50", 50),
     "grpc_idle_timeout_s": ("30.5", 30.5),

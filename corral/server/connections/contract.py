@@ -31,6 +31,9 @@ class ConnectionLimits:
     max_connections: int
     #: Seconds a request's body may go without a byte arriving: 408 and close past them.
     body_timeout_s: float
+    #: Bytes per second a body must bring over each ``body_timeout_s`` window: 408 and close
+    #: under it (0: only silence is cut).
+    body_min_rate_bytes_s: int = 1024
 
 
 class DirectApp(Protocol):

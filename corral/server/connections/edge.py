@@ -170,7 +170,7 @@ class EdgeProtocol(HttpToolsProtocol):
         except httptools.HttpParserError as error:
             self._invalid(error)
             return
-        self.body.received()
+        self.body.received(len(data))
         if self._refusal is None and self.head.in_progress():
             self._refusal = self.head.refusal_so_far(self.url)
             if self._refusal is None:

@@ -6,7 +6,9 @@ The HTTP side holds its connections to a cap, an idle timeout and a header timeo
 - ``max_connections``: connections open at once (``grpc.max_allowed_incoming_connections``).
   Past it grpc accepts a new connection and closes it at once, before reading a byte: a client
   sees the connection reset and retries. Unlike HTTP's cap, an idle connection is not closed
-  to make room; ``idle_timeout_s`` frees the places held by idle ones.
+  to make room (grpc.aio gives no handle on one connection); ``idle_timeout_s`` frees the
+  places held by idle ones. The native edge, which owns the port when installed, does close
+  the oldest idle one (``edge/src/grpc.rs``, ``make_room``).
 - ``idle_timeout_s``: a connection with no call in progress for this long is sent GOAWAY and
   closed (``grpc.max_connection_idle_ms``); a client's channel reconnects on its next call.
 - ``handshake_timeout_s``: a connection must send HTTP/2's preface and SETTINGS within this

@@ -235,6 +235,7 @@ class NativeEdge:
             idle_timeout_s=http_limits.idle_timeout_s,
             max_connections=http_limits.max_connections,
             body_timeout_s=http_limits.body_timeout_s,
+            body_min_rate_bytes_s=http_limits.body_min_rate_bytes_s,
             max_request_bytes=self._max_request_bytes,
             grpc_max_connections=grpc_limits.max_connections,
             grpc_idle_timeout_s=grpc_limits.idle_timeout_s,

@@ -112,21 +112,27 @@ def test_the_clock_fires_once_from_the_first_byte_and_not_after_the_head():
     assert loop2.armed() == []
 
 
-def body_watch(paused: list[bool]) -> tuple[BodyWatch, FakeLoop, list[str]]:
+# More than a window's worth at LIMITS' rate (1024 bytes/s over 3 s): the rate is kept.
+RATE_KEPT = 4096
+
+
+def body_watch(
+    paused: list[bool], limits: ConnectionLimits = LIMITS
+) -> tuple[BodyWatch, FakeLoop, list[str]]:
     loop = FakeLoop()
     told: list[str] = []
-    watch = BodyWatch(LIMITS, loop, lambda: paused[0], lambda: told.append("408"))
+    watch = BodyWatch(limits, loop, lambda: paused[0], lambda: told.append("408"))
     return watch, loop, told
 
 
 def test_a_body_times_out_only_after_its_last_byte_plus_the_timeout():
     watch, loop, told = body_watch([False])
-    watch.received()  # no body pending: nothing armed
+    watch.received(RATE_KEPT)  # no body pending: nothing armed
     assert loop.armed() == []
     watch.start()
-    watch.received()
+    watch.received(RATE_KEPT)
     loop.advance(2.0)
-    watch.received()  # a byte at 2 s: the clock runs from here, one timer still
+    watch.received(RATE_KEPT)  # a byte at 2 s: the clock runs from here, one timer still
     assert len(loop.armed()) == 1
     loop.advance(2.0)  # the first timer fires at 3 s, sees 1 s of quiet, waits 2 more
     assert told == []
@@ -139,7 +145,7 @@ def test_a_body_the_server_stopped_reading_is_not_the_clients_silence():
     paused = [True]
     watch, loop, told = body_watch(paused)
     watch.start()
-    watch.received()
+    watch.received(RATE_KEPT)
     loop.advance(30)  # paused all along: the clock keeps starting again
     assert told == []
     paused[0] = False
@@ -150,8 +156,80 @@ def test_a_body_the_server_stopped_reading_is_not_the_clients_silence():
 def test_a_finished_body_stops_its_clock():
     watch, loop, told = body_watch([False])
     watch.start()
-    watch.received()
+    watch.received(RATE_KEPT)
     watch.finish()
     assert not watch.pending
     loop.advance(10)
     assert told == []
+
+
+def trickle(watch: BodyWatch, loop: FakeLoop, seconds: float, told: list[str]) -> float:
+    """A byte every 0.2 s for ``seconds``, or until the watch cuts it; the time it ran."""
+    ran = 0.0
+    while ran < seconds and not told:
+        loop.advance(0.2)
+        ran += 0.2
+        if not told:
+            watch.received(1)
+    return ran
+
+
+def test_a_trickled_body_is_cut_at_the_end_of_its_first_window():
+    # Never silent for 3 s, but 5 bytes/s where 1024 must come: cut as the window closes.
+    watch, loop, told = body_watch([False])
+    watch.start()
+    watch.received(1)
+    ran = trickle(watch, loop, 60, told)
+    assert told == ["408"]
+    assert 2.9 < ran < 3.3
+    assert watch.timeout_text == (
+        "the request's body arrived too slowly: 15 bytes in 3 s (body_timeout_s), under "
+        "the 1024 bytes/s it must keep (body_min_rate_bytes_s)"
+    )
+
+
+def test_a_body_that_slows_down_after_a_fast_start_is_cut_by_its_next_window():
+    # 1 MiB at once (what it holds of the budget), then a byte every 0.2 s: the first window
+    # is kept, the second is not, so what it holds is given back within two timeouts.
+    watch, loop, told = body_watch([False])
+    watch.start()
+    watch.received(1 << 20)
+    ran = trickle(watch, loop, 60, told)
+    assert told == ["408"]
+    assert 5.9 < ran < 6.3
+    assert "too slowly" in watch.timeout_text
+
+
+def test_a_body_that_keeps_the_rate_is_never_cut():
+    watch, loop, told = body_watch([False])
+    watch.start()
+    for _ in range(30):  # 1100 bytes a second for 30 s: above 1024 in every window
+        watch.received(1100)
+        loop.advance(1.0)
+    assert told == []
+    assert len(loop.armed()) == 1
+
+
+def test_a_rate_of_zero_cuts_only_silence():
+    limits = ConnectionLimits(8192, 65536, 5.0, 30.0, 10, 3.0, body_min_rate_bytes_s=0)
+    watch, loop, told = body_watch([False], limits)
+    watch.start()
+    watch.received(1)
+    trickle(watch, loop, 30, told)
+    assert told == []
+    loop.advance(3.1)
+    assert told == ["408"]
+    assert "no byte for 3 s" in watch.timeout_text
+
+
+def test_a_body_the_server_stopped_reading_is_not_slow_either():
+    paused = [True]
+    watch, loop, told = body_watch(paused)
+    watch.start()
+    watch.received(1)
+    trickle(watch, loop, 30, told)  # paused: each window starts again
+    assert told == []
+    paused[0] = False
+    trickle(watch, loop, 30, told)
+    assert told == ["408"]
+    assert "too slowly" in watch.timeout_text
