@@ -254,12 +254,16 @@ class ServerTls:
             _grpc_configuration(self.material),
             # types-grpcio types the fetcher without None, which grpc's documentation allows
             # ("None for no change") and its core reads as "keep the current one".
-            self._fetch_for_grpc,  # type: ignore[arg-type]
+            self.newer_for_grpc,  # type: ignore[arg-type]
             require_client_authentication=self.mutual,
         )
 
-    def _fetch_for_grpc(self) -> grpc.ServerCertificateConfiguration | None:
-        # Called by grpc before each handshake, on its threads: None keeps what it has.
+    def newer_for_grpc(self) -> grpc.ServerCertificateConfiguration | None:
+        """The material reloaded since grpc was last handed one, once; None when none is.
+
+        The fetcher of :meth:`grpc_credentials`: grpc calls it before each handshake, on its
+        own threads, and keeps what it has on None.
+        """
         with self._material_lock:
             if self._delivered == self._generation:
                 return None

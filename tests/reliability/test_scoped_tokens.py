@@ -27,7 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-un
 from tritonclient.utils import InferenceServerException
 
 from corral.protocol.proto import grpc_service_pb2 as pb
-from corral.server.grpc.service import _METHOD_SCOPES, _OPEN_METHODS
+from corral.server.grpc.service import METHOD_SCOPES, OPEN_METHODS
 from corral.server.http.routes import Endpoint
 from corral.server.settings import ServerSettings
 from corral.server.tokens import TokenPolicy, TokenScope
@@ -272,7 +272,7 @@ def test_every_http_endpoint_has_its_scope():
 def test_every_grpc_method_is_open_or_in_a_scope():
     service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     methods = {f"/{service.full_name}/{method.name}" for method in service.methods}
-    unplaced = methods - set(_METHOD_SCOPES) - set(_OPEN_METHODS)
+    unplaced = methods - set(METHOD_SCOPES) - set(OPEN_METHODS)
     assert not unplaced
 
 

@@ -373,14 +373,17 @@ def test_files_replaced_while_read_are_refused_not_mixed(
     pki: Pki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     files = TlsFiles(*(Path(flag) for flag in _served_files(tmp_path, pki.first)[1::2]))
-    original = corral.server.tls._server_context
+    read_bytes = Path.read_bytes
+    reads: list[Path] = []
 
-    def then_replaced(files: TlsFiles, pems: Any) -> ssl.SSLContext:
-        context = original(files, pems)
-        _swap(tmp_path, pki.second)  # a copy landing between the two reads
-        return context
+    def then_replaced(path: Path) -> bytes:
+        content = read_bytes(path)
+        reads.append(path)
+        if len(reads) == 2:  # the key, first read: a copy lands before the context is loaded
+            _swap(tmp_path, pki.second)
+        return content
 
-    monkeypatch.setattr(corral.server.tls, "_server_context", then_replaced)
+    monkeypatch.setattr(Path, "read_bytes", then_replaced)
     with pytest.raises(TlsFileError, match="changed while they were read"):
         read_material(files)
 
@@ -513,11 +516,11 @@ def test_tls_chooses_the_python_edge_and_native_is_refused():
 def test_grpc_is_handed_each_new_material_once(pki: Pki, tmp_path: Path):
     files = TlsFiles(*(Path(flag) for flag in _served_files(tmp_path, pki.first)[1::2]))
     tls = ServerTls(files, read_material(files))
-    assert tls._fetch_for_grpc() is None  # nothing new since start
+    assert tls.newer_for_grpc() is None  # nothing new since start
     _swap(tmp_path, pki.second)
     assert asyncio.run(tls.reload()) is True
-    assert tls._fetch_for_grpc() is not None  # the new material, once
-    assert tls._fetch_for_grpc() is None
+    assert tls.newer_for_grpc() is not None  # the new material, once
+    assert tls.newer_for_grpc() is None
 
 
 def test_a_reload_that_fails_keeps_the_material_in_use(
@@ -531,7 +534,7 @@ def test_a_reload_that_fails_keeps_the_material_in_use(
     shutil.copy(pki.stray_key, tmp_path / "key.pem")
     assert asyncio.run(tls.reload()) is False
     assert tls.material is before
-    assert tls._fetch_for_grpc() is None  # gRPC is not handed anything either
+    assert tls.newer_for_grpc() is None  # gRPC is not handed anything either
     assert "the TLS files were not reloaded" in caplog.text
     assert f"--tls-key-file {tmp_path / 'key.pem'} is not the key of" in caplog.text
 
@@ -613,44 +616,6 @@ def test_serve_reads_the_files_itself_when_not_given_them(repo: Path, pki: Pki):
     assert asyncio.run(scenario()) == corral.server.app.EXIT_CLEAN
     (answer,) = answers
     assert answer.startswith(b"HTTP/1.1 200 ")
-
-
-class _FakeProcess:
-    """What the group's signal handler touches of a process: its pid, exit code, terminate."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.exitcode: int | None = None
-        self.terminated = False
-
-    def terminate(self) -> None:
-        self.terminated = True
-
-
-@pytest.mark.parametrize("tls", [False, True])
-def test_a_groups_parent_stops_on_sighup_without_tls_and_passes_it_on_with_tls(
-    pki: Pki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tls: bool
-):
-    files = {"tls_cert_file": pki.first.server_cert, "tls_key_file": pki.first.server_key}
-    settings = ServerSettings(repository=tmp_path, processes=2, **(files if tls else {}))
-    sent: list[tuple[int, int]] = []
-    monkeypatch.setattr(corral.server.processes.os, "kill", lambda *sent_to: sent.append(sent_to))
-    group = corral.server.processes._Group(settings)
-    try:
-        processes = {1: _FakeProcess(101), 2: _FakeProcess(102)}
-        group._processes.update(processes)  # stand-ins: the handler reads pid and exitcode
-        group.on_signal(signal.SIGHUP, None)
-        if tls:  # each process is told to reload; none is stopped
-            assert sent == [(101, signal.SIGHUP), (102, signal.SIGHUP)]
-            assert not any(process.terminated for process in processes.values())
-            assert group._stop_began is None
-        else:  # the drain, as for SIGTERM
-            assert sent == []
-            assert all(process.terminated for process in processes.values())
-            assert group._stop_began is not None
-    finally:
-        group._processes.clear()
-        group.close()
 
 
 # -- a real server: tritonclient, curl, plain text, SIGHUP -----------------------------------------
@@ -889,6 +854,20 @@ def test_mtls_on_grpc_and_http_with_tritonclient(mtls_server: ServerProcess, pki
 
 
 # -- --processes N: each process serves TLS and reloads on the parent's SIGHUP -------------------
+
+
+@pytest.mark.timeout(120)
+def test_a_group_without_tls_stops_on_sighup(repo: Path, tmp_path: Path):
+    served = start_server(
+        repo, tmp_path / "serve.log", "--processes", "2", environment={"CORRAL_EDGE": "python"}
+    )
+    try:
+        wait_until(lambda: "all 2 processes are ready" in served.log.read_text(), 60)
+        served.process.send_signal(signal.SIGHUP)
+        assert served.process.wait(timeout=60) == 0
+        assert "SIGHUP received, stopping 2 processes" in served.log.read_text()
+    finally:
+        stop_server(served)
 
 
 @pytest.mark.timeout(180)

@@ -92,6 +92,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "METHOD_SCOPES",
+    "OPEN_METHODS",
     "STATUS",
     "InferenceServicer",
     "start_grpc_server",
@@ -144,9 +146,10 @@ STATUS: dict[type[CorralError], grpc.StatusCode] = {
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 _SERVICE = "inference.GRPCInferenceService"
-# Health checks answer without a token, as HTTP's /v2/health/* do; the health service itself
-# asks for it when the service named is a model (corral.server.grpc.health).
-_OPEN_METHODS = frozenset(
+#: The methods that need no token. Health checks answer without one, as HTTP's /v2/health/* do;
+#: the health service itself asks for it when the service named is a model
+#: (corral.server.grpc.health).
+OPEN_METHODS = frozenset(
     {
         f"/{_SERVICE}/ServerLive",
         f"/{_SERVICE}/ServerReady",
@@ -155,9 +158,9 @@ _OPEN_METHODS = frozenset(
     }
 )
 
-# The scope whose tokens open each method (corral.server.tokens); a method missing here and
-# from _OPEN_METHODS is answered UNIMPLEMENTED, to a caller some scope is open to.
-_METHOD_SCOPES = {
+#: The scope whose tokens open each method (corral.server.tokens); a method missing here and
+#: from OPEN_METHODS is answered UNIMPLEMENTED, to a caller some scope is open to.
+METHOD_SCOPES = {
     f"/{_SERVICE}/{method}": scope
     for scope, methods in (
         (TokenScope.INFERENCE, ("ModelInfer", "ModelStreamInfer")),
@@ -680,10 +683,10 @@ class _BearerAuth(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         """Hand the call on if it may be made, else answer it with UNAUTHENTICATED."""
         method = handler_call_details.method
-        if method in _OPEN_METHODS:
+        if method in OPEN_METHODS:
             return await continuation(handler_call_details)
         given = authorization_values(handler_call_details.invocation_metadata)
-        scope = _METHOD_SCOPES.get(method)
+        scope = METHOD_SCOPES.get(method)
         if self._tokens.allows(scope, given) if scope else self._tokens.allows_some(given):
             return await continuation(handler_call_details)
         return self._refusals[scope]
