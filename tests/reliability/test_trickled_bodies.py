@@ -27,7 +27,9 @@ from tests.grpc_attacks import HTTP2_PREFACE, SETTINGS, frame, read_frames
 from tests.helpers import Figure, add_model
 from tests.processes import ServerProcess, start_server, stop_server
 
-BODY_TIMEOUT_S = 1.0
+# Long enough that the budget is seen full before the bodies are cut (two timeouts) on a
+# loaded machine: with 1 s, a CI run's first small request came after the cut.
+BODY_TIMEOUT_S = 2.5
 # Four bodies of 80 KiB: past the 64 KiB the Python edge keeps whole before it holds them in
 # the budget (a body that large is held as its bytes arrive, on either edge).
 BODY = 80 * 1024
@@ -48,7 +50,7 @@ EDGES = [
 
 
 def serve(tmp_path: Path, edge: str, *extra: str) -> ServerProcess:
-    """A server with a 320 KiB body budget and a 1 s body timeout, on ``edge``."""
+    """A server with a 320 KiB body budget and a 2.5 s body timeout, on ``edge``."""
     repo = tmp_path / "models"
     add_model(repo, "mlp", build_mlp(n_features=4, seed=3))
     return start_server(
@@ -91,8 +93,8 @@ def test_trickled_bodies_are_cut_with_408_and_give_the_budget_back(
 ):
     host, port = server.http.split(":")
     # Four bodies sent at once but for their last 80 bytes (the whole budget less 128 bytes:
-    # no room for a small request), then a byte every 0.2 s: 5 bytes/s, never silent for 1 s,
-    # and 16 s from complete.
+    # no room for a small request), then a byte every 0.2 s: 5 bytes/s, never silent for the
+    # timeout, and 16 s from complete.
     first = BODY - 16
     announced = BODY + 64  # each fits the budget's room when it comes (it is checked)
     with (
@@ -105,10 +107,12 @@ def test_trickled_bodies_are_cut_with_408_and_give_the_budget_back(
         def refused() -> bool:
             return client.post("/v2/models/mlp/infer", content=SMALL).status_code == 503
 
-        assert wait_for(refused, 10), "the trickled bodies never filled the budget"
-        # Held to silence only they would trickle on for as long as they liked: 10 s here.
-        assert wait_for(trickled.all_closed, 10), (
-            f"trickled bodies still open after 10 s: {trickled.closed_after}"
+        assert wait_for(refused, 10), (
+            f"the trickled bodies never filled the budget: closed after {trickled.closed_after}"
+        )
+        # Held to silence only they would trickle on for as long as they liked: 16 s here.
+        assert wait_for(trickled.all_closed, 15), (
+            f"trickled bodies still open after 15 s: {trickled.closed_after}"
         )
         after = client.post("/v2/models/mlp/infer", content=SMALL)
     statuses = [status_of(answer or b"") for answer in trickled.answers]
