@@ -236,6 +236,7 @@ class Metrics:
                 list(queues.values()),
                 body_budget=0 if budget is None else budget.refused,
                 control_busy=self._plane.control_refused,
+                body_held=None if budget is None else (budget.held, budget.limit),
             )
         )
         body = text.encode("utf-8") + generate_latest(self._registry) + generate_latest(requests)
@@ -549,10 +550,19 @@ class _StoreCollector(Collector):
 class _RequestCollector(Collector):
     """The request counters of one scrape, from the figures :meth:`Metrics.render` read."""
 
-    def __init__(self, queues: list[QueueStats], *, body_budget: int, control_busy: int) -> None:
+    def __init__(
+        self,
+        queues: list[QueueStats],
+        *,
+        body_budget: int,
+        control_busy: int,
+        body_held: tuple[int, int] | None = None,
+    ) -> None:
         self._queues = queues
         self._body_budget = body_budget
         self._control_busy = control_busy
+        # (bytes held, limit) of the body budget; None where the server has none (Ray).
+        self._body_held = body_held
 
     def collect(self) -> Iterator[Metric]:
         """Yield the refused, expired and cancelled counters."""
@@ -581,6 +591,19 @@ class _RequestCollector(Collector):
             "Requests cancelled by their caller (a client gone, say) while queued, before they ran",
             value=sum(queue.cancelled for queue in queues),
         )
+        if self._body_held is not None:
+            held, limit = self._body_held
+            yield GaugeMetricFamily(
+                "corral_body_bytes_held",
+                "Bytes of request bodies held in the body budget now, as they are read and "
+                "decoded (both edges count in one budget)",
+                value=held,
+            )
+            yield GaugeMetricFamily(
+                "corral_body_bytes_limit",
+                "The body budget: the most request bytes held at once (max_body_bytes_in_flight)",
+                value=limit,
+            )
 
 
 def _latency_histogram(name: str, help_text: str, latency: LatencyStats) -> Metric:

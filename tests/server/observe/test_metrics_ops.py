@@ -230,10 +230,16 @@ def test_body_budget_and_control_plane_refusals_are_counted(repo: Path):
 
         asyncio.run(refused_while_held())
         families = parse(Metrics(plane, budget).render()[0])
+        with budget.reserve(30):
+            holding = parse(Metrics(plane, budget).render()[0])
 
     refused = by_label(families["corral_requests_refused"], "reason")
     assert refused == {"queue_full": 0, "server_overloaded": 0, "body_budget": 1, "control_busy": 1}
     assert set(refused) == set(REFUSAL_REASONS)
+    # What the budget holds now, and its limit: 0 once the reservations are given back.
+    assert only_value(families["corral_body_bytes_held"]) == 0
+    assert only_value(holding["corral_body_bytes_held"]) == 30
+    assert only_value(holding["corral_body_bytes_limit"]) == 100
 
 
 def test_refusals_of_a_full_queue_and_of_all_queues_are_told_apart(
