@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import re
 import socket
 import struct
 import time
@@ -89,20 +90,8 @@ def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "content-length"])
 def test_trickled_bodies_are_cut_with_408_and_give_the_budget_back(
-    request: pytest.FixtureRequest, server: ServerProcess, chunked: bool, figure: Figure
+    server: ServerProcess, chunked: bool, figure: Figure
 ):
-    if chunked and "native" in request.node.callspec.id:
-        # Known, not fixed: on the native edge a chunked body is forwarded to the Python edge,
-        # and in two loaded CI runs of six one of the four bodies was refused at once (closed
-        # after 0.2 s) while the budget was all but full, so the budget never filled. The
-        # test still runs; a failure of this case alone is reported, not fatal.
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=False,
-                reason="the native edge's bridged chunked body may be refused near a full "
-                "budget under load (issue 47 note)",
-            )
-        )
     host, port = server.http.split(":")
     # Four bodies sent at once but for their last 80 bytes (the whole budget less 128 bytes:
     # no room for a small request), then a byte every 0.2 s: 5 bytes/s, never silent for the
@@ -119,6 +108,13 @@ def test_trickled_bodies_are_cut_with_408_and_give_the_budget_back(
         def refused() -> bool:
             return client.post("/v2/models/mlp/infer", content=SMALL).status_code == 503
 
+        # The four bodies are held before the first small request: one that came first would
+        # hold its 256 bytes while it was answered, and a body arriving then would not fit
+        # (on the native edge a chunked body reaches the budget later, through the bridge).
+        assert wait_for(lambda: body_bytes_held(client) >= 4 * first, 10), (
+            f"the budget never held the four bodies: {body_bytes_held(client)} bytes, "
+            f"closed after {trickled.closed_after}"
+        )
         assert wait_for(refused, 10), (
             f"the trickled bodies never filled the budget: closed after {trickled.closed_after}"
         )
@@ -139,6 +135,14 @@ def test_trickled_bodies_are_cut_with_408_and_give_the_budget_back(
     # The first window (80 KiB) keeps the rate; the second (5 bytes) does not.
     assert slowest < 2 * BODY_TIMEOUT_S + 1.5
     assert after.status_code == 200, after.text[:300]
+
+
+def body_bytes_held(client: httpx.Client) -> int:
+    """``corral_body_bytes_held`` on the server's ``/metrics`` now."""
+    text = client.get("/metrics").text
+    found = re.search(r"^corral_body_bytes_held (\S+)$", text, re.MULTILINE)
+    assert found is not None, "no corral_body_bytes_held on /metrics"
+    return int(float(found[1]))
 
 
 def hpack_literal(name: bytes, value: bytes) -> bytes:
