@@ -46,6 +46,8 @@ from corral._compute import (
 )
 from corral._host.check import ProblemWatch
 from corral._host.loader import Loader, version_number
+from corral._host.machine_memory import find_memory_limit
+from corral._host.memory_watch import MemoryReading, MemoryWatch, PressureRelief
 from corral._host.options import HostOptionArgs, HostOptions
 from corral._host.reload import Reloader
 from corral._host.served import HostLease, Outputs, ServedVersion
@@ -108,7 +110,15 @@ class Host:
             )
         )
         self._runtime = runtime if runtime is not None else _default_runtime()
-        self._table = ModelTable(self._options)
+        watch_s = self._options.memory_watch_s
+        # The memory in use against the process's limit; None when memory_watch_s is not set.
+        self._memory_watch = None if watch_s is None else MemoryWatch(find_memory_limit())
+        self._table = ModelTable(self._options, self._memory_watch)
+        self._relief = (
+            None
+            if self._memory_watch is None or watch_s is None
+            else PressureRelief(self._memory_watch, watch_s, self._relieve_pressure)
+        )
         if self._repository.store is not None:
             # Never evict the cached files of a model loaded or loading.
             self._repository.store.in_use = self._table.busy
@@ -166,6 +176,8 @@ class Host:
         """
         self._table.check_running()
         self._reloader.start()
+        if self._relief is not None:
+            self._relief.start()
         return self
 
     # -- requests ----------------------------------------------------------------------------
@@ -611,8 +623,21 @@ class Host:
         return self._loader.resolve(validate_model_name(name), version)[1][1]
 
     def stats(self) -> HostStats:
-        """Counters and gauges, for the server and its metrics."""
-        return self._table.stats()
+        """Counters and gauges, for the server and its metrics.
+
+        With ``memory_watch_s``, the memory in use is read now (two small files).
+        """
+        stats = self._table.stats()
+        watch = self._memory_watch
+        reading = None if watch is None else watch.reading()
+        if watch is None or reading is None:
+            return stats
+        return dataclasses.replace(
+            stats,
+            memory_in_use=reading.working_set,
+            memory_limit=reading.limit,
+            memory_limit_source=watch.limit.source,
+        )
 
     def events(self, after: int = 0) -> list[Event]:
         """The recent loads, evictions, unloads, reloads and load failures, oldest first.
@@ -662,6 +687,8 @@ class Host:
         if loading is None:
             return
         self._reloader.stop(time_left(deadline))
+        if self._relief is not None:
+            self._relief.stop(time_left(deadline))
         # Loads in flight see the Host closing when they finish and close what they built.
         _, unfinished = wait_for_futures(loading, timeout=time_left(deadline))
         # A load still running here is hung (it missed the close's timeout): abandon it.
@@ -685,6 +712,16 @@ class Host:
         return f"<corral.Host {self._repository.root} {self._table.state.value}>"
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _relieve_pressure(self, to_free: int, reading: MemoryReading) -> list[tuple[str, int, int]]:
+        """Evict idle versions worth ``to_free`` bytes for memory pressure; close them."""
+        why = (
+            f"memory pressure: {reading.working_set:,} bytes in use, "
+            f"{100 * reading.share:.0f}% of the limit of {reading.limit:,}"
+        )
+        evicted = self._table.relieve(to_free, why)
+        self._table.drain(evicted, timeout=0)  # each closes when its last request ends
+        return [(served.name, served.version, served.size_bytes) for served in evicted]
 
     def _retire_when_loaded(self, loading: Future[ServedVersion]) -> None:
         """Retire the version a load published, for an unload that did not wait for it."""

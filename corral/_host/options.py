@@ -27,8 +27,10 @@ from corral._compute import (
     RuntimeOptions,
 )
 from corral._host.budget import Limits, parse_bytes
+from corral._host.machine_memory import find_memory_limit
 
 __all__ = [
+    "AUTO_BUDGET_FRACTION",
     "DEFAULT_FAILURE_BACKOFF_S",
     "DEFAULT_LOAD_TIMEOUT_S",
     "DEFAULT_MAX_UPLOAD_BYTES",
@@ -44,6 +46,11 @@ DEFAULT_FAILURE_BACKOFF_S = (1.0, 60.0)
 DEFAULT_LOAD_TIMEOUT_S = 300.0
 #: Bytes the files uploaded by loads may hold together, by default: 1 GiB.
 DEFAULT_MAX_UPLOAD_BYTES = 1 << 30
+#: ``memory_budget="auto"``: this share of the memory the process may use (its cgroup's
+#: limit, else the machine's memory). Half, because the budget counts estimates of the
+#: models alone (within 0.64-1.61x of what they take: docs/host.md), and the process needs
+#: room beside them for the interpreter, onnxruntime's arena, requests and a load's peak.
+AUTO_BUDGET_FRACTION = 0.5
 
 
 def _default_load_concurrency() -> int:
@@ -73,10 +80,23 @@ class HostOptions:
         host = corral.Host("models/", options=options)
     """
 
-    #: Estimated bytes the loaded models may hold: bytes, or a size like ``"2GiB"``; None: no
-    #: budget. Read :attr:`budget_bytes` for the number.
+    #: Estimated bytes the loaded models may hold: bytes, or a size like ``"2GiB"``, or
+    #: ``"auto"`` (:data:`AUTO_BUDGET_FRACTION` of the cgroup's memory limit, else of the
+    #: machine's memory); None (or ``"none"``): no budget. Read :attr:`budget_bytes` for the
+    #: number, :attr:`budget_source` for where an automatic one came from.
     memory_budget: int | str | None = option(
-        None, "estimated bytes the loaded models may hold: bytes or a size like 2GiB"
+        None,
+        "estimated bytes the loaded models may hold: bytes, a size like 2GiB, auto (half the "
+        "cgroup's memory limit, else half the machine's memory) or none",
+    )
+    #: Seconds between readings of the memory in use (the cgroup's working set, else the
+    #: machine's) against its limit; past 90 % idle models are evicted, and every load is
+    #: admitted against the reading too (``corral._host.memory_watch``). None or 0: off.
+    memory_watch_s: float | None = option(
+        None,
+        "seconds between readings of the memory in use against the cgroup's limit (else the "
+        "machine's): past 90 percent idle models are evicted, and loads are admitted "
+        "against it too; 0: off",
     )
     #: Most model versions loaded at once; None: no count.
     max_loaded_models: int | None = option(None, "most model versions loaded at once")
@@ -146,10 +166,27 @@ class HostOptions:
         "least recently read models not in use are removed past it",
     )
     _budget_bytes: int | None = field(init=False, repr=False, compare=False, default=None)
+    _budget_source: str | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
-        if self.memory_budget is not None:
-            object.__setattr__(self, "_budget_bytes", parse_bytes(self.memory_budget))
+        budget = self.memory_budget
+        if isinstance(budget, str) and budget.strip().lower() == "none":
+            object.__setattr__(self, "memory_budget", None)
+        elif isinstance(budget, str) and budget.strip().lower() == "auto":
+            limit = find_memory_limit()
+            object.__setattr__(self, "_budget_bytes", int(limit.limit_bytes * AUTO_BUDGET_FRACTION))
+            source = f"auto: half of {limit.source}, {limit.limit_bytes:,} bytes"
+            object.__setattr__(self, "_budget_source", source)
+        elif budget is not None:
+            object.__setattr__(self, "_budget_bytes", parse_bytes(budget))
+        watch = self.memory_watch_s
+        if watch is not None and not (_is_number(watch) and 0 <= watch < math.inf):
+            raise InvalidOption(
+                f"memory_watch_s must be a number of seconds, 0 or more, got {watch!r}",
+                option="memory_watch_s",
+            )
+        if watch == 0:
+            object.__setattr__(self, "memory_watch_s", None)  # 0: off, as None
         if self.max_upload_bytes is not None:
             uploads = parse_bytes(self.max_upload_bytes, option="max_upload_bytes")
             object.__setattr__(self, "max_upload_bytes", uploads)
@@ -219,6 +256,14 @@ class HostOptions:
         return self._budget_bytes
 
     @property
+    def budget_source(self) -> str | None:
+        """Where an automatic budget came from; None for one given in bytes, or none.
+
+        ``"auto: half of the cgroup (v1) /sys/fs/cgroup/memory/app, 536,870,912 bytes"``.
+        """
+        return self._budget_source
+
+    @property
     def upload_bytes(self) -> int | None:
         """What the uploads may hold, in bytes; None: no cap."""
         value = self.max_upload_bytes
@@ -244,6 +289,7 @@ class HostOptionArgs(TypedDict, total=False):
     """
 
     memory_budget: int | str | None
+    memory_watch_s: float | None
     max_loaded_models: int | None
     load_concurrency: int
     load_timeout_s: float

@@ -151,6 +151,12 @@ class HostStats:
     inline_versions: int = 0
     #: Estimated bytes set aside for the loads under way, beside ``bytes_used``.
     bytes_reserved: int = 0
+    #: With ``memory_watch_s``: the memory in use as the kernel counts it (the cgroup's
+    #: working set, else the machine's), the limit it is held under, and what that limit is;
+    #: None without a watch, or when the use cannot be read.
+    memory_in_use: int | None = None
+    memory_limit: int | None = None
+    memory_limit_source: str | None = None
 
 
 @dataclass

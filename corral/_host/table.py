@@ -32,7 +32,8 @@ from corral._base import (
     fresh,
 )
 from corral._compute import LaneState, SessionState, deadline_after, load_failure_reason, time_left
-from corral._host.budget import Usage, choose_victims
+from corral._host.budget import Limits, Usage, choose_victims
+from corral._host.memory_watch import LOAD_PEAK_FACTOR, MemoryWatch
 from corral._host.options import HostOptions
 from corral._host.served import ServedVersion
 from corral._host.status import (
@@ -103,9 +104,12 @@ class _Counters:
 class ModelTable:
     """The served, loading, retiring and failed versions of a Host's models, and its state."""
 
-    def __init__(self, options: HostOptions) -> None:
+    def __init__(self, options: HostOptions, watch: MemoryWatch | None = None) -> None:
         self._limits = options.limits
         self._backoff = options.failure_backoff_s
+        # The memory in use as the kernel counts it, read before each load (outside the
+        # lock: it reads files); None: loads are held to the budget's estimates only.
+        self._watch = watch
         # Guards everything below: the state, every map, the byte and version counts, the
         # counters. Admission of loads and close() take it. Never held across a load, a run
         # or a file read; a Session's lock may be taken under it, never the other way round.
@@ -248,23 +252,23 @@ class ModelTable:
                 f"model {name!r} version {version} needs about {size:,} bytes, more than the "
                 f"whole memory budget of {budget:,} bytes"
             )
+        # Bytes the working set would pass the high mark by at this load's peak: to be freed
+        # first, as the budget's excess is (read once, outside the lock).
+        pressure = 0 if self._watch is None else self._watch.over(LOAD_PEAK_FACTOR * size)
         give_up = time.monotonic() + ROOM_WAIT_S
         with self._table_lock:
             while True:
                 self._check_running_locked()
+                usage = self._usage_locked()
+                limits = self._pressed_limits(usage, size, pressure)
                 chosen, worth_waiting = choose_victims(
-                    self._limits, self._usage_locked(), size, self._by_last_use_locked()
+                    limits, usage, size, self._by_last_use_locked()
                 )
                 if chosen is not None:
                     break
                 left = give_up - time.monotonic()
                 if not worth_waiting or left <= 0:
-                    raise NoRoom(
-                        f"no room for model {name!r} version {version} (about {size:,} bytes): "
-                        f"{self._bytes_used + self._bytes_reserved:,} bytes of a budget of "
-                        f"{budget if budget is not None else 'unlimited'} and "
-                        f"{len(self._loaded)} loaded versions are in use or pinned"
-                    )
+                    raise NoRoom(self._no_room_text(name, version, size, pressure))
                 self._room_waiters += 1
                 try:
                     self._room.wait(min(left, ROOM_POLL_S))
@@ -292,6 +296,43 @@ class ModelTable:
                 served.name,
                 served.version,
                 f"evicted to make room for {name} version {version} (about {size:,} bytes)",
+                size_bytes=served.size_bytes,
+            )
+        return evicted
+
+    def relieve(self, to_free: int, why: str) -> list[ServedVersion]:
+        """Evict idle versions until about ``to_free`` bytes of estimates are freed.
+
+        Least recently used first, until none idle is left; returns them, for the caller to
+        close. For memory pressure (``corral._host.memory_watch``): versions in use or pinned stay.
+        ``why`` is said in each eviction's event.
+        """
+        evicted: list[ServedVersion] = []
+        freed = 0
+        with self._table_lock:
+            if self._state is not HostState.RUNNING:
+                return []
+            for key, served in list(self._by_last_use_locked()):
+                if freed >= to_free:
+                    break
+                if served.pinned or served.busy:
+                    continue
+                del self._loaded[key]
+                if self._ready.get(served.name) is served:
+                    del self._ready[served.name]
+                self._bytes_used -= served.size_bytes
+                self._retiring[id(served)] = served
+                freed += served.size_bytes
+                evicted.append(served)
+            self._counters.evictions += len(evicted)
+            if evicted:
+                self._room_may_have_grown_locked()
+        for served in evicted:
+            self.events.record(
+                EventKind.EVICTION,
+                served.name,
+                served.version,
+                f"evicted: {why}",
                 size_bytes=served.size_bytes,
             )
         return evicted
@@ -606,6 +647,29 @@ class ModelTable:
             )
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _pressed_limits(self, usage: Usage, size: int, pressure: int) -> Limits:
+        """The budget's limits, tightened so that ``pressure`` bytes of models are freed."""
+        if not pressure:
+            return self._limits
+        # What is held with this load, less what the working set stands above the high mark.
+        pressed = max(0, usage.bytes_used + usage.bytes_reserved + size - pressure)
+        budget = self._limits.budget
+        return Limits(pressed if budget is None else min(budget, pressed), self._limits.max_loaded)
+
+    def _no_room_text(self, name: str, version: int, size: int, pressure: int) -> str:
+        held = (
+            f"{self._bytes_used + self._bytes_reserved:,} bytes of a budget of "
+            f"{self._limits.budget if self._limits.budget is not None else 'unlimited'} and "
+            f"{len(self._loaded)} loaded versions are in use or pinned"
+        )
+        if pressure and self._watch is not None and (reading := self._watch.last) is not None:
+            held += (
+                f"; the memory in use, {reading.working_set:,} bytes of "
+                f"{self._watch.limit.source}'s {reading.limit:,}, would pass 90% of it "
+                f"by {pressure:,} bytes at the load's peak"
+            )
+        return f"no room for model {name!r} version {version} (about {size:,} bytes): {held}"
 
     def _check_running_locked(self) -> None:
         if self._state is not HostState.RUNNING:

@@ -874,6 +874,10 @@ def _log_summary(
     caps = servers.caps
     stats = host.stats()
     budget = "none" if stats.memory_budget is None else f"{stats.memory_budget:,} bytes"
+    if host.options.budget_source is not None:
+        budget += f" ({host.options.budget_source})"
+    if host.options.memory_watch_s is not None:
+        budget += f", the memory in use read every {host.options.memory_watch_s:g} s"
     grpc = "off" if addresses.grpc_port is None else f"{addresses.host}:{addresses.grpc_port}"
     logger.info(
         "corral %s serving %s on %s: %d models in the repository, HTTP on %s:%d, gRPC %s "

@@ -42,6 +42,7 @@ from corral.server.tokens import TokenPolicy, TokenScope, parse_tokens
 
 __all__ = [
     "HOST_OPTIONS_NOT_SERVED",
+    "SERVER_DEFAULTS",
     "SIZE_FIELDS",
     "TRITON_POLL_SECS",
     "ServerSettings",
@@ -60,6 +61,11 @@ SIZE_FIELDS = ("max_request_bytes", "max_body_bytes_in_flight", "max_url_bytes",
 #: The seconds between polls under ``--model-control-mode poll`` when none is given: Triton's.
 TRITON_POLL_SECS = 15.0
 
+#: Where the server's default differs from the library's: a server follows the machine's
+#: memory (a budget of half its cgroup's limit, the memory in use read every second), where a
+#: library Host, inside someone else's program, takes no budget and reads nothing unless asked.
+SERVER_DEFAULTS: dict[str, object] = {"memory_budget": "auto", "memory_watch_s": 1.0}
+
 if TYPE_CHECKING:
     # Made below from the declaration, which a type checker cannot read: the server reads
     # these options through host_options() and runtime_options(), which are typed.
@@ -70,7 +76,13 @@ else:
         __base__=BaseSettings,
         __module__=__name__,
         **{
-            option.name: (option.annotation, Field(option.default, description=option.described()))
+            option.name: (
+                option.annotation,
+                Field(
+                    SERVER_DEFAULTS.get(option.name, option.default),
+                    description=option.described(),
+                ),
+            )
             for option in edge_options()
             if option.not_offered is None
         },

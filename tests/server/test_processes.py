@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from corral import HostOptions
 from corral.cli import main
 from corral.server import processes
 from corral.server.app import EXIT_DRAIN_INCOMPLETE, Addresses
@@ -120,7 +121,10 @@ def test_each_process_gets_its_share_of_what_is_counted_per_server(tmp_path: Pat
     alone = process_settings(
         ServerSettings(repository=tmp_path, processes=3, compute_workers=2, metrics_port=0), 3
     )
-    assert alone.host_options().budget_bytes is None
+    # The automatic budget (half the memory limit) is the server's: each has its share.
+    budget = HostOptions(memory_budget="auto").budget_bytes
+    assert budget is not None
+    assert alone.host_options().budget_bytes == budget // 3
     assert alone.max_connections is None
     assert alone.runtime_options().compute_workers == 1
     assert alone.metrics_port == 0

@@ -22,7 +22,7 @@ import corral.server.processes
 from corral import HostOptions
 from corral.cli.commands import command_parser, main
 from corral.cli.serve import TRITON_SPELLINGS, TRITON_TLS_OPTIONS
-from corral.server.settings import HOST_OPTIONS_NOT_SERVED, ServerSettings
+from corral.server.settings import HOST_OPTIONS_NOT_SERVED, SERVER_DEFAULTS, ServerSettings
 
 # A value other than the default for every field, as the command line and the environment
 # spell it, and what the setting then holds.
@@ -33,6 +33,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "edge": ("python", "python"),
     "edge_threads": ("2", 2),
     "memory_budget": ("2GiB", "2GiB"),
+    "memory_watch_s": ("2.5", 2.5),
     "max_upload_bytes": ("2GiB", "2GiB"),
     "cache_dir": ("/var/cache/corral", "/var/cache/corral"),
     "cache_bytes": ("10GiB", "10GiB"),
@@ -269,11 +270,14 @@ def test_the_settings_carry_every_host_option_with_its_default():
     served_fields = set(host_fields) - set(HOST_OPTIONS_NOT_SERVED)
     assert served_fields <= set(ServerSettings.model_fields)
     defaults = ServerSettings(repository=Path(".")).host_options()
-    assert defaults == HostOptions()
+    # The library's defaults, but for the server's own: a budget that follows the machine.
+    assert defaults == HostOptions(**SERVER_DEFAULTS)
+    assert defaults.budget_source is not None
     for name in served_fields:
         field = host_fields[name]
         if field.default is not dataclasses.MISSING:
-            assert ServerSettings.model_fields[name].default == field.default, name
+            default = SERVER_DEFAULTS.get(name, field.default)
+            assert ServerSettings.model_fields[name].default == default, name
 
 
 def test_host_options_are_one_object_for_the_library_too(tmp_path: Path):

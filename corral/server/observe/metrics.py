@@ -23,7 +23,9 @@ dashboards and alerts written for Triton read corral unchanged:
 
 corral's own: ``corral_models_loaded``, ``corral_models_inline`` (versions in the inline
 lane now), ``corral_memory_used_bytes``,
-``corral_memory_budget_bytes``, ``corral_model_loads_total``, ``corral_model_evictions_total``,
+``corral_memory_budget_bytes``, ``corral_memory_working_set_bytes`` and
+``corral_memory_limit_bytes`` (with ``memory_watch_s``), ``corral_model_loads_total``,
+``corral_model_evictions_total``,
 ``corral_model_unloads_total``, ``corral_model_reloads_total``,
 ``corral_model_load_failures_total{reason}``, ``corral_model_load_seconds`` (a histogram),
 ``corral_request_duration_seconds`` (a histogram, every request) and
@@ -376,6 +378,19 @@ class _HostCollector(Collector):
         if stats.memory_budget is not None:
             budget.add_metric([], stats.memory_budget)
         yield budget
+        if stats.memory_in_use is not None and stats.memory_limit is not None:
+            yield GaugeMetricFamily(
+                "corral_memory_working_set_bytes",
+                "Memory in use as the kernel counts it (the cgroup's, else the machine's), "
+                "less the page cache it may drop; read with --memory-watch-s",
+                value=stats.memory_in_use,
+            )
+            yield GaugeMetricFamily(
+                "corral_memory_limit_bytes",
+                "The memory limit the working set is held under: the cgroup's, else the "
+                "machine's memory",
+                value=stats.memory_limit,
+            )
         # CounterMetricFamily appends the ``_total`` these names end with in the exposition.
         yield CounterMetricFamily(
             "corral_model_loads", "Model versions loaded successfully", value=stats.loads
