@@ -1,7 +1,7 @@
 """The ``pip install`` that brings an extra's packages, as a hint that works where corral is.
 
 corral is installed from a clone (a wheel built there, or ``pip install '.[server]'``), not
-from the package index: ``pip install 'corral[s3]'`` would find no such project. The
+from the package index: asking pip for corral with an extra finds no such project. The
 packages an extra needs are on the index, so the hint names them, with the bounds corral's
 own metadata gives them (``pip install 'obstore>=0.12'``): that works for any installed
 corral, in a venv or an image. Without metadata (corral imported from a source tree), the
