@@ -17,7 +17,7 @@ COVERAGE_FLOOR := 96.85
 DEMO_REPOSITORY := demo-models
 
 .PHONY: help venv tools edge edge-check lint typecheck test test-min test-pythons test-ft soak serve demo bench bench-quick bench-create \
-	bench-footprint bench-scenarios bench-http bench-edge bench-ray bench-real triton-peer proto clean
+	bench-footprint bench-scenarios bench-http bench-edge bench-ray bench-real triton-peer perf-analyzer proto clean
 
 help:
 	@echo "make serve            serve $(DEMO_REPOSITORY)/ (1,000 tiny models) on :8000 (HTTP) and :8001 (gRPC)"
@@ -36,6 +36,7 @@ help:
 	@echo "make bench-quick      the same on 50 models, corral and FastAPI only, in under a minute"
 	@echo "make bench-real       real models from PyPI wheels: corral vs FastAPI, MLServer, the ceiling"
 	@echo "make bench-ray        corral serve vs corral ray-serve (2 replicas) on 1,000 models -> docs/scale-out.md"
+	@echo "make perf-analyzer    Triton's perf_analyzer in a venv of its own (the tests make it too)"
 	@echo "make triton-peer      build NVIDIA Triton + its C++ onnxruntime backend, the peer of bench-http and"
 	@echo "                      bench-real (MIRROR=folder of the fetched git mirrors; see benchmarks/README.md)"
 
@@ -280,6 +281,12 @@ bench-real: $(STAMP) tools
 # MIRROR names their folder (scripts/build_triton_peer.sh says which). Not part of make test.
 triton-peer:
 	MIRROR=$(MIRROR) bash scripts/build_triton_peer.sh
+
+# Triton's perf_analyzer in a venv of its own under ~/.cache/corral-bench (CORRAL_BENCH_CACHE):
+# PyPI's perf-analyzer where glibc >= 2.38, else tritonclient 2.41's binary. The tests and
+# bench-http's --grpc-client perf_analyzer make it on first use too; never in .venv.
+perf-analyzer: $(STAMP) tools
+	$(BIN)/python benchmarks/perf_analyzer.py
 
 # corral alone and on Ray Serve side by side, with Ray Serve's own multiplexing for reference.
 bench-ray: $(STAMP) tools

@@ -34,4 +34,6 @@ def has_rich() -> bool:
 def require_rich(script: str) -> None:
     """Exit with the ``pip install`` that brings rich if it is missing."""
     if not has_rich():
-        raise SystemExit(f"{script} needs rich: pip install 'corral[dev]'")
+        raise SystemExit(
+            f"{script} needs rich: pip install -e '.[dev]' in corral's clone (make venv)"
+        )

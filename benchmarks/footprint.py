@@ -107,7 +107,9 @@ WORKER_TIMEOUT_S = 1800.0
 
 _VERSION = "1"
 _MODEL_FILE = "model.onnx"
-_NEEDS_PSUTIL = "the footprint benchmark needs psutil: pip install 'corral[dev]'"
+_NEEDS_PSUTIL = (
+    "the footprint benchmark needs psutil: pip install -e '.[dev]' in corral's clone (make venv)"
+)
 _OUTPUT = "Y"
 
 

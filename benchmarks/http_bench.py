@@ -25,7 +25,8 @@ machine falls on all of them alike:
   :func:`grpc_load`). Its client is Python, not C: on a small machine it takes CPU from the
   server, so its figure is a lower bound, not comparable one to one with wrk's.
   ``--grpc-client perf_analyzer`` loads it with Triton's C++ ``perf_analyzer`` instead
-  (tritonclient's wheel; :func:`perf_analyzer_load`), about half the client CPU per call;
+  (from a venv of its own: ``benchmarks/perf_analyzer.py``; :func:`perf_analyzer_load`),
+  about half the client CPU per call;
 - ``triton-json``, ``triton-binary``, ``triton-grpc``: NVIDIA Triton with its C++ onnxruntime
   backend (``benchmarks/peers/triton_ort.py``) loaded exactly as ``corral-json``,
   ``corral-binary`` and ``corral-grpc``, when it is built (``make triton-peer``; otherwise a
@@ -88,6 +89,7 @@ if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
 from benchmarks.peers import free_port_pair  # noqa: E402
+from benchmarks.perf_analyzer import PerfAnalyzerUnavailable, perf_analyzer  # noqa: E402
 from benchmarks.server_processes import start_process, stop_process  # noqa: E402
 from corral.testing import ModelKind, build_model  # noqa: E402
 
@@ -717,18 +719,6 @@ def grpc_outputs(response: bytes) -> dict[str, np.ndarray[Any, Any]]:
     }
 
 
-def perf_analyzer_environment() -> dict[str, str]:
-    """The environment, with the CUDA runtime wheel's library (perf_analyzer loads it)."""
-    env = dict(os.environ)
-    spec = importlib.util.find_spec("nvidia.cuda_runtime")  # nvidia-cuda-runtime-cu12
-    if spec is not None and spec.submodule_search_locations:
-        libraries = [str(Path(path) / "lib") for path in spec.submodule_search_locations]
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            [*libraries, *filter(None, [env.get("LD_LIBRARY_PATH")])]
-        )
-    return env
-
-
 def inference_count(http_port: int, model: str) -> int:
     """The model's ``inference_count`` over every version, from ``/v2/models/M/stats``."""
     url = f"http://127.0.0.1:{http_port}/v2/models/{model}/stats"
@@ -797,9 +787,11 @@ def perf_analyzer_load(
     dynamic); the requests counted are the server's own count over the run
     (``count(model)``: its statistics), so that CPU per request takes every call it answered.
     """
-    binary = Path(sys.executable).parent / "perf_analyzer"
-    if not binary.exists():
-        raise BenchmarkError(f"no perf_analyzer at {binary}: tritonclient's wheel brings it")
+    try:
+        analyzer = perf_analyzer()
+    except PerfAnalyzerUnavailable as exc:
+        raise BenchmarkError(f"perf_analyzer: {exc}") from exc
+    binary = analyzer.binary
     with tempfile.TemporaryDirectory(prefix="corral-perf-analyzer-") as scratch:
         csv_file = Path(scratch, "figures.csv")
         command = [str(binary), "-m", model, "-i", "grpc", "-u", f"127.0.0.1:{grpc_port}"]
@@ -813,7 +805,7 @@ def perf_analyzer_load(
             command,
             capture_output=True,
             text=True,
-            env=perf_analyzer_environment(),
+            env=analyzer.environment,
             timeout=duration_s * 3 + _RUN_GRACE_S,
             check=False,
         )
@@ -1405,7 +1397,8 @@ def _parser() -> argparse.ArgumentParser:
         choices=("python", "perf_analyzer"),
         default="python",
         help="what loads the gRPC targets: the Python grpc.aio client (default), or Triton's "
-        "C++ perf_analyzer (tritonclient's wheel), which leaves the server more of the cores",
+        "C++ perf_analyzer (in a venv of its own: benchmarks/perf_analyzer.py), which leaves "
+        "the server more of the cores",
     )
     add(
         "--targets",

@@ -116,7 +116,9 @@ _OUTPUT = "Y"
 _MODEL_FILE = "model.onnx"
 #: Requests per variant in the untimed pass before a model's first round.
 _WARM_UP_REQUESTS = 50
-_NEEDS_MATPLOTLIB = "plotting the scenarios needs matplotlib: pip install 'corral[dev]'"
+_NEEDS_MATPLOTLIB = (
+    "plotting the scenarios needs matplotlib: pip install -e '.[dev]' in corral's clone (make venv)"
+)
 
 Output = npt.NDArray[Any]
 Batch = npt.NDArray[np.float32]

@@ -36,6 +36,7 @@ from typing import Any, Literal, TypeVar, get_args
 
 import numpy as np
 
+from corral._base import install_hint
 from corral.testing import ModelKind, build_model
 
 __all__ = [
@@ -207,7 +208,7 @@ def run_demo(
             raise ValueError(f"{name} must be at least 1, got {value}")
     # Fail before building models rather than in the workers.
     if importlib.util.find_spec("psutil") is None:
-        raise ImportError("the demo needs psutil: pip install 'corral[demo]'")
+        raise ImportError(f"the demo needs psutil (the demo extra): {install_hint('demo')}")
 
     def on_built(done: int) -> None:
         if progress is not None:
@@ -334,7 +335,9 @@ def measure_engine(
     try:
         import psutil
     except ImportError as exc:
-        raise ImportError("the demo needs psutil: pip install 'corral[demo]'") from exc
+        raise ImportError(
+            f"the demo needs psutil (the demo extra): {install_hint('demo')}"
+        ) from exc
     # Imported before the first measurement so that both engines start from the same point:
     # corral imports this same module when its first session loads.
     importlib.import_module("onnxruntime")

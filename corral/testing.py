@@ -245,8 +245,11 @@ def _import_onnx() -> ModuleType:
     try:
         import onnx
     except ImportError as exc:
+        from corral._base import install_hint
+
         raise ImportError(
-            "corral.testing's model builders need the 'onnx' package: pip install 'corral[demo]'"
+            "corral.testing's model builders need the 'onnx' package (the demo extra): "
+            + install_hint("demo")
         ) from exc
     return onnx
 

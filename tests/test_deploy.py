@@ -132,8 +132,19 @@ def test_the_image_runs_as_a_user_and_installs_the_serving_extras_only() -> None
     assert users[-1] not in ("root", "0")
     assert int(users[-1]) >= 1000
     assert len(installs) == 1
-    assert re.findall(r"\[([a-z,]+)\]", installs[0]) == ["server,grpc"]
-    assert re.match(r"python:3\.11-slim\b", dict(instructions)["FROM"])
+    # Serving, and what a repository may need to be served: object storage, custom operators.
+    assert re.findall(r"\[([a-z0-9,]+)\]", installs[0]) == ["server,grpc,s3,extensions"]
+    assert re.match(r"python:3\.11\.\d+-slim-bookworm\b", dict(instructions)["FROM"])
+
+
+def test_every_base_image_is_pinned_to_an_exact_tag_or_a_digest() -> None:
+    # python:3.11-slim and rust:1-slim-bookworm moved under every rebuild.
+    bases = [rest.split()[0] for word, rest in dockerfile_instructions_all() if word == "FROM"]
+    assert len(bases) == 3
+    for base in bases:
+        assert re.fullmatch(r"[a-z0-9/]+:\d+\.\d+\.\d+-[a-z-]+(@sha256:[0-9a-f]{64})?", base), base
+    # The stages that build for and install into one Python agree on it.
+    assert bases[0] == bases[2]
 
 
 def test_the_dockerfile_healthcheck_asks_the_ready_route_on_the_http_port(repo: Path) -> None:
@@ -212,6 +223,11 @@ def test_the_manifests_run_the_image_the_docs_build() -> None:
     images = [container["image"] for pod in pods() for container in pod["containers"]]
     assert images == [built, built]
     assert f"--stop-timeout 30 {built} serve /models" in docs  # docker run: the same image
+    # The Dockerfile's own recipe builds and runs that tag too (it built "corral").
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    assert re.findall(r"docker build -f deploy/Dockerfile -t (\S+) \.", dockerfile) == [built]
+    (run,) = [line for line in dockerfile.splitlines() if "docker run" in line]
+    assert run.split()[-1] == built
 
 
 def test_a_read_only_root_leaves_the_upload_folder_writable() -> None:
@@ -235,6 +251,22 @@ def test_a_read_only_root_leaves_the_upload_folder_writable() -> None:
     assert checked == 1  # the Deployment's
 
 
+def test_probes_allow_a_slow_answer_and_a_miss_before_taking_a_replica_out() -> None:
+    # failureThreshold 1 with Kubernetes' 1 s default timeout: one answer slower than 1 s
+    # under load took the pod out, and every replica under the same load at once.
+    for pod in pods():
+        (container,) = pod["containers"]
+        settings = serve_settings(container["args"])
+        for kind in ("readinessProbe", "livenessProbe"):
+            probe = container[kind]
+            assert probe.get("timeoutSeconds", 1) >= 2, (container["name"], kind)
+            assert probe.get("failureThreshold", 3) >= 3, (container["name"], kind)
+        # A draining pod still leaves the endpoints within the notice.
+        ready = container["readinessProbe"]
+        seen = ready["periodSeconds"] * ready["failureThreshold"] + ready["timeoutSeconds"]
+        assert seen < settings.drain_notice_s, container["name"]
+
+
 def test_the_grace_period_covers_the_drain_notice_and_the_drain_timeout() -> None:
     pod = of_kind("Deployment")["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -246,7 +278,10 @@ def test_the_grace_period_covers_the_drain_notice_and_the_drain_timeout() -> Non
     )
     # The readiness probe sees the notice within it.
     probe = container["readinessProbe"]
-    assert probe["periodSeconds"] * probe["failureThreshold"] < settings.drain_notice_s
+    assert (
+        probe["periodSeconds"] * probe["failureThreshold"] + probe["timeoutSeconds"]
+        < settings.drain_notice_s
+    )
 
 
 def test_each_memory_limit_holds_the_sizing_rule_for_its_budget() -> None:
@@ -341,6 +376,22 @@ def test_systemd_analyze_finds_nothing_wrong_with_the_unit(tmp_path: Path) -> No
     assert not problems, checked.stderr
 
 
+#: The public addresses deploy/ may name: each one checked by hand to exist (none now: the
+#: systemd unit's Documentation= named a repository that does not exist).
+REAL_ADDRESSES: frozenset[str] = frozenset()
+
+
+def test_deploy_names_no_public_address_but_real_ones() -> None:
+    named = {
+        address
+        for path in sorted(DEPLOY.rglob("*"))
+        if path.is_file()
+        for address in re.findall(r"https?://[^\s\"'<>`)]+", path.read_text())
+        if not re.match(r"https?://(127\.0\.0\.1|localhost|0\.0\.0\.0)[:/]", address)
+    }
+    assert named <= REAL_ADDRESSES, sorted(named - REAL_ADDRESSES)
+
+
 def test_docs_state_the_sizing_rule_these_tests_check() -> None:
     text = (ROOT / "docs" / "deploy.md").read_text()
     rule = (
@@ -361,7 +412,7 @@ def test_the_image_and_the_systemd_recipe_install_as_the_readme_does() -> None:
     # and installs that wheel with the serving extras, never `pip install corral`.
     readme = (DEPLOY.parent / "README.md").read_text()
     build = "pip wheel --no-deps --wheel-dir dist ."
-    install = re.compile(r'pip install "\$\(ls ([\w/]+)/corral-\*\.whl\)\[server,grpc\]"')
+    install = re.compile(r'pip install "\$\(ls ([\w/]+)/corral-\*\.whl\)\[server,grpc[a-z0-9,]*\]"')
     assert build in readme
     assert install.search(readme)
     runs = [rest for word, rest in dockerfile_instructions_all() if word == "RUN"]

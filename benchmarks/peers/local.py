@@ -67,7 +67,9 @@ class CorralRayPeer(Peer):
         try:
             import ray.serve  # noqa: F401
         except ImportError as exc:
-            raise PeerUnavailable(f"corral-ray: {exc}; pip install 'corral[ray]'") from exc
+            raise PeerUnavailable(
+                f"corral-ray: {exc}; pip install -e '.[ray]' in corral's clone"
+            ) from exc
 
     def start(self, repository: Path, port: int, workdir: Path) -> Started:
         """``corral ray-serve REPOSITORY --port PORT --replicas 2``; stop it with SIGTERM."""

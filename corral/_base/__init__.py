@@ -39,6 +39,7 @@ from corral._base.errors import (
     fresh,
 )
 from corral._base.events import ChangeListener, ChangeListeners, Event, EventKind, EventLog
+from corral._base.extras import install_hint
 from corral._base.histogram import Histogram
 from corral._base.interpreter import describe_interpreter
 from corral._base.load_workers import DEFAULT_ACTIVITY, MEASURING_ACTIVITY, Claim, LoadWorkers
@@ -96,5 +97,6 @@ __all__ = [
     "drop_frames",
     "fresh",
     "given_by",
+    "install_hint",
     "option",
 ]

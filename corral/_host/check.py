@@ -121,23 +121,29 @@ def find_problems(
     pool_size: int,
     read_model_files: bool = False,
     files: Mapping[_FileKey, _FileFacts] | None = None,
+    listing_only: bool = False,
 ) -> tuple[list[Problem], dict[_FileKey, _FileFacts]]:
     """Every problem of ``repository`` now, in model order, and what it read of the files.
 
     Model files are read (their protobuf headers only) when ``memory_budget`` is set, to
     estimate their sizes, or when ``read_model_files`` is true: then a file that is not ONNX
     and a config.pbtxt whose declarations contradict the file are problems too. ``files``
-    are those a previous check read, reused for files not changed since. Raises
-    :class:`RepositoryError` when the root cannot be listed.
+    are those a previous check read, reused for files not changed since. ``listing_only``:
+    the listing's problems alone (no model's entry read: in object storage, nothing fetched).
+    Raises :class:`RepositoryError` when the root cannot be listed.
     """
     listing = repository.listing()
     root = repository.root
+    # What the problems of the listing name: the store's URL, not the cache folder, for a
+    # repository in object storage (a typo'd prefix is found by its URL).
+    where = root if repository.store is None else repository.url
+    join = os.path.join if repository.store is None else _url_join
     problems = [
         Problem(
             ProblemKind.INVALID_NAME,
             None,
-            os.path.join(root, raw),
-            f"{os.path.join(root, raw)} is not served: {raw!r} cannot name a model",
+            join(where, raw),
+            f"{join(where, raw)} is not served: {raw!r} cannot name a model",
             "rename it to 1 to 128 ASCII letters, digits, '_', '.' or '-' starting with a "
             "letter or digit, or move it out of the repository",
         )
@@ -148,12 +154,15 @@ def find_problems(
             Problem(
                 ProblemKind.EMPTY_REPOSITORY,
                 None,
-                str(root),
-                f"model repository {root} holds no model",
-                f"add a model: {os.path.join(root, '<name>', '1', 'model.onnx')} "
-                f"or {os.path.join(root, '<name>.onnx')}",
+                str(where),
+                f"model repository {where} holds no model",
+                f"add a model: {join(where, '<name>', '1', 'model.onnx')} "
+                f"or {join(where, '<name>.onnx')}"
+                + ("" if repository.store is None else ", or check the URL's bucket and prefix"),
             )
         )
+    if listing_only:
+        return problems, {}
     previous = files or {}
     made: dict[_FileKey, _FileFacts] = {}
     read_files = read_model_files or memory_budget is not None
@@ -191,13 +200,14 @@ class ProblemWatch:
         self._repository = repository
         self._memory_budget = memory_budget
         self._pool_size = pool_size
-        # Guards _current, _files, _watching and _read_files: bookkeeping only, never held
-        # over a scan.
+        # Guards _current, _files, _watching, _read_files and _listing_only: bookkeeping
+        # only, never held over a scan.
         self._problems_lock = threading.Lock()
         self._current: tuple[Problem, ...] = ()
         self._files: dict[_FileKey, _FileFacts] = {}
         self._watching = False
         self._read_files = False
+        self._listing_only = False
 
     @property
     def problems(self) -> tuple[Problem, ...]:
@@ -205,11 +215,14 @@ class ProblemWatch:
         with self._problems_lock:
             return self._current
 
-    def check(self, *, read_model_files: bool | None = None) -> tuple[Problem, ...]:
+    def check(
+        self, *, read_model_files: bool | None = None, listing_only: bool | None = None
+    ) -> tuple[Problem, ...]:
         """Scan the repository now; log new problems at WARNING and those gone at INFO.
 
         Model files are read (:func:`find_problems`) with a memory budget, or with
-        ``read_model_files``; None: as the last check did (False before any). Raises
+        ``read_model_files``; None: as the last check did (False before any). So is
+        ``listing_only`` (the listing's problems alone, no model's entry read). Raises
         :class:`RepositoryError` when the root cannot be listed (the problems of the last
         check stay).
         """
@@ -217,7 +230,10 @@ class ProblemWatch:
             self._watching = True
             if read_model_files is not None:
                 self._read_files = read_model_files
+            if listing_only is not None:
+                self._listing_only = listing_only
             read_files = self._read_files
+            only_listing = self._listing_only
             files = self._files
         found, made = find_problems(
             self._repository,
@@ -225,6 +241,7 @@ class ProblemWatch:
             pool_size=self._pool_size,
             read_model_files=read_files,
             files=files,
+            listing_only=only_listing,
         )
         current = tuple(dict.fromkeys(found))  # one of each, in order
         with self._problems_lock:
@@ -249,6 +266,11 @@ class ProblemWatch:
             watching = self._watching
         if watching:
             self.check()
+
+
+def _url_join(url: str | os.PathLike[str], *parts: str) -> str:
+    """``parts`` under the repository URL ``url``, with ``/``."""
+    return "/".join([os.fspath(url).rstrip("/"), *parts])
 
 
 def _described(problem: Problem) -> str:

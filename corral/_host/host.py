@@ -553,7 +553,9 @@ class Host:
         """
         self._reloader.refresh()
 
-    def check(self, *, read_model_files: bool | None = None) -> tuple[Problem, ...]:
+    def check(
+        self, *, read_model_files: bool | None = None, listing_only: bool | None = None
+    ) -> tuple[Problem, ...]:
         """Scan the repository for problems now, without loading a model (``corral._host.check``).
 
         Each new problem is logged once at WARNING with its file and fix; from this call on,
@@ -565,14 +567,18 @@ class Host:
         config.pbtxt that contradicts the model's tensors) with a memory budget, or with
         ``read_model_files=True``, which the polls then keep; None keeps what the last check
         did (not to read, before any): a repository in object storage is not downloaded
-        whole to be checked unless asked.
+        whole to be checked unless asked. ``listing_only=True`` finds only what the listing
+        shows (an empty repository, names that cannot name a model) and reads no model's
+        entry, which in object storage fetches nothing; the polls keep it too.
 
         Example::
 
             for problem in host.check():
                 print(problem.kind.value, problem.path, problem.message, problem.fix)
         """
-        return self._problem_watch.check(read_model_files=read_model_files)
+        return self._problem_watch.check(
+            read_model_files=read_model_files, listing_only=listing_only
+        )
 
     @property
     def problems(self) -> tuple[Problem, ...]:

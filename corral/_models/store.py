@@ -48,7 +48,7 @@ import threading
 import time
 import urllib.parse
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -63,12 +63,14 @@ from corral._base import (
     RepositoryError,
     StoreUnavailable,
     fresh,
+    install_hint,
 )
+from corral._models.aws_profile import ProfileSettings, profile_settings
 from corral._models.model_entry import VERSION_FOLDER
 
 if TYPE_CHECKING:
     from obstore import GetOptions
-    from obstore.store import ClientConfig, RetryConfig
+    from obstore.store import ClientConfig, RetryConfig, S3Config
 
 __all__ = [
     "DEFAULT_FETCH_TIMEOUT_S",
@@ -99,6 +101,8 @@ _PAGE = 1000
 _CHUNK = 1 << 20
 _CONNECT = datetime.timedelta(seconds=5)
 _TRITON_ENDPOINT = re.compile(r"[A-Za-z0-9.\-]+:[0-9]{1,5}")
+# Triton's s3://http://host:port/... and s3://https://...: the endpoint's URL inside the store's.
+_NESTED_ENDPOINT = re.compile(r"s3://(https?://.*)", re.IGNORECASE | re.DOTALL)
 
 
 def is_store_url(root: object) -> bool:
@@ -165,10 +169,10 @@ class Store:
                 option="cache_bytes",
             )
         self.url = url
-        self._store, self._prefix = _open(url, timeout_s)
+        self._store, self._prefix, self._secrets = _open(url, timeout_s)
         # The first listing, at start, gets a deadline of its own: a store that hangs then
         # must stop the start within a minute, whatever the fetches may take.
-        self._first, _ = _open(url, min(timeout_s, START_TIMEOUT_S))
+        self._first, _, _ = _open(url, min(timeout_s, START_TIMEOUT_S))
         if cache_dir is None:
             # A folder of its own, removed with the Store (or at exit): nothing to reuse later.
             cache_dir = tempfile.mkdtemp(prefix="corral-store-")
@@ -228,7 +232,7 @@ class Store:
             return self._names_past_stray_keys(store, exc)
         except Exception as exc:  # obstore's errors have no common base but Exception
             raise RepositoryError(
-                f"cannot list model repository {self.url!r}: {self._reason(exc)}"
+                f"cannot list model repository {self.url!r}: {self._why(exc)}"
             ) from exc
         names = [_last(prefix) for prefix in found["common_prefixes"]]
         files = [_last(str(item["path"])) for item in found["objects"]]
@@ -277,7 +281,7 @@ class Store:
                         files.append(first)
         except Exception as exc:
             raise RepositoryError(
-                f"cannot list model repository {self.url!r}: {self._reason(exc)}; this "
+                f"cannot list model repository {self.url!r}: {self._why(exc)}; this "
                 f"listing was made past the key {stray!r}, which is no path either: remove "
                 "both (a page of a listing that holds such a key cannot be read)"
             ) from exc
@@ -341,7 +345,7 @@ class Store:
             return True  # a key under <name>/ that is no path: something of the model's is there
         except Exception as exc:
             raise StoreUnavailable(
-                f"model {name!r}: cannot list it in {self.url}: {self._reason(exc)}",
+                f"model {name!r}: cannot list it in {self.url}: {self._why(exc)}",
                 store=self.url,
             ) from exc
 
@@ -375,7 +379,7 @@ class Store:
                 return None
         except Exception as exc:
             raise StoreUnavailable(
-                f"model {name!r}: cannot list it in {self.url}: {self._reason(exc)}",
+                f"model {name!r}: cannot list it in {self.url}: {self._why(exc)}",
                 store=self.url,
             ) from exc
 
@@ -528,7 +532,7 @@ class Store:
             with self._books_lock:
                 self._failures += 1
             raise StoreUnavailable(
-                f"model {name!r}: cannot fetch it from {self.url}: {self._reason(exc)}",
+                f"model {name!r}: cannot fetch it from {self.url}: {self._why(exc)}",
                 store=self.url,
             ) from exc
         with self._books_lock:
@@ -768,8 +772,16 @@ class Store:
             cached[name] = _Cached(size, os.stat(os.path.join(folder, file)).st_mtime)
         return cached
 
+    def _why(self, exc: BaseException) -> str:
+        return self._reason(exc, self._secrets)
+
     @staticmethod
-    def _reason(exc: BaseException) -> str:
+    def _reason(exc: BaseException, secrets: Iterable[str] = ()) -> str:
+        """What an obstore error says, in one line, without a secret.
+
+        Neither an ``AWS_*``, ``AZURE_*`` or ``GOOGLE_*`` secret of the environment nor one of
+        ``secrets`` (those a shared AWS file gave) is shown.
+        """
         # obstore's text ends with a debug dump of the request: its first line says why.
         whole = str(exc)
         text = whole.split("\n", 1)[0].split("<?xml", 1)[0].strip() or type(exc).__name__
@@ -778,9 +790,10 @@ class Store:
         said = re.search(r"<Message>([^<]{1,300})</Message>", whole)
         if code is not None:
             text += f" {code[1]}" + ("" if said is None else f": {said[1]}")
-        for variable, secret in os.environ.items():
+        hidden = [value for name, value in os.environ.items() if _SECRET.fullmatch(name)]
+        for secret in [*hidden, *secrets]:
             # A real one is 40 characters or more; "s" is no secret (and is in every word).
-            if len(secret) >= 8 and _SECRET.fullmatch(variable):
+            if len(secret) >= 8:
                 text = text.replace(secret, "<secret>")
         return text
 
@@ -900,9 +913,83 @@ def _last(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1]
 
 
-def _open(url: str, timeout_s: float) -> tuple[Any, str]:
-    """The obstore store of ``url``'s bucket, and the prefix of the repository inside it."""
-    parsed = urllib.parse.urlsplit(url)
+def _open(url: str, timeout_s: float) -> tuple[Any, str, tuple[str, ...]]:
+    """The obstore store of ``url``'s bucket, the repository's prefix inside it, and secrets.
+
+    The secrets are those a shared AWS file gave (:mod:`corral._models.aws_profile`): never
+    to be shown.
+    """
+    scheme, endpoint, bucket, path = _location(url)
+    try:
+        from obstore.store import S3Store, from_url
+    except ImportError as exc:
+        raise RepositoryError(
+            f"model repository {url!r} is in object storage, which needs obstore (the s3 "
+            f"extra): {install_hint('s3')}"
+        ) from exc
+    # A request (its whole answer read) may take a third of the fetch's deadline, so that two
+    # retries of one that hangs still end within it.
+    attempt = datetime.timedelta(seconds=timeout_s / (_RETRIES + 1))
+    client: ClientConfig = {"timeout": attempt, "connect_timeout": min(attempt, _CONNECT)}
+    retry: RetryConfig = {
+        "max_retries": _RETRIES,
+        "retry_timeout": datetime.timedelta(seconds=timeout_s),
+    }
+    prefix = path + "/" if path else ""
+    if endpoint and endpoint.lower().startswith("http://"):
+        client["allow_http"] = True
+    secrets: tuple[str, ...] = ()
+    try:
+        if scheme == "s3":
+            shared = profile_settings()
+            secrets = tuple(filter(None, (shared.secret_access_key, shared.session_token)))
+            store: Any = S3Store(
+                bucket,
+                endpoint=endpoint,
+                config=_s3_config(shared),
+                client_options=client,
+                retry_config=retry,
+            )
+        else:
+            store = from_url(
+                f"{scheme}://{bucket}",
+                client_options=client,
+                retry_config=retry,
+            )
+    except Exception as exc:
+        raise RepositoryError(f"model repository {url!r}: {Store._reason(exc, secrets)}") from exc
+    return store, prefix, secrets
+
+
+def _s3_config(shared: ProfileSettings) -> S3Config:
+    """What the shared AWS files add to obstore's own chain, as its S3Store takes it."""
+    config: S3Config = {}
+    if shared.access_key_id and shared.secret_access_key:
+        config["access_key_id"] = shared.access_key_id
+        config["secret_access_key"] = shared.secret_access_key
+    if shared.session_token:
+        config["session_token"] = shared.session_token
+    if shared.region:
+        config["region"] = shared.region
+    return config
+
+
+def _location(url: str) -> tuple[str, str | None, str, str]:
+    """``url`` as (scheme, endpoint or None, bucket, path inside the bucket).
+
+    The S3 forms Triton takes: ``s3://bucket/path``; ``s3://host:port/bucket/path`` (an
+    endpoint over HTTP); ``s3://http://host:port/bucket/path`` and
+    ``s3://https://host[:port]/bucket/path`` (an endpoint with its scheme). Otherwise the
+    endpoint is ``AWS_ENDPOINT_URL`` (or ``AWS_ENDPOINT``), if set. Raises
+    :class:`RepositoryError` for credentials, a query or a fragment in the URL, or no bucket.
+    """
+    nested = _NESTED_ENDPOINT.fullmatch(url)
+    if nested is not None:
+        # s3://https://host:port/...: the endpoint's own URL follows the store's scheme.
+        scheme, parsed = "s3", urllib.parse.urlsplit(nested[1])
+    else:
+        parsed = urllib.parse.urlsplit(url)
+        scheme = parsed.scheme.lower()
     if parsed.username or parsed.password:
         raise RepositoryError(
             f"model repository {parsed.scheme}://{parsed.hostname}/...: credentials do not "
@@ -914,25 +1001,14 @@ def _open(url: str, timeout_s: float) -> tuple[Any, str]:
             f"model repository {parsed.scheme}://{parsed.netloc}{parsed.path}: a query or "
             "fragment is not a path (it is not shown: it may hold a token)"
         )
-    try:
-        from obstore.store import S3Store, from_url
-    except ImportError as exc:
-        raise RepositoryError(
-            f"model repository {url!r} is in object storage, which needs obstore: "
-            "pip install 'corral[s3]'"
-        ) from exc
-    # A request (its whole answer read) may take a third of the fetch's deadline, so that two
-    # retries of one that hangs still end within it.
-    attempt = datetime.timedelta(seconds=timeout_s / (_RETRIES + 1))
-    client: ClientConfig = {"timeout": attempt, "connect_timeout": min(attempt, _CONNECT)}
-    retry: RetryConfig = {
-        "max_retries": _RETRIES,
-        "retry_timeout": datetime.timedelta(seconds=timeout_s),
-    }
     path = parsed.path.strip("/")
-    scheme = parsed.scheme.lower()
     endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT")
-    if scheme == "s3" and _TRITON_ENDPOINT.fullmatch(parsed.netloc):
+    if nested is not None:
+        if not parsed.hostname:
+            raise RepositoryError(f"model repository {url!r} names no endpoint host")
+        endpoint = f"{parsed.scheme.lower()}://{parsed.netloc}"
+        bucket, _, path = path.partition("/")
+    elif scheme == "s3" and _TRITON_ENDPOINT.fullmatch(parsed.netloc):
         # Triton's spelling: s3://host:port/bucket/path names the endpoint itself.
         endpoint = f"http://{parsed.netloc}"
         bucket, _, path = path.partition("/")
@@ -940,23 +1016,4 @@ def _open(url: str, timeout_s: float) -> tuple[Any, str]:
         bucket = parsed.netloc
     if not bucket:
         raise RepositoryError(f"model repository {url!r} names no bucket")
-    prefix = path + "/" if path else ""
-    if endpoint and endpoint.startswith("http://"):
-        client["allow_http"] = True
-    try:
-        if scheme == "s3":
-            store: Any = S3Store(
-                bucket,
-                endpoint=endpoint,
-                client_options=client,
-                retry_config=retry,
-            )
-        else:
-            store = from_url(
-                f"{scheme}://{bucket}",
-                client_options=client,
-                retry_config=retry,
-            )
-    except Exception as exc:
-        raise RepositoryError(f"model repository {url!r}: {Store._reason(exc)}") from exc
-    return store, prefix
+    return scheme, endpoint, bucket, path

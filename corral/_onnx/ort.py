@@ -63,6 +63,7 @@ from corral._base import (
     ModelLoadError,
     RunCancelled,
     RuntimeConfigError,
+    install_hint,
 )
 
 if TYPE_CHECKING:
@@ -342,7 +343,7 @@ def extensions_library_path(source: str) -> str:
     where = "is not installed" if not folders else f"has no {_EXTENSIONS_MODULE} in {folders}"
     raise ModelLoadError(
         f"{source}: custom op library {EXTENSIONS_LIBRARY!r} needs the onnxruntime-extensions "
-        f"package, which {where}: pip install 'corral[extensions]'"
+        f"package (the extensions extra), which {where}: {install_hint('extensions')}"
     )
 
 

@@ -13,6 +13,8 @@ import importlib.util
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
+from corral._base import install_hint
+
 if TYPE_CHECKING:
     from rich.progress import Progress
 
@@ -34,8 +36,7 @@ def require_rich(command: str) -> None:
     """Exit with the ``pip install`` that brings rich, when it is missing (status 2)."""
     if importlib.util.find_spec("rich") is None:
         exit_missing_extra(
-            f"{command} needs rich (which the server and cli extras bring): "
-            "pip install 'corral[cli]'"
+            f"{command} needs rich (which the server and cli extras bring): " + install_hint("cli")
         )
 
 

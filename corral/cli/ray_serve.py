@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from importlib.util import find_spec
 
-from corral._base import ENV_PREFIX
+from corral._base import ENV_PREFIX, install_hint
 from corral.cli.progress import exit_missing_extra
 
 __all__ = ["RAY_SERVE_OPTIONS", "ray_serve_variables", "run_ray_serve"]
@@ -47,7 +47,7 @@ def run_ray_serve(args: argparse.Namespace) -> int:
     """
     if not all(find_spec(module) for module in ("ray", "uvicorn", "orjson")):
         exit_missing_extra(
-            "corral ray-serve needs the ray and server extras: pip install 'corral[ray,server]'"
+            "corral ray-serve needs the ray and server extras: " + install_hint("ray", "server")
         )
     import logging
 

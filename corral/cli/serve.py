@@ -14,7 +14,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from corral._base import CorralError
+from corral._base import CorralError, install_hint
 from corral._models import is_store_url
 from corral.cli.progress import exit_missing_extra
 
@@ -152,9 +152,7 @@ def run_serve(args: argparse.Namespace) -> int:
     missing = sorted({extra for module, extra in needed.items() if find_spec(module) is None})
     if missing:
         extras = " and ".join(missing) + (" extras" if len(missing) > 1 else " extra")
-        exit_missing_extra(
-            f"corral serve needs the {extras}: pip install 'corral[{','.join(missing)}]'"
-        )
+        exit_missing_extra(f"corral serve needs the {extras}: {install_hint(*missing)}")
     from corral.protocol.proto import runtime_problems
 
     # Before the generated modules are imported: they would refuse with a traceback.

@@ -27,8 +27,11 @@ import numpy.typing as npt
 try:
     from corral.protocol.proto import grpc_service_pb2 as pb
 except ImportError as exc:  # pragma: no cover - the extra is installed wherever tests run
+    from corral._base import install_hint
+
     raise ImportError(
-        f"corral's gRPC messages need protobuf ({exc}); install it with: pip install 'corral[grpc]'"
+        f"corral's gRPC messages need protobuf ({exc}), the grpc extra; install it with: "
+        f"{install_hint('grpc')}"
     ) from exc
 
 from corral._base import InvalidInput

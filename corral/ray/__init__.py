@@ -1,6 +1,6 @@
 """corral on Ray Serve: replicas that each own a Host, routed to by model.
 
-Needs the ``ray`` extra (``pip install 'corral[ray]'``). Past one machine, corral runs as a
+Needs the ``ray`` extra (Ray Serve). Past one machine, corral runs as a
 Ray Serve application: a v2 HTTP ingress and a deployment of model replicas, each holding a
 :class:`corral.Host` under its own byte budget. Ray's model multiplexing sends each model's
 requests to a replica that already has it; corral's leases decide when a model closes.
@@ -17,7 +17,9 @@ See ``docs/scale-out.md``.
 try:
     import ray.serve  # noqa: F401
 except ImportError as exc:  # pragma: no cover - the dev extra installs ray
-    raise ImportError("corral.ray needs Ray Serve: pip install 'corral[ray]'") from exc
+    from corral._base import install_hint
+
+    raise ImportError(f"corral.ray needs Ray Serve (the ray extra): {install_hint('ray')}") from exc
 
 from corral.ray._app import INGRESS_NAME, MODELS_NAME, app, build_app
 from corral.ray._config import UNLIMITED, RayServeConfig, models_per_replica

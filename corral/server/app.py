@@ -841,7 +841,9 @@ async def _check_repository(host: Host, settings: ServerSettings) -> bool:
     """
     if host.repository.store is not None and not settings.strict:
         # A repository in object storage is not downloaded whole to be checked: its models
-        # are fetched on first use, and a model's problems are its load's error then.
+        # are fetched on first use, and a model's problems are its load's error then. Its
+        # listing is checked, so that a typo'd prefix (no model) warns as an empty folder does.
+        await asyncio.to_thread(host.check, listing_only=True)
         return True
     # --strict refuses on every problem `corral check` finds: the model files are read too.
     problems = await asyncio.to_thread(host.check, read_model_files=settings.strict)

@@ -381,7 +381,7 @@ class ServerSettings(_HostAndRuntimeOptions):
     trace_exporter: Literal["none", "otlp", "console"] = Field(
         "none",
         description="trace inference requests, model runs and loads with OpenTelemetry "
-        "(pip install 'corral[otel]'), honouring the caller's W3C traceparent: otlp sends "
+        "(the otel extra), honouring the caller's W3C traceparent: otlp sends "
         "spans by OTLP over HTTP (OTEL_EXPORTER_OTLP_ENDPOINT, default "
         "http://localhost:4318), console writes them to stdout; none: off",
     )

@@ -7,16 +7,16 @@ version", which counters that restart with a fresh copy of the model caused). Ea
 short (150 ms windows, any stability accepted), over HTTP and gRPC, synchronous and
 ``--async``, then again after the repository API unloads and loads the model.
 
-perf_analyzer ships in tritonclient's wheel; it needs Debian's libb64 (``make tools`` installs
-it) and the CUDA runtime library from the ``nvidia-cuda-runtime-cu12`` wheel (in the ``dev``
-extra), which it loads even on a machine without a GPU.
+perf_analyzer comes from a venv of its own (``benchmarks/perf_analyzer.py``: PyPI's
+``perf-analyzer`` where glibc is 2.38 or later, else tritonclient 2.41's binary with the CUDA
+runtime it loads, made once under ``~/.cache/corral-bench``), never from the server's venv,
+whose tritonclient is today's (a placeholder in place of the binary). tritonclient's binary
+needs Debian's libb64 (``make tools`` installs it).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys
@@ -32,7 +32,6 @@ from tests.processes import ServerProcess, start_server, stop_server
 
 pytestmark = pytest.mark.timeout(120)
 
-PERF_ANALYZER = Path(sys.executable).parent / "perf_analyzer"
 # (protocol, perf_analyzer's flags): each a few seconds on a busy 2-core machine.
 MODES = {
     "http-sync": ("http", ("--concurrency-range", "1")),
@@ -42,39 +41,27 @@ MODES = {
 }
 
 
-def perf_analyzer_environment() -> dict[str, str]:
-    """This process's environment, with the CUDA runtime wheel's library on the loader's path."""
-    env = dict(os.environ)
-    spec = importlib.util.find_spec("nvidia.cuda_runtime")  # the nvidia-cuda-runtime-cu12 wheel
-    if spec is not None and spec.submodule_search_locations:
-        libraries = [str(Path(path) / "lib") for path in spec.submodule_search_locations]
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            [*libraries, *filter(None, [env.get("LD_LIBRARY_PATH")])]
-        )
-    return env
-
-
 @pytest.fixture(scope="module")
-def environment() -> dict[str, str]:
-    """perf_analyzer's environment; skips the module if perf_analyzer cannot start here."""
-    if not PERF_ANALYZER.exists():
-        pytest.skip(f"no perf_analyzer at {PERF_ANALYZER}: tritonclient's wheel has none here")
-    env = perf_analyzer_environment()
-    started = subprocess.run(
-        [str(PERF_ANALYZER), "--version"], capture_output=True, text=True, env=env, timeout=30
-    )
-    if started.returncode != 0:
-        pytest.skip(
-            "perf_analyzer cannot start (make tools installs libb64-0d; the dev extra, "
-            f"nvidia-cuda-runtime-cu12): {started.stderr.strip()[:300]}"
-        )
-    return env
+def analyzer():
+    """perf_analyzer from its own venv; skips the module, saying why, if it cannot start here."""
+    tools = load_benchmark("perf_analyzer.py")
+    try:
+        return tools.perf_analyzer()
+    except tools.PerfAnalyzerUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def test_perf_analyzer_comes_from_a_venv_of_its_own_not_the_servers(analyzer):
+    # The server's venv floats tritonclient to today's release, whose perf_analyzer is a
+    # placeholder: the binary the suite runs lives elsewhere.
+    assert analyzer.binary.parent != Path(sys.executable).parent
+    assert "perf-analyzer" in str(analyzer.binary) or analyzer.source == "$CORRAL_PERF_ANALYZER"
 
 
 def measure(
     served: ServerProcess,
     mode: str,
-    env: dict[str, str],
+    analyzer: Any,
     model: str = "mlp",
     more: tuple[str, ...] = (),
 ) -> str:
@@ -86,7 +73,7 @@ def measure(
     protocol, flags = MODES[mode]
     url = served.http if protocol == "http" else served.grpc
     command = [
-        str(PERF_ANALYZER),
+        str(analyzer.binary),
         "-m",
         model,
         "-u",
@@ -101,7 +88,9 @@ def measure(
         *flags,
         *more,
     ]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+    result = subprocess.run(
+        command, capture_output=True, text=True, env=analyzer.environment, timeout=60
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"{mode}: perf_analyzer exited {result.returncode}\n{output}"
     throughput = re.search(r"Throughput: ([\d.]+) infer/sec", output)
@@ -130,19 +119,19 @@ def repository(served: ServerProcess, action: str) -> None:
 
 
 def test_perf_analyzer_completes_over_http_and_grpc_before_and_after_a_reload(
-    tmp_path: Path, environment: dict[str, str]
+    tmp_path: Path, analyzer
 ):
     add_model(tmp_path / "repo", "mlp", build_mlp(seed=1))
     served = start_server(tmp_path / "repo", tmp_path / "server.log")
     try:
         for mode in MODES:
-            measure(served, mode, environment)
+            measure(served, mode, analyzer)
         before = statistics(served)
         repository(served, "unload")
         repository(served, "load")
         assert statistics(served) == before  # a fresh copy counts on from where the last left
         for mode in MODES:
-            measure(served, mode, environment)
+            measure(served, mode, analyzer)
         after = statistics(served)
     finally:
         stop_server(served)
@@ -168,7 +157,7 @@ def model_batched_up_to_rounding(name: str) -> tuple[bytes, list[int]]:
 
 @pytest.mark.parametrize("name", ["layer_norm", "magika"])
 def test_perf_analyzer_runs_without_shapes_on_models_batched_up_to_rounding(
-    tmp_path: Path, environment: dict[str, str], name: str
+    tmp_path: Path, analyzer, name: str
 ):
     # Rows independent, yet a row alone and batched differ by float rounding: the probe
     # refused to batch such models when it compared bit for bit, their configuration kept
@@ -181,15 +170,13 @@ def test_perf_analyzer_runs_without_shapes_on_models_batched_up_to_rounding(
         assert config["max_batch_size"] == 64, config
         assert [tensor["dims"] for tensor in config["input"]] == [dims], config
         for mode in ("http-sync", "grpc-async"):
-            measure(served, mode, environment, name)
+            measure(served, mode, analyzer, name)
     finally:
         stop_server(served)
 
 
 @pytest.mark.parametrize("mode", ["http-sync", "grpc-sync"])
-def test_perf_analyzer_with_system_shared_memory_completes(
-    tmp_path: Path, environment: dict[str, str], mode: str
-):
+def test_perf_analyzer_with_system_shared_memory_completes(tmp_path: Path, analyzer, mode: str):
     # perf_analyzer puts every input and output in regions it registers, and Triton's C++
     # client reads any parameters on an HTTP output as the binary extension's: corral
     # answered an output in shared memory with its region in "parameters", and the client
@@ -202,7 +189,7 @@ def test_perf_analyzer_with_system_shared_memory_completes(
         output = measure(
             served,
             mode,
-            environment,
+            analyzer,
             more=("--shared-memory", "system", "--output-shared-memory-size", "4096"),
         )
         runs = statistics(served)["execution_count"]

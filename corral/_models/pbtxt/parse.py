@@ -45,7 +45,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from corral._base import LoadRequestInvalid, ModelConfigError
+from corral._base import LoadRequestInvalid, ModelConfigError, install_hint
 from corral._models.config import ModelConfig, ProviderEntry, TensorConfig, VersionPolicy
 from corral._models.pbtxt.fields import refuse_unhonoured
 from corral._models.pbtxt.warmup import ReadWarmup, warmup_samples
@@ -221,7 +221,7 @@ def _model_config_module(source: str, what: str) -> Any:
     except Exception as exc:  # ImportError, or protobuf's VersionError for too old a runtime
         raise ModelConfigError(
             f"{source}: reading {what} needs protobuf >= 6.30 "
-            f"(pip install 'corral[grpc]'): {type(exc).__name__}: {exc}"
+            f"(the grpc extra: {install_hint('grpc')}): {type(exc).__name__}: {exc}"
         ) from exc
     return model_config_pb2
 

@@ -29,9 +29,11 @@ try:
 
     from corral.protocol.proto import grpc_service_pb2 as pb
 except ImportError as exc:  # pragma: no cover - the extra is installed wherever tests run
+    from corral._base import install_hint
+
     raise ImportError(
-        f"corral's gRPC server needs grpcio and protobuf ({exc}); "
-        "install them with: pip install 'corral[grpc]'"
+        f"corral's gRPC server needs grpcio and protobuf ({exc}), the grpc extra; "
+        f"install them with: {install_hint('grpc')}"
     ) from exc
 
 from corral._base import (

@@ -74,8 +74,10 @@ try:
     from prometheus_client.exposition import CONTENT_TYPE_LATEST
     from prometheus_client.registry import Collector
 except ImportError as exc:  # the server extra is optional
+    from corral._base import install_hint
+
     raise ImportError(
-        "corral's metrics need prometheus-client: pip install 'corral[server]'"
+        f"corral's metrics need prometheus-client (the server extra): {install_hint('server')}"
     ) from exc
 
 from corral._base import ProblemKind

@@ -2,7 +2,7 @@
 
 Off by default, and then nothing here imports OpenTelemetry and a request costs one
 ``is None`` check at each edge. With ``--trace-exporter otlp`` (or ``console``),
-:func:`start_tracing` imports it (the ``otel`` extra: ``pip install 'corral[otel]'``) and each
+:func:`start_tracing` imports it (the ``otel`` extra) and each
 inference request, over HTTP or gRPC, gets a server span, the child of the caller's
 ``traceparent`` (and ``tracestate``) when it sends one, with these children:
 
@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 from corral import __version__
-from corral._base import LoadRecord, RunRecord
+from corral._base import LoadRecord, RunRecord, install_hint
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXPORTERS",
-    "INSTALL_OTEL",
     "RequestTrace",
     "Tracing",
     "TracingUnavailable",
@@ -54,8 +53,6 @@ logger = logging.getLogger(__name__)
 #: What ``--trace-exporter`` takes: none (off), otlp (OTLP over HTTP), console (stdout).
 Exporter = Literal["none", "otlp", "console"]
 EXPORTERS: tuple[Exporter, ...] = ("none", "otlp", "console")
-#: What installs OpenTelemetry for corral.
-INSTALL_OTEL = "pip install 'corral[otel]'"
 #: The service name spans carry unless OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES give one.
 SERVICE_NAME = "corral"
 
@@ -87,7 +84,7 @@ def check_tracing(exporter: Exporter) -> None:
     except ImportError as exc:
         raise TracingUnavailable(
             f"--trace-exporter {exporter} needs OpenTelemetry ({exc}); install it with: "
-            f"{INSTALL_OTEL}"
+            f"{install_hint('otel')}"
         ) from exc
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         raise TracingUnavailable(

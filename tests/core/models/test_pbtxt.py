@@ -940,7 +940,7 @@ def test_without_protobuf_a_config_pbtxt_names_the_install(
     _make_absent(monkeypatch, module)
     message = refused(LINEAR)
     assert "reading a config.pbtxt needs protobuf" in message, message
-    assert "pip install 'corral[grpc]'" in message, message
+    assert "the grpc extra: pip install 'grpcio>=1.72.2' 'protobuf>=6.30.0'" in message, message
     assert "ModuleNotFoundError" in message, message
 
 
@@ -948,4 +948,4 @@ def test_without_protobuf_a_json_config_names_the_install(monkeypatch: pytest.Mo
     _make_absent(monkeypatch, "google.protobuf.json_format")
     with pytest.raises(ModelConfigError) as caught:
         pbtxt_from_json("{}", source="load config")
-    assert "pip install 'corral[grpc]'" in str(caught.value)
+    assert "pip install 'grpcio>=1.72.2' 'protobuf>=6.30.0'" in str(caught.value)

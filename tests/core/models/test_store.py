@@ -8,6 +8,7 @@ a file's read ``GET /bucket/key``.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 
 import corral
-from corral import Host, ModelNotFound, RepositoryError, StoreUnavailable
+from corral import Host, ModelNotFound, ProblemKind, RepositoryError, StoreUnavailable
 from corral._base.errors import InvalidOption, fresh
 from corral._models.repository import Repository
 from corral._models.store import Store, is_store_url
@@ -212,6 +213,82 @@ def test_tritons_spelling_names_the_endpoint_in_the_url(s3, bucket, tmp_path, mo
     repo = Repository(f"s3://{address}/{name}/repo", cache_dir=tmp_path)
     assert repo.names() == ["m"]
     assert 1 in repo.entry("m").versions
+
+
+@pytest.mark.parametrize("scheme", ["http", "HTTP"])
+def test_tritons_spelling_with_the_endpoints_scheme_names_it_in_the_url(
+    s3, bucket, tmp_path, monkeypatch, scheme
+):
+    # s3://http://host:port/bucket/path was read as the bucket "http:", and obstore refused
+    # it with "'None' is not an instance of 'str'".
+    name, client = bucket
+    put_model(client, name, "m")
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    address = s3.endpoint.removeprefix("http://")
+    repo = Repository(f"s3://{scheme}://{address}/{name}/repo", cache_dir=tmp_path)
+    assert repo.names() == ["m"]
+    assert 1 in repo.entry("m").versions
+
+
+def test_tritons_https_spelling_speaks_tls_to_the_endpoint_it_names(s3, bucket, tmp_path):
+    # moto answers plain HTTP: a client that speaks TLS to it fails its handshake, and
+    # obstore's error names the URL it asked: https:// was taken as the endpoint's scheme.
+    name, _ = bucket
+    address = s3.endpoint.removeprefix("http://")
+    url = f"s3://https://{address}/{name}/repo"
+    with pytest.raises(RepositoryError) as caught:
+        Repository(url, cache_dir=tmp_path, fetch_timeout_s=3)
+    assert url in str(caught.value)
+    # The listing went to the bucket at that endpoint, over TLS.
+    assert f"GET https://{address}/{name}?" in str(caught.value)
+
+
+def test_credentials_or_a_query_in_tritons_spelling_are_refused(bucket):
+    with pytest.raises(RepositoryError, match="credentials do not belong") as caught:
+        Store("s3://https://key:hunter2@host:9000/b/p")
+    assert "hunter2" not in str(caught.value)
+    with pytest.raises(RepositoryError, match="a query or fragment"):
+        Store("s3://http://host:9000/b/p?token=1")
+    with pytest.raises(RepositoryError, match="names no bucket"):
+        Store("s3://http://host:9000/")
+
+
+def test_an_empty_prefix_warns_as_an_empty_folder_does_naming_the_url(s3, bucket, tmp_path, caplog):
+    name, client = bucket
+    put_model(client, name, "m")
+    url = f"s3://{name}/rpeo"  # a typo of repo/
+    with (
+        caplog.at_level(logging.WARNING, logger="corral"),
+        Host(url, cache_dir=str(tmp_path)) as host,
+    ):
+        (problem,) = host.check(listing_only=True)
+    assert problem.kind is ProblemKind.EMPTY_REPOSITORY
+    assert problem.message == f"model repository {url} holds no model"
+    assert f"{url}/<name>/1/model.onnx" in problem.fix
+    assert str(tmp_path) not in str(problem)  # the URL, not the cache folder
+    assert caplog.records[-1].levelno == logging.WARNING
+    assert url in caplog.records[-1].getMessage()
+    assert object_reads(s3, name) == []  # the listing alone: nothing fetched
+
+
+def test_corral_serve_warns_of_an_empty_prefix_naming_the_url(s3, bucket, tmp_path):
+    from tests.processes import start_server, stop_server
+
+    name, client = bucket
+    put_model(client, name, "m")
+    url = f"s3://{name}/rpeo"
+    served = start_server(
+        url,  # type: ignore[arg-type]  # a URL, as the command line takes it
+        tmp_path / "serve.log",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    )
+    stop_server(served)
+    lines = (tmp_path / "serve.log").read_text().splitlines()
+    warned = [line for line in lines if "holds no model" in line]
+    assert len(warned) == 1, lines
+    assert "WARNING" in warned[0]
+    assert f"model repository {url} holds no model" in warned[0]
 
 
 def test_a_fetch_from_a_paused_store_fails_within_its_deadline_naming_the_store(
