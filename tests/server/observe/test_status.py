@@ -518,6 +518,8 @@ def test_events_recorded_from_many_threads_are_each_kept_once_in_order():
         (["status", "http://127.0.0.1:9", "--top", "0"], "--top must be from 1 to 500"),
         (["status", "http://127.0.0.1:9", "--json", "--watch"], "does not go with --watch"),
         (["status", "http://127.0.0.1:1"], "cannot reach http://127.0.0.1:1"),
+        # An address without a scheme is http:// (issue 48): reached for, not refused.
+        (["status", "127.0.0.1:1"], "cannot reach http://127.0.0.1:1"),
     ],
 )
 @pytest.mark.timeout(30)
