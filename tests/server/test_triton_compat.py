@@ -441,6 +441,16 @@ def test_a_model_that_fails_to_load_at_start_stops_the_server(triton_repo: Path,
     assert "broken loaded" not in log
 
 
+def test_a_kserve_v1_request_is_told_the_server_speaks_v2(server: ServerProcess):
+    """Issue 48: a v1 request got a bare 404; on either edge it now names the v2 protocol."""
+    body = json.dumps({"instances": [[1.0, 2.0, 3.0, 4.0]]}).encode()
+    status, _, answer = raw(server, "POST", "/v1/models/mlp:predict", body)
+    assert status == 404
+    error = json.loads(answer)["error"]
+    assert "corral serves the KServe v2 protocol" in error
+    assert "POST /v2/models/{model}/infer" in error
+
+
 def test_a_tritonserver_command_line_serves_its_good_models(triton_repo: Path, tmp_path: Path):
     """Issue 48: the usual tritonserver flags, as a deployment writes them, are each honoured
     or named; with --exit-on-error=false the good models serve and the broken one is named."""
