@@ -29,6 +29,7 @@ import dataclasses
 import difflib
 import os
 import sys
+import textwrap
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -104,6 +105,7 @@ def command_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="serve a model repository over the KServe v2 protocol (HTTP and gRPC)",
         usage="corral serve [REPOSITORY] [--http-port P] [--grpc-port P] [--memory-budget SIZE] "
         "[OPTION ...]",
+        formatter_class=_FlagsWhole,
         epilog="Every option, and what corral does with each of tritonserver's: "
         "docs/server.md (Settings; Triton's command line).",
         description=(
@@ -222,6 +224,22 @@ def command_parser(command: str | None = None) -> argparse.ArgumentParser:
     check.set_defaults(handler=run_check)
 
     return parser
+
+
+class _FlagsWhole(argparse.HelpFormatter):
+    """argparse's help, with lines never broken inside a flag's name (at its dashes)."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(
+            " ".join(text.split()),
+            width,
+            initial_indent=indent,
+            subsequent_indent=indent,
+            break_on_hyphens=False,
+        )
 
 
 class _PrintVersion(argparse.Action):

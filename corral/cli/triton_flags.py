@@ -137,16 +137,23 @@ def switch_value(text: str) -> bool | None:
 
 
 def add_triton_flags(group: argparse._ArgumentGroup) -> None:
-    """Add this module's flags (:data:`TRITON_FLAGS`) to ``corral serve``'s parser."""
+    """Add this module's flags (:data:`TRITON_FLAGS`) to ``corral serve``'s parser.
+
+    Those without effect are named together in the group's description, not one by one.
+    """
+    names = ", ".join("--" + name.replace("_", "-") for name in sorted(NO_EFFECT))
+    group.description = (
+        f"{group.description}. Accepted, and each named once in the log as having no effect "
+        f"here: {names}"
+    )
     for name in sorted(TRITON_FLAGS):
         flag = "--" + name.replace("_", "-")
         if name == "disable_auto_complete_config":
             group.add_argument(flag, action="store_true", help="Triton's; refused (as below)")
         elif name in NO_EFFECT:
-            # Repeatable: Triton's --metrics-config, --host-policy ... are.
-            group.add_argument(
-                flag, action="append", metavar="VALUE", help=f"no effect: {NO_EFFECT[name]}"
-            )
+            # Repeatable: Triton's --metrics-config, --host-policy ... are. Listed together
+            # below rather than one by one, so that --help stays readable.
+            group.add_argument(flag, action="append", help=argparse.SUPPRESS)
         elif name in _SWITCHES:
             group.add_argument(flag, metavar="true|false", help=_SWITCH_HELP[name])
         elif name in _REFUSED:
