@@ -440,6 +440,7 @@ SERVE_GROUPS: dict[str, tuple[str, ...]] = {
     "compute": (
         "compute_workers",
         "batching",
+        "default_max_batch_size",
         "max_queue_per_model",
         "inline_run_us",
         "intra_op_threads",

@@ -358,13 +358,21 @@ def _backend_config(
                 f"--backend-config {text!r}: Triton's form is <backend>,<setting>=<value> "
                 "(or <setting>=<value> for every backend)"
             )
-        if backend == "onnxruntime":
+        if setting == "default-max-batch-size" and backend in ("", "onnxruntime"):
+            # The rows of a model whose configuration gives none: Host's option of that name.
+            other = given.get("default_max_batch_size")
+            if other is not None and str(other).strip() != value.strip():
+                return (
+                    f"--backend-config {text} and --default-max-batch-size {other} name the "
+                    "same setting with different values: give one"
+                )
+            given["default_max_batch_size"] = value
+        elif backend == "onnxruntime":
             onnxruntime[setting] = value
         elif not backend:
             notes.append(
                 f"Triton's --backend-config {text} (every backend's) has no effect here: "
-                "corral sizes batches from each model's proof of row independence "
-                "(docs/scheduler.md), and reads no other global backend setting"
+                "corral reads no global backend setting but default-max-batch-size"
             )
         elif backend == "python":
             notes.append(

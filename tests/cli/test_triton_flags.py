@@ -92,6 +92,8 @@ def serve(tmp_path: Path, *flags: str) -> int:
             "backend_config",
             {"enable-mem-arena": "1", "execution-mode": "parallel"},
         ),
+        (["--backend-config=default-max-batch-size=8"], "default_max_batch_size", 8),
+        (["--backend-config=onnxruntime,default-max-batch-size=4"], "default_max_batch_size", 4),
     ],
 )
 def test_tritons_flags_set_corrals_settings(
@@ -133,7 +135,7 @@ def test_every_flag_without_effect_is_accepted_and_named_once(
     tmp_path: Path, served: list[ServerSettings], caplog: pytest.LogCaptureFixture
 ):
     flags = [f"--{name.replace('_', '-')}=7" for name in NO_EFFECT]
-    flags += ["--backend-config=default-max-batch-size=8", "--backend-config=tensorflow,a=b"]
+    flags += ["--backend-config=some-global=8", "--backend-config=tensorflow,a=b"]
     flags += ["--allow-metrics=true"]
     caplog.set_level(logging.WARNING, logger="corral.cli")
     assert serve(tmp_path, *flags) == 0
@@ -142,7 +144,7 @@ def test_every_flag_without_effect_is_accepted_and_named_once(
         named = [line for line in lines if f"Triton's --{name.replace('_', '-')}=7 " in line]
         assert len(named) == 1, name
         assert "has no effect here: " in named[0]
-    assert any("default-max-batch-size=8 (every backend's) has no effect" in x for x in lines)
+    assert any("some-global=8 (every backend's) has no effect" in x for x in lines)
     assert any("tensorflow,a=b has no effect here: corral serves no tensorflow" in x for x in lines)
     assert any("--allow-metrics=true: corral serves /metrics on the HTTP port" in x for x in lines)
     assert served[0].backend_config == {}
@@ -175,6 +177,11 @@ def test_every_flag_without_effect_is_accepted_and_named_once(
         ),
         (["--backend-config=onnxruntime"], "Triton's form is <backend>,<setting>=<value>"),
         (["--backend-config=,a=b"], "Triton's form is <backend>,<setting>=<value>"),
+        (
+            ["--backend-config=default-max-batch-size=8", "--default-max-batch-size=16"],
+            "name the same setting with different values",
+        ),
+        (["--backend-config=default-max-batch-size=0"], "default_max_batch_size must be"),
         (["--id=a", "--server-name=b"], "name the same setting with different values"),
     ],
 )

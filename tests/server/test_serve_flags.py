@@ -85,6 +85,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "processes": ("3", 3),
     "model_latency_histograms": ("0", 0),
     "inline_run_us": ("25", 25),
+    "default_max_batch_size": ("8", 8),
     "backend_config": ("enable-mem-arena=1", {"enable-mem-arena": "1"}),
 }
 # Where the flag spells the sample otherwise than the variable: Triton's --backend-config

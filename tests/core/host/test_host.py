@@ -554,6 +554,20 @@ def test_preload_reports_progress_and_failures(repo_with_bare_model: Path):
         assert host.stats().loaded_models == 3
 
 
+def test_default_max_batch_size_sizes_the_batches_of_a_model_without_one(tmp_path: Path):
+    """Triton's --backend-config default-max-batch-size (issue 48): a probed model's rows."""
+    add_model(tmp_path, "probed", build_mlp(seed=1))
+    add_model(tmp_path, "declared", build_mlp(seed=2))
+    (tmp_path / "declared" / "config.pbtxt").write_text("max_batch_size: 4\ndynamic_batching { }\n")
+    with Host(tmp_path, default_max_batch_size=8) as host:
+        with host.acquire("probed") as lease:
+            assert lease.max_batch_size == 8
+        with host.acquire("declared") as lease:
+            assert lease.max_batch_size == 4  # a configuration's own is kept
+    with pytest.raises(corral.InvalidOption, match="default_max_batch_size"):
+        Host(tmp_path, default_max_batch_size=0)
+
+
 def test_bad_host_options(repo_with_bare_model: Path):
     for kwargs, fragment in [
         ({"memory_budget": "lots"}, "not a size"),
