@@ -41,7 +41,13 @@ from corral.cli.demo import run_demo
 from corral.cli.models import run_models
 from corral.cli.progress import require_rich
 from corral.cli.ray_serve import RAY_SERVE_OPTIONS, run_ray_serve
-from corral.cli.serve import TRITON_SPELLINGS, TRITON_TLS_OPTIONS, run_serve, spelled
+from corral.cli.serve import (
+    REPEATED_SPELLINGS,
+    TRITON_SPELLINGS,
+    TRITON_TLS_OPTIONS,
+    run_serve,
+    spelled,
+)
 from corral.cli.status import add_status_command, run_status
 from corral.cli.triton_flags import add_triton_flags, switch_value
 
@@ -410,6 +416,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             "--" + spelling.replace("_", "-"),
             dest=spelling,
             metavar=setting.upper(),
+            action="append" if spelling in REPEATED_SPELLINGS else "store",
             help=f"Triton's spelling of {spelled(setting)}",
         )
     for spelling, help_text in TRITON_TLS_OPTIONS.items():

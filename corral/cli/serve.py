@@ -18,7 +18,13 @@ from corral._models import is_store_url
 from corral.cli.progress import exit_missing_extra
 from corral.cli.triton_flags import fold_triton_flags
 
-__all__ = ["TRITON_SPELLINGS", "TRITON_TLS_OPTIONS", "run_serve", "spelled"]
+__all__ = [
+    "REPEATED_SPELLINGS",
+    "TRITON_SPELLINGS",
+    "TRITON_TLS_OPTIONS",
+    "run_serve",
+    "spelled",
+]
 
 
 #: Triton's spellings of corral serve's options: ``{Triton's option: corral's setting}``.
@@ -34,6 +40,9 @@ TRITON_SPELLINGS = {
     "grpc_server_cert": "tls_cert_file",
     "grpc_server_key": "tls_key_file",
 }
+
+#: Triton's spellings it takes more than once: the parser gathers their values in a list.
+REPEATED_SPELLINGS = frozenset({"model_repository", "model_store"})
 
 #: Triton's gRPC TLS switches and its client CA, which mean something only together:
 #: ``{Triton's option: its help}``. corral's one TLS serves both ports (``_triton_tls``).
@@ -53,9 +62,22 @@ def spelled(setting: str) -> str:
 
 
 def _triton_spellings(args: argparse.Namespace, given: dict[str, Any]) -> str | None:
-    """Fold Triton's spellings into ``given``; a problem if both spellings differ."""
+    """Fold Triton's spellings into ``given``; a problem if both spellings differ.
+
+    Triton takes ``--model-repository`` more than once (several repositories); corral serves
+    one, so the same folder given twice is taken and two folders are refused.
+    """
     for spelling, setting in TRITON_SPELLINGS.items():
         value = getattr(args, spelling, None)
+        if isinstance(value, list):  # a repeatable spelling (REPEATED_SPELLINGS)
+            first, *others = value
+            differing = [other for other in others if not _same_setting(setting, first, other)]
+            if differing:
+                return (
+                    f"--{spelling.replace('_', '-')} is given {first} and {differing[0]}: "
+                    "corral serves one model repository; give one"
+                )
+            value = first
         if value is None:
             continue
         other = given.get(setting)

@@ -117,7 +117,11 @@ def test_a_bare_switch_before_the_repository_leaves_it_the_repository(
 
 def test_model_store_is_the_repository(tmp_path: Path, served: list[ServerSettings]):
     assert main(["serve", f"--model-store={tmp_path}"]) == 0
-    assert served[0].repository == tmp_path
+    # The same folder given twice, as a deployment's templates may: one repository.
+    assert (
+        main(["serve", f"--model-repository={tmp_path}", "--model-repository", str(tmp_path)]) == 0
+    )
+    assert [settings.repository for settings in served] == [tmp_path, tmp_path]
 
 
 def test_the_backend_config_variable_takes_onnxruntimes_pairs(
@@ -183,6 +187,7 @@ def test_every_flag_without_effect_is_accepted_and_named_once(
         ),
         (["--backend-config=default-max-batch-size=0"], "default_max_batch_size must be"),
         (["--id=a", "--server-name=b"], "name the same setting with different values"),
+        (["--model-repository=/a", "--model-repository=/b"], "serves one model repository"),
     ],
 )
 def test_what_would_answer_otherwise_is_refused_saying_what_to_change(
