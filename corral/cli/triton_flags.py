@@ -83,6 +83,14 @@ NO_EFFECT: dict[str, str] = {
     "model_load_retry_count": "corral does not retry a failed load at once: the model's next "
     "request or load tries again, after a back-off",
     "model_namespacing": "corral serves one repository, whose model names cannot clash",
+    # Settings of endpoints corral does not serve (--allow-sagemaker=true and
+    # --allow-vertex-ai=true are refused): without the endpoint, Triton does not read them.
+    "sagemaker_port": "corral has no SageMaker endpoint",
+    "sagemaker_safe_port_range": "corral has no SageMaker endpoint",
+    "sagemaker_thread_count": "corral has no SageMaker endpoint",
+    "vertex_ai_port": "corral has no Vertex AI endpoint",
+    "vertex_ai_thread_count": "corral has no Vertex AI endpoint",
+    "vertex_ai_default_model": "corral has no Vertex AI endpoint",
 }
 
 #: Triton's switches read here (``--flag=true|false``, also 1, 0, on, off, as Triton reads
