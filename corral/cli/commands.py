@@ -51,7 +51,14 @@ from corral.cli.serve import (
 from corral.cli.status import add_status_command, run_status
 from corral.cli.triton_flags import add_triton_flags, switch_value
 
-__all__ = ["command_parser", "main", "positive_int", "positive_seconds", "version_line"]
+__all__ = [
+    "SERVE_GROUPS",
+    "command_parser",
+    "main",
+    "positive_int",
+    "positive_seconds",
+    "version_line",
+]
 
 Handler = Callable[[argparse.Namespace], int]
 
