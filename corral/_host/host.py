@@ -522,14 +522,15 @@ class Host:
     def preload(
         self,
         names: Iterable[str] | None = None,
-        progress: Callable[[int, int, str], None] | None = None,
+        progress: Callable[[int, int, str, CorralError | None], None] | None = None,
     ) -> dict[str, CorralError]:
         """Load many models now on the load workers; None means every model.
 
         Each model's entry is read again first, as :meth:`load` does; a model already loaded
-        stays as it is (:meth:`refresh` checks those). ``progress(done, total, name)`` is
-        called after each, on the calling thread. A model that fails does not stop the
-        others: returns ``{name: error}`` for those that failed.
+        stays as it is (:meth:`refresh` checks those). ``progress(done, total, name, error)``
+        is called after each, on the calling thread, with the error of a model that failed
+        (None for one loaded), so that a progress line never calls a failure loaded. A model
+        that fails does not stop the others: returns ``{name: error}`` for those that failed.
         """
         todo = self._repository.names() if names is None else list(names)
         self._reloader.start()
@@ -543,7 +544,7 @@ class Host:
             elif error is not None:
                 raise error
             if progress is not None:
-                progress(done, len(todo), name)
+                progress(done, len(todo), name, failures.get(name))
         return failures
 
     def refresh(self) -> None:

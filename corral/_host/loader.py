@@ -44,7 +44,6 @@ from corral._base import (
     fresh,
 )
 from corral._compute import (
-    DEFAULT_MAX_BATCH_SIZE,
     HostCounters,
     Runtime,
     Session,
@@ -334,7 +333,7 @@ class Loader:
                 timed,
                 max_batch_size=config.max_batch_size,
                 enabled=self._options.batching,
-                default_rows=DEFAULT_MAX_BATCH_SIZE,
+                default_rows=self._options.default_max_batch_size,
                 label=session.name,
                 source=config.source,
                 combine=config.combine_requests,

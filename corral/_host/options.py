@@ -22,6 +22,7 @@ from typing import TypedDict
 from corral._base import Declared, InvalidOption, declared, given_by, option
 from corral._compute import (
     DEFAULT_INLINE_RUN_US,
+    DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MODEL_LATENCY_HISTOGRAMS,
     DEFAULT_QUEUE_LIMIT,
     RuntimeOptions,
@@ -125,6 +126,14 @@ class HostOptions:
     )
     #: Batch concurrent requests for one model into one run where the model allows it.
     batching: bool = option(True, "batch concurrent requests for a model where it allows")
+    #: Rows per batched run of a model whose configuration gives no ``max_batch_size`` and
+    #: whose rows the load's probe proves independent (Triton's ``--backend-config
+    #: default-max-batch-size``, which its auto-completed configurations take).
+    default_max_batch_size: int = option(
+        DEFAULT_MAX_BATCH_SIZE,
+        "rows per batched run of a model whose configuration gives no max_batch_size and "
+        "whose rows the load's probe proves independent",
+    )
     #: Requests one model version may have queued; more are refused at once (Overloaded).
     max_queue_per_model: int = option(
         DEFAULT_QUEUE_LIMIT, "requests a model version may have queued; more get 429 at once"
@@ -202,6 +211,7 @@ class HostOptions:
         positive_int("max_loaded_models", self.max_loaded_models, optional=True)
         positive_int("load_concurrency", self.load_concurrency)
         positive_int("max_queue_per_model", self.max_queue_per_model)
+        positive_int("default_max_batch_size", self.default_max_batch_size)
         load_timeout = self.load_timeout_s
         if not (_is_number(load_timeout) and 0 < load_timeout < math.inf):
             raise InvalidOption(
@@ -296,6 +306,7 @@ class HostOptionArgs(TypedDict, total=False):
     poll_interval_s: float | None
     failure_backoff_s: tuple[float, float]
     batching: bool
+    default_max_batch_size: int
     max_queue_per_model: int
     model_latency_histograms: int
     inline_run_us: int

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
 import sys
+import textwrap
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -39,10 +41,24 @@ from corral.cli.demo import run_demo
 from corral.cli.models import run_models
 from corral.cli.progress import require_rich
 from corral.cli.ray_serve import RAY_SERVE_OPTIONS, run_ray_serve
-from corral.cli.serve import TRITON_SPELLINGS, TRITON_TLS_OPTIONS, run_serve, spelled
+from corral.cli.serve import (
+    REPEATED_SPELLINGS,
+    TRITON_SPELLINGS,
+    TRITON_TLS_OPTIONS,
+    run_serve,
+    spelled,
+)
 from corral.cli.status import add_status_command, run_status
+from corral.cli.triton_flags import add_triton_flags, switch_value
 
-__all__ = ["command_parser", "main", "positive_int", "positive_seconds", "version_line"]
+__all__ = [
+    "SERVE_GROUPS",
+    "command_parser",
+    "main",
+    "positive_int",
+    "positive_seconds",
+    "version_line",
+]
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -60,7 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     command = next((word for word in given if not word.startswith("-")), None)
     if command == "ray-serve":
         _before_importing_ray(given)
-    args = command_parser(command).parse_args(given)
+    parser = command_parser(command)
+    if command == "serve":
+        given = _switch_words(given, parser)
+    args, unknown = parser.parse_known_args(given)
+    if unknown:
+        _refuse_unknown(parser, args.command, unknown)
     handler: Handler = args.handler
     try:
         return handler(args)
@@ -95,6 +116,11 @@ def command_parser(command: str | None = None) -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve",
         help="serve a model repository over the KServe v2 protocol (HTTP and gRPC)",
+        usage="corral serve [REPOSITORY] [--http-port P] [--grpc-port P] [--memory-budget SIZE] "
+        "[OPTION ...]",
+        formatter_class=_FlagsWhole,
+        epilog="Every option, and what corral does with each of tritonserver's: "
+        "docs/server.md (Settings; Triton's command line).",
         description=(
             "Serve a Triton-layout model repository over the Open Inference Protocol (KServe "
             "v2) on HTTP and gRPC, loading models lazily. Every option --NAME can also be set "
@@ -213,6 +239,22 @@ def command_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+class _FlagsWhole(argparse.HelpFormatter):
+    """argparse's help, with lines never broken inside a flag's name (at its dashes)."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(
+            " ".join(text.split()),
+            width,
+            initial_indent=indent,
+            subsequent_indent=indent,
+            break_on_hyphens=False,
+        )
+
+
 class _PrintVersion(argparse.Action):
     """``--version``: one line, built only when asked for (it imports onnxruntime)."""
 
@@ -324,40 +366,215 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per ServerSettings field, ``--<field>``, whose help names ``CORRAL_<FIELD>``."""
+    """One flag per ServerSettings field, ``--<field>``, whose help names ``CORRAL_<FIELD>``.
+
+    Shown in groups (:data:`SERVE_GROUPS`): first the few a newcomer needs, then by concern,
+    then Triton's spellings.
+    """
     try:
         from corral.server.settings import ServerSettings
     except ImportError:
         # run_serve says which extra to install, whatever the arguments.
         parser.add_argument("arguments", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
         return
-    for name, field in ServerSettings.model_fields.items():
+    groups = {title: parser.add_argument_group(title) for title in SERVE_GROUPS}
+    other = parser.add_argument_group("other settings")
+    group_of = {name: groups[title] for title, names in SERVE_GROUPS.items() for name in names}
+    shown = [name for names in SERVE_GROUPS.values() for name in names]
+    fields = sorted(  # in the groups' order, so that --help reads as SERVE_GROUPS does
+        ServerSettings.model_fields.items(),
+        key=lambda item: shown.index(item[0]) if item[0] in shown else len(shown),
+    )
+    for name, field in fields:
+        group = group_of.get(name, other)
         variable = ServerSettings.variable(name)
-        default = "" if field.default is None else f"; default {field.default}"
+        default = "" if field.default in (None, {}) else f"; default {field.default}"
         if name == "repository":
-            parser.add_argument(
+            group.add_argument(
                 name, nargs="?", metavar="REPOSITORY", help=f"{field.description} ({variable})"
             )
             continue
         flag = "--" + name.replace("_", "-")
         help_text = f"{field.description} ({variable}{default})"
         if field.annotation is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
+            # Triton's --flag=true|false and --flag false too: _switch_words makes them these.
+            group.add_argument(
+                flag,
+                action=argparse.BooleanOptionalAction,
+                help=f"{help_text}; also {flag}=true|false",
+            )
         elif name in ("load_model", "allowed_hosts"):  # repeatable (load_model: as Triton's)
-            parser.add_argument(flag, action="append", metavar="NAME", help=help_text)
+            group.add_argument(flag, action="append", metavar="NAME", help=help_text)
+        elif name == "backend_config":  # repeatable, in Triton's form (corral.cli.triton_flags)
+            group.add_argument(
+                flag, action="append", metavar="BACKEND,SETTING=VALUE", help=help_text
+            )
         else:
             # Values go to ServerSettings as text: it converts and checks them, as it does
             # the environment's.
-            parser.add_argument(flag, metavar=name.upper(), help=help_text)
+            group.add_argument(flag, metavar=name.upper(), help=help_text)
+    triton = parser.add_argument_group(
+        "Triton's spellings",
+        "tritonserver's flags: each honoured, accepted and named once in the log as having no "
+        "effect here, or refused saying what to change (docs/server.md, Triton's command line)",
+    )
     for spelling, setting in TRITON_SPELLINGS.items():
-        parser.add_argument(
+        triton.add_argument(
             "--" + spelling.replace("_", "-"),
             dest=spelling,
             metavar=setting.upper(),
+            action="append" if spelling in REPEATED_SPELLINGS else "store",
             help=f"Triton's spelling of {spelled(setting)}",
         )
     for spelling, help_text in TRITON_TLS_OPTIONS.items():
-        parser.add_argument("--" + spelling.replace("_", "-"), dest=spelling, help=help_text)
+        triton.add_argument("--" + spelling.replace("_", "-"), dest=spelling, help=help_text)
+    add_triton_flags(triton)
+
+
+#: ``corral serve --help``'s groups of settings, in order: ``{title: fields}``. A field in
+#: none is shown under "other settings".
+SERVE_GROUPS: dict[str, tuple[str, ...]] = {
+    "start here": ("repository", "host", "http_port", "grpc_port", "memory_budget"),
+    "models and loading": (
+        "load_model",
+        "model_control_mode",
+        "exit_on_error",
+        "strict_readiness",
+        "strict",
+        "max_loaded_models",
+        "load_concurrency",
+        "load_timeout_s",
+        "ready_load_timeout_s",
+        "poll_interval_s",
+        "max_upload_bytes",
+        "cache_dir",
+        "cache_bytes",
+        "backend_config",
+    ),
+    "compute": (
+        "compute_workers",
+        "batching",
+        "default_max_batch_size",
+        "max_queue_per_model",
+        "inline_run_us",
+        "intra_op_threads",
+        "inter_op_threads",
+        "thread_pools",
+        "processes",
+        "edge",
+        "edge_threads",
+    ),
+    "requests and HTTP connections": (
+        "max_request_bytes",
+        "max_body_bytes_in_flight",
+        "max_url_bytes",
+        "max_header_bytes",
+        "header_timeout_s",
+        "body_timeout_s",
+        "body_min_rate_bytes_s",
+        "idle_timeout_s",
+        "max_connections",
+    ),
+    "gRPC connections": (
+        "grpc_max_connections",
+        "grpc_idle_timeout_s",
+        "grpc_handshake_timeout_s",
+        "grpc_keepalive_time_s",
+        "grpc_keepalive_timeout_s",
+        "grpc_min_ping_interval_s",
+        "grpc_max_concurrent_streams",
+        "grpc_max_health_watches",
+    ),
+    "access: tokens, TLS, names, shared memory": (
+        "auth_token",
+        "inference_tokens",
+        "metadata_tokens",
+        "model_control_tokens",
+        "shared_memory_tokens",
+        "statistics_tokens",
+        "allowed_hosts",
+        "tls_cert_file",
+        "tls_key_file",
+        "tls_client_ca_file",
+        "system_shared_memory",
+        "max_shared_memory_regions",
+    ),
+    "logs, metrics, traces, shutdown": (
+        "log_level",
+        "grpc_log_level",
+        "log_format",
+        "access_log",
+        "metrics_port",
+        "model_latency_histograms",
+        "trace_exporter",
+        "server_name",
+        "drain_timeout_s",
+        "drain_notice_s",
+    ),
+}
+
+
+def _switch_words(given: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """``corral serve``'s switches as Triton writes them, made argparse's ``--x`` / ``--no-x``.
+
+    ``--exit-on-error=false`` and ``--exit-on-error false`` (Triton's forms; true, false, 1,
+    0, on, off) become ``--no-exit-on-error``; a word Triton does not take after ``=`` is
+    left for argparse to refuse by name.
+    """
+    serve = _subcommand(parser, "serve")
+    actions = serve._actions if serve is not None else []
+    options = [option for action in actions for option in action.option_strings]
+    switches = {
+        option
+        for action in actions
+        if isinstance(action, argparse.BooleanOptionalAction)
+        for option in action.option_strings
+        if not option.startswith("--no-")
+    }
+    words: list[str] = []
+    position = 0
+    while position < len(given):
+        word = given[position]
+        flag, equals, text = word.partition("=")
+        completed = [option for option in options if option.startswith(flag)]
+        if flag.startswith("--") and len(completed) == 1:
+            flag = completed[0]  # an unambiguous prefix, as argparse takes it
+        following = given[position + 1] if position + 1 < len(given) else None
+        bare = flag in switches and not equals and following is not None
+        if bare and switch_value(following or "") is not None:  # Triton's "--flag false"
+            text, equals, position = following or "", "=", position + 1
+        value = switch_value(text) if flag in switches and equals else None
+        if flag in switches and equals and value is None and serve is not None:
+            serve.error(f"{flag}={text}: give true or false (or 1, 0, on, off)")
+        if value is None:
+            words.append(word)
+        else:
+            words.append(flag if value else "--no-" + flag.removeprefix("--"))
+        position += 1
+    return words
+
+
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser | None:
+    for action in parser._actions:  # argparse keeps its subparsers here, and nowhere public
+        if isinstance(action, argparse._SubParsersAction):
+            found: argparse.ArgumentParser | None = action.choices.get(name)
+            return found
+    return None
+
+
+def _refuse_unknown(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> None:
+    """Exit 2 naming each argument not taken, with the nearest flag, in the command's usage."""
+    sub = _subcommand(parser, command) or parser
+    flags = [option for action in sub._actions for option in action.option_strings]
+    lines = []
+    for word in unknown:
+        nearest = difflib.get_close_matches(word.partition("=")[0], flags, n=1, cutoff=0.75)
+        hint = f" (did you mean {nearest[0]}?)" if nearest else ""
+        lines.append(f"{word}{hint}")
+    where = " and docs/server.md" if command == "serve" else ""
+    sub.error(
+        f"unrecognized arguments: {', '.join(lines)}; every option: corral {command} --help{where}"
+    )
 
 
 # -- corral ray-serve's flags: one per option, each defaulting to its variable ---------------

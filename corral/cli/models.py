@@ -36,8 +36,11 @@ def run_models(args: argparse.Namespace) -> int:
             with progress_bar() as progress:
                 task = progress.add_task(f"loading {len(names)} models", total=len(names))
 
-                def on_loaded(done: int, total: int, name: str) -> None:
-                    progress.update(task, completed=done, description=f"loaded {name}")
+                def on_loaded(
+                    done: int, total: int, name: str, error: corral.CorralError | None
+                ) -> None:
+                    done_word = "loaded" if error is None else "failed"
+                    progress.update(task, completed=done, description=f"{done_word} {name}")
 
                 failures = host.preload(names, progress=on_loaded)
         statuses = host.models()

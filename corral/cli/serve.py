@@ -14,22 +14,36 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from corral._base import CorralError, install_hint
+from corral._base import install_hint
 from corral._models import is_store_url
 from corral.cli.progress import exit_missing_extra
+from corral.cli.triton_flags import fold_triton_flags
 
-__all__ = ["TRITON_SPELLINGS", "TRITON_TLS_OPTIONS", "run_serve", "spelled"]
+__all__ = [
+    "REPEATED_SPELLINGS",
+    "TRITON_SPELLINGS",
+    "TRITON_TLS_OPTIONS",
+    "run_serve",
+    "spelled",
+]
 
 
 #: Triton's spellings of corral serve's options: ``{Triton's option: corral's setting}``.
 TRITON_SPELLINGS = {
     "model_repository": "repository",
+    "model_store": "repository",
+    "id": "server_name",
+    "http_address": "host",
+    "model_load_thread_count": "load_concurrency",
     "repository_poll_secs": "poll_interval_s",
     "exit_timeout_secs": "drain_timeout_s",
     "allow_client_shm": "system_shared_memory",
     "grpc_server_cert": "tls_cert_file",
     "grpc_server_key": "tls_key_file",
 }
+
+#: Triton's spellings it takes more than once: the parser gathers their values in a list.
+REPEATED_SPELLINGS = frozenset({"model_repository", "model_store"})
 
 #: Triton's gRPC TLS switches and its client CA, which mean something only together:
 #: ``{Triton's option: its help}``. corral's one TLS serves both ports (``_triton_tls``).
@@ -49,9 +63,22 @@ def spelled(setting: str) -> str:
 
 
 def _triton_spellings(args: argparse.Namespace, given: dict[str, Any]) -> str | None:
-    """Fold Triton's spellings into ``given``; a problem if both spellings differ."""
+    """Fold Triton's spellings into ``given``; a problem if both spellings differ.
+
+    Triton takes ``--model-repository`` more than once (several repositories); corral serves
+    one, so the same folder given twice is taken and two folders are refused.
+    """
     for spelling, setting in TRITON_SPELLINGS.items():
         value = getattr(args, spelling, None)
+        if isinstance(value, list):  # a repeatable spelling (REPEATED_SPELLINGS)
+            first, *others = value
+            differing = [other for other in others if not _same_setting(setting, first, other)]
+            if differing:
+                return (
+                    f"--{spelling.replace('_', '-')} is given {first} and {differing[0]}: "
+                    "corral serves one model repository; give one"
+                )
+            value = first
         if value is None:
             continue
         other = given.get(setting)
@@ -174,6 +201,9 @@ def run_serve(args: argparse.Namespace) -> int:
     notes: list[str] = []
     if conflict is None:
         conflict, notes = _triton_tls(args, given)
+    if conflict is None:
+        conflict, triton_notes = fold_triton_flags(args, given)
+        notes += triton_notes
     if conflict is not None:
         print(f"corral serve: error: {conflict}", file=sys.stderr)
         return 2
@@ -219,15 +249,44 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def _settings_problems(error: Any) -> str:
-    """A ValidationError's problems, each named by its flag and its environment variable."""
+    """A ValidationError's problems, each named by its flag and its environment variable.
+
+    In corral's words, never pydantic's ("Field required", "Input should be ..."): the
+    user gave flags, not a pydantic model.
+    """
     problems = []
     for problem in error.errors():
         cause = problem.get("ctx", {}).get("error")
         field = problem["loc"][0] if problem["loc"] else getattr(cause, "option", None)
-        message = str(cause) if isinstance(cause, CorralError) else problem["msg"]
-        if field is None:
+        message = str(cause) if cause is not None else _in_plain_words(problem)
+        if field == "repository" and problem["type"] == "missing":
+            problems.append(
+                "no model repository given: give its folder (or s3:// URL) as REPOSITORY, "
+                "after serve, or as --model-repository PATH (CORRAL_REPOSITORY)"
+            )
+        elif field is None:
             problems.append(message)
         else:
-            flag = "--" + str(field).replace("_", "-")
+            flag = spelled(str(field))
             problems.append(f"{flag} (CORRAL_{str(field).upper()}): {message}")
     return "; ".join(problems)
+
+
+def _in_plain_words(problem: Any) -> str:
+    """One pydantic problem of a setting's value, as corral says it."""
+    kind, given, bounds = problem["type"], problem.get("input"), problem.get("ctx", {})
+    words = {
+        "missing": "is required",
+        "int_parsing": f"must be a whole number, got {given!r}",
+        "int_from_float": f"must be a whole number, got {given!r}",
+        "float_parsing": f"must be a number, got {given!r}",
+        "bool_parsing": f"must be true or false, got {given!r}",
+        "literal_error": f"must be one of {bounds.get('expected')}, got {given!r}",
+        "greater_than": f"must be more than {bounds.get('gt')}, got {given!r}",
+        "greater_than_equal": f"must be at least {bounds.get('ge')}, got {given!r}",
+        "less_than": f"must be less than {bounds.get('lt')}, got {given!r}",
+        "less_than_equal": f"must be at most {bounds.get('le')}, got {given!r}",
+        "string_too_short": "must not be empty",
+        "extra_forbidden": "names no setting of corral serve",
+    }
+    return words.get(kind, f"is not a valid value: {given!r}")

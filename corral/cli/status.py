@@ -58,7 +58,11 @@ def add_status_command(commands: Any, handler_for: Any) -> None:
             "figures, memory against the budget, the busiest models, the recent events."
         ),
     )
-    status.add_argument("url", help="the server's HTTP address, e.g. http://127.0.0.1:8000")
+    status.add_argument(
+        "url",
+        help="the server's HTTP address: host:port (http:// is assumed), or a URL, e.g. "
+        "https://models.example:8000",
+    )
     status.add_argument(
         "--token",
         default=os.environ.get(TOKEN_VARIABLE),
@@ -93,8 +97,10 @@ def fetch_status(
     """The server's status document, its ``top`` busiest models on the page.
 
     ``tls``: how an ``https://`` server is verified (and this client shown, for mTLS);
-    None: the system's CAs.
+    None: the system's CAs. An address without a scheme (``localhost:8000``) is http://.
     """
+    if "://" not in url:
+        url = f"http://{url}"
     if not url.startswith(("http://", "https://")):
         raise StatusUnavailable(f"{url!r} is not an http:// or https:// address")
     query = urllib.parse.urlencode(

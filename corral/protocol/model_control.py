@@ -77,6 +77,8 @@ class ModelControl:
     ``explicit``: Triton's explicit model control, only the models loaded through
     :meth:`load` or :meth:`preload` are served (others: :class:`ModelNotFound`, and not
     ready). ``loads_at_start``: :attr:`preloaded` is False until :meth:`preload` returns.
+    ``strict_readiness`` (Triton's ``--strict-readiness``): :attr:`preloaded` stays False
+    while a model :meth:`preload` failed to load has not been loaded since (:meth:`load`).
     ``threads``: the control plane's threads, to share with another owner (a new set by
     default). ``unsupported``: why :meth:`load` and :meth:`unload` are refused
     (:class:`ModelControlUnsupported`), None when they are not.
@@ -88,6 +90,7 @@ class ModelControl:
         *,
         explicit: bool = False,
         loads_at_start: bool = False,
+        strict_readiness: bool = False,
         control_timeout_s: float = CONTROL_TIMEOUT_S,
         unload_timeout_s: float = UNLOAD_TIMEOUT_S,
         threads: ControlThreads | None = None,
@@ -113,6 +116,12 @@ class ModelControl:
         self._started = threading.Event()
         if not loads_at_start:
             self._started.set()
+        # Guards _failed_at_start: the models preload() failed to load and no load has loaded
+        # since; under strict readiness the server is not ready while there is one (Triton's
+        # "all models ready").
+        self._strict_readiness = strict_readiness
+        self._failed_lock = threading.Lock()
+        self._failed_at_start: set[str] = set()
         #: Told of each change to what it serves: a model's name as it is loaded or unloaded
         #: through it, None once the models to load at start are (the server's readiness).
         self.listeners = ChangeListeners()
@@ -129,8 +138,16 @@ class ModelControl:
 
     @property
     def preloaded(self) -> bool:
-        """True once :meth:`preload` returned, or from the start without ``loads_at_start``."""
-        return self._started.is_set()
+        """True once :meth:`preload` returned, or from the start without ``loads_at_start``.
+
+        Under ``strict_readiness``, also False while a model it failed to load is not loaded.
+        """
+        if not self._started.is_set():
+            return False
+        if not self._strict_readiness:
+            return True
+        with self._failed_lock:
+            return not self._failed_at_start
 
     # -- what the data plane asks -----------------------------------------------------------
 
@@ -177,7 +194,7 @@ class ModelControl:
     def preload(
         self,
         names: Sequence[str] | None,
-        progress: Callable[[int, int, str], None] | None = None,
+        progress: Callable[[int, int, str, CorralError | None], None] | None = None,
     ) -> dict[str, CorralError]:
         """Load these models (None: every model) on the load workers; blocking.
 
@@ -191,6 +208,8 @@ class ModelControl:
             failures = self._host.preload(todo, progress)
             with self._explicit_lock:
                 self._explicit.update(name for name in todo if name not in failures)
+            with self._failed_lock:
+                self._failed_at_start.update(failures)
             return failures
         finally:
             self._started.set()
@@ -244,7 +263,12 @@ class ModelControl:
             self._unloaded.discard(name)
         with self._explicit_lock:
             self._explicit.add(name)
+        with self._failed_lock:
+            retried = name in self._failed_at_start
+            self._failed_at_start.discard(name)
         self.listeners.notify(name)
+        if retried:
+            self.listeners.notify(None)  # readiness may have changed
 
     async def unload(self, name: str, *, drop_upload: bool = False) -> None:
         """Unload every version of a model; requests in flight finish first.

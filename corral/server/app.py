@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from corral import __version__
-from corral._base import DrainTimeout, ModelLoadError, describe_interpreter
+from corral._base import CorralError, DrainTimeout, ModelLoadError, describe_interpreter
 from corral._compute import Runtime, RuntimeOptions
 from corral._host import Host
 from corral._onnx import ort
@@ -306,6 +306,7 @@ async def serve(
             host,
             explicit=settings.model_control_mode == "explicit",
             loads_at_start=bool(settings.load_model),
+            strict_readiness=settings.strict_readiness,
             unsupported=None if member is None else member.control_unsupported,
         )
         plane = DataPlane(
@@ -587,7 +588,9 @@ async def _until_stopped(
     try:
         waiting: set[asyncio.Task[Any]] = {http_task, stopping}
         if settings.load_model:
-            loading = asyncio.create_task(_load_at_start(plane, settings.load_model))
+            loading = asyncio.create_task(
+                _load_at_start(plane, settings.load_model, settings.exit_on_error)
+            )
             waiting.add(loading)
             done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             waiting.discard(loading)
@@ -700,25 +703,50 @@ async def _start_metrics_server(
     return server
 
 
-async def _load_at_start(plane: DataPlane, names: tuple[str, ...]) -> None:
-    """Load ``--load-model``'s models (``*``: every one), logging each; raise if any failed.
+async def _load_at_start(plane: DataPlane, names: tuple[str, ...], exit_on_error: bool) -> None:
+    """Load ``--load-model``'s models (``*``: every one), logging each, loaded or failed.
 
-    Readiness answers not ready until this is done.
+    With ``exit_on_error`` (Triton's default) a failure raises, and the server stops; without,
+    the server serves the models that loaded, each failure logged by name. Readiness answers
+    not ready until this is done (and, under strict readiness, while a failed one is not
+    loaded: :class:`~corral.protocol.ModelControl`).
     """
     wanted = None if names == ("*",) else list(names)
 
-    def progress(done: int, total: int, name: str) -> None:
-        logger.info("corral: --load-model: %d of %d loaded (%s)", done, total, name)
+    def progress(done: int, total: int, name: str, error: CorralError | None) -> None:
+        if error is None:
+            logger.info("corral: --load-model: %d of %d done: %s loaded", done, total, name)
+        else:
+            logger.error(
+                "corral: --load-model: %d of %d done: %s failed: %s", done, total, name, error
+            )
 
     # A daemon thread of its own: a hung load never holds the loop or a shared executor.
     failures = await ControlThreads(1).run(
         "loading the models of --load-model", None, plane.control.preload, wanted, progress
     )
-    if failures:
+    if failures and exit_on_error:
         reasons = "; ".join(f"{name!r}: {error}" for name, error in sorted(failures.items()))
         raise ModelLoadError(
-            f"--load-model: {len(failures)} model(s) failed to load, so the server stops: {reasons}"
+            f"--load-model: {len(failures)} model(s) failed to load, so the server stops "
+            f"(--exit-on-error=false serves the others): {reasons}"
         )
+    if failures:
+        failed = ", ".join(sorted(failures))
+        held = (
+            "not ready until each is loaded (--strict-readiness=false: ready now)"
+            if not plane.control.preloaded
+            else "ready"
+        )
+        logger.warning(
+            "corral: --load-model: %d model(s) failed to load and are not served (%s); "
+            "--exit-on-error=false serves the others; the server is %s",
+            len(failures),
+            failed,
+            held,
+        )
+        if not plane.control.preloaded:
+            return
     # One process of several is ready with the others (corral.server.processes).
     ready = "ready once every process is" if plane.ready_held else "the server is ready"
     logger.info("corral: --load-model: done; %s", ready)

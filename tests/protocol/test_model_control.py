@@ -219,6 +219,20 @@ def test_explicit_control_serves_only_the_models_loaded_through_it(host: Host):
         control.check_served("linear")
 
 
+@pytest.mark.parametrize("strict", [True, False])
+def test_strict_readiness_waits_for_a_model_that_failed_at_start(repo: Path, strict: bool):
+    """Triton's --strict-readiness (issue 48): not ready while a model of the start failed."""
+    add_model(repo, "broken", b"not a model")
+    with Host(repo) as host:
+        control = ModelControl(host, loads_at_start=True, strict_readiness=strict)
+        assert set(control.preload(["linear", "broken"])) == {"broken"}
+        assert control.preloaded is not strict
+        # Its files mended, a load through the repository API makes the server ready again.
+        add_model(repo, "broken", build_linear(seed=2))
+        asyncio.run(control.load("broken"))
+        assert control.preloaded
+
+
 # -- HTTP, in process ------------------------------------------------------------------------
 
 

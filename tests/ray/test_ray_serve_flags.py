@@ -40,6 +40,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "batching": ("false", False),
     "model_latency_histograms": ("0", 0),
     "inline_run_us": ("25", 25),
+    "default_max_batch_size": ("8", 8),
     "compute_workers": ("2", 2),
     "max_queue_per_model": ("9", 9),
     "poll_interval_s": ("2.5", 2.5),

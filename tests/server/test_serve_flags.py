@@ -22,6 +22,7 @@ import corral.server.processes
 from corral import HostOptions
 from corral.cli.commands import command_parser, main
 from corral.cli.serve import TRITON_SPELLINGS, TRITON_TLS_OPTIONS
+from corral.cli.triton_flags import TRITON_FLAGS
 from corral.server.settings import HOST_OPTIONS_NOT_SERVED, SERVER_DEFAULTS, ServerSettings
 
 # A value other than the default for every field, as the command line and the environment
@@ -85,9 +86,21 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "processes": ("3", 3),
     "model_latency_histograms": ("0", 0),
     "inline_run_us": ("25", 25),
+    "default_max_batch_size": ("8", 8),
+    "backend_config": ("enable-mem-arena=1", {"enable-mem-arena": "1"}),
 }
+# Where the flag spells the sample otherwise than the variable: Triton's --backend-config
+# names its backend, the variable holds onnxruntime's settings alone.
+FLAG_TEXTS = {"backend_config": "onnxruntime,enable-mem-arena=1"}
 # Switches: a flag and its --no- form; the sample is the one that is not the default.
-SWITCHES = {"access_log", "batching", "strict", "system_shared_memory"}
+SWITCHES = {
+    "access_log",
+    "batching",
+    "strict",
+    "system_shared_memory",
+    "exit_on_error",
+    "strict_readiness",
+}
 # Files read at start, each valid only with the others: tests/server/test_tls.py gives them.
 TLS_FIELDS = {"tls_cert_file", "tls_key_file", "tls_client_ca_file"}
 
@@ -125,7 +138,7 @@ def value(settings: ServerSettings, name: str) -> Any:
 
 def test_every_field_is_a_flag_whose_help_names_its_variable():
     flags = serve_flags()
-    triton = set(TRITON_SPELLINGS) | set(TRITON_TLS_OPTIONS)
+    triton = set(TRITON_SPELLINGS) | set(TRITON_TLS_OPTIONS) | TRITON_FLAGS
     assert set(flags) == set(ServerSettings.model_fields) | triton
     for name, action in flags.items():
         if name in triton:
@@ -150,7 +163,7 @@ def test_a_flag_and_its_variable_set_the_same_setting(
         monkeypatch.setenv(f"CORRAL_{name.upper()}", str(expected).lower())
     else:
         text, expected = SAMPLES[name]
-        assert main(["serve", str(tmp_path), f"{flag}={text}"]) == 0
+        assert main(["serve", str(tmp_path), f"{flag}={FLAG_TEXTS.get(name, text)}"]) == 0
         monkeypatch.setenv(f"CORRAL_{name.upper()}", text)
     assert main(["serve", str(tmp_path)]) == 0
     by_flag, by_variable = served
@@ -327,7 +340,7 @@ def test_spellings_that_are_not_numbers_are_compared_as_given(
     given = ["serve", str(tmp_path), "--exit-timeout-secs", "soon", "--drain-timeout-s", "soon"]
     assert main(given) != 0
     err = capsys.readouterr().err
-    assert "--drain-timeout-s (CORRAL_DRAIN_TIMEOUT_S): Input should be a valid number" in err
+    assert "--drain-timeout-s (CORRAL_DRAIN_TIMEOUT_S): must be a number, got 'soon'" in err
     assert "name the same setting" not in err
     assert served == []
 

@@ -397,7 +397,7 @@ def test_explicit_model_control_serves_only_the_models_loaded(triton_repo: Path,
         # the second just after readiness, on the event loop once the loading task returns.
         wait_until(lambda: "--load-model's models are loaded: " in served.log.read_text(), 60)
         log = served.log.read_text()
-        assert "--load-model: 1 of 1 loaded (mlp)" in log
+        assert "--load-model: 1 of 1 done: mlp loaded" in log
         frozen = re.findall(r"corral: (.+?): (\d+) objects kept out of the cyclic GC", log)
         assert [when for when, _ in frozen] == [
             "the servers are built",
@@ -436,7 +436,112 @@ def test_a_model_that_fails_to_load_at_start_stops_the_server(triton_repo: Path,
             served.process.kill()
             served.process.wait(timeout=10)
     log = served.log.read_text()
-    assert "--load-model: 1 model(s) failed to load, so the server stops: 'broken':" in log
+    assert re.search(r"--load-model: [12] of 2 done: broken failed: ", log)
+    assert "--load-model: 1 model(s) failed to load, so the server stops" in log
+    assert "broken loaded" not in log
+
+
+def test_a_kserve_v1_request_is_told_the_server_speaks_v2(server: ServerProcess):
+    """Issue 48: a v1 request got a bare 404; on either edge it now names the v2 protocol."""
+    body = json.dumps({"instances": [[1.0, 2.0, 3.0, 4.0]]}).encode()
+    status, _, answer = raw(server, "POST", "/v1/models/mlp:predict", body)
+    assert status == 404
+    error = json.loads(answer)["error"]
+    assert "corral serves the KServe v2 protocol" in error
+    assert "POST /v2/models/{model}/infer" in error
+
+
+def test_a_tritonserver_command_line_serves_its_good_models(triton_repo: Path, tmp_path: Path):
+    """Issue 48: the usual tritonserver flags, as a deployment writes them, are each honoured
+    or named; with --exit-on-error=false the good models serve and the broken one is named."""
+    import tritonclient.http as httpclient
+    from tritonclient.http import InferInput
+
+    no_effect = [
+        "--metrics-interval-ms=1000",
+        "--http-thread-count=8",
+        "--grpc-infer-allocation-pool-size=16",
+        "--reuse-http-port=false",
+    ]
+    served = start_server(
+        triton_repo,
+        tmp_path / "tritonserver.log",
+        f"--model-repository={triton_repo}",
+        f"--model-store={triton_repo}",
+        "--strict-model-config=false",
+        "--log-verbose=1",
+        "--exit-on-error=false",
+        "--strict-readiness=false",
+        "--allow-http=true",
+        "--allow-grpc=true",
+        "--allow-metrics=false",
+        "--model-control-mode=explicit",
+        "--load-model=*",
+        "--model-load-thread-count=2",
+        "--backend-config=onnxruntime,enable-mem-arena=1",
+        "--backend-config=python,shm-default-byte-size=1048576",
+        "--exit-timeout-secs=10",
+        "--id=triton",
+        "--http-address=127.0.0.1",
+        "--grpc-address=127.0.0.1",
+        "--grpc-keepalive-time=7200000",
+        *no_effect,
+    )
+    client = httpclient.InferenceServerClient(served.http)
+    try:
+        wait_until(client.is_server_ready, timeout=60)  # --strict-readiness=false
+        assert client.get_server_metadata()["name"] == "triton"  # --id
+        tensor = InferInput("X", [3, 4], "FP32")
+        tensor.set_data_from_numpy(X)
+        np.testing.assert_allclose(
+            client.infer("mlp", [tensor]).as_numpy("Y"), expected_mlp(), rtol=1e-6
+        )
+        assert not client.is_model_ready("broken")
+        log = served.log.read_text()
+    finally:
+        client.close()
+        stop_server(served)
+    assert re.search(r"--load-model: \d of 6 done: broken failed: ", log)
+    assert "broken loaded" not in log
+    assert "1 model(s) failed to load and are not served (broken)" in log
+    for flag in no_effect:
+        assert log.count(f"Triton's {flag} has no effect here: ") == 1, flag
+    assert log.count("Triton's --allow-metrics=false: corral serves no metrics port") == 1
+    assert "--backend-config python,shm-default-byte-size=1048576 has no effect here" in log
+
+
+def test_strict_readiness_holds_ready_while_a_model_of_the_start_failed(
+    triton_repo: Path, tmp_path: Path
+):
+    """Triton's default --strict-readiness=true: the good models serve, the server is not
+    ready while one it was told to load is not (issue 48)."""
+    import tritonclient.http as httpclient
+    from tritonclient.http import InferInput
+
+    served = start_server(
+        triton_repo,
+        tmp_path / "strict.log",
+        "--load-model",
+        "mlp",
+        "--load-model",
+        "broken",
+        "--exit-on-error",
+        "false",
+    )
+    client = httpclient.InferenceServerClient(served.http)
+    try:
+        wait_until(lambda: "--load-model: 1 model(s) failed" in served.log.read_text(), 60)
+        assert client.is_server_live()
+        assert not client.is_server_ready()
+        tensor = InferInput("X", [3, 4], "FP32")
+        tensor.set_data_from_numpy(X)
+        np.testing.assert_allclose(
+            client.infer("mlp", [tensor]).as_numpy("Y"), expected_mlp(), rtol=1e-6
+        )
+        assert "the server is not ready until each is loaded" in served.log.read_text()
+    finally:
+        client.close()
+        stop_server(served)
 
 
 # -- parameters corral does not honour are refused by name ---------------------------------

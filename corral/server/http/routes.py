@@ -194,6 +194,14 @@ def match(method: str, path: str, *, status_page: bool = True) -> Route:
     parts = path.strip("/").split("/")
     if parts == ["metrics"]:
         return _checked(method, Route(Endpoint.METRICS))
+    if parts[0] == "v1":
+        raise NoRoute(
+            404,
+            f"no such endpoint: {path}: corral serves the KServe v2 protocol (the Open "
+            "Inference Protocol), not v1: send inference to POST /v2/models/{model}/infer "
+            "(docs/server.md, Endpoints)",
+            None,
+        )
     if parts[0] != "v2":
         raise _unknown(path)
     rest = parts[1:]

@@ -364,7 +364,8 @@ class StatusBoard:
         ]
         counts: dict[str, int] = {}
         for status in models:
-            counts[status.state.value] = counts.get(status.state.value, 0) + 1
+            state = _shown_state(status)
+            counts[state] = counts.get(state, 0) + 1
         document: dict[str, Any] = {
             "server": self._server(samples, figures),
             "history": _history(samples, self._sample_s),
@@ -640,7 +641,7 @@ def _row(status: ModelStatus, figures: _Figures, public: Callable[[str], str]) -
     last_error = status.failure or (failures[-1] if failures else None)
     return {
         "name": status.name,
-        "state": status.state.value,
+        "state": _shown_state(status),
         "versions": [
             {"version": v.version, "state": v.state.value, "size_bytes": v.size_bytes}
             for v in status.versions
@@ -650,6 +651,18 @@ def _row(status: ModelStatus, figures: _Figures, public: Callable[[str], str]) -
         "last_used": _last_used(status),
         "last_error": None if last_error is None else public(last_error),
     }
+
+
+def _shown_state(status: ModelStatus) -> str:
+    """A model's state on the page: ``failed`` for one that cannot load at all, too.
+
+    The Host calls a model its layout or configuration keeps from loading ``unloaded`` (it
+    never tried); the page counts it with the failed ones, so that its header counts every
+    model that will not serve (issue 48).
+    """
+    if status.state is ModelState.UNLOADED and status.failure is not None:
+        return ModelState.FAILED.value
+    return status.state.value
 
 
 # READY first when sorted by state ascending: what serves, then what is on its way.
@@ -676,7 +689,7 @@ def _sorted(
     if column == "name":
         return statuses[::-1] if descending else statuses
     if column == "state":
-        return sorted(statuses, key=lambda s: _STATE_RANK[s.state.value], reverse=descending)
+        return sorted(statuses, key=lambda s: _STATE_RANK[_shown_state(s)], reverse=descending)
     if column == "size_bytes":
         return sorted(
             statuses, key=lambda s: sum(v.size_bytes for v in s.versions), reverse=descending

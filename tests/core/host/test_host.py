@@ -538,16 +538,34 @@ def test_close_refuses_new_requests_and_closes_sessions(repo_with_bare_model: Pa
 
 def test_preload_reports_progress_and_failures(repo_with_bare_model: Path):
     add_model(repo_with_bare_model, "broken", b"junk")
-    calls: list[tuple[int, int, str]] = []
+    calls: list[tuple[int, int, str, object]] = []
     with Host(repo_with_bare_model) as host:
         failures = host.preload(
-            progress=lambda done, total, name: calls.append((done, total, name))
+            progress=lambda done, total, name, error: calls.append((done, total, name, error))
         )
         assert set(failures) == {"broken"}
         assert isinstance(failures["broken"], corral.ModelLoadError)
         assert sorted(c[2] for c in calls) == ["bare", "broken", "mlp", "tree"]
         assert [c[0] for c in calls] == [1, 2, 3, 4]
+        # The progress of a failure says so, with its error: never "loaded" (issue 48).
+        errors = {c[2]: c[3] for c in calls}
+        assert isinstance(errors.pop("broken"), corral.ModelLoadError)
+        assert errors == {"bare": None, "mlp": None, "tree": None}
         assert host.stats().loaded_models == 3
+
+
+def test_default_max_batch_size_sizes_the_batches_of_a_model_without_one(tmp_path: Path):
+    """Triton's --backend-config default-max-batch-size (issue 48): a probed model's rows."""
+    add_model(tmp_path, "probed", build_mlp(seed=1))
+    add_model(tmp_path, "declared", build_mlp(seed=2))
+    (tmp_path / "declared" / "config.pbtxt").write_text("max_batch_size: 4\ndynamic_batching { }\n")
+    with Host(tmp_path, default_max_batch_size=8) as host:
+        with host.acquire("probed") as lease:
+            assert lease.max_batch_size == 8
+        with host.acquire("declared") as lease:
+            assert lease.max_batch_size == 4  # a configuration's own is kept
+    with pytest.raises(corral.InvalidOption, match="default_max_batch_size"):
+        Host(tmp_path, default_max_batch_size=0)
 
 
 def test_bad_host_options(repo_with_bare_model: Path):

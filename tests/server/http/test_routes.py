@@ -109,7 +109,14 @@ def test_the_wrong_method_is_405_naming_the_right_one(method: str, path: str, ro
     ("method", "path", "message", "family"),
     [
         ("GET", "/", "no such endpoint: /", None),
-        ("GET", "/v1/models/m", "no such endpoint: /v1/models/m", None),
+        (  # KServe's v1 protocol: named, with the v2 path to use instead (issue 48)
+            "POST",
+            "/v1/models/m:predict",
+            "no such endpoint: /v1/models/m:predict: corral serves the KServe v2 protocol (the "
+            "Open Inference Protocol), not v1: send inference to POST /v2/models/{model}/infer "
+            "(docs/server.md, Endpoints)",
+            None,
+        ),
         ("GET", "/v2/nope", "no such endpoint: /v2/nope", None),
         ("GET", "/v2/health", "no such endpoint: /v2/health", None),
         ("GET", "/v2/health/sick", "no such health endpoint: 'sick'", Family.HEALTH),

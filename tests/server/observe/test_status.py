@@ -193,6 +193,23 @@ def test_pages_sort_and_filter_on_the_server(thirty: Path):
 
 
 @pytest.mark.timeout(60)
+def test_a_model_its_configuration_refuses_counts_as_failed(tmp_path: Path):
+    """Issue 48: such a model showed as "unloaded", and the header undercounted failures."""
+    add_model(tmp_path, "good", build_linear(seed=4))
+    add_model(tmp_path, "refused", build_linear(seed=4))
+    (tmp_path / "refused" / "config.pbtxt").write_text('backend: "tensorflow"\n')
+    with Host(tmp_path) as host:
+        host.check()  # as the server does at start: the refusal is then the model's failure
+        app, _ = app_for(host)
+        models = call(app, "GET", "/v2/corral/status?sort=name").json()["models"]
+        assert models["by_state"] == {"unloaded": 1, "failed": 1}
+        rows = {row["name"]: row for row in models["rows"]}
+        assert rows["refused"]["state"] == "failed"
+        assert "backend 'tensorflow' is not served" in rows["refused"]["last_error"]
+        assert rows["good"]["state"] == "unloaded"
+
+
+@pytest.mark.timeout(60)
 def test_names_sort_as_people_count_them(tmp_path: Path):
     first = add_model(tmp_path, "m1", build_linear(seed=4))
     for name in ("m10", "m2", "m11", "model-9", "model-10", "a"):
@@ -501,6 +518,8 @@ def test_events_recorded_from_many_threads_are_each_kept_once_in_order():
         (["status", "http://127.0.0.1:9", "--top", "0"], "--top must be from 1 to 500"),
         (["status", "http://127.0.0.1:9", "--json", "--watch"], "does not go with --watch"),
         (["status", "http://127.0.0.1:1"], "cannot reach http://127.0.0.1:1"),
+        # An address without a scheme is http:// (issue 48): reached for, not refused.
+        (["status", "127.0.0.1:1"], "cannot reach http://127.0.0.1:1"),
     ],
 )
 @pytest.mark.timeout(30)
