@@ -21,9 +21,9 @@ different encodings, and two different encodings share a digest with probability
 inputs the cache would otherwise have to hold too.
 
 **Invalidation**: an answer is reachable only through the copy that computed it, so no other
-copy (another version, a reload, a load after an unload) is ever answered with it; the data
-plane also drops a model's answers when the Host tells it the model changed (a load, an
-eviction, an unload, a reload), so that their bytes go at once.
+copy (another version, a reload, a load after an unload) is ever answered with it; when the
+Host tells of a change of a model (a load, an eviction, an unload, a reload), the data plane
+also drops the answers of its copies no longer in service, so that their bytes go at once.
 
 **Counts**, per model version for the cache's life, as Triton's statistics and metrics count
 them: a hit is a request answered from the cache, its time the digest's and the lookup's; a
@@ -143,7 +143,7 @@ def cache_key(
             for item in array.flat:
                 _field(update, item if isinstance(item, bytes) else _text(item))
         else:
-            update(np.ascontiguousarray(array))  # its bytes, as they are in memory
+            update(np.ascontiguousarray(array).data)  # its bytes, as they are in memory
     update(_LENGTH.pack(len(outputs)))
     for name, classes in outputs:
         _field(update, name.encode())
@@ -247,21 +247,22 @@ class ResponseCache:
             counts[3] += lookup_ns + time.perf_counter_ns() - started
         return kept
 
-    def drop_model(self, model: str | None) -> int:
-        """Drop every answer of ``model`` (None: of every model); how many were dropped.
+    def drop_stale(self, model: str, serving: Mapping[int, int]) -> None:
+        """Drop the answers of ``model``'s copies not in ``serving`` (version: generation).
 
-        A Host's change listener: called when the model loads, is evicted, unloaded or
-        reloaded. Its answers could no longer be reached by a new copy anyway (the key holds
-        the copy); this gives their bytes back at once.
+        Called when the Host tells of a change of the model (a load, an eviction, an unload, a
+        reload), with the copies in service after it. No new copy could reach the answers of
+        another (the key holds the copy): this gives their bytes back at once.
         """
         with self._books_lock:
-            if not self._entries:
-                return 0
-            dropped = [key for key in self._entries if model is None or key.model == model]
-            for key in dropped:
+            stale = [
+                key
+                for key in self._entries
+                if key.model == model and serving.get(key.version) != key.generation
+            ]
+            for key in stale:
                 self._bytes_used -= self._entries.pop(key).nbytes
-            self._invalidations += len(dropped)
-        return len(dropped)
+            self._invalidations += len(stale)
 
     def note_unheeded(self, model: str) -> None:
         """Log, once per model, that ``model`` enables the cache on a server without one."""

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import corral
+from corral import Host
+from corral.protocol import DataPlane, InferInput, InferRequest, RequestedOutput
+from corral.protocol.dataplane import GroupedRequest
 from corral.protocol.response_cache import (
     ENTRY_OVERHEAD,
     CacheCounts,
@@ -17,7 +24,9 @@ from corral.protocol.response_cache import (
     answer_bytes,
     cache_key,
 )
-from corral.protocol.types import InferOutput
+from corral.protocol.types import InferOutput, InferResponse
+from corral.testing import build_mlp
+from tests.helpers import add_model, reference_run
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -124,22 +133,22 @@ def test_an_answer_offered_twice_is_kept_once():
     assert cache.counts()[("m", 1)].misses == 2  # both ran
 
 
-def test_dropping_a_model_gives_its_bytes_back_and_keeps_the_others():
+def test_dropping_stale_answers_gives_their_bytes_back_and_keeps_those_served():
     cache = ResponseCache(100_000)
-    mine, theirs = cache_key("m", 1, 1, {"X": X}, ()), cache_key("n", 1, 2, {"X": X}, ())
-    cache.insert(mine, outputs(4), lookup_ns=0)
-    cache.insert(theirs, outputs(4), lookup_ns=0)
-    assert cache.drop_model("m") == 1
-    assert cache.lookup(mine, 0) is None
+    served = cache_key("m", 1, 5, {"X": X}, ())
+    replaced = cache_key("m", 2, 3, {"X": X}, ())  # version 2's copy 3, now copy 4
+    unloaded = cache_key("m", 3, 6, {"X": X}, ())
+    theirs = cache_key("n", 2, 3, {"X": X}, ())
+    for key_ in (served, replaced, unloaded, theirs):
+        cache.insert(key_, outputs(4), lookup_ns=0)
+    cache.drop_stale("m", {1: 5, 2: 4})
+    assert cache.lookup(served, 0) is not None
     assert cache.lookup(theirs, 0) is not None
+    assert cache.lookup(replaced, 0) is None
+    assert cache.lookup(unloaded, 0) is None
     stats = cache.stats()
-    assert (stats.entries, stats.bytes_used, stats.invalidations) == (
-        1,
-        answer_bytes(outputs(4)),
-        1,
-    )
-    assert cache.drop_model(None) == 1
-    assert cache.stats().bytes_used == 0
+    assert (stats.entries, stats.invalidations) == (2, 2)
+    assert stats.bytes_used == 2 * answer_bytes(outputs(4))
 
 
 def test_a_model_enabling_the_cache_on_a_server_without_one_is_named_once(caplog):
@@ -176,7 +185,7 @@ def test_threads_inserting_and_looking_up_at_once_keep_the_books_right():
                 if cache.lookup(k, 0) is None:
                     cache.insert(k, outputs(10), lookup_ns=0)
                 if i % 50 == 0:
-                    cache.drop_model("m")
+                    cache.drop_stale("m", {})
         except BaseException as exc:  # reported below
             errors.append(exc)
 
@@ -191,3 +200,214 @@ def test_threads_inserting_and_looking_up_at_once_keep_the_books_right():
     assert stats.bytes_used == stats.entries * one <= 16 * one
     counts = cache.counts()[("m", 1)]
     assert counts.hits + counts.misses == 8 * 200
+
+
+# -- the data plane with a cache: both of its ways in ------------------------------------------
+
+CACHED = "response_cache = true\n"
+
+
+def request(x: np.ndarray = X, **options: object) -> InferRequest:
+    return InferRequest(
+        inputs=(InferInput("X", "FP32", x.shape, x),),
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def runs(host: Host, name: str = "m", version: int = 1) -> int:
+    return host.queue_stats()[(name, version)].runs
+
+
+def infer(plane: DataPlane, name: str = "m", version: str | None = None, **options: object):
+    return asyncio.run(plane.infer(name, version, request(**options)))  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def cached_repo(tmp_path: Path) -> Path:
+    """ "m" (mlp, seed 1) with the cache enabled; "plain" (mlp, seed 1) without."""
+    add_model(tmp_path, "m", build_mlp(seed=1), toml=CACHED)
+    add_model(tmp_path, "plain", build_mlp(seed=1))
+    return tmp_path
+
+
+def test_a_repeated_request_is_answered_from_the_cache_without_a_run(cached_repo: Path):
+    with Host(cached_repo) as host:
+        plane = DataPlane(host, response_cache=ResponseCache(1 << 20))
+        first = infer(plane, id="a")
+        before = runs(host)
+        again = infer(plane, id="b")
+        assert runs(host) == before  # not run
+        assert (again.id, again.model_version) == ("b", "1")
+        np.testing.assert_array_equal(again.outputs[0].data, first.outputs[0].data)
+        np.testing.assert_array_equal(
+            again.outputs[0].data, reference_run(build_mlp(seed=1), {"X": X})[0]
+        )
+        other = infer(plane, x=X + 1)  # a miss: run
+        assert runs(host) == before + 1
+        assert not np.array_equal(other.outputs[0].data, first.outputs[0].data)
+        (row,) = asyncio.run(plane.model_statistics("m"))
+        assert (row.success.count, row.inference_count, row.execution_count) == (3, 2, 2)
+        assert (row.cache_hit.count, row.cache_miss.count) == (1, 2)
+        assert row.cache_hit.ns > 0
+        assert row.cache_miss.ns > 0
+
+
+def test_a_model_that_does_not_enable_it_is_never_cached(cached_repo: Path):
+    with Host(cached_repo) as host:
+        plane = DataPlane(host, response_cache=ResponseCache(1 << 20))
+        infer(plane, "plain")
+        before = runs(host, "plain")
+        infer(plane, "plain")
+        assert runs(host, "plain") == before + 1
+        assert plane.response_cache.stats().entries == 0
+        (row,) = asyncio.run(plane.model_statistics("plain"))
+        assert (row.cache_hit.count, row.cache_miss.count, row.inference_count) == (0, 0, 2)
+
+
+def test_a_server_without_a_cache_runs_every_request_and_says_so_once(cached_repo: Path, caplog):
+    with Host(cached_repo) as host, caplog.at_level(logging.WARNING):
+        plane = DataPlane(host)
+        infer(plane)
+        before = runs(host)
+        infer(plane)
+        assert runs(host) == before + 1
+    said = [r.getMessage() for r in caplog.records if "response cache" in r.getMessage()]
+    assert len(said) == 1, said
+
+
+def test_two_versions_never_share_an_answer(tmp_path: Path):
+    add_model(tmp_path, "m", build_mlp(seed=1), toml=CACHED + 'version_policy = "all"\n')
+    add_model(tmp_path, "m", build_mlp(seed=2), version=2)
+    with Host(tmp_path) as host:
+        plane = DataPlane(host, response_cache=ResponseCache(1 << 20))
+        one = infer(plane, version="1")
+        two = infer(plane, version="2")
+        assert (one.model_version, two.model_version) == ("1", "2")
+        np.testing.assert_array_equal(
+            two.outputs[0].data, reference_run(build_mlp(seed=2), {"X": X})[0]
+        )
+        assert not np.array_equal(one.outputs[0].data, two.outputs[0].data)
+        assert infer(plane, version="1").outputs[0].data is one.outputs[0].data  # each its own
+        assert infer(plane).outputs[0].data is two.outputs[0].data  # latest: 2
+
+
+def test_a_reload_never_serves_the_old_copys_answer(tmp_path: Path):
+    path = add_model(tmp_path, "m", build_mlp(seed=1), toml=CACHED)
+    with Host(tmp_path) as host:
+        plane = DataPlane(host, response_cache=ResponseCache(1 << 20))
+        old = infer(plane)
+        path.write_bytes(build_mlp(seed=2))
+        stat = path.stat()
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+        host.refresh()  # the same version number, a new copy
+        assert plane.response_cache.stats().entries == 0  # dropped as the model changed
+        new = infer(plane)
+        expected = reference_run(build_mlp(seed=2), {"X": X})[0]
+        np.testing.assert_array_equal(new.outputs[0].data, expected)
+        assert not np.array_equal(new.outputs[0].data, old.outputs[0].data)
+        host.unload("m")
+        assert plane.response_cache.stats().entries == 0
+
+
+def test_a_late_answer_of_a_replaced_copy_is_never_served(tmp_path: Path):
+    # An answer offered after its copy was replaced (its request ran across the reload)
+    # stays under that copy's key: the new copy's requests cannot reach it.
+    path = add_model(tmp_path, "m", build_mlp(seed=1), toml=CACHED)
+    with Host(tmp_path) as host:
+        cache = ResponseCache(1 << 20)
+        plane = DataPlane(host, response_cache=cache)
+        with host.acquire("m") as lease:
+            stale = cache_key("m", 1, lease.generation, {"X": X}, ())
+        path.write_bytes(build_mlp(seed=2))
+        stat = path.stat()
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+        host.refresh()
+        cache.insert(stale, outputs(3), lookup_ns=0)
+        new = infer(plane)
+        expected = reference_run(build_mlp(seed=2), {"X": X})[0]
+        np.testing.assert_array_equal(new.outputs[0].data, expected)
+
+
+def test_the_outputs_asked_for_and_their_classes_are_in_the_key(cached_repo: Path):
+    with Host(cached_repo) as host:
+        plane = DataPlane(host, response_cache=ResponseCache(1 << 20))
+        infer(plane)
+        before = runs(host)
+        named = infer(plane, outputs=(RequestedOutput("Y"),))
+        classes = infer(plane, outputs=(RequestedOutput("Y", parameters={"classification": 1}),))
+        assert runs(host) == before + 2
+        assert named.outputs[0].datatype == "FP32"
+        assert classes.outputs[0].datatype == "BYTES"
+        again = infer(plane, outputs=(RequestedOutput("Y", parameters={"classification": 1}),))
+        assert runs(host) == before + 2
+        assert list(again.outputs[0].data.flat) == list(classes.outputs[0].data.flat)
+        # How the answer travels is not in the key: binary flags, the timeout, the id.
+        binary = infer(
+            plane,
+            outputs=(RequestedOutput("Y", binary_data=True),),
+            parameters={"timeout": 30_000_000, "binary_data_output": True},
+            id="x",
+        )
+        assert runs(host) == before + 2
+        assert binary.outputs[0].data is named.outputs[0].data
+
+
+def test_the_least_recently_used_answer_goes_at_the_byte_bound(cached_repo: Path):
+    with Host(cached_repo) as host:
+        y = np.zeros((len(X), 1), np.float32)
+        one = answer_bytes((InferOutput("Y", "FP32", y.shape, y),))
+        plane = DataPlane(host, response_cache=ResponseCache(2 * one))
+        for shift in range(3):
+            infer(plane, x=X + shift)
+        stats = plane.response_cache.stats()
+        assert (stats.entries, stats.evictions, stats.bytes_used) == (2, 1, 2 * one)
+        before = runs(host)
+        infer(plane, x=X + 2)  # kept
+        assert runs(host) == before
+        infer(plane, x=X)  # evicted: run again
+        assert runs(host) == before + 1
+
+
+def test_a_failed_request_is_not_cached(cached_repo: Path):
+    with Host(cached_repo) as host:
+        plane = DataPlane(host, response_cache=ResponseCache(1 << 20))
+        with pytest.raises(corral.InvalidInput):
+            infer(plane, x=np.ones((1, 3), np.float32))
+        assert plane.response_cache.stats().entries == 0
+        assert plane.response_cache.counts() == {}
+
+
+def grouped(rows: np.ndarray, token: int = 0) -> GroupedRequest:
+    return GroupedRequest({"X": rows}, (), f"g{token}", None, time.perf_counter_ns(), token)
+
+
+def test_grouped_requests_hit_and_fill_the_same_cache(cached_repo: Path):
+    # The native edge's way in: a group's hits are answered at once, its misses run and kept;
+    # a request answered one way is found the other.
+    with Host(cached_repo) as host:
+        plane = DataPlane(host, response_cache=ResponseCache(1 << 20))
+        first = infer(plane)
+        answered: dict[object, InferResponse | corral.CorralError] = {}
+        done = threading.Event()
+
+        def answer(requests, outcomes) -> None:
+            for req, outcome in zip(requests, outcomes, strict=True):
+                answered[req.token] = outcome
+            if len(answered) == 2:
+                done.set()
+
+        before = runs(host)
+        assert plane.infer_group("m", None, [grouped(X, 0), grouped(X + 5, 1)], answer) == []
+        assert done.wait(timeout=30)
+        hit, missed = answered[0], answered[1]
+        assert isinstance(hit, InferResponse)
+        assert isinstance(missed, InferResponse)
+        assert hit.outputs[0].data is first.outputs[0].data
+        assert hit.id == "g0"
+        assert runs(host) == before + 1
+        # The grouped miss was kept: the general way finds it.
+        assert infer(plane, x=X + 5).outputs[0].data is missed.outputs[0].data
+        assert runs(host) == before + 1
+        (row,) = asyncio.run(plane.model_statistics("m"))
+        assert (row.cache_hit.count, row.cache_miss.count) == (2, 2)
+        assert (row.success.count, row.inference_count) == (4, 2)
