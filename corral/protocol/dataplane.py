@@ -50,6 +50,7 @@ from corral._base import (
 )
 from corral._compute import QueueStats, RequestStats, deadline_after, request_failure_reason
 from corral._host import Host, HostLease, HostState, ModelState, ModelStatus
+from corral._onnx import Signature
 from corral.protocol.classification import class_count
 from corral.protocol.control import CONTROL_TIMEOUT_S
 from corral.protocol.metadata import model_configuration, model_metadata
@@ -72,7 +73,6 @@ from corral.protocol.types import (
     ModelConfiguration,
     ModelMetadata,
     ModelStatistics,
-    RequestedOutput,
     ServerMetadata,
 )
 
@@ -478,7 +478,10 @@ class DataPlane:
                 wanted, omitted = None, []  # every output, all of them tensors
             key = found = None
             if lease.config.response_cache:
-                key, found, lookup_ns = self._look_up(lease, feed, named, classes)
+                answered = wanted if wanted is not None else _tensor_outputs(signature)
+                counts = classes or {}
+                carried = tuple([(out, counts.get(out, 0)) for out in answered])
+                key, found, lookup_ns = self._look_up(lease, feed, carried, omitted)
             if found is not None:
                 outputs, omitted = found.outputs, list(found.omitted)
             else:
@@ -528,21 +531,21 @@ class DataPlane:
         self,
         lease: HostLease,
         feed: Mapping[str, npt.NDArray[Any]],
-        named: Sequence[RequestedOutput],
-        classes: Mapping[str, int] | None,
+        carried: Sequence[tuple[str, int]],
+        omitted: Sequence[str] = (),
     ) -> tuple[CacheKey | None, CachedAnswer | None, int]:
         """A request's key in the response cache, its answer kept there or None, the time taken.
 
-        No key when the server has no cache (the model is then named once in the log).
+        ``carried``: the outputs its answer carries, in order, each with its class count;
+        ``omitted``: those its answer names as left out. No key when the server has no cache
+        (the model is then named once in the log).
         """
         cache = self._response_cache
         if not cache.size_bytes:
             cache.note_unheeded(lease.name)
             return None, None, 0
         started = time.perf_counter_ns()
-        counts = classes or {}
-        outputs = tuple([(output.name, counts.get(output.name, 0)) for output in named])
-        key = cache_key(lease.name, lease.version, lease.generation, feed, outputs)
+        key = cache_key(lease.name, lease.version, lease.generation, feed, carried, omitted)
         found = cache.lookup(key, started)
         return key, found, time.perf_counter_ns() - started
 
@@ -616,9 +619,10 @@ class DataPlane:
         left: list[GroupedRequest] = []
         hits: list[GroupedRequest] = []
         answers: list[InferResponse | CorralError] = []
+        every = _tensor_outputs(lease.session.signature)
         for request in requests:
-            named: list[RequestedOutput] = [RequestedOutput(out) for out in request.outputs]
-            key, found, lookup_ns = self._look_up(lease, request.inputs, named, None)
+            carried = tuple([(out, 0) for out in request.outputs or every])
+            key, found, lookup_ns = self._look_up(lease, request.inputs, carried)
             if found is None:
                 request.cache_key, request.lookup_ns = key, lookup_ns
                 left.append(request)
@@ -760,6 +764,11 @@ def _shared_memory_off(doing: str) -> str:
         f"Client shared memory is disabled: {doing}; start corral serve with "
         "--system-shared-memory (CORRAL_SYSTEM_SHARED_MEMORY=true) to serve it"
     )
+
+
+def _tensor_outputs(signature: Signature) -> list[str]:
+    """The outputs a request naming none is answered with: the model's tensor outputs."""
+    return [spec.name for spec in signature.outputs if spec.dtype is not None]
 
 
 def _version_arg(version: str | None) -> str | None:

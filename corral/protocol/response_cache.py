@@ -10,15 +10,17 @@ model, and holds at most ``size_bytes`` of answers: the least recently used go f
 answers and the copy of it (:attr:`HostLease.generation <corral.HostLease>`: a reload builds a
 new copy of the same version number, and a load after an unload another), and a digest of the
 request: each input's name, dtype, shape and bytes (in name order: the model reads them by
-name), then the outputs asked for, in order, each with its class count (the classification
-extension). What only says how the answer travels is left out: the request's id and timeout,
-binary flags, shared-memory regions (an answer found is written to the request's own regions,
-as Triton writes a cached answer). Triton hashes the name, version and input bytes only, into
-64 bits, and documents the collision risk; here the digest is BLAKE2b of 256 bits over an
-encoding in which every field carries its length, so two requests that differ anywhere have
-different encodings, and two different encodings share a digest with probability about
-2**-128 even among 2**64 requests: the keys are compared, not the requests themselves, whose
-inputs the cache would otherwise have to hold too.
+name), then the outputs its answer carries, in order, each with its class count (the
+classification extension), and those it names as omitted (a request naming no output is
+answered with every tensor output, so it shares its key with one naming them all in the
+model's order). What only says how the answer travels is left out: the request's id and
+timeout, binary flags, shared-memory regions (an answer found is written to the request's
+own regions, as Triton writes a cached answer). Triton hashes the name, version and input
+bytes only, into 64 bits, and documents the collision risk; here the digest is BLAKE2b of
+256 bits over an encoding in which every field carries its length, so two requests that
+differ anywhere have different encodings, and two different encodings share a digest with
+probability about 2**-128 even among 2**64 requests: the keys are compared, not the
+requests themselves, whose inputs the cache would otherwise have to hold too.
 
 **Invalidation**: an answer is reachable only through the copy that computed it, so no other
 copy (another version, a reload, a load after an unload) is ever answered with it; when the
@@ -123,11 +125,13 @@ def cache_key(
     generation: int,
     inputs: Mapping[str, npt.NDArray[Any]],
     outputs: Sequence[tuple[str, int]],
+    omitted: Sequence[str] = (),
 ) -> CacheKey:
     """The key of a request to ``model``'s copy ``generation`` of ``version``.
 
-    ``outputs``: the outputs named, in the request's order, each with its class count (0: the
-    tensor itself); empty for every output. Hashes every input byte: call it outside any lock.
+    ``outputs``: the outputs its answer carries, in order, each with its class count (0: the
+    tensor itself); ``omitted``: those its answer names as left out (``omitted_outputs``).
+    Hashes every input byte: call it outside any lock.
     """
     digest = hashlib.blake2b(digest_size=32)
     update = digest.update
@@ -148,6 +152,9 @@ def cache_key(
     for name, classes in outputs:
         _field(update, name.encode())
         update(_LENGTH.pack(classes))
+    update(_LENGTH.pack(len(omitted)))
+    for name in omitted:
+        _field(update, name.encode())
     return CacheKey(model, version, generation, digest.digest())
 
 
