@@ -48,7 +48,7 @@ from corral._compute import (
 )
 from corral._models import ModelConfig
 
-__all__ = ["HostLease", "Outputs", "ServedVersion"]
+__all__ = ["HostLease", "Outputs", "ServedVersion", "next_generation"]
 
 Outputs = dict[str, npt.NDArray[Any]]
 #: A request's answer: a thread's Future, or an asyncio Future with the loop it belongs to.
@@ -59,7 +59,8 @@ _GENERATION_LOCK = threading.Lock()
 _last_generation = 0
 
 
-def _next_generation() -> int:
+def next_generation() -> int:
+    """A copy's generation: a number no other copy built in this process has had."""
     global _last_generation
     with _GENERATION_LOCK:
         _last_generation += 1
@@ -145,7 +146,7 @@ class ServedVersion:
         #: This copy's number, unique in the process: a reload builds a new copy of the same
         #: version number, and what an answer was computed by is told apart by it (the
         #: server's response cache keys on it).
-        self.generation = _next_generation()
+        self.generation = next_generation()
         self.pinned = False
         #: Rows per batched run; 0 when requests never share a run (see corral._compute.probe).
         self.max_rows = batching.max_rows

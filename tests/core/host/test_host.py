@@ -406,6 +406,26 @@ def test_each_copy_of_a_version_has_a_generation_of_its_own(tmp_path: Path):
     assert len({first, reloaded, again}) == 3
 
 
+def test_generations_taken_from_many_threads_at_once_are_all_different():
+    from corral._host.served import next_generation
+
+    barrier = threading.Barrier(8, timeout=30)
+    taken: list[list[int]] = [[] for _ in range(8)]
+
+    def take(mine: list[int]) -> None:
+        barrier.wait()
+        mine.extend(next_generation() for _ in range(500))
+
+    threads = [threading.Thread(target=take, args=(mine,)) for mine in taken]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    every = [number for mine in taken for number in mine]
+    assert len(every) == 8 * 500
+    assert len(set(every)) == len(every)
+
+
 def test_polling_serves_a_new_version_without_errors(tmp_path: Path):
     add_model(tmp_path, "m", build_linear(seed=1))
     new = reference_run(build_linear(seed=2), {"X": X})[0]
