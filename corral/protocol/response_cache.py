@@ -190,11 +190,13 @@ class ResponseCache:
         if isinstance(size_bytes, bool) or not isinstance(size_bytes, int) or size_bytes < 0:
             raise ValueError(f"a response cache's size must be bytes >= 0, got {size_bytes!r}")
         self._size_bytes = size_bytes
-        # Guards the books: _entries (least recently used first) and _bytes_used, the counts
+        # Guards the books: _entries (least recently used first), _by_model (the same keys by
+        # model, so that a model's change does not scan the whole cache) and _bytes_used, the counts
         # per version, evictions, invalidations and the models named as unheeded. Held for
         # bookkeeping only: the digests are computed, and answers measured, outside it.
         self._books_lock = threading.Lock()
         self._entries: OrderedDict[CacheKey, CachedAnswer] = OrderedDict()
+        self._by_model: dict[str, set[CacheKey]] = {}
         self._bytes_used = 0
         self._counts: dict[tuple[str, int], list[int]] = {}
         self._evictions = 0
@@ -244,10 +246,11 @@ class ResponseCache:
             kept = nbytes <= self._size_bytes
             if kept and key not in self._entries:
                 while self._bytes_used + nbytes > self._size_bytes:
-                    _, evicted = self._entries.popitem(last=False)
-                    self._bytes_used -= evicted.nbytes
+                    oldest, _ = next(iter(self._entries.items()))
+                    self._forget_locked(oldest)
                     self._evictions += 1
                 self._entries[key] = answer
+                self._by_model.setdefault(key.model, set()).add(key)
                 self._bytes_used += nbytes
             counts = self._counts_of(key)
             counts[2] += 1
@@ -264,11 +267,11 @@ class ResponseCache:
         with self._books_lock:
             stale = [
                 key
-                for key in self._entries
-                if key.model == model and serving.get(key.version) != key.generation
+                for key in self._by_model.get(model, ())
+                if serving.get(key.version) != key.generation
             ]
             for key in stale:
-                self._bytes_used -= self._entries.pop(key).nbytes
+                self._forget_locked(key)
             self._invalidations += len(stale)
 
     def note_unheeded(self, model: str) -> None:
@@ -300,6 +303,14 @@ class ResponseCache:
                 self._evictions,
                 self._invalidations,
             )
+
+    def _forget_locked(self, key: CacheKey) -> None:
+        # Under _books_lock: drop one answer from both maps and its bytes from the count.
+        self._bytes_used -= self._entries.pop(key).nbytes
+        keys = self._by_model[key.model]
+        keys.discard(key)
+        if not keys:
+            del self._by_model[key.model]
 
     def _counts_of(self, key: CacheKey) -> list[int]:
         # Under _books_lock: [hits, hit ns, misses, miss ns] of the key's version.
