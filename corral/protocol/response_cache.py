@@ -42,6 +42,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import struct
@@ -169,6 +170,17 @@ def _text(item: object) -> bytes:
     return b"\x00" + repr(item).encode()
 
 
+def _compact(output: InferOutput) -> InferOutput:
+    # ``output`` holding no more memory than its own bytes: a view of a larger array (a
+    # request's rows of a batch's outputs) is copied, so that the bytes counted are those held.
+    root = output.data
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    if root is output.data or root.nbytes <= output.data.nbytes:
+        return output
+    return dataclasses.replace(output, data=output.data.copy())
+
+
 def answer_bytes(outputs: Sequence[InferOutput]) -> int:
     """What ``outputs`` count against a cache's bound: their tensors' bytes and overhead."""
     total = ENTRY_OVERHEAD
@@ -237,9 +249,11 @@ class ResponseCache:
 
         ``lookup_ns``: what its lookup took; the miss's time is that and this insertion's.
         The least recently used answers make room; an answer larger than the whole cache is
-        not kept. An answer already kept under ``key`` (two requests ran at once) stays.
+        not kept. An answer already kept under ``key`` (two requests ran at once) stays. An
+        output that is a view of a larger array (its rows of a batch's run) is kept as a copy.
         """
         started = time.perf_counter_ns()
+        outputs = tuple([_compact(output) for output in outputs])
         nbytes = answer_bytes(outputs)
         answer = CachedAnswer(outputs, omitted, nbytes)
         with self._books_lock:

@@ -89,7 +89,7 @@ def test_a_hit_returns_what_was_kept_and_is_counted_with_its_time():
     assert cache.insert(k, answer, ("Z",), lookup_ns=5)
     found = cache.lookup(k, started)
     assert found is not None
-    assert found.outputs is answer
+    assert found.outputs == answer
     assert found.omitted == ("Z",)
     (counts,) = cache.counts().values()
     assert (counts.hits, counts.misses) == (1, 1)
@@ -121,6 +121,25 @@ def test_an_answer_larger_than_the_cache_is_not_kept_but_counted_a_miss():
     assert cache.counts()[("m", 1)] == CacheCounts(0, 0, 1, cache.counts()[("m", 1)].miss_ns)
 
 
+def test_a_view_of_a_batchs_outputs_is_kept_as_a_copy_of_its_own_rows():
+    # A request's rows of a batched run are a view of the batch's array: kept as is, the
+    # cache would hold the whole batch while counting the rows only.
+    batch = np.zeros((64, 100), np.float32)
+    rows = batch[8:9]
+    owned = np.zeros((1, 100), np.float32)
+    cache = ResponseCache(100_000)
+    cache.insert(key({"X": X}), (InferOutput("Y", "FP32", rows.shape, rows),), lookup_ns=0)
+    cache.insert(key({"X": X + 1}), (InferOutput("Y", "FP32", owned.shape, owned),), lookup_ns=0)
+    kept = cache.lookup(key({"X": X}), 0)
+    assert kept is not None
+    assert kept.outputs[0].data.base is None
+    np.testing.assert_array_equal(kept.outputs[0].data, rows)
+    other = cache.lookup(key({"X": X + 1}), 0)
+    assert other is not None
+    assert other.outputs[0].data is owned  # nothing more held: not copied
+    assert cache.stats().bytes_used == 2 * (ENTRY_OVERHEAD + 1 + 400)
+
+
 def test_an_answer_offered_twice_is_kept_once():
     cache = ResponseCache(10_000)
     k = key({"X": X})
@@ -129,7 +148,7 @@ def test_an_answer_offered_twice_is_kept_once():
     cache.insert(k, outputs(4), lookup_ns=0)
     found = cache.lookup(k, 0)
     assert found is not None
-    assert found.outputs is first
+    assert found.outputs == first
     assert cache.stats().entries == 1
     assert cache.counts()[("m", 1)].misses == 2  # both ran
 
