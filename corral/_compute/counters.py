@@ -208,6 +208,10 @@ class RequestStats:
     #: Of :attr:`fail_count`, ``(reason, count)`` for each reason of
     #: :data:`REQUEST_FAILURE_REASONS` counted at least once, in that order.
     failures_by_reason: tuple[tuple[str, int], ...] = ()
+    #: Of :attr:`success_count`, the requests answered from the server's response cache,
+    #: without a run: counted with them, so that the inferences run (the difference) are
+    #: read from one snapshot and never go down.
+    cached_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -247,6 +251,7 @@ class _RequestCounters:
     fail_count: int = 0
     fail_ns: int = 0
     last_inference_ms: int = 0
+    cached_count: int = 0
     latency: Histogram[int] | None = None
     # Failures per reason, indexed as REQUEST_FAILURE_REASONS.
     fail_reasons: list[int] = field(default_factory=lambda: [0] * len(REQUEST_FAILURE_REASONS))
@@ -314,8 +319,13 @@ class HostCounters:
                 counters.fail_ns += duration_ns
                 counters.fail_reasons[index] += 1
 
-    def count_answered(self, key: Key, durations_ns: Sequence[int]) -> None:
-        """Count requests to version ``key`` answered with outputs, at once (a batch's)."""
+    def count_answered(
+        self, key: Key, durations_ns: Sequence[int], *, cached: bool = False
+    ) -> None:
+        """Count requests to version ``key`` answered with outputs, at once (a batch's).
+
+        ``cached``: answered from the server's response cache, without a run.
+        """
         now_ms = int(time.time() * 1000)
         with self._counters_lock:
             counters = self._requests.get(key)
@@ -329,6 +339,8 @@ class HostCounters:
             counters.success_count += len(durations_ns)
             counters.success_ns += sum(durations_ns)
             counters.last_inference_ms = now_ms
+            if cached:
+                counters.cached_count += len(durations_ns)
 
     def count_unattributed_failure(self, duration_ns: int, reason: str) -> None:
         """Count a failed request that names no model version the Host knows, by ``reason``."""
@@ -349,7 +361,7 @@ class HostCounters:
         # figures of a few hundred versions at a time, and build the RequestStats after.
         with self._counters_lock:
             items = list(self._requests.items())
-        figures: list[tuple[Key, int, int, int, int, int, tuple[tuple[str, int], ...]]] = []
+        figures: list[tuple[Key, int, int, int, int, int, tuple[tuple[str, int], ...], int]] = []
         for start in range(0, len(items), _READ_CHUNK):
             with self._counters_lock:
                 figures.extend(
@@ -361,12 +373,13 @@ class HostCounters:
                         c.fail_ns,
                         c.last_inference_ms,
                         _by_reason(c.fail_reasons) if c.fail_count else (),
+                        c.cached_count,
                     )
                     for key, c in items[start : start + _READ_CHUNK]
                 )
         return {
-            key: RequestStats(ok, ok_ns, failed, failed_ns, last, reasons)
-            for key, ok, ok_ns, failed, failed_ns, last, reasons in figures
+            key: RequestStats(ok, ok_ns, failed, failed_ns, last, reasons, cached)
+            for key, ok, ok_ns, failed, failed_ns, last, reasons, cached in figures
         }
 
     def request_latency(self) -> LatencyStats:

@@ -362,9 +362,22 @@ class Host:
         """
         self._counters.count_request((name, version), duration_ns, ok=ok, reason=reason)
 
-    def count_answered(self, name: str, version: int, durations_ns: Sequence[int]) -> None:
-        """:meth:`count_request` for several requests answered with outputs, at once."""
-        self._counters.count_answered((name, version), durations_ns)
+    def count_answered(
+        self, name: str, version: int, durations_ns: Sequence[int], *, cached: bool = False
+    ) -> None:
+        """:meth:`count_request` for several requests answered with outputs, at once.
+
+        ``cached``: answered from the server's response cache, without a run (counted
+        successes, not inferences, as Triton counts them).
+        """
+        self._counters.count_answered((name, version), durations_ns, cached=cached)
+
+    def serving_generations(self, name: str) -> dict[int, int]:
+        """The copies of ``name`` in service now: each version's :attr:`HostLease.generation`.
+
+        Reads memory only, under the table's lock: a change listener may call it.
+        """
+        return {version: served.generation for version, served in self._table.in_use(name).items()}
 
     def count_failed_request(
         self, name: str, version: int | str | None, duration_ns: int, error: BaseException

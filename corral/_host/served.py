@@ -48,11 +48,23 @@ from corral._compute import (
 )
 from corral._models import ModelConfig
 
-__all__ = ["HostLease", "Outputs", "ServedVersion"]
+__all__ = ["HostLease", "Outputs", "ServedVersion", "next_generation"]
 
 Outputs = dict[str, npt.NDArray[Any]]
 #: A request's answer: a thread's Future, or an asyncio Future with the loop it belongs to.
 AnyFuture = Future[Outputs] | asyncio.Future[Outputs]
+
+# Guards _last_generation: each copy built in this process takes the next number.
+_GENERATION_LOCK = threading.Lock()
+_last_generation = 0
+
+
+def next_generation() -> int:
+    """A copy's generation: a number no other copy built in this process has had."""
+    global _last_generation
+    with _GENERATION_LOCK:
+        _last_generation += 1
+        return _last_generation
 
 
 class _Checked(NamedTuple):
@@ -88,6 +100,7 @@ class ServedVersion:
         "counters",
         "dismiss",
         "fingerprint",
+        "generation",
         "inline",
         "key",
         "label",
@@ -130,6 +143,10 @@ class ServedVersion:
         self.label = session.name
         self.size_bytes = size_bytes
         self.fingerprint = fingerprint
+        #: This copy's number, unique in the process: a reload builds a new copy of the same
+        #: version number, and what an answer was computed by is told apart by it (the
+        #: server's response cache keys on it).
+        self.generation = next_generation()
         self.pinned = False
         #: Rows per batched run; 0 when requests never share a run (see corral._compute.probe).
         self.max_rows = batching.max_rows
@@ -557,7 +574,7 @@ class HostLease:
     unit of "in use".
     """
 
-    __slots__ = ("_lease", "_served", "name", "session", "version")
+    __slots__ = ("_lease", "_served", "generation", "name", "session", "version")
 
     def __init__(self, served: ServedVersion, lease: Lease) -> None:
         self._served = served
@@ -565,6 +582,8 @@ class HostLease:
         #: The model's name and the version this lease holds.
         self.name = served.name
         self.version = served.version
+        #: Which copy of that version: unique in the process, new with every load or reload.
+        self.generation = served.generation
         #: The loaded session.
         self.session = served.session
 

@@ -13,6 +13,7 @@ A model folder may hold a ``model.toml`` next to its version folders::
     warmup = true                # run once on zeros after loading
     version_policy = { latest = 2 }
     custom_op_libraries = ["onnxruntime_extensions", "lib/libmyops.so"]
+    response_cache = true        # answers kept in the server's response cache (--cache-config)
 
 ``version_policy`` is ``"latest"``, ``"all"``, ``{ latest = N }`` or ``{ specific = [1, 3] }``;
 Triton's spellings (``{ latest = { num_versions = N } }``, ``{ specific = { versions = [...] } }``,
@@ -240,6 +241,10 @@ class ModelConfig:
     #: (relative to the model's folder as written; the repository makes it the library's real
     #: path once checked inside the folder) or ``"onnxruntime_extensions"``.
     custom_op_libraries: tuple[str, ...] = ()
+    #: Its answers may be kept in the server's response cache (Triton's
+    #: ``response_cache { enable: true }``); used only when the server has a cache
+    #: (``--cache-config local,size=N``).
+    response_cache: bool = False
     #: Where the settings came from: ``"default"``, ``"model.toml"`` or ``"config.pbtxt"``
     #: (not compared: the same settings from either file are equal).
     source: str = field(default="default", compare=False)
@@ -280,6 +285,7 @@ class ModelConfig:
         _check_bool("pinned", self.pinned)
         _check_bool("warmup", self.warmup)
         _check_bool("combine_requests", self.combine_requests)
+        _check_bool("response_cache", self.response_cache)
         _check_optional_count("queue_timeout_us", self.queue_timeout_us)
         object.__setattr__(self, "custom_op_libraries", _check_libraries(self.custom_op_libraries))
         _check_bool("queue_timeout_override", self.queue_timeout_override)

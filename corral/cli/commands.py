@@ -442,6 +442,7 @@ SERVE_GROUPS: dict[str, tuple[str, ...]] = {
         "strict_readiness",
         "strict",
         "max_loaded_models",
+        "memory_watch_s",
         "load_concurrency",
         "load_timeout_s",
         "ready_load_timeout_s",
@@ -450,6 +451,8 @@ SERVE_GROUPS: dict[str, tuple[str, ...]] = {
         "cache_dir",
         "cache_bytes",
         "backend_config",
+        "cache_config",
+        "response_cache_byte_size",
     ),
     "compute": (
         "compute_workers",

@@ -50,6 +50,7 @@ from corral._base import (
 )
 from corral._compute import QueueStats, RequestStats, deadline_after, request_failure_reason
 from corral._host import Host, HostLease, HostState, ModelState, ModelStatus
+from corral._onnx import Signature
 from corral.protocol.classification import class_count
 from corral.protocol.control import CONTROL_TIMEOUT_S
 from corral.protocol.metadata import model_configuration, model_metadata
@@ -57,6 +58,7 @@ from corral.protocol.model_control import ModelControl
 from corral.protocol.outputs import classified, outputs_to_run, tensor_output
 from corral.protocol.parameters import check_parameters
 from corral.protocol.paths import public_text
+from corral.protocol.response_cache import CachedAnswer, CacheKey, ResponseCache, cache_key
 from corral.protocol.shm import EXTENSION as SHARED_MEMORY_EXTENSION
 from corral.protocol.shm import (
     OutputRegions,
@@ -166,6 +168,10 @@ class GroupedRequest:
     started_ns: int
     #: The transport's own handle on it (a native edge's call).
     token: object
+    #: Set by :meth:`DataPlane.infer_group` for a request its response cache may keep the
+    #: answer of: its key, and what its lookup took.
+    cache_key: CacheKey | None = None
+    lookup_ns: int = 0
 
 
 #: How :meth:`DataPlane.infer_group` answers: requests of one group, each with its response
@@ -182,6 +188,8 @@ class DataPlane:
     plane's calls that may touch storage too. ``ready_load_timeout_s``: how long
     :meth:`model_ready` waits for the load it starts. ``shared_memory``: the system
     shared-memory regions requests may name; None: the extension is off.
+    ``response_cache``: the server's response cache (:mod:`corral.protocol.response_cache`),
+    used for the models whose config enables it; None: the server has none.
     """
 
     def __init__(
@@ -194,6 +202,7 @@ class DataPlane:
         control_timeout_s: float = CONTROL_TIMEOUT_S,
         ready_load_timeout_s: float = READY_LOAD_TIMEOUT_S,
         shared_memory: SharedMemoryRegistry | None = None,
+        response_cache: ResponseCache | None = None,
     ) -> None:
         self._host = host
         self._control = ModelControl(host) if control is None else control
@@ -215,6 +224,10 @@ class DataPlane:
         self._released.set()
         # Told when ready() may have changed (stop_reporting_ready, release_ready).
         self._readiness_listeners = ChangeListeners()
+        # Size 0: no cache, and a model enabling one is named once in the log.
+        self._response_cache = ResponseCache() if response_cache is None else response_cache
+        if self._response_cache.size_bytes:
+            host.on_change(self._drop_stale_answers)
 
     @property
     def host(self) -> Host:
@@ -230,6 +243,17 @@ class DataPlane:
     def control_refused(self) -> int:
         """Control-plane calls refused so far because too many were waiting (``Overloaded``)."""
         return self._threads.refused
+
+    def _drop_stale_answers(self, model: str | None) -> None:
+        # The Host's change listener: a copy out of service keeps no answer (none could be
+        # reached: the key holds the copy that computed it), so that its bytes go at once.
+        if model is not None:
+            self._response_cache.drop_stale(model, self._host.serving_generations(model))
+
+    @property
+    def response_cache(self) -> ResponseCache:
+        """The server's response cache; its ``size_bytes`` is 0 when the server has none."""
+        return self._response_cache
 
     @property
     def shared_memory(self) -> SharedMemoryRegistry | None:
@@ -452,20 +476,36 @@ class DataPlane:
                 wanted, omitted = outputs_to_run(signature, request)
             else:
                 wanted, omitted = None, []  # every output, all of them tensors
-            # A model proven to run in microseconds runs here, under the lease (the inline
-            # lane, corral._compute.inline); a traced request always takes the workers' run records.
-            results = lease.run_inline(feed, wanted, deadline) if inline and trace is None else None
-            if results is None:
-                # The lease's hold passes to the queued request, which keeps the version
-                # until it is answered: the outputs need it no more.
-                pending = lease.queue(feed, wanted, deadline, trace, loop=loop, release=True)
-                queued = True
-                results = await pending
-            if classes:
-                results = classified(results, classes, lease)
-            outputs = tuple([tensor_output(out_name, value) for out_name, value in results.items()])
+            key = found = None
+            if lease.config.response_cache:
+                answered = wanted if wanted is not None else _tensor_outputs(signature)
+                counts = classes or {}
+                carried = tuple([(out, counts.get(out, 0)) for out in answered])
+                key, found, lookup_ns = self._look_up(lease, feed, carried, omitted)
+            if found is not None:
+                outputs, omitted = found.outputs, list(found.omitted)
+            else:
+                # A model proven to run in microseconds runs here, under the lease (the inline
+                # lane, corral._compute.inline); a traced request always takes the workers'
+                # run records.
+                results = (
+                    lease.run_inline(feed, wanted, deadline) if inline and trace is None else None
+                )
+                if results is None:
+                    # The lease's hold passes to the queued request, which keeps the version
+                    # until it is answered: the outputs need it no more.
+                    pending = lease.queue(feed, wanted, deadline, trace, loop=loop, release=True)
+                    queued = True
+                    results = await pending
+                if classes:
+                    results = classified(results, classes, lease)
+                outputs = tuple([tensor_output(out, value) for out, value in results.items()])
+            computed = outputs
             if regions is not None:
+                # An answer from the cache goes to this request's regions, as a run's would.
                 outputs = regions.write(outputs)
+            if key is not None and found is None:
+                self._response_cache.insert(key, computed, tuple(omitted), lookup_ns=lookup_ns)
         except CorralError as exc:
             self._count(name, lease.version, started, ok=False, reason=request_failure_reason(exc))
             raise
@@ -474,7 +514,11 @@ class DataPlane:
                 lease.release()  # idempotent: a refused request's hold has ended already
             if regions is not None:
                 regions.release()
-        self._count(name, lease.version, started, ok=True)
+        if found is not None:
+            elapsed = time.perf_counter_ns() - started
+            self._host.count_answered(name, lease.version, [elapsed], cached=True)
+        else:
+            self._count(name, lease.version, started, ok=True)
         return InferResponse(
             model_name=name,
             model_version=str(lease.version),
@@ -482,6 +526,28 @@ class DataPlane:
             id=request.id,
             parameters={OMITTED_OUTPUTS: ",".join(omitted)} if omitted else {},
         )
+
+    def _look_up(
+        self,
+        lease: HostLease,
+        feed: Mapping[str, npt.NDArray[Any]],
+        carried: Sequence[tuple[str, int]],
+        omitted: Sequence[str] = (),
+    ) -> tuple[CacheKey | None, CachedAnswer | None, int]:
+        """A request's key in the response cache, its answer kept there or None, the time taken.
+
+        ``carried``: the outputs its answer carries, in order, each with its class count;
+        ``omitted``: those its answer names as left out. No key when the server has no cache
+        (the model is then named once in the log).
+        """
+        cache = self._response_cache
+        if not cache.size_bytes:
+            cache.note_unheeded(lease.name)
+            return None, None, 0
+        started = time.perf_counter_ns()
+        key = cache_key(lease.name, lease.version, lease.generation, feed, carried, omitted)
+        found = cache.lookup(key, started)
+        return key, found, time.perf_counter_ns() - started
 
     def infer_group(
         self,
@@ -521,6 +587,8 @@ class DataPlane:
         try:
             if lease.session.signature.uncarried_outputs:
                 return list(requests)
+            if lease.config.response_cache:
+                requests = self._cached_group(lease, requests, answer)
             queued = self._inline_group(lease, requests, answer)
             refusals: list[CorralError | None] = []
             if queued:
@@ -542,6 +610,38 @@ class DataPlane:
                 self._count(lease.name, lease.version, request.started_ns, ok=False, reason=reason)
             answer([request for request, _ in refused], [error for _, error in refused])
         return []
+
+    def _cached_group(
+        self, lease: HostLease, requests: Sequence[GroupedRequest], answer: GroupAnswers
+    ) -> Sequence[GroupedRequest]:
+        # The group's requests the response cache answers, answered; the others, each with
+        # its key, to run. The digests are computed here, on the dispatching thread.
+        left: list[GroupedRequest] = []
+        hits: list[GroupedRequest] = []
+        answers: list[InferResponse | CorralError] = []
+        every = _tensor_outputs(lease.session.signature)
+        for request in requests:
+            carried = tuple([(out, 0) for out in request.outputs or every])
+            key, found, lookup_ns = self._look_up(lease, request.inputs, carried)
+            if found is None:
+                request.cache_key, request.lookup_ns = key, lookup_ns
+                left.append(request)
+                continue
+            hits.append(request)
+            answers.append(InferResponse(lease.name, str(lease.version), found.outputs, request.id))
+        if hits:
+            now = time.perf_counter_ns()
+            durations = [now - request.started_ns for request in hits]
+            self._host.count_answered(lease.name, lease.version, durations, cached=True)
+            answer(hits, answers)
+        return left
+
+    def _keep(self, request: GroupedRequest, response: InferResponse) -> None:
+        # A grouped request's answer, offered to the response cache if it has a key there.
+        if request.cache_key is not None:
+            self._response_cache.insert(
+                request.cache_key, response.outputs, lookup_ns=request.lookup_ns
+            )
 
     def _inline_group(
         self, lease: HostLease, requests: Sequence[GroupedRequest], answer: GroupAnswers
@@ -567,6 +667,7 @@ class DataPlane:
                 try:
                     outcome = _response(lease.name, lease.version, request, ran)
                     durations.append(now - request.started_ns)
+                    self._keep(request, outcome)
                 except CorralError as exc:
                     outcome = exc
             if isinstance(outcome, CorralError):
@@ -640,14 +741,16 @@ class DataPlane:
             queues = self._host.queue_stats()
         if counted is None:
             counted = self._host.request_stats()
-        return statistics_rows(counted, queues)
+        return statistics_rows(counted, queues, cache=self._response_cache.counts())
 
     def _model_statistics(self, name: str | None, version: str | None) -> list[ModelStatistics]:
         if name is not None:
             self._host.status(name)  # ModelNotFound for an unknown model
         wanted = None if version is None else self._host.serving_version(name or "", version)
         queues = self._host.queue_stats()
-        return statistics_rows(self._host.request_stats(), queues, name, wanted)
+        counted = self._host.request_stats()
+        cache = self._response_cache.counts()
+        return statistics_rows(counted, queues, name, wanted, cache)
 
     def _count(
         self, name: str, version: int, started_ns: int, *, ok: bool, reason: str = "other"
@@ -661,6 +764,11 @@ def _shared_memory_off(doing: str) -> str:
         f"Client shared memory is disabled: {doing}; start corral serve with "
         "--system-shared-memory (CORRAL_SYSTEM_SHARED_MEMORY=true) to serve it"
     )
+
+
+def _tensor_outputs(signature: Signature) -> list[str]:
+    """The outputs a request naming none is answered with: the model's tensor outputs."""
+    return [spec.name for spec in signature.outputs if spec.dtype is not None]
 
 
 def _version_arg(version: str | None) -> str | None:
@@ -707,7 +815,9 @@ class _GroupReceiver:
             if error is None:
                 try:
                     result = cast(Outputs, results[index])  # a run's outputs, by name
-                    outcomes.append(_response(name, version, token, result))
+                    response = _response(name, version, token, result)
+                    self._plane._keep(token, response)
+                    outcomes.append(response)
                     answered.append(now - token.started_ns)
                     requests.append(token)
                     continue

@@ -595,6 +595,8 @@ def _statistics(row: ModelStatistics) -> pb.ModelStatistics:
             compute_input=_duration(row.compute_input),
             compute_infer=_duration(row.compute_infer),
             compute_output=_duration(row.compute_output),
+            cache_hit=_duration(row.cache_hit),
+            cache_miss=_duration(row.cache_miss),
         ),
         batch_stats=[
             pb.InferBatchStatistics(

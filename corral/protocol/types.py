@@ -236,7 +236,8 @@ class ModelStatistics:
     version: str
     #: Milliseconds since the epoch of the last request answered; 0 if none.
     last_inference: int
-    #: Requests answered successfully (each a batch-1 or larger inference).
+    #: Requests answered successfully by a run (each a batch-1 or larger inference); those
+    #: answered from the response cache are successes but not inferences, as in Triton.
     inference_count: int
     #: Model runs: several requests batched together are one execution.
     execution_count: int
@@ -247,6 +248,10 @@ class ModelStatistics:
     compute_infer: Duration
     compute_output: Duration
     batch_stats: tuple[BatchStatistics, ...] = ()
+    #: Requests answered from the response cache (the time of their lookups), and requests
+    #: run and offered to it (the time of their lookups and insertions): Triton's.
+    cache_hit: Duration = Duration()
+    cache_miss: Duration = Duration()
 
 
 @dataclass(frozen=True, slots=True)

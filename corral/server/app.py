@@ -45,6 +45,7 @@ from corral._onnx import ort
 from corral.protocol.control import ControlThreads
 from corral.protocol.dataplane import DataPlane
 from corral.protocol.model_control import ModelControl
+from corral.protocol.response_cache import ResponseCache
 from corral.protocol.shm import SharedMemoryRegistry
 from corral.server.bodies import BodyBudget, BudgetCounter
 from corral.server.connections.contract import ConnectionLimits
@@ -315,6 +316,7 @@ async def serve(
             name=settings.server_name,
             ready_load_timeout_s=settings.ready_load_timeout_s,
             shared_memory=shared_memory,
+            response_cache=ResponseCache(settings.response_cache_bytes()),
         )
         edge = chosen_edge(settings.edge, tls=tls is not None)
         # One budget for both transports: memory is the process's, whichever way bytes came,
@@ -913,7 +915,7 @@ def _log_summary(
         "corral %s serving %s on %s: %d models in the repository, HTTP on %s:%d, gRPC %s "
         "(the %s edge%s), "
         "memory budget %s, %d compute workers, %s, open-file limit %d, "
-        "at most %d HTTP%s connections%s%s%s",
+        "at most %d HTTP%s connections%s%s%s%s",
         __version__,
         settings.repository,
         describe_interpreter(),
@@ -931,8 +933,14 @@ def _log_summary(
         "" if caps[1] is None else f" and {caps[1]} gRPC",
         _tokens_said(settings.token_policy()),
         ", system shared memory on" if settings.system_shared_memory else "",
+        _cache_said(settings.response_cache_bytes()),
         "" if member is None else f", as {member.name}",
     )
+
+
+def _cache_said(size: int) -> str:
+    """The start line's words for the response cache: its size, when there is one."""
+    return f", a response cache of {size:,} bytes" if size else ""
 
 
 def _tokens_said(policy: TokenPolicy) -> str:

@@ -81,8 +81,9 @@ KILL_MARGIN_S = 5.0
 def process_settings(settings: ServerSettings, number: int) -> ServerSettings:
     """Process ``number``'s settings: what is counted per server, divided among the processes.
 
-    The memory budget, the models loaded at once, the store's cache bytes, the compute
-    workers, the HTTP and gRPC connections' caps given, and the body budget are each divided
+    The memory budget, the models loaded at once, the store's cache bytes, the response
+    cache's bytes, the compute workers, the HTTP and gRPC connections' caps given, and the
+    body budget are each divided
     by ``--processes`` (at least 1; the body budget at least ``--max-request-bytes``: the
     settings refuse one given that would be smaller). The metrics port is ``P + number - 1``
     (0 stays 0: each picks a free one).
@@ -97,10 +98,14 @@ def process_settings(settings: ServerSettings, number: int) -> ServerSettings:
         "max_connections": settings.max_connections,
         "grpc_max_connections": settings.grpc_max_connections,
     }
-    update = {
+    update: dict[str, Any] = {
         field: None if total is None else max(1, int(total) // count)
         for field, total in shares.items()
     }
+    cache = settings.response_cache_bytes()
+    if cache:
+        update["cache_config"] = f"local,size={max(1, cache // count)}"
+        update["response_cache_byte_size"] = None
     update["max_body_bytes_in_flight"] = max(
         settings.max_request_bytes, settings.body_budget_bytes() // count
     )

@@ -396,6 +396,21 @@ class ServerSettings(_HostAndRuntimeOptions):
         gt=0,
         description="system shared-memory regions registered at once; more are refused",
     )
+    # -- Triton's response cache (corral.protocol.response_cache) -------------------------
+    cache_config: str | None = Field(
+        None,
+        description="Triton's response cache: local,size=<bytes> (or a size like 64MiB) keeps "
+        "the answers of the models whose config enables it (config.pbtxt's response_cache { "
+        "enable: true }, model.toml's response_cache = true) in one cache of that many bytes "
+        "(divided among --processes), least recently used dropped first; local is the only "
+        "cache. Without it, no answer is cached",
+    )
+    response_cache_byte_size: int | None = Field(
+        None,
+        ge=0,
+        description="Triton's older spelling of --cache-config local,size=N (0: no cache); "
+        "not with --cache-config",
+    )
     # -- tracing (corral.server.observe.tracing; the otel extra) ----------------------------------
     trace_exporter: Literal["none", "otlp", "console"] = Field(
         "none",
@@ -452,6 +467,29 @@ class ServerSettings(_HostAndRuntimeOptions):
         if isinstance(value, str | bool):  # a bool is no size, though pydantic reads it as 1
             return parse_bytes(value, option=str(info.field_name))
         return value  # None, or a number the field's own bounds check
+
+    @field_validator("cache_config")
+    @classmethod
+    def _local_cache(cls, value: str | None) -> str | None:
+        # Triton's form, <cache>,<key>=<value>: the local cache and its size only. Kept as
+        # local,size=<bytes>, which response_cache_bytes() reads.
+        if value is None:
+            return None
+        cache, _, setting = value.partition(",")
+        key, _, size = setting.partition("=")
+        if cache.strip() != "local":
+            raise ValueError(
+                f"cache_config {value!r}: corral's only response cache is local "
+                "(local,size=<bytes>); Triton's redis and custom caches are not served"
+            )
+        if key.strip() != "size" or not size.strip():
+            raise ValueError(
+                f"cache_config {value!r} must be local,size=<bytes>: size is the local "
+                "cache's one setting"
+            )
+        text = size.strip()
+        number = parse_bytes(int(text) if text.isdigit() else text, option="cache_config")
+        return f"local,size={number}"
 
     @field_validator("log_level", "grpc_log_level")
     @classmethod
@@ -545,6 +583,25 @@ class ServerSettings(_HostAndRuntimeOptions):
                 "client certificates are checked only over TLS"
             )
         return self
+
+    @model_validator(mode="after")
+    def _one_cache_spelling(self) -> ServerSettings:
+        # As Triton: the two spellings of the cache's size are incompatible together.
+        if self.cache_config is not None and self.response_cache_byte_size is not None:
+            raise ValueError(
+                "response_cache_byte_size and cache_config are both given: give one "
+                "(--cache-config local,size=N is the current spelling)"
+            )
+        return self
+
+    def response_cache_bytes(self) -> int:
+        """The response cache's size in bytes (``cache_config``'s, or Triton's older flag's).
+
+        0: the server has no response cache.
+        """
+        if self.cache_config is not None:
+            return int(self.cache_config.rpartition("=")[2])
+        return self.response_cache_byte_size or 0
 
     @model_validator(mode="after")
     def _metrics_port_is_its_own(self) -> ServerSettings:

@@ -109,8 +109,10 @@ def test_each_process_gets_its_share_of_what_is_counted_per_server(tmp_path: Pat
         max_request_bytes=1000,
         max_body_bytes_in_flight=9000,
         metrics_port=9100,
+        cache_config="local,size=3MiB",
     )
     second = process_settings(settings, 2)
+    assert second.response_cache_bytes() == 2**20
     assert second.host_options().budget_bytes == 1024**3
     assert second.host_options().max_loaded_models == 3
     assert second.runtime_options().compute_workers == 1

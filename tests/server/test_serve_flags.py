@@ -88,6 +88,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "inline_run_us": ("25", 25),
     "default_max_batch_size": ("8", 8),
     "backend_config": ("enable-mem-arena=1", {"enable-mem-arena": "1"}),
+    "cache_config": ("local,size=64MiB", f"local,size={64 * 2**20}"),
+    "response_cache_byte_size": ("1048576", 1048576),
 }
 # Where the flag spells the sample otherwise than the variable: Triton's --backend-config
 # names its backend, the variable holds onnxruntime's settings alone.
@@ -197,6 +199,48 @@ def test_a_bad_value_names_its_flag_and_variable(
     )
     assert main(["serve", str(tmp_path), "--http-port", "70000"]) == 2
     assert "--http-port (CORRAL_HTTP_PORT)" in capsys.readouterr().err
+    assert served == []
+
+
+@pytest.mark.parametrize(
+    ("flags", "size"),
+    [
+        ([], 0),
+        (["--cache-config", "local,size=1048576"], 1048576),
+        (["--cache-config=local,size=2MiB"], 2 * 2**20),
+        (["--response-cache-byte-size", "4096"], 4096),
+        (["--response-cache-byte-size", "0"], 0),
+    ],
+)
+def test_tritons_cache_flags_give_the_response_cache_its_size(
+    flags: list[str], size: int, tmp_path: Path, served: list[ServerSettings]
+):
+    assert main(["serve", str(tmp_path), *flags]) == 0
+    assert served[0].response_cache_bytes() == size
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--cache-config", "redis,host=localhost"], "only response cache is local"),
+        (["--cache-config", "local,bytes=10"], "must be local,size=<bytes>"),
+        (["--cache-config", "local,size=0"], "cache_config must be positive"),
+        (["--cache-config", "local,size=lots"], "'lots' is not a size"),
+        (
+            ["--cache-config", "local,size=10", "--response-cache-byte-size", "10"],
+            "both given: give one",
+        ),
+    ],
+)
+def test_a_cache_flag_refused_says_why(
+    flags: list[str],
+    said: str,
+    tmp_path: Path,
+    served: list[ServerSettings],
+    capsys: pytest.CaptureFixture[str],
+):
+    assert main(["serve", str(tmp_path), *flags]) == 2
+    assert said in capsys.readouterr().err
     assert served == []
 
 

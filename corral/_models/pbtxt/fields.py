@@ -56,6 +56,7 @@ _HONOURED = frozenset(
         "optimization.execution_accelerators.gpu_execution_accelerator.parameters",
         "optimization.graph.level",
         "model_operations.op_library_filename",
+        "response_cache.enable",
     }
 )
 
@@ -95,7 +96,6 @@ _WHY = {
     "metric_tags": "corral's metrics carry no per-model tags",
     "model_transaction_policy": "corral answers each request once: no decoupled models",
     "model_repository_agents": "corral runs no repository agents",
-    "response_cache": "corral has no response cache",
     "model_metrics": "corral's metrics are not configured per model",
 }
 

@@ -319,6 +319,7 @@ def _map(
             message.dynamic_batching.default_queue_policy.allow_timeout_override
         ),
         "parameters": _parameters(message.parameters),
+        "response_cache": message.response_cache.enable,
         # Paths as written; the repository checks each inside the model's folder.
         "custom_op_libraries": tuple(message.model_operations.op_library_filename),
         "warmup_samples": warmup_samples(

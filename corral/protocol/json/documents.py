@@ -128,6 +128,8 @@ def stats_doc(rows: list[ModelStatistics]) -> dict[str, Any]:
                     "compute_input": duration(row.compute_input),
                     "compute_infer": duration(row.compute_infer),
                     "compute_output": duration(row.compute_output),
+                    "cache_hit": duration(row.cache_hit),
+                    "cache_miss": duration(row.cache_miss),
                 },
                 "batch_stats": [
                     {"batch_size": b.batch_size, "compute_infer": duration(b.compute_infer)}

@@ -20,6 +20,12 @@ dashboards and alerts written for Triton read corral unchanged:
   ``nv_inference_compute_output_duration_us``: cumulative microseconds (compute input:
   building a run's batched inputs; compute output: splitting its outputs back).
 - ``nv_inference_pending_request_count``: requests queued now (a gauge).
+- With a response cache (``--cache-config local,size=N``), for every row:
+  ``nv_cache_num_hits_per_model``, ``nv_cache_num_misses_per_model`` (requests answered from
+  the cache; requests run and offered to it) and ``nv_cache_hit_duration_per_model``,
+  ``nv_cache_miss_duration_per_model`` (cumulative microseconds: lookups; lookups and
+  insertions). As in Triton, ``nv_inference_request_success`` counts a cached answer and
+  ``nv_inference_count`` does not.
 
 corral's own: ``corral_models_loaded``, ``corral_models_inline`` (versions in the inline
 lane now), ``corral_memory_used_bytes``,
@@ -36,6 +42,9 @@ for no version the Host knows is counted by ``reason`` alone),
 ``corral_requests_refused_total{reason}``, ``corral_requests_expired_total``,
 ``corral_requests_cancelled_total``, ``corral_threads`` and ``corral_repository_problems``
 (by ``kind``: what the last repository check found);
+with a response cache, ``corral_response_cache_bytes``, ``corral_response_cache_size_bytes``,
+``corral_response_cache_entries``, ``corral_response_cache_evictions_total`` and
+``corral_response_cache_invalidations_total``;
 for a repository in object storage, ``corral_store_cache_bytes``, ``corral_store_cache_models``,
 ``corral_store_cache_hits_total``, ``corral_store_fetches_total``,
 ``corral_store_fetched_bytes_total``, ``corral_store_fetch_seconds_total``,
@@ -185,6 +194,19 @@ _MODEL_FAMILIES = (
 )
 
 
+# Triton's per-model cache families, written with a response cache only (Triton writes them
+# for the models that enable it): (name, help).
+_CACHE_FAMILIES = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model"),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model"),
+    ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds"),
+    (
+        "nv_cache_miss_duration_per_model",
+        "Total cache miss (lookup and insertion) duration per model, in microseconds",
+    ),
+)
+
+
 class Metrics:
     """The ``/metrics`` page of one data plane; :meth:`render` is safe from any thread.
 
@@ -208,6 +230,8 @@ class Metrics:
         self._registry.register(_HostCollector(plane.host))
         self._registry.register(_ProblemsCollector(plane.host))
         self._registry.register(_StoreCollector(plane.host))
+        if plane.response_cache.size_bytes:
+            self._registry.register(_ResponseCacheCollector(plane))
         if edge is not None:
             self._registry.register(_EdgeCollector(edge))
         # The standard families (process_*, python_info, python_gc_*), read at each scrape.
@@ -228,6 +252,7 @@ class Metrics:
         rows = self._plane.statistics_snapshot(queues, counted)
         text = (
             _model_families(rows, queues, counted)
+            + (_cache_families(rows) if self._plane.response_cache.size_bytes else "")
             + _failures_family(counted, host.unattributed_failures())
             + _latency_family(host.model_request_latency())
         )
@@ -278,6 +303,22 @@ def _model_families(
         if name == "nv_inference_request_failure":
             parts.extend(_triton_failures(rows, labels, requests))
             continue
+        parts.extend(f"{name}{label}{value}\n" for label, value in zip(labels, column, strict=True))
+    return "".join(parts)
+
+
+def _cache_families(rows: list[ModelStatistics]) -> str:
+    """Triton's per-model cache families in the text format, one sample per row in each."""
+    labels = [f'{{model="{_escape(row.name)}",version="{_escape(row.version)}"}} ' for row in rows]
+    columns = (
+        [row.cache_hit.count for row in rows],
+        [row.cache_miss.count for row in rows],
+        [row.cache_hit.ns // 1000 for row in rows],
+        [row.cache_miss.ns // 1000 for row in rows],
+    )
+    parts: list[str] = []
+    for (name, help_text), column in zip(_CACHE_FAMILIES, columns, strict=True):
+        parts.append(f"# HELP {name} {help_text}\n# TYPE {name} counter\n")
         parts.extend(f"{name}{label}{value}\n" for label, value in zip(labels, column, strict=True))
     return "".join(parts)
 
@@ -561,6 +602,43 @@ class _StoreCollector(Collector):
             "corral_store_cache_evictions",
             "Models whose files were removed from the cache to stay under cache_bytes",
             value=stats.evictions,
+        )
+
+
+class _ResponseCacheCollector(Collector):
+    """``corral_response_cache_*``: the server's response cache as a whole."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self._cache = plane.response_cache
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the cache's gauges and counters, read now."""
+        stats = self._cache.stats()
+        yield GaugeMetricFamily(
+            "corral_response_cache_bytes",
+            "Bytes the response cache's answers count now (tensors and overhead)",
+            value=stats.bytes_used,
+        )
+        yield GaugeMetricFamily(
+            "corral_response_cache_size_bytes",
+            "The response cache's bound in bytes (--cache-config local,size=N)",
+            value=stats.size_bytes,
+        )
+        yield GaugeMetricFamily(
+            "corral_response_cache_entries",
+            "Answers the response cache holds now",
+            value=stats.entries,
+        )
+        yield CounterMetricFamily(
+            "corral_response_cache_evictions",
+            "Answers dropped from the response cache to make room (least recently used first)",
+            value=stats.evictions,
+        )
+        yield CounterMetricFamily(
+            "corral_response_cache_invalidations",
+            "Answers dropped from the response cache because the copy of the model version "
+            "that computed them went out of service (an eviction, an unload, a reload)",
+            value=stats.invalidations,
         )
 
 

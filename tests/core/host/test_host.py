@@ -385,6 +385,47 @@ def test_refresh_swaps_a_changed_version_while_a_lease_finishes_on_the_old(tmp_p
         assert host.stats().loaded_versions == 1
 
 
+def test_each_copy_of_a_version_has_a_generation_of_its_own(tmp_path: Path):
+    # What the server's response cache tells copies apart by: a reload under the same
+    # version number is another copy, and so is a load after an unload.
+    path = add_model(tmp_path, "m", build_linear(seed=1))
+    with Host(tmp_path) as host:
+        with host.acquire("m") as lease:
+            first = lease.generation
+        with host.acquire("m") as lease:
+            assert lease.generation == first  # the same copy
+        path.write_bytes(build_linear(seed=2))
+        stat = path.stat()
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+        host.refresh()
+        with host.acquire("m") as lease:
+            reloaded = lease.generation
+        host.unload("m")
+        with host.acquire("m") as lease:
+            again = lease.generation
+    assert len({first, reloaded, again}) == 3
+
+
+def test_generations_taken_from_many_threads_at_once_are_all_different():
+    from corral._host.served import next_generation
+
+    barrier = threading.Barrier(8, timeout=30)
+    taken: list[list[int]] = [[] for _ in range(8)]
+
+    def take(mine: list[int]) -> None:
+        barrier.wait()
+        mine.extend(next_generation() for _ in range(500))
+
+    threads = [threading.Thread(target=take, args=(mine,)) for mine in taken]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    every = [number for mine in taken for number in mine]
+    assert len(every) == 8 * 500
+    assert len(set(every)) == len(every)
+
+
 def test_polling_serves_a_new_version_without_errors(tmp_path: Path):
     add_model(tmp_path, "m", build_linear(seed=1))
     new = reference_run(build_linear(seed=2), {"X": X})[0]

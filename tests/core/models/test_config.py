@@ -49,6 +49,7 @@ def test_every_field_is_read():
         pinned = true
         warmup = true
         version_policy = { latest = 2 }
+        response_cache = true
         """
     )
     assert config == ModelConfig(
@@ -59,6 +60,7 @@ def test_every_field_is_read():
         pinned=True,
         warmup=True,
         version_policy=VersionPolicy("latest", 2),
+        response_cache=True,
     )
     assert isinstance(config.providers, tuple)
     hash(config)  # frozen all the way down: usable as a key

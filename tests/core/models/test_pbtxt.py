@@ -105,6 +105,12 @@ def test_preferring_max_batch_size_is_what_corral_batches_anyway():
     assert config.combine_requests is True
 
 
+def test_response_cache_enable_maps_onto_the_models_response_cache():
+    assert parse(LINEAR + "response_cache { enable: true }").response_cache is True
+    assert parse(LINEAR + "response_cache { enable: false }").response_cache is False
+    assert parse(LINEAR).response_cache is False
+
+
 def test_without_dynamic_batching_no_request_waits_for_a_batch():
     config = parse(LINEAR)
     assert config.batch_window_us == 0
@@ -197,7 +203,6 @@ def test_an_unknown_field_is_named():
             "ensembles",
         ),
         ("model_transaction_policy { decoupled: true }", "decoupled", "decoupled"),
-        ("response_cache { enable: true }", "response_cache.enable", "cache"),
         ("dynamic_batching { preferred_batch_size: [ 4 ] }", "preferred_batch_size", "prefer"),
         (
             "max_batch_size: 8 dynamic_batching { preferred_batch_size: [ 8, 4 ] }",

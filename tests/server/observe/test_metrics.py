@@ -17,6 +17,7 @@ import corral
 from corral import Host
 from corral._compute.queue import QueueStats
 from corral.protocol.dataplane import DataPlane
+from corral.protocol.response_cache import ResponseCache
 from corral.protocol.types import Duration, InferInput, InferRequest, ModelStatistics
 from corral.server.observe.metrics import Metrics
 
@@ -30,6 +31,12 @@ TRITON_COUNTERS = (
     "nv_inference_compute_infer_duration_us",
 )
 PENDING = "nv_inference_pending_request_count"
+CACHE_COUNTERS = (
+    "nv_cache_num_hits_per_model",
+    "nv_cache_num_misses_per_model",
+    "nv_cache_hit_duration_per_model",
+    "nv_cache_miss_duration_per_model",
+)
 
 
 def request(rows: int = 1, features: int = 4) -> InferRequest:
@@ -104,6 +111,41 @@ def test_render_counts_each_model_version_after_real_requests(repo: Path):
     buckets = [s for s in families["corral_model_load_seconds"] if s.name.endswith("_bucket")]
     assert buckets[-1].labels["le"] == "+Inf"
     assert buckets[-1].value == 2
+
+
+def test_the_response_cache_has_tritons_families_and_corrals_own(repo: Path):
+    (repo / "mlp" / "model.toml").write_text("response_cache = true\n")
+    with Host(repo) as host:
+        plane = DataPlane(host, response_cache=ResponseCache(1 << 20))
+
+        async def traffic() -> None:
+            for _ in range(3):
+                await plane.infer("mlp", None, request())  # one miss, two hits
+            await plane.infer("tree", None, request())  # not enabled: neither
+
+        asyncio.run(traffic())
+        body, _ = Metrics(plane).render()
+        text = body.decode()
+        without = Metrics(DataPlane(host)).render()[0].decode()
+
+    families = parse(body)
+    counts = {name: per_model(families[name]) for name in CACHE_COUNTERS}
+    assert counts["nv_cache_num_hits_per_model"] == {("mlp", "1"): 2, ("tree", "1"): 0}
+    assert counts["nv_cache_num_misses_per_model"] == {("mlp", "1"): 1, ("tree", "1"): 0}
+    for name in CACHE_COUNTERS:
+        assert f"# TYPE {name} counter\n" in text
+        assert f"{name}_total" not in text
+        assert name not in without  # a server without a cache writes none
+    assert counts["nv_cache_miss_duration_per_model"][("mlp", "1")] >= 0
+    # A cached answer is a success, not an inference (Triton's count).
+    assert per_model(families["nv_inference_request_success"])[("mlp", "1")] == 3
+    assert per_model(families["nv_inference_count"])[("mlp", "1")] == 1
+    assert per_model(families["nv_inference_exec_count"])[("mlp", "1")] == 1
+    assert only_value(families["corral_response_cache_entries"]) == 1
+    assert only_value(families["corral_response_cache_size_bytes"]) == 1 << 20
+    assert 0 < only_value(families["corral_response_cache_bytes"]) < 1 << 20
+    assert only_value(families["corral_response_cache_evictions"]) == 0
+    assert "corral_response_cache_entries" not in without
 
 
 def test_counters_carry_triton_names_without_total(repo: Path):
