@@ -67,9 +67,13 @@ class Session:
     ``[("CUDAExecutionProvider", {"device_id": 1}), "CPUExecutionProvider"]``; an option
     onnxruntime does not take is refused (:class:`ModelConfigError`), not dropped.
     ``graph_optimization_level`` (``disable``/``basic``/``extended``/``all``),
-    ``execution_mode`` (``sequential``/``parallel``) and ``intra_op_threads`` set onnxruntime's
-    session options; None keeps its defaults and the Runtime's threads. ``intra_op_threads``
-    other than the Runtime's needs ``Runtime(thread_pools="per_session")``.
+    ``execution_mode`` (``sequential``/``parallel``), ``intra_op_threads`` and
+    ``inter_op_threads``, ``cpu_mem_arena`` (False: no arena for this model) and
+    ``mem_pattern`` set onnxruntime's session options; None keeps its defaults and the
+    Runtime's threads and arena. A thread count other than the Runtime's needs
+    ``Runtime(thread_pools="per_session")``. ``session_config``: onnxruntime session
+    configuration entries (``{"session.set_denormal_as_zero": "1"}``), each key one corral
+    knows (:data:`corral._onnx.session_config.SESSION_CONFIG_KEYS`; another is refused).
 
     ``custom_op_libraries``: libraries of custom operators registered with each onnxruntime
     session, in order: a path, or ``"onnxruntime_extensions"`` for the onnxruntime-extensions
@@ -95,11 +99,26 @@ class Session:
         execution_mode: str | None = None,
         intra_op_threads: int | None = None,
         custom_op_libraries: Sequence[str] = (),
+        inter_op_threads: int | None = None,
+        cpu_mem_arena: bool | None = None,
+        mem_pattern: bool | None = None,
+        session_config: Mapping[str, str] | Sequence[tuple[str, str]] = (),
     ) -> None:
         source = _read_source(model)
         self._libraries = _check_libraries(custom_op_libraries)
+        entries = tuple(
+            session_config.items() if isinstance(session_config, Mapping) else session_config
+        )
         try:
-            self._tuning = SessionTuning(graph_optimization_level, execution_mode, intra_op_threads)
+            self._tuning = SessionTuning(
+                graph_optimization_level,
+                execution_mode,
+                intra_op_threads,
+                inter_op_threads,
+                cpu_mem_arena,
+                mem_pattern,
+                entries,
+            )
         except ValueError as exc:
             raise ModelConfigError(str(exc)) from None
         self._runtime = runtime if runtime is not None else _default_runtime()
@@ -482,7 +501,10 @@ class Session:
     # -- internals ---------------------------------------------------------------------------
 
     def _load(self, source: str | bytes, providers: ResolvedProviders) -> tuple[Any, ...]:
-        options = self._runtime._session_options(self._tuning.intra_op_threads)
+        tuning = self._tuning
+        options = self._runtime._session_options(
+            tuning.intra_op_threads, tuning.inter_op_threads, tuning.cpu_mem_arena
+        )
         self._tuning.apply(options, ort.onnxruntime())
         if self._libraries:
             with ort.CONSTRUCTION_LOCK:

@@ -85,6 +85,21 @@ def test_providers_take_tables_of_options_as_text_next_to_plain_names():
         ('execution_mode = "async"', "execution_mode must be one of 'sequential', 'parallel'"),
         ("intra_op_threads = 0", "intra_op_threads must be an integer >= 1"),
         ("intra_op_threads = true", "intra_op_threads must be an integer >= 1"),
+        ("inter_op_threads = 0", "inter_op_threads must be an integer >= 1"),
+        ('cpu_mem_arena = "no"', "cpu_mem_arena must be true or false"),
+        (
+            '[session_config]\n"session.set_denormal_as_zer" = "1"',
+            "session_config key 'session.set_denormal_as_zer' is not one corral passes to "
+            "onnxruntime (did you mean 'session.set_denormal_as_zero'?); the known keys are",
+        ),
+        (
+            '[session_config]\n"session.use_env_allocators" = "0"',
+            "the Runtime's arena sets it",
+        ),
+        (
+            '[session_config]\n"session.set_denormal_as_zero" = [1]',
+            "must be a string, number or boolean",
+        ),
     ],
 )
 def test_a_wrong_option_names_its_field(text, fragment):
@@ -168,6 +183,28 @@ def test_options_the_session_reports_taking_pass_and_others_are_named():
 
 
 @pytest.mark.timeout(30)
+def test_memory_options_and_session_config_entries_reach_onnxruntime(mlp_model):
+    with corral.Session(
+        mlp_model,
+        cpu_mem_arena=False,
+        mem_pattern=False,
+        session_config={"session.set_denormal_as_zero": "1"},
+    ) as session:
+        options = _onnxruntime_session(session).session_options
+        assert options.enable_cpu_mem_arena is False
+        assert options.enable_mem_pattern is False
+        assert options.get_session_config_entry("session.set_denormal_as_zero") == "1"
+        # No arena at all: not the Runtime's shared one either.
+        with pytest.raises(Exception, match=r"session\.use_env_allocators"):
+            options.get_session_config_entry("session.use_env_allocators")
+        assert session.run({"X": np.ones((2, 4), np.float32)})
+    with corral.Session(mlp_model) as session:
+        options = _onnxruntime_session(session).session_options
+        assert options.enable_mem_pattern is True
+        assert options.get_session_config_entry("session.use_env_allocators") == "1"
+
+
+@pytest.mark.timeout(30)
 def test_a_thread_count_other_than_the_global_pools_is_refused_naming_the_mode(mlp_model):
     pool = corral.runtime().options.intra_op_threads
     with corral.Session(mlp_model, intra_op_threads=pool):  # the pool's own size: no change
@@ -178,6 +215,9 @@ def test_a_thread_count_other_than_the_global_pools_is_refused_naming_the_mode(m
     assert f"intra_op_threads = {pool + 1}" in message
     assert "thread_pools='per_session'" in message
     assert "--thread-pools per_session" in message
+    inter = corral.runtime().options.inter_op_threads
+    with pytest.raises(corral.ModelConfigError, match=f"inter_op_threads = {inter + 1} needs"):
+        corral.Session(mlp_model, inter_op_threads=inter + 1)
 
 
 @pytest.mark.timeout(60)
@@ -186,7 +226,8 @@ def test_model_toml_options_reach_the_session_a_host_loads(tmp_path: Path, mlp_m
         tmp_path,
         "big",
         mlp_model,
-        toml='graph_optimization_level = "extended"\nexecution_mode = "parallel"\n',
+        toml='graph_optimization_level = "extended"\nexecution_mode = "parallel"\n'
+        'mem_pattern = false\n[session_config]\n"session.set_denormal_as_zero" = true\n',
     )
     add_model(
         tmp_path, "typo", mlp_model, toml='providers = [{ name = "CPUExecutionProvider", x = 1 }]'
@@ -196,6 +237,8 @@ def test_model_toml_options_reach_the_session_a_host_loads(tmp_path: Path, mlp_m
             options = _onnxruntime_session(lease.session).session_options
             assert options.graph_optimization_level.name == "ORT_ENABLE_EXTENDED"
             assert options.execution_mode.name == "ORT_PARALLEL"
+            assert options.enable_mem_pattern is False
+            assert options.get_session_config_entry("session.set_denormal_as_zero") == "1"
         with pytest.raises(corral.ModelConfigError, match="'x' of CPUExecutionProvider"):
             host.acquire("typo")
 

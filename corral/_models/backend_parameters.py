@@ -1,0 +1,151 @@
+"""Triton's onnxruntime backend parameters: what each one asks of corral's sessions.
+
+Triton's onnxruntime backend reads some of a model's ``parameters`` as settings (its README
+lists them; the server's ``--backend-config onnxruntime,<key>=<value>`` gives the same keys
+as defaults). :func:`backend_setting` maps one ``(name, text value)`` pair onto corral's
+:class:`~corral._models.config.ModelConfig` fields, checking the value as the backend does
+(its booleans are ``1``/``0``, ``true``/``false``, ``on``/``off``), so that the parameter is
+either applied or, where it has no meaning on this machine (a CUDA setting for a model that
+runs on the CPU, the thread pools the Runtime owns), said to have no effect. A parameter the
+backend does not read is none of this module's: it stays a free-form label.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from corral._base import ModelConfigError
+
+__all__ = ["BACKEND_PARAMETERS", "CPU_ONLY", "BackendSetting", "backend_setting"]
+
+_BOOLEANS = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}
+_BOOLEAN_FORMS = "'1'/'true'/'on' or '0'/'false'/'off'"
+
+#: The backend's ``cudnn_conv_algo_search`` and ``arena_extend_strategy`` numbers, as the CUDA
+#: provider's option values.
+_CONV_ALGO_SEARCH = {"0": "EXHAUSTIVE", "1": "HEURISTIC", "2": "DEFAULT"}
+_ARENA_EXTEND = {"0": "kNextPowerOfTwo", "1": "kSameAsRequested"}
+
+#: Why a parameter has no effect in corral whatever its value (checked all the same).
+_NO_EFFECT = {
+    "use_global_thread_pool": (
+        "corral's Runtime chooses the thread pools of every model (global unless "
+        "--thread-pools per_session)"
+    ),
+    "memory.enable_memory_arena_shrinkage": (
+        "corral's CPU arena is shared by every model (the Runtime's arena) and is not "
+        "shrunk after one model's run"
+    ),
+    "share_weights_between_sessions": "each of corral's sessions holds its own weights",
+    "enable_dynamic_shapes": "corral's sessions take the shapes each request brings",
+}
+
+#: The parameters that set the CUDA provider's options (Triton's deprecated spellings): kept
+#: for a model on the CUDA provider, named as without effect for one on the CPU.
+_CUDA_ONLY = ("cudnn_conv_algo_search", "gpu_mem_limit", "arena_extend_strategy")
+_CUDA_ONLY_STREAM = "do_copy_in_default_stream"
+
+#: Why a CUDA provider's setting has no effect on a model that runs on the CPU.
+CPU_ONLY = "a setting of the CUDA provider, and this model runs on the CPU"
+
+#: Every parameter of the backend's that :func:`backend_setting` maps.
+BACKEND_PARAMETERS = frozenset(
+    {
+        "execution_mode",
+        "intra_op_thread_count",
+        "inter_op_thread_count",
+        "enable_mem_arena",
+        "enable_mem_pattern",
+        "session.use_device_allocator_for_initializers",
+        "share_session_between_instances",
+        _CUDA_ONLY_STREAM,
+        *_CUDA_ONLY,
+        *_NO_EFFECT,
+    }
+)
+
+
+@dataclass(frozen=True)
+class BackendSetting:
+    """What one backend parameter asks of corral."""
+
+    #: :class:`ModelConfig` fields it sets, by name (empty: none).
+    values: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
+    #: Options of the CUDA provider it sets, for a model that runs on it.
+    cuda_options: tuple[tuple[str, str], ...] = ()
+    #: Why it has nothing to set here; None: it sets ``values`` or ``cuda_options``.
+    no_effect: str | None = None
+
+
+def backend_setting(name: str, value: str) -> BackendSetting:
+    """What the onnxruntime backend's parameter ``name`` with text ``value`` asks of corral.
+
+    >>> backend_setting("enable_mem_arena", "0").values["cpu_mem_arena"]
+    False
+
+    Raises :class:`ModelConfigError` naming the parameter, its value and the values it
+    takes; a ``name`` outside :data:`BACKEND_PARAMETERS` is an error too.
+    """
+    if name == "execution_mode":
+        mode = _choice(name, value, {"0": "sequential", "1": "parallel"})
+        return BackendSetting(MappingProxyType({"execution_mode": mode}))
+    if name in ("intra_op_thread_count", "inter_op_thread_count"):
+        threads = _count(name, value) or (os.cpu_count() or 1)
+        key = "intra_op_threads" if name.startswith("intra") else "inter_op_threads"
+        return BackendSetting(MappingProxyType({key: threads}))
+    if name in ("enable_mem_arena", "enable_mem_pattern"):
+        key = "cpu_mem_arena" if name == "enable_mem_arena" else "mem_pattern"
+        return BackendSetting(MappingProxyType({key: _boolean(name, value)}))
+    if name == "session.use_device_allocator_for_initializers":
+        entry = (name, "1" if _boolean(name, value) else "0")
+        return BackendSetting(MappingProxyType({"session_config": (entry,)}))
+    if name == "share_session_between_instances":
+        # Triton's instances of a group then run one session between them: corral's shared.
+        shared = _boolean(name, value)
+        return BackendSetting(MappingProxyType({"concurrency": "shared"} if shared else {}))
+    if name == "cudnn_conv_algo_search":
+        return BackendSetting(cuda_options=((name, _choice(name, value, _CONV_ALGO_SEARCH)),))
+    if name == "arena_extend_strategy":
+        return BackendSetting(cuda_options=((name, _choice(name, value, _ARENA_EXTEND)),))
+    if name == "gpu_mem_limit":
+        return BackendSetting(cuda_options=((name, str(_count(name, value, digits=20))),))
+    if name == _CUDA_ONLY_STREAM:
+        return BackendSetting(cuda_options=((name, "1" if _boolean(name, value) else "0"),))
+    if name in _NO_EFFECT:
+        if name != "memory.enable_memory_arena_shrinkage":  # a list of devices, not a flag
+            _boolean(name, value)
+        return BackendSetting(no_effect=_NO_EFFECT[name])
+    known = ", ".join(sorted(BACKEND_PARAMETERS))
+    raise ModelConfigError(
+        f"{name!r} is not a parameter of Triton's onnxruntime backend; the known ones are {known}"
+    )
+
+
+def _boolean(name: str, value: str) -> bool:
+    try:
+        return _BOOLEANS[value.strip().lower()]
+    except KeyError:
+        raise ModelConfigError(
+            f"parameters[{name!r}] must be {_BOOLEAN_FORMS}, got {value!r}"
+        ) from None
+
+
+def _choice(name: str, value: str, table: Mapping[str, str]) -> str:
+    try:
+        return table[value.strip()]
+    except KeyError:
+        forms = ", ".join(f"{key!r} ({meaning})" for key, meaning in table.items())
+        raise ModelConfigError(
+            f"parameters[{name!r}] must be one of {forms}, got {value!r}"
+        ) from None
+
+
+def _count(name: str, value: str, *, digits: int = 4) -> int:
+    text = value.strip()
+    if not (text.isascii() and text.isdigit() and len(text) <= digits):
+        what = "a count of threads (0: the cores)" if digits == 4 else "a number of bytes"
+        raise ModelConfigError(f"parameters[{name!r}] must be {what}, got {value!r}")
+    return int(text)
