@@ -142,3 +142,19 @@ def test_every_model_of_a_triton_repository_serves_with_triton_s_answers(
         assert len(mine) == 1, mine  # one line per model, for all its fields
         for field in named:
             assert field in mine[0], (field, mine[0])
+
+
+def test_preferred_batch_sizes_cut_a_batch_before_its_window_closes(tmp_path: Path):
+    add_model(tmp_path, "linear", build_linear())
+    (tmp_path / "linear" / "config.pbtxt").write_text(
+        'name: "linear"\nmax_batch_size: 8\n'
+        # A window no test waits for: the two requests are answered when they fill 2.
+        "dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 60000000 }"
+    )
+    x = np.ones((1, 4), np.float32)
+    with corral.Host(tmp_path).start() as host:
+        host.infer("linear", {"X": x})  # loaded
+        first = host.submit("linear", {"X": x})
+        second = host.submit("linear", {"X": 2 * x})
+        assert first.result(timeout=30)["Y"].shape == (1, 1)
+        assert second.result(timeout=30)["Y"].shape == (1, 1)
