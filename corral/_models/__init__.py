@@ -7,6 +7,7 @@ This is the folder's face: the layers above import these names from here, never 
 inside it (tests/test_layers.py).
 """
 
+from corral._models.backend_parameters import BACKEND_PARAMETERS, BackendSetting, backend_setting
 from corral._models.config import ModelConfig, TensorConfig, VersionPolicy, WarmupSample
 from corral._models.model_entry import ModelEntry, ModelVersion
 from corral._models.overrides import ModelOverride
@@ -22,8 +23,10 @@ from corral._models.repository import Repository, natural_key, validate_model_na
 from corral._models.store import is_store_url
 
 __all__ = [
+    "BACKEND_PARAMETERS",
     "CONFIG_PBTXT",
     "MAX_WARMUP_BYTES",
+    "BackendSetting",
     "ModelConfig",
     "ModelEntry",
     "ModelOverride",
@@ -32,6 +35,7 @@ __all__ = [
     "TensorConfig",
     "VersionPolicy",
     "WarmupSample",
+    "backend_setting",
     "check_declared",
     "declaration_mismatches",
     "declared_signature",

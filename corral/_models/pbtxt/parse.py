@@ -3,11 +3,12 @@
 A model folder may hold Triton's model configuration instead of a ``model.toml``. It is parsed
 with protobuf's text format against Triton's own messages (``corral/_proto/model_config.proto``,
 every field Triton has), so a file Triton accepts always parses; then each field that is set is
-either honoured (mapped onto :class:`ModelConfig`, here) or refused with a
-:class:`ModelConfigError` naming it and why (:mod:`corral._models.pbtxt.fields`). Nothing set in the
-file is ignored. Its warm-up samples are read by :mod:`corral._models.pbtxt.warmup`; the tensors it
-declares are held against the model's at load by :mod:`corral._models.pbtxt.declared`. The load
-imports those two modules' names from here, with :data:`CONFIG_PBTXT` and :func:`parse_pbtxt`.
+honoured (mapped onto :class:`ModelConfig`, here), accepted without effect and named (in
+:attr:`ModelConfig.no_effect`, logged once at load), or refused with a
+:class:`ModelConfigError` naming it, why and what to change
+(:mod:`corral._models.pbtxt.fields`). Nothing set in the file is ignored. Its warm-up samples
+are read by :mod:`corral._models.pbtxt.warmup`; the tensors it declares are held against the
+model's at load by :mod:`corral._models.pbtxt.declared`.
 
 protobuf is imported here lazily, only when a config.pbtxt exists: the core's imports stay
 onnxruntime and numpy. onnxruntime depends on protobuf, but the generated module needs
@@ -16,12 +17,13 @@ protobuf >= 6.30 (the ``grpc`` extra); an older one is a ModelConfigError saying
 The mapping (``docs/host.md`` has the table):
 
 - ``name`` must be the folder's name; ``platform`` ``onnxruntime_onnx`` / ``backend``
-  ``onnxruntime`` only (or neither).
+  ``onnxruntime`` / ``runtime`` ``libtriton_onnxruntime.so`` only (or none of them).
 - ``max_batch_size`` → ``max_batch_size`` (0: never batched); with it above 0 the declared
   ``dims`` leave out the batch dimension, as in Triton.
 - ``dynamic_batching.max_queue_delay_microseconds`` → ``batch_window_us``; without
   ``dynamic_batching`` requests are not held to fill a batch (a window of 0), as Triton does
-  not combine them. ``default_queue_policy``: ``max_queue_size`` → ``max_queue_size``,
+  not combine them. ``preferred_batch_size`` → ``preferred_batch_sizes``, the batcher's cut
+  points. ``default_queue_policy``: ``max_queue_size`` → ``max_queue_size``,
   ``default_timeout_microseconds`` and ``allow_timeout_override`` → the queue's timeout.
 - ``instance_group`` (``KIND_CPU`` / ``KIND_AUTO``): the counts summed → ``pool:N``.
 - ``version_policy``, ``default_model_filename``, ``parameters``, ``label_filename``,
@@ -29,11 +31,13 @@ The mapping (``docs/host.md`` has the table):
   or file data: :func:`warmup_feed`), ``optimization.execution_accelerators`` naming
   ``openvino`` (CPU) or ``tensorrt`` / ``cuda`` (GPU) → providers, their parameters →
   provider options (TensorRT's under onnxruntime's names, as Triton's backend maps them).
-- ``optimization.graph.level`` → ``graph_optimization_level``; the backend's parameters
-  ``execution_mode`` and ``intra_op_thread_count`` → ``execution_mode`` and
-  ``intra_op_threads`` (still reported among ``parameters``).
+- ``optimization.graph.level`` → ``graph_optimization_level``; the onnxruntime backend's
+  parameters → session settings or the CUDA provider's options
+  (:func:`corral._models.backend_parameters.backend_setting`; still reported among
+  ``parameters``).
 - ``model_operations.op_library_filename`` → ``custom_op_libraries``: each a path inside the
-  model's folder (the repository checks it), or ``onnxruntime_extensions``.
+  model's folder, or an absolute path in a local repository (the repository checks it), or
+  ``onnxruntime_extensions``.
 """
 
 from __future__ import annotations

@@ -158,3 +158,19 @@ def test_preferred_batch_sizes_cut_a_batch_before_its_window_closes(tmp_path: Pa
         second = host.submit("linear", {"X": 2 * x})
         assert first.result(timeout=30)["Y"].shape == (1, 1)
         assert second.result(timeout=30)["Y"].shape == (1, 1)
+
+
+def test_the_config_documents_report_the_preferred_batch_sizes(tmp_path: Path):
+    from corral.protocol.grpc_codec import encode_model_config
+    from corral.protocol.json.documents import config_doc
+    from corral.protocol.metadata import model_configuration
+
+    _write(tmp_path)
+    with corral.Host(tmp_path).start() as host:
+        for name, sizes in (("preferred", [4, 8]), ("priorities", [])):
+            with host.acquire(name) as lease:
+                config = model_configuration(lease)
+            batching = config_doc(config)["dynamic_batching"]
+            assert batching.get("preferred_batch_size", []) == sizes
+            message = encode_model_config(config).config
+            assert list(message.dynamic_batching.preferred_batch_size) == sizes
