@@ -7,7 +7,13 @@ This is the folder's face: the layers above import these names from here, never 
 inside it (tests/test_layers.py).
 """
 
-from corral._models.backend_parameters import BACKEND_PARAMETERS, BackendSetting, backend_setting
+from corral._models.backend_parameters import (
+    BACKEND_PARAMETERS,
+    BackendSetting,
+    BackendSettings,
+    backend_setting,
+    backend_settings,
+)
 from corral._models.config import ModelConfig, TensorConfig, VersionPolicy, WarmupSample
 from corral._models.model_entry import ModelEntry, ModelVersion
 from corral._models.overrides import ModelOverride
@@ -27,6 +33,7 @@ __all__ = [
     "CONFIG_PBTXT",
     "MAX_WARMUP_BYTES",
     "BackendSetting",
+    "BackendSettings",
     "ModelConfig",
     "ModelEntry",
     "ModelOverride",
@@ -36,6 +43,7 @@ __all__ = [
     "VersionPolicy",
     "WarmupSample",
     "backend_setting",
+    "backend_settings",
     "check_declared",
     "declaration_mismatches",
     "declared_signature",

@@ -19,7 +19,14 @@ from types import MappingProxyType
 
 from corral._base import ModelConfigError
 
-__all__ = ["BACKEND_PARAMETERS", "CPU_ONLY", "BackendSetting", "backend_setting"]
+__all__ = [
+    "BACKEND_PARAMETERS",
+    "CPU_ONLY",
+    "BackendSetting",
+    "BackendSettings",
+    "backend_setting",
+    "backend_settings",
+]
 
 _BOOLEANS = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}
 _BOOLEAN_FORMS = "'1'/'true'/'on' or '0'/'false'/'off'"
@@ -122,6 +129,42 @@ def backend_setting(name: str, value: str) -> BackendSetting:
     raise ModelConfigError(
         f"{name!r} is not a parameter of Triton's onnxruntime backend; the known ones are {known}"
     )
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    """What a model's backend parameters ask of corral, together (:func:`backend_settings`)."""
+
+    #: :class:`ModelConfig` fields they set, by name.
+    values: Mapping[str, object]
+    #: Options they set on the CUDA provider (a model with a ``KIND_GPU`` group only).
+    cuda_options: tuple[tuple[str, str], ...]
+    #: Those without effect here, each ``"parameters['<name>']: <why>"``.
+    no_effect: tuple[str, ...]
+
+
+def backend_settings(parameters: Mapping[str, str], *, gpu: bool) -> BackendSettings:
+    """:func:`backend_setting` of each backend parameter among ``parameters``, in name order.
+
+    Other names are left out (a config.pbtxt's free-form labels). ``gpu``: the model runs on
+    the CUDA provider, which then takes the CUDA settings; on the CPU they have no effect.
+    Raises :class:`ModelConfigError` as :func:`backend_setting` does.
+    """
+    values: dict[str, object] = {}
+    cuda: list[tuple[str, str]] = []
+    unused: list[str] = []
+    for name in sorted(parameters):
+        if name not in BACKEND_PARAMETERS:
+            continue
+        setting = backend_setting(name, parameters[name])
+        if setting.no_effect is not None:
+            unused.append(f"parameters[{name!r}]: {setting.no_effect}")
+        elif setting.cuda_options and not gpu:
+            unused.append(f"parameters[{name!r}]: {CPU_ONLY}")
+        if gpu:
+            cuda.extend(setting.cuda_options)
+        values.update(setting.values)
+    return BackendSettings(MappingProxyType(values), tuple(cuda), tuple(unused))
 
 
 def _boolean(name: str, value: str) -> bool:

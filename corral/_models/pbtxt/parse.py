@@ -49,7 +49,7 @@ from collections.abc import Callable
 from typing import Any
 
 from corral._base import LoadRequestInvalid, ModelConfigError
-from corral._models.backend_parameters import BACKEND_PARAMETERS, CPU_ONLY, backend_setting
+from corral._models.backend_parameters import backend_settings
 from corral._models.config import ModelConfig, ProviderEntry, TensorConfig, VersionPolicy
 from corral._models.pbtxt.fields import check_fields
 from corral._models.pbtxt.warmup import ReadWarmup, warmup_samples
@@ -331,8 +331,10 @@ def _map(
             "corral does not read: put the file for this machine's GPU under "
             "default_model_filename, and remove cc_model_filenames"
         )
-    settings, cuda_options, unused = _backend_settings(message.parameters, gpu)
-    providers = _providers(message.optimization.execution_accelerators, gpu, cuda_options)
+    backend = backend_settings(
+        {key: value.string_value for key, value in message.parameters.items()}, gpu=gpu
+    )
+    providers = _providers(message.optimization.execution_accelerators, gpu, backend.cuda_options)
     if providers is not None:
         values["providers"] = providers
     level = message.optimization.graph.level
@@ -343,8 +345,8 @@ def _map(
                 "default: all), 1 (basic and extended), 2 (none)"
             )
         values["graph_optimization_level"] = _GRAPH_LEVELS[level]
-    values.update(settings)
-    values["no_effect"] = (*no_effect, *unused)
+    values.update(backend.values)
+    values["no_effect"] = (*no_effect, *backend.no_effect)
     try:
         return ModelConfig(**values)
     except ValueError as exc:
@@ -497,32 +499,6 @@ def _instances(groups: Any, pb: Any) -> tuple[str | None, bool]:
             f"{MAX_POOL_SIZE} (pool:{MAX_POOL_SIZE}, MAX_POOL_SIZE)"
         )
     return f"pool:{total}", gpu
-
-
-def _backend_settings(
-    parameters: Any, gpu: bool
-) -> tuple[dict[str, Any], tuple[tuple[str, str], ...], tuple[str, ...]]:
-    """The onnxruntime backend's parameters among ``parameters``, mapped.
-
-    Returns the ModelConfig fields they set, the CUDA provider's options they set (for a
-    model with a ``KIND_GPU`` group), and those without effect here, each with why. A
-    parameter stays among ``parameters`` too, reported back as it came.
-    """
-    values: dict[str, Any] = {}
-    cuda: list[tuple[str, str]] = []
-    unused: list[str] = []
-    for key in sorted(parameters):
-        if key not in BACKEND_PARAMETERS:
-            continue
-        setting = backend_setting(key, parameters[key].string_value)
-        if setting.no_effect is not None:
-            unused.append(f"parameters[{key!r}]: {setting.no_effect}")
-        elif setting.cuda_options and not gpu:
-            unused.append(f"parameters[{key!r}]: {CPU_ONLY}")
-        cuda.extend(setting.cuda_options if gpu else ())
-        for name, value in setting.values.items():
-            values[name] = value
-    return values, tuple(cuda), tuple(unused)
 
 
 def _accelerator_options(kind: str, index: int, accelerator: Any) -> tuple[tuple[str, str], ...]:
