@@ -74,6 +74,8 @@ class Session:
     ``Runtime(thread_pools="per_session")``. ``session_config``: onnxruntime session
     configuration entries (``{"session.set_denormal_as_zero": "1"}``), each key one corral
     knows (:data:`corral._onnx.session_config.SESSION_CONFIG_KEYS`; another is refused).
+    ``arena_shrinkage`` (``"cpu:0"``, ``"gpu:0"``, ``;``-separated): the devices whose memory
+    arena onnxruntime shrinks after each run; a device without an arena fails every run.
 
     ``custom_op_libraries``: libraries of custom operators registered with each onnxruntime
     session, in order: a path, or ``"onnxruntime_extensions"`` for the onnxruntime-extensions
@@ -103,6 +105,7 @@ class Session:
         cpu_mem_arena: bool | None = None,
         mem_pattern: bool | None = None,
         session_config: Mapping[str, str] | Sequence[tuple[str, str]] = (),
+        arena_shrinkage: str | None = None,
     ) -> None:
         source = _read_source(model)
         self._libraries = _check_libraries(custom_op_libraries)
@@ -118,12 +121,14 @@ class Session:
                 cpu_mem_arena,
                 mem_pattern,
                 entries,
+                arena_shrinkage,
             )
         except ValueError as exc:
             raise ModelConfigError(str(exc)) from None
         self._runtime = runtime if runtime is not None else _default_runtime()
         self._name = name if name is not None else _default_name(source)
         resolved = resolve_providers(providers)
+        _check_shrinkage(self._tuning, self._runtime.options.arena, resolved.requested)
         self._policy = resolve_policy(
             concurrency, resolved, pool_size=self._runtime.options.compute_workers
         )
@@ -331,7 +336,8 @@ class Session:
         *,
         admitted: bool = False,
     ) -> dict[str, npt.NDArray[Any]]:
-        run_options = _RUN_OPTIONS.cached
+        # A model that shrinks its arena runs with options of its own, fresh for each run.
+        run_options = self._tuning.run_options() or _RUN_OPTIONS.cached
         if run_options is None:
             run_options = _RUN_OPTIONS.cached = ort.new_run_options()
         with self._state_lock:
@@ -655,6 +661,24 @@ class _RunOptionsCache(threading.local):
 # One RunOptions per thread (a thread runs one model at a time), dropped after a cancel
 # (terminate stays set once set). Saves building one per run (~0.25 µs of a ~4 µs run).
 _RUN_OPTIONS = _RunOptionsCache()
+
+
+def _check_shrinkage(tuning: SessionTuning, arena: str, providers: tuple[str, ...]) -> None:
+    """Refuse shrinking a device the session has no arena on: onnxruntime fails each run."""
+    if tuning.arena_shrinkage is None:
+        return
+    cpu_arena = tuning.cpu_mem_arena or (tuning.cpu_mem_arena is None and arena != "off")
+    for device in tuning.arena_shrinkage.split(";"):
+        if device == "cpu:0" and not cpu_arena:
+            raise ModelConfigError(
+                "arena_shrinkage names cpu:0, but this session pools no CPU memory "
+                "(cpu_mem_arena false, or the Runtime's arena 'off'): leave cpu:0 out"
+            )
+        if device != "cpu:0" and "CUDAExecutionProvider" not in providers:
+            raise ModelConfigError(
+                f"arena_shrinkage names {device}, but this session runs on no GPU "
+                "(no CUDAExecutionProvider): leave it out"
+            )
 
 
 def _read_source(model: object) -> str | bytes:

@@ -318,7 +318,8 @@ class Loader:
         # Before anything is built: a warm-up's arrays are sized from the config alone.
         check_warmup_room(config, f"{name}:{version}", room)
         intra, inter, unused = _session_threads(config, self._runtime.options)
-        self._name_no_effect(name, (*config.no_effect, *unused))
+        shrinkage, unshrunk = _arena_shrinkage(config, self._runtime.options)
+        self._name_no_effect(name, (*config.no_effect, *unused, *unshrunk))
         session = Session(
             entry.versions[version].path,
             runtime=self._runtime,
@@ -333,6 +334,7 @@ class Loader:
             cpu_mem_arena=config.cpu_mem_arena,
             mem_pattern=config.mem_pattern,
             session_config=config.session_config,
+            arena_shrinkage=shrinkage,
         )
         try:
             # Built from the files the entry read, or the copy could mix old and new (a model
@@ -846,3 +848,28 @@ def _session_threads(
         "thread pool; --thread-pools per_session applies a model's own counts)"
     )
     return intra, inter, tuple(field + why for field in dropped)
+
+
+def _arena_shrinkage(
+    config: ModelConfig, runtime: RuntimeOptions
+) -> tuple[str | None, tuple[str, ...]]:
+    """The devices whose arena a model's runs shrink, and those it names without one.
+
+    onnxruntime fails every run that names a device with no arena to shrink: the CPU when the
+    model's sessions pool no memory, a GPU when the model runs on the CPU. Such a device has
+    nothing to shrink here, so it is named, not passed on.
+    """
+    if config.arena_shrinkage is None:
+        return None, ()
+    cpu_arena = config.cpu_mem_arena or (config.cpu_mem_arena is None and runtime.arena != "off")
+    names = [entry if isinstance(entry, str) else entry[0] for entry in config.providers or ()]
+    gpu = "CUDAExecutionProvider" in names
+    kept: list[str] = []
+    dropped: list[str] = []
+    for device in config.arena_shrinkage.split(";"):
+        (kept if (cpu_arena if device == "cpu:0" else gpu) else dropped).append(device)
+    why = (
+        "arena_shrinkage (parameters['memory.enable_memory_arena_shrinkage']) "
+        f"{';'.join(dropped)}: this model has no memory arena on that device to shrink"
+    )
+    return (";".join(kept) or None), ((why,) if dropped else ())

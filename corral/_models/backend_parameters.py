@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from corral._base import ModelConfigError
+from corral._onnx import SessionTuning
 
 __all__ = [
     "BACKEND_PARAMETERS",
@@ -41,10 +42,6 @@ _NO_EFFECT = {
     "use_global_thread_pool": (
         "corral's Runtime chooses the thread pools of every model (global unless "
         "--thread-pools per_session)"
-    ),
-    "memory.enable_memory_arena_shrinkage": (
-        "corral's CPU arena is shared by every model (the Runtime's arena) and is not "
-        "shrunk after one model's run"
     ),
     "share_weights_between_sessions": "each of corral's sessions holds its own weights",
     "enable_dynamic_shapes": "corral's sessions take the shapes each request brings",
@@ -71,6 +68,7 @@ BACKEND_PARAMETERS = frozenset(
         _CUDA_ONLY_STREAM,
         *_CUDA_ONLY,
         *_NO_EFFECT,
+        "memory.enable_memory_arena_shrinkage",
     }
 )
 
@@ -121,9 +119,18 @@ def backend_setting(name: str, value: str) -> BackendSetting:
         return BackendSetting(cuda_options=((name, str(_count(name, value, digits=20))),))
     if name == _CUDA_ONLY_STREAM:
         return BackendSetting(cuda_options=((name, "1" if _boolean(name, value) else "0"),))
+    if name == "memory.enable_memory_arena_shrinkage":
+        devices = value.strip()
+        try:
+            SessionTuning(arena_shrinkage=devices)
+        except ValueError:
+            raise ModelConfigError(
+                f"parameters[{name!r}] must be devices 'cpu:0' or 'gpu:<id>', separated "
+                f"by ';', got {value!r}"
+            ) from None
+        return BackendSetting(MappingProxyType({"arena_shrinkage": devices}))
     if name in _NO_EFFECT:
-        if name != "memory.enable_memory_arena_shrinkage":  # a list of devices, not a flag
-            _boolean(name, value)
+        _boolean(name, value)
         return BackendSetting(no_effect=_NO_EFFECT[name])
     known = ", ".join(sorted(BACKEND_PARAMETERS))
     raise ModelConfigError(

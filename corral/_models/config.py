@@ -12,6 +12,7 @@ A model folder may hold a ``model.toml`` next to its version folders::
     inter_op_threads = 2         # likewise (the parallel execution mode's threads)
     cpu_mem_arena = false        # no CPU arena for this model (absent: the Runtime's arena)
     mem_pattern = false          # onnxruntime's memory pattern (absent: on)
+    arena_shrinkage = "cpu:0"    # shrink the CPU arena after each run
     pinned = true                # never evicted
     warmup = true                # run once on zeros after loading
     version_policy = { latest = 2 }
@@ -254,6 +255,9 @@ class ModelConfig:
     mem_pattern: bool | None = None
     #: onnxruntime session configuration entries, sorted (key, text value) pairs.
     session_config: tuple[tuple[str, str], ...] = ()
+    #: Devices whose arena is shrunk after each run (``"cpu:0"``, ``"gpu:0"``, ``;``-separated,
+    #: onnxruntime's ``memory.enable_memory_arena_shrinkage``); None: none.
+    arena_shrinkage: str | None = None
     #: Custom operator libraries registered with the model's sessions, in order: a path
     #: (relative to the model's folder as written; the repository makes it the library's real
     #: path once checked inside the folder) or ``"onnxruntime_extensions"``.
@@ -308,6 +312,7 @@ class ModelConfig:
                 self.cpu_mem_arena,
                 self.mem_pattern,
                 entries,
+                self.arena_shrinkage,
             )
         except ValueError as exc:
             name, _, problem = str(exc).partition(" ")

@@ -12,12 +12,14 @@ A model that needs its own count needs a Runtime with ``thread_pools="per_sessio
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from corral._onnx.ort import new_run_options
 from corral._onnx.session_config import check_session_config
 
-__all__ = ["EXECUTION_MODES", "GRAPH_OPTIMIZATION_LEVELS", "SessionTuning"]
+__all__ = ["ARENA_SHRINKAGE_KEY", "EXECUTION_MODES", "GRAPH_OPTIMIZATION_LEVELS", "SessionTuning"]
 
 GraphOptimizationLevel = Literal["disable", "basic", "extended", "all"]
 ExecutionMode = Literal["sequential", "parallel"]
@@ -31,6 +33,13 @@ GRAPH_OPTIMIZATION_LEVELS: dict[str, str] = {
 }
 #: model.toml's names for onnxruntime's ``ExecutionMode`` members.
 EXECUTION_MODES: dict[str, str] = {"sequential": "ORT_SEQUENTIAL", "parallel": "ORT_PARALLEL"}
+
+
+#: ``memory.enable_memory_arena_shrinkage``'s value: devices, ``;``-separated.
+_SHRINKAGE = re.compile(r"(cpu:0|gpu:[0-9]{1,4})(;(cpu:0|gpu:[0-9]{1,4}))*")
+
+#: The run configuration key onnxruntime reads ``arena_shrinkage`` from.
+ARENA_SHRINKAGE_KEY = "memory.enable_memory_arena_shrinkage"
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,10 @@ class SessionTuning:
     #: onnxruntime session configuration entries, sorted ``(key, value)`` pairs, each key
     #: one of :data:`corral._onnx.session_config.SESSION_CONFIG_KEYS`.
     session_config: tuple[tuple[str, str], ...] = ()
+    #: onnxruntime's ``memory.enable_memory_arena_shrinkage`` run setting: the devices whose
+    #: arena is shrunk after each run, ``"cpu:0"`` or ``"gpu:<id>"``, ``;``-separated; None:
+    #: none. A device without an arena fails every run, as in onnxruntime.
+    arena_shrinkage: str | None = None
 
     def __post_init__(self) -> None:
         for name, table in (
@@ -87,6 +100,26 @@ class SessionTuning:
         ):
             raise ValueError(f"session_config must be a table of keys and values, got {entries!r}")
         object.__setattr__(self, "session_config", check_session_config(entries))
+        shrinkage = self.arena_shrinkage
+        if shrinkage is not None and (
+            not isinstance(shrinkage, str) or not _SHRINKAGE.fullmatch(shrinkage)
+        ):
+            raise ValueError(
+                "arena_shrinkage must list devices as 'cpu:0' or 'gpu:<id>', separated by ';', "
+                f"got {shrinkage!r}"
+            )
+
+    def run_options(self) -> Any:
+        """Fresh ``RunOptions`` for one run of this model, None when it needs none of its own.
+
+        Only a model that shrinks its arena needs them: a run configuration entry cannot be
+        taken off, so such options are never shared with other models' runs.
+        """
+        if self.arena_shrinkage is None:
+            return None
+        options = new_run_options()
+        options.add_run_config_entry(ARENA_SHRINKAGE_KEY, self.arena_shrinkage)
+        return options
 
     def apply(self, options: Any, ort: Any) -> None:
         """Set these values on an onnxruntime ``SessionOptions``.

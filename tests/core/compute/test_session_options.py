@@ -7,6 +7,7 @@ pools need a process whose global pools were never set, so those tests run in a 
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -100,6 +101,7 @@ def test_providers_take_tables_of_options_as_text_next_to_plain_names():
             '[session_config]\n"session.set_denormal_as_zero" = [1]',
             "must be a string, number or boolean",
         ),
+        ('arena_shrinkage = "cpu:1"', "arena_shrinkage must list devices as 'cpu:0' or"),
     ],
 )
 def test_a_wrong_option_names_its_field(text, fragment):
@@ -202,6 +204,36 @@ def test_memory_options_and_session_config_entries_reach_onnxruntime(mlp_model):
         options = _onnxruntime_session(session).session_options
         assert options.enable_mem_pattern is True
         assert options.get_session_config_entry("session.use_env_allocators") == "1"
+
+
+@pytest.mark.timeout(60)
+def test_a_shrunk_arena_is_the_runs_own_and_a_device_without_one_is_named(
+    tmp_path: Path, mlp_model, caplog: pytest.LogCaptureFixture
+):
+    x = {"X": np.ones((2, 4), np.float32)}
+    with corral.Session(mlp_model, arena_shrinkage="cpu:0") as session:
+        assert session.run(x)
+    # onnxruntime fails every run that shrinks a device without an arena: refused up front.
+    with pytest.raises(corral.ModelConfigError, match="pools no CPU memory"):
+        corral.Session(mlp_model, cpu_mem_arena=False, arena_shrinkage="cpu:0")
+    with pytest.raises(corral.ModelConfigError, match="names gpu:0, but this session runs on"):
+        corral.Session(mlp_model, arena_shrinkage="gpu:0")
+    # A Host passes on only the devices the model has an arena on, and names the others.
+    add_model(tmp_path, "shrunk", mlp_model, toml='arena_shrinkage = "cpu:0"\n')
+    add_model(
+        tmp_path,
+        "unpooled",
+        mlp_model,
+        toml='cpu_mem_arena = false\narena_shrinkage = "cpu:0;gpu:0"\n',
+    )
+    caplog.set_level(logging.WARNING, logger="corral")
+    with corral.Host(tmp_path).start() as host:
+        for name in ("shrunk", "unpooled"):
+            assert host.infer(name, x)["Y"].shape == (2, 1)
+    named = [r.getMessage() for r in caplog.records if "without effect" in r.getMessage()]
+    assert len(named) == 1, named
+    assert "model 'unpooled'" in named[0]
+    assert "cpu:0;gpu:0: this model has no memory arena on that device" in named[0]
 
 
 @pytest.mark.timeout(30)

@@ -33,7 +33,12 @@ VALID = {
     "arena_extend_strategy": ("1", {}, (("arena_extend_strategy", "kSameAsRequested"),), None),
     "do_copy_in_default_stream": ("false", {}, (("do_copy_in_default_stream", "0"),), None),
     "use_global_thread_pool": ("1", {}, (), "thread pools"),
-    "memory.enable_memory_arena_shrinkage": ("cpu:0", {}, (), "arena"),
+    "memory.enable_memory_arena_shrinkage": (
+        "cpu:0;gpu:1",
+        {"arena_shrinkage": "cpu:0;gpu:1"},
+        (),
+        None,
+    ),
     "share_weights_between_sessions": ("1", {}, (), "weights"),
     "enable_dynamic_shapes": ("1", {}, (), "shapes"),
 }
@@ -65,6 +70,7 @@ def test_each_parameter_maps_onto_corrals_settings(name: str):
         ("gpu_mem_limit", "4GiB", "a number of bytes, got '4GiB'"),
         ("arena_extend_strategy", "2", "'0' (kNextPowerOfTwo), '1' (kSameAsRequested)"),
         ("use_global_thread_pool", "maybe", "got 'maybe'"),
+        ("memory.enable_memory_arena_shrinkage", "cpu", "'cpu:0' or 'gpu:<id>', separated by"),
     ],
 )
 def test_a_value_the_backend_would_not_take_is_refused_naming_the_values(

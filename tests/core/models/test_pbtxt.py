@@ -202,11 +202,6 @@ def test_graph_level_and_the_backends_session_parameters_map_onto_session_option
         ('parameters { key: "arena_extend_strategy" value { string_value: "1" } }', "CUDA"),
         ('parameters { key: "do_copy_in_default_stream" value { string_value: "0" } }', "CUDA"),
         ('parameters { key: "use_global_thread_pool" value { string_value: "1" } }', "pools"),
-        (
-            'parameters { key: "memory.enable_memory_arena_shrinkage" value { string_value: '
-            '"cpu:0" } }',
-            "arena",
-        ),
     ],
 )
 def test_what_has_no_effect_here_is_accepted_and_named(text: str, named: str | None):
@@ -225,6 +220,8 @@ def test_the_backends_memory_and_session_parameters_become_session_options():
         'parameters { key: "session.use_device_allocator_for_initializers" value { '
         'string_value: "1" } }\n'
         'parameters { key: "share_session_between_instances" value { string_value: "true" } }\n'
+        'parameters { key: "memory.enable_memory_arena_shrinkage" value { string_value: '
+        '"cpu:0" } }\n'
         "instance_group [ { count: 3 kind: KIND_CPU } ]"
     )
     assert config.cpu_mem_arena is False
@@ -232,6 +229,7 @@ def test_the_backends_memory_and_session_parameters_become_session_options():
     assert config.inter_op_threads == 2
     assert config.session_config == (("session.use_device_allocator_for_initializers", "1"),)
     assert config.concurrency == "shared"  # the group's instances share one session
+    assert config.arena_shrinkage == "cpu:0"
     assert config.no_effect == ()
     assert ("enable_mem_arena", "0") in config.parameters  # reported back as it came
 

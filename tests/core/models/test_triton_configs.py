@@ -66,7 +66,7 @@ CONFIGS: dict[str, tuple[str, tuple[str, ...]]] = {
         'string_value: "1" } }\n'
         'parameters { key: "memory.enable_memory_arena_shrinkage" value: { string_value: '
         '"cpu:0" } }',
-        ("memory.enable_memory_arena_shrinkage",),
+        (),
     ),
     "gpu_settings": (
         "optimization { cuda { graphs: true busy_wait_events: true output_copy_stream: true } "
@@ -77,6 +77,8 @@ CONFIGS: dict[str, tuple[str, tuple[str, ...]]] = {
         'parameters { key: "gpu_mem_limit" value: { string_value: "4294967200" } }\n'
         'parameters { key: "arena_extend_strategy" value: { string_value: "0" } }\n'
         'parameters { key: "do_copy_in_default_stream" value: { string_value: "1" } }\n'
+        'parameters { key: "memory.enable_memory_arena_shrinkage" value: { string_value: '
+        '"cpu:0;gpu:0" } }\n'
         'cc_model_filenames { key: "7.5" value: "model_t4.onnx" }',
         (
             "optimization.cuda.graphs",
@@ -89,6 +91,7 @@ CONFIGS: dict[str, tuple[str, tuple[str, ...]]] = {
             "arena_extend_strategy",
             "do_copy_in_default_stream",
             "cc_model_filenames",
+            "arena_shrinkage (parameters['memory.enable_memory_arena_shrinkage']) gpu:0",
         ),
     ),
     "observed": (
