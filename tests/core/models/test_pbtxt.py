@@ -1058,3 +1058,68 @@ def test_without_protobuf_a_json_config_names_the_install(monkeypatch: pytest.Mo
     with pytest.raises(ModelConfigError) as caught:
         pbtxt_from_json("{}", source="load config")
     assert "pip install 'corral[grpc]'" in str(caught.value)
+
+
+def _leaf_configs() -> list[tuple[str, Any]]:
+    """Each leaf of Triton's ModelConfig, at any depth: (its path, a message with it set)."""
+    from corral._models.pbtxt.fields import is_repeated
+    from corral._proto import model_config_pb2 as pb
+
+    made: list[tuple[str, Any]] = []
+
+    def walk(descriptor: Any, path: tuple[str, ...]) -> None:
+        for field in descriptor.fields:
+            here = (*path, field.name)
+            is_map = field.message_type is not None and field.message_type.GetOptions().map_entry
+            if field.message_type is not None and not is_map and len(here) < 8:
+                walk(field.message_type, here)
+            elif field.message_type is None or is_map:
+                made.append((".".join(here), _with_leaf(pb.ModelConfig(), here, is_repeated)))
+
+    walk(pb.ModelConfig.DESCRIPTOR, ())
+    return made
+
+
+def _with_leaf(message: Any, path: tuple[str, ...], is_repeated: Any) -> Any:
+    root = message
+    for name in path[:-1]:
+        field = message.DESCRIPTOR.fields_by_name[name]
+        message = getattr(message, name).add() if is_repeated(field) else getattr(message, name)
+    field = message.DESCRIPTOR.fields_by_name[path[-1]]
+    if field.message_type is not None:  # a map: one entry
+        entries = getattr(message, path[-1])
+        key = 1 if field.message_type.fields_by_name["key"].type != field.TYPE_STRING else "k"
+        value = field.message_type.fields_by_name["value"]
+        if value.message_type is not None:
+            entries[key].SetInParent()
+        else:
+            entries[key] = "v"
+        return root
+    value = {
+        field.TYPE_BOOL: True,
+        field.TYPE_STRING: "x",
+        field.TYPE_ENUM: 1,
+        field.TYPE_FLOAT: 1.0,
+        field.TYPE_DOUBLE: 1.0,
+    }.get(field.type, 1)
+    if is_repeated(field):
+        getattr(message, path[-1]).append(value)
+    else:
+        setattr(message, path[-1], value)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("path", "message"), [pytest.param(*leaf, id=leaf[0]) for leaf in _leaf_configs()]
+)
+def test_every_field_of_tritons_config_is_honoured_named_or_refused_with_a_reason(
+    path: str, message: Any
+):
+    from corral._models.pbtxt.fields import check_fields
+
+    try:
+        check_fields(message, "m/config.pbtxt")
+        reason = ""
+    except ModelConfigError as refused:
+        reason = str(refused)
+    assert "corral does not honour this field" not in reason, path
