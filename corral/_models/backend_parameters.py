@@ -1,13 +1,14 @@
 """Triton's onnxruntime backend parameters: what each one asks of corral's sessions.
 
 Triton's onnxruntime backend reads some of a model's ``parameters`` as settings (its README
-lists them; the server's ``--backend-config onnxruntime,<key>=<value>`` gives the same keys
-as defaults). :func:`backend_setting` maps one ``(name, text value)`` pair onto corral's
+lists them). :func:`backend_setting` maps one ``(name, text value)`` pair onto corral's
 :class:`~corral._models.config.ModelConfig` fields, checking the value as the backend does
 (its booleans are ``1``/``0``, ``true``/``false``, ``on``/``off``), so that the parameter is
 either applied or, where it has no meaning on this machine (a CUDA setting for a model that
 runs on the CPU, the thread pools the Runtime owns), said to have no effect. A parameter the
-backend does not read is none of this module's: it stays a free-form label.
+backend does not read is none of this module's: it stays a free-form label. The one mapping
+serves a config.pbtxt's ``parameters`` (:func:`backend_settings`) and any other source of the
+same pairs, such as a server-wide default.
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ def backend_setting(name: str, value: str) -> BackendSetting:
         mode = _choice(name, value, {"0": "sequential", "1": "parallel"})
         return BackendSetting(MappingProxyType({"execution_mode": mode}))
     if name in ("intra_op_thread_count", "inter_op_thread_count"):
-        threads = _count(name, value) or (os.cpu_count() or 1)
+        threads = _count(name, value, "a count of threads (0: the cores)", 4)
+        threads = threads or (os.cpu_count() or 1)
         key = "intra_op_threads" if name.startswith("intra") else "inter_op_threads"
         return BackendSetting(MappingProxyType({key: threads}))
     if name in ("enable_mem_arena", "enable_mem_pattern"):
@@ -116,7 +118,8 @@ def backend_setting(name: str, value: str) -> BackendSetting:
     if name == "arena_extend_strategy":
         return BackendSetting(cuda_options=((name, _choice(name, value, _ARENA_EXTEND)),))
     if name == "gpu_mem_limit":
-        return BackendSetting(cuda_options=((name, str(_count(name, value, digits=20))),))
+        limit = _count(name, value, "a number of bytes", 20)
+        return BackendSetting(cuda_options=((name, str(limit)),))
     if name == _CUDA_ONLY_STREAM:
         return BackendSetting(cuda_options=((name, "1" if _boolean(name, value) else "0"),))
     if name == "memory.enable_memory_arena_shrinkage":
@@ -193,9 +196,8 @@ def _choice(name: str, value: str, table: Mapping[str, str]) -> str:
         ) from None
 
 
-def _count(name: str, value: str, *, digits: int = 4) -> int:
+def _count(name: str, value: str, what: str, digits: int) -> int:
     text = value.strip()
     if not (text.isascii() and text.isdigit() and len(text) <= digits):
-        what = "a count of threads (0: the cores)" if digits == 4 else "a number of bytes"
         raise ModelConfigError(f"parameters[{name!r}] must be {what}, got {value!r}")
     return int(text)
