@@ -18,8 +18,9 @@ from corral._base import ModelConfigError
 
 __all__ = ["check_fields", "is_repeated"]
 
-# Every leaf corral honours, as a dotted path (repeated fields and maps without an index). A
-# leaf that is set and not listed here is refused, with _WHY's reason or the generic one.
+# Every leaf corral honours, as a dotted path (repeated fields and maps without an index); its
+# value is checked where it is mapped. A leaf that is set and not listed here is named
+# (_NO_EFFECT) or refused (_WHY's reason, or the generic one).
 _HONOURED = frozenset(
     {
         "name",
@@ -101,7 +102,6 @@ _NO_EFFECT = {
 # Why a field is refused, and what to change, by the path of the field or of a message that
 # holds it: each would make corral answer otherwise than Triton.
 _WHY = {
-    "runtime": "corral runs every model on onnxruntime itself: remove runtime",
     "sequence_batching": (
         "corral has no sequence batcher: it serves stateless models only; remove "
         "sequence_batching for a model that keeps no state between requests"
