@@ -305,9 +305,28 @@ except corral.RuntimeConfigError as exc:
 """
 
 
-def _run_script(script: str) -> str:
+_PBTXT_THREADS = """
+import pathlib, sys, corral
+from corral.testing import build_mlp
+root = pathlib.Path(sys.argv[1])
+(root / "m" / "1").mkdir(parents=True)
+(root / "m" / "1" / "model.onnx").write_bytes(build_mlp())
+(root / "m" / "config.pbtxt").write_text(
+    'parameters { key: "intra_op_thread_count" value { string_value: "2" } }\\n'
+    'parameters { key: "inter_op_thread_count" value { string_value: "3" } }\\n'
+)
+rt = corral.Runtime(intra_op_threads=1, inter_op_threads=1, thread_pools="per_session")
+with corral.Host(root, runtime=rt) as host, host.acquire("m") as lease:
+    seen = []
+    lease.session.instrument(lambda replica: seen.append(replica) or replica)
+    options = seen[0].session_options
+    print(options.intra_op_num_threads, options.inter_op_num_threads)
+"""
+
+
+def _run_script(script: str, *args: str) -> str:
     result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
@@ -320,6 +339,14 @@ def test_per_session_pools_give_each_model_its_own_thread_count():
     assert lines[1] == "1 True"  # the Runtime's intra_op_threads as each session's default
     assert lines[2] == "0"  # no compute workers were started and no global pool exists
     assert lines[3].startswith("refused: thread_pools must be one of 'global', 'per_session'")
+
+
+@pytest.mark.timeout(90)
+def test_a_config_pbtxts_thread_counts_are_a_sessions_own_with_per_session_pools(
+    tmp_path: Path,
+):
+    # Under the global pools (this process's) they are named instead: test_triton_configs.
+    assert _run_script(_PBTXT_THREADS, str(tmp_path)).split() == ["2", "3"]
 
 
 @pytest.mark.timeout(90)
