@@ -68,7 +68,8 @@ _HONOURED = frozenset(
 # in the log when the model loads (ModelConfig.no_effect), never dropped without a word.
 _NO_EFFECT = {
     "dynamic_batching.preserve_ordering": (
-        "corral sends each answer when its run ends; every request still gets its own answer"
+        "corral answers each request on its own call, when its run ends (it serves no gRPC "
+        "stream, where the order of answers would show)"
     ),
     "dynamic_batching.priority_levels": (
         "corral's queues have no priorities: requests run in the order they came"
