@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from corral._base import ModelConfigError
-from corral._onnx import SessionTuning
+from corral._onnx import SESSION_CONFIG_KEYS, SessionTuning
 
 __all__ = [
     "BACKEND_PARAMETERS",
@@ -52,6 +52,12 @@ _NO_EFFECT = {
 #: for a model on the CUDA provider, named as without effect for one on the CPU.
 _CUDA_ONLY = ("cudnn_conv_algo_search", "gpu_mem_limit", "arena_extend_strategy")
 _CUDA_ONLY_STREAM = "do_copy_in_default_stream"
+
+#: Why an onnxruntime session config key among a config.pbtxt's parameters has no effect.
+_NOT_READ = (
+    "an onnxruntime session config key that Triton's onnxruntime backend does not read, and "
+    "nor does corral from parameters; set it in a model.toml's [session_config]"
+)
 
 #: Why a CUDA provider's setting has no effect on a model that runs on the CPU.
 CPU_ONLY = "a setting of the CUDA provider, and this model runs on the CPU"
@@ -156,14 +162,21 @@ class BackendSettings:
 def backend_settings(parameters: Mapping[str, str], *, gpu: bool) -> BackendSettings:
     """:func:`backend_setting` of each backend parameter among ``parameters``, in name order.
 
-    Other names are left out (a config.pbtxt's free-form labels). ``gpu``: the model runs on
-    the CUDA provider, which then takes the CUDA settings; on the CPU they have no effect.
+    Other names are left out (a config.pbtxt's free-form labels), but for onnxruntime's
+    session config keys, which are named as without effect (Triton's backend ignores them).
+    ``gpu``: the model runs on the CUDA provider, which then takes the CUDA settings; on the
+    CPU they have no effect.
     Raises :class:`ModelConfigError` as :func:`backend_setting` does.
     """
     values: dict[str, object] = {}
     cuda: list[tuple[str, str]] = []
     unused: list[str] = []
     for name in sorted(parameters):
+        if name in SESSION_CONFIG_KEYS and name not in BACKEND_PARAMETERS:
+            # Triton's backend takes it as a label: applying it could change answers (denormals
+            # as zero). Said, so that its author knows where it takes effect.
+            unused.append(f"parameters[{name!r}]: {_NOT_READ}")
+            continue
         if name not in BACKEND_PARAMETERS:
             continue
         setting = backend_setting(name, parameters[name])

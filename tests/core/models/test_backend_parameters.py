@@ -98,3 +98,12 @@ def test_together_cuda_settings_go_to_a_gpu_and_are_named_on_the_cpu():
         "parameters['gpu_mem_limit']: a setting of the CUDA provider, and this model runs on "
         "the CPU",
     )
+
+
+def test_a_session_config_key_among_the_parameters_is_named_not_applied():
+    # Triton's backend reads only session.use_device_allocator_for_initializers of these.
+    settings = backend_settings({"session.set_denormal_as_zero": "1"}, gpu=False)
+    assert dict(settings.values) == {}
+    (line,) = settings.no_effect
+    assert line.startswith("parameters['session.set_denormal_as_zero']: ")
+    assert "model.toml's [session_config]" in line
