@@ -11,6 +11,7 @@ requests from a queue (:func:`take`), keeps the oldest and those that fit beside
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ __all__ = [
     "BatchFailed",
     "inference_error",
     "partition",
+    "preferred_cut",
     "run_batch",
     "run_each",
     "shape_key",
@@ -84,6 +86,35 @@ def take(queue: ModelQueue, cap: int = 0) -> list[QueuedRequest]:
         return [pending.popleft()]
     count = min(len(pending), queue.max_rows, _SCAN_LIMIT, cap or _SCAN_LIMIT)
     return [pending.popleft() for _ in range(count)]
+
+
+def preferred_cut(pending: deque[QueuedRequest], preferred: tuple[int, ...], max_rows: int) -> int:
+    """The rows a batch is cut at now by Triton's preferred sizes; 0: none yet, it waits.
+
+    Over the oldest request and those queued that may share its run, in order (what
+    :func:`take` and :func:`partition` make a batch of): the largest size of ``preferred``
+    (ascending) their rows reach; or, once the next request would go past the largest
+    preferred size, the rows before it; or the oldest alone when it is larger. As Triton's
+    dynamic batcher cuts a batch before its delay expires; once it expires the batch takes
+    every row that fits ``max_rows``, as without preferred sizes.
+    """
+    first = pending[0]
+    if not first.key:
+        return 0  # it runs alone whatever is queued behind it
+    largest = preferred[-1]
+    rows = best = 0
+    key, names = first.key, first.names
+    for index, request in enumerate(pending):
+        if index >= min(max_rows, _SCAN_LIMIT):
+            break  # past what take() hands the batch former
+        if request.key != key or not (request.names is names or request.names == names):
+            continue
+        if rows and rows + request.rows > largest:
+            return best or rows
+        rows += request.rows
+        if rows in preferred:
+            best = rows
+    return best or (rows if rows >= largest else 0)
 
 
 def partition(

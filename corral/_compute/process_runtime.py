@@ -441,26 +441,41 @@ class Runtime:
                 self._compute = Scheduler(self._options.compute_workers)
             return self._compute
 
-    def _session_options(self, intra_op_threads: int | None = None) -> object:
-        """The onnxruntime options of a new session; ``intra_op_threads`` None: the Runtime's.
+    def _session_options(
+        self,
+        intra_op_threads: int | None = None,
+        inter_op_threads: int | None = None,
+        cpu_mem_arena: bool | None = None,
+    ) -> object:
+        """The onnxruntime options of a new session; a count None: the Runtime's.
 
         Under the global pools a session cannot have a thread count of its own: asking for
-        one other than the pool's raises :class:`ModelConfigError`.
+        one other than the pool's raises :class:`ModelConfigError`. ``cpu_mem_arena`` False
+        gives the session no arena; True an arena of its own where the Runtime's ``arena`` is
+        ``off``; None the Runtime's.
         """
         options = self._options
+        arena: str = options.arena
+        if cpu_mem_arena is False:
+            arena = "off"
+        elif cpu_mem_arena and arena == "off":
+            arena = "per_session"
         if options.thread_pools == "global":
-            if intra_op_threads is not None and intra_op_threads != options.intra_op_threads:
-                raise ModelConfigError(
-                    f"intra_op_threads = {intra_op_threads} needs sessions with their own thread "
-                    f"pools: this Runtime runs every model on its global pool of "
-                    f"{options.intra_op_threads} thread(s) (Runtime(thread_pools='per_session'), "
-                    "corral serve --thread-pools per_session)"
-                )
-            return ort.session_options(arena=options.arena)
+            for name, asked, pool in (
+                ("intra_op_threads", intra_op_threads, options.intra_op_threads),
+                ("inter_op_threads", inter_op_threads, options.inter_op_threads),
+            ):
+                if asked is not None and asked != pool:
+                    raise ModelConfigError(
+                        f"{name} = {asked} needs sessions with their own thread pools: this "
+                        f"Runtime runs every model on its global pool of {pool} thread(s) "
+                        "(Runtime(thread_pools='per_session'), corral serve --thread-pools "
+                        "per_session)"
+                    )
+            return ort.session_options(arena=arena)
         threads = options.intra_op_threads if intra_op_threads is None else intra_op_threads
-        return ort.session_options(
-            arena=options.arena, own_threads=(threads, options.inter_op_threads)
-        )
+        inter = options.inter_op_threads if inter_op_threads is None else inter_op_threads
+        return ort.session_options(arena=arena, own_threads=(threads, inter))
 
     # -- internals ---------------------------------------------------------------------------
 

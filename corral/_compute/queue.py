@@ -142,6 +142,10 @@ class ModelQueue:
     # WebGPU): while one of them runs another queue's batch, no worker takes this queue's.
     # Fixed when the queue is made.
     devices: tuple[DeviceKey, ...] = ()
+    # Triton's preferred batch sizes, ascending, each at most max_rows: a batch is cut at
+    # the largest one its queue fills before the window closes (batching.preferred_cut).
+    # Fixed when the queue is made; (): none.
+    preferred: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

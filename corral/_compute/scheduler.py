@@ -49,6 +49,7 @@ from corral._compute.batching import (
     BatchFailed,
     inference_error,
     partition,
+    preferred_cut,
     run_batch,
     run_each,
     shape_key,
@@ -178,6 +179,7 @@ class Scheduler:
         adaptive: bool = False,
         slots: int = 0,
         devices: tuple[DeviceKey, ...] = (),
+        preferred: tuple[int, ...] = (),
     ) -> ModelQueue:
         """A new queue for ``owner``'s requests, reported under ``key``; its owner keeps it.
 
@@ -193,7 +195,9 @@ class Scheduler:
         than that at once, so its requests run in the order they came and no worker waits
         for a busy session while other work waits. ``devices``: the devices whose lane its
         runs hold (``Session.devices``); a queue is not handed to a worker while another
-        queue's run holds one of them.
+        queue's run holds one of them. ``preferred``: Triton's preferred batch sizes (each
+        from 1 to ``max_rows``); a batch is then cut at the largest one its queue fills,
+        without waiting for the window (:func:`corral._compute.batching.preferred_cut`).
         """
         if counters is None:
             counters = RunCounters()
@@ -208,6 +212,7 @@ class Scheduler:
             adaptive=adaptive,
             slots=slots,
             devices=devices,
+            preferred=tuple(sorted(size for size in set(preferred) if 0 < size <= max_rows)),
         )
 
     def submit(
@@ -317,8 +322,14 @@ class Scheduler:
             else:
                 self._ready.append(queue)
                 self._wake_locked()
-        elif queue.window_s and before < queue.max_rows <= len(queue.pending) and not queue.parked:
-            self._wake_locked()  # its window's batch just filled: it is due now
+        elif (
+            queue.window_s
+            and not queue.parked
+            and (before < queue.max_rows <= len(queue.pending) or queue.preferred)
+        ):
+            # Its window's batch just filled, or a preferred size may now be filled (the
+            # worker woken finds out): it may be due now.
+            self._wake_locked()
 
     def count_inline_run(
         self, queue: ModelQueue, requests: int, rows: int, seconds: float, expired: int = 0
@@ -448,7 +459,7 @@ class Scheduler:
         while True:
             with self._queues_lock:
                 while True:
-                    queue, wait = self._next_due_locked()
+                    queue, cut, wait = self._next_due_locked()
                     if queue is not None:
                         break
                     if self._state is not _State.RUNNING and not self._ready:
@@ -477,7 +488,7 @@ class Scheduler:
             try:
                 # Sorting out who shares the run happens outside the lock, which the event
                 # loops need for every request they submit.
-                batch, leftovers = partition(taken, queue.max_rows)
+                batch, leftovers = partition(taken, cut or queue.max_rows)
                 if leftovers:
                     self._put_back(queue, leftovers)
                     in_hand[:] = batch
@@ -567,8 +578,12 @@ class Scheduler:
                 return
             self._wake_locked()
 
-    def _next_due_locked(self) -> tuple[ModelQueue | None, float | None]:
-        """The first ready queue whose batch window has closed, and else how long to wait.
+    def _next_due_locked(self) -> tuple[ModelQueue | None, int, float | None]:
+        """The first ready queue that is due, the rows its batch is cut at, else how long to wait.
+
+        A queue is due when its batch window has closed or its batch is full; one with
+        preferred sizes also when its requests fill one (the cut, 0 otherwise: the batch
+        takes what fits ``max_rows``).
 
         A long model's queue is passed over while the workers it may have are all in long
         runs and short models have had requests lately (see the class's doc).
@@ -594,20 +609,25 @@ class Scheduler:
                 wait = remaining if wait is None else min(wait, remaining)
                 self._ready.append(queue)
                 continue
+            expired = queue.window_s > 0 and now >= queue.pending[0].enqueued + queue.window_s
+            if queue.preferred and not queue.apart and not expired:
+                cut = preferred_cut(queue.pending, queue.preferred, queue.max_rows)
+                if cut:
+                    return queue, cut, None
             due = (
                 queue.window_s == 0
                 or queue.max_rows == 0
                 or queue.apart
                 or len(queue.pending) >= queue.max_rows
                 or self._state is not _State.RUNNING
-                or now >= queue.pending[0].enqueued + queue.window_s
+                or expired
             )
             if due:
-                return queue, None
+                return queue, 0, None
             remaining = queue.pending[0].enqueued + queue.window_s - now
             wait = remaining if wait is None else min(wait, remaining)
             self._ready.append(queue)
-        return None, wait
+        return None, 0, wait
 
     def _execute(
         self, queue: ModelQueue, batch: list[QueuedRequest], slot: _Slot | None = None

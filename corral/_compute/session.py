@@ -67,9 +67,15 @@ class Session:
     ``[("CUDAExecutionProvider", {"device_id": 1}), "CPUExecutionProvider"]``; an option
     onnxruntime does not take is refused (:class:`ModelConfigError`), not dropped.
     ``graph_optimization_level`` (``disable``/``basic``/``extended``/``all``),
-    ``execution_mode`` (``sequential``/``parallel``) and ``intra_op_threads`` set onnxruntime's
-    session options; None keeps its defaults and the Runtime's threads. ``intra_op_threads``
-    other than the Runtime's needs ``Runtime(thread_pools="per_session")``.
+    ``execution_mode`` (``sequential``/``parallel``), ``intra_op_threads`` and
+    ``inter_op_threads``, ``cpu_mem_arena`` (False: no arena for this model) and
+    ``mem_pattern`` set onnxruntime's session options; None keeps its defaults and the
+    Runtime's threads and arena. A thread count other than the Runtime's needs
+    ``Runtime(thread_pools="per_session")``. ``session_config``: onnxruntime session
+    configuration entries (``{"session.set_denormal_as_zero": "1"}``), each key one corral
+    knows (:data:`corral._onnx.session_config.SESSION_CONFIG_KEYS`; another is refused).
+    ``arena_shrinkage`` (``"cpu:0"``, ``"gpu:0"``, ``;``-separated): the devices whose memory
+    arena onnxruntime shrinks after each run; a device without an arena fails every run.
 
     ``custom_op_libraries``: libraries of custom operators registered with each onnxruntime
     session, in order: a path, or ``"onnxruntime_extensions"`` for the onnxruntime-extensions
@@ -95,16 +101,34 @@ class Session:
         execution_mode: str | None = None,
         intra_op_threads: int | None = None,
         custom_op_libraries: Sequence[str] = (),
+        inter_op_threads: int | None = None,
+        cpu_mem_arena: bool | None = None,
+        mem_pattern: bool | None = None,
+        session_config: Mapping[str, str] | Sequence[tuple[str, str]] = (),
+        arena_shrinkage: str | None = None,
     ) -> None:
         source = _read_source(model)
         self._libraries = _check_libraries(custom_op_libraries)
+        entries = tuple(
+            session_config.items() if isinstance(session_config, Mapping) else session_config
+        )
         try:
-            self._tuning = SessionTuning(graph_optimization_level, execution_mode, intra_op_threads)
+            self._tuning = SessionTuning(
+                graph_optimization_level,
+                execution_mode,
+                intra_op_threads,
+                inter_op_threads,
+                cpu_mem_arena,
+                mem_pattern,
+                entries,
+                arena_shrinkage,
+            )
         except ValueError as exc:
             raise ModelConfigError(str(exc)) from None
         self._runtime = runtime if runtime is not None else _default_runtime()
         self._name = name if name is not None else _default_name(source)
         resolved = resolve_providers(providers)
+        _check_shrinkage(self._tuning, self._runtime.options.arena, resolved.requested)
         self._policy = resolve_policy(
             concurrency, resolved, pool_size=self._runtime.options.compute_workers
         )
@@ -312,7 +336,8 @@ class Session:
         *,
         admitted: bool = False,
     ) -> dict[str, npt.NDArray[Any]]:
-        run_options = _RUN_OPTIONS.cached
+        # A model that shrinks its arena runs with options of its own, fresh for each run.
+        run_options = self._tuning.run_options() or _RUN_OPTIONS.cached
         if run_options is None:
             run_options = _RUN_OPTIONS.cached = ort.new_run_options()
         with self._state_lock:
@@ -482,7 +507,10 @@ class Session:
     # -- internals ---------------------------------------------------------------------------
 
     def _load(self, source: str | bytes, providers: ResolvedProviders) -> tuple[Any, ...]:
-        options = self._runtime._session_options(self._tuning.intra_op_threads)
+        tuning = self._tuning
+        options = self._runtime._session_options(
+            tuning.intra_op_threads, tuning.inter_op_threads, tuning.cpu_mem_arena
+        )
         self._tuning.apply(options, ort.onnxruntime())
         if self._libraries:
             with ort.CONSTRUCTION_LOCK:
@@ -633,6 +661,24 @@ class _RunOptionsCache(threading.local):
 # One RunOptions per thread (a thread runs one model at a time), dropped after a cancel
 # (terminate stays set once set). Saves building one per run (~0.25 µs of a ~4 µs run).
 _RUN_OPTIONS = _RunOptionsCache()
+
+
+def _check_shrinkage(tuning: SessionTuning, arena: str, providers: tuple[str, ...]) -> None:
+    """Refuse shrinking a device the session has no arena on: onnxruntime fails each run."""
+    if tuning.arena_shrinkage is None:
+        return
+    cpu_arena = tuning.cpu_mem_arena or (tuning.cpu_mem_arena is None and arena != "off")
+    for device in tuning.arena_shrinkage.split(";"):
+        if device == "cpu:0" and not cpu_arena:
+            raise ModelConfigError(
+                "arena_shrinkage names cpu:0, but this session pools no CPU memory "
+                "(cpu_mem_arena false, or the Runtime's arena 'off'): leave cpu:0 out"
+            )
+        if device != "cpu:0" and "CUDAExecutionProvider" not in providers:
+            raise ModelConfigError(
+                f"arena_shrinkage names {device}, but this session runs on no GPU "
+                "(no CUDAExecutionProvider): leave it out"
+            )
 
 
 def _read_source(model: object) -> str | bytes:

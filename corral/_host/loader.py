@@ -46,6 +46,7 @@ from corral._base import (
 from corral._compute import (
     HostCounters,
     Runtime,
+    RuntimeOptions,
     Session,
     TimedRuns,
     deadline_after,
@@ -60,6 +61,7 @@ from corral._host.served import HostLease, Outputs, ServedVersion
 from corral._host.table import Key, Lead, ModelTable
 from corral._host.warmup import check_warmup_room, run_warmups
 from corral._models import (
+    ModelConfig,
     ModelEntry,
     Repository,
     check_declared,
@@ -106,6 +108,10 @@ class Loader:
         self._when_idle: dict[str, list[Callable[[], None]]] = {}
         # Measures published versions for the inline lane, in jobs on the same workers.
         self._measurer = LaneMeasurer(self._workers, table, options.inline_run_us)
+        # Guards _named: per model name, the settings without effect last named in the log,
+        # so that each model's are named once, not once per version or per reload.
+        self._named_lock = threading.Lock()
+        self._named: dict[str, tuple[str, ...]] = {}
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -279,6 +285,19 @@ class Loader:
 
     # -- builds ------------------------------------------------------------------------------
 
+    def _name_no_effect(self, name: str, unused: tuple[str, ...]) -> None:
+        """Say once per model which of its settings have no effect here (Triton's, accepted)."""
+        with self._named_lock:
+            if self._named.get(name, ()) == unused:
+                return
+            self._named[name] = unused
+        if unused:
+            logger.warning(
+                "corral: model %r: accepted without effect on this machine: %s",
+                name,
+                "; ".join(unused),
+            )
+
     def build(
         self, name: str, version: int, entry: ModelEntry, estimate: Estimate, claim: Claim
     ) -> ServedVersion:
@@ -297,6 +316,9 @@ class Loader:
         room = None if budget is None else budget - size_bytes
         # Before anything is built: a warm-up's arrays are sized from the config alone.
         check_warmup_room(config, f"{name}:{version}", room)
+        intra, inter, unused = _session_threads(config, self._runtime.options)
+        shrinkage, unshrunk = _arena_shrinkage(config, self._runtime.options)
+        self._name_no_effect(name, (*config.no_effect, *unused, *unshrunk))
         session = Session(
             entry.versions[version].path,
             runtime=self._runtime,
@@ -305,8 +327,13 @@ class Loader:
             name=f"{name}:{version}",
             graph_optimization_level=config.graph_optimization_level,
             execution_mode=config.execution_mode,
-            intra_op_threads=config.intra_op_threads,
+            intra_op_threads=intra,
             custom_op_libraries=config.custom_op_libraries,
+            inter_op_threads=inter,
+            cpu_mem_arena=config.cpu_mem_arena,
+            mem_pattern=config.mem_pattern,
+            session_config=config.session_config,
+            arena_shrinkage=shrinkage,
         )
         try:
             # Built from the files the entry read, or the copy could mix old and new (a model
@@ -793,3 +820,55 @@ def _copy(source: Future[ServedVersion], outer: Future[ServedVersion]) -> None:
         _settle(outer, error=error)
     else:
         _settle(outer, result=source.result())
+
+
+def _session_threads(
+    config: ModelConfig, runtime: RuntimeOptions
+) -> tuple[int | None, int | None, tuple[str, ...]]:
+    """The thread counts a model's session asks for, and those dropped, each with why.
+
+    A config.pbtxt's counts (the backend's ``intra_op_thread_count`` and
+    ``inter_op_thread_count``) are ignored under Triton's global thread pool, as they are under
+    the Runtime's global pools here: named, not refused. A model.toml's count is the
+    model author's own requirement, refused by the Runtime when its pools differ.
+    """
+    intra, inter = config.intra_op_threads, config.inter_op_threads
+    if config.source != "config.pbtxt" or runtime.thread_pools != "global":
+        return intra, inter, ()
+    dropped = []
+    if intra is not None and intra != runtime.intra_op_threads:
+        dropped.append(f"parameters['intra_op_thread_count'] ({intra})")
+        intra = None
+    if inter is not None and inter != runtime.inter_op_threads:
+        dropped.append(f"parameters['inter_op_thread_count'] ({inter})")
+        inter = None
+    why = (
+        ": every model runs on the Runtime's global thread pools (as under Triton's global "
+        "thread pool; --thread-pools per_session applies a model's own counts)"
+    )
+    return intra, inter, tuple(field + why for field in dropped)
+
+
+def _arena_shrinkage(
+    config: ModelConfig, runtime: RuntimeOptions
+) -> tuple[str | None, tuple[str, ...]]:
+    """The devices whose arena a model's runs shrink, and those it names without one.
+
+    onnxruntime fails every run that names a device with no arena to shrink: the CPU when the
+    model's sessions pool no memory, a GPU when the model runs on the CPU. Such a device has
+    nothing to shrink here, so it is named, not passed on.
+    """
+    if config.arena_shrinkage is None:
+        return None, ()
+    cpu_arena = config.cpu_mem_arena or (config.cpu_mem_arena is None and runtime.arena != "off")
+    names = [entry if isinstance(entry, str) else entry[0] for entry in config.providers or ()]
+    gpu = "CUDAExecutionProvider" in names
+    kept: list[str] = []
+    dropped: list[str] = []
+    for device in config.arena_shrinkage.split(";"):
+        (kept if (cpu_arena if device == "cpu:0" else gpu) else dropped).append(device)
+    why = (
+        "arena_shrinkage (parameters['memory.enable_memory_arena_shrinkage']) "
+        f"{';'.join(dropped)}: this model has no memory arena on that device to shrink"
+    )
+    return (";".join(kept) or None), ((why,) if dropped else ())

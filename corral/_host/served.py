@@ -558,6 +558,7 @@ class ServedVersion:
                     adaptive=self.adaptive,
                     slots=self.session.policy.runs_at_once,
                     devices=self.session.devices,
+                    preferred=self.config.preferred_batch_sizes,
                 )
             return self._queue
 

@@ -7,6 +7,13 @@ This is the folder's face: the layers above import these names from here, never 
 inside it (tests/test_layers.py).
 """
 
+from corral._models.backend_parameters import (
+    BACKEND_PARAMETERS,
+    BackendSetting,
+    BackendSettings,
+    backend_setting,
+    backend_settings,
+)
 from corral._models.config import ModelConfig, TensorConfig, VersionPolicy, WarmupSample
 from corral._models.model_entry import ModelEntry, ModelVersion
 from corral._models.overrides import ModelOverride
@@ -22,8 +29,11 @@ from corral._models.repository import Repository, natural_key, validate_model_na
 from corral._models.store import is_store_url
 
 __all__ = [
+    "BACKEND_PARAMETERS",
     "CONFIG_PBTXT",
     "MAX_WARMUP_BYTES",
+    "BackendSetting",
+    "BackendSettings",
     "ModelConfig",
     "ModelEntry",
     "ModelOverride",
@@ -32,6 +42,8 @@ __all__ = [
     "TensorConfig",
     "VersionPolicy",
     "WarmupSample",
+    "backend_setting",
+    "backend_settings",
     "check_declared",
     "declaration_mismatches",
     "declared_signature",

@@ -9,6 +9,10 @@ A model folder may hold a ``model.toml`` next to its version folders::
     graph_optimization_level = "all"   # "disable", "basic", "extended" or "all"
     execution_mode = "sequential"      # or "parallel"
     intra_op_threads = 4         # needs the Runtime's per-session thread pools
+    inter_op_threads = 2         # likewise (the parallel execution mode's threads)
+    cpu_mem_arena = false        # no CPU arena for this model (absent: the Runtime's arena)
+    mem_pattern = false          # onnxruntime's memory pattern (absent: on)
+    arena_shrinkage = "cpu:0"    # shrink the CPU arena after each run
     pinned = true                # never evicted
     warmup = true                # run once on zeros after loading
     version_policy = { latest = 2 }
@@ -23,6 +27,12 @@ Triton's spellings (``{ latest = { num_versions = N } }``, ``{ specific = { vers
 libraries of custom operators registered with each of the model's sessions: a path relative
 to the model's folder (it must stay inside it, symlinks followed: the repository checks it),
 or ``"onnxruntime_extensions"``, the library of the onnxruntime-extensions package.
+
+``[session_config]`` is a table of onnxruntime session configuration entries, applied with
+``add_session_config_entry`` (``"session.set_denormal_as_zero" = "1"``). onnxruntime drops a
+key it does not know without a word, so only the keys corral knows are taken
+(:data:`corral._onnx.session_config.SESSION_CONFIG_KEYS`): any other is an error naming it,
+the closest known key and the list.
 
 ``providers``' options are checked when the repository reads the settings, against what each
 option names (:mod:`corral._models.provider_options`): an option corral does not know is
@@ -39,7 +49,7 @@ import difflib
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Literal
+from typing import Any, Literal
 
 from corral._base import ModelConfigError
 from corral._onnx import ConcurrencyPolicy, SessionTuning
@@ -237,6 +247,18 @@ class ModelConfig:
     execution_mode: str | None = None
     #: Threads one run uses; other than the Runtime's needs its per-session thread pools.
     intra_op_threads: int | None = None
+    #: Threads of the parallel execution mode; other than the Runtime's likewise.
+    inter_op_threads: int | None = None
+    #: False: no CPU arena for this model; True: one (its own where the Runtime has none);
+    #: None: the Runtime's ``arena``.
+    cpu_mem_arena: bool | None = None
+    #: onnxruntime's memory pattern; None: its default (on).
+    mem_pattern: bool | None = None
+    #: onnxruntime session configuration entries, sorted (key, text value) pairs.
+    session_config: tuple[tuple[str, str], ...] = ()
+    #: Devices whose arena is shrunk after each run (``"cpu:0"``, ``"gpu:0"``, ``;``-separated,
+    #: onnxruntime's ``memory.enable_memory_arena_shrinkage``); None: none.
+    arena_shrinkage: str | None = None
     #: Custom operator libraries registered with the model's sessions, in order: a path
     #: (relative to the model's folder as written; the repository makes it the library's real
     #: path once checked inside the folder) or ``"onnxruntime_extensions"``.
@@ -270,6 +292,12 @@ class ModelConfig:
     #: Triton's ``allow_timeout_override``: whether a request's own timeout replaces
     #: ``queue_timeout_us`` in the queue (False: the queue keeps the config's).
     queue_timeout_override: bool = False
+    #: Triton's ``preferred_batch_size``, ascending: a batch is cut at the largest of these
+    #: sizes the queue fills, without waiting for the window (docs/scheduler.md); (): none.
+    preferred_batch_sizes: tuple[int, ...] = ()
+    #: Settings the config.pbtxt sets that have no effect on this machine, each
+    #: ``"<field>: <why>"``: accepted, and named once in the log when the model loads.
+    no_effect: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         _check_optional_count("max_batch_size", self.max_batch_size)
@@ -277,11 +305,30 @@ class ModelConfig:
         object.__setattr__(self, "concurrency", _check_concurrency(self.concurrency))
         if self.providers is not None:
             object.__setattr__(self, "providers", _check_providers(self.providers))
+        entries: Any = self.session_config  # any value: SessionTuning checks it
+        if isinstance(entries, dict):  # model.toml's table
+            entries = tuple(entries.items())
         try:
-            SessionTuning(self.graph_optimization_level, self.execution_mode, self.intra_op_threads)
+            tuning = SessionTuning(
+                self.graph_optimization_level,
+                self.execution_mode,
+                self.intra_op_threads,
+                self.inter_op_threads,
+                self.cpu_mem_arena,
+                self.mem_pattern,
+                entries,
+                self.arena_shrinkage,
+            )
         except ValueError as exc:
             name, _, problem = str(exc).partition(" ")
             raise _FieldError(name, problem) from None
+        object.__setattr__(self, "session_config", tuning.session_config)
+        sizes = self.preferred_batch_sizes
+        if not isinstance(sizes, tuple) or any(
+            isinstance(size, bool) or not isinstance(size, int) or size < 1 for size in sizes
+        ):
+            raise _FieldError("preferred_batch_sizes", f"must be sizes >= 1, got {sizes!r}")
+        object.__setattr__(self, "preferred_batch_sizes", tuple(sorted(set(sizes))))
         _check_bool("pinned", self.pinned)
         _check_bool("warmup", self.warmup)
         _check_bool("combine_requests", self.combine_requests)
@@ -354,6 +401,8 @@ _PBTXT_ONLY = frozenset(
         "warmup_samples",
         "queue_timeout_us",
         "queue_timeout_override",
+        "preferred_batch_sizes",
+        "no_effect",
     }
 )
 _KNOWN_KEYS = tuple(sorted(f.name for f in fields(ModelConfig) if f.name not in _PBTXT_ONLY))

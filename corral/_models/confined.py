@@ -160,26 +160,33 @@ def locate_library(
     stamps: list[tuple[object, ...]],
     *,
     shown: str | None = None,
+    absolute: bool = False,
 ) -> str:
     """The real path of a library named by a model's settings (custom operators, a provider's).
 
     ``library`` is relative to the model's folder; its real path (symlinks followed) must
-    stay inside that folder and be a regular file. Raises :class:`ModelConfigError` naming
-    ``source`` and the library (or ``shown``, what names it) otherwise. Its stamp is added to
-    ``stamps``: a changed library is a changed model.
+    stay inside that folder and be a regular file. With ``absolute`` an absolute path is
+    taken as it is, wherever it is: for a local repository's config.pbtxt, whose operator
+    wrote it (Triton's usual ``/opt/...`` path), never for a config that came over the
+    network or from object storage. Raises :class:`ModelConfigError` naming ``source`` and
+    the library (or ``shown``, what names it) otherwise. Its stamp is added to ``stamps``: a
+    changed library is a changed model.
     """
     shown = f"{source}: custom op library {library!r}" if shown is None else shown
     folder = os.path.realpath(real_folder)
     real = os.path.realpath(os.path.join(folder, library))
-    if os.path.commonpath([folder, real]) != folder or real == folder:
+    inside = os.path.commonpath([folder, real]) == folder and real != folder
+    if not inside and not (absolute and os.path.isabs(library)):
         raise ModelConfigError(
             f"{shown} resolves outside the model's folder {folder} (to {real}): a library is "
-            "loaded only from inside the model's folder"
+            "loaded only from inside the model's folder, or from an absolute path written in "
+            "a local repository's config.pbtxt"
         )
     try:
         info = os.stat(real)
     except FileNotFoundError:
-        raise ModelConfigError(f"{shown}: no such file in the model's folder") from None
+        where = "in the model's folder" if inside else "there"
+        raise ModelConfigError(f"{shown}: no such file {where}") from None
     except OSError as exc:
         raise ModelConfigError(f"{shown}: cannot read it: {exc}") from exc
     if not stat.S_ISREG(info.st_mode):

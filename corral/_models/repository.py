@@ -623,7 +623,10 @@ class Repository:
                 config = ModelConfig.from_toml(text, source=source)
             else:
                 config, files = self._parse_pbtxt(root, source, name, real_folder, text)
-            config = _with_libraries_located(source, real_folder, config, files)
+            # An absolute library path is the operator's, in a local repository's
+            # config.pbtxt; an object store's config names no file on this machine.
+            absolute = self.store is None and config.source == "config.pbtxt"
+            config = _with_libraries_located(source, real_folder, config, files, absolute)
             config = locate_provider_paths(source, real_folder, config, files)
         except ModelConfigError as exc:
             if toml is not None:
@@ -774,15 +777,22 @@ def _shorten(text: str, limit: int = 60) -> str:
 
 
 def _with_libraries_located(
-    source: str, real_folder: str, config: ModelConfig, stamps: list[tuple[object, ...]]
+    source: str,
+    real_folder: str,
+    config: ModelConfig,
+    stamps: list[tuple[object, ...]],
+    absolute: bool,
 ) -> ModelConfig:
-    """``config`` with each custom op library path made its real path inside the model folder."""
+    """``config`` with each custom op library path made its real path.
+
+    Inside the model's folder, or with ``absolute`` also an absolute path anywhere.
+    """
     if not config.custom_op_libraries:
         return config
     located = tuple(
         library
         if library == EXTENSIONS_LIBRARY
-        else locate_library(source, real_folder, library, stamps)
+        else locate_library(source, real_folder, library, stamps, absolute=absolute)
         for library in config.custom_op_libraries
     )
     return dataclasses.replace(config, custom_op_libraries=located)

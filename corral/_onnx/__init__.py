@@ -23,6 +23,7 @@ from corral._onnx.providers import (
     resolve_policy,
     resolve_providers,
 )
+from corral._onnx.session_config import SESSION_CONFIG_KEYS
 from corral._onnx.signature import DeclaredSignature, Dim, Reshape, Signature, TensorSpec
 from corral._onnx.tuning import SessionTuning
 from corral._onnx.value_dependence import footprint_and_value_dependence
@@ -32,6 +33,7 @@ __all__ = [
     "MAX_POOL_SIZE",
     "PROVIDER_OPTIONS",
     "PROVIDER_TABLE",
+    "SESSION_CONFIG_KEYS",
     "ConcurrencyPolicy",
     "DeclaredSignature",
     "DeviceKey",

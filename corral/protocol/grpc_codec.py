@@ -411,6 +411,7 @@ def encode_model_config(config: ModelConfiguration) -> pb.ModelConfigResponse:
         message.version_policy.specific.versions.extend(policy.versions)
     if config.batch_window_us is not None:
         message.dynamic_batching.max_queue_delay_microseconds = config.batch_window_us
+        message.dynamic_batching.preferred_batch_size.extend(config.preferred_batch_sizes)
         queue_policy = message.dynamic_batching.default_queue_policy
         queue_policy.max_queue_size = config.max_queue_size
         queue_policy.default_timeout_microseconds = config.queue_timeout_us or 0

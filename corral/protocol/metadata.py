@@ -88,6 +88,7 @@ def model_configuration(lease: HostLease) -> ModelConfiguration:
         parameters={**dict(config.parameters), BATCHING_PARAMETER: lease.batching},
         version_policy=config.version_policy,
         batch_window_us=lease.batch_window_us if batched else None,
+        preferred_batch_sizes=config.preferred_batch_sizes if batched else (),
         max_queue_size=lease.queue_limit,
         queue_timeout_us=config.queue_timeout_us,
         queue_timeout_override=config.queue_timeout_override,

@@ -186,6 +186,8 @@ class ModelConfiguration:
     #: How long a batch waits to fill, in microseconds, when requests are batched (Triton's
     #: ``dynamic_batching``); None when they never are.
     batch_window_us: int | None = None
+    #: The batch sizes a batch is cut at before its window closes (``preferred_batch_size``).
+    preferred_batch_sizes: tuple[int, ...] = ()
     #: Requests that may wait in the model's queue (``default_queue_policy.max_queue_size``).
     max_queue_size: int = 0
     #: How long a request may wait in the queue when it gives no timeout of its own

@@ -3,11 +3,12 @@
 A model folder may hold Triton's model configuration instead of a ``model.toml``. It is parsed
 with protobuf's text format against Triton's own messages (``corral/_proto/model_config.proto``,
 every field Triton has), so a file Triton accepts always parses; then each field that is set is
-either honoured (mapped onto :class:`ModelConfig`, here) or refused with a
-:class:`ModelConfigError` naming it and why (:mod:`corral._models.pbtxt.fields`). Nothing set in the
-file is ignored. Its warm-up samples are read by :mod:`corral._models.pbtxt.warmup`; the tensors it
-declares are held against the model's at load by :mod:`corral._models.pbtxt.declared`. The load
-imports those two modules' names from here, with :data:`CONFIG_PBTXT` and :func:`parse_pbtxt`.
+honoured (mapped onto :class:`ModelConfig`, here), accepted without effect and named (in
+:attr:`ModelConfig.no_effect`, logged once at load), or refused with a
+:class:`ModelConfigError` naming it, why and what to change
+(:mod:`corral._models.pbtxt.fields`). Nothing set in the file is ignored. Its warm-up samples
+are read by :mod:`corral._models.pbtxt.warmup`; the tensors it declares are held against the
+model's at load by :mod:`corral._models.pbtxt.declared`.
 
 protobuf is imported here lazily, only when a config.pbtxt exists: the core's imports stay
 onnxruntime and numpy. onnxruntime depends on protobuf, but the generated module needs
@@ -16,12 +17,13 @@ protobuf >= 6.30 (the ``grpc`` extra); an older one is a ModelConfigError saying
 The mapping (``docs/host.md`` has the table):
 
 - ``name`` must be the folder's name; ``platform`` ``onnxruntime_onnx`` / ``backend``
-  ``onnxruntime`` only (or neither).
+  ``onnxruntime`` / ``runtime`` ``libtriton_onnxruntime.so`` only (or none of them).
 - ``max_batch_size`` → ``max_batch_size`` (0: never batched); with it above 0 the declared
   ``dims`` leave out the batch dimension, as in Triton.
 - ``dynamic_batching.max_queue_delay_microseconds`` → ``batch_window_us``; without
   ``dynamic_batching`` requests are not held to fill a batch (a window of 0), as Triton does
-  not combine them. ``default_queue_policy``: ``max_queue_size`` → ``max_queue_size``,
+  not combine them. ``preferred_batch_size`` → ``preferred_batch_sizes``, the batcher's cut
+  points. ``default_queue_policy``: ``max_queue_size`` → ``max_queue_size``,
   ``default_timeout_microseconds`` and ``allow_timeout_override`` → the queue's timeout.
 - ``instance_group`` (``KIND_CPU`` / ``KIND_AUTO``): the counts summed → ``pool:N``.
 - ``version_policy``, ``default_model_filename``, ``parameters``, ``label_filename``,
@@ -29,25 +31,27 @@ The mapping (``docs/host.md`` has the table):
   or file data: :func:`warmup_feed`), ``optimization.execution_accelerators`` naming
   ``openvino`` (CPU) or ``tensorrt`` / ``cuda`` (GPU) → providers, their parameters →
   provider options (TensorRT's under onnxruntime's names, as Triton's backend maps them).
-- ``optimization.graph.level`` → ``graph_optimization_level``; the backend's parameters
-  ``execution_mode`` and ``intra_op_thread_count`` → ``execution_mode`` and
-  ``intra_op_threads`` (still reported among ``parameters``).
+- ``optimization.graph.level`` → ``graph_optimization_level``; the onnxruntime backend's
+  parameters → session settings or the CUDA provider's options
+  (:func:`corral._models.backend_parameters.backend_setting`; still reported among
+  ``parameters``).
 - ``model_operations.op_library_filename`` → ``custom_op_libraries``: each a path inside the
-  model's folder (the repository checks it), or ``onnxruntime_extensions``.
+  model's folder, or an absolute path in a local repository (the repository checks it), or
+  ``onnxruntime_extensions``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 from corral._base import LoadRequestInvalid, ModelConfigError, install_hint
+from corral._models.backend_parameters import backend_settings
 from corral._models.config import ModelConfig, ProviderEntry, TensorConfig, VersionPolicy
-from corral._models.pbtxt.fields import refuse_unhonoured
+from corral._models.pbtxt.fields import check_fields
 from corral._models.pbtxt.warmup import ReadWarmup, warmup_samples
 from corral._onnx import MAX_POOL_SIZE
 
@@ -65,28 +69,8 @@ CONFIG_PBTXT = "config.pbtxt"
 PLATFORM = "onnxruntime_onnx"
 BACKEND = "onnxruntime"
 
-# Triton's onnxruntime backend reads these parameters as settings; corral does not apply them,
-# so taking them as mere labels would drop them silently.
-_BACKEND_PARAMETERS = frozenset(
-    {
-        "inter_op_thread_count",
-        "enable_mem_arena",
-        "enable_mem_pattern",
-        "memory.enable_memory_arena_shrinkage",
-        "session.use_device_allocator_for_initializers",
-        "cudnn_conv_algo_search",
-        "gpu_mem_limit",
-        "arena_extend_strategy",
-        "do_copy_in_default_stream",
-        "use_global_thread_pool",
-        "enable_dynamic_shapes",
-        "share_weights_between_sessions",
-        "allow_incomplete_outputs",
-    }
-)
-
-#: The backend's parameters corral applies (``_session_parameters``); kept in ``parameters`` too.
-_SESSION_PARAMETERS = ("execution_mode", "intra_op_thread_count")
+#: What Triton's ``runtime`` may name for an ONNX model: its onnxruntime backend's library.
+_RUNTIME = "libtriton_onnxruntime.so"
 
 #: Triton's ``optimization.graph.level`` → model.toml's ``graph_optimization_level`` (0, the
 #: default, leaves onnxruntime's: all optimizations).
@@ -130,9 +114,13 @@ def parse_pbtxt(
     """
     message = _parse(text, source)
     try:
-        refuse_unhonoured(message, source)
+        no_effect = check_fields(message, source)
         return _map(
-            message, model_name=model_name, read_labels=read_labels, read_warmup=read_warmup
+            message,
+            model_name=model_name,
+            read_labels=read_labels,
+            read_warmup=read_warmup,
+            no_effect=no_effect,
         )
     except ModelConfigError as exc:
         if str(exc).startswith(source):
@@ -277,6 +265,7 @@ def _map(
     model_name: str,
     read_labels: Callable[[str, str], tuple[str, ...]],
     read_warmup: ReadWarmup | None,
+    no_effect: tuple[str, ...],
 ) -> ModelConfig:
     from corral._proto import model_config_pb2 as pb
 
@@ -294,12 +283,17 @@ def _map(
             f"backend {message.backend!r} is not served: corral runs ONNX models on "
             f"onnxruntime only (backend {BACKEND!r})"
         )
+    if message.runtime and message.runtime != _RUNTIME:
+        raise ModelConfigError(
+            f"runtime {message.runtime!r} is not served: corral runs ONNX models on onnxruntime "
+            f"itself (Triton's {_RUNTIME!r}); remove runtime"
+        )
     if message.max_batch_size < 0:
         raise ModelConfigError(f"max_batch_size must be >= 0, got {message.max_batch_size}")
     batching = message.HasField("dynamic_batching")
     window = message.dynamic_batching.max_queue_delay_microseconds if batching else 0
     queue_size = message.dynamic_batching.default_queue_policy.max_queue_size
-    _check_preferred(message.dynamic_batching.preferred_batch_size, message.max_batch_size)
+    preferred = _preferred(message.dynamic_batching.preferred_batch_size, message.max_batch_size)
     values: dict[str, Any] = {
         "source": "config.pbtxt",
         "max_batch_size": message.max_batch_size,
@@ -325,13 +319,23 @@ def _map(
         "warmup_samples": warmup_samples(
             message.model_warmup, pb, message.max_batch_size, read_warmup
         ),
+        "preferred_batch_sizes": preferred,
     }
     if message.default_model_filename:
         values["model_filename"] = message.default_model_filename
     concurrency, gpu = _instances(message.instance_group, pb)
     if concurrency is not None:
         values["concurrency"] = concurrency
-    providers = _providers(message.optimization.execution_accelerators, gpu)
+    if gpu and message.cc_model_filenames:
+        raise ModelConfigError(
+            "cc_model_filenames picks a model file by the GPU's compute capability, which "
+            "corral does not read: put the file for this machine's GPU under "
+            "default_model_filename, and remove cc_model_filenames"
+        )
+    backend = backend_settings(
+        {key: value.string_value for key, value in message.parameters.items()}, gpu=gpu
+    )
+    providers = _providers(message.optimization.execution_accelerators, gpu, backend.cuda_options)
     if providers is not None:
         values["providers"] = providers
     level = message.optimization.graph.level
@@ -342,30 +346,26 @@ def _map(
                 "default: all), 1 (basic and extended), 2 (none)"
             )
         values["graph_optimization_level"] = _GRAPH_LEVELS[level]
-    values.update(_session_parameters(message.parameters))
+    values.update(backend.values)
+    values["no_effect"] = (*no_effect, *backend.no_effect)
     try:
         return ModelConfig(**values)
     except ValueError as exc:
         raise ModelConfigError(str(exc)) from None
 
 
-def _check_preferred(sizes: Any, max_batch_size: int) -> None:
-    """Accept ``preferred_batch_size`` only where corral's batcher already does what it asks.
+def _preferred(sizes: Any, max_batch_size: int) -> tuple[int, ...]:
+    """``preferred_batch_size``, checked as Triton checks it: each from 1 to max_batch_size.
 
-    Triton runs a batch as soon as it reaches a preferred size, and cuts a longer queue at
-    the largest one reached; corral runs a batch when it fills ``max_batch_size`` or the
-    window closes, taking every compatible row queued up to ``max_batch_size``. The two agree
-    only when the one preferred size is ``max_batch_size``; capping runs at a smaller size
-    would not be Triton's batching either (it forms batches past it when the delay expires).
+    The batcher cuts a batch at the largest of them the queue fills (docs/scheduler.md).
     """
     for index, size in enumerate(sizes):
-        if size != max_batch_size:
+        if not 1 <= size <= max_batch_size:
             raise ModelConfigError(
-                f"dynamic_batching.preferred_batch_size[{index}] is {size}: corral's batcher "
-                f"runs a batch when it fills max_batch_size ({max_batch_size}) or the window "
-                "closes, and cannot stop at a smaller preferred size; remove it, or prefer "
-                "only max_batch_size"
+                f"dynamic_batching.preferred_batch_size[{index}] is {size}: a preferred size "
+                f"must be from 1 to max_batch_size ({max_batch_size}), as in Triton"
             )
+    return tuple(sorted(set(sizes)))
 
 
 def _version_policy(policy: Any, pb: Any) -> VersionPolicy:
@@ -469,11 +469,6 @@ def _output(
 def _parameters(parameters: Any) -> tuple[tuple[str, str], ...]:
     pairs = []
     for key in sorted(parameters):
-        if key in _BACKEND_PARAMETERS:
-            raise ModelConfigError(
-                f"parameters[{key!r}] is a setting of Triton's onnxruntime backend, which "
-                "corral does not apply; remove it"
-            )
         if key.startswith("corral."):
             raise ModelConfigError(
                 f"parameters[{key!r}]: names starting with 'corral.' are corral's own, in answers"
@@ -507,28 +502,6 @@ def _instances(groups: Any, pb: Any) -> tuple[str | None, bool]:
     return f"pool:{total}", gpu
 
 
-def _session_parameters(parameters: Any) -> dict[str, Any]:
-    """The backend's ``execution_mode`` ("0"/"1") and ``intra_op_thread_count`` ("0": cores)."""
-    values: dict[str, Any] = {}
-    if "execution_mode" in parameters:
-        mode = parameters["execution_mode"].string_value
-        if mode not in ("0", "1"):
-            raise ModelConfigError(
-                f"parameters['execution_mode'] must be '0' (sequential) or '1' (parallel), "
-                f"got {mode!r}"
-            )
-        values["execution_mode"] = "parallel" if mode == "1" else "sequential"
-    if "intra_op_thread_count" in parameters:
-        count = parameters["intra_op_thread_count"].string_value
-        if not (count.isascii() and count.isdigit() and len(count) <= 4):
-            raise ModelConfigError(
-                f"parameters['intra_op_thread_count'] must be a count of threads (0: the "
-                f"cores), got {count!r}"
-            )
-        values["intra_op_threads"] = int(count) or (os.cpu_count() or 1)
-    return values
-
-
 def _accelerator_options(kind: str, index: int, accelerator: Any) -> tuple[tuple[str, str], ...]:
     """An accelerator's parameters as its provider's options, under onnxruntime's names."""
     options: dict[str, str] = {}
@@ -548,7 +521,10 @@ def _accelerator_options(kind: str, index: int, accelerator: Any) -> tuple[tuple
     return tuple(sorted(options.items()))
 
 
-def _providers(accelerators: Any, gpu: bool) -> tuple[ProviderEntry, ...] | None:
+def _providers(
+    accelerators: Any, gpu: bool, cuda_options: tuple[tuple[str, str], ...] = ()
+) -> tuple[ProviderEntry, ...] | None:
+    """The providers, and the backend parameters' ``cuda_options`` on the CUDA provider."""
     providers: list[ProviderEntry] = []
     for kind in ("gpu_execution_accelerator", "cpu_execution_accelerator"):
         for index, accelerator in enumerate(getattr(accelerators, kind)):
@@ -569,8 +545,21 @@ def _providers(accelerators: Any, gpu: bool) -> tuple[ProviderEntry, ...] | None
     names = [entry if isinstance(entry, str) else entry[0] for entry in providers]
     if gpu and "CUDAExecutionProvider" not in names:
         providers.append("CUDAExecutionProvider")
+    if cuda_options:
+        providers = [_with_options(entry, cuda_options) for entry in providers]
     if not providers:
         return None
     # onnxruntime runs on the CPU what the others leave, as Triton's backend does.
     providers.append("CPUExecutionProvider")
     return tuple(providers)
+
+
+def _with_options(entry: ProviderEntry, added: tuple[tuple[str, str], ...]) -> ProviderEntry:
+    """The CUDA provider's entry with ``added`` options (an accelerator's own win); others kept."""
+    name = entry if isinstance(entry, str) else entry[0]
+    if name != "CUDAExecutionProvider":
+        return entry
+    options = dict(added)
+    if not isinstance(entry, str):
+        options.update(entry[1])
+    return (name, tuple(sorted(options.items())))

@@ -95,6 +95,8 @@ def config_doc(config: ModelConfiguration) -> dict[str, Any]:
                 "allow_timeout_override": config.queue_timeout_override,
             },
         }
+        if config.preferred_batch_sizes:
+            doc["dynamic_batching"]["preferred_batch_size"] = list(config.preferred_batch_sizes)
     return doc
 
 

@@ -632,6 +632,10 @@ def _config_doc(
         "graph_optimization_level": config.graph_optimization_level or "all",
         "execution_mode": config.execution_mode or "sequential",
         "intra_op_threads": config.intra_op_threads or runtime_threads,
+        "preferred_batch_sizes": list(config.preferred_batch_sizes),
+        "session_config": dict(config.session_config),
+        # A config.pbtxt's settings accepted without effect on this machine, each with why.
+        "without_effect": list(config.no_effect),
     }
 
 

@@ -595,3 +595,81 @@ def test_a_model_run_apart_shares_runs_again_once_they_pay(
     if not shares_again:
         # The rechecks saw shared rows turn cheaper than lone ones, not cheap enough.
         assert 0.7 < queue.shared_row_s < 1.0
+
+
+# -- Triton's preferred batch sizes ------------------------------------------------------------
+
+
+def rows(count: int, value: float = 1.0) -> np.ndarray:
+    return np.full((count, 2), value, np.float32)
+
+
+@pytest.mark.timeout(60)
+def test_a_queue_is_cut_at_the_largest_preferred_size_it_fills(scheduler: Scheduler):
+    preferred, plain = FakeVersion("preferred:1"), FakeVersion("plain:1")
+    # A window no test waits for: every cut below is made before it closes.
+    preferred_queue = scheduler.queue(
+        preferred, ("preferred", 1), max_rows=16, batch_window_us=60_000_000, preferred=(8, 4)
+    )
+    plain_queue = scheduler.queue(plain, ("plain", 1), max_rows=16, batch_window_us=0)
+    blocker, held = hold_worker(scheduler)
+    futures = [submit(scheduler, preferred_queue, preferred, row(i)) for i in range(13)]
+    plain_futures = [submit(scheduler, plain_queue, plain, row(i)) for i in range(13)]
+    blocker.hold.set()
+    for i, future in enumerate(futures[:12]):
+        np.testing.assert_array_equal(future.result(timeout=10)["Y"], row(2 * i))
+    for future in plain_futures:
+        future.result(timeout=10)
+    assert preferred.batches == [8, 4]  # 8 of 13, then 4 of 5: the 13th waits for more
+    assert plain.batches == [13]  # without preferred sizes: every row that fits
+    assert not futures[12].done()
+    assert scheduler.shutdown(timeout=30)  # draining runs what waits
+    np.testing.assert_array_equal(futures[12].result(timeout=10)["Y"], row(24))
+    assert preferred.batches == [8, 4, 1]
+    held.result(timeout=10)
+
+
+@pytest.mark.timeout(60)
+def test_a_request_that_would_pass_the_largest_preferred_size_cuts_before_it(
+    scheduler: Scheduler,
+):
+    model = FakeVersion("m:1")
+    queue = scheduler.queue(
+        model, ("m", 1), max_rows=16, batch_window_us=60_000_000, preferred=(4,)
+    )
+    blocker, held = hold_worker(scheduler)
+    futures = [submit(scheduler, queue, model, rows(3)) for _ in range(3)]
+    blocker.hold.set()
+    for future in futures[:2]:
+        future.result(timeout=10)
+    # 3 rows reach no preferred size, and 3 more would pass 4: Triton runs the 3 at once.
+    assert model.batches == [3, 3]
+    assert scheduler.shutdown(timeout=30)
+    futures[2].result(timeout=10)
+    held.result(timeout=10)
+
+
+@pytest.mark.timeout(60)
+def test_without_a_window_the_preferred_size_is_cut_and_the_rest_runs_at_once(
+    scheduler: Scheduler,
+):
+    model = FakeVersion("m:1")
+    queue = scheduler.queue(model, ("m", 1), max_rows=16, preferred=(4, 8))
+    blocker, held = hold_worker(scheduler)
+    futures = [submit(scheduler, queue, model, row(i)) for i in range(6)]
+    blocker.hold.set()
+    for future in [*futures, held]:
+        future.result(timeout=10)
+    assert model.batches == [4, 2]
+
+
+@pytest.mark.timeout(60)
+def test_once_the_window_closes_the_batch_takes_every_row_that_fits(scheduler: Scheduler):
+    model = FakeVersion("m:1")
+    queue = scheduler.queue(model, ("m", 1), max_rows=16, batch_window_us=20_000, preferred=(4, 8))
+    blocker, held = hold_worker(scheduler)
+    futures = [submit(scheduler, queue, model, row(i)) for i in range(3)]
+    blocker.hold.set()
+    for future in [*futures, held]:
+        future.result(timeout=10)  # after the window: no preferred size was reached
+    assert model.batches == [3]

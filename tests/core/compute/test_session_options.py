@@ -7,6 +7,7 @@ pools need a process whose global pools were never set, so those tests run in a 
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -85,6 +86,22 @@ def test_providers_take_tables_of_options_as_text_next_to_plain_names():
         ('execution_mode = "async"', "execution_mode must be one of 'sequential', 'parallel'"),
         ("intra_op_threads = 0", "intra_op_threads must be an integer >= 1"),
         ("intra_op_threads = true", "intra_op_threads must be an integer >= 1"),
+        ("inter_op_threads = 0", "inter_op_threads must be an integer >= 1"),
+        ('cpu_mem_arena = "no"', "cpu_mem_arena must be true or false"),
+        (
+            '[session_config]\n"session.set_denormal_as_zer" = "1"',
+            "session_config key 'session.set_denormal_as_zer' is not one corral passes to "
+            "onnxruntime (did you mean 'session.set_denormal_as_zero'?); the known keys are",
+        ),
+        (
+            '[session_config]\n"session.use_env_allocators" = "0"',
+            "the Runtime's arena sets it",
+        ),
+        (
+            '[session_config]\n"session.set_denormal_as_zero" = [1]',
+            "must be a string, number or boolean",
+        ),
+        ('arena_shrinkage = "cpu:1"', "arena_shrinkage must list devices as 'cpu:0' or"),
     ],
 )
 def test_a_wrong_option_names_its_field(text, fragment):
@@ -168,6 +185,58 @@ def test_options_the_session_reports_taking_pass_and_others_are_named():
 
 
 @pytest.mark.timeout(30)
+def test_memory_options_and_session_config_entries_reach_onnxruntime(mlp_model):
+    with corral.Session(
+        mlp_model,
+        cpu_mem_arena=False,
+        mem_pattern=False,
+        session_config={"session.set_denormal_as_zero": "1"},
+    ) as session:
+        options = _onnxruntime_session(session).session_options
+        assert options.enable_cpu_mem_arena is False
+        assert options.enable_mem_pattern is False
+        assert options.get_session_config_entry("session.set_denormal_as_zero") == "1"
+        # No arena at all: not the Runtime's shared one either.
+        with pytest.raises(Exception, match=r"session\.use_env_allocators"):
+            options.get_session_config_entry("session.use_env_allocators")
+        assert session.run({"X": np.ones((2, 4), np.float32)})
+    with corral.Session(mlp_model) as session:
+        options = _onnxruntime_session(session).session_options
+        assert options.enable_mem_pattern is True
+        assert options.get_session_config_entry("session.use_env_allocators") == "1"
+
+
+@pytest.mark.timeout(60)
+def test_a_shrunk_arena_is_the_runs_own_and_a_device_without_one_is_named(
+    tmp_path: Path, mlp_model, caplog: pytest.LogCaptureFixture
+):
+    x = {"X": np.ones((2, 4), np.float32)}
+    with corral.Session(mlp_model, arena_shrinkage="cpu:0") as session:
+        assert session.run(x)
+    # onnxruntime fails every run that shrinks a device without an arena: refused up front.
+    with pytest.raises(corral.ModelConfigError, match="pools no CPU memory"):
+        corral.Session(mlp_model, cpu_mem_arena=False, arena_shrinkage="cpu:0")
+    with pytest.raises(corral.ModelConfigError, match="names gpu:0, but this session runs on"):
+        corral.Session(mlp_model, arena_shrinkage="gpu:0")
+    # A Host passes on only the devices the model has an arena on, and names the others.
+    add_model(tmp_path, "shrunk", mlp_model, toml='arena_shrinkage = "cpu:0"\n')
+    add_model(
+        tmp_path,
+        "unpooled",
+        mlp_model,
+        toml='cpu_mem_arena = false\narena_shrinkage = "cpu:0;gpu:0"\n',
+    )
+    caplog.set_level(logging.WARNING, logger="corral")
+    with corral.Host(tmp_path).start() as host:
+        for name in ("shrunk", "unpooled"):
+            assert host.infer(name, x)["Y"].shape == (2, 1)
+    named = [r.getMessage() for r in caplog.records if "without effect" in r.getMessage()]
+    assert len(named) == 1, named
+    assert "model 'unpooled'" in named[0]
+    assert "cpu:0;gpu:0: this model has no memory arena on that device" in named[0]
+
+
+@pytest.mark.timeout(30)
 def test_a_thread_count_other_than_the_global_pools_is_refused_naming_the_mode(mlp_model):
     pool = corral.runtime().options.intra_op_threads
     with corral.Session(mlp_model, intra_op_threads=pool):  # the pool's own size: no change
@@ -178,6 +247,9 @@ def test_a_thread_count_other_than_the_global_pools_is_refused_naming_the_mode(m
     assert f"intra_op_threads = {pool + 1}" in message
     assert "thread_pools='per_session'" in message
     assert "--thread-pools per_session" in message
+    inter = corral.runtime().options.inter_op_threads
+    with pytest.raises(corral.ModelConfigError, match=f"inter_op_threads = {inter + 1} needs"):
+        corral.Session(mlp_model, inter_op_threads=inter + 1)
 
 
 @pytest.mark.timeout(60)
@@ -186,7 +258,8 @@ def test_model_toml_options_reach_the_session_a_host_loads(tmp_path: Path, mlp_m
         tmp_path,
         "big",
         mlp_model,
-        toml='graph_optimization_level = "extended"\nexecution_mode = "parallel"\n',
+        toml='graph_optimization_level = "extended"\nexecution_mode = "parallel"\n'
+        'mem_pattern = false\n[session_config]\n"session.set_denormal_as_zero" = true\n',
     )
     add_model(
         tmp_path, "typo", mlp_model, toml='providers = [{ name = "CPUExecutionProvider", x = 1 }]'
@@ -196,6 +269,8 @@ def test_model_toml_options_reach_the_session_a_host_loads(tmp_path: Path, mlp_m
             options = _onnxruntime_session(lease.session).session_options
             assert options.graph_optimization_level.name == "ORT_ENABLE_EXTENDED"
             assert options.execution_mode.name == "ORT_PARALLEL"
+            assert options.enable_mem_pattern is False
+            assert options.get_session_config_entry("session.set_denormal_as_zero") == "1"
         with pytest.raises(corral.ModelConfigError, match="'x' of CPUExecutionProvider"):
             host.acquire("typo")
 
@@ -230,9 +305,28 @@ except corral.RuntimeConfigError as exc:
 """
 
 
-def _run_script(script: str) -> str:
+_PBTXT_THREADS = """
+import pathlib, sys, corral
+from corral.testing import build_mlp
+root = pathlib.Path(sys.argv[1])
+(root / "m" / "1").mkdir(parents=True)
+(root / "m" / "1" / "model.onnx").write_bytes(build_mlp())
+(root / "m" / "config.pbtxt").write_text(
+    'parameters { key: "intra_op_thread_count" value { string_value: "2" } }\\n'
+    'parameters { key: "inter_op_thread_count" value { string_value: "3" } }\\n'
+)
+rt = corral.Runtime(intra_op_threads=1, inter_op_threads=1, thread_pools="per_session")
+with corral.Host(root, runtime=rt) as host, host.acquire("m") as lease:
+    seen = []
+    lease.session.instrument(lambda replica: seen.append(replica) or replica)
+    options = seen[0].session_options
+    print(options.intra_op_num_threads, options.inter_op_num_threads)
+"""
+
+
+def _run_script(script: str, *args: str) -> str:
     result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
@@ -245,6 +339,14 @@ def test_per_session_pools_give_each_model_its_own_thread_count():
     assert lines[1] == "1 True"  # the Runtime's intra_op_threads as each session's default
     assert lines[2] == "0"  # no compute workers were started and no global pool exists
     assert lines[3].startswith("refused: thread_pools must be one of 'global', 'per_session'")
+
+
+@pytest.mark.timeout(90)
+def test_a_config_pbtxts_thread_counts_are_a_sessions_own_with_per_session_pools(
+    tmp_path: Path,
+):
+    # Under the global pools (this process's) they are named instead: test_triton_configs.
+    assert _run_script(_PBTXT_THREADS, str(tmp_path)).split() == ["2", "3"]
 
 
 @pytest.mark.timeout(90)

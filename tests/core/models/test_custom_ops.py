@@ -214,6 +214,33 @@ def test_a_library_outside_the_models_folder_is_refused_by_name(tmp_path: Path, 
     assert "resolves outside the model's folder" in problems[0].message
 
 
+def test_an_absolute_path_in_a_local_config_pbtxt_is_loaded_as_triton_loads_it(tmp_path: Path):
+    # Triton's usual op_library_filename: an absolute path the operator installed.
+    root = tmp_path / "repo"
+    root.mkdir()
+    installed = copy_library(tmp_path)
+    add_pbtxt_model(root, "absolute", str(installed))
+    repository = corral.Repository(root)
+    entry = repository.entry("absolute")
+    assert entry.error is None, entry.error
+    assert entry.config.custom_op_libraries == (str(installed.resolve()),)
+    with corral.Host(root) as host:
+        np.testing.assert_array_equal(host.infer("absolute", {"X": WORDS})["Y"], UPPER_TEXT)
+    # Stamped as a library inside the folder is: a new file there is a changed model.
+    before = entry.version_fingerprint(1)
+    replacement = tmp_path / "new.so"
+    shutil.copyfile(installed, replacement)
+    with replacement.open("ab") as extended:
+        extended.write(b"\0" * 64)
+    os.replace(replacement, installed)
+    assert corral.Repository(root).entry("absolute").version_fingerprint(1) != before
+    # A relative path out of the folder stays refused, as in model.toml.
+    add_pbtxt_model(root, "relative", f"../../{installed.name}")
+    error = corral.Repository(root).entry("relative").error
+    assert isinstance(error, corral.ModelConfigError)
+    assert "resolves outside the model's folder" in str(error), error
+
+
 def test_a_library_that_fails_to_load_is_refused_naming_it_and_why(tmp_path: Path):
     add_pbtxt_model(tmp_path, "junk", "libjunk.so")
     (tmp_path / "junk" / "libjunk.so").write_bytes(b"not a shared library, " * 16)
@@ -262,6 +289,9 @@ def test_a_loads_config_may_name_the_extensions_library_but_no_library_file(tmp_
     with corral.Host(tmp_path) as host:
         with pytest.raises(corral.ModelConfigError, match=r"a load's config may name only"):
             host.load("up", config=config(library.name))
+        # Not an absolute path either, which a local repository's config.pbtxt may name.
+        with pytest.raises(corral.ModelConfigError, match=r"a load's config may name only"):
+            host.load("up", config=config(str(library.resolve())))
         upload = {"1/model.onnx": build_upper(), "libmine.so": library.read_bytes()}
         with pytest.raises(corral.ModelConfigError, match=r"'libmine\.so': a load's config"):
             host.load("up", config=config("libmine.so"), files=upload)
@@ -310,7 +340,7 @@ def test_without_the_package_the_named_library_is_refused_naming_the_extra(
 ):
     monkeypatch.setattr(_ort, "_EXTENSIONS_PACKAGE", "corral_no_such_package")
     with pytest.raises(
-        corral.ModelLoadError, match=r"not installed: pip install 'corral\[extensions\]'"
+        corral.ModelLoadError, match=r"not installed: pip install 'onnxruntime-extensions>=0.15'"
     ):
         corral.Session(build_upper(), custom_op_libraries=["onnxruntime_extensions"])
     monkeypatch.setattr(_ort, "_EXTENSIONS_PACKAGE", "corral")  # a package without the module

@@ -99,10 +99,11 @@ def test_each_version_policy_maps_onto_corrals(policy: str, expected: VersionPol
     assert parse(LINEAR + policy).version_policy == expected
 
 
-def test_preferring_max_batch_size_is_what_corral_batches_anyway():
-    config = parse(LINEAR + "dynamic_batching { preferred_batch_size: [ 8 ] }")
+def test_preferred_batch_sizes_are_the_batchers_cut_points():
+    config = parse(LINEAR + "dynamic_batching { preferred_batch_size: [ 8, 4, 4 ] }")
     assert config.max_batch_size == 8
     assert config.combine_requests is True
+    assert config.preferred_batch_sizes == (4, 8)
 
 
 def test_response_cache_enable_maps_onto_the_models_response_cache():
@@ -176,6 +177,85 @@ def test_graph_level_and_the_backends_session_parameters_map_onto_session_option
     assert parse("optimization { graph { level: 1 } }").graph_optimization_level == "extended"
 
 
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("optimization { cuda { graphs: true busy_wait_events: true } }", "optimization.cuda."),
+        ("optimization { priority: PRIORITY_MAX }", "optimization.priority"),
+        ("optimization { input_pinned_memory { enable: true } }", "input_pinned_memory"),
+        ("optimization { output_pinned_memory { enable: false } }", None),  # false: not set
+        ("optimization { gather_kernel_buffer_threshold: 4 }", "gather_kernel_buffer_threshold"),
+        ("optimization { eager_batching: true }", "eager_batching"),
+        ("dynamic_batching { preserve_ordering: true }", "preserve_ordering"),
+        ("dynamic_batching { priority_levels: 2 default_priority_level: 1 }", "priority_level"),
+        ("instance_group [ { count: 1 kind: KIND_GPU gpus: [ 1 ] } ]", "instance_group.gpus"),
+        (
+            'instance_group [ { count: 2 rate_limiter { resources [ { name: "R" count: 1 } ] '
+            "priority: 2 } } ]",
+            "instance_group.rate_limiter",
+        ),
+        ('instance_group [ { profile: [ "0" ] passive: true host_policy: "numa0" } ]', "passive"),
+        ('metric_tags { key: "team" value: "fraud" }', "metric_tags"),
+        (
+            'model_metrics { metric_control [ { metric_identifier { family: "x" } } ] }',
+            "model_metrics",
+        ),
+        ('cc_model_filenames { key: "7.5" value: "a.onnx" }', "cc_model_filenames"),
+        ("model_transaction_policy { decoupled: false }", None),
+        ('runtime: "libtriton_onnxruntime.so"', None),
+        ('parameters { key: "gpu_mem_limit" value { string_value: "4294967200" } }', "CUDA"),
+        ('parameters { key: "cudnn_conv_algo_search" value { string_value: "1" } }', "CUDA"),
+        ('parameters { key: "arena_extend_strategy" value { string_value: "1" } }', "CUDA"),
+        ('parameters { key: "do_copy_in_default_stream" value { string_value: "0" } }', "CUDA"),
+        ('parameters { key: "use_global_thread_pool" value { string_value: "1" } }', "pools"),
+    ],
+)
+def test_what_has_no_effect_here_is_accepted_and_named(text: str, named: str | None):
+    config = parse(LINEAR + text)
+    if named is None:
+        assert config.no_effect == ()
+    else:
+        assert any(named in line for line in config.no_effect), config.no_effect
+
+
+def test_the_backends_memory_and_session_parameters_become_session_options():
+    config = parse(
+        LINEAR + 'parameters { key: "enable_mem_arena" value { string_value: "0" } }\n'
+        'parameters { key: "enable_mem_pattern" value { string_value: "false" } }\n'
+        'parameters { key: "inter_op_thread_count" value { string_value: "2" } }\n'
+        'parameters { key: "session.use_device_allocator_for_initializers" value { '
+        'string_value: "1" } }\n'
+        'parameters { key: "share_session_between_instances" value { string_value: "true" } }\n'
+        'parameters { key: "memory.enable_memory_arena_shrinkage" value { string_value: '
+        '"cpu:0" } }\n'
+        "instance_group [ { count: 3 kind: KIND_CPU } ]"
+    )
+    assert config.cpu_mem_arena is False
+    assert config.mem_pattern is False
+    assert config.inter_op_threads == 2
+    assert config.session_config == (("session.use_device_allocator_for_initializers", "1"),)
+    assert config.concurrency == "shared"  # the group's instances share one session
+    assert config.arena_shrinkage == "cpu:0"
+    assert config.no_effect == ()
+    assert ("enable_mem_arena", "0") in config.parameters  # reported back as it came
+
+
+def test_the_backends_cuda_parameters_set_the_cuda_providers_options_on_a_gpu():
+    config = parse(
+        LINEAR + "instance_group [ { kind: KIND_GPU } ]\n"
+        'parameters { key: "cudnn_conv_algo_search" value { string_value: "1" } }\n'
+        'parameters { key: "gpu_mem_limit" value { string_value: "4294967200" } }'
+    )
+    assert config.providers == (
+        (
+            "CUDAExecutionProvider",
+            (("cudnn_conv_algo_search", "HEURISTIC"), ("gpu_mem_limit", "4294967200")),
+        ),
+        "CPUExecutionProvider",
+    )
+    assert config.no_effect == ()
+
+
 # -- refusals --------------------------------------------------------------------------------
 
 
@@ -205,10 +285,39 @@ def test_an_unknown_field_is_named():
         ("model_transaction_policy { decoupled: true }", "decoupled", "decoupled"),
         ("dynamic_batching { preferred_batch_size: [ 4 ] }", "preferred_batch_size", "prefer"),
         (
-            "max_batch_size: 8 dynamic_batching { preferred_batch_size: [ 8, 4 ] }",
-            "preferred_batch_size[1] is 4",
-            "cannot stop at a smaller preferred size",
+            "max_batch_size: 8 dynamic_batching { preferred_batch_size: [ 8, 16 ] }",
+            "preferred_batch_size[1] is 16",
+            "from 1 to max_batch_size (8)",
         ),
+        ('runtime: "model.py"', "runtime 'model.py'", "remove runtime"),
+        (
+            'cc_model_filenames { key: "7.5" value: "a.onnx" } '
+            "instance_group [ { kind: KIND_GPU } ]",
+            "cc_model_filenames",
+            "default_model_filename",
+        ),
+        (
+            'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] optional: true } ]',
+            "input[0].optional",
+            "remove optional",
+        ),
+        (
+            "dynamic_batching { priority_levels: 2 priority_queue_policy { key: 1 value { "
+            "max_queue_size: 3 } } }",
+            "priority_queue_policy",
+            "use default_queue_policy",
+        ),
+        (
+            'parameters { key: "enable_mem_arena" value { string_value: "maybe" } }',
+            "parameters['enable_mem_arena']",
+            "'1'/'true'/'on' or '0'/'false'/'off'",
+        ),
+        (
+            'parameters { key: "cudnn_conv_algo_search" value { string_value: "3" } }',
+            "parameters['cudnn_conv_algo_search']",
+            "'0' (EXHAUSTIVE)",
+        ),
+        ('model_repository_agents { agents [ { name: "checksum" } ] }', "agents", "remove"),
         (
             "dynamic_batching { default_queue_policy { timeout_action: DELAY } }",
             "default_queue_policy.timeout_action",
@@ -219,12 +328,14 @@ def test_an_unknown_field_is_named():
             "input[0].reshape.shape [3]",
             "element count",
         ),
-        ("instance_group [ { count: 1 kind: KIND_GPU gpus: [ 1 ] } ]", "gpus", "GPUs"),
         ("instance_group [ { count: 100 } ]", "100 instances", "pool:64"),
-        ('parameters { key: "inter_op_thread_count" value { string_value: "2" } }', "inter_op", ""),
+        (
+            'parameters { key: "inter_op_thread_count" value { string_value: "two" } }',
+            "inter_op",
+            "a count of threads",
+        ),
         ('name: "other"', "'other'", "must match"),
         ("optimization { graph { level: 3 } }", "optimization.graph.level 3", "-1 (basic)"),
-        ("optimization { input_pinned_memory { enable: true } }", "input_pinned_memory", "pinned"),
         (
             "instance_group [ { kind: KIND_GPU } ] optimization { execution_accelerators { "
             'gpu_execution_accelerator [ { name: "tensorrt" parameters { key: "precision_mode" '
@@ -262,7 +373,6 @@ def test_an_unknown_field_is_named():
             "dims must hold sizes >= 1",
             "",
         ),
-        ('cc_model_filenames { key: "7.5" value: "a.onnx" }', "cc_model_filenames", ""),
         ('default_model_filename: "../x.onnx"', "model_filename", "plain file name"),
         ('input [ { name: "X" data_type: TYPE_BF16 dims: [ 4 ] } ]', "TYPE_BF16", ""),
         ("max_batch_size: -1", "max_batch_size must be >= 0, got -1", ""),
@@ -309,11 +419,11 @@ def test_an_unknown_field_is_named():
             "input_data_file",
             "no model folder to read from",
         ),
-        (  # a field with no reason of its own: the general one
+        (
             'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] '
             "is_non_linear_format_io: true } ]",
             "input[0].is_non_linear_format_io is set (True)",
-            "corral does not honour this field; remove it",
+            "TensorRT's: remove it",
         ),
         ("instance_group [ { kind: KIND_MODEL } ]", "instance_group[0].kind KIND_MODEL", ""),
         ("instance_group [ { count: -2 } ]", "instance_group[0].count must be >= 0, got -2", ""),
@@ -954,3 +1064,68 @@ def test_without_protobuf_a_json_config_names_the_install(monkeypatch: pytest.Mo
     with pytest.raises(ModelConfigError) as caught:
         pbtxt_from_json("{}", source="load config")
     assert "pip install 'grpcio>=1.72.2' 'protobuf>=6.30.0'" in str(caught.value)
+
+
+def _leaf_configs() -> list[tuple[str, Any]]:
+    """Each leaf of Triton's ModelConfig, at any depth: (its path, a message with it set)."""
+    from corral._models.pbtxt.fields import is_repeated
+    from corral._proto import model_config_pb2 as pb
+
+    made: list[tuple[str, Any]] = []
+
+    def walk(descriptor: Any, path: tuple[str, ...]) -> None:
+        for field in descriptor.fields:
+            here = (*path, field.name)
+            is_map = field.message_type is not None and field.message_type.GetOptions().map_entry
+            if field.message_type is not None and not is_map and len(here) < 8:
+                walk(field.message_type, here)
+            elif field.message_type is None or is_map:
+                made.append((".".join(here), _with_leaf(pb.ModelConfig(), here, is_repeated)))
+
+    walk(pb.ModelConfig.DESCRIPTOR, ())
+    return made
+
+
+def _with_leaf(message: Any, path: tuple[str, ...], is_repeated: Any) -> Any:
+    root = message
+    for name in path[:-1]:
+        field = message.DESCRIPTOR.fields_by_name[name]
+        message = getattr(message, name).add() if is_repeated(field) else getattr(message, name)
+    field = message.DESCRIPTOR.fields_by_name[path[-1]]
+    if field.message_type is not None:  # a map: one entry
+        entries = getattr(message, path[-1])
+        key = 1 if field.message_type.fields_by_name["key"].type != field.TYPE_STRING else "k"
+        value = field.message_type.fields_by_name["value"]
+        if value.message_type is not None:
+            entries[key].SetInParent()
+        else:
+            entries[key] = "v"
+        return root
+    value = {
+        field.TYPE_BOOL: True,
+        field.TYPE_STRING: "x",
+        field.TYPE_ENUM: 1,
+        field.TYPE_FLOAT: 1.0,
+        field.TYPE_DOUBLE: 1.0,
+    }.get(field.type, 1)
+    if is_repeated(field):
+        getattr(message, path[-1]).append(value)
+    else:
+        setattr(message, path[-1], value)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("path", "message"), [pytest.param(*leaf, id=leaf[0]) for leaf in _leaf_configs()]
+)
+def test_every_field_of_tritons_config_is_honoured_named_or_refused_with_a_reason(
+    path: str, message: Any
+):
+    from corral._models.pbtxt.fields import check_fields
+
+    try:
+        check_fields(message, "m/config.pbtxt")
+        reason = ""
+    except ModelConfigError as refused:
+        reason = str(refused)
+    assert "corral does not honour this field" not in reason, path

@@ -77,6 +77,21 @@ def test_only_the_listing_is_read_at_start_and_a_model_on_its_first_use(s3, buck
         assert (stats.fetches, stats.fetched_bytes, stats.models) == (1, len(MODEL), 1)
 
 
+def test_an_absolute_library_path_in_a_stores_config_pbtxt_is_refused(s3, bucket, tmp_path):
+    # A local repository's config.pbtxt may name a library by its absolute path (the operator
+    # installed it); a store's names no file of this machine.
+    name, client = bucket
+    put_model(client, name, "ops")
+    client.put_object(
+        Bucket=name,
+        Key="repo/ops/config.pbtxt",
+        Body=b'name: "ops"\nmodel_operations { op_library_filename: "/usr/lib/libops.so" }\n',
+    )
+    refused = pytest.raises(corral.ModelConfigError, match="resolves outside the model's folder")
+    with Host(f"s3://{name}/repo", cache_dir=str(tmp_path / "cache")) as host, refused:
+        host.infer("ops", {"X": X})
+
+
 def test_a_cached_model_is_not_fetched_again_after_a_restart(s3, bucket, tmp_path):
     name, client = bucket
     put_model(client, name, "m")

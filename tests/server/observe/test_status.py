@@ -302,11 +302,15 @@ def test_a_bad_query_is_refused_naming_the_parameter(thirty: Path, query: str, n
 
 def configured_repository(root: Path) -> Path:
     """A model with a model.toml, one with a config.pbtxt, one with neither, and a cold one."""
-    toml = 'batch_window_us = 700\nconcurrency = "pool:2"\npinned = true\n'
+    toml = (
+        'batch_window_us = 700\nconcurrency = "pool:2"\npinned = true\n'
+        '[session_config]\n"session.set_denormal_as_zero" = "1"\n'
+    )
     add_model(root, "fraud", build_linear(seed=1), toml=toml)
     add_model(root, "triton", build_linear(seed=2))
     (root / "triton" / "config.pbtxt").write_text(
-        "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 250 }\n"
+        "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 250 "
+        "preferred_batch_size: [ 4 ] }\noptimization { cuda { graphs: true } }\n"
     )
     add_model(root, "plain", build_linear(seed=3))
     add_model(root, "cold", build_linear(seed=4), toml="warmup = true\n")
@@ -338,6 +342,11 @@ def test_the_model_detail_shows_each_loaded_versions_configuration_and_its_file(
         triton = config("triton")
         assert triton["source"] == "triton/config.pbtxt"
         assert (triton["max_batch_size"], triton["batch_window_us"]) == (8, 250)
+        assert triton["preferred_batch_sizes"] == [4]
+        assert [line.split(":")[0] for line in triton["without_effect"]] == [
+            "optimization.cuda.graphs"
+        ]
+        assert fraud["session_config"] == {"session.set_denormal_as_zero": "1"}
         plain = config("plain")
         assert plain["source"] == "default"
         assert plain["max_batch_size"] == 64  # probed: the rows corral batches

@@ -283,7 +283,8 @@ const CONFIG_ROWS = [
   ["pinned", "pinned"], ["warmup", "warm-up"], ["warmup_samples", "warm-up samples"],
   ["version_policy", "version policy"], ["default_model_filename", "model file"],
   ["graph_optimization_level", "graph optimization"], ["execution_mode", "execution mode"],
-  ["intra_op_threads", "intra-op threads"],
+  ["intra_op_threads", "intra-op threads"], ["preferred_batch_sizes", "preferred batch sizes"],
+  ["session_config", "session config"], ["without_effect", "accepted without effect"],
 ];
 
 function drawConfig(doc) {
@@ -318,6 +319,11 @@ function setting(key, value) {
     if (value.specific) return "versions " + value.specific.versions.join(", ");
     return "all";
   }
+  if (key === "session_config") {
+    const entries = Object.entries(value).map(([k, v]) => k + "=" + v);
+    return entries.length ? entries.join(", ") : "none";
+  }
+  if (key === "without_effect") return value.length ? value.join("; ") : "none";
   if (key === "provider_options") {
     const entries = Object.entries(value).map(([provider, options]) => provider + ": " +
       Object.entries(options).map(([k, v]) => k + "=" + v).join(", "));
