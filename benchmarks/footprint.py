@@ -374,8 +374,8 @@ def _load_host(
 ) -> tuple[corral.Host, float]:
     host = corral.Host(repo, load_concurrency=_cpu_count())
 
-    def on_loaded(done: int, total: int, name: str) -> None:
-        # Called from the loading thread that loaded ``name``.
+    def on_loaded(done: int, total: int, name: str, error: object) -> None:
+        # Called from the loading thread that loaded ``name`` (or failed to: ``error``).
         note_loader_thread()
 
     failures = host.preload(names, progress=on_loaded)

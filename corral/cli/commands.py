@@ -405,10 +405,6 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             )
         elif name in ("load_model", "allowed_hosts"):  # repeatable (load_model: as Triton's)
             group.add_argument(flag, action="append", metavar="NAME", help=help_text)
-        elif name == "backend_config":  # repeatable, in Triton's form (corral.cli.triton_flags)
-            group.add_argument(
-                flag, action="append", metavar="BACKEND,SETTING=VALUE", help=help_text
-            )
         else:
             # Values go to ServerSettings as text: it converts and checks them, as it does
             # the environment's.
@@ -450,7 +446,6 @@ SERVE_GROUPS: dict[str, tuple[str, ...]] = {
         "max_upload_bytes",
         "cache_dir",
         "cache_bytes",
-        "backend_config",
         "cache_config",
         "response_cache_byte_size",
     ),

@@ -131,7 +131,7 @@ _VALUES = ("log_verbose", "grpc_address", "metrics_address", *_MILLISECONDS)
 
 #: Every flag this module adds to ``corral serve``'s parser (their ``dest``).
 TRITON_FLAGS = frozenset(
-    {*NO_EFFECT, *_SWITCHES, *_REFUSED, *_VALUES, "disable_auto_complete_config"}
+    {*NO_EFFECT, *_SWITCHES, *_REFUSED, *_VALUES, "disable_auto_complete_config", "backend_config"}
 )
 
 _TRUE = ("true", "on", "1")
@@ -158,6 +158,17 @@ def add_triton_flags(group: argparse._ArgumentGroup) -> None:
         flag = "--" + name.replace("_", "-")
         if name == "disable_auto_complete_config":
             group.add_argument(flag, action="store_true", help="Triton's; refused (as below)")
+        elif name == "backend_config":  # repeatable, in Triton's form
+            group.add_argument(
+                flag,
+                action="append",
+                metavar="BACKEND,SETTING=VALUE",
+                help="Triton's backend settings: onnxruntime's enable-global-threadpool "
+                "(--thread-pools global or per_session), intra_op_thread_count and "
+                "inter_op_thread_count (with it: --intra-op-threads, --inter-op-threads), "
+                "default-max-batch-size (--default-max-batch-size); any other is named once "
+                "in the log as having no effect",
+            )
         elif name in NO_EFFECT:
             # Repeatable: Triton's --metrics-config, --host-policy ... are. Listed together
             # below rather than one by one, so that --help stays readable.
@@ -350,12 +361,20 @@ def _milliseconds(
     return None
 
 
+#: Triton's onnxruntime backend's own settings (its backend config, read once at start) and
+#: the corral settings they are: the global pools switch, and their sizes under it.
+_ONNXRUNTIME_POOLS = {
+    "intra_op_thread_count": "intra_op_threads",
+    "inter_op_thread_count": "inter_op_threads",
+}
+
+
 def _backend_config(
     args: argparse.Namespace, switches: dict[str, bool], given: dict[str, Any], notes: list[str]
 ) -> str | None:
     # Triton's form: <backend>,<setting>=<value>, or <setting>=<value> for every backend.
-    texts = given.get("backend_config")
-    if texts is None:
+    texts = getattr(args, "backend_config", None)
+    if not texts:
         return None
     onnxruntime: dict[str, str] = {}
     for text in texts:
@@ -382,18 +401,65 @@ def _backend_config(
                 f"Triton's --backend-config {text} (every backend's) has no effect here: "
                 "corral reads no global backend setting but default-max-batch-size"
             )
-        elif backend == "python":
-            notes.append(
-                f"Triton's --backend-config {text} has no effect here: corral runs a Python "
-                "model (model.py) in a worker of its own, which the python backend's "
-                "settings do not configure"
-            )
         else:
             notes.append(
                 f"Triton's --backend-config {text} has no effect here: corral serves no "
                 f"{backend} models (a model of that backend is refused by name at load)"
             )
-    given["backend_config"] = onnxruntime or None
+    return _onnxruntime_settings(onnxruntime, given, notes)
+
+
+def _onnxruntime_settings(
+    settings: dict[str, str], given: dict[str, Any], notes: list[str]
+) -> str | None:
+    """Triton's onnxruntime backend settings as corral's: the Runtime's pools and their sizes.
+
+    As the backend reads them: ``enable-global-threadpool`` chooses one pool for every
+    session or a pool per session, and the two thread counts size the global pool only
+    (without it Triton's backend reads neither). Any other setting the backend does not read.
+    """
+    global_text = settings.pop("enable-global-threadpool", None)
+    global_pools = None if global_text is None else switch_value(global_text)
+    if global_text is not None:
+        if global_pools is None:
+            return (
+                f"--backend-config onnxruntime,enable-global-threadpool={global_text}: give "
+                "true or false (or 1, 0, on, off)"
+            )
+        wanted = "global" if global_pools else "per_session"
+        other = given.get("thread_pools")
+        if other is not None and str(other).strip() != wanted:
+            return (
+                f"--backend-config onnxruntime,enable-global-threadpool={global_text} and "
+                f"--thread-pools {other} disagree: give one"
+            )
+        given["thread_pools"] = wanted
+    for setting, name in _ONNXRUNTIME_POOLS.items():
+        value = settings.pop(setting, None)
+        if value is None:
+            continue
+        if not global_pools:
+            notes.append(
+                f"Triton's --backend-config onnxruntime,{setting}={value} has no effect here: "
+                "Triton's backend reads it only with enable-global-threadpool=1 (a model's "
+                "own thread counts are its config.pbtxt parameters)"
+            )
+            continue
+        if value.strip() == "0":
+            continue  # Triton's 0: the cores, corral's default
+        other = given.get(name)
+        if other is not None and str(other).strip() != value.strip():
+            return (
+                f"--backend-config onnxruntime,{setting}={value} and {_flag(name)} {other} "
+                "name the same setting with different values: give one"
+            )
+        given[name] = value
+    for setting, value in settings.items():
+        notes.append(
+            f"Triton's --backend-config onnxruntime,{setting}={value} has no effect here: "
+            "Triton's onnxruntime backend reads no such setting at start (a model's session "
+            "settings are its config.pbtxt parameters, or its model.toml)"
+        )
     return None
 
 

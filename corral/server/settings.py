@@ -283,12 +283,6 @@ class ServerSettings(_HostAndRuntimeOptions):
         "load through the repository API succeeds); with false, ready once the loads at "
         "start are done, failed or not",
     )
-    backend_config: Annotated[dict[str, str], NoDecode] = Field(
-        {},
-        description="Triton's onnxruntime backend settings (--backend-config "
-        "onnxruntime,<setting>=<value>, repeatable; the variable: setting=value pairs "
-        "separated by commas)",
-    )
     # -- the HTTP server's connections (corral.server.connections.edge) ---------------------
     max_url_bytes: int = Field(
         8192,
@@ -510,25 +504,6 @@ class ServerSettings(_HostAndRuntimeOptions):
                 raise ValueError("load_model '*' loads every model: name no other with it")
             return tuple(names)
         return value
-
-    @field_validator("backend_config", mode="before")
-    @classmethod
-    def _setting_pairs(cls, value: object) -> object:
-        # The variable's text, "setting=value" pairs separated by commas; the command line
-        # gives a mapping (corral.cli.triton_flags).
-        if not isinstance(value, str):
-            return value
-        pairs: dict[str, str] = {}
-        for item in (part.strip() for part in value.split(",")):
-            setting, equals, text = item.partition("=")
-            if not item:
-                continue
-            if not equals or not setting.strip() or not text.strip():
-                raise ValueError(
-                    f"backend_config takes setting=value pairs separated by commas, got {item!r}"
-                )
-            pairs[setting.strip()] = text.strip()
-        return pairs
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod

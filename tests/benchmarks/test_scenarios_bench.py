@@ -321,7 +321,7 @@ def test_plot_without_matplotlib_says_which_extra_to_install(
     for module in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
         monkeypatch.setitem(sys.modules, module, None)
 
-    with pytest.raises(ImportError, match=r"pip install 'corral\[dev\]'"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[dev\]' in corral's clone"):
         plot_scenarios([fake_row("tree", 1, "A-shared", 1.0)], tmp_path / "never.png")
 
 
@@ -407,7 +407,7 @@ def test_command_line_plot_without_matplotlib_fails_before_measuring(
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
 
-    with pytest.raises(SystemExit, match=r"--plot: .*pip install 'corral\[dev\]'"):
+    with pytest.raises(SystemExit, match=r"--plot: .*pip install -e '\.\[dev\]' in corral's clone"):
         main(["--models", "tree", "--plot", str(tmp_path / "p.png")])
 
     assert "callers" not in capsys.readouterr().out

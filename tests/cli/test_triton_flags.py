@@ -83,14 +83,27 @@ def serve(tmp_path: Path, *flags: str) -> int:
             300.0,
         ),
         (
+            ["--backend-config=onnxruntime,enable-global-threadpool=0"],
+            "thread_pools",
+            "per_session",
+        ),
+        (
             [
-                "--backend-config=onnxruntime,enable-mem-arena=1",
+                "--backend-config=onnxruntime,enable-global-threadpool=1",
                 "--backend-config",
-                "onnxruntime,execution-mode=parallel",
-                "--backend-config=python,shm-default-byte-size=1048576",
+                "onnxruntime,intra_op_thread_count=1",
+                "--backend-config=onnxruntime,inter_op_thread_count=2",
             ],
-            "backend_config",
-            {"enable-mem-arena": "1", "execution-mode": "parallel"},
+            "inter_op_threads",
+            2,
+        ),
+        (
+            [
+                "--backend-config=onnxruntime,enable-global-threadpool=true",
+                "--backend-config=onnxruntime,intra_op_thread_count=1",
+            ],
+            "intra_op_threads",
+            1,
         ),
         (["--backend-config=default-max-batch-size=8"], "default_max_batch_size", 8),
         (["--backend-config=onnxruntime,default-max-batch-size=4"], "default_max_batch_size", 4),
@@ -124,12 +137,27 @@ def test_model_store_is_the_repository(tmp_path: Path, served: list[ServerSettin
     assert [settings.repository for settings in served] == [tmp_path, tmp_path]
 
 
-def test_the_backend_config_variable_takes_onnxruntimes_pairs(
-    tmp_path: Path, served: list[ServerSettings], monkeypatch: pytest.MonkeyPatch
+def test_onnxruntimes_thread_counts_without_its_global_pool_change_nothing(
+    tmp_path: Path, served: list[ServerSettings], caplog: pytest.LogCaptureFixture
 ):
-    monkeypatch.setenv("CORRAL_BACKEND_CONFIG", "enable-mem-arena=0, arena-extend-strategy=1")
-    assert serve(tmp_path) == 0
-    assert served[0].backend_config == {"enable-mem-arena": "0", "arena-extend-strategy": "1"}
+    # As Triton's backend: the counts size its global pool, and are read only with it.
+    caplog.set_level(logging.WARNING, logger="corral.cli")
+    flags = ["--backend-config=onnxruntime,intra_op_thread_count=3"]
+    flags += ["--backend-config=onnxruntime,enable-mem-arena=1"]
+    assert serve(tmp_path, *flags) == 0
+    assert served[0].intra_op_threads == ServerSettings.model_fields["intra_op_threads"].default
+    lines = [record.getMessage() for record in caplog.records]
+    assert any("intra_op_thread_count=3 has no effect here" in x for x in lines)
+    assert any("onnxruntime,enable-mem-arena=1 has no effect here" in x for x in lines)
+
+
+def test_the_global_pool_switch_and_thread_pools_must_agree(
+    tmp_path: Path, served: list[ServerSettings], capsys: pytest.CaptureFixture[str]
+):
+    flags = ["--backend-config=onnxruntime,enable-global-threadpool=0", "--thread-pools=global"]
+    assert serve(tmp_path, *flags) == 2
+    assert "disagree: give one" in capsys.readouterr().err
+    assert served == []
 
 
 # -- accepted and named -----------------------------------------------------------------------
@@ -151,7 +179,6 @@ def test_every_flag_without_effect_is_accepted_and_named_once(
     assert any("some-global=8 (every backend's) has no effect" in x for x in lines)
     assert any("tensorflow,a=b has no effect here: corral serves no tensorflow" in x for x in lines)
     assert any("--allow-metrics=true: corral serves /metrics on the HTTP port" in x for x in lines)
-    assert served[0].backend_config == {}
 
 
 # -- refused ----------------------------------------------------------------------------------
@@ -290,5 +317,5 @@ def test_docs_table_names_every_triton_flag():
     section = section[: section.index("\n### ", 1)]
     for name in TRITON_FLAGS | set(TRITON_SPELLINGS) | set(TRITON_TLS_OPTIONS):
         assert f"`--{name.replace('_', '-')}" in section, name
-    for name in ("exit_on_error", "strict_readiness", "backend_config"):
+    for name in ("exit_on_error", "strict_readiness"):
         assert f"`--{name.replace('_', '-')}" in section, name
