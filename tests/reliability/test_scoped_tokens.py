@@ -9,6 +9,7 @@ is tried with its tokens and with the others' (tritonclient over HTTP and gRPC, 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -46,7 +47,15 @@ def bearer(token: str | None) -> dict[str, str]:
     return {} if token is None else {"authorization": f"Bearer {token}"}
 
 
-@pytest.fixture(scope="module", params=["native", "python"])
+NATIVE = pytest.param(
+    "native",
+    marks=pytest.mark.skipif(
+        importlib.util.find_spec("corral_edge") is None, reason="corral_edge is not built"
+    ),
+)
+
+
+@pytest.fixture(scope="module", params=[NATIVE, "python"])
 def served(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
