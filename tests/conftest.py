@@ -126,3 +126,27 @@ def garbage_collected_on_the_main_thread() -> Iterator[None]:
     """
     yield
     gc.collect()
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """What ``corral serve`` would serve with: its ServerSettings, captured instead of served.
+
+    The command line runs as written, but ``run`` (and ``--processes``'s ``run_group``)
+    records the settings and returns 0; no ``CORRAL_*`` variable of this process is seen.
+    """
+    import corral.server.app
+    import corral.server.processes
+    from corral.server.settings import ServerSettings
+
+    captured: list[Any] = []
+
+    def run(settings: Any) -> int:
+        captured.append(settings)
+        return 0
+
+    monkeypatch.setattr(corral.server.app, "run", run)
+    monkeypatch.setattr(corral.server.processes, "run_group", run)
+    for name in ServerSettings.model_fields:
+        monkeypatch.delenv("CORRAL_" + name.upper(), raising=False)
+    return captured

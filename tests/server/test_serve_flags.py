@@ -103,22 +103,6 @@ SWITCHES = {
 TLS_FIELDS = {"tls_cert_file", "tls_key_file", "tls_client_ca_file"}
 
 
-@pytest.fixture
-def served(monkeypatch: pytest.MonkeyPatch) -> list[ServerSettings]:
-    """What `corral serve` would serve with: its settings, captured instead of served."""
-    captured: list[ServerSettings] = []
-
-    def run(settings: ServerSettings) -> int:
-        captured.append(settings)
-        return 0
-
-    monkeypatch.setattr(corral.server.app, "run", run)
-    monkeypatch.setattr(corral.server.processes, "run_group", run)
-    for variable in ("CORRAL_" + name.upper() for name in ServerSettings.model_fields):
-        monkeypatch.delenv(variable, raising=False)
-    return captured
-
-
 def serve_flags() -> dict[str, argparse.Action]:
     commands = next(
         action

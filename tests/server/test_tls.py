@@ -400,22 +400,6 @@ def test_a_key_or_a_client_ca_without_the_certificate_is_refused(pki: Pki, tmp_p
 # -- the command line: corral's flags, their variables, Triton's spellings ----------------------
 
 
-@pytest.fixture
-def served(monkeypatch: pytest.MonkeyPatch) -> list[ServerSettings]:
-    """What `corral serve` would serve with: its settings, captured instead of served."""
-    captured: list[ServerSettings] = []
-
-    def run(settings: ServerSettings) -> int:
-        captured.append(settings)
-        return 0
-
-    monkeypatch.setattr(corral.server.app, "run", run)
-    monkeypatch.setattr(corral.server.processes, "run_group", run)
-    for name in ServerSettings.model_fields:
-        monkeypatch.delenv("CORRAL_" + name.upper(), raising=False)
-    return captured
-
-
 def test_the_flags_and_their_variables_set_the_files(
     pki: Pki, tmp_path: Path, served: list[ServerSettings], monkeypatch: pytest.MonkeyPatch
 ):

@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-import corral.server.app
 from corral import HostOptions, Runtime, RuntimeOptions
 from corral._host.options import HostOptionArgs, edge_options
 from corral.cli.commands import command_parser, main
@@ -106,18 +105,6 @@ def test_the_keyword_copies_for_type_checkers_match_the_declaration():
 
 
 # -- corral serve: its flags, its variables, ServerSettings -------------------------------------
-
-
-@pytest.fixture
-def served(monkeypatch: pytest.MonkeyPatch, no_corral_variables: None) -> list[ServerSettings]:
-    captured: list[ServerSettings] = []
-
-    def run(settings: ServerSettings) -> int:
-        captured.append(settings)
-        return 0
-
-    monkeypatch.setattr(corral.server.app, "run", run)
-    return captured
 
 
 def the_options(settings: Any, name: str) -> HostOptions | RuntimeOptions:
