@@ -30,6 +30,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "replicas": ("3", 3),
     "replica_cpus": ("0.5", 0.5),
     "memory_budget": ("2Gi", 2 * 1024**3),
+    "memory_watch_s": ("2.5", 2.5),
     "max_upload_bytes": ("3Gi", 3 * 1024**3),
     "cache_dir": ("/var/cache/corral", "/var/cache/corral"),
     "cache_bytes": ("10Gi", 10 * 1024**3),
