@@ -146,7 +146,7 @@ def cache_key(
             update(_LENGTH.pack(dimension))
         if array.dtype.kind == "O":
             for item in array.flat:
-                _field(update, item if isinstance(item, bytes) else _text(item))
+                _field(update, _element(item))
         else:
             update(np.ascontiguousarray(array).data)  # its bytes, as they are in memory
     update(_LENGTH.pack(len(outputs)))
@@ -164,10 +164,15 @@ def _field(update: Any, data: bytes) -> None:
     update(data)
 
 
-def _text(item: object) -> bytes:
-    # A BYTES element the codecs left as text, or any other object: tagged, so that it never
-    # encodes as the bytes of another element.
-    return b"\x00" + repr(item).encode()
+def _element(item: object) -> bytes:
+    # A BYTES element as the model reads it: bytes as they are, text as its UTF-8 (onnxruntime
+    # makes both the same string), each tagged apart from any other object's repr, so that no
+    # two elements a run would read differently share a key.
+    if isinstance(item, bytes):
+        return b"s" + item
+    if isinstance(item, str):
+        return b"s" + item.encode("utf-8", "surrogatepass")
+    return b"o" + repr(item).encode("utf-8", "backslashreplace")
 
 
 def _compact(output: InferOutput) -> InferOutput:

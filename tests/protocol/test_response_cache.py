@@ -80,6 +80,18 @@ def test_bytes_elements_are_delimited():
     assert key({"S": joined}) == key({"S": np.array([b"ab", b"c"], dtype=object)})
 
 
+def test_a_bytes_element_keys_as_the_model_reads_it():
+    def key(*items: object):
+        return cache_key("m", 1, 1, {"T": np.array(items, dtype=object)}, [("Y", 0)])
+
+    # Text and its UTF-8 bytes are one string to onnxruntime: one key.
+    assert key("caf\u00e9") == key("caf\u00e9".encode())
+    # No element takes another's key by spelling its tag (the old key read text as
+    # b"\x00" + repr(text), which a bytes element could spell).
+    assert key("abc") != key(b"\x00'abc'")
+    assert key(3) != key(b"3") == key("3")
+
+
 def test_a_hit_returns_what_was_kept_and_is_counted_with_its_time():
     cache = ResponseCache(10_000)
     k = key({"X": X})
