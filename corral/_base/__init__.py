@@ -43,6 +43,7 @@ from corral._base.extras import install_hint
 from corral._base.histogram import Histogram
 from corral._base.interpreter import describe_interpreter
 from corral._base.load_workers import DEFAULT_ACTIVITY, MEASURING_ACTIVITY, Claim, LoadWorkers
+from corral._base.periodic import Periodic
 from corral._base.problems import Problem, ProblemKind
 from corral._base.trace_hooks import LoadObserver, LoadRecord, RunRecord, RunTrace
 
@@ -77,6 +78,7 @@ __all__ = [
     "ModelNotFound",
     "ModelTooLarge",
     "Overloaded",
+    "Periodic",
     "Problem",
     "ProblemKind",
     "ProviderUnavailable",

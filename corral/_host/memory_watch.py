@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from corral._base import Periodic
 from corral._host.machine_memory import MemoryLimit, give_back_freed_memory
 
 __all__ = [
@@ -145,32 +146,16 @@ class PressureRelief:
         relieve: Callable[[int, MemoryReading], list[tuple[str, int, int]]],
     ) -> None:
         self._watch = watch
-        self._interval = interval
         self._relieve = relieve
-        # Guards _thread and _stopped: start() and stop() may race.
-        self._thread_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._stopped = False
-        self._stopping = threading.Event()
+        self._reader = Periodic("corral-host-memory", interval, self._check_once)
 
     def start(self) -> None:
         """Start reading; idempotent, and a no-op once stopped."""
-        with self._thread_lock:
-            if self._thread is not None or self._stopped:
-                return
-            self._thread = threading.Thread(
-                target=self._watch_loop, name="corral-host-memory", daemon=True
-            )
-            self._thread.start()
+        self._reader.start()
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop reading and wait up to ``timeout`` for a relief in progress; idempotent."""
-        with self._thread_lock:
-            self._stopped = True
-            thread = self._thread
-        self._stopping.set()
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+        self._reader.stop(timeout)
 
     def check(self) -> list[tuple[str, int, int]]:
         """Read once and relieve pressure if there is any; returns what was evicted."""
@@ -202,9 +187,9 @@ class PressureRelief:
             )
         return evicted
 
-    def _watch_loop(self) -> None:
-        while not self._stopping.wait(self._interval):
-            try:
-                self.check()
-            except Exception:  # one failed reading must not end the watch; it is reported
-                logger.exception("corral: reading the memory in use failed")
+    def _check_once(self) -> bool:
+        try:
+            self.check()
+        except Exception:  # one failed reading must not end the watch; it is reported
+            logger.exception("corral: reading the memory in use failed")
+        return True

@@ -12,9 +12,8 @@ block, or its first load), never by a constructor.
 from __future__ import annotations
 
 import logging
-import threading
 
-from corral._base import CorralError, HostClosed, ModelNotFound
+from corral._base import CorralError, HostClosed, ModelNotFound, Periodic
 from corral._host.check import ProblemWatch
 from corral._host.loader import BUILDS_ON_CHANGE, FilesChanged, Loader
 from corral._host.options import HostOptions
@@ -42,33 +41,21 @@ class Reloader:
         self._problems = problems
         self._table = table
         self._loader = loader
-        self._interval = options.poll_interval_s
-        # Guards _poller and _stopped: start() and stop() may race.
-        self._poller_lock = threading.Lock()
-        self._poller: threading.Thread | None = None
-        self._stopped = False
-        self._stop = threading.Event()
+        # Polling, when an interval is set: every poll_interval_s on "corral-host-poll".
+        interval = options.poll_interval_s
+        self._poller = (
+            None if interval is None else Periodic("corral-host-poll", interval, self._poll_once)
+        )
 
     def start(self) -> None:
         """Start polling, if an interval was set; idempotent, and a no-op once stopped."""
-        if self._interval is None or self._poller is not None:
-            return
-        with self._poller_lock:
-            if self._poller is not None or self._stopped:
-                return
-            self._poller = threading.Thread(
-                target=self._poll, args=(self._interval,), name="corral-host-poll", daemon=True
-            )
+        if self._poller is not None:
             self._poller.start()
 
     def stop(self, timeout: float | None) -> None:
         """Stop polling and wait up to ``timeout`` for a check in progress to end."""
-        with self._poller_lock:
-            self._stopped = True
-            poller = self._poller
-        self._stop.set()
-        if poller is not None:
-            poller.join(timeout)
+        if self._poller is not None:
+            self._poller.stop(timeout)
 
     def refresh(self) -> None:
         """Check every model in use (or whose last load failed) for changes, now.
@@ -135,16 +122,17 @@ class Reloader:
         for served in fresh.values():
             self._loader.measure_later(served)
 
-    def _poll(self, interval: float) -> None:
-        while not self._stop.wait(interval):
-            try:
-                self.refresh()
-            except HostClosed:
-                return
-            except CorralError as exc:
-                # One bad model must not stop polling for the others; it is reported here
-                # and through Host.models().
-                logger.warning("corral: checking the repository for changes failed: %s", exc)
+    def _poll_once(self) -> bool:
+        # One poll; False once the Host is closing, which ends the polling.
+        try:
+            self.refresh()
+        except HostClosed:
+            return False
+        except CorralError as exc:
+            # One bad model must not stop polling for the others; it is reported here and
+            # through Host.models().
+            logger.warning("corral: checking the repository for changes failed: %s", exc)
+        return True
 
 
 def _wanted(
