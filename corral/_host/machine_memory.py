@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MemoryLimit", "find_memory_limit", "give_back_freed_memory"]
+__all__ = ["MemoryLimit", "find_memory_limit", "give_back_freed_memory", "memory_groups"]
 
 #: A cgroup v1 limit at or above this is the kernel's "no limit" (it is 2**63 rounded down to
 #: a page, which differs between kernels).
@@ -96,7 +96,7 @@ def find_memory_limit(proc: Path = Path("/proc"), root: Path = Path("/")) -> Mem
     read is passed over, and the machine's memory is the last answer.
     """
     machine = _machine_bytes(proc / "meminfo")
-    for group, version in _groups(proc, root):
+    for group, version in memory_groups(proc, root):
         limit = _tightest(group, version)
         if limit is not None and limit < machine:
             return MemoryLimit(
@@ -158,8 +158,12 @@ def _stat(path: Path) -> dict[str, int]:
     return fields
 
 
-def _groups(proc: Path, root: Path) -> list[tuple[Path, int]]:
-    """The process's memory cgroup folders: v2's, then v1's memory controller's."""
+def memory_groups(proc: Path = Path("/proc"), root: Path = Path("/")) -> list[tuple[Path, int]]:
+    """The memory cgroup folders of this process and their versions: v2's, then v1's ``memory``.
+
+    From ``/proc/self/cgroup`` and the mounts in ``/proc/self/mountinfo``; [] where neither
+    can be read. A folder is named whether or not it exists or sets a limit.
+    """
     try:
         lines = (proc / "self" / "cgroup").read_text().splitlines()
         mounts = (proc / "self" / "mountinfo").read_text().splitlines()

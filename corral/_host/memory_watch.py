@@ -6,7 +6,9 @@ working set of its cgroup (else of the machine: :mod:`corral._host.machine_memor
 keeps it under :data:`PRESSURE_HIGH` of the limit:
 
 - **Before each load**, the load's peak (:data:`LOAD_PEAK_FACTOR` times its estimate: the
-  file is read and parsed while its tensors are made) is added to the working set; what
+  file is read and parsed while its tensors are made), and the peaks of the loads already
+  under way (their reservations: the working set read does not hold them yet), are added to
+  the working set; what
   passes the high mark is freed first by evicting idle models, least recently used first,
   as the budget evicts. If the models in use hold it, the load waits for room as it would
   for the budget, then fails with ``NoRoom`` (a typed 503), never with the kernel's kill.
@@ -105,17 +107,23 @@ class MemoryWatch:
         return reading
 
     def over(self, extra: int = 0) -> int:
-        """Bytes by which the working set, ``extra`` more, passes the high mark; 0: none.
+        """Bytes by which the working set, ``extra`` more, passes the high mark; 0: none."""
+        margin = self.margin(extra)
+        return 0 if margin is None else max(0, margin)
 
-        Past it, the allocator is asked to give back what it holds free, and it is read again.
+    def margin(self, extra: int = 0) -> int | None:
+        """The working set, ``extra`` more, less the high mark: negative while under it.
+
+        Past it, the allocator is asked to give back what it holds free, and it is read
+        again. None when the working set cannot be read.
         """
         reading = self.reading()
         if reading is None:
-            return 0
+            return None
         high = int(PRESSURE_HIGH * reading.limit)
         if reading.working_set + extra > high and give_back_freed_memory():
             reading = self.reading() or reading
-        return max(0, reading.working_set + extra - high)
+        return reading.working_set + extra - high
 
     def settled_reading(self) -> MemoryReading | None:
         """A reading; past the low mark, taken again once the allocator gave back its free memory.

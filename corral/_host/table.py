@@ -252,14 +252,20 @@ class ModelTable:
                 f"model {name!r} version {version} needs about {size:,} bytes, more than the "
                 f"whole memory budget of {budget:,} bytes"
             )
-        # Bytes the working set would pass the high mark by at this load's peak: to be freed
-        # first, as the budget's excess is (read once, outside the lock).
-        pressure = 0 if self._watch is None else self._watch.over(LOAD_PEAK_FACTOR * size)
+        # The working set at this load's peak, less the high mark (read once, outside the
+        # lock); what passes it, with the peaks of the loads under way, is freed first, as
+        # the budget's excess is.
+        margin = None if self._watch is None else self._watch.margin(LOAD_PEAK_FACTOR * size)
         give_up = time.monotonic() + ROOM_WAIT_S
         with self._table_lock:
             while True:
                 self._check_running_locked()
                 usage = self._usage_locked()
+                pressure = (
+                    0
+                    if margin is None
+                    else max(0, margin + LOAD_PEAK_FACTOR * usage.bytes_reserved)
+                )
                 limits = self._pressed_limits(usage, size, pressure)
                 chosen, worth_waiting = choose_victims(
                     limits, usage, size, self._by_last_use_locked()

@@ -31,6 +31,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from corral._host.machine_memory import memory_groups
 from tests.helpers import Figure
 from tests.processes import start_server, stop_server
 
@@ -41,33 +42,16 @@ MODELS = 3 * LIMIT // (4 * WIDTH * WIDTH)  # files worth three times the limit
 
 def _memory_group_root() -> tuple[Path, int] | None:
     """The folder of this process's memory cgroup and its version, if one may be made in it."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        number, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        version = 2 if number == "0" and not controllers else 1
-        if version == 1 and "memory" not in controllers.split(","):
-            continue
-        for mount in mounts:
-            before, _, after = mount.partition(" - ")
-            fields, tail = before.split(), after.split()
-            kind_ok = tail[:1] == (["cgroup2"] if version == 2 else ["cgroup"])
-            if not kind_ok or (version == 1 and "memory" not in tail[2].split(",")):
+    for folder, version in memory_groups():
+        if version == 2:
+            # A v2 group's children get a memory controller only where it is delegated.
+            try:
+                if "memory" not in (folder / "cgroup.subtree_control").read_text().split():
+                    continue
+            except OSError:
                 continue
-            folder = Path(fields[4]) / path.lstrip("/")
-            if version == 2:
-                try:
-                    delegated = (folder / "cgroup.subtree_control").read_text().split()
-                except OSError:
-                    continue
-                if "memory" not in delegated:
-                    continue
-            if os.access(folder, os.W_OK):
-                return folder, version
+        if os.access(folder, os.W_OK):
+            return folder, version
     return None
 
 
