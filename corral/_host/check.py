@@ -39,7 +39,7 @@ from corral._onnx import (
     footprint_and_value_dependence,
     ort,
     read_footprint,
-    read_model_file,
+    read_model_file_and_proof,
     resolve_policy,
     resolve_providers,
 )
@@ -55,10 +55,14 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # A model file as it was read: its path, size and mtime.
-_FileKey = tuple[str, int, int]
-# What the file holds, or why it could not be read (for a custom operator library: "" when
-# it loaded, else why not).
-_FileFacts = ModelFile | str
+FileKey = tuple[str, int, int]
+# What a model file holds, with the inline lane's proof read in the same pass (what a load
+# needs of it), or why it could not be read; for a custom operator library: "" when it
+# loaded, else why not.
+_FileFacts = tuple[ModelFile, str | None] | str
+#: What a load may take instead of reading a model file: its footprint and the inline lane's
+#: proof, as the repository check read them from the file as it is (None: not read).
+KnownReads = Callable[[FileKey], tuple[ModelFootprint, str | None] | None]
 
 
 def estimate_version_bytes(
@@ -92,26 +96,36 @@ class Estimate(NamedTuple):
 
 
 def estimate_with_proof(
-    entry: ModelEntry, version: int, *, pool_size: int, prove: bool
+    entry: ModelEntry,
+    version: int,
+    *,
+    pool_size: int,
+    prove: bool,
+    known: KnownReads | None = None,
 ) -> Estimate:
     """:func:`estimate_version_bytes`, and the inline lane's proof read in the same pass.
 
-    ``prove`` false (the lane is off): no proof is read, and its reason says so. Raises as
-    :func:`estimate_version_bytes` does.
+    ``prove`` false (the lane is off): no proof is read, and its reason says so. ``known``
+    gives what the repository check read of the version's file, keyed by the path, size and
+    mtime the entry found it with (:meth:`ProblemWatch.known_read`): then the file is not
+    walked again. Raises as :func:`estimate_version_bytes` does.
     """
-    if not prove:
-        return Estimate(
-            estimate_version_bytes(entry, version, pool_size=pool_size), "the inline lane is off"
-        )
+    file = entry.versions[version]
+    read_before = None if known is None else known((str(file.path), file.size, file.mtime_ns))
     proofs: list[str | None] = []
 
     def read(path: Path) -> ModelFootprint:
-        footprint, proof = footprint_and_value_dependence(path)
+        if read_before is not None:
+            footprint, proof = read_before
+        elif prove:
+            footprint, proof = footprint_and_value_dependence(path)
+        else:
+            footprint, proof = read_footprint(path), None
         proofs.append(proof)
         return footprint
 
     size = estimate_version_bytes(entry, version, pool_size=pool_size, read=read)
-    return Estimate(size, proofs[-1])
+    return Estimate(size, proofs[-1] if prove else "the inline lane is off")
 
 
 def find_problems(
@@ -120,9 +134,10 @@ def find_problems(
     memory_budget: int | None,
     pool_size: int,
     read_model_files: bool = False,
-    files: Mapping[_FileKey, _FileFacts] | None = None,
+    files: Mapping[FileKey, _FileFacts] | None = None,
     listing_only: bool = False,
-) -> tuple[list[Problem], dict[_FileKey, _FileFacts]]:
+    entries: dict[str, ModelEntry] | None = None,
+) -> tuple[list[Problem], dict[FileKey, _FileFacts]]:
     """Every problem of ``repository`` now, in model order, and what it read of the files.
 
     Model files are read (their protobuf headers only) when ``memory_budget`` is set, to
@@ -130,7 +145,8 @@ def find_problems(
     and a config.pbtxt whose declarations contradict the file are problems too. ``files``
     are those a previous check read, reused for files not changed since. ``listing_only``:
     the listing's problems alone (no model's entry read: in object storage, nothing fetched).
-    Raises :class:`RepositoryError` when the root cannot be listed.
+    ``entries``, when given, gets every entry read, by name. Raises :class:`RepositoryError`
+    when the root cannot be listed.
     """
     listing = repository.listing()
     root = repository.root
@@ -164,13 +180,15 @@ def find_problems(
     if listing_only:
         return problems, {}
     previous = files or {}
-    made: dict[_FileKey, _FileFacts] = {}
+    made: dict[FileKey, _FileFacts] = {}
     read_files = read_model_files or memory_budget is not None
     for name in listing.names:
         try:
             entry = repository.entry(name)
         except ModelNotFound:
             continue  # removed between listing and looking: it is simply gone
+        if entries is not None:
+            entries[name] = entry
         problems.extend(entry.problems)
         if entry.error is not None:
             continue
@@ -192,6 +210,11 @@ class ProblemWatch:
     check was made, reading model files if that check did. Safe from any thread; checks that
     run at once each scan on their own thread, and the one that ends last sets the problems
     shown.
+
+    What the last check read is lent to the loads, so that a server that checks and then
+    loads every model at start reads nothing twice: each model file's reading, by the path,
+    size and mtime it was read at (:meth:`known_read`), and, when that check was asked to
+    keep them, its entries, taken once (:meth:`take_entries`).
     """
 
     def __init__(
@@ -200,11 +223,12 @@ class ProblemWatch:
         self._repository = repository
         self._memory_budget = memory_budget
         self._pool_size = pool_size
-        # Guards _current, _files, _watching, _read_files and _listing_only: bookkeeping
-        # only, never held over a scan.
+        # Guards _current, _files, _entries, _watching, _read_files and _listing_only:
+        # bookkeeping only, never held over a scan.
         self._problems_lock = threading.Lock()
         self._current: tuple[Problem, ...] = ()
-        self._files: dict[_FileKey, _FileFacts] = {}
+        self._files: dict[FileKey, _FileFacts] = {}
+        self._entries: dict[str, ModelEntry] = {}
         self._watching = False
         self._read_files = False
         self._listing_only = False
@@ -215,14 +239,38 @@ class ProblemWatch:
         with self._problems_lock:
             return self._current
 
+    def known_read(self, key: FileKey) -> tuple[ModelFootprint, str | None] | None:
+        """What the last check read of the model file ``key`` names: its footprint and proof.
+
+        None when that check did not read it as it is now (another path, size or mtime), or
+        could not: a load then reads the file itself.
+        """
+        with self._problems_lock:
+            facts = self._files.get(key)
+        if facts is None or isinstance(facts, str):
+            return None
+        model_file, proof = facts
+        return model_file.footprint, proof
+
+    def take_entries(self) -> dict[str, ModelEntry]:
+        """The entries the last check kept (``keep_entries``), by name; kept no longer."""
+        with self._problems_lock:
+            entries, self._entries = self._entries, {}
+        return entries
+
     def check(
-        self, *, read_model_files: bool | None = None, listing_only: bool | None = None
+        self,
+        *,
+        read_model_files: bool | None = None,
+        listing_only: bool | None = None,
+        keep_entries: bool = False,
     ) -> tuple[Problem, ...]:
         """Scan the repository now; log new problems at WARNING and those gone at INFO.
 
         Model files are read (:func:`find_problems`) with a memory budget, or with
         ``read_model_files``; None: as the last check did (False before any). So is
-        ``listing_only`` (the listing's problems alone, no model's entry read). Raises
+        ``listing_only`` (the listing's problems alone, no model's entry read). With
+        ``keep_entries``, the entries read are kept for :meth:`take_entries`. Raises
         :class:`RepositoryError` when the root cannot be listed (the problems of the last
         check stay).
         """
@@ -235,6 +283,7 @@ class ProblemWatch:
             read_files = self._read_files
             only_listing = self._listing_only
             files = self._files
+        entries: dict[str, ModelEntry] | None = {} if keep_entries else None
         found, made = find_problems(
             self._repository,
             memory_budget=self._memory_budget,
@@ -242,10 +291,13 @@ class ProblemWatch:
             read_model_files=read_files,
             files=files,
             listing_only=only_listing,
+            entries=entries,
         )
         current = tuple(dict.fromkeys(found))  # one of each, in order
         with self._problems_lock:
             before, self._current, self._files = self._current, current, made
+            if entries is not None:
+                self._entries = entries
         seen = set(before)
         for problem in current:
             if problem not in seen:
@@ -294,11 +346,10 @@ def _missing_provider(root: Path, entry: ModelEntry, error: ProviderUnavailable)
 def _library_problems(
     root: Path,
     entry: ModelEntry,
-    previous: Mapping[_FileKey, _FileFacts],
-    made: dict[_FileKey, _FileFacts],
+    previous: Mapping[FileKey, _FileFacts],
+    made: dict[FileKey, _FileFacts],
 ) -> list[Problem]:
     problems: list[Problem] = []
-    settings = _settings_file(root, entry.name)
     for library in entry.config.custom_op_libraries:
         key = _library_key(library)
         facts = previous.get(key, made.get(key))
@@ -314,7 +365,7 @@ def _library_problems(
                 Problem(
                     ProblemKind.BAD_CUSTOM_OP_LIBRARY,
                     entry.name,
-                    settings,
+                    _settings_file(root, entry.name),
                     str(facts),
                     f"replace {library} with a custom operator library built for this "
                     "onnxruntime, or take it out of the model's settings",
@@ -323,7 +374,7 @@ def _library_problems(
     return problems
 
 
-def _library_key(library: str) -> _FileKey:
+def _library_key(library: str) -> FileKey:
     """A library's key among the files read: its path, size and mtime as it is now."""
     if library == ort.EXTENSIONS_LIBRARY:
         return (library, 0, 0)
@@ -339,8 +390,8 @@ def _file_problems(
     entry: ModelEntry,
     memory_budget: int | None,
     pool_size: int,
-    previous: Mapping[_FileKey, _FileFacts],
-    made: dict[_FileKey, _FileFacts],
+    previous: Mapping[FileKey, _FileFacts],
+    made: dict[FileKey, _FileFacts],
 ) -> list[Problem]:
     problems: list[Problem] = []
     config = entry.config
@@ -351,7 +402,7 @@ def _file_problems(
         facts = previous.get(key)
         if facts is None:
             try:
-                facts = read_model_file(file.path)
+                facts = read_model_file_and_proof(file.path)
             except ModelLoadError as exc:
                 facts = str(exc)
         made[key] = facts
@@ -366,7 +417,13 @@ def _file_problems(
                 )
             )
             continue
-        if config.inputs or config.outputs:
+        model_file, _ = facts
+        mismatches = (
+            declaration_mismatches(config, model_file.signature)
+            if config.inputs or config.outputs
+            else []
+        )
+        if mismatches:
             settings = _settings_file(root, entry.name)
             problems.extend(
                 Problem(
@@ -376,14 +433,14 @@ def _file_problems(
                     f"model {entry.name!r} version {version}: {mismatch.message}",
                     mismatch.fix,
                 )
-                for mismatch in declaration_mismatches(config, facts.signature)
+                for mismatch in mismatches
             )
         if memory_budget is None:
             continue
         if replicas is None:
             providers = resolve_providers(config.providers)
             replicas = resolve_policy(config.concurrency, providers, pool_size=pool_size).replicas
-        estimate = estimate_footprint_bytes(facts.footprint, replicas)
+        estimate = estimate_footprint_bytes(model_file.footprint, replicas)
         if estimate > memory_budget:
             problems.append(
                 Problem(

@@ -126,14 +126,19 @@ class Host:
         self._ready_map = self._table.ready_map
         # Per-version figures for the Host's life: they outlast evictions, unloads, reloads.
         self._counters = HostCounters(self._options.model_latency_histograms)
-        self._loader = Loader(
-            self._repository, self._runtime, self._table, self._options, self._counters
-        )
         # The repository's problems, once check() was called: then at every poll too.
         self._problem_watch = ProblemWatch(
             self._repository,
             memory_budget=self._options.budget_bytes,
             pool_size=self._runtime.options.compute_workers,
+        )
+        self._loader = Loader(
+            self._repository,
+            self._runtime,
+            self._table,
+            self._options,
+            self._counters,
+            known=self._problem_watch.known_read,
         )
         self._reloader = Reloader(
             self._repository, self._table, self._loader, self._options, self._problem_watch
@@ -539,15 +544,22 @@ class Host:
     ) -> dict[str, CorralError]:
         """Load many models now on the load workers; None means every model.
 
-        Each model's entry is read again first, as :meth:`load` does; a model already loaded
-        stays as it is (:meth:`refresh` checks those). ``progress(done, total, name, error)``
-        is called after each, on the calling thread, with the error of a model that failed
-        (None for one loaded), so that a progress line never calls a failure loaded. A model
-        that fails does not stop the others: returns ``{name: error}`` for those that failed.
+        Each model's entry is read again first, as :meth:`load` does, unless a
+        :meth:`check` with ``keep_entries`` read it since the last preload (a server that
+        checks its repository at start and then loads every model reads each once); a model
+        already loaded stays as it is (:meth:`refresh` checks those).
+        ``progress(done, total, name, error)`` is called after each, on the calling thread,
+        with the error of a model that failed (None for one loaded), so that a progress line
+        never calls a failure loaded. A model that fails does not stop the others: returns
+        ``{name: error}`` for those that failed.
         """
         todo = self._repository.names() if names is None else list(names)
         self._reloader.start()
-        loading = {self._loader.prepare(name, None, refresh=True): name for name in todo}
+        checked = self._problem_watch.take_entries()
+        loading = {
+            self._loader.prepare(name, None, refresh=True, read=checked.get(name)): name
+            for name in todo
+        }
         failures: dict[str, CorralError] = {}
         for done, future in enumerate(as_completed(loading), start=1):
             name = loading[future]
@@ -568,7 +580,11 @@ class Host:
         self._reloader.refresh()
 
     def check(
-        self, *, read_model_files: bool | None = None, listing_only: bool | None = None
+        self,
+        *,
+        read_model_files: bool | None = None,
+        listing_only: bool | None = None,
+        keep_entries: bool = False,
     ) -> tuple[Problem, ...]:
         """Scan the repository for problems now, without loading a model (``corral._host.check``).
 
@@ -584,6 +600,8 @@ class Host:
         whole to be checked unless asked. ``listing_only=True`` finds only what the listing
         shows (an empty repository, names that cannot name a model) and reads no model's
         entry, which in object storage fetches nothing; the polls keep it too.
+        ``keep_entries=True`` keeps the entries read for the next :meth:`preload`, which then
+        does not read them again (the polls' checks never keep theirs).
 
         Example::
 
@@ -591,7 +609,9 @@ class Host:
                 print(problem.kind.value, problem.path, problem.message, problem.fix)
         """
         return self._problem_watch.check(
-            read_model_files=read_model_files, listing_only=listing_only
+            read_model_files=read_model_files,
+            listing_only=listing_only,
+            keep_entries=keep_entries,
         )
 
     @property

@@ -54,7 +54,7 @@ from corral._compute import (
     plan_batching,
     time_left,
 )
-from corral._host.check import Estimate, estimate_with_proof
+from corral._host.check import Estimate, KnownReads, estimate_with_proof
 from corral._host.lane_measuring import LaneMeasurer
 from corral._host.options import HostOptions
 from corral._host.served import HostLease, Outputs, ServedVersion
@@ -88,8 +88,11 @@ class Loader:
         table: ModelTable,
         options: HostOptions,
         counters: HostCounters,
+        known: KnownReads | None = None,
     ) -> None:
         self._repository = repository
+        # What the repository check read of model files: a load takes it instead of a walk.
+        self._known = known
         self._runtime = runtime
         self._table = table
         self._options = options
@@ -116,7 +119,12 @@ class Loader:
     # -- requests ----------------------------------------------------------------------------
 
     def prepare(
-        self, name: str, version: int | str | None, *, refresh: bool = False
+        self,
+        name: str,
+        version: int | str | None,
+        *,
+        refresh: bool = False,
+        read: ModelEntry | None = None,
     ) -> Future[ServedVersion]:
         """A future of the served version a request means, loading it first if needed.
 
@@ -124,14 +132,15 @@ class Loader:
         request for it gets (:class:`ModelNotFound`, :class:`InvalidModelName`,
         :class:`ModelLoadError`, :class:`HostClosed` ...). It is the caller's own: cancelling
         it stops nobody else's wait. ``refresh`` reads the model's entry from the repository
-        again first, as an explicit load does.
+        again first, as an explicit load does, unless ``read`` is the entry the caller read
+        of it moments ago (the start's repository check): that is taken as the read.
         """
         outer: Future[ServedVersion] = Future()
         try:
             name = validate_model_name(name)
             if not refresh and self._from_cache(name, version, outer):
                 return outer
-            self._submit(name, self._resolve_and_load, name, version, refresh, outer)
+            self._submit(name, self._resolve_and_load, name, version, refresh, outer, read)
         except CorralError as exc:
             _settle(outer, error=exc)
         return outer
@@ -218,14 +227,27 @@ class Loader:
         return entry, key
 
     def _resolve(
-        self, name: str, version: int | str | None, refresh: bool
+        self,
+        name: str,
+        version: int | str | None,
+        refresh: bool,
+        read: ModelEntry | None = None,
     ) -> tuple[ModelEntry, Key, bool]:
-        """:meth:`resolve`, and whether the entry was read from the repository just now."""
-        entry, model_failed = self._table.cached(name)
-        if entry is not None and not self._repository.is_current(entry):
-            entry = None  # read through a load's override that another has replaced since
-        if refresh or entry is None or model_failed or not _may_have(entry, version):
-            entry, refresh = self.refresh_entry(name), True
+        """:meth:`resolve`, and whether the entry was read from the repository just now.
+
+        ``read``: an entry the caller read just now (:meth:`prepare`), kept as if read here.
+        """
+        if read is not None and self._repository.is_current(read):
+            self._table.store_entry(read)
+            entry: ModelEntry | None = read
+            refresh = True
+        else:
+            entry, model_failed = self._table.cached(name)
+            if entry is not None and not self._repository.is_current(entry):
+                entry = None  # read through a load's override that another has replaced since
+            if refresh or entry is None or model_failed or not _may_have(entry, version):
+                entry, refresh = self.refresh_entry(name), True
+        assert entry is not None  # read above, or read just now by the caller
         number = _choose(entry, name, version)
         failed_from = self._table.failure_fingerprint((name, number))
         if failed_from is not None:
@@ -445,13 +467,15 @@ class Loader:
         the file's headers (and a ``stat`` of each external data file), so it runs on a load
         worker. The proof (:func:`corral._onnx.value_dependence.value_dependence`) only while the
         lane is on; a build uses it once it has found the files unchanged since the entry's
-        read.
+        read. What the repository check read of the same file (same path, size and mtime) is
+        taken instead of reading it again.
         """
         return estimate_with_proof(
             entry,
             version,
             pool_size=self._runtime.options.compute_workers,
             prove=self._options.inline_run_us > 0,
+            known=self._known,
         )
 
     @property
@@ -502,9 +526,13 @@ class Loader:
         version: int | str | None,
         refresh: bool,
         outer: Future[ServedVersion],
+        read: ModelEntry | None,
         claim: Claim,
     ) -> None:
-        """A job: read the entry, then join or lead the version's load (leading it here)."""
+        """A job: read the entry, then join or lead the version's load (leading it here).
+
+        ``read``: the entry the caller read just now, if any (:meth:`prepare`).
+        """
         which = f"model {name!r}" if version is None else f"model {name!r} version {version}"
         if not claim.on_expire(functools.partial(_answer_late, outer, f"loading {which}", claim)):
             return
@@ -514,8 +542,8 @@ class Loader:
             # From the entry's read to the end of the load: a store's cache keeps the files the
             # entry names (before the table counts the model as loading, nothing else does).
             with self._repository.kept(name):
-                entry, key, read = self._resolve(name, version, refresh)
-                step = self._table.begin(key, entry, newest=version is None, may_lead=read)
+                entry, key, fresh_read = self._resolve(name, version, refresh, read)
+                step = self._table.begin(key, entry, newest=version is None, may_lead=fresh_read)
                 if step is None:
                     # Not loaded nor loading: read the entry again, so that the load (and its
                     # size estimate) uses the versions and files on disk now.

