@@ -10,20 +10,29 @@ session under a run.
 from __future__ import annotations
 
 import enum
+import logging
 import os
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy.typing as npt
 
-from corral._base import DrainTimeout, ModelConfigError, RunCancelled, SessionClosed
+from corral._base import (
+    DrainTimeout,
+    ModelConfigError,
+    ModelLoadError,
+    RunCancelled,
+    SessionClosed,
+)
 from corral._compute.process_runtime import Runtime, runtime
 from corral._onnx import (
     ConcurrencyPolicy,
     DeclaredSignature,
     DeviceKey,
+    OptimizedModels,
     ResolvedProviders,
     SessionTuning,
     Signature,
@@ -36,6 +45,8 @@ from corral._onnx import (
 )
 
 __all__ = ["Lease", "ModelSource", "Session", "SessionState"]
+
+logger = logging.getLogger(__name__)
 
 #: A model: a path to an ``.onnx`` file, or the serialized model itself.
 ModelSource = str | os.PathLike[str] | bytes
@@ -106,8 +117,11 @@ class Session:
         mem_pattern: bool | None = None,
         session_config: Mapping[str, str] | Sequence[tuple[str, str]] = (),
         arena_shrinkage: str | None = None,
+        optimized_models: OptimizedModels | None = None,
     ) -> None:
         source = _read_source(model)
+        # Where the graph onnxruntime optimizes is kept, and read again by the next load.
+        self._optimized_models = optimized_models
         self._libraries = _check_libraries(custom_op_libraries)
         entries = tuple(
             session_config.items() if isinstance(session_config, Mapping) else session_config
@@ -506,17 +520,86 @@ class Session:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _load(self, source: str | bytes, providers: ResolvedProviders) -> tuple[Any, ...]:
+    def _options(self, *, optimized: bool = False) -> Any:
+        """The onnxruntime options of this session; ``optimized``: for a graph optimized already."""
         tuning = self._tuning
-        options = self._runtime._session_options(
+        options: Any = self._runtime._session_options(
             tuning.intra_op_threads, tuning.inter_op_threads, tuning.cpu_mem_arena
         )
-        self._tuning.apply(options, ort.onnxruntime())
+        onnxruntime = ort.onnxruntime()
+        tuning.apply(options, onnxruntime)
+        if optimized:
+            options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
         if self._libraries:
             with ort.CONSTRUCTION_LOCK:
                 ort.register_custom_op_libraries(options, self._libraries, self._name)
-        replicas = []
+        return options
+
+    def _load(self, source: str | bytes, providers: ResolvedProviders) -> tuple[Any, ...]:
+        cache = self._optimized_models
+        key = None
+        if cache is not None and isinstance(source, str):
+            settings = (
+                ("graph_optimization_level", str(self._tuning.graph_optimization_level)),
+                ("providers", repr(providers.ort_providers)),
+                *(("session_config:" + key, value) for key, value in self._tuning.session_config),
+            )
+            key = cache.key(
+                source, settings, providers=providers.requested, libraries=bool(self._libraries)
+            )
+        if cache is None or key is None:
+            return self._build(source, self._options(), providers, None)
+        found = cache.find(key)
+        if found is not None:
+            try:
+                return self._build(str(found), self._options(optimized=True), providers, None)
+            except ModelLoadError as exc:
+                # Not this model's fault: its own file is loaded, and the next load keeps a
+                # new optimized graph.
+                logger.warning(
+                    "corral: %s: the optimized graph kept in %s did not load (%s); removed, "
+                    "loading the model's own file",
+                    self._name,
+                    found,
+                    exc,
+                )
+                cache.drop(found)
+        partial = cache.partial(key)
+        try:
+            replicas = self._build(source, self._options(), providers, partial)
+        except ModelLoadError as exc:
+            cache.drop(partial)
+            # The model's fault, or the write's (a full disk): built again without writing,
+            # the model's own error is raised, and a write's is named.
+            replicas = self._build(source, self._options(), providers, None)
+            logger.warning(
+                "corral: %s: its optimized graph could not be kept in %s: %s",
+                self._name,
+                cache.folder,
+                exc,
+            )
+            return replicas
+        cache.keep(partial, key)
+        return replicas
+
+    def _build(
+        self,
+        source: str | bytes,
+        options: Any,
+        providers: ResolvedProviders,
+        saving: Path | None,
+    ) -> tuple[Any, ...]:
+        """Build the policy's onnxruntime sessions; the first writes its graph to ``saving``."""
+        replicas: list[Any] = []
+        severity = options.log_severity_level
         for _ in range(self._policy.replicas):
+            if saving is not None:
+                # Written once, by the first. Its one warning says an optimized graph is for
+                # this machine alone: the folder's key holds this CPU's name and flags
+                # (corral._onnx.optimized_models).
+                first = not replicas
+                options.optimized_model_filepath = str(saving) if first else ""
+                options.log_severity_level = 3 if first else severity
             if providers.parallel_construction and not self._libraries:
                 replicas.append(ort.create_session(source, options, providers.ort_providers))
             else:

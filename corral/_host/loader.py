@@ -68,6 +68,7 @@ from corral._models import (
     declared_signature,
     validate_model_name,
 )
+from corral._onnx import OptimizedModels
 
 __all__ = ["BUILDS_ON_CHANGE", "FilesChanged", "Loader", "version_number"]
 
@@ -93,6 +94,12 @@ class Loader:
         self._repository = repository
         # What the repository check read of model files: a load takes it instead of a walk.
         self._known = known
+        # Where onnxruntime's optimized graphs are kept; None: not kept.
+        self._optimized = (
+            None
+            if options.optimized_models is None
+            else OptimizedModels(options.optimized_models, option="optimized_models")
+        )
         self._runtime = runtime
         self._table = table
         self._options = options
@@ -356,6 +363,7 @@ class Loader:
             mem_pattern=config.mem_pattern,
             session_config=config.session_config,
             arena_shrinkage=shrinkage,
+            optimized_models=self._optimized,
         )
         try:
             # Built from the files the entry read, or the copy could mix old and new (a model

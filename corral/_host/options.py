@@ -174,6 +174,14 @@ class HostOptions:
         "bytes the cache of an s3:// repository may hold: bytes or a size like 10GiB; the "
         "least recently read models not in use are removed past it",
     )
+    #: A folder where the graphs onnxruntime optimized at load are kept, so that the next
+    #: load of the same model skips graph optimization (corral._onnx.optimized_models: CPU
+    #: models of 64 KiB or more without external data); None: none kept.
+    optimized_models: str | None = option(
+        None,
+        "a folder where the graphs onnxruntime optimized are kept: the next load of the same "
+        "model skips graph optimization (CPU models of 64 KiB or more, no external data)",
+    )
     _budget_bytes: int | None = field(init=False, repr=False, compare=False, default=None)
     _budget_source: str | None = field(init=False, repr=False, compare=False, default=None)
 
@@ -202,12 +210,10 @@ class HostOptions:
         if self.cache_bytes is not None:
             cache = parse_bytes(self.cache_bytes, option="cache_bytes")
             object.__setattr__(self, "cache_bytes", cache)
-        if self.cache_dir is not None and (
-            not isinstance(self.cache_dir, str) or not self.cache_dir
-        ):
-            raise InvalidOption(
-                f"cache_dir must be a folder's path, got {self.cache_dir!r}", option="cache_dir"
-            )
+        for name in ("cache_dir", "optimized_models"):
+            folder = getattr(self, name)
+            if folder is not None and (not isinstance(folder, str) or not folder):
+                raise InvalidOption(f"{name} must be a folder's path, got {folder!r}", option=name)
         positive_int("max_loaded_models", self.max_loaded_models, optional=True)
         positive_int("load_concurrency", self.load_concurrency)
         positive_int("max_queue_per_model", self.max_queue_per_model)
@@ -313,6 +319,7 @@ class HostOptionArgs(TypedDict, total=False):
     max_upload_bytes: int | str | None
     cache_dir: str | None
     cache_bytes: int | str | None
+    optimized_models: str | None
 
 
 @functools.cache

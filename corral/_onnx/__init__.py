@@ -11,6 +11,7 @@ inside it (tests/test_layers.py).
 from corral._onnx import ort
 from corral._onnx.device_lanes import DeviceKey, device_lane, run_on_lanes
 from corral._onnx.modelfile import ModelFile, ModelFootprint, read_footprint, read_model_file
+from corral._onnx.optimized_models import OptimizedModels
 from corral._onnx.ort import EXTENSIONS_LIBRARY
 from corral._onnx.provider_options import PROVIDER_OPTIONS, OptionKind, ProviderOption
 from corral._onnx.providers import (
@@ -43,6 +44,7 @@ __all__ = [
     "Dim",
     "ModelFile",
     "ModelFootprint",
+    "OptimizedModels",
     "OptionKind",
     "ProviderOption",
     "ProviderTraits",

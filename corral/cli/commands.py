@@ -446,6 +446,7 @@ SERVE_GROUPS: dict[str, tuple[str, ...]] = {
         "max_upload_bytes",
         "cache_dir",
         "cache_bytes",
+        "optimized_models",
         "cache_config",
         "response_cache_byte_size",
     ),

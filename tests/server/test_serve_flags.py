@@ -37,6 +37,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "memory_watch_s": ("2.5", 2.5),
     "max_upload_bytes": ("2GiB", "2GiB"),
     "cache_dir": ("/var/cache/corral", "/var/cache/corral"),
+    "optimized_models": ("/var/cache/corral-optimized", "/var/cache/corral-optimized"),
     "cache_bytes": ("10GiB", "10GiB"),
     "max_loaded_models": ("7", 7),
     "load_concurrency": ("3", 3),
