@@ -30,6 +30,7 @@ what the first request's path adds to a load.
 Requests use the binary tensor extension (outputs asked as binary too), batch 1::
 
     python benchmarks/cold_start.py [--kinds tree,linear,mlp,...] [--rounds 7] [--json FILE]
+    python benchmarks/cold_start.py --kinds tree,mlp --serve-args='--inline-run-us 0'
 
 Exit code 3: a real model's wheel could not be fetched.
 """
@@ -43,6 +44,7 @@ import http.client
 import json
 import platform
 import re
+import shlex
 import shutil
 import statistics
 import sys
@@ -302,8 +304,12 @@ def measure(
     warm: int,
     external_mib: int = 64,
     progress: Callable[[str], None] = _progress,
+    serve_args: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Build the repository, serve it, measure every kind round by round; the document."""
+    """Build the repository, serve it, measure every kind round by round; the document.
+
+    ``serve_args``: more options for ``corral serve`` (none: its defaults).
+    """
     with tempfile.TemporaryDirectory(prefix="corral-cold-") as folder:
         work = Path(folder)
         models = build_kinds(kinds, work, external_mib)
@@ -314,7 +320,7 @@ def measure(
             _Kind(model, real_models.binary_payload(model.feeds), reference_outputs(model))
             for model in models
         ]
-        with _served(repository, work) as (server, client):
+        with _served(repository, work, serve_args) as (server, client):
             for kind in measured:
                 # Loaded at start: what any first load in this process pays is paid here.
                 client.control(f"{kind.model.kind}-warm", "load")
@@ -334,6 +340,7 @@ def measure(
             "platform": platform.platform(),
             "python": platform.python_version(),
         },
+        "serve_args": list(serve_args),
         "rounds": rounds,
         "warm_requests_per_round": warm,
         "kinds": [
@@ -351,8 +358,10 @@ def measure(
 
 
 @contextlib.contextmanager
-def _served(repository: Path, work: Path) -> Iterator[tuple[real_models.Server, Client]]:
-    server = real_models.start_corral("corral", repository, work)
+def _served(
+    repository: Path, work: Path, serve_args: Sequence[str]
+) -> Iterator[tuple[real_models.Server, Client]]:
+    server = real_models.start_corral("corral", repository, work, serve_args)
     try:
         _wait_ready(server)
         client = Client(server.port)
@@ -485,6 +494,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--external-mib", type=_positive_int, default=64, help="the external model's weights"
     )
+    parser.add_argument(
+        "--serve-args",
+        type=shlex.split,
+        default=[],
+        help="more options for corral serve, as one string: --serve-args='--inline-run-us 0'",
+    )
     parser.add_argument("--json", metavar="FILE", type=Path, help="also write the figures here")
     return parser
 
@@ -493,7 +508,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Measure, print the table (and write ``--json``); the exit status."""
     args = _parser().parse_args(argv)
     try:
-        document = measure(args.kinds, args.rounds, args.warm, args.external_mib)
+        document = measure(
+            args.kinds, args.rounds, args.warm, args.external_mib, serve_args=args.serve_args
+        )
     except real_models.ModelsUnavailable as exc:
         print(f"cold_start: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
