@@ -21,7 +21,7 @@ COVERAGE_FLOOR_WITHOUT_EDGE := 96.40
 DEMO_REPOSITORY := demo-models
 
 .PHONY: help venv tools edge edge-check lint typecheck test test-min test-pythons test-ft soak serve demo bench bench-quick bench-create \
-	bench-footprint bench-scenarios bench-http bench-edge bench-ray bench-real triton-peer perf-analyzer proto clean
+	bench-footprint bench-scenarios bench-http bench-edge bench-ray bench-real bench-cold triton-peer perf-analyzer proto clean
 
 help:
 	@echo "make serve            serve $(DEMO_REPOSITORY)/ (1,000 tiny models) on :8000 (HTTP) and :8001 (gRPC)"
@@ -39,6 +39,7 @@ help:
 	@echo "make bench            corral vs FastAPI, MLServer, Triton, Ray Serve on 1,000 models -> docs/benchmarks.md"
 	@echo "make bench-quick      the same on 50 models, corral and FastAPI only, in under a minute"
 	@echo "make bench-real       real models from PyPI wheels: corral vs FastAPI, MLServer, the ceiling"
+	@echo "make bench-cold       a never-loaded model's first answer against its load alone + a warm answer"
 	@echo "make bench-ray        corral serve vs corral ray-serve (2 replicas) on 1,000 models -> docs/scale-out.md"
 	@echo "make perf-analyzer    Triton's perf_analyzer in a venv of its own (the tests make it too)"
 	@echo "make triton-peer      build NVIDIA Triton + its C++ onnxruntime backend, the peer of bench-http and"
@@ -277,6 +278,11 @@ bench-real: $(STAMP) tools
 		--json benchmarks/results/real-one-instance.json
 	$(BIN)/python benchmarks/real_models.py render benchmarks/results/real-light.json \
 		benchmarks/results/real-heavy.json benchmarks/results/real-one-instance.json --out docs
+
+# Issue 49's cold starts, per model kind: the demo's tiny models, one with external data and
+# the real models of bench-real (from the same cache). Figures in docs/host.md, "Cold starts".
+bench-cold: $(STAMP)
+	$(BIN)/python benchmarks/cold_start.py --json benchmarks/results/cold-start.json
 
 # NVIDIA Triton (tritonserver 2.51 from nvidia-pytriton, with Triton's C++ onnxruntime backend
 # r24.10 compiled here) for bench-http and bench-real, which measure it beside corral when it is
