@@ -18,6 +18,7 @@ from corral._host.status import (
     HostStats,
     ModelState,
     ModelStatus,
+    VersionCharge,
     VersionSettings,
     VersionStatus,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "HostStats",
     "ModelState",
     "ModelStatus",
+    "VersionCharge",
     "VersionSettings",
     "VersionStatus",
     "edge_options",

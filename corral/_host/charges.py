@@ -79,6 +79,8 @@ MAX_COPIES = 16
 #: child's allocator reading does not count): measured 9 KiB for a tiny tree (84,296 bytes
 #: per copy in a Host, 75,002 in use per session), rounded down.
 VERSION_BOOKKEEPING_BYTES = 8 << 10
+#: How long a child whose pipe ended is waited for, to name its exit code.
+CHILD_EXIT_S = 5.0
 #: Measures kept by fingerprint, so that a version evicted and loaded again from the same
 #: files is admitted on its measure; the oldest is forgotten past this many.
 MAX_KNOWN = 65_536
@@ -177,7 +179,10 @@ class _Child:
                 raise RuntimeError(f"no answer within {timeout:g} s")
             answer: dict[str, Any] = json.loads(self.answers.recv_bytes())
         except (EOFError, OSError) as exc:
-            code = self.process.poll()
+            try:  # its pipe ends as it exits: a moment later it can be reaped
+                code: int | None = self.process.wait(timeout=CHILD_EXIT_S)
+            except subprocess.TimeoutExpired:
+                code = None
             raise RuntimeError(
                 f"the measuring process ended (exit code {code})"
                 if code is not None

@@ -128,6 +128,22 @@ class VersionStatus:
 
 
 @dataclass(frozen=True)
+class VersionCharge:
+    """What one loaded version counts for against the budget, from :meth:`Host.charges`."""
+
+    name: str
+    version: int
+    #: The bytes counted: ``declared``, else ``measured``, else ``estimated``.
+    charged: int
+    #: The estimate made from its file before the load.
+    estimated: int
+    #: What one copy was measured to cost (``measure_charges``); None until measured.
+    measured: int | None
+    #: What its configuration declares (``memory_bytes``); None when it declares nothing.
+    declared: int | None
+
+
+@dataclass(frozen=True)
 class ModelStatus:
     """A model and its versions, from :meth:`Host.models`."""
 

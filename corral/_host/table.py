@@ -42,6 +42,7 @@ from corral._host.status import (
     HostState,
     HostStats,
     ModelState,
+    VersionCharge,
     VersionSettings,
     VersionStatus,
 )
@@ -626,6 +627,21 @@ class ModelTable:
                 return held, dict(self._entries)
             entry = self._entries.get(only)
         return held, {} if entry is None else {only: entry}
+
+    def charges(self) -> list[VersionCharge]:
+        """What every version in service counts for, and how that was found."""
+        with self._table_lock:
+            return [
+                VersionCharge(
+                    name,
+                    version,
+                    served.size_bytes,
+                    served.charge.estimated,
+                    served.charge.measured,
+                    served.charge.declared,
+                )
+                for (name, version), served in self._loaded.items()
+            ]
 
     def stats(self) -> HostStats:
         """Counters and gauges, as one snapshot."""
