@@ -22,6 +22,13 @@ From a checkout::
 
     python benchmarks/charges.py [--real DIR] [--json FILE]
 
+And why the measure is taken in a child: in this interpreter, two threads load an MLP and a
+larger model (nudenet's ``320n.onnx`` under DIR, else the forest) at once, and each load's
+reading of glibc's bytes in use around its construction is printed beside the model's
+reading alone::
+
+    python benchmarks/charges.py concurrent [--real DIR]
+
 ``DIR`` as for calibrate.py; ``~/.cache/corral-bench/real-models/unpacked`` once
 ``make bench-real`` has fetched the wheels.
 """
@@ -144,6 +151,59 @@ def trimmed_worker(model: Path, copies: int) -> dict[str, Any]:
     return {"calibrate": round(measured), "calibrate_trimmed": round(trimmed)}
 
 
+def concurrent_readings(real: Path | None) -> dict[str, Any]:
+    """Each load's in-process reading of bytes in use, alone and with another load at once."""
+    import threading
+
+    import corral
+    from corral._host.charge_child import _in_use_bytes
+
+    with tempfile.TemporaryDirectory() as scratch:
+        models = {"mlp": calibrate.build_dense_mlp(Path(scratch))}
+        found = sorted(real.rglob("320n.onnx")) if real is not None else []
+        if found:
+            models["nudenet"] = found[0]
+        else:
+            (Path(scratch) / "forest").mkdir()
+            models["forest"] = calibrate.build_forest(Path(scratch) / "forest")
+        kept: list[corral.Session] = []
+
+        def reading(path: Path) -> int:
+            before = _in_use_bytes() or 0
+            kept.append(corral.Session(str(path)))
+            return (_in_use_bytes() or 0) - before
+
+        alone = {}
+        for name, path in models.items():
+            reading(path)  # the first of its kind, once
+            alone[name] = reading(path)
+        together: dict[str, list[int]] = {name: [] for name in models}
+        start = threading.Barrier(len(models))
+
+        def loads(name: str, count: int) -> None:
+            start.wait()
+            together[name].extend(reading(models[name]) for _ in range(count))
+
+        threads = [
+            threading.Thread(target=loads, args=(name, 8 if name == "mlp" else 3))
+            for name in models
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for session in kept:
+            session.close()
+    return {
+        name: {
+            "alone": alone[name],
+            "concurrent": together[name],
+            "ratios": [round(value / alone[name], 2) for value in together[name]],
+        }
+        for name in models
+    }
+
+
 def _run(command: str, model: Path, copies: int) -> dict[str, Any]:
     line = [sys.executable, __file__, command, str(model), "--copies", str(copies)]
     result = subprocess.run(line, capture_output=True, text=True, timeout=1800, check=False)
@@ -212,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         one = commands.add_parser(name, help="measure one model in this interpreter")
         one.add_argument("model", type=Path)
         one.add_argument("--copies", type=int, default=4)
+    commands.add_parser("concurrent", help="in-process readings under two loads at once")
     parser.add_argument("--real", type=Path, help="a folder of real .onnx models to add")
     parser.add_argument("--json", type=Path, help="also write the rows to this file")
     args = parser.parse_args(argv)
@@ -220,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "calibrate-worker":
         print(json.dumps(trimmed_worker(args.model, args.copies)))
+        return 0
+    if args.command == "concurrent":
+        print(json.dumps(concurrent_readings(args.real), indent=2))
         return 0
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     rows = measure_all(args.real)

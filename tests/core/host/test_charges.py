@@ -36,7 +36,7 @@ from corral._host.charges import (
 from corral._host.served import ServedVersion
 from corral._host.table import Lead, ModelTable
 from corral.testing import build_linear, build_mlp, build_tree
-from tests.helpers import add_model, build_served
+from tests.helpers import add_model, build_served, wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 SIZE = 1_000
@@ -299,8 +299,6 @@ def test_close_during_a_measure_stops_the_child_at_once(meters, tmp_path, caplog
             pids.append(pid)
         return bool(pids)
 
-    from tests.helpers import wait_until
-
     wait_until(child_started, timeout=ANSWER_S)
     with caplog.at_level(logging.WARNING, logger="corral._host.charges"):
         meter.meter.close(timeout=30)
@@ -385,3 +383,41 @@ def test_a_loaded_models_charge_is_within_15_percent_of_the_resident_memory_it_t
     row = json.loads(result.stdout.strip().splitlines()[-1])
     for charge in (row["charge_min"], row["charge_max"]):
         assert 1 / 1.15 <= charge / row["in_host"] <= 1.15, row
+
+
+# -- declared sizes in a Host ------------------------------------------------------------------
+
+
+def test_a_declared_size_is_charged_from_the_load_on(tmp_path):
+    add_model(tmp_path, "d", build_tree(seed=1), toml='memory_bytes = "2MiB"\n')
+    with corral.Host(tmp_path, memory_budget="64MiB") as host:
+        host.load("d")
+        (charge,) = host.charges()
+        assert (charge.charged, charge.declared, charge.measured) == (2 << 20, 2 << 20, None)
+        assert charge.estimated < charge.charged
+        assert host.stats().bytes_used == 2 << 20
+
+
+def test_a_declared_size_larger_than_the_budget_is_too_large_to_load_or_check(tmp_path):
+    add_model(tmp_path, "big", build_tree(seed=1), toml='memory_bytes = "2MiB"\n')
+    with corral.Host(tmp_path, memory_budget="1MiB") as host:
+        with pytest.raises(corral.ModelTooLarge, match="2,097,152 bytes"):
+            host.load("big")
+        problems = host.check()
+    (problem,) = [p for p in problems if p.model == "big"]
+    assert "declares (memory_bytes) 2,097,152 bytes" in problem.message
+
+
+def test_a_version_loaded_again_from_the_same_files_is_admitted_on_its_measure(tmp_path):
+    add_model(tmp_path, "mlp", build_mlp(seed=1))
+    with corral.Host(tmp_path, memory_budget="1GiB", measure_charges=True) as host:
+        host.load("mlp")
+        wait_until(lambda: host.charges()[0].measured is not None, timeout=ANSWER_S)
+        (first,) = host.charges()
+        host.unload("mlp")
+        assert host.stats().bytes_used == 0
+        host.load("mlp")
+        (again,) = host.charges()  # at once: no new measure was waited for
+        assert again.measured == first.measured
+        assert host.stats().bytes_used == first.measured
+    assert not psutil.Process().children()  # the child ended with the Host
