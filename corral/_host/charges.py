@@ -160,6 +160,10 @@ class _Child:
                 stderr=subprocess.DEVNULL,
                 env=env,
                 close_fds=True,
+                # Out of the terminal's process group: a Ctrl-C stops the server, which then
+                # stops its child, rather than failing the measure under way. Should the
+                # server die first, the child's next read of its jobs pipe ends it.
+                start_new_session=True,
             )
         except BaseException:
             for fd in (jobs_read, jobs_write, answers_read, answers_write):

@@ -421,3 +421,36 @@ def test_a_version_loaded_again_from_the_same_files_is_admitted_on_its_measure(t
         assert again.measured == first.measured
         assert host.stats().bytes_used == first.measured
     assert not psutil.Process().children()  # the child ended with the Host
+
+
+def test_the_child_of_a_server_killed_outright_ends_too(tmp_path):
+    """No orphan: the child's jobs pipe ends with its parent, and so does the child."""
+    add_model(tmp_path, "tree", build_tree(seed=1))
+    script = textwrap.dedent(
+        f"""
+        import os, signal, time
+        import corral
+        host = corral.Host({str(tmp_path)!r}, memory_budget="1GiB", measure_charges=True)
+        host.load("tree")
+        deadline = time.monotonic() + {ANSWER_S}
+        while host.charges()[0].measured is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print(host._loader._charges.child_pid, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=ANSWER_S,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == -9, result.stderr
+    pid = int(result.stdout.split()[-1])
+    try:
+        child = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return  # ended already
+    child.wait(timeout=30)
