@@ -60,6 +60,7 @@ __all__ = [
     "ChargeMeter",
     "MeterState",
     "charge_from",
+    "charges_supported",
     "copies_to_measure",
     "measurable",
 ]
@@ -93,6 +94,11 @@ class MeterState(enum.Enum):
     RUNNING = "running"
     #: close() began or ended: nothing more is measured; the child is stopped.
     CLOSED = "closed"
+
+
+def charges_supported() -> bool:
+    """Whether this system lets the child read its resident size (Linux's ``/proc``)."""
+    return os.path.exists("/proc/self/statm")
 
 
 def charge_from(answer: Mapping[str, Any]) -> int:

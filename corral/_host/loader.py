@@ -55,7 +55,7 @@ from corral._compute import (
     plan_batching,
     time_left,
 )
-from corral._host.charges import ChargeMeter
+from corral._host.charges import ChargeMeter, charges_supported
 from corral._host.check import Estimate, estimate_with_proof
 from corral._host.lane_measuring import LaneMeasurer
 from corral._host.options import HostOptions
@@ -112,9 +112,13 @@ class Loader:
         self._measurer = LaneMeasurer(self._workers, table, options.inline_run_us)
         # Measures what each version loaded costs, in a child process, and re-charges it;
         # only with a budget to hold. Nothing starts until the first version is measured.
+        measure = options.measure_charges and options.budget_bytes is not None
+        if measure and not charges_supported():
+            logger.info("corral: charges are not measured here (no /proc): estimates stay")
+            measure = False
         self._charges = (
             ChargeMeter(runtime.options, self._recharge, timeout_s=2 * options.load_timeout_s)
-            if options.measure_charges and options.budget_bytes is not None
+            if measure
             else None
         )
         # Guards _named: per model name, the settings without effect last named in the log,
