@@ -45,6 +45,7 @@ from corral._base.interpreter import describe_interpreter
 from corral._base.load_workers import DEFAULT_ACTIVITY, MEASURING_ACTIVITY, Claim, LoadWorkers
 from corral._base.periodic import Periodic
 from corral._base.problems import Problem, ProblemKind
+from corral._base.sizes import parse_bytes
 from corral._base.trace_hooks import LoadObserver, LoadRecord, RunRecord, RunTrace
 
 __all__ = [
@@ -101,4 +102,5 @@ __all__ = [
     "given_by",
     "install_hint",
     "option",
+    "parse_bytes",
 ]

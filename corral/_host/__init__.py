@@ -7,7 +7,8 @@ This is the folder's face: the layers above import these names from here, never 
 inside it (tests/test_layers.py).
 """
 
-from corral._host.budget import estimate_footprint_bytes, estimate_model_bytes, parse_bytes
+from corral._base import parse_bytes
+from corral._host.budget import estimate_footprint_bytes, estimate_model_bytes
 from corral._host.check import find_problems
 from corral._host.host import Host
 from corral._host.options import HostOptions, edge_options, positive_int
@@ -17,6 +18,7 @@ from corral._host.status import (
     HostStats,
     ModelState,
     ModelStatus,
+    VersionCharge,
     VersionSettings,
     VersionStatus,
 )
@@ -29,6 +31,7 @@ __all__ = [
     "HostStats",
     "ModelState",
     "ModelStatus",
+    "VersionCharge",
     "VersionSettings",
     "VersionStatus",
     "edge_options",

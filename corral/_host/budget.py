@@ -1,22 +1,20 @@
-"""The memory budget's rules: size estimates, sizes as text, what fits, what to evict.
+"""The memory budget's rules: size estimates, charges, what fits, what to evict.
 
 Pure functions over plain numbers and a small :class:`Resident` protocol: no onnxruntime, no
 disk, no locks. The Host's table calls them under its own lock with a snapshot of what it
 holds, so that every rule here is unit-tested on its own (``tests/core/host/test_budget.py``).
 
 Memory is accounted with an estimate made *before* loading, so that the budget is checked
-before memory is spent: see :func:`estimate_model_bytes`.
+before memory is spent (:func:`estimate_footprint_bytes`); once a version is loaded its
+:class:`Charge` may be measured (``corral._host.charges``), and a model may declare it.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Protocol, TypeVar
 
-from corral._base import InvalidOption
 from corral._onnx import ModelFootprint
 
 __all__ = [
@@ -26,6 +24,7 @@ __all__ = [
     "NODE_BYTES",
     "SESSION_OVERHEAD_BYTES",
     "TENSOR_BYTES_PER_4",
+    "Charge",
     "Limits",
     "Resident",
     "Usage",
@@ -33,7 +32,6 @@ __all__ = [
     "estimate_footprint_bytes",
     "estimate_model_bytes",
     "fits",
-    "parse_bytes",
 ]
 
 #: Resident memory of one tiny onnxruntime session on corral's Runtime, measured (about
@@ -55,30 +53,6 @@ EXTERNAL_BYTES_FACTOR = 1
 NODE_BYTES = 3072
 #: Nodes that :data:`SESSION_OVERHEAD_BYTES` already covers (the small models it was measured on).
 NODES_IN_OVERHEAD = 16
-
-# Units spelt with two letters or more are read in any case ("2 kib", "2GB"). Single
-# letters are read as Docker does: lowercase k, m, g are binary (``--memory 2g``: 2 GiB).
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-    # Kubernetes' binary suffixes (its quantities: "2Gi").
-    "ki": 2**10,
-    "mi": 2**20,
-    "gi": 2**30,
-    "ti": 2**40,
-}
-_DOCKER_UNITS = {"k": 2**10, "m": 2**20, "g": 2**30}
-# Kubernetes reads 2G as 2 x 10^9 bytes, Docker as 2 GiB: either reading could be wrong.
-_AMBIGUOUS_UNITS = frozenset("KMGT")
-_BYTES_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 _Key = TypeVar("_Key", bound=Hashable)
 
@@ -124,63 +98,40 @@ def estimate_footprint_bytes(footprint: ModelFootprint, replicas: int = 1) -> in
     )
 
 
-def parse_bytes(value: int | str, *, option: str = "memory_budget") -> int:
-    """Bytes from an int or a string like ``"512MiB"``, ``"2GB"``, ``"2Gi"``, ``"2g"``, ``"4096"``.
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What one loaded version counts for against the budget, and how that was found.
 
-    Units: ``B``; decimal ``KB``, ``MB``, ``GB``, ``TB`` (10^3 ...); binary ``KiB``, ``MiB``,
-    ``GiB``, ``TiB`` and Kubernetes' ``Ki``, ``Mi``, ``Gi``, ``Ti`` (2^10 ...), in any case;
-    Docker's ``k``, ``m``, ``g``, lowercase only, binary as Docker reads them. The single
-    capitals ``K``, ``M``, ``G``, ``T`` are refused: Kubernetes reads ``2G`` as 2 x 10^9
-    bytes and Docker as 2 GiB, and a budget read the wrong way is worse than an error. A
-    fraction is allowed where the bytes come out whole (``"1.5GiB"``).
+    The user's word first (``declared``: model.toml's ``memory_bytes``), then what it was
+    measured to cost (``measured``: ``corral._host.charges``), then the estimate made before
+    it loaded. All three are kept, so that status shows estimated against measured.
 
-    Raises :class:`InvalidOption` naming ``option`` (callers pass the flag, setting or key the
-    value came from) for anything else, or a size below 1.
-
-    >>> parse_bytes("2KiB")
-    2048
-    >>> parse_bytes("2g")
-    2147483648
+    >>> Charge(estimated=100, measured=80).bytes
+    80
+    >>> Charge(estimated=100, declared=120, measured=80).basis
+    'declared'
     """
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise InvalidOption(
-            f"{option} must be bytes or a string like '2GiB', got {value!r}", option=option
-        )
-    number = value if isinstance(value, int) else _bytes_in(value, option)
-    if number < 1:
-        raise InvalidOption(f"{option} must be positive, got {value!r}", option=option)
-    return number
 
+    #: The estimate made from the file before loading (:func:`estimate_footprint_bytes`).
+    estimated: int
+    #: What the model's configuration declares one version costs; None: nothing declared.
+    declared: int | None = None
+    #: What a loaded copy was measured to cost; None: not measured (yet, or at all).
+    measured: int | None = None
 
-def _bytes_in(text: str, option: str) -> int:
-    match = _BYTES_PATTERN.match(text)
-    if match is None:
-        raise InvalidOption(f"{option} {text!r} is not a size: {_SPELLINGS}", option=option)
-    amount, unit = match.groups()
-    if unit in _AMBIGUOUS_UNITS:
-        power = "KMGT".index(unit) + 1
-        raise InvalidOption(
-            f"{option} {text!r} is ambiguous: {unit} means 10^{3 * power} bytes to some tools "
-            f"(Kubernetes reads 2G as 2 x 10^9) and 2^{10 * power} to others (Docker reads 2G "
-            f"as 2 GiB); write {amount}{unit}B for 10^{3 * power} or {amount}{unit}iB "
-            f"(or {amount}{unit}i) for 2^{10 * power}",
-            option=option,
-        )
-    factor = _DOCKER_UNITS.get(unit) or _UNITS.get(unit.lower())
-    if factor is None:
-        raise InvalidOption(f"{option} {text!r} is not a size: {_SPELLINGS}", option=option)
-    number = Fraction(amount) * factor
-    if number.denominator != 1:
-        raise InvalidOption(
-            f"{option} {text!r} is not a whole number of bytes ({float(number)})", option=option
-        )
-    return int(number)
+    @property
+    def bytes(self) -> int:
+        """The bytes the budget counts: declared, else measured, else estimated."""
+        if self.declared is not None:
+            return self.declared
+        return self.estimated if self.measured is None else self.measured
 
-
-_SPELLINGS = (
-    "use bytes or a number with one of B, KB, MB, GB, TB (powers of 10), KiB, MiB, GiB, TiB, "
-    "Ki, Mi, Gi, Ti or Docker's k, m, g (powers of 2)"
-)
+    @property
+    def basis(self) -> str:
+        """Which of the three :attr:`bytes` is: ``declared``, ``measured`` or ``estimated``."""
+        if self.declared is not None:
+            return "declared"
+        return "estimated" if self.measured is None else "measured"
 
 
 @dataclass(frozen=True, slots=True)

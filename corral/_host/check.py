@@ -31,8 +31,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 from corral._base import ModelLoadError, ModelNotFound, Problem, ProblemKind, ProviderUnavailable
-from corral._host.budget import estimate_footprint_bytes
-from corral._models import CONFIG_PBTXT, ModelEntry, Repository, declaration_mismatches
+from corral._host.budget import Charge, estimate_footprint_bytes
+from corral._models import (
+    CONFIG_PBTXT,
+    ModelConfig,
+    ModelEntry,
+    Repository,
+    declaration_mismatches,
+)
 from corral._onnx import (
     ModelFile,
     ModelFootprint,
@@ -47,6 +53,7 @@ from corral._onnx import (
 __all__ = [
     "Estimate",
     "ProblemWatch",
+    "declared_bytes",
     "estimate_version_bytes",
     "estimate_with_proof",
     "find_problems",
@@ -88,11 +95,25 @@ def estimate_version_bytes(
 class Estimate(NamedTuple):
     """What a load reads of a version's model file before building it."""
 
-    #: Its estimated resident bytes once loaded: what the budget counts it as.
+    #: What the budget counts it as once loaded: ``charge.bytes``, or the bytes a load
+    #: reserved for it.
     size_bytes: int
     #: Why its run time may depend on its inputs' values, or None when its file proves it
     #: does not (the inline lane's proof, :func:`corral._onnx.value_dependence.value_dependence`).
     values: str | None
+    #: Its charge: the estimate from the file, and the size its configuration declares.
+    charge: Charge
+
+
+def declared_bytes(config: ModelConfig) -> int | None:
+    """The bytes a model's configuration declares one version costs (``memory_bytes``)."""
+    declared = config.memory_bytes
+    return declared if isinstance(declared, int) else None
+
+
+def _charged(entry: ModelEntry, size: int, values: str | None) -> Estimate:
+    charge = Charge(size, declared_bytes(entry.config))
+    return Estimate(charge.bytes, values, charge)
 
 
 def estimate_with_proof(
@@ -125,7 +146,7 @@ def estimate_with_proof(
         return footprint
 
     size = estimate_version_bytes(entry, version, pool_size=pool_size, read=read)
-    return Estimate(size, proofs[-1] if prove else "the inline lane is off")
+    return _charged(entry, size, proofs[-1] if prove else "the inline lane is off")
 
 
 def find_problems(
@@ -440,14 +461,20 @@ def _file_problems(
         if replicas is None:
             providers = resolve_providers(config.providers)
             replicas = resolve_policy(config.concurrency, providers, pool_size=pool_size).replicas
-        estimate = estimate_footprint_bytes(model_file.footprint, replicas)
+        declared = declared_bytes(config)
+        estimate = (
+            estimate_footprint_bytes(model_file.footprint, replicas)
+            if declared is None
+            else declared
+        )
         if estimate > memory_budget:
+            said = "is estimated at" if declared is None else "declares (memory_bytes)"
             problems.append(
                 Problem(
                     ProblemKind.TOO_LARGE,
                     entry.name,
                     str(file.path),
-                    f"model {entry.name!r} version {version} is estimated at {estimate:,} bytes "
+                    f"model {entry.name!r} version {version} {said} {estimate:,} bytes "
                     f"once loaded, more than the whole memory budget ({memory_budget:,} bytes)",
                     f"raise --memory-budget to at least {estimate:,} bytes, or serve a smaller "
                     "model (or fewer sessions of it: its concurrency)",

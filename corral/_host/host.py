@@ -51,7 +51,14 @@ from corral._host.memory_watch import MemoryReading, MemoryWatch, PressureRelief
 from corral._host.options import HostOptionArgs, HostOptions
 from corral._host.reload import Reloader
 from corral._host.served import HostLease, Outputs, ServedVersion
-from corral._host.status import HostState, HostStats, ModelState, ModelStatus, model_status
+from corral._host.status import (
+    HostState,
+    HostStats,
+    ModelState,
+    ModelStatus,
+    VersionCharge,
+    model_status,
+)
 from corral._host.table import ModelTable
 from corral._host.uploads import UploadControl, UploadsStatus
 from corral._models import (
@@ -661,6 +668,14 @@ class Host:
         if served is not None:
             return served.version  # the ready map holds the newest served version
         return self._loader.resolve(validate_model_name(name), version)[1][1]
+
+    def charges(self) -> list[VersionCharge]:
+        """What each loaded version counts for against the budget: estimated, measured, declared.
+
+        One snapshot under the table's lock; reads no file. With ``measure_charges``, a
+        version's ``measured`` arrives a moment after its load (``docs/host.md``).
+        """
+        return self._table.charges()
 
     def stats(self) -> HostStats:
         """Counters and gauges, for the server and its metrics.

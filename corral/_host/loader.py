@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import re
@@ -54,6 +55,7 @@ from corral._compute import (
     plan_batching,
     time_left,
 )
+from corral._host.charges import ChargeMeter, charges_supported
 from corral._host.check import Estimate, KnownReads, estimate_with_proof
 from corral._host.lane_measuring import LaneMeasurer
 from corral._host.options import HostOptions
@@ -118,6 +120,17 @@ class Loader:
         self._when_idle: dict[str, list[Callable[[], None]]] = {}
         # Measures published versions for the inline lane, in jobs on the same workers.
         self._measurer = LaneMeasurer(self._workers, table, options.inline_run_us)
+        # Measures what each version loaded costs, in a child process, and re-charges it;
+        # only with a budget to hold. Nothing starts until the first version is measured.
+        measure = options.measure_charges and options.budget_bytes is not None
+        if measure and not charges_supported():
+            logger.info("corral: charges are not measured here (no /proc): estimates stay")
+            measure = False
+        self._charges = (
+            ChargeMeter(runtime.options, self._recharge, timeout_s=2 * options.load_timeout_s)
+            if measure
+            else None
+        )
         # Guards _named: per model name, the settings without effect last named in the log,
         # so that each model's are named once, not once per version or per reload.
         self._named_lock = threading.Lock()
@@ -416,6 +429,7 @@ class Loader:
                 runtime=self._runtime,
                 size_bytes=size_bytes,
                 fingerprint=entry.version_fingerprint(version),
+                charge=estimate.charge,
                 batching=plan,
                 batch_window_us=window,
                 queue_limit=config.max_queue_size or self._options.max_queue_per_model,
@@ -459,13 +473,33 @@ class Loader:
             _settle(built, error=exc)
         return built
 
-    def measure_later(self, served: ServedVersion) -> None:
-        """Measure a published version's runs for the inline lane, after its load.
+    def measure_later(self, served: ServedVersion, entry: ModelEntry) -> None:
+        """Measure a published version's runs for the inline lane, and its cost, after its load.
 
-        On the load workers, behind the loads asked for (:class:`LaneMeasurer`); returns at
-        once, and at once too for a version whose lane was decided at load.
+        The runs on the load workers, behind the loads asked for (:class:`LaneMeasurer`);
+        with ``measure_charges``, its cost in the measuring child (:class:`ChargeMeter`).
+        Returns at once, and at once too for a version whose lane was decided at load.
+        ``entry`` is the one it was built from.
         """
         self._measurer.later(served)
+        if self._charges is not None:
+            config = served.config
+            intra, inter, _ = _session_threads(config, self._runtime.options)
+            settings = {
+                "concurrency": config.concurrency,
+                "graph_optimization_level": config.graph_optimization_level,
+                "execution_mode": config.execution_mode,
+                "intra_op_threads": intra,
+                "inter_op_threads": inter,
+                "cpu_mem_arena": config.cpu_mem_arena,
+                "mem_pattern": config.mem_pattern,
+                "session_config": config.session_config,
+            }
+            self._charges.later(served, entry.versions[served.version], settings)
+
+    def _recharge(self, served: ServedVersion, measured: int) -> None:
+        """Charge a version its measured cost; close what that evicted as their leases end."""
+        self._table.drain(self._table.recharge(served, measured), timeout=0)
 
     def estimate_with_proof(self, entry: ModelEntry, version: int) -> Estimate:
         """Estimated resident bytes of ``version`` once loaded, and the inline lane's proof.
@@ -478,13 +512,23 @@ class Loader:
         read. What the repository check read of the same file (same path, size and mtime) is
         taken instead of reading it again.
         """
-        return estimate_with_proof(
+        estimate = estimate_with_proof(
             entry,
             version,
             pool_size=self._runtime.options.compute_workers,
             prove=self._options.inline_run_us > 0,
             known=self._known,
         )
+        # A copy of these same files and settings measured before: admitted on its measure.
+        known = (
+            None
+            if self._charges is None
+            else self._charges.known(entry.version_fingerprint(version))
+        )
+        if known is None:
+            return estimate
+        charge = dataclasses.replace(estimate.charge, measured=known)
+        return Estimate(charge.bytes, estimate.values, charge)
 
     @property
     def abandoned(self) -> int:
@@ -498,6 +542,8 @@ class Loader:
         hung on its disk) is abandoned: its daemon thread is not joined, and it closes what it
         builds. Returns how many were left running.
         """
+        if self._charges is not None:
+            self._charges.close(timeout)
         return self._workers.close(timeout)
 
     # -- internals ---------------------------------------------------------------------------
@@ -607,7 +653,7 @@ class Loader:
                 self._table.publish(served, entry, reserved, time.monotonic() - started)
             finally:
                 reserved = 0  # publish ends the reservation, whether it publishes or not
-            self.measure_later(served)
+            self.measure_later(served, entry)
             logger.info(
                 "corral: loaded %s version %s (about %s bytes) in %.3f s",
                 name,
@@ -651,7 +697,7 @@ class Loader:
                 if again.size_bytes > reserved:
                     raise
                 # Counted as the bytes reserved, which the table holds for it; its proof anew.
-                entry, estimate = fresh, Estimate(reserved, again.values)
+                entry, estimate = fresh, Estimate(reserved, again.values, again.charge)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _expire_load(

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TypedDict
 
-from corral._base import Declared, InvalidOption, declared, given_by, option
+from corral._base import Declared, InvalidOption, declared, given_by, option, parse_bytes
 from corral._compute import (
     DEFAULT_INLINE_RUN_US,
     DEFAULT_MAX_BATCH_SIZE,
@@ -27,7 +27,7 @@ from corral._compute import (
     DEFAULT_QUEUE_LIMIT,
     RuntimeOptions,
 )
-from corral._host.budget import Limits, parse_bytes
+from corral._host.budget import Limits
 from corral._host.machine_memory import find_memory_limit
 
 __all__ = [
@@ -98,6 +98,14 @@ class HostOptions:
         "seconds between readings of the memory in use against the cgroup's limit (else the "
         "machine's): past 90 percent idle models are evicted, and loads are admitted "
         "against it too; 0: off",
+    )
+    #: With a memory budget: measure what each version loaded costs, in a child process
+    #: (``corral._host.charges``), and charge that in place of the estimate made before the
+    #: load. Without a budget nothing is measured.
+    measure_charges: bool = option(
+        False,
+        "with a memory budget, measure what each model loaded costs (in a child process) "
+        "and charge that in place of the estimate",
     )
     #: Most model versions loaded at once; None: no count.
     max_loaded_models: int | None = option(None, "most model versions loaded at once")
@@ -251,6 +259,11 @@ class HostOptions:
                 f"inline_run_us must be a whole number of microseconds, 0 or more, got {inline!r}",
                 option="inline_run_us",
             )
+        if not isinstance(self.measure_charges, bool):
+            raise InvalidOption(
+                f"measure_charges must be True or False, got {self.measure_charges!r}",
+                option="measure_charges",
+            )
         if not isinstance(self.batching, bool):
             raise InvalidOption(
                 f"batching must be True or False, got {self.batching!r}", option="batching"
@@ -306,6 +319,7 @@ class HostOptionArgs(TypedDict, total=False):
 
     memory_budget: int | str | None
     memory_watch_s: float | None
+    measure_charges: bool
     max_loaded_models: int | None
     load_concurrency: int
     load_timeout_s: float

@@ -120,7 +120,7 @@ class Reloader:
             return
         self._table.drain(retired, timeout=0)
         for served in fresh.values():
-            self._loader.measure_later(served)
+            self._loader.measure_later(served, entry)
 
     def _poll_once(self) -> bool:
         # One poll; False once the Host is closing, which ends the polling.

@@ -46,6 +46,7 @@ from corral._compute import (
     split_rows,
     stack,
 )
+from corral._host.budget import Charge
 from corral._models import ModelConfig
 
 __all__ = ["HostLease", "Outputs", "ServedVersion", "next_generation"]
@@ -96,6 +97,7 @@ class ServedVersion:
         "_scheduler",
         "adaptive",
         "batching",
+        "charge",
         "config",
         "counters",
         "dismiss",
@@ -114,7 +116,6 @@ class ServedVersion:
         "row_limit",
         "run_admitted",
         "session",
-        "size_bytes",
         "version",
         "window_us",
     )
@@ -134,6 +135,7 @@ class ServedVersion:
         counters: RunCounters,
         config: ModelConfig | None = None,
         inline: InlineLane | None = None,
+        charge: Charge | None = None,
     ) -> None:
         self.name = name
         self.version = version
@@ -141,7 +143,10 @@ class ServedVersion:
         self.session = session
         #: The name used in messages: ``model:version``.
         self.label = session.name
-        self.size_bytes = size_bytes
+        #: What it counts for against the budget (declared, measured or estimated). Replaced
+        #: only under the Host's table lock, when a measure arrives (ModelTable.recharge);
+        #: read anywhere (one reference, to a frozen object).
+        self.charge = Charge(size_bytes) if charge is None else charge
         self.fingerprint = fingerprint
         #: This copy's number, unique in the process: a reload builds a new copy of the same
         #: version number, and what an answer was computed by is told apart by it (the
@@ -561,6 +566,11 @@ class ServedVersion:
                     preferred=self.config.preferred_batch_sizes,
                 )
             return self._queue
+
+    @property
+    def size_bytes(self) -> int:
+        """The bytes the budget counts it as: its :attr:`charge`'s."""
+        return self.charge.bytes
 
     def __repr__(self) -> str:
         return f"<ServedVersion {self.label} {self.size_bytes:,} bytes>"

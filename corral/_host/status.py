@@ -88,7 +88,8 @@ class VersionStatus:
 
     version: int
     state: ModelState
-    #: The estimated resident bytes while loaded (0 when not loaded).
+    #: What it counts for against the budget while loaded (0 when not loaded): its declared
+    #: size, else its measured cost once measured, else its estimate.
     size_bytes: int
     #: Wall-clock time (``time.time()``) of the last request, or None if never used.
     last_used: float | None
@@ -108,6 +109,38 @@ class VersionStatus:
     #: While loaded (or closing), what it runs with; else None: the Host knows it only once
     #: it loads the version.
     settings: VersionSettings | None = None
+    #: While loaded: its resident bytes as estimated before the load, from the file.
+    estimated_bytes: int | None = None
+    #: While loaded: what one copy was measured to cost once loaded (a Host with
+    #: ``measure_charges``); None until measured, or when it is not.
+    measured_bytes: int | None = None
+    #: What its configuration declares one version costs (``memory_bytes``), if it does.
+    declared_bytes: int | None = None
+
+    @property
+    def charge_basis(self) -> str | None:
+        """Which figure :attr:`size_bytes` is, while loaded: declared, measured or estimated."""
+        if self.estimated_bytes is None:
+            return None
+        if self.declared_bytes is not None:
+            return "declared"
+        return "estimated" if self.measured_bytes is None else "measured"
+
+
+@dataclass(frozen=True)
+class VersionCharge:
+    """What one loaded version counts for against the budget, from :meth:`Host.charges`."""
+
+    name: str
+    version: int
+    #: The bytes counted: ``declared``, else ``measured``, else ``estimated``.
+    charged: int
+    #: The estimate made from its file before the load.
+    estimated: int
+    #: What one copy was measured to cost (``measure_charges``); None until measured.
+    measured: int | None
+    #: What its configuration declares (``memory_bytes``); None when it declares nothing.
+    declared: int | None
 
 
 @dataclass(frozen=True)

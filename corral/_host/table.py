@@ -13,6 +13,7 @@ session, which refuses it if the table took it out of service meanwhile.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -41,6 +42,7 @@ from corral._host.status import (
     HostState,
     HostStats,
     ModelState,
+    VersionCharge,
     VersionSettings,
     VersionStatus,
 )
@@ -343,6 +345,56 @@ class ModelTable:
             )
         return evicted
 
+    def recharge(self, served: ServedVersion, measured: int) -> list[ServedVersion]:
+        """Charge ``served`` the bytes it was measured to cost; returns what that evicted.
+
+        The measure is kept in its ``charge`` beside the estimate (and a declared size,
+        which stays the charge). If it is in service, the bytes used follow; past the budget,
+        idle versions other than it are evicted, least recently used first, as a load's
+        room is made (pinned and busy ones stay: a measure never closes a model under a run;
+        if they hold the room, the budget stays passed until loads and evictions bring it
+        back). The caller closes what is returned.
+        """
+        evicted: list[ServedVersion] = []
+        with self._table_lock:
+            before = served.size_bytes
+            served.charge = dataclasses.replace(served.charge, measured=measured)
+            if self._state is not HostState.RUNNING or self._loaded.get(served.key) is not served:
+                return []  # retired or replaced meanwhile: it counts for nothing any more
+            self._bytes_used += served.size_bytes - before
+            if served.size_bytes < before:
+                self._room_may_have_grown_locked()
+            budget = self._limits.budget
+            if budget is not None:
+                others = (item for item in self._by_last_use_locked() if item[1] is not served)
+                chosen, _ = choose_victims(Limits(budget), self._usage_locked(), 0, others)
+                for key in chosen or ():
+                    victim = self._loaded.pop(key)
+                    if self._ready.get(victim.name) is victim:
+                        del self._ready[victim.name]
+                    self._bytes_used -= victim.size_bytes
+                    self._retiring[id(victim)] = victim
+                    evicted.append(victim)
+                self._counters.evictions += len(evicted)
+        logger.info(
+            "corral: %s version %s measured at %s bytes (estimated %s): charged %s",
+            served.name,
+            served.version,
+            f"{measured:,}",
+            f"{served.charge.estimated:,}",
+            f"{served.size_bytes:,}",
+        )
+        for victim in evicted:
+            self.events.record(
+                EventKind.EVICTION,
+                victim.name,
+                victim.version,
+                f"evicted: {served.name} version {served.version} was measured at "
+                f"{measured:,} bytes, past its estimate",
+                size_bytes=victim.size_bytes,
+            )
+        return evicted
+
     def publish(self, served: ServedVersion, entry: ModelEntry, reserved: int, took: float) -> None:
         """Put a version just loaded into service, in place of its ``reserved`` bytes.
 
@@ -576,6 +628,21 @@ class ModelTable:
             entry = self._entries.get(only)
         return held, {} if entry is None else {only: entry}
 
+    def charges(self) -> list[VersionCharge]:
+        """What every version in service counts for, and how that was found."""
+        with self._table_lock:
+            return [
+                VersionCharge(
+                    name,
+                    version,
+                    served.size_bytes,
+                    served.charge.estimated,
+                    served.charge.measured,
+                    served.charge.declared,
+                )
+                for (name, version), served in self._loaded.items()
+            ]
+
     def stats(self) -> HostStats:
         """Counters and gauges, as one snapshot."""
         with self._table_lock:
@@ -744,4 +811,7 @@ def _version_status(served: ServedVersion, state: ModelState) -> VersionStatus:
             served.pinned,
             tuple(f"{name}:{index}" for name, index in served.session.devices),
         ),
+        served.charge.estimated,
+        served.charge.measured,
+        served.charge.declared,
     )

@@ -18,6 +18,7 @@ A model folder may hold a ``model.toml`` next to its version folders::
     version_policy = { latest = 2 }
     custom_op_libraries = ["onnxruntime_extensions", "lib/libmyops.so"]
     response_cache = true        # answers kept in the server's response cache (--cache-config)
+    memory_bytes = "64MiB"       # its charge against the memory budget: the user's word
 
 ``version_policy`` is ``"latest"``, ``"all"``, ``{ latest = N }`` or ``{ specific = [1, 3] }``;
 Triton's spellings (``{ latest = { num_versions = N } }``, ``{ specific = { versions = [...] } }``,
@@ -51,7 +52,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from corral._base import ModelConfigError
+from corral._base import InvalidOption, ModelConfigError, parse_bytes
 from corral._onnx import ConcurrencyPolicy, SessionTuning
 
 __all__ = [
@@ -267,6 +268,11 @@ class ModelConfig:
     #: ``response_cache { enable: true }``); used only when the server has a cache
     #: (``--cache-config local,size=N``).
     response_cache: bool = False
+    #: What one loaded version costs, as its user declares it: bytes, or a size like
+    #: ``"64MiB"`` (:func:`corral._base.parse_bytes`; an int once read). The budget charges
+    #: it in place of the estimate, and a measured charge does not replace it (the measure is
+    #: still shown beside it); None: the estimate, then the measure.
+    memory_bytes: int | str | None = None
     #: Where the settings came from: ``"default"``, ``"model.toml"`` or ``"config.pbtxt"``
     #: (not compared: the same settings from either file are equal).
     source: str = field(default="default", compare=False)
@@ -333,6 +339,8 @@ class ModelConfig:
         _check_bool("warmup", self.warmup)
         _check_bool("combine_requests", self.combine_requests)
         _check_bool("response_cache", self.response_cache)
+        if self.memory_bytes is not None:
+            object.__setattr__(self, "memory_bytes", _declared_bytes(self.memory_bytes))
         _check_optional_count("queue_timeout_us", self.queue_timeout_us)
         object.__setattr__(self, "custom_op_libraries", _check_libraries(self.custom_op_libraries))
         _check_bool("queue_timeout_override", self.queue_timeout_override)
@@ -462,6 +470,15 @@ def _version_list(name: str, value: object) -> tuple[int, ...]:
     if not isinstance(value, list) or not value:
         raise _FieldError(name, f"must be a non-empty array of versions, got {_describe(value)}")
     return tuple(_check_positive_int(f"{name}[{i}]", item) for i, item in enumerate(value))
+
+
+def _declared_bytes(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise _FieldError("memory_bytes", f"must be bytes or a size like '64MiB', got {value!r}")
+    try:
+        return parse_bytes(value, option="memory_bytes")
+    except InvalidOption as exc:
+        raise _FieldError("memory_bytes", str(exc).removeprefix("memory_bytes ")) from None
 
 
 def _check_optional_count(name: str, value: object) -> None:

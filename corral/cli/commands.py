@@ -439,6 +439,7 @@ SERVE_GROUPS: dict[str, tuple[str, ...]] = {
         "strict",
         "max_loaded_models",
         "memory_watch_s",
+        "measure_charges",
         "load_concurrency",
         "load_timeout_s",
         "ready_load_timeout_s",

@@ -168,7 +168,8 @@ def render_status(document: dict[str, Any]) -> Group:
         bar = Text(f"memory {_bytes(used)} used, no budget")
     counts = ", ".join(f"{n} {state}" for state, n in models["by_state"].items())
     table = Table(title=f"models ({models['total']}: {counts}), busiest first")
-    for column in ("name", "state", "bytes", "req/s", "p50 ms", "p99 ms", "batch", "queue"):
+    columns = ("name", "state", "bytes", "estimated", "measured")
+    for column in (*columns, "req/s", "p50 ms", "p99 ms", "batch", "queue"):
         table.add_column(column, justify="left" if column in ("name", "state") else "right")
     table.add_column("last error", overflow="fold")
     for row in models["rows"]:
@@ -176,6 +177,8 @@ def render_status(document: dict[str, Any]) -> Group:
             row["name"],
             row["state"],
             _bytes(row["size_bytes"]),
+            _bytes(row["estimated_bytes"]) if row.get("estimated_bytes") else "",
+            "" if row.get("measured_bytes") is None else _bytes(row["measured_bytes"]),
             _number(row["requests_per_s"]),
             _number(row["p50_ms"], 2),
             _number(row["p99_ms"], 2),

@@ -62,9 +62,14 @@ SIZE_FIELDS = ("max_request_bytes", "max_body_bytes_in_flight", "max_url_bytes",
 TRITON_POLL_SECS = 15.0
 
 #: Where the server's default differs from the library's: a server follows the machine's
-#: memory (a budget of half its cgroup's limit, the memory in use read every second), where a
-#: library Host, inside someone else's program, takes no budget and reads nothing unless asked.
-SERVER_DEFAULTS: dict[str, object] = {"memory_budget": "auto", "memory_watch_s": 1.0}
+#: memory (a budget of half its cgroup's limit, the memory in use read every second, each
+#: model charged what it was measured to cost), where a library Host, inside someone else's
+#: program, takes no budget, reads nothing and starts no process unless asked.
+SERVER_DEFAULTS: dict[str, object] = {
+    "memory_budget": "auto",
+    "memory_watch_s": 1.0,
+    "measure_charges": True,
+}
 
 if TYPE_CHECKING:
     # Made below from the declaration, which a type checker cannot read: the server reads

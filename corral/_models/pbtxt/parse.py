@@ -48,7 +48,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from corral._base import LoadRequestInvalid, ModelConfigError, install_hint
+from corral._base import (
+    InvalidOption,
+    LoadRequestInvalid,
+    ModelConfigError,
+    install_hint,
+    parse_bytes,
+)
 from corral._models.backend_parameters import backend_settings
 from corral._models.config import ModelConfig, ProviderEntry, TensorConfig, VersionPolicy
 from corral._models.pbtxt.fields import check_fields
@@ -57,10 +63,16 @@ from corral._onnx import MAX_POOL_SIZE
 
 __all__ = [
     "CONFIG_PBTXT",
+    "MEMORY_BYTES_PARAMETER",
     "ParsedConfigs",
     "parse_pbtxt",
     "pbtxt_from_json",
 ]
+
+#: The ``parameters`` entry that declares what one loaded version costs (model.toml's
+#: ``memory_bytes``): ``parameters { key: "corral_memory_bytes" value { string_value:
+#: "64MiB" } }``. Triton ignores a parameter its backend does not read.
+MEMORY_BYTES_PARAMETER = "corral_memory_bytes"
 
 #: The file name Triton reads in a model folder.
 CONFIG_PBTXT = "config.pbtxt"
@@ -323,6 +335,8 @@ def _map(
     }
     if message.default_model_filename:
         values["model_filename"] = message.default_model_filename
+    if MEMORY_BYTES_PARAMETER in message.parameters:
+        values["memory_bytes"] = _declared_bytes(message.parameters[MEMORY_BYTES_PARAMETER])
     concurrency, gpu = _instances(message.instance_group, pb)
     if concurrency is not None:
         values["concurrency"] = concurrency
@@ -464,6 +478,17 @@ def _output(
         labels=labels,
         reshape=_reshape(f"output[{index}]", tensor, dims),
     )
+
+
+def _declared_bytes(parameter: Any) -> int:
+    """The ``corral_memory_bytes`` parameter's size: model.toml's ``memory_bytes``."""
+    field = f"parameters[{MEMORY_BYTES_PARAMETER!r}]"
+    try:
+        return parse_bytes(parameter.string_value, option=field)
+    except InvalidOption as exc:
+        raise ModelConfigError(
+            f"{exc} (model.toml's memory_bytes: what one version costs)"
+        ) from None
 
 
 def _parameters(parameters: Any) -> tuple[tuple[str, str], ...]:

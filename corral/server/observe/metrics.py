@@ -28,7 +28,9 @@ dashboards and alerts written for Triton read corral unchanged:
   ``nv_inference_count`` does not.
 
 corral's own: ``corral_models_loaded``, ``corral_models_inline`` (versions in the inline
-lane now), ``corral_memory_used_bytes``,
+lane now), ``corral_memory_used_bytes``, ``corral_model_memory_bytes{model,version,kind}``
+(each loaded version's bytes: ``charged``, ``estimated``, ``measured`` once measured,
+``declared`` when declared),
 ``corral_memory_budget_bytes``, ``corral_memory_working_set_bytes`` and
 ``corral_memory_limit_bytes`` (with ``memory_watch_s``), ``corral_model_loads_total``,
 ``corral_model_evictions_total``,
@@ -411,9 +413,26 @@ class _HostCollector(Collector):
         )
         yield GaugeMetricFamily(
             "corral_memory_used_bytes",
-            "Estimated bytes held by the loaded model versions",
+            "Bytes the loaded model versions count for against the budget (each its declared "
+            "size, else its measured cost, else its estimate)",
             value=stats.bytes_used,
         )
+        per_version = GaugeMetricFamily(
+            "corral_model_memory_bytes",
+            "What each loaded model version counts for (kind=charged), its estimate before "
+            "the load (estimated), its measured cost (measured, once measured) and its "
+            "declared size (declared, when it has one)",
+            labels=["model", "version", "kind"],
+        )
+        for charge in self._host.charges():
+            labels = [charge.name, str(charge.version)]
+            per_version.add_metric([*labels, "charged"], charge.charged)
+            per_version.add_metric([*labels, "estimated"], charge.estimated)
+            if charge.measured is not None:
+                per_version.add_metric([*labels, "measured"], charge.measured)
+            if charge.declared is not None:
+                per_version.add_metric([*labels, "declared"], charge.declared)
+        yield per_version
         budget = GaugeMetricFamily(
             "corral_memory_budget_bytes",
             "The memory budget for loaded models in bytes; no sample when there is none",

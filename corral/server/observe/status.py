@@ -46,7 +46,7 @@ from typing import Any
 from corral import __version__
 from corral._base import Event, EventKind
 from corral._compute import LatencyStats, QueueKey, QueueStats, RequestStats
-from corral._host import Host, ModelState, ModelStatus, VersionSettings
+from corral._host import Host, ModelState, ModelStatus, VersionSettings, VersionStatus
 from corral.protocol.dataplane import DataPlane, run_blocking
 from corral.protocol.json.documents import version_policy_doc
 from corral.protocol.metadata import reported_max_batch_size
@@ -410,7 +410,7 @@ class StatusBoard:
             {
                 "version": version.version,
                 "state": version.state.value,
-                "size_bytes": version.size_bytes,
+                **_charge_doc(version),
                 "last_used": version.last_used,
                 "runs": version.runs,
                 "failure": version.failure and public(version.failure),
@@ -647,14 +647,36 @@ def _row(status: ModelStatus, figures: _Figures, public: Callable[[str], str]) -
         "name": status.name,
         "state": _shown_state(status),
         "versions": [
-            {"version": v.version, "state": v.state.value, "size_bytes": v.size_bytes}
+            {"version": v.version, "state": v.state.value, **_charge_doc(v)}
             for v in status.versions
         ],
         "size_bytes": sum(v.size_bytes for v in status.versions),
+        "estimated_bytes": sum(v.estimated_bytes or 0 for v in status.versions),
+        # None until every loaded version is measured (or declared): a partial sum would
+        # read as a measure of the whole.
+        "measured_bytes": _measured_sum(status),
         **_figures_doc(figures.by_model.get(status.name, _NO_FIGURES)),
         "last_used": _last_used(status),
         "last_error": None if last_error is None else public(last_error),
     }
+
+
+def _charge_doc(version: VersionStatus) -> dict[str, Any]:
+    """A version's bytes: charged (``size_bytes``), estimated, measured, declared, and which."""
+    return {
+        "size_bytes": version.size_bytes,
+        "estimated_bytes": version.estimated_bytes,
+        "measured_bytes": version.measured_bytes,
+        "declared_bytes": version.declared_bytes,
+        "charge_basis": version.charge_basis,
+    }
+
+
+def _measured_sum(status: ModelStatus) -> int | None:
+    loaded = [v for v in status.versions if v.estimated_bytes is not None]
+    if not loaded or any(v.measured_bytes is None for v in loaded):
+        return None
+    return sum(v.measured_bytes or 0 for v in loaded)
 
 
 def _shown_state(status: ModelStatus) -> str:

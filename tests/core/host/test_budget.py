@@ -10,6 +10,7 @@ import pytest
 
 import corral._host.budget as budget
 from corral import HostOptions, InvalidOption
+from corral._base import parse_bytes
 from corral._host.budget import (
     FILE_BYTES_FACTOR,
     SESSION_OVERHEAD_BYTES,
@@ -18,7 +19,6 @@ from corral._host.budget import (
     choose_victims,
     estimate_model_bytes,
     fits,
-    parse_bytes,
 )
 
 

@@ -301,3 +301,32 @@ def test_pool_is_bounded_by_max_pool_size_and_auto_stays_under_it():
 
     policy = resolve_policy("auto", PoolProviders(), pool_size=1000)  # type: ignore[arg-type]
     assert policy == ConcurrencyPolicy("pool", MAX_POOL_SIZE)
+
+
+# -- a declared size (issue 49) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [('"64MiB"', 64 * 2**20), ("4096", 4096), ('"2Gi"', 2 * 2**30), ('"512MB"', 512 * 10**6)],
+)
+def test_memory_bytes_takes_the_sizes_the_budget_takes(text, expected):
+    config = ModelConfig.from_toml(f"memory_bytes = {text}", source="m/model.toml")
+    assert config.memory_bytes == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ('"64M"', "memory_bytes '64M' is ambiguous"),
+        ('"x"', "memory_bytes 'x' is not a size"),
+        ("0", "memory_bytes must be positive"),
+        ("-1", "memory_bytes must be positive"),
+        ("true", "memory_bytes must be bytes or a size like '64MiB', got True"),
+        ("1.5", "memory_bytes must be bytes or a size like '64MiB', got 1.5"),
+    ],
+)
+def test_a_memory_bytes_that_is_not_a_size_is_refused_naming_the_field(text, problem):
+    with pytest.raises(ModelConfigError) as caught:
+        ModelConfig.from_toml(f"memory_bytes = {text}", source="m/model.toml")
+    assert str(caught.value).startswith(f"m/model.toml: {problem}")

@@ -1129,3 +1129,36 @@ def test_every_field_of_tritons_config_is_honoured_named_or_refused_with_a_reaso
     except ModelConfigError as refused:
         reason = str(refused)
     assert "corral does not honour this field" not in reason, path
+
+
+# -- a declared size (issue 49) ---------------------------------------------------------------
+
+
+def test_corral_memory_bytes_declares_what_one_version_costs():
+    config = parse(
+        'name: "linear"\n'
+        'parameters { key: "corral_memory_bytes" value { string_value: "64MiB" } }\n'
+    )
+    assert config.memory_bytes == 64 * 2**20
+    assert ("corral_memory_bytes", "64MiB") in config.parameters
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("64M", "is ambiguous"),
+        ("lots", "is not a size"),
+        ("0", "must be positive"),
+        ("1.5B", "is not a whole number of bytes"),
+    ],
+)
+def test_a_declared_size_that_is_not_one_is_refused_naming_the_parameter(value, problem):
+    with pytest.raises(ModelConfigError) as caught:
+        parse(
+            'name: "linear"\n'
+            f'parameters {{ key: "corral_memory_bytes" value {{ string_value: "{value}" }} }}\n'
+        )
+    assert f"parameters['corral_memory_bytes'] {problem}" in str(caught.value).replace(
+        f" {value!r}", ""
+    )
+    assert "config.pbtxt" in str(caught.value)

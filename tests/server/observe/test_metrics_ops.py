@@ -406,3 +406,25 @@ def test_request_stats_of_more_versions_than_one_hold_of_the_lock_are_all_exact(
         calls = 1 + i % 3
         assert (got.success_count, got.success_ns) == (calls, calls * (1_000 + i))
         assert (got.fail_count, got.fail_ns) == (1, 7)
+
+
+def test_each_loaded_version_shows_its_charge_beside_its_estimate_and_measure(tmp_path: Path):
+    add_model(tmp_path, "a", build_mlp(seed=1))
+    add_model(tmp_path, "d", build_mlp(seed=2), toml="memory_bytes = 5000000\n")
+    with Host(tmp_path, memory_budget="1GiB", measure_charges=True) as host:
+        host.load("a")
+        host.load("d")
+        wait_until(lambda: all(c.measured is not None for c in host.charges()), timeout=100)
+        families = parse(Metrics(DataPlane(host)).render()[0])
+        charges = {charge.name: charge for charge in host.charges()}
+
+    samples = {
+        (s.labels["model"], s.labels["kind"]): s.value
+        for s in families["corral_model_memory_bytes"]
+    }
+    assert samples[("a", "charged")] == samples[("a", "measured")] == charges["a"].measured
+    assert samples[("a", "estimated")] == charges["a"].estimated
+    assert ("a", "declared") not in samples
+    assert samples[("d", "charged")] == samples[("d", "declared")] == 5_000_000
+    assert samples[("d", "measured")] == charges["d"].measured
+    assert only_value(families["corral_memory_used_bytes"]) == (charges["a"].measured + 5_000_000)

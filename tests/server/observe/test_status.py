@@ -29,7 +29,7 @@ from corral.server.observe.dashboard import CONTENT_SECURITY_POLICY, DashboardFi
 from corral.server.observe.quantiles import Quantile, quantile
 from corral.server.observe.status import MAX_PAGE_SIZE, StatusBoard, StatusQuery
 from corral.testing import build_linear
-from tests.helpers import add_model
+from tests.helpers import add_model, wait_until
 
 
 def call(app: HttpApp, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -591,3 +591,48 @@ def test_a_models_figures_over_two_versions_take_the_worse_quantile_and_its_buck
     assert row["p50_ms"] == pytest.approx(3.75)  # version 2's: 2.5 + 2.5 * 0.5
     assert row["p50_bucket_ms"] == pytest.approx([2.5, 5.0])
     assert row["requests_per_s"] > 0
+
+
+@pytest.mark.timeout(120)
+def test_the_status_document_and_corral_status_show_estimated_against_measured(tmp_path: Path):
+    """Issue 49: each version's charge, its estimate, its measure and its declared size."""
+    from rich.console import Console
+
+    from corral.cli.status import render_status
+
+    add_model(tmp_path, "measured", build_linear(seed=4))
+    add_model(tmp_path, "declared", build_linear(seed=5), toml='memory_bytes = "3MiB"\n')
+    with Host(tmp_path, memory_budget="1GiB", measure_charges=True) as host:
+        host.load("measured")
+        host.load("declared")
+        wait_until(
+            lambda: all(charge.measured is not None for charge in host.charges()), timeout=100
+        )
+        app, board = app_for(host)
+        rows = {
+            row["name"]: row
+            for row in call(app, "GET", "/v2/corral/status").json()["models"]["rows"]
+        }
+        detail = call(app, "GET", "/v2/corral/status/models/declared").json()
+        board.sample()
+        board.sample_models()
+        document = board.document(StatusQuery.parse(b"sort=name"))
+
+    (measured,) = rows["measured"]["versions"]
+    assert measured["charge_basis"] == "measured"
+    assert measured["size_bytes"] == measured["measured_bytes"] > 0
+    assert measured["estimated_bytes"] > 0
+    assert measured["declared_bytes"] is None
+    assert rows["measured"]["measured_bytes"] == measured["measured_bytes"]
+    assert rows["measured"]["estimated_bytes"] == measured["estimated_bytes"]
+    (declared,) = detail["versions"]
+    assert declared["charge_basis"] == "declared"
+    assert declared["size_bytes"] == declared["declared_bytes"] == 3 * 2**20
+    assert declared["measured_bytes"] is not None  # shown beside the user's word
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(render_status(document))
+    shown = console.export_text()
+    assert "estimated" in shown
+    assert "measured" in shown
+    line = next(line for line in shown.splitlines() if " declared " in line)
+    assert "3.0 MiB" in line
