@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from corral import Host, HostOptions
-from corral._host import parse_bytes
+from corral._base import parse_bytes
 from corral.cli.commands import command_parser
 from corral.cli.serve import _triton_spellings
 from corral.protocol import DataPlane

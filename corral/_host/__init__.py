@@ -7,7 +7,6 @@ This is the folder's face: the layers above import these names from here, never 
 inside it (tests/test_layers.py).
 """
 
-from corral._base import parse_bytes
 from corral._host.budget import estimate_footprint_bytes, estimate_model_bytes
 from corral._host.check import find_problems
 from corral._host.host import Host
@@ -38,6 +37,5 @@ __all__ = [
     "estimate_footprint_bytes",
     "estimate_model_bytes",
     "find_problems",
-    "parse_bytes",
     "positive_int",
 ]

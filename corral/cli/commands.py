@@ -313,7 +313,7 @@ def _corral_version() -> str:
 
 def _size(text: str) -> int:
     """An argparse type: bytes from a size (``corral._host.budget.parse_bytes``' units)."""
-    from corral._host import parse_bytes
+    from corral._base import parse_bytes
 
     try:
         return parse_bytes(text, option="size")  # argparse puts the flag before the message

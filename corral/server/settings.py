@@ -32,9 +32,9 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from corral._base import ENV_PREFIX, declared
+from corral._base import ENV_PREFIX, declared, parse_bytes
 from corral._compute import RuntimeOptions
-from corral._host import HostOptions, edge_options, parse_bytes
+from corral._host import HostOptions, edge_options
 from corral._models import is_store_url
 from corral.protocol.shm import DEFAULT_MAX_REGIONS
 from corral.server.http.origins import SitePolicy
