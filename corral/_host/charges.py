@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHARGE_TIMEOUT_S",
+    "IDLE_WAIT_S",
     "MAX_COPIES",
     "SAMPLE_BYTES",
     "VERSION_BOOKKEEPING_BYTES",
@@ -80,6 +81,9 @@ MAX_COPIES = 16
 #: child's allocator reading does not count): measured 9 KiB for a tiny tree (84,296 bytes
 #: per copy in a Host, 75,002 in use per session), rounded down.
 VERSION_BOOKKEEPING_BYTES = 8 << 10
+#: The longest a measure waits for the Host's loads to end before it takes its turn: a
+#: measure loads the model again in the child, on the cores the loads need.
+IDLE_WAIT_S = 10.0
 #: How long a child whose pipe ended is waited for, to name its exit code.
 CHILD_EXIT_S = 5.0
 #: Measures kept by fingerprint, so that a version evicted and loaded again from the same
@@ -218,7 +222,8 @@ class ChargeMeter:
     """Measures each newly loaded version in a child process and re-charges it.
 
     ``recharge(served, measured_bytes)`` is called on the meter's thread
-    (``corral-host-charges``) with each measure; it is the table's. The thread and the
+    (``corral-host-charges``) with each measure; it is the table's. ``idle(seconds)`` waits
+    until the Host loads nothing (at most that long) before each measure. The thread and the
     child start with the first version given to :meth:`later`, never before; :meth:`close`
     stops both.
     """
@@ -230,8 +235,11 @@ class ChargeMeter:
         *,
         timeout_s: float = CHARGE_TIMEOUT_S,
         command: Sequence[str] = (sys.executable, "-m", "corral._host.charge_child"),
+        idle: Callable[[float], object] | None = None,
     ) -> None:
         self._runtime = runtime
+        # Waits, at most the seconds given, until the Host loads nothing (None: no wait).
+        self._idle = idle
         self._recharge = recharge
         self._timeout_s = timeout_s
         self._command = tuple(command)
@@ -320,6 +328,10 @@ class ChargeMeter:
             job = self._jobs.get()
             if job is None:
                 return
+            if self._idle is not None:
+                # Behind the loads: a server loading every model at start is ready first,
+                # and a burst of cold loads is not slowed by measures of the ones before.
+                self._idle(IDLE_WAIT_S)
             try:
                 self._measure(job)
             except Exception:

@@ -116,6 +116,8 @@ class Loader:
         # Guards _jobs and _when_idle: the load jobs under way per model name (each may read
         # the model's files), and what waits for a name to have none.
         self._jobs_lock = threading.Lock()
+        # Signalled when no load job of any model is under way (:meth:`wait_idle`).
+        self._all_idle = threading.Condition(self._jobs_lock)
         self._jobs: dict[str, int] = {}
         self._when_idle: dict[str, list[Callable[[], None]]] = {}
         # Measures published versions for the inline lane, in jobs on the same workers.
@@ -127,7 +129,12 @@ class Loader:
             logger.info("corral: charges are not measured here (no /proc): estimates stay")
             measure = False
         self._charges = (
-            ChargeMeter(runtime.options, self._recharge, timeout_s=2 * options.load_timeout_s)
+            ChargeMeter(
+                runtime.options,
+                self._recharge,
+                timeout_s=2 * options.load_timeout_s,
+                idle=self.wait_idle,
+            )
             if measure
             else None
         )
@@ -727,6 +734,14 @@ class Loader:
 
         loading.add_done_callback(settled)
 
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no load job of any model is under way, at most ``timeout`` s.
+
+        True once none is; False if loads were still under way at the timeout.
+        """
+        with self._all_idle:
+            return self._all_idle.wait_for(lambda: not self._jobs, timeout)
+
     def when_idle(self, name: str, callback: Callable[[], None]) -> None:
         """Call ``callback`` once no load job of model ``name`` is under way: now if none is.
 
@@ -764,6 +779,8 @@ class Loader:
                 return
             del self._jobs[name]
             waiting = self._when_idle.pop(name, [])
+            if not self._jobs:
+                self._all_idle.notify_all()
         for callback in waiting:
             callback()
 

@@ -15,6 +15,7 @@ import queue
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from corral import HostOptions, Repository
 from corral._base.events import EventKind
 from corral._host.budget import Charge
 from corral._host.charges import (
+    IDLE_WAIT_S,
     VERSION_BOOKKEEPING_BYTES,
     ChargeMeter,
     MeterState,
@@ -189,10 +191,17 @@ _FAULTY_CHILD = textwrap.dedent(
 class Meter:
     """A ChargeMeter whose re-charges land in a queue; closed by the fixture."""
 
-    def __init__(self, timeout_s: float = ANSWER_S, faulty: bool = False) -> None:
+    def __init__(
+        self,
+        timeout_s: float = ANSWER_S,
+        faulty: bool = False,
+        idle: Callable[[float], object] | None = None,
+    ) -> None:
         self.recharged: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
         command = (sys.executable, "-c", _FAULTY_CHILD) if faulty else None
         extra: dict[str, Any] = {} if command is None else {"command": command}
+        if idle is not None:
+            extra["idle"] = idle
         self.meter = ChargeMeter(
             corral.runtime().options,
             lambda served, measured: self.recharged.put((served.name, measured)),
@@ -249,6 +258,26 @@ def test_the_child_measures_versions_in_turn_and_close_leaves_no_process(meters,
     assert meter.meter.state is MeterState.CLOSED
     assert not psutil.pid_exists(pid)
     assert meter.meter.child_pid is None
+
+
+def test_a_measure_waits_for_the_hosts_loads_to_end(meters, tmp_path):
+    """A measure loads the model again: it takes its turn once the Host loads nothing."""
+    add_model(tmp_path, "tree", build_tree(seed=1))
+    repository = Repository(tmp_path)
+    loads_done = threading.Event()
+    asked: queue.SimpleQueue[float] = queue.SimpleQueue()
+
+    def idle(seconds: float) -> bool:
+        asked.put(seconds)
+        return loads_done.wait(seconds)
+
+    meter = meters(idle=idle)
+    meter.measure(repository, "tree")
+    assert asked.get(timeout=ANSWER_S) == IDLE_WAIT_S
+    assert meter.meter.child_pid is None  # waiting: no child started, nothing measured
+    assert meter.recharged.empty()
+    loads_done.set()
+    assert meter.next()[0] == "tree"
 
 
 def test_a_model_that_kills_the_child_keeps_its_estimate_and_the_others_are_measured(

@@ -24,7 +24,7 @@ from corral._base.trace_hooks import LoadRecord
 from corral._host.loader import BUILDS_ON_CHANGE, Loader, version_number
 from corral._host.served import ServedVersion
 from corral.testing import build_mlp
-from tests.gates import served_version
+from tests.gates import BuildGate, served_version
 from tests.helpers import add_model, reference_run, wait_until
 
 X = np.ones((2, 4), np.float32)
@@ -38,6 +38,20 @@ def observed(loader: Loader) -> list[LoadRecord]:
 
 
 # -- loads -----------------------------------------------------------------------------------
+
+
+def test_wait_idle_waits_until_no_load_job_is_under_way(make_pieces, monkeypatch):
+    """What a charge's measure waits for before it loads the model again (issue 49)."""
+    gate = BuildGate(monkeypatch)
+    gate.held.add("mlp")
+    pieces = make_pieces()
+    assert pieces.loader.wait_idle(0)
+    loading = pieces.loader.prepare("mlp", None)
+    assert gate.reached.wait(timeout=30)
+    assert not pieces.loader.wait_idle(0)
+    gate.opened.set()
+    loading.result(timeout=30)
+    assert pieces.loader.wait_idle(30)
 
 
 def test_a_cold_model_is_loaded_on_a_worker_published_and_then_answered_from_the_table(
