@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHARGE_TIMEOUT_S",
+    "CHILD_IDLE_S",
     "IDLE_WAIT_S",
     "MAX_COPIES",
     "SAMPLE_BYTES",
@@ -84,6 +85,8 @@ VERSION_BOOKKEEPING_BYTES = 8 << 10
 #: The longest a measure waits for the Host's loads to end before it takes its turn: a
 #: measure loads the model again in the child, on the cores the loads need.
 IDLE_WAIT_S = 10.0
+#: A child with nothing to measure for this long is stopped, its memory given back.
+CHILD_IDLE_S = 30.0
 #: How long a child whose pipe ended is waited for, to name its exit code.
 CHILD_EXIT_S = 5.0
 #: Measures kept by fingerprint, so that a version evicted and loaded again from the same
@@ -224,8 +227,9 @@ class ChargeMeter:
     ``recharge(served, measured_bytes)`` is called on the meter's thread
     (``corral-host-charges``) with each measure; it is the table's. ``idle(seconds)`` waits
     until the Host loads nothing (at most that long) before each measure. The thread and the
-    child start with the first version given to :meth:`later`, never before; :meth:`close`
-    stops both.
+    child start with the first version given to :meth:`later`, never before; the child stops
+    after ``child_idle_s`` with nothing to measure (the next measure starts another);
+    :meth:`close` stops both.
     """
 
     def __init__(
@@ -236,8 +240,11 @@ class ChargeMeter:
         timeout_s: float = CHARGE_TIMEOUT_S,
         command: Sequence[str] = (sys.executable, "-m", "corral._host.charge_child"),
         idle: Callable[[float], object] | None = None,
+        child_idle_s: float = CHILD_IDLE_S,
     ) -> None:
         self._runtime = runtime
+        # A child with nothing to measure for this long is stopped.
+        self._child_idle_s = child_idle_s
         # Waits, at most the seconds given, until the Host loads nothing (None: no wait).
         self._idle = idle
         self._recharge = recharge
@@ -325,7 +332,13 @@ class ChargeMeter:
 
     def _work(self) -> None:
         while True:
-            job = self._jobs.get()
+            try:
+                job = self._jobs.get(timeout=self._child_idle_s)
+            except queue.Empty:
+                # Nothing to measure for a while: the child's memory (an interpreter and
+                # onnxruntime, about 70 MiB) is given back; the next measure starts another.
+                self._stop_idle_child()
+                job = self._jobs.get()
             if job is None:
                 return
             if self._idle is not None:
@@ -371,6 +384,13 @@ class ChargeMeter:
             if len(self._known) > MAX_KNOWN:
                 del self._known[next(iter(self._known))]
         self._recharge(served, measured)
+
+    def _stop_idle_child(self) -> None:
+        with self._meter_lock:
+            child, self._child = self._child, None
+        if child is not None:
+            child.kill()
+            child.close_pipes()
 
     def _child_for_job(self) -> _Child | None:
         with self._meter_lock:

@@ -196,12 +196,15 @@ class Meter:
         timeout_s: float = ANSWER_S,
         faulty: bool = False,
         idle: Callable[[float], object] | None = None,
+        child_idle_s: float | None = None,
     ) -> None:
         self.recharged: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
         command = (sys.executable, "-c", _FAULTY_CHILD) if faulty else None
         extra: dict[str, Any] = {} if command is None else {"command": command}
         if idle is not None:
             extra["idle"] = idle
+        if child_idle_s is not None:
+            extra["child_idle_s"] = child_idle_s
         self.meter = ChargeMeter(
             corral.runtime().options,
             lambda served, measured: self.recharged.put((served.name, measured)),
@@ -278,6 +281,24 @@ def test_a_measure_waits_for_the_hosts_loads_to_end(meters, tmp_path):
     assert meter.recharged.empty()
     loads_done.set()
     assert meter.next()[0] == "tree"
+
+
+def test_a_child_with_nothing_to_measure_stops_and_the_next_measure_starts_another(
+    meters, tmp_path
+):
+    add_model(tmp_path, "tree", build_tree(seed=1))
+    add_model(tmp_path, "mlp", build_mlp(seed=2))
+    repository = Repository(tmp_path)
+    meter = meters(child_idle_s=0.2)
+    meter.measure(repository, "tree")
+    assert meter.next()[0] == "tree"
+    first = meter.meter.child_pid
+    assert first is not None
+    # Stopped and reaped: its memory given back.
+    wait_until(lambda: meter.meter.child_pid is None and not psutil.pid_exists(first), timeout=30)
+    meter.measure(repository, "mlp")
+    assert meter.next()[0] == "mlp"
+    assert meter.meter.child_pid not in (None, first)
 
 
 def test_a_model_that_kills_the_child_keeps_its_estimate_and_the_others_are_measured(
