@@ -131,24 +131,9 @@ def host_worker(model: Path, copies: int) -> dict[str, Any]:
 
 
 def trimmed_worker(model: Path, copies: int) -> dict[str, Any]:
-    """calibrate.py's worker, and the same copies' RSS again after ``malloc_trim(0)``."""
-    import psutil
-
-    import corral
-    from corral._host.machine_memory import give_back_freed_memory
-
-    process = psutil.Process()
-    warm = corral.Session(str(model))
-    gc.collect()
-    before = process.memory_info().rss
-    sessions = [corral.Session(str(model)) for _ in range(copies)]
-    gc.collect()
-    measured = (process.memory_info().rss - before) / copies
-    give_back_freed_memory()
-    trimmed = (process.memory_info().rss - before) / copies
-    for session in [warm, *sessions]:
-        session.close()
-    return {"calibrate": round(measured), "calibrate_trimmed": round(trimmed)}
+    """calibrate.py's worker's RSS per copy, as read and after ``malloc_trim(0)``."""
+    row = calibrate.worker(model, copies)
+    return {"calibrate": row["measured"], "calibrate_trimmed": row["trimmed"]}
 
 
 def concurrent_readings(real: Path | None) -> dict[str, Any]:

@@ -46,22 +46,6 @@ ANSWER_S = 120.0  # a real child's start and measure, on a busy machine
 
 
 @pytest.fixture
-def make_table() -> Iterator[Callable[..., ModelTable]]:
-    tables: list[ModelTable] = []
-
-    def make(**options: Any) -> ModelTable:
-        table = ModelTable(HostOptions(**options))
-        tables.append(table)
-        return table
-
-    yield make
-    for table in tables:
-        table.begin_close()
-        table.drain(table.retire_all(), timeout=10)
-        table.finish_close()
-
-
-@pytest.fixture
 def repository(tmp_path: Path) -> Repository:
     for index, name in enumerate(("a", "b", "c")):
         add_model(tmp_path, name, build_mlp(seed=index))

@@ -10,15 +10,14 @@ Threads are ordered with events and joins; a load waiting for room is seen throu
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import corral
-from corral import HostOptions, ModelEntry, ModelState, Repository, SessionState
+from corral import ModelEntry, ModelState, Repository, SessionState
 from corral._base.events import EventKind
 from corral._host.served import ServedVersion
 from corral._host.table import Lead, ModelTable, NoRoom
@@ -35,23 +34,6 @@ def repository(tmp_path: Path) -> Repository:
     add_model(tmp_path, "b", build_mlp(seed=2))
     add_model(tmp_path, "c", build_linear(seed=3))
     return Repository(tmp_path)
-
-
-@pytest.fixture
-def make_table() -> Iterator[Callable[..., ModelTable]]:
-    """Tables with the given HostOptions fields, closed as a Host closes them at the end."""
-    tables: list[ModelTable] = []
-
-    def make(**options: Any) -> ModelTable:
-        table = ModelTable(HostOptions(**options))
-        tables.append(table)
-        return table
-
-    yield make
-    for table in tables:
-        table.begin_close()
-        table.drain(table.retire_all(), timeout=10)
-        table.finish_close()
 
 
 def load(table: ModelTable, entry: ModelEntry, version: int = 1, size: int = SIZE) -> ServedVersion:
