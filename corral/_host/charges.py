@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from corral._compute import RuntimeOptions, SessionState
+from corral._host.memory_watch import LOAD_PEAK_FACTOR
 from corral._host.served import ServedVersion
 from corral._models import ModelVersion
 
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHARGE_TIMEOUT_S",
+    "CHILD_BYTES",
     "CHILD_IDLE_S",
     "IDLE_WAIT_S",
     "MAX_COPIES",
@@ -85,6 +87,9 @@ VERSION_BOOKKEEPING_BYTES = 8 << 10
 #: The longest a measure waits for the Host's loads to end before it takes its turn: a
 #: measure loads the model again in the child, on the cores the loads need.
 IDLE_WAIT_S = 10.0
+#: The child's own resident memory before it loads a model (measured: 73 MiB, an
+#: interpreter with numpy and onnxruntime), rounded up: part of what a measure needs room for.
+CHILD_BYTES = 80 << 20
 #: A child with nothing to measure for this long is stopped, its memory given back.
 CHILD_IDLE_S = 30.0
 #: How long a child whose pipe ended is waited for, to name its exit code.
@@ -226,7 +231,9 @@ class ChargeMeter:
 
     ``recharge(served, measured_bytes)`` is called on the meter's thread
     (``corral-host-charges``) with each measure; it is the table's. ``idle(seconds)`` waits
-    until the Host loads nothing (at most that long) before each measure. The thread and the
+    until the Host loads nothing (at most that long) before each measure; ``room(bytes)``
+    says whether the memory limit has room for a measure (the child and its copies), else
+    the version keeps its estimate. The thread and the
     child start with the first version given to :meth:`later`, never before; the child stops
     after ``child_idle_s`` with nothing to measure (the next measure starts another);
     :meth:`close` stops both.
@@ -241,7 +248,10 @@ class ChargeMeter:
         command: Sequence[str] = (sys.executable, "-m", "corral._host.charge_child"),
         idle: Callable[[float], object] | None = None,
         child_idle_s: float = CHILD_IDLE_S,
+        room: Callable[[int], bool] | None = None,
     ) -> None:
+        # Whether the process's memory limit has room for so many bytes more (None: always).
+        self._room = room
         self._runtime = runtime
         # A child with nothing to measure for this long is stopped.
         self._child_idle_s = child_idle_s
@@ -359,10 +369,21 @@ class ChargeMeter:
         if changed is not None:
             logger.info("corral: %s is not measured: %s since it loaded", served.label, changed)
             return
+        copies = copies_to_measure(served.charge.estimated)
+        # The child, its copies at their load's peak, beside the server under one limit.
+        needed = CHILD_BYTES + (copies + 1) * LOAD_PEAK_FACTOR * served.charge.estimated
+        if self._room is not None and not self._room(needed):
+            logger.info(
+                "corral: %s is not measured: the memory limit has no room now for the "
+                "measure's %s bytes; it keeps its estimate",
+                served.label,
+                f"{needed:,}",
+            )
+            return
         request = {
             "path": str(job.file.path),
             "settings": dict(job.settings),
-            "copies": copies_to_measure(served.charge.estimated),
+            "copies": copies,
         }
         child = self._child_for_job()
         if child is None:

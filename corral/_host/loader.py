@@ -134,6 +134,7 @@ class Loader:
                 self._recharge,
                 timeout_s=2 * options.load_timeout_s,
                 idle=self.wait_idle,
+                room=table.has_room,
             )
             if measure
             else None

@@ -238,6 +238,14 @@ class ModelTable:
             self._loading[key] = lead.future
             return lead
 
+    def has_room(self, extra: int) -> bool:
+        """Whether the working set, ``extra`` bytes more, stays under the memory watch's high mark.
+
+        True without a watch, or when the working set cannot be read (as :meth:`reserve`).
+        """
+        margin = None if self._watch is None else self._watch.margin(extra)
+        return margin is None or margin <= 0
+
     def reserve(self, key: Key, size: int) -> list[ServedVersion]:
         """Make room for ``size`` bytes by evicting idle versions; returns what was evicted.
 

@@ -28,6 +28,7 @@ from corral import HostOptions, Repository
 from corral._base.events import EventKind
 from corral._host.budget import Charge
 from corral._host.charges import (
+    CHILD_BYTES,
     IDLE_WAIT_S,
     VERSION_BOOKKEEPING_BYTES,
     ChargeMeter,
@@ -181,6 +182,7 @@ class Meter:
         faulty: bool = False,
         idle: Callable[[float], object] | None = None,
         child_idle_s: float | None = None,
+        room: Callable[[int], bool] | None = None,
     ) -> None:
         self.recharged: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
         command = (sys.executable, "-c", _FAULTY_CHILD) if faulty else None
@@ -189,6 +191,8 @@ class Meter:
             extra["idle"] = idle
         if child_idle_s is not None:
             extra["child_idle_s"] = child_idle_s
+        if room is not None:
+            extra["room"] = room
         self.meter = ChargeMeter(
             corral.runtime().options,
             lambda served, measured: self.recharged.put((served.name, measured)),
@@ -283,6 +287,27 @@ def test_a_child_with_nothing_to_measure_stops_and_the_next_measure_starts_anoth
     meter.measure(repository, "mlp")
     assert meter.next()[0] == "mlp"
     assert meter.meter.child_pid not in (None, first)
+
+
+def test_a_measure_the_memory_limit_has_no_room_for_is_not_taken(meters, tmp_path, caplog):
+    """The child and its copies live under the server's limit: no room, no measure."""
+    add_model(tmp_path, "tree", build_tree(seed=1))
+    add_model(tmp_path, "mlp", build_mlp(seed=2))
+    repository = Repository(tmp_path)
+    asked: list[int] = []
+
+    def room(needed: int) -> bool:
+        asked.append(needed)
+        return len(asked) > 1  # none for the first measure, room for the second
+
+    meter = meters(room=room)
+    with caplog.at_level(logging.INFO, logger="corral._host.charges"):
+        meter.measure(repository, "tree")
+        meter.measure(repository, "mlp")
+        assert meter.next()[0] == "mlp"  # the tree was passed over, keeping its estimate
+    assert asked[0] >= CHILD_BYTES + SIZE
+    assert "no room now" in caplog.text
+    assert meter.served[0].charge.measured is None
 
 
 def test_a_model_that_kills_the_child_keeps_its_estimate_and_the_others_are_measured(

@@ -18,10 +18,12 @@ from corral import HostOptions
 from corral._host import host as host_module
 from corral._host.machine_memory import MemoryLimit, find_memory_limit, give_back_freed_memory
 from corral._host.memory_watch import PRESSURE_HIGH, MemoryWatch
+from corral._host.table import ModelTable
 from corral.testing import build_mlp
 from tests.helpers import add_model, wait_until
 
 GIB = 1 << 30
+MIB = 1 << 20
 MEMINFO = "MemTotal:       16000000 kB\nMemFree:  1000 kB\nMemAvailable:   12000000 kB\n"
 
 
@@ -207,3 +209,12 @@ def test_an_unreadable_use_refuses_and_evicts_nothing(tmp_path: Path):
 def test_the_allocator_gives_back_what_it_holds_free():
     # glibc here: the call exists and returns; elsewhere it says it did nothing.
     assert give_back_freed_memory() in (True, False)
+
+
+def test_the_table_has_room_while_the_working_set_stays_under_the_high_mark(group: FakeGroup):
+    """What a charge's measure asks before its child loads copies beside the server."""
+    table = ModelTable(HostOptions(), MemoryWatch(group.limit))
+    group.use(GIB // 2)
+    assert table.has_room(int(PRESSURE_HIGH * GIB) - GIB // 2 - 1)
+    assert not table.has_room(int(PRESSURE_HIGH * GIB) - GIB // 2 + MIB)
+    assert ModelTable(HostOptions()).has_room(100 * GIB)  # no watch: nothing refused
