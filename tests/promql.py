@@ -1,8 +1,11 @@
 """A tiny PromQL evaluator, for the docs' alert expressions over two scrapes of a real server.
 
-It reads the subset the alerts in docs/operations.md use: numbers, ``rate(name{l="v"}[5m])``,
-``sum [by (labels)] (...)``, ``+ - * /``, the comparisons ``> < >= <= == !=`` (filtering, as
-Prometheus' without ``bool``) and parentheses; anything else is a ``SyntaxError`` naming it.
+It reads the subset the alerts in docs/operations.md and the autoscaling queries in
+deploy/kubernetes/autoscaling.yaml use: numbers, ``rate(name{l="v"}[5m])``, an instant
+``name{l="v"}`` (its value at the second scrape), label matchers ``=`` and ``=~`` (a regular
+expression matching the whole value), ``sum [by (labels)] (...)``, ``+ - * /``, the
+comparisons ``> < >= <= == !=`` (filtering, as Prometheus' without ``bool``) and parentheses;
+anything else is a ``SyntaxError`` naming it.
 
 What it does not do, and says so: ``rate`` is the increase between the two scrapes divided by
 the seconds between them (Prometheus extrapolates over its range from the samples inside it;
@@ -34,7 +37,7 @@ Value = Vector | float
 _TOKEN = re.compile(
     r"\s*(?:(?P<number>\d+(?:\.\d+)?(?:e[+-]?\d+)?)|(?P<range>\[\w+\])"
     r"|(?P<name>[A-Za-z_:][\w:]*)|(?P<string>\"(?:[^\"\\]|\\.)*\")"
-    r"|(?P<op>>=|<=|==|!=|[-+*/><(){},=]))"
+    r"|(?P<op>>=|<=|==|!=|=~|[-+*/><(){},=]))"
 )
 _SAMPLE = re.compile(r"(?P<name>[A-Za-z_:][\w:]*)(?:\{(?P<labels>.*)\})? (?P<value>\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -170,6 +173,14 @@ class _Parser:
             self.take()  # the range: two scrapes are what there is
             self.take(")")
             return self.rate(name, matchers)
+        if kind == "name" and text not in ("by", "histogram_quantile", "increase"):
+            self.position -= 1
+            name, matchers = self.selector()
+            return {
+                _without_name(labels): value
+                for labels, value in self.after.samples.get(name, {}).items()
+                if _matches(labels, matchers)
+            }
         raise SyntaxError(f"{text!r} is not in the subset this evaluator reads")
 
     def sum(self) -> Vector:
@@ -195,26 +206,28 @@ class _Parser:
             summed[group] = summed.get(group, 0.0) + value
         return summed
 
-    def selector(self) -> tuple[str, dict[str, str]]:
+    def selector(self) -> tuple[str, dict[str, tuple[str, str]]]:
         name = self.take()[1]
-        matchers: dict[str, str] = {}
+        matchers: dict[str, tuple[str, str]] = {}
         if self.peek() == ("op", "{"):
             self.take()
             while self.peek() != ("op", "}"):
                 label = self.take()[1]
-                self.take("=")
-                matchers[label] = self.take()[1][1:-1]
+                kind = self.take()[1]
+                if kind not in ("=", "=~"):
+                    raise SyntaxError(f"the matcher {kind!r} is not in the subset")
+                matchers[label] = (kind, self.take()[1][1:-1])
                 if self.peek() == ("op", ","):
                     self.take()
             self.take("}")
         return name, matchers
 
-    def rate(self, name: str, matchers: dict[str, str]) -> Vector:
+    def rate(self, name: str, matchers: dict[str, tuple[str, str]]) -> Vector:
         seconds = self.after.at - self.before.at
         earlier = self.before.samples.get(name, {})
         rates: Vector = {}
         for labels, value in self.after.samples.get(name, {}).items():
-            if not all((k, v) in labels for k, v in matchers.items()):
+            if not _matches(labels, matchers):
                 continue
             if labels not in earlier:
                 continue  # a series needs two samples for a rate, as in Prometheus
@@ -223,6 +236,18 @@ class _Parser:
                 increase = value  # a counter reset
             rates[_without_name(labels)] = increase / seconds
         return rates
+
+
+def _matches(labels: Labels, matchers: dict[str, tuple[str, str]]) -> bool:
+    """Whether a series' labels pass every matcher: ``=`` equal, ``=~`` a whole-value regex."""
+    values = dict(labels)
+    for label, (kind, wanted) in matchers.items():
+        value = values.get(label, "")
+        if kind == "=" and value != wanted:
+            return False
+        if kind == "=~" and re.fullmatch(wanted, value) is None:
+            return False
+    return True
 
 
 def _without_name(labels: Labels) -> Labels:

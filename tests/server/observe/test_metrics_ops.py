@@ -33,6 +33,7 @@ from corral.server.observe.metrics import REFUSAL_REASONS, Metrics
 from corral.testing import build_linear, build_mlp
 from tests.gates import CallGate, RunGate, hold_compute_workers, served_version
 from tests.helpers import ROOT, add_model, wait_until
+from tests.promql import Scrape, evaluate
 
 SERVER_LATENCY = "corral_request_duration_seconds"
 MODEL_LATENCY = "corral_model_request_duration_seconds"
@@ -428,3 +429,38 @@ def test_each_loaded_version_shows_its_charge_beside_its_estimate_and_measure(tm
     assert samples[("d", "charged")] == samples[("d", "declared")] == 5_000_000
     assert samples[("d", "measured")] == charges["d"].measured
     assert only_value(families["corral_memory_used_bytes"]) == (charges["a"].measured + 5_000_000)
+
+
+# -- the autoscaling recipe ------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_the_autoscaling_queries_read_queued_and_refused_requests(tmp_path: Path):
+    """deploy/kubernetes/autoscaling.yaml's queries, as written there, over two scrapes."""
+    yaml = pytest.importorskip("yaml", reason="the dev extra installs pyyaml")
+    recipe = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "autoscaling.yaml").read_text())
+    queries = [str(trigger["metadata"]["query"]) for trigger in recipe["spec"]["triggers"]]
+    assert len(queries) == 2
+    add_model(tmp_path, "slow", build_linear(), toml="max_batch_size = 0\n")
+    add_model(tmp_path, "linear", build_linear(), toml="max_batch_size = 0\n")
+    limit = 3
+    x = {"X": np.ones((1, 4), np.float32)}
+    with Host(tmp_path, max_queue_per_model=limit) as host:
+        metrics = Metrics(DataPlane(host))
+        assert host.preload() == {}
+        before = Scrape.parse(metrics.render()[0].decode(), at=0.0)
+        gate, blockers = hold_compute_workers(host)
+        try:
+            queued = [host.submit("linear", x) for _ in range(limit)]
+            with pytest.raises(corral.Overloaded):
+                host.submit("linear", x)  # refused: queue_full
+            after = Scrape.parse(metrics.render()[0].decode(), at=2.0)
+        finally:
+            gate.open.set()
+        for future in [*blockers, *queued]:
+            future.result(timeout=30)
+    pending, refused = (evaluate(query, before, after) for query in queries)
+    # Every worker is held: the three queued requests wait (and the blockers run, counted
+    # by neither); one refusal over the two seconds between the scrapes.
+    assert pending == {frozenset(): pytest.approx(limit)}, pending
+    assert refused == {frozenset(): pytest.approx(0.5)}, refused
