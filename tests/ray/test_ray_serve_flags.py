@@ -34,6 +34,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "max_upload_bytes": ("3Gi", 3 * 1024**3),
     "cache_dir": ("/var/cache/corral", "/var/cache/corral"),
     "cache_bytes": ("10Gi", 10 * 1024**3),
+    "optimized_models": ("/var/cache/corral-optimized", "/var/cache/corral-optimized"),
     "max_models_per_replica": ("-1", -1),
     "max_loaded_models": ("7", 7),
     "load_concurrency": ("3", 3),

@@ -34,6 +34,7 @@ from corral._compute.inline import (
 from corral._host import lane_measuring as _lane_measuring
 from corral._host.loader import Loader
 from corral._host.served import ServedVersion
+from corral._models import ModelEntry
 from corral._onnx.modelfile import read_footprint
 from corral.protocol import DataPlane, InferInput, InferRequest, InferResponse
 from corral.server.grpc.service import start_grpc_server
@@ -721,11 +722,11 @@ def test_a_lane_whose_measuring_cannot_end_stays_off_and_says_why(
     for name in names:
         add_model(tmp_path, name, build_mlp(seed=1))
     # The measurements are started by hand below, each at the moment it tests.
-    pending: dict[str, tuple[Loader, ServedVersion]] = {}
+    pending: dict[str, tuple[Loader, ServedVersion, ModelEntry]] = {}
     measure_later = Loader.measure_later
 
-    def kept(self: Loader, served: ServedVersion) -> None:
-        pending[served.name] = (self, served)
+    def kept(self: Loader, served: ServedVersion, entry: ModelEntry) -> None:
+        pending[served.name] = (self, served, entry)
 
     monkeypatch.setattr(Loader, "measure_later", kept)
     started, go = threading.Event(), threading.Event()
@@ -747,8 +748,8 @@ def test_a_lane_whose_measuring_cannot_end_stays_off_and_says_why(
     host = Host(tmp_path, inline_run_us=GENEROUS_US, load_concurrency=1)
 
     def measured(name: str) -> str:
-        loader, served = pending[name]
-        measure_later(loader, served)
+        loader, served, entry = pending[name]
+        measure_later(loader, served, entry)
         assert served.lane_settled.wait(timeout=30)
         return served.inline.describe()
 
@@ -768,11 +769,11 @@ def test_a_lane_whose_measuring_cannot_end_stays_off_and_says_why(
         )
         # One measuring holds the only load worker; the next waits behind it, and the Host
         # begins to close before it starts.
-        loader, served = pending["held"]
-        measure_later(loader, served)
+        loader, served, entry = pending["held"]
+        measure_later(loader, served, entry)
         assert started.wait(timeout=30)
-        loader, queued = pending["queued"]
-        measure_later(loader, queued)
+        loader, queued, queued_entry = pending["queued"]
+        measure_later(loader, queued, queued_entry)
         closing = threading.Event()
         close_loads = loader.close
 

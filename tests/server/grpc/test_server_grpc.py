@@ -878,6 +878,9 @@ def test_a_request_whose_client_deadline_passes_in_the_queue_never_runs(datatype
     add_model(datatypes_repo, "slow", build_mlp(seed=4), toml="max_batch_size = 0\n")
 
     async def scenario(s: Served) -> None:
+        # Loaded first: the deadline is to pass in the queue, not during the model's load
+        # (which a loaded machine can stretch past 0.2 s: then the request never queued).
+        await asyncio.to_thread(s.host.load, "mlp")
         gate, blockers = await asyncio.to_thread(hold_compute_workers, s.host)
         try:
             x = np.ones((1, 4), np.float32)
