@@ -7,6 +7,8 @@ requests to a replica that already has it; corral's leases decide when a model c
 
 - :func:`build_app`, :func:`app`: the application, for ``serve.run`` or a Serve config file.
 - :class:`RayServeConfig`: replicas, budget, limits; :func:`models_per_replica`.
+- :class:`ReplicasWanted`, :func:`replica_signals`: Ray's autoscaling on corral's signals
+  (``max_replicas``).
 - :class:`ModelReplica`, :class:`V2Ingress`: the two deployments' classes.
 - :func:`serve_on_ray`: what ``corral ray-serve`` runs.
 - :class:`HttpCall`, :class:`HttpAnswer`: what the ingress and a replica exchange.
@@ -22,6 +24,7 @@ except ImportError as exc:  # pragma: no cover - the dev extra installs ray
     raise ImportError(f"corral.ray needs Ray Serve (the ray extra): {install_hint('ray')}") from exc
 
 from corral.ray._app import INGRESS_NAME, MODELS_NAME, app, build_app
+from corral.ray._autoscaling import ReplicasWanted, replica_signals
 from corral.ray._config import UNLIMITED, RayServeConfig, models_per_replica
 from corral.ray._exchange import HttpAnswer, HttpCall, call_asgi, model_in_path
 from corral.ray._ingress import V2Ingress
@@ -38,11 +41,13 @@ __all__ = [
     "HttpCall",
     "ModelReplica",
     "RayServeConfig",
+    "ReplicasWanted",
     "V2Ingress",
     "app",
     "build_app",
     "call_asgi",
     "model_in_path",
     "models_per_replica",
+    "replica_signals",
     "serve_on_ray",
 ]

@@ -10,11 +10,12 @@ from ray.serve import Application
 from ray.serve.schema import LoggingConfig
 
 from corral._base import InvalidOption
+from corral.ray._autoscaling import ReplicasWanted
 from corral.ray._config import RayServeConfig, check_cache_options
 from corral.ray._ingress import V2Ingress
 from corral.ray._replica import ModelReplica
 
-__all__ = ["INGRESS_NAME", "MODELS_NAME", "app", "build_app"]
+__all__ = ["INGRESS_NAME", "MODELS_NAME", "app", "build_app", "most_replicas", "replica_count"]
 
 #: The deployments' names, as Ray's dashboard and ``serve status`` show them.
 MODELS_NAME = "corral-models"
@@ -43,7 +44,7 @@ def build_app(
     check_cache_options(path, config)
     models = serve.deployment(
         name=MODELS_NAME,
-        num_replicas=config.replicas,
+        **replica_count(config),
         max_ongoing_requests=config.max_ongoing_requests,
         max_queued_requests=config.max_queued_requests,
         ray_actor_options={"num_cpus": config.replica_cpus},
@@ -54,11 +55,38 @@ def build_app(
     ingress = serve.deployment(
         name=INGRESS_NAME,
         num_replicas=config.ingress_replicas,
-        max_ongoing_requests=config.max_ongoing_requests * config.replicas,
+        max_ongoing_requests=config.max_ongoing_requests * most_replicas(config),
         ray_actor_options={"num_cpus": 0},
         logging_config=_QUIET,
     )(V2Ingress)
     return ingress.bind(models, config.auth_token, config.max_request_bytes)
+
+
+def most_replicas(config: RayServeConfig) -> int:
+    """The most model replicas the deployment runs: ``max_replicas`` when it scales."""
+    return config.replicas if config.max_replicas is None else config.max_replicas
+
+
+def replica_count(config: RayServeConfig) -> dict[str, Any]:
+    """The model deployment's count, as ``serve.deployment``'s keywords.
+
+    ``num_replicas`` fixed; with ``max_replicas``, Ray's ``autoscaling_config`` between
+    ``replicas`` and ``max_replicas`` under corral's policy
+    (:class:`corral.ray._autoscaling.ReplicasWanted`).
+    """
+    if config.max_replicas is None:
+        return {"num_replicas": config.replicas}
+    return {
+        "autoscaling_config": {
+            "min_replicas": config.replicas,
+            "initial_replicas": config.replicas,
+            "max_replicas": config.max_replicas,
+            "policy": {
+                "policy_function": f"{ReplicasWanted.__module__}:{ReplicasWanted.__name__}",
+                "policy_kwargs": {"queued_per_replica": config.queued_per_replica},
+            },
+        }
+    }
 
 
 def app(args: dict[str, Any]) -> Application:

@@ -88,7 +88,17 @@ class RayServeConfig(_HostAndRuntimeOptions):  # type: ignore[misc]  # Any: made
     """
 
     # Each field's help is also its `corral ray-serve` flag's (--<field> with dashes).
-    replicas: int = _option(2, "model replicas: processes that each hold a Host")
+    replicas: int = _option(
+        2, "model replicas: processes that each hold a Host (the fewest, with --max-replicas)"
+    )
+    max_replicas: int | None = _option(
+        None,
+        "scale the model replicas from --replicas up to this many on corral's signals: "
+        "queued requests and memory pressure (default: a fixed --replicas)",
+    )
+    queued_per_replica: float = _option(
+        16.0, "with --max-replicas: the queued requests one replica is meant to carry"
+    )
     replica_cpus: float = _option(
         1.0, "CPUs Ray reserves per replica (fractions allowed); also its compute workers"
     )
@@ -119,6 +129,20 @@ class RayServeConfig(_HostAndRuntimeOptions):  # type: ignore[misc]  # Any: made
             "max_request_bytes",
         ):
             positive_int(name, getattr(self, name))
+        if self.max_replicas is not None:
+            positive_int("max_replicas", self.max_replicas)
+            if self.max_replicas < self.replicas:
+                raise InvalidOption(
+                    f"max_replicas ({self.max_replicas}) must be at least replicas "
+                    f"({self.replicas})",
+                    option="max_replicas",
+                )
+        queued = self.queued_per_replica
+        if not (_non_negative(queued) and queued > 0):
+            raise InvalidOption(
+                f"queued_per_replica must be a number above 0, got {queued!r}",
+                option="queued_per_replica",
+            )
         if not _non_negative(self.replica_cpus):
             raise InvalidOption(f"replica_cpus must be >= 0, got {self.replica_cpus!r}")
         if not _non_negative(self.drain_timeout_s):

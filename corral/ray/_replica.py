@@ -39,6 +39,7 @@ from corral._base import CorralError
 from corral._compute import Runtime
 from corral._host import Host
 from corral.protocol.dataplane import DataPlane
+from corral.ray._autoscaling import replica_signals
 from corral.ray._config import RayServeConfig, models_per_replica
 from corral.ray._exchange import HttpAnswer, HttpCall, call_asgi
 from corral.server.http.app import HttpApp
@@ -103,6 +104,14 @@ class ModelReplica:
     def host(self) -> Host:
         """The replica's Host: its models, budget and figures."""
         return self._host
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """What Ray Serve's autoscaling reads of this replica (:mod:`corral.ray._autoscaling`).
+
+        Ray calls it on the replica every ``metrics_interval_s`` when the deployment scales
+        (``max_replicas``); its queued requests and memory pressure.
+        """
+        return replica_signals(self._host)
 
     async def __call__(self, call: HttpCall) -> HttpAnswer:
         """Answer one forwarded request; a model's request registers the model's route."""

@@ -28,6 +28,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "port": ("8123", 8123),
     "log_level": ("debug", "debug"),
     "replicas": ("3", 3),
+    "max_replicas": ("6", 6),
+    "queued_per_replica": ("8", 8.0),
     "replica_cpus": ("0.5", 0.5),
     "memory_budget": ("2Gi", 2 * 1024**3),
     "memory_watch_s": ("2.5", 2.5),

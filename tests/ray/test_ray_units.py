@@ -38,17 +38,21 @@ from corral.ray import (
     HttpCall,
     ModelReplica,
     RayServeConfig,
+    ReplicasWanted,
     V2Ingress,
     app,
     build_app,
     call_asgi,
     model_in_path,
     models_per_replica,
+    replica_signals,
 )
+from corral.ray._app import most_replicas, replica_count
+from corral.ray._autoscaling import PRESSURE, QUEUED
 from corral.server.http.app import HttpApp
 from corral.testing import build_mlp, build_tree
-from tests.gates import served_version
-from tests.helpers import reference_run
+from tests.gates import hold_compute_workers, served_version
+from tests.helpers import add_model, reference_run
 
 X = np.random.default_rng(5).standard_normal((2, 4)).astype(np.float32)
 TREE = build_tree(seed=2)
@@ -195,6 +199,73 @@ def test_the_application_and_its_builder(repo: Path):
         app({"replicas": 2})
     with pytest.raises(ValueError, match="unknown option\\(s\\) replica"):
         app({"repository": str(repo), "replica": 2})
+
+
+def test_with_max_replicas_the_models_scale_on_corrals_policy(repo: Path):
+    scaling = replica_count(RayServeConfig(replicas=2, max_replicas=5))
+    assert scaling == {
+        "autoscaling_config": {
+            "min_replicas": 2,
+            "initial_replicas": 2,
+            "max_replicas": 5,
+            "policy": {
+                "policy_function": "corral.ray._autoscaling:ReplicasWanted",
+                "policy_kwargs": {"queued_per_replica": 16.0},
+            },
+        }
+    }
+    assert replica_count(RayServeConfig(replicas=3)) == {"num_replicas": 3}
+    # The ingress may carry what the most replicas work on.
+    assert most_replicas(RayServeConfig(replicas=2, max_replicas=5)) == 5
+    assert most_replicas(RayServeConfig(replicas=3)) == 3
+    # Ray takes the configuration as it builds the application.
+    scaled = build_app(repo, RayServeConfig(replicas=2, max_replicas=5))
+    assert type(scaled).__name__ == "Application"
+    with pytest.raises(ValueError, match=r"max_replicas \(1\) must be at least replicas \(2\)"):
+        RayServeConfig(replicas=2, max_replicas=1)
+    with pytest.raises(ValueError, match="queued_per_replica must be a number above 0"):
+        RayServeConfig(queued_per_replica=0)
+
+
+def _context(queued: list[float], pressure: list[float], current: int = 2) -> SimpleNamespace:
+    """What Ray's AutoscalingContext gives the policy: each figure by replica."""
+    return SimpleNamespace(
+        aggregated_metrics={
+            QUEUED: dict(enumerate(queued)),
+            PRESSURE: dict(enumerate(pressure)),
+        },
+        current_num_replicas=current,
+    )
+
+
+def test_the_policy_follows_queued_requests_and_memory_pressure():
+    policy = ReplicasWanted(queued_per_replica=10)
+    assert policy(_context([0, 0], [0.1, 0.2])) == (1, {})  # idle: Ray holds its minimum
+    assert policy(_context([25, 10], [0.1, 0.2])) == (4, {})  # 35 queued, 10 a replica
+    assert policy(_context([0, 0], [0.95, 0.3])) == (3, {})  # a replica past 0.9: one more
+    assert policy(_context([0, 0], [0.7, 0.3])) == (2, {})  # past 0.6: none fewer
+    assert policy(_context([50, 0], [0.95, 0.3])) == (5, {})  # the larger count wins
+    nothing = SimpleNamespace(aggregated_metrics=None, current_num_replicas=3)
+    assert policy(nothing) == (1, {})  # no figures yet: nothing asks for more
+
+
+def test_a_replica_reports_its_queued_requests_and_memory_pressure(tmp_path: Path):
+    add_model(tmp_path, "slow", build_mlp(seed=3), toml="max_batch_size = 0\n")
+    add_model(tmp_path, "mlp", build_mlp(seed=4), toml="max_batch_size = 0\n")
+    x = {"X": np.ones((1, 4), np.float32)}
+    with Host(tmp_path, memory_budget="64MiB") as host:
+        assert host.preload() == {}
+        idle = replica_signals(host)
+        assert idle[QUEUED] == 0
+        assert idle[PRESSURE] == pytest.approx(host.stats().bytes_used / (64 << 20))
+        gate, blockers = hold_compute_workers(host)
+        try:
+            queued = [host.submit("mlp", x) for _ in range(3)]
+            assert replica_signals(host)[QUEUED] == 3
+        finally:
+            gate.open.set()
+        for future in [*blockers, *queued]:
+            future.result(timeout=30)
 
 
 # -- a replica, with Ray's serve functions stood in for ----------------------------------------
