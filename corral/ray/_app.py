@@ -59,7 +59,9 @@ def build_app(
         ray_actor_options={"num_cpus": 0},
         logging_config=_QUIET,
     )(V2Ingress)
-    return ingress.bind(models, config.auth_token, config.max_request_bytes)
+    return ingress.bind(
+        models, config.auth_token, config.max_request_bytes, config.hot_model_in_flight
+    )
 
 
 def most_replicas(config: RayServeConfig) -> int:

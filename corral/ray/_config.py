@@ -110,6 +110,11 @@ class RayServeConfig(_HostAndRuntimeOptions):  # type: ignore[misc]  # Any: made
         1024, "requests waiting for a replica beyond those; more get 429 at once"
     )
     ingress_replicas: int = _option(1, "ingress replicas (they read only the path)")
+    hot_model_in_flight: int = _option(
+        8,
+        "requests of one model in flight at an ingress past which its requests are spread "
+        "over every replica, each loading it under its own budget (0: never)",
+    )
     max_request_bytes: int = _option(
         64 * 1024 * 1024, "largest request body the ingress accepts; larger ones get 413"
     )
@@ -129,6 +134,12 @@ class RayServeConfig(_HostAndRuntimeOptions):  # type: ignore[misc]  # Any: made
             "max_request_bytes",
         ):
             positive_int(name, getattr(self, name))
+        hot = self.hot_model_in_flight
+        if isinstance(hot, bool) or not isinstance(hot, int) or hot < 0:
+            raise InvalidOption(
+                f"hot_model_in_flight must be a whole number, 0 or more, got {hot!r}",
+                option="hot_model_in_flight",
+            )
         if self.max_replicas is not None:
             positive_int("max_replicas", self.max_replicas)
             if self.max_replicas < self.replicas:

@@ -8,8 +8,15 @@ does.
 
 Served: ``/v2`` and ``/v2/health/*`` (any replica), and everything under
 ``/v2/models/{name}`` (infer, metadata, ready, config, stats) on the model's replica.
-Refused with 404 and a reason: what is one process's view and means nothing for a cluster
-(``/v2/repository/*``, ``/v2/models/stats``, ``/metrics``).
+
+Hot models. A model with ``hot_model_in_flight`` requests or more in flight at this ingress
+is hot: its further inference requests go without a model id, so Ray's own routing (the
+shorter queue of two replicas) spreads them over every replica, and a replica that does not
+hold the model loads it on its first such request, under its own budget (issue 50, part 2).
+A spread request answered 503 (the replica could not fit the model, or was overloaded) is
+sent once more to the model's own replicas, by its id. The copies cool down as the model
+does, and each replica's budget evicts them, least recently used first; Ray's routes stay
+with the model's replicas.
 """
 
 from __future__ import annotations
@@ -43,12 +50,20 @@ class V2Ingress:
     """The HTTP ingress of :func:`corral.ray.build_app`; Ray constructs it in its replica."""
 
     def __init__(
-        self, models: DeploymentHandle[ModelReplica], auth_token: str | None, max_request_bytes: int
+        self,
+        models: DeploymentHandle[ModelReplica],
+        auth_token: str | None,
+        max_request_bytes: int,
+        hot_model_in_flight: int = 0,
     ) -> None:
         self._models = models
         # One token for every scope: the ingress has no scoped tokens (corral.server.tokens).
         self._tokens = TokenPolicy.build(auth_token, {})
         self._max_request_bytes = max_request_bytes
+        # Requests in flight here past which a model's requests are spread (0: never).
+        self._hot = hot_model_in_flight
+        # Each model's requests in flight at this ingress. Only its event loop touches it.
+        self._in_flight: dict[str, int] = {}
 
     async def __call__(self, request: Request) -> Response:
         """Answer one HTTP request, forwarding it to a model replica."""
@@ -70,9 +85,8 @@ class V2Ingress:
             tuple(request.scope["headers"]),
             body,
         )
-        handle = self._models if name is None else self._models.options(multiplexed_model_id=name)
         try:
-            answer: HttpAnswer = await handle.remote(call)
+            answer = await self._forward(call, name, spread=endpoint is Endpoint.INFER)
         except BackPressureError as exc:
             return _error(429, f"every model replica is busy: {exc}")
         except RayError as exc:
@@ -84,6 +98,32 @@ class V2Ingress:
             if key not in _DROPPED
         }
         return Response(answer.body, status_code=answer.status, headers=headers)
+
+    async def _forward(self, call: HttpCall, name: str | None, *, spread: bool) -> HttpAnswer:
+        """Hand ``call`` to a replica: the model's own, or any while the model is hot.
+
+        Only inference requests (``spread``) go to any replica: metadata, readiness and
+        statistics are the model's own replicas'.
+        """
+        if name is None:
+            answer: HttpAnswer = await self._models.remote(call)
+            return answer
+        routed = self._models.options(multiplexed_model_id=name)
+        in_flight = self._in_flight.get(name, 0)
+        self._in_flight[name] = in_flight + 1
+        try:
+            if spread and self._hot and in_flight >= self._hot:
+                answer = await self._models.remote(call)
+                if answer.status != 503:
+                    return answer
+            answer = await routed.remote(call)
+        finally:
+            left = self._in_flight[name] - 1
+            if left:
+                self._in_flight[name] = left
+            else:
+                del self._in_flight[name]
+        return answer
 
 
 def _routed(method: str, path: str) -> tuple[Endpoint | None, Family | None, str | None]:

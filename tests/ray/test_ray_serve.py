@@ -380,3 +380,65 @@ def test_a_killed_replica_is_replaced_and_the_other_keeps_serving(tmp_path: Path
     assert len(survivor_tags) == 1, (before, after)
     assert code == 0, log.read_text()[-5000:]
     assert not survivors, "processes of corral ray-serve's group outlived it"
+
+
+# make soak: Ray's start, then its metrics interval (10 s), look-back and upscale delay (30 s).
+@pytest.mark.soak
+def test_the_replicas_scale_up_when_requests_queue(tmp_path: Path):
+    """`--max-replicas`: one replica, its queue kept full, and Ray starts a second one."""
+    import threading
+
+    import httpx
+
+    from tests.helpers import add_model, build_slow_loop
+
+    repo = tmp_path / "models"
+    names = [path.parent.parent.name for path in build_repository(repo, 40)]
+    add_model(repo, "slow", build_slow_loop(), toml="max_batch_size = 0\n")
+    slow = {
+        "inputs": [
+            {"name": "M", "datatype": "INT64", "shape": [], "data": [300_000]},
+            {"name": "start", "datatype": "FP32", "shape": [1], "data": [0.0]},
+        ]
+    }
+    tiny = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+    log = tmp_path / "ray-serve.log"
+    # The last --replicas wins: one to start from, two at most, a replica per queued request.
+    process, url = start(
+        repo, log, "--replicas", "1", "--max-replicas", "2", "--queued-per-replica", "1"
+    )
+    stop_load = threading.Event()
+    statuses: list[int] = []
+
+    def keep_slow_requests_coming() -> None:
+        with httpx.Client(base_url=f"http://{url}", timeout=120) as http:
+            while not stop_load.is_set():
+                statuses.append(http.post("/v2/models/slow/infer", json=slow).status_code)
+
+    loaders = [threading.Thread(target=keep_slow_requests_coming) for _ in range(6)]
+    replicas: set[str] = set()
+    try:
+        for thread in loaders:
+            thread.start()
+        deadline = time.monotonic() + 180
+        with httpx.Client(base_url=f"http://{url}", timeout=60) as http:
+            # A model asked for the first time goes to the replica holding the fewest: the
+            # new one, once Ray has started it.
+            for name in names:
+                response = http.post(f"/v2/models/{name}/infer", json=tiny)
+                assert response.status_code == 200, response.text
+                replicas.add(response.headers["corral-replica"])
+                if len(replicas) == 2 or time.monotonic() > deadline:
+                    break
+                stop_load.wait(3)  # one fresh model every 3 s while the queue stays full
+    finally:
+        stop_load.set()
+        for thread in loaders:
+            thread.join(timeout=150)
+        code, survivors = shut_down(process)
+    tail = log.read_text()[-3000:]
+    assert len(replicas) == 2, f"still one replica after 180 s: {replicas}\n{tail}"
+    assert statuses
+    assert set(statuses) == {200}, collections.Counter(statuses)
+    assert code == 0, log.read_text()[-5000:]
+    assert not survivors

@@ -52,6 +52,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "max_ongoing_requests": ("8", 8),
     "max_queued_requests": ("16", 16),
     "ingress_replicas": ("2", 2),
+    "hot_model_in_flight": ("4", 4),
     "max_request_bytes": ("4096", 4096),
     "auth_token": ("s3cret", "s3cret"),
     "drain_timeout_s": ("1.5", 1.5),

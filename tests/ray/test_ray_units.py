@@ -148,6 +148,7 @@ def test_call_asgi_refuses_an_app_that_never_answers():
         ({"memory_budget": "lots"}, "is not a size"),
         ({"max_request_bytes": 0}, "max_request_bytes must be a positive integer"),
         ({"max_queue_per_model": 0}, "max_queue_per_model must be a positive integer"),
+        ({"hot_model_in_flight": -1}, "hot_model_in_flight must be a whole number, 0 or more"),
     ],
 )
 def test_config_refuses_bad_values_by_name(options: dict[str, Any], message: str):
@@ -491,6 +492,88 @@ def test_the_ingress_routes_models_and_forwards_the_rest(repo: Path):
             assert status == 404, path
             assert b"Ray" in content, path
         assert handle.model_ids == ["tree", None, None]
+
+
+def _request(method: str, path: str, body: bytes = b"") -> Request:
+    """A Starlette request as Ray's proxy hands the ingress one."""
+    scope = {"type": "http", "method": method, "path": path, "query_string": b"", "headers": []}
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return Request(scope, receive)
+
+
+def test_a_hot_models_requests_are_spread_over_every_replica_and_come_back():
+    """Issue 50, part 2: past hot_model_in_flight, requests go without the model's id."""
+    arrived = 0
+    all_in = asyncio.Event()
+
+    async def answer(call: HttpCall) -> HttpAnswer:
+        nonlocal arrived
+        arrived += 1
+        if arrived == 3:
+            all_in.set()
+        await all_in.wait()
+        return HttpAnswer(200, ((b"content-type", b"application/json"),), b"{}")
+
+    async def scenario() -> tuple[list[int], list[str | None]]:
+        handle = DirectHandle(answer)
+        ingress = V2Ingress(handle, None, 1024, hot_model_in_flight=2)  # type: ignore[arg-type]
+        body = infer_call("tree").body
+        requests = [_request("POST", "/v2/models/tree/infer", body) for _ in range(3)]
+        responses = await asyncio.gather(*(ingress(request) for request in requests))
+        # Metadata and the like stay with the model's own replicas, however hot it is.
+        await ingress(_request("GET", "/v2/models/tree"))
+        return [response.status_code for response in responses], handle.model_ids
+
+    statuses, model_ids = asyncio.run(scenario())
+    assert statuses == [200, 200, 200]
+    # Two in flight: the third goes to any replica (no id); the metadata by its id.
+    assert model_ids == ["tree", "tree", None, "tree"]
+
+
+class GatedHandle:
+    """A handle whose first routed call waits for ``gate``; a call without an id gets 503."""
+
+    def __init__(self, shared: SimpleNamespace, model_id: str | None = None) -> None:
+        self.shared = shared
+        self.model_id = model_id
+
+    def options(self, *, multiplexed_model_id: str) -> GatedHandle:
+        return GatedHandle(self.shared, multiplexed_model_id)
+
+    async def remote(self, call: HttpCall) -> HttpAnswer:
+        self.shared.model_ids.append(self.model_id)
+        if self.model_id is None:  # the replica it was spread to has no room for the model
+            return HttpAnswer(503, (), b'{"error": "no room"}')
+        if not self.shared.first_in.is_set():
+            self.shared.first_in.set()
+            await self.shared.gate.wait()
+        return HttpAnswer(200, ((b"content-type", b"application/json"),), b"{}")
+
+
+def test_a_spread_request_a_replica_cannot_take_goes_to_the_models_own():
+    async def scenario() -> tuple[int, list[str | None]]:
+        shared = SimpleNamespace(model_ids=[], gate=asyncio.Event(), first_in=asyncio.Event())
+        handle = GatedHandle(shared)
+        ingress = V2Ingress(handle, None, 1024, hot_model_in_flight=1)  # type: ignore[arg-type]
+        body = infer_call("tree").body
+        first = asyncio.ensure_future(ingress(_request("POST", "/v2/models/tree/infer", body)))
+        await shared.first_in.wait()  # one in flight: the model is hot
+        second = await ingress(_request("POST", "/v2/models/tree/infer", body))
+        shared.gate.set()
+        assert (await first).status_code == 200
+        return second.status_code, shared.model_ids
+
+    status, model_ids = asyncio.run(scenario())
+    assert status == 200  # refused where it was spread, answered by the model's own replica
+    assert model_ids == ["tree", None, "tree"]
 
 
 def test_the_ingress_checks_the_token_before_forwarding():
