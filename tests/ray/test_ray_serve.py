@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -29,7 +30,7 @@ pytest.importorskip("ray.serve", reason="the ray extra is not installed")
 
 from corral._host.budget import estimate_footprint_bytes
 from corral._onnx.modelfile import read_footprint
-from tests.helpers import load_benchmark, reference_run
+from tests.helpers import add_model, build_slow_loop, load_benchmark, reference_run
 
 # The footprint benchmark's models in Triton's layout, as `make serve` serves them.
 build_repository = load_benchmark("footprint.py").build_repository
@@ -50,6 +51,13 @@ CALLERS = 4
 START_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 90.0
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1"}
+# A run of about 0.2 s of the slow loop model on one core.
+SLOW_REQUEST = {
+    "inputs": [
+        {"name": "M", "datatype": "INT64", "shape": [], "data": [100_000]},
+        {"name": "start", "datatype": "FP32", "shape": [1], "data": [0.0]},
+    ]
+}
 
 
 def free_port() -> int:
@@ -150,6 +158,7 @@ def test_two_replicas_serve_every_model_through_the_v2_ingress(tmp_path: Path, m
     repo = tmp_path / "models"
     files = build_repository(repo, models)
     names = [path.parent.parent.name for path in files]
+    add_model(repo, "slow", build_slow_loop(), toml="max_batch_size = 0\n")
     # Each replica's budget fits about half the repository, by corral's own estimate.
     budget = sum(estimate_footprint_bytes(read_footprint(path)) for path in files) // REPLICAS
     rng = np.random.default_rng(7)
@@ -202,9 +211,30 @@ def test_two_replicas_serve_every_model_through_the_v2_ingress(tmp_path: Path, m
                 stats = response.json()["model_stats"]
                 if stats and stats[0]["inference_count"] > 0:
                     served_by[name] = response.headers["corral-replica"]
+        # A hot model: 16 callers at once on one slow model (about 0.2 s a run, one compute
+        # worker a replica). Past 8 in flight at the ingress its requests are spread, and
+        # both replicas answer for it (issue 50, part 2).
+        hot_replicas: set[str] = set()
+        hot_statuses: list[int] = []
+
+        def hammer() -> None:
+            with httpx.Client(base_url=f"http://{url}", timeout=120) as http:
+                for _ in range(2):
+                    answer = http.post("/v2/models/slow/infer", json=SLOW_REQUEST)
+                    hot_statuses.append(answer.status_code)
+                    if answer.status_code == 200:
+                        hot_replicas.add(answer.headers["corral-replica"])
+
+        callers = [threading.Thread(target=hammer) for _ in range(16)]
+        for caller in callers:
+            caller.start()
+        for caller in callers:
+            caller.join(timeout=150)
     finally:
         code, survivors = shut_down(process)
 
+    assert hot_statuses == [200] * 32, collections.Counter(hot_statuses)
+    assert len(hot_replicas) == REPLICAS, f"the hot model stayed on {hot_replicas}"
     requests = models * ROUNDS
     split = collections.Counter(served_by.values())
     print(
@@ -386,21 +416,11 @@ def test_a_killed_replica_is_replaced_and_the_other_keeps_serving(tmp_path: Path
 @pytest.mark.soak
 def test_the_replicas_scale_up_when_requests_queue(tmp_path: Path):
     """`--max-replicas`: one replica, its queue kept full, and Ray starts a second one."""
-    import threading
-
     import httpx
-
-    from tests.helpers import add_model, build_slow_loop
 
     repo = tmp_path / "models"
     names = [path.parent.parent.name for path in build_repository(repo, 40)]
     add_model(repo, "slow", build_slow_loop(), toml="max_batch_size = 0\n")
-    slow = {
-        "inputs": [
-            {"name": "M", "datatype": "INT64", "shape": [], "data": [300_000]},
-            {"name": "start", "datatype": "FP32", "shape": [1], "data": [0.0]},
-        ]
-    }
     tiny = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
     log = tmp_path / "ray-serve.log"
     # The last --replicas wins: one to start from, two at most, a replica per queued request.
@@ -413,7 +433,8 @@ def test_the_replicas_scale_up_when_requests_queue(tmp_path: Path):
     def keep_slow_requests_coming() -> None:
         with httpx.Client(base_url=f"http://{url}", timeout=120) as http:
             while not stop_load.is_set():
-                statuses.append(http.post("/v2/models/slow/infer", json=slow).status_code)
+                answer = http.post("/v2/models/slow/infer", json=SLOW_REQUEST)
+                statuses.append(answer.status_code)
 
     loaders = [threading.Thread(target=keep_slow_requests_coming) for _ in range(6)]
     replicas: set[str] = set()
