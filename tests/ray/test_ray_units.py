@@ -438,27 +438,32 @@ class DirectHandle:
         return await self._answer(call)
 
 
+def http_request(method: str, path: str, body: bytes = b"", **headers: str) -> Request:
+    """A Starlette request as Ray's proxy hands the ingress one."""
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "query_string": b"",
+        "headers": [(k.encode(), v.encode()) for k, v in headers.items()],
+    }
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return Request(scope, receive)
+
+
 def ingress_request(
     ingress: V2Ingress, method: str, path: str, body: bytes = b"", **headers: str
 ) -> tuple[int, dict[str, str], bytes]:
     async def go() -> tuple[int, dict[str, str], bytes]:
-        scope = {
-            "type": "http",
-            "method": method,
-            "path": path,
-            "query_string": b"",
-            "headers": [(k.encode(), v.encode()) for k, v in headers.items()],
-        }
-        sent = False
-
-        async def receive() -> dict[str, Any]:
-            nonlocal sent
-            if sent:
-                return {"type": "http.disconnect"}
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        response = await ingress(Request(scope, receive))
+        response = await ingress(http_request(method, path, body, **headers))
         return response.status_code, dict(response.headers), bytes(response.body)
 
     return asyncio.run(go())
@@ -494,21 +499,6 @@ def test_the_ingress_routes_models_and_forwards_the_rest(repo: Path):
         assert handle.model_ids == ["tree", None, None]
 
 
-def _request(method: str, path: str, body: bytes = b"") -> Request:
-    """A Starlette request as Ray's proxy hands the ingress one."""
-    scope = {"type": "http", "method": method, "path": path, "query_string": b"", "headers": []}
-    sent = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if sent:
-            return {"type": "http.disconnect"}
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return Request(scope, receive)
-
-
 def test_a_hot_models_requests_are_spread_over_every_replica_and_come_back():
     """Issue 50, part 2: past hot_model_in_flight, requests go without the model's id."""
     arrived = 0
@@ -526,10 +516,10 @@ def test_a_hot_models_requests_are_spread_over_every_replica_and_come_back():
         handle = DirectHandle(answer)
         ingress = V2Ingress(handle, None, 1024, hot_model_in_flight=2)  # type: ignore[arg-type]
         body = infer_call("tree").body
-        requests = [_request("POST", "/v2/models/tree/infer", body) for _ in range(3)]
+        requests = [http_request("POST", "/v2/models/tree/infer", body) for _ in range(3)]
         responses = await asyncio.gather(*(ingress(request) for request in requests))
         # Metadata and the like stay with the model's own replicas, however hot it is.
-        await ingress(_request("GET", "/v2/models/tree"))
+        await ingress(http_request("GET", "/v2/models/tree"))
         return [response.status_code for response in responses], handle.model_ids
 
     statuses, model_ids = asyncio.run(scenario())
@@ -564,9 +554,9 @@ def test_a_spread_request_a_replica_cannot_take_goes_to_the_models_own():
         handle = GatedHandle(shared)
         ingress = V2Ingress(handle, None, 1024, hot_model_in_flight=1)  # type: ignore[arg-type]
         body = infer_call("tree").body
-        first = asyncio.ensure_future(ingress(_request("POST", "/v2/models/tree/infer", body)))
+        first = asyncio.ensure_future(ingress(http_request("POST", "/v2/models/tree/infer", body)))
         await shared.first_in.wait()  # one in flight: the model is hot
-        second = await ingress(_request("POST", "/v2/models/tree/infer", body))
+        second = await ingress(http_request("POST", "/v2/models/tree/infer", body))
         shared.gate.set()
         assert (await first).status_code == 200
         return second.status_code, shared.model_ids
