@@ -56,6 +56,9 @@ def test_a_changed_version_is_swapped_in_while_a_lease_finishes_on_the_old_copy(
     # The old copy is out of service but drains: the lease finishes on it, then it closes.
     assert old.session.state is SessionState.CLOSING
     np.testing.assert_array_equal(lease.run({"X": X})["Y"], before)
+    # Its inline lane's measuring (a lease of its own, on a load worker, queued at its load)
+    # ends first: on a loaded machine it could still hold the copy open past our release.
+    assert old.lane_settled.wait(timeout=30)
     lease.release()
     assert old.session.state is SessionState.CLOSED
     with pieces.loader.lease("mlp", None, timeout=30) as again:
