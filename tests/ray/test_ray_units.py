@@ -267,6 +267,14 @@ def test_a_replica_reports_its_queued_requests_and_memory_pressure(tmp_path: Pat
             gate.open.set()
         for future in [*blockers, *queued]:
             future.result(timeout=30)
+    # With a memory watch, the working set against the limit counts too.
+    with Host(tmp_path, memory_watch_s=3600) as host:
+        host.load("mlp")
+        stats = host.stats()
+        assert stats.memory_in_use is not None
+        assert stats.memory_limit is not None
+        share = stats.memory_in_use / stats.memory_limit
+        assert replica_signals(host)[PRESSURE] == pytest.approx(share, rel=0.2)
 
 
 # -- a replica, with Ray's serve functions stood in for ----------------------------------------

@@ -18,6 +18,7 @@ import textwrap
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import psutil
@@ -35,6 +36,7 @@ from corral._host.charges import (
     MeterState,
     charge_from,
     copies_to_measure,
+    measurable,
 )
 from corral._host.served import ServedVersion
 from corral._host.table import Lead, ModelTable
@@ -308,6 +310,50 @@ def test_a_measure_the_memory_limit_has_no_room_for_is_not_taken(meters, tmp_pat
     assert asked[0] >= CHILD_BYTES + SIZE
     assert "no room now" in caplog.text
     assert meter.served[0].charge.measured is None
+
+
+def test_a_model_the_child_cannot_load_keeps_its_estimate_and_says_why(meters, tmp_path, caplog):
+    model = add_model(tmp_path, "junk", build_tree(seed=1))
+    repository = Repository(tmp_path)
+    meter = meters()
+    entry = repository.entry("junk")
+    served = build_served(entry, size_bytes=SIZE)
+    meter.served.append(served)
+    # The same size and time, other bytes: unchanged to the stamps, not ONNX to the child.
+    stamp = model.stat()
+    model.write_bytes(b"\0" * stamp.st_size)
+    os.utime(model, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    with caplog.at_level(logging.WARNING, logger="corral._host.charges"):
+        meter.meter.later(served, entry.versions[1], {"session_config": ()})
+        wait_until(lambda: "measuring model 'junk'" in caplog.text, timeout=ANSWER_S)
+    assert served.charge.measured is None
+    assert meter.recharged.empty()
+
+
+def test_what_is_not_measured_and_a_known_measure_recharged_at_once(meters, tmp_path):
+    cuda = SimpleNamespace(
+        config=SimpleNamespace(custom_op_libraries=(), providers=["CUDAExecutionProvider"])
+    )
+    custom = SimpleNamespace(
+        config=SimpleNamespace(custom_op_libraries=("ops.so",), providers=None)
+    )
+    cpu = SimpleNamespace(config=SimpleNamespace(custom_op_libraries=(), providers=None))
+    assert measurable(cuda) == "it runs on CUDAExecutionProvider"  # type: ignore[arg-type]
+    assert measurable(custom) == "it registers custom operator libraries"  # type: ignore[arg-type]
+    assert measurable(cpu) is None  # type: ignore[arg-type]
+    add_model(tmp_path, "tree", build_tree(seed=1))
+    add_model(tmp_path, "mlp", build_mlp(seed=2))
+    repository = Repository(tmp_path)
+    meter = meters()
+    meter.measure(repository, "tree")
+    first = meter.next()
+    # A copy of the same files: re-charged from the measure kept, without the child.
+    meter.measure(repository, "tree")
+    assert meter.recharged.get(timeout=5) == first
+    meter.meter.close(timeout=30)
+    meter.measure(repository, "mlp")  # closed: a model not measured before waits for none
+    assert meter.recharged.empty()
+    assert meter.meter.child_pid is None
 
 
 def test_a_model_that_kills_the_child_keeps_its_estimate_and_the_others_are_measured(

@@ -8,6 +8,7 @@ server under a real cgroup limit).
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -218,3 +219,16 @@ def test_the_table_has_room_while_the_working_set_stays_under_the_high_mark(grou
     assert table.has_room(int(PRESSURE_HIGH * GIB) - GIB // 2 - 1)
     assert not table.has_room(int(PRESSURE_HIGH * GIB) - GIB // 2 + MIB)
     assert ModelTable(HostOptions()).has_room(100 * GIB)  # no watch: nothing refused
+
+
+def test_what_cannot_be_read_is_passed_over(tmp_path: Path):
+    """The machine's memory from the system when /proc/meminfo is missing; no group, no field."""
+    pages = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    found = find_memory_limit(tmp_path, tmp_path)  # no meminfo, no cgroup file at all
+    assert found.limit_bytes == pages
+    assert found.group is None
+    folder = tmp_path / "group"
+    folder.mkdir()
+    (folder / "memory.usage_in_bytes").write_text("5000\n")
+    (folder / "memory.stat").write_text("cache 10\nrss 20\n")  # no total_inactive_file
+    assert MemoryLimit(GIB, "the cgroup (v1) test", folder, 1).working_set() == 5000

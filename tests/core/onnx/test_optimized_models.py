@@ -65,13 +65,33 @@ def test_nothing_is_kept_that_cannot_be_proven_the_same(tmp_path: Path, cache: O
     cuda = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     assert cache.key(large, SETTINGS, providers=cuda, libraries=False) is None
     assert cache.key(large, SETTINGS, providers=CPU, libraries=True) is None
-    # External data: the key does not read its files, so such a model is never kept.
+    # External data: the key does not read its files, so such a model is never kept, even
+    # one whose own file is large enough (here its largest tensor stays inline).
     proto = onnx.load_from_string(_large_mlp())
+    smallest = min(proto.graph.initializer, key=lambda tensor: len(tensor.raw_data))
     folder = tmp_path / "external"
     folder.mkdir()
-    onnx.save_model(proto, folder / "model.onnx", save_as_external_data=True, location="w.bin")
-    assert (folder / "w.bin").exists()
+    (folder / "w.bin").write_bytes(smallest.raw_data)
+    onnx.external_data_helper.set_external_data(smallest, location="w.bin")
+    smallest.ClearField("raw_data")
+    (folder / "model.onnx").write_bytes(proto.SerializeToString())
+    assert (folder / "model.onnx").stat().st_size >= MIN_FILE_BYTES
     assert cache.key(folder / "model.onnx", SETTINGS, providers=CPU, libraries=False) is None
+    # A file that cannot be read is the load's error, as without the folder.
+    with pytest.raises(corral.ModelLoadError, match="could not load model"):
+        cache.key(tmp_path / "gone.onnx", SETTINGS, providers=CPU, libraries=False)
+
+
+def test_dropping_a_file_gone_already_is_quiet_and_one_that_stays_is_named(
+    tmp_path: Path, cache: OptimizedModels, caplog: pytest.LogCaptureFixture
+):
+    cache.drop(cache.folder / "never-written.partial")
+    stuck = cache.folder / "a-folder.onnx"  # a file name that names a folder: unlink fails
+    stuck.mkdir()
+    with caplog.at_level(logging.WARNING):
+        cache.drop(stuck)
+    assert stuck.exists()
+    assert "could not remove" in caplog.text
 
 
 def test_a_folder_that_cannot_be_written_is_refused_by_name(tmp_path: Path):
