@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -290,13 +290,7 @@ class ModelTable:
                     self._room.wait(min(left, ROOM_POLL_S))
                 finally:
                     self._room_waiters -= 1
-            evicted = [self._loaded.pop(victim) for victim in chosen]
-            for served in evicted:
-                if self._ready.get(served.name) is served:
-                    del self._ready[served.name]
-                self._bytes_used -= served.size_bytes
-                self._retiring[id(served)] = served
-            self._counters.evictions += len(evicted)
+            evicted = self._evict_locked(chosen)
             self._bytes_reserved += size
             self._loads_reserved += 1
         for served in evicted:
@@ -323,24 +317,19 @@ class ModelTable:
         close. For memory pressure (``corral._host.memory_watch``): versions in use or pinned stay.
         ``why`` is said in each eviction's event.
         """
-        evicted: list[ServedVersion] = []
+        chosen: list[Key] = []
         freed = 0
         with self._table_lock:
             if self._state is not HostState.RUNNING:
                 return []
-            for key, served in list(self._by_last_use_locked()):
+            for key, served in self._by_last_use_locked():
                 if freed >= to_free:
                     break
                 if served.pinned or served.busy:
                     continue
-                del self._loaded[key]
-                if self._ready.get(served.name) is served:
-                    del self._ready[served.name]
-                self._bytes_used -= served.size_bytes
-                self._retiring[id(served)] = served
+                chosen.append(key)
                 freed += served.size_bytes
-                evicted.append(served)
-            self._counters.evictions += len(evicted)
+            evicted = self._evict_locked(chosen)
             if evicted:
                 self._room_may_have_grown_locked()
         for served in evicted:
@@ -376,14 +365,7 @@ class ModelTable:
             if budget is not None:
                 others = (item for item in self._by_last_use_locked() if item[1] is not served)
                 chosen, _ = choose_victims(Limits(budget), self._usage_locked(), 0, others)
-                for key in chosen or ():
-                    victim = self._loaded.pop(key)
-                    if self._ready.get(victim.name) is victim:
-                        del self._ready[victim.name]
-                    self._bytes_used -= victim.size_bytes
-                    self._retiring[id(victim)] = victim
-                    evicted.append(victim)
-                self._counters.evictions += len(evicted)
+                evicted = self._evict_locked(chosen or ())
         logger.info(
             "corral: %s version %s measured at %s bytes (estimated %s): charged %s",
             served.name,
@@ -401,6 +383,20 @@ class ModelTable:
                 f"{measured:,} bytes, past its estimate",
                 size_bytes=victim.size_bytes,
             )
+        return evicted
+
+    def _evict_locked(self, keys: Iterable[Key]) -> list[ServedVersion]:
+        """Take these versions out of service for room, counted as evictions.
+
+        The caller holds the table's lock, records the events and closes what is returned.
+        """
+        evicted = [self._loaded.pop(key) for key in keys]
+        for served in evicted:
+            if self._ready.get(served.name) is served:
+                del self._ready[served.name]
+            self._bytes_used -= served.size_bytes
+            self._retiring[id(served)] = served
+        self._counters.evictions += len(evicted)
         return evicted
 
     def publish(self, served: ServedVersion, entry: ModelEntry, reserved: int, took: float) -> None:
