@@ -12,6 +12,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from corral._host.budget import Charge
 from corral._models import ModelConfig, ModelEntry
 from corral._onnx import ConcurrencyPolicy
 
@@ -122,9 +123,7 @@ class VersionStatus:
         """Which figure :attr:`size_bytes` is, while loaded: declared, measured or estimated."""
         if self.estimated_bytes is None:
             return None
-        if self.declared_bytes is not None:
-            return "declared"
-        return "estimated" if self.measured_bytes is None else "measured"
+        return Charge(self.estimated_bytes, self.declared_bytes, self.measured_bytes).basis
 
 
 @dataclass(frozen=True)
