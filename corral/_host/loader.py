@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from typing import Any, TypedDict
 
 from corral._base import (
     DEFAULT_ACTIVITY,
@@ -72,7 +72,7 @@ from corral._models import (
 )
 from corral._onnx import OptimizedModels
 
-__all__ = ["BUILDS_ON_CHANGE", "FilesChanged", "Loader", "version_number"]
+__all__ = ["BUILDS_ON_CHANGE", "FilesChanged", "Loader", "SessionSettings", "version_number"]
 
 logger = logging.getLogger(__name__)
 
@@ -366,25 +366,18 @@ class Loader:
         room = None if budget is None else budget - size_bytes
         # Before anything is built: a warm-up's arrays are sized from the config alone.
         check_warmup_room(config, f"{name}:{version}", room)
-        intra, inter, unused = _session_threads(config, self._runtime.options)
+        settings, unused = self._session_settings(config)
         shrinkage, unshrunk = _arena_shrinkage(config, self._runtime.options)
         self._name_no_effect(name, (*config.no_effect, *unused, *unshrunk))
         session = Session(
             entry.versions[version].path,
             runtime=self._runtime,
             providers=config.providers,
-            concurrency=config.concurrency,
             name=f"{name}:{version}",
-            graph_optimization_level=config.graph_optimization_level,
-            execution_mode=config.execution_mode,
-            intra_op_threads=intra,
             custom_op_libraries=config.custom_op_libraries,
-            inter_op_threads=inter,
-            cpu_mem_arena=config.cpu_mem_arena,
-            mem_pattern=config.mem_pattern,
-            session_config=config.session_config,
             arena_shrinkage=shrinkage,
             optimized_models=self._optimized,
+            **settings,
         )
         try:
             # Built from the files the entry read, or the copy could mix old and new (a model
@@ -491,19 +484,27 @@ class Loader:
         """
         self._measurer.later(served)
         if self._charges is not None:
-            config = served.config
-            intra, inter, _ = _session_threads(config, self._runtime.options)
-            settings = {
-                "concurrency": config.concurrency,
-                "graph_optimization_level": config.graph_optimization_level,
-                "execution_mode": config.execution_mode,
-                "intra_op_threads": intra,
-                "inter_op_threads": inter,
-                "cpu_mem_arena": config.cpu_mem_arena,
-                "mem_pattern": config.mem_pattern,
-                "session_config": config.session_config,
-            }
+            settings, _ = self._session_settings(served.config)
             self._charges.later(served, entry.versions[served.version], settings)
+
+    def _session_settings(self, config: ModelConfig) -> tuple[SessionSettings, tuple[str, ...]]:
+        """The session settings a model's config gives, and the thread settings without effect.
+
+        What decides what a session holds: a build passes them to its Session, and the
+        measuring child (:class:`ChargeMeter`) builds its copies with the same.
+        """
+        intra, inter, unused = _session_threads(config, self._runtime.options)
+        settings: SessionSettings = {
+            "concurrency": config.concurrency,
+            "graph_optimization_level": config.graph_optimization_level,
+            "execution_mode": config.execution_mode,
+            "intra_op_threads": intra,
+            "inter_op_threads": inter,
+            "cpu_mem_arena": config.cpu_mem_arena,
+            "mem_pattern": config.mem_pattern,
+            "session_config": config.session_config,
+        }
+        return settings, unused
 
     def _recharge(self, served: ServedVersion, measured: int) -> None:
         """Charge a version its measured cost; close what that evicted as their leases end."""
@@ -784,6 +785,19 @@ class Loader:
                 self._all_idle.notify_all()
         for callback in waiting:
             callback()
+
+
+class SessionSettings(TypedDict):
+    """The keywords of a model's :class:`Session` its config decides (:meth:`Loader.build`)."""
+
+    concurrency: str
+    graph_optimization_level: str | None
+    execution_mode: str | None
+    intra_op_threads: int | None
+    inter_op_threads: int | None
+    cpu_mem_arena: bool | None
+    mem_pattern: bool | None
+    session_config: tuple[tuple[str, str], ...]
 
 
 def version_number(name: str, version: int | str) -> int:
