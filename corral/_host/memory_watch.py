@@ -75,7 +75,7 @@ class MemoryWatch:
     Example::
 
         watch = MemoryWatch(find_memory_limit())
-        watch.over(extra=200 << 20)   # bytes past the high mark with 200 MiB more in use
+        watch.margin(extra=200 << 20)  # past the high mark with 200 MiB more in use: > 0
     """
 
     def __init__(self, limit: MemoryLimit, read: Callable[[], int | None] | None = None) -> None:
@@ -105,11 +105,6 @@ class MemoryWatch:
         with self._last_lock:
             self._last = reading
         return reading
-
-    def over(self, extra: int = 0) -> int:
-        """Bytes by which the working set, ``extra`` more, passes the high mark; 0: none."""
-        margin = self.margin(extra)
-        return 0 if margin is None else max(0, margin)
 
     def margin(self, extra: int = 0) -> int | None:
         """The working set, ``extra`` more, less the high mark: negative while under it.
