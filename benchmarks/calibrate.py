@@ -198,7 +198,8 @@ def worker(model: Path, copies: int) -> dict[str, Any]:
     }
 
 
-def _measure(model: Path, copies: int) -> dict[str, Any]:
+def measure_in_child(model: Path, copies: int) -> dict[str, Any]:
+    """:func:`worker`'s row for ``model``, measured in a fresh interpreter."""
     command = [sys.executable, __file__, "worker", str(model), "--copies", str(copies)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
     if result.returncode != 0:
@@ -231,7 +232,7 @@ def calibrate(real: Path | None = None) -> list[dict[str, Any]]:
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for name, path, copies in _cases(real, Path(scratch)):
-            row = {"model": name, "copies": copies, **_measure(path, copies)}
+            row = {"model": name, "copies": copies, **measure_in_child(path, copies)}
             print(json.dumps(row), file=sys.stderr, flush=True)
             rows.append(row)
     return rows

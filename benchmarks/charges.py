@@ -130,12 +130,6 @@ def host_worker(model: Path, copies: int) -> dict[str, Any]:
     }
 
 
-def trimmed_worker(model: Path, copies: int) -> dict[str, Any]:
-    """calibrate.py's worker's RSS per copy, as read and after ``malloc_trim(0)``."""
-    row = calibrate.worker(model, copies)
-    return {"calibrate": row["measured"], "calibrate_trimmed": row["trimmed"]}
-
-
 def concurrent_readings(real: Path | None) -> dict[str, Any]:
     """Each load's in-process reading of bytes in use, alone and with another load at once."""
     import threading
@@ -211,7 +205,10 @@ def measure_all(real: Path | None) -> list[dict[str, Any]]:
                     shutil.copy2(file, alone / file.name)
             model = alone / path.name
             row = {"model": name, "copies": copies}
-            row.update(_run("calibrate-worker", model, copies))
+            # calibrate.py's own worker, in a fresh interpreter of its own.
+            calibrated = calibrate.measure_in_child(model, copies)
+            row["calibrate"] = calibrated["measured"]
+            row["calibrate_trimmed"] = calibrated["trimmed"]
             row.update(_run("host-worker", model, copies))
             row["charge_ratio"] = round(row["charge_max"] / row["in_host"], 2)
             row["charge_ratio_min"] = round(row["charge_min"] / row["in_host"], 2)
@@ -253,19 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     """The command line: the table, or one worker."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     commands = parser.add_subparsers(dest="command")
-    for name in ("host-worker", "calibrate-worker"):
-        one = commands.add_parser(name, help="measure one model in this interpreter")
-        one.add_argument("model", type=Path)
-        one.add_argument("--copies", type=int, default=4)
+    one = commands.add_parser("host-worker", help="measure one model in this interpreter")
+    one.add_argument("model", type=Path)
+    one.add_argument("--copies", type=int, default=4)
     commands.add_parser("concurrent", help="in-process readings under two loads at once")
     parser.add_argument("--real", type=Path, help="a folder of real .onnx models to add")
     parser.add_argument("--json", type=Path, help="also write the rows to this file")
     args = parser.parse_args(argv)
     if args.command == "host-worker":
         print(json.dumps(host_worker(args.model, args.copies)))
-        return 0
-    if args.command == "calibrate-worker":
-        print(json.dumps(trimmed_worker(args.model, args.copies)))
         return 0
     if args.command == "concurrent":
         print(json.dumps(concurrent_readings(args.real), indent=2))
