@@ -81,7 +81,8 @@ class ModelControl:
     while a model :meth:`preload` failed to load has not been loaded since (:meth:`load`).
     ``threads``: the control plane's threads, to share with another owner (a new set by
     default). ``unsupported``: why :meth:`load` and :meth:`unload` are refused
-    (:class:`ModelControlUnsupported`), None when they are not.
+    (:class:`ModelControlUnsupported`), None when they are not. ``overrides_unsupported``:
+    why a load that gives a ``config`` or ``files`` is refused, None when it is not.
     """
 
     def __init__(
@@ -95,9 +96,11 @@ class ModelControl:
         unload_timeout_s: float = UNLOAD_TIMEOUT_S,
         threads: ControlThreads | None = None,
         unsupported: str | None = None,
+        overrides_unsupported: str | None = None,
     ) -> None:
         self._host = host
         self._unsupported = unsupported
+        self._overrides_unsupported = overrides_unsupported
         self._threads = ControlThreads() if threads is None else threads
         self._control_timeout_s = control_timeout_s
         self._unload_timeout_s = unload_timeout_s
@@ -250,9 +253,15 @@ class ModelControl:
         ``failed to load '<name>': ``, the words Triton's clients match on.
 
         Bounded by the Host's ``load_timeout_s`` (:class:`LoadTimeout`). Refused with
-        :class:`ModelControlUnsupported` when the server was built without loads and unloads.
+        :class:`ModelControlUnsupported` when the server was built without loads and unloads,
+        or, for a load with a ``config`` or ``files``, without such loads.
         """
         self._check_supported("load", name)
+        if self._overrides_unsupported is not None and (config is not None or files):
+            raise ModelControlUnsupported(
+                f"cannot load model {name!r} with a config or files through the repository "
+                f"API: {self._overrides_unsupported}"
+            )
         try:
             await self._threads.run(
                 f"loading model {name!r}", None, self._host.load, name, config=config, files=files

@@ -26,10 +26,10 @@ except ImportError as exc:  # pragma: no cover - the dev extra installs ray
 from corral.ray._app import INGRESS_NAME, MODELS_NAME, app, build_app
 from corral.ray._autoscaling import ReplicasWanted, replica_signals
 from corral.ray._config import UNLIMITED, RayServeConfig, models_per_replica
-from corral.ray._exchange import HttpAnswer, HttpCall, call_asgi, model_in_path
+from corral.ray._exchange import REPLICA_HEADER, HttpAnswer, HttpCall, call_asgi, model_in_path
 from corral.ray._ingress import V2Ingress
 from corral.ray._launch import APP_NAME, serve_on_ray
-from corral.ray._replica import REPLICA_HEADER, ModelReplica
+from corral.ray._replica import ModelReplica
 
 __all__ = [
     "APP_NAME",

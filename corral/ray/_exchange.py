@@ -15,13 +15,16 @@ from typing import Any
 
 from corral.server.http.routes import Family, named_route
 
-__all__ = ["HttpAnswer", "HttpCall", "call_asgi", "model_in_path"]
+__all__ = ["REPLICA_HEADER", "HttpAnswer", "HttpCall", "call_asgi", "model_in_path"]
 
 Headers = tuple[tuple[bytes, bytes], ...]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 Asgi = Callable[[MutableMapping[str, Any], Receive, Send], Awaitable[None]]
+
+#: Response header naming the replica that answered (Ray's replica id).
+REPLICA_HEADER = b"corral-replica"
 
 
 @dataclass(frozen=True, slots=True)

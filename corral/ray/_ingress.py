@@ -7,7 +7,10 @@ corral's own HTTP application, so every endpoint a replica serves answers as ``c
 does.
 
 Served: ``/v2`` and ``/v2/health/*`` (any replica), and everything under
-``/v2/models/{name}`` (infer, metadata, ready, config, stats) on the model's replica.
+``/v2/models/{name}`` (infer, metadata, ready, config) on the model's replica. What is one
+process's view in ``corral serve`` (the repository's index, loads and unloads, statistics,
+``/metrics``, the status page) is asked of every replica at once (Ray's ``broadcast``) and
+their answers made one (:mod:`corral.ray._fanout`): a load reaches every replica running.
 
 Hot models. A model with ``hot_model_in_flight`` requests or more in flight at this ingress
 is hot: its further inference requests go without a model id, so Ray's own routing (the
@@ -22,6 +25,7 @@ with the model's replicas.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 
 import orjson
 from ray.exceptions import RayError
@@ -31,6 +35,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from corral.ray._exchange import HttpAnswer, HttpCall
+from corral.ray._fanout import (
+    FanoutError,
+    Reply,
+    all_succeeded,
+    every_status,
+    labelled_metrics,
+    merged_index,
+    passed_answer,
+    summed_statistics,
+)
 from corral.ray._replica import ModelReplica
 from corral.server.http.requests import check_token, read_body
 from corral.server.http.responses import HttpError
@@ -44,6 +58,20 @@ logger = logging.getLogger(__name__)
 _JSON = "application/json"
 # Not forwarded to the client as they are: Starlette's response sets its own length.
 _DROPPED = frozenset({b"content-length"})
+# The endpoints every replica is asked, and how their answers are made one.
+_FANNED_OUT: dict[Endpoint, Callable[[Sequence[Reply]], HttpAnswer]] = {
+    Endpoint.REPOSITORY_INDEX: merged_index,
+    Endpoint.LOAD: all_succeeded,
+    Endpoint.UNLOAD: all_succeeded,
+    Endpoint.ALL_STATS: summed_statistics,
+    Endpoint.MODEL_STATS: summed_statistics,
+    Endpoint.METRICS: labelled_metrics,
+    Endpoint.STATUS: every_status,
+    Endpoint.MODEL_STATUS: every_status,
+}
+#: Seconds the ingress waits for every replica's answer to a call asked of all of them:
+#: longer than a replica's own bounds (a load's timeout, an unload's drain).
+FANOUT_TIMEOUT_S = 600.0
 
 
 class V2Ingress:
@@ -70,11 +98,9 @@ class V2Ingress:
         path: str = request.scope["path"]
         endpoint, family, name = _routed(request.method, path)
         try:
-            if family is not Family.HEALTH:
-                if self._tokens.any_closed:
-                    scope = None if endpoint is None else endpoint.scope
-                    check_token(request.scope["headers"], self._tokens, scope)
-                _refuse_per_process(path, endpoint, family)
+            if family is not Family.HEALTH and self._tokens.any_closed:
+                scope = None if endpoint is None else endpoint.scope
+                check_token(request.scope["headers"], self._tokens, scope)
             body = await read_body(request.scope, request.receive, self._max_request_bytes)
         except HttpError as exc:
             return _error(exc.status, str(exc), exc.headers)
@@ -86,7 +112,15 @@ class V2Ingress:
             body,
         )
         try:
-            answer = await self._forward(call, name, spread=endpoint is Endpoint.INFER)
+            merge = None if endpoint is None else _FANNED_OUT.get(endpoint)
+            if merge is not None:
+                answer = await self._ask_every_replica(call, merge)
+            else:
+                answer = await self._forward(call, name, spread=endpoint is Endpoint.INFER)
+        except HttpError as exc:
+            return _error(exc.status, str(exc), exc.headers)
+        except TimeoutError:
+            return _error(503, f"the model replicas did not all answer in {FANOUT_TIMEOUT_S:.0f} s")
         except BackPressureError as exc:
             return _error(429, f"every model replica is busy: {exc}")
         except RayError as exc:
@@ -98,6 +132,27 @@ class V2Ingress:
             if key not in _DROPPED
         }
         return Response(answer.body, status_code=answer.status, headers=headers)
+
+    async def _ask_every_replica(
+        self, call: HttpCall, merge: Callable[[Sequence[Reply]], HttpAnswer]
+    ) -> HttpAnswer:
+        """``call`` asked of every model replica running now; their answers made one.
+
+        A replica that could not answer fails the request (503, naming it): the answer is
+        never a part of the deployment's silently.
+        """
+        answers = await self._models.broadcast("__call__", call).results_async(
+            timeout_s=FANOUT_TIMEOUT_S
+        )
+        try:
+            return merge([Reply.of(answer) for answer in answers])
+        except FanoutError as exc:
+            passed = passed_answer(exc)
+            if passed is not None:
+                return passed
+            raise HttpError(
+                503, f"the model replicas' answers could not be made one: {exc}"
+            ) from None
 
     async def _forward(self, call: HttpCall, name: str | None, *, spread: bool) -> HttpAnswer:
         """Hand ``call`` to a replica: the model's own, or any while the model is hot.
@@ -136,18 +191,6 @@ def _routed(method: str, path: str) -> tuple[Endpoint | None, Family | None, str
     if route is None:
         return None, family, None
     return route.endpoint, family, route.model if family is Family.MODELS else None
-
-
-def _refuse_per_process(path: str, endpoint: Endpoint | None, family: Family | None) -> None:
-    """Raise :class:`HttpError` 404 for what is one process's view, meaningless on Ray."""
-    if family is Family.METRICS:
-        raise HttpError(404, "on Ray Serve, metrics are Ray's: see its metrics export port")
-    if family is Family.REPOSITORY or (endpoint is not None and endpoint.per_process):
-        raise HttpError(
-            404,
-            f"{path} is one process's view and is not served through Ray Serve: "
-            "each replica loads the models routed to it",
-        )
 
 
 def _error(status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> Response:

@@ -39,17 +39,25 @@ from corral._base import CorralError
 from corral._compute import Runtime
 from corral._host import Host
 from corral.protocol.dataplane import DataPlane
+from corral.protocol.model_control import ModelControl
 from corral.ray._autoscaling import replica_signals
 from corral.ray._config import RayServeConfig, models_per_replica
-from corral.ray._exchange import HttpAnswer, HttpCall, call_asgi
+from corral.ray._exchange import REPLICA_HEADER, HttpAnswer, HttpCall, call_asgi
 from corral.server.http.app import HttpApp
+from corral.server.observe.metrics import Metrics
+from corral.server.observe.status import StatusBoard
 
-__all__ = ["REPLICA_HEADER", "ModelReplica", "claim_cache_folder"]
+__all__ = ["ModelReplica", "claim_cache_folder"]
 
 logger = logging.getLogger(__name__)
 
-#: Response header naming the replica that answered (Ray's replica id).
-REPLICA_HEADER = b"corral-replica"
+# Why a replica refuses a load that brings its own config or files: the deployment could not
+# keep every replica answering alike.
+_NO_OVERRIDES = (
+    "on Ray Serve a load reaches the replicas running at that moment, and a replica started "
+    "later (a restart, a scale-up) would serve the repository's files instead; change the "
+    "repository and load again"
+)
 
 
 class _Routed:
@@ -79,7 +87,18 @@ class ModelReplica:
             options = dataclasses.replace(options, cache_dir=folder)
         self._host = Host(repository, runtime=runtime, options=options).start()
         self._drain_timeout_s = config.drain_timeout_s
-        self._app = HttpApp(DataPlane(self._host), max_request_bytes=config.max_request_bytes)
+        control = ModelControl(self._host, overrides_unsupported=_NO_OVERRIDES)
+        plane = DataPlane(self._host, control=control)
+        # The status page's figures; sampled by a task on the replica's event loop, started
+        # with the first request (Ray runs the constructor off that loop).
+        self._board = StatusBoard(plane, repository=repository, edge="ray")
+        self._sampling: asyncio.Task[None] | None = None
+        self._app = HttpApp(
+            plane,
+            metrics=Metrics(plane).render,
+            status=self._board,
+            max_request_bytes=config.max_request_bytes,
+        )
         self._tag = serve.get_replica_context().replica_tag.encode()
         # Names found in the repository. Only the replica's event loop touches it.
         self._known: set[str] = set()
@@ -114,7 +133,13 @@ class ModelReplica:
         return replica_signals(self._host)
 
     async def __call__(self, call: HttpCall) -> HttpAnswer:
-        """Answer one forwarded request; a model's request registers the model's route."""
+        """Answer one forwarded request; a model's request registers the model's route.
+
+        The ingress asks every replica (Ray's ``broadcast``) for what is one process's view
+        (:mod:`corral.ray._fanout`): those calls carry no model id.
+        """
+        if self._sampling is None:
+            self._sampling = asyncio.get_running_loop().create_task(self._board.run())
         name = serve.get_multiplexed_model_id()
         if name and await self._exists(name):
             await self._route(name)
@@ -125,6 +150,9 @@ class ModelReplica:
     def __del__(self) -> None:
         """Close the Host when Ray stops the replica (after its requests have drained)."""
         host: Host | None = getattr(self, "_host", None)  # None when __init__ failed
+        sampling: asyncio.Task[None] | None = getattr(self, "_sampling", None)
+        if sampling is not None and not sampling.get_loop().is_closed():
+            sampling.get_loop().call_soon_threadsafe(sampling.cancel)
         try:
             if host is not None:
                 host.close(timeout=self._drain_timeout_s)

@@ -749,18 +749,25 @@ def test_cuda_shared_memory_is_refused_clearly_and_the_extension_is_listed(clien
     assert caught.value.status() in ("501", "StatusCode.UNIMPLEMENTED")
 
 
-def slow_metric(server: ServerProcess, metric: str) -> float:
-    """The "slow" model's ``metric`` on the server's ``/metrics`` page (0 before it has one)."""
+def slow_metrics(server: ServerProcess, *metrics: str) -> list[float]:
+    """The "slow" model's ``metrics`` from one ``/metrics`` page (0 before it has one)."""
     with urllib.request.urlopen(f"http://{server.http}/metrics", timeout=10) as answer:
         page = answer.read().decode()
-    found = re.search(rf'^{metric}{{model="slow",version="1"}} (\S+)$', page, re.MULTILINE)
-    return float(found[1]) if found else 0.0
+    values = []
+    for metric in metrics:
+        found = re.search(rf'^{metric}{{model="slow",version="1"}} (\S+)$', page, re.MULTILINE)
+        values.append(float(found[1]) if found else 0.0)
+    return values
 
 
 def queued_or_answered(server: ServerProcess) -> float:
-    """Requests for "slow" waiting in its queue or answered successfully, so far."""
-    return slow_metric(server, "nv_inference_pending_request_count") + slow_metric(
-        server, "nv_inference_request_success"
+    """Requests for "slow" waiting in its queue or answered successfully, so far.
+
+    Both from one page: read from two, a request answered between them and the next one
+    leaving the queue to run would count once too often.
+    """
+    return sum(
+        slow_metrics(server, "nv_inference_pending_request_count", "nv_inference_request_success")
     )
 
 

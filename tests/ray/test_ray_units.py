@@ -49,6 +49,13 @@ from corral.ray import (
 )
 from corral.ray._app import most_replicas, replica_count
 from corral.ray._autoscaling import PRESSURE, QUEUED
+from corral.ray._fanout import (
+    FanoutError,
+    Reply,
+    all_succeeded,
+    labelled_metrics,
+    summed_statistics,
+)
 from corral.server.http.app import HttpApp
 from corral.testing import build_mlp, build_tree
 from tests.gates import hold_compute_workers, served_version
@@ -289,8 +296,10 @@ class FakeServe:
         # The routing entries the "cache" holds, by model, as Ray's multiplexer keeps them.
         self.routed: dict[str, Any] = {}
 
+        self.tag = "replica-1"
+
     def get_replica_context(self) -> SimpleNamespace:
-        return SimpleNamespace(replica_tag="replica-1")
+        return SimpleNamespace(replica_tag=self.tag)
 
     def get_multiplexed_model_id(self) -> str:
         return self.model_id
@@ -500,11 +509,205 @@ def test_the_ingress_routes_models_and_forwards_the_rest(repo: Path):
             ingress, "POST", "/v2/models/tree/infer", b"{}", **{"content-length": "5000"}
         )
         assert declared[0] == 413
-        for path in ("/v2/repository/index", "/v2/models/stats", "/metrics"):
-            status, _, content = ingress_request(ingress, "POST", path)
-            assert status == 404, path
-            assert b"Ray" in content, path
         assert handle.model_ids == ["tree", None, None]
+
+
+class ReplicaSet:
+    """A deployment handle over real replicas: routed calls go to the first, broadcasts to all."""
+
+    def __init__(self, fake: FakeServe, replicas: list[ModelReplica]) -> None:
+        self._fake = fake
+        self.replicas = replicas
+        self._model_id = ""
+
+    def options(self, *, multiplexed_model_id: str) -> ReplicaSet:
+        routed = ReplicaSet(self._fake, self.replicas)
+        routed._model_id = multiplexed_model_id
+        return routed
+
+    async def remote(self, call: HttpCall, replica: int = 0) -> HttpAnswer:
+        self._fake.model_id = self._model_id
+        return await self.replicas[replica](call)
+
+    def broadcast(self, method: str, call: HttpCall) -> SimpleNamespace:
+        assert method == "__call__"
+
+        async def results_async(timeout_s: float) -> list[HttpAnswer]:
+            self._fake.model_id = ""
+            return [await replica(call) for replica in self.replicas]
+
+        return SimpleNamespace(results_async=results_async)
+
+
+@pytest.fixture
+def two_replicas(repo: Path, fake_serve: FakeServe) -> Iterator[ReplicaSet]:
+    config = RayServeConfig(compute_workers=1)
+    made = []
+    for tag in ("replica-a", "replica-b"):
+        fake_serve.tag = tag
+        made.append(ModelReplica(str(repo), config))
+    yield ReplicaSet(fake_serve, made)
+    for replica in made:
+        replica.__del__()
+
+
+def test_the_process_views_are_every_replicas_made_one(two_replicas: ReplicaSet):
+    """Issue 50, part 1: statistics, /metrics, the index and the status page of every replica."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    ingress = V2Ingress(two_replicas, None, 1 << 20)  # type: ignore[arg-type]
+
+    async def scenario() -> dict[str, tuple[int, dict[str, str], bytes]]:
+        # "tree" once on its own replica (a), twice on the other (a hot model's spread copy).
+        for replica in (0, 1, 1):
+            answer = await two_replicas.options(multiplexed_model_id="tree").remote(
+                infer_call("tree"), replica
+            )
+            assert answer.status == 200, answer.body
+        asked = {}
+        for key, method, path in [
+            ("stats", "GET", "/v2/models/tree/stats"),
+            ("all", "GET", "/v2/models/stats"),
+            ("metrics", "GET", "/metrics"),
+            ("index", "POST", "/v2/repository/index"),
+            ("status", "GET", "/v2/corral/status"),
+            ("unknown", "GET", "/v2/models/nope/stats"),
+        ]:
+            response = await ingress(http_request(method, path))
+            asked[key] = response.status_code, dict(response.headers), bytes(response.body)
+        return asked
+
+    asked = asyncio.run(scenario())
+    status, _, body = asked["stats"]
+    assert status == 200, body
+    [row] = orjson.loads(body)["model_stats"]
+    assert (row["name"], row["inference_count"]) == ("tree", 3)
+    assert row["inference_stats"]["success"]["count"] == 3
+    every = {row["name"]: row for row in orjson.loads(asked["all"][2])["model_stats"]}
+    assert every["tree"]["inference_count"] == 3
+    status, headers, body = asked["metrics"]
+    assert status == 200
+    assert headers["content-type"].startswith("text/plain")
+    # Valid Prometheus text, each series named by its replica, the figures per replica.
+    successes = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            assert sample.labels["replica"] in ("replica-a", "replica-b"), sample
+            # The parser names a counter's samples with _total.
+            if family.name == "nv_inference_request_success" and sample.labels["model"] == "tree":
+                successes[sample.labels["replica"]] = sample.value
+    assert successes == {"replica-a": 1, "replica-b": 2}
+    index = {row["name"]: row for row in orjson.loads(asked["index"][2])}
+    assert index["tree"]["state"] == "READY"
+    assert set(index) == {"mlp", "tree"}
+    document = orjson.loads(asked["status"][2])
+    assert [entry["replica"] for entry in document["replicas"]] == ["replica-a", "replica-b"]
+    status, _, body = asked["unknown"]
+    assert status == 404
+    assert b"replica-a" in body, body
+
+
+def test_a_load_and_an_unload_reach_every_replica(two_replicas: ReplicaSet):
+    ingress = V2Ingress(two_replicas, None, 1 << 20)  # type: ignore[arg-type]
+    hosts = [replica.host for replica in two_replicas.replicas]
+
+    def ask(path: str, body: bytes = b"") -> tuple[int, bytes]:
+        status, _, content = ingress_request(ingress, "POST", path, body)
+        return status, content
+
+    assert ask("/v2/repository/models/mlp/load") == (200, b"")
+    assert [host.status("mlp").state for host in hosts] == [ModelState.READY] * 2
+    assert ask("/v2/repository/models/mlp/unload")[0] == 200
+    assert [host.status("mlp").state for host in hosts] == [ModelState.UNLOADED] * 2
+    # A load bringing its own config is refused by every replica, in the same words.
+    config = orjson.dumps({"parameters": {"config": orjson.dumps({"max_batch_size": 4}).decode()}})
+    status, content = ask("/v2/repository/models/mlp/load", config)
+    assert status == 501, content
+    assert b"a replica started later" in content
+    assert b"0 of 2 replicas" in content
+    assert [host.status("mlp").state for host in hosts] == [ModelState.UNLOADED] * 2
+    status, content = ask("/v2/repository/models/nope/load")
+    assert status == 404
+    assert b"failed to load 'nope'" in content, content
+
+
+def reply(replica: str, body: bytes, status: int = 200) -> Reply:
+    return Reply.of(HttpAnswer(status, ((b"corral-replica", replica.encode()),), body))
+
+
+def test_statistics_add_up_batch_size_by_batch_size():
+    def row(last: int, sizes: dict[int, int]) -> dict[str, Any]:
+        duration = {"count": 1, "ns": 10}
+        kinds = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+        return {
+            "name": "m",
+            "version": "1",
+            "last_inference": last,
+            "inference_count": 2,
+            "execution_count": 1,
+            "inference_stats": dict.fromkeys(kinds, duration),
+            "batch_stats": [
+                {"batch_size": size, "compute_infer": {"count": count, "ns": 5 * count}}
+                for size, count in sizes.items()
+            ],
+        }
+
+    answers = [
+        reply("a", orjson.dumps({"model_stats": [row(7, {1: 2, 4: 1})]})),
+        reply("b", orjson.dumps({"model_stats": [row(9, {4: 3, 8: 1})]})),
+    ]
+    [total] = orjson.loads(summed_statistics(answers).body)["model_stats"]
+    assert (total["last_inference"], total["inference_count"], total["execution_count"]) == (
+        9,
+        4,
+        2,
+    )
+    assert total["inference_stats"]["queue"] == {"count": 2, "ns": 20}
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in total["batch_stats"]] == [
+        (1, 2),
+        (4, 4),
+        (8, 1),
+    ]
+
+
+def test_metrics_keep_one_header_per_family_and_label_every_series():
+    page = b'# HELP up Up.\n# TYPE up gauge\nup 1\nup{zone="x"} 2.5\n'
+    text = labelled_metrics([reply("a", page), reply("b", page)]).body.decode()
+    assert text.splitlines() == [
+        "# HELP up Up.",
+        "# TYPE up gauge",
+        'up{replica="a"} 1',
+        'up{replica="a",zone="x"} 2.5',
+        'up{replica="b"} 1',
+        'up{replica="b",zone="x"} 2.5',
+    ]
+    with pytest.raises(FanoutError, match="replica a wrote a series before its # TYPE"):
+        labelled_metrics([reply("a", b"up 1\n")])
+
+
+def test_a_load_fails_as_a_replica_failed_naming_it_and_how_many_succeeded():
+    answer = all_succeeded([reply("a", b""), reply("b", b'{"error":"no room"}', 507)])
+    assert answer.status == 507
+    assert orjson.loads(answer.body) == {"error": "no room (replica b; 1 of 2 replicas succeeded)"}
+    with pytest.raises(FanoutError, match="does not name its replica"):
+        Reply.of(HttpAnswer(200, (), b""))
+
+
+def test_answers_that_cannot_be_made_one_are_an_error_naming_the_replica():
+    async def answer(call: HttpCall) -> HttpAnswer:
+        return HttpAnswer(200, ((b"corral-replica", b"r1"),), b"not json")
+
+    class Broken(DirectHandle):
+        def broadcast(self, method: str, call: HttpCall) -> SimpleNamespace:
+            async def results_async(timeout_s: float) -> list[HttpAnswer]:
+                return [await answer(call), HttpAnswer(200, ((b"corral-replica", b"r2"),), b"[]")]
+
+            return SimpleNamespace(results_async=results_async)
+
+    ingress = V2Ingress(Broken(answer), None, 1024)  # type: ignore[arg-type]
+    status, _, content = ingress_request(ingress, "POST", "/v2/repository/index")
+    assert status == 503
+    assert b"replica r1 answered with no JSON" in content, content
 
 
 def test_a_hot_models_requests_are_spread_over_every_replica_and_come_back():

@@ -97,11 +97,6 @@ class Endpoint(enum.Enum):
         """The scope whose tokens open it (:mod:`corral.server.tokens`); None: no token."""
         return _SCOPES.get(self, _FAMILY_SCOPES.get(self.family))
 
-    @property
-    def per_process(self) -> bool:
-        """Whether the endpoint is one process's view, which means nothing for a cluster."""
-        return self.family in (Family.REPOSITORY, Family.METRICS) or self is Endpoint.ALL_STATS
-
 
 #: The scope of each family's endpoints, but for the endpoints of :data:`_SCOPES`.
 _FAMILY_SCOPES = {

@@ -162,17 +162,9 @@ def test_the_status_page_routes_exist_only_where_the_page_is_served():
     assert refused.value.status == 404
 
 
-def test_only_the_health_checks_are_open_and_only_process_views_are_per_process():
+def test_only_the_health_checks_are_open():
     open_ = {endpoint for endpoint in Endpoint if endpoint.scope is None}
     assert open_ == {Endpoint.LIVE, Endpoint.READY}
-    per_process = {endpoint for endpoint in Endpoint if endpoint.per_process}
-    assert per_process == {
-        Endpoint.REPOSITORY_INDEX,
-        Endpoint.LOAD,
-        Endpoint.UNLOAD,
-        Endpoint.ALL_STATS,
-        Endpoint.METRICS,
-    }
 
 
 segments = st.text(alphabet="ab/%?#.-_ é", max_size=12)
