@@ -150,10 +150,24 @@ def shut_down(process: subprocess.Popen[bytes]) -> tuple[int, bool]:
     return code, survivors
 
 
+def served_by_replica(page: str) -> dict[str, str]:
+    """Each model that answered, and the replica that did, from the deployment's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    served = {}
+    for family in text_string_to_metric_families(page):
+        if family.name == "nv_inference_request_success":
+            for sample in family.samples:
+                if sample.value > 0:
+                    served[sample.labels["model"]] = sample.labels["replica"]
+    return served
+
+
 @pytest.mark.parametrize("models", [MODELS, pytest.param(SOAK_MODELS, marks=pytest.mark.soak)])
 def test_two_replicas_serve_every_model_through_the_v2_ingress(tmp_path: Path, models: int):
     import httpx
     import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
 
     repo = tmp_path / "models"
     files = build_repository(repo, models)
@@ -198,19 +212,6 @@ def test_two_replicas_serve_every_model_through_the_v2_ingress(tmp_path: Path, m
             client.close()
         elapsed = time.perf_counter() - started
 
-        # Which replica serves each model: its statistics, asked through the same ingress,
-        # come from the replica Ray routes the model to, named in a response header.
-        served_by: dict[str, str] = {}
-        with httpx.Client(base_url=f"http://{url}", timeout=60) as http:
-            for name in names:
-                response = http.get(f"/v2/models/{name}/stats")
-                assert response.status_code == 200, f"{name}: {response.text}"
-                # Empty when the replica asked never served the model: Ray may route the
-                # name to the other replica now (each fits about half the repository, and a
-                # model unloaded under the budget leaves its replica's multiplexed ids).
-                stats = response.json()["model_stats"]
-                if stats and stats[0]["inference_count"] > 0:
-                    served_by[name] = response.headers["corral-replica"]
         # A hot model: 16 callers at once on one slow model (about 0.2 s a run, one compute
         # worker a replica). Past 8 in flight at the ingress its requests are spread, and
         # both replicas answer for it (issue 50, part 2).
@@ -230,13 +231,38 @@ def test_two_replicas_serve_every_model_through_the_v2_ingress(tmp_path: Path, m
             caller.start()
         for caller in callers:
             caller.join(timeout=150)
+        # What is one process's view in corral serve is the deployment's here, from every
+        # replica (issue 50, part 1): which replica served each model, from /metrics' series
+        # labelled by replica; the hot model's statistics summed over both.
+        with httpx.Client(base_url=f"http://{url}", timeout=60) as http:
+            page = http.get("/metrics")
+            assert page.status_code == 200, page.text
+            served_by = served_by_replica(page.text)
+            slow_stats = http.get("/v2/models/slow/stats").json()["model_stats"]
+            status = http.get("/v2/corral/status").json()
+        control = httpclient.InferenceServerClient(url, connection_timeout=60, network_timeout=60)
+        try:
+            index = {row["name"]: row for row in control.get_model_repository_index()}
+            control.unload_model("slow")
+            unloaded_ready = control.is_model_ready("slow")
+            control.load_model("slow")
+            reloaded_ready = control.is_model_ready("slow")
+            with pytest.raises(InferenceServerException, match="a replica started later"):
+                control.load_model("slow", config='{"max_batch_size": 0}')
+        finally:
+            control.close()
     finally:
         code, survivors = shut_down(process)
 
     assert hot_statuses == [200] * 32, collections.Counter(hot_statuses)
+    assert [row["inference_count"] for row in slow_stats] == [32], slow_stats
+    assert len(status["replicas"]) == REPLICAS, status
+    assert set(index) == {*names, "slow"}, sorted(index)
+    assert index["slow"]["state"] == "READY", index["slow"]
+    assert (unloaded_ready, reloaded_ready) == (False, True)
     assert len(hot_replicas) == REPLICAS, f"the hot model stayed on {hot_replicas}"
     requests = models * ROUNDS
-    split = collections.Counter(served_by.values())
+    split = collections.Counter(tag for name, tag in served_by.items() if name != "slow")
     print(
         f"ray: {requests} requests over {models} models, {len(failures)} failed, "
         f"{requests / elapsed:.0f} req/s with {CALLERS} in flight; "
