@@ -2,7 +2,9 @@
 
 Each replica answers what the ingress forwards (:class:`~corral.ray._exchange.HttpCall`) by
 running it through corral's own HTTP application on its own Host, so a request gets the
-same answer, error and status as from ``corral serve``.
+same answer, error and status as from ``corral serve``; a gRPC call
+(:class:`~corral.ray._grpc_exchange.GrpcCall`, :meth:`ModelReplica.grpc`) through corral's
+own gRPC servicer on the same Host.
 
 Routing. Ray's model multiplexing routes a model id to a replica that reported it, else to
 the replica reporting the fewest. A replica reports what its multiplexed cache holds, so the
@@ -42,6 +44,8 @@ from corral.protocol.dataplane import DataPlane
 from corral.ray._autoscaling import replica_signals
 from corral.ray._config import RayServeConfig, models_per_replica
 from corral.ray._exchange import HttpAnswer, HttpCall, call_asgi
+from corral.ray._grpc_exchange import GrpcAnswer, GrpcCall, call_handlers
+from corral.server.grpc.service import InferenceServicer, method_handlers
 from corral.server.http.app import HttpApp
 
 __all__ = ["REPLICA_HEADER", "ModelReplica", "claim_cache_folder"]
@@ -79,7 +83,11 @@ class ModelReplica:
             options = dataclasses.replace(options, cache_dir=folder)
         self._host = Host(repository, runtime=runtime, options=options).start()
         self._drain_timeout_s = config.drain_timeout_s
-        self._app = HttpApp(DataPlane(self._host), max_request_bytes=config.max_request_bytes)
+        plane = DataPlane(self._host)
+        self._app = HttpApp(plane, max_request_bytes=config.max_request_bytes)
+        self._grpc_handlers = method_handlers(
+            InferenceServicer(plane, max_request_bytes=config.max_request_bytes)
+        )
         self._tag = serve.get_replica_context().replica_tag.encode()
         # Names found in the repository. Only the replica's event loop touches it.
         self._known: set[str] = set()
@@ -121,6 +129,15 @@ class ModelReplica:
         answer = await call_asgi(self._app, call)
         headers = (*answer.headers, (REPLICA_HEADER, self._tag))
         return HttpAnswer(answer.status, headers, answer.body)
+
+    async def grpc(self, call: GrpcCall) -> GrpcAnswer:
+        """Answer one forwarded gRPC call, as :meth:`__call__` does an HTTP request."""
+        name = serve.get_multiplexed_model_id()
+        if name and await self._exists(name):
+            await self._route(name)
+        answer = await call_handlers(self._grpc_handlers, call)
+        trailing = (*answer.trailing_metadata, (REPLICA_HEADER.decode(), self._tag.decode()))
+        return dataclasses.replace(answer, trailing_metadata=trailing)
 
     def __del__(self) -> None:
         """Close the Host when Ray stops the replica (after its requests have drained)."""
