@@ -121,7 +121,8 @@ class GrpcIngress:
         in_flight: dict[str, int],
     ) -> None:
         loop = asyncio.get_running_loop()
-        self._models = models
+        # The replicas' gRPC method (ModelReplica.grpc), to any of them.
+        self._replicas = models.options(method_name="grpc")
         self._hot = hot_model_in_flight
         self._in_flight = in_flight
         self._host = listener.host
@@ -163,11 +164,11 @@ class GrpcIngress:
 
     async def _forward(self, call: GrpcCall, name: str | None, spread: bool) -> GrpcAnswer:
         """Hand ``call`` to a replica: the model's own, or any while the model is hot."""
-        replicas = self._models.options(method_name="grpc")
+        replicas = self._replicas
         if name is None:
             answer: GrpcAnswer = await replicas.remote(call)
             return answer
-        routed = self._models.options(method_name="grpc", multiplexed_model_id=name)
+        routed = replicas.options(multiplexed_model_id=name)
         in_flight = self._in_flight.get(name, 0)
         self._in_flight[name] = in_flight + 1
         try:

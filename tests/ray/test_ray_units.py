@@ -955,8 +955,16 @@ class GrpcHandle:
         self._method = method
         self._model_id = model_id
 
-    def options(self, *, method_name: str, multiplexed_model_id: str | None = None) -> GrpcHandle:
-        routed = GrpcHandle(self._answer, self.routes, method_name, multiplexed_model_id)
+    def options(
+        self, *, method_name: str | None = None, multiplexed_model_id: str | None = None
+    ) -> GrpcHandle:
+        """A handle with these options, keeping those it had (as Ray's does)."""
+        routed = GrpcHandle(
+            self._answer,
+            self.routes,
+            method_name or self._method,
+            multiplexed_model_id or self._model_id,
+        )
         routed.calls = self.calls
         return routed
 
@@ -1133,14 +1141,14 @@ def test_a_hot_models_grpc_calls_are_spread_and_one_refused_comes_back():
 
 def test_the_v2_ingress_serves_grpc_when_told_where(repo: Path):
     async def main() -> None:
-        async def never(call: HttpCall) -> HttpAnswer:
+        async def never(call: GrpcCall, model_id: str | None) -> GrpcAnswer:
             raise AssertionError("nothing is forwarded here")
 
-        plain = V2Ingress(DirectHandle(never), None, 1024)  # type: ignore[arg-type]
+        plain = V2Ingress(GrpcHandle(never), None, 1024)  # type: ignore[arg-type]
         assert await plain.grpc_address() is None
         plain.check_health()
         listener = GrpcListener(port=0, drain_timeout_s=1.0)
-        ingress = V2Ingress(DirectHandle(never), None, 1024, grpc=listener)  # type: ignore[arg-type]
+        ingress = V2Ingress(GrpcHandle(never), None, 1024, grpc=listener)  # type: ignore[arg-type]
         address = await ingress.grpc_address()
         assert address is not None
         ingress.check_health()
@@ -1148,7 +1156,7 @@ def test_the_v2_ingress_serves_grpc_when_told_where(repo: Path):
         assert host == "127.0.0.1"
         # Taken: another server may not bind it (no SO_REUSEPORT with one ingress replica).
         with pytest.raises(OSError, match=f"could not bind 127.0.0.1:{port}"):
-            GrpcIngress(DirectHandle(never), GrpcListener(port=int(port)), None, 1024, 0, {})  # type: ignore[arg-type]
+            GrpcIngress(GrpcHandle(never), GrpcListener(port=int(port)), None, 1024, 0, {})  # type: ignore[arg-type]
         await ingress.__del__()  # what Ray awaits when it stops the replica
         await ingress.__del__()  # twice is harmless
 
