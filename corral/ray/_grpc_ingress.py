@@ -160,6 +160,9 @@ class GrpcIngress:
         """
         if not self._started.done():
             self._started.cancel()
+        logger.info(
+            "corral: the ingress's gRPC server stops (drain timeout %g s)", self._drain_timeout_s
+        )
         await self._server.stop(self._drain_timeout_s)
 
     async def _forward(self, call: GrpcCall, name: str | None, spread: bool) -> GrpcAnswer:
