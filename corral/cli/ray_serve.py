@@ -25,7 +25,7 @@ __all__ = ["RAY_SERVE_OPTIONS", "ray_serve_variables", "run_ray_serve"]
 #: becomes a value, default, help).
 RAY_SERVE_OPTIONS: tuple[tuple[str, Callable[[str], object], object, str], ...] = (
     ("address", str, None, "Ray cluster to join: auto, HOST:PORT or ray://... (default: local)"),
-    ("host", str, "127.0.0.1", "HTTP address"),
+    ("host", str, "127.0.0.1", "HTTP address (and gRPC's, unless --grpc-host)"),
     ("port", int, 8000, "HTTP port"),
     ("log_level", str, "info", "error, warning, info, debug"),
 )
@@ -83,8 +83,9 @@ def run_ray_serve(args: argparse.Namespace) -> int:
             f"; did you mean {nearest[0]}?" if nearest else "",
         )
 
-    def started(url: str) -> None:
-        print(f"corral ray-serve: serving {repository} at {url}", flush=True)
+    def started(url: str, grpc: str | None) -> None:
+        served = url if grpc is None else f"{url}, gRPC at {grpc}"
+        print(f"corral ray-serve: serving {repository} at {served}", flush=True)
 
     return serve_on_ray(
         repository,

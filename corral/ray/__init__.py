@@ -1,7 +1,8 @@
 """corral on Ray Serve: replicas that each own a Host, routed to by model.
 
 Needs the ``ray`` extra (Ray Serve). Past one machine, corral runs as a
-Ray Serve application: a v2 HTTP ingress and a deployment of model replicas, each holding a
+Ray Serve application: a v2 ingress (HTTP, and gRPC on a server of its own) and a deployment
+of model replicas, each holding a
 :class:`corral.Host` under its own byte budget. Ray's model multiplexing sends each model's
 requests to a replica that already has it; corral's leases decide when a model closes.
 
@@ -12,6 +13,8 @@ requests to a replica that already has it; corral's leases decide when a model c
 - :class:`ModelReplica`, :class:`V2Ingress`: the two deployments' classes.
 - :func:`serve_on_ray`: what ``corral ray-serve`` runs.
 - :class:`HttpCall`, :class:`HttpAnswer`: what the ingress and a replica exchange.
+- :class:`GrpcIngress`, :class:`GrpcListener`: the ingress's gRPC server and where it listens;
+  :class:`GrpcCall`, :class:`GrpcAnswer`, :func:`call_handlers`: a gRPC call forwarded.
 
 See ``docs/scale-out.md``.
 """
@@ -27,6 +30,8 @@ from corral.ray._app import INGRESS_NAME, MODELS_NAME, app, build_app
 from corral.ray._autoscaling import ReplicasWanted, replica_signals
 from corral.ray._config import UNLIMITED, RayServeConfig, models_per_replica
 from corral.ray._exchange import REPLICA_HEADER, HttpAnswer, HttpCall, call_asgi, model_in_path
+from corral.ray._grpc_exchange import GrpcAnswer, GrpcCall, call_handlers
+from corral.ray._grpc_ingress import GrpcIngress, GrpcListener
 from corral.ray._ingress import V2Ingress
 from corral.ray._launch import APP_NAME, serve_on_ray
 from corral.ray._replica import ModelReplica
@@ -37,6 +42,10 @@ __all__ = [
     "MODELS_NAME",
     "REPLICA_HEADER",
     "UNLIMITED",
+    "GrpcAnswer",
+    "GrpcCall",
+    "GrpcIngress",
+    "GrpcListener",
     "HttpAnswer",
     "HttpCall",
     "ModelReplica",
@@ -46,6 +55,7 @@ __all__ = [
     "app",
     "build_app",
     "call_asgi",
+    "call_handlers",
     "model_in_path",
     "models_per_replica",
     "replica_signals",

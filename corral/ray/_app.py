@@ -12,10 +12,19 @@ from ray.serve.schema import LoggingConfig
 from corral._base import InvalidOption
 from corral.ray._autoscaling import ReplicasWanted
 from corral.ray._config import RayServeConfig, check_cache_options
+from corral.ray._grpc_ingress import GrpcListener
 from corral.ray._ingress import V2Ingress
 from corral.ray._replica import ModelReplica
 
-__all__ = ["INGRESS_NAME", "MODELS_NAME", "app", "build_app", "most_replicas", "replica_count"]
+__all__ = [
+    "INGRESS_NAME",
+    "MODELS_NAME",
+    "app",
+    "build_app",
+    "grpc_listener",
+    "most_replicas",
+    "replica_count",
+]
 
 #: The deployments' names, as Ray's dashboard and ``serve status`` show them.
 MODELS_NAME = "corral-models"
@@ -34,7 +43,9 @@ def build_app(
     ``repository`` is a folder readable at the same path on every node a replica may run on
     (a shared volume), or a URL in object storage (``s3://bucket/prefix``) that each replica
     reads into a cache folder of its own (:mod:`corral.ray._replica`): no shared disk.
-    ``cache_dir`` and ``cache_bytes`` apply to a URL only. Example::
+    ``cache_dir`` and ``cache_bytes`` apply to a URL only. Each ingress replica also serves
+    gRPC on ``grpc_host:grpc_port`` itself (:mod:`corral.ray._grpc_ingress`), unless
+    ``grpc_port`` is -1. Example::
 
         serve.run(build_app("/models", RayServeConfig(replicas=4, memory_budget="8GiB")),
                   name="corral", route_prefix="/")
@@ -57,10 +68,32 @@ def build_app(
         num_replicas=config.ingress_replicas,
         max_ongoing_requests=config.max_ongoing_requests * most_replicas(config),
         ray_actor_options={"num_cpus": 0},
+        # Longer than its gRPC server's drain (corral.ray._grpc_ingress).
+        graceful_shutdown_timeout_s=config.drain_timeout_s + 5,
         logging_config=_QUIET,
     )(V2Ingress)
     return ingress.bind(
-        models, config.auth_token, config.max_request_bytes, config.hot_model_in_flight
+        models,
+        config.auth_token,
+        config.max_request_bytes,
+        config.hot_model_in_flight,
+        grpc_listener(config),
+    )
+
+
+def grpc_listener(config: RayServeConfig) -> GrpcListener | None:
+    """Where each ingress replica serves gRPC, as ``config`` says; None: ``grpc_port`` -1.
+
+    On ``grpc_host`` (default 127.0.0.1), sharing the port when there are several ingress
+    replicas (SO_REUSEPORT).
+    """
+    if config.grpc_port == -1:
+        return None
+    return GrpcListener(
+        host=config.grpc_host or "127.0.0.1",
+        port=config.grpc_port,
+        reuse_port=config.ingress_replicas > 1,
+        drain_timeout_s=config.drain_timeout_s,
     )
 
 

@@ -121,6 +121,14 @@ class RayServeConfig(_HostAndRuntimeOptions):  # type: ignore[misc]  # Any: made
     auth_token: str | None = _option(
         None, "require Authorization: Bearer <token> on all but health endpoints"
     )
+    grpc_port: int = _option(
+        8001,
+        "the port each ingress replica serves the Open Inference Protocol's gRPC on "
+        "(0: any free port, with one ingress replica; -1: no gRPC)",
+    )
+    grpc_host: str | None = _option(
+        None, "the address the gRPC server binds (default: the HTTP proxy's --host)"
+    )
     drain_timeout_s: float = _option(
         10.0, "seconds a stopping replica waits for its runs before closing anyway"
     )
@@ -140,6 +148,7 @@ class RayServeConfig(_HostAndRuntimeOptions):  # type: ignore[misc]  # Any: made
                 f"hot_model_in_flight must be a whole number, 0 or more, got {hot!r}",
                 option="hot_model_in_flight",
             )
+        self._check_grpc()
         if self.max_replicas is not None:
             positive_int("max_replicas", self.max_replicas)
             if self.max_replicas < self.replicas:
@@ -168,6 +177,25 @@ class RayServeConfig(_HostAndRuntimeOptions):  # type: ignore[misc]  # Any: made
                 ) from None
         self.runtime_options()  # the Runtime's and the Host's options are checked where
         self.host_options()  # they are defined
+
+    def _check_grpc(self) -> None:
+        port = self.grpc_port
+        if isinstance(port, bool) or not isinstance(port, int) or not -1 <= port <= 65535:
+            raise InvalidOption(
+                f"grpc_port must be a port number, 0 (any free port) or -1 (no gRPC), got {port!r}",
+                option="grpc_port",
+            )
+        if port == 0 and self.ingress_replicas > 1:
+            # Each ingress replica would take a port of its own, and one address is printed.
+            raise InvalidOption(
+                f"grpc_port 0 takes a free port per ingress replica: give a port for "
+                f"{self.ingress_replicas} ingress replicas to share",
+                option="grpc_port",
+            )
+        if self.grpc_host is not None and not (isinstance(self.grpc_host, str) and self.grpc_host):
+            raise InvalidOption(
+                f"grpc_host must be an address, got {self.grpc_host!r}", option="grpc_host"
+            )
 
     def runtime_options(self) -> RuntimeOptions:
         """The options of each replica's Runtime: its fields of the same names."""

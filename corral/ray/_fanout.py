@@ -9,7 +9,11 @@ or unload answered 200 only when every replica's was. An answer that cannot be m
 (a replica that failed, a body that is not what the endpoint gives) becomes the request's
 error, naming the replica: a deployment's figures are never silently a part of them.
 
-Nothing here imports Ray: the ingress hands in each replica's :class:`Reply`.
+The same over gRPC (:class:`GrpcReply`): the index and statistics messages merged as their
+JSON forms are, a load or unload OK only when every replica's was.
+
+Nothing here imports Ray: the ingresses hand in each replica's :class:`Reply` or
+:class:`GrpcReply`.
 """
 
 from __future__ import annotations
@@ -18,20 +22,34 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 import orjson
+from google.protobuf.message import DecodeError
 
+from corral.protocol.proto import grpc_service_pb2 as pb
 from corral.ray._exchange import REPLICA_HEADER, Headers, HttpAnswer
+from corral.ray._grpc_exchange import GrpcAnswer
 
 __all__ = [
+    "FANOUT_TIMEOUT_S",
     "FanoutError",
+    "GrpcFailed",
+    "GrpcReply",
     "Reply",
     "all_succeeded",
     "every_status",
+    "grpc_all_succeeded",
+    "grpc_merged_index",
+    "grpc_summed_statistics",
     "labelled_metrics",
     "merged_index",
     "passed_answer",
     "summed_statistics",
 ]
+
+#: Seconds an ingress waits for every replica's answer to a call asked of all of them:
+#: longer than a replica's own bounds (a load's timeout, an unload's drain).
+FANOUT_TIMEOUT_S = 600.0
 
 _JSON = ((b"content-type", b"application/json"),)
 # Triton's index states, from the least to the most advanced: a model version is shown in
@@ -247,3 +265,119 @@ def _json(status: int, document: object, headers: Headers = ()) -> HttpAnswer:
         if key not in (b"content-type", b"content-length", REPLICA_HEADER)
     )
     return HttpAnswer(status, _JSON + kept, orjson.dumps(document))
+
+
+# -- gRPC ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcReply:
+    """One replica's answer to a gRPC call every replica was asked."""
+
+    #: Ray's replica id (the answer's ``corral-replica`` trailing metadata).
+    replica: str
+    answer: GrpcAnswer
+
+    @staticmethod
+    def of(answer: GrpcAnswer) -> GrpcReply:
+        """The reply ``answer`` is, named by its ``corral-replica`` trailing metadata."""
+        tag = REPLICA_HEADER.decode()
+        for key, value in answer.trailing_metadata:
+            if key == tag:
+                return GrpcReply(value if isinstance(value, str) else value.decode(), answer)
+        raise FanoutError(f"a replica's answer ({answer.code.name}) does not name its replica")
+
+
+def grpc_all_succeeded(replies: Sequence[GrpcReply]) -> GrpcAnswer:
+    """A load's or unload's answer: the first replica's if each was OK, else a failure's."""
+    _grpc_failure(replies)
+    return _grpc_answer(replies[0].answer.body)
+
+
+def grpc_merged_index(replies: Sequence[GrpcReply]) -> GrpcAnswer:
+    """RepositoryIndex: each model version once, in its most advanced state (as HTTP's)."""
+    rows: dict[tuple[str, str], pb.RepositoryIndexResponse.ModelIndex] = {}
+    for reply in _grpc_failure(replies):
+        for row in _message(reply, pb.RepositoryIndexResponse).models:
+            key = (row.name, row.version)
+            kept = rows.get(key)
+            if kept is None or _STATE_ORDER.get(row.state, -1) > _STATE_ORDER.get(kept.state, -1):
+                rows[key] = row
+    merged = pb.RepositoryIndexResponse(models=[rows[key] for key in sorted(rows)])
+    return _grpc_answer(merged.SerializeToString())
+
+
+def grpc_summed_statistics(replies: Sequence[GrpcReply]) -> GrpcAnswer:
+    """ModelStatistics: each model version's figures summed over replicas (as HTTP's)."""
+    rows: dict[tuple[str, str], pb.ModelStatistics] = {}
+    for reply in _grpc_failure(replies):
+        for row in _message(reply, pb.ModelStatisticsResponse).model_stats:
+            key = (row.name, row.version)
+            if key in rows:
+                _add_statistics(rows[key], row)
+            else:
+                rows[key] = row
+    merged = pb.ModelStatisticsResponse(model_stats=[rows[key] for key in sorted(rows)])
+    return _grpc_answer(merged.SerializeToString())
+
+
+class GrpcFailed(FanoutError):
+    """A replica's own error, to answer the call with (its code kept)."""
+
+    def __init__(self, answer: GrpcAnswer) -> None:
+        super().__init__(answer.details)
+        self.answer = answer
+
+
+def _grpc_failure(replies: Sequence[GrpcReply]) -> Sequence[GrpcReply]:
+    """The replies, all OK; else raises :class:`GrpcFailed` with the first failure's answer."""
+    if not replies:
+        raise FanoutError("no model replica is running")
+    failed = [reply for reply in replies if reply.answer.code is not grpc.StatusCode.OK]
+    if failed:
+        first = failed[0]
+        succeeded = len(replies) - len(failed)
+        details = (
+            f"{first.answer.details} (replica {first.replica}; {succeeded} of {len(replies)} "
+            "replicas succeeded)"
+        )
+        raise GrpcFailed(GrpcAnswer(first.answer.code, details, b""))
+    return replies
+
+
+def _message(reply: GrpcReply, kind: Any) -> Any:
+    try:
+        return kind.FromString(reply.answer.body)
+    except DecodeError as exc:
+        raise FanoutError(f"replica {reply.replica} answered what does not parse: {exc}") from None
+
+
+def _add_statistics(total: pb.ModelStatistics, row: pb.ModelStatistics) -> None:
+    total.last_inference = max(total.last_inference, row.last_inference)
+    total.inference_count += row.inference_count
+    total.execution_count += row.execution_count
+    for field in pb.InferStatistics.DESCRIPTOR.fields:
+        _add_duration(
+            getattr(total.inference_stats, field.name), getattr(row.inference_stats, field.name)
+        )
+    # Copies: the messages of a repeated field must not be put back into it.
+    sizes: dict[int, pb.InferBatchStatistics] = {}
+    for batch in (*total.batch_stats, *row.batch_stats):
+        mine = sizes.get(batch.batch_size)
+        if mine is None:
+            sizes[batch.batch_size] = mine = pb.InferBatchStatistics()
+            mine.CopyFrom(batch)
+            continue
+        for part in ("compute_input", "compute_infer", "compute_output"):
+            _add_duration(getattr(mine, part), getattr(batch, part))
+    del total.batch_stats[:]
+    total.batch_stats.extend(sizes[size] for size in sorted(sizes))
+
+
+def _add_duration(total: pb.StatisticDuration, other: pb.StatisticDuration) -> None:
+    total.count += other.count
+    total.ns += other.ns
+
+
+def _grpc_answer(body: bytes) -> GrpcAnswer:
+    return GrpcAnswer(grpc.StatusCode.OK, "", body)

@@ -36,6 +36,7 @@ from starlette.responses import Response
 
 from corral.ray._exchange import HttpAnswer, HttpCall
 from corral.ray._fanout import (
+    FANOUT_TIMEOUT_S,
     FanoutError,
     Reply,
     all_succeeded,
@@ -45,6 +46,7 @@ from corral.ray._fanout import (
     passed_answer,
     summed_statistics,
 )
+from corral.ray._grpc_ingress import GrpcIngress, GrpcListener
 from corral.ray._replica import ModelReplica
 from corral.server.http.requests import check_token, read_body
 from corral.server.http.responses import HttpError
@@ -69,9 +71,6 @@ _FANNED_OUT: dict[Endpoint, Callable[[Sequence[Reply]], HttpAnswer]] = {
     Endpoint.STATUS: every_status,
     Endpoint.MODEL_STATUS: every_status,
 }
-#: Seconds the ingress waits for every replica's answer to a call asked of all of them:
-#: longer than a replica's own bounds (a load's timeout, an unload's drain).
-FANOUT_TIMEOUT_S = 600.0
 
 
 class V2Ingress:
@@ -83,6 +82,7 @@ class V2Ingress:
         auth_token: str | None,
         max_request_bytes: int,
         hot_model_in_flight: int = 0,
+        grpc: GrpcListener | None = None,
     ) -> None:
         self._models = models
         # One token for every scope: the ingress has no scoped tokens (corral.server.tokens).
@@ -92,6 +92,24 @@ class V2Ingress:
         self._hot = hot_model_in_flight
         # Each model's requests in flight at this ingress. Only its event loop touches it.
         self._in_flight: dict[str, int] = {}
+        # Its gRPC server, with ``grpc`` (corral.ray._grpc_ingress), made on Ray's running loop.
+        self._grpc = None
+        if grpc is not None:
+            self._grpc = GrpcIngress(
+                models, grpc, auth_token, max_request_bytes, hot_model_in_flight, self._in_flight
+            )
+            # Ray awaits an instance's __del__ when it stops the replica; the collector never
+            # calls one that is not the class's.
+            self.__del__ = self._grpc.stop
+
+    async def grpc_address(self) -> str | None:
+        """Where this ingress replica serves gRPC (``host:port``), once it does; None: not."""
+        return None if self._grpc is None else await self._grpc.address()
+
+    def check_health(self) -> None:
+        """Ray's health check of the replica: raises if its gRPC server failed to start."""
+        if self._grpc is not None:
+            self._grpc.check()
 
     async def __call__(self, request: Request) -> Response:
         """Answer one HTTP request, forwarding it to a model replica."""

@@ -12,6 +12,7 @@ imports Ray; a program calling :func:`serve_on_ray` itself should do the same.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import threading
@@ -24,12 +25,16 @@ from ray import serve
 from corral.ray._app import build_app
 from corral.ray._config import RayServeConfig
 
-__all__ = ["APP_NAME", "LOCAL_ENVIRONMENT", "serve_on_ray"]
+__all__ = ["APP_NAME", "GRPC_START_TIMEOUT_S", "LOCAL_ENVIRONMENT", "serve_on_ray"]
 
 logger = logging.getLogger(__name__)
 
 #: The application's name in Serve (``serve status`` lists it).
 APP_NAME = "corral"
+
+#: Seconds the launcher waits for the ingress to say where its gRPC server listens, once
+#: Serve has deployed the application (the server binds as the ingress starts).
+GRPC_START_TIMEOUT_S = 60.0
 
 #: Read by Ray at import. Its switch for single-machine platforms (read on Linux too) keeps a
 #: local node on 127.0.0.1; the other turns off its usage report.
@@ -43,15 +48,17 @@ def serve_on_ray(
     address: str | None = None,
     host: str = "127.0.0.1",
     port: int = 8000,
-    started: Callable[[str], None] | None = None,
+    started: Callable[[str, str | None], None] | None = None,
 ) -> int:
     """Deploy corral on Ray Serve and serve until SIGTERM or SIGINT; returns the exit code.
 
     ``address`` is a Ray cluster to join (``auto``, ``host:6379``, ``ray://...``); None
     starts a local one. ``host`` and ``port`` are where Serve's HTTP proxy listens when this
-    call starts Serve (a running Serve keeps its own). ``started(url)`` is called once the
-    application answers. Call it from the main thread: it handles SIGTERM and SIGINT while it
-    runs, and puts the handlers it found back when it returns.
+    call starts Serve (a running Serve keeps its own); the ingress's gRPC server listens on
+    ``host`` too unless ``config.grpc_host`` says otherwise. ``started(url, grpc)`` is called
+    once the application answers: ``grpc`` is where gRPC is served (``host:port``), None
+    with ``grpc_port`` -1. Call it from the main thread: it handles SIGTERM and SIGINT while
+    it runs, and puts the handlers it found back when it returns.
     """
     stop = threading.Event()
     signals = (signal.SIGTERM, signal.SIGINT)
@@ -77,11 +84,19 @@ def serve_on_ray(
         try:
             if not stop.is_set():
                 serve.start(http_options={"host": host, "port": port})
-                serve.run(build_app(repository, config), name=APP_NAME, route_prefix="/")
+                if config.grpc_host is None:
+                    config = dataclasses.replace(config, grpc_host=host)
+                ingress = serve.run(build_app(repository, config), name=APP_NAME, route_prefix="/")
                 url = f"http://{host}:{port}"
+                # Asked of the ingress: the bound port, once its gRPC server has started.
+                grpc: str | None = ingress.grpc_address.remote().result(
+                    timeout_s=GRPC_START_TIMEOUT_S
+                )
                 logger.info("corral: serving %s on Ray Serve at %s", repository, url)
+                if grpc is not None:
+                    logger.info("corral: gRPC at %s", grpc)
                 if started is not None:
-                    started(url)
+                    started(url, grpc)
             stop.wait()
             logger.info("corral: stopping")
         finally:

@@ -2,7 +2,9 @@
 
 Each replica answers what the ingress forwards (:class:`~corral.ray._exchange.HttpCall`) by
 running it through corral's own HTTP application on its own Host, so a request gets the
-same answer, error and status as from ``corral serve``.
+same answer, error and status as from ``corral serve``; a gRPC call
+(:class:`~corral.ray._grpc_exchange.GrpcCall`, :meth:`ModelReplica.grpc`) through corral's
+own gRPC servicer on the same Host.
 
 Routing. Ray's model multiplexing routes a model id to a replica that reported it, else to
 the replica reporting the fewest. A replica reports what its multiplexed cache holds, so the
@@ -43,6 +45,8 @@ from corral.protocol.model_control import ModelControl
 from corral.ray._autoscaling import replica_signals
 from corral.ray._config import RayServeConfig, models_per_replica
 from corral.ray._exchange import REPLICA_HEADER, HttpAnswer, HttpCall, call_asgi
+from corral.ray._grpc_exchange import GrpcAnswer, GrpcCall, call_handlers
+from corral.server.grpc.service import InferenceServicer, method_handlers
 from corral.server.http.app import HttpApp
 from corral.server.observe.metrics import Metrics
 from corral.server.observe.status import StatusBoard
@@ -99,6 +103,9 @@ class ModelReplica:
             status=self._board,
             max_request_bytes=config.max_request_bytes,
         )
+        self._grpc_handlers = method_handlers(
+            InferenceServicer(plane, max_request_bytes=config.max_request_bytes)
+        )
         self._tag = serve.get_replica_context().replica_tag.encode()
         # Names found in the repository. Only the replica's event loop touches it.
         self._known: set[str] = set()
@@ -146,6 +153,15 @@ class ModelReplica:
         answer = await call_asgi(self._app, call)
         headers = (*answer.headers, (REPLICA_HEADER, self._tag))
         return HttpAnswer(answer.status, headers, answer.body)
+
+    async def grpc(self, call: GrpcCall) -> GrpcAnswer:
+        """Answer one forwarded gRPC call, as :meth:`__call__` does an HTTP request."""
+        name = serve.get_multiplexed_model_id()
+        if name and await self._exists(name):
+            await self._route(name)
+        answer = await call_handlers(self._grpc_handlers, call)
+        trailing = (*answer.trailing_metadata, (REPLICA_HEADER.decode(), self._tag.decode()))
+        return dataclasses.replace(answer, trailing_metadata=trailing)
 
     def __del__(self) -> None:
         """Close the Host when Ray stops the replica (after its requests have drained)."""

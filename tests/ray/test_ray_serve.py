@@ -93,6 +93,9 @@ def start(
     repo: Path | str, log: Path, *extra: str, environment: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
+    grpc_port = free_port()
+    while grpc_port == port:
+        grpc_port = free_port()
     command = [
         sys.executable,
         "-c",
@@ -101,6 +104,8 @@ def start(
         str(repo),
         "--port",
         str(port),
+        "--grpc-port",
+        str(grpc_port),
         "--replicas",
         str(REPLICAS),
         # Both replicas fit on one core, so the test needs no more than a small machine.
@@ -125,6 +130,13 @@ def start(
         time.sleep(0.2)
     stop(process)
     raise AssertionError(f"corral ray-serve did not start:\n{log.read_text()[-5000:]}")
+
+
+def grpc_address(log: Path) -> str:
+    """Where the ingress serves gRPC, as `corral ray-serve` printed it once it served."""
+    found = re.search(r"corral ray-serve: serving .*, gRPC at ([\d.]+:\d+)", log.read_text())
+    assert found, log.read_text()[-5000:]
+    return found[1]
 
 
 def stop(process: subprocess.Popen[bytes]) -> int:
@@ -212,6 +224,8 @@ def test_two_replicas_serve_every_model_through_the_v2_ingress(tmp_path: Path, m
             client.close()
         elapsed = time.perf_counter() - started
 
+        grpc_at = grpc_address(log)
+        grpc_checks(grpc_at, names[:4], inputs, expected)
         # A hot model: 16 callers at once on one slow model (about 0.2 s a run, one compute
         # worker a replica). Past 8 in flight at the ingress its requests are spread, and
         # both replicas answer for it (issue 50, part 2).
@@ -267,7 +281,8 @@ def test_two_replicas_serve_every_model_through_the_v2_ingress(tmp_path: Path, m
         f"ray: {requests} requests over {models} models, {len(failures)} failed, "
         f"{requests / elapsed:.0f} req/s with {CALLERS} in flight; "
         f"models per replica {sorted(split.values())}; "
-        f"listening on {sorted({ip for _, ip in addresses})}"
+        f"listening on {sorted({ip for _, ip in addresses})}; "
+        f"tritonclient.grpc at {grpc_at}: live, ready, metadata, config, infer on 4 models"
     )
     assert not failures, f"{len(failures)} of {requests} requests failed: {failures[:10]}"
     assert len(split) == REPLICAS, f"not every replica served models: {dict(split)}"
@@ -277,8 +292,42 @@ def test_two_replicas_serve_every_model_through_the_v2_ingress(tmp_path: Path, m
     beyond = {(name, ip) for name, ip in addresses if ip not in LOOPBACK}
     assert beyond, "Ray's replicas now bind loopback only: update docs/scale-out.md"
     assert all(name.startswith("ray::ServeRepli") and ip == "::" for name, ip in beyond), beyond
+    # The ingress's own gRPC server among them, on loopback.
+    assert grpc_at.startswith("127.0.0.1:")
     assert code == 0, log.read_text()[-5000:]
     assert not survivors, "processes of corral ray-serve's group outlived it"
+
+
+def grpc_checks(
+    address: str,
+    names: list[str],
+    inputs: dict[str, np.ndarray],
+    expected: dict[str, np.ndarray],
+) -> None:
+    """A short pass of tritonclient's stock gRPC client through the ingress's gRPC server."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(address)
+    try:
+        assert client.is_server_live()
+        assert client.is_server_ready()
+        assert client.get_server_metadata().name
+        for name in names:
+            assert [tensor.name for tensor in client.get_model_metadata(name).inputs] == ["X"]
+            assert client.get_model_config(name).config.name == name
+            tensor = grpcclient.InferInput("X", [2, 4], "FP32")
+            tensor.set_data_from_numpy(inputs[name])
+            answer = client.infer(name, [tensor], client_timeout=60).as_numpy("Y")
+            np.testing.assert_allclose(answer, expected[name], rtol=1e-5, atol=1e-6)
+            assert client.is_model_ready(name)
+        # corral serve's code and words for a model the repository does not hold.
+        with pytest.raises(InferenceServerException) as missing:
+            client.get_model_metadata("no-such-model")
+        assert missing.value.status() == "StatusCode.NOT_FOUND"
+        assert "unknown model: 'no-such-model'" in str(missing.value.message())
+    finally:
+        client.close()
 
 
 # A handful of models: Ray's start and stop are most of this test's time.

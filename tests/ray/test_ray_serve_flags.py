@@ -55,6 +55,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "hot_model_in_flight": ("4", 4),
     "max_request_bytes": ("4096", 4096),
     "auth_token": ("s3cret", "s3cret"),
+    "grpc_port": ("9001", 9001),
+    "grpc_host": ("0.0.0.0", "0.0.0.0"),
     "drain_timeout_s": ("1.5", 1.5),
     "intra_op_threads": ("2", 2),
     "inter_op_threads": ("3", 3),

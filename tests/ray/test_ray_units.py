@@ -8,6 +8,7 @@ that calls a replica directly. What Ray does with them is `tests/ray/test_ray_se
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 from collections.abc import Awaitable, Callable, Iterator
@@ -15,6 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import grpc
 import httpx
 import numpy as np
 import orjson
@@ -32,8 +34,14 @@ from corral import Host, ModelState
 from corral._host.budget import estimate_footprint_bytes, estimate_model_bytes
 from corral._onnx.modelfile import read_footprint
 from corral.protocol import DataPlane
+from corral.protocol.proto import grpc_service_pb2 as pb
+from corral.protocol.proto import grpc_service_pb2_grpc as pb_grpc
 from corral.ray import (
     UNLIMITED,
+    GrpcAnswer,
+    GrpcCall,
+    GrpcIngress,
+    GrpcListener,
     HttpAnswer,
     HttpCall,
     ModelReplica,
@@ -43,23 +51,31 @@ from corral.ray import (
     app,
     build_app,
     call_asgi,
+    call_handlers,
     model_in_path,
     models_per_replica,
     replica_signals,
 )
-from corral.ray._app import most_replicas, replica_count
+from corral.ray._app import grpc_listener, most_replicas, replica_count
 from corral.ray._autoscaling import PRESSURE, QUEUED
 from corral.ray._fanout import (
     FanoutError,
+    GrpcFailed,
+    GrpcReply,
     Reply,
     all_succeeded,
+    grpc_all_succeeded,
+    grpc_merged_index,
+    grpc_summed_statistics,
     labelled_metrics,
     summed_statistics,
 )
+from corral.server.grpc.service import InferenceServicer, method_handlers, start_grpc_server
 from corral.server.http.app import HttpApp
+from corral.server.observe.logs import REQUEST_ID_HEADER
 from corral.testing import build_mlp, build_tree
 from tests.gates import hold_compute_workers, served_version
-from tests.helpers import add_model, reference_run
+from tests.helpers import add_model, reference_run, run_freeing_frames
 
 X = np.random.default_rng(5).standard_normal((2, 4)).astype(np.float32)
 TREE = build_tree(seed=2)
@@ -156,6 +172,13 @@ def test_call_asgi_refuses_an_app_that_never_answers():
         ({"max_request_bytes": 0}, "max_request_bytes must be a positive integer"),
         ({"max_queue_per_model": 0}, "max_queue_per_model must be a positive integer"),
         ({"hot_model_in_flight": -1}, "hot_model_in_flight must be a whole number, 0 or more"),
+        ({"grpc_port": 70000}, "grpc_port must be a port number, 0 .any free port. or -1"),
+        ({"grpc_port": "8001"}, "grpc_port must be a port number"),
+        (
+            {"grpc_port": 0, "ingress_replicas": 2},
+            "grpc_port 0 takes a free port per ingress replica: give a port for 2",
+        ),
+        ({"grpc_host": ""}, "grpc_host must be an address"),
     ],
 )
 def test_config_refuses_bad_values_by_name(options: dict[str, Any], message: str):
@@ -693,6 +716,48 @@ def test_a_load_fails_as_a_replica_failed_naming_it_and_how_many_succeeded():
         Reply.of(HttpAnswer(200, (), b""))
 
 
+def grpc_reply(replica: str, message: Any, code: grpc.StatusCode = grpc.StatusCode.OK) -> GrpcReply:
+    body = b"" if message is None else message.SerializeToString()
+    details = "" if code is grpc.StatusCode.OK else "no room"
+    return GrpcReply.of(GrpcAnswer(code, details, body, (), (("corral-replica", replica),)))
+
+
+def test_grpc_answers_of_every_replica_are_made_one_as_http_ones_are():
+    def index(state: str) -> pb.RepositoryIndexResponse:
+        return pb.RepositoryIndexResponse(
+            models=[pb.RepositoryIndexResponse.ModelIndex(name="m", version="1", state=state)]
+        )
+
+    merged = grpc_merged_index(
+        [grpc_reply("a", index("UNAVAILABLE")), grpc_reply("b", index("READY"))]
+    )
+    [row] = pb.RepositoryIndexResponse.FromString(merged.body).models
+    assert row.state == "READY"
+
+    def stats(last: int, sizes: dict[int, int]) -> pb.ModelStatisticsResponse:
+        row = pb.ModelStatistics(name="m", version="1", last_inference=last, inference_count=2)
+        row.inference_stats.success.count = 2
+        for size, count in sizes.items():
+            row.batch_stats.add(batch_size=size).compute_infer.count = count
+        return pb.ModelStatisticsResponse(model_stats=[row])
+
+    summed = grpc_summed_statistics(
+        [grpc_reply("a", stats(3, {1: 1, 4: 2})), grpc_reply("b", stats(5, {4: 1}))]
+    )
+    [total] = pb.ModelStatisticsResponse.FromString(summed.body).model_stats
+    assert (total.last_inference, total.inference_count) == (5, 4)
+    assert total.inference_stats.success.count == 4
+    assert [(b.batch_size, b.compute_infer.count) for b in total.batch_stats] == [(1, 1), (4, 3)]
+    with pytest.raises(GrpcFailed) as failed:
+        grpc_all_succeeded(
+            [grpc_reply("a", None), grpc_reply("b", None, grpc.StatusCode.RESOURCE_EXHAUSTED)]
+        )
+    assert failed.value.answer.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert failed.value.answer.details == "no room (replica b; 1 of 2 replicas succeeded)"
+    with pytest.raises(FanoutError, match="replica a answered what does not parse"):
+        grpc_merged_index([GrpcReply("a", GrpcAnswer(grpc.StatusCode.OK, "", b"\xff\xff"))])
+
+
 def test_answers_that_cannot_be_made_one_are_an_error_naming_the_replica():
     async def answer(call: HttpCall) -> HttpAnswer:
         return HttpAnswer(200, ((b"corral-replica", b"r1"),), b"not json")
@@ -922,8 +987,11 @@ class FakeServeApi:
     def start(self, *, http_options: dict[str, Any]) -> None:
         self._calls.append(f"serve.start({http_options['host']}:{http_options['port']})")
 
-    def run(self, application: Any, *, name: str, route_prefix: str) -> None:
+    def run(self, application: Any, *, name: str, route_prefix: str) -> SimpleNamespace:
         self._calls.append(f"serve.run({name}, {route_prefix})")
+        # The ingress's handle: asked where its gRPC server listens.
+        answer = SimpleNamespace(result=lambda timeout_s: "127.0.0.1:8001")
+        return SimpleNamespace(grpc_address=SimpleNamespace(remote=lambda: answer))
 
     def shutdown(self) -> None:
         self._calls.append("serve.shutdown")
@@ -956,8 +1024,8 @@ def launch(
     monkeypatch.setattr(launch_module, "serve", FakeServeApi(cluster))
     urls: list[str] = []
 
-    def started(url: str) -> None:
-        urls.append(url)
+    def started(url: str, grpc: str | None) -> None:
+        urls.append(f"{url} {grpc}")
         os.kill(os.getpid(), signal.SIGTERM)  # what a stop from outside does
 
     code = launch_module.serve_on_ray(
@@ -972,7 +1040,7 @@ def test_serve_on_ray_starts_a_local_node_and_takes_it_down_on_sigterm(
     cluster = FakeCluster()
     code, urls = launch(monkeypatch, repo, cluster)
     assert code == 0
-    assert urls == ["http://127.0.0.1:8123"]
+    assert urls == ["http://127.0.0.1:8123 127.0.0.1:8001"]
     assert cluster.calls == [
         "ray.init(local, dashboard=False)",
         "serve.start(127.0.0.1:8123)",
@@ -1035,3 +1103,330 @@ def test_ray_serve_has_a_flag_for_every_field_of_its_config():
     )
     flags = {action.dest for action in commands.choices["ray-serve"]._actions}
     assert {f.name for f in dataclasses.fields(RayServeConfig)} <= flags
+
+
+# -- gRPC: calls forwarded by the ingress's server, answered by corral's servicer --------------
+
+SERVICE = "/inference.GRPCInferenceService"
+
+
+def grpc_infer(name: str, x: np.ndarray = X) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name=name)
+    request.inputs.add(name="X", datatype="FP32", shape=x.shape)
+    request.raw_input_contents.append(x.tobytes())
+    return request
+
+
+def output_of(answer: pb.ModelInferResponse) -> np.ndarray:
+    [output] = answer.outputs
+    return np.frombuffer(answer.raw_output_contents[0], np.float32).reshape(tuple(output.shape))
+
+
+async def raw_call(channel: grpc.aio.Channel, method: str, body: bytes) -> GrpcAnswer:
+    """A unary call of ``method`` with ``body`` as it is, over ``channel``; its outcome."""
+    try:
+        answer = await channel.unary_unary(f"{SERVICE}/{method}")(body, timeout=30)
+    except grpc.aio.AioRpcError as exc:
+        return GrpcAnswer(exc.code(), exc.details() or "", b"")
+    return GrpcAnswer(grpc.StatusCode.OK, "", answer)
+
+
+def test_call_handlers_answers_as_corrals_grpc_server_does(repo: Path):
+    calls = [
+        ("ModelInfer", grpc_infer("tree").SerializeToString()),
+        ("ModelInfer", grpc_infer("nope").SerializeToString()),
+        ("ModelInfer", b"\xff\xff\xff"),  # not a message: INVALID_ARGUMENT, not UNKNOWN
+        ("ModelMetadata", pb.ModelMetadataRequest(name="mlp").SerializeToString()),
+        ("ModelConfig", pb.ModelConfigRequest(name="../etc").SerializeToString()),
+        ("ServerLive", b""),
+        ("ModelStreamInfer", b""),  # corral serve does not serve it either
+    ]
+
+    async def main() -> None:
+        host = Host(repo)
+        try:
+            plane = DataPlane(host)
+            handlers = method_handlers(InferenceServicer(plane))
+            server, port = await start_grpc_server(plane, "127.0.0.1", 0)
+            try:
+                async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                    for method, body in calls:
+                        call = GrpcCall(f"{SERVICE}/{method}", body, (), None)
+                        direct = await call_handlers(handlers, call)
+                        over = await raw_call(channel, method, body)
+                        assert (direct.code, direct.details) == (over.code, over.details), method
+                        assert direct.body == over.body, method
+                    infer = GrpcCall(
+                        f"{SERVICE}/ModelInfer",
+                        grpc_infer("tree").SerializeToString(),
+                        ((REQUEST_ID_HEADER, "call-7"),),
+                        30.0,
+                    )
+                    answered = await call_handlers(handlers, infer)
+            finally:
+                await server.stop(None)
+        finally:
+            await asyncio.to_thread(host.close)
+        assert answered.initial_metadata == ((REQUEST_ID_HEADER, "call-7"),)
+        response = pb.ModelInferResponse.FromString(answered.body)
+        np.testing.assert_allclose(output_of(response), reference_run(TREE, {"X": X})[0])
+
+    run_freeing_frames(main)
+
+
+def test_a_replica_answers_a_grpc_call_routes_its_model_and_names_itself(
+    replica: ModelReplica, fake_serve: FakeServe
+):
+    fake_serve.model_id = "tree"
+    body = grpc_infer("tree").SerializeToString()
+    answer = asyncio.run(replica.grpc(GrpcCall(f"{SERVICE}/ModelInfer", body, (), None)))
+    assert answer.code is grpc.StatusCode.OK, answer.details
+    assert answer.trailing_metadata == (("corral-replica", "replica-1"),)
+    assert list(fake_serve.routed) == ["tree"]
+    fake_serve.model_id = "nope"
+    body = grpc_infer("nope").SerializeToString()
+    missing = asyncio.run(replica.grpc(GrpcCall(f"{SERVICE}/ModelInfer", body, (), None)))
+    assert missing.code is grpc.StatusCode.NOT_FOUND
+    assert list(fake_serve.routed) == ["tree"]
+
+
+class GrpcHandle:
+    """A deployment handle stand-in for gRPC calls: records each call's method and model id."""
+
+    def __init__(
+        self,
+        answer: Callable[[GrpcCall, str | None], Awaitable[GrpcAnswer]],
+        routes: list[tuple[str, str | None]] | None = None,
+        method: str = "__call__",
+        model_id: str | None = None,
+    ) -> None:
+        self._answer = answer
+        self.routes = [] if routes is None else routes
+        self.calls: list[GrpcCall] = []
+        self._method = method
+        self._model_id = model_id
+
+    def options(
+        self, *, method_name: str | None = None, multiplexed_model_id: str | None = None
+    ) -> GrpcHandle:
+        """A handle with these options, keeping those it had (as Ray's does)."""
+        routed = GrpcHandle(
+            self._answer,
+            self.routes,
+            method_name or self._method,
+            multiplexed_model_id or self._model_id,
+        )
+        routed.calls = self.calls
+        return routed
+
+    async def remote(self, call: GrpcCall) -> GrpcAnswer:
+        self.routes.append((self._method, self._model_id))
+        self.calls.append(call)
+        return await self._answer(call, self._model_id)
+
+    def broadcast(self, method: str, call: GrpcCall) -> SimpleNamespace:
+        """Every replica asked: here one, named "r1"."""
+        self.routes.append((f"broadcast:{method}", None))
+
+        async def results_async(timeout_s: float) -> list[GrpcAnswer]:
+            answer = await self._answer(call, None)
+            return [dataclasses.replace(answer, trailing_metadata=(("corral-replica", "r1"),))]
+
+        return SimpleNamespace(results_async=results_async)
+
+
+def grpc_ingress(handle: GrpcHandle, auth_token: str | None = None, hot: int = 0) -> GrpcIngress:
+    """An ingress's gRPC server on a free loopback port; made on the running loop."""
+    return GrpcIngress(handle, GrpcListener(port=0), auth_token, 64 * 1024, hot, {})  # type: ignore[arg-type]
+
+
+def test_the_grpc_ingress_routes_models_and_refuses_what_ray_cannot_serve(repo: Path):
+    expected = reference_run(TREE, {"X": X})[0]
+
+    async def main() -> None:
+        host = Host(repo)
+        handlers = method_handlers(InferenceServicer(DataPlane(host)))
+
+        async def answer(call: GrpcCall, model_id: str | None) -> GrpcAnswer:
+            return await call_handlers(handlers, call)
+
+        handle = GrpcHandle(answer)
+        ingress = grpc_ingress(handle)
+        try:
+            address = await ingress.address()
+            assert address.startswith("127.0.0.1:")
+            async with grpc.aio.insecure_channel(address) as channel:
+                stub = pb_grpc.GRPCInferenceServiceStub(channel)
+                assert (await stub.ServerLive(pb.ServerLiveRequest(), timeout=30)).live
+                inferred = await stub.ModelInfer(grpc_infer("tree"), timeout=30)
+                np.testing.assert_allclose(output_of(inferred), expected, rtol=1e-6)
+                meta = await stub.ModelMetadata(pb.ModelMetadataRequest(name="mlp"), timeout=30)
+                assert meta.name == "mlp"
+                stats = pb.ModelStatisticsRequest(name="tree")
+                assert (await stub.ModelStatistics(stats, timeout=30)).model_stats
+                # corral's own answer, through the ingress.
+                missing = pb.ModelMetadataRequest(name="nope").SerializeToString()
+                direct = await call_handlers(
+                    handlers, GrpcCall(f"{SERVICE}/ModelMetadata", missing, (), None)
+                )
+                assert await raw_call(channel, "ModelMetadata", missing) == direct
+                assert direct.code is grpc.StatusCode.NOT_FOUND
+                # What is one process's view: every replica asked (issue 50, part 1).
+                index = await stub.RepositoryIndex(pb.RepositoryIndexRequest(), timeout=30)
+                assert sorted(row.name for row in index.models) == ["mlp", "tree"]
+                every = await stub.ModelStatistics(pb.ModelStatisticsRequest(), timeout=30)
+                assert [row.name for row in every.model_stats if row.inference_count] == ["tree"]
+                streaming = await raw_call(channel, "ModelStreamInfer", b"")
+                assert streaming.code is grpc.StatusCode.UNIMPLEMENTED
+                assert "does not serve ModelStreamInfer" in streaming.details
+                large = grpc_infer("tree", np.zeros((1, 20_000), np.float32))
+                with pytest.raises(grpc.aio.AioRpcError) as too_large:
+                    await stub.ModelInfer(large, timeout=30)
+                assert too_large.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        finally:
+            await ingress.stop()
+            await asyncio.to_thread(host.close)
+        assert handle.routes == [
+            ("grpc", None),
+            ("grpc", "tree"),
+            ("grpc", "mlp"),
+            ("broadcast:grpc", None),
+            ("grpc", "nope"),
+            ("broadcast:grpc", None),
+            ("broadcast:grpc", None),
+        ]
+
+    run_freeing_frames(main)
+
+
+def test_the_grpc_ingress_checks_the_token_and_does_not_pass_it_on():
+    async def live(call: GrpcCall, model_id: str | None) -> GrpcAnswer:
+        body = pb.ServerLiveResponse(live=True).SerializeToString()
+        return GrpcAnswer(grpc.StatusCode.OK, "", body)
+
+    async def main() -> None:
+        handle = GrpcHandle(live)
+        ingress = grpc_ingress(handle, auth_token="s3cret")
+        try:
+            async with grpc.aio.insecure_channel(await ingress.address()) as channel:
+                stub = pb_grpc.GRPCInferenceServiceStub(channel)
+                for metadata in ((), (("authorization", "Bearer wrong"),)):
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        await stub.ServerMetadata(
+                            pb.ServerMetadataRequest(), metadata=metadata, timeout=30
+                        )
+                    assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+                assert not handle.calls
+                assert (await stub.ServerLive(pb.ServerLiveRequest(), timeout=30)).live
+                token = (("authorization", "Bearer s3cret"), ("x-request-id", "r-1"))
+                await stub.ServerLive(pb.ServerLiveRequest(), metadata=token, timeout=30)
+        finally:
+            await ingress.stop()
+        assert len(handle.calls) == 2
+        assert all(key != "authorization" for key, _ in handle.calls[1].metadata)
+        assert ("x-request-id", "r-1") in handle.calls[1].metadata
+
+    run_freeing_frames(main)
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (BackPressureError(num_queued_requests=9, max_queued_requests=8), "RESOURCE_EXHAUSTED"),
+        (RayError(), "UNAVAILABLE"),
+    ],
+    ids=["back-pressure", "replica-gone"],
+)
+def test_ray_errors_become_grpc_codes(error: Exception, code: str):
+    async def fail(call: GrpcCall, model_id: str | None) -> GrpcAnswer:
+        raise error
+
+    async def main() -> GrpcAnswer:
+        ingress = grpc_ingress(GrpcHandle(fail))
+        try:
+            async with grpc.aio.insecure_channel(await ingress.address()) as channel:
+                return await raw_call(channel, "ModelInfer", grpc_infer("m").SerializeToString())
+        finally:
+            await ingress.stop()
+
+    answers: list[GrpcAnswer] = []
+
+    async def keep() -> None:
+        answers.append(await main())
+
+    run_freeing_frames(keep)
+    assert answers[0].code.name == code
+    assert answers[0].details
+
+
+def test_a_hot_models_grpc_calls_are_spread_and_one_refused_comes_back():
+    """Past hot_model_in_flight, ModelInfer goes without the model's id; UNAVAILABLE returns."""
+
+    async def main() -> list[tuple[str, str | None]]:
+        own_in = 0
+        all_in = asyncio.Event()
+        body = pb.ModelInferResponse(model_name="tree").SerializeToString()
+
+        async def answer(call: GrpcCall, model_id: str | None) -> GrpcAnswer:
+            nonlocal own_in
+            if model_id is None:  # the replica it was spread to has no room for the model
+                return GrpcAnswer(grpc.StatusCode.UNAVAILABLE, "no room", b"")
+            own_in += 1
+            if own_in == 3:
+                all_in.set()
+            await all_in.wait()
+            return GrpcAnswer(grpc.StatusCode.OK, "", body)
+
+        handle = GrpcHandle(answer)
+        ingress = grpc_ingress(handle, hot=2)
+        try:
+            async with grpc.aio.insecure_channel(await ingress.address()) as channel:
+                stub = pb_grpc.GRPCInferenceServiceStub(channel)
+                answers = await asyncio.gather(
+                    *(stub.ModelInfer(grpc_infer("tree"), timeout=30) for _ in range(3))
+                )
+        finally:
+            await ingress.stop()
+        assert [answer.model_name for answer in answers] == ["tree"] * 3
+        return handle.routes
+
+    routes: list[list[tuple[str, str | None]]] = []
+
+    async def keep() -> None:
+        routes.append(await main())
+
+    run_freeing_frames(keep)
+    # Two in flight: the third went to any replica, was refused there, then to the model's own.
+    assert routes[0] == [("grpc", "tree"), ("grpc", "tree"), ("grpc", None), ("grpc", "tree")]
+
+
+def test_the_v2_ingress_serves_grpc_when_told_where(repo: Path):
+    async def main() -> None:
+        async def never(call: GrpcCall, model_id: str | None) -> GrpcAnswer:
+            raise AssertionError("nothing is forwarded here")
+
+        plain = V2Ingress(GrpcHandle(never), None, 1024)  # type: ignore[arg-type]
+        assert await plain.grpc_address() is None
+        plain.check_health()
+        listener = GrpcListener(port=0, drain_timeout_s=1.0)
+        ingress = V2Ingress(GrpcHandle(never), None, 1024, grpc=listener)  # type: ignore[arg-type]
+        address = await ingress.grpc_address()
+        assert address is not None
+        ingress.check_health()
+        host, port = address.rsplit(":", 1)
+        assert host == "127.0.0.1"
+        # Taken: another server may not bind it (no SO_REUSEPORT with one ingress replica).
+        with pytest.raises(OSError, match=f"could not bind 127.0.0.1:{port}"):
+            GrpcIngress(GrpcHandle(never), GrpcListener(port=int(port)), None, 1024, 0, {})  # type: ignore[arg-type]
+        await ingress.__del__()  # what Ray awaits when it stops the replica
+        await ingress.__del__()  # twice is harmless
+
+    run_freeing_frames(main)
+
+
+def test_the_grpc_listener_follows_the_config():
+    assert grpc_listener(RayServeConfig(grpc_port=-1)) is None
+    assert grpc_listener(RayServeConfig()) == GrpcListener("127.0.0.1", 8001, False, 10.0)
+    shared = RayServeConfig(grpc_port=9001, grpc_host="0.0.0.0", ingress_replicas=2)
+    assert grpc_listener(shared) == GrpcListener("0.0.0.0", 9001, True, 10.0)
+    assert GrpcListener("::1", 9001).address == "[::1]:9001"

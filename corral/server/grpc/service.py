@@ -98,6 +98,8 @@ __all__ = [
     "OPEN_METHODS",
     "STATUS",
     "InferenceServicer",
+    "bearer_auth",
+    "method_handlers",
     "start_grpc_server",
 ]
 
@@ -202,7 +204,7 @@ class _Undecodable:
     """A request message that does not parse: its handler answers INVALID_ARGUMENT.
 
     grpc itself answers UNKNOWN (an unexpected server error) when a request's deserializer
-    raises, so :func:`_register` decodes leniently and hands the handler this instead.
+    raises, so :func:`method_handlers` decode leniently and hands the handler this instead.
     """
 
     __slots__ = ("message",)
@@ -708,6 +710,16 @@ def _unauthenticated(
     return refuse
 
 
+def bearer_auth(tokens: TokenPolicy) -> grpc.aio.ServerInterceptor:
+    """The interceptor :func:`start_grpc_server` refuses calls without a token with.
+
+    Every method but ServerLive, ServerReady and the health checks needs the metadata
+    ``authorization: Bearer <token>`` with a token of the method's scope
+    (:data:`METHOD_SCOPES`); a call without one is answered UNAUTHENTICATED, naming the scope.
+    """
+    return _BearerAuth(tokens)
+
+
 async def start_grpc_server(
     plane: DataPlane,
     host: str,
@@ -752,7 +764,7 @@ async def start_grpc_server(
         raise ValueError("give start_grpc_server auth_token or tokens, not both")
     policy = tokens if tokens is not None else TokenPolicy.build(auth_token, {})
     server = grpc.aio.server(
-        interceptors=[_BearerAuth(policy)] if policy.any_closed else [],
+        interceptors=[bearer_auth(policy)] if policy.any_closed else [],
         options=[
             ("grpc.so_reuseport", int(reuse_port)),
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -768,7 +780,7 @@ async def start_grpc_server(
         loop=asyncio.get_running_loop(),
         max_request_bytes=max_message_bytes,
     )
-    _register(servicer, server)
+    server.add_generic_rpc_handlers(method_handlers(servicer))
     add_health_and_reflection(
         server,
         plane,
@@ -793,11 +805,14 @@ async def start_grpc_server(
     return server, bound
 
 
-def _register(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
-    """Add ``servicer``'s methods to ``server``, decoding leniently.
+def method_handlers(servicer: InferenceServicer) -> tuple[grpc.GenericRpcHandler, ...]:
+    """``servicer``'s methods as grpc handlers, decoding leniently, as a server adds them.
 
     A request message that does not parse (corrupt bytes, a string field that is not UTF-8)
-    reaches its handler as :class:`_Undecodable` rather than as grpc's UNKNOWN.
+    reaches its handler as :class:`_Undecodable` rather than as grpc's UNKNOWN; a method of
+    the service corral does not serve is answered by :class:`NotServed`. A grpc.aio server
+    takes them with ``server.add_generic_rpc_handlers(method_handlers(servicer))``; corral's
+    Ray replicas call them without a server (:mod:`corral.ray._grpc_exchange`).
     """
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
     for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
@@ -817,9 +832,7 @@ def _register(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
     )
     # Not also registered (as the generated code does): measured, a registered ModelInfer
     # cost grpc.aio a sixth more instructions per call (docs/benchmarks.md).
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(_SERVICE, handlers), NotServed(_SERVICE))
-    )
+    return (grpc.method_handlers_generic_handler(_SERVICE, handlers), NotServed(_SERVICE))
 
 
 def _error_code(error: BaseException) -> int | None:
