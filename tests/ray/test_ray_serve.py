@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -30,6 +31,7 @@ pytest.importorskip("ray.serve", reason="the ray extra is not installed")
 
 from corral._host.budget import estimate_footprint_bytes
 from corral._onnx.modelfile import read_footprint
+from tests import client_calls
 from tests.helpers import add_model, build_slow_loop, load_benchmark, reference_run
 
 # The footprint benchmark's models in Triton's layout, as `make serve` serves them.
@@ -185,6 +187,10 @@ def test_two_replicas_serve_every_model_through_the_v2_ingress(tmp_path: Path, m
     files = build_repository(repo, models)
     names = [path.parent.parent.name for path in files]
     add_model(repo, "slow", build_slow_loop(), toml="max_batch_size = 0\n")
+    # The client scripts' model, in Triton's layout (tests/client_calls.py).
+    (repo / "mlp" / "1").mkdir(parents=True)
+    (repo / "mlp" / "1" / "model.onnx").write_bytes(client_calls.MODEL)
+    (repo / "mlp" / "config.pbtxt").write_text(client_calls.CONFIG)
     # Each replica's budget fits about half the repository, by corral's own estimate.
     budget = sum(estimate_footprint_bytes(read_footprint(path)) for path in files) // REPLICAS
     rng = np.random.default_rng(7)
@@ -226,6 +232,15 @@ def test_two_replicas_serve_every_model_through_the_v2_ingress(tmp_path: Path, m
 
         grpc_at = grpc_address(log)
         grpc_checks(grpc_at, names[:4], inputs, expected)
+        # tritonclient's calls as against corral serve (tests/test_current_clients.py): the
+        # same answers, the same refusals, over HTTP and gRPC through the ingress.
+        triton_calls = subprocess.run(
+            [sys.executable, "-c", client_calls.TRITON, url, grpc_at],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
         # A hot model: 16 callers at once on one slow model (about 0.2 s a run, one compute
         # worker a replica). Past 8 in flight at the ingress its requests are spread, and
         # both replicas answer for it (issue 50, part 2).
@@ -268,10 +283,15 @@ def test_two_replicas_serve_every_model_through_the_v2_ingress(tmp_path: Path, m
     finally:
         code, survivors = shut_down(process)
 
+    assert triton_calls.returncode == 0, triton_calls.stderr[-5000:]
+    client_calls.check_answers(
+        json.loads(triton_calls.stdout.strip().splitlines()[-1]),
+        reference_run(client_calls.MODEL, {"X": client_calls.X})[0],
+    )
     assert hot_statuses == [200] * 32, collections.Counter(hot_statuses)
     assert [row["inference_count"] for row in slow_stats] == [32], slow_stats
     assert len(status["replicas"]) == REPLICAS, status
-    assert set(index) == {*names, "slow"}, sorted(index)
+    assert set(index) == {*names, "slow", "mlp"}, sorted(index)
     assert index["slow"]["state"] == "READY", index["slow"]
     assert (unloaded_ready, reloaded_ready) == (False, True)
     assert len(hot_replicas) == REPLICAS, f"the hot model stayed on {hot_replicas}"
