@@ -558,3 +558,48 @@ def test_the_replicas_scale_up_when_requests_queue(tmp_path: Path):
     assert set(statuses) == {200}, collections.Counter(statuses)
     assert code == 0, log.read_text()[-5000:]
     assert not survivors
+
+
+# make soak: a venv of its own for the newest clients (pip, a minute or more), and Ray's start.
+@pytest.mark.soak
+@pytest.mark.timeout(900)
+def test_the_current_clients_pass_the_same_calls_through_ray(
+    tmp_path: Path, request: pytest.FixtureRequest
+):
+    """tritonclient[all] and the KServe SDK at their newest, as against `corral serve`."""
+    from tests.venvs import environment, index_unreachable, make_venv, pip_install
+
+    unreachable = index_unreachable()
+    if unreachable is not None:
+        pytest.skip(unreachable)
+    bin_folder = make_venv(tmp_path / "venv", request)
+    pip_install(bin_folder, *client_calls.CLIENTS)
+    repo = tmp_path / "models"
+    (repo / "mlp" / "1").mkdir(parents=True)
+    (repo / "mlp" / "1" / "model.onnx").write_bytes(client_calls.MODEL)
+    (repo / "mlp" / "config.pbtxt").write_text(client_calls.CONFIG)
+    (y,) = reference_run(client_calls.MODEL, {"X": client_calls.X})
+    log = tmp_path / "ray-serve.log"
+    process, url = start(repo, log)
+    try:
+        grpc_at = grpc_address(log)
+        runs = {
+            client: subprocess.run(
+                [str(bin_folder / "python"), "-c", script, url, grpc_at],
+                env=environment(bin_folder),
+                capture_output=True,
+                text=True,
+                timeout=240,
+                check=False,
+            )
+            for client, script in client_calls.CLIENTS.items()
+        }
+    finally:
+        code, survivors = shut_down(process)
+    for client, done in runs.items():
+        assert done.returncode == 0, (client, done.stderr[-5000:])
+        calls = json.loads(done.stdout.strip().splitlines()[-1])
+        print(client, json.dumps(calls, indent=1))
+        client_calls.check_answers(calls, y)
+    assert code == 0, log.read_text()[-5000:]
+    assert not survivors
