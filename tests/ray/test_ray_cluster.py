@@ -16,8 +16,8 @@ is read from each node's own Serve logs (a file per replica, named with the tag 
 ``corral-replica`` header carries).
 
 The load: callers asking every tiny model in turn, and one caller asking a slow model (a
-second or so a run) that the second node's replica holds, so that a request is running there
-when the node dies.
+second or so a run) that the second node's replica holds; the node is killed once that
+caller's request has been in flight for SLOW_RUNNING_S, so that one is running there.
 
 Clients send every request to the head's Serve proxy (Ray starts one on each node with a
 replica; the second node's listens on a port of its own, ``RAY_SERVE_WORKER_PROXY_HTTP_PORT``,
@@ -71,6 +71,8 @@ CALLERS = 4
 SLOW_MODELS = 6
 # Iterations of a slow model's run: about a second on one loaded core. Its answer is exact.
 SLOW_ITERATIONS = 500_000
+# The node is killed once the slow model's request has been in flight this long: running.
+SLOW_RUNNING_S = 0.3
 # Every wait is bounded: a request, a node's start, the application's start, the recovery.
 REQUEST_TIMEOUT_S = 30.0
 NODE_START_TIMEOUT_S = 120.0
@@ -242,13 +244,15 @@ def nodes_stopped(nodes: list[Node]) -> Iterator[None]:
             shutil.rmtree(node.temp_dir)
 
 
-def wait_for(what: str, done: Callable[[], object], timeout_s: float, log: Path) -> None:
-    """Poll ``done`` until it is true; fail naming ``what`` after ``timeout_s``."""
+def wait_for(
+    what: str, done: Callable[[], object], timeout_s: float, log: Path, poll_s: float = 0.5
+) -> None:
+    """Poll ``done`` every ``poll_s`` until it is true; fail naming ``what`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while not done():
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not within {timeout_s:.0f} s:\n{log.read_text()[-4000:]}")
-        time.sleep(0.5)
+        time.sleep(poll_s)
 
 
 @dataclass(frozen=True)
@@ -441,14 +445,25 @@ def test_a_node_killed_under_load_leaves_every_model_answered(tmp_path: Path):
                 assert list(folder.glob("corral-store-*/.manifests/*.json")), node
 
             stop_load = threading.Event()
+            # When each caller's request in flight now was sent (guarded by answers_lock).
+            in_flight: dict[str, float] = {}
 
             def call(order: list[Model]) -> None:
                 with httpx.Client(base_url=url, timeout=REQUEST_TIMEOUT_S) as http:
                     while not stop_load.is_set():
                         for model in order:
+                            with answers_lock:
+                                in_flight[threading.current_thread().name] = time.monotonic()
                             answer = ask(http, model)
                             with answers_lock:
+                                del in_flight[threading.current_thread().name]
                                 answers.append(answer)
+
+            def slow_running() -> bool:
+                # Sent a while ago and not answered: running (or queued) on the second node.
+                with answers_lock:
+                    sent = in_flight.get("slow-caller")
+                return sent is not None and time.monotonic() - sent > SLOW_RUNNING_S
 
             orders = [
                 tiny[i * MODELS // CALLERS :] + tiny[: i * MODELS // CALLERS]
@@ -456,13 +471,17 @@ def test_a_node_killed_under_load_leaves_every_model_answered(tmp_path: Path):
             ]
             callers = [
                 threading.Thread(target=call, args=(order,), name=f"caller-{index}")
-                for index, order in enumerate([*orders, [slow]])
+                for index, order in enumerate(orders)
             ]
+            callers.append(threading.Thread(target=call, args=([slow],), name="slow-caller"))
             asked = {model.name for model in [*tiny, slow]}
             for caller in callers:
                 caller.start()
             try:
                 stop_load.wait(STEADY_S)
+                wait_for(
+                    "a slow request in flight", slow_running, REQUEST_TIMEOUT_S, serve_log, 0.02
+                )
                 killed_at = time.monotonic()
                 second.kill()
                 assert not second.survivors(), "the second node's processes outlived SIGKILL"
