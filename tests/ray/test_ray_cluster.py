@@ -227,6 +227,7 @@ def start_node(
     while "block forever" not in log.read_text(errors="replace"):
         if process.poll() is not None or time.monotonic() > deadline:
             node.stop()
+            shutil.rmtree(temp_dir)
             raise AssertionError(f"ray node {name} did not start:\n{log.read_text()[-3000:]}")
         time.sleep(0.2)
     return node
