@@ -36,6 +36,15 @@ class ServerProcess:
     log: Path
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the process group ``pgid`` is still there."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def native_edge() -> bool:
     """Whether the servers :func:`start_server` starts run the native edge (``CORRAL_EDGE``,
     ``auto`` unless set: native when ``corral_edge`` is installed)."""

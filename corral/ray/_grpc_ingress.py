@@ -51,6 +51,7 @@ from corral.ray._fanout import (
 )
 from corral.ray._grpc_exchange import GrpcAnswer, GrpcCall, Metadata
 from corral.ray._replica import ModelReplica
+from corral.ray._spreading import HotModels
 from corral.server.grpc.limits import GrpcLimits
 from corral.server.grpc.not_served import NotServed
 from corral.server.grpc.service import bearer_auth
@@ -108,9 +109,9 @@ class GrpcIngress:
 
     Made on the event loop it serves on (a running one): it binds at once (a taken port is
     an :class:`OSError` naming the address) and starts in a task of that loop;
-    :meth:`address` waits for the start. ``in_flight`` is the ingress's count of each
-    model's requests in flight, shared with its HTTP side; only that loop touches it.
-    Stop it with :meth:`stop`.
+    :meth:`address` waits for the start. ``hot`` is the ingress's count of each model's
+    requests in flight, shared with its HTTP side (:class:`~corral.ray._spreading.HotModels`);
+    only that loop touches it. Stop it with :meth:`stop`.
     """
 
     def __init__(
@@ -119,16 +120,14 @@ class GrpcIngress:
         listener: GrpcListener,
         auth_token: str | None,
         max_request_bytes: int,
-        hot_model_in_flight: int,
-        in_flight: dict[str, int],
+        hot: HotModels,
     ) -> None:
         loop = asyncio.get_running_loop()
         # The replicas' gRPC method (ModelReplica.grpc), to any of them; and the deployment,
         # to ask every replica.
         self._replicas = models.options(method_name="grpc")
         self._models = models
-        self._hot = hot_model_in_flight
-        self._in_flight = in_flight
+        self._hot = hot
         self._host = listener.host
         self._drain_timeout_s = listener.drain_timeout_s
         tokens = TokenPolicy.build(auth_token, {})
@@ -196,22 +195,14 @@ class GrpcIngress:
             answer: GrpcAnswer = await replicas.remote(call)
             return answer
         routed = replicas.options(multiplexed_model_id=name)
-        in_flight = self._in_flight.get(name, 0)
-        self._in_flight[name] = in_flight + 1
-        try:
-            if spread and self._hot and in_flight >= self._hot:
-                answer = await replicas.remote(call)
-                # UNAVAILABLE: the replica it was spread to could not fit or load the model.
-                if answer.code is not grpc.StatusCode.UNAVAILABLE:
-                    return answer
-            answer = await routed.remote(call)
-        finally:
-            left = self._in_flight[name] - 1
-            if left:
-                self._in_flight[name] = left
-            else:
-                del self._in_flight[name]
-        return answer
+        return await self._hot.send(
+            name,
+            spread=spread,
+            to_its_own=lambda: routed.remote(call),
+            to_any=lambda: replicas.remote(call),
+            # UNAVAILABLE: the replica it was spread to could not fit or load the model.
+            refused=lambda answer: answer.code is grpc.StatusCode.UNAVAILABLE,
+        )
 
 
 _Context = grpc.aio.ServicerContext[bytes, bytes]

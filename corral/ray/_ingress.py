@@ -48,6 +48,7 @@ from corral.ray._fanout import (
 )
 from corral.ray._grpc_ingress import GrpcIngress, GrpcListener
 from corral.ray._replica import ModelReplica
+from corral.ray._spreading import HotModels
 from corral.server.http.requests import check_token, read_body
 from corral.server.http.responses import HttpError
 from corral.server.http.routes import Endpoint, Family, named_route
@@ -88,16 +89,12 @@ class V2Ingress:
         # One token for every scope: the ingress has no scoped tokens (corral.server.tokens).
         self._tokens = TokenPolicy.build(auth_token, {})
         self._max_request_bytes = max_request_bytes
-        # Requests in flight here past which a model's requests are spread (0: never).
-        self._hot = hot_model_in_flight
-        # Each model's requests in flight at this ingress. Only its event loop touches it.
-        self._in_flight: dict[str, int] = {}
+        # Each model's requests in flight here, both protocols together, and when they spread.
+        self._hot = HotModels(hot_model_in_flight)
         # Its gRPC server, with ``grpc`` (corral.ray._grpc_ingress), made on Ray's running loop.
         self._grpc = None
         if grpc is not None:
-            self._grpc = GrpcIngress(
-                models, grpc, auth_token, max_request_bytes, hot_model_in_flight, self._in_flight
-            )
+            self._grpc = GrpcIngress(models, grpc, auth_token, max_request_bytes, self._hot)
             # Ray awaits an instance's __del__ when it stops the replica; the collector never
             # calls one that is not the class's.
             self.__del__ = self._grpc.stop
@@ -182,21 +179,13 @@ class V2Ingress:
             answer: HttpAnswer = await self._models.remote(call)
             return answer
         routed = self._models.options(multiplexed_model_id=name)
-        in_flight = self._in_flight.get(name, 0)
-        self._in_flight[name] = in_flight + 1
-        try:
-            if spread and self._hot and in_flight >= self._hot:
-                answer = await self._models.remote(call)
-                if answer.status != 503:
-                    return answer
-            answer = await routed.remote(call)
-        finally:
-            left = self._in_flight[name] - 1
-            if left:
-                self._in_flight[name] = left
-            else:
-                del self._in_flight[name]
-        return answer
+        return await self._hot.send(
+            name,
+            spread=spread,
+            to_its_own=lambda: routed.remote(call),
+            to_any=lambda: self._models.remote(call),
+            refused=lambda answer: answer.status == 503,
+        )
 
 
 def _routed(method: str, path: str) -> tuple[Endpoint | None, Family | None, str | None]:

@@ -54,6 +54,7 @@ import psutil
 
 from tests import s3server
 from tests.helpers import add_model, build_slow_loop, load_benchmark, reference_run
+from tests.processes import group_alive
 
 build_repository = load_benchmark("footprint.py").build_repository
 
@@ -178,15 +179,6 @@ class Node:
             except subprocess.TimeoutExpired:
                 self.kill()
         self.wait_gone()
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether any process of the process group ``pgid`` is still there."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def start_node(

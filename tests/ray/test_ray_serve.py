@@ -33,6 +33,7 @@ from corral._host.budget import estimate_footprint_bytes
 from corral._onnx.modelfile import read_footprint
 from tests import client_calls
 from tests.helpers import add_model, build_slow_loop, load_benchmark, reference_run
+from tests.processes import group_alive
 
 # The footprint benchmark's models in Triton's layout, as `make serve` serves them.
 build_repository = load_benchmark("footprint.py").build_repository
@@ -67,14 +68,6 @@ def free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def listening_addresses(pid: int) -> set[tuple[str, str]]:

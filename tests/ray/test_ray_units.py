@@ -70,6 +70,7 @@ from corral.ray._fanout import (
     labelled_metrics,
     summed_statistics,
 )
+from corral.ray._spreading import HotModels
 from corral.server.grpc.service import InferenceServicer, method_handlers, start_grpc_server
 from corral.server.http.app import HttpApp
 from corral.server.observe.logs import REQUEST_ID_HEADER
@@ -1237,7 +1238,7 @@ class GrpcHandle:
 
 def grpc_ingress(handle: GrpcHandle, auth_token: str | None = None, hot: int = 0) -> GrpcIngress:
     """An ingress's gRPC server on a free loopback port; made on the running loop."""
-    return GrpcIngress(handle, GrpcListener(port=0), auth_token, 64 * 1024, hot, {})  # type: ignore[arg-type]
+    return GrpcIngress(handle, GrpcListener(port=0), auth_token, 64 * 1024, HotModels(hot))  # type: ignore[arg-type]
 
 
 def test_the_grpc_ingress_routes_models_and_refuses_what_ray_cannot_serve(repo: Path):
@@ -1417,7 +1418,7 @@ def test_the_v2_ingress_serves_grpc_when_told_where(repo: Path):
         assert host == "127.0.0.1"
         # Taken: another server may not bind it (no SO_REUSEPORT with one ingress replica).
         with pytest.raises(OSError, match=f"could not bind 127.0.0.1:{port}"):
-            GrpcIngress(GrpcHandle(never), GrpcListener(port=int(port)), None, 1024, 0, {})  # type: ignore[arg-type]
+            GrpcIngress(GrpcHandle(never), GrpcListener(port=int(port)), None, 1024, HotModels(0))  # type: ignore[arg-type]
         await ingress.__del__()  # what Ray awaits when it stops the replica
         await ingress.__del__()  # twice is harmless
 
