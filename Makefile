@@ -40,7 +40,7 @@ help:
 	@echo "make bench-quick      the same on 50 models, corral and FastAPI only, in under a minute"
 	@echo "make bench-real       real models from PyPI wheels: corral vs FastAPI, MLServer, the ceiling"
 	@echo "make bench-cold       a never-loaded model's first answer against its load alone + a warm answer"
-	@echo "make bench-ray        corral serve vs corral ray-serve (2 replicas) on 1,000 models -> docs/scale-out.md"
+	@echo "make bench-ray        corral serve vs corral ray-serve (2 replicas) on 1,000 models, a hot model on 3 replicas -> docs/scale-out.md"
 	@echo "make perf-analyzer    Triton's perf_analyzer in a venv of its own (the tests make it too)"
 	@echo "make triton-peer      build NVIDIA Triton + its C++ onnxruntime backend, the peer of bench-http and"
 	@echo "                      bench-real (MIRROR=folder of the fetched git mirrors; see benchmarks/README.md)"
@@ -303,6 +303,8 @@ bench-ray: $(STAMP) tools
 	$(BIN)/python benchmarks/bench_peers.py --peers corral,corral-ray,ray-serve \
 		--concurrency 1,16,64 --json benchmarks/results/ray.json
 	$(BIN)/python benchmarks/render_ray.py benchmarks/results/ray.json docs/scale-out.md
+	$(BIN)/python benchmarks/ray_hot.py --models 1000 --replicas 3 --seconds 20 \
+		--json benchmarks/results/ray_hot.json
 
 clean:
 	rm -rf $(VENV) $(SERVE_VENV) $(MIN_VENV) .venv-py3.* .pytest_cache .mypy_cache .ruff_cache .coverage htmlcov \

@@ -4,18 +4,21 @@ Issue 50's goal: one hot model among 1,000 cold ones on 3 replicas gets at least
 replica's throughput, and the cold models' p99 stays within 1.5x of the same run without the
 hot model. Two ``corral ray-serve`` deployments on a local Ray node (one after the other,
 bound to 127.0.0.1, stopped by their launcher's process id), each serving one repository: the
-footprint benchmark's ``--models`` tiny models and ``hot``, a Loop model whose run takes
-about ``--hot-ms`` of one core (``tests/helpers.py``'s ``build_slow_loop``):
+footprint benchmark's ``--models`` tiny models and ``hot``, a Loop model whose run adds 1.0
+``--hot-iterations`` times (``tests/helpers.py``'s ``build_slow_loop``; 25,000 take about 33 ms
+of one core here):
 
 1. **one replica**: ``--hot-callers`` threads send ``hot`` requests for ``--seconds``; its
    throughput is *one replica's*;
-2. **N replicas** (``--replicas``): first ``--cold-callers`` threads ask random cold models
+2. **N replicas** (``--replicas``): the hot callers alone (*hot alone*), then
+   ``--cold-callers`` threads ask random cold models
    for ``--seconds`` (*cold alone*: their p99), then the same cold callers with the hot
    callers beside them (*hot with cold*: the hot model's throughput and the cold p99).
 
 Each replica gets ``--replica-cpus`` (1 compute worker) and the ingress spreads the hot model
 past ``--hot-model-in-flight`` requests in flight. Every answer is checked (the Loop adds 1.0
-``M`` times); a request that fails is counted and named. Beside each phase, the machine's
+``M`` times); a request that fails is counted and named; the hot model's answers are counted
+by the replica that gave them. Beside each phase, the machine's
 busy share of its cores (``/proc/stat``): on a machine with fewer cores than replicas, the
 replicas' runs share them, and the goal's 3 x cannot be reached whatever the routing::
 
@@ -25,6 +28,7 @@ replicas' runs share them, and the goal's 3 x cannot be reached whatever the rou
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import os
@@ -52,8 +56,6 @@ from tests.helpers import add_model, build_slow_loop  # noqa: E402
 
 _START_TIMEOUT_S = 300.0
 _STOP_TIMEOUT_S = 90.0
-# Loop iterations per millisecond of one core, about (the slow loop's 100,000 in ~0.2 s).
-_ITERATIONS_PER_MS = 500
 
 
 @dataclass
@@ -62,14 +64,17 @@ class Tally:
 
     latencies_s: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
-    # Guards latencies_s and failures: every caller thread of the group appends.
+    #: Right answers by the replica that gave them (its ``corral-replica`` header).
+    replicas: collections.Counter[str] = field(default_factory=collections.Counter)
+    # Guards latencies_s, failures and replicas: every caller thread of the group adds.
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, seconds: float, failure: str | None) -> None:
+    def add(self, seconds: float, failure: str | None, replica: str = "") -> None:
         """Count one answer (``failure``: why it was not the right one)."""
         with self.lock:
             if failure is None:
                 self.latencies_s.append(seconds)
+                self.replicas[replica] += 1
             else:
                 self.failures.append(failure)
 
@@ -89,6 +94,7 @@ class Tally:
             "p99_ms": quantile(0.99),
             "failures": len(self.failures),
             "failed": self.failures[:5],
+            "by_replica": sorted(self.replicas.values(), reverse=True),
         }
 
 
@@ -181,15 +187,17 @@ def run_phase(
             while not stop.is_set():
                 started = time.perf_counter()
                 failure = None
+                replica = ""
                 try:
                     answer = http.post("/v2/models/hot/infer", json=hot_body)
+                    replica = answer.headers.get("corral-replica", "")
                     if answer.status_code != 200:
                         failure = f"{answer.status_code} {answer.text[:200]}"
                     elif answer.json()["outputs"][0]["data"] != [float(hot_iterations)]:
                         failure = f"wrong answer {answer.text[:200]}"
                 except httpx.HTTPError as exc:
                     failure = repr(exc)
-                hot.add(time.perf_counter() - started, failure)
+                hot.add(time.perf_counter() - started, failure, replica)
 
     def call_cold(seed: int) -> None:
         rng = random.Random(seed)
@@ -232,7 +240,7 @@ def warm_up(address: str, hot_iterations: int) -> None:
 
 def measure(settings: argparse.Namespace) -> dict[str, Any]:
     """Both deployments, every phase; the document written with ``--json``."""
-    hot_iterations = int(settings.hot_ms * _ITERATIONS_PER_MS)
+    hot_iterations = settings.hot_iterations
     with tempfile.TemporaryDirectory(prefix="corral-ray-hot-") as work:
         repository = Path(work) / "models"
         names = [path.parent.parent.name for path in build_repository(repository, settings.models)]
@@ -247,6 +255,9 @@ def measure(settings: argparse.Namespace) -> dict[str, Any]:
         print(f"{settings.replicas} replicas ...", file=sys.stderr)
         with deployment(repository, settings.replicas, settings, Path(work) / "n.log") as address:
             warm_up(address, hot_iterations)
+            phases["replicas, hot alone"] = run_phase(
+                address, names, settings.hot_callers, 0, settings.seconds, hot_iterations
+            )
             # Every cold model asked once, so that the timed phases find them on their replicas.
             run_phase(address, names, 0, settings.cold_callers, settings.seconds / 2, 0)
             phases["replicas, cold alone"] = run_phase(
@@ -271,7 +282,7 @@ def measure(settings: argparse.Namespace) -> dict[str, Any]:
                 "models",
                 "replicas",
                 "replica_cpus",
-                "hot_ms",
+                "hot_iterations",
                 "hot_callers",
                 "cold_callers",
                 "seconds",
@@ -294,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models", type=int, default=1000)
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--replica-cpus", type=float, default=0.5)
-    parser.add_argument("--hot-ms", type=float, default=5.0)
+    parser.add_argument("--hot-iterations", type=int, default=25_000)
     parser.add_argument("--hot-callers", type=int, default=16)
     parser.add_argument("--cold-callers", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=20.0)
