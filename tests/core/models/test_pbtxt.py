@@ -274,7 +274,7 @@ def test_an_unknown_field_is_named():
     ("text", "named", "why"),
     [
         ('platform: "tensorrt_plan"', "tensorrt_plan", "onnxruntime"),
-        ('backend: "python"', "python", "onnxruntime"),
+        ('backend: "pytorch"', "pytorch", "onnxruntime"),
         ('platform: "ensemble"', "ensemble", "onnxruntime"),
         ("sequence_batching { max_sequence_idle_microseconds: 5 }", "sequence_batching", "state"),
         (
