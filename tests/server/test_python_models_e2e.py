@@ -1,8 +1,9 @@
-"""A real ``corral serve`` on a repository holding Triton's add_sub example beside an ONNX model.
+"""A real ``corral serve`` on a repository holding Triton's Python examples beside an ONNX model.
 
-add_sub is ``examples/add_sub`` of triton-inference-server/python_backend, unchanged
-(tests/testdata/triton_python/); tritonclient calls it over HTTP and gRPC as its own
-``client.py`` does, and a model-control load that uploads a model.py is refused, naming the
+add_sub (``examples/add_sub``) and bls_sync (``examples/bls``'s sync model, which calls the
+model its ``MODEL_NAME`` input names) of triton-inference-server/python_backend, unchanged
+(tests/testdata/triton_python/); tritonclient calls them over HTTP and gRPC as their
+clients do, and a model-control load that uploads a model.py is refused, naming the
 flag that would allow it. One server for the module, on the suite's edge (``CORRAL_EDGE``).
 """
 
@@ -37,12 +38,28 @@ UPLOAD_CONFIG = json.dumps(
     }
 )
 
+#: A Python model whose execute raises: Triton answers 500 / INTERNAL, saying so.
+BROKEN = """
+class TritonPythonModel:
+    def execute(self, requests):
+        raise ValueError("broken on purpose")
+"""
+BROKEN_CONFIG = """
+backend: "python"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("repository")
-    shutil.copytree(ROOT / "tests" / "testdata" / "triton_python" / "add_sub", root / "add_sub")
+    for example in ("add_sub", "bls_sync"):
+        shutil.copytree(ROOT / "tests" / "testdata" / "triton_python" / example, root / example)
     add_model(root, "mlp", build_mlp(seed=4))
+    (root / "broken" / "1").mkdir(parents=True)
+    (root / "broken" / "1" / "model.py").write_text(BROKEN)
+    (root / "broken" / "config.pbtxt").write_text(BROKEN_CONFIG)
     log = tmp_path_factory.mktemp("log") / "serve.log"
     served = start_server(root, log)
     yield served
@@ -81,6 +98,19 @@ def test_tritonclient_gets_add_subs_answers_and_the_onnx_models(server: ServerPr
         tensor.set_data_from_numpy(x)
         (y,) = reference_run(build_mlp(seed=4), {"X": x})
         np.testing.assert_array_equal(client.infer("mlp", [tensor]).as_numpy("Y"), y)
+        with pytest.raises(Exception, match="broken on purpose") as raised:
+            client.infer("broken", inputs[:1])
+        assert raised.value.status() == ("500" if protocol == "http" else "StatusCode.INTERNAL")
+        assert "Failed to process the request(s) for model 'broken:1'" in str(raised.value)
+        # Triton's BLS example, calling add_sub by the name its MODEL_NAME input holds.
+        name = client_module.InferInput("MODEL_NAME", [1], "BYTES")
+        name.set_data_from_numpy(np.array(["add_sub"], dtype=np.object_))
+        called = client.infer("bls_sync", [*inputs, name], request_id="1", outputs=outputs)
+        np.testing.assert_array_equal(called.as_numpy("OUTPUT0"), A + B)
+        np.testing.assert_array_equal(called.as_numpy("OUTPUT1"), A - B)
+        name.set_data_from_numpy(np.array(["pytorch"], dtype=np.object_))
+        with pytest.raises(Exception, match="pytorch"):
+            client.infer("bls_sync", [*inputs, name], outputs=outputs)
         metadata = client.get_model_metadata("add_sub")
         platform = metadata["platform"] if protocol == "http" else metadata.platform
         assert platform == "python"

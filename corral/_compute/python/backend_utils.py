@@ -220,7 +220,7 @@ class InferenceRequest:
 
     def __init__(
         self,
-        model_name: str = "",
+        model_name: str | bytes = "",
         requested_output_names: Sequence[str] = (),
         inputs: Sequence[Tensor] = (),
         *,
@@ -236,7 +236,9 @@ class InferenceRequest:
             raise TritonModelException(
                 f"InferenceRequest: the argument {given!r} is not supported by corral"
             )
-        self._model_name = model_name
+        # A name read from a request's string tensor is bytes, as Triton gives them (its BLS
+        # example does so): taken as UTF-8, as Triton's binding takes it.
+        self._model_name = model_name.decode() if isinstance(model_name, bytes) else model_name
         self._outputs = list(requested_output_names)
         self._inputs = list(inputs)
         self._request_id = request_id

@@ -40,7 +40,7 @@ from corral._base import InferenceError, InvalidInput, ModelInvalid, ModelLoadEr
 from corral._compute.process_runtime import Runtime
 from corral._compute.python import backend_utils
 from corral._compute.session import Session
-from corral._onnx import ResolvedProviders, Signature, TensorSpec
+from corral._onnx import ResolvedProviders, Signature, TensorSpec, ort
 
 __all__ = ["PythonSession", "python_signature"]
 
@@ -233,8 +233,13 @@ class _Instance:
         try:
             responses = self._model.execute([request])
         except Exception as exc:
-            raise InferenceError(
-                f"Python model {self._label!r}: execute() raised {type(exc).__name__}: {exc}"
+            # Triton's words (its stub's), which clients may look for; the model by its label.
+            raise _logged(
+                self._label,
+                InferenceError(
+                    f"Failed to process the request(s) for model {self._label!r}, message: "
+                    f"{type(exc).__name__}: {exc}"
+                ),
             ) from exc
         finally:
             backend_utils.CURRENT_CALLER.reset(token)
@@ -254,7 +259,7 @@ class _Instance:
             problem = f"Python model {self._label!r}: {error.message()}"
             if error.code() == backend_utils.TritonError.INVALID_ARG:
                 raise InvalidInput(problem)
-            raise InferenceError(problem)
+            raise _logged(self._label, InferenceError(problem))
         given = {tensor.name(): tensor.as_numpy() for tensor in response.output_tensors()}
         results = []
         for name in names:
@@ -277,6 +282,19 @@ class _Instance:
             f"Python model {self._label!r}: output {name!r} is {value.dtype}, but its config "
             f"declares {spec.onnx_type}"
         )
+
+
+def _logged(label: str, error: InferenceError) -> InferenceError:
+    """A failed run, logged as onnxruntime's are: at most once per model a minute."""
+    quiet = ort.RUN_FAILURE_LOG.allow(label)
+    if quiet is not None:
+        logger.warning(
+            "corral: a run failed (%d more since the last logged, at most one logged per "
+            "model per minute): %s",
+            quiet,
+            error,
+        )
+    return error
 
 
 def _node_args(specs: Sequence[TensorSpec]) -> list[_Tensor]:

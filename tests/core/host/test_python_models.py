@@ -108,6 +108,18 @@ def test_a_python_model_calls_another_model_of_the_host(repository: Path):
         np.testing.assert_array_equal(host.infer("caller", {"A": A})["SUM"], A + A)
 
 
+def test_tritons_bls_example_calls_add_sub_by_the_name_it_is_sent(repository: Path):
+    shutil.copytree(EXAMPLES / "bls_sync", repository / "bls_sync")
+    with corral.Host(repository) as host:
+        feed = {"INPUT0": A, "INPUT1": B, "MODEL_NAME": np.array([b"add_sub"], dtype=object)}
+        out = host.infer("bls_sync", feed)
+        np.testing.assert_array_equal(out["OUTPUT0"], A + B)
+        np.testing.assert_array_equal(out["OUTPUT1"], A - B)
+        feed["MODEL_NAME"] = np.array(["nope"], dtype=object)
+        with pytest.raises(corral.InferenceError, match="'nope'"):
+            host.infer("bls_sync", feed)
+
+
 def test_a_load_uploading_a_model_py_is_refused_unless_allowed(tmp_path: Path, repository: Path):
     config = json.dumps(
         {
