@@ -376,7 +376,7 @@ def _map(
             )
         values["graph_optimization_level"] = _GRAPH_LEVELS[level]
     values.update(backend.values)
-    values["no_effect"] = (*no_effect, *backend.no_effect)
+    values["no_effect"] = (*no_effect, *backend.no_effect, *_python_no_effect(message, python))
     try:
         return ModelConfig(**values)
     except ValueError as exc:
@@ -603,6 +603,29 @@ def _with_options(entry: ProviderEntry, added: tuple[tuple[str, str], ...]) -> P
     if not isinstance(entry, str):
         options.update(entry[1])
     return (name, tuple(sorted(options.items())))
+
+
+#: Triton's Python backend parameters that pick the interpreter or its environment: corral
+#: runs a Python model in its own interpreter, with the packages installed beside it.
+_PYTHON_ENVIRONMENT_PARAMETERS = ("EXECUTION_ENV_PATH", "PYTHON_BACKEND_VERSION")
+
+
+def _python_no_effect(message: Any, python: bool) -> tuple[str, ...]:
+    """What a Python model's config sets that corral's in-process run does not act on."""
+    if not python:
+        return ()
+    named = [
+        f"parameters[{key!r}]: corral runs Python models in its own interpreter and "
+        "environment (install the model's packages beside corral)"
+        for key in _PYTHON_ENVIRONMENT_PARAMETERS
+        if key in message.parameters
+    ]
+    if any(group.kind == 1 for group in message.instance_group):  # KIND_GPU
+        named.append(
+            "instance_group.kind KIND_GPU: a Python model's instances are told kind CPU; its "
+            "own code picks the device it uses"
+        )
+    return tuple(named)
 
 
 def triton_json(message: Any, model_name: str) -> str:
