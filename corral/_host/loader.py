@@ -60,6 +60,7 @@ from corral._compute import (
     deadline_after,
     lane_at_load,
     plan_batching,
+    request_failure_reason,
     time_left,
 )
 from corral._host.budget import Charge
@@ -524,7 +525,22 @@ class Loader:
             )
         wanted = None if version < 0 else version
         with self.lease(name, wanted, self._options.load_timeout_s) as lease:
-            return lease.run(inputs, outputs or None)
+            # Counted as a request to that version, as the data plane counts the server's:
+            # Triton's statistics count a BLS request as the model's own.
+            started = time.perf_counter_ns()
+            try:
+                answer = lease.run(inputs, outputs or None)
+            except CorralError as exc:
+                elapsed = time.perf_counter_ns() - started
+                reason = request_failure_reason(exc)
+                self._counters.count_request(
+                    (name, lease.version), elapsed, ok=False, reason=reason
+                )
+                raise
+            self._counters.count_request(
+                (name, lease.version), time.perf_counter_ns() - started, ok=True
+            )
+            return answer
 
     def build_on_workers(self, name: str, version: int, entry: ModelEntry) -> Future[ServedVersion]:
         """:meth:`build` on the load workers; for reloads, whose caller waits for it.

@@ -111,6 +111,12 @@ def test_tritonclient_gets_add_subs_answers_and_the_onnx_models(server: ServerPr
         name.set_data_from_numpy(np.array(["pytorch"], dtype=np.object_))
         with pytest.raises(Exception, match="pytorch"):
             client.infer("bls_sync", [*inputs, name], outputs=outputs)
+        # Counted as any model's: Triton's statistics extension, per version. The BLS call is
+        # a request of add_sub's too (run on bls_sync's worker: not among its executions).
+        kwargs = {"as_json": True} if protocol == "grpc" else {}
+        (row,) = client.get_inference_statistics("add_sub", "1", **kwargs)["model_stats"]
+        assert int(row["inference_stats"]["success"]["count"]) >= 2
+        assert int(row["execution_count"]) >= 1
         metadata = client.get_model_metadata("add_sub")
         platform = metadata["platform"] if protocol == "http" else metadata.platform
         assert platform == "python"

@@ -115,6 +115,8 @@ def test_tritons_bls_example_calls_add_sub_by_the_name_it_is_sent(repository: Pa
         out = host.infer("bls_sync", feed)
         np.testing.assert_array_equal(out["OUTPUT0"], A + B)
         np.testing.assert_array_equal(out["OUTPUT1"], A - B)
+        # The call is a request of add_sub's in its statistics, as in Triton's.
+        assert host.request_stats()[("add_sub", 1)].success_count == 1
         feed["MODEL_NAME"] = np.array(["nope"], dtype=object)
         with pytest.raises(corral.InferenceError, match="'nope'"):
             host.infer("bls_sync", feed)
