@@ -484,6 +484,11 @@ class Loader:
                     f"model {name!r} version {version} changed on disk while it loaded "
                     f"({changed}); the next request loads it again"
                 )
+            # What its auto_complete_config made of max_batch_size is the model's: requests
+            # are bounded by it, and /config reports it, as Triton's.
+            completed = int(session.model_config.get("max_batch_size", 0))
+            if completed != (config.max_batch_size or 0):
+                config = dataclasses.replace(config, max_batch_size=completed)
             reason = "not batched: a Python model's execute() gets one request at a time"
             logger.info("corral: %s version %s %s", name, version, reason)
             return ServedVersion(

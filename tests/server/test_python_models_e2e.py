@@ -54,7 +54,7 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("repository")
-    for example in ("add_sub", "bls_sync"):
+    for example in ("add_sub", "bls_sync", "nobatch_auto_complete", "batch_auto_complete"):
         shutil.copytree(ROOT / "tests" / "testdata" / "triton_python" / example, root / example)
     add_model(root, "mlp", build_mlp(seed=4))
     (root / "broken" / "1").mkdir(parents=True)
@@ -117,6 +117,16 @@ def test_tritonclient_gets_add_subs_answers_and_the_onnx_models(server: ServerPr
         (row,) = client.get_inference_statistics("add_sub", "1", **kwargs)["model_stats"]
         assert int(row["inference_stats"]["success"]["count"]) >= 2
         assert int(row["execution_count"]) >= 1
+        # Triton's auto_complete example's client.py checks, on models without a config.
+        for name, max_batch_size in (("nobatch_auto_complete", 0), ("batch_auto_complete", 4)):
+            config = client.get_model_config(name, **kwargs)
+            config = config["config"] if protocol == "grpc" else config
+            assert int(config.get("max_batch_size", 0)) == max_batch_size
+            for tensor in [*config["input"], *config["output"]]:
+                assert (tensor["data_type"], [int(d) for d in tensor["dims"]]) == (
+                    "TYPE_FP32",
+                    [4],
+                )
         metadata = client.get_model_metadata("add_sub")
         platform = metadata["platform"] if protocol == "http" else metadata.platform
         assert platform == "python"

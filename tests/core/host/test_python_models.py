@@ -22,6 +22,7 @@ import pytest
 
 import corral
 from corral import DeadlineExceeded, InvalidInput, ModelLoadError, UploadRefused
+from corral.protocol.metadata import model_configuration
 from corral.testing import build_mlp
 from tests.helpers import ROOT, add_model, reference_run
 
@@ -120,6 +121,33 @@ def test_tritons_bls_example_calls_add_sub_by_the_name_it_is_sent(repository: Pa
         feed["MODEL_NAME"] = np.array(["nope"], dtype=object)
         with pytest.raises(corral.InferenceError, match="'nope'"):
             host.infer("bls_sync", feed)
+
+
+@pytest.mark.parametrize(
+    ("name", "max_batch_size"), [("nobatch_auto_complete", 0), ("batch_auto_complete", 4)]
+)
+def test_tritons_auto_complete_examples_serve_without_a_config(
+    repository: Path, name: str, max_batch_size: int
+):
+    shutil.copytree(EXAMPLES / name, repository / name)
+    assert not (repository / name / "config.pbtxt").exists()
+    rows = (2, 4) if max_batch_size else (4,)
+    a, b = np.full(rows, 3.0, np.float32), np.ones(rows, np.float32)
+    with corral.Host(repository) as host:
+        out = host.infer(name, {"INPUT0": a, "INPUT1": b})
+        np.testing.assert_array_equal(out["OUTPUT0"], a + b)
+        np.testing.assert_array_equal(out["OUTPUT1"], a - b)
+        # What the example's client.py checks of /config.
+        with host.acquire(name) as lease:
+            reported = model_configuration(lease)
+        assert reported.max_batch_size == max_batch_size
+        expected = [("INPUT0", "TYPE_FP32", (4,)), ("INPUT1", "TYPE_FP32", (4,))]
+        assert [(t.name, t.data_type, t.dims) for t in reported.inputs] == expected
+        assert [t.name for t in reported.outputs] == ["OUTPUT0", "OUTPUT1"]
+        if max_batch_size:
+            too_many = np.ones((5, 4), np.float32)
+            with pytest.raises(InvalidInput, match="batch-size must be <= 4"):
+                host.infer(name, {"INPUT0": too_many, "INPUT1": too_many})
 
 
 def test_a_load_uploading_a_model_py_is_refused_unless_allowed(tmp_path: Path, repository: Path):
