@@ -137,10 +137,29 @@ class PythonSession(Session):
     ) -> None:
         label = f"{model_name}:{version}"
         backend_utils.install()
-        model_class = _import_model_class(model_path, label)
+        # Its module stays in sys.modules while the model is loaded, as an import's would
+        # (pickle and typing look classes up there), and is removed when it is released.
+        self._module_name, model_class = _import_model_class(model_path, label)
+        try:
+            self._set_up(model_class, config, model_name, version, repository, caller)
+            concurrency = "exclusive" if instances == 1 else f"pool:{instances}"
+            super().__init__(model_path, runtime=runtime, concurrency=concurrency, name=label)
+        except BaseException:
+            sys.modules.pop(self._module_name, None)
+            raise
+
+    def _set_up(
+        self,
+        model_class: type[Any],
+        config: Mapping[str, Any],
+        model_name: str,
+        version: int,
+        repository: str,
+        caller: backend_utils.ModelCaller | None,
+    ) -> None:
+        label = f"{model_name}:{version}"
         completed = _auto_complete(model_class, config, label)
         self._model_class = model_class
-        self._model_config = completed
         self._args = {
             "model_config": json.dumps(completed),
             "model_instance_kind": "CPU",
@@ -154,8 +173,6 @@ class PythonSession(Session):
         # Guards _instances, the objects to finalize: taken once, by _released.
         self._instances_lock = threading.Lock()
         self._instances: list[Any] = []
-        concurrency = "exclusive" if instances == 1 else f"pool:{instances}"
-        super().__init__(model_path, runtime=runtime, concurrency=concurrency, name=label)
 
     @property
     def model_config(self) -> dict[str, Any]:
@@ -192,6 +209,7 @@ class PythonSession(Session):
         with self._instances_lock:
             instances, self._instances = self._instances, []
         _finalize(instances, self.name)
+        sys.modules.pop(self._module_name, None)
 
 
 class _Instance:
@@ -310,29 +328,34 @@ def _describe(value: object) -> str:
     return type(value).__name__
 
 
-def _import_model_class(path: str, label: str) -> type[Any]:
-    """Import ``path`` as a new module of its own; its ``TritonPythonModel`` class."""
+def _import_model_class(path: str, label: str) -> tuple[str, type[Any]]:
+    """Import ``path`` as a new module of its own: its name and its ``TritonPythonModel``.
+
+    The module is left in ``sys.modules`` under that name; the caller removes it.
+    """
     module_name = f"corral_python_model_{next(_MODULE_NUMBERS)}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise ModelInvalid(f"Python model {label}: {path} cannot be imported as Python")
     module = importlib.util.module_from_spec(spec)
-    # Registered while it runs, as an import does: a dataclass or pickle in it looks it up.
+    # Registered while it runs, as an import does: a dataclass in it looks it up.
     sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        raise ModelLoadError(
-            f"Python model {label}: importing {path} raised {type(exc).__name__}: {exc}"
-        ) from exc
-    finally:
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            raise ModelLoadError(
+                f"Python model {label}: importing {path} raised {type(exc).__name__}: {exc}"
+            ) from exc
+        model_class = getattr(module, MODEL_CLASS, None)
+        if not isinstance(model_class, type):
+            raise ModelInvalid(f"Python model {label}: {path} defines no class {MODEL_CLASS}")
+        if not callable(getattr(model_class, "execute", None)):
+            raise ModelInvalid(f"Python model {label}: {MODEL_CLASS} in {path} has no execute()")
+    except BaseException:
         del sys.modules[module_name]
-    model_class = getattr(module, MODEL_CLASS, None)
-    if not isinstance(model_class, type):
-        raise ModelInvalid(f"Python model {label}: {path} defines no class {MODEL_CLASS}")
-    if not callable(getattr(model_class, "execute", None)):
-        raise ModelInvalid(f"Python model {label}: {MODEL_CLASS} in {path} has no execute()")
-    return model_class
+        raise
+    return module_name, model_class
 
 
 def _auto_complete(model_class: type[Any], config: Mapping[str, Any], label: str) -> dict[str, Any]:

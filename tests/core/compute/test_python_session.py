@@ -319,3 +319,30 @@ def test_the_module_is_importable_by_tritons_name_once_a_model_loads(tmp_path: P
         assert triton_python_backend_utils is backend_utils
     backend_utils.install()  # again: nothing changes
     assert sys.modules["triton_python_backend_utils"] is backend_utils
+
+
+def test_the_models_module_is_importable_while_loaded_and_gone_after(
+    tmp_path: Path, gate: types.SimpleNamespace
+):
+    source = """
+    import dataclasses
+    import pickle
+    import corral_test_gate as gate
+    import triton_python_backend_utils as pb_utils
+
+    @dataclasses.dataclass
+    class Scale:
+        factor: float
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            gate.calls.append(__name__)
+            scale = pickle.loads(pickle.dumps(Scale(4.0)))  # pickle finds the class by module
+            x = requests[0].inputs()[0].as_numpy()
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * scale.factor)])]
+    """
+    with session(tmp_path, source) as model:
+        np.testing.assert_array_equal(model.run({"X": X})["Y"], X * 4)
+        (module_name,) = gate.calls
+        assert module_name in sys.modules
+    assert module_name not in sys.modules

@@ -150,6 +150,14 @@ def test_tritons_auto_complete_examples_serve_without_a_config(
                 host.infer(name, {"INPUT0": too_many, "INPUT1": too_many})
 
 
+def test_a_model_py_beside_an_onnx_version_is_never_imported(repository: Path):
+    (repository / "mlp" / "2").mkdir()
+    (repository / "mlp" / "2" / "model.py").write_text("raise SystemExit('imported')\n")
+    with corral.Host(repository) as host:
+        assert host.infer("mlp", {"X": X})["Y"].shape == (3, 1)
+        assert [v.version for v in host.status("mlp").versions] == [1]
+
+
 def test_a_load_uploading_a_model_py_is_refused_unless_allowed(tmp_path: Path, repository: Path):
     config = json.dumps(
         {
