@@ -24,13 +24,15 @@ Host allows it).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import json
 import logging
+import os
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -342,7 +344,8 @@ def _import_model_class(path: str, label: str) -> tuple[str, type[Any]]:
     sys.modules[module_name] = module
     try:
         try:
-            spec.loader.exec_module(module)
+            with _beside(path):
+                spec.loader.exec_module(module)
         except Exception as exc:
             raise ModelLoadError(
                 f"Python model {label}: importing {path} raised {type(exc).__name__}: {exc}"
@@ -356,6 +359,39 @@ def _import_model_class(path: str, label: str) -> tuple[str, type[Any]]:
         del sys.modules[module_name]
         raise
     return module_name, model_class
+
+
+# Guards sys.path's additions while a model.py is imported, and the modules they bring:
+# one model.py import at a time, so that no model imports another's files.
+_IMPORT_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _beside(path: str) -> Iterator[None]:
+    """While a model.py is imported: its version folder and model folder on ``sys.path``.
+
+    As Triton's stub adds them (after the others), so that ``import helpers`` finds a
+    ``helpers.py`` beside it. The modules found there are then taken out of ``sys.modules``
+    (the model's module keeps them): in one process, two models' ``helpers.py`` never mix.
+    """
+    version_folder = os.path.dirname(os.path.abspath(path))
+    model_folder = os.path.dirname(version_folder)
+    added = [version_folder, model_folder]
+    with _IMPORT_LOCK:
+        before = set(sys.modules)
+        sys.path.extend(added)
+        try:
+            yield
+        finally:
+            for folder in added:
+                # The entry added last: the same folder may have been on the path before.
+                last = len(sys.path) - 1 - sys.path[::-1].index(folder)
+                del sys.path[last]
+            inside = model_folder + os.sep
+            for name in set(sys.modules) - before:
+                file = getattr(sys.modules[name], "__file__", None) or ""
+                if os.path.abspath(file).startswith(inside):
+                    del sys.modules[name]
 
 
 def _auto_complete(model_class: type[Any], config: Mapping[str, Any], label: str) -> dict[str, Any]:

@@ -346,3 +346,31 @@ def test_the_models_module_is_importable_while_loaded_and_gone_after(
         (module_name,) = gate.calls
         assert module_name in sys.modules
     assert module_name not in sys.modules
+
+
+def test_files_beside_model_py_are_imported_as_each_models_own(tmp_path: Path):
+    source = """
+    import beside_model_py
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            x = requests[0].inputs()[0].as_numpy()
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", beside_model_py.apply(x))])]
+    """
+    models = []
+    for factor in (2, 3):
+        folder = tmp_path / f"m{factor}"
+        path = model_file(folder, source)
+        Path(path).with_name("beside_model_py.py").write_text(
+            f"def apply(x):\n    return x * {factor}\n"
+        )
+        models.append(
+            PythonSession(path, config=CONFIG, model_name="m", version=1, repository=str(folder))
+        )
+    path_before = list(sys.path)
+    with models[0], models[1]:
+        np.testing.assert_array_equal(models[0].run({"X": X})["Y"], X * 2)
+        np.testing.assert_array_equal(models[1].run({"X": X})["Y"], X * 3)
+        assert "beside_model_py" not in sys.modules
+    assert sys.path == path_before
