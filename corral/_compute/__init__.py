@@ -1,8 +1,9 @@
 """Running models, on :mod:`corral._base` and :mod:`corral._onnx`.
 
 The process's Runtime (onnxruntime's global pools, the compute workers, the lifecycle),
-Session (concurrency policies, leases), the scheduler with its queues, batching and its
-proofs, run counters, and the inline lane.
+Session (concurrency policies, leases), PythonSession (a Triton ``model.py`` run as a
+Session), the scheduler with its queues, batching and its proofs, run counters, and the
+inline lane.
 
 This is the folder's face: the layers above import these names from here, never a module
 inside it (tests/test_layers.py).
@@ -37,6 +38,7 @@ from corral._compute.process_runtime import (
     RuntimeStats,
     runtime,
 )
+from corral._compute.python.session import PythonSession, python_signature
 from corral._compute.queue import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_QUEUE_LIMIT,
@@ -63,6 +65,7 @@ __all__ = [
     "LatencyStats",
     "Lease",
     "ModelQueue",
+    "PythonSession",
     "QueueKey",
     "QueueStats",
     "RequestStats",
@@ -82,6 +85,7 @@ __all__ = [
     "measure_lane",
     "one_line",
     "plan_batching",
+    "python_signature",
     "request_failure_reason",
     "runtime",
     "shape_key",

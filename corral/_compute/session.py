@@ -21,6 +21,7 @@ from typing import Any
 import numpy.typing as npt
 
 from corral._base import (
+    CorralError,
     DrainTimeout,
     ModelConfigError,
     ModelLoadError,
@@ -176,7 +177,7 @@ class Session:
                 self._in_flight = 0
                 self._state = SessionState.CLOSED
                 self._closed.notify_all()
-            self._runtime._unregister(self)
+            self._released()
             raise
         self._signature = Signature.from_session(replicas[0])
         # Set by declare_tensors before the session is shared, then only read.
@@ -192,7 +193,7 @@ class Session:
             released = self._end_use_locked()
             error = self._closed_error() if released else None
         if error is not None:
-            self._runtime._unregister(self)
+            self._released()
             raise error
 
     # -- public ------------------------------------------------------------------------------
@@ -340,7 +341,7 @@ class Session:
         with self._state_lock:
             released = self._end_use_locked(count)
         if released:
-            self._runtime._unregister(self)
+            self._released()
 
     def _run_prepared(
         self,
@@ -392,6 +393,8 @@ class Session:
                 results = run_on_lanes(self._lanes, replica, names, feed, run_options)
             else:
                 results = replica.run(names, feed, run_options)
+        except CorralError:
+            raise  # typed already: a Python model's runner answers with corral's errors
         except Exception as exc:
             raise ort.run_error(exc, self._name, run_options) from exc
         finally:
@@ -404,7 +407,7 @@ class Session:
                     _RUN_OPTIONS.cached = None
                 released = not admitted and self._end_use_locked()
             if released:
-                self._runtime._unregister(self)
+                self._released()
         declared = self._declared
         if declared is not None:
             return declared.restore_outputs(dict(zip(names, results, strict=True)))
@@ -516,9 +519,17 @@ class Session:
             lease._released = True
             released = self._end_use_locked()
         if released:
-            self._runtime._unregister(self)
+            self._released()
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _released(self) -> None:
+        """The session reached CLOSED: called once, outside the state lock, by whoever got it there.
+
+        A subclass that must end something of its own when the last run is over (a Python
+        model's ``finalize``) extends it.
+        """
+        self._runtime._unregister(self)
 
     def _options(self, *, optimized: bool = False) -> Any:
         """The onnxruntime options of this session; ``optimized``: for a graph optimized already."""
@@ -629,7 +640,7 @@ class Session:
             )
             in_flight = self._in_flight
         if released:
-            self._runtime._unregister(self)
+            self._released()
         if not done:
             raise DrainTimeout(
                 f"session {self._name!r} still has {in_flight} run(s) or lease(s) in flight "

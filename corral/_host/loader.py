@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import json
 import logging
 import re
 import threading
@@ -36,16 +37,22 @@ from corral._base import (
     CorralError,
     DeadlineExceeded,
     HostClosed,
+    InvalidInput,
     LoadObserver,
     LoadRecord,
     LoadTimeout,
     LoadWorkers,
     ModelLoadError,
     ModelNotFound,
+    UploadRefused,
     fresh,
 )
 from corral._compute import (
+    BatchPlan,
     HostCounters,
+    InlineLane,
+    LaneState,
+    PythonSession,
     Runtime,
     RuntimeOptions,
     Session,
@@ -53,10 +60,12 @@ from corral._compute import (
     deadline_after,
     lane_at_load,
     plan_batching,
+    request_failure_reason,
     time_left,
 )
+from corral._host.budget import Charge
 from corral._host.charges import ChargeMeter, charges_supported
-from corral._host.check import Estimate, KnownReads, estimate_with_proof
+from corral._host.check import Estimate, KnownReads, declared_bytes, estimate_with_proof
 from corral._host.lane_measuring import LaneMeasurer
 from corral._host.options import HostOptions
 from corral._host.served import HostLease, Outputs, ServedVersion
@@ -361,6 +370,8 @@ class Loader:
         ``claim`` expires once the session is built, its runs are stopped.
         """
         config = entry.config
+        if config.backend == PYTHON_BACKEND:
+            return self._build_python(name, version, entry, estimate)
         size_bytes = estimate.size_bytes
         budget = self._options.budget_bytes
         room = None if budget is None else budget - size_bytes
@@ -442,6 +453,100 @@ class Loader:
             session.close()
             raise
 
+    def _build_python(
+        self, name: str, version: int, entry: ModelEntry, estimate: Estimate
+    ) -> ServedVersion:
+        """:meth:`build` for a Triton Python model: its ``model.py`` imported, in-process.
+
+        Only from the repository's own files: a load's uploaded files may hold one only
+        with ``allow_python_uploads`` (:class:`UploadRefused` names it). Each request runs
+        alone (one ``execute([request])``): no batching, no inline lane.
+        """
+        config = entry.config
+        if entry.layout == "uploaded" and not self._options.allow_python_uploads:
+            raise UploadRefused(python_upload_refusal(name))
+        label = f"{name}:{version}"
+        path = entry.versions[version].path
+        session = PythonSession(
+            str(path),
+            config=json.loads(config.triton_json),
+            model_name=name,
+            version=version,
+            repository=str(path.parent.parent),
+            instances=_python_instances(config.concurrency),
+            runtime=self._runtime,
+            caller=functools.partial(self._call_model, name),
+        )
+        try:
+            changed = entry.versions[version].changed()
+            if changed is not None:
+                raise FilesChanged(
+                    f"model {name!r} version {version} changed on disk while it loaded "
+                    f"({changed}); the next request loads it again"
+                )
+            # What its auto_complete_config made of max_batch_size is the model's: requests
+            # are bounded by it, and /config reports it, as Triton's.
+            completed = int(session.model_config.get("max_batch_size", 0))
+            if completed != (config.max_batch_size or 0):
+                config = dataclasses.replace(config, max_batch_size=completed)
+            reason = "not batched: a Python model's execute() gets one request at a time"
+            logger.info("corral: %s version %s %s", name, version, reason)
+            return ServedVersion(
+                name,
+                version,
+                session,
+                runtime=self._runtime,
+                size_bytes=estimate.size_bytes,
+                fingerprint=entry.version_fingerprint(version),
+                charge=estimate.charge,
+                batching=BatchPlan(0, reason),
+                batch_window_us=0,
+                queue_limit=config.max_queue_size or self._options.max_queue_per_model,
+                counters=self._counters.run_counters((name, version)),
+                config=config,
+                inline=InlineLane(label, LaneState.OFF, "a Python model runs on the workers"),
+            )
+        except BaseException:
+            session.close()
+            raise
+
+    def _call_model(
+        self,
+        caller: str,
+        name: str,
+        version: int,
+        inputs: dict[str, Any],
+        outputs: tuple[str, ...],
+    ) -> Mapping[str, Any]:
+        """A Python model's BLS request: ``name`` run on the calling worker, under a lease.
+
+        Waits up to ``load_timeout_s`` for it to load. A model calling itself is refused: its
+        instance is busy with the call, which could wait for itself.
+        """
+        if name == caller:
+            raise InvalidInput(
+                f"Python model {caller!r}: a BLS request to itself is refused (its instance "
+                "would wait for itself)"
+            )
+        wanted = None if version < 0 else version
+        with self.lease(name, wanted, self._options.load_timeout_s) as lease:
+            # Counted as a request to that version, as the data plane counts the server's:
+            # Triton's statistics count a BLS request as the model's own.
+            started = time.perf_counter_ns()
+            try:
+                answer = lease.run(inputs, outputs or None)
+            except CorralError as exc:
+                elapsed = time.perf_counter_ns() - started
+                reason = request_failure_reason(exc)
+                self._counters.count_request(
+                    (name, lease.version), elapsed, ok=False, reason=reason
+                )
+                raise
+            self._counters.count_request(
+                (name, lease.version), time.perf_counter_ns() - started, ok=True
+            )
+            return answer
+
     def build_on_workers(self, name: str, version: int, entry: ModelEntry) -> Future[ServedVersion]:
         """:meth:`build` on the load workers; for reloads, whose caller waits for it.
 
@@ -483,7 +588,7 @@ class Loader:
         ``entry`` is the one it was built from.
         """
         self._measurer.later(served)
-        if self._charges is not None:
+        if self._charges is not None and served.config.backend != PYTHON_BACKEND:
             settings, _ = self._session_settings(served.config)
             self._charges.later(served, entry.versions[served.version], settings)
 
@@ -521,6 +626,8 @@ class Loader:
         read. What the repository check read of the same file (same path, size and mtime) is
         taken instead of reading it again.
         """
+        if entry.config.backend == PYTHON_BACKEND:
+            return python_estimate(entry, version)
         estimate = estimate_with_proof(
             entry,
             version,
@@ -798,6 +905,39 @@ class SessionSettings(TypedDict):
     cpu_mem_arena: bool | None
     mem_pattern: bool | None
     session_config: tuple[tuple[str, str], ...]
+
+
+#: The ``backend`` of a Triton Python model's config.
+PYTHON_BACKEND = "python"
+
+#: What a Python model's instance is estimated to hold beside its file, before anything
+#: measures it: a module and an object of a few classes (a model that holds more declares
+#: it: ``parameters { key: "corral_memory_bytes" ... }``).
+PYTHON_INSTANCE_BYTES = 1 << 20
+
+
+def python_upload_refusal(name: str) -> str:
+    """Why a load's uploaded Python model is refused, naming the option that allows it."""
+    return (
+        f"model {name!r}: its files hold a Triton Python model, which is code run with the "
+        "server's rights: uploads of it are refused unless the server is started with "
+        "--allow-python-uploads (allow_python_uploads); put its model.py in the repository"
+    )
+
+
+def python_estimate(entry: ModelEntry, version: int) -> Estimate:
+    """What a Python model's version is counted as: its file, and its instances."""
+    config = entry.config
+    file = entry.versions[version]
+    size = file.size + PYTHON_INSTANCE_BYTES * _python_instances(config.concurrency)
+    charge = Charge(size, declared_bytes(config))
+    return Estimate(charge.bytes, "a Python model", charge)
+
+
+def _python_instances(concurrency: str) -> int:
+    """A Python model's instances: its instance_group's count (``pool:N``), else one."""
+    kind, _, size = concurrency.partition(":")
+    return int(size) if kind == "pool" and size else 1
 
 
 def version_number(name: str, version: int | str) -> int:

@@ -168,6 +168,14 @@ class HostOptions:
         "bytes the files uploaded by loads (file: parameters) may hold together on disk: "
         "bytes or a size like 1GiB; a load past it gets 413 / RESOURCE_EXHAUSTED",
     )
+    #: Whether a load's uploaded files (model control's ``file:`` parameters) may hold a
+    #: Triton Python model: a ``model.py`` is code that runs with the server's rights, so by
+    #: default only the repository's own are run, and an upload of one is refused.
+    allow_python_uploads: bool = option(
+        False,
+        "run Triton Python models (model.py) that model-control loads upload as files: code "
+        "run with the server's rights; by default only the repository's own model.py run",
+    )
     #: The folder a repository in object storage (``s3://...``) is copied into as its models
     #: are read; None: a new temporary folder. Only for such a repository.
     cache_dir: str | None = option(
@@ -268,6 +276,11 @@ class HostOptions:
             raise InvalidOption(
                 f"batching must be True or False, got {self.batching!r}", option="batching"
             )
+        if not isinstance(self.allow_python_uploads, bool):
+            raise InvalidOption(
+                f"allow_python_uploads must be True or False, got {self.allow_python_uploads!r}",
+                option="allow_python_uploads",
+            )
 
     @classmethod
     def taken_from(cls, source: object) -> HostOptions:
@@ -331,6 +344,7 @@ class HostOptionArgs(TypedDict, total=False):
     model_latency_histograms: int
     inline_run_us: int
     max_upload_bytes: int | str | None
+    allow_python_uploads: bool
     cache_dir: str | None
     cache_bytes: int | str | None
     optimized_models: str | None

@@ -301,6 +301,12 @@ class ModelConfig:
     #: Triton's ``preferred_batch_size``, ascending: a batch is cut at the largest of these
     #: sizes the queue fills, without waiting for the window (docs/scheduler.md); (): none.
     preferred_batch_sizes: tuple[int, ...] = ()
+    #: Triton's ``backend``: ``"onnxruntime"``, or ``"python"`` for a Triton Python model
+    #: (``model.py``, run in-process by ``corral._compute.PythonSession``).
+    backend: str = "onnxruntime"
+    #: A Python model's whole config.pbtxt as Triton's JSON (what its ``initialize`` gets as
+    #: ``args["model_config"]``); "" for an ONNX model.
+    triton_json: str = ""
     #: Settings the config.pbtxt sets that have no effect on this machine, each
     #: ``"<field>: <why>"``: accepted, and named once in the log when the model loads.
     no_effect: tuple[str, ...] = field(default=(), compare=False)

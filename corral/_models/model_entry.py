@@ -93,6 +93,9 @@ class ModelEntry:
     #: The stamps (real path, size, modification time) of the custom operator library files
     #: its config names: a copy built with another version of one is not interchangeable.
     library_stamps: tuple[tuple[object, ...], ...] = field(default=(), compare=False)
+    #: Where its files are: ``"folder"`` (the repository's), ``"uploaded"`` (a load's
+    #: files, which may not hold a Python model's code unless the Host allows it) ...
+    layout: str = field(default="folder", compare=False)
 
     @property
     def served_versions(self) -> tuple[int, ...]:
@@ -162,6 +165,7 @@ def make_entry(
         tuple(problems.found),
         generation,
         libraries,
+        layout,
     )
 
 

@@ -76,7 +76,12 @@ from corral._models.model_entry import (
     make_entry,
 )
 from corral._models.overrides import ModelOverride
-from corral._models.pbtxt.parse import CONFIG_PBTXT, ParsedConfigs
+from corral._models.pbtxt.parse import (
+    CONFIG_PBTXT,
+    PYTHON_BACKEND,
+    PYTHON_MODEL_FILE,
+    ParsedConfigs,
+)
 from corral._models.provider_options import locate_provider_paths, refuse_provider_paths
 from corral._models.store import DEFAULT_FETCH_TIMEOUT_S, Store, is_store_url
 from corral._onnx import EXTENSIONS_LIBRARY
@@ -598,6 +603,17 @@ class Repository:
         toml = self._find_config(root, name, folder, real_folder, _CONFIG_FILE, problems)
         pbtxt = self._find_config(root, name, folder, real_folder, CONFIG_PBTXT, problems)
         if toml is None and pbtxt is None:
+            if self.store is None and _python_model_without_config(real_folder):
+                # As Triton infers the Python backend from a model.py: its class's
+                # auto_complete_config then gives its inputs and outputs.
+                config, _ = self._parse_pbtxt(
+                    root,
+                    f"model {name!r} (a model.py without a config)",
+                    name,
+                    real_folder,
+                    f'backend: "{PYTHON_BACKEND}"',
+                )
+                return config, None
             return ModelConfig(), None
         stamp: tuple[object, ...] = (
             None if toml is None else toml[1],
@@ -811,3 +827,18 @@ def _refuse_library_paths(source: str, config: ModelConfig) -> None:
                 "config.pbtxt or model.toml in the repository, never from a load's config or "
                 "files"
             )
+
+
+def _python_model_without_config(folder: str) -> bool:
+    """Whether a model folder without a config holds a Triton Python model, as Triton infers it.
+
+    A version folder holds ``model.py`` and none holds ``model.onnx`` (an ONNX model then,
+    whatever else lies beside it).
+    """
+    try:
+        with os.scandir(folder) as listing:
+            versions = [item.path for item in listing if VERSION_FOLDER.fullmatch(item.name)]
+    except OSError:
+        return False  # the listing's own error is the entry's to report
+    python = any(os.path.isfile(os.path.join(v, PYTHON_MODEL_FILE)) for v in versions)
+    return python and not any(os.path.isfile(os.path.join(v, "model.onnx")) for v in versions)

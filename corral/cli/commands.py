@@ -445,6 +445,7 @@ SERVE_GROUPS: dict[str, tuple[str, ...]] = {
         "ready_load_timeout_s",
         "poll_interval_s",
         "max_upload_bytes",
+        "allow_python_uploads",
         "cache_dir",
         "cache_bytes",
         "optimized_models",

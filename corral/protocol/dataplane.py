@@ -53,7 +53,7 @@ from corral._host import Host, HostLease, HostState, ModelState, ModelStatus
 from corral._onnx import Signature
 from corral.protocol.classification import class_count
 from corral.protocol.control import CONTROL_TIMEOUT_S
-from corral.protocol.metadata import model_configuration, model_metadata
+from corral.protocol.metadata import model_configuration, model_metadata, platform_of
 from corral.protocol.model_control import ModelControl
 from corral.protocol.outputs import classified, outputs_to_run, tensor_output
 from corral.protocol.parameters import check_parameters
@@ -396,10 +396,12 @@ class DataPlane:
         # entry, on a control thread.
         with await self._host.acquire_async(name, _version_arg(version)) as lease:
             signature = lease.session.signature
+            platform = platform_of(lease.config)
         status = await self._threads.run(
             f"the status of model {name!r}", self._control_timeout_s, self._host.status, name
         )
-        return model_metadata(lease.name, [str(v.version) for v in status.versions], signature)
+        versions = [str(v.version) for v in status.versions]
+        return model_metadata(lease.name, versions, signature, platform)
 
     async def model_config(self, name: str, version: str | None = None) -> ModelConfiguration:
         """A model's configuration, as Triton's ``model_config``; loads the model if need be."""

@@ -30,13 +30,17 @@ from corral.protocol.types import (
 __all__ = [
     "BATCHING_PARAMETER",
     "PLATFORM",
+    "PYTHON",
     "model_configuration",
     "model_metadata",
+    "platform_of",
     "reported_max_batch_size",
 ]
 
 #: Triton's platform name for ONNX models run by onnxruntime: clients key on it.
 PLATFORM = "onnxruntime_onnx"
+#: The backend (and the metadata's platform) of a Triton Python model.
+PYTHON = "python"
 #: The model configuration's parameter that says why a model is batched or not.
 BATCHING_PARAMETER = "corral.batching"
 
@@ -58,12 +62,22 @@ _CONFIG_TYPES = {
 }
 
 
-def model_metadata(name: str, versions: Sequence[str], signature: Signature) -> ModelMetadata:
-    """``name``'s metadata: its ``versions`` and the tensors of ``signature`` (-1: any size)."""
+def platform_of(config: ModelConfig) -> str:
+    """What a model's metadata names as its platform: ``onnxruntime_onnx``, or ``python``."""
+    return PYTHON if config.backend == PYTHON else PLATFORM
+
+
+def model_metadata(
+    name: str, versions: Sequence[str], signature: Signature, platform: str = PLATFORM
+) -> ModelMetadata:
+    """``name``'s metadata: its ``versions`` and the tensors of ``signature`` (-1: any size).
+
+    ``platform``: :func:`platform_of` its config.
+    """
     return ModelMetadata(
         name=name,
         versions=tuple(versions),
-        platform=PLATFORM,
+        platform=platform,
         inputs=tuple(_tensor_metadata(spec) for spec in signature.inputs),
         outputs=tuple(_tensor_metadata(spec) for spec in signature.outputs),
     )
@@ -80,8 +94,9 @@ def model_configuration(lease: HostLease) -> ModelConfiguration:
     skip = 1 if max_batch_size else 0
     return ModelConfiguration(
         name=lease.name,
-        platform=PLATFORM,
-        backend="onnxruntime",
+        # A Python model has a backend and no platform in its config, as Triton reports it.
+        platform="" if config.backend == PYTHON else PLATFORM,
+        backend=config.backend,
         max_batch_size=max_batch_size,
         inputs=_tensor_configurations(signature.inputs, config.inputs, skip),
         outputs=_tensor_configurations(signature.outputs, config.outputs, skip),

@@ -43,6 +43,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "load_timeout_s": ("45", 45.0),
     "batching": ("false", False),
     "measure_charges": ("true", True),
+    "allow_python_uploads": ("true", True),
     "model_latency_histograms": ("0", 0),
     "inline_run_us": ("25", 25),
     "default_max_batch_size": ("8", 8),

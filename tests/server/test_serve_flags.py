@@ -100,6 +100,7 @@ SWITCHES = {
     "exit_on_error",
     "strict_readiness",
     "measure_charges",
+    "allow_python_uploads",
 }
 # Files read at start, each valid only with the others: tests/server/test_tls.py gives them.
 TLS_FIELDS = {"tls_cert_file", "tls_key_file", "tls_client_ca_file"}

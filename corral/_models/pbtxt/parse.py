@@ -81,6 +81,10 @@ CONFIG_PBTXT = "config.pbtxt"
 PLATFORM = "onnxruntime_onnx"
 BACKEND = "onnxruntime"
 
+#: Triton's backend for a ``model.py`` (``corral._compute.PythonSession``), and its file.
+PYTHON_BACKEND = "python"
+PYTHON_MODEL_FILE = "model.py"
+
 #: What Triton's ``runtime`` may name for an ONNX model: its onnxruntime backend's library.
 _RUNTIME = "libtriton_onnxruntime.so"
 
@@ -290,10 +294,17 @@ def _map(
             f"platform {message.platform!r} is not served: corral runs ONNX models on "
             f"onnxruntime only (platform {PLATFORM!r})"
         )
-    if message.backend and message.backend != BACKEND:
+    python = message.backend == PYTHON_BACKEND
+    if python and message.platform:
+        raise ModelConfigError(
+            f"backend {PYTHON_BACKEND!r} with platform {message.platform!r}: a Python model "
+            "has no platform; remove platform"
+        )
+    if message.backend and message.backend not in (BACKEND, PYTHON_BACKEND):
         raise ModelConfigError(
             f"backend {message.backend!r} is not served: corral runs ONNX models on "
-            f"onnxruntime only (backend {BACKEND!r})"
+            f"onnxruntime (backend {BACKEND!r}) and Triton Python models (backend "
+            f"{PYTHON_BACKEND!r}, docs/host.md)"
         )
     if message.runtime and message.runtime != _RUNTIME:
         raise ModelConfigError(
@@ -335,6 +346,10 @@ def _map(
     }
     if message.default_model_filename:
         values["model_filename"] = message.default_model_filename
+    if python:
+        values["backend"] = PYTHON_BACKEND
+        values["triton_json"] = triton_json(message, model_name)
+        values.setdefault("model_filename", PYTHON_MODEL_FILE)
     if MEMORY_BYTES_PARAMETER in message.parameters:
         values["memory_bytes"] = _declared_bytes(message.parameters[MEMORY_BYTES_PARAMETER])
     concurrency, gpu = _instances(message.instance_group, pb)
@@ -350,7 +365,7 @@ def _map(
         {key: value.string_value for key, value in message.parameters.items()}, gpu=gpu
     )
     providers = _providers(message.optimization.execution_accelerators, gpu, backend.cuda_options)
-    if providers is not None:
+    if providers is not None and not python:  # a Python model's code picks its device
         values["providers"] = providers
     level = message.optimization.graph.level
     if level:
@@ -361,7 +376,7 @@ def _map(
             )
         values["graph_optimization_level"] = _GRAPH_LEVELS[level]
     values.update(backend.values)
-    values["no_effect"] = (*no_effect, *backend.no_effect)
+    values["no_effect"] = (*no_effect, *backend.no_effect, *_python_no_effect(message, python))
     try:
         return ModelConfig(**values)
     except ValueError as exc:
@@ -588,3 +603,47 @@ def _with_options(entry: ProviderEntry, added: tuple[tuple[str, str], ...]) -> P
     if not isinstance(entry, str):
         options.update(entry[1])
     return (name, tuple(sorted(options.items())))
+
+
+#: Triton's Python backend parameters that pick the interpreter or its environment: corral
+#: runs a Python model in its own interpreter, with the packages installed beside it.
+_PYTHON_ENVIRONMENT_PARAMETERS = ("EXECUTION_ENV_PATH", "PYTHON_BACKEND_VERSION")
+
+
+def _python_no_effect(message: Any, python: bool) -> tuple[str, ...]:
+    """What a Python model's config sets that corral's in-process run does not act on."""
+    if not python:
+        return ()
+    named = [
+        f"parameters[{key!r}]: corral runs Python models in its own interpreter and "
+        "environment (install the model's packages beside corral)"
+        for key in _PYTHON_ENVIRONMENT_PARAMETERS
+        if key in message.parameters
+    ]
+    if any(group.kind == 1 for group in message.instance_group):  # KIND_GPU
+        named.append(
+            "instance_group.kind KIND_GPU: a Python model's instances are told kind CPU; its "
+            "own code picks the device it uses"
+        )
+    return tuple(named)
+
+
+def triton_json(message: Any, model_name: str) -> str:
+    """A parsed config.pbtxt as Triton's JSON text: what a Python model's ``initialize`` reads.
+
+    protobuf's JSON writes 64-bit integers as strings; Triton writes numbers, which model
+    files compare and compute with (``dims``, ``reshape.shape``): they are numbers here too.
+    """
+    from google.protobuf import json_format
+
+    config: dict[str, Any] = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    config.setdefault("name", model_name)
+    config.setdefault("max_batch_size", 0)
+    for kind in ("input", "output"):
+        entries = config.setdefault(kind, [])
+        for entry in entries:
+            entry["dims"] = [int(d) for d in entry.get("dims", ())]
+            if "reshape" in entry:
+                entry["reshape"]["shape"] = [int(d) for d in entry["reshape"].get("shape", ())]
+            entry.setdefault("data_type", "TYPE_INVALID")
+    return json.dumps(config)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -274,7 +275,7 @@ def test_an_unknown_field_is_named():
     ("text", "named", "why"),
     [
         ('platform: "tensorrt_plan"', "tensorrt_plan", "onnxruntime"),
-        ('backend: "python"', "python", "onnxruntime"),
+        ('backend: "pytorch"', "pytorch", "onnxruntime"),
         ('platform: "ensemble"', "ensemble", "onnxruntime"),
         ("sequence_batching { max_sequence_idle_microseconds: 5 }", "sequence_batching", "state"),
         (
@@ -1162,3 +1163,38 @@ def test_a_declared_size_that_is_not_one_is_refused_naming_the_parameter(value, 
         f" {value!r}", ""
     )
     assert "config.pbtxt" in str(caught.value)
+
+
+# -- Triton Python models (backend: "python") ------------------------------------------------
+
+PYTHON_CONFIG = """
+name: "pre"
+backend: "python"
+max_batch_size: 8
+input [ { name: "RAW" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1, 3 ] } ]
+instance_group [ { count: 3 kind: KIND_CPU } ]
+parameters { key: "EXECUTION_ENV_PATH" value { string_value: "env.tar.gz" } }
+"""
+
+
+def test_a_python_models_config_keeps_tritons_json_for_its_initialize():
+    config = parse(PYTHON_CONFIG, name="pre")
+    assert (config.backend, config.model_filename, config.concurrency) == (
+        "python",
+        "model.py",
+        "pool:3",
+    )
+    triton = json.loads(config.triton_json)
+    assert triton["name"] == "pre"
+    assert triton["max_batch_size"] == 8
+    # Numbers, as Triton writes them (protobuf's JSON writes 64-bit integers as strings).
+    assert triton["output"] == [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [-1, 3]}]
+    assert triton["instance_group"] == [{"count": 3, "kind": "KIND_CPU"}]
+    assert any("EXECUTION_ENV_PATH" in why for why in config.no_effect)
+    assert parse('name: "m"\nplatform: "onnxruntime_onnx"\n', name="m").triton_json == ""
+
+
+def test_a_python_model_with_a_platform_is_refused():
+    message = refused('backend: "python"\nplatform: "onnxruntime_onnx"\n', name="m")
+    assert "remove platform" in message, message
