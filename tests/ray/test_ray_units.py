@@ -64,10 +64,13 @@ from corral.ray._fanout import (
     GrpcReply,
     Reply,
     all_succeeded,
+    every_status,
     grpc_all_succeeded,
     grpc_merged_index,
     grpc_summed_statistics,
     labelled_metrics,
+    merged_index,
+    passed_answer,
     summed_statistics,
 )
 from corral.ray._spreading import HotModels
@@ -759,7 +762,82 @@ def test_grpc_answers_of_every_replica_are_made_one_as_http_ones_are():
         grpc_merged_index([GrpcReply("a", GrpcAnswer(grpc.StatusCode.OK, "", b"\xff\xff"))])
 
 
-def test_answers_that_cannot_be_made_one_are_an_error_naming_the_replica():
+def test_the_grpc_ingress_answers_unavailable_when_the_replicas_cannot_be_made_one():
+    class Unnamed(GrpcHandle):
+        def broadcast(self, method: str, call: GrpcCall) -> SimpleNamespace:
+            async def results_async(timeout_s: float) -> list[GrpcAnswer]:
+                return [GrpcAnswer(grpc.StatusCode.OK, "", b"")]  # no corral-replica
+
+            return SimpleNamespace(results_async=results_async)
+
+    class Slow(GrpcHandle):
+        def broadcast(self, method: str, call: GrpcCall) -> SimpleNamespace:
+            async def results_async(timeout_s: float) -> list[GrpcAnswer]:
+                raise TimeoutError("Timed out waiting for broadcast results.")
+
+            return SimpleNamespace(results_async=results_async)
+
+    async def never(call: GrpcCall, model_id: str | None) -> GrpcAnswer:
+        raise AssertionError("routed, not asked of every replica")
+
+    async def main() -> None:
+        answers = []
+        for handle in (Unnamed(never), Slow(never)):
+            ingress = grpc_ingress(handle)
+            try:
+                async with grpc.aio.insecure_channel(await ingress.address()) as channel:
+                    answers.append(await raw_call(channel, "RepositoryIndex", b""))
+            finally:
+                await ingress.stop()
+        unnamed, slow = answers
+        assert unnamed.code is grpc.StatusCode.UNAVAILABLE
+        assert "does not name its replica" in unnamed.details
+        assert slow.code is grpc.StatusCode.UNAVAILABLE
+        assert "did not all answer in 600 s" in slow.details
+
+    run_freeing_frames(main)
+
+
+def test_what_cannot_be_made_one_is_named():
+    # A replica's error is passed on with its status, naming the replica.
+    with pytest.raises(FanoutError) as failed:
+        every_status([reply("a", b"{}"), reply("b", b"gone away", 503)])
+    passed = passed_answer(failed.value)
+    assert passed is not None
+    assert passed.status == 503
+    assert orjson.loads(passed.body) == {"error": "gone away (replica b)"}
+    assert passed_answer(FanoutError("other")) is None
+    with pytest.raises(FanoutError, match="replica a answered list"):
+        every_status([reply("a", b"[]")])
+    with pytest.raises(FanoutError, match="no model replica is running"):
+        merged_index([])
+    with pytest.raises(FanoutError, match="no model replica is running"):
+        grpc_merged_index([])
+    # Comments and blank lines are part of no family.
+    page = b"# a comment\n\n# HELP up Up.\n# TYPE up gauge\nup 1\n"
+    assert labelled_metrics([reply("a", page)]).body == (
+        b'# HELP up Up.\n# TYPE up gauge\nup{replica="a"} 1\n'
+    )
+    # The most advanced state wins, whichever replica answers first.
+    rows = [{"name": "m", "version": "1", "state": "READY"}]
+    later = [{"name": "m", "version": "1", "state": "UNAVAILABLE", "reason": "evicted"}]
+    merged = merged_index([reply("a", orjson.dumps(rows)), reply("b", orjson.dumps(later))])
+    assert orjson.loads(merged.body) == rows
+    ok = GrpcAnswer(grpc.StatusCode.OK, "", b"", (), (("corral-replica", b"r1"),))
+    assert GrpcReply.of(ok).replica == "r1"
+    assert grpc_all_succeeded([GrpcReply.of(ok)]).code is grpc.StatusCode.OK
+    ready = pb.RepositoryIndexResponse.ModelIndex(name="m", version="1", state="READY")
+    gone = pb.RepositoryIndexResponse.ModelIndex(name="m", version="1", state="UNAVAILABLE")
+    index = grpc_merged_index(
+        [
+            grpc_reply("a", pb.RepositoryIndexResponse(models=[ready])),
+            grpc_reply("b", pb.RepositoryIndexResponse(models=[gone])),
+        ]
+    )
+    assert [row.state for row in pb.RepositoryIndexResponse.FromString(index.body).models] == [
+        "READY"
+    ]
+
     async def answer(call: HttpCall) -> HttpAnswer:
         return HttpAnswer(200, ((b"corral-replica", b"r1"),), b"not json")
 
@@ -1277,6 +1355,11 @@ def test_the_grpc_ingress_routes_models_and_refuses_what_ray_cannot_serve(repo: 
                 assert sorted(row.name for row in index.models) == ["mlp", "tree"]
                 every = await stub.ModelStatistics(pb.ModelStatisticsRequest(), timeout=30)
                 assert [row.name for row in every.model_stats if row.inference_count] == ["tree"]
+                # A replica's failure is the call's: its code, the replica named.
+                load = pb.RepositoryModelLoadRequest(model_name="nope").SerializeToString()
+                failed = await raw_call(channel, "RepositoryModelLoad", load)
+                assert failed.code is grpc.StatusCode.NOT_FOUND, failed
+                assert failed.details.endswith("(replica r1; 0 of 1 replicas succeeded)")
                 streaming = await raw_call(channel, "ModelStreamInfer", b"")
                 assert streaming.code is grpc.StatusCode.UNIMPLEMENTED
                 assert "does not serve ModelStreamInfer" in streaming.details
@@ -1293,6 +1376,7 @@ def test_the_grpc_ingress_routes_models_and_refuses_what_ray_cannot_serve(repo: 
             ("grpc", "mlp"),
             ("broadcast:grpc", None),
             ("grpc", "nope"),
+            ("broadcast:grpc", None),
             ("broadcast:grpc", None),
             ("broadcast:grpc", None),
         ]
@@ -1431,3 +1515,58 @@ def test_the_grpc_listener_follows_the_config():
     shared = RayServeConfig(grpc_port=9001, grpc_host="0.0.0.0", ingress_replicas=2)
     assert grpc_listener(shared) == GrpcListener("0.0.0.0", 9001, True, 10.0)
     assert GrpcListener("::1", 9001).address == "[::1]:9001"
+
+
+def test_call_handlers_gives_a_handler_what_grpc_aio_gives_it():
+    """The context's calls a handler may make, and handlers call_handlers cannot answer."""
+    seen: dict[str, Any] = {}
+
+    async def unary(request: bytes, context: Any) -> bytes:
+        seen["metadata"] = context.invocation_metadata()
+        seen["peer"] = context.peer()
+        seen["left"] = context.time_remaining()
+        context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
+        context.set_details("not now")
+        seen["code"], seen["details"] = context.code(), context.details()
+        return request
+
+    async def not_bytes(request: bytes, context: Any) -> Any:
+        return 7
+
+    async def streams(requests: Any, context: Any) -> None:
+        return None  # a streaming handler that does not refuse
+
+    class Handlers(grpc.GenericRpcHandler):
+        def service(self, details: grpc.HandlerCallDetails) -> Any:
+            return {
+                "/t/Unary": grpc.unary_unary_rpc_method_handler(unary),
+                "/t/NotBytes": grpc.unary_unary_rpc_method_handler(not_bytes),
+                "/t/Streams": grpc.stream_stream_rpc_method_handler(streams),
+                "/t/ServerStream": grpc.unary_stream_rpc_method_handler(streams),
+            }.get(details.method)
+
+    handlers = [Handlers()]
+
+    async def main() -> None:
+        call = GrpcCall("/t/Unary", b"x", (("k", "v"),), 30.0, "ipv4:127.0.0.1:5")
+        answer = await call_handlers(handlers, call)
+        assert (answer.code, answer.details, answer.body) == (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "not now",
+            b"",
+        )
+        assert seen["metadata"] == (("k", "v"),)
+        assert seen["peer"] == "ipv4:127.0.0.1:5"
+        assert 0 < seen["left"] <= 30
+        assert (seen["code"], seen["details"]) == (grpc.StatusCode.FAILED_PRECONDITION, "not now")
+        missing = await call_handlers(handlers, GrpcCall("/t/Nope", b"", (), None))
+        assert missing.code is grpc.StatusCode.UNIMPLEMENTED
+        for method, words in [
+            ("/t/NotBytes", "answered int, not serialized bytes"),
+            ("/t/Streams", "a streaming handler that does not refuse"),
+            ("/t/ServerStream", "only unary handlers are called here"),
+        ]:
+            with pytest.raises(TypeError, match=words):
+                await call_handlers(handlers, GrpcCall(method, b"", (), None))
+
+    asyncio.run(main())
