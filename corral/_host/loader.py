@@ -42,6 +42,7 @@ from corral._base import (
     LoadRecord,
     LoadTimeout,
     LoadWorkers,
+    ModelInvalid,
     ModelLoadError,
     ModelNotFound,
     UploadRefused,
@@ -60,12 +61,22 @@ from corral._compute import (
     deadline_after,
     lane_at_load,
     plan_batching,
+    python_signature,
     request_failure_reason,
     time_left,
 )
 from corral._host.budget import Charge
 from corral._host.charges import ChargeMeter, charges_supported
 from corral._host.check import Estimate, KnownReads, declared_bytes, estimate_with_proof
+from corral._host.ensemble import (
+    ENSEMBLE_BACKEND,
+    EnsemblePlan,
+    EnsembleRun,
+    EnsembleSession,
+    StepTensors,
+    count_step,
+    plan_ensemble,
+)
 from corral._host.lane_measuring import LaneMeasurer
 from corral._host.options import HostOptions
 from corral._host.served import HostLease, Outputs, ServedVersion
@@ -79,7 +90,7 @@ from corral._models import (
     declared_signature,
     validate_model_name,
 )
-from corral._onnx import OptimizedModels
+from corral._onnx import OptimizedModels, read_model_file
 
 __all__ = ["BUILDS_ON_CHANGE", "FilesChanged", "Loader", "SessionSettings", "version_number"]
 
@@ -372,6 +383,8 @@ class Loader:
         config = entry.config
         if config.backend == PYTHON_BACKEND:
             return self._build_python(name, version, entry, estimate)
+        if config.backend == ENSEMBLE_BACKEND:
+            return self._build_ensemble(name, version, entry, estimate)
         size_bytes = estimate.size_bytes
         budget = self._options.budget_bytes
         room = None if budget is None else budget - size_bytes
@@ -547,6 +560,142 @@ class Loader:
             )
             return answer
 
+    def _build_ensemble(
+        self, name: str, version: int, entry: ModelEntry, estimate: Estimate
+    ) -> ServedVersion:
+        """:meth:`build` for a Triton ensemble: its graph checked against its steps' files.
+
+        Its step models are not loaded here (no load job waits for another): each loads as
+        any model does, when a request's step first needs it.
+        """
+        config = entry.config
+        label = f"{name}:{version}"
+        signature = python_signature(_triton_tensors(config), label, "ensemble")
+        plan = plan_ensemble(label, config, signature, self._describe_step)
+        session = EnsembleSession(
+            str(entry.versions[version].path),
+            label=label,
+            signature=signature,
+            run=functools.partial(self._run_ensemble, plan),
+            runtime=self._runtime,
+        )
+        reason = "not batched: each step is batched on its own model's queue"
+        return ServedVersion(
+            name,
+            version,
+            session,
+            runtime=self._runtime,
+            size_bytes=estimate.size_bytes,
+            fingerprint=entry.version_fingerprint(version),
+            charge=estimate.charge,
+            batching=BatchPlan(0, reason),
+            batch_window_us=0,
+            queue_limit=config.max_queue_size or self._options.max_queue_per_model,
+            counters=self._counters.run_counters((name, version)),
+            config=config,
+            inline=InlineLane(label, LaneState.OFF, "an ensemble runs its steps' models"),
+            starter=functools.partial(self._start_ensemble, plan),
+        )
+
+    def _describe_step(self, name: str, version: int | None) -> StepTensors:
+        """An ensemble step's model as its files say (read here, on a load worker)."""
+        try:
+            entry = self._repository.entry(validate_model_name(name))
+        except ModelNotFound:
+            raise ModelInvalid(f"model {name!r} is not in the repository") from None
+        if entry.error is not None:
+            raise ModelInvalid(f"model {name!r} cannot be served: {entry.error}")
+        number = entry.latest if version is None else version
+        if number is None or number not in entry.served_versions:
+            served = list(entry.served_versions)
+            raise ModelInvalid(
+                f"model {name!r} serves no version {version if version else '(none)'}: "
+                f"its versions served are {served}"
+            )
+        config = entry.config
+        declared = config.max_batch_size if config.source == "config.pbtxt" else None
+        if config.backend == PYTHON_BACKEND:
+            triton = json.loads(config.triton_json)
+            if not triton.get("input") or not triton.get("output"):
+                return StepTensors(None, declared)  # its auto_complete_config declares them
+            return StepTensors(python_signature(triton, f"{name}:{number}"), declared)
+        if config.backend == ENSEMBLE_BACKEND:
+            return StepTensors(
+                python_signature(_triton_tensors(config), f"{name}:{number}", "ensemble"),
+                declared,
+            )
+        return StepTensors(read_model_file(entry.versions[number].path).signature, declared)
+
+    def _queue_step(
+        self,
+        name: str,
+        version: int | None,
+        feed: dict[str, Any],
+        names: tuple[str, ...],
+        deadline: float | None,
+        answered: Callable[[Future[Outputs]], None],
+    ) -> None:
+        """Queue an ensemble's step as a request of its model, once it is loaded."""
+        loading = self.prepare(name, version)
+        loading.add_done_callback(
+            functools.partial(
+                self._queue_loaded_step, name, version, feed, names, deadline, answered
+            )
+        )
+
+    def _queue_loaded_step(
+        self,
+        name: str,
+        version: int | None,
+        feed: dict[str, Any],
+        names: tuple[str, ...],
+        deadline: float | None,
+        answered: Callable[[Future[Outputs]], None],
+        loading: Future[ServedVersion],
+    ) -> None:
+        answer: Future[Outputs] = Future()
+        error = loading.exception()
+        if error is not None:
+            answer.add_done_callback(answered)
+            answer.set_exception(fresh(error))
+            return
+        served = loading.result()
+        if not served.try_admit():  # evicted since it loaded: load it again
+            self._queue_step(name, version, feed, names, deadline, answered)
+            return
+        started = time.perf_counter_ns()
+        # Counted as a request of that version, as Triton counts an ensemble's steps.
+        answer.add_done_callback(functools.partial(count_step, self._counters, served.key, started))
+        answer.add_done_callback(answered)
+        try:
+            served.enqueue(feed, names, answer, None, deadline)
+        except CorralError as exc:
+            answer.set_exception(exc)  # refused (bad input, a full queue): its admission ended
+
+    def _start_ensemble(
+        self,
+        plan: EnsemblePlan,
+        feed: dict[str, Any],
+        names: tuple[str, ...],
+        answer: tuple[object, Any],
+        deadline: float | None,
+        done: Callable[[], None],
+    ) -> None:
+        """A queued request of an ensemble: its steps queued, no thread waiting on them."""
+        EnsembleRun(plan, self._queue_step, feed, names, deadline, answer, done).start()
+
+    def _run_ensemble(
+        self, plan: EnsemblePlan, feed: Mapping[str, Any], names: tuple[str, ...]
+    ) -> dict[str, Any]:
+        """A request of an ensemble on the caller's thread: its steps queued, and waited for.
+
+        Every step is answered (by its queue: outputs, or an error such as its deadline's),
+        so the wait ends.
+        """
+        answer: Future[Outputs] = Future()
+        EnsembleRun(plan, self._queue_step, feed, names, None, (answer, None), _nothing).start()
+        return answer.result()
+
     def build_on_workers(self, name: str, version: int, entry: ModelEntry) -> Future[ServedVersion]:
         """:meth:`build` on the load workers; for reloads, whose caller waits for it.
 
@@ -628,6 +777,10 @@ class Loader:
         """
         if entry.config.backend == PYTHON_BACKEND:
             return python_estimate(entry, version)
+        if entry.config.backend == ENSEMBLE_BACKEND:
+            # It holds no model of its own: its steps' models are charged as they load.
+            charge = Charge(ENSEMBLE_BYTES, declared_bytes(entry.config))
+            return Estimate(charge.bytes, "an ensemble", charge)
         estimate = estimate_with_proof(
             entry,
             version,
@@ -932,6 +1085,27 @@ def python_estimate(entry: ModelEntry, version: int) -> Estimate:
     size = file.size + PYTHON_INSTANCE_BYTES * _python_instances(config.concurrency)
     charge = Charge(size, declared_bytes(config))
     return Estimate(charge.bytes, "a Python model", charge)
+
+
+#: What an ensemble's version is estimated to hold: its plan and a Session's bookkeeping.
+ENSEMBLE_BYTES = 64 << 10
+
+
+def _triton_tensors(config: ModelConfig) -> dict[str, Any]:
+    """A config's inputs and outputs as Triton's JSON has them (an ensemble's signature)."""
+
+    def tensors(declared: Sequence[Any]) -> list[dict[str, Any]]:
+        return [{"name": t.name, "data_type": t.data_type, "dims": list(t.dims)} for t in declared]
+
+    return {
+        "max_batch_size": config.max_batch_size or 0,
+        "input": tensors(config.inputs),
+        "output": tensors(config.outputs),
+    }
+
+
+def _nothing() -> None:
+    """An ensemble run on the caller's thread holds no admission to end: its lease does."""
 
 
 def _python_instances(concurrency: str) -> int:

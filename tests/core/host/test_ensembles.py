@@ -1,0 +1,228 @@
+"""Triton ensembles in a Host: the graph checked at load, each step a request of its own model.
+
+Steps are ONNX models built here and Triton's add_sub Python model (tests/testdata/triton_python/).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import corral
+from corral import InvalidInput, ModelInvalid
+from corral.protocol.metadata import model_configuration
+from corral.testing import build_linear, build_mlp
+from tests.helpers import ROOT, add_model, reference_run, serialized
+
+pytestmark = pytest.mark.timeout(60)
+
+EXAMPLES = ROOT / "tests" / "testdata" / "triton_python"
+A = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+B = np.array([0.5, -1.0, 2.0, 8.0], np.float32)
+X = np.arange(12, dtype=np.float32).reshape(3, 4)
+
+#: linear (X [N,4] -> Y [N,4]) then mlp (X [N,4] -> Y [N,1]).
+CHAIN = """
+name: "chain"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+ensemble_scheduling {
+  step [
+    {
+      model_name: "second"
+      model_version: -1
+      input_map { key: "X" value: "mid" }
+      output_map { key: "Y" value: "OUT" }
+    },
+    {
+      model_name: "first"
+      model_version: 1
+      input_map { key: "X" value: "IN" }
+      output_map { key: "Y" value: "mid" }
+    }
+  ]
+}
+"""
+
+#: add_sub (Python), its sum doubled by an ONNX model, its difference answered as it is.
+MIXED = """
+name: "mixed"
+platform: "ensemble"
+input [
+  { name: "A" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "B" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+output [
+  { name: "DOUBLED_SUM" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "DIFF" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+ensemble_scheduling {
+  step [
+    {
+      model_name: "add_sub"
+      model_version: -1
+      input_map [ { key: "INPUT0" value: "A" }, { key: "INPUT1" value: "B" } ]
+      output_map [ { key: "OUTPUT0" value: "sum" }, { key: "OUTPUT1" value: "DIFF" } ]
+    },
+    {
+      model_name: "double"
+      model_version: -1
+      input_map { key: "X" value: "sum" }
+      output_map { key: "Y" value: "DOUBLED_SUM" }
+    }
+  ]
+}
+"""
+
+
+def build_double() -> bytes:
+    """``Y = X + X`` on a float32 vector of 4 (no batch dimension, as add_sub's)."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["X", "X"], ["Y"])],
+        "double",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4])],
+    )
+    return serialized(graph)
+
+
+def add_ensemble(root: Path, name: str, config: str) -> None:
+    (root / name / "1").mkdir(parents=True)  # Triton's ensemble version folder: empty
+    (root / name / "config.pbtxt").write_text(config)
+
+
+@pytest.fixture
+def repository(tmp_path: Path) -> Path:
+    root = tmp_path / "models"
+    add_model(root, "first", build_linear(4, 4, seed=1))
+    add_model(root, "second", build_mlp(seed=2))
+    add_model(root, "double", build_double())
+    shutil.copytree(EXAMPLES / "add_sub", root / "add_sub")
+    add_ensemble(root, "chain", CHAIN)
+    add_ensemble(root, "mixed", MIXED)
+    return root
+
+
+def expected_chain(x: np.ndarray) -> np.ndarray:
+    (mid,) = reference_run(build_linear(4, 4, seed=1), {"X": x})
+    (out,) = reference_run(build_mlp(seed=2), {"X": mid})
+    return out
+
+
+def test_an_ensemble_of_two_onnx_models_answers_what_its_steps_give(repository: Path):
+    with corral.Host(repository) as host:
+        np.testing.assert_array_equal(host.infer("chain", {"IN": X})["OUT"], expected_chain(X))
+        queued = host.submit("chain", {"IN": X[:1]}).result(timeout=10)
+        np.testing.assert_array_equal(queued["OUT"], expected_chain(X[:1]))
+
+        async def twice() -> list[dict[str, np.ndarray]]:
+            calls = [host.infer_async("chain", {"IN": X[i : i + 1]}) for i in range(3)]
+            return list(await asyncio.gather(*calls))
+
+        answers = asyncio.run(twice())
+        for i, answer in enumerate(answers):
+            np.testing.assert_array_equal(answer["OUT"], expected_chain(X[i : i + 1]))
+        # Each step is a request of its own model, counted in its statistics as in Triton.
+        stats = host.request_stats()
+        assert stats[("first", 1)].success_count == 5
+        assert stats[("second", 1)].success_count == 5
+        # Queued steps went through their models' queues.
+        assert host.queue_stats()[("second", 1)].accepted >= 4
+        with host.acquire("chain") as lease:
+            reported = model_configuration(lease)
+        assert reported.max_batch_size == 8
+        assert [(t.name, t.dims) for t in reported.inputs] == [("IN", (4,))]
+
+
+def test_an_ensemble_of_a_python_model_and_an_onnx_model(repository: Path):
+    with corral.Host(repository) as host:
+        out = host.infer("mixed", {"A": A, "B": B})
+        np.testing.assert_array_equal(out["DOUBLED_SUM"], 2 * (A + B))
+        np.testing.assert_array_equal(out["DIFF"], A - B)
+        only = host.submit("mixed", {"A": B, "B": A}, outputs=["DIFF"]).result(timeout=10)
+        assert list(only) == ["DIFF"]
+        np.testing.assert_array_equal(only["DIFF"], B - A)
+        stats = host.request_stats()
+        assert stats[("add_sub", 1)].success_count == 2
+        assert stats[("double", 1)].success_count == 2
+
+
+def test_a_step_failing_fails_the_ensemble_naming_the_step_model(repository: Path):
+    with corral.Host(repository) as host:
+        with pytest.raises(InvalidInput, match="IN"):
+            host.infer("chain", {"IN": np.ones((2, 5), np.float32)})  # the ensemble's own check
+        (repository / "second" / "1" / "model.onnx").unlink()
+        with pytest.raises(ModelInvalid, match="second"):
+            host.submit("chain", {"IN": X}).result(timeout=10)
+        assert host.request_stats()[("first", 1)].success_count == 1
+
+
+def test_rows_past_the_ensembles_max_batch_size_are_refused(repository: Path):
+    with corral.Host(repository) as host, pytest.raises(InvalidInput, match="<= 8"):
+        host.infer("chain", {"IN": np.ones((9, 4), np.float32)})
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (('model_name: "second"', 'model_name: "absent"'), r"step 0 \('absent'\).*not in the"),
+        (('key: "Y" value: "OUT"', 'key: "Z" value: "OUT"'), r"step 0.*no output 'Z'"),
+        (('key: "X" value: "mid"', 'key: "X" value: "nowhere"'), r"tensor 'nowhere'.*no step"),
+        (('key: "X" value: "mid"', 'key: "X" value: "OUT"'), r"a cycle"),
+        (('key: "Y" value: "mid"', 'key: "Y" value: "OUT"'), r"'OUT'.*produced once"),
+        (('key: "Y" value: "OUT"', 'key: "Y" value: "other"'), r"output 'OUT' is produced by no"),
+        (('key: "X" value: "IN"', 'key: "X" value: "mid"'), r"a cycle"),
+        (("dims: [ 1 ]", "dims: [ 2 ]"), r"tensor 'OUT'.*shape"),
+        (("TYPE_FP32 dims: [ 4 ]", "TYPE_INT32 dims: [ 4 ]"), r"'IN'.*data type tensor\(int32\)"),
+        (("model_version: 1", "model_version: 7"), r"step 1 \('first'\).*no version 7"),
+    ],
+)
+def test_a_bad_graph_is_refused_at_load_naming_the_step_and_tensor(
+    repository: Path, edit: tuple[str, str], message: str
+):
+    config = CHAIN.replace(*edit)
+    assert config != CHAIN
+    (repository / "chain" / "config.pbtxt").write_text(config)
+    with corral.Host(repository) as host, pytest.raises(ModelInvalid, match=message):
+        host.load("chain", timeout=10)
+
+
+def test_an_unmapped_step_input_and_an_unconsumed_input_are_refused(repository: Path):
+    unmapped = MIXED.replace(', { key: "INPUT1" value: "B" }', "")
+    assert unmapped != MIXED
+    (repository / "mixed" / "config.pbtxt").write_text(unmapped)
+    with corral.Host(repository) as host, pytest.raises(ModelInvalid, match="'INPUT1' is in no"):
+        host.load("mixed", timeout=10)
+    unconsumed = MIXED.replace(
+        '{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] }',
+        '{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] },\n  { name: "C" data_type: TYPE_FP32 dims: [ 4 ] }',
+    )
+    assert unconsumed != MIXED
+    (repository / "mixed" / "config.pbtxt").write_text(unconsumed)
+    with (
+        corral.Host(repository) as host,
+        pytest.raises(ModelInvalid, match="'C' is consumed by no"),
+    ):
+        host.load("mixed", timeout=10)
+
+
+def test_a_step_batching_less_than_the_ensemble_is_refused(repository: Path):
+    batched = MIXED.replace('platform: "ensemble"', 'platform: "ensemble"\nmax_batch_size: 2')
+    (repository / "mixed" / "config.pbtxt").write_text(batched)
+    with corral.Host(repository) as host, pytest.raises(ModelInvalid, match="max_batch_size is 0"):
+        host.load("mixed", timeout=10)
+
+
+def test_an_ensemble_config_without_steps_or_with_a_backend_is_refused(repository: Path):
+    (repository / "chain" / "config.pbtxt").write_text(
+        CHAIN.replace('platform: "ensemble"', 'platform: "ensemble"\nbackend: "python"')
+    )
+    with corral.Host(repository) as host, pytest.raises(corral.ModelConfigError, match="backend"):
+        host.load("chain", timeout=10)
