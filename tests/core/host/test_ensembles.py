@@ -202,7 +202,8 @@ def test_an_unmapped_step_input_and_an_unconsumed_input_are_refused(repository: 
         host.load("mixed", timeout=10)
     unconsumed = MIXED.replace(
         '{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] }',
-        '{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] },\n  { name: "C" data_type: TYPE_FP32 dims: [ 4 ] }',
+        '{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] },\n'
+        '  { name: "C" data_type: TYPE_FP32 dims: [ 4 ] }',
     )
     assert unconsumed != MIXED
     (repository / "mixed" / "config.pbtxt").write_text(unconsumed)
