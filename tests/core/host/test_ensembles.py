@@ -17,7 +17,16 @@ import corral
 from corral import InvalidInput, ModelInvalid
 from corral.protocol.metadata import model_configuration
 from corral.testing import build_linear, build_mlp
-from tests.helpers import ROOT, add_model, reference_run, serialized
+from tests.helpers import (
+    COLOUR_CLASSES,
+    PREPROCESSING,
+    ROOT,
+    add_model,
+    copy_preprocessing,
+    ppm_image,
+    reference_run,
+    serialized,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -227,3 +236,19 @@ def test_an_ensemble_config_without_steps_or_with_a_backend_is_refused(repositor
     )
     with corral.Host(repository) as host, pytest.raises(corral.ModelConfigError, match="backend"):
         host.load("chain", timeout=10)
+
+
+def test_tritons_preprocessing_ensemble_classifies_as_its_client_does(tmp_path: Path):
+    copy_preprocessing(tmp_path)
+    labels = (PREPROCESSING / "resnet50_trt" / "labels.txt").read_text().splitlines()
+    with corral.Host(tmp_path) as host:
+        for colour, label in zip(((255, 0, 0), (0, 255, 0)), COLOUR_CLASSES, strict=False):
+            # As the example's client.py sends it: the file's bytes, a batch of one.
+            image = np.frombuffer(ppm_image(colour), np.uint8)[np.newaxis]
+            out = host.submit("ensemble_python_resnet50", {"INPUT": image}).result(timeout=30)
+            assert out["OUTPUT"].shape == (1, 1000)
+            assert int(np.argmax(out["OUTPUT"], axis=1)[0]) == label
+        assert labels[COLOUR_CLASSES[0]] == "COFFEE MUG"  # the example's answer for its mug
+        stats = host.request_stats()
+        assert stats[("preprocess", 1)].success_count == 2
+        assert stats[("resnet50_trt", 1)].success_count == 2
