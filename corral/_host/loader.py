@@ -687,14 +687,45 @@ class Loader:
     def _run_ensemble(
         self, plan: EnsemblePlan, feed: Mapping[str, Any], names: tuple[str, ...]
     ) -> dict[str, Any]:
-        """A request of an ensemble on the caller's thread: its steps queued, and waited for.
+        """A request of an ensemble on the caller's thread: each step run here too.
 
-        Every step is answered (by its queue: outputs, or an error such as its deadline's),
-        so the wait ends.
+        As ``Host.infer`` runs any model on the calling thread: each step under a lease of
+        its model (waiting up to ``load_timeout_s`` for its load), counted as its request.
+        No step waits for a compute worker, so a caller that is one (a Python model's BLS
+        request to an ensemble) cannot wait for itself.
         """
         answer: Future[Outputs] = Future()
-        EnsembleRun(plan, self._queue_step, feed, names, None, (answer, None), _nothing).start()
-        return answer.result()
+        run = EnsembleRun(plan, self._run_step_here, feed, names, None, (answer, None), _nothing)
+        run.start()
+        return answer.result(timeout=0)  # every step ran on this thread: it is answered
+
+    def _run_step_here(
+        self,
+        name: str,
+        version: int | None,
+        feed: dict[str, Any],
+        names: tuple[str, ...],
+        deadline: float | None,
+        answered: Callable[[Future[Outputs]], None],
+    ) -> None:
+        """Run an ensemble's step on the calling thread, under a lease of its model."""
+        answer: Future[Outputs] = Future()
+        try:
+            with self.lease(name, version, self._options.load_timeout_s) as lease:
+                started = time.perf_counter_ns()
+                key = (name, lease.version)
+                answer.add_done_callback(
+                    functools.partial(count_step, self._counters, key, started)
+                )
+                try:
+                    outputs = lease.run(feed, names)
+                except CorralError as exc:
+                    answer.set_exception(exc)
+                else:
+                    answer.set_result(outputs)
+        except CorralError as exc:
+            answer.set_exception(exc)  # no version of its model held: nothing to count
+        answered(answer)
 
     def build_on_workers(self, name: str, version: int, entry: ModelEntry) -> Future[ServedVersion]:
         """:meth:`build` on the load workers; for reloads, whose caller waits for it.

@@ -252,3 +252,56 @@ def test_tritons_preprocessing_ensemble_classifies_as_its_client_does(tmp_path: 
         stats = host.request_stats()
         assert stats[("preprocess", 1)].success_count == 2
         assert stats[("resnet50_trt", 1)].success_count == 2
+
+
+#: A Python model that calls the ensemble "mixed" (BLS) and answers its DIFF.
+CALLER = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        a = pb_utils.get_input_tensor_by_name(requests[0], "A")
+        answer = pb_utils.InferenceRequest(
+            model_name="mixed",
+            requested_output_names=["DIFF"],
+            inputs=[pb_utils.Tensor("A", a.as_numpy()), pb_utils.Tensor("B", a.as_numpy())],
+        ).exec()
+        if answer.has_error():
+            raise pb_utils.TritonModelException(answer.error().message())
+        diff = pb_utils.get_output_tensor_by_name(answer, "DIFF").as_numpy()
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("DIFF", diff)])]
+"""
+
+
+def test_a_python_model_calls_an_ensemble_on_one_compute_worker(repository: Path):
+    (repository / "caller" / "1").mkdir(parents=True)
+    (repository / "caller" / "1" / "model.py").write_text(CALLER)
+    (repository / "caller" / "config.pbtxt").write_text(
+        'backend: "python"\n'
+        'input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "DIFF" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+    )
+    # The caller's worker is the only one: the ensemble's steps run on it, waiting for none.
+    with corral.Host(repository, runtime=corral.Runtime(compute_workers=1)) as host:
+        out = host.submit("caller", {"A": A}).result(timeout=30)
+        np.testing.assert_array_equal(out["DIFF"], 0 * A)
+        assert host.request_stats()[("add_sub", 1)].success_count == 1
+
+
+def test_queued_ensemble_requests_hold_no_compute_worker(repository: Path):
+    # More ensemble requests than workers, all queued at once: none waits on a worker for
+    # its steps (each step's answer queues the next), so all are answered.
+    with corral.Host(repository, runtime=corral.Runtime(compute_workers=1)) as host:
+        futures = [host.submit("chain", {"IN": X[i % 3 : i % 3 + 1]}) for i in range(12)]
+        for i, future in enumerate(futures):
+            expected = expected_chain(X[i % 3 : i % 3 + 1])
+            np.testing.assert_array_equal(future.result(timeout=30)["OUT"], expected)
+        assert host.request_stats()[("second", 1)].success_count == 12
+
+
+def test_a_step_past_the_requests_deadline_answers_it_deadline_exceeded(repository: Path):
+    with corral.Host(repository) as host:
+        host.load("first", timeout=10)
+        with pytest.raises(corral.DeadlineExceeded, match="first"):
+            host.submit("chain", {"IN": X}, timeout=1e-9).result(timeout=10)
+        assert host.request_stats()[("first", 1)].fail_count == 1
