@@ -768,7 +768,9 @@ class Loader:
         ``entry`` is the one it was built from.
         """
         self._measurer.later(served)
-        if self._charges is not None and served.config.backend != PYTHON_BACKEND:
+        # A Python model's objects and an ensemble's plan are not what the child measures.
+        measured = served.config.backend not in (PYTHON_BACKEND, ENSEMBLE_BACKEND)
+        if self._charges is not None and measured:
             settings, _ = self._session_settings(served.config)
             self._charges.later(served, entry.versions[served.version], settings)
 

@@ -305,3 +305,12 @@ def test_a_step_past_the_requests_deadline_answers_it_deadline_exceeded(reposito
         with pytest.raises(corral.DeadlineExceeded, match="first"):
             host.submit("chain", {"IN": X}, timeout=1e-9).result(timeout=10)
         assert host.request_stats()[("first", 1)].fail_count == 1
+
+
+def test_a_step_of_a_backend_corral_does_not_run_fails_the_load_naming_it(repository: Path):
+    (repository / "second" / "config.pbtxt").write_text('platform: "tensorrt_plan"\n')
+    with corral.Host(repository) as host:
+        with pytest.raises(ModelInvalid, match=r"step 0 \('second'\).*tensorrt_plan"):
+            host.load("chain", timeout=10)
+        # Its other models serve as ever.
+        assert host.infer("first", {"X": X})["Y"].shape == (3, 4)
