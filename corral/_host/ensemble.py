@@ -282,26 +282,36 @@ class EnsembleRun:
             return
         for step, feed in zip(ready, feeds, strict=True):
             names = tuple(model_output for model_output, _ in step.outputs)
-            self._queue_step(
-                step.model_name,
-                step.version,
-                feed,
-                names,
-                self._deadline,
-                functools.partial(self._step_answered, step),
-            )
+            try:
+                self._queue_step(
+                    step.model_name,
+                    step.version,
+                    feed,
+                    names,
+                    self._deadline,
+                    functools.partial(self._step_answered, step),
+                )
+            except Exception as exc:
+                # Raised rather than answered (a fault of corral's): still the one answer.
+                self._finish(exc)
+                return
 
     def _step_answered(self, step: PlannedStep, answered: Future[Any]) -> None:
-        error = answered.exception()
-        if error is not None:
-            self._finish(error)
-            return
-        outputs = answered.result()
-        with self._run_lock:
-            for model_output, tensor in step.outputs:
-                self._tensors[tensor] = outputs[model_output]
-            self._pending -= 1
-        self._advance()
+        # Runs as a done-callback, where a raise would be logged and lost: every fault
+        # here is the request's answer.
+        try:
+            error = answered.exception()
+            if error is not None:
+                self._finish(error)
+                return
+            outputs = answered.result()
+            with self._run_lock:
+                for model_output, tensor in step.outputs:
+                    self._tensors[tensor] = outputs[model_output]
+                self._pending -= 1
+            self._advance()
+        except Exception as exc:
+            self._finish(exc)
 
     def _finish(self, error: BaseException | None) -> None:
         with self._run_lock:

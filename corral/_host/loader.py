@@ -669,8 +669,10 @@ class Loader:
         answer.add_done_callback(answered)
         try:
             served.enqueue(feed, names, answer, None, deadline)
-        except CorralError as exc:
-            answer.set_exception(exc)  # refused (bad input, a full queue): its admission ended
+        except Exception as exc:
+            # Refused (bad input, a full queue): its admission ended. In a done-callback a
+            # raise would be lost: the refusal is the step's answer.
+            answer.set_exception(exc)
 
     def _start_ensemble(
         self,
