@@ -570,6 +570,7 @@ class Loader:
         """
         config = entry.config
         label = f"{name}:{version}"
+        self._name_no_effect(name, config.no_effect)
         signature = python_signature(_triton_tensors(config), label, "ensemble")
         plan = plan_ensemble(label, config, signature, self._describe_step)
         session = EnsembleSession(

@@ -401,7 +401,12 @@ def _map(
             )
         values["graph_optimization_level"] = _GRAPH_LEVELS[level]
     values.update(backend.values)
-    values["no_effect"] = (*no_effect, *backend.no_effect, *_python_no_effect(message, python))
+    values["no_effect"] = (
+        *no_effect,
+        *backend.no_effect,
+        *_python_no_effect(message, python),
+        *_ensemble_no_effect(message, ensemble),
+    )
     try:
         return ModelConfig(**values)
     except ValueError as exc:
@@ -673,6 +678,23 @@ def _python_no_effect(message: Any, python: bool) -> tuple[str, ...]:
         named.append(
             "instance_group.kind KIND_GPU: a Python model's instances are told kind CPU; its "
             "own code picks the device it uses"
+        )
+    return tuple(named)
+
+
+def _ensemble_no_effect(message: Any, ensemble: bool) -> tuple[str, ...]:
+    """What an ensemble's config sets that its run does not act on (its steps' models do)."""
+    if not ensemble:
+        return ()
+    named = []
+    if message.instance_group:
+        named.append(
+            "instance_group: an ensemble has no instances; its steps run on their models' own"
+        )
+    if message.model_warmup:
+        named.append(
+            "model_warmup: an ensemble's load runs no step (its step models load on their "
+            "first request); warm each step model by its own config"
         )
     return tuple(named)
 

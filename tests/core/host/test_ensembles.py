@@ -314,3 +314,20 @@ def test_a_step_of_a_backend_corral_does_not_run_fails_the_load_naming_it(reposi
             host.load("chain", timeout=10)
         # Its other models serve as ever.
         assert host.infer("first", {"X": X})["Y"].shape == (3, 4)
+
+
+def test_an_ensembles_instance_group_and_warmup_are_accepted_and_named(
+    repository: Path, caplog: pytest.LogCaptureFixture
+):
+    (repository / "chain" / "config.pbtxt").write_text(
+        CHAIN
+        + "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
+        + 'model_warmup [ { name: "w" batch_size: 1 inputs { key: "IN" value: '
+        + "{ data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]\n"
+    )
+    with corral.Host(repository) as host:
+        np.testing.assert_array_equal(host.infer("chain", {"IN": X})["OUT"], expected_chain(X))
+    named = [r.getMessage() for r in caplog.records if "without effect" in r.getMessage()]
+    assert len(named) == 1
+    assert "instance_group: an ensemble has no instances" in named[0]
+    assert "model_warmup: an ensemble's load runs no step" in named[0]
