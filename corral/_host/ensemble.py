@@ -78,6 +78,8 @@ class EnsemblePlan(NamedTuple):
     steps: tuple[PlannedStep, ...]
     #: The ensemble's own signature (its config's inputs and outputs).
     signature: Signature
+    #: The steps in an order where each comes after those whose tensors it takes.
+    order: tuple[PlannedStep, ...]
 
 
 def plan_ensemble(
@@ -150,7 +152,7 @@ def plan_ensemble(
                 )
             consumed.add(tensor)
     # The order before the types: a cycle is named as one, whatever its tensors' types.
-    _check_order(label, steps, {spec.name for spec in signature.inputs})
+    order = _check_order(label, steps, {spec.name for spec in signature.inputs})
     for step, tensors in zip(steps, described, strict=True):
         where = f"ensemble {label}: step {step.number} ({step.model_name!r})"
         for model_input, tensor in step.inputs:
@@ -165,7 +167,7 @@ def plan_ensemble(
         if produced is None or produced[1] == "an input of the ensemble":
             raise ModelInvalid(f"ensemble {label}: its output {spec.name!r} is produced by no step")
         _check_match(produced[0], spec, f"ensemble {label}: tensor {spec.name!r} ({produced[1]})")
-    return EnsemblePlan(label, steps, signature)
+    return EnsemblePlan(label, steps, signature, order)
 
 
 def _tensor(signature: Signature | None, kind: str, name: str, where: str) -> TensorSpec | None:
@@ -192,10 +194,13 @@ def _check_match(given: TensorSpec | None, wanted: TensorSpec | None, what: str)
         raise ModelInvalid(f"{what}: shape {list(given.shape)} where {list(wanted.shape)} is taken")
 
 
-def _check_order(label: str, steps: Sequence[PlannedStep], inputs: set[str]) -> None:
-    """Refuse a graph with a cycle: steps that could never have all their tensors."""
+def _check_order(
+    label: str, steps: Sequence[PlannedStep], inputs: set[str]
+) -> tuple[PlannedStep, ...]:
+    """The steps in dependency order; refuses a cycle: steps that never have their tensors."""
     available = set(inputs)
     waiting = list(steps)
+    order: list[PlannedStep] = []
     while waiting:
         ready = [step for step in waiting if all(t in available for _, t in step.inputs)]
         if not ready:
@@ -205,7 +210,9 @@ def _check_order(label: str, steps: Sequence[PlannedStep], inputs: set[str]) -> 
             )
         for step in ready:
             available.update(tensor for _, tensor in step.outputs)
+        order.extend(ready)
         waiting = [step for step in waiting if step not in ready]
+    return tuple(order)
 
 
 #: Queues one step: (model name, version or None, its feed, its output names, the

@@ -637,6 +637,10 @@ class Loader:
         answered: Callable[[Future[Outputs]], None],
     ) -> None:
         """Queue an ensemble's step as a request of its model, once it is loaded."""
+        ready = None if version is not None else self._table.ready_map.get(name)
+        if ready is not None and ready.try_admit():  # loaded: no future, no load job
+            self._enqueue_step(ready, feed, names, deadline, answered)
+            return
         loading = self.prepare(name, version)
         loading.add_done_callback(
             functools.partial(
@@ -654,9 +658,9 @@ class Loader:
         answered: Callable[[Future[Outputs]], None],
         loading: Future[ServedVersion],
     ) -> None:
-        answer: Future[Outputs] = Future()
         error = loading.exception()
         if error is not None:
+            answer: Future[Outputs] = Future()
             answer.add_done_callback(answered)
             answer.set_exception(fresh(error))
             return
@@ -664,6 +668,18 @@ class Loader:
         if not served.try_admit():  # evicted since it loaded: load it again
             self._queue_step(name, version, feed, names, deadline, answered)
             return
+        self._enqueue_step(served, feed, names, deadline, answered)
+
+    def _enqueue_step(
+        self,
+        served: ServedVersion,
+        feed: dict[str, Any],
+        names: tuple[str, ...],
+        deadline: float | None,
+        answered: Callable[[Future[Outputs]], None],
+    ) -> None:
+        """Queue an ensemble's step on ``served``, under an admission the caller took."""
+        answer: Future[Outputs] = Future()
         started = time.perf_counter_ns()
         # Counted as a request of that version, as Triton counts an ensemble's steps.
         answer.add_done_callback(functools.partial(count_step, self._counters, served.key, started))
@@ -690,45 +706,42 @@ class Loader:
     def _run_ensemble(
         self, plan: EnsemblePlan, feed: Mapping[str, Any], names: tuple[str, ...]
     ) -> dict[str, Any]:
-        """A request of an ensemble on the caller's thread: each step run here too.
+        """A request of an ensemble on the caller's thread: each step run here too, in order.
 
         As ``Host.infer`` runs any model on the calling thread: each step under a lease of
         its model (waiting up to ``load_timeout_s`` for its load), counted as its request.
         No step waits for a compute worker, so a caller that is one (a Python model's BLS
-        request to an ensemble) cannot wait for itself.
+        request to an ensemble) cannot wait for itself. A failing step raises its error.
         """
-        answer: Future[Outputs] = Future()
-        run = EnsembleRun(plan, self._run_step_here, feed, names, None, (answer, None), _nothing)
-        run.start()
-        return answer.result(timeout=0)  # every step ran on this thread: it is answered
+        tensors = dict(feed)
+        for step in plan.order:
+            step_feed = {model_input: tensors[tensor] for model_input, tensor in step.inputs}
+            step_names = tuple(model_output for model_output, _ in step.outputs)
+            outputs = self._run_step_here(step.model_name, step.version, step_feed, step_names)
+            for model_output, tensor in step.outputs:
+                tensors[tensor] = outputs[model_output]
+        return {name: tensors[name] for name in names}
 
     def _run_step_here(
-        self,
-        name: str,
-        version: int | None,
-        feed: dict[str, Any],
-        names: tuple[str, ...],
-        deadline: float | None,
-        answered: Callable[[Future[Outputs]], None],
-    ) -> None:
+        self, name: str, version: int | None, feed: dict[str, Any], names: tuple[str, ...]
+    ) -> Outputs:
         """Run an ensemble's step on the calling thread, under a lease of its model."""
-        answer: Future[Outputs] = Future()
-        try:
-            with self.lease(name, version, self._options.load_timeout_s) as lease:
-                started = time.perf_counter_ns()
-                key = (name, lease.version)
-                answer.add_done_callback(
-                    functools.partial(count_step, self._counters, key, started)
-                )
-                try:
-                    outputs = lease.run(feed, names)
-                except CorralError as exc:
-                    answer.set_exception(exc)
-                else:
-                    answer.set_result(outputs)
-        except CorralError as exc:
-            answer.set_exception(exc)  # no version of its model held: nothing to count
-        answered(answer)
+        ready = None if version is not None else self._table.ready_map.get(name)
+        held = None if ready is None else ready.try_lease()
+        lease = self.lease(name, version, self._options.load_timeout_s) if held is None else held
+        with lease:
+            started = time.perf_counter_ns()
+            # Counted as a request of that version, as Triton counts an ensemble's steps.
+            key = (name, lease.version)
+            try:
+                outputs = lease.run(feed, names)
+            except CorralError as exc:
+                elapsed = time.perf_counter_ns() - started
+                reason = request_failure_reason(exc)
+                self._counters.count_request(key, elapsed, ok=False, reason=reason)
+                raise
+            self._counters.count_request(key, time.perf_counter_ns() - started, ok=True)
+            return outputs
 
     def build_on_workers(self, name: str, version: int, entry: ModelEntry) -> Future[ServedVersion]:
         """:meth:`build` on the load workers; for reloads, whose caller waits for it.
@@ -1138,10 +1151,6 @@ def _triton_tensors(config: ModelConfig) -> dict[str, Any]:
         "input": tensors(config.inputs),
         "output": tensors(config.outputs),
     }
-
-
-def _nothing() -> None:
-    """An ensemble run on the caller's thread holds no admission to end: its lease does."""
 
 
 def _python_instances(concurrency: str) -> int:
