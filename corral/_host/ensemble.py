@@ -13,8 +13,9 @@ batching, its admission, the request's deadline, and counted among its requests)
 answer of one step queues the steps it completes, on the compute worker that gave it; the
 last answer gives the ensemble's outputs, exactly the tensors its steps gave.
 :class:`EnsembleSession` is the Session its served version holds: its signature is the
-config's, and a run on a caller's thread (``Host.infer``, a lease's ``run``) starts the same
-steps and waits for them.
+config's, and a run on a caller's thread (``Host.infer``, a lease's ``run``, a BLS request)
+runs the steps there, one after the other in the order the plan worked out
+(:attr:`EnsemblePlan.order`).
 """
 
 from __future__ import annotations
@@ -355,7 +356,7 @@ class _NodeArg(NamedTuple):
 
 
 class _EnsembleRunner:
-    """The ensemble as Session sees a model: a run on the caller's thread waits for its steps."""
+    """The ensemble as Session sees a model: a run on the caller's thread runs its steps."""
 
     __slots__ = ("_run", "_signature")
 
@@ -393,8 +394,8 @@ def _node_args(specs: Sequence[TensorSpec]) -> list[_NodeArg]:
 class EnsembleSession(Session):
     """The Session of an ensemble's version: its config's signature, its steps as its run.
 
-    ``folder`` is the version's folder; ``run`` runs one request's steps and waits for
-    them (on the caller's thread: ``Host.infer``, a lease's ``run``, a BLS request).
+    ``folder`` is the version's folder; ``run`` runs one request's steps on the caller's
+    thread (``Host.infer``, a lease's ``run``, a BLS request) and gives its outputs.
     Queued requests never reach it: the served version starts their steps itself
     (:class:`EnsembleRun`), holding no compute worker while they wait.
     """
