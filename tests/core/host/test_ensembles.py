@@ -331,3 +331,25 @@ def test_an_ensembles_instance_group_and_warmup_are_accepted_and_named(
     assert len(named) == 1
     assert "instance_group: an ensemble has no instances" in named[0]
     assert "model_warmup: an ensemble's load runs no step" in named[0]
+
+
+def test_an_ensemble_may_be_a_step_of_another(repository: Path):
+    add_ensemble(
+        repository,
+        "outer",
+        """
+        platform: "ensemble"
+        max_batch_size: 4
+        input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+        output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+        ensemble_scheduling { step [ {
+          model_name: "chain" model_version: 1
+          input_map { key: "IN" value: "X" } output_map { key: "OUT" value: "Y" }
+        } ] }
+        """,
+    )
+    with corral.Host(repository) as host:
+        np.testing.assert_array_equal(host.infer("outer", {"X": X})["Y"], expected_chain(X))
+        queued = host.submit("outer", {"X": X}).result(timeout=10)
+        np.testing.assert_array_equal(queued["Y"], expected_chain(X))
+        assert host.request_stats()[("chain", 1)].success_count == 2
