@@ -62,19 +62,23 @@ Ask = Callable[[corral.Host], np.ndarray]
 
 
 def ensemble_infer(host: corral.Host) -> np.ndarray:
+    """The ensemble, on the calling thread."""
     return host.infer("chain", {"IN": X})["OUT"]
 
 
 def steps_infer(host: corral.Host) -> np.ndarray:
+    """The two steps asked by the client, on the calling thread."""
     mid = host.infer("first", {"X": X})["Y"]
     return host.infer("second", {"X": mid})["Y"]
 
 
 def ensemble_submit(host: corral.Host) -> np.ndarray:
+    """The ensemble, queued and waited for."""
     return host.submit("chain", {"IN": X}).result(timeout=30)["OUT"]
 
 
 def steps_submit(host: corral.Host) -> np.ndarray:
+    """The two steps asked by the client, each queued and waited for."""
     mid = host.submit("first", {"X": X}).result(timeout=30)["Y"]
     return host.submit("second", {"X": mid}).result(timeout=30)["Y"]
 
