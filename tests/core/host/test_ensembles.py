@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import sys
+import threading
+import types
 from pathlib import Path
 
 import numpy as np
@@ -353,3 +356,63 @@ def test_an_ensemble_may_be_a_step_of_another(repository: Path):
         queued = host.submit("outer", {"X": X}).result(timeout=10)
         np.testing.assert_array_equal(queued["Y"], expected_chain(X))
         assert host.request_stats()[("chain", 1)].success_count == 2
+
+
+#: A Python model that waits, inside execute, for its sibling to be inside its own.
+SIBLING = """
+import corral_test_siblings as siblings
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.name = args["model_name"]
+
+    def execute(self, requests):
+        siblings.entered[self.name].set()
+        other = "right" if self.name == "left" else "left"
+        met = siblings.entered[other].wait(20)
+        x = requests[0].inputs()[0].as_numpy()
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", x + (1.0 if met else -1.0))])]
+"""
+
+
+def test_independent_steps_of_a_queued_request_run_at_once(
+    repository: Path, monkeypatch: pytest.MonkeyPatch
+):
+    siblings = types.SimpleNamespace(
+        entered={"left": threading.Event(), "right": threading.Event()}
+    )
+    monkeypatch.setitem(sys.modules, "corral_test_siblings", siblings)
+    for name in ("left", "right"):
+        (repository / name / "1").mkdir(parents=True)
+        (repository / name / "1" / "model.py").write_text(SIBLING)
+        (repository / name / "config.pbtxt").write_text(
+            'backend: "python"\n'
+            'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+            'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        )
+    add_ensemble(
+        repository,
+        "both",
+        """
+        platform: "ensemble"
+        input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] } ]
+        output [
+          { name: "L" data_type: TYPE_FP32 dims: [ 4 ] },
+          { name: "R" data_type: TYPE_FP32 dims: [ 4 ] }
+        ]
+        ensemble_scheduling { step [
+          { model_name: "left" model_version: -1
+            input_map { key: "X" value: "A" } output_map { key: "Y" value: "L" } },
+          { model_name: "right" model_version: -1
+            input_map { key: "X" value: "A" } output_map { key: "Y" value: "R" } }
+        ] }
+        """,
+    )
+    with corral.Host(repository, runtime=corral.Runtime(compute_workers=2)) as host:
+        host.load("left", timeout=10)
+        host.load("right", timeout=10)
+        out = host.submit("both", {"A": A}).result(timeout=30)
+    # Each step saw the other inside its execute: they ran at once.
+    np.testing.assert_array_equal(out["L"], A + 1)
+    np.testing.assert_array_equal(out["R"], A + 1)
