@@ -11,6 +11,7 @@ import asyncio
 import gc
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -59,6 +60,51 @@ def add_model(
 
 
 # -- models ----------------------------------------------------------------------------------
+
+
+#: Triton's preprocessing ensemble, made small (tests/testdata/triton_ensemble/README.md).
+PREPROCESSING = ROOT / "tests" / "testdata" / "triton_ensemble" / "preprocessing"
+
+#: The classes build_colour_classifier picks for a red, a green and a blue image (ImageNet's
+#: COFFEE MUG, GRANNY SMITH and LEMON, in the example's labels.txt).
+COLOUR_CLASSES = (504, 948, 951)
+
+
+def build_colour_classifier() -> bytes:
+    """The preprocessing ensemble's ``resnet50_trt`` made small: 1000 classes from colour.
+
+    ``input`` float32 [N, 3, H, W] (normalized NCHW) -> ``output`` float32 [N, 1000]: each
+    channel's mean, weighted into :data:`COLOUR_CLASSES`.
+    """
+    weights = np.zeros((3, 1000), np.float32)
+    for channel, label in enumerate(COLOUR_CLASSES):
+        weights[channel, label] = 1.0
+    graph = helper.make_graph(
+        [
+            helper.make_node("GlobalAveragePool", ["input"], ["pooled"]),
+            helper.make_node("Flatten", ["pooled"], ["flat"]),
+            helper.make_node("MatMul", ["flat", "W"], ["output"]),
+        ],
+        "colour_classifier",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 1000])],
+        [numpy_helper.from_array(weights, "W")],
+    )
+    return serialized(graph)
+
+
+def copy_preprocessing(root: Path) -> None:
+    """Lay Triton's preprocessing ensemble (made small) out in ``root``, its model built."""
+    for name in ("ensemble_python_resnet50", "preprocess", "resnet50_trt"):
+        shutil.copytree(PREPROCESSING / name, root / name)
+    (root / "resnet50_trt" / "1").mkdir(exist_ok=True)
+    (root / "resnet50_trt" / "1" / "model.onnx").write_bytes(build_colour_classifier())
+
+
+def ppm_image(rgb: tuple[int, int, int], width: int = 40, height: int = 30) -> bytes:
+    """A binary PPM image of one colour, as the preprocessing ensemble's INPUT takes it."""
+    pixels = np.tile(np.array(rgb, np.uint8), (height, width, 1))
+    return f"P6\n{width} {height}\n255\n".encode() + pixels.tobytes()
 
 
 def serialized(graph: onnx.GraphProto) -> bytes:

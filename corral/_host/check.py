@@ -218,8 +218,10 @@ def find_problems(
         except ProviderUnavailable as exc:
             problems.append(_missing_provider(root, entry, exc))
             continue
-        if read_files and entry.config.backend == "python":
-            continue  # a model.py: nothing of it is read before it loads (it is code)
+        if read_files and entry.config.backend in ("python", "ensemble"):
+            # A model.py: nothing of it is read before it loads (it is code). An ensemble:
+            # no file; its graph is checked when it loads.
+            continue
         if read_files:
             problems.extend(_library_problems(root, entry, previous, made))
             problems.extend(_file_problems(root, entry, memory_budget, pool_size, previous, made))

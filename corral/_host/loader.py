@@ -42,6 +42,7 @@ from corral._base import (
     LoadRecord,
     LoadTimeout,
     LoadWorkers,
+    ModelInvalid,
     ModelLoadError,
     ModelNotFound,
     UploadRefused,
@@ -60,12 +61,22 @@ from corral._compute import (
     deadline_after,
     lane_at_load,
     plan_batching,
+    python_signature,
     request_failure_reason,
     time_left,
 )
 from corral._host.budget import Charge
 from corral._host.charges import ChargeMeter, charges_supported
 from corral._host.check import Estimate, KnownReads, declared_bytes, estimate_with_proof
+from corral._host.ensemble import (
+    ENSEMBLE_BACKEND,
+    EnsemblePlan,
+    EnsembleRun,
+    EnsembleSession,
+    StepTensors,
+    count_step,
+    plan_ensemble,
+)
 from corral._host.lane_measuring import LaneMeasurer
 from corral._host.options import HostOptions
 from corral._host.served import HostLease, Outputs, ServedVersion
@@ -79,7 +90,7 @@ from corral._models import (
     declared_signature,
     validate_model_name,
 )
-from corral._onnx import OptimizedModels
+from corral._onnx import OptimizedModels, read_model_file
 
 __all__ = ["BUILDS_ON_CHANGE", "FilesChanged", "Loader", "SessionSettings", "version_number"]
 
@@ -372,6 +383,8 @@ class Loader:
         config = entry.config
         if config.backend == PYTHON_BACKEND:
             return self._build_python(name, version, entry, estimate)
+        if config.backend == ENSEMBLE_BACKEND:
+            return self._build_ensemble(name, version, entry, estimate)
         size_bytes = estimate.size_bytes
         budget = self._options.budget_bytes
         room = None if budget is None else budget - size_bytes
@@ -547,6 +560,189 @@ class Loader:
             )
             return answer
 
+    def _build_ensemble(
+        self, name: str, version: int, entry: ModelEntry, estimate: Estimate
+    ) -> ServedVersion:
+        """:meth:`build` for a Triton ensemble: its graph checked against its steps' files.
+
+        Its step models are not loaded here (no load job waits for another): each loads as
+        any model does, when a request's step first needs it.
+        """
+        config = entry.config
+        label = f"{name}:{version}"
+        self._name_no_effect(name, config.no_effect)
+        signature = python_signature(_triton_tensors(config), label, "ensemble")
+        plan = plan_ensemble(label, config, signature, self._describe_step)
+        session = EnsembleSession(
+            str(entry.versions[version].path),
+            label=label,
+            signature=signature,
+            run=functools.partial(self._run_ensemble, plan),
+            runtime=self._runtime,
+        )
+        reason = "not batched: each step is batched on its own model's queue"
+        return ServedVersion(
+            name,
+            version,
+            session,
+            runtime=self._runtime,
+            size_bytes=estimate.size_bytes,
+            fingerprint=entry.version_fingerprint(version),
+            charge=estimate.charge,
+            batching=BatchPlan(0, reason),
+            batch_window_us=0,
+            queue_limit=config.max_queue_size or self._options.max_queue_per_model,
+            counters=self._counters.run_counters((name, version)),
+            config=config,
+            inline=InlineLane(label, LaneState.OFF, "an ensemble runs its steps' models"),
+            starter=functools.partial(self._start_ensemble, plan),
+        )
+
+    def _describe_step(self, name: str, version: int | None) -> StepTensors:
+        """An ensemble step's model as its files say (read here, on a load worker)."""
+        try:
+            entry = self._repository.entry(validate_model_name(name))
+        except ModelNotFound:
+            raise ModelInvalid(f"model {name!r} is not in the repository") from None
+        if entry.error is not None:
+            raise ModelInvalid(f"model {name!r} cannot be served: {entry.error}")
+        number = entry.latest if version is None else version
+        if number is None or number not in entry.served_versions:
+            served = list(entry.served_versions)
+            raise ModelInvalid(
+                f"model {name!r} serves no version {version if version else '(none)'}: "
+                f"its versions served are {served}"
+            )
+        config = entry.config
+        declared = config.max_batch_size if config.source == "config.pbtxt" else None
+        if config.backend == PYTHON_BACKEND:
+            triton = json.loads(config.triton_json)
+            if not triton.get("input") or not triton.get("output"):
+                return StepTensors(None, declared)  # its auto_complete_config declares them
+            return StepTensors(python_signature(triton, f"{name}:{number}"), declared)
+        if config.backend == ENSEMBLE_BACKEND:
+            return StepTensors(
+                python_signature(_triton_tensors(config), f"{name}:{number}", "ensemble"),
+                declared,
+            )
+        return StepTensors(read_model_file(entry.versions[number].path).signature, declared)
+
+    def _queue_step(
+        self,
+        name: str,
+        version: int | None,
+        feed: dict[str, Any],
+        names: tuple[str, ...],
+        deadline: float | None,
+        answered: Callable[[Future[Outputs]], None],
+    ) -> None:
+        """Queue an ensemble's step as a request of its model, once it is loaded."""
+        ready = None if version is not None else self._table.ready_map.get(name)
+        if ready is not None and ready.try_admit():  # loaded: no future, no load job
+            self._enqueue_step(ready, feed, names, deadline, answered)
+            return
+        loading = self.prepare(name, version)
+        loading.add_done_callback(
+            functools.partial(
+                self._queue_loaded_step, name, version, feed, names, deadline, answered
+            )
+        )
+
+    def _queue_loaded_step(
+        self,
+        name: str,
+        version: int | None,
+        feed: dict[str, Any],
+        names: tuple[str, ...],
+        deadline: float | None,
+        answered: Callable[[Future[Outputs]], None],
+        loading: Future[ServedVersion],
+    ) -> None:
+        error = loading.exception()
+        if error is not None:
+            answer: Future[Outputs] = Future()
+            answer.add_done_callback(answered)
+            answer.set_exception(fresh(error))
+            return
+        served = loading.result()
+        if not served.try_admit():  # evicted since it loaded: load it again
+            self._queue_step(name, version, feed, names, deadline, answered)
+            return
+        self._enqueue_step(served, feed, names, deadline, answered)
+
+    def _enqueue_step(
+        self,
+        served: ServedVersion,
+        feed: dict[str, Any],
+        names: tuple[str, ...],
+        deadline: float | None,
+        answered: Callable[[Future[Outputs]], None],
+    ) -> None:
+        """Queue an ensemble's step on ``served``, under an admission the caller took."""
+        answer: Future[Outputs] = Future()
+        started = time.perf_counter_ns()
+        # Counted as a request of that version, as Triton counts an ensemble's steps.
+        answer.add_done_callback(functools.partial(count_step, self._counters, served.key, started))
+        answer.add_done_callback(answered)
+        try:
+            served.enqueue(feed, names, answer, None, deadline)
+        except Exception as exc:
+            # Refused (bad input, a full queue): its admission ended. In a done-callback a
+            # raise would be lost: the refusal is the step's answer.
+            answer.set_exception(exc)
+
+    def _start_ensemble(
+        self,
+        plan: EnsemblePlan,
+        feed: dict[str, Any],
+        names: tuple[str, ...],
+        answer: tuple[object, Any],
+        deadline: float | None,
+        done: Callable[[], None],
+    ) -> None:
+        """A queued request of an ensemble: its steps queued, no thread waiting on them."""
+        EnsembleRun(plan, self._queue_step, feed, names, deadline, answer, done).start()
+
+    def _run_ensemble(
+        self, plan: EnsemblePlan, feed: Mapping[str, Any], names: tuple[str, ...]
+    ) -> dict[str, Any]:
+        """A request of an ensemble on the caller's thread: each step run here too, in order.
+
+        As ``Host.infer`` runs any model on the calling thread: each step under a lease of
+        its model (waiting up to ``load_timeout_s`` for its load), counted as its request.
+        No step waits for a compute worker, so a caller that is one (a Python model's BLS
+        request to an ensemble) cannot wait for itself. A failing step raises its error.
+        """
+        tensors = dict(feed)
+        for step in plan.order:
+            step_feed = {model_input: tensors[tensor] for model_input, tensor in step.inputs}
+            step_names = tuple(model_output for model_output, _ in step.outputs)
+            outputs = self._run_step_here(step.model_name, step.version, step_feed, step_names)
+            for model_output, tensor in step.outputs:
+                tensors[tensor] = outputs[model_output]
+        return {name: tensors[name] for name in names}
+
+    def _run_step_here(
+        self, name: str, version: int | None, feed: dict[str, Any], names: tuple[str, ...]
+    ) -> Outputs:
+        """Run an ensemble's step on the calling thread, under a lease of its model."""
+        ready = None if version is not None else self._table.ready_map.get(name)
+        held = None if ready is None else ready.try_lease()
+        lease = self.lease(name, version, self._options.load_timeout_s) if held is None else held
+        with lease:
+            started = time.perf_counter_ns()
+            # Counted as a request of that version, as Triton counts an ensemble's steps.
+            key = (name, lease.version)
+            try:
+                outputs = lease.run(feed, names)
+            except CorralError as exc:
+                elapsed = time.perf_counter_ns() - started
+                reason = request_failure_reason(exc)
+                self._counters.count_request(key, elapsed, ok=False, reason=reason)
+                raise
+            self._counters.count_request(key, time.perf_counter_ns() - started, ok=True)
+            return outputs
+
     def build_on_workers(self, name: str, version: int, entry: ModelEntry) -> Future[ServedVersion]:
         """:meth:`build` on the load workers; for reloads, whose caller waits for it.
 
@@ -588,7 +784,9 @@ class Loader:
         ``entry`` is the one it was built from.
         """
         self._measurer.later(served)
-        if self._charges is not None and served.config.backend != PYTHON_BACKEND:
+        # A Python model's objects and an ensemble's plan are not what the child measures.
+        measured = served.config.backend not in (PYTHON_BACKEND, ENSEMBLE_BACKEND)
+        if self._charges is not None and measured:
             settings, _ = self._session_settings(served.config)
             self._charges.later(served, entry.versions[served.version], settings)
 
@@ -628,6 +826,10 @@ class Loader:
         """
         if entry.config.backend == PYTHON_BACKEND:
             return python_estimate(entry, version)
+        if entry.config.backend == ENSEMBLE_BACKEND:
+            # It holds no model of its own: its steps' models are charged as they load.
+            charge = Charge(ENSEMBLE_BYTES, declared_bytes(entry.config))
+            return Estimate(charge.bytes, "an ensemble", charge)
         estimate = estimate_with_proof(
             entry,
             version,
@@ -932,6 +1134,23 @@ def python_estimate(entry: ModelEntry, version: int) -> Estimate:
     size = file.size + PYTHON_INSTANCE_BYTES * _python_instances(config.concurrency)
     charge = Charge(size, declared_bytes(config))
     return Estimate(charge.bytes, "a Python model", charge)
+
+
+#: What an ensemble's version is estimated to hold: its plan and a Session's bookkeeping.
+ENSEMBLE_BYTES = 64 << 10
+
+
+def _triton_tensors(config: ModelConfig) -> dict[str, Any]:
+    """A config's inputs and outputs as Triton's JSON has them (an ensemble's signature)."""
+
+    def tensors(declared: Sequence[Any]) -> list[dict[str, Any]]:
+        return [{"name": t.name, "data_type": t.data_type, "dims": list(t.dims)} for t in declared]
+
+    return {
+        "max_batch_size": config.max_batch_size or 0,
+        "input": tensors(config.inputs),
+        "output": tensors(config.outputs),
+    }
 
 
 def _python_instances(concurrency: str) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
@@ -49,11 +49,25 @@ from corral._compute import (
 from corral._host.budget import Charge
 from corral._models import ModelConfig
 
-__all__ = ["HostLease", "Outputs", "ServedVersion", "next_generation"]
+__all__ = ["HostLease", "Outputs", "RequestStarter", "ServedVersion", "next_generation"]
 
 Outputs = dict[str, npt.NDArray[Any]]
 #: A request's answer: a thread's Future, or an asyncio Future with the loop it belongs to.
 AnyFuture = Future[Outputs] | asyncio.Future[Outputs]
+
+#: Runs an admitted request itself, in place of the model's queue (an ensemble's steps,
+#: ``corral._host.ensemble``): (its feed, its output names, (its answer, the loop or receiver
+#: of it, as ``deliver`` takes them), its deadline, what ends its admission once answered).
+RequestStarter = Callable[
+    [
+        dict[str, npt.NDArray[Any]],
+        tuple[str, ...],
+        tuple[object, asyncio.AbstractEventLoop | Receiver | None],
+        float | None,
+        Callable[[], None],
+    ],
+    None,
+]
 
 # Guards _last_generation: each copy built in this process takes the next number.
 _GENERATION_LOCK = threading.Lock()
@@ -95,6 +109,7 @@ class ServedVersion:
         "_queue_lock",
         "_runtime",
         "_scheduler",
+        "_starter",
         "adaptive",
         "batching",
         "charge",
@@ -136,6 +151,7 @@ class ServedVersion:
         config: ModelConfig | None = None,
         inline: InlineLane | None = None,
         charge: Charge | None = None,
+        starter: RequestStarter | None = None,
     ) -> None:
         self.name = name
         self.version = version
@@ -192,6 +208,8 @@ class ServedVersion:
         self.run_admitted = session.run_admitted
         self.dismiss = session.dismiss
         self._runtime = runtime
+        # An ensemble's: starts a queued request's steps itself, in place of the scheduler.
+        self._starter = starter
         self._scheduler: Scheduler | None = None
         # Made with the first queued request and never replaced: read without a lock once set.
         self._queue: ModelQueue | None = None
@@ -300,6 +318,9 @@ class ServedVersion:
         """
         try:
             feed, names = self._checked_request(inputs, outputs)
+            if self._starter is not None:
+                self._start(feed, names, future, loop, deadline)
+                return
             queue = self._queue or self._make_queue()
             scheduler = self._scheduler
             assert scheduler is not None  # set with the queue
@@ -331,6 +352,9 @@ class ServedVersion:
             except CorralError as exc:
                 refusals[index] = exc
                 continue
+            if self._starter is not None:
+                self._start(feed, names, token, receiver, deadline)
+                continue
             checked.append((feed, names, self._queue_deadline(deadline), token))
             places.append(index)
         if checked:
@@ -344,6 +368,21 @@ class ServedVersion:
         if refused:
             self.session.dismiss(refused)
         return refusals
+
+    def _start(
+        self,
+        feed: dict[str, npt.NDArray[Any]],
+        names: tuple[str, ...],
+        answer: object,
+        to: asyncio.AbstractEventLoop | Receiver | None,
+        deadline: float | None,
+    ) -> None:
+        """Start an admitted request through :attr:`_starter`; its answer ends the admission."""
+        assert self._starter is not None  # an ensemble's version
+        if isinstance(answer, Future) and not answer.set_running_or_notify_cancel():
+            self.session.dismiss(1)  # cancelled before it started: it never runs
+            return
+        self._starter(feed, names, (answer, to), self._queue_deadline(deadline), self.dismiss)
 
     def settle_lane(self, lane: InlineLane) -> bool:
         """Replace a MEASURING lane with its measurement's ``lane``; False if already settled.

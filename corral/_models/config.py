@@ -56,6 +56,7 @@ from corral._base import InvalidOption, ModelConfigError, parse_bytes
 from corral._onnx import ConcurrencyPolicy, SessionTuning
 
 __all__ = [
+    "EnsembleStep",
     "ModelConfig",
     "ProviderEntry",
     "TensorConfig",
@@ -219,6 +220,21 @@ class WarmupSample:
 
 
 @dataclass(frozen=True)
+class EnsembleStep:
+    """One step of a Triton ensemble (``ensemble_scheduling.step``): a model run on tensors.
+
+    ``input_map`` and ``output_map`` are Triton's, sorted: (the step model's tensor, the
+    ensemble's tensor) pairs.
+    """
+
+    model_name: str
+    #: The step model's version; -1: the newest its policy serves.
+    model_version: int
+    input_map: tuple[tuple[str, str], ...]
+    output_map: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """One model's settings, from its ``model.toml`` or its ``config.pbtxt`` (all optional).
 
@@ -307,6 +323,8 @@ class ModelConfig:
     #: A Python model's whole config.pbtxt as Triton's JSON (what its ``initialize`` gets as
     #: ``args["model_config"]``); "" for an ONNX model.
     triton_json: str = ""
+    #: An ensemble's steps (``platform: "ensemble"``, backend ``"ensemble"``); () otherwise.
+    ensemble_steps: tuple[EnsembleStep, ...] = ()
     #: Settings the config.pbtxt sets that have no effect on this machine, each
     #: ``"<field>: <why>"``: accepted, and named once in the log when the model loads.
     no_effect: tuple[str, ...] = field(default=(), compare=False)
@@ -360,7 +378,8 @@ class ModelConfig:
             )
         if (
             not isinstance(self.model_filename, str)
-            or not self.model_filename
+            # An ensemble's version is its folder (Triton's are empty): no file name.
+            or (not self.model_filename and self.backend != "ensemble")
             or self.model_filename != self.model_filename.strip()
             or any(part in self.model_filename for part in ("/", "\\", "\0"))
             or self.model_filename in (".", "..")

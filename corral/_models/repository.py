@@ -752,6 +752,14 @@ class Repository:
                 return None
             if not stat.S_ISDIR(version_dir.stat.st_mode):
                 return None  # a file that happens to have a number for a name
+            if not model_file:
+                # An ensemble's version: the folder itself (Triton's are empty), by its stamp.
+                return ModelVersion(
+                    int(child),
+                    Path(version_dir.real),
+                    version_dir.stat.st_size,
+                    version_dir.stat.st_mtime_ns,
+                )
             shown = os.path.join(shown, model_file)
             model = locate(root, os.path.join(version_dir.real, model_file))
         except OSError as exc:

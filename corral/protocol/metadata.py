@@ -41,6 +41,8 @@ __all__ = [
 PLATFORM = "onnxruntime_onnx"
 #: The backend (and the metadata's platform) of a Triton Python model.
 PYTHON = "python"
+#: The platform of a Triton ensemble, in its config and its metadata (it has no backend).
+ENSEMBLE = "ensemble"
 #: The model configuration's parameter that says why a model is batched or not.
 BATCHING_PARAMETER = "corral.batching"
 
@@ -63,8 +65,8 @@ _CONFIG_TYPES = {
 
 
 def platform_of(config: ModelConfig) -> str:
-    """What a model's metadata names as its platform: ``onnxruntime_onnx``, or ``python``."""
-    return PYTHON if config.backend == PYTHON else PLATFORM
+    """A model's platform in its metadata: ``onnxruntime_onnx``, ``python`` or ``ensemble``."""
+    return config.backend if config.backend in (PYTHON, ENSEMBLE) else PLATFORM
 
 
 def model_metadata(
@@ -94,9 +96,10 @@ def model_configuration(lease: HostLease) -> ModelConfiguration:
     skip = 1 if max_batch_size else 0
     return ModelConfiguration(
         name=lease.name,
-        # A Python model has a backend and no platform in its config, as Triton reports it.
-        platform="" if config.backend == PYTHON else PLATFORM,
-        backend=config.backend,
+        # A Python model has a backend and no platform in its config, an ensemble a platform
+        # and no backend, as Triton reports them.
+        platform="" if config.backend == PYTHON else platform_of(config),
+        backend="" if config.backend == ENSEMBLE else config.backend,
         max_batch_size=max_batch_size,
         inputs=_tensor_configurations(signature.inputs, config.inputs, skip),
         outputs=_tensor_configurations(signature.outputs, config.outputs, skip),

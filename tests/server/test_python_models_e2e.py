@@ -4,7 +4,9 @@ add_sub (``examples/add_sub``) and bls_sync (``examples/bls``'s sync model, whic
 model its ``MODEL_NAME`` input names) of triton-inference-server/python_backend, unchanged
 (tests/testdata/triton_python/); tritonclient calls them over HTTP and gRPC as their
 clients do, and a model-control load that uploads a model.py is refused, naming the
-flag that would allow it. One server for the module, on the suite's edge (``CORRAL_EDGE``).
+flag that would allow it. Triton's preprocessing ensemble (made small:
+tests/testdata/triton_ensemble/) is called as its client.py calls it. One server for the
+module, on the suite's edge (``CORRAL_EDGE``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,15 @@ import numpy as np
 import pytest
 
 from corral.testing import build_mlp
-from tests.helpers import ROOT, add_model, reference_run
+from tests.helpers import (
+    COLOUR_CLASSES,
+    PREPROCESSING,
+    ROOT,
+    add_model,
+    copy_preprocessing,
+    ppm_image,
+    reference_run,
+)
 from tests.processes import ServerProcess, start_server, stop_server
 
 pytestmark = [
@@ -57,6 +67,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     for example in ("add_sub", "bls_sync", "nobatch_auto_complete", "batch_auto_complete"):
         shutil.copytree(ROOT / "tests" / "testdata" / "triton_python" / example, root / example)
     add_model(root, "mlp", build_mlp(seed=4))
+    copy_preprocessing(root)
     (root / "broken" / "1").mkdir(parents=True)
     (root / "broken" / "1" / "model.py").write_text(BROKEN)
     (root / "broken" / "config.pbtxt").write_text(BROKEN_CONFIG)
@@ -141,3 +152,52 @@ def test_tritonclient_gets_add_subs_answers_and_the_onnx_models(server: ServerPr
             client.infer(f"uploaded_{protocol}", inputs[:1])
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_tritonclient_calls_the_preprocessing_ensemble_as_its_client(
+    server: ServerProcess, protocol: str
+):
+    client_module: Any
+    if protocol == "http":
+        import tritonclient.http as client_module
+
+        url = server.http
+    else:
+        import tritonclient.grpc as client_module
+
+        url = server.grpc
+    labels = (PREPROCESSING / "resnet50_trt" / "labels.txt").read_text().splitlines()
+    client = client_module.InferenceServerClient(url)
+    try:
+        kwargs = {"as_json": True} if protocol == "grpc" else {}
+        before = _successes(client, kwargs)
+        # client.py's calls: the image file's bytes, expanded to a batch of one.
+        image_data = np.expand_dims(np.frombuffer(ppm_image((255, 0, 0)), np.uint8), axis=0)
+        inputs = [client_module.InferInput("INPUT", image_data.shape, "UINT8")]
+        inputs[0].set_data_from_numpy(image_data)
+        outputs = [client_module.InferRequestedOutput("OUTPUT")]
+        results = client.infer("ensemble_python_resnet50", inputs, outputs=outputs)
+        output0_data = results.as_numpy("OUTPUT")
+        maxs = np.argmax(output0_data, axis=1)
+        assert labels[maxs[0]] == "COFFEE MUG" == labels[COLOUR_CLASSES[0]]
+        metadata = client.get_model_metadata("ensemble_python_resnet50")
+        platform = metadata["platform"] if protocol == "http" else metadata.platform
+        assert platform == "ensemble"
+        # Each step is a request of its own model; the ensemble's request is its own.
+        after = _successes(client, kwargs)
+        assert {name: after[name] - before[name] for name in after} == {
+            "ensemble_python_resnet50": 1,
+            "preprocess": 1,
+            "resnet50_trt": 1,
+        }
+    finally:
+        client.close()
+
+
+def _successes(client: Any, kwargs: dict[str, Any]) -> dict[str, int]:
+    counts = {}
+    for name in ("ensemble_python_resnet50", "preprocess", "resnet50_trt"):
+        rows = client.get_inference_statistics(name, **kwargs)["model_stats"]
+        counts[name] = sum(int(row["inference_stats"]["success"].get("count", 0)) for row in rows)
+    return counts

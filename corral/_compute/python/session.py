@@ -80,12 +80,15 @@ class _Tensor(NamedTuple):
     shape: list[int | None]
 
 
-def python_signature(config: Mapping[str, Any], label: str) -> Signature:
+def python_signature(
+    config: Mapping[str, Any], label: str, what: str = "Python model"
+) -> Signature:
     """The inputs and outputs of a Python model's Triton config (a JSON dict), as a Signature.
 
     With ``max_batch_size`` above 0 each tensor has a batch dimension of any size first.
     Raises :class:`ModelInvalid` for a config without inputs or outputs, or with a type
-    corral does not know.
+    corral does not know; ``what`` names the kind of model in its message (an ensemble's
+    config declares its tensors the same way).
     """
     batched = int(config.get("max_batch_size", 0)) > 0
     tensors: dict[str, list[TensorSpec]] = {"input": [], "output": []}
@@ -93,8 +96,8 @@ def python_signature(config: Mapping[str, Any], label: str) -> Signature:
         entries = config.get(kind) or []
         if not entries:
             raise ModelInvalid(
-                f"Python model {label}: its config declares no {kind}: Triton requires the "
-                f"inputs and outputs of a Python model (in config.pbtxt, or from its "
+                f"{what} {label}: its config declares no {kind}: Triton requires the "
+                f"inputs and outputs of a {what} (in config.pbtxt, or from its "
                 "auto_complete_config)"
             )
         for entry in entries:
@@ -102,7 +105,7 @@ def python_signature(config: Mapping[str, Any], label: str) -> Signature:
             onnx_type = _ONNX_TYPES.get(data_type)
             if onnx_type is None:
                 raise ModelInvalid(
-                    f"Python model {label}: {kind} {entry.get('name')!r} has data_type "
+                    f"{what} {label}: {kind} {entry.get('name')!r} has data_type "
                     f"{data_type!r}, which corral does not serve (one of {', '.join(_ONNX_TYPES)})"
                 )
             dims: list[int | None] = [None if int(d) < 0 else int(d) for d in entry.get("dims", ())]

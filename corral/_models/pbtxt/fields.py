@@ -50,6 +50,10 @@ _HONOURED = frozenset(
         "instance_group.kind",
         "instance_group.count",
         "parameters",
+        "ensemble_scheduling.step.model_name",
+        "ensemble_scheduling.step.model_version",
+        "ensemble_scheduling.step.input_map",
+        "ensemble_scheduling.step.output_map",
         "model_warmup.name",
         "model_warmup.batch_size",
         "model_warmup.count",
@@ -98,6 +102,9 @@ _NO_EFFECT = {
         "in Triton as in corral"
     ),
     "metric_tags": "corral's metrics carry no per-model tags",
+    "ensemble_scheduling.max_inflight_requests": (
+        "an ensemble's steps are queued on their models' queues, which bound what waits"
+    ),
     "model_metrics": "corral's metrics are not configured per model",
 }
 
@@ -108,7 +115,9 @@ _WHY = {
         "corral has no sequence batcher: it serves stateless models only; remove "
         "sequence_batching for a model that keeps no state between requests"
     ),
-    "ensemble_scheduling": "corral does not run ensembles: serve each model on its own",
+    "ensemble_scheduling.step.model_namespace": (
+        "corral's repository has no namespaces: remove model_namespace"
+    ),
     "batch_input": "corral's batcher does not make batch inputs: remove batch_input",
     "batch_output": "corral's batcher does not scatter batch outputs: remove batch_output",
     "input.optional": (

@@ -56,7 +56,13 @@ from corral._base import (
     parse_bytes,
 )
 from corral._models.backend_parameters import backend_settings
-from corral._models.config import ModelConfig, ProviderEntry, TensorConfig, VersionPolicy
+from corral._models.config import (
+    EnsembleStep,
+    ModelConfig,
+    ProviderEntry,
+    TensorConfig,
+    VersionPolicy,
+)
 from corral._models.pbtxt.fields import check_fields
 from corral._models.pbtxt.warmup import ReadWarmup, warmup_samples
 from corral._onnx import MAX_POOL_SIZE
@@ -84,6 +90,10 @@ BACKEND = "onnxruntime"
 #: Triton's backend for a ``model.py`` (``corral._compute.PythonSession``), and its file.
 PYTHON_BACKEND = "python"
 PYTHON_MODEL_FILE = "model.py"
+
+#: Triton's platform of an ensemble (``ensemble_scheduling``), and corral's backend name for
+#: it (``corral._host.ensemble``).
+ENSEMBLE_PLATFORM = "ensemble"
 
 #: What Triton's ``runtime`` may name for an ONNX model: its onnxruntime backend's library.
 _RUNTIME = "libtriton_onnxruntime.so"
@@ -289,16 +299,26 @@ def _map(
         raise ModelConfigError(
             f"name is {message.name!r}, but the model's folder is {model_name!r}: they must match"
         )
-    if message.platform and message.platform != PLATFORM:
+    ensemble = message.platform == ENSEMBLE_PLATFORM
+    if message.platform and message.platform not in (PLATFORM, ENSEMBLE_PLATFORM):
         raise ModelConfigError(
             f"platform {message.platform!r} is not served: corral runs ONNX models on "
-            f"onnxruntime only (platform {PLATFORM!r})"
+            f"onnxruntime (platform {PLATFORM!r}) and ensembles ({ENSEMBLE_PLATFORM!r})"
+        )
+    if ensemble != message.HasField("ensemble_scheduling"):
+        raise ModelConfigError(
+            'ensemble_scheduling goes with platform "ensemble", and an ensemble needs its '
+            "ensemble_scheduling steps, as in Triton"
         )
     python = message.backend == PYTHON_BACKEND
     if python and message.platform:
         raise ModelConfigError(
             f"backend {PYTHON_BACKEND!r} with platform {message.platform!r}: a Python model "
             "has no platform; remove platform"
+        )
+    if ensemble and (message.backend or message.runtime):
+        raise ModelConfigError(
+            'an ensemble (platform "ensemble") has no backend or runtime: remove them'
         )
     if message.backend and message.backend not in (BACKEND, PYTHON_BACKEND):
         raise ModelConfigError(
@@ -350,6 +370,11 @@ def _map(
         values["backend"] = PYTHON_BACKEND
         values["triton_json"] = triton_json(message, model_name)
         values.setdefault("model_filename", PYTHON_MODEL_FILE)
+    if ensemble:
+        values["backend"] = ENSEMBLE_PLATFORM
+        # Triton's ensemble version folders are empty: the version is the folder.
+        values["model_filename"] = ""
+        values["ensemble_steps"] = _ensemble_steps(message.ensemble_scheduling)
     if MEMORY_BYTES_PARAMETER in message.parameters:
         values["memory_bytes"] = _declared_bytes(message.parameters[MEMORY_BYTES_PARAMETER])
     concurrency, gpu = _instances(message.instance_group, pb)
@@ -376,11 +401,40 @@ def _map(
             )
         values["graph_optimization_level"] = _GRAPH_LEVELS[level]
     values.update(backend.values)
-    values["no_effect"] = (*no_effect, *backend.no_effect, *_python_no_effect(message, python))
+    values["no_effect"] = (
+        *no_effect,
+        *backend.no_effect,
+        *_python_no_effect(message, python),
+        *_ensemble_no_effect(message, ensemble),
+    )
     try:
         return ModelConfig(**values)
     except ValueError as exc:
         raise ModelConfigError(str(exc)) from None
+
+
+def _ensemble_steps(scheduling: Any) -> tuple[EnsembleStep, ...]:
+    """``ensemble_scheduling``'s steps; the graph is checked when the ensemble loads."""
+    if not scheduling.step:
+        raise ModelConfigError("ensemble_scheduling has no step: an ensemble runs one or more")
+    steps = []
+    for index, step in enumerate(scheduling.step):
+        if not step.model_name:
+            raise ModelConfigError(f"ensemble_scheduling.step[{index}] has no model_name")
+        if step.model_version < -1 or step.model_version == 0:
+            raise ModelConfigError(
+                f"ensemble_scheduling.step[{index}] ({step.model_name!r}): model_version "
+                f"{step.model_version}: -1 (the newest served) or a version from 1"
+            )
+        steps.append(
+            EnsembleStep(
+                step.model_name,
+                int(step.model_version),
+                tuple(sorted(step.input_map.items())),
+                tuple(sorted(step.output_map.items())),
+            )
+        )
+    return tuple(steps)
 
 
 def _preferred(sizes: Any, max_batch_size: int) -> tuple[int, ...]:
@@ -624,6 +678,23 @@ def _python_no_effect(message: Any, python: bool) -> tuple[str, ...]:
         named.append(
             "instance_group.kind KIND_GPU: a Python model's instances are told kind CPU; its "
             "own code picks the device it uses"
+        )
+    return tuple(named)
+
+
+def _ensemble_no_effect(message: Any, ensemble: bool) -> tuple[str, ...]:
+    """What an ensemble's config sets that its run does not act on (its steps' models do)."""
+    if not ensemble:
+        return ()
+    named = []
+    if message.instance_group:
+        named.append(
+            "instance_group: an ensemble has no instances; its steps run on their models' own"
+        )
+    if message.model_warmup:
+        named.append(
+            "model_warmup: an ensemble's load runs no step (its step models load on their "
+            "first request); warm each step model by its own config"
         )
     return tuple(named)
 

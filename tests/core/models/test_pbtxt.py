@@ -276,12 +276,21 @@ def test_an_unknown_field_is_named():
     [
         ('platform: "tensorrt_plan"', "tensorrt_plan", "onnxruntime"),
         ('backend: "pytorch"', "pytorch", "onnxruntime"),
-        ('platform: "ensemble"', "ensemble", "onnxruntime"),
+        ('platform: "ensemble"', "ensemble_scheduling", "steps"),
         ("sequence_batching { max_sequence_idle_microseconds: 5 }", "sequence_batching", "state"),
+        ('ensemble_scheduling { step [ { model_name: "a" } ] }', "ensemble_scheduling", "steps"),
         (
-            'ensemble_scheduling { step [ { model_name: "a" } ] }',
-            "ensemble_scheduling.step[0].model_name",
-            "ensembles",
+            'platform: "ensemble" ensemble_scheduling { step [ { model_name: "a" '
+            'model_namespace: "n" } ] }',
+            "ensemble_scheduling.step[0].model_namespace",
+            "namespaces",
+        ),
+        ('platform: "ensemble" ensemble_scheduling { }', "ensemble_scheduling", "no step"),
+        (
+            'platform: "ensemble" ensemble_scheduling { step [ { model_name: "a" '
+            "model_version: 0 } ] }",
+            "model_version 0",
+            "-1",
         ),
         ("model_transaction_policy { decoupled: true }", "decoupled", "decoupled"),
         ("dynamic_batching { preferred_batch_size: [ 4 ] }", "preferred_batch_size", "prefer"),
