@@ -79,6 +79,7 @@ def test_an_unchanged_model_is_left_as_it_is(make_pieces):
 def test_a_newer_version_of_a_model_in_use_replaces_the_older(make_pieces, repo: Path):
     pieces = make_pieces()
     one = pieces.loader.loaded("mlp", None, timeout=30)
+    assert one.lane_settled.wait(timeout=30)  # its lane's measuring holds a lease till then
     add_model(repo, "mlp", build_mlp(seed=5), version=2)
     pieces.reloader.reload("mlp")
     (two,) = pieces.table.in_use("mlp").values()
