@@ -37,7 +37,6 @@ from corral._base import (
     CorralError,
     DeadlineExceeded,
     HostClosed,
-    InvalidInput,
     LoadObserver,
     LoadRecord,
     LoadTimeout,
@@ -62,7 +61,6 @@ from corral._compute import (
     lane_at_load,
     plan_batching,
     python_signature,
-    request_failure_reason,
     time_left,
 )
 from corral._host.budget import Charge
@@ -70,14 +68,12 @@ from corral._host.charges import ChargeMeter, charges_supported
 from corral._host.check import Estimate, KnownReads, declared_bytes, estimate_with_proof
 from corral._host.ensemble import (
     ENSEMBLE_BACKEND,
-    EnsemblePlan,
-    EnsembleRun,
     EnsembleSession,
     StepTensors,
-    count_step,
     plan_ensemble,
 )
 from corral._host.lane_measuring import LaneMeasurer
+from corral._host.model_calls import ModelCalls
 from corral._host.options import HostOptions
 from corral._host.served import HostLease, Outputs, ServedVersion
 from corral._host.table import Key, Lead, ModelTable
@@ -127,6 +123,8 @@ class Loader:
         self._options = options
         # The Host's figures per version: each version built counts into its own.
         self._counters = counters
+        # Models run by other models: a Python model's BLS requests, an ensemble's steps.
+        self._calls = ModelCalls(self, table, counters, options.load_timeout_s)
         # The load slots; a job past load_timeout_s is abandoned and its slot refilled.
         self._workers = LoadWorkers(
             options.load_concurrency, timeout_s=options.load_timeout_s, name="corral-load"
@@ -488,7 +486,7 @@ class Loader:
             repository=str(path.parent.parent),
             instances=_python_instances(config.concurrency),
             runtime=self._runtime,
-            caller=functools.partial(self._call_model, name),
+            caller=functools.partial(self._calls.call, name),
         )
         try:
             changed = entry.versions[version].changed()
@@ -523,43 +521,6 @@ class Loader:
             session.close()
             raise
 
-    def _call_model(
-        self,
-        caller: str,
-        name: str,
-        version: int,
-        inputs: dict[str, Any],
-        outputs: tuple[str, ...],
-    ) -> Mapping[str, Any]:
-        """A Python model's BLS request: ``name`` run on the calling worker, under a lease.
-
-        Waits up to ``load_timeout_s`` for it to load. A model calling itself is refused: its
-        instance is busy with the call, which could wait for itself.
-        """
-        if name == caller:
-            raise InvalidInput(
-                f"Python model {caller!r}: a BLS request to itself is refused (its instance "
-                "would wait for itself)"
-            )
-        wanted = None if version < 0 else version
-        with self.lease(name, wanted, self._options.load_timeout_s) as lease:
-            # Counted as a request to that version, as the data plane counts the server's:
-            # Triton's statistics count a BLS request as the model's own.
-            started = time.perf_counter_ns()
-            try:
-                answer = lease.run(inputs, outputs or None)
-            except CorralError as exc:
-                elapsed = time.perf_counter_ns() - started
-                reason = request_failure_reason(exc)
-                self._counters.count_request(
-                    (name, lease.version), elapsed, ok=False, reason=reason
-                )
-                raise
-            self._counters.count_request(
-                (name, lease.version), time.perf_counter_ns() - started, ok=True
-            )
-            return answer
-
     def _build_ensemble(
         self, name: str, version: int, entry: ModelEntry, estimate: Estimate
     ) -> ServedVersion:
@@ -577,7 +538,7 @@ class Loader:
             str(entry.versions[version].path),
             label=label,
             signature=signature,
-            run=functools.partial(self._run_ensemble, plan),
+            run=functools.partial(self._calls.run_ensemble, plan),
             runtime=self._runtime,
         )
         reason = "not batched: each step is batched on its own model's queue"
@@ -595,7 +556,7 @@ class Loader:
             counters=self._counters.run_counters((name, version)),
             config=config,
             inline=InlineLane(label, LaneState.OFF, "an ensemble runs its steps' models"),
-            starter=functools.partial(self._start_ensemble, plan),
+            starter=functools.partial(self._calls.start_ensemble, plan),
         )
 
     def _describe_step(self, name: str, version: int | None) -> StepTensors:
@@ -626,122 +587,6 @@ class Loader:
                 declared,
             )
         return StepTensors(read_model_file(entry.versions[number].path).signature, declared)
-
-    def _queue_step(
-        self,
-        name: str,
-        version: int | None,
-        feed: dict[str, Any],
-        names: tuple[str, ...],
-        deadline: float | None,
-        answered: Callable[[Future[Outputs]], None],
-    ) -> None:
-        """Queue an ensemble's step as a request of its model, once it is loaded."""
-        ready = None if version is not None else self._table.ready_map.get(name)
-        if ready is not None and ready.try_admit():  # loaded: no future, no load job
-            self._enqueue_step(ready, feed, names, deadline, answered)
-            return
-        loading = self.prepare(name, version)
-        loading.add_done_callback(
-            functools.partial(
-                self._queue_loaded_step, name, version, feed, names, deadline, answered
-            )
-        )
-
-    def _queue_loaded_step(
-        self,
-        name: str,
-        version: int | None,
-        feed: dict[str, Any],
-        names: tuple[str, ...],
-        deadline: float | None,
-        answered: Callable[[Future[Outputs]], None],
-        loading: Future[ServedVersion],
-    ) -> None:
-        error = loading.exception()
-        if error is not None:
-            answer: Future[Outputs] = Future()
-            answer.add_done_callback(answered)
-            answer.set_exception(fresh(error))
-            return
-        served = loading.result()
-        if not served.try_admit():  # evicted since it loaded: load it again
-            self._queue_step(name, version, feed, names, deadline, answered)
-            return
-        self._enqueue_step(served, feed, names, deadline, answered)
-
-    def _enqueue_step(
-        self,
-        served: ServedVersion,
-        feed: dict[str, Any],
-        names: tuple[str, ...],
-        deadline: float | None,
-        answered: Callable[[Future[Outputs]], None],
-    ) -> None:
-        """Queue an ensemble's step on ``served``, under an admission the caller took."""
-        answer: Future[Outputs] = Future()
-        started = time.perf_counter_ns()
-        # Counted as a request of that version, as Triton counts an ensemble's steps.
-        answer.add_done_callback(functools.partial(count_step, self._counters, served.key, started))
-        answer.add_done_callback(answered)
-        try:
-            served.enqueue(feed, names, answer, None, deadline)
-        except Exception as exc:
-            # Refused (bad input, a full queue): its admission ended. In a done-callback a
-            # raise would be lost: the refusal is the step's answer.
-            answer.set_exception(exc)
-
-    def _start_ensemble(
-        self,
-        plan: EnsemblePlan,
-        feed: dict[str, Any],
-        names: tuple[str, ...],
-        answer: tuple[object, Any],
-        deadline: float | None,
-        done: Callable[[], None],
-    ) -> None:
-        """A queued request of an ensemble: its steps queued, no thread waiting on them."""
-        EnsembleRun(plan, self._queue_step, feed, names, deadline, answer, done).start()
-
-    def _run_ensemble(
-        self, plan: EnsemblePlan, feed: Mapping[str, Any], names: tuple[str, ...]
-    ) -> dict[str, Any]:
-        """A request of an ensemble on the caller's thread: each step run here too, in order.
-
-        As ``Host.infer`` runs any model on the calling thread: each step under a lease of
-        its model (waiting up to ``load_timeout_s`` for its load), counted as its request.
-        No step waits for a compute worker, so a caller that is one (a Python model's BLS
-        request to an ensemble) cannot wait for itself. A failing step raises its error.
-        """
-        tensors = dict(feed)
-        for step in plan.order:
-            step_feed = {model_input: tensors[tensor] for model_input, tensor in step.inputs}
-            step_names = tuple(model_output for model_output, _ in step.outputs)
-            outputs = self._run_step_here(step.model_name, step.version, step_feed, step_names)
-            for model_output, tensor in step.outputs:
-                tensors[tensor] = outputs[model_output]
-        return {name: tensors[name] for name in names}
-
-    def _run_step_here(
-        self, name: str, version: int | None, feed: dict[str, Any], names: tuple[str, ...]
-    ) -> Outputs:
-        """Run an ensemble's step on the calling thread, under a lease of its model."""
-        ready = None if version is not None else self._table.ready_map.get(name)
-        held = None if ready is None else ready.try_lease()
-        lease = self.lease(name, version, self._options.load_timeout_s) if held is None else held
-        with lease:
-            started = time.perf_counter_ns()
-            # Counted as a request of that version, as Triton counts an ensemble's steps.
-            key = (name, lease.version)
-            try:
-                outputs = lease.run(feed, names)
-            except CorralError as exc:
-                elapsed = time.perf_counter_ns() - started
-                reason = request_failure_reason(exc)
-                self._counters.count_request(key, elapsed, ok=False, reason=reason)
-                raise
-            self._counters.count_request(key, time.perf_counter_ns() - started, ok=True)
-            return outputs
 
     def build_on_workers(self, name: str, version: int, entry: ModelEntry) -> Future[ServedVersion]:
         """:meth:`build` on the load workers; for reloads, whose caller waits for it.
