@@ -58,6 +58,7 @@ from corral._compute import (
     Session,
     TimedRuns,
     deadline_after,
+    isolation_of,
     lane_at_load,
     plan_batching,
     python_signature,
@@ -478,6 +479,7 @@ class Loader:
             raise UploadRefused(python_upload_refusal(name))
         label = f"{name}:{version}"
         path = entry.versions[version].path
+        isolation = isolation_of(config.parameters, label)
         session = PythonSession(
             str(path),
             config=json.loads(config.triton_json),
@@ -487,6 +489,7 @@ class Loader:
             instances=_python_instances(config.concurrency),
             runtime=self._runtime,
             caller=functools.partial(self._calls.call, name),
+            isolation=isolation,
         )
         try:
             changed = entry.versions[version].changed()

@@ -41,10 +41,11 @@ import numpy.typing as npt
 from corral._base import InferenceError, InvalidInput, ModelInvalid, ModelLoadError
 from corral._compute.process_runtime import Runtime
 from corral._compute.python import backend_utils
+from corral._compute.python.worker import Worker
 from corral._compute.session import Session
 from corral._onnx import ResolvedProviders, Signature, TensorSpec, ort
 
-__all__ = ["PythonSession", "python_signature"]
+__all__ = ["ChildInstance", "PythonSession", "load_instance", "python_signature"]
 
 logger = logging.getLogger(__name__)
 
@@ -139,23 +140,62 @@ class PythonSession(Session):
         instances: int = 1,
         runtime: Runtime | None = None,
         caller: backend_utils.ModelCaller | None = None,
+        isolation: str = "none",
     ) -> None:
         label = f"{model_name}:{version}"
+        concurrency = "exclusive" if instances == 1 else f"pool:{instances}"
+        if isolation == "process":
+            self._init_isolated(
+                model_path, config, model_name, version, repository, runtime, concurrency
+            )
+            return
+        self._setup: dict[str, Any] | None = None
+        self._first_worker: Worker | None = None
         backend_utils.install()
         # Its module stays in sys.modules while the model is loaded, as an import's would
         # (pickle and typing look classes up there), and is removed when it is released.
         self._module_name, model_class = _import_model_class(model_path, label)
         try:
             self._set_up(model_class, config, model_name, version, repository, caller)
-            concurrency = "exclusive" if instances == 1 else f"pool:{instances}"
             super().__init__(model_path, runtime=runtime, concurrency=concurrency, name=label)
         except BaseException:
             sys.modules.pop(self._module_name, None)
             raise
 
+    def _init_isolated(
+        self,
+        model_path: str,
+        config: Mapping[str, Any],
+        model_name: str,
+        version: int,
+        repository: str,
+        runtime: Runtime | None,
+        concurrency: str,
+    ) -> None:
+        """``isolation="process"``: the model.py is imported in each instance's child only."""
+        label = f"{model_name}:{version}"
+        self._module_name = ""
+        self._setup = {
+            "path": model_path,
+            "config": dict(config),
+            "model_name": model_name,
+            "version": version,
+            "repository": repository,
+            "index": 0,
+        }
+        # The first child completes the config (auto_complete_config), which the signature
+        # needs before Session loads; it becomes instance 0.
+        self._first_worker = Worker(label, self._setup)
+        try:
+            self._set_up(None, self._first_worker.config, model_name, version, repository, None)
+            super().__init__(model_path, runtime=runtime, concurrency=concurrency, name=label)
+        except BaseException:
+            self._first_worker.close()
+            raise
+
     def _set_up(
         self,
-        model_class: type[Any],
+        model_class: type[Any] | None,
         config: Mapping[str, Any],
         model_name: str,
         version: int,
@@ -163,7 +203,9 @@ class PythonSession(Session):
         caller: backend_utils.ModelCaller | None,
     ) -> None:
         label = f"{model_name}:{version}"
-        completed = _auto_complete(model_class, config, label)
+        completed = (
+            dict(config) if model_class is None else _auto_complete(model_class, config, label)
+        )
         self._model_class = model_class
         self._args = {
             "model_config": json.dumps(completed),
@@ -185,11 +227,30 @@ class PythonSession(Session):
         config: dict[str, Any] = json.loads(self._args["model_config"])
         return config
 
+    @property
+    def isolated(self) -> bool:
+        """Whether each instance runs in a worker process of its own (``corral_isolation``)."""
+        return self._setup is not None
+
+    @property
+    def worker_pids(self) -> tuple[int | None, ...]:
+        """The process id of each instance's child (None: none runs now); () in-process."""
+        with self._instances_lock:
+            return tuple(
+                instance.pid
+                for instance in self._instances
+                if isinstance(instance, _WorkerInstance)
+            )
+
     def _load(self, source: str | bytes, providers: ResolvedProviders) -> tuple[Any, ...]:
+        if self._setup is not None:
+            return self._load_isolated(self._setup)
+        model_class = self._model_class
+        assert model_class is not None  # imported here whenever the model is not isolated
         made: list[Any] = []
         try:
             for index in range(self._policy.replicas):
-                instance = self._model_class()
+                instance = model_class()
                 args = dict(self._args, model_instance_name=f"{self._args['model_name']}_0_{index}")
                 initialize = getattr(instance, "initialize", None)
                 if initialize is not None:
@@ -209,12 +270,160 @@ class PythonSession(Session):
         signature = self._python_signature
         return tuple(_Instance(instance, self.name, signature, self._caller) for instance in made)
 
+    def _load_isolated(self, setup: Mapping[str, Any]) -> tuple[Any, ...]:
+        made: list[_WorkerInstance] = []
+        try:
+            for index in range(self._policy.replicas):
+                worker = self._first_worker if index == 0 else None
+                self._first_worker = None
+                made.append(
+                    _WorkerInstance(
+                        dict(setup, index=index), self.name, self._python_signature, worker
+                    )
+                )
+        except BaseException:
+            for instance in made:
+                instance.close()
+            raise
+        with self._instances_lock:
+            self._instances = list(made)
+        return tuple(made)
+
     def _released(self) -> None:
         super()._released()
         with self._instances_lock:
             instances, self._instances = self._instances, []
+        if self._setup is not None:
+            for instance in instances:
+                instance.close()
+            return
         _finalize(instances, self.name)
         sys.modules.pop(self._module_name, None)
+
+
+class _WorkerInstance:
+    """One instance of an isolated Python model: a child process, started again after a crash.
+
+    Shown to Session as an onnxruntime session is; one run at a time (the policy's).
+    """
+
+    def __init__(
+        self, setup: Mapping[str, Any], label: str, signature: Signature, worker: Worker | None
+    ) -> None:
+        self._setup = setup
+        self._label = label
+        self._signature = signature
+        # Guards _worker (None: none runs; the next run starts one) and _closed.
+        self._worker_lock = threading.Lock()
+        self._closed = False
+        self._worker: Worker | None = worker if worker is not None else Worker(label, setup)
+
+    @property
+    def pid(self) -> int | None:
+        """The process id of its child, or None while none runs."""
+        with self._worker_lock:
+            worker = self._worker
+        return None if worker is None else worker.process.pid
+
+    def get_inputs(self) -> list[_Tensor]:
+        return _node_args(self._signature.inputs)
+
+    def get_outputs(self) -> list[_Tensor]:
+        return _node_args(self._signature.outputs)
+
+    def get_providers(self) -> list[str]:
+        return ["python"]
+
+    def run(
+        self, names: Sequence[str], feed: Mapping[str, Any], run_options: object
+    ) -> list[npt.NDArray[Any]]:
+        """One request through the child; a crashed child fails it, and the next run restarts."""
+        with self._worker_lock:
+            if self._closed:
+                raise InferenceError(f"Python model {self._label!r}: its instance was closed")
+            worker = self._worker
+        if worker is None:
+            try:
+                worker = Worker(self._label, self._setup)
+            except ModelLoadError as exc:
+                raise _logged(
+                    self._label,
+                    InferenceError(f"Python model {self._label!r}: restarting its worker: {exc}"),
+                ) from exc
+            with self._worker_lock:
+                self._worker = worker
+        request = {"names": list(names), "feed": {k: np.asarray(v) for k, v in feed.items()}}
+        try:
+            answer = worker.ask(request, None, cancelled=run_options)
+        except InferenceError as exc:
+            if not worker.alive:
+                with self._worker_lock:
+                    self._worker = None
+                worker.close()
+                raise _logged(self._label, exc) from None
+            raise
+        outputs: list[npt.NDArray[Any]] = answer["outputs"]
+        return outputs
+
+    def close(self) -> None:
+        """Stop its child (``finalize`` runs there). Idempotent."""
+        with self._worker_lock:
+            self._closed = True
+            worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.close()
+
+
+class ChildInstance:
+    """An isolated model's instance inside its child (:mod:`.worker`): loaded and run there."""
+
+    def __init__(self, model: Any, instance: _Instance, config: dict[str, Any]) -> None:
+        self._model = model
+        self._instance = instance
+        #: The config after ``auto_complete_config``.
+        self.config = config
+
+    def run(self, names: Sequence[str], feed: Mapping[str, Any]) -> list[npt.NDArray[Any]]:
+        """One request, as :class:`_Instance` runs it in-process."""
+        return self._instance.run(names, feed, None)
+
+    def finalize(self, label: str) -> None:
+        """The model's ``finalize``."""
+        _finalize([self._model], label)
+
+
+def load_instance(setup: Mapping[str, Any], caller: backend_utils.ModelCaller) -> ChildInstance:
+    """Import the model.py ``setup`` names and initialize one instance (in a worker child).
+
+    ``setup`` holds ``path``, ``config``, ``model_name``, ``version``, ``repository`` and
+    ``index``; raises as :class:`PythonSession` does.
+    """
+    backend_utils.install()
+    model_name, version = str(setup["model_name"]), int(setup["version"])
+    label = f"{model_name}:{version}"
+    _, model_class = _import_model_class(str(setup["path"]), label)
+    completed = _auto_complete(model_class, setup["config"], label)
+    args = {
+        "model_config": json.dumps(completed),
+        "model_instance_kind": "CPU",
+        "model_instance_device_id": "0",
+        "model_repository": str(setup["repository"]),
+        "model_version": str(version),
+        "model_name": model_name,
+        "model_instance_name": f"{model_name}_0_{setup['index']}",
+    }
+    model = model_class()
+    initialize = getattr(model, "initialize", None)
+    if initialize is not None:
+        try:
+            initialize(args)
+        except Exception as exc:
+            raise ModelLoadError(
+                f"Python model {label}: initialize() of instance {setup['index']} raised "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+    signature = python_signature(completed, label)
+    return ChildInstance(model, _Instance(model, label, signature, caller), completed)
 
 
 class _Instance:

@@ -1,0 +1,264 @@
+"""A Triton Python model's instance in a worker process of its own (``corral_isolation``).
+
+Asked for per model with ``parameters { key: "corral_isolation" value: { string_value:
+"process" } }`` in its config.pbtxt (:data:`ISOLATION_PARAMETER`); the default runs the
+model in the server's process. Each instance is one child, as Triton's stub is (Triton
+always runs one stub process per instance; corral only where asked):
+``python -m corral._compute.python.worker_child REQUESTS_FD ANSWERS_FD``
+(:mod:`.worker_child`), talking over two pipes in
+:class:`multiprocessing.connection.Connection` frames.
+
+The child imports the ``model.py`` (with corral's ``triton_python_backend_utils`` under
+Triton's name), runs ``auto_complete_config`` and ``initialize``, then answers one request
+at a time with the same checks and the same words as the in-process path
+(:class:`corral._compute.python.session._Instance`), and calls ``finalize`` when its
+requests pipe closes (an unload, or the server's death: the child never outlives it).
+
+Frames are pickles, both ways. The parent reads the child's with :class:`_AnswerUnpickler`,
+which builds nothing but numpy arrays and plain types: the child runs the repository's own
+code, which the server already trusts, but a crash half-way through a frame or a confused
+model must not make the parent build an arbitrary object. What it costs: each request's
+inputs and outputs are copied into a pickle, through the pipe and out again (a few tens of
+microseconds for small tensors, a copy per megabyte for large ones), against none
+in-process (``benchmarks/python_models.py --isolation``).
+
+BLS (``InferenceRequest.exec()``) from an isolated model answers an error naming the
+isolation: calls back into the server are not forwarded yet.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from corral._base import InferenceError, InvalidInput, ModelConfigError, ModelLoadError
+
+__all__ = [
+    "ANSWER_ERRORS",
+    "ISOLATION_PARAMETER",
+    "ISOLATION_VALUES",
+    "Worker",
+    "answer_error",
+    "isolation_of",
+]
+
+#: The config.pbtxt ``parameters`` key that chooses where a Python model's code runs.
+ISOLATION_PARAMETER = "corral_isolation"
+
+#: Its values: ``none`` (the default: in the server's process) or ``process``.
+ISOLATION_VALUES = ("none", "process")
+
+#: How long a child has to start, import the model.py and run ``initialize`` (a load's
+#: bound: a model whose ``initialize`` takes longer fails to load, naming the bound).
+LOAD_TIMEOUT_S = 120.0
+
+#: How long a child has to run ``finalize`` and exit once its pipe closes, before it is killed.
+EXIT_TIMEOUT_S = 10.0
+
+#: How often a thread waiting for an answer looks at whether the run was cancelled.
+_POLL_S = 0.05
+
+#: The error classes a child's answer may name; anything else is an InferenceError.
+ANSWER_ERRORS: dict[str, type[Exception]] = {
+    "InvalidInput": InvalidInput,
+    "InferenceError": InferenceError,
+    "ModelLoadError": ModelLoadError,
+    "ModelInvalid": ModelLoadError,
+}
+
+
+def isolation_of(parameters: Sequence[tuple[str, str]], label: str) -> str:
+    """The ``corral_isolation`` parameter's value among a config's ``parameters``.
+
+    Raises :class:`ModelConfigError` naming the parameter for a value not in
+    :data:`ISOLATION_VALUES`.
+    """
+    value = dict(parameters).get(ISOLATION_PARAMETER, "none").strip().lower()
+    if value not in ISOLATION_VALUES:
+        raise ModelConfigError(
+            f"model {label}: parameters[{ISOLATION_PARAMETER!r}] is {value!r}; it is one of "
+            f"{', '.join(ISOLATION_VALUES)} (process: the Python model runs in a worker "
+            "process of its own)"
+        )
+    return value
+
+
+class _AnswerUnpickler(pickle.Unpickler):
+    """Builds numpy arrays and plain types only (what a child's answer holds)."""
+
+    _ALLOWED = frozenset(
+        {
+            ("numpy", "ndarray"),
+            ("numpy", "dtype"),
+            ("numpy.core.multiarray", "_reconstruct"),
+            ("numpy._core.multiarray", "_reconstruct"),
+            ("numpy.core.numeric", "_frombuffer"),
+            ("numpy._core.numeric", "_frombuffer"),
+        }
+    )
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self._ALLOWED or (
+            (module == "numpy" and name.endswith("DType")) or module.startswith("numpy.dtypes")
+        ):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"a worker's answer may not hold {module}.{name}")
+
+
+def answer_error(exc: Exception) -> dict[str, Any]:
+    """A child's answer for an exception: its class if :data:`ANSWER_ERRORS` has it."""
+    name = type(exc).__name__
+    return {"error": name if name in ANSWER_ERRORS else "InferenceError", "message": str(exc)}
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "had not exited"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class Worker:
+    """The parent's handle on one child: its process and its two pipes.
+
+    One thread uses the pipes at a time: a PythonSession hands an instance to one run at a
+    time (its ``pool``/``exclusive`` policy), and :meth:`close` runs once the last run is over.
+    """
+
+    def __init__(self, label: str, setup: Mapping[str, Any]) -> None:
+        # Here, not at import: multiprocessing registers an atexit hook when imported.
+        from multiprocessing.connection import Connection
+
+        self.label = label
+        requests_read, requests_write = os.pipe()
+        answers_read, answers_write = os.pipe()
+        package_root = str(Path(__file__).resolve().parents[3])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            part for part in (package_root, env.get("PYTHONPATH")) if part
+        )
+        try:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "corral._compute.python.worker_child",
+                    str(requests_read),
+                    str(answers_write),
+                ],
+                pass_fds=(requests_read, answers_write),
+                stdin=subprocess.DEVNULL,
+                env=env,
+                close_fds=True,
+                # Out of the terminal's process group: a Ctrl-C stops the server, which then
+                # closes the pipe; should the server die first, the closed pipe ends the child.
+                start_new_session=True,
+            )
+        except BaseException:
+            for fd in (requests_read, requests_write, answers_read, answers_write):
+                os.close(fd)
+            raise
+        os.close(requests_read)
+        os.close(answers_write)
+        self._requests = Connection(requests_write, readable=False)
+        self._answers = Connection(answers_read, writable=False)
+        # Guards _closed: close() runs once, whichever thread calls it.
+        self._closed_lock = threading.Lock()
+        self._closed = False
+        try:
+            answer = self.ask(setup, time.monotonic() + LOAD_TIMEOUT_S, loading=True)
+        except BaseException:
+            self.close()
+            raise
+        #: The config after ``auto_complete_config``, as the child's model saw it.
+        self.config: dict[str, Any] = answer["config"]
+
+    @property
+    def alive(self) -> bool:
+        """Whether the child still runs."""
+        return self.process.poll() is None
+
+    def ask(
+        self,
+        message: Mapping[str, Any],
+        deadline: float | None,
+        *,
+        loading: bool = False,
+        cancelled: Any = None,
+    ) -> dict[str, Any]:
+        """Send one message and wait for its answer, until ``deadline`` (monotonic) or None.
+
+        ``cancelled`` (an object with ``terminate``, onnxruntime's RunOptions) stops the wait:
+        the child is killed. Raises the answer's error typed, or :class:`InferenceError`
+        (:class:`ModelLoadError` while ``loading``) naming the model and the child's exit.
+        """
+        failure: type[Exception] = ModelLoadError if loading else InferenceError
+        try:
+            self._requests.send_bytes(pickle.dumps(dict(message), protocol=5))
+            while not self._answers.poll(_POLL_S):
+                if cancelled is not None and getattr(cancelled, "terminate", False):
+                    self.kill()
+                    raise InferenceError(
+                        f"Python model {self.label!r}: its run was cancelled; its worker "
+                        f"process (pid {self.process.pid}) was stopped"
+                    )
+                if deadline is not None and time.monotonic() > deadline:
+                    self.kill()
+                    raise failure(
+                        f"Python model {self.label!r}: its worker process (pid "
+                        f"{self.process.pid}) gave no answer in time; it was stopped"
+                    )
+            frame = self._answers.recv_bytes()
+        except (EOFError, OSError) as exc:
+            code = self._reaped()
+            raise failure(
+                f"Python model {self.label!r}: its worker process (pid {self.process.pid}) "
+                f"{_exit_text(code)} while it "
+                f"{'loaded' if loading else 'ran a request'}; the next request starts a new one"
+            ) from exc
+        answer: dict[str, Any] = _AnswerUnpickler(io.BytesIO(frame)).load()
+        if "error" in answer:
+            kind = ANSWER_ERRORS.get(str(answer["error"]), failure)
+            raise kind(str(answer["message"]))
+        return answer
+
+    def _reaped(self) -> int | None:
+        try:  # its pipe ends as it exits: a moment later it can be reaped
+            return self.process.wait(timeout=EXIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.process.returncode
+
+    def kill(self) -> None:
+        """Stop the child now and reap it."""
+        self.process.kill()
+        self.process.wait()
+
+    def close(self) -> None:
+        """Close the pipes (the child runs ``finalize`` and exits), then reap it. Idempotent.
+
+        A child still running after :data:`EXIT_TIMEOUT_S` is killed.
+        """
+        with self._closed_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._requests.close()
+        self._answers.close()
+        try:
+            self.process.wait(timeout=EXIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.kill()

@@ -1,0 +1,201 @@
+"""Python models in a worker process of their own (``corral_isolation: process``).
+
+A crash in an isolated model's code costs only that model: its request in flight fails,
+typed and naming it, the next request starts a new child, and the other models of the Host
+(ONNX, and a Python model in the server's process) see no failure meanwhile.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import corral
+from corral import InferenceError, ModelConfigError
+from corral.testing import build_mlp
+from tests.helpers import ROOT, add_model
+
+pytestmark = pytest.mark.timeout(60)
+
+EXAMPLES = ROOT / "tests" / "testdata" / "triton_python"
+ISOLATED = '\nparameters { key: "corral_isolation" value: { string_value: "process" } }\n'
+A = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+B = np.array([0.5, -1.0, 2.0, 8.0], np.float32)
+X = np.ones((3, 4), np.float32)
+
+#: A model that answers its process id, and dies as its input asks: 0 answers, 1 exits
+#: at once (os._exit), 2 dies of SIGSEGV, 3 calls another model (BLS).
+FRAGILE_CONFIG = (
+    """
+name: "fragile"
+backend: "python"
+input [ { name: "HOW" data_type: TYPE_INT64 dims: [ 1 ] } ]
+output [ { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] } ]
+"""
+    + ISOLATED
+)
+FRAGILE = """
+import ctypes
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        how = int(pb_utils.get_input_tensor_by_name(requests[0], "HOW").as_numpy()[0])
+        if how == 1:
+            os._exit(7)
+        if how == 2:
+            ctypes.string_at(0)
+        if how == 3:
+            a = np.ones(4, np.float32)
+            answer = pb_utils.InferenceRequest(
+                model_name="add_sub",
+                requested_output_names=["OUTPUT0"],
+                inputs=[pb_utils.Tensor("INPUT0", a), pb_utils.Tensor("INPUT1", a)],
+            ).exec()
+            raise pb_utils.TritonModelException(answer.error().message())
+        pid = np.array([os.getpid()], np.int64)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("PID", pid)])]
+"""
+
+
+def _how(value: int) -> dict[str, np.ndarray]:
+    return {"HOW": np.array([value], np.int64)}
+
+
+@pytest.fixture
+def repository(tmp_path: Path) -> Path:
+    root = tmp_path / "models"
+    shutil.copytree(EXAMPLES / "add_sub", root / "add_sub")
+    add_model(root, "mlp", build_mlp(seed=3))
+    (root / "fragile" / "1").mkdir(parents=True)
+    (root / "fragile" / "1" / "model.py").write_text(FRAGILE)
+    (root / "fragile" / "config.pbtxt").write_text(FRAGILE_CONFIG)
+    return root
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_an_isolated_add_sub_answers_as_in_process_and_finalizes_in_its_child(
+    repository: Path, capfd: pytest.CaptureFixture[str]
+):
+    config = repository / "add_sub" / "config.pbtxt"
+    config.write_text(config.read_text() + ISOLATED)
+    with corral.Host(repository) as host:
+        out = host.infer("add_sub", {"INPUT0": A, "INPUT1": B})
+        np.testing.assert_array_equal(out["OUTPUT0"], A + B)
+        np.testing.assert_array_equal(out["OUTPUT1"], A - B)
+        with pytest.raises(corral.InvalidInput, match="INPUT0"):
+            host.infer("add_sub", {"INPUT0": np.ones(5, np.float32), "INPUT1": B})
+        assert "Cleaning up..." not in capfd.readouterr().err
+    # The child's print goes to the server's standard error, never into its frames.
+    assert "Cleaning up..." in capfd.readouterr().err
+
+
+def test_the_child_runs_apart_and_an_unload_reaps_it(repository: Path):
+    with corral.Host(repository) as host:
+        pid = int(host.infer("fragile", _how(0))["PID"][0])
+        assert pid != os.getpid()
+        assert _alive(pid)
+        host.unload("fragile", timeout=10)
+        assert not _alive(pid)
+
+
+@pytest.mark.parametrize(("how", "exit_text"), [(1, "exited with code 7"), (2, "SIGSEGV")])
+def test_a_crash_costs_only_the_crashed_model(repository: Path, how: int, exit_text: str):
+    failures: list[BaseException] = []
+    answered = {"mlp": 0, "add_sub": 0}
+    stop = threading.Event()
+
+    def hammer(name: str, feed: dict[str, np.ndarray]) -> None:
+        while not stop.is_set():
+            try:
+                host.infer(name, feed, timeout=10)
+                answered[name] += 1
+            except BaseException as exc:  # counted: the test asserts there are none
+                failures.append(exc)
+
+    with corral.Host(repository) as host:
+        first = int(host.infer("fragile", _how(0))["PID"][0])
+        host.infer("mlp", {"X": X})
+        host.infer("add_sub", {"INPUT0": A, "INPUT1": B})
+        threads = [
+            threading.Thread(target=hammer, args=("mlp", {"X": X})),
+            threading.Thread(target=hammer, args=("add_sub", {"INPUT0": A, "INPUT1": B})),
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            with pytest.raises(InferenceError, match=f"'fragile:1'.*{exit_text}"):
+                host.infer("fragile", _how(how), timeout=20)
+            # Loaded again (a new child) on the next request.
+            again = int(host.infer("fragile", _how(0), timeout=20)["PID"][0])
+            assert again != first
+            assert not _alive(first)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=20)
+        assert failures == []
+        assert answered["mlp"] > 0
+        assert answered["add_sub"] > 0
+
+
+def test_bls_from_an_isolated_model_is_refused_naming_the_isolation(repository: Path):
+    with (
+        corral.Host(repository) as host,
+        pytest.raises(InferenceError, match=r"worker process of its own.*corral_isolation"),
+    ):
+        host.infer("fragile", _how(3))
+
+
+def test_an_unknown_isolation_is_refused_naming_the_parameter(repository: Path):
+    config = repository / "fragile" / "config.pbtxt"
+    config.write_text(config.read_text().replace('"process"', '"thread"'))
+    with (
+        corral.Host(repository) as host,
+        pytest.raises(ModelConfigError, match=r"corral_isolation.*'thread'"),
+    ):
+        host.infer("fragile", _how(0))
+
+
+def test_the_child_ends_when_the_server_dies(repository: Path):
+    script = textwrap.dedent(
+        f"""
+        import os
+        import numpy as np
+        import corral
+
+        host = corral.Host({str(repository)!r})
+        out = host.infer("fragile", {{"HOW": np.array([0], np.int64)}})
+        print(int(out["PID"][0]), flush=True)
+        os._exit(0)  # no close: the child learns of it from its pipe
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    pid = int(done.stdout.split()[-1])
+    deadline = time.monotonic() + 15
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling another process's exit: nothing to wait on
+    assert not _alive(pid)
