@@ -146,7 +146,7 @@ class PythonSession(Session):
         concurrency = "exclusive" if instances == 1 else f"pool:{instances}"
         if isolation == "process":
             self._init_isolated(
-                model_path, config, model_name, version, repository, runtime, concurrency
+                model_path, config, model_name, version, repository, runtime, concurrency, caller
             )
             return
         self._setup: dict[str, Any] | None = None
@@ -171,6 +171,7 @@ class PythonSession(Session):
         repository: str,
         runtime: Runtime | None,
         concurrency: str,
+        caller: backend_utils.ModelCaller | None,
     ) -> None:
         """``isolation="process"``: the model.py is imported in each instance's child only."""
         label = f"{model_name}:{version}"
@@ -185,9 +186,9 @@ class PythonSession(Session):
         }
         # The first child completes the config (auto_complete_config), which the signature
         # needs before Session loads; it becomes instance 0.
-        self._first_worker = Worker(label, self._setup)
+        self._first_worker = Worker(label, self._setup, caller)
         try:
-            self._set_up(None, self._first_worker.config, model_name, version, repository, None)
+            self._set_up(None, self._first_worker.config, model_name, version, repository, caller)
             super().__init__(model_path, runtime=runtime, concurrency=concurrency, name=label)
         except BaseException:
             self._first_worker.close()
@@ -278,7 +279,11 @@ class PythonSession(Session):
                 self._first_worker = None
                 made.append(
                     _WorkerInstance(
-                        dict(setup, index=index), self.name, self._python_signature, worker
+                        dict(setup, index=index),
+                        self.name,
+                        self._python_signature,
+                        worker,
+                        self._caller,
                     )
                 )
         except BaseException:
@@ -308,15 +313,21 @@ class _WorkerInstance:
     """
 
     def __init__(
-        self, setup: Mapping[str, Any], label: str, signature: Signature, worker: Worker | None
+        self,
+        setup: Mapping[str, Any],
+        label: str,
+        signature: Signature,
+        worker: Worker | None,
+        caller: backend_utils.ModelCaller | None,
     ) -> None:
         self._setup = setup
+        self._caller = caller
         self._label = label
         self._signature = signature
         # Guards _worker (None: none runs; the next run starts one) and _closed.
         self._worker_lock = threading.Lock()
         self._closed = False
-        self._worker: Worker | None = worker if worker is not None else Worker(label, setup)
+        self._worker: Worker | None = worker if worker is not None else Worker(label, setup, caller)
 
     @property
     def pid(self) -> int | None:
@@ -344,7 +355,7 @@ class _WorkerInstance:
             worker = self._worker
         if worker is None:
             try:
-                worker = Worker(self._label, self._setup)
+                worker = Worker(self._label, self._setup, self._caller)
             except ModelLoadError as exc:
                 raise _logged(
                     self._label,

@@ -22,8 +22,9 @@ inputs and outputs are copied into a pickle, through the pipe and out again (a f
 microseconds for small tensors, a copy per megabyte for large ones), against none
 in-process (``benchmarks/python_models.py --isolation``).
 
-BLS (``InferenceRequest.exec()``) from an isolated model answers an error naming the
-isolation: calls back into the server are not forwarded yet.
+BLS (``InferenceRequest.exec()``) from an isolated model is forwarded: the child sends the
+call up its answers pipe, the parent runs it on the thread waiting for the request's answer
+(as the in-process path runs it on the model's) and sends the outputs, or the error, down.
 """
 
 from __future__ import annotations
@@ -38,9 +39,14 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from corral._base import InferenceError, InvalidInput, ModelConfigError, ModelLoadError
+
+if TYPE_CHECKING:
+    from corral._compute.python.backend_utils import ModelCaller
 
 __all__ = [
     "ANSWER_ERRORS",
@@ -114,10 +120,12 @@ class _AnswerUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"a worker's answer may not hold {module}.{name}")
 
 
-def answer_error(exc: Exception) -> dict[str, Any]:
-    """A child's answer for an exception: its class if :data:`ANSWER_ERRORS` has it."""
+def answer_error(exc: Exception, *, keep_name: bool = False) -> dict[str, Any]:
+    """An answer for an exception: its class if :data:`ANSWER_ERRORS` has it or ``keep_name``."""
     name = type(exc).__name__
-    return {"error": name if name in ANSWER_ERRORS else "InferenceError", "message": str(exc)}
+    if not keep_name and name not in ANSWER_ERRORS:
+        name = "InferenceError"
+    return {"error": name, "message": str(exc)}
 
 
 def _exit_text(code: int | None) -> str:
@@ -138,11 +146,14 @@ class Worker:
     time (its ``pool``/``exclusive`` policy), and :meth:`close` runs once the last run is over.
     """
 
-    def __init__(self, label: str, setup: Mapping[str, Any]) -> None:
+    def __init__(
+        self, label: str, setup: Mapping[str, Any], caller: ModelCaller | None = None
+    ) -> None:
         # Here, not at import: multiprocessing registers an atexit hook when imported.
         from multiprocessing.connection import Connection
 
         self.label = label
+        self._caller = caller
         requests_read, requests_write = os.pipe()
         answers_read, answers_write = os.pipe()
         package_root = str(Path(__file__).resolve().parents[3])
@@ -207,33 +218,58 @@ class Worker:
         """
         failure: type[Exception] = ModelLoadError if loading else InferenceError
         try:
-            self._requests.send_bytes(pickle.dumps(dict(message), protocol=5))
-            while not self._answers.poll(_POLL_S):
-                if cancelled is not None and getattr(cancelled, "terminate", False):
-                    self.kill()
-                    raise InferenceError(
-                        f"Python model {self.label!r}: its run was cancelled; its worker "
-                        f"process (pid {self.process.pid}) was stopped"
-                    )
-                if deadline is not None and time.monotonic() > deadline:
-                    self.kill()
-                    raise failure(
-                        f"Python model {self.label!r}: its worker process (pid "
-                        f"{self.process.pid}) gave no answer in time; it was stopped"
-                    )
-            frame = self._answers.recv_bytes()
+            self._send(message)
+            while True:
+                answer = self._next_answer(deadline, cancelled, failure)
+                if "call" not in answer:
+                    break
+                # A BLS call of the model's execute(): run here, its answer sent back.
+                self._send(self._forwarded(answer["call"]))
         except (EOFError, OSError) as exc:
             code = self._reaped()
             raise failure(
-                f"Python model {self.label!r}: its worker process (pid {self.process.pid}) "
+                f"Failed to process the request(s) for model {self.label!r}, message: Stub "
+                f"process is not healthy: its worker process (pid {self.process.pid}) "
                 f"{_exit_text(code)} while it "
                 f"{'loaded' if loading else 'ran a request'}; the next request starts a new one"
             ) from exc
-        answer: dict[str, Any] = _AnswerUnpickler(io.BytesIO(frame)).load()
         if "error" in answer:
             kind = ANSWER_ERRORS.get(str(answer["error"]), failure)
             raise kind(str(answer["message"]))
         return answer
+
+    def _send(self, message: Mapping[str, Any]) -> None:
+        self._requests.send_bytes(pickle.dumps(dict(message), protocol=5))
+
+    def _next_answer(
+        self, deadline: float | None, cancelled: Any, failure: type[Exception]
+    ) -> dict[str, Any]:
+        while not self._answers.poll(_POLL_S):
+            if cancelled is not None and getattr(cancelled, "terminate", False):
+                self.kill()
+                raise InferenceError(
+                    f"Python model {self.label!r}: its run was cancelled; its worker "
+                    f"process (pid {self.process.pid}) was stopped"
+                )
+            if deadline is not None and time.monotonic() > deadline:
+                self.kill()
+                raise failure(
+                    f"Python model {self.label!r}: its worker process (pid "
+                    f"{self.process.pid}) gave no answer in time; it was stopped"
+                )
+        answer: dict[str, Any] = _AnswerUnpickler(io.BytesIO(self._answers.recv_bytes())).load()
+        return answer
+
+    def _forwarded(self, call: Sequence[Any]) -> dict[str, Any]:
+        """The answer to a child's BLS call: the outputs, or the error exec() reports."""
+        model, version, feed, outputs = call
+        if self._caller is None:
+            return {"error": "InferenceError", "message": "this Host runs no BLS calls"}
+        try:
+            given = self._caller(str(model), int(version), dict(feed), tuple(outputs))
+        except Exception as exc:  # the model reads it from exec()'s response, as in-process
+            return answer_error(exc, keep_name=True)
+        return {"outputs": {str(name): np.asarray(value) for name, value in given.items()}}
 
     def _reaped(self) -> int | None:
         try:  # its pipe ends as it exits: a moment later it can be reaped

@@ -22,20 +22,28 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from corral._base import InferenceError
-from corral._compute.python.worker import ISOLATION_PARAMETER, answer_error
+from corral._compute.python.backend_utils import ModelCaller
+from corral._compute.python.worker import answer_error
 
 __all__ = ["main", "serve"]
 
 
-def _refused_bls(
-    model: str, version: int, inputs: dict[str, npt.NDArray[Any]], outputs: tuple[str, ...]
-) -> Mapping[str, Any]:
-    raise InferenceError(
-        f"InferenceRequest.exec() to model {model!r}: this model runs in a worker process "
-        f"of its own ({ISOLATION_PARAMETER}: process), from which corral forwards no BLS "
-        "call yet; run it in the server's process to call other models"
-    )
+def _forwarding(requests: Any, answers: Any) -> ModelCaller:
+    """The child's BLS caller: each call sent to the parent, which runs it and answers."""
+
+    def call(
+        model: str, version: int, inputs: dict[str, npt.NDArray[Any]], outputs: tuple[str, ...]
+    ) -> Mapping[str, Any]:
+        answers.send_bytes(pickle.dumps({"call": (model, version, inputs, outputs)}, protocol=5))
+        reply: dict[str, Any] = pickle.loads(requests.recv_bytes())
+        if "error" in reply:
+            # An exception of the parent's class name: exec() words its response's error
+            # as the in-process path does ("ModelNotFound: ...").
+            raise type(str(reply["error"]), (Exception,), {})(reply["message"])
+        given: dict[str, Any] = reply["outputs"]
+        return given
+
+    return call
 
 
 def serve(requests: Any, answers: Any) -> None:
@@ -46,7 +54,7 @@ def serve(requests: Any, answers: Any) -> None:
     setup = pickle.loads(requests.recv_bytes())
     label = f"{setup['model_name']}:{setup['version']}"
     try:
-        instance = python_session.load_instance(setup, _refused_bls)
+        instance = python_session.load_instance(setup, _forwarding(requests, answers))
     except Exception as exc:
         answers.send_bytes(pickle.dumps(answer_error(exc), protocol=5))
         return

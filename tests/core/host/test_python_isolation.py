@@ -33,7 +33,8 @@ B = np.array([0.5, -1.0, 2.0, 8.0], np.float32)
 X = np.ones((3, 4), np.float32)
 
 #: A model that answers its process id, and dies as its input asks: 0 answers, 1 exits
-#: at once (os._exit), 2 dies of SIGSEGV, 3 calls another model (BLS).
+#: at once (os._exit), 2 dies of SIGSEGV, 3 answers the sum of add_sub's OUTPUT0 for ones (BLS),
+#: 4 calls a model the Host does not have (BLS).
 FRAGILE_CONFIG = (
     """
 name: "fragile"
@@ -57,15 +58,18 @@ class TritonPythonModel:
             os._exit(7)
         if how == 2:
             ctypes.string_at(0)
-        if how == 3:
+        pid = np.array([os.getpid()], np.int64)
+        if how in (3, 4):
             a = np.ones(4, np.float32)
             answer = pb_utils.InferenceRequest(
-                model_name="add_sub",
+                model_name="add_sub" if how == 3 else "nope",
                 requested_output_names=["OUTPUT0"],
                 inputs=[pb_utils.Tensor("INPUT0", a), pb_utils.Tensor("INPUT1", a)],
             ).exec()
-            raise pb_utils.TritonModelException(answer.error().message())
-        pid = np.array([os.getpid()], np.int64)
+            if answer.has_error():
+                raise pb_utils.TritonModelException(answer.error().message())
+            total = pb_utils.get_output_tensor_by_name(answer, "OUTPUT0").as_numpy()
+            pid = np.array([int(total.sum())], np.int64)
         return [pb_utils.InferenceResponse([pb_utils.Tensor("PID", pid)])]
 """
 
@@ -158,12 +162,16 @@ def test_a_crash_costs_only_the_crashed_model(repository: Path, how: int, exit_t
         assert answered["add_sub"] > 0
 
 
-def test_bls_from_an_isolated_model_is_refused_naming_the_isolation(repository: Path):
-    with (
-        corral.Host(repository) as host,
-        pytest.raises(InferenceError, match=r"worker process of its own.*corral_isolation"),
-    ):
-        host.infer("fragile", _how(3))
+def test_bls_from_an_isolated_model_is_forwarded_to_the_host(repository: Path):
+    with corral.Host(repository) as host:
+        assert host.infer("fragile", _how(3))["PID"][0] == 8
+        # The call counts as add_sub's request, as an in-process model's does.
+        assert host.request_stats()[("add_sub", 1)].success_count == 1
+        # A failed call is the response's error, worded as in-process: the model raises it.
+        with pytest.raises(InferenceError, match=r"ModelNotFound: .*'nope'"):
+            host.infer("fragile", _how(4))
+        # The child still answers after it.
+        assert host.infer("fragile", _how(3))["PID"][0] == 8
 
 
 def test_an_unknown_isolation_is_refused_naming_the_parameter(repository: Path):
