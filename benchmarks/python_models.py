@@ -9,10 +9,14 @@ turn (so that other work on this shared machine falls on both alike):
 - ``infer``: ``Host.infer`` from one thread, which runs either model on the calling thread;
 - ``submit``: ``--threads`` threads each submitting and waiting, the queued path.
 
+With ``--isolation`` a third model, ``add_sub_isolated``, is the same add_sub with
+``corral_isolation: process`` (each instance in a worker process of its own): what isolation
+costs a request beside in-process, and what its first load costs (the child's start, printed).
+
 Every answer is checked against numpy. Figures are medians over rounds of the microseconds per
 request::
 
-    python benchmarks/python_models.py [--rounds 5] [--requests 2000] [--threads 4]
+    python benchmarks/python_models.py [--rounds 5] [--requests 2000] [--threads 4] [--isolation]
 """
 
 from __future__ import annotations
@@ -56,6 +60,10 @@ def add_sub_onnx() -> bytes:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model.SerializeToString()
+
+
+#: The config.pbtxt parameter that runs a Python model in a worker process of its own.
+ISOLATED = '\nparameters { key: "corral_isolation" value: { string_value: "process" } }\n'
 
 
 def check(out: dict[str, np.ndarray]) -> None:
@@ -102,26 +110,41 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument(
+        "--isolation", action="store_true", help="also add_sub in a worker process of its own"
+    )
     args = parser.parse_args()
+    names = ["add_sub", "add_sub_onnx"]
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         shutil.copytree(ROOT / "tests" / "testdata" / "triton_python" / "add_sub", root / "add_sub")
         (root / "add_sub_onnx" / "1").mkdir(parents=True)
         (root / "add_sub_onnx" / "1" / "model.onnx").write_bytes(add_sub_onnx())
+        if args.isolation:
+            isolated = root / "add_sub_isolated"
+            shutil.copytree(root / "add_sub", isolated)
+            config = isolated / "config.pbtxt"
+            text = config.read_text().replace('name: "add_sub"', 'name: "add_sub_isolated"')
+            config.write_text(text + ISOLATED)
+            names.insert(1, "add_sub_isolated")
         runs: dict[tuple[str, str], list[float]] = {}
         with corral.Host(root) as host:
+            for name in names:
+                start = time.perf_counter()
+                host.load(name, timeout=60)
+                print(f"load {name}: {(time.perf_counter() - start) * 1e3:.0f} ms")
             cases: dict[str, Callable[[str], float]] = {
                 "infer": lambda name: timed_infer(host, name, args.requests),
                 "submit": lambda name: timed_submit(host, name, args.requests, args.threads),
             }
             for _ in range(args.rounds):
                 for how, run in cases.items():
-                    for name in ("add_sub", "add_sub_onnx"):
+                    for name in names:
                         runs.setdefault((how, name), []).append(run(name))
-    print(f"{'path':8} {'model':14} {'us/request (median of rounds)':>30}  all rounds")
+    print(f"{'path':8} {'model':18} {'us/request (median of rounds)':>30}  all rounds")
     for (how, name), values in runs.items():
         shown = ", ".join(f"{v:.1f}" for v in values)
-        print(f"{how:8} {name:14} {statistics.median(values):30.1f}  {shown}")
+        print(f"{how:8} {name:18} {statistics.median(values):30.1f}  {shown}")
 
 
 if __name__ == "__main__":

@@ -122,6 +122,17 @@ def test_the_child_runs_apart_and_an_unload_reaps_it(repository: Path):
         assert not _alive(pid)
 
 
+def test_two_instances_answer_concurrent_requests_each_in_its_own_child(repository: Path):
+    config = repository / "fragile" / "config.pbtxt"
+    config.write_text(config.read_text() + "instance_group [ { count: 2 kind: KIND_CPU } ]\n")
+    with corral.Host(repository) as host:
+        host.load("fragile", timeout=30)
+        futures = [host.submit("fragile", _how(0)) for _ in range(40)]
+        pids = {int(future.result(timeout=30)["PID"][0]) for future in futures}
+    assert os.getpid() not in pids
+    assert 1 <= len(pids) <= 2
+
+
 @pytest.mark.parametrize(("how", "exit_text"), [(1, "exited with code 7"), (2, "SIGSEGV")])
 def test_a_crash_costs_only_the_crashed_model(repository: Path, how: int, exit_text: str):
     failures: list[BaseException] = []
