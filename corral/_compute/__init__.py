@@ -39,7 +39,6 @@ from corral._compute.process_runtime import (
     runtime,
 )
 from corral._compute.python.session import PythonSession, python_signature
-from corral._compute.python.worker import ISOLATION_PARAMETER, isolation_of
 from corral._compute.queue import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_QUEUE_LIMIT,
@@ -55,7 +54,6 @@ __all__ = [
     "DEFAULT_MAX_BATCH_SIZE",
     "DEFAULT_MODEL_LATENCY_HISTOGRAMS",
     "DEFAULT_QUEUE_LIMIT",
-    "ISOLATION_PARAMETER",
     "LOAD_FAILURE_REASONS",
     "REQUEST_FAILURE_REASONS",
     "REQUEST_SECONDS_BUCKETS",
@@ -82,7 +80,6 @@ __all__ = [
     "TimedRuns",
     "deadline_after",
     "inference_error",
-    "isolation_of",
     "lane_at_load",
     "load_failure_reason",
     "measure_lane",

@@ -58,7 +58,6 @@ from corral._compute import (
     Session,
     TimedRuns,
     deadline_after,
-    isolation_of,
     lane_at_load,
     plan_batching,
     python_signature,
@@ -85,6 +84,7 @@ from corral._models import (
     Repository,
     check_declared,
     declared_signature,
+    python_isolation,
     validate_model_name,
 )
 from corral._onnx import OptimizedModels, read_model_file
@@ -479,7 +479,7 @@ class Loader:
             raise UploadRefused(python_upload_refusal(name))
         label = f"{name}:{version}"
         path = entry.versions[version].path
-        isolation = isolation_of(config.parameters, label)
+        isolation = python_isolation(config.parameters, label)
         session = PythonSession(
             str(path),
             config=json.loads(config.triton_json),

@@ -23,7 +23,12 @@ from corral._models.pbtxt.declared import (
     declared_signature,
     triton_type,
 )
-from corral._models.pbtxt.parse import CONFIG_PBTXT, pbtxt_from_json
+from corral._models.pbtxt.parse import (
+    CONFIG_PBTXT,
+    ISOLATION_PARAMETER,
+    pbtxt_from_json,
+    python_isolation,
+)
 from corral._models.pbtxt.warmup import MAX_WARMUP_BYTES, warmup_bytes, warmup_feed
 from corral._models.repository import Repository, natural_key, validate_model_name
 from corral._models.store import is_store_url
@@ -31,6 +36,7 @@ from corral._models.store import is_store_url
 __all__ = [
     "BACKEND_PARAMETERS",
     "CONFIG_PBTXT",
+    "ISOLATION_PARAMETER",
     "MAX_WARMUP_BYTES",
     "BackendSetting",
     "BackendSettings",
@@ -50,6 +56,7 @@ __all__ = [
     "is_store_url",
     "natural_key",
     "pbtxt_from_json",
+    "python_isolation",
     "triton_type",
     "validate_model_name",
     "warmup_bytes",

@@ -1,9 +1,10 @@
 """A Triton Python model's instance in a worker process of its own (``corral_isolation``).
 
 Asked for per model with ``parameters { key: "corral_isolation" value: { string_value:
-"process" } }`` in its config.pbtxt (:data:`ISOLATION_PARAMETER`); the default runs the
-model in the server's process. Each instance is one child, as Triton's stub is (Triton
-always runs one stub process per instance; corral only where asked):
+"process" } }`` in its config.pbtxt (``corral._models``' ``ISOLATION_PARAMETER``, checked
+when the config is read); the default runs the model in the server's process. Each
+instance is one child, as Triton's stub is (Triton always runs one stub process per
+instance; corral only where asked):
 ``python -m corral._compute.python.worker_child REQUESTS_FD ANSWERS_FD``
 (:mod:`.worker_child`), talking over two pipes in
 :class:`multiprocessing.connection.Connection` frames.
@@ -43,25 +44,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from corral._base import InferenceError, InvalidInput, ModelConfigError, ModelLoadError
+from corral._base import InferenceError, InvalidInput, ModelLoadError
 
 if TYPE_CHECKING:
     from corral._compute.python.backend_utils import ModelCaller
 
 __all__ = [
     "ANSWER_ERRORS",
-    "ISOLATION_PARAMETER",
-    "ISOLATION_VALUES",
     "Worker",
     "answer_error",
-    "isolation_of",
 ]
-
-#: The config.pbtxt ``parameters`` key that chooses where a Python model's code runs.
-ISOLATION_PARAMETER = "corral_isolation"
-
-#: Its values: ``none`` (the default: in the server's process) or ``process``.
-ISOLATION_VALUES = ("none", "process")
 
 #: How long a child has to start, import the model.py and run ``initialize`` (a load's
 #: bound: a model whose ``initialize`` takes longer fails to load, naming the bound).
@@ -80,22 +72,6 @@ ANSWER_ERRORS: dict[str, type[Exception]] = {
     "ModelLoadError": ModelLoadError,
     "ModelInvalid": ModelLoadError,
 }
-
-
-def isolation_of(parameters: Sequence[tuple[str, str]], label: str) -> str:
-    """The ``corral_isolation`` parameter's value among a config's ``parameters``.
-
-    Raises :class:`ModelConfigError` naming the parameter for a value not in
-    :data:`ISOLATION_VALUES`.
-    """
-    value = dict(parameters).get(ISOLATION_PARAMETER, "none").strip().lower()
-    if value not in ISOLATION_VALUES:
-        raise ModelConfigError(
-            f"model {label}: parameters[{ISOLATION_PARAMETER!r}] is {value!r}; it is one of "
-            f"{', '.join(ISOLATION_VALUES)} (process: the Python model runs in a worker "
-            "process of its own)"
-        )
-    return value
 
 
 class _AnswerUnpickler(pickle.Unpickler):
@@ -257,7 +233,16 @@ class Worker:
                     f"Python model {self.label!r}: its worker process (pid "
                     f"{self.process.pid}) gave no answer in time; it was stopped"
                 )
-        answer: dict[str, Any] = _AnswerUnpickler(io.BytesIO(self._answers.recv_bytes())).load()
+        frame = self._answers.recv_bytes()
+        try:
+            answer: dict[str, Any] = _AnswerUnpickler(io.BytesIO(frame)).load()
+        except pickle.UnpicklingError as exc:
+            # The frame was read whole: the child waits for the next request, unharmed.
+            raise InferenceError(
+                f"Python model {self.label!r}: its answer holds what the server does not "
+                f"read back from a worker process ({exc}): outputs are numpy arrays of "
+                "numbers, booleans, bytes or strings"
+            ) from exc
         return answer
 
     def _forwarded(self, call: Sequence[Any]) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from corral._base import (
@@ -69,6 +69,8 @@ from corral._onnx import MAX_POOL_SIZE
 
 __all__ = [
     "CONFIG_PBTXT",
+    "ISOLATION_PARAMETER",
+    "ISOLATION_VALUES",
     "MEMORY_BYTES_PARAMETER",
     "ParsedConfigs",
     "parse_pbtxt",
@@ -79,6 +81,14 @@ __all__ = [
 #: ``memory_bytes``): ``parameters { key: "corral_memory_bytes" value { string_value:
 #: "64MiB" } }``. Triton ignores a parameter its backend does not read.
 MEMORY_BYTES_PARAMETER = "corral_memory_bytes"
+
+#: The ``parameters`` entry that chooses where a Python model's code runs:
+#: ``parameters { key: "corral_isolation" value { string_value: "process" } }`` runs each
+#: instance in a worker process of its own (``corral._compute.python.worker``).
+ISOLATION_PARAMETER = "corral_isolation"
+
+#: Its values: ``none`` (the default: in the server's process) or ``process``.
+ISOLATION_VALUES = ("none", "process")
 
 #: The file name Triton reads in a model folder.
 CONFIG_PBTXT = "config.pbtxt"
@@ -664,8 +674,32 @@ def _with_options(entry: ProviderEntry, added: tuple[tuple[str, str], ...]) -> P
 _PYTHON_ENVIRONMENT_PARAMETERS = ("EXECUTION_ENV_PATH", "PYTHON_BACKEND_VERSION")
 
 
+def python_isolation(parameters: Sequence[tuple[str, str]], label: str) -> str:
+    """The ``corral_isolation`` parameter's value among a config's ``parameters``.
+
+    One of :data:`ISOLATION_VALUES` (``none`` when absent). Raises
+    :class:`ModelConfigError` naming the parameter for any other value.
+    """
+    value = dict(parameters).get(ISOLATION_PARAMETER, "none").strip().lower()
+    if value not in ISOLATION_VALUES:
+        raise ModelConfigError(
+            f"model {label}: parameters[{ISOLATION_PARAMETER!r}] is {value!r}; it is one of "
+            f"{', '.join(ISOLATION_VALUES)} (process: a Python model's instances each run in "
+            "a worker process of their own)"
+        )
+    return value
+
+
 def _python_no_effect(message: Any, python: bool) -> tuple[str, ...]:
     """What a Python model's config sets that corral's in-process run does not act on."""
+    if ISOLATION_PARAMETER in message.parameters:
+        # Checked here, at read, for every model; it acts on Python models only.
+        pairs = [(ISOLATION_PARAMETER, message.parameters[ISOLATION_PARAMETER].string_value)]
+        if python_isolation(pairs, repr(message.name)) != "none" and not python:
+            return (
+                f"parameters[{ISOLATION_PARAMETER!r}]: only a Python model runs in a worker "
+                "process of its own",
+            )
     if not python:
         return ()
     named = [

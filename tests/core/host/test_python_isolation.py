@@ -185,6 +185,51 @@ def test_bls_from_an_isolated_model_is_forwarded_to_the_host(repository: Path):
         assert host.infer("fragile", _how(3))["PID"][0] == 8
 
 
+ODD_CONFIG = (
+    """
+name: "odd"
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT64 dims: [ 1 ] } ]
+output [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+    + ISOLATED
+)
+ODD = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class Odd:
+    pass
+
+class TritonPythonModel:
+    def execute(self, requests):
+        x = int(pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()[0])
+        text = np.array([Odd() if x else b"plain"], dtype=object)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("TEXT", text)])]
+"""
+
+
+def test_an_answer_holding_an_object_is_not_unpickled_by_the_server(repository: Path):
+    (repository / "odd" / "1").mkdir(parents=True)
+    (repository / "odd" / "1" / "model.py").write_text(ODD)
+    (repository / "odd" / "config.pbtxt").write_text(ODD_CONFIG)
+    with corral.Host(repository) as host:
+        with pytest.raises(InferenceError, match=r"'odd:1'.*may not hold .*\.Odd"):
+            host.infer("odd", {"X": np.array([1], np.int64)})
+        # The same child answers the next request.
+        assert host.infer("odd", {"X": np.array([0], np.int64)})["TEXT"][0] == b"plain"
+
+
+def test_isolation_asked_of_an_onnx_model_is_named_without_effect(
+    repository: Path, caplog: pytest.LogCaptureFixture
+):
+    (repository / "mlp" / "config.pbtxt").write_text('platform: "onnxruntime_onnx"' + ISOLATED)
+    with corral.Host(repository) as host:
+        assert host.infer("mlp", {"X": X})["Y"].shape == (3, 1)
+    named = [r.getMessage() for r in caplog.records if "without effect" in r.getMessage()]
+    assert any("corral_isolation" in message for message in named)
+
+
 def test_an_unknown_isolation_is_refused_naming_the_parameter(repository: Path):
     config = repository / "fragile" / "config.pbtxt"
     config.write_text(config.read_text().replace('"process"', '"thread"'))
