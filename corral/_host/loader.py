@@ -490,6 +490,7 @@ class Loader:
             runtime=self._runtime,
             caller=functools.partial(self._calls.call, name),
             isolation=isolation,
+            load_timeout_s=self._options.load_timeout_s,
         )
         try:
             changed = entry.versions[version].changed()

@@ -41,7 +41,7 @@ import numpy.typing as npt
 from corral._base import InferenceError, InvalidInput, ModelInvalid, ModelLoadError
 from corral._compute.process_runtime import Runtime
 from corral._compute.python import backend_utils
-from corral._compute.python.worker import Worker
+from corral._compute.python.worker import LOAD_TIMEOUT_S, Worker
 from corral._compute.session import Session
 from corral._onnx import ResolvedProviders, Signature, TensorSpec, ort
 
@@ -123,6 +123,9 @@ class PythonSession(Session):
     ``auto_complete_config``); ``model_name``, ``version`` and ``repository`` (the model's
     folder) fill the rest of Triton's ``args``. ``caller`` runs a BLS request on another
     model of the Host (:data:`backend_utils.ModelCaller`); None: ``exec()`` answers an error.
+    ``isolation="process"`` runs each instance in a child process of its own
+    (:mod:`.worker`), started within ``load_timeout_s`` (again after a crash, on the next
+    run); ``"none"`` (the default) imports the model.py here.
 
     Raises :class:`ModelInvalid` for a file without ``TritonPythonModel`` or a config without
     inputs and outputs, :class:`ModelLoadError` when the import, ``auto_complete_config`` or
@@ -141,9 +144,11 @@ class PythonSession(Session):
         runtime: Runtime | None = None,
         caller: backend_utils.ModelCaller | None = None,
         isolation: str = "none",
+        load_timeout_s: float = LOAD_TIMEOUT_S,
     ) -> None:
         label = f"{model_name}:{version}"
         concurrency = "exclusive" if instances == 1 else f"pool:{instances}"
+        self._load_timeout_s = load_timeout_s
         if isolation == "process":
             self._init_isolated(
                 model_path, config, model_name, version, repository, runtime, concurrency, caller
@@ -186,7 +191,7 @@ class PythonSession(Session):
         }
         # The first child completes the config (auto_complete_config), which the signature
         # needs before Session loads; it becomes instance 0.
-        self._first_worker = Worker(label, self._setup, caller)
+        self._first_worker = Worker(label, self._setup, caller, self._load_timeout_s)
         try:
             self._set_up(None, self._first_worker.config, model_name, version, repository, caller)
             super().__init__(model_path, runtime=runtime, concurrency=concurrency, name=label)
@@ -284,6 +289,7 @@ class PythonSession(Session):
                         self._python_signature,
                         worker,
                         self._caller,
+                        self._load_timeout_s,
                     )
                 )
         except BaseException:
@@ -319,15 +325,19 @@ class _WorkerInstance:
         signature: Signature,
         worker: Worker | None,
         caller: backend_utils.ModelCaller | None,
+        load_timeout_s: float,
     ) -> None:
         self._setup = setup
         self._caller = caller
+        self._load_timeout_s = load_timeout_s
         self._label = label
         self._signature = signature
         # Guards _worker (None: none runs; the next run starts one) and _closed.
         self._worker_lock = threading.Lock()
         self._closed = False
-        self._worker: Worker | None = worker if worker is not None else Worker(label, setup, caller)
+        if worker is None:
+            worker = Worker(label, setup, caller, load_timeout_s)
+        self._worker: Worker | None = worker
 
     @property
     def pid(self) -> int | None:
@@ -355,7 +365,7 @@ class _WorkerInstance:
             worker = self._worker
         if worker is None:
             try:
-                worker = Worker(self._label, self._setup, self._caller)
+                worker = Worker(self._label, self._setup, self._caller, self._load_timeout_s)
             except ModelLoadError as exc:
                 raise _logged(
                     self._label,

@@ -51,12 +51,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ANSWER_ERRORS",
+    "LOAD_TIMEOUT_S",
     "Worker",
     "answer_error",
 ]
 
-#: How long a child has to start, import the model.py and run ``initialize`` (a load's
-#: bound: a model whose ``initialize`` takes longer fails to load, naming the bound).
+#: How long a child has by default to start, import the model.py and run ``initialize``
+#: (the Host passes its ``load_timeout_s``): longer, and it is killed and the load fails.
 LOAD_TIMEOUT_S = 120.0
 
 #: How long a child has to run ``finalize`` and exit once its pipe closes, before it is killed.
@@ -123,13 +124,19 @@ class Worker:
     """
 
     def __init__(
-        self, label: str, setup: Mapping[str, Any], caller: ModelCaller | None = None
+        self,
+        label: str,
+        setup: Mapping[str, Any],
+        caller: ModelCaller | None = None,
+        load_timeout_s: float = LOAD_TIMEOUT_S,
     ) -> None:
         # Here, not at import: multiprocessing registers an atexit hook when imported.
         from multiprocessing.connection import Connection
 
         self.label = label
         self._caller = caller
+        #: The bound on a start: launch, import and ``initialize`` (a restart's too).
+        self.load_timeout_s = load_timeout_s
         requests_read, requests_write = os.pipe()
         answers_read, answers_write = os.pipe()
         package_root = str(Path(__file__).resolve().parents[3])
@@ -166,7 +173,7 @@ class Worker:
         self._closed_lock = threading.Lock()
         self._closed = False
         try:
-            answer = self.ask(setup, time.monotonic() + LOAD_TIMEOUT_S, loading=True)
+            answer = self.ask(setup, time.monotonic() + load_timeout_s, loading=True)
         except BaseException:
             self.close()
             raise

@@ -22,7 +22,7 @@ import pytest
 import corral
 from corral import InferenceError, ModelConfigError
 from corral.testing import build_mlp
-from tests.helpers import ROOT, add_model
+from tests.helpers import ROOT, add_model, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -238,6 +238,41 @@ def test_an_unknown_isolation_is_refused_naming_the_parameter(repository: Path):
         pytest.raises(ModelConfigError, match=r"corral_isolation.*'thread'"),
     ):
         host.infer("fragile", _how(0))
+
+
+def test_a_child_stuck_in_initialize_is_killed_at_the_load_timeout(
+    repository: Path, tmp_path: Path
+):
+    pid_file = tmp_path / "pid"
+    (repository / "stuck" / "1").mkdir(parents=True)
+    (repository / "stuck" / "1" / "model.py").write_text(
+        textwrap.dedent(
+            f"""
+            import os
+            import time
+
+            class TritonPythonModel:
+                def initialize(self, args):
+                    with open({str(pid_file)!r}, "w") as file:
+                        file.write(str(os.getpid()))
+                    time.sleep(60)
+
+                def execute(self, requests):
+                    return []
+            """
+        )
+    )
+    (repository / "stuck" / "config.pbtxt").write_text(
+        FRAGILE_CONFIG.replace('"fragile"', '"stuck"')
+    )
+    # Long enough for the child to start and reach initialize on a busy machine.
+    with corral.Host(repository, load_timeout_s=4) as host:
+        with pytest.raises(corral.ModelLoadError):
+            host.infer("stuck", _how(0), timeout=20)
+        pid = int(pid_file.read_text())
+        wait_until(lambda: not _alive(pid), timeout=15)
+        # The others are served meanwhile.
+        assert host.infer("mlp", {"X": X})["Y"].shape == (3, 1)
 
 
 def test_the_child_ends_when_the_server_dies(repository: Path):
