@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from corral._base import InferenceError, InvalidInput, ModelLoadError
+from corral._base import InferenceError, InvalidInput, ModelLoadError, RunCancelled
 
 if TYPE_CHECKING:
     from corral._compute.python.backend_utils import ModelCaller
@@ -230,8 +230,8 @@ class Worker:
         while not self._answers.poll(_POLL_S):
             if cancelled is not None and getattr(cancelled, "terminate", False):
                 self.kill()
-                raise InferenceError(
-                    f"Python model {self.label!r}: its run was cancelled; its worker "
+                raise RunCancelled(
+                    f"run of {self.label!r} was cancelled before it finished; its worker "
                     f"process (pid {self.process.pid}) was stopped"
                 )
             if deadline is not None and time.monotonic() > deadline:

@@ -9,6 +9,7 @@ events, never on sleeps.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
 import threading
@@ -21,7 +22,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from corral import InferenceError, InvalidInput, ModelInvalid, ModelLoadError, SessionState
+from corral import (
+    InferenceError,
+    InvalidInput,
+    ModelInvalid,
+    ModelLoadError,
+    RunCancelled,
+    SessionState,
+)
 from corral._compute import PythonSession, python_signature
 from corral._compute.python import backend_utils
 from tests.helpers import wait_until
@@ -374,3 +382,28 @@ def test_files_beside_model_py_are_imported_as_each_models_own(tmp_path: Path):
         np.testing.assert_array_equal(models[1].run({"X": X})["Y"], X * 3)
         assert "beside_model_py" not in sys.modules
     assert sys.path == path_before
+
+
+def test_a_cancelling_close_stops_an_isolated_run_and_its_child(tmp_path: Path):
+    pid_file = tmp_path / "pid"
+    source = f"""
+    import os
+    import time
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            with open({str(pid_file)!r}, "w") as file:
+                file.write(str(os.getpid()))
+            time.sleep(60)
+    """
+    model = session(tmp_path, source, isolation="process")
+    with ThreadPoolExecutor(1) as pool:
+        run = pool.submit(model.run, {"X": X})
+        wait_until(lambda: pid_file.exists() and pid_file.read_text() != "", timeout=20)
+        pid = int(pid_file.read_text())
+        assert pid != os.getpid()
+        model.close(cancel=True, timeout=10)
+        with pytest.raises(RunCancelled, match="'m:1'"):
+            run.result(timeout=10)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
