@@ -60,6 +60,22 @@ input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 """
 
+#: A Python model in a worker process of its own, which exits when INPUT0 starts negative.
+CRASHER = """
+import os
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        x = pb_utils.get_input_tensor_by_name(requests[0], "INPUT0").as_numpy()
+        if x[0] < 0:
+            os._exit(3)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)])]
+"""
+CRASHER_CONFIG = (
+    BROKEN_CONFIG + 'parameters { key: "corral_isolation" value: { string_value: "process" } }\n'
+)
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
@@ -71,6 +87,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     (root / "broken" / "1").mkdir(parents=True)
     (root / "broken" / "1" / "model.py").write_text(BROKEN)
     (root / "broken" / "config.pbtxt").write_text(BROKEN_CONFIG)
+    (root / "crasher" / "1").mkdir(parents=True)
+    (root / "crasher" / "1" / "model.py").write_text(CRASHER)
+    (root / "crasher" / "config.pbtxt").write_text(CRASHER_CONFIG)
     log = tmp_path_factory.mktemp("log") / "serve.log"
     served = start_server(root, log)
     yield served
@@ -113,6 +132,16 @@ def test_tritonclient_gets_add_subs_answers_and_the_onnx_models(server: ServerPr
             client.infer("broken", inputs[:1])
         assert raised.value.status() == ("500" if protocol == "http" else "StatusCode.INTERNAL")
         assert "Failed to process the request(s) for model 'broken:1'" in str(raised.value)
+        # An isolated model's crash: 500 / INTERNAL in Triton's words, then a new child.
+        np.testing.assert_array_equal(client.infer("crasher", inputs[:1]).as_numpy("OUTPUT0"), A)
+        down = client_module.InferInput("INPUT0", [4], "FP32")
+        down.set_data_from_numpy(-A)
+        with pytest.raises(Exception, match="Stub process is not healthy") as raised:
+            client.infer("crasher", [down])
+        assert raised.value.status() == ("500" if protocol == "http" else "StatusCode.INTERNAL")
+        assert "'crasher:1'" in str(raised.value)
+        assert "exited with code 3" in str(raised.value)
+        np.testing.assert_array_equal(client.infer("crasher", inputs[:1]).as_numpy("OUTPUT0"), A)
         # Triton's BLS example, calling add_sub by the name its MODEL_NAME input holds.
         name = client_module.InferInput("MODEL_NAME", [1], "BYTES")
         name.set_data_from_numpy(np.array(["add_sub"], dtype=np.object_))
