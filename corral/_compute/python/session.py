@@ -233,21 +233,6 @@ class PythonSession(Session):
         config: dict[str, Any] = json.loads(self._args["model_config"])
         return config
 
-    @property
-    def isolated(self) -> bool:
-        """Whether each instance runs in a worker process of its own (``corral_isolation``)."""
-        return self._setup is not None
-
-    @property
-    def worker_pids(self) -> tuple[int | None, ...]:
-        """The process id of each instance's child (None: none runs now); () in-process."""
-        with self._instances_lock:
-            return tuple(
-                instance.pid
-                for instance in self._instances
-                if isinstance(instance, _WorkerInstance)
-            )
-
     def _load(self, source: str | bytes, providers: ResolvedProviders) -> tuple[Any, ...]:
         if self._setup is not None:
             return self._load_isolated(self._setup)
@@ -338,13 +323,6 @@ class _WorkerInstance:
         if worker is None:
             worker = Worker(label, setup, caller, load_timeout_s)
         self._worker: Worker | None = worker
-
-    @property
-    def pid(self) -> int | None:
-        """The process id of its child, or None while none runs."""
-        with self._worker_lock:
-            worker = self._worker
-        return None if worker is None else worker.process.pid
 
     def get_inputs(self) -> list[_Tensor]:
         return _node_args(self._signature.inputs)
