@@ -349,8 +349,9 @@ class _WorkerInstance:
                     self._label,
                     InferenceError(f"Python model {self._label!r}: restarting its worker: {exc}"),
                 ) from exc
-            with self._worker_lock:
-                self._worker = worker
+            if not self._adopt(worker):  # closed while it started: never left running
+                worker.close()
+                raise InferenceError(f"Python model {self._label!r}: its instance was closed")
         request = {"names": list(names), "feed": {k: np.asarray(v) for k, v in feed.items()}}
         try:
             answer = worker.ask(request, None, cancelled=run_options)
@@ -363,6 +364,14 @@ class _WorkerInstance:
             raise
         outputs: list[npt.NDArray[Any]] = answer["outputs"]
         return outputs
+
+    def _adopt(self, worker: Worker) -> bool:
+        """Keep a newly started child, unless the instance was closed meanwhile."""
+        with self._worker_lock:
+            if self._closed:
+                return False
+            self._worker = worker
+            return True
 
     def close(self) -> None:
         """Stop its child (``finalize`` runs there). Idempotent."""
