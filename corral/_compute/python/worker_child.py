@@ -13,6 +13,7 @@ log stream, never into the frames.
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import sys
@@ -81,6 +82,13 @@ def main(argv: list[str] | None = None) -> int:
 
     requests_fd, answers_fd = (int(part) for part in (argv or sys.argv[1:]))
     os.dup2(2, 1)  # a model's print() goes to the server's log stream, never into the frames
+    # This process's edge: its log records (a model's pb_utils.Logger lines, failed runs)
+    # go to standard error, the server's, marked with the child's pid.
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s [worker %(process)d] %(name)s: %(message)s",
+    )
     serve(Connection(requests_fd, writable=False), Connection(answers_fd, readable=False))
     return 0
 

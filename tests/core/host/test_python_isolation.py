@@ -59,6 +59,7 @@ class TritonPythonModel:
         if how == 2:
             ctypes.string_at(0)
         pid = np.array([os.getpid()], np.int64)
+        pb_utils.Logger.log_info(f"fragile answers {how}")
         if how in (3, 4):
             a = np.ones(4, np.float32)
             answer = pb_utils.InferenceRequest(
@@ -113,11 +114,17 @@ def test_an_isolated_add_sub_answers_as_in_process_and_finalizes_in_its_child(
     assert "Cleaning up..." in capfd.readouterr().err
 
 
-def test_the_child_runs_apart_and_an_unload_reaps_it(repository: Path):
+def test_the_child_runs_apart_and_an_unload_reaps_it(
+    repository: Path, capfd: pytest.CaptureFixture[str]
+):
     with corral.Host(repository) as host:
         pid = int(host.infer("fragile", _how(0))["PID"][0])
         assert pid != os.getpid()
         assert _alive(pid)
+        # Its log records reach the server's standard error, marked with its pid (written
+        # and flushed before its answer was sent).
+        err = capfd.readouterr().err
+        assert f"[worker {pid}] corral.python_model: fragile answers 0" in err
         host.unload("fragile", timeout=10)
         assert not _alive(pid)
 
