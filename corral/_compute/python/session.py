@@ -17,7 +17,9 @@ an ONNX model, without a line of theirs changed. What differs is only:
 - the end (:meth:`PythonSession._released`): ``finalize`` of each instance, once the last
   run is over, on the thread that ended it.
 
-The code runs in this process, with the server's rights: :mod:`corral._host.loader` builds a
+With ``isolation="process"`` (config.pbtxt's ``corral_isolation``) each instance is a child
+process of its own (:mod:`.worker`), and this process never imports the file. Either way the
+code runs with the server's rights: :mod:`corral._host.loader` builds a
 PythonSession only from the repository's own files (an upload of one is refused unless the
 Host allows it).
 """
