@@ -21,18 +21,27 @@ import functools
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from corral._base import CorralError, InvalidInput, fresh
 from corral._compute import HostCounters, request_failure_reason
 from corral._host.ensemble import EnsemblePlan, EnsembleRun, count_step
-from corral._host.served import Outputs, ServedVersion
+from corral._host.served import HostLease, Outputs, ServedVersion
 from corral._host.table import ModelTable
 
-if TYPE_CHECKING:
-    from corral._host.loader import Loader
+__all__ = ["Loads", "ModelCalls"]
 
-__all__ = ["ModelCalls"]
+
+class Loads(Protocol):
+    """What a call asks of the Host's loads (:class:`corral._host.loader.Loader` is one)."""
+
+    def lease(self, name: str, version: int | str | None, timeout: float | None) -> HostLease:
+        """Hold the version ``name`` a call means, waiting up to ``timeout`` for its load."""
+        ...
+
+    def prepare(self, name: str, version: int | str | None) -> Future[ServedVersion]:
+        """The version a call means, loaded (or loading) on the load workers."""
+        ...
 
 
 class ModelCalls:
@@ -42,7 +51,7 @@ class ModelCalls:
     """
 
     def __init__(
-        self, loader: Loader, table: ModelTable, counters: HostCounters, load_timeout_s: float
+        self, loader: Loads, table: ModelTable, counters: HostCounters, load_timeout_s: float
     ) -> None:
         self._loader = loader
         self._table = table
