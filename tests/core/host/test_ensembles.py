@@ -416,3 +416,50 @@ def test_independent_steps_of_a_queued_request_run_at_once(
     # Each step saw the other inside its execute: they ran at once.
     np.testing.assert_array_equal(out["L"], A + 1)
     np.testing.assert_array_equal(out["R"], A + 1)
+
+
+FAILING = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        raise RuntimeError("the sum cannot be made")
+"""
+
+SELF_CALLER = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        answer = pb_utils.InferenceRequest(
+            model_name="itself",
+            requested_output_names=["DIFF"],
+            inputs=[pb_utils.get_input_tensor_by_name(requests[0], "A")],
+        ).exec()
+        raise pb_utils.TritonModelException(answer.error().message())
+"""
+
+
+def test_a_step_failing_on_the_callers_thread_is_raised_and_counted(repository: Path):
+    (repository / "add_sub" / "1" / "model.py").write_text(FAILING)
+    with corral.Host(repository) as host:
+        with pytest.raises(corral.InferenceError, match="the sum cannot be made"):
+            host.infer("mixed", {"A": A, "B": B})  # each step run here, under its lease
+        stats = host.request_stats()[("add_sub", 1)]
+        assert (stats.success_count, stats.fail_count) == (0, 1)
+        assert ("double", 1) not in host.request_stats()  # the step after it never ran
+
+
+def test_a_python_model_calling_itself_is_refused_by_name(repository: Path):
+    (repository / "itself" / "1").mkdir(parents=True)
+    (repository / "itself" / "1" / "model.py").write_text(SELF_CALLER)
+    (repository / "itself" / "config.pbtxt").write_text(
+        'backend: "python"\n'
+        'input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "DIFF" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+    )
+    with (
+        corral.Host(repository) as host,
+        pytest.raises(corral.InferenceError, match="a BLS request to itself is refused"),
+    ):
+        host.submit("itself", {"A": A}).result(timeout=30)
