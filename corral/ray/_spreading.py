@@ -32,10 +32,6 @@ class HotModels:
         # Each model's requests in flight. Only the ingress's event loop touches it.
         self._in_flight: dict[str, int] = {}
 
-    def in_flight(self, name: str) -> int:
-        """The model's requests in flight now."""
-        return self._in_flight.get(name, 0)
-
     async def send(
         self,
         name: str,

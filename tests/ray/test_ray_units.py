@@ -376,6 +376,8 @@ def test_a_replica_answers_routes_known_models_and_names_itself(
     replica: ModelReplica, fake_serve: FakeServe
 ):
     assert fake_serve.counts == [5]
+    # What Ray's autoscaling reads of it: nothing queued, no pressure without a budget.
+    assert replica.record_autoscaling_stats() == replica_signals(replica.host)
     answer = forward(replica, fake_serve, infer_call("tree"))
     assert answer.status == 200
     assert (b"corral-replica", b"replica-1") in answer.headers
@@ -852,6 +854,18 @@ def test_what_cannot_be_made_one_is_named():
     status, _, content = ingress_request(ingress, "POST", "/v2/repository/index")
     assert status == 503
     assert b"replica r1 answered with no JSON" in content, content
+
+    class Slow(DirectHandle):
+        def broadcast(self, method: str, call: HttpCall) -> SimpleNamespace:
+            async def results_async(timeout_s: float) -> list[HttpAnswer]:
+                raise TimeoutError("Timed out waiting for broadcast results.")
+
+            return SimpleNamespace(results_async=results_async)
+
+    slow = V2Ingress(Slow(answer), None, 1024)  # type: ignore[arg-type]
+    status, _, content = ingress_request(slow, "GET", "/metrics")
+    assert status == 503
+    assert b"did not all answer in 600 s" in content, content
 
 
 def test_a_hot_models_requests_are_spread_over_every_replica_and_come_back():
