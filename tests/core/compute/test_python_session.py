@@ -570,3 +570,52 @@ def test_an_isolated_child_whose_finalize_hangs_is_killed(
     assert model.state is SessionState.CLOSED
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_a_model_file_python_cannot_import_is_refused(tmp_path: Path):
+    path = Path(model_file(tmp_path, DOUBLE)).rename(tmp_path / "m" / "1" / "model.txt")
+    with pytest.raises(ModelInvalid, match="cannot be imported as Python"):
+        PythonSession(
+            str(path), config=CONFIG, model_name="m", version=1, repository=str(tmp_path / "m")
+        )
+
+
+def _worker_setup(tmp_path: Path) -> dict[str, Any]:
+    return {
+        "path": model_file(tmp_path, DOUBLE),
+        "config": CONFIG,
+        "model_name": "m",
+        "version": 1,
+        "repository": str(tmp_path / "m"),
+        "index": 0,
+    }
+
+
+def test_a_worker_closes_once_and_its_child_is_gone(tmp_path: Path):
+    from corral._compute.python.worker import Worker
+
+    worker = Worker("m:1", _worker_setup(tmp_path), None, 30)
+    assert worker.alive
+    assert worker.config["output"] == CONFIG["output"]
+    worker.close()
+    assert not worker.alive
+    worker.close()  # again: nothing to do, nothing raised
+    assert worker.process.returncode == 0
+
+
+def test_a_worker_that_cannot_start_leaves_no_pipe_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    import subprocess
+
+    from corral._compute.python.worker import Worker
+
+    def refuse(*args: Any, **keywords: Any) -> None:
+        raise OSError("no processes left")
+
+    setup = _worker_setup(tmp_path)
+    before = sorted(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    with pytest.raises(OSError, match="no processes left"):
+        Worker("m:1", setup, None, 30)
+    assert sorted(os.listdir("/proc/self/fd")) == before
