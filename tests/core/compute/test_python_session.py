@@ -619,3 +619,41 @@ def test_a_worker_that_cannot_start_leaves_no_pipe_open(
     with pytest.raises(OSError, match="no processes left"):
         Worker("m:1", setup, None, 30)
     assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_an_isolated_child_killed_by_an_unnamed_signal_fails_its_request_saying_so(
+    tmp_path: Path,
+):
+    source = """
+    import os
+    import signal
+    class TritonPythonModel:
+        def execute(self, requests):
+            os.kill(os.getpid(), signal.SIGRTMIN + 2)
+    """
+    with (
+        session(tmp_path, source, isolation="process") as model,
+        pytest.raises(InferenceError, match=r"was killed by signal \d+ while it ran a request"),
+    ):
+        model.run({"X": X})
+
+
+def test_an_isolated_child_that_hangs_up_without_exiting_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from corral._compute.python import worker
+
+    monkeypatch.setattr(worker, "EXIT_TIMEOUT_S", 0.5)
+    source = """
+    import os
+    import threading
+    class TritonPythonModel:
+        def execute(self, requests):
+            os.closerange(3, 4096)  # its pipes too: the parent reads an end of file
+            threading.Event().wait()
+    """
+    with (
+        session(tmp_path, source, isolation="process") as model,
+        pytest.raises(InferenceError, match="was killed by SIGKILL while it ran a request"),
+    ):
+        model.run({"X": X})
