@@ -102,3 +102,83 @@ def test_another_module_under_tritons_name_is_not_replaced(monkeypatch: pytest.M
     with pytest.raises(ImportError, match="already imported"):
         pb_utils.install()
     assert sys.modules[pb_utils.MODULE_NAME] is other
+
+
+def test_strings_and_unknown_numpy_types_map_to_tritons_numbers():
+    assert pb_utils.numpy_to_triton_type(np.str_) == 13
+    assert pb_utils.numpy_to_triton_type(np.bytes_) == 13
+    assert pb_utils.numpy_to_triton_type(np.complex64) is None
+
+
+def test_errors_and_exceptions_read_as_tritons_do():
+    error = pb_utils.TritonError("bad", pb_utils.TritonError.NOT_FOUND)
+    assert repr(error) == "TritonError('bad', code=2)"
+    assert pb_utils.TritonModelException("it broke").message() == "it broke"
+
+
+def test_a_tensor_goes_to_and_from_dlpack_and_shows_itself():
+    array = np.arange(3, dtype=np.int32)
+    tensor = pb_utils.Tensor("T", array)
+    back = np.from_dlpack(types.SimpleNamespace(__dlpack__=lambda **_: tensor.to_dlpack()))
+    np.testing.assert_array_equal(back, array)
+    assert repr(tensor) == "Tensor('T', int32[3])"
+    with pytest.raises(pb_utils.TritonModelException, match="takes an object with __dlpack__"):
+        pb_utils.Tensor.from_dlpack("T", [1, 2])
+
+
+def test_a_request_answers_what_it_was_built_with():
+    x = pb_utils.Tensor("X", np.zeros(1, np.float32))
+    request = pb_utils.InferenceRequest(
+        b"other",
+        ["Y"],
+        [x],
+        request_id="r1",
+        correlation_id=5,
+        flags=2,
+        timeout=1000,
+        parameters={"k": 1},
+    )
+    assert request.model_name() == "other"
+    assert request.request_id() == "r1"
+    assert request.correlation_id() == 5
+    assert request.flags() == 2
+    assert request.timeout() == 1000
+    assert json.loads(request.parameters()) == {"k": 1}
+    assert pb_utils.InferenceRequest("m", parameters='{"a": 2}').parameters() == '{"a": 2}'
+    assert not request.is_cancelled()
+    assert repr(request) == "InferenceRequest(model_name='other', inputs=[Tensor('X', float32[1])])"
+    with pytest.raises(pb_utils.TritonModelException, match="decoupled BLS"):
+        request.exec(decoupled=True)
+
+
+def test_a_response_finds_a_later_output_and_shows_itself():
+    a = pb_utils.Tensor("A", np.zeros(1, np.int8))
+    b = pb_utils.Tensor("B", np.ones(2, np.int8))
+    response = pb_utils.InferenceResponse([a, b])
+    assert pb_utils.get_output_tensor_by_name(response, "B") is b
+    assert pb_utils.get_output_tensor_by_name(response, "C") is None
+    assert repr(response) == (
+        "InferenceResponse([Tensor('A', int8[1]), Tensor('B', int8[2])], error=None)"
+    )
+
+
+def test_the_loggers_levels_reach_corrals_log(caplog: pytest.LogCaptureFixture):
+    with caplog.at_level(logging.DEBUG, logger="corral.python_model"):
+        pb_utils.Logger.log_warn("w")
+        pb_utils.Logger.log_error("e")
+        pb_utils.Logger.log_verbose("v")
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.WARNING, "w"),
+        (logging.ERROR, "e"),
+        (logging.DEBUG, "v"),
+    ]
+
+
+def test_the_auto_complete_config_refuses_another_scheduler_and_unknown_properties():
+    config = pb_utils.ModelConfig({"name": "m", "sequence_batching": {}})
+    with pytest.raises(ValueError, match="sets sequence_batching"):
+        config.set_dynamic_batching()
+    with pytest.raises(ValueError, match="properties other than"):
+        config.add_output({"name": "Y", "data_type": "TYPE_FP32", "dims": [1], "optional": True})
+    assert "dynamic_batching" not in config.as_dict()
+    assert "output" not in config.as_dict()

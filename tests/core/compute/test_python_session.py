@@ -407,3 +407,253 @@ def test_a_cancelling_close_stops_an_isolated_run_and_its_child(tmp_path: Path):
             run.result(timeout=10)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_a_config_with_an_unknown_data_type_is_refused_naming_it():
+    config = dict(CONFIG, output=[{"name": "Y", "data_type": "TYPE_NOPE", "dims": [2]}])
+    with pytest.raises(ModelInvalid, match="output 'Y' has data_type 'TYPE_NOPE'"):
+        python_signature(config, "m:1")
+
+
+def test_string_outputs_of_a_string_tensor_are_answered_as_objects(tmp_path: Path):
+    source = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array(["a", "bc"]))])]
+    """
+    config = dict(CONFIG, output=[{"name": "Y", "data_type": "TYPE_STRING", "dims": [2]}])
+    with session(tmp_path, source, config=config) as model:
+        y = model.run({"X": X})["Y"]
+    assert y.dtype == object
+    assert list(y) == ["a", "bc"]
+
+
+def test_a_model_class_without_execute_is_refused(tmp_path: Path):
+    with pytest.raises(ModelInvalid, match="has no execute"):
+        session(tmp_path, "class TritonPythonModel:\n    pass\n")
+
+
+def test_modules_a_model_imports_from_elsewhere_stay_imported(tmp_path: Path):
+    source = DOUBLE + "\nimport colorsys\n"
+    with session(tmp_path, source) as model:
+        np.testing.assert_array_equal(model.run({"X": X})["Y"], X * 2)
+        assert "colorsys" in sys.modules
+
+
+@pytest.mark.parametrize(
+    ("body", "expected", "problem"),
+    [
+        ("raise KeyError('dims')", ModelLoadError, "auto_complete_config raised KeyError"),
+        ("return None", ModelInvalid, "must return the ModelConfig it got, got NoneType"),
+    ],
+)
+def test_a_failing_auto_complete_config_fails_the_load(
+    tmp_path: Path, body: str, expected: type, problem: str
+):
+    source = f"""
+    class TritonPythonModel:
+        @staticmethod
+        def auto_complete_config(config):
+            {body}
+        def execute(self, requests):
+            return []
+    """
+    with pytest.raises(expected, match=problem):
+        session(tmp_path, source)
+
+
+def test_a_finalize_that_raises_is_logged_and_the_others_still_run(
+    tmp_path: Path, gate: types.SimpleNamespace, caplog: pytest.LogCaptureFixture
+):
+    source = """
+    import corral_test_gate as gate
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.name = args["model_instance_name"]
+        def execute(self, requests):
+            return []
+        def finalize(self):
+            gate.calls.append(self.name)
+            raise RuntimeError("cannot let go")
+    """
+    with caplog.at_level("ERROR"), session(tmp_path, source, instances=2):
+        pass
+    assert sorted(gate.calls) == ["m_0_0", "m_0_1"]
+    logged = [r for r in caplog.records if "finalize() raised" in r.getMessage()]
+    assert len(logged) == 2
+    assert "cannot let go" in logged[0].exc_text
+
+
+# A bug: PythonSession's isolated __init__ closes its first worker on failure, which _make
+# has already handed to instance 0 and set to None: an AttributeError hides the
+# ModelLoadError. Passes once session.py checks it for None before closing it.
+@pytest.mark.xfail(raises=AttributeError, strict=True, reason="first worker closed as None")
+def test_an_isolated_instance_failing_initialize_fails_the_load_and_finalizes_the_others(
+    tmp_path: Path,
+):
+    finalized = tmp_path / "finalized"
+    source = f"""
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.name = args["model_instance_name"]
+            if self.name.endswith("_1"):
+                raise RuntimeError("no GPU here")
+        def execute(self, requests):
+            return []
+        def finalize(self):
+            with open({str(finalized)!r}, "a") as file:
+                file.write(self.name)
+    """
+    with pytest.raises(ModelLoadError, match="initialize\\(\\) of instance 1 raised"):
+        session(tmp_path, source, instances=2, isolation="process")
+    assert finalized.read_text() == "m_0_0"
+
+
+def test_an_isolated_worker_that_cannot_restart_fails_the_next_request(tmp_path: Path):
+    crashed = tmp_path / "crashed"
+    source = f"""
+    import os
+    class TritonPythonModel:
+        def initialize(self, args):
+            if os.path.exists({str(crashed)!r}):
+                raise RuntimeError("the disk is gone")
+        def execute(self, requests):
+            open({str(crashed)!r}, "w").close()
+            os._exit(3)
+    """
+    with session(tmp_path, source, isolation="process") as model:
+        with pytest.raises(InferenceError, match="exited with code 3"):
+            model.run({"X": X})
+        with pytest.raises(InferenceError, match=r"restarting its worker: .*the disk is gone"):
+            model.run({"X": X})
+
+
+def test_bls_in_an_isolated_model_without_a_caller_answers_an_error(tmp_path: Path):
+    source = """
+    import triton_python_backend_utils as pb_utils
+    class TritonPythonModel:
+        def execute(self, requests):
+            answer = pb_utils.InferenceRequest("other", ["Y"], requests[0].inputs()).exec()
+            return [pb_utils.InferenceResponse([], error=answer.error())]
+    """
+    with (
+        session(tmp_path, source, isolation="process") as model,
+        pytest.raises(InferenceError, match="this Host runs no BLS calls"),
+    ):
+        model.run({"X": X})
+
+
+def test_an_isolated_child_whose_finalize_hangs_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from corral._compute.python import worker
+
+    monkeypatch.setattr(worker, "EXIT_TIMEOUT_S", 0.5)
+    pid_file = tmp_path / "pid"
+    source = f"""
+    import os
+    import threading
+    class TritonPythonModel:
+        def initialize(self, args):
+            with open({str(pid_file)!r}, "w") as file:
+                file.write(str(os.getpid()))
+        def execute(self, requests):
+            return []
+        def finalize(self):
+            threading.Event().wait()
+    """
+    model = session(tmp_path, source, isolation="process")
+    pid = int(pid_file.read_text())
+    model.close(timeout=20)
+    assert model.state is SessionState.CLOSED
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_a_model_file_python_cannot_import_is_refused(tmp_path: Path):
+    path = Path(model_file(tmp_path, DOUBLE)).rename(tmp_path / "m" / "1" / "model.txt")
+    with pytest.raises(ModelInvalid, match="cannot be imported as Python"):
+        PythonSession(
+            str(path), config=CONFIG, model_name="m", version=1, repository=str(tmp_path / "m")
+        )
+
+
+def _worker_setup(tmp_path: Path) -> dict[str, Any]:
+    return {
+        "path": model_file(tmp_path, DOUBLE),
+        "config": CONFIG,
+        "model_name": "m",
+        "version": 1,
+        "repository": str(tmp_path / "m"),
+        "index": 0,
+    }
+
+
+def test_a_worker_closes_once_and_its_child_is_gone(tmp_path: Path):
+    from corral._compute.python.worker import Worker
+
+    worker = Worker("m:1", _worker_setup(tmp_path), None, 30)
+    assert worker.alive
+    assert worker.config["output"] == CONFIG["output"]
+    worker.close()
+    assert not worker.alive
+    worker.close()  # again: nothing to do, nothing raised
+    assert worker.process.returncode == 0
+
+
+def test_a_worker_that_cannot_start_leaves_no_pipe_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    import subprocess
+
+    from corral._compute.python.worker import Worker
+
+    def refuse(*args: Any, **keywords: Any) -> None:
+        raise OSError("no processes left")
+
+    setup = _worker_setup(tmp_path)
+    before = sorted(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    with pytest.raises(OSError, match="no processes left"):
+        Worker("m:1", setup, None, 30)
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_an_isolated_child_killed_by_an_unnamed_signal_fails_its_request_saying_so(
+    tmp_path: Path,
+):
+    source = """
+    import os
+    import signal
+    class TritonPythonModel:
+        def execute(self, requests):
+            os.kill(os.getpid(), signal.SIGRTMIN + 2)
+    """
+    with (
+        session(tmp_path, source, isolation="process") as model,
+        pytest.raises(InferenceError, match=r"was killed by signal \d+ while it ran a request"),
+    ):
+        model.run({"X": X})
+
+
+def test_an_isolated_child_that_hangs_up_without_exiting_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from corral._compute.python import worker
+
+    monkeypatch.setattr(worker, "EXIT_TIMEOUT_S", 0.5)
+    source = """
+    import os
+    import threading
+    class TritonPythonModel:
+        def execute(self, requests):
+            os.closerange(3, 4096)  # its pipes too: the parent reads an end of file
+            threading.Event().wait()
+    """
+    with (
+        session(tmp_path, source, isolation="process") as model,
+        pytest.raises(InferenceError, match="was killed by SIGKILL while it ran a request"),
+    ):
+        model.run({"X": X})

@@ -305,3 +305,11 @@ def test_the_child_ends_when_the_server_dies(repository: Path):
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)  # polling another process's exit: nothing to wait on
     assert not _alive(pid)
+
+
+def test_a_childs_unexpected_error_is_answered_as_an_inference_error():
+    from corral._compute.python.worker import answer_error
+
+    assert answer_error(KeyError("k")) == {"error": "InferenceError", "message": "'k'"}
+    assert answer_error(KeyError("k"), keep_name=True)["error"] == "KeyError"
+    assert answer_error(corral.InvalidInput("x"))["error"] == "InvalidInput"
