@@ -191,7 +191,7 @@ class Tensor:
         if not hasattr(source, "__dlpack__"):
             raise TritonModelException(
                 f"tensor {name!r}: from_dlpack takes an object with __dlpack__ (numpy reads "
-                "no bare capsule), got {type(source).__name__}"
+                f"no bare capsule), got {type(source).__name__}"
             )
         return Tensor(name, np.from_dlpack(source))
 

@@ -198,7 +198,9 @@ class PythonSession(Session):
             self._set_up(None, self._first_worker.config, model_name, version, repository, caller)
             super().__init__(model_path, runtime=runtime, concurrency=concurrency, name=label)
         except BaseException:
-            self._first_worker.close()
+            # Handed to instance 0 (and set to None) once the Session built it: closed there.
+            if self._first_worker is not None:
+                self._first_worker.close()
             raise
 
     def _set_up(

@@ -489,7 +489,6 @@ def test_a_finalize_that_raises_is_logged_and_the_others_still_run(
 # A bug: PythonSession's isolated __init__ closes its first worker on failure, which _make
 # has already handed to instance 0 and set to None: an AttributeError hides the
 # ModelLoadError. Passes once session.py checks it for None before closing it.
-@pytest.mark.xfail(raises=AttributeError, strict=True, reason="first worker closed as None")
 def test_an_isolated_instance_failing_initialize_fails_the_load_and_finalizes_the_others(
     tmp_path: Path,
 ):
