@@ -38,7 +38,7 @@ from corral._compute.process_runtime import (
     RuntimeStats,
     runtime,
 )
-from corral._compute.python.session import PythonSession, python_signature
+from corral._compute.python.session import PythonSession, SignatureRunner, python_signature
 from corral._compute.queue import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_QUEUE_LIMIT,
@@ -77,6 +77,7 @@ __all__ = [
     "Scheduler",
     "Session",
     "SessionState",
+    "SignatureRunner",
     "TimedRuns",
     "deadline_after",
     "inference_error",

@@ -31,7 +31,13 @@ from typing import Any, NamedTuple
 import numpy.typing as npt
 
 from corral._base import CorralError, ModelInvalid, deliver, fresh
-from corral._compute import HostCounters, Runtime, Session, request_failure_reason
+from corral._compute import (
+    HostCounters,
+    Runtime,
+    Session,
+    SignatureRunner,
+    request_failure_reason,
+)
 from corral._models import ModelConfig
 from corral._onnx import ResolvedProviders, Signature, TensorSpec
 
@@ -349,46 +355,24 @@ def count_step(
         counters.count_request(key, elapsed, ok=False, reason=request_failure_reason(error))
 
 
-class _NodeArg(NamedTuple):
-    name: str
-    type: str
-    shape: list[int | None]
-
-
-class _EnsembleRunner:
+class _EnsembleRunner(SignatureRunner):
     """The ensemble as Session sees a model: a run on the caller's thread runs its steps."""
 
-    __slots__ = ("_run", "_signature")
+    __slots__ = ("_run",)
 
     def __init__(
         self,
         signature: Signature,
         run: Callable[[Mapping[str, Any], tuple[str, ...]], dict[str, Any]],
     ) -> None:
-        self._signature = signature
+        super().__init__(signature, "ensemble")
         self._run = run
-
-    def get_inputs(self) -> list[_NodeArg]:
-        return _node_args(self._signature.inputs)
-
-    def get_outputs(self) -> list[_NodeArg]:
-        return _node_args(self._signature.outputs)
-
-    def get_providers(self) -> list[str]:
-        return ["ensemble"]
 
     def run(
         self, names: Sequence[str], feed: Mapping[str, Any], run_options: object
     ) -> list[npt.NDArray[Any]]:
         outputs = self._run(feed, tuple(names))
         return [outputs[name] for name in names]
-
-
-def _node_args(specs: Sequence[TensorSpec]) -> list[_NodeArg]:
-    return [
-        _NodeArg(spec.name, spec.onnx_type, [d if isinstance(d, int) else None for d in spec.shape])
-        for spec in specs
-    ]
 
 
 class EnsembleSession(Session):

@@ -47,7 +47,13 @@ from corral._compute.python.worker import LOAD_TIMEOUT_S, Worker
 from corral._compute.session import Session
 from corral._onnx import ResolvedProviders, Signature, TensorSpec, ort
 
-__all__ = ["ChildInstance", "PythonSession", "load_instance", "python_signature"]
+__all__ = [
+    "ChildInstance",
+    "PythonSession",
+    "SignatureRunner",
+    "load_instance",
+    "python_signature",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +87,33 @@ class _Tensor(NamedTuple):
     name: str
     type: str
     shape: list[int | None]
+
+
+class SignatureRunner:
+    """A runner Session holds as it holds an onnxruntime session: a declared signature shown.
+
+    The base of every runner that is not onnxruntime's (a Python model's instance, an
+    ensemble): ``get_inputs``, ``get_outputs`` and ``get_providers`` as Session reads them
+    (``provider`` names what runs it); a subclass adds ``run``.
+    """
+
+    __slots__ = ("_provider", "_signature")
+
+    def __init__(self, signature: Signature, provider: str) -> None:
+        self._signature = signature
+        self._provider = provider
+
+    def get_inputs(self) -> list[_Tensor]:
+        """The inputs, as onnxruntime's ``InferenceSession.get_inputs`` gives them."""
+        return _node_args(self._signature.inputs)
+
+    def get_outputs(self) -> list[_Tensor]:
+        """The outputs, as onnxruntime's ``InferenceSession.get_outputs`` gives them."""
+        return _node_args(self._signature.outputs)
+
+    def get_providers(self) -> list[str]:
+        """What runs it, in the place of onnxruntime's execution providers."""
+        return [self._provider]
 
 
 def python_signature(
@@ -301,7 +334,7 @@ class PythonSession(Session):
         sys.modules.pop(self._module_name, None)
 
 
-class _WorkerInstance:
+class _WorkerInstance(SignatureRunner):
     """One instance of an isolated Python model: a child process, started again after a crash.
 
     Shown to Session as an onnxruntime session is; one run at a time (the policy's).
@@ -316,26 +349,17 @@ class _WorkerInstance:
         caller: backend_utils.ModelCaller | None,
         load_timeout_s: float,
     ) -> None:
+        super().__init__(signature, "python")
         self._setup = setup
         self._caller = caller
         self._load_timeout_s = load_timeout_s
         self._label = label
-        self._signature = signature
         # Guards _worker (None: none runs; the next run starts one) and _closed.
         self._worker_lock = threading.Lock()
         self._closed = False
         if worker is None:
             worker = Worker(label, setup, caller, load_timeout_s)
         self._worker: Worker | None = worker
-
-    def get_inputs(self) -> list[_Tensor]:
-        return _node_args(self._signature.inputs)
-
-    def get_outputs(self) -> list[_Tensor]:
-        return _node_args(self._signature.outputs)
-
-    def get_providers(self) -> list[str]:
-        return ["python"]
 
     def run(
         self, names: Sequence[str], feed: Mapping[str, Any], run_options: object
@@ -438,10 +462,10 @@ def load_instance(setup: Mapping[str, Any], caller: backend_utils.ModelCaller) -
     return ChildInstance(model, _Instance(model, label, signature, caller), completed)
 
 
-class _Instance:
+class _Instance(SignatureRunner):
     """One instance of a Python model, shown to Session as an onnxruntime session is."""
 
-    __slots__ = ("_caller", "_label", "_model", "_signature")
+    __slots__ = ("_caller", "_label", "_model")
 
     def __init__(
         self,
@@ -450,19 +474,10 @@ class _Instance:
         signature: Signature,
         caller: backend_utils.ModelCaller | None,
     ) -> None:
+        super().__init__(signature, "python")
         self._model = model
         self._label = label
-        self._signature = signature
         self._caller = caller
-
-    def get_inputs(self) -> list[_Tensor]:
-        return _node_args(self._signature.inputs)
-
-    def get_outputs(self) -> list[_Tensor]:
-        return _node_args(self._signature.outputs)
-
-    def get_providers(self) -> list[str]:
-        return ["python"]
 
     def run(
         self, names: Sequence[str], feed: Mapping[str, Any], run_options: object
