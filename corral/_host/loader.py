@@ -75,7 +75,7 @@ from corral._host.ensemble import (
 from corral._host.lane_measuring import LaneMeasurer
 from corral._host.model_calls import ModelCalls
 from corral._host.options import HostOptions
-from corral._host.served import HostLease, Outputs, ServedVersion
+from corral._host.served import HostLease, Outputs, RequestStarter, ServedVersion
 from corral._host.table import Key, Lead, ModelTable
 from corral._host.warmup import check_warmup_room, run_warmups
 from corral._models import (
@@ -446,20 +446,8 @@ class Loader:
                 seen_s=timed.fastest_s,
             )
             window = (config.batch_window_us or 0) if plan.max_rows else 0
-            return ServedVersion(
-                name,
-                version,
-                session,
-                runtime=self._runtime,
-                size_bytes=size_bytes,
-                fingerprint=entry.version_fingerprint(version),
-                charge=estimate.charge,
-                batching=plan,
-                batch_window_us=window,
-                queue_limit=config.max_queue_size or self._options.max_queue_per_model,
-                counters=self._counters.run_counters((name, version)),
-                config=config,
-                inline=lane,
+            return self._served(
+                name, entry, version, session, estimate, config, plan, lane, window, size_bytes
             )
         except BaseException:
             session.close()
@@ -506,21 +494,9 @@ class Loader:
                 config = dataclasses.replace(config, max_batch_size=completed)
             reason = "not batched: a Python model's execute() gets one request at a time"
             logger.info("corral: %s version %s %s", name, version, reason)
-            return ServedVersion(
-                name,
-                version,
-                session,
-                runtime=self._runtime,
-                size_bytes=estimate.size_bytes,
-                fingerprint=entry.version_fingerprint(version),
-                charge=estimate.charge,
-                batching=BatchPlan(0, reason),
-                batch_window_us=0,
-                queue_limit=config.max_queue_size or self._options.max_queue_per_model,
-                counters=self._counters.run_counters((name, version)),
-                config=config,
-                inline=InlineLane(label, LaneState.OFF, "a Python model runs on the workers"),
-            )
+            lane = InlineLane(label, LaneState.OFF, "a Python model runs on the workers")
+            batching = BatchPlan(0, reason)
+            return self._served(name, entry, version, session, estimate, config, batching, lane)
         except BaseException:
             session.close()
             raise
@@ -546,21 +522,52 @@ class Loader:
             runtime=self._runtime,
         )
         reason = "not batched: each step is batched on its own model's queue"
+        lane = InlineLane(label, LaneState.OFF, "an ensemble runs its steps' models")
+        return self._served(
+            name,
+            entry,
+            version,
+            session,
+            estimate,
+            config,
+            BatchPlan(0, reason),
+            lane,
+            starter=functools.partial(self._calls.start_ensemble, plan),
+        )
+
+    def _served(
+        self,
+        name: str,
+        entry: ModelEntry,
+        version: int,
+        session: Session,
+        estimate: Estimate,
+        config: ModelConfig,
+        batching: BatchPlan,
+        lane: InlineLane,
+        batch_window_us: int = 0,
+        size_bytes: int | None = None,
+        starter: RequestStarter | None = None,
+    ) -> ServedVersion:
+        """The version built, as the table keeps it: what every kind of build gives alike.
+
+        ``size_bytes``: the estimate's unless the build measured it.
+        """
         return ServedVersion(
             name,
             version,
             session,
             runtime=self._runtime,
-            size_bytes=estimate.size_bytes,
+            size_bytes=estimate.size_bytes if size_bytes is None else size_bytes,
             fingerprint=entry.version_fingerprint(version),
             charge=estimate.charge,
-            batching=BatchPlan(0, reason),
-            batch_window_us=0,
+            batching=batching,
+            batch_window_us=batch_window_us,
             queue_limit=config.max_queue_size or self._options.max_queue_per_model,
             counters=self._counters.run_counters((name, version)),
             config=config,
-            inline=InlineLane(label, LaneState.OFF, "an ensemble runs its steps' models"),
-            starter=functools.partial(self._calls.start_ensemble, plan),
+            inline=lane,
+            starter=starter,
         )
 
     def _describe_step(self, name: str, version: int | None) -> StepTensors:
