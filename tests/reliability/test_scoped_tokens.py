@@ -36,7 +36,11 @@ from corral.testing import build_mlp
 from tests.helpers import add_model
 from tests.processes import ServerProcess, start_server, stop_server
 
-pytestmark = pytest.mark.timeout(120)
+# tritonclient's HTTP client is gevent-based: collected on another thread, it fails there.
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.usefixtures("garbage_collected_on_the_main_thread"),
+]
 
 INFER_A, INFER_B, ADMIN, STATS = "infer-4f1c", "infer-9e2d", "admin-77aa", "stats-5b0e"
 EVERY_TOKEN = (INFER_A, INFER_B, ADMIN, STATS)

@@ -31,7 +31,11 @@ from corral.testing import build_linear
 from tests.helpers import add_model
 from tests.processes import ServerProcess, start_server, stop_server
 
-pytestmark = pytest.mark.timeout(120)
+# tritonclient's HTTP client is gevent-based: collected on another thread, it fails there.
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.usefixtures("garbage_collected_on_the_main_thread"),
+]
 
 WORDS = np.array([b"corral", b"Onnx", b"", "\u00e9t\u00e9".encode()], dtype=np.object_)
 # StringUpper changes ASCII letters only; the other bytes of UTF-8 text pass through.

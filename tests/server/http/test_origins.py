@@ -30,7 +30,11 @@ from corral.server.observe.metrics import Metrics
 from corral.server.settings import ServerSettings
 from tests.processes import ServerProcess, start_server, stop_server
 
-pytestmark = pytest.mark.timeout(60)
+# tritonclient's HTTP client is gevent-based: collected on another thread, it fails there.
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.usefixtures("garbage_collected_on_the_main_thread"),
+]
 
 X = np.random.default_rng(5).standard_normal((2, 4)).astype(np.float32)
 BODY = orjson.dumps(
