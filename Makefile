@@ -129,11 +129,12 @@ typecheck: $(STAMP)
 # native edge, its Python side (server/native/, which needs it) is left out of the floor. The runs are
 # spread over the cores by pytest-xdist (PYTEST_WORKERS), a test file to a worker; the tests
 # that measure time against the machine's capacity (marked serial) run alone after them.
+# Each pass prints its 25 slowest tests: what to look at when make test nears its 20 minutes.
 EDGE_TESTS := tests/server tests/reliability/test_connections.py \
 	tests/reliability/test_grpc_connections.py tests/reliability/test_body_edges.py \
 	tests/reliability/test_bodies.py tests/reliability/test_security.py
 PYTEST_WORKERS ?= auto
-PYTEST := $(BIN)/python -m pytest -m "not soak and not serial" -n $(PYTEST_WORKERS) --dist loadfile
+PYTEST := $(BIN)/python -m pytest -m "not soak and not serial" -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 
 test: lint typecheck tools edge edge-check
 	$(PYTEST) --cov=corral --cov-report=

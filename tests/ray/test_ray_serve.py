@@ -157,16 +157,16 @@ def shut_down(process: subprocess.Popen[bytes]) -> tuple[int, bool]:
     return code, survivors
 
 
-def served_by_replica(page: str) -> dict[str, str]:
-    """Each model that answered, and the replica that did, from the deployment's /metrics."""
+def served_by_replicas(page: str) -> dict[str, set[str]]:
+    """Each model that answered, and the replicas that did, from the deployment's /metrics."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    served = {}
+    served: dict[str, set[str]] = collections.defaultdict(set)
     for family in text_string_to_metric_families(page):
         if family.name == "nv_inference_request_success":
             for sample in family.samples:
                 if sample.value > 0:
-                    served[sample.labels["model"]] = sample.labels["replica"]
+                    served[sample.labels["model"]].add(sample.labels["replica"])
     return served
 
 
@@ -259,8 +259,9 @@ def test_two_replicas_serve_every_model_through_the_v2_ingress(tmp_path: Path, m
         with httpx.Client(base_url=f"http://{url}", timeout=60) as http:
             page = http.get("/metrics")
             assert page.status_code == 200, page.text
-            served_by = served_by_replica(page.text)
+            served_by = served_by_replicas(page.text)
             slow_stats = http.get("/v2/models/slow/stats").json()["model_stats"]
+            every_stats = http.get("/v2/models/stats").json()["model_stats"]
             status = http.get("/v2/corral/status").json()
         control = httpclient.InferenceServerClient(url, connection_timeout=60, network_timeout=60)
         try:
@@ -283,17 +284,27 @@ def test_two_replicas_serve_every_model_through_the_v2_ingress(tmp_path: Path, m
     )
     assert hot_statuses == [200] * 32, collections.Counter(hot_statuses)
     assert [row["inference_count"] for row in slow_stats] == [32], slow_stats
+    # Every model's requests, counted whichever replica served them: Ray routes a model to
+    # the other replica after the budget evicts it there, and a replica's own statistics then
+    # hold only its part (the flake issue 33 and 50 name, when the test asked one replica).
+    sent = {name: ROUNDS + (name in names[:4]) for name in names} | {"slow": 32}
+    counted = {row["name"]: row["inference_count"] for row in every_stats if row["name"] in sent}
+    assert counted == sent, {n: (counted.get(n), s) for n, s in sent.items() if counted.get(n) != s}
     assert len(status["replicas"]) == REPLICAS, status
     assert set(index) == {*names, "slow", "mlp"}, sorted(index)
     assert index["slow"]["state"] == "READY", index["slow"]
     assert (unloaded_ready, reloaded_ready) == (False, True)
     assert len(hot_replicas) == REPLICAS, f"the hot model stayed on {hot_replicas}"
     requests = models * ROUNDS
-    split = collections.Counter(tag for name, tag in served_by.items() if name != "slow")
+    split = collections.Counter(
+        tag for name, tags in served_by.items() if name != "slow" for tag in tags
+    )
+    # Models both replicas answered for (Ray routed them anew after an eviction).
+    moved = sorted(name for name, tags in served_by.items() if name != "slow" and len(tags) > 1)
     print(
         f"ray: {requests} requests over {models} models, {len(failures)} failed, "
         f"{requests / elapsed:.0f} req/s with {CALLERS} in flight; "
-        f"models per replica {sorted(split.values())}; "
+        f"models per replica {sorted(split.values())}, {len(moved)} served by both; "
         f"listening on {sorted({ip for _, ip in addresses})}; "
         f"tritonclient.grpc at {grpc_at}: live, ready, metadata, config, infer on 4 models"
     )
