@@ -1,12 +1,14 @@
 """Leaves of the core, which import nothing of corral.
 
 The exception tree, option declarations, events, problems, histograms, trace hooks, delivery
-onto an event loop, the load workers, the interpreter's description.
+onto an event loop, the load workers, child processes on two pipes, the interpreter's
+description.
 
 This is the folder's face: the layers above import these names from here, never a module
 inside it (tests/test_layers.py).
 """
 
+from corral._base.children import PipedChild, start_piped_child
 from corral._base.declare import ENV_PREFIX, Declared, declared, given_by, option
 from corral._base.delivery import Receiver, deliver
 from corral._base.errors import (
@@ -80,6 +82,7 @@ __all__ = [
     "ModelTooLarge",
     "Overloaded",
     "Periodic",
+    "PipedChild",
     "Problem",
     "ProblemKind",
     "ProviderUnavailable",
@@ -103,4 +106,5 @@ __all__ = [
     "install_hint",
     "option",
     "parse_bytes",
+    "start_piped_child",
 ]

@@ -42,16 +42,16 @@ import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from corral._base import start_piped_child
 from corral._compute import RuntimeOptions, SessionState
 from corral._host.memory_watch import LOAD_PEAK_FACTOR
 from corral._host.served import ServedVersion
 from corral._models import ModelVersion
 
 if TYPE_CHECKING:
-    from multiprocessing.connection import Connection
+    pass
 
 __all__ = [
     "CHARGE_TIMEOUT_S",
@@ -159,38 +159,10 @@ class _Child:
     """One measuring child process and the two pipes to it."""
 
     def __init__(self, command: Sequence[str], runtime: RuntimeOptions) -> None:
-        # Here, not at import: multiprocessing registers an atexit hook when imported.
-        from multiprocessing.connection import Connection
-
-        jobs_read, jobs_write = os.pipe()
-        answers_read, answers_write = os.pipe()
-        package_root = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            part for part in (package_root, env.get("PYTHONPATH")) if part
-        )
-        try:
-            self.process = subprocess.Popen(
-                [*command, str(jobs_read), str(answers_write)],
-                pass_fds=(jobs_read, answers_write),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                env=env,
-                close_fds=True,
-                # Out of the terminal's process group: a Ctrl-C stops the server, which then
-                # stops its child, rather than failing the measure under way. Should the
-                # server die first, the child's next read of its jobs pipe ends it.
-                start_new_session=True,
-            )
-        except BaseException:
-            for fd in (jobs_read, jobs_write, answers_read, answers_write):
-                os.close(fd)
-            raise
-        os.close(jobs_read)
-        os.close(answers_write)
-        self.jobs: Connection = Connection(jobs_write, readable=False)
-        self.answers: Connection = Connection(answers_read, writable=False)
+        child = start_piped_child(command, quiet=True)
+        self.process = child.process
+        self.jobs = child.send
+        self.answers = child.receive
         self.jobs.send_bytes(json.dumps({"runtime": dataclasses.asdict(runtime)}).encode())
 
     def ask(self, job: dict[str, Any], timeout: float) -> dict[str, Any]:

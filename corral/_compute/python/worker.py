@@ -31,7 +31,6 @@ call up its answers pipe, the parent runs it on the thread waiting for the reque
 from __future__ import annotations
 
 import io
-import os
 import pickle
 import signal
 import subprocess
@@ -39,12 +38,17 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from corral._base import InferenceError, InvalidInput, ModelLoadError, RunCancelled
+from corral._base import (
+    InferenceError,
+    InvalidInput,
+    ModelLoadError,
+    RunCancelled,
+    start_piped_child,
+)
 
 if TYPE_CHECKING:
     from corral._compute.python.backend_utils import ModelCaller
@@ -130,45 +134,15 @@ class Worker:
         caller: ModelCaller | None = None,
         load_timeout_s: float = LOAD_TIMEOUT_S,
     ) -> None:
-        # Here, not at import: multiprocessing registers an atexit hook when imported.
-        from multiprocessing.connection import Connection
-
         self.label = label
         self._caller = caller
         #: The bound on a start: launch, import and ``initialize`` (a restart's too).
         self.load_timeout_s = load_timeout_s
-        requests_read, requests_write = os.pipe()
-        answers_read, answers_write = os.pipe()
-        package_root = str(Path(__file__).resolve().parents[3])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            part for part in (package_root, env.get("PYTHONPATH")) if part
-        )
-        try:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "corral._compute.python.worker_child",
-                    str(requests_read),
-                    str(answers_write),
-                ],
-                pass_fds=(requests_read, answers_write),
-                stdin=subprocess.DEVNULL,
-                env=env,
-                close_fds=True,
-                # Out of the terminal's process group: a Ctrl-C stops the server, which then
-                # closes the pipe; should the server die first, the closed pipe ends the child.
-                start_new_session=True,
-            )
-        except BaseException:
-            for fd in (requests_read, requests_write, answers_read, answers_write):
-                os.close(fd)
-            raise
-        os.close(requests_read)
-        os.close(answers_write)
-        self._requests = Connection(requests_write, readable=False)
-        self._answers = Connection(answers_read, writable=False)
+        # Its output is the server's: a model's prints belong in the server's log.
+        child = start_piped_child([sys.executable, "-m", "corral._compute.python.worker_child"])
+        self.process = child.process
+        self._requests = child.send
+        self._answers = child.receive
         # Guards _closed: close() runs once, whichever thread calls it.
         self._closed_lock = threading.Lock()
         self._closed = False
