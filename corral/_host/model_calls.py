@@ -147,34 +147,19 @@ class ModelCalls:
         if ready is not None and ready.try_admit():  # loaded: no future, no load job
             self._enqueue_step(ready, feed, names, deadline, answered)
             return
-        loading = self._loader.prepare(name, version)
-        loading.add_done_callback(
-            functools.partial(
-                self._queue_loaded_step, name, version, feed, names, deadline, answered
-            )
-        )
 
-    def _queue_loaded_step(
-        self,
-        name: str,
-        version: int | None,
-        feed: dict[str, Any],
-        names: tuple[str, ...],
-        deadline: float | None,
-        answered: Callable[[Future[Outputs]], None],
-        loading: Future[ServedVersion],
-    ) -> None:
-        error = loading.exception()
-        if error is not None:
-            answer: Future[Outputs] = Future()
-            answer.add_done_callback(answered)
-            answer.set_exception(fresh(error))
-            return
-        served = loading.result()
-        if not served.try_admit():  # evicted since it loaded: load it again
-            self._queue_step(name, version, feed, names, deadline, answered)
-            return
-        self._enqueue_step(served, feed, names, deadline, answered)
+        def loaded(loading: Future[ServedVersion]) -> None:
+            error = loading.exception()
+            if error is not None:
+                answer: Future[Outputs] = Future()
+                answer.add_done_callback(answered)
+                answer.set_exception(fresh(error))
+            elif loading.result().try_admit():
+                self._enqueue_step(loading.result(), feed, names, deadline, answered)
+            else:  # evicted since it loaded: load it again
+                self._queue_step(name, version, feed, names, deadline, answered)
+
+        self._loader.prepare(name, version).add_done_callback(loaded)
 
     def _enqueue_step(
         self,
