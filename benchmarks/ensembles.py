@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +29,13 @@ import numpy as np
 
 import corral
 from corral.testing import build_linear, build_mlp
+
+# Run as a script (`python benchmarks/ensembles.py`): its helpers import as benchmarks.timing.
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from benchmarks.timing import per_call_us  # noqa: E402
 
 X = np.arange(4, dtype=np.float32).reshape(1, 4)
 
@@ -86,22 +92,7 @@ def steps_submit(host: corral.Host) -> np.ndarray:
 def timed(host: corral.Host, ask: Ask, expected: np.ndarray, requests: int, threads: int) -> float:
     """Microseconds per request asked by ``threads`` threads, each waiting for its answer."""
     np.testing.assert_array_equal(ask(host), expected)
-    each = requests // threads
-    barrier = threading.Barrier(threads + 1)
-
-    def client() -> None:
-        barrier.wait(timeout=30)
-        for _ in range(each):
-            ask(host)
-
-    workers = [threading.Thread(target=client) for _ in range(threads)]
-    for worker in workers:
-        worker.start()
-    barrier.wait(timeout=30)
-    start = time.perf_counter()
-    for worker in workers:
-        worker.join(timeout=300)
-    return (time.perf_counter() - start) / (each * threads) * 1e6
+    return per_call_us(lambda: ask(host), requests, threads)
 
 
 def main() -> None:

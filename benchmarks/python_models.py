@@ -24,8 +24,8 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
+import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +36,12 @@ from onnx import TensorProto, helper
 import corral
 
 ROOT = Path(__file__).resolve().parents[1]
+# Run as a script (`python benchmarks/python_models.py`): its helpers import as benchmarks.timing.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.timing import per_call_us  # noqa: E402
+
 A = np.arange(4, dtype=np.float32)
 B = np.full(4, 0.5, np.float32)
 
@@ -86,22 +92,7 @@ def timed_submit(host: corral.Host, name: str, requests: int, threads: int) -> f
     """Microseconds per request of ``name`` submitted by ``threads`` threads, each waiting."""
     feed = {"INPUT0": A, "INPUT1": B}
     check(host.submit(name, feed).result(timeout=30))
-    each = requests // threads
-    barrier = threading.Barrier(threads + 1)
-
-    def client() -> None:
-        barrier.wait(timeout=30)
-        for _ in range(each):
-            host.submit(name, feed).result(timeout=30)
-
-    workers = [threading.Thread(target=client) for _ in range(threads)]
-    for worker in workers:
-        worker.start()
-    barrier.wait(timeout=30)
-    start = time.perf_counter()
-    for worker in workers:
-        worker.join(timeout=300)
-    return (time.perf_counter() - start) / (each * threads) * 1e6
+    return per_call_us(lambda: host.submit(name, feed).result(timeout=30), requests, threads)
 
 
 def main() -> None:
