@@ -159,7 +159,6 @@ CLIENTS = {"tritonclient[all]": TRITON, "kserve": KSERVE}
 REFUSED = {
     "custom parameter": "mine",
     "sequence_id 7": "sequence_id",
-    "priority 2": "priority",
     "content_type pd": "content_type",
     "content_type np": "content_type",
     "binary_data_output false": "binary_data_output",

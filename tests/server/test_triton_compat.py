@@ -551,10 +551,9 @@ def test_strict_readiness_holds_ready_while_a_model_of_the_start_failed(
     ("kwargs", "named", "why"),
     [
         ({"sequence_id": 7, "sequence_start": True}, "sequence_id", "sequence batching"),
-        ({"priority": 2}, "priority", "one priority level"),
         ({"parameters": {"max_tokens": 5}}, "max_tokens", "does not honour"),
     ],
-    ids=["sequence", "priority", "custom"],
+    ids=["sequence", "custom"],
 )
 @pytest.mark.parametrize("transport", ["http", "grpc"])
 def test_a_request_parameter_corral_does_not_honour_is_refused_by_name(
@@ -581,6 +580,41 @@ def test_a_request_parameter_corral_does_not_honour_is_refused_by_name(
     np.testing.assert_array_equal(
         answer.as_numpy("Y"), reference_run(build_mlp(seed=1), {"X": X})[0]
     )
+
+
+def test_a_priority_is_answered_as_triton_answers_it_and_named_once_per_model(
+    server: ServerProcess, http_client: Any, grpc_client: Any
+):
+    """Triton gives a priority the model has no level for the default level: answered alike.
+
+    corral's queues have one level; the first request of a model with a priority is named in
+    the log, once. A priority that is no unsigned integer is refused naming it.
+    """
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    answers = []
+    for module, client, priority in [
+        (httpclient, http_client, 2),
+        (grpcclient, grpc_client, 7),
+        (httpclient, http_client, 2**64 - 1),
+    ]:
+        tensor = module.InferInput("X", list(X.shape), "FP32")
+        tensor.set_data_from_numpy(X)
+        answers.append(client.infer("mlp", [tensor], priority=priority).as_numpy("Y"))
+    for answer in answers:
+        np.testing.assert_array_equal(answer, expected_mlp())
+    named = "corral: model 'mlp': a request asked for priority"
+    wait_until(lambda: named in server.log.read_text(), 30)
+    assert server.log.read_text().count(named) == 1
+    for value in ("high", -1, True, 2.5):
+        body = json.loads(infer_json())
+        body["parameters"] = {"priority": value}
+        status, _, text = raw(server, "POST", "/v2/models/mlp/infer", json.dumps(body).encode())
+        assert status == 400, (value, text)
+        # A fraction is refused as no parameter's value at all, by the JSON codec.
+        words = b"with a fraction" if value == 2.5 else b"must be an unsigned integer"
+        assert b"'priority'" in text and words in text, text
 
 
 def test_an_input_or_output_parameter_corral_does_not_honour_is_refused_by_name(

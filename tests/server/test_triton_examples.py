@@ -493,7 +493,7 @@ def test_image_classification_over_both_transports(
 
 
 @pytest.mark.parametrize("transport", ["http", "grpc"])
-def test_sequences_and_priorities_are_refused_by_name(
+def test_sequences_are_refused_by_name_and_priorities_answered(
     transport: str, request: pytest.FixtureRequest
 ) -> None:
     import tritonclient.grpc as grpcclient
@@ -505,11 +505,13 @@ def test_sequences_and_priorities_are_refused_by_name(
     for arguments, named in [
         ({"sequence_id": 1000, "sequence_start": True}, "'sequence_id'"),
         ({"sequence_id": "a-uuid", "sequence_end": True}, "'sequence_id'"),
-        ({"priority": 2}, "'priority'"),
     ]:
         with pytest.raises(InferenceServerException, match="is not supported") as refused:
             client.infer("simple", simple_inputs(module), **arguments)
         assert named in refused.value.message()
+    # A priority is given the one level corral's queues have, as Triton gives a model
+    # without priority levels its default level: the same answer.
+    assert_sum_and_difference(client.infer("simple", simple_inputs(module), priority=2))
     # Triton's sequence models: their config.pbtxt is refused by name when they load.
     sequence_input = module.InferInput("INPUT", [1, 1], "INT32")
     sequence_input.set_data_from_numpy(np.array([[11]], dtype=np.int32))
