@@ -504,6 +504,7 @@ SERVE_GROUPS: dict[str, tuple[str, ...]] = {
         "log_level",
         "grpc_log_level",
         "log_format",
+        "log_file",
         "access_log",
         "metrics_port",
         "model_latency_histograms",

@@ -227,12 +227,21 @@ def run_serve(args: argparse.Namespace) -> int:
         if problem is not None:
             print(f"corral serve: error: --edge native: {problem}", file=sys.stderr)
             return 2
-    configure_logging(
-        level=settings.log_level,
-        log_format=settings.log_format,
-        grpc_level=settings.grpc_log_level,
-        access_log=settings.access_log,
-    )
+    try:
+        configure_logging(
+            level=settings.log_level,
+            log_format=settings.log_format,
+            grpc_level=settings.grpc_log_level,
+            access_log=settings.access_log,
+            file=settings.log_file,
+        )
+    except OSError as exc:
+        print(
+            f"corral serve: error: --log-file {settings.log_file}: cannot append to it: "
+            f"{exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 2
     for line in unknown_variables(os.environ):
         logging.getLogger("corral.cli").warning("corral serve: %s", line)
     for note in notes:

@@ -122,8 +122,6 @@ _REFUSED = {
     "grpc_restricted_protocol": "corral restricts its APIs by token, not by a header: give "
     "each scope its tokens (--model-control-tokens, --shared-memory-tokens, "
     "--statistics-tokens ...; docs/server.md, Scoped tokens)",
-    "log_file": "corral writes its log to standard error: redirect it (2>>FILE), or leave "
-    "it to the container's runtime",
 }
 
 #: Triton's other flags read here, each taking a value.

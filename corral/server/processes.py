@@ -378,5 +378,6 @@ def _serve_member(settings: ServerSettings, member: GroupMember) -> None:
         grpc_level=settings.grpc_log_level,
         access_log=settings.access_log,
         process=member.number,
+        file=settings.log_file,
     )
     sys.exit(run(settings, member=member))

@@ -240,6 +240,12 @@ class ServerSettings(_HostAndRuntimeOptions):
         "text",
         description="how log lines are written: text, or json (one JSON object per line)",
     )
+    log_file: str | None = Field(
+        None,
+        min_length=1,
+        description="append the log to this file instead of standard error (Triton's "
+        "--log-file); every process of --processes appends to it, a line at a time",
+    )
     access_log: bool = Field(
         False,
         description="log one line per HTTP request and gRPC call on the logger corral.access "

@@ -176,7 +176,6 @@ def test_every_flag_without_effect_is_accepted_and_named_once(
         (["--allow-vertex-ai=1"], "corral has no Vertex AI endpoint"),
         (["--http-restricted-api=model-repository:k=v"], "restricts its APIs by token"),
         (["--grpc-restricted-protocol=health:k=v"], "restricts its APIs by token"),
-        (["--log-file=/tmp/x.log"], "writes its log to standard error"),
         (["--grpc-address=0.0.0.0"], "--grpc-address 0.0.0.0 differs from --host 127.0.0.1"),
         (["--allow-metrics=false", "--metrics-port=8002"], "give one"),
         (["--allow-grpc=maybe"], "--allow-grpc=maybe: give true or false"),

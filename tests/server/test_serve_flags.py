@@ -61,6 +61,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "log_level": ("DEBUG", "debug"),
     "grpc_log_level": ("info", "info"),
     "log_format": ("json", "json"),
+    "log_file": ("/var/log/corral.log", "/var/log/corral.log"),
     "max_url_bytes": ("4096", 4096),
     "max_header_bytes": ("16384", 16384),
     "header_timeout_s": ("2.5", 2.5),

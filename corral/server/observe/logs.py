@@ -167,16 +167,34 @@ def _utc(created: float) -> str:
 
 
 def configure_logging(
-    *, level: str, log_format: str, grpc_level: str, access_log: bool, process: int | None = None
+    *,
+    level: str,
+    log_format: str,
+    grpc_level: str,
+    access_log: bool,
+    process: int | None = None,
+    file: str | None = None,
 ) -> None:
     """Set up the process's logging: for ``corral serve`` only, at its edge.
 
     ``level`` is the root's (corral's own); grpc's loggers get ``grpc_level``, so that
     ``--log-level debug`` is corral's lines, not grpc's internals; the access logger is at
-    INFO when ``access_log`` is on, whatever ``level`` is. Lines go to standard error.
+    INFO when ``access_log`` is on, whatever ``level`` is. Lines go to standard error, or are
+    appended to ``file`` (opened here: an ``OSError`` names it if it cannot be).
     ``process``: this server process's number under ``--processes``, on every line.
     """
-    handler = logging.StreamHandler()
+    # As logging.basicConfig: logging configured before (by an embedding program, a test
+    # runner) is kept, and no file is opened for nothing.
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=level.upper(), handlers=[_handler(log_format, process, file)])
+    logging.getLogger("grpc").setLevel(grpc_level.upper())
+    if access_log:
+        _access_logger.setLevel(logging.INFO)
+
+
+def _handler(log_format: str, process: int | None, file: str | None) -> logging.Handler:
+    # Each line is one write of its own: processes appending to one file never split one.
+    handler = logging.StreamHandler() if file is None else logging.FileHandler(file, "a", "utf-8")
     formatter: logging.Formatter
     if log_format == "json":
         formatter = JsonFormatter(process)
@@ -187,10 +205,7 @@ def configure_logging(
             TEXT_FORMAT.replace("%(name)s", f"[process {process}] %(name)s")
         )
     handler.setFormatter(formatter)
-    logging.basicConfig(level=level.upper(), handlers=[handler])
-    logging.getLogger("grpc").setLevel(grpc_level.upper())
-    if access_log:
-        _access_logger.setLevel(logging.INFO)
+    return handler
 
 
 class HttpExchange:
