@@ -9,6 +9,7 @@ each test saves a screenshot under its tmp dir.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -342,33 +343,67 @@ def _infer(server: ServerProcess, model: str, count: int) -> None:
 _BUCKET_TITLE = re.compile(r"in the bucket from ([\d.]+) ms to ([\d.]+) ms, estimated linearly")
 
 
+@contextlib.contextmanager
+def _steady_traffic(server: ServerProcess, model: str) -> Iterator[None]:
+    """Requests to ``model``, about 20 a second, while the block runs.
+
+    The figures are over a window (the server's last 10 s, a model's last 10 s window): a
+    burst sent before a slow page shows them could leave the window first.
+    """
+    done = threading.Event()
+    failures: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            while not done.wait(0.05):
+                _infer(server, model, 1)
+        except BaseException as exc:  # reported on the test's thread below
+            failures.append(exc)
+
+    sender = threading.Thread(target=send, name="steady-traffic")
+    sender.start()
+    try:
+        yield
+    finally:
+        done.set()
+        sender.join(timeout=60)
+    assert not sender.is_alive()
+    assert not failures, failures
+
+
 @pytest.mark.timeout(90)
 def test_quantiles_name_their_bucket_on_hover_and_the_charts_have_a_scale(
     page: Any, server: ServerProcess
 ):
     """Issue 33, item 8: p50/p99 were bucket bounds with nothing to say so; no chart scale."""
-    _infer(server, "m0002", 40)
-    log_in(page)
-    # The server's figures: sampled every 2 s; the title names the bucket, the value is in it.
-    card = page.locator("#figures .card[data-figure='p50 ms']")
-    expect(card).to_have_attribute("title", _BUCKET_TITLE, timeout=20_000)
-    bucket = _BUCKET_TITLE.search(card.get_attribute("title") or "")
-    assert bucket is not None
-    value = float(card.locator(".value").inner_text())
-    assert float(bucket[1]) <= value <= float(bucket[2])
-    # Each chart has a scale: three y ticks with the unit, the first and last times below.
-    units = {"chart-rate": r" req/s$", "chart-p99": r" ms$", "chart-memory": r" (B|KiB|MiB|GiB)$"}
-    for chart, unit in units.items():
-        ticks = page.locator(f"#{chart} text.tick-y")
-        expect(ticks).to_have_count(3, timeout=20_000)
-        labels = ticks.all_text_contents()  # SVG text has no innerText
-        assert all(re.search(unit, label) for label in labels), (chart, labels)
-        assert labels[0].startswith("0"), labels  # the axis starts at 0
-        expect(page.locator(f"#{chart} text.tick-x")).to_have_count(2)
-    # A model's row: its figures come every 10 s (the model window).
-    page.fill("#filter", "m0002")
-    cell = page.locator("#models tbody tr[data-model='m0002'] td.p99")
-    expect(cell).to_have_attribute("title", _BUCKET_TITLE, timeout=40_000)
-    bucket = _BUCKET_TITLE.search(cell.get_attribute("title") or "")
-    assert bucket is not None
-    assert float(bucket[1]) <= float(cell.inner_text()) <= float(bucket[2])
+    with _steady_traffic(server, "m0002"):
+        log_in(page)
+        # The server's figures: sampled every 2 s; the title names the bucket, the value is
+        # in it (both read at once: the page redraws them together every 2 s).
+        card = page.locator("#figures .card[data-figure='p50 ms']")
+        expect(card).to_have_attribute("title", _BUCKET_TITLE, timeout=20_000)
+        title, value = card.evaluate("card => [card.title, card.querySelector('.value').innerText]")
+        bucket = _BUCKET_TITLE.search(title)
+        assert bucket is not None, title
+        assert float(bucket[1]) <= float(value) <= float(bucket[2])
+        # Each chart has a scale: three y ticks with the unit, the first and last times below.
+        units = {
+            "chart-rate": r" req/s$",
+            "chart-p99": r" ms$",
+            "chart-memory": r" (B|KiB|MiB|GiB)$",
+        }
+        for chart, unit in units.items():
+            ticks = page.locator(f"#{chart} text.tick-y")
+            expect(ticks).to_have_count(3, timeout=20_000)
+            labels = ticks.all_text_contents()  # SVG text has no innerText
+            assert all(re.search(unit, label) for label in labels), (chart, labels)
+            assert labels[0].startswith("0"), labels  # the axis starts at 0
+            expect(page.locator(f"#{chart} text.tick-x")).to_have_count(2)
+        # A model's row: its figures come every 10 s (the model window).
+        page.fill("#filter", "m0002")
+        cell = page.locator("#models tbody tr[data-model='m0002'] td.p99")
+        expect(cell).to_have_attribute("title", _BUCKET_TITLE, timeout=40_000)
+        title, text = cell.evaluate("cell => [cell.title, cell.innerText]")
+        bucket = _BUCKET_TITLE.search(title)
+        assert bucket is not None, title
+        assert float(bucket[1]) <= float(text) <= float(bucket[2])
