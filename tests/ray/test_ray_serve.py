@@ -358,13 +358,16 @@ def grpc_checks(
 STORE_MODELS = 6
 
 
+@pytest.mark.soak
 def test_replicas_serve_a_repository_in_object_storage_each_from_a_cache_of_its_own(
     tmp_path: Path,
 ):
     """`corral ray-serve s3://...`: the repository is in the store only, and no disk is shared.
 
     Each replica copies the models routed to it from the store (moto's server, its own
-    process) into a subfolder of --cache-dir it claimed for itself.
+    process) into a subfolder of --cache-dir it claimed for itself. In ``make soak``: make
+    test's form of it is the short plan of tests/ray/test_ray_cluster.py, which serves an
+    s3:// repository under --cache-dir's claims on two nodes, one of them then killed.
     """
     pytest.importorskip("moto")
     import httpx
