@@ -228,13 +228,7 @@ def run_serve(args: argparse.Namespace) -> int:
             print(f"corral serve: error: --edge native: {problem}", file=sys.stderr)
             return 2
     try:
-        configure_logging(
-            level=settings.log_level,
-            log_format=settings.log_format,
-            grpc_level=settings.grpc_log_level,
-            access_log=settings.access_log,
-            file=settings.log_file,
-        )
+        configure_logging(**settings.logging_options())
     except OSError as exc:
         print(
             f"corral serve: error: --log-file {settings.log_file}: cannot append to it: "

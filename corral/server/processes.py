@@ -372,12 +372,5 @@ def _serve_member(settings: ServerSettings, member: GroupMember) -> None:
     os.setpgid(0, 0)  # a terminal's Ctrl-C reaches the parent, which passes it on once
     from corral.server.observe.logs import configure_logging
 
-    configure_logging(
-        level=settings.log_level,
-        log_format=settings.log_format,
-        grpc_level=settings.grpc_log_level,
-        access_log=settings.access_log,
-        process=member.number,
-        file=settings.log_file,
-    )
+    configure_logging(**settings.logging_options(), process=member.number)
     sys.exit(run(settings, member=member))

@@ -680,6 +680,16 @@ class ServerSettings(_HostAndRuntimeOptions):
         """The options of the server's Runtime: its fields of the same names."""
         return RuntimeOptions.taken_from(self)
 
+    def logging_options(self) -> dict[str, Any]:
+        """``configure_logging``'s keywords (``corral.server.observe.logs``) as these say."""
+        return {
+            "level": self.log_level,
+            "log_format": self.log_format,
+            "grpc_level": self.grpc_log_level,
+            "access_log": self.access_log,
+            "file": self.log_file,
+        }
+
     @classmethod
     def variable(cls, field: str) -> str:
         """The environment variable that sets ``field``."""

@@ -371,6 +371,18 @@ def _steady_traffic(server: ServerProcess, model: str) -> Iterator[None]:
     assert not failures, failures
 
 
+def _in_its_bucket(figure: Any, title_and_value: str, timeout_s: int) -> None:
+    """Wait for ``figure``'s title to name a bucket; its value must lie in that bucket.
+
+    ``title_and_value`` reads both in one evaluation: the page redraws them together.
+    """
+    expect(figure).to_have_attribute("title", _BUCKET_TITLE, timeout=timeout_s * 1000)
+    title, value = figure.evaluate(title_and_value)
+    bucket = _BUCKET_TITLE.search(title)
+    assert bucket is not None, title
+    assert float(bucket[1]) <= float(value) <= float(bucket[2]), (title, value)
+
+
 @pytest.mark.timeout(90)
 def test_quantiles_name_their_bucket_on_hover_and_the_charts_have_a_scale(
     page: Any, server: ServerProcess
@@ -381,11 +393,7 @@ def test_quantiles_name_their_bucket_on_hover_and_the_charts_have_a_scale(
         # The server's figures: sampled every 2 s; the title names the bucket, the value is
         # in it (both read at once: the page redraws them together every 2 s).
         card = page.locator("#figures .card[data-figure='p50 ms']")
-        expect(card).to_have_attribute("title", _BUCKET_TITLE, timeout=20_000)
-        title, value = card.evaluate("card => [card.title, card.querySelector('.value').innerText]")
-        bucket = _BUCKET_TITLE.search(title)
-        assert bucket is not None, title
-        assert float(bucket[1]) <= float(value) <= float(bucket[2])
+        _in_its_bucket(card, "card => [card.title, card.querySelector('.value').innerText]", 20)
         # Each chart has a scale: three y ticks with the unit, the first and last times below.
         units = {
             "chart-rate": r" req/s$",
@@ -402,8 +410,4 @@ def test_quantiles_name_their_bucket_on_hover_and_the_charts_have_a_scale(
         # A model's row: its figures come every 10 s (the model window).
         page.fill("#filter", "m0002")
         cell = page.locator("#models tbody tr[data-model='m0002'] td.p99")
-        expect(cell).to_have_attribute("title", _BUCKET_TITLE, timeout=40_000)
-        title, text = cell.evaluate("cell => [cell.title, cell.innerText]")
-        bucket = _BUCKET_TITLE.search(title)
-        assert bucket is not None, title
-        assert float(bucket[1]) <= float(text) <= float(bucket[2])
+        _in_its_bucket(cell, "cell => [cell.title, cell.innerText]", 40)
