@@ -614,7 +614,8 @@ def test_a_priority_is_answered_as_triton_answers_it_and_named_once_per_model(
         assert status == 400, (value, text)
         # A fraction is refused as no parameter's value at all, by the JSON codec.
         words = b"with a fraction" if value == 2.5 else b"must be an unsigned integer"
-        assert b"'priority'" in text and words in text, text
+        assert b"'priority'" in text, text
+        assert words in text, text
 
 
 def test_an_input_or_output_parameter_corral_does_not_honour_is_refused_by_name(
