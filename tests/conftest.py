@@ -21,8 +21,9 @@ from corral.testing import build_linear, build_mlp, build_tree
 from tests.gates import BuildGate
 from tests.helpers import Pieces, add_model, build_slow_loop
 
-# The figures tests record, printed at the end of the run (also under pytest-xdist).
-pytest_plugins = ["tests.figures"]
+# The figures tests record, printed at the end of the run (also under pytest-xdist); the
+# longest test files handed out first.
+pytest_plugins = ["tests.figures", "tests.scheduling"]
 
 
 @pytest.fixture(autouse=True)
