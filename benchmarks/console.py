@@ -1,20 +1,18 @@
-"""What the benchmark scripts share at the command line: argument types, progress, ratios.
+"""What the benchmark scripts share at the command line beside corral's own CLI helpers.
 
 Not a benchmark itself. The scripts (``create.py``, ``footprint.py``, ``scenarios.py``)
-import it as ``benchmarks.console``; rich, which draws their progress bars and tables, is
-imported only when one is drawn.
+import it as ``benchmarks.console``, and the command line's own helpers (``positive_int``,
+``progress_bar``, ``ratio``) from ``corral.cli`` where they are defined; rich, which draws
+their progress bars and tables, is imported only when one is drawn.
 """
 
 from __future__ import annotations
 
 import importlib.util
 
-# The command line's own helpers, shared so that the scripts read and draw as it does.
 from corral.cli.commands import positive_int
-from corral.cli.demo import ratio
-from corral.cli.progress import progress_bar
 
-__all__ = ["has_rich", "positive_int", "positive_ints", "progress_bar", "ratio", "require_rich"]
+__all__ = ["has_rich", "positive_ints", "require_rich"]
 
 
 def positive_ints(text: str) -> tuple[int, ...]:

@@ -36,7 +36,9 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from benchmarks.console import positive_int, progress_bar, require_rich  # noqa: E402
+from benchmarks.console import require_rich  # noqa: E402
+from corral.cli.commands import positive_int  # noqa: E402
+from corral.cli.progress import progress_bar  # noqa: E402
 
 if TYPE_CHECKING:
     from rich.table import Table

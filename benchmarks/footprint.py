@@ -62,7 +62,9 @@ _ROOT = str(_SCRIPT.parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from benchmarks.console import has_rich, positive_int, progress_bar  # noqa: E402
+from benchmarks.console import has_rich  # noqa: E402
+from corral.cli.commands import positive_int  # noqa: E402
+from corral.cli.progress import progress_bar  # noqa: E402
 
 if TYPE_CHECKING:
     from rich.progress import TaskID

@@ -61,13 +61,10 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from benchmarks.console import (  # noqa: E402
-    positive_int,
-    positive_ints,
-    progress_bar,
-    ratio,
-    require_rich,
-)
+from benchmarks.console import positive_ints, require_rich  # noqa: E402
+from corral.cli.commands import positive_int  # noqa: E402
+from corral.cli.demo import ratio  # noqa: E402
+from corral.cli.progress import progress_bar  # noqa: E402
 
 if TYPE_CHECKING:
     from rich.table import Table
