@@ -158,7 +158,6 @@ CLIENTS = {"tritonclient[all]": TRITON, "kserve": KSERVE}
 #: The calls refused, by the end of their name, and the parameter each refusal must name.
 REFUSED = {
     "custom parameter": "mine",
-    "sequence_id 7": "sequence_id",
     "content_type pd": "content_type",
     "content_type np": "content_type",
     "binary_data_output false": "binary_data_output",

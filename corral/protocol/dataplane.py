@@ -56,7 +56,7 @@ from corral.protocol.control import CONTROL_TIMEOUT_S
 from corral.protocol.metadata import model_configuration, model_metadata, platform_of
 from corral.protocol.model_control import ModelControl
 from corral.protocol.outputs import classified, outputs_to_run, tensor_output
-from corral.protocol.parameters import PriorityNotice, check_parameters
+from corral.protocol.parameters import IgnoredParameters, check_parameters
 from corral.protocol.paths import public_text
 from corral.protocol.response_cache import CachedAnswer, CacheKey, ResponseCache, cache_key
 from corral.protocol.shm import EXTENSION as SHARED_MEMORY_EXTENSION
@@ -208,8 +208,8 @@ class DataPlane:
         self._control = ModelControl(host) if control is None else control
         # Read once: inference asks model control only under explicit model control.
         self._explicit_only = self._control.explicit
-        # Names once per model that a request's priority changes nothing here.
-        self._priorities = PriorityNotice()
+        # Names once per model a request parameter that changes nothing here (a priority).
+        self._ignored = IgnoredParameters()
         # Triton's system shared memory extension, when the server serves it.
         self._shared_memory = shared_memory
         extensions = EXTENSIONS if shared_memory is None else (*EXTENSIONS, SHARED_MEMORY_EXTENSION)
@@ -445,8 +445,8 @@ class DataPlane:
         try:
             if self._explicit_only:
                 self._control.check_served(name)
-            if priority := check_parameters(request):
-                self._priorities.note(name, priority)
+            if ignored := check_parameters(request):
+                self._ignored.note(name, ignored)
             classes = (
                 {out.name: count for out in named if (count := class_count(out)) is not None}
                 if named

@@ -3,8 +3,7 @@
 The protocol lets a request, each input and each requested output carry ``parameters``. Triton
 hands the ones it does not know to its backend; corral has no backend to hand them to, so a
 parameter it would not honour is an :class:`InvalidInput` naming it, never silently dropped:
-a client that asks for a sequence or an option of another server learns at once that it does
-not get it.
+a client that asks for an option of another server learns at once that it does not get it.
 
 What is honoured (the codecs take the binary extension's own parameters before this check):
 
@@ -13,12 +12,14 @@ What is honoured (the codecs take the binary extension's own parameters before t
   ``triton_enable_empty_final_response`` (perf_analyzer sends it): it asks a decoupled model
   to mark its last response; corral's models are not decoupled, so each request's one
   response is its final one, as Triton answers a model that is not decoupled, whatever the
-  value; ``priority``, an unsigned integer, at any value: Triton gives a request whose
-  priority the model has no level for (every level, on a model without ``priority_levels``)
-  the default level, and corral's queues have one level, so every request runs in the order
-  it came and gets the answer Triton would give (:class:`PriorityNotice` names it once per
-  model). ``sequence_id``, ``sequence_start`` and ``sequence_end`` are taken only at their
-  defaults (0, an empty string, false), which ask for nothing: corral has no sequence batcher;
+  value. Accepted at any value of their kind, and named once per model in the log
+  (:class:`IgnoredParameters`), because Triton answers them on every model corral serves as
+  it would without them (:data:`WITHOUT_EFFECT`, checked against Triton 2.51 with
+  tritonclient): ``priority`` (an unsigned integer; a model without ``priority_levels`` gives
+  every priority its default level, and corral's queues have one level), ``sequence_id`` (an
+  unsigned integer or a string), ``sequence_start`` and ``sequence_end`` (booleans; a model
+  without a sequence batcher answers each request alone, and corral serves none: a
+  ``config.pbtxt`` with ``sequence_batching`` is refused when it loads);
 * on an input: the system shared memory extension's ``shared_memory_region``,
   ``shared_memory_byte_size`` and ``shared_memory_offset``;
 * on a requested output: ``classification`` (the classification extension) and the same three
@@ -31,17 +32,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Mapping
 
 from corral._base import InvalidInput
 from corral.protocol.types import InferRequest, Parameters
 
 __all__ = [
-    "DEFAULT_ONLY_PARAMETERS",
     "INPUT_PARAMETERS",
     "OUTPUT_PARAMETERS",
     "REQUEST_PARAMETERS",
-    "PriorityNotice",
+    "WITHOUT_EFFECT",
+    "IgnoredParameters",
     "check_parameters",
 ]
 
@@ -53,12 +54,45 @@ SHARED_MEMORY_PARAMETERS = frozenset(
 )
 #: Request parameters corral honours.
 REQUEST_PARAMETERS = frozenset(
-    {"timeout", "binary_data_output", "triton_enable_empty_final_response", "priority"}
+    {"timeout", "binary_data_output", "triton_enable_empty_final_response"}
 )
-#: Request parameters accepted only at their defaults (0, "", false), which ask for nothing.
-DEFAULT_ONLY_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
-# The largest priority the protocol carries (Triton's is a uint64).
-_MAX_PRIORITY = 2**64 - 1
+_SEQUENCES = (
+    "corral serves no sequence batcher (a config.pbtxt with sequence_batching is refused when "
+    "it loads), and Triton answers a request of a model without one as it would without it"
+)
+#: Request parameters accepted at any value of their kind, which changes no answer here (as
+#: on Triton for every model corral serves): ``{name: why}``, named once per model.
+WITHOUT_EFFECT = {
+    "priority": (
+        "corral's queues have one level, so requests run in the order they came (Triton "
+        "gives a priority the model has no level for the model's default level)"
+    ),
+    "sequence_id": _SEQUENCES,
+    "sequence_start": _SEQUENCES,
+    "sequence_end": _SEQUENCES,
+}
+_UNSIGNED_MAX = 2**64 - 1
+
+
+def _unsigned(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _UNSIGNED_MAX
+
+
+def _unsigned_or_text(value: object) -> bool:
+    return _unsigned(value) or isinstance(value, str)
+
+
+def _boolean(value: object) -> bool:
+    return isinstance(value, bool)
+
+
+# What each takes, in Triton's kinds: (the check, the kind's name).
+_KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
+    "priority": (_unsigned, "an unsigned integer"),
+    "sequence_id": (_unsigned_or_text, "an unsigned integer or a string"),
+    "sequence_start": (_boolean, "a boolean"),
+    "sequence_end": (_boolean, "a boolean"),
+}
 #: Input parameters corral honours (``binary_data_size`` is the HTTP codec's own).
 INPUT_PARAMETERS = SHARED_MEMORY_PARAMETERS
 #: Requested-output parameters corral honours (``binary_data`` is the HTTP codec's own).
@@ -66,66 +100,61 @@ OUTPUT_PARAMETERS = SHARED_MEMORY_PARAMETERS | {"classification"}
 
 # Why the parameters clients most often send are refused, in the client's terms.
 _WHY = {
-    "sequence_id": "corral serves stateless models: sequence batching is not supported",
-    "sequence_start": "corral serves stateless models: sequence batching is not supported",
-    "sequence_end": "corral serves stateless models: sequence batching is not supported",
     "content_type": (
         "it is a decoding hint of KServe's Python model servers; corral feeds each input to "
         "the ONNX model by name, as its datatype and shape say"
     ),
 }
 
-
-_REQUEST_OR_DEFAULT_ONLY = REQUEST_PARAMETERS.union(DEFAULT_ONLY_PARAMETERS)
-# Request parameters honoured at any value, unread: a request carrying only these needs no
-# check (priority's value is checked).
-_HONOURED = REQUEST_PARAMETERS.difference({"priority"})
+_ACCEPTED = REQUEST_PARAMETERS.union(WITHOUT_EFFECT)
 
 
-class PriorityNotice:
-    """Says once per model, in the log, that its requests' priorities change nothing here.
+class IgnoredParameters:
+    """Says once per model and parameter, in the log, that a request's value changed nothing.
 
-    Owned by a data plane; any thread may call :meth:`note`.
+    For the parameters of :data:`WITHOUT_EFFECT`. Owned by a data plane; any thread may call
+    :meth:`note`.
     """
 
     def __init__(self) -> None:
-        # Guards _named: the models already named, noted from any request's thread.
+        # Guards _named: the (model, parameter) pairs already named, from any request thread.
         self._named_lock = threading.Lock()
-        self._named: set[str] = set()
+        self._named: set[tuple[str, str]] = set()
 
-    def note(self, model: str, priority: int) -> None:
-        """A request of ``model`` asked for ``priority`` (not 0): logged the first time."""
+    def note(self, model: str, given: Mapping[str, object]) -> None:
+        """A request of ``model`` gave ``given`` (parameters of :data:`WITHOUT_EFFECT`)."""
         with self._named_lock:
-            if model in self._named:
-                return
-            self._named.add(model)
-        logger.warning(
-            "corral: model %r: a request asked for priority %d, accepted without effect: "
-            "corral's queues have one level, so requests run in the order they came (Triton "
-            "gives a priority the model has no level for the default level)",
-            model,
-            priority,
-        )
+            new = {key: value for key, value in given.items() if (model, key) not in self._named}
+            self._named.update((model, key) for key in new)
+        for key, value in new.items():
+            logger.warning(
+                "corral: model %r: a request gave %s=%r, accepted without effect: %s",
+                model,
+                key,
+                value,
+                WITHOUT_EFFECT[key],
+            )
 
 
-def check_parameters(request: InferRequest) -> int:
+def check_parameters(request: InferRequest) -> dict[str, object]:
     """Raise :class:`InvalidInput` naming the parameters ``request`` carries in vain.
 
-    Returns the request's ``priority`` (0 when it asks for none).
+    Returns those of :data:`WITHOUT_EFFECT` it gives a value other than their default (0, an
+    empty string, false), for :class:`IgnoredParameters` to name.
     """
-    priority = 0
+    given: dict[str, object] = {}
     # Most requests carry no parameter at all, or only binary_data_output (tritonclient's
     # binary requests): each check below is skipped for them.
-    if request.parameters and not request.parameters.keys() <= _HONOURED:
-        for key in DEFAULT_ONLY_PARAMETERS:
+    if request.parameters and not request.parameters.keys() <= REQUEST_PARAMETERS:
+        _check("the request", request.parameters, _ACCEPTED)
+        for key, (fits, kind) in _KINDS.items():
             value = request.parameters.get(key)
-            if value not in (None, 0, "", False):
-                raise InvalidInput(
-                    f"the request parameter {key!r} ({value!r}) is not supported: "
-                    f"{_WHY[key]}; send it at its default (0, empty, false) or not at all"
-                )
-        _check("the request", request.parameters, _REQUEST_OR_DEFAULT_ONLY)
-        priority = _priority(request.parameters.get("priority", 0))
+            if value is None:
+                continue
+            if not fits(value):
+                raise InvalidInput(f"the request parameter {key!r} must be {kind}, got {value!r}")
+            if value not in (0, "", False):
+                given[key] = value
     for tensor in request.inputs:
         if tensor.parameters:
             _check(
@@ -140,16 +169,7 @@ def check_parameters(request: InferRequest) -> int:
             OUTPUT_PARAMETERS,
             tensor=output.name,
         )
-    return priority
-
-
-def _priority(value: object) -> int:
-    # An unsigned integer, as Triton reads it: a bool, a fraction or a word answers nothing.
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_PRIORITY:
-        raise InvalidInput(
-            f"the request parameter 'priority' must be an unsigned integer, got {value!r}"
-        )
-    return value
+    return given
 
 
 def _check(

@@ -550,10 +550,9 @@ def test_strict_readiness_holds_ready_while_a_model_of_the_start_failed(
 @pytest.mark.parametrize(
     ("kwargs", "named", "why"),
     [
-        ({"sequence_id": 7, "sequence_start": True}, "sequence_id", "sequence batching"),
         ({"parameters": {"max_tokens": 5}}, "max_tokens", "does not honour"),
     ],
-    ids=["sequence", "custom"],
+    ids=["custom"],
 )
 @pytest.mark.parametrize("transport", ["http", "grpc"])
 def test_a_request_parameter_corral_does_not_honour_is_refused_by_name(
@@ -582,40 +581,53 @@ def test_a_request_parameter_corral_does_not_honour_is_refused_by_name(
     )
 
 
-def test_a_priority_is_answered_as_triton_answers_it_and_named_once_per_model(
+def test_priorities_and_sequences_are_answered_as_triton_answers_them_named_once_per_model(
     server: ServerProcess, http_client: Any, grpc_client: Any
 ):
-    """Triton gives a priority the model has no level for the default level: answered alike.
+    """Triton 2.51 answers these on a model without priority levels or a sequence batcher
+    (every model corral serves) as it would without them: corral too.
 
-    corral's queues have one level; the first request of a model with a priority is named in
-    the log, once. A priority that is no unsigned integer is refused naming it.
+    Each parameter is named in the log the first time a model's request gives it, once. A
+    value not of its kind is refused naming it.
     """
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
     answers = []
-    for module, client, priority in [
-        (httpclient, http_client, 2),
-        (grpcclient, grpc_client, 7),
-        (httpclient, http_client, 2**64 - 1),
+    for module, client, given in [
+        (httpclient, http_client, {"priority": 2}),
+        (grpcclient, grpc_client, {"priority": 7, "sequence_id": 7, "sequence_start": True}),
+        (httpclient, http_client, {"priority": 2**64 - 1, "sequence_id": 7}),
+        (httpclient, http_client, {"sequence_id": "a-uuid", "sequence_end": True}),
+        (grpcclient, grpc_client, {"sequence_id": "a-uuid", "sequence_end": True}),
     ]:
         tensor = module.InferInput("X", list(X.shape), "FP32")
         tensor.set_data_from_numpy(X)
-        answers.append(client.infer("mlp", [tensor], priority=priority).as_numpy("Y"))
+        answers.append(client.infer("mlp", [tensor], **given).as_numpy("Y"))
     for answer in answers:
         np.testing.assert_array_equal(answer, expected_mlp())
-    named = "corral: model 'mlp': a request asked for priority"
-    wait_until(lambda: named in server.log.read_text(), 30)
-    assert server.log.read_text().count(named) == 1
-    for value in ("high", -1, True, 2.5):
-        body = json.loads(infer_json())
-        body["parameters"] = {"priority": value}
-        status, _, text = raw(server, "POST", "/v2/models/mlp/infer", json.dumps(body).encode())
-        assert status == 400, (value, text)
+    keys = ("priority", "sequence_id", "sequence_start", "sequence_end")
+    lines = [f"corral: model 'mlp': a request gave {key}=" for key in keys]
+    wait_until(lambda: all(line in server.log.read_text() for line in lines), 30)
+    log = server.log.read_text()
+    assert [log.count(line) for line in lines] == [1, 1, 1, 1], log[-3000:]
+    for key, value, kind in [
+        ("priority", "high", b"must be an unsigned integer"),
+        ("priority", -1, b"must be an unsigned integer"),
+        ("priority", True, b"must be an unsigned integer"),
         # A fraction is refused as no parameter's value at all, by the JSON codec.
-        words = b"with a fraction" if value == 2.5 else b"must be an unsigned integer"
-        assert b"'priority'" in text, text
-        assert words in text, text
+        ("priority", 2.5, b"with a fraction"),
+        ("sequence_id", -1, b"must be an unsigned integer or a string"),
+        ("sequence_id", False, b"must be an unsigned integer or a string"),
+        ("sequence_start", 1, b"must be a boolean"),
+        ("sequence_end", "yes", b"must be a boolean"),
+    ]:
+        body = json.loads(infer_json())
+        body["parameters"] = {key: value}
+        status, _, text = raw(server, "POST", "/v2/models/mlp/infer", json.dumps(body).encode())
+        assert status == 400, (key, value, text)
+        assert f"'{key}'".encode() in text, text
+        assert kind in text, text
 
 
 def test_an_input_or_output_parameter_corral_does_not_honour_is_refused_by_name(
