@@ -250,14 +250,7 @@ class PythonSession(Session):
             dict(config) if model_class is None else _auto_complete(model_class, config, label)
         )
         self._model_class = model_class
-        self._args = {
-            "model_config": json.dumps(completed),
-            "model_instance_kind": "CPU",
-            "model_instance_device_id": "0",
-            "model_repository": repository,
-            "model_version": str(version),
-            "model_name": model_name,
-        }
+        self._args = _triton_args(completed, model_name, version, repository)
         self._python_signature = python_signature(completed, label)
         self._caller = caller
         # Guards _instances, the objects to finalize: taken once, by _released.
@@ -278,18 +271,7 @@ class PythonSession(Session):
         made: list[Any] = []
         try:
             for index in range(self._policy.replicas):
-                instance = model_class()
-                args = dict(self._args, model_instance_name=f"{self._args['model_name']}_0_{index}")
-                initialize = getattr(instance, "initialize", None)
-                if initialize is not None:
-                    try:
-                        initialize(args)
-                    except Exception as exc:
-                        raise ModelLoadError(
-                            f"Python model {self.name}: initialize() of instance {index} raised "
-                            f"{type(exc).__name__}: {exc}"
-                        ) from exc
-                made.append(instance)
+                made.append(_new_instance(model_class, self._args, self.name, index))
         except BaseException:
             _finalize(made, self.name)
             raise
@@ -439,27 +421,42 @@ def load_instance(setup: Mapping[str, Any], caller: backend_utils.ModelCaller) -
     label = f"{model_name}:{version}"
     _, model_class = _import_model_class(str(setup["path"]), label)
     completed = _auto_complete(model_class, setup["config"], label)
-    args = {
+    args = _triton_args(completed, model_name, version, str(setup["repository"]))
+    model = _new_instance(model_class, args, label, int(setup["index"]))
+    signature = python_signature(completed, label)
+    return ChildInstance(model, _Instance(model, label, signature, caller), completed)
+
+
+def _triton_args(
+    completed: Mapping[str, Any], model_name: str, version: int, repository: str
+) -> dict[str, str]:
+    """Triton's ``args`` for ``initialize``, but the instance's name (:func:`_new_instance`)."""
+    return {
         "model_config": json.dumps(completed),
         "model_instance_kind": "CPU",
         "model_instance_device_id": "0",
-        "model_repository": str(setup["repository"]),
+        "model_repository": repository,
         "model_version": str(version),
         "model_name": model_name,
-        "model_instance_name": f"{model_name}_0_{setup['index']}",
     }
-    model = model_class()
-    initialize = getattr(model, "initialize", None)
+
+
+def _new_instance(model_class: type[Any], args: Mapping[str, str], label: str, index: int) -> Any:
+    """Instance ``index`` of the model's class, ``initialize``d with ``args`` and its name.
+
+    Raises :class:`ModelLoadError` naming the instance if ``initialize`` raises.
+    """
+    instance = model_class()
+    initialize = getattr(instance, "initialize", None)
     if initialize is not None:
         try:
-            initialize(args)
+            initialize(dict(args, model_instance_name=f"{args['model_name']}_0_{index}"))
         except Exception as exc:
             raise ModelLoadError(
-                f"Python model {label}: initialize() of instance {setup['index']} raised "
+                f"Python model {label}: initialize() of instance {index} raised "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-    signature = python_signature(completed, label)
-    return ChildInstance(model, _Instance(model, label, signature, caller), completed)
+    return instance
 
 
 class _Instance(SignatureRunner):
