@@ -19,7 +19,6 @@ the microseconds per request (one ensemble request, or the two step requests)::
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from collections.abc import Callable
@@ -35,7 +34,7 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from benchmarks.timing import per_call_us  # noqa: E402
+from benchmarks.timing import per_call_us, print_medians  # noqa: E402
 
 X = np.arange(4, dtype=np.float32).reshape(1, 4)
 
@@ -122,10 +121,7 @@ def main() -> None:
                 for key, (ask, threads) in cases.items():
                     figure = timed(host, ask, expected, args.requests, threads)
                     runs.setdefault(key, []).append(figure)
-    print(f"{'path':8} {'asked as':10} {'us/request (median of rounds)':>30}  all rounds")
-    for (how, name), values in runs.items():
-        shown = ", ".join(f"{v:.1f}" for v in values)
-        print(f"{how:8} {name:10} {statistics.median(values):30.1f}  {shown}")
+    print_medians(runs, "asked as", 10)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -40,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.timing import per_call_us  # noqa: E402
+from benchmarks.timing import per_call_us, print_medians  # noqa: E402
 
 A = np.arange(4, dtype=np.float32)
 B = np.full(4, 0.5, np.float32)
@@ -82,10 +81,7 @@ def timed_infer(host: corral.Host, name: str, requests: int) -> float:
     """Microseconds per ``Host.infer`` of ``name``, from one thread."""
     feed = {"INPUT0": A, "INPUT1": B}
     check(host.infer(name, feed))
-    start = time.perf_counter()
-    for _ in range(requests):
-        host.infer(name, feed)
-    return (time.perf_counter() - start) / requests * 1e6
+    return per_call_us(lambda: host.infer(name, feed), requests, 1)
 
 
 def timed_submit(host: corral.Host, name: str, requests: int, threads: int) -> float:
@@ -132,10 +128,7 @@ def main() -> None:
                 for how, run in cases.items():
                     for name in names:
                         runs.setdefault((how, name), []).append(run(name))
-    print(f"{'path':8} {'model':18} {'us/request (median of rounds)':>30}  all rounds")
-    for (how, name), values in runs.items():
-        shown = ", ".join(f"{v:.1f}" for v in values)
-        print(f"{how:8} {name:18} {statistics.median(values):30.1f}  {shown}")
+    print_medians(runs, "model", 18)
 
 
 if __name__ == "__main__":

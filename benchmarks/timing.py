@@ -1,4 +1,4 @@
-"""Timing one call made over and over by threads at once; shared by the benchmark scripts.
+"""Timing one call made over and over by threads at once, and the table of the rounds' medians.
 
 Not a benchmark itself: ``ensembles.py`` and ``python_models.py`` import it as
 ``benchmarks.timing``.
@@ -6,11 +6,12 @@ Not a benchmark itself: ``ensembles.py`` and ``python_models.py`` import it as
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
-__all__ = ["per_call_us"]
+__all__ = ["per_call_us", "print_medians"]
 
 # Every wait is bounded: the threads' start, and the whole run.
 _START_TIMEOUT_S = 30.0
@@ -42,3 +43,14 @@ def per_call_us(call: Callable[[], object], calls: int, threads: int) -> float:
     if any(worker.is_alive() for worker in workers):
         raise TimeoutError(f"{threads} threads did not make {each} calls each in time")
     return (time.perf_counter() - start) / (each * threads) * 1e6
+
+
+def print_medians(runs: Mapping[tuple[str, str], Sequence[float]], column: str, width: int) -> None:
+    """Print each ``(path, name)``'s median of rounds and every round, in microseconds.
+
+    ``column`` heads the names' column, ``width`` characters wide.
+    """
+    print(f"{'path':8} {column:{width}} {'us/request (median of rounds)':>30}  all rounds")
+    for (how, name), values in runs.items():
+        shown = ", ".join(f"{v:.1f}" for v in values)
+        print(f"{how:8} {name:{width}} {statistics.median(values):30.1f}  {shown}")
