@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import os
 import string
 import time
 import uuid
@@ -179,22 +180,36 @@ def configure_logging(
 
     ``level`` is the root's (corral's own); grpc's loggers get ``grpc_level``, so that
     ``--log-level debug`` is corral's lines, not grpc's internals; the access logger is at
-    INFO when ``access_log`` is on, whatever ``level`` is. Lines go to standard error, or are
-    appended to ``file`` (opened here: an ``OSError`` names it if it cannot be).
+    INFO when ``access_log`` is on, whatever ``level`` is. Lines go to standard error.
+    ``file``: the process's standard error is that file from here on, appended to (opened
+    here: an ``OSError`` names it if it cannot be), so that what writes there without
+    Python's logging (grpc's core, a Python model's worker process, a fatal error's
+    traceback) lands beside the log lines, as Triton's ``--log-file`` takes its whole log.
     ``process``: this server process's number under ``--processes``, on every line.
     """
     # As logging.basicConfig: logging configured before (by an embedding program, a test
-    # runner) is kept, and no file is opened for nothing.
+    # runner) is kept, and its standard error left as it is.
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=level.upper(), handlers=[_handler(log_format, process, file)])
+        if file is not None:
+            _append_stderr_to(file)
+        logging.basicConfig(level=level.upper(), handlers=[_handler(log_format, process)])
     logging.getLogger("grpc").setLevel(grpc_level.upper())
     if access_log:
         _access_logger.setLevel(logging.INFO)
 
 
-def _handler(log_format: str, process: int | None, file: str | None) -> logging.Handler:
-    # Each line is one write of its own: processes appending to one file never split one.
-    handler = logging.StreamHandler() if file is None else logging.FileHandler(file, "a", "utf-8")
+def _append_stderr_to(file: str) -> None:
+    # O_APPEND: every process of a group appends to the one file, and a line is one write
+    # (standard error is line-buffered, and a handler flushes each record), never split.
+    fd = os.open(file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.dup2(fd, 2)
+    finally:
+        os.close(fd)
+
+
+def _handler(log_format: str, process: int | None) -> logging.Handler:
+    handler = logging.StreamHandler()
     formatter: logging.Formatter
     if log_format == "json":
         formatter = JsonFormatter(process)
